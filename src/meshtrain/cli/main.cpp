@@ -1,0 +1,2 @@
+// meshtrain command line (being built; see issues).
+int main() { return 0; }

@@ -1,0 +1,50 @@
+// Errors that carry their context: what was being read (file or config key), what was expected, what
+// was found, and how to fix it. User-facing checks throw these; nothing a user can influence is asserted.
+#pragma once
+
+#include <sstream>
+#include <stdexcept>
+#include <string>
+
+namespace meshtrain {
+
+struct ErrorContext {
+  std::string where;     // file path, config key, or "file:tensor"
+  std::string expected;  // what a valid input looks like
+  std::string found;     // what was actually there
+  std::string hint;      // how to fix it (may be empty)
+};
+
+class MeshError : public std::runtime_error {
+ public:
+  explicit MeshError(const ErrorContext& context);
+  const ErrorContext& context() const { return context_; }
+
+ private:
+  ErrorContext context_;
+};
+
+// Throws MeshError; `where` names the file or key the user must look at.
+[[noreturn]] void fail(const std::string& where, const std::string& expected, const std::string& found,
+                       const std::string& hint = "");
+
+// Internal invariant failed: a bug in meshtrain, not a user error. Reports file:line and the condition.
+[[noreturn]] void internal_check_failed(const char* condition, const char* file, int line,
+                                        const std::string& detail);
+
+template <class T>
+std::string to_text(const T& value) {
+  std::ostringstream out;
+  out << value;
+  return out.str();
+}
+
+}  // namespace meshtrain
+
+// Checks an internal invariant (never user input): reports file:line and the failed condition.
+#define MT_CHECK(condition, detail)                                                \
+  do {                                                                             \
+    if (!(condition)) {                                                            \
+      ::meshtrain::internal_check_failed(#condition, __FILE__, __LINE__, (detail)); \
+    }                                                                              \
+  } while (0)

@@ -1,0 +1,67 @@
+// Shared helpers for kernel tests: central finite differences in double precision and error measures.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace meshtrain::testing {
+
+// Deterministic test data: uniform in [low, high).
+inline std::vector<double> random_values(size_t count, uint64_t seed, double low = -1.0, double high = 1.0) {
+  std::mt19937_64 generator(seed);
+  std::uniform_real_distribution<double> distribution(low, high);
+  std::vector<double> values(count);
+  for (double& value : values) value = distribution(generator);
+  return values;
+}
+
+inline std::vector<float> to_float(const std::vector<double>& values) {
+  return std::vector<float>(values.begin(), values.end());
+}
+
+// max|a - b| / max(max|a|, max|b|, 1e-30): one number per tensor, insensitive to scale.
+template <class A, class B>
+double relative_error(const std::vector<A>& a, const std::vector<B>& b) {
+  double max_difference = 0.0, max_magnitude = 1e-30;
+  for (size_t i = 0; i < a.size(); ++i) {
+    max_difference = std::max(max_difference, std::fabs(double(a[i]) - double(b[i])));
+    max_magnitude = std::max({max_magnitude, std::fabs(double(a[i])), std::fabs(double(b[i]))});
+  }
+  return max_difference / max_magnitude;
+}
+
+// d loss / d x[i] by central differences; `loss` reads x (which is perturbed in place and restored).
+inline std::vector<double> numeric_gradient(const std::function<double()>& loss, std::vector<double>& x,
+                                            double step = 1e-6) {
+  std::vector<double> gradient(x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double saved = x[i];
+    x[i] = saved + step;
+    const double plus = loss();
+    x[i] = saved - step;
+    const double minus = loss();
+    x[i] = saved;
+    gradient[i] = (plus - minus) / (2.0 * step);
+  }
+  return gradient;
+}
+
+// Weighted sum used as a scalar loss: L = sum(weights * values), so dL/dvalues = weights.
+inline double weighted_sum(const std::vector<double>& values, const std::vector<double>& weights) {
+  double total = 0.0;
+  for (size_t i = 0; i < values.size(); ++i) total += values[i] * weights[i];
+  return total;
+}
+
+// Prints the measured error so test logs show how close each check is to its bound.
+inline void report_error(const std::string& what, double error, double bound) {
+  std::printf("[ error ] %-48s %.3e (bound %.1e)\n", what.c_str(), error, bound);
+}
+
+}  // namespace meshtrain::testing
