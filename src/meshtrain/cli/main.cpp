@@ -1,2 +1,36 @@
-// meshtrain command line (being built; see issues).
-int main() { return 0; }
+// meshtrain: the command-line entry point. Each command lives in its own file under cli/.
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "meshtrain/cli/info.h"
+#include "meshtrain/core/error.h"
+
+namespace {
+
+void print_usage(std::ostream& out) {
+  out << "usage: meshtrain <command> <config> [key=value ...]\n"
+         "commands:\n"
+         "  info <config> [key=value ...]   exact parameter counts and training FLOPs per device per step\n"
+         "a config is a preset name (configs/models/*.yaml) or a YAML path; key=value overrides follow.\n";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::vector<std::string> words(argv + 1, argv + argc);
+  if (words.empty() || words[0] == "--help" || words[0] == "-h" || words[0] == "help") {
+    print_usage(words.empty() ? std::cerr : std::cout);
+    return words.empty() ? 2 : 0;
+  }
+  const std::vector<std::string> arguments(words.begin() + 1, words.end());
+  try {
+    if (words[0] == "info") return meshtrain::run_info(arguments, std::cout);
+    std::cerr << "meshtrain: unknown command '" << words[0] << "'\n";
+    print_usage(std::cerr);
+    return 2;
+  } catch (const meshtrain::MeshError& error) {
+    std::cerr << "meshtrain: error: " << error.what() << "\n";
+    return 1;
+  }
+}

@@ -42,9 +42,9 @@ std::string to_text(const T& value) {
 }  // namespace meshtrain
 
 // Checks an internal invariant (never user input): reports file:line and the failed condition.
-#define MT_CHECK(condition, detail)                                                \
-  do {                                                                             \
-    if (!(condition)) {                                                            \
+#define MT_CHECK(condition, detail)                                                 \
+  do {                                                                              \
+    if (!(condition)) {                                                             \
       ::meshtrain::internal_check_failed(#condition, __FILE__, __LINE__, (detail)); \
-    }                                                                              \
+    }                                                                               \
   } while (0)

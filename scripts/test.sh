@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# The test command: installs what is missing, builds (Release, and the unit tests again under
+# AddressSanitizer + UndefinedBehaviorSanitizer), and runs every test with ctest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+./scripts/setup.sh
+jobs=$(nproc)
+
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build build -j "$jobs"
+(cd build && ctest --output-on-failure -j "$jobs")
+
+cmake -S . -B build-sanitize -DCMAKE_BUILD_TYPE=Debug -DMESHTRAIN_SANITIZE=ON -DMESHTRAIN_BENCH=OFF \
+  -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g" >/dev/null
+cmake --build build-sanitize -j "$jobs" --target meshtrain_unit_tests
+(cd build-sanitize && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j "$jobs")

@@ -1,0 +1,48 @@
+#include "meshtrain/cli/info.h"
+
+#include <cstdio>
+#include <map>
+
+#include "meshtrain/cli/arguments.h"
+#include "meshtrain/model/spec.h"
+
+namespace meshtrain {
+
+int run_info(const std::vector<std::string>& arguments, std::ostream& out) {
+  const ConfigArguments parsed = parse_config_arguments("info", arguments);
+  const Config config = load_config(parsed.config, parsed.overrides);
+  const ModelSpec spec = build_model_spec(config);  // declares buffers only: nothing is allocated
+  const ModelDims& m = spec.dims;
+
+  out << "model " << config.model_name << " (" << config.decoder_block << "): " << m.L << " layers, width "
+      << m.D << ", " << m.H << " query / " << m.K << " kv heads x " << m.d << ", mlp " << m.F << ", vocab "
+      << m.V_valid << " (" << m.V << " rows allocated), " << (config.logits_via_embedding ? "tied" : "untied")
+      << " unembedding\n";
+  std::map<std::string, int64_t> by_component;
+  for (const ParameterDecl& parameter : spec.parameters) {
+    by_component[parameter.component] += spec.buffer(parameter.value).shape.elements();
+  }
+  out << "parameters: " << spec.parameter_count() << "\n";
+  for (const auto& [component, count] : by_component) {
+    char line[96];
+    std::snprintf(line, sizeof line, "  %-12s %15lld\n", component.c_str(), static_cast<long long>(count));
+    out << line;
+  }
+  if (m.V != m.V_valid) {
+    out << "  (includes " << (m.V - m.V_valid) * m.D
+        << " padding-row parameters: vocab padded to a multiple of 128)\n";
+  }
+  const StandardFlops flops = standard_training_flops(config);
+  char line[200];
+  std::snprintf(line, sizeof line,
+                "training TFLOPs per device per step: %.4f (learnable %.4f + attention %.4f) at "
+                "per_device_batch_size=%lld max_target_length=%lld gradient_accumulation_steps=%lld\n",
+                flops.total() / 1e12, flops.learnable / 1e12, flops.attention / 1e12,
+                static_cast<long long>(config.per_device_batch_size),
+                static_cast<long long>(config.max_target_length),
+                static_cast<long long>(config.gradient_accumulation_steps));
+  out << line;
+  return 0;
+}
+
+}  // namespace meshtrain

@@ -1,0 +1,362 @@
+#include "meshtrain/config/config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cstdlib>
+#include <filesystem>
+#include <functional>
+#include <set>
+
+#include "meshtrain/core/error.h"
+
+namespace meshtrain {
+namespace {
+
+namespace fs = std::filesystem;
+
+// One value as written by the user, with where it came from (for errors).
+struct RawValue {
+  std::vector<std::string> items;  // one item for scalars; comma-split or YAML sequence for lists
+  std::string text;                // as written
+  std::string source;              // "configs/base.yaml:12" or "command line"
+};
+using RawConfig = std::map<std::string, RawValue>;
+
+int64_t parse_int(const std::string& key, const RawValue& raw) {
+  const std::string& text = raw.text;
+  int64_t value = 0;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (error != std::errc() || end != text.data() + text.size()) {
+    fail("config key '" + key + "' (" + raw.source + ")", "an integer", "'" + text + "'");
+  }
+  return value;
+}
+
+double parse_float(const std::string& key, const RawValue& raw) {
+  const std::string& text = raw.text;
+  char* end = nullptr;
+  const double value = std::strtod(text.c_str(), &end);
+  if (text.empty() || end != text.c_str() + text.size()) {
+    fail("config key '" + key + "' (" + raw.source + ")", "a number", "'" + text + "'");
+  }
+  return value;
+}
+
+bool parse_bool(const std::string& key, const RawValue& raw) {
+  const std::string& text = raw.text;
+  if (text == "true" || text == "True" || text == "1") return true;
+  if (text == "false" || text == "False" || text == "0") return false;
+  fail("config key '" + key + "' (" + raw.source + ")", "true or false", "'" + text + "'");
+}
+
+struct KeyEntry {
+  std::string name;
+  std::function<void(Config&, const std::string& key, const RawValue&)> assign;
+};
+
+KeyEntry entry(const std::string& name, int64_t Config::*member) {
+  return {name,
+          [member](Config& c, const std::string& k, const RawValue& r) { c.*member = parse_int(k, r); }};
+}
+KeyEntry entry(const std::string& name, double Config::*member) {
+  return {name,
+          [member](Config& c, const std::string& k, const RawValue& r) { c.*member = parse_float(k, r); }};
+}
+KeyEntry entry(const std::string& name, bool Config::*member) {
+  return {name,
+          [member](Config& c, const std::string& k, const RawValue& r) { c.*member = parse_bool(k, r); }};
+}
+KeyEntry entry(const std::string& name, std::string Config::*member) {
+  return {name, [member](Config& c, const std::string&, const RawValue& r) { c.*member = r.text; }};
+}
+KeyEntry entry(const std::string& name, DType Config::*member) {
+  return {name, [member](Config& c, const std::string& k, const RawValue& r) {
+            c.*member = dtype_from_config(k, r.text);
+          }};
+}
+KeyEntry entry(const std::string& name, std::vector<std::string> Config::*member) {
+  return {name, [member](Config& c, const std::string&, const RawValue& r) { c.*member = r.items; }};
+}
+KeyEntry entry(const std::string& name, std::vector<int64_t> Config::*member) {
+  return {name, [member](Config& c, const std::string& k, const RawValue& r) {
+            (c.*member).clear();
+            for (const std::string& item : r.items)
+              (c.*member).push_back(parse_int(k, RawValue{{item}, item, r.source}));
+          }};
+}
+KeyEntry mesh_entry(const std::string& axis, int64_t MeshShape::*member) {
+  return {"mesh." + axis,
+          [member](Config& c, const std::string& k, const RawValue& r) { c.mesh.*member = parse_int(k, r); }};
+}
+
+// The contract of shared/specs/config-keys.md, in its order. Every key here must have a default in base.yaml.
+const std::vector<KeyEntry>& key_table() {
+  static const std::vector<KeyEntry> table = {
+      entry("model_name", &Config::model_name),
+      entry("decoder_block", &Config::decoder_block),
+      entry("base_emb_dim", &Config::base_emb_dim),
+      entry("base_num_query_heads", &Config::base_num_query_heads),
+      entry("base_num_kv_heads", &Config::base_num_kv_heads),
+      entry("head_dim", &Config::head_dim),
+      entry("base_mlp_dim", &Config::base_mlp_dim),
+      entry("base_num_decoder_layers", &Config::base_num_decoder_layers),
+      entry("vocab_size", &Config::vocab_size),
+      entry("max_position_embeddings", &Config::max_position_embeddings),
+      entry("logits_via_embedding", &Config::logits_via_embedding),
+      entry("normalization_layer_epsilon", &Config::normalization_layer_epsilon),
+      entry("rope_max_timescale", &Config::rope_max_timescale),
+      entry("max_target_length", &Config::max_target_length),
+      entry("dtype", &Config::dtype),
+      entry("weight_dtype", &Config::weight_dtype),
+      entry("remat_policy", &Config::remat_policy),
+      entry("scan_layers", &Config::scan_layers),
+      entry("param_scan_axis", &Config::param_scan_axis),
+      entry("per_device_batch_size", &Config::per_device_batch_size),
+      entry("gradient_accumulation_steps", &Config::gradient_accumulation_steps),
+      mesh_entry("data", &MeshShape::data),
+      mesh_entry("fsdp", &MeshShape::fsdp),
+      mesh_entry("context", &MeshShape::context),
+      mesh_entry("tensor", &MeshShape::tensor),
+      entry("shard_optimizer_over_data", &Config::shard_optimizer_over_data),
+      entry("topology", &Config::topology),
+      entry("kernels", &Config::kernels),
+      entry("plan_out", &Config::plan_out),
+      entry("plan_in", &Config::plan_in),
+      entry("num_threads", &Config::num_threads),
+      entry("collective_timeout_s", &Config::collective_timeout_s),
+      entry("steps", &Config::steps),
+      entry("learning_rate", &Config::learning_rate),
+      entry("warmup_steps_fraction", &Config::warmup_steps_fraction),
+      entry("cosine_learning_rate_final_fraction", &Config::cosine_learning_rate_final_fraction),
+      entry("adam_b1", &Config::adam_b1),
+      entry("adam_b2", &Config::adam_b2),
+      entry("adam_eps", &Config::adam_eps),
+      entry("adam_weight_decay", &Config::adam_weight_decay),
+      entry("gradient_clipping_threshold", &Config::gradient_clipping_threshold),
+      entry("init_weights_seed", &Config::init_weights_seed),
+      entry("skip_nonfinite_steps", &Config::skip_nonfinite_steps),
+      entry("dataset_type", &Config::dataset_type),
+      entry("dataset_path", &Config::dataset_path),
+      entry("eval_dataset_path", &Config::eval_dataset_path),
+      entry("tokenizer_path", &Config::tokenizer_path),
+      entry("packing", &Config::packing),
+      entry("data_shuffle_seed", &Config::data_shuffle_seed),
+      entry("eval_interval", &Config::eval_interval),
+      entry("eval_steps", &Config::eval_steps),
+      entry("run_dir", &Config::run_dir),
+      entry("enable_checkpointing", &Config::enable_checkpointing),
+      entry("checkpoint_period", &Config::checkpoint_period),
+      entry("max_num_checkpoints_to_keep", &Config::max_num_checkpoints_to_keep),
+      entry("load_parameters_path", &Config::load_parameters_path),
+      entry("load_full_state_path", &Config::load_full_state_path),
+      entry("profiler", &Config::profiler),
+      entry("profiler_steps", &Config::profiler_steps),
+  };
+  return table;
+}
+
+const KeyEntry* find_key(const std::string& name) {
+  for (const KeyEntry& key : key_table()) {
+    if (key.name == name) return &key;
+  }
+  return nullptr;
+}
+
+void reject_unknown_key(const std::string& key, const std::string& source) {
+  if (find_key(key)) return;
+  fail("config key '" + key + "' (" + source + ")", "a known key", "an unknown key",
+       "did you mean '" + closest_name(key, config_key_names()) + "'?");
+}
+
+std::vector<std::string> split_list(const std::string& text) {
+  std::vector<std::string> items;
+  size_t start = 0;
+  while (start <= text.size()) {
+    const size_t comma = text.find(',', start);
+    const std::string item =
+        text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    if (!item.empty()) items.push_back(item);
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return items;
+}
+
+// Flattens nested maps ("mesh: {data: 2}" -> "mesh.data"); a key twice in one file with different
+// values is an error, with both lines named.
+void flatten_yaml(const YAML::Node& node, const std::string& prefix, const std::string& path,
+                  RawConfig& out) {
+  for (const auto& item : node) {
+    const std::string key = prefix + item.first.as<std::string>();
+    const std::string source = path + ":" + std::to_string(item.first.Mark().line + 1);
+    const YAML::Node& value = item.second;
+    if (value.IsMap()) {
+      flatten_yaml(value, key + ".", path, out);
+      continue;
+    }
+    RawValue raw{{}, "", source};
+    if (value.IsSequence()) {
+      for (const auto& element : value) raw.items.push_back(element.as<std::string>());
+      for (size_t i = 0; i < raw.items.size(); ++i) raw.text += (i ? "," : "") + raw.items[i];
+    } else if (value.IsScalar()) {
+      raw.text = value.as<std::string>();
+      raw.items = split_list(raw.text);
+    }
+    reject_unknown_key(key, source);
+    const auto existing = out.find(key);
+    if (existing != out.end() && existing->second.text != raw.text) {
+      fail("config key '" + key + "' in " + path, "each key once per file",
+           "'" + existing->second.text + "' at " + existing->second.source + " and '" + raw.text + "' at " +
+               source,
+           "keep one of the two lines");
+    }
+    out[key] = raw;
+  }
+}
+
+RawConfig read_yaml_layer(const std::string& path) {
+  if (!fs::is_regular_file(path)) fail(path, "a readable YAML config file", "no such file");
+  YAML::Node root;
+  try {
+    root = YAML::LoadFile(path);
+  } catch (const YAML::Exception& error) {
+    fail(path, "valid YAML", error.what());
+  }
+  RawConfig layer;
+  if (root.IsNull()) return layer;
+  if (!root.IsMap()) fail(path, "a YAML mapping of config keys", "a YAML scalar or sequence");
+  flatten_yaml(root, "", path, layer);
+  return layer;
+}
+
+RawConfig read_override_layer(const std::vector<std::string>& overrides) {
+  RawConfig layer;
+  for (const std::string& override_text : overrides) {
+    const size_t equals = override_text.find('=');
+    if (equals == std::string::npos || equals == 0) {
+      fail("command line argument '" + override_text + "'", "key=value", "no '='");
+    }
+    const std::string key = override_text.substr(0, equals);
+    const std::string text = override_text.substr(equals + 1);
+    reject_unknown_key(key, "command line");
+    const auto existing = layer.find(key);
+    if (existing != layer.end() && existing->second.text != text) {
+      fail("config key '" + key + "' on the command line", "each key once",
+           "'" + existing->second.text + "' and '" + text + "'", "keep one of the two");
+    }
+    layer[key] = RawValue{split_list(text), text, "command line"};
+  }
+  return layer;
+}
+
+bool is_yaml_path(const std::string& argument) {
+  return argument.find('/') != std::string::npos || argument.ends_with(".yaml") || argument.ends_with(".yml");
+}
+
+std::string preset_path(const std::string& dir, const std::string& name, const std::string& what) {
+  const std::string path = dir + "/models/" + name + ".yaml";
+  if (!fs::is_regular_file(path)) {
+    const std::vector<std::string> presets = preset_names(dir);
+    std::string listing;
+    for (const std::string& preset : presets) listing += (listing.empty() ? "" : ", ") + preset;
+    fail(what + " '" + name + "'", "a preset name (" + listing + ") or a YAML path", "no preset of that name",
+         "did you mean '" + closest_name(name, presets) + "'?");
+  }
+  return path;
+}
+
+std::string model_name_in(const RawConfig& layer) {
+  const auto found = layer.find("model_name");
+  return found == layer.end() ? "" : found->second.text;
+}
+
+}  // namespace
+
+std::string config_directory() {
+  if (const char* from_environment = std::getenv("MESHTRAIN_CONFIG_DIR")) return from_environment;
+  return std::string(MESHTRAIN_SOURCE_DIR) + "/configs";
+}
+
+std::vector<std::string> preset_names(const std::string& config_dir) {
+  const std::string dir = (config_dir.empty() ? config_directory() : config_dir) + "/models";
+  std::vector<std::string> names;
+  if (fs::is_directory(dir)) {
+    for (const auto& file : fs::directory_iterator(dir)) {
+      if (file.path().extension() == ".yaml") names.push_back(file.path().stem().string());
+    }
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+std::vector<std::string> config_key_names() {
+  std::vector<std::string> names;
+  for (const KeyEntry& key : key_table()) names.push_back(key.name);
+  return names;
+}
+
+std::string closest_name(const std::string& word, const std::vector<std::string>& candidates) {
+  std::string best;
+  size_t best_distance = SIZE_MAX;
+  for (const std::string& candidate : candidates) {
+    // Levenshtein distance, one row at a time.
+    std::vector<size_t> row(candidate.size() + 1);
+    for (size_t j = 0; j <= candidate.size(); ++j) row[j] = j;
+    for (size_t i = 1; i <= word.size(); ++i) {
+      size_t diagonal = row[0];
+      row[0] = i;
+      for (size_t j = 1; j <= candidate.size(); ++j) {
+        const size_t above = row[j];
+        row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (word[i - 1] == candidate[j - 1] ? 0 : 1)});
+        diagonal = above;
+      }
+    }
+    if (row.back() < best_distance) {
+      best_distance = row.back();
+      best = candidate;
+    }
+  }
+  return best;
+}
+
+Config load_config(const std::string& config_argument, const std::vector<std::string>& overrides,
+                   const std::string& config_dir) {
+  const std::string dir = config_dir.empty() ? config_directory() : config_dir;
+  const RawConfig command_line = read_override_layer(overrides);
+  RawConfig user_file;
+  std::string model_name = model_name_in(command_line);
+  if (is_yaml_path(config_argument)) {
+    user_file = read_yaml_layer(config_argument);
+    if (model_name.empty()) model_name = model_name_in(user_file);
+  } else if (model_name.empty()) {
+    model_name = config_argument;
+  }
+
+  std::vector<RawConfig> layers = {read_yaml_layer(dir + "/base.yaml")};
+  if (!model_name.empty()) {
+    layers.push_back(read_yaml_layer(preset_path(dir, model_name, "config")));
+    layers.back()["model_name"] = RawValue{{model_name}, model_name, "preset"};
+  }
+  layers.push_back(user_file);
+  layers.push_back(command_line);
+
+  RawConfig merged;
+  for (const RawConfig& layer : layers) {
+    for (const auto& [key, value] : layer) merged[key] = value;
+  }
+  Config config;
+  for (const KeyEntry& key : key_table()) {
+    const auto found = merged.find(key.name);
+    if (found == merged.end()) {
+      fail(dir + "/base.yaml", "a default for every config key", "no default for '" + key.name + "'",
+           "add '" + key.name + ":' to base.yaml");
+    }
+    key.assign(config, key.name, found->second);
+    config.resolved.emplace_back(key.name, found->second.text);
+  }
+  return config;
+}
+
+}  // namespace meshtrain

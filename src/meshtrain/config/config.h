@@ -1,0 +1,87 @@
+// The run configuration: configs/base.yaml, then a model preset or a user YAML, then key=value overrides.
+// One typed struct; every key, its type and default live in one table (config.cpp) that mirrors
+// shared/specs/config-keys.md. Unknown keys name the closest valid key; wrong types name the expected one.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "meshtrain/core/dtype.h"
+
+namespace meshtrain {
+
+struct MeshShape {
+  int64_t data = 1, fsdp = 1, context = 1, tensor = 1;  // -1: filled in from the world size
+};
+
+struct Config {
+  // Model shape
+  std::string model_name;
+  std::string decoder_block;  // qwen3 | gpt2
+  int64_t base_emb_dim = 0, base_num_query_heads = 0, base_num_kv_heads = 0, head_dim = 0;
+  int64_t base_mlp_dim = 0, base_num_decoder_layers = 0;
+  int64_t vocab_size = 0;
+  int64_t max_position_embeddings = 0;  // learned position table rows (gpt2); 0 for RoPE models
+  bool logits_via_embedding = true;
+  double normalization_layer_epsilon = 1e-6;
+  double rope_max_timescale = 1e6;
+  int64_t max_target_length = 0;
+  DType dtype = DType::f32;
+  DType weight_dtype = DType::f32;
+  std::string remat_policy = "none";
+  bool scan_layers = false;
+  int64_t param_scan_axis = 1;
+  // Batch, mesh, parallelism
+  int64_t per_device_batch_size = 1;
+  int64_t gradient_accumulation_steps = 1;
+  MeshShape mesh;
+  bool shard_optimizer_over_data = false;
+  std::string topology = "cpu";
+  std::vector<std::string> kernels;
+  std::string plan_out, plan_in;
+  int64_t num_threads = 0;  // 0: cores / processes on this host
+  double collective_timeout_s = 300.0;
+  // Optimisation
+  int64_t steps = 0;
+  double learning_rate = 3e-4;
+  double warmup_steps_fraction = 0.1;
+  double cosine_learning_rate_final_fraction = 0.1;
+  double adam_b1 = 0.9, adam_b2 = 0.95, adam_eps = 1e-8, adam_weight_decay = 0.1;
+  double gradient_clipping_threshold = 1.0;
+  int64_t init_weights_seed = 0;
+  bool skip_nonfinite_steps = false;
+  // Data, runs, checkpoints
+  std::string dataset_type = "text";
+  std::string dataset_path, eval_dataset_path, tokenizer_path;
+  bool packing = true;
+  int64_t data_shuffle_seed = 0;
+  int64_t eval_interval = 0, eval_steps = 0;
+  std::string run_dir;
+  bool enable_checkpointing = true;
+  int64_t checkpoint_period = 0, max_num_checkpoints_to_keep = 0;
+  std::string load_parameters_path, load_full_state_path;
+  std::string profiler;
+  std::vector<int64_t> profiler_steps;
+
+  // Resolved key -> value text, in table order: printed at start, stored in checkpoints.
+  std::vector<std::pair<std::string, std::string>> resolved;
+};
+
+// Loads base.yaml, the preset or YAML named by `config_argument`, then `overrides` ("key=value").
+// `config_dir` holds base.yaml and models/; empty means config_directory().
+Config load_config(const std::string& config_argument, const std::vector<std::string>& overrides,
+                   const std::string& config_dir = "");
+
+// Where base.yaml and models/ live: $MESHTRAIN_CONFIG_DIR, else the source tree's configs/.
+std::string config_directory();
+// Preset names found in configs/models/.
+std::vector<std::string> preset_names(const std::string& config_dir = "");
+// All valid keys (for help text and suggestions).
+std::vector<std::string> config_key_names();
+
+// The candidate closest to `word` by edit distance (for "did you mean" hints).
+std::string closest_name(const std::string& word, const std::vector<std::string>& candidates);
+
+}  // namespace meshtrain

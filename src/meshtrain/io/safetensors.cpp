@@ -1,0 +1,564 @@
+#include "meshtrain/io/safetensors.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <bit>
+#include <cerrno>
+#include <cfloat>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <system_error>
+#include <utility>
+
+#include "meshtrain/core/error.h"
+
+namespace meshtrain {
+namespace {
+
+// The format is little-endian and we read it in place; a big-endian host would need byte swaps everywhere.
+static_assert(std::endian::native == std::endian::little, "safetensors reading assumes a little-endian host");
+
+using json = nlohmann::json;
+
+// Real headers are a few MiB at most; the cap bounds what a corrupt length field can make us parse.
+constexpr uint64_t kMaxHeaderBytes = uint64_t{100} << 20;
+// A valid header nests 3 deep (object, entry, shape array). The cap stops a header of '[[[[...' from building
+// millions of nested values before we get to reject it.
+constexpr size_t kMaxJsonDepth = 64;
+constexpr const char* kKnownDtypes =
+    "BOOL, U8, I8, F8_E5M2, F8_E4M3, F8_E8M0, I16, U16, F16, BF16, I32, U32, F32, "
+    "I64, U64, F64 or C64";
+
+std::string os_error(int err) {
+  return std::system_category().message(err);
+}
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string text = "[";
+  for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
+  return text + "]";
+}
+
+std::string tensor_where(const std::string& path, const std::string& name) {
+  return path + ": tensor '" + name + "'";
+}
+
+// A JSON value as it appears in the file, shortened so a huge value cannot flood the message.
+std::string json_text(const json& value) {
+  std::string text = value.dump(-1, ' ', false, json::error_handler_t::replace);
+  if (text.size() > 80) text = text.substr(0, 77) + "...";
+  return text + " (" + value.type_name() + ")";
+}
+
+// Reads a non-negative integer that must fit in `limit`; otherwise fails describing `what`.
+uint64_t json_count(const json& value, uint64_t limit, const std::string& where, const std::string& what) {
+  if (!value.is_number_unsigned()) {
+    // nlohmann stores every non-negative integer literal as unsigned, so a signed integer here is negative.
+    const char* problem = value.is_number_integer() ? "a negative number " : "";
+    fail(where, what + " as a non-negative integer", problem + json_text(value));
+  }
+  const uint64_t count = value.get<uint64_t>();
+  if (count > limit) fail(where, what + " at most " + std::to_string(limit), std::to_string(count));
+  return count;
+}
+
+// Multiplies without wrapping; false on overflow.
+bool checked_mul(uint64_t a, uint64_t b, uint64_t& out) {
+  if (a != 0 && b > std::numeric_limits<uint64_t>::max() / a) return false;
+  out = a * b;
+  return true;
+}
+
+// Number of elements and bytes of a shape, or fails if either does not fit in 64 bits (int64 for elements,
+// since the API speaks int64_t).
+uint64_t shape_bytes(const std::vector<int64_t>& shape, size_t element_bytes, const std::string& where) {
+  // Any zero dimension makes the tensor empty regardless of how large the other dimensions are.
+  if (std::find(shape.begin(), shape.end(), 0) != shape.end()) return 0;
+  uint64_t elements = 1, bytes = 0;
+  for (int64_t dim : shape) {
+    if (!checked_mul(elements, static_cast<uint64_t>(dim), elements) ||
+        elements > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+      fail(where, "a shape whose element count fits in 64 bits",
+           "shape " + shape_text(shape) + " (overflows)");
+    }
+  }
+  if (!checked_mul(elements, element_bytes, bytes)) {
+    fail(where, "a tensor whose byte size fits in 64 bits", "shape " + shape_text(shape) + " (overflows)");
+  }
+  return bytes;
+}
+
+int64_t element_count(const std::vector<int64_t>& shape) {
+  int64_t count = 1;
+  for (int64_t dim : shape) count *= dim;  // validated by shape_bytes when the file was opened
+  return count;
+}
+
+template <class T>
+T load(const std::byte* src, int64_t index) {
+  T value;
+  std::memcpy(&value, src + index * static_cast<int64_t>(sizeof(T)), sizeof(T));
+  return value;
+}
+
+float bf16_to_float(uint16_t bits) {
+  return std::bit_cast<float>(static_cast<uint32_t>(bits) << 16);
+}
+
+float f16_to_float(uint16_t bits) {
+  const uint32_t sign = static_cast<uint32_t>(bits & 0x8000u) << 16;
+  const uint32_t exponent = (bits >> 10) & 0x1fu;
+  const uint32_t mantissa = bits & 0x3ffu;
+  if (exponent == 0) {
+    // Zero or subnormal: mantissa * 2^-24, exact in float32.
+    const float magnitude = std::ldexp(static_cast<float>(mantissa), -24);
+    return std::bit_cast<float>(sign | std::bit_cast<uint32_t>(magnitude));
+  }
+  if (exponent == 31) return std::bit_cast<float>(sign | 0x7f800000u | (mantissa << 13));  // inf / NaN
+  return std::bit_cast<float>(sign | ((exponent + 112) << 23) | (mantissa << 13));         // rebias 15 -> 127
+}
+
+// Records duplicate keys while nlohmann parses (its DOM silently keeps the last of duplicate keys), and
+// aborts on absurd nesting.
+class HeaderParseWatcher {
+ public:
+  struct TooDeep {};
+
+  bool on_event(json::parse_event_t event, json& parsed) {
+    switch (event) {
+      case json::parse_event_t::object_start:
+      case json::parse_event_t::array_start: {
+        if (stack_.size() >= kMaxJsonDepth) throw TooDeep{};
+        std::string owner;
+        if (!stack_.empty()) owner = stack_.back().is_object ? stack_.back().last_key : stack_.back().owner;
+        stack_.push_back(Frame{event == json::parse_event_t::object_start, {}, {}, std::move(owner)});
+        break;
+      }
+      case json::parse_event_t::key: {
+        Frame& frame = stack_.back();
+        const auto& key = parsed.get_ref<const std::string&>();
+        if (!frame.keys.insert(key).second && duplicate_.empty()) {
+          if (stack_.size() > 1) {
+            duplicate_ = "key '" + key + "' twice in the entry for '" + frame.owner + "'";
+          } else if (key == "__metadata__") {
+            duplicate_ = "'__metadata__' twice";
+          } else {
+            duplicate_ = "tensor name '" + key + "' twice";
+          }
+        }
+        frame.last_key = key;
+        break;
+      }
+      case json::parse_event_t::object_end:
+      case json::parse_event_t::array_end:
+        stack_.pop_back();
+        break;
+      case json::parse_event_t::value:
+        break;
+    }
+    return true;
+  }
+
+  const std::string& duplicate() const { return duplicate_; }
+
+ private:
+  struct Frame {
+    bool is_object;
+    std::set<std::string> keys;
+    std::string last_key;
+    std::string owner;  // key this container sits under (the tensor name for an entry), for messages
+  };
+  std::vector<Frame> stack_;
+  std::string duplicate_;
+};
+
+// Closes a file descriptor on every path out of a function.
+class FdGuard {
+ public:
+  explicit FdGuard(int fd) : fd_(fd) {}
+  ~FdGuard() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  FdGuard(const FdGuard&) = delete;
+  FdGuard& operator=(const FdGuard&) = delete;
+  int get() const { return fd_; }
+  int release() { return std::exchange(fd_, -1); }
+
+ private:
+  int fd_;
+};
+
+}  // namespace
+
+size_t safetensors_dtype_bytes(const std::string& dtype) {
+  static const std::map<std::string, size_t, std::less<>> sizes = {
+      {"BOOL", 1}, {"U8", 1},  {"I8", 1},  {"F8_E5M2", 1}, {"F8_E4M3", 1}, {"F8_E8M0", 1},
+      {"I16", 2},  {"U16", 2}, {"F16", 2}, {"BF16", 2},    {"I32", 4},     {"U32", 4},
+      {"F32", 4},  {"I64", 8}, {"U64", 8}, {"F64", 8},     {"C64", 8}};
+  const auto it = sizes.find(dtype);
+  return it == sizes.end() ? 0 : it->second;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Reader
+
+SafetensorsFile::SafetensorsFile(SafetensorsFile&& other) noexcept {
+  *this = std::move(other);
+}
+
+SafetensorsFile& SafetensorsFile::operator=(SafetensorsFile&& other) noexcept {
+  if (this != &other) {
+    if (map_ != nullptr) ::munmap(map_, map_bytes_);
+    path_ = std::move(other.path_);
+    entries_ = std::move(other.entries_);
+    index_ = std::move(other.index_);
+    metadata_ = std::move(other.metadata_);
+    map_ = std::exchange(other.map_, nullptr);
+    map_bytes_ = std::exchange(other.map_bytes_, 0);
+    data_section_ = std::exchange(other.data_section_, nullptr);
+    data_bytes_ = std::exchange(other.data_bytes_, 0);
+  }
+  return *this;
+}
+
+SafetensorsFile::~SafetensorsFile() {
+  if (map_ != nullptr) ::munmap(map_, map_bytes_);
+}
+
+SafetensorsFile SafetensorsFile::open(const std::string& path) {
+  SafetensorsFile file;  // owns the mapping from here on, so every failure below unmaps
+  file.path_ = path;
+
+  FdGuard fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) fail(path, "a readable safetensors file", "open failed: " + os_error(errno));
+  struct stat info {};
+  if (::fstat(fd.get(), &info) != 0)
+    fail(path, "a file whose size can be read", "fstat failed: " + os_error(errno));
+  if (!S_ISREG(info.st_mode))
+    fail(path, "a regular file", S_ISDIR(info.st_mode) ? "a directory" : "a special file");
+  const uint64_t file_bytes = static_cast<uint64_t>(info.st_size);
+  if (file_bytes < 8) {
+    fail(path, "a safetensors file (at least 8 bytes: the header length)",
+         std::to_string(file_bytes) + " bytes", "the file is empty or truncated; re-download or re-save it");
+  }
+
+  void* map = ::mmap(nullptr, file_bytes, PROT_READ, MAP_PRIVATE, fd.get(), 0);
+  if (map == MAP_FAILED) fail(path, "a file that can be memory-mapped", "mmap failed: " + os_error(errno));
+  file.map_ = map;
+  file.map_bytes_ = file_bytes;
+  const auto* bytes = static_cast<const char*>(map);
+
+  uint64_t header_bytes = 0;
+  std::memcpy(&header_bytes, bytes, sizeof(header_bytes));
+  if (header_bytes > file_bytes - 8) {
+    fail(path,
+         "a header length (first 8 bytes, little-endian) of at most " + std::to_string(file_bytes - 8) +
+             " (file size - 8)",
+         std::to_string(header_bytes), "the file is truncated or not a safetensors file");
+  }
+  if (header_bytes > kMaxHeaderBytes) {
+    fail(path, "a header length of at most 100 MiB", std::to_string(header_bytes) + " bytes",
+         "the file is corrupt or not a safetensors file");
+  }
+  file.data_section_ = reinterpret_cast<const std::byte*>(bytes + 8 + header_bytes);
+  file.data_bytes_ = file_bytes - 8 - header_bytes;
+  file.validate_header(bytes + 8, header_bytes);
+  return file;
+}
+
+void SafetensorsFile::validate_header(const char* header, uint64_t header_bytes) {
+  HeaderParseWatcher watcher;
+  json root;
+  try {
+    root = json::parse(
+        header, header + header_bytes,
+        [&watcher](int, json::parse_event_t event, json& parsed) { return watcher.on_event(event, parsed); });
+  } catch (const json::exception& error) {
+    fail(path_, "a header of valid UTF-8 JSON", error.what(),
+         "the file is corrupt or not a safetensors file");
+  } catch (const HeaderParseWatcher::TooDeep&) {
+    fail(path_, "a header JSON nested at most " + std::to_string(kMaxJsonDepth) + " levels deep",
+         "deeper nesting", "the file is corrupt or not a safetensors file");
+  }
+  if (!root.is_object()) {
+    fail(path_, "a header that is a JSON object {\"name\": {...}, ...}", json_text(root));
+  }
+  if (!watcher.duplicate().empty()) {
+    fail(path_, "each header key once", watcher.duplicate(), "the file was written by a broken writer");
+  }
+
+  for (const auto& [name, value] : root.items()) {
+    if (name == "__metadata__") {
+      const std::string where = path_ + ": __metadata__";
+      if (!value.is_object()) fail(where, "an object of string -> string", json_text(value));
+      for (const auto& [key, text] : value.items()) {
+        if (!text.is_string()) fail(where, "string values", "key '" + key + "' = " + json_text(text));
+        metadata_[key] = text.get<std::string>();
+      }
+      continue;
+    }
+
+    const std::string where = tensor_where(path_, name);
+    if (!value.is_object()) fail(where, "an object with dtype, shape and data_offsets", json_text(value));
+    for (const char* field : {"dtype", "shape", "data_offsets"}) {
+      if (!value.contains(field)) {
+        fail(where, std::string("a '") + field + "' field (entries need dtype, shape and data_offsets)",
+             "an entry without it: " + json_text(value));
+      }
+    }
+
+    SafetensorsEntry entry;
+    entry.name = name;
+    const json& dtype = value["dtype"];
+    if (!dtype.is_string()) fail(where, std::string("dtype ") + kKnownDtypes, json_text(dtype));
+    entry.dtype = dtype.get<std::string>();
+    const size_t element_bytes = safetensors_dtype_bytes(entry.dtype);
+    if (element_bytes == 0) fail(where, std::string("dtype ") + kKnownDtypes, "dtype '" + entry.dtype + "'");
+
+    const json& shape = value["shape"];
+    if (!shape.is_array()) fail(where, "shape as an array of non-negative integers", json_text(shape));
+    for (size_t i = 0; i < shape.size(); ++i) {
+      const uint64_t dim =
+          json_count(shape[i], static_cast<uint64_t>(std::numeric_limits<int64_t>::max()), where,
+                     "shape dimension " + std::to_string(i) + " of " + json_text(shape));
+      entry.shape.push_back(static_cast<int64_t>(dim));
+    }
+    const uint64_t expected_bytes = shape_bytes(entry.shape, element_bytes, where);
+
+    const json& offsets = value["data_offsets"];
+    if (!offsets.is_array() || offsets.size() != 2) {
+      fail(where, "data_offsets as [begin, end]", json_text(offsets));
+    }
+    const uint64_t limit = std::numeric_limits<uint64_t>::max();
+    entry.begin = json_count(offsets[0], limit, where, "data_offsets begin");
+    entry.end = json_count(offsets[1], limit, where, "data_offsets end");
+    const std::string range = "[" + std::to_string(entry.begin) + ", " + std::to_string(entry.end) + ")";
+    if (entry.begin > entry.end) fail(where, "data_offsets with begin <= end", range);
+    if (entry.end > data_bytes_) {
+      fail(where, "data_offsets within the data section of " + std::to_string(data_bytes_) + " bytes",
+           "data_offsets " + range, "the file is truncated; re-download or re-save it");
+    }
+    if (entry.end - entry.begin != expected_bytes) {
+      fail(where,
+           std::to_string(expected_bytes) + " bytes (shape " + shape_text(entry.shape) + " x " +
+               std::to_string(element_bytes) + "-byte " + entry.dtype + ")",
+           std::to_string(entry.end - entry.begin) + " bytes at data_offsets " + range);
+    }
+    entries_.push_back(std::move(entry));
+  }
+
+  std::sort(entries_.begin(), entries_.end(), [](const SafetensorsEntry& a, const SafetensorsEntry& b) {
+    return std::tie(a.begin, a.end, a.name) < std::tie(b.begin, b.end, b.name);
+  });
+  // Gaps between tensors are legal here (the reference Rust reader rejects them); overlaps never are.
+  const SafetensorsEntry* furthest = nullptr;  // non-empty entry reaching furthest into the data so far
+  for (const SafetensorsEntry& entry : entries_) {
+    if (entry.begin == entry.end) continue;  // empty tensors occupy no bytes
+    if (furthest != nullptr && entry.begin < furthest->end) {
+      fail(path_, "tensors whose byte ranges do not overlap",
+           "'" + furthest->name + "' [" + std::to_string(furthest->begin) + ", " +
+               std::to_string(furthest->end) + ") overlaps '" + entry.name + "' [" +
+               std::to_string(entry.begin) + ", " + std::to_string(entry.end) + ")",
+           "the file was written by a broken writer");
+    }
+    if (furthest == nullptr || entry.end > furthest->end) furthest = &entry;
+  }
+  for (size_t i = 0; i < entries_.size(); ++i) index_[entries_[i].name] = i;
+}
+
+const SafetensorsEntry* SafetensorsFile::find(const std::string& name) const {
+  const auto it = index_.find(name);
+  return it == index_.end() ? nullptr : &entries_[it->second];
+}
+
+const std::byte* SafetensorsFile::data(const SafetensorsEntry& entry) const {
+  MT_CHECK(entry.begin <= entry.end && entry.end <= data_bytes_,
+           "entry '" + entry.name + "' is not from " + path_);
+  return data_section_ + entry.begin;
+}
+
+const SafetensorsEntry& SafetensorsFile::checked_entry(
+    const std::string& name, const std::vector<int64_t>& expected_shape,
+    const std::vector<std::string>& accepted_dtypes) const {
+  const std::string where = tensor_where(path_, name);
+  const SafetensorsEntry* entry = find(name);
+  if (entry == nullptr) {
+    std::string found = "no such tensor among the file's " + std::to_string(entries_.size()) + " tensors";
+    fail(where, "a tensor of shape " + shape_text(expected_shape), found,
+         "check that the checkpoint matches the model configuration");
+  }
+  if (entry->shape != expected_shape) {
+    fail(where, "shape " + shape_text(expected_shape), "shape " + shape_text(entry->shape),
+         "check that the checkpoint matches the model configuration");
+  }
+  if (std::find(accepted_dtypes.begin(), accepted_dtypes.end(), entry->dtype) == accepted_dtypes.end()) {
+    std::string accepted;
+    for (size_t i = 0; i < accepted_dtypes.size(); ++i) {
+      accepted += (i == 0 ? "" : i + 1 == accepted_dtypes.size() ? " or " : ", ") + accepted_dtypes[i];
+    }
+    fail(where, "dtype " + accepted, "dtype " + entry->dtype);
+  }
+  return *entry;
+}
+
+void SafetensorsFile::read_f32(const std::string& name, const std::vector<int64_t>& expected_shape,
+                               float* out) const {
+  const SafetensorsEntry& entry = checked_entry(name, expected_shape, {"F32", "BF16", "F16", "F64"});
+  const int64_t count = element_count(entry.shape);
+  MT_CHECK(out != nullptr || count == 0, "read_f32 into a null buffer");
+  const std::byte* src = data(entry);
+  if (entry.dtype == "F32") {
+    if (count > 0) std::memcpy(out, src, static_cast<size_t>(count) * sizeof(float));
+  } else if (entry.dtype == "BF16") {
+    for (int64_t i = 0; i < count; ++i) out[i] = bf16_to_float(load<uint16_t>(src, i));
+  } else if (entry.dtype == "F16") {
+    for (int64_t i = 0; i < count; ++i) out[i] = f16_to_float(load<uint16_t>(src, i));
+  } else {
+    MT_CHECK(entry.dtype == "F64", "unhandled dtype " + entry.dtype);
+    for (int64_t i = 0; i < count; ++i) {
+      const double value = load<double>(src, i);
+      // Converting a finite double beyond float range is undefined behaviour; it would be garbage weights
+      // anyway.
+      if (std::isfinite(value) && std::fabs(value) > FLT_MAX) {
+        fail(tensor_where(path_, name), "F64 values within float32 range (|x| <= 3.4e38)",
+             to_text(value) + " at element " + std::to_string(i));
+      }
+      out[i] = static_cast<float>(value);
+    }
+  }
+}
+
+void SafetensorsFile::read_i32(const std::string& name, const std::vector<int64_t>& expected_shape,
+                               int32_t* out) const {
+  const SafetensorsEntry& entry = checked_entry(name, expected_shape, {"I32", "I64"});
+  const int64_t count = element_count(entry.shape);
+  MT_CHECK(out != nullptr || count == 0, "read_i32 into a null buffer");
+  const std::byte* src = data(entry);
+  if (entry.dtype == "I32") {
+    if (count > 0) std::memcpy(out, src, static_cast<size_t>(count) * sizeof(int32_t));
+    return;
+  }
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t value = load<int64_t>(src, i);
+    if (value < std::numeric_limits<int32_t>::min() || value > std::numeric_limits<int32_t>::max()) {
+      fail(tensor_where(path_, name), "I64 values within int32 range",
+           std::to_string(value) + " at element " + std::to_string(i));
+    }
+    out[i] = static_cast<int32_t>(value);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Writer
+
+namespace {
+
+// Writes all `size` bytes, retrying short writes and EINTR. Returns 0 or the errno of the failure.
+int write_all(int fd, const std::byte* bytes, size_t size) {
+  while (size > 0) {
+    // Linux transfers at most ~2 GiB per call; smaller chunks keep every call well under that.
+    const ssize_t written = ::write(fd, bytes, std::min(size, size_t{1} << 30));
+    if (written < 0) {
+      if (errno == EINTR) continue;
+      return errno;
+    }
+    if (written == 0) return EIO;  // no progress and no error: treat as an I/O error rather than spin
+    bytes += written;
+    size -= static_cast<size_t>(written);
+  }
+  return 0;
+}
+
+std::string write_hint(int err) {
+  switch (err) {
+    case ENOSPC:
+      return "free space on the device or write the checkpoint elsewhere";
+    case EDQUOT:
+      return "free space within your disk quota or write the checkpoint elsewhere";
+    case EFBIG:
+      return "raise the file-size limit (ulimit -f) or use a filesystem that supports files this large";
+    default:
+      return "";
+  }
+}
+
+}  // namespace
+
+void write_safetensors(const std::string& path, const std::vector<SafetensorsTensor>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  // Everything that can be wrong with the inputs is checked before the file is created.
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  std::set<std::string> names;
+  std::vector<uint64_t> sizes;
+  uint64_t offset = 0;
+  for (const SafetensorsTensor& tensor : tensors) {
+    const std::string where = tensor_where(path, tensor.name);
+    if (tensor.name == "__metadata__") {
+      fail(where, "a tensor name other than the reserved '__metadata__'", "'__metadata__'");
+    }
+    if (!names.insert(tensor.name).second)
+      fail(where, "unique tensor names", "the name twice in the tensor list");
+    const size_t element_bytes = safetensors_dtype_bytes(tensor.dtype);
+    if (element_bytes == 0) fail(where, std::string("dtype ") + kKnownDtypes, "dtype '" + tensor.dtype + "'");
+    for (int64_t dim : tensor.shape) {
+      if (dim < 0) fail(where, "non-negative dimensions", "shape " + shape_text(tensor.shape));
+    }
+    const uint64_t bytes = shape_bytes(tensor.shape, element_bytes, where);
+    MT_CHECK(tensor.data != nullptr || bytes == 0, "tensor '" + tensor.name + "' has no data pointer");
+    if (bytes > std::numeric_limits<uint64_t>::max() - offset) {
+      fail(path, "a total size that fits in 64 bits", "tensors summing past 2^64 bytes");
+    }
+    header[tensor.name] = {
+        {"dtype", tensor.dtype}, {"shape", tensor.shape}, {"data_offsets", {offset, offset + bytes}}};
+    sizes.push_back(bytes);
+    offset += bytes;
+  }
+  std::string header_text;
+  try {
+    header_text = header.dump();
+  } catch (const nlohmann::json::exception& error) {
+    fail(path, "tensor names and metadata that are valid UTF-8", error.what());
+  }
+  // Padding keeps the data section 8-byte aligned in memory maps, as other writers do.
+  header_text.append((8 - header_text.size() % 8) % 8, ' ');
+  const uint64_t header_bytes = header_text.size();
+  std::string prefix(sizeof(header_bytes), '\0');
+  std::memcpy(prefix.data(), &header_bytes, sizeof(header_bytes));
+  header_text.insert(0, prefix);
+
+  FdGuard fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  if (fd.get() < 0) fail(path, "a path where the file can be created", "open failed: " + os_error(errno));
+  // Only a regular file is ours to remove on failure; never unlink a device or FIFO someone pointed us at.
+  struct stat info {};
+  const bool regular = ::fstat(fd.get(), &info) == 0 && S_ISREG(info.st_mode);
+  const uint64_t total = header_text.size() + offset;
+  const auto give_up = [&](const std::string& step, int err) {
+    if (fd.get() >= 0) ::close(fd.release());
+    if (regular) ::unlink(path.c_str());
+    fail(path, "to write the complete file (" + std::to_string(total) + " bytes)",
+         step + " failed: " + os_error(err) + "; the partial file was removed", write_hint(err));
+  };
+
+  if (int err =
+          write_all(fd.get(), reinterpret_cast<const std::byte*>(header_text.data()), header_text.size())) {
+    give_up("writing the header", err);
+  }
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (int err = write_all(fd.get(), static_cast<const std::byte*>(tensors[i].data), sizes[i])) {
+      give_up("writing tensor '" + tensors[i].name + "'", err);
+    }
+  }
+  // Delayed-allocation filesystems may only report ENOSPC here, so fsync and close are checked like writes.
+  if (::fsync(fd.get()) != 0) give_up("fsync", errno);
+  if (::close(fd.release()) != 0) give_up("close", errno);
+}
+
+}  // namespace meshtrain

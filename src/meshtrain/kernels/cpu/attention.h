@@ -1,0 +1,142 @@
+// Causal self-attention with grouped-query heads: tiled forward with online softmax, and a backward that
+// recomputes scores from q, k and the saved log-sum-exp, so no [S, S] matrix is ever stored.
+// Legend: B batch, S sequence, H query heads, K kv heads (H divisible by K), d head width.
+//
+// Masking comes from per-token positions and segment ids, not from indices: query i sees key j iff
+// segment_ids[b, j] == segment_ids[b, i] and positions[b, j] <= positions[b, i]. Token order in memory is
+// therefore free (context-parallel reorders, packed documents). segment_ids == nullptr means one segment.
+// Scores are scaled by 1/sqrt(d); query head h reads kv head h / (H / K).
+// Every query must see at least one key; the mask above guarantees it (a token always sees itself).
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+namespace meshtrain::kernels {
+
+// out [B,S,H,d]; lse [B,H,S] = log-sum-exp of the scaled, masked scores of each query (kept for backward);
+// q [B,S,H,d]; k, v [B,S,K,d]; positions [B,S]; segment_ids [B,S] or nullptr. Writes out and lse.
+// Needs no scratch. Parallel over (batch, head, query tile); results do not depend on the thread count.
+void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
+                       const int32_t* positions, const int32_t* segment_ids, int64_t B, int64_t S, int64_t H,
+                       int64_t K, int64_t d);
+
+// Writes (=) dq [B,S,H,d], dk [B,S,K,d], dv [B,S,K,d] given dout [B,S,H,d] and the forward's out [B,S,H,d]
+// and lse [B,H,S]; other inputs as in attention_forward.
+// scratch [attention_backward_scratch_floats(...)] floats, owned by the caller (holds rowsum(dout * out)).
+// Deterministic without atomics, and bitwise independent of the thread count (see attention.cpp).
+void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* out,
+                        const float* lse, const float* q, const float* k, const float* v,
+                        const int32_t* positions, const int32_t* segment_ids, int64_t B, int64_t S, int64_t H,
+                        int64_t K, int64_t d, float* scratch);
+
+// Floats of scratch attention_backward needs: B*H*S (max_threads is accepted for the arena's uniform
+// sizing call and does not change the answer).
+int64_t attention_backward_scratch_floats(int64_t B, int64_t S, int64_t H, int64_t K, int64_t d,
+                                          int max_threads);
+
+// attention_forward needs none: returns 0 (kept so the arena sizes every op the same way).
+int64_t attention_forward_scratch_floats(int64_t B, int64_t S, int64_t H, int64_t K, int64_t d,
+                                         int max_threads);
+
+namespace attention_detail {
+
+// The mask rule shared by the reference and the fast kernels: may query i see key j (both rows of one
+// sequence; `positions` / `segment_ids` already point at that sequence's [S] slice)?
+inline bool visible(const int32_t* positions, const int32_t* segment_ids, int64_t i, int64_t j) {
+  if (segment_ids != nullptr && segment_ids[j] != segment_ids[i]) return false;
+  return positions[j] <= positions[i];
+}
+
+template <class T>
+T dot(const T* a, const T* b, int64_t d) {
+  T total = T(0);
+  for (int64_t c = 0; c < d; ++c) total += a[c] * b[c];
+  return total;
+}
+
+}  // namespace attention_detail
+
+// Plain O(S^2) reference (recomputes every score; no tiling). Same layouts and outputs as
+// attention_forward; templated so tests run it in double.
+// out [B,S,H,d]; lse [B,H,S]; q [B,S,H,d]; k, v [B,S,K,d]; positions [B,S]; segment_ids [B,S] or nullptr.
+template <class T>
+void attention_reference_forward(T* out, T* lse, const T* q, const T* k, const T* v, const int32_t* positions,
+                                 const int32_t* segment_ids, int64_t B, int64_t S, int64_t H, int64_t K,
+                                 int64_t d) {
+  using attention_detail::dot;
+  using attention_detail::visible;
+  const T scale = T(1) / std::sqrt(static_cast<T>(d));
+  const int64_t group = H / K;
+  for (int64_t b = 0; b < B; ++b) {
+    const int32_t* pos = positions + b * S;
+    const int32_t* seg = segment_ids == nullptr ? nullptr : segment_ids + b * S;
+    for (int64_t h = 0; h < H; ++h) {
+      const int64_t g = h / group;
+      for (int64_t i = 0; i < S; ++i) {
+        const T* qi = q + ((b * S + i) * H + h) * d;
+        T* oi = out + ((b * S + i) * H + h) * d;
+        T row_max = -std::numeric_limits<T>::infinity();
+        for (int64_t j = 0; j < S; ++j) {
+          if (!visible(pos, seg, i, j)) continue;
+          row_max = std::max(row_max, scale * dot(qi, k + ((b * S + j) * K + g) * d, d));
+        }
+        T sum = T(0);
+        for (int64_t c = 0; c < d; ++c) oi[c] = T(0);
+        for (int64_t j = 0; j < S; ++j) {
+          if (!visible(pos, seg, i, j)) continue;
+          const T p = std::exp(scale * dot(qi, k + ((b * S + j) * K + g) * d, d) - row_max);
+          sum += p;
+          const T* vj = v + ((b * S + j) * K + g) * d;
+          for (int64_t c = 0; c < d; ++c) oi[c] += p * vj[c];
+        }
+        for (int64_t c = 0; c < d; ++c) oi[c] /= sum;
+        lse[(b * H + h) * S + i] = row_max + std::log(sum);
+      }
+    }
+  }
+}
+
+// Reference backward: writes (=) dq [B,S,H,d], dk, dv [B,S,K,d] from dout [B,S,H,d], out [B,S,H,d] and
+// lse [B,H,S] of attention_reference_forward (or attention_forward); other inputs as there.
+// With P = softmax probabilities and D_i = dout_i . out_i: dv_j += P_ij dout_i, dS_ij = P_ij (dout_i . v_j -
+// D_i), dq_i += scale dS_ij k_j, dk_j += scale dS_ij q_i.
+template <class T>
+void attention_reference_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const T* lse, const T* q,
+                                  const T* k, const T* v, const int32_t* positions,
+                                  const int32_t* segment_ids, int64_t B, int64_t S, int64_t H, int64_t K,
+                                  int64_t d) {
+  using attention_detail::dot;
+  using attention_detail::visible;
+  const T scale = T(1) / std::sqrt(static_cast<T>(d));
+  const int64_t group = H / K;
+  for (int64_t index = 0; index < B * S * H * d; ++index) dq[index] = T(0);
+  for (int64_t index = 0; index < B * S * K * d; ++index) dk[index] = dv[index] = T(0);
+  for (int64_t b = 0; b < B; ++b) {
+    const int32_t* pos = positions + b * S;
+    const int32_t* seg = segment_ids == nullptr ? nullptr : segment_ids + b * S;
+    for (int64_t h = 0; h < H; ++h) {
+      const int64_t g = h / group;
+      for (int64_t i = 0; i < S; ++i) {
+        const int64_t row = ((b * S + i) * H + h) * d;
+        const T row_dot = dot(dout + row, out + row, d);
+        const T row_lse = lse[(b * H + h) * S + i];
+        for (int64_t j = 0; j < S; ++j) {
+          if (!visible(pos, seg, i, j)) continue;
+          const int64_t kv_row = ((b * S + j) * K + g) * d;
+          const T p = std::exp(scale * dot(q + row, k + kv_row, d) - row_lse);
+          const T ds = p * (dot(dout + row, v + kv_row, d) - row_dot);
+          for (int64_t c = 0; c < d; ++c) {
+            dv[kv_row + c] += p * dout[row + c];
+            dq[row + c] += scale * ds * k[kv_row + c];
+            dk[kv_row + c] += scale * ds * q[row + c];
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace meshtrain::kernels

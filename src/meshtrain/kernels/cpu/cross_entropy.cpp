@@ -1,0 +1,144 @@
+#include "meshtrain/kernels/cpu/cross_entropy.h"
+
+#include <cblas.h>
+
+#include <climits>
+#include <cstring>
+
+namespace meshtrain::kernels {
+namespace {
+
+// logits [rows, vocab_valid] (leading dimension ld_out) = h [rows, D] @ W[:, :vocab_valid].
+// Padding columns are never computed: they do not take part in the softmax.
+void chunk_logits(float* logits, blasint ld_out, const float* h, const float* w, UnembedLayout layout,
+                  blasint rows, blasint D, blasint V, blasint vocab_valid) {
+  if (layout == UnembedLayout::kernel_DV) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, vocab_valid, D, 1.0f, h, D, w, V, 0.0f,
+                logits, ld_out);
+  } else {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, vocab_valid, D, 1.0f, h, D, w, D, 0.0f, logits,
+                ld_out);
+  }
+}
+
+void check_blas_sizes(int64_t D, int64_t V, int64_t rows) {
+  // OpenBLAS is built with 32-bit blasint; every dimension and leading dimension must fit.
+  MT_CHECK(D <= INT_MAX && V <= INT_MAX && rows <= INT_MAX, "sizes exceed the 32-bit BLAS interface");
+}
+
+}  // namespace
+
+int64_t cross_entropy_scratch_floats(int64_t chunk_tokens, int64_t V) {
+  // Logits [C, V] (only vocab_valid columns are used) + C doubles of per-row loss (2 floats each).
+  return chunk_tokens * V + 2 * chunk_tokens;
+}
+
+CrossEntropySums unembed_cross_entropy(float* dh, float* dw, const float* h, const float* w,
+                                       UnembedLayout layout, const int32_t* targets, const uint8_t* loss_mask,
+                                       int64_t N, int64_t D, int64_t V, int64_t vocab_valid,
+                                       int64_t chunk_tokens, float* scratch) {
+  MT_CHECK(N >= 0 && D >= 1 && chunk_tokens >= 1, "N >= 0, D >= 1, chunk_tokens >= 1");
+  MT_CHECK(vocab_valid >= 1 && vocab_valid <= V, "vocab_valid must be in [1, V]");
+  MT_CHECK(N == 0 || (h != nullptr && w != nullptr && targets != nullptr && scratch != nullptr),
+           "h, w, targets and scratch are required");
+  check_blas_sizes(D, V, chunk_tokens);
+  // Targets are validated by the data path; checked here, outside the parallel region (an exception
+  // cannot leave an OpenMP region), because an out-of-range target would read past the logits row.
+  CrossEntropySums sums{0.0, 0};
+  for (int64_t n = 0; n < N; ++n) {
+    if (loss_mask != nullptr && loss_mask[n] == 0) continue;
+    MT_CHECK(targets[n] >= 0 && targets[n] < vocab_valid, "target out of [0, vocab_valid)");
+    sums.valid_count += 1;
+  }
+  const bool want_gradients = dh != nullptr || dw != nullptr;
+  const blasint d_blas = static_cast<blasint>(D);
+  const blasint v_blas = static_cast<blasint>(V);
+  const blasint vv_blas = static_cast<blasint>(vocab_valid);
+  // The chunk's logits are packed with leading dimension vocab_valid; the per-row losses (double) follow
+  // the largest possible logits block. They are written with memcpy: the buffer holds floats.
+  float* logits = scratch;
+  unsigned char* row_loss_bytes = reinterpret_cast<unsigned char*>(scratch + chunk_tokens * V);
+
+  for (int64_t start = 0; start < N; start += chunk_tokens) {
+    const int64_t rows = std::min(chunk_tokens, N - start);
+    const blasint rows_blas = static_cast<blasint>(rows);
+    const float* h_chunk = h + start * D;
+    chunk_logits(logits, vv_blas, h_chunk, w, layout, rows_blas, d_blas, v_blas, vv_blas);
+
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      float* row = logits + r * vocab_valid;
+      const bool counts = loss_mask == nullptr || loss_mask[start + r] != 0;
+      double loss = 0.0;
+      if (counts || want_gradients) {
+        // Stable log-softmax: shift by the row maximum so exp never overflows.
+        float max_logit = row[0];
+        for (int64_t v = 1; v < vocab_valid; ++v) max_logit = std::max(max_logit, row[v]);
+        const float target_logit = counts ? row[targets[start + r]] : 0.0f;
+        double sum_exp = 0.0;
+        for (int64_t v = 0; v < vocab_valid; ++v) {
+          const float e = std::exp(row[v] - max_logit);
+          sum_exp += static_cast<double>(e);
+          if (want_gradients) row[v] = e;  // kept for softmax = e / sum_exp below
+        }
+        if (counts) {
+          loss = static_cast<double>(max_logit) + std::log(sum_exp) - static_cast<double>(target_logit);
+        }
+        if (want_gradients) {
+          // dlogits = (softmax - onehot) * mask: an ignored token contributes an all-zero row.
+          const float scale = counts ? static_cast<float>(1.0 / sum_exp) : 0.0f;
+          for (int64_t v = 0; v < vocab_valid; ++v) row[v] *= scale;
+          if (counts) row[targets[start + r]] -= 1.0f;
+        }
+      }
+      std::memcpy(row_loss_bytes + r * static_cast<int64_t>(sizeof(double)), &loss, sizeof(double));
+    }
+    // Serial sum in row order: the loss does not depend on the thread count.
+    for (int64_t r = 0; r < rows; ++r) {
+      double loss = 0.0;
+      std::memcpy(&loss, row_loss_bytes + r * static_cast<int64_t>(sizeof(double)), sizeof(double));
+      sums.loss_sum += loss;
+    }
+
+    if (dh != nullptr) {
+      float* dh_chunk = dh + start * D;
+      if (layout == UnembedLayout::kernel_DV) {
+        // dh [rows, D] = dlogits [rows, vv] @ W[:, :vv]^T
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows_blas, d_blas, vv_blas, 1.0f, logits,
+                    vv_blas, w, v_blas, 0.0f, dh_chunk, d_blas);
+      } else {
+        // dh [rows, D] = dlogits [rows, vv] @ E[:vv, :]
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows_blas, d_blas, vv_blas, 1.0f, logits,
+                    vv_blas, w, d_blas, 0.0f, dh_chunk, d_blas);
+      }
+    }
+    if (dw != nullptr) {
+      if (layout == UnembedLayout::kernel_DV) {
+        // dW[:, :vv] += h_chunk^T [D, rows] @ dlogits [rows, vv]
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, d_blas, vv_blas, rows_blas, 1.0f, h_chunk,
+                    d_blas, logits, vv_blas, 1.0f, dw, v_blas);
+      } else {
+        // dE[:vv, :] += dlogits^T [vv, rows] @ h_chunk [rows, D]
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, vv_blas, d_blas, rows_blas, 1.0f, logits,
+                    vv_blas, h_chunk, d_blas, 1.0f, dw, d_blas);
+      }
+    }
+  }
+  return sums;
+}
+
+void unembed_logits(float* out, const float* h, const float* w, UnembedLayout layout, int64_t N, int64_t D,
+                    int64_t V, int64_t vocab_valid) {
+  MT_CHECK(N >= 0 && D >= 1, "N >= 0, D >= 1");
+  MT_CHECK(vocab_valid >= 1 && vocab_valid <= V, "vocab_valid must be in [1, V]");
+  if (N == 0) return;
+  check_blas_sizes(D, V, N);
+  chunk_logits(out, static_cast<blasint>(V), h, w, layout, static_cast<blasint>(N), static_cast<blasint>(D),
+               static_cast<blasint>(V), static_cast<blasint>(vocab_valid));
+  // Padding columns can never be sampled.
+  for (int64_t n = 0; n < N; ++n) {
+    std::fill(out + n * V + vocab_valid, out + (n + 1) * V, -std::numeric_limits<float>::infinity());
+  }
+}
+
+}  // namespace meshtrain::kernels

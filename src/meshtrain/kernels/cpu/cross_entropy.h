@@ -1,0 +1,101 @@
+// Fused unembedding + softmax cross-entropy: the loss and its gradients without ever holding the full
+// [N, V] logits, plus plain logits for sampling/eval and a double-capable reference for tests.
+// Legend: N tokens, D width, V vocab (padded), C chunk of tokens (chunk_tokens).
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "meshtrain/core/error.h"
+
+namespace meshtrain::kernels {
+
+// kernel_DV: untied output projection W [D, V], logits = h @ W.
+// table_VD: tied embedding table E [V, D], logits = h @ E^T.
+enum class UnembedLayout { kernel_DV, table_VD };
+
+struct CrossEntropySums {
+  double loss_sum;      // sum over counted tokens of -log softmax(logits)[target]
+  int64_t valid_count;  // number of counted tokens (mask != 0)
+};
+
+// Loss SUM and gradients of that sum (not divided by the count: the step divides by the global count).
+// Columns >= vocab_valid are excluded from the softmax and get no gradient (their dw entries are left
+// untouched). Targets of counted tokens must be < vocab_valid; targets of ignored tokens are never read.
+// dh and dw both null = eval only.
+CrossEntropySums unembed_cross_entropy(
+    float* dh,       // [N, D] WRITTEN (=), or nullptr
+    float* dw,       // layout of w, ACCUMULATED (+=), or nullptr
+    const float* h,  // [N, D]
+    const float* w,  // [D, V] kernel_DV or [V, D] table_VD
+    UnembedLayout layout,
+    const int32_t* targets,    // [N]
+    const uint8_t* loss_mask,  // [N] 1 = counts, 0 = ignored; nullptr = all
+    int64_t N, int64_t D, int64_t V, int64_t vocab_valid,
+    int64_t chunk_tokens,  // C: rows of logits held at a time
+    float* scratch);       // [cross_entropy_scratch_floats(C, V)]
+
+// Floats of scratch unembed_cross_entropy needs: one chunk of logits [C, V] plus C per-row losses in double.
+int64_t cross_entropy_scratch_floats(int64_t chunk_tokens, int64_t V);
+
+// Logits for sampling/eval of one or a few rows: out = h @ W (layout as above); padding columns
+// (>= vocab_valid) are set to -inf so they can never be sampled.
+void unembed_logits(float* out,      // [N, V]
+                    const float* h,  // [N, D]
+                    const float* w,  // [D, V] kernel_DV or [V, D] table_VD
+                    UnembedLayout layout, int64_t N, int64_t D, int64_t V, int64_t vocab_valid);
+
+// Plain reference materialising all logits [N, V]; same semantics as unembed_cross_entropy (mask, padding,
+// layouts, dh written, dw accumulated). Templated so tests can run it in double.
+template <class T>
+CrossEntropySums unembed_cross_entropy_reference(T* dh,       // [N, D] or nullptr
+                                                 T* dw,       // layout of w, or nullptr
+                                                 const T* h,  // [N, D]
+                                                 const T* w,  // [D, V] or [V, D]
+                                                 UnembedLayout layout,
+                                                 const int32_t* targets,    // [N]
+                                                 const uint8_t* loss_mask,  // [N] or nullptr
+                                                 int64_t N, int64_t D, int64_t V, int64_t vocab_valid) {
+  MT_CHECK(vocab_valid >= 1 && vocab_valid <= V, "vocab_valid must be in [1, V]");
+  // Index of weight (d, v) in either layout.
+  const auto weight_index = [&](int64_t d, int64_t v) {
+    return layout == UnembedLayout::kernel_DV ? d * V + v : v * D + d;
+  };
+  std::vector<T> logits(static_cast<size_t>(N * V), -std::numeric_limits<T>::infinity());
+  for (int64_t n = 0; n < N; ++n) {
+    for (int64_t v = 0; v < vocab_valid; ++v) {
+      T sum = 0;
+      for (int64_t d = 0; d < D; ++d) sum += h[n * D + d] * w[weight_index(d, v)];
+      logits[n * V + v] = sum;
+    }
+  }
+  CrossEntropySums sums{0.0, 0};
+  for (int64_t n = 0; n < N; ++n) {
+    if (dh != nullptr) std::fill(dh + n * D, dh + (n + 1) * D, T(0));
+    if (loss_mask != nullptr && loss_mask[n] == 0) continue;
+    const int32_t target = targets[n];
+    MT_CHECK(target >= 0 && target < vocab_valid, "targets are validated by the data path");
+    const T* row = logits.data() + n * V;
+    const T max_logit = *std::max_element(row, row + vocab_valid);
+    T sum_exp = 0;
+    for (int64_t v = 0; v < vocab_valid; ++v) sum_exp += std::exp(row[v] - max_logit);
+    const T log_sum_exp = max_logit + std::log(sum_exp);
+    sums.loss_sum += static_cast<double>(log_sum_exp - row[target]);
+    sums.valid_count += 1;
+    if (dh == nullptr && dw == nullptr) continue;
+    for (int64_t v = 0; v < vocab_valid; ++v) {
+      // d(lse - logit[target]) / d logit[v] = softmax[v] - onehot[v].
+      const T dlogit = std::exp(row[v] - log_sum_exp) - (v == target ? T(1) : T(0));
+      for (int64_t d = 0; d < D; ++d) {
+        if (dh != nullptr) dh[n * D + d] += dlogit * w[weight_index(d, v)];
+        if (dw != nullptr) dw[weight_index(d, v)] += dlogit * h[n * D + d];
+      }
+    }
+  }
+  return sums;
+}
+
+}  // namespace meshtrain::kernels

@@ -1,0 +1,75 @@
+// Dense projection y = x @ w (+ bias) used by every linear layer; weights are stored [in, out] ("kernel"
+// layout of the reference system). Legend: N tokens, I input width, O output width.
+#pragma once
+
+#include <cstdint>
+
+namespace meshtrain::kernels {
+
+// out = x @ w + bias, through OpenBLAS sgemm.
+void matmul_forward(float* out,         // [N, O]
+                    const float* x,     // [N, I]
+                    const float* w,     // [I, O]
+                    const float* bias,  // [O] or nullptr
+                    int64_t N, int64_t I, int64_t O);
+
+// dx = dout @ w^T (+= when accumulate_dx); dw += x^T @ dout; dbias += column sums of dout.
+// dx, dw and dbias may each be nullptr to skip that gradient.
+void matmul_backward(float* dx,          // [N, I] or nullptr
+                     float* dw,          // [I, O] or nullptr
+                     float* dbias,       // [O] or nullptr
+                     const float* dout,  // [N, O]
+                     const float* x,     // [N, I]
+                     const float* w,     // [I, O]
+                     int64_t N, int64_t I, int64_t O, bool accumulate_dx);
+
+template <class T>
+void matmul_reference_forward(T* out,         // [N, O]
+                              const T* x,     // [N, I]
+                              const T* w,     // [I, O]
+                              const T* bias,  // [O] or nullptr
+                              int64_t N, int64_t I, int64_t O) {
+  // Loops ordered so the innermost one walks rows contiguously.
+  for (int64_t n = 0; n < N; ++n) {
+    T* row = out + n * O;
+    for (int64_t o = 0; o < O; ++o) row[o] = bias != nullptr ? bias[o] : T(0);
+    for (int64_t i = 0; i < I; ++i) {
+      for (int64_t o = 0; o < O; ++o) row[o] += x[n * I + i] * w[i * O + o];
+    }
+  }
+}
+
+template <class T>
+void matmul_reference_backward(T* dx,          // [N, I] or nullptr
+                               T* dw,          // [I, O] or nullptr
+                               T* dbias,       // [O] or nullptr
+                               const T* dout,  // [N, O]
+                               const T* x,     // [N, I]
+                               const T* w,     // [I, O]
+                               int64_t N, int64_t I, int64_t O, bool accumulate_dx) {
+  if (dx != nullptr) {
+    for (int64_t n = 0; n < N; ++n) {
+      for (int64_t i = 0; i < I; ++i) {
+        T sum = T(0);
+        for (int64_t o = 0; o < O; ++o) sum += dout[n * O + o] * w[i * O + o];
+        dx[n * I + i] = accumulate_dx ? dx[n * I + i] + sum : sum;
+      }
+    }
+  }
+  if (dw != nullptr) {
+    for (int64_t n = 0; n < N; ++n) {
+      for (int64_t i = 0; i < I; ++i) {
+        for (int64_t o = 0; o < O; ++o) dw[i * O + o] += x[n * I + i] * dout[n * O + o];
+      }
+    }
+  }
+  if (dbias != nullptr) {
+    for (int64_t o = 0; o < O; ++o) {
+      T sum = T(0);
+      for (int64_t n = 0; n < N; ++n) sum += dout[n * O + o];
+      dbias[o] += sum;
+    }
+  }
+}
+
+}  // namespace meshtrain::kernels

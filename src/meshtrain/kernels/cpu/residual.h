@@ -1,0 +1,17 @@
+// Residual stream addition: out[n] += x[n]. The residual branch of every block ends with it.
+// Legend: n flat element index.
+#pragma once
+
+#include <cstdint>
+
+namespace meshtrain::kernels {
+
+// out [count] += x [count]
+void residual_add(float* out, const float* x, int64_t count);
+
+template <class T>
+void residual_reference_add(T* out, const T* x, int64_t count) {
+  for (int64_t i = 0; i < count; ++i) out[i] += x[i];
+}
+
+}  // namespace meshtrain::kernels

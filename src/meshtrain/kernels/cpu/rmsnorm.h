@@ -1,0 +1,66 @@
+// RMSNorm (Llama-family pre-norm): out = w * x / sqrt(mean(x^2) + eps), one row per token.
+// Legend: N tokens, D width.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+namespace meshtrain::kernels {
+
+// Saves rstd[n] = 1 / sqrt(mean(x[n]^2) + eps) for the backward pass.
+void rmsnorm_forward(float* out,      // [N, D]
+                     float* rstd,     // [N]
+                     const float* x,  // [N, D]
+                     const float* w,  // [D]
+                     int64_t N, int64_t D, float eps);
+
+// dx = (or += when accumulate_dx) dL/dx; dw += dL/dw.
+void rmsnorm_backward(float* dx,          // [N, D]
+                      float* dw,          // [D]
+                      const float* dout,  // [N, D]
+                      const float* x,     // [N, D]
+                      const float* w,     // [D]
+                      const float* rstd,  // [N] from the forward pass
+                      int64_t N, int64_t D, bool accumulate_dx);
+
+template <class T>
+void rmsnorm_reference_forward(T* out,      // [N, D]
+                               T* rstd,     // [N]
+                               const T* x,  // [N, D]
+                               const T* w,  // [D]
+                               int64_t N, int64_t D, T eps) {
+  for (int64_t n = 0; n < N; ++n) {
+    const T* row = x + n * D;
+    T sum_squares = T(0);
+    for (int64_t j = 0; j < D; ++j) sum_squares += row[j] * row[j];
+    const T r = T(1) / std::sqrt(sum_squares / static_cast<T>(D) + eps);
+    rstd[n] = r;
+    for (int64_t j = 0; j < D; ++j) out[n * D + j] = w[j] * row[j] * r;
+  }
+}
+
+// With xhat = x * r: dx = r * (w * dout - xhat * mean(w * dout * xhat)), dw += dout * xhat.
+template <class T>
+void rmsnorm_reference_backward(T* dx,          // [N, D]
+                                T* dw,          // [D]
+                                const T* dout,  // [N, D]
+                                const T* x,     // [N, D]
+                                const T* w,     // [D]
+                                const T* rstd,  // [N]
+                                int64_t N, int64_t D, bool accumulate_dx) {
+  for (int64_t n = 0; n < N; ++n) {
+    const T* row = x + n * D;
+    const T* grad = dout + n * D;
+    const T r = rstd[n];
+    T mean_projection = T(0);
+    for (int64_t j = 0; j < D; ++j) mean_projection += w[j] * grad[j] * row[j] * r;
+    mean_projection /= static_cast<T>(D);
+    for (int64_t j = 0; j < D; ++j) {
+      const T value = r * (w[j] * grad[j] - row[j] * r * mean_projection);
+      dx[n * D + j] = accumulate_dx ? dx[n * D + j] + value : value;
+      dw[j] += grad[j] * row[j] * r;
+    }
+  }
+}
+
+}  // namespace meshtrain::kernels

@@ -1,0 +1,73 @@
+// Rotary position embedding (rotate-half form) on query/key heads, with one position per token so packed or
+// permuted sequences work. Legend: N tokens, H heads (query or kv), d head width (even).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+namespace meshtrain::kernels {
+
+// For i < d/2, a = positions[n] * theta^(-2i/d):
+//   out[i] = x[i] cos a - x[i + d/2] sin a,   out[i + d/2] = x[i + d/2] cos a + x[i] sin a.
+// Angles are computed in double (only cos/sin are rounded to float) so large positions stay accurate.
+// out may alias x. d must be even.
+void rope_forward(float* out,                // [N, H, d]
+                  const float* x,            // [N, H, d]
+                  const int32_t* positions,  // [N]
+                  int64_t N, int64_t H, int64_t d, float theta);
+
+// dx = rotation of dout by -a (the transpose of the forward rotation). dx may alias dout.
+void rope_backward(float* dx,                 // [N, H, d]
+                   const float* dout,         // [N, H, d]
+                   const int32_t* positions,  // [N]
+                   int64_t N, int64_t H, int64_t d, float theta);
+
+// Angle of pair i at a position, in double whatever T is.
+inline double rope_angle(int32_t position, int64_t i, int64_t d, double theta) {
+  return static_cast<double>(position) *
+         std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(d));
+}
+
+template <class T>
+void rope_reference_forward(T* out,                    // [N, H, d]
+                            const T* x,                // [N, H, d]
+                            const int32_t* positions,  // [N]
+                            int64_t N, int64_t H, int64_t d, T theta) {
+  const int64_t half = d / 2;
+  for (int64_t n = 0; n < N; ++n) {
+    for (int64_t h = 0; h < H; ++h) {
+      const T* source = x + (n * H + h) * d;
+      T* target = out + (n * H + h) * d;
+      for (int64_t i = 0; i < half; ++i) {
+        const double angle = rope_angle(positions[n], i, d, static_cast<double>(theta));
+        const T c = static_cast<T>(std::cos(angle)), s = static_cast<T>(std::sin(angle));
+        const T first = source[i], second = source[i + half];
+        target[i] = first * c - second * s;
+        target[i + half] = second * c + first * s;
+      }
+    }
+  }
+}
+
+template <class T>
+void rope_reference_backward(T* dx,                     // [N, H, d]
+                             const T* dout,             // [N, H, d]
+                             const int32_t* positions,  // [N]
+                             int64_t N, int64_t H, int64_t d, T theta) {
+  const int64_t half = d / 2;
+  for (int64_t n = 0; n < N; ++n) {
+    for (int64_t h = 0; h < H; ++h) {
+      const T* source = dout + (n * H + h) * d;
+      T* target = dx + (n * H + h) * d;
+      for (int64_t i = 0; i < half; ++i) {
+        const double angle = rope_angle(positions[n], i, d, static_cast<double>(theta));
+        const T c = static_cast<T>(std::cos(angle)), s = static_cast<T>(std::sin(angle));
+        const T first = source[i], second = source[i + half];
+        target[i] = first * c + second * s;
+        target[i + half] = second * c - first * s;
+      }
+    }
+  }
+}
+
+}  // namespace meshtrain::kernels

@@ -1,0 +1,27 @@
+// GPT-2 decoder (OpenAI's architecture as llm.c and nanoGPT train it), for measuring against peers.
+#include <cmath>
+
+#include "meshtrain/model/families.h"
+#include "meshtrain/model/layers/attention.h"
+#include "meshtrain/model/layers/embedding.h"
+#include "meshtrain/model/layers/mlp.h"
+
+namespace meshtrain {
+
+void build_gpt2(SpecBuilder& builder) {
+  const ModelDims& m = builder.dims();
+  const BufferId d_residual = builder.scratch("scratch/d_residual", token_shape(m, {{"embed", m.D}}));
+  const double out_std = 0.02 / std::sqrt(2.0 * static_cast<double>(m.L));
+  const EmbeddingLayer embedding = add_embedding(builder, true, d_residual);
+  BufferId residual = embedding.residual;
+  for (int64_t layer = 0; layer < m.L; ++layer) {
+    const std::string prefix = "decoder/layers_" + std::to_string(layer);
+    residual = add_attention_block(builder, prefix, residual, d_residual,
+                                   {NormKind::layer, false, false, true, out_std});
+    residual =
+        add_mlp_block(builder, prefix, residual, d_residual, {NormKind::layer, MlpKind::gelu, true, out_std});
+  }
+  add_final_norm_and_loss(builder, NormKind::layer, residual, embedding.table, d_residual);
+}
+
+}  // namespace meshtrain

@@ -1,0 +1,126 @@
+#include "meshtrain/model/layers/attention.h"
+
+#include <omp.h>
+
+#include "meshtrain/kernels/cpu/attention.h"
+#include "meshtrain/kernels/cpu/rope.h"
+#include "meshtrain/model/layers/linear.h"
+
+namespace meshtrain {
+
+BufferId add_attention_block(SpecBuilder& builder, const std::string& prefix, BufferId residual_in,
+                             BufferId d_residual, const AttentionBlockOptions& options) {
+  const ModelDims& m = builder.dims();
+  const ModelSpec& spec = builder.spec();
+  const Shape width_shape = token_shape(m, {{"embed", m.D}});
+  const Shape q_shape = token_shape(m, {{"heads", m.H}, {"head_dim", m.d}});
+  const Shape kv_shape = token_shape(m, {{"kv_heads", m.K}, {"head_dim", m.d}});
+  const Shape lse_shape = shape_of({{"batch", m.B}, {"heads", m.H}, {"length", m.S}});
+
+  // Backward temporaries, shared by every layer.
+  const BufferId d_normed = builder.scratch("scratch/d_normed", width_shape);
+  const BufferId d_attended = builder.scratch("scratch/d_attended", q_shape);
+  const BufferId d_q_rotated = builder.scratch("scratch/d_q_rotated", q_shape);
+  const BufferId d_k_rotated = builder.scratch("scratch/d_k_rotated", kv_shape);
+  const BufferId d_v = builder.scratch("scratch/d_v", kv_shape);
+  const BufferId d_q = options.qk_norm ? builder.scratch("scratch/d_q", q_shape) : d_q_rotated;
+  const BufferId d_k = options.qk_norm ? builder.scratch("scratch/d_k", kv_shape) : d_k_rotated;
+  const int64_t backward_scratch_floats =
+      kernels::attention_backward_scratch_floats(m.B, m.S, m.H, m.K, m.d, omp_get_max_threads());
+  const BufferId attention_scratch =
+      builder.scratch("scratch/attention_backward", shape_of({{"floats", backward_scratch_floats}}));
+
+  const NormLayer pre_norm = add_norm(builder, prefix + "/pre_self_attention_layer_norm", options.norm,
+                                      residual_in, width_shape, m.N, m.D, d_normed, d_residual, true);
+  const LinearOptions projection{"attention", options.bias, 0.02, kNoBuffer};
+  const auto kernel_shape = [&](const char* axis, int64_t heads) {
+    return shape_of({{"embed", m.D}, {axis, heads}, {"head_dim", m.d}});
+  };
+  const std::string attention = prefix + "/self_attention";
+  const LinearLayer query = add_linear(builder, attention + "/query", pre_norm.out,
+                                       kernel_shape("heads", m.H), q_shape, projection, d_q, d_normed, false);
+  const LinearLayer key = add_linear(builder, attention + "/key", pre_norm.out, kernel_shape("kv_heads", m.K),
+                                     kv_shape, projection, d_k, d_normed, true);
+  const LinearLayer value =
+      add_linear(builder, attention + "/value", pre_norm.out, kernel_shape("kv_heads", m.K), kv_shape,
+                 projection, d_v, d_normed, true);
+
+  BufferId q_rotated = query.out, k_rotated = key.out;
+  std::vector<OpDecl> qk_backward;  // in backward order
+  if (options.qk_norm) {
+    const NormLayer q_norm = add_norm(builder, attention + "/query_norm", NormKind::rms, query.out, q_shape,
+                                      m.N * m.H, m.d, d_q_rotated, d_q, false);
+    const NormLayer k_norm = add_norm(builder, attention + "/key_norm", NormKind::rms, key.out, kv_shape,
+                                      m.N * m.K, m.d, d_k_rotated, d_k, false);
+    q_rotated = q_norm.out;
+    k_rotated = k_norm.out;
+    qk_backward = {q_norm.backward, k_norm.backward};
+  }
+  const BufferId positions = spec.positions, segment_ids = spec.segment_ids;
+  if (options.rope) {
+    const float theta = static_cast<float>(spec.config.rope_max_timescale);
+    const int64_t N = m.N, H = m.H, K = m.K, d = m.d;
+    // In place: the norm's backward needs its input and rstd, not its output.
+    builder.forward(
+        {attention + "/rope_forward",
+         {q_rotated, k_rotated, positions},
+         {q_rotated, k_rotated},
+         6.0 * static_cast<double>(N * (H + K) * d),
+         [=](const OpContext& c) {
+           kernels::rope_forward(c.f32(q_rotated), c.f32(q_rotated), c.i32(positions), N, H, d, theta);
+           kernels::rope_forward(c.f32(k_rotated), c.f32(k_rotated), c.i32(positions), N, K, d, theta);
+         }});
+    qk_backward.insert(qk_backward.begin(), {attention + "/rope_backward",
+                                             {d_q_rotated, d_k_rotated, positions},
+                                             {d_q_rotated, d_k_rotated},
+                                             6.0 * static_cast<double>(N * (H + K) * d),
+                                             [=](const OpContext& c) {
+                                               kernels::rope_backward(c.f32(d_q_rotated), c.f32(d_q_rotated),
+                                                                      c.i32(positions), N, H, d, theta);
+                                               kernels::rope_backward(c.f32(d_k_rotated), c.f32(d_k_rotated),
+                                                                      c.i32(positions), N, K, d, theta);
+                                             }});
+  }
+
+  const BufferId attended = builder.activation(attention + "/attended", q_shape);
+  const BufferId lse = builder.activation(attention + "/lse", lse_shape);
+  const BufferId v = value.out;
+  const int64_t B = m.B, S = m.S, H = m.H, K = m.K, d = m.d;
+  const double attention_flops = 4.0 * static_cast<double>(B * S * S * H * d) / 2.0;  // causal half
+  builder.forward({attention + "/attention_forward",
+                   {q_rotated, k_rotated, v, positions, segment_ids},
+                   {attended, lse},
+                   attention_flops,
+                   [=](const OpContext& c) {
+                     kernels::attention_forward(c.f32(attended), c.f32(lse), c.f32(q_rotated),
+                                                c.f32(k_rotated), c.f32(v), c.i32(positions),
+                                                c.i32(segment_ids), B, S, H, K, d);
+                   }});
+  const OpDecl attention_backward{
+      attention + "/attention_backward",
+      {d_attended, attended, lse, q_rotated, k_rotated, v, positions, segment_ids},
+      {d_q_rotated, d_k_rotated, d_v, attention_scratch},
+      2.5 * attention_flops,  // dq, dk, dv plus recomputing the scores
+      [=](const OpContext& c) {
+        kernels::attention_backward(c.f32(d_q_rotated), c.f32(d_k_rotated), c.f32(d_v), c.f32(d_attended),
+                                    c.f32(attended), c.f32(lse), c.f32(q_rotated), c.f32(k_rotated), c.f32(v),
+                                    c.i32(positions), c.i32(segment_ids), B, S, H, K, d,
+                                    c.f32(attention_scratch));
+      }};
+
+  const LinearLayer out = add_linear(
+      builder, attention + "/out", attended, shape_of({{"heads", m.H}, {"head_dim", m.d}, {"embed", m.D}}),
+      width_shape, {"attention", options.bias, options.out_init_std, residual_in}, d_residual, d_attended,
+      false);
+
+  std::vector<OpDecl> group = {out.backward, attention_backward};
+  for (OpDecl& op : qk_backward) group.push_back(std::move(op));
+  group.push_back(query.backward);
+  group.push_back(key.backward);
+  group.push_back(value.backward);
+  group.push_back(pre_norm.backward);
+  builder.backward_group(std::move(group));
+  return out.out;
+}
+
+}  // namespace meshtrain

@@ -1,0 +1,89 @@
+#include "meshtrain/model/layers/embedding.h"
+
+#include <algorithm>
+
+#include "meshtrain/kernels/cpu/cross_entropy.h"
+#include "meshtrain/kernels/cpu/embedding.h"
+
+namespace meshtrain {
+
+EmbeddingLayer add_embedding(SpecBuilder& builder, bool learned_positions, BufferId d_residual) {
+  const ModelDims& m = builder.dims();
+  const ModelSpec& spec = builder.spec();
+  const int64_t N = m.N, V = m.V, D = m.D, P = m.P;
+  const BufferId table = builder.parameter("token_embedder/embedding", shape_of({{"vocab", V}, {"embed", D}}),
+                                           {"embedding", ParameterInit::normal, 0.02, false});
+  const BufferId d_table = builder.gradient_of(table);
+  const BufferId residual = builder.activation("token_embedder/out", token_shape(m, {{"embed", D}}));
+  const BufferId tokens = spec.tokens, positions = spec.positions;
+  BufferId position_table = kNoBuffer, d_position_table = kNoBuffer;
+  if (learned_positions) {
+    position_table =
+        builder.parameter("position_embedder/embedding", shape_of({{"positions", P}, {"embed", D}}),
+                          {"embedding", ParameterInit::normal, 0.01, false});
+    d_position_table = builder.gradient_of(position_table);
+  }
+  builder.forward(
+      {"token_embedder/forward", {tokens, positions, table}, {residual}, 0.0, [=](const OpContext& c) {
+         kernels::embedding_forward(c.f32(residual), c.i32(tokens), c.f32(table), N, V, D, false);
+         if (position_table != kNoBuffer) {
+           kernels::embedding_forward(c.f32(residual), c.i32(positions), c.f32(position_table), N, P, D,
+                                      true);
+         }
+       }});
+  builder.backward_group(
+      {{"token_embedder/backward", {d_residual, tokens, positions}, {d_table}, 0.0, [=](const OpContext& c) {
+          kernels::embedding_backward(c.f32(d_table), c.i32(tokens), c.f32(d_residual), N, V, D);
+          if (d_position_table != kNoBuffer) {
+            kernels::embedding_backward(c.f32(d_position_table), c.i32(positions), c.f32(d_residual), N, P,
+                                        D);
+          }
+        }}});
+  return {residual, table};
+}
+
+void add_final_norm_and_loss(SpecBuilder& builder, NormKind norm, BufferId residual, BufferId tied_table,
+                             BufferId d_residual) {
+  const ModelDims& m = builder.dims();
+  ModelSpec& spec = builder.spec();
+  const int64_t N = m.N, D = m.D, V = m.V, V_valid = m.V_valid;
+  const Shape width_shape = token_shape(m, {{"embed", D}});
+  const BufferId d_hidden = builder.scratch("scratch/d_normed", width_shape);
+  const NormLayer final_norm = add_norm(builder, "decoder/decoder_norm", norm, residual, width_shape, N, D,
+                                        d_hidden, d_residual, false);
+  spec.final_hidden = final_norm.out;
+
+  BufferId unembedding = tied_table;
+  auto layout = kernels::UnembedLayout::table_VD;
+  if (tied_table == kNoBuffer) {
+    unembedding = builder.parameter("decoder/logits_dense/kernel", shape_of({{"embed", D}, {"vocab", V}}),
+                                    {"unembedding", ParameterInit::normal, 0.02, true});
+    layout = kernels::UnembedLayout::kernel_DV;
+  }
+  const BufferId d_unembedding = builder.gradient_of(unembedding);
+  // Chunks of at most 4M logits (16 MiB) keep the full [N, V] matrix from ever existing.
+  const int64_t chunk_tokens = std::clamp<int64_t>((int64_t{1} << 22) / V, 1, N);
+  const BufferId logits_scratch =
+      builder.scratch("scratch/cross_entropy",
+                      shape_of({{"floats", kernels::cross_entropy_scratch_floats(chunk_tokens, V)}}));
+  const BufferId hidden = final_norm.out, targets = spec.targets, loss_mask = spec.loss_mask;
+  const double flops = 2.0 * static_cast<double>(N * D * V);
+  const auto loss_op = [=](bool with_gradient) {
+    return OpDecl{with_gradient ? "loss/forward_backward" : "loss/forward",
+                  {hidden, unembedding, targets, loss_mask, logits_scratch},
+                  with_gradient ? std::vector<BufferId>{d_hidden, d_unembedding} : std::vector<BufferId>{},
+                  with_gradient ? 3.0 * flops : flops,
+                  [=](const OpContext& c) {
+                    const kernels::CrossEntropySums sums = kernels::unembed_cross_entropy(
+                        with_gradient ? c.f32(d_hidden) : nullptr,
+                        with_gradient ? c.f32(d_unembedding) : nullptr, c.f32(hidden), c.f32(unembedding),
+                        layout, c.i32(targets), c.u8(loss_mask), N, D, V, V_valid, chunk_tokens,
+                        c.f32(logits_scratch));
+                    c.loss_sums->loss_sum += sums.loss_sum;
+                    c.loss_sums->valid_count += sums.valid_count;
+                  }};
+  };
+  builder.loss({loss_op(false)}, {loss_op(true), final_norm.backward});
+}
+
+}  // namespace meshtrain

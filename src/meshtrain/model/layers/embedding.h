@@ -1,0 +1,22 @@
+// Token embedding (and GPT-2's learned positions) feeding the residual stream, and the final norm with the
+// fused unembedding + cross-entropy loss that ends it.
+// Legend: B batch, S sequence, D width, V vocab (padded), P learned positions.
+#pragma once
+
+#include "meshtrain/model/layers/norm.h"
+
+namespace meshtrain {
+
+struct EmbeddingLayer {
+  BufferId residual = kNoBuffer;  // [B, S, D]: the residual stream entering layer 0
+  BufferId table = kNoBuffer;     // [V, D]: also the unembedding when tied
+};
+
+EmbeddingLayer add_embedding(SpecBuilder& builder, bool learned_positions, BufferId d_residual);
+
+// Final norm, then loss = sum of cross-entropy over masked targets (the step divides by the global count).
+// The unembedding is the embedding table when `tied_table` is set, else its own [D, V] kernel.
+void add_final_norm_and_loss(SpecBuilder& builder, NormKind norm, BufferId residual, BufferId tied_table,
+                             BufferId d_residual);
+
+}  // namespace meshtrain

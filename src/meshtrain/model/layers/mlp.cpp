@@ -1,0 +1,86 @@
+#include "meshtrain/model/layers/mlp.h"
+
+#include "meshtrain/kernels/cpu/gelu.h"
+#include "meshtrain/kernels/cpu/swiglu.h"
+#include "meshtrain/model/layers/linear.h"
+
+namespace meshtrain {
+
+BufferId add_mlp_block(SpecBuilder& builder, const std::string& prefix, BufferId residual_in,
+                       BufferId d_residual, const MlpBlockOptions& options) {
+  const ModelDims& m = builder.dims();
+  const Shape width_shape = token_shape(m, {{"embed", m.D}});
+  const Shape hidden_shape = token_shape(m, {{"mlp", m.F}});
+  const Shape in_kernel = shape_of({{"embed", m.D}, {"mlp", m.F}});
+  const Shape out_kernel = shape_of({{"mlp", m.F}, {"embed", m.D}});
+  const int64_t count = m.N * m.F;
+
+  const BufferId d_normed = builder.scratch("scratch/d_normed", width_shape);
+  const BufferId d_activated = builder.scratch("scratch/d_mlp_activated", hidden_shape);
+  const NormLayer pre_norm = add_norm(builder, prefix + "/post_self_attention_layer_norm", options.norm,
+                                      residual_in, width_shape, m.N, m.D, d_normed, d_residual, true);
+  const std::string mlp = prefix + "/mlp";
+  const LinearOptions in_projection{"mlp", options.bias, 0.02, kNoBuffer};
+  std::vector<OpDecl> group;
+  BufferId activated = kNoBuffer;
+  std::vector<OpDecl> input_backward;
+
+  if (options.kind == MlpKind::swiglu) {
+    const BufferId d_gate = builder.scratch("scratch/d_mlp_gate", hidden_shape);
+    const BufferId d_up = builder.scratch("scratch/d_mlp_up", hidden_shape);
+    const LinearLayer gate = add_linear(builder, mlp + "/wi_0", pre_norm.out, in_kernel, hidden_shape,
+                                        in_projection, d_gate, d_normed, false);
+    const LinearLayer up = add_linear(builder, mlp + "/wi_1", pre_norm.out, in_kernel, hidden_shape,
+                                      in_projection, d_up, d_normed, true);
+    activated = builder.activation(mlp + "/activated", hidden_shape);
+    const BufferId gate_out = gate.out, up_out = up.out;
+    builder.forward({mlp + "/swiglu_forward",
+                     {gate_out, up_out},
+                     {activated},
+                     4.0 * static_cast<double>(count),
+                     [=](const OpContext& c) {
+                       kernels::swiglu_forward(c.f32(activated), c.f32(gate_out), c.f32(up_out), count);
+                     }});
+    input_backward = {{mlp + "/swiglu_backward",
+                       {d_activated, gate_out, up_out},
+                       {d_gate, d_up},
+                       8.0 * static_cast<double>(count),
+                       [=](const OpContext& c) {
+                         kernels::swiglu_backward(c.f32(d_gate), c.f32(d_up), c.f32(d_activated),
+                                                  c.f32(gate_out), c.f32(up_out), count);
+                       }},
+                      gate.backward,
+                      up.backward};
+  } else {
+    const BufferId d_hidden = builder.scratch("scratch/d_mlp_hidden", hidden_shape);
+    const LinearLayer hidden = add_linear(builder, mlp + "/wi", pre_norm.out, in_kernel, hidden_shape,
+                                          in_projection, d_hidden, d_normed, false);
+    activated = builder.activation(mlp + "/activated", hidden_shape);
+    const BufferId hidden_out = hidden.out;
+    builder.forward(
+        {mlp + "/gelu_forward",
+         {hidden_out},
+         {activated},
+         8.0 * static_cast<double>(count),
+         [=](const OpContext& c) { kernels::gelu_forward(c.f32(activated), c.f32(hidden_out), count); }});
+    input_backward = {{mlp + "/gelu_backward",
+                       {d_activated, hidden_out},
+                       {d_hidden},
+                       16.0 * static_cast<double>(count),
+                       [=](const OpContext& c) {
+                         kernels::gelu_backward(c.f32(d_hidden), c.f32(d_activated), c.f32(hidden_out),
+                                                count);
+                       }},
+                      hidden.backward};
+  }
+  const LinearLayer out =
+      add_linear(builder, mlp + "/wo", activated, out_kernel, width_shape,
+                 {"mlp", options.bias, options.out_init_std, residual_in}, d_residual, d_activated, false);
+  group.push_back(out.backward);
+  for (OpDecl& op : input_backward) group.push_back(std::move(op));
+  group.push_back(pre_norm.backward);
+  builder.backward_group(std::move(group));
+  return out.out;
+}
+
+}  // namespace meshtrain

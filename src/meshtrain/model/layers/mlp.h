@@ -1,0 +1,25 @@
+// The MLP block of a pre-norm decoder layer: residual_out = residual_in + MLP(norm(residual_in)), where the
+// MLP is SwiGLU (Qwen3: down(silu(gate(x)) * up(x))) or GELU (GPT-2: wo(gelu(wi(x) + bi)) + bo).
+// Legend: B batch, S sequence, D width, F MLP width.
+#pragma once
+
+#include <string>
+
+#include "meshtrain/model/layers/norm.h"
+
+namespace meshtrain {
+
+enum class MlpKind { swiglu, gelu };
+
+struct MlpBlockOptions {
+  NormKind norm = NormKind::rms;
+  MlpKind kind = MlpKind::swiglu;
+  bool bias = false;
+  double out_init_std = 0.02;
+};
+
+// Returns residual_out [B, S, D]; the backward group turns d_residual into dL/d residual_in in place.
+BufferId add_mlp_block(SpecBuilder& builder, const std::string& prefix, BufferId residual_in,
+                       BufferId d_residual, const MlpBlockOptions& options);
+
+}  // namespace meshtrain

@@ -1,0 +1,53 @@
+#include "meshtrain/model/layers/norm.h"
+
+#include "meshtrain/kernels/cpu/layernorm.h"
+#include "meshtrain/kernels/cpu/rmsnorm.h"
+
+namespace meshtrain {
+
+NormLayer add_norm(SpecBuilder& builder, const std::string& prefix, NormKind kind, BufferId x,
+                   const Shape& out_shape, int64_t rows, int64_t width, BufferId d_out, BufferId d_x,
+                   bool accumulate_dx) {
+  const float epsilon = static_cast<float>(builder.spec().config.normalization_layer_epsilon);
+  const std::string width_axis = out_shape.axes.back();
+  const BufferId scale = builder.parameter(prefix + "/scale", shape_of({{width_axis, width}}),
+                                           {"norm", ParameterInit::ones, 0.0, false});
+  const BufferId d_scale = builder.gradient_of(scale);
+  const BufferId out = builder.activation(prefix + "/out", out_shape);
+  const BufferId rstd = builder.activation(prefix + "/rstd", shape_of({{"rows", rows}}));
+  const double flops = 4.0 * static_cast<double>(rows * width);
+  NormLayer layer{out, {}};
+
+  if (kind == NormKind::rms) {
+    builder.forward({prefix + "/forward", {x, scale}, {out, rstd}, flops, [=](const OpContext& c) {
+                       kernels::rmsnorm_forward(c.f32(out), c.f32(rstd), c.f32(x), c.f32(scale), rows, width,
+                                                epsilon);
+                     }});
+    layer.backward = {
+        prefix + "/backward", {d_out, x, scale, rstd}, {d_x, d_scale}, 2.0 * flops, [=](const OpContext& c) {
+          kernels::rmsnorm_backward(c.f32(d_x), c.f32(d_scale), c.f32(d_out), c.f32(x), c.f32(scale),
+                                    c.f32(rstd), rows, width, accumulate_dx);
+        }};
+    return layer;
+  }
+  const BufferId bias = builder.parameter(prefix + "/bias", shape_of({{width_axis, width}}),
+                                          {"norm", ParameterInit::zeros, 0.0, false});
+  const BufferId d_bias = builder.gradient_of(bias);
+  const BufferId mean = builder.activation(prefix + "/mean", shape_of({{"rows", rows}}));
+  builder.forward({prefix + "/forward", {x, scale, bias}, {out, mean, rstd}, flops, [=](const OpContext& c) {
+                     kernels::layernorm_forward(c.f32(out), c.f32(mean), c.f32(rstd), c.f32(x), c.f32(scale),
+                                                c.f32(bias), rows, width, epsilon);
+                   }});
+  layer.backward = {prefix + "/backward",
+                    {d_out, x, scale, mean, rstd},
+                    {d_x, d_scale, d_bias},
+                    2.0 * flops,
+                    [=](const OpContext& c) {
+                      kernels::layernorm_backward(c.f32(d_x), c.f32(d_scale), c.f32(d_bias), c.f32(d_out),
+                                                  c.f32(x), c.f32(scale), c.f32(mean), c.f32(rstd), rows,
+                                                  width, accumulate_dx);
+                    }};
+  return layer;
+}
+
+}  // namespace meshtrain

@@ -1,0 +1,24 @@
+// Pre-norm layers (RMSNorm for Qwen3, LayerNorm for GPT-2) as spec ops, forward and backward side by side.
+// Legend: R rows normalised independently (tokens, or tokens x heads for QK-norm), W normalised width.
+#pragma once
+
+#include <string>
+
+#include "meshtrain/model/spec_builder.h"
+
+namespace meshtrain {
+
+enum class NormKind { rms, layer };
+
+struct NormLayer {
+  BufferId out = kNoBuffer;  // [.., W] normalised and scaled
+  OpDecl backward;           // dL/d out -> dL/d x (written or added, see add_norm) and weight gradients
+};
+
+// out = norm(x) over rows of width `width`. The backward op reads `d_out` and writes `d_x`
+// (adds into it when accumulate_dx: a pre-norm's input gradient joins the residual stream's).
+NormLayer add_norm(SpecBuilder& builder, const std::string& prefix, NormKind kind, BufferId x,
+                   const Shape& out_shape, int64_t rows, int64_t width, BufferId d_out, BufferId d_x,
+                   bool accumulate_dx);
+
+}  // namespace meshtrain

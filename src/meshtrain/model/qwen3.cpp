@@ -1,0 +1,29 @@
+// Qwen3 decoder (Hugging Face Qwen3ForCausalLM semantics; golden-tested in tests/reference/qwen3_golden).
+#include <cmath>
+
+#include "meshtrain/model/families.h"
+#include "meshtrain/model/layers/attention.h"
+#include "meshtrain/model/layers/embedding.h"
+#include "meshtrain/model/layers/mlp.h"
+
+namespace meshtrain {
+
+void build_qwen3(SpecBuilder& builder) {
+  const ModelDims& m = builder.dims();
+  const BufferId d_residual = builder.scratch("scratch/d_residual", token_shape(m, {{"embed", m.D}}));
+  // Residual output projections start smaller so the stream's variance does not grow with depth.
+  const double out_std = 0.02 / std::sqrt(2.0 * static_cast<double>(m.L));
+  const EmbeddingLayer embedding = add_embedding(builder, false, d_residual);
+  BufferId residual = embedding.residual;
+  for (int64_t layer = 0; layer < m.L; ++layer) {
+    const std::string prefix = "decoder/layers_" + std::to_string(layer);
+    residual = add_attention_block(builder, prefix, residual, d_residual,
+                                   {NormKind::rms, true, true, false, out_std});
+    residual = add_mlp_block(builder, prefix, residual, d_residual,
+                             {NormKind::rms, MlpKind::swiglu, false, out_std});
+  }
+  const bool tied = builder.spec().config.logits_via_embedding;
+  add_final_norm_and_loss(builder, NormKind::rms, residual, tied ? embedding.table : kNoBuffer, d_residual);
+}
+
+}  // namespace meshtrain

@@ -1,0 +1,134 @@
+#include "meshtrain/model/spec.h"
+
+#include "meshtrain/core/error.h"
+#include "meshtrain/model/families.h"
+
+namespace meshtrain {
+namespace {
+
+void require_positive(const std::string& key, int64_t value, const std::string& hint) {
+  if (value <= 0) fail("config key '" + key + "'", "a positive integer", std::to_string(value), hint);
+}
+
+// Every shape rule is checked here, before any buffer is declared or allocated.
+ModelDims validate_and_size(const Config& c) {
+  if (c.decoder_block != "qwen3" && c.decoder_block != "gpt2") {
+    fail("config key 'decoder_block'", "qwen3 or gpt2", "'" + c.decoder_block + "'",
+         "did you mean '" + closest_name(c.decoder_block, {"qwen3", "gpt2"}) + "'?");
+  }
+  const std::string preset_hint = "set it, or start from a preset such as qwen3-tiny";
+  require_positive("base_emb_dim", c.base_emb_dim, preset_hint);
+  require_positive("base_num_query_heads", c.base_num_query_heads, preset_hint);
+  require_positive("base_num_kv_heads", c.base_num_kv_heads, preset_hint);
+  require_positive("base_mlp_dim", c.base_mlp_dim, preset_hint);
+  require_positive("base_num_decoder_layers", c.base_num_decoder_layers, preset_hint);
+  require_positive("vocab_size", c.vocab_size, "set it to the tokenizer's vocabulary size");
+  require_positive("max_target_length", c.max_target_length, "the sequence length, e.g. 128");
+  require_positive("per_device_batch_size", c.per_device_batch_size, "e.g. 4");
+  require_positive("gradient_accumulation_steps", c.gradient_accumulation_steps, "1 for no accumulation");
+
+  ModelDims m;
+  m.B = c.per_device_batch_size;
+  m.S = c.max_target_length;
+  m.N = m.B * m.S;
+  m.D = c.base_emb_dim;
+  m.H = c.base_num_query_heads;
+  m.K = c.base_num_kv_heads;
+  m.F = c.base_mlp_dim;
+  m.L = c.base_num_decoder_layers;
+  m.V_valid = c.vocab_size;
+  m.V = padded_vocab_size(c.vocab_size);
+  m.d = c.head_dim;
+  if (m.d == 0) {  // derived from the width, as in GPT-2
+    if (m.D % m.H != 0) {
+      fail("config keys 'base_emb_dim' / 'base_num_query_heads'", "heads dividing the width",
+           std::to_string(m.D) + " / " + std::to_string(m.H),
+           "set head_dim, or a head count that divides base_emb_dim");
+    }
+    m.d = m.D / m.H;
+  }
+  require_positive("head_dim", m.d, "e.g. 64 or 128");
+  if (m.H % m.K != 0) {
+    fail("config key 'base_num_kv_heads'", "a divisor of base_num_query_heads (" + std::to_string(m.H) + ")",
+         std::to_string(m.K), "grouped-query attention shares each kv head among H/K query heads");
+  }
+  if (c.decoder_block == "qwen3" && m.d % 2 != 0) {
+    fail("config key 'head_dim'", "an even number (RoPE rotates pairs of dimensions)", std::to_string(m.d));
+  }
+  if (c.decoder_block == "gpt2") {
+    require_positive("max_position_embeddings", c.max_position_embeddings, "1024 for GPT-2");
+    if (m.S > c.max_position_embeddings) {
+      fail("config key 'max_target_length'",
+           "at most max_position_embeddings (" + std::to_string(c.max_position_embeddings) +
+               ") for learned positions",
+           std::to_string(m.S));
+    }
+    if (!c.logits_via_embedding) {
+      fail("config key 'logits_via_embedding'", "true for gpt2 (tied embeddings)", "false");
+    }
+    m.P = c.max_position_embeddings;
+  }
+  if (c.normalization_layer_epsilon <= 0.0) {
+    fail("config key 'normalization_layer_epsilon'", "a positive number",
+         to_text(c.normalization_layer_epsilon));
+  }
+  return m;
+}
+
+}  // namespace
+
+uint8_t* OpContext::u8(BufferId id) const {
+  const TensorView tensor = view(id);
+  MT_CHECK(tensor.dtype == DType::u8, "tensor is not uint8");
+  return static_cast<uint8_t*>(tensor.data);
+}
+
+int64_t padded_vocab_size(int64_t vocab_size) {
+  return (vocab_size + 127) / 128 * 128;
+}
+
+int64_t ModelSpec::parameter_count() const {
+  int64_t count = 0;
+  for (const ParameterDecl& parameter : parameters) count += buffer(parameter.value).shape.elements();
+  return count;
+}
+
+ModelSpec build_model_spec(const Config& config) {
+  ModelSpec spec;
+  spec.config = config;
+  spec.dims = validate_and_size(config);
+  SpecBuilder builder(spec);
+  const Shape batch_shape = shape_of({{"batch", spec.dims.B}, {"length", spec.dims.S}});
+  spec.tokens = builder.input("batch/tokens", DType::i32, batch_shape);
+  spec.targets = builder.input("batch/targets", DType::i32, batch_shape);
+  spec.positions = builder.input("batch/positions", DType::i32, batch_shape);
+  spec.segment_ids = builder.input("batch/segment_ids", DType::i32, batch_shape);
+  spec.loss_mask = builder.input("batch/loss_mask", DType::u8, batch_shape);
+  if (config.decoder_block == "qwen3") {
+    build_qwen3(builder);
+  } else {
+    build_gpt2(builder);
+  }
+  builder.finish();
+  return spec;
+}
+
+StandardFlops standard_training_flops(const Config& c) {
+  const double B = static_cast<double>(c.per_device_batch_size), S = static_cast<double>(c.max_target_length);
+  const double emb = static_cast<double>(c.base_emb_dim), mlp = static_cast<double>(c.base_mlp_dim);
+  const double Hq = static_cast<double>(c.base_num_query_heads),
+               Hkv = static_cast<double>(c.base_num_kv_heads);
+  const double hd =
+      static_cast<double>(c.head_dim > 0 ? c.head_dim : c.base_emb_dim / c.base_num_query_heads);
+  const double L = static_cast<double>(c.base_num_decoder_layers), vocab = static_cast<double>(c.vocab_size);
+  const double input_matmuls = c.decoder_block == "gpt2" ? 1.0 : 2.0;  // GELU: one, SwiGLU: gate and up
+  const double ffn = 2 * B * S * mlp * emb * input_matmuls + 2 * B * S * mlp * emb;
+  const double qkv = 2 * B * S * emb * (Hq + 2 * Hkv) * hd;
+  const double projection = 2 * B * S * emb * Hq * hd;
+  const double attention = 4 * B * S * S * Hq * hd / 2;
+  const double unembedding = 2 * B * S * emb * vocab;
+  const double accumulation = static_cast<double>(c.gradient_accumulation_steps);
+  return {3 * (L * (ffn + qkv + projection) + unembedding) * accumulation, 3 * L * attention * accumulation};
+}
+
+}  // namespace meshtrain

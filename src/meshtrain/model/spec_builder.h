@@ -1,0 +1,59 @@
+// Declares buffers and ops into a ModelSpec. Layer files call it in forward order; each layer hands back
+// its backward ops as one group, and the groups run in reverse order after the loss.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "meshtrain/model/spec.h"
+
+namespace meshtrain {
+
+struct ParameterOptions {
+  std::string component;  // "embedding", "attention", "mlp", "norm", "unembedding"
+  ParameterInit init = ParameterInit::normal;
+  double init_std = 0.02;
+  bool weight_decay = true;
+};
+
+class SpecBuilder {
+ public:
+  explicit SpecBuilder(ModelSpec& spec) : spec_(spec) {}
+
+  BufferId input(const std::string& name, DType dtype, const Shape& shape);
+  // Saved for the backward pass: one buffer per layer.
+  BufferId activation(const std::string& name, const Shape& shape);
+  // Temporary: shared by every layer that declares the same name (the backward reuses one set).
+  BufferId scratch(const std::string& name, const Shape& shape);
+  // A trainable tensor with its gradient and Adam moments; returns the value's id.
+  BufferId parameter(const std::string& name, const Shape& shape, const ParameterOptions& options);
+  BufferId gradient_of(BufferId parameter_value) const;
+
+  void forward(OpDecl op) { spec_.forward.push_back(std::move(op)); }
+  void backward_group(std::vector<OpDecl> ops) { backward_groups_.push_back(std::move(ops)); }
+  // Loss ops: `eval_ops` compute the loss only; `train_ops` compute it with its gradient.
+  void loss(std::vector<OpDecl> eval_ops, std::vector<OpDecl> train_ops);
+  // Appends the layer groups in reverse order after the loss's backward.
+  void finish();
+
+  ModelSpec& spec() { return spec_; }
+  const ModelDims& dims() const { return spec_.dims; }
+
+ private:
+  BufferId add(BufferDecl buffer);
+  ModelSpec& spec_;
+  std::vector<std::vector<OpDecl>> backward_groups_;
+};
+
+// The [N, X] view of a buffer shaped with batch and length axes: most kernels see tokens as rows.
+inline Shape token_shape(const ModelDims& dims,
+                         std::initializer_list<std::pair<std::string, int64_t>> inner) {
+  Shape shape = shape_of({{"batch", dims.B}, {"length", dims.S}});
+  for (const auto& [axis, size] : inner) {
+    shape.axes.push_back(axis);
+    shape.dims.push_back(size);
+  }
+  return shape;
+}
+
+}  // namespace meshtrain

@@ -1,0 +1,95 @@
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "gradcheck.h"
+#include "meshtrain/kernels/cpu/swiglu.h"
+
+namespace {
+
+using meshtrain::kernels::swiglu_backward;
+using meshtrain::kernels::swiglu_forward;
+using meshtrain::kernels::swiglu_reference_backward;
+using meshtrain::kernels::swiglu_reference_forward;
+using meshtrain::testing::numeric_gradient;
+using meshtrain::testing::random_values;
+using meshtrain::testing::relative_error;
+using meshtrain::testing::report_error;
+using meshtrain::testing::to_float;
+using meshtrain::testing::weighted_sum;
+
+std::vector<double> to_double(const std::vector<float>& values) {
+  return {values.begin(), values.end()};
+}
+
+// relative_error skips NaN, so non-finite outputs are rejected separately.
+void expect_close(const std::string& what, const std::vector<float>& fast,
+                  const std::vector<double>& reference, double bound) {
+  ASSERT_EQ(fast.size(), reference.size()) << what;
+  for (float value : fast) ASSERT_TRUE(std::isfinite(value)) << what;
+  const double error = relative_error(fast, reference);
+  report_error(what, error, bound);
+  EXPECT_LT(error, bound) << what;
+}
+
+void expect_gradient(const std::string& what, const std::vector<double>& analytic,
+                     const std::vector<double>& numeric) {
+  // Smooth op in double with step 1e-6: truncation ~ step^2 * |f'''| ~ 1e-12 and rounding
+  // ~ 1e-16 * |loss| / step ~ 1e-9, both far below 1e-7.
+  const double bound = 1e-7;
+  const double error = relative_error(analytic, numeric);
+  report_error(what, error, bound);
+  EXPECT_LT(error, bound) << what;
+}
+
+TEST(SwiGlu, BackwardMatchesFiniteDifferences) {
+  const int64_t count = 40;
+  std::vector<double> gate = random_values(count, 91, -4.0, 4.0), up = random_values(count, 92);
+  const std::vector<double> weights = random_values(count, 93);
+  auto loss = [&] {
+    std::vector<double> out(count);
+    swiglu_reference_forward(out.data(), gate.data(), up.data(), count);
+    return weighted_sum(out, weights);
+  };
+  std::vector<double> dgate(count), dup(count);
+  swiglu_reference_backward(dgate.data(), dup.data(), weights.data(), gate.data(), up.data(), count);
+  expect_gradient("swiglu reference dgate vs finite differences", dgate, numeric_gradient(loss, gate));
+  expect_gradient("swiglu reference dup vs finite differences", dup, numeric_gradient(loss, up));
+}
+
+void check_fast_against_reference(const std::string& what, const std::vector<float>& gate,
+                                  const std::vector<float>& up, const std::vector<float>& dout) {
+  // A few float roundings per value (exp, divide, products): ~5e-7 relative at worst.
+  const double bound = 1e-5;
+  const int64_t count = static_cast<int64_t>(gate.size());
+  const std::vector<double> gated = to_double(gate), upd = to_double(up), doutd = to_double(dout);
+  std::vector<double> out_ref(count), dgate_ref(count), dup_ref(count);
+  swiglu_reference_forward(out_ref.data(), gated.data(), upd.data(), count);
+  swiglu_reference_backward(dgate_ref.data(), dup_ref.data(), doutd.data(), gated.data(), upd.data(), count);
+  // NaN-filled outputs prove every output is written.
+  std::vector<float> out(count, std::numeric_limits<float>::quiet_NaN()), dgate = out, dup = out;
+  swiglu_forward(out.data(), gate.data(), up.data(), count);
+  swiglu_backward(dgate.data(), dup.data(), dout.data(), gate.data(), up.data(), count);
+  expect_close(what + " forward", out, out_ref, bound);
+  expect_close(what + " dgate", dgate, dgate_ref, bound);
+  expect_close(what + " dup", dup, dup_ref, bound);
+}
+
+TEST(SwiGlu, FastMatchesReference) {
+  // 20000 values is above the parallel threshold, so the OpenMP path runs.
+  const int64_t count = 20000;
+  check_fast_against_reference("swiglu", to_float(random_values(count, 94, -8.0, 8.0)),
+                               to_float(random_values(count, 95)), to_float(random_values(count, 96)));
+}
+
+TEST(SwiGlu, ExtremeGatesStayFinite) {
+  // exp(-g) overflows for g < -88 in float; the sigmoid must saturate to 0 rather than produce NaN.
+  check_fast_against_reference(
+      "swiglu extreme gates", {-1000.0f, -100.0f, -88.0f, 0.0f, 88.0f, 100.0f, 1000.0f},
+      {0.5f, -1.5f, 2.0f, 1.0f, -0.25f, 0.75f, 1.0f}, {1.0f, 1.0f, -1.0f, 0.5f, 2.0f, -1.0f, 1.0f});
+}
+
+}  // namespace

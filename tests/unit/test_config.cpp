@@ -1,0 +1,97 @@
+// Config layering and its errors: presets, YAML files, overrides, unknown keys, duplicates, wrong types.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "meshtrain/config/config.h"
+#include "meshtrain/core/error.h"
+
+namespace meshtrain {
+namespace {
+
+std::string error_of(const std::function<void()>& action) {
+  try {
+    action();
+  } catch (const MeshError& error) {
+    return error.what();
+  }
+  return "";
+}
+
+std::string write_temp(const std::string& name, const std::string& text) {
+  const std::string path = (std::filesystem::temp_directory_path() / name).string();
+  std::ofstream(path) << text;
+  return path;
+}
+
+TEST(Config, PresetThenOverrides) {
+  const Config config =
+      load_config("qwen3-0.6b", {"per_device_batch_size=2", "mesh.tensor=4", "kernels=fwd_bwd,update"});
+  EXPECT_EQ(config.model_name, "qwen3-0.6b");
+  EXPECT_EQ(config.base_emb_dim, 1024);
+  EXPECT_EQ(config.per_device_batch_size, 2);
+  EXPECT_EQ(config.mesh.tensor, 4);
+  EXPECT_EQ(config.kernels, (std::vector<std::string>{"fwd_bwd", "update"}));
+  EXPECT_EQ(config.adam_b2, 0.95);  // from base.yaml
+  EXPECT_EQ(config.resolved.size(), config_key_names().size());
+}
+
+TEST(Config, EveryPresetLoads) {
+  const std::vector<std::string> presets = preset_names();
+  for (const char* expected : {"qwen3-tiny", "qwen3-0.6b", "qwen3-1.7b", "qwen3-4b", "qwen3-8b", "qwen3-14b",
+                               "qwen3-32b", "gpt2-124m", "gpt2-350m"}) {
+    EXPECT_NE(std::find(presets.begin(), presets.end(), expected), presets.end()) << expected;
+    EXPECT_NO_THROW(load_config(expected, {})) << expected;
+  }
+}
+
+TEST(Config, UserYamlLayersOverItsModelPreset) {
+  const std::string path =
+      write_temp("meshtrain_user.yaml", "model_name: gpt2-124m\nmax_target_length: 64\nmesh:\n  data: 2\n");
+  const Config config = load_config(path, {"steps=5"});
+  EXPECT_EQ(config.decoder_block, "gpt2");
+  EXPECT_EQ(config.max_target_length, 64);
+  EXPECT_EQ(config.mesh.data, 2);
+  EXPECT_EQ(config.steps, 5);
+}
+
+TEST(Config, UnknownKeySuggestsTheClosest) {
+  const std::string message = error_of([] { load_config("qwen3-tiny", {"per_device_batchsize=2"}); });
+  EXPECT_NE(message.find("per_device_batchsize"), std::string::npos) << message;
+  EXPECT_NE(message.find("did you mean 'per_device_batch_size'"), std::string::npos) << message;
+}
+
+TEST(Config, UnknownPresetSuggestsTheClosest) {
+  const std::string message = error_of([] { load_config("qwen3-0.6", {}); });
+  EXPECT_NE(message.find("did you mean 'qwen3-0.6b'"), std::string::npos) << message;
+}
+
+TEST(Config, SameKeyTwiceWithDifferentValuesIsAnError) {
+  EXPECT_NE(error_of([] {
+              load_config("qwen3-tiny", {"steps=3", "steps=4"});
+            }).find("steps"),
+            std::string::npos);
+  EXPECT_NO_THROW(load_config("qwen3-tiny", {"steps=3", "steps=3"}));
+  const std::string path = write_temp("meshtrain_twice.yaml", "model_name: qwen3-tiny\nsteps: 3\nsteps: 4\n");
+  const std::string message = error_of([&] { load_config(path, {}); });
+  EXPECT_NE(message.find(path), std::string::npos) << message;
+  EXPECT_NE(message.find("steps"), std::string::npos) << message;
+}
+
+TEST(Config, WrongTypeNamesKeyAndExpectedType) {
+  const std::string message = error_of([] { load_config("qwen3-tiny", {"steps=ten"}); });
+  EXPECT_NE(message.find("'steps'"), std::string::npos) << message;
+  EXPECT_NE(message.find("an integer"), std::string::npos) << message;
+  EXPECT_NE(error_of([] { load_config("qwen3-tiny", {"packing=maybe"}); }).find("true or false"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { load_config("qwen3-tiny", {"dtype=float8"}); }).find("float32 or bfloat16"),
+            std::string::npos);
+}
+
+TEST(Config, ClosestNameUsesEditDistance) {
+  EXPECT_EQ(closest_name("lerning_rate", {"learning_rate", "steps", "adam_b1"}), "learning_rate");
+}
+
+}  // namespace
+}  // namespace meshtrain

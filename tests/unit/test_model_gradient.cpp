@@ -1,0 +1,123 @@
+// Whole-model gradient checks: the hand-written backward of every parameter tensor of a tiny Qwen3 and a
+// tiny GPT-2 against central finite differences of the forward loss along a random direction.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "gradcheck.h"
+#include "meshtrain/model/spec.h"
+#include "meshtrain/train/engine.h"
+
+namespace meshtrain {
+namespace {
+
+// Two packed documents per row, some targets masked out, vocabulary padded (100 -> 128 rows).
+Batch tiny_batch(const ModelDims& m, uint64_t seed) {
+  std::mt19937 generator(static_cast<uint32_t>(seed));
+  std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(m.V_valid - 1));
+  Batch batch;
+  for (int64_t b = 0; b < m.B; ++b) {
+    const int64_t split = m.S / 2 + b;  // second document starts here
+    for (int64_t s = 0; s < m.S; ++s) {
+      batch.tokens.push_back(token(generator));
+      batch.targets.push_back(token(generator));
+      batch.positions.push_back(static_cast<int32_t>(s < split ? s : s - split));
+      batch.segment_ids.push_back(s < split ? 0 : 1);
+      batch.loss_mask.push_back(s % 5 == 3 ? 0 : 1);
+    }
+  }
+  return batch;
+}
+
+Config tiny_config(const std::string& preset) {
+  std::vector<std::string> overrides = {
+      "base_emb_dim=32",     "base_num_query_heads=4",    "head_dim=8",
+      "base_mlp_dim=48",     "base_num_decoder_layers=2", "vocab_size=100",
+      "max_target_length=8", "per_device_batch_size=2",   "init_weights_seed=3"};
+  overrides.push_back(preset == "gpt2-124m" ? "base_num_kv_heads=4" : "base_num_kv_heads=2");
+  if (preset == "gpt2-124m") overrides.push_back("max_position_embeddings=16");
+  return load_config(preset, overrides);
+}
+
+// For each parameter: g . u versus (L(p + e u) - L(p - e u)) / 2e, with u a random unit direction.
+void check_model_gradient(const Config& config, double bound) {
+  Engine engine(build_model_spec(config));
+  const ModelSpec& spec = engine.spec();
+  // Larger weights than the 0.02 init make every path carry signal (a tiny init hides attention errors).
+  for (const ParameterDecl& parameter : spec.parameters) {
+    if (parameter.init != ParameterInit::normal) continue;
+    const TensorView value = engine.view(parameter.value);
+    for (int64_t i = 0; i < value.elements(); ++i) value.f32()[i] *= 10.0f;
+  }
+  const Batch batch = tiny_batch(spec.dims, 11);
+  engine.fwd_bwd(batch);
+  uint64_t seed = 100;
+  for (const ParameterDecl& parameter : spec.parameters) {
+    const TensorView value = engine.view(parameter.value);
+    const int64_t count = value.elements();
+    std::vector<double> direction = testing::random_values(static_cast<size_t>(count), ++seed);
+    double norm = 0.0;
+    for (double x : direction) norm += x * x;
+    for (double& x : direction) x /= std::sqrt(norm);
+    const float* gradient = engine.view(parameter.gradient).f32();
+    double analytic = 0.0;
+    for (int64_t i = 0; i < count; ++i) analytic += gradient[i] * direction[static_cast<size_t>(i)];
+
+    const std::vector<float> saved(value.f32(), value.f32() + count);
+    const double step = 1e-2;
+    const auto loss_at = [&](double scale) {
+      for (int64_t i = 0; i < count; ++i) {
+        value.f32()[i] =
+            static_cast<float>(saved[static_cast<size_t>(i)] + scale * direction[static_cast<size_t>(i)]);
+      }
+      return engine.eval(batch).loss_sum;
+    };
+    const double numeric = (loss_at(step) - loss_at(-step)) / (2.0 * step);
+    std::copy(saved.begin(), saved.end(), value.f32());
+    // Relative to the larger of the two, floored so near-zero directional derivatives compare absolutely.
+    const double error =
+        std::fabs(numeric - analytic) / std::max({std::fabs(numeric), std::fabs(analytic), 1e-1});
+    testing::report_error(spec.buffer(parameter.value).name, error, bound);
+    EXPECT_LT(error, bound) << spec.buffer(parameter.value).name << " analytic " << analytic << " numeric "
+                            << numeric;
+  }
+}
+
+// float32 forward: the loss sum (~90) carries ~1e-5 absolute rounding, i.e. up to ~5e-4 on a difference
+// quotient with step 1e-2; the bound leaves room for that and the O(step^2) truncation.
+TEST(ModelGradient, Qwen3MatchesFiniteDifferences) {
+  check_model_gradient(tiny_config("qwen3-tiny"), 2e-3);
+}
+TEST(ModelGradient, Gpt2MatchesFiniteDifferences) {
+  check_model_gradient(tiny_config("gpt2-124m"), 2e-3);
+}
+
+TEST(ModelGradient, AccumulateAddsAndEvalMatchesTraining) {
+  Engine engine(build_model_spec(tiny_config("qwen3-tiny")));
+  const Batch batch = tiny_batch(engine.spec().dims, 5);
+  const LossSums training = engine.fwd_bwd(batch);
+  std::vector<std::vector<float>> once;
+  for (const ParameterDecl& parameter : engine.spec().parameters) {
+    const TensorView gradient = engine.view(parameter.gradient);
+    once.emplace_back(gradient.f32(), gradient.f32() + gradient.elements());
+  }
+  engine.fwd_bwd_accum(batch);
+  // A tensor fed by two paths (the tied table) sums in another order the second time: compare to rounding.
+  for (size_t p = 0; p < once.size(); ++p) {
+    const TensorView gradient = engine.view(engine.spec().parameters[p].gradient);
+    std::vector<float> doubled(once[p]);
+    for (float& value : doubled) value *= 2.0f;
+    EXPECT_LT(testing::relative_error(
+                  std::vector<float>(gradient.f32(), gradient.f32() + gradient.elements()), doubled),
+              1e-6)
+        << engine.spec().buffer(engine.spec().parameters[p].value).name;
+  }
+  const LossSums evaluation = engine.eval(batch);
+  EXPECT_EQ(evaluation.loss_sum, training.loss_sum);
+  EXPECT_EQ(evaluation.valid_count, training.valid_count);
+  EXPECT_EQ(training.valid_count, 14);  // 16 targets, s = 3 masked in each row
+}
+
+}  // namespace
+}  // namespace meshtrain

@@ -1,0 +1,90 @@
+// The model spec: exact parameter counts of the public shapes, the standard FLOPs formula's test vector,
+// and the shape errors raised before anything is allocated.
+#include <gtest/gtest.h>
+
+#include <sstream>
+
+#include "meshtrain/cli/info.h"
+#include "meshtrain/core/error.h"
+#include "meshtrain/model/spec.h"
+#include "meshtrain/train/engine.h"
+
+namespace meshtrain {
+namespace {
+
+int64_t parameters_of(const std::string& preset) {
+  return build_model_spec(load_config(preset, {})).parameter_count();
+}
+
+std::string error_of(const std::function<void()>& action) {
+  try {
+    action();
+  } catch (const MeshError& error) {
+    return error.what();
+  }
+  return "";
+}
+
+TEST(ModelSpec, ParameterCountsOfPublicShapes) {
+  // Hugging Face config.json shapes; qwen3-8b's count is the plan issue's cross-check figure.
+  EXPECT_EQ(parameters_of("qwen3-0.6b"), 596049920);
+  EXPECT_EQ(parameters_of("qwen3-8b"), 8190735360);
+  // GPT-2 124M: 124,439,808 with the 50,257-row table; 47 padding rows x 768 bring it to llm.c's 124,475,904.
+  EXPECT_EQ(parameters_of("gpt2-124m"), 124475904);
+}
+
+TEST(ModelSpec, StandardTrainingFlopsTestVector) {
+  const StandardFlops flops = standard_training_flops(
+      load_config("qwen3-0.6b", {"per_device_batch_size=1", "max_target_length=2048"}));
+  EXPECT_NEAR(flops.learnable / 1e12, 7.3235, 5e-5);
+  EXPECT_NEAR(flops.attention / 1e12, 1.4431, 5e-5);
+  EXPECT_NEAR(flops.total() / 1e12, 8.7666, 5e-5);
+  // performance.md: 1,547.0 GFLOP for GPT-2 124M at B=8, T=256.
+  const StandardFlops gpt2 =
+      standard_training_flops(load_config("gpt2-124m", {"per_device_batch_size=8", "max_target_length=256"}));
+  EXPECT_NEAR(gpt2.total() / 1e9, 1547.0, 0.05);
+}
+
+TEST(ModelSpec, InfoPrintsTheTestVector) {
+  std::ostringstream out;
+  run_info({"qwen3-0.6b", "per_device_batch_size=1", "max_target_length=2048"}, out);
+  EXPECT_NE(out.str().find("parameters: 596049920"), std::string::npos) << out.str();
+  EXPECT_NE(out.str().find("8.7666"), std::string::npos) << out.str();
+}
+
+TEST(ModelSpec, ShapeErrorsNameTheKey) {
+  EXPECT_NE(error_of([] {
+              build_model_spec(load_config("qwen3-tiny", {"base_num_kv_heads=4"}));
+            }).find("'base_num_kv_heads'"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { build_model_spec(load_config("qwen3-tiny", {"head_dim=63"})); }).find("even"),
+            std::string::npos);
+  EXPECT_NE(error_of([] {
+              build_model_spec(
+                  load_config("gpt2-124m", {"base_num_query_heads=7", "base_num_kv_heads=7", "head_dim=0"}));
+            }).find("heads dividing the width"),
+            std::string::npos);
+  EXPECT_NE(error_of([] {
+              build_model_spec(load_config("qwen3-tiny", {"decoder_block=qwen"}));
+            }).find("did you mean 'qwen3'"),
+            std::string::npos);
+  EXPECT_NE(error_of([] {
+              build_model_spec(load_config("gpt2-124m", {"max_target_length=2048"}));
+            }).find("max_position_embeddings"),
+            std::string::npos);
+}
+
+TEST(ModelSpec, BfloatRunIsRefusedBeforeAllocation) {
+  const std::string message =
+      error_of([] { Engine engine(build_model_spec(load_config("qwen3-32b", {"dtype=bfloat16"}))); });
+  EXPECT_NE(message.find("float32"), std::string::npos) << message;
+}
+
+TEST(ModelSpec, VocabularyIsPaddedToMultipleOf128) {
+  EXPECT_EQ(padded_vocab_size(50257), 50304);
+  EXPECT_EQ(padded_vocab_size(151936), 151936);
+  EXPECT_EQ(padded_vocab_size(1), 128);
+}
+
+}  // namespace
+}  // namespace meshtrain
