@@ -1,7 +1,6 @@
 // The live engine: one arena sized from the spec before the first step, parameters initialised from the
 // counter-based RNG, and the kernels of shared/specs/training-step.md (fwd_bwd, fwd_bwd_accum, update,
 // eval) run as the spec's op lists.
-// Legend: B batch, S sequence.
 #pragma once
 
 #include <cstdint>
@@ -9,16 +8,11 @@
 #include <vector>
 
 #include "meshtrain/core/arena.h"
+#include "meshtrain/data/batch.h"
 #include "meshtrain/model/spec.h"
 #include "meshtrain/plan/arena_plan.h"
 
 namespace meshtrain {
-
-// One micro-batch, each field [B, S] row-major.
-struct Batch {
-  std::vector<int32_t> tokens, targets, positions, segment_ids;
-  std::vector<uint8_t> loss_mask;  // 1: the target counts in the loss
-};
 
 struct UpdateResult {
   double raw_grad_norm = 0.0;  // of the token-averaged gradient, before clipping

@@ -48,8 +48,8 @@ struct Problem {
   const int32_t* segments() const { return segment_ids.empty() ? nullptr : segment_ids.data(); }
 };
 
-// Random inputs with positions 0..S-1 in every sequence and no segment ids. q is larger than k so the
-// softmax is far from uniform.
+// Random inputs with positions 0..S-1 in every sequence and no segment ids. q is twice as large as k so the
+// softmax is less uniform.
 Problem make_problem(int64_t B, int64_t S, int64_t H, int64_t K, int64_t d, uint64_t seed) {
   Problem problem{B, S, H, K, d, {}, {}, {}, {}, {}, {}};
   const auto q_count = static_cast<size_t>(B * S * H * d), kv_count = static_cast<size_t>(B * S * K * d);
@@ -59,8 +59,9 @@ Problem make_problem(int64_t B, int64_t S, int64_t H, int64_t K, int64_t d, uint
   problem.dout = float_exact(random_values(q_count, seed + 3), 1.0);
   problem.positions.resize(static_cast<size_t>(B * S));
   for (int64_t b = 0; b < B; ++b) {
-    for (int64_t i = 0; i < S; ++i)
+    for (int64_t i = 0; i < S; ++i) {
       problem.positions[static_cast<size_t>(b * S + i)] = static_cast<int32_t>(i);
+    }
   }
   return problem;
 }
