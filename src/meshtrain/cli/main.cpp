@@ -4,6 +4,8 @@
 #include <vector>
 
 #include "meshtrain/cli/info.h"
+#include "meshtrain/cli/prepare.h"
+#include "meshtrain/cli/train.h"
 #include "meshtrain/core/error.h"
 
 namespace {
@@ -11,7 +13,9 @@ namespace {
 void print_usage(std::ostream& out) {
   out << "usage: meshtrain <command> <config> [key=value ...]\n"
          "commands:\n"
+         "  train <config> [key=value ...]  train (resumes from run_dir's newest checkpoint)\n"
          "  info <config> [key=value ...]   exact parameter counts and training FLOPs per device per step\n"
+         "  prepare [--out DIR] [--vocab-size N] [--corpus PATH]  tokenizer + token shards (default: the KJV)\n"
          "a config is a preset name (configs/models/*.yaml) or a YAML path; key=value overrides follow.\n";
 }
 
@@ -25,7 +29,9 @@ int main(int argc, char** argv) {
   }
   const std::vector<std::string> arguments(words.begin() + 1, words.end());
   try {
+    if (words[0] == "train") return meshtrain::run_train(arguments);
     if (words[0] == "info") return meshtrain::run_info(arguments, std::cout);
+    if (words[0] == "prepare") return meshtrain::run_prepare(arguments, std::cout);
     std::cerr << "meshtrain: unknown command '" << words[0] << "'\n";
     print_usage(std::cerr);
     return 2;

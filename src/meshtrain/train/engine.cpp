@@ -6,6 +6,7 @@
 #include "meshtrain/core/error.h"
 #include "meshtrain/core/rng.h"
 #include "meshtrain/kernels/cpu/adamw.h"
+#include "meshtrain/train/trace.h"
 
 namespace meshtrain {
 namespace {
@@ -105,7 +106,10 @@ LossSums Engine::run(const std::vector<const std::vector<OpDecl>*>& op_lists) {
   ArenaContext context(*this);
   context.loss_sums = &sums;
   for (const std::vector<OpDecl>* ops : op_lists) {
-    for (const OpDecl& op : *ops) op.run(context);
+    for (const OpDecl& op : *ops) {
+      const TraceScope scope(trace_, op.name, "op");
+      op.run(context);
+    }
   }
   return sums;
 }

@@ -14,6 +14,8 @@
 
 namespace meshtrain {
 
+class TraceRecorder;
+
 struct UpdateResult {
   double raw_grad_norm = 0.0;  // of the token-averaged gradient, before clipping
   double grad_norm = 0.0;      // after clipping
@@ -36,6 +38,8 @@ class Engine {
   size_t arena_bytes() const { return arena_.bytes(); }
   // Re-initialises every parameter from (init_weights_seed, canonical name, element index); zeroes moments.
   void initialize_parameters();
+  // Ops are recorded as trace events while the recorder is active (profiler=trace); null: off.
+  void set_trace(TraceRecorder* trace) { trace_ = trace; }
 
  private:
   void load_batch(const Batch& batch);
@@ -45,6 +49,7 @@ class Engine {
   ModelSpec spec_;
   ArenaPlan plan_;
   Arena arena_;
+  TraceRecorder* trace_ = nullptr;
 };
 
 }  // namespace meshtrain

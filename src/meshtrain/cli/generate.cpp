@@ -1,0 +1,259 @@
+// `meshtrain generate`: flags, checkpoint resolution, model rebuild from the checkpoint's config, and the
+// prefill / sample / stream loop around IncrementalDecoder and sample_token.
+#include "meshtrain/cli/generate.h"
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <sstream>
+
+#include "meshtrain/config/config.h"
+#include "meshtrain/core/error.h"
+#include "meshtrain/data/tokenizer.h"
+#include "meshtrain/infer/decoder.h"
+#include "meshtrain/model/spec.h"
+#include "meshtrain/train/checkpoint.h"
+#include "meshtrain/train/engine.h"
+
+namespace meshtrain {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr const char* kUsage =
+    "meshtrain generate --checkpoint DIR --prompt TEXT [--max-new-tokens N] [--temperature T] [--top-k K] "
+    "[--top-p P] [--seed S]";
+
+struct GenerateArguments {
+  std::string checkpoint;
+  std::optional<std::string> prompt;  // absent vs empty: both refused, with different messages
+  int64_t max_new_tokens = 100;
+  SamplingOptions sampling;
+  uint64_t seed = 0;
+};
+
+int64_t parse_integer(const std::string& flag, const std::string& text, int64_t minimum) {
+  int64_t value = 0;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (text.empty() || error != std::errc() || end != text.data() + text.size() || value < minimum) {
+    fail(flag, "an integer >= " + std::to_string(minimum), "'" + text + "'", kUsage);
+  }
+  return value;
+}
+
+double parse_number(const std::string& flag, const std::string& text) {
+  char* end = nullptr;
+  const double value = std::strtod(text.c_str(), &end);
+  if (text.empty() || end != text.c_str() + text.size() || !std::isfinite(value)) {
+    fail(flag, "a finite number", "'" + text + "'", kUsage);
+  }
+  return value;
+}
+
+GenerateArguments parse_arguments(const std::vector<std::string>& arguments) {
+  static const std::vector<std::string> flags = {
+      "--checkpoint", "--prompt", "--max-new-tokens", "--temperature", "--top-k", "--top-p", "--seed"};
+  std::map<std::string, std::string> values;
+  for (size_t i = 0; i < arguments.size(); ++i) {
+    const std::string& word = arguments[i];
+    const size_t equals = word.find('=');
+    const std::string flag = word.substr(0, equals);
+    if (std::find(flags.begin(), flags.end(), flag) == flags.end()) {
+      fail("meshtrain generate argument '" + word + "'", "one of the generate flags", "an unknown argument",
+           word.starts_with("--") ? "did you mean '" + closest_name(flag, flags) + "'? usage: " + kUsage
+                                  : std::string("usage: ") + kUsage);
+    }
+    std::string value;
+    if (equals != std::string::npos) {
+      value = word.substr(equals + 1);
+    } else {
+      if (i + 1 == arguments.size())
+        fail("meshtrain generate " + flag, "a value after " + flag, "nothing", kUsage);
+      value = arguments[++i];
+    }
+    if (!values.emplace(flag, value).second) {
+      fail("meshtrain generate " + flag, "the flag once", "given twice", "keep one of the two");
+    }
+  }
+  GenerateArguments parsed;
+  const auto found = [&](const char* flag) -> const std::string* {
+    const auto it = values.find(flag);
+    return it == values.end() ? nullptr : &it->second;
+  };
+  if (const std::string* value = found("--checkpoint")) parsed.checkpoint = *value;
+  if (parsed.checkpoint.empty()) {
+    fail("meshtrain generate --checkpoint", "a checkpoint directory, or a run_dir / checkpoints directory",
+         "none given", kUsage);
+  }
+  if (const std::string* value = found("--prompt")) parsed.prompt = *value;
+  if (const std::string* value = found("--max-new-tokens")) {
+    parsed.max_new_tokens = parse_integer("--max-new-tokens", *value, 0);
+  }
+  if (const std::string* value = found("--temperature")) {
+    parsed.sampling.temperature = parse_number("--temperature", *value);
+    if (parsed.sampling.temperature < 0.0) {
+      fail("--temperature", "a number >= 0 (0: greedy)", *value, "e.g. --temperature 0.8");
+    }
+  }
+  if (const std::string* value = found("--top-k"))
+    parsed.sampling.top_k = parse_integer("--top-k", *value, 0);
+  if (const std::string* value = found("--top-p")) {
+    parsed.sampling.top_p = parse_number("--top-p", *value);
+    if (!(parsed.sampling.top_p > 0.0 && parsed.sampling.top_p <= 1.0)) {
+      fail("--top-p", "a number in (0, 1] (1: off)", *value, "e.g. --top-p 0.9");
+    }
+  }
+  if (const std::string* value = found("--seed")) {
+    parsed.seed = static_cast<uint64_t>(parse_integer("--seed", *value, 0));
+  }
+  // The prompt is checked last so flag typos are reported before "no prompt".
+  if (!parsed.prompt) fail("meshtrain generate --prompt", "the text to continue", "none given", kUsage);
+  if (parsed.prompt->empty()) {
+    fail("meshtrain generate --prompt", "a non-empty text to continue", "an empty prompt",
+         "generation needs at least one token of context, e.g. --prompt \"Once upon a time\"");
+  }
+  return parsed;
+}
+
+// A step_<N>/ directory (it holds metadata.json) is used as given; otherwise the newest committed checkpoint
+// in DIR or in DIR/checkpoints (a run_dir).
+std::string resolve_checkpoint(const std::string& path) {
+  std::error_code error;
+  if (!fs::is_directory(path, error)) {
+    fail("--checkpoint " + path, "a checkpoint directory, or a run_dir / checkpoints directory",
+         fs::exists(path, error) ? "not a directory" : "no such directory");
+  }
+  if (fs::is_regular_file(fs::path(path) / "metadata.json", error)) return path;
+  for (const fs::path& candidate : {fs::path(path), fs::path(path) / "checkpoints"}) {
+    if (!fs::is_directory(candidate, error)) continue;
+    if (const std::optional<std::string> latest = latest_checkpoint(candidate.string())) return *latest;
+  }
+  fail("--checkpoint " + path,
+       "a committed checkpoint (step_<N>/ holding COMMITTED) in it or in its checkpoints/", "none",
+       "train with checkpointing on (checkpoint_period > 0), or pass a step_<N> directory; incomplete saves "
+       "(step_<N>.tmp-*) are never used");
+}
+
+// The model config the checkpoint was trained with: its resolved keys as overrides of base.yaml (not of the
+// preset, so a checkpoint stays loadable when presets change). Batch and sequence shrink to one token: the
+// engine here only owns the parameters, and the decoder keeps its own cache.
+Config checkpoint_config(const std::string& checkpoint_dir) {
+  const fs::path metadata_path = fs::path(checkpoint_dir) / "metadata.json";
+  std::ifstream file(metadata_path);
+  if (!file) fail(metadata_path.string(), "a readable metadata.json", "cannot open it");
+  std::stringstream text;
+  text << file.rdbuf();
+  nlohmann::json metadata;
+  try {
+    metadata = nlohmann::json::parse(text.str());
+  } catch (const nlohmann::json::exception& e) {
+    fail(metadata_path.string(), "valid JSON", e.what(), "the checkpoint is damaged; use another one");
+  }
+  if (!metadata.is_object() || !metadata.contains("config") || !metadata["config"].is_object()) {
+    fail(metadata_path.string(), "a \"config\" object of key -> value text", "none",
+         "the checkpoint is damaged or not a meshtrain checkpoint");
+  }
+  // Single-process generation: the engine is one device whatever mesh the run trained on.
+  const std::map<std::string, std::string> replaced = {{"per_device_batch_size", "1"},
+                                                       {"max_target_length", "1"},
+                                                       {"gradient_accumulation_steps", "1"},
+                                                       {"mesh.data", "1"},
+                                                       {"mesh.fsdp", "1"},
+                                                       {"mesh.context", "1"},
+                                                       {"mesh.tensor", "1"}};
+  std::vector<std::string> overrides;
+  std::string model_name;
+  for (const auto& [key, value] : metadata["config"].items()) {
+    const std::string value_text = value.is_string() ? value.get<std::string>() : value.dump();
+    if (key == "model_name") {
+      model_name = value_text;  // set below: as an override it would make load_config read the preset
+      continue;
+    }
+    // Empty values (empty lists such as profiler_steps) keep base.yaml's default; none shapes the model.
+    if (value_text.empty() || replaced.contains(key)) continue;
+    overrides.push_back(key + "=" + value_text);
+  }
+  for (const auto& [key, value] : replaced) overrides.push_back(key + "=" + value);
+  Config config = load_config("", overrides);
+  config.model_name = model_name;
+  return config;
+}
+
+// Bytes of `text` up to the last whole UTF-8 character: a character whose bytes span two tokens is held back
+// until its last byte is decoded, so a terminal never shows half of it.
+size_t complete_utf8_length(const std::string& text) {
+  const size_t size = text.size();
+  for (size_t back = 1; back <= std::min<size_t>(4, size); ++back) {
+    const unsigned char byte = static_cast<unsigned char>(text[size - back]);
+    if ((byte & 0xC0) == 0x80) continue;  // continuation byte: keep looking for the lead byte
+    const size_t length = (byte & 0xE0) == 0xC0   ? 2
+                          : (byte & 0xF0) == 0xE0 ? 3
+                          : (byte & 0xF8) == 0xF0 ? 4
+                                                  : 1;
+    return length > back ? size - back : size;
+  }
+  return size;
+}
+
+}  // namespace
+
+int run_generate(const std::vector<std::string>& arguments, std::ostream& out) {
+  const GenerateArguments parsed = parse_arguments(arguments);
+  const std::string checkpoint_dir = resolve_checkpoint(parsed.checkpoint);
+
+  std::error_code error;
+  const fs::path directory(checkpoint_dir);
+  if (!fs::exists(directory / "tokenizer.json", error) && !fs::exists(directory / "encoder.json", error)) {
+    fail(checkpoint_dir, "a tokenizer copy (tokenizer.json, or encoder.json + vocab.bpe)", "none",
+         "the run had no tokenizer (synthetic data?): generate needs a checkpoint of a run on text");
+  }
+  const Tokenizer tokenizer = Tokenizer::load(checkpoint_dir);
+  const Config config = checkpoint_config(checkpoint_dir);
+  Engine engine(build_model_spec(config));
+  load_checkpoint(checkpoint_dir, engine, /*parameters_only=*/true, tokenizer.identity());
+
+  const std::vector<int32_t> prompt = tokenizer.encode(*parsed.prompt);
+  MT_CHECK(!prompt.empty(), "a non-empty prompt encodes to at least one token");
+  // The last sampled token is printed, never fed: the cache holds the prompt and all but one new token.
+  const int64_t capacity =
+      static_cast<int64_t>(prompt.size()) + std::max<int64_t>(parsed.max_new_tokens - 1, 0);
+  const ModelDims& m = engine.spec().dims;
+  if (config.decoder_block == "gpt2" && capacity > m.P) {
+    fail("--prompt / --max-new-tokens",
+         "at most " + std::to_string(m.P) +
+             " tokens in all (gpt2's learned positions, max_position_embeddings)",
+         std::to_string(prompt.size()) + " prompt tokens + " + std::to_string(parsed.max_new_tokens) + " new",
+         "lower --max-new-tokens to at most " +
+             std::to_string(std::max<int64_t>(m.P - static_cast<int64_t>(prompt.size()) + 1, 0)) +
+             " or shorten the prompt");
+  }
+  IncrementalDecoder decoder(engine, capacity);
+  std::vector<float> logits;
+  for (int32_t token : prompt) logits = decoder.step(token);
+
+  out << *parsed.prompt << std::flush;
+  const std::optional<int32_t> eos = tokenizer.eos_id();
+  std::string pending;  // decoded bytes not yet written: the start of a character still being completed
+  for (int64_t step = 0; step < parsed.max_new_tokens; ++step) {
+    const int32_t token = sample_token(logits, parsed.sampling, parsed.seed, static_cast<uint64_t>(step));
+    if (eos && token == *eos) break;
+    // Byte-level BPE: the text of a sequence is the concatenation of its tokens' bytes, so each token can be
+    // decoded on its own.
+    pending += tokenizer.decode({token});
+    const size_t printable = complete_utf8_length(pending);
+    out.write(pending.data(), static_cast<std::streamsize>(printable));
+    out.flush();
+    pending.erase(0, printable);
+    if (step + 1 < parsed.max_new_tokens) logits = decoder.step(token);
+  }
+  out << pending << "\n" << std::flush;
+  return 0;
+}
+
+}  // namespace meshtrain

@@ -1,0 +1,26 @@
+#include "meshtrain/cli/train.h"
+
+#include <cstdio>
+
+#include "meshtrain/cli/arguments.h"
+#include "meshtrain/core/error.h"
+#include "meshtrain/train/trainer.h"
+
+namespace meshtrain {
+
+int run_train(const std::vector<std::string>& arguments) {
+  const ConfigArguments parsed = parse_config_arguments("train", arguments);
+  if (!parsed.flags.empty()) fail("meshtrain train", "key=value overrides only", "flag '" + parsed.flags[0] + "'");
+  const Config config = load_config(parsed.config, parsed.overrides);
+  std::fprintf(stdout, "meshtrain train %s: %zu config keys resolved (written to %s/config.yaml)\n",
+               config.model_name.c_str(), config.resolved.size(), config.run_dir.c_str());
+  const TrainingSummary summary = run_training(config, stdout);
+  std::fprintf(stdout, "done: steps %lld..%lld, last loss %.4f", static_cast<long long>(summary.first_step),
+               static_cast<long long>(summary.steps_completed), summary.last_loss);
+  if (summary.last_eval_loss >= 0.0) std::fprintf(stdout, ", eval loss %.4f", summary.last_eval_loss);
+  if (!summary.last_checkpoint.empty()) std::fprintf(stdout, ", checkpoint %s", summary.last_checkpoint.c_str());
+  std::fprintf(stdout, "\n");
+  return summary.interrupted ? 130 : 0;
+}
+
+}  // namespace meshtrain

@@ -1,0 +1,659 @@
+// Saving, finding and loading checkpoints: the commit protocol, retention and crash-debris cleanup, and the
+// verification (marker, format version, checksums, tensor names and shapes) done before a load touches the
+// engine.
+#include "meshtrain/train/checkpoint.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <set>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+#include "meshtrain/core/crc32c.h"
+#include "meshtrain/core/error.h"
+#include "meshtrain/io/safetensors.h"
+
+namespace meshtrain {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using ordered_json = nlohmann::ordered_json;
+
+// No release numbering exists yet; bump this with the project version once there is one.
+constexpr const char* kMeshtrainVersion = "0.1.0-dev";
+constexpr const char* kModelFile = "model.safetensors";
+constexpr const char* kOptimizerFile = "optimizer.safetensors";
+constexpr const char* kMetadataFile = "metadata.json";
+constexpr const char* kMarkerFile = "COMMITTED";
+constexpr const char* kMarkerTemp = "COMMITTED.tmp";
+constexpr const char* kTempTag = ".tmp-";
+constexpr const char* kDeletingTag = ".deleting-";
+
+// Crash-consistency tests need the process to die at exact points of a save, which no signal sent from
+// outside can hit reliably. MESHTRAIN_CHECKPOINT_FAULT=<phase> makes the saving process SIGKILL itself
+// there (no handlers, no cleanup: what a power cut or OOM kill leaves). Phases, in save order:
+//   tensors_half_written  model.safetensors written, then truncated to half its bytes; optimizer not written
+//   metadata_written      every file and metadata.json written in step_X.tmp-<pid>/; no marker
+//   before_commit         COMMITTED.tmp written and fsynced, not yet renamed to COMMITTED
+//   after_commit          step_X/ published (renamed, fsynced); old checkpoints and debris not yet pruned
+// `half_written`: a file to truncate to half its bytes first (what a kill in the middle of writing leaves).
+void fault_point(const char* phase, const std::filesystem::path& half_written = {}) {
+  const char* requested = std::getenv("MESHTRAIN_CHECKPOINT_FAULT");
+  if (requested == nullptr || std::strcmp(requested, phase) != 0) return;
+  if (!half_written.empty()) {
+    std::error_code error;
+    std::filesystem::resize_file(half_written, std::filesystem::file_size(half_written, error) / 2, error);
+  }
+  std::raise(SIGKILL);
+}
+
+std::string os_error(int err) {
+  return std::system_category().message(err);
+}
+
+std::string step_directory_name(int64_t step) {
+  char name[32];
+  std::snprintf(name, sizeof(name), "step_%08lld", static_cast<long long>(step));
+  return name;
+}
+
+// The step of a directory named exactly step_<digits>; nullopt for anything else (temp dirs included).
+std::optional<int64_t> parse_step_name(const std::string& name) {
+  const std::string prefix = "step_";
+  if (name.size() <= prefix.size() || name.compare(0, prefix.size(), prefix) != 0) return std::nullopt;
+  if (name.size() - prefix.size() > 18) return std::nullopt;  // keeps the value inside int64
+  int64_t step = 0;
+  for (size_t i = prefix.size(); i < name.size(); ++i) {
+    if (name[i] < '0' || name[i] > '9') return std::nullopt;
+    step = step * 10 + (name[i] - '0');
+  }
+  return step;
+}
+
+bool has_marker(const fs::path& directory) {
+  std::error_code error;
+  return fs::is_regular_file(directory / kMarkerFile, error);
+}
+
+class Fd {
+ public:
+  explicit Fd(int fd) : fd_(fd) {}
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  ~Fd() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  int get() const { return fd_; }
+  int release() { return std::exchange(fd_, -1); }
+
+ private:
+  int fd_;
+};
+
+// A rename or new entry is only durable once its directory has been fsynced.
+void fsync_directory(const fs::path& directory) {
+  Fd fd(::open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (fd.get() < 0)
+    fail(directory.string(), "a directory that can be opened", "open failed: " + os_error(errno));
+  if (::fsync(fd.get()) != 0) {
+    fail(directory.string(), "a directory whose entries can be made durable",
+         "fsync failed: " + os_error(errno));
+  }
+}
+
+std::string write_error_hint(int err) {
+  if (err == ENOSPC || err == EDQUOT)
+    return "free space on the device (or quota) or write checkpoints elsewhere";
+  if (err == EFBIG) return "raise the file-size limit (ulimit -f) or write checkpoints elsewhere";
+  return "";
+}
+
+// Writes `bytes` to a new file, checking every write, fsync and close; removes the file on failure.
+void write_file_durably(const fs::path& path, const std::string& bytes) {
+  Fd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  if (fd.get() < 0)
+    fail(path.string(), "a path where the file can be created", "open failed: " + os_error(errno));
+  const auto give_up = [&](const std::string& step, int err) {
+    if (fd.get() >= 0) ::close(fd.release());
+    ::unlink(path.c_str());
+    fail(path.string(), "to write the complete file (" + std::to_string(bytes.size()) + " bytes)",
+         step + " failed: " + os_error(err) + "; the partial file was removed", write_error_hint(err));
+  };
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t wrote = ::write(fd.get(), bytes.data() + done, bytes.size() - done);
+    if (wrote < 0) {
+      if (errno == EINTR) continue;
+      give_up("write", errno);
+    }
+    done += static_cast<size_t>(wrote);
+  }
+  if (::fsync(fd.get()) != 0) give_up("fsync", errno);
+  if (::close(fd.release()) != 0) give_up("close", errno);
+}
+
+std::string read_whole_file(const fs::path& path, const std::string& what) {
+  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) fail(path.string(), "a readable " + what, "open failed: " + os_error(errno));
+  std::string bytes;
+  char buffer[1 << 16];
+  while (true) {
+    const ssize_t got = ::read(fd.get(), buffer, sizeof(buffer));
+    if (got < 0) {
+      if (errno == EINTR) continue;
+      fail(path.string(), "a readable " + what, "read failed: " + os_error(errno));
+    }
+    if (got == 0) break;
+    bytes.append(buffer, static_cast<size_t>(got));
+  }
+  return bytes;
+}
+
+struct FileSum {
+  uint64_t bytes = 0;
+  uint32_t crc32c = 0;
+};
+
+// Size and CRC-32C of a file as it is on disk (read back, so the checksum covers what was actually stored).
+FileSum checksum_file(const fs::path& path) {
+  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) fail(path.string(), "a readable checkpoint file", "open failed: " + os_error(errno));
+  FileSum sum;
+  std::vector<char> buffer(size_t{1} << 20);
+  while (true) {
+    const ssize_t got = ::read(fd.get(), buffer.data(), buffer.size());
+    if (got < 0) {
+      if (errno == EINTR) continue;
+      fail(path.string(), "a readable checkpoint file", "read failed: " + os_error(errno));
+    }
+    if (got == 0) break;
+    sum.crc32c = crc32c(buffer.data(), static_cast<size_t>(got), sum.crc32c);
+    sum.bytes += static_cast<uint64_t>(got);
+  }
+  return sum;
+}
+
+// Removes a directory tree so that no half-deleted checkpoint can ever look complete: it is first renamed
+// to a name latest_checkpoint never accepts, then deleted.
+void remove_directory(const fs::path& directory) {
+  fs::path doomed = directory;
+  const std::string name = directory.filename().string();
+  if (name.find(kTempTag) == std::string::npos && name.find(kDeletingTag) == std::string::npos) {
+    doomed = directory.parent_path() / (name + kDeletingTag + std::to_string(::getpid()));
+    if (::rename(directory.c_str(), doomed.c_str()) != 0) {
+      fail(directory.string(), "a checkpoint directory that can be removed",
+           "rename failed: " + os_error(errno), "check the permissions of the checkpoints directory");
+    }
+  }
+  std::error_code error;
+  fs::remove_all(doomed, error);
+  if (error) {
+    fail(doomed.string(), "a directory that can be removed", error.message(),
+         "check the permissions of the checkpoints directory, then delete it by hand");
+  }
+}
+
+struct CommittedCheckpoint {
+  int64_t step;
+  fs::path path;
+};
+
+std::vector<CommittedCheckpoint> committed_checkpoints(const fs::path& checkpoints_dir) {
+  std::vector<CommittedCheckpoint> found;
+  std::error_code error;
+  if (!fs::exists(checkpoints_dir, error)) return found;
+  fs::directory_iterator it(checkpoints_dir, error);
+  if (error) fail(checkpoints_dir.string(), "a readable checkpoints directory", error.message());
+  for (const fs::directory_entry& entry : it) {
+    const std::optional<int64_t> step = parse_step_name(entry.path().filename().string());
+    if (step && entry.is_directory(error) && has_marker(entry.path())) found.push_back({*step, entry.path()});
+  }
+  std::sort(found.begin(), found.end(),
+            [](const CommittedCheckpoint& a, const CommittedCheckpoint& b) { return a.step < b.step; });
+  return found;
+}
+
+// Deletes debris of crashed or failed saves (step_*.tmp-*, step_*.deleting-*, step_N/ without a marker),
+// then the oldest committed checkpoints beyond keep_last. Never touches `keep` (the one just written).
+void prune(const fs::path& checkpoints_dir, int64_t keep_last, const fs::path& keep) {
+  std::vector<fs::path> debris;
+  std::error_code error;
+  fs::directory_iterator it(checkpoints_dir, error);
+  if (error) fail(checkpoints_dir.string(), "a readable checkpoints directory", error.message());
+  for (const fs::directory_entry& entry : it) {
+    const std::string name = entry.path().filename().string();
+    if (name.compare(0, 5, "step_") != 0 || !entry.is_directory(error) || entry.path() == keep) continue;
+    const bool in_progress_or_deleting =
+        name.find(kTempTag) != std::string::npos || name.find(kDeletingTag) != std::string::npos;
+    if (in_progress_or_deleting || (parse_step_name(name) && !has_marker(entry.path()))) {
+      debris.push_back(entry.path());
+    }
+  }
+  for (const fs::path& path : debris) remove_directory(path);
+
+  if (keep_last <= 0) return;
+  std::vector<CommittedCheckpoint> committed = committed_checkpoints(checkpoints_dir);
+  const size_t keep_count = static_cast<size_t>(keep_last);
+  if (committed.size() <= keep_count) return;
+  for (size_t i = 0; i + keep_count < committed.size(); ++i) {
+    if (committed[i].path != keep) remove_directory(committed[i].path);
+  }
+}
+
+// Files of the tokenizer to copy: a tokenizer.json file as given, or from a folder either tokenizer.json or
+// encoder.json + vocab.bpe (the forms Tokenizer::load reads), so the checkpoint directory is itself a
+// tokenizer path. Returns (source, name in the checkpoint).
+std::vector<std::pair<fs::path, std::string>> tokenizer_files(const std::string& tokenizer_path) {
+  std::error_code error;
+  const fs::path source(tokenizer_path);
+  // Tokenizer::source_path() names encoder.json for GPT-2 style tokenizers; vocab.bpe lies beside it.
+  if (fs::is_regular_file(source, error) && source.filename() == "encoder.json" &&
+      fs::is_regular_file(source.parent_path() / "vocab.bpe", error)) {
+    return {{source, "encoder.json"}, {source.parent_path() / "vocab.bpe", "vocab.bpe"}};
+  }
+  if (fs::is_regular_file(source, error)) return {{source, "tokenizer.json"}};
+  if (fs::is_directory(source, error)) {
+    if (fs::is_regular_file(source / "tokenizer.json", error))
+      return {{source / "tokenizer.json", "tokenizer.json"}};
+    if (fs::is_regular_file(source / "encoder.json", error) &&
+        fs::is_regular_file(source / "vocab.bpe", error)) {
+      return {{source / "encoder.json", "encoder.json"}, {source / "vocab.bpe", "vocab.bpe"}};
+    }
+  }
+  fail(tokenizer_path,
+       "a tokenizer.json file, or a folder holding tokenizer.json or encoder.json + vocab.bpe",
+       fs::exists(source, error) ? "neither" : "no such file or folder", "check config key 'tokenizer_path'");
+}
+
+std::string tensor_where(const fs::path& file, const std::string& name) {
+  return file.string() + ": tensor '" + name + "'";
+}
+
+std::string dims_text(const std::vector<int64_t>& dims) {
+  std::string text = "[";
+  for (size_t i = 0; i < dims.size(); ++i) text += (i ? ", " : "") + std::to_string(dims[i]);
+  return text + "]";
+}
+
+// Writes every file of the checkpoint into `directory` and commits it there (marker last).
+void write_checkpoint_files(const fs::path& directory, const Engine& engine, const CheckpointState& state,
+                            const CheckpointOptions& options) {
+  const ModelSpec& spec = engine.spec();
+  std::vector<SafetensorsTensor> parameters, moments;
+  for (const ParameterDecl& parameter : spec.parameters) {
+    const BufferDecl& value = spec.buffer(parameter.value);
+    parameters.push_back({value.name, dtype_safetensors_name(value.dtype), value.shape.dims,
+                          engine.view(parameter.value).data});
+  }
+  for (const char* prefix : {"adam_m/", "adam_v/"}) {
+    for (const ParameterDecl& parameter : spec.parameters) {
+      const BufferId id = std::strcmp(prefix, "adam_m/") == 0 ? parameter.adam_m : parameter.adam_v;
+      const BufferDecl& moment = spec.buffer(id);
+      moments.push_back({prefix + spec.buffer(parameter.value).name, dtype_safetensors_name(moment.dtype),
+                         moment.shape.dims, engine.view(id).data});
+    }
+  }
+  const std::map<std::string, std::string> tensor_metadata = {{"format", "pt"},
+                                                              {"step", std::to_string(state.step)}};
+
+  const fs::path model_path = directory / kModelFile;
+  write_safetensors(model_path.string(), parameters, tensor_metadata);
+  fault_point("tensors_half_written", model_path);
+  write_safetensors((directory / kOptimizerFile).string(), moments, tensor_metadata);
+
+  std::vector<std::string> files = {kModelFile, kOptimizerFile};
+  std::vector<std::string> tokenizer_names;
+  if (!options.tokenizer_path.empty()) {
+    for (const auto& [source, name] : tokenizer_files(options.tokenizer_path)) {
+      write_file_durably(directory / name, read_whole_file(source, "tokenizer file"));
+      files.push_back(name);
+      tokenizer_names.push_back(name);
+    }
+  }
+
+  const Config& config = spec.config;
+  ordered_json metadata = ordered_json::object();
+  metadata["format_version"] = kCheckpointFormatVersion;
+  metadata["meshtrain_version"] = kMeshtrainVersion;
+  metadata["step"] = state.step;
+  metadata["model"] = {{"decoder_block", config.decoder_block},
+                       {"vocab_size", config.vocab_size},
+                       {"padded_vocab_size", spec.dims.V},
+                       {"parameter_count", spec.parameter_count()}};
+  // The layout the tensors were saved in: loading into the other layout converts (a later issue).
+  metadata["scan_layers"] = config.scan_layers;
+  metadata["param_scan_axis"] = config.param_scan_axis;
+  metadata["mesh"] = {{"data", config.mesh.data},
+                      {"fsdp", config.mesh.fsdp},
+                      {"context", config.mesh.context},
+                      {"tensor", config.mesh.tensor}};
+  ordered_json resolved = ordered_json::object();
+  for (const auto& [key, value] : config.resolved) resolved[key] = value;
+  metadata["config"] = std::move(resolved);
+  metadata["rng"] = state.rng;
+  metadata["data_cursor"] = state.data_cursor;
+  metadata["tokenizer"] = {{"identity", options.tokenizer_identity}, {"files", tokenizer_names}};
+  ordered_json sums = ordered_json::object();
+  for (const std::string& name : files) {
+    const FileSum sum = checksum_file(directory / name);
+    sums[name] = {{"bytes", sum.bytes}, {"crc32c", sum.crc32c}};
+  }
+  metadata["files"] = std::move(sums);
+  const std::string metadata_text = metadata.dump(2) + "\n";
+  write_file_durably(directory / kMetadataFile, metadata_text);
+  fault_point("metadata_written");
+
+  // The marker pins metadata.json (which the per-file checksums do not cover) and the step.
+  const json marker = {{"step", state.step},
+                       {"metadata_bytes", metadata_text.size()},
+                       {"metadata_crc32c", crc32c(metadata_text.data(), metadata_text.size())}};
+  write_file_durably(directory / kMarkerTemp, marker.dump() + "\n");
+  fault_point("before_commit");
+  if (::rename((directory / kMarkerTemp).c_str(), (directory / kMarkerFile).c_str()) != 0) {
+    fail((directory / kMarkerFile).string(), "the commit marker renamed into place",
+         "rename failed: " + os_error(errno));
+  }
+  fsync_directory(directory);
+}
+
+// Moves the finished temp directory to its final name. A checkpoint of the same step already there (a run
+// resumed from an earlier step, or re-saving the final step) is swapped out atomically, then deleted.
+void publish(const fs::path& temp, const fs::path& final_path) {
+  if (::rename(temp.c_str(), final_path.c_str()) == 0) return;
+  const int err = errno;
+  if (err != ENOTEMPTY && err != EEXIST) {
+    fail(final_path.string(), "the finished checkpoint renamed into place",
+         "rename failed: " + os_error(err));
+  }
+  if (::renameat2(AT_FDCWD, temp.c_str(), AT_FDCWD, final_path.c_str(), RENAME_EXCHANGE) == 0) {
+    remove_directory(temp);  // now holds the replaced checkpoint
+    return;
+  }
+  // Filesystems without RENAME_EXCHANGE: move the old one aside first. A crash between the two renames
+  // leaves no step_X/ (earlier checkpoints still load; the next save removes both leftovers).
+  const fs::path aside = final_path.string() + kDeletingTag + std::to_string(::getpid());
+  if (::rename(final_path.c_str(), aside.c_str()) != 0 || ::rename(temp.c_str(), final_path.c_str()) != 0) {
+    fail(final_path.string(), "the finished checkpoint renamed into place (replacing one of the same step)",
+         "rename failed: " + os_error(errno));
+  }
+  remove_directory(aside);
+}
+
+// ---- loading ----
+
+struct LoadContext {
+  fs::path directory;
+  json metadata;
+  fs::path metadata_path;
+};
+
+void verify_file(const LoadContext& context, const std::string& name) {
+  const fs::path path = context.directory / name;
+  const json& files = context.metadata.at("files");
+  if (!files.contains(name)) {
+    fail(context.metadata_path.string(), "a 'files' entry for " + name, "none",
+         "the checkpoint is incomplete or not written by meshtrain; use another checkpoint");
+  }
+  const uint64_t expected_bytes = files.at(name).at("bytes").get<uint64_t>();
+  const uint32_t expected_crc = files.at(name).at("crc32c").get<uint32_t>();
+  std::error_code error;
+  if (!fs::is_regular_file(path, error)) {
+    fail(path.string(), "the checkpoint file listed in metadata.json", "no such file",
+         "the checkpoint was damaged after it was written; use an earlier checkpoint");
+  }
+  const FileSum sum = checksum_file(path);
+  if (sum.bytes != expected_bytes) {
+    fail(path.string(), std::to_string(expected_bytes) + " bytes (recorded in metadata.json)",
+         std::to_string(sum.bytes) + " bytes: the file is " +
+             (sum.bytes < expected_bytes ? "truncated" : "longer"),
+         "the checkpoint was damaged after it was written; use an earlier checkpoint");
+  }
+  if (sum.crc32c != expected_crc) {
+    fail(path.string(), "CRC-32C " + std::to_string(expected_crc) + " (recorded in metadata.json)",
+         "CRC-32C " + std::to_string(sum.crc32c) + ": the file is corrupted",
+         "the checkpoint was damaged after it was written; use an earlier checkpoint");
+  }
+}
+
+// Model-shape keys whose saved value differs from this run's: the likely reason tensors do not match.
+std::string config_difference(const json& saved_config, const Config& config) {
+  static const std::set<std::string> kShapeKeys = {
+      "decoder_block",  "base_emb_dim", "base_num_query_heads",    "base_num_kv_heads",       "head_dim",
+      "base_mlp_dim",   "vocab_size",   "base_num_decoder_layers", "max_position_embeddings", "scan_layers",
+      "param_scan_axis"};
+  std::string text;
+  for (const auto& [key, value] : config.resolved) {
+    if (!kShapeKeys.count(key) || !saved_config.contains(key) || !saved_config.at(key).is_string()) continue;
+    const std::string saved = saved_config.at(key).get<std::string>();
+    if (saved != value)
+      text += (text.empty() ? "" : ", ") + key + " " + saved + " in the checkpoint, " + value + " here";
+  }
+  return text;
+}
+
+// Checks that `file` holds exactly the engine's tensors (names as given) with the same shapes.
+void verify_tensors(const SafetensorsFile& file,
+                    const std::vector<std::pair<std::string, BufferId>>& expected, const Engine& engine,
+                    const std::string& hint) {
+  std::set<std::string> names;
+  for (const auto& [name, id] : expected) {
+    names.insert(name);
+    const SafetensorsEntry* entry = file.find(name);
+    if (entry == nullptr) {
+      fail(tensor_where(file.path(), name), "the tensor (this run's model has it)",
+           "missing from the checkpoint", hint);
+    }
+    const std::vector<int64_t>& dims = engine.spec().buffer(id).shape.dims;
+    if (entry->shape != dims) {
+      fail(tensor_where(file.path(), name), "shape " + dims_text(dims) + " (as this run's config builds it)",
+           "shape " + dims_text(entry->shape), hint);
+    }
+  }
+  for (const SafetensorsEntry& entry : file.entries()) {
+    if (!names.count(entry.name)) {
+      fail(tensor_where(file.path(), entry.name), "only tensors of this run's model", "an extra tensor",
+           hint);
+    }
+  }
+}
+
+LoadContext read_metadata(const fs::path& directory) {
+  const std::string hint_other = "use an earlier checkpoint (latest_checkpoint skips incomplete ones)";
+  std::error_code error;
+  if (!fs::is_directory(directory, error)) {
+    fail(directory.string(), "a checkpoint directory (<run_dir>/checkpoints/step_XXXXXXXX)",
+         "no such directory", "check load_parameters_path / load_full_state_path");
+  }
+  const fs::path marker_path = directory / kMarkerFile;
+  if (!fs::is_regular_file(marker_path, error)) {
+    fail(marker_path.string(), "the commit marker a complete save writes last",
+         "no marker: the save was interrupted, or this is not a meshtrain checkpoint", hint_other);
+  }
+  LoadContext context{directory, json(), directory / kMetadataFile};
+  json marker;
+  try {
+    marker = json::parse(read_whole_file(marker_path, "commit marker"));
+    const uint64_t bytes = marker.at("metadata_bytes").get<uint64_t>();
+    const uint32_t crc = marker.at("metadata_crc32c").get<uint32_t>();
+    std::error_code exists_error;
+    if (!fs::is_regular_file(context.metadata_path, exists_error)) {
+      fail(context.metadata_path.string(), "the checkpoint's metadata file", "no such file",
+           "the checkpoint was damaged after it was written; " + hint_other);
+    }
+    const std::string text = read_whole_file(context.metadata_path, "checkpoint metadata file");
+    if (text.size() != bytes || crc32c(text.data(), text.size()) != crc) {
+      fail(context.metadata_path.string(),
+           std::to_string(bytes) + " bytes with CRC-32C " + std::to_string(crc) + " (recorded in COMMITTED)",
+           std::to_string(text.size()) + " bytes with CRC-32C " +
+               std::to_string(crc32c(text.data(), text.size())),
+           "the checkpoint was damaged after it was written; " + hint_other);
+    }
+    context.metadata = json::parse(text);
+  } catch (const json::exception& e) {
+    fail(marker.is_null() ? marker_path.string() : context.metadata_path.string(),
+         "valid JSON written by meshtrain", e.what(), hint_other);
+  }
+  return context;
+}
+
+}  // namespace
+
+std::string save_checkpoint(const std::string& checkpoints_dir, const Engine& engine,
+                            const CheckpointState& state, const CheckpointOptions& options) {
+  if (state.step < 0) fail("checkpoint step", "a step >= 0", std::to_string(state.step));
+  if (options.keep_last < 0) {
+    fail("config key 'max_num_checkpoints_to_keep'", "0 (keep all) or a positive count",
+         std::to_string(options.keep_last));
+  }
+  const fs::path root(checkpoints_dir);
+  std::error_code error;
+  fs::create_directories(root, error);
+  if (error) fail(checkpoints_dir, "a checkpoints directory that can be created", error.message());
+  const fs::path final_path = root / step_directory_name(state.step);
+  const fs::path temp = final_path.string() + kTempTag + std::to_string(::getpid());
+  fs::remove_all(temp, error);  // a leftover of an earlier failed save by a process with our pid
+  if (!fs::create_directory(temp, error) || error) {
+    fail(temp.string(), "a new directory for the checkpoint", error ? error.message() : "it already exists",
+         "check the permissions and free space of the checkpoints directory");
+  }
+  try {
+    write_checkpoint_files(temp, engine, state, options);
+    publish(temp, final_path);
+  } catch (const std::exception& e) {
+    std::error_code ignored;
+    fs::remove_all(temp, ignored);
+    const std::string not_saved = "; checkpoint step " + std::to_string(state.step) +
+                                  " was not saved (its partial directory was removed; earlier checkpoints "
+                                  "are intact)";
+    if (const auto* mesh_error = dynamic_cast<const MeshError*>(&e)) {
+      const ErrorContext& c = mesh_error->context();
+      fail(c.where, c.expected, c.found + not_saved, c.hint);
+    }
+    fail(temp.string(), "to write the checkpoint", e.what() + not_saved);
+  }
+  fsync_directory(
+      root);  // makes the rename durable; if this fails, step_X/ exists but may not survive a crash
+  fault_point("after_commit");
+  try {
+    prune(root, options.keep_last, final_path);
+  } catch (const MeshError& e) {
+    const ErrorContext& c = e.context();
+    fail(c.where, c.expected,
+         c.found + "; removing old checkpoints failed, but checkpoint step " + std::to_string(state.step) +
+             " itself was saved at " + final_path.string(),
+         c.hint);
+  }
+  return final_path.string();
+}
+
+std::optional<std::string> latest_checkpoint(const std::string& checkpoints_dir) {
+  const std::vector<CommittedCheckpoint> committed = committed_checkpoints(checkpoints_dir);
+  if (committed.empty()) return std::nullopt;
+  return committed.back().path.string();
+}
+
+CheckpointState load_checkpoint(const std::string& checkpoint_dir, Engine& engine, bool parameters_only,
+                                const std::string& expected_tokenizer_identity) {
+  const LoadContext context = read_metadata(fs::path(checkpoint_dir));
+  const std::string metadata_where = context.metadata_path.string();
+  const ModelSpec& spec = engine.spec();
+  CheckpointState state;
+  std::string saved_identity, layout_hint;
+  try {
+    const json& m = context.metadata;
+    const int64_t version = m.at("format_version").get<int64_t>();
+    if (version > kCheckpointFormatVersion) {
+      fail(metadata_where, "checkpoint format version <= " + std::to_string(kCheckpointFormatVersion),
+           "format version " + std::to_string(version) + " (written by a newer meshtrain)",
+           "load it with the meshtrain version that wrote it (" + m.value("meshtrain_version", "unknown") +
+               ")");
+    }
+    if (version < 1) fail(metadata_where, "checkpoint format version >= 1", std::to_string(version));
+
+    const int64_t saved_vocab = m.at("model").at("vocab_size").get<int64_t>();
+    if (saved_vocab != spec.config.vocab_size) {
+      fail(metadata_where + ": vocab_size",
+           std::to_string(spec.config.vocab_size) + " (this run's vocab_size)", std::to_string(saved_vocab),
+           "the checkpoint was trained with a different tokenizer vocabulary; set vocab_size=" +
+               std::to_string(saved_vocab) + " and use that tokenizer, or start from another checkpoint");
+    }
+    saved_identity = m.at("tokenizer").at("identity").get<std::string>();
+    if (!saved_identity.empty() && !expected_tokenizer_identity.empty() &&
+        saved_identity != expected_tokenizer_identity) {
+      fail(metadata_where + ": tokenizer identity",
+           "'" + expected_tokenizer_identity + "' (this run's tokenizer)", "'" + saved_identity + "'",
+           "use the tokenizer the checkpoint was trained with (a copy is in the checkpoint directory)");
+    }
+
+    const std::string difference = config_difference(m.at("config"), spec.config);
+    layout_hint =
+        difference.empty()
+            ? "the checkpoint was saved from a different model; load it with the config it was saved "
+              "with (its metadata.json 'config')"
+            : "the checkpoint was saved from a different model (" + difference +
+                  "); load it with the config it was saved with (its metadata.json 'config')";
+    if (m.at("scan_layers").get<bool>() != spec.config.scan_layers) {
+      layout_hint += "; converting between scan_layers layouts is not supported yet";
+    }
+
+    const json& files = m.at("files");
+    for (const auto& [name, entry] : files.items()) {
+      if (parameters_only && name == kOptimizerFile) continue;  // not read: not worth checksumming
+      verify_file(context, name);
+    }
+    // Files the load reads must be listed (verify_file reports the missing entry).
+    if (!files.contains(kModelFile)) verify_file(context, kModelFile);
+    if (!parameters_only && !files.contains(kOptimizerFile)) verify_file(context, kOptimizerFile);
+
+    if (!parameters_only) {
+      state.step = m.at("step").get<int64_t>();
+      state.data_cursor = m.at("data_cursor");
+      state.rng = m.at("rng");
+    }
+  } catch (const json::exception& e) {
+    fail(metadata_where, "a metadata.json written by meshtrain (format version 1)", e.what(),
+         "the checkpoint is damaged or not a meshtrain checkpoint; use another checkpoint");
+  }
+
+  // Everything is verified before the first byte of the engine changes: a failed load leaves it as it was.
+  std::vector<std::pair<std::string, BufferId>> parameters, moments;
+  for (const ParameterDecl& parameter : spec.parameters) {
+    MT_CHECK(spec.buffer(parameter.value).dtype == DType::f32, "checkpoint loading reads float32 buffers");
+    parameters.emplace_back(spec.buffer(parameter.value).name, parameter.value);
+  }
+  for (const ParameterDecl& parameter : spec.parameters) {
+    moments.emplace_back("adam_m/" + spec.buffer(parameter.value).name, parameter.adam_m);
+  }
+  for (const ParameterDecl& parameter : spec.parameters) {
+    moments.emplace_back("adam_v/" + spec.buffer(parameter.value).name, parameter.adam_v);
+  }
+  const SafetensorsFile model = SafetensorsFile::open((context.directory / kModelFile).string());
+  verify_tensors(model, parameters, engine, layout_hint);
+  std::optional<SafetensorsFile> optimizer;
+  if (!parameters_only) {
+    optimizer.emplace(SafetensorsFile::open((context.directory / kOptimizerFile).string()));
+    verify_tensors(*optimizer, moments, engine, layout_hint);
+  }
+  for (const auto& [name, id] : parameters)
+    model.read_f32(name, spec.buffer(id).shape.dims, engine.view(id).f32());
+  if (optimizer) {
+    for (const auto& [name, id] : moments) {
+      optimizer->read_f32(name, spec.buffer(id).shape.dims, engine.view(id).f32());
+    }
+  }
+  return state;
+}
+
+}  // namespace meshtrain

@@ -1,0 +1,63 @@
+// Checkpoints (shared/specs/layers-and-checkpoints.md, "Checkpoints"): one directory per step holding the
+// parameters and Adam moments as safetensors with GLOBAL logical shapes, a copy of the tokenizer, a
+// metadata.json, and a commit marker written last, so an interrupted save never looks complete.
+//
+// Layout of <checkpoints_dir>:
+//   step_00000042/                 a committed checkpoint (the only kind latest_checkpoint returns)
+//     model.safetensors            parameters, named as the engine names them (spec().buffer(id).name)
+//     optimizer.safetensors        "adam_m/<name>", "adam_v/<name>"
+//     tokenizer.json               copy of the run's tokenizer (or encoder.json + vocab.bpe), if any
+//     metadata.json                format version, step, resolved config, layout, mesh, rng, data cursor,
+//                                  tokenizer identity, {file: {bytes, crc32c}}, meshtrain version
+//     COMMITTED                    the commit marker: step and the size and CRC-32C of metadata.json
+//   step_00000043.tmp-<pid>/       a save in progress (or debris of a crashed one): never loaded
+//
+// Commit protocol: every file is written and fsynced inside step_X.tmp-<pid>/; then COMMITTED.tmp is
+// written, fsynced and renamed to COMMITTED, and the directory fsynced; then the directory is renamed to
+// step_X/ and checkpoints_dir fsynced. That rename is the commit point: a checkpoint is complete iff its
+// directory is named exactly step_<8+ digits> AND it holds COMMITTED. One writer per checkpoints_dir.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+
+#include "meshtrain/train/engine.h"
+
+namespace meshtrain {
+
+inline constexpr int64_t kCheckpointFormatVersion = 1;
+
+struct CheckpointState {
+  int64_t step = 0;            // optimizer steps completed
+  nlohmann::json data_cursor;  // the data loader's position (opaque)
+  nlohmann::json rng;          // seeds / RNG state (opaque)
+};
+
+struct CheckpointOptions {
+  std::string tokenizer_path;      // copied into the checkpoint (empty: none, e.g. synthetic data)
+  std::string tokenizer_identity;  // stored in metadata, checked on load when both sides have one
+  int64_t keep_last = 0;           // max_num_checkpoints_to_keep (0: keep all)
+};
+
+// Writes <checkpoints_dir>/step_<%08d step>/ by the protocol above (replacing an existing checkpoint of the
+// same step atomically), then deletes the oldest committed checkpoints beyond keep_last and removes debris
+// of earlier crashed saves. A failed save (full disk, ...) throws MeshError naming the file, removes its
+// partial directory and leaves earlier checkpoints untouched. Returns the path of the new checkpoint.
+std::string save_checkpoint(const std::string& checkpoints_dir, const Engine& engine,
+                            const CheckpointState& state, const CheckpointOptions& options);
+
+// The committed checkpoint with the highest step, or nullopt (in-progress / incomplete ones are ignored).
+std::optional<std::string> latest_checkpoint(const std::string& checkpoints_dir);
+
+// Loads into the engine after verifying everything first (so a failed load leaves the engine untouched):
+// the commit marker, metadata format version, per-file sizes and CRC-32C, that the checkpoint's tensors are
+// exactly the engine's parameters with the same shapes, vocab_size, and tokenizer identity when both sides
+// know one. parameters_only (load_parameters_path): parameters only, moments untouched, and a fresh state
+// (step 0, empty cursor and rng) is returned. Every failure is a MeshError naming the checkpoint file (and
+// tensor), expected vs found, and a fix.
+CheckpointState load_checkpoint(const std::string& checkpoint_dir, Engine& engine, bool parameters_only,
+                                const std::string& expected_tokenizer_identity = "");
+
+}  // namespace meshtrain

@@ -1,0 +1,401 @@
+// Tests for checkpoints: bitwise round trips, crash consistency (SIGKILL at each phase of a save, in a forked
+// child), a full disk during a save, corrupted or mismatched checkpoints, and retention (keep_last).
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "meshtrain/core/error.h"
+#include "meshtrain/model/spec.h"
+#include "meshtrain/train/checkpoint.h"
+#include "meshtrain/train/engine.h"
+
+namespace meshtrain {
+namespace {
+
+namespace fs = std::filesystem;
+
+bool contains(const std::string& text, const std::string& needle) {
+  return text.find(needle) != std::string::npos;
+}
+
+std::vector<std::string> tiny_overrides(const std::string& emb_dim = "32", const std::string& vocab = "100") {
+  return {
+      "base_emb_dim=" + emb_dim, "base_num_query_heads=4",    "base_num_kv_heads=2", "head_dim=8",
+      "base_mlp_dim=48",         "base_num_decoder_layers=2", "vocab_size=" + vocab, "max_target_length=8",
+      "per_device_batch_size=2"};
+}
+
+Engine make_engine(const std::string& emb_dim = "32", const std::string& vocab = "100") {
+  return Engine(build_model_spec(load_config("qwen3-tiny", tiny_overrides(emb_dim, vocab))));
+}
+
+// Every parameter and moment gets values distinct per buffer, element and `salt`.
+void fill_engine(Engine& engine, float salt) {
+  int buffer_index = 0;
+  for (const ParameterDecl& parameter : engine.spec().parameters) {
+    for (BufferId id : {parameter.value, parameter.adam_m, parameter.adam_v}) {
+      const TensorView view = engine.view(id);
+      float* data = view.f32();
+      for (int64_t i = 0; i < view.elements(); ++i) {
+        data[i] = salt + static_cast<float>(buffer_index) * 0.001f + static_cast<float>(i) * 1e-6f;
+      }
+      ++buffer_index;
+    }
+  }
+}
+
+std::vector<char> buffer_bytes(const Engine& engine, BufferId id) {
+  const TensorView view = engine.view(id);
+  const char* data = static_cast<const char*>(view.data);
+  return std::vector<char>(data, data + view.bytes());
+}
+
+// Whether the two engines hold bitwise equal parameters (and moments if `moments`).
+bool same_state(const Engine& a, const Engine& b, bool moments) {
+  for (size_t i = 0; i < a.spec().parameters.size(); ++i) {
+    const ParameterDecl& pa = a.spec().parameters[i];
+    const ParameterDecl& pb = b.spec().parameters[i];
+    if (buffer_bytes(a, pa.value) != buffer_bytes(b, pb.value)) return false;
+    if (moments && (buffer_bytes(a, pa.adam_m) != buffer_bytes(b, pb.adam_m) ||
+                    buffer_bytes(a, pa.adam_v) != buffer_bytes(b, pb.adam_v))) {
+      return false;
+    }
+  }
+  return true;
+}
+
+CheckpointState state_at(int64_t step) {
+  CheckpointState state;
+  state.step = step;
+  state.data_cursor = {{"file", 3}, {"offset", 1000 + step}};
+  state.rng = {{"seed", 7}, {"counter", step * 2}};
+  return state;
+}
+
+std::string step_dir(int64_t step) {
+  char name[32];
+  std::snprintf(name, sizeof(name), "step_%08lld", static_cast<long long>(step));
+  return name;
+}
+
+class CheckpointTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    dir_ = fs::temp_directory_path() /
+           ("meshtrain_checkpoint_" + std::to_string(::getpid()) + "_" + std::string(info->name()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  std::string root() const { return (dir_ / "checkpoints").string(); }
+  std::vector<std::string> entries() const {
+    std::set<std::string> names;
+    for (const auto& entry : fs::directory_iterator(root())) names.insert(entry.path().filename().string());
+    return {names.begin(), names.end()};
+  }
+  // The MeshError message of `action`, or "" when it did not throw one.
+  template <class Action>
+  static std::string error_of(Action action) {
+    try {
+      action();
+    } catch (const MeshError& error) {
+      return error.what();
+    }
+    return "";
+  }
+
+  fs::path dir_;
+};
+
+TEST_F(CheckpointTest, RoundTripIsBitwiseExact) {
+  Engine saved = make_engine();
+  fill_engine(saved, 0.5f);
+  const std::string tokenizer = (dir_ / "tokenizer.json").string();
+  std::ofstream(tokenizer) << "{\"model\": {}}";
+  CheckpointOptions options;
+  options.tokenizer_path = tokenizer;
+  options.tokenizer_identity = "tok-v1";
+  const std::string path = save_checkpoint(root(), saved, state_at(12), options);
+  EXPECT_EQ(path, (fs::path(root()) / step_dir(12)).string());
+  EXPECT_EQ(latest_checkpoint(root()), path);
+  for (const char* file :
+       {"model.safetensors", "optimizer.safetensors", "tokenizer.json", "metadata.json", "COMMITTED"}) {
+    EXPECT_TRUE(fs::is_regular_file(fs::path(path) / file)) << file;
+  }
+  EXPECT_EQ(entries(), std::vector<std::string>{step_dir(12)});
+
+  const nlohmann::json metadata = nlohmann::json::parse(std::ifstream(fs::path(path) / "metadata.json"));
+  EXPECT_EQ(metadata.at("format_version"), 1);
+  EXPECT_EQ(metadata.at("step"), 12);
+  EXPECT_EQ(metadata.at("scan_layers"), false);
+  EXPECT_EQ(metadata.at("param_scan_axis"), 1);
+  EXPECT_EQ(metadata.at("mesh").at("fsdp"), saved.spec().config.mesh.fsdp);
+  EXPECT_EQ(metadata.at("config").at("base_emb_dim"), "32");
+  EXPECT_EQ(metadata.at("tokenizer").at("identity"), "tok-v1");
+  EXPECT_TRUE(metadata.at("files").contains("tokenizer.json"));
+  EXPECT_TRUE(metadata.contains("meshtrain_version"));
+
+  Engine loaded = make_engine();
+  fill_engine(loaded, -3.0f);
+  EXPECT_FALSE(same_state(saved, loaded, true));
+  const CheckpointState state = load_checkpoint(path, loaded, false, "tok-v1");
+  EXPECT_TRUE(same_state(saved, loaded, true));
+  EXPECT_EQ(state.step, 12);
+  EXPECT_EQ(state.data_cursor, state_at(12).data_cursor);
+  EXPECT_EQ(state.rng, state_at(12).rng);
+
+  // parameters_only: parameters replaced, moments left as they were, fresh state.
+  Engine fresh = make_engine();
+  fill_engine(fresh, -3.0f);
+  Engine untouched = make_engine();
+  fill_engine(untouched, -3.0f);
+  const CheckpointState fresh_state = load_checkpoint(path, fresh, true);
+  EXPECT_EQ(fresh_state.step, 0);
+  EXPECT_TRUE(fresh_state.data_cursor.is_null());
+  for (size_t i = 0; i < fresh.spec().parameters.size(); ++i) {
+    const ParameterDecl& p = fresh.spec().parameters[i];
+    EXPECT_EQ(buffer_bytes(fresh, p.value), buffer_bytes(saved, p.value));
+    EXPECT_EQ(buffer_bytes(fresh, p.adam_m), buffer_bytes(untouched, p.adam_m));
+    EXPECT_EQ(buffer_bytes(fresh, p.adam_v), buffer_bytes(untouched, p.adam_v));
+  }
+}
+
+TEST_F(CheckpointTest, ResavingTheSameStepReplacesIt) {
+  Engine engine = make_engine();
+  fill_engine(engine, 1.0f);
+  save_checkpoint(root(), engine, state_at(4), {});
+  fill_engine(engine, 2.0f);
+  const std::string path = save_checkpoint(root(), engine, state_at(4), {});
+  EXPECT_EQ(entries(), std::vector<std::string>{step_dir(4)});
+  Engine loaded = make_engine();
+  load_checkpoint(path, loaded, false);
+  EXPECT_TRUE(same_state(engine, loaded, true));
+}
+
+// A child saves step 1, then step 2 with MESHTRAIN_CHECKPOINT_FAULT set, and must die by SIGKILL there.
+TEST_F(CheckpointTest, KillAtEachPhaseNeverLeavesACompleteLookingPartialCheckpoint) {
+  // Built before fork: the child only writes files (no OpenMP after fork).
+  Engine engine = make_engine();
+  for (const std::string phase :
+       {"tensors_half_written", "metadata_written", "before_commit", "after_commit"}) {
+    SCOPED_TRACE(phase);
+    fs::remove_all(root());
+    fill_engine(engine, 1.0f);
+    const pid_t child = ::fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+      CheckpointOptions options;
+      options.keep_last = 1;  // so after_commit dies with step 1 not yet pruned
+      try {
+        save_checkpoint(root(), engine, state_at(1), options);
+        fill_engine(engine, 2.0f);
+        ::setenv("MESHTRAIN_CHECKPOINT_FAULT", phase.c_str(), 1);
+        save_checkpoint(root(), engine, state_at(2), options);
+      } catch (...) {
+        ::_exit(3);
+      }
+      ::_exit(0);  // the fault point was not reached
+    }
+    int status = 0;
+    ASSERT_EQ(::waitpid(child, &status, 0), child);
+    ASSERT_TRUE(WIFSIGNALED(status)) << "child exit status "
+                                     << (WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+    EXPECT_EQ(WTERMSIG(status), SIGKILL);
+
+    const bool committed = phase == "after_commit";
+    const std::optional<std::string> latest = latest_checkpoint(root());
+    ASSERT_TRUE(latest.has_value());
+    EXPECT_EQ(fs::path(*latest).filename().string(), step_dir(committed ? 2 : 1));
+    EXPECT_TRUE(fs::is_regular_file(fs::path(*latest) / "COMMITTED"));
+    const std::vector<std::string> names = entries();
+    ASSERT_EQ(names.size(), 2u);  // step 1, and step 2 committed or the debris of the killed save
+    if (!committed) {
+      EXPECT_TRUE(contains(names[1], step_dir(2) + ".tmp-")) << names[1];
+      const fs::path debris = fs::path(root()) / names[1];
+      EXPECT_FALSE(fs::exists(debris / "COMMITTED"));
+      EXPECT_EQ(fs::exists(debris / "optimizer.safetensors"), phase != "tensors_half_written");
+      EXPECT_EQ(fs::exists(debris / "COMMITTED.tmp"), phase == "before_commit");
+    }
+    Engine loaded = make_engine();
+    EXPECT_EQ(load_checkpoint(*latest, loaded, false).step, committed ? 2 : 1);
+    Engine expected = make_engine();
+    fill_engine(expected, committed ? 2.0f : 1.0f);
+    EXPECT_TRUE(same_state(expected, loaded, true));
+
+    // The next save cleans up the debris (and, with keep_last=1, the older checkpoints).
+    CheckpointOptions options;
+    options.keep_last = 1;
+    save_checkpoint(root(), engine, state_at(3), options);
+    EXPECT_EQ(entries(), std::vector<std::string>{step_dir(3)});
+  }
+}
+
+// RLIMIT_FSIZE with SIGXFSZ ignored makes writes fail with EFBIG, as a full disk fails them with ENOSPC.
+TEST_F(CheckpointTest, FullDiskFailsClearlyAndKeepsThePreviousCheckpoint) {
+  Engine engine = make_engine();
+  fill_engine(engine, 1.0f);
+  const uint64_t model_bytes = [&] {
+    save_checkpoint((dir_ / "probe").string(), engine, state_at(0), {});
+    return fs::file_size(dir_ / "probe" / step_dir(0) / "model.safetensors");
+  }();
+  // A limit below the model file, and one the model file fits under but the (twice as large) optimizer not.
+  for (const rlim_t limit : {static_cast<rlim_t>(model_bytes / 2), static_cast<rlim_t>(model_bytes + 4096)}) {
+    SCOPED_TRACE(limit);
+    fs::remove_all(root());
+    int pipe_fds[2];
+    ASSERT_EQ(::pipe(pipe_fds), 0);
+    const pid_t child = ::fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+      ::close(pipe_fds[0]);
+      int code = 0;
+      std::string message;
+      try {
+        save_checkpoint(root(), engine, state_at(1), {});
+        ::signal(SIGXFSZ, SIG_IGN);
+        const rlimit small{limit, limit};
+        if (::setrlimit(RLIMIT_FSIZE, &small) != 0) ::_exit(4);
+        save_checkpoint(root(), engine, state_at(2), {});
+        code = 5;  // the save should have failed
+      } catch (const MeshError& error) {
+        message = error.what();
+      } catch (...) {
+        code = 6;
+      }
+      if (::write(pipe_fds[1], message.data(), message.size()) < 0) code = 7;
+      ::close(pipe_fds[1]);
+      ::_exit(code);
+    }
+    ::close(pipe_fds[1]);
+    std::string message;
+    char buffer[4096];
+    for (ssize_t got; (got = ::read(pipe_fds[0], buffer, sizeof(buffer))) > 0;) {
+      message.append(buffer, static_cast<size_t>(got));
+    }
+    ::close(pipe_fds[0]);
+    int status = 0;
+    ASSERT_EQ(::waitpid(child, &status, 0), child);
+    ASSERT_TRUE(WIFEXITED(status));
+    EXPECT_EQ(WEXITSTATUS(status), 0);
+    EXPECT_TRUE(contains(message, ".safetensors")) << message;
+    EXPECT_TRUE(contains(message, "File too large")) << message;
+    EXPECT_TRUE(contains(message, "was not saved")) << message;
+    EXPECT_EQ(entries(), std::vector<std::string>{step_dir(1)});
+    const std::optional<std::string> latest = latest_checkpoint(root());
+    ASSERT_TRUE(latest.has_value());
+    EXPECT_EQ(fs::path(*latest).filename().string(), step_dir(1));
+    Engine loaded = make_engine();
+    EXPECT_EQ(load_checkpoint(*latest, loaded, false).step, 1);
+    EXPECT_TRUE(same_state(engine, loaded, true));
+  }
+}
+
+TEST_F(CheckpointTest, CorruptionIsReportedWithTheFile) {
+  Engine engine = make_engine();
+  fill_engine(engine, 1.0f);
+  const fs::path path = save_checkpoint(root(), engine, state_at(5), {});
+  const fs::path model = path / "model.safetensors";
+  const fs::path pristine = dir_ / "pristine.safetensors";
+  fs::copy_file(model, pristine);
+  Engine target = make_engine();
+  const std::string load_path = path.string();
+  const auto load = [&] { load_checkpoint(load_path, target, false); };
+
+  {  // one flipped byte in the tensor data
+    std::fstream file(model, std::ios::in | std::ios::out | std::ios::binary);
+    file.seekg(-100, std::ios::end);
+    const char byte = static_cast<char>(file.get());
+    file.seekp(-100, std::ios::end);
+    file.put(static_cast<char>(byte ^ 0x10));
+  }
+  std::string message = error_of(load);
+  EXPECT_TRUE(contains(message, "model.safetensors")) << message;
+  EXPECT_TRUE(contains(message, "CRC-32C")) << message;
+
+  fs::copy_file(pristine, model, fs::copy_options::overwrite_existing);
+  fs::resize_file(model, fs::file_size(model) - 10);
+  message = error_of(load);
+  EXPECT_TRUE(contains(message, "model.safetensors")) << message;
+  EXPECT_TRUE(contains(message, "truncated")) << message;
+
+  fs::copy_file(pristine, model, fs::copy_options::overwrite_existing);
+  EXPECT_EQ(error_of(load), "");  // restored: loads again
+
+  fs::remove(path / "metadata.json");
+  message = error_of(load);
+  EXPECT_TRUE(contains(message, "metadata.json")) << message;
+
+  fs::remove(path / "COMMITTED");
+  message = error_of(load);
+  EXPECT_TRUE(contains(message, "COMMITTED")) << message;
+  EXPECT_EQ(latest_checkpoint(root()), std::nullopt);  // no marker: never taken for complete
+}
+
+TEST_F(CheckpointTest, MismatchedModelOrTokenizerIsRefused) {
+  Engine engine = make_engine();
+  CheckpointOptions options;
+  options.tokenizer_identity = "tok-a";
+  const std::string path = save_checkpoint(root(), engine, state_at(1), options);
+
+  Engine narrower = make_engine("16");
+  std::string message = error_of([&] { load_checkpoint(path, narrower, true); });
+  EXPECT_TRUE(contains(message, "model.safetensors: tensor '")) << message;
+  EXPECT_TRUE(contains(message, "shape [")) << message;
+  EXPECT_TRUE(contains(message, "base_emb_dim 32 in the checkpoint, 16 here")) << message;
+
+  // 100 and 120 pad to the same 128 rows: only the vocab_size check can tell them apart.
+  Engine other_vocab = make_engine("32", "120");
+  message = error_of([&] { load_checkpoint(path, other_vocab, false); });
+  EXPECT_TRUE(contains(message, "vocab_size")) << message;
+  EXPECT_TRUE(contains(message, "120")) << message;
+
+  Engine same = make_engine();
+  message = error_of([&] { load_checkpoint(path, same, false, "tok-b"); });
+  EXPECT_TRUE(contains(message, "tokenizer identity")) << message;
+  EXPECT_TRUE(contains(message, "tok-a")) << message;
+  EXPECT_EQ(error_of([&] { load_checkpoint(path, same, false, ""); }), "");  // unknown here: not checked
+}
+
+// The checkpoint directory is itself a tokenizer path: GPT-2's two files travel together.
+TEST_F(CheckpointTest, CopiesGpt2TokenizerFilesTogether) {
+  Engine engine = make_engine();
+  fs::create_directories(dir_ / "gpt2");
+  std::ofstream(dir_ / "gpt2" / "encoder.json") << "{}";
+  std::ofstream(dir_ / "gpt2" / "vocab.bpe") << "#version: 0.2\n";
+  CheckpointOptions options;
+  for (const fs::path& source : {dir_ / "gpt2" / "encoder.json", dir_ / "gpt2"}) {
+    options.tokenizer_path = source.string();
+    const fs::path path = save_checkpoint(root(), engine, state_at(1), options);
+    EXPECT_TRUE(fs::is_regular_file(path / "encoder.json"));
+    EXPECT_TRUE(fs::is_regular_file(path / "vocab.bpe"));
+    EXPECT_FALSE(fs::exists(path / "tokenizer.json"));
+  }
+  options.tokenizer_path = (dir_ / "missing").string();
+  const std::string message = error_of([&] { save_checkpoint(root(), engine, state_at(2), options); });
+  EXPECT_TRUE(contains(message, "missing")) << message;
+  EXPECT_EQ(entries(), std::vector<std::string>{step_dir(1)});
+}
+
+TEST_F(CheckpointTest, KeepLastDeletesTheOldest) {
+  Engine engine = make_engine();
+  CheckpointOptions options;
+  options.keep_last = 2;
+  for (int64_t step = 1; step <= 5; ++step) save_checkpoint(root(), engine, state_at(step * 10), options);
+  EXPECT_EQ(entries(), (std::vector<std::string>{step_dir(40), step_dir(50)}));
+  EXPECT_EQ(fs::path(*latest_checkpoint(root())).filename().string(), step_dir(50));
+  EXPECT_EQ(latest_checkpoint((dir_ / "none").string()), std::nullopt);
+}
+
+}  // namespace
+}  // namespace meshtrain

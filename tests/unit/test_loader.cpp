@@ -1,0 +1,422 @@
+// BatchLoader: determinism, resume from a cursor, the (rank, micro-batch) split invariant, packing and
+// padding semantics on hand-made streams, synthetic data, and vocabulary / cursor validation.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "meshtrain/core/error.h"
+#include "meshtrain/core/rng.h"
+#include "meshtrain/data/loader.h"
+#include "meshtrain/data/shards.h"
+
+namespace meshtrain {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr int32_t kEos = 0;
+
+class LoaderTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    dir_ = fs::temp_directory_path() /
+           ("meshtrain_loader_" + std::to_string(::getpid()) + "_" + std::string(info->name()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  std::string shard(const std::string& name, const std::vector<int32_t>& tokens) const {
+    const std::string file = (dir_ / name).string();
+    write_token_shard(file, std::span<const int32_t>(tokens));
+    return file;
+  }
+
+  // ~200 documents of 1..40 tokens (ids 1..99), each followed by EOS.
+  std::string corpus_shard(const std::string& name = "corpus.tokens", uint64_t seed = 7) const {
+    std::vector<int32_t> tokens;
+    const PhiloxKey key = philox_key(seed, "test-corpus");
+    uint64_t draw = 0;
+    for (int document = 0; document < 200; ++document) {
+      const uint32_t length = 1 + uint32_at(key, draw++) % 40;
+      for (uint32_t i = 0; i < length; ++i)
+        tokens.push_back(static_cast<int32_t>(1 + uint32_at(key, draw++) % 99));
+      tokens.push_back(kEos);
+    }
+    return shard(name, tokens);
+  }
+
+  fs::path dir_;
+};
+
+LoaderOptions options(int64_t sequence, int64_t rows, int64_t ranks = 1, int64_t micro = 1,
+                      uint64_t seed = 1) {
+  LoaderOptions o;
+  o.sequence_length = sequence;
+  o.per_device_batch_size = rows;
+  o.data_ranks = ranks;
+  o.gradient_accumulation_steps = micro;
+  o.seed = seed;
+  o.eos_id = kEos;
+  o.vocab_size = 100;
+  return o;
+}
+
+// One row (all five fields) of a batch, for comparing rows across layouts.
+struct Row {
+  std::vector<int32_t> tokens, targets, positions, segments;
+  std::vector<uint8_t> mask;
+  bool operator==(const Row&) const = default;
+  bool operator<(const Row& other) const {
+    return tokens < other.tokens || (tokens == other.tokens && targets < other.targets);
+  }
+};
+
+std::vector<Row> rows_of(const Batch& batch, int64_t sequence) {
+  std::vector<Row> rows;
+  const auto s = static_cast<size_t>(sequence);
+  for (size_t start = 0; start < batch.tokens.size(); start += s) {
+    const auto slice = [&](const auto& v) { return std::vector(v.begin() + start, v.begin() + start + s); };
+    rows.push_back(Row{slice(batch.tokens), slice(batch.targets), slice(batch.positions),
+                       slice(batch.segment_ids), slice(batch.loss_mask)});
+  }
+  return rows;
+}
+
+bool same(const Batch& a, const Batch& b) {
+  return a.tokens == b.tokens && a.targets == b.targets && a.positions == b.positions &&
+         a.segment_ids == b.segment_ids && a.loss_mask == b.loss_mask;
+}
+
+TEST_F(LoaderTest, SameSeedSameBatchesDifferentSeedDifferent) {
+  const std::string file = corpus_shard();
+  for (bool packing : {true, false}) {
+    LoaderOptions o = options(16, 4);
+    o.packing = packing;
+    BatchLoader a = BatchLoader::from_shards({file}, o), b = BatchLoader::from_shards({file}, o);
+    o.seed = 2;
+    BatchLoader c = BatchLoader::from_shards({file}, o);
+    int differing = 0;
+    for (int step = 0; step < 20; ++step) {  // crosses epochs
+      EXPECT_TRUE(same(a.global_batch(), b.global_batch())) << "step " << step;
+      differing += same(a.global_batch(), c.global_batch()) ? 0 : 1;
+      a.advance(), b.advance(), c.advance();
+    }
+    EXPECT_GT(differing, 15);
+  }
+}
+
+TEST_F(LoaderTest, EachEpochVisitsEveryWindowOnce) {
+  const std::string file = corpus_shard();
+  LoaderOptions o = options(16, 1);
+  o.shuffle = false;
+  BatchLoader ordered = BatchLoader::from_shards({file}, o);
+  const uint64_t windows = ordered.windows_per_epoch();
+  ASSERT_GT(windows, 50u);
+  std::vector<Row> in_order;
+  for (uint64_t i = 0; i < windows; ++i, ordered.advance())
+    in_order.push_back(rows_of(ordered.global_batch(), 16)[0]);
+  EXPECT_TRUE(same(ordered.global_batch(), [&] {  // wraps around to window 0
+    BatchLoader fresh = BatchLoader::from_shards({file}, o);
+    return fresh.global_batch();
+  }()));
+  o.shuffle = true;
+  BatchLoader shuffled = BatchLoader::from_shards({file}, o);
+  for (int epoch = 0; epoch < 2; ++epoch) {
+    std::vector<Row> seen;
+    for (uint64_t i = 0; i < windows; ++i, shuffled.advance())
+      seen.push_back(rows_of(shuffled.global_batch(), 16)[0]);
+    EXPECT_NE(seen, in_order);
+    std::sort(seen.begin(), seen.end());
+    std::vector<Row> sorted = in_order;
+    std::sort(sorted.begin(), sorted.end());
+    EXPECT_EQ(seen, sorted) << "epoch " << epoch;
+  }
+}
+
+TEST_F(LoaderTest, ResumeFromCursorGivesIdenticalBatches) {
+  const std::string file = corpus_shard();
+  for (bool packing : {true, false}) {
+    LoaderOptions o = options(12, 3, 2, 2);
+    o.packing = packing;
+    BatchLoader original = BatchLoader::from_shards({file}, o);
+    for (int step = 0; step < 37; ++step) original.advance();
+    const std::string saved = original.cursor().dump();
+    BatchLoader resumed = BatchLoader::from_shards({file}, o);
+    resumed.restore(nlohmann::json::parse(saved));
+    EXPECT_EQ(resumed.step(), 37);
+    for (int step = 0; step < 10; ++step) {
+      for (int rank = 0; rank < 2; ++rank) {
+        for (int micro = 0; micro < 2; ++micro) {
+          EXPECT_TRUE(same(original.micro_batch(rank, micro), resumed.micro_batch(rank, micro)));
+        }
+      }
+      original.advance(), resumed.advance();
+    }
+  }
+}
+
+TEST_F(LoaderTest, SplitInvariant) {
+  const std::string file = corpus_shard();
+  const int64_t b = 2, sequence = 10;
+  BatchLoader one = BatchLoader::from_shards({file}, options(sequence, 4 * b));  // R 1, GA 1, 4b rows
+  BatchLoader accumulated = BatchLoader::from_shards({file}, options(sequence, b, 1, 4));  // R 1, GA 4
+  BatchLoader mixed = BatchLoader::from_shards({file}, options(sequence, b, 2, 2));        // R 2, GA 2
+  BatchLoader wide = BatchLoader::from_shards({file}, options(sequence, 1, 4, 2));         // R 4, GA 2, B 1
+  for (int step = 0; step < 30; ++step) {
+    const std::vector<Row> reference = rows_of(one.micro_batch(0, 0), sequence);
+    ASSERT_EQ(reference.size(), 8u);
+    std::vector<Row> concatenated;
+    for (int micro = 0; micro < 4; ++micro) {
+      for (const Row& row : rows_of(accumulated.micro_batch(0, micro), sequence)) concatenated.push_back(row);
+    }
+    EXPECT_EQ(concatenated, reference) << "step " << step;  // same rows, same order
+    for (BatchLoader* loader : {&mixed, &wide}) {
+      std::vector<Row> all;
+      const int ranks = loader == &mixed ? 2 : 4;
+      for (int micro = 0; micro < 2; ++micro) {
+        for (int rank = 0; rank < ranks; ++rank) {
+          for (const Row& row : rows_of(loader->micro_batch(rank, micro), sequence)) all.push_back(row);
+        }
+      }
+      EXPECT_EQ(all, reference);  // the documented layout: (micro * R + rank) * B + i
+      EXPECT_EQ(rows_of(loader->global_batch(), sequence), reference);
+    }
+    one.advance(), accumulated.advance(), mixed.advance(), wide.advance();
+  }
+}
+
+TEST_F(LoaderTest, PackingSemantics) {
+  // Documents [5 6 7], [8 9], [10 11 12 13], [14 15 16 17 18 19 20 21], each followed by EOS (0).
+  const std::string file =
+      shard("packed.tokens", {5, 6, 7, 0, 8, 9, 0, 10, 11, 12, 13, 0, 14, 15, 16, 17, 18, 19, 20, 21, 0});
+  LoaderOptions o = options(6, 1);
+  o.shuffle = false;
+  BatchLoader loader = BatchLoader::from_shards({file}, o);
+  EXPECT_EQ(loader.windows_per_epoch(), 3u);  // (21 - 1) / 6
+  Batch batch = loader.global_batch();        // window tokens [0, 7): 5 6 7 0 8 9 0
+  EXPECT_EQ(batch.tokens, (std::vector<int32_t>{5, 6, 7, 0, 8, 9}));
+  EXPECT_EQ(batch.targets, (std::vector<int32_t>{6, 7, 0, 8, 9, 0}));
+  EXPECT_EQ(batch.segment_ids, (std::vector<int32_t>{0, 0, 0, 0, 1, 1}));
+  EXPECT_EQ(batch.positions, (std::vector<int32_t>{0, 1, 2, 3, 0, 1}));
+  EXPECT_EQ(batch.loss_mask, (std::vector<uint8_t>{1, 1, 1, 0, 1, 1}));
+  loader.advance();
+  batch = loader.global_batch();  // window tokens [6, 13): 0 10 11 12 13 0 14 — starts on an EOS
+  EXPECT_EQ(batch.tokens, (std::vector<int32_t>{0, 10, 11, 12, 13, 0}));
+  EXPECT_EQ(batch.targets, (std::vector<int32_t>{10, 11, 12, 13, 0, 14}));
+  EXPECT_EQ(batch.segment_ids, (std::vector<int32_t>{0, 1, 1, 1, 1, 1}));
+  EXPECT_EQ(batch.positions, (std::vector<int32_t>{0, 0, 1, 2, 3, 4}));
+  EXPECT_EQ(batch.loss_mask, (std::vector<uint8_t>{0, 1, 1, 1, 1, 0}));
+  loader.advance();
+  batch = loader.global_batch();  // window tokens [12, 19): mid-document, positions from 0
+  EXPECT_EQ(batch.tokens, (std::vector<int32_t>{14, 15, 16, 17, 18, 19}));
+  EXPECT_EQ(batch.positions, (std::vector<int32_t>{0, 1, 2, 3, 4, 5}));
+  EXPECT_EQ(batch.segment_ids, (std::vector<int32_t>(6, 0)));
+  EXPECT_EQ(batch.loss_mask, (std::vector<uint8_t>(6, 1)));
+}
+
+TEST_F(LoaderTest, NoPackingPadsEachDocument) {
+  // [5 6 7] EOS, [30..39] EOS, lone EOS (an empty document: no window), [40] EOS.
+  std::vector<int32_t> tokens = {5, 6, 7, 0};
+  for (int32_t t = 30; t < 40; ++t) tokens.push_back(t);
+  tokens.push_back(0);
+  tokens.push_back(0);
+  tokens.push_back(40);
+  tokens.push_back(0);
+  LoaderOptions o = options(4, 1);
+  o.packing = false;
+  o.shuffle = false;
+  BatchLoader loader = BatchLoader::from_shards({shard("docs.tokens", tokens)}, o);
+  EXPECT_EQ(loader.windows_per_epoch(), 1u + 3u + 1u);
+  Batch batch = loader.global_batch();
+  EXPECT_EQ(batch.tokens, (std::vector<int32_t>{5, 6, 7, 0}));
+  EXPECT_EQ(batch.targets, (std::vector<int32_t>{6, 7, 0, 0}));
+  EXPECT_EQ(batch.loss_mask, (std::vector<uint8_t>{1, 1, 1, 0}));
+  EXPECT_EQ(batch.segment_ids, (std::vector<int32_t>{0, 0, 0, 1}));
+  EXPECT_EQ(batch.positions, (std::vector<int32_t>{0, 1, 2, 3}));
+  loader.advance();
+  batch = loader.global_batch();
+  EXPECT_EQ(batch.tokens, (std::vector<int32_t>{30, 31, 32, 33}));
+  EXPECT_EQ(batch.targets, (std::vector<int32_t>{31, 32, 33, 34}));
+  EXPECT_EQ(batch.loss_mask, (std::vector<uint8_t>(4, 1)));
+  loader.advance();
+  batch = loader.global_batch();
+  EXPECT_EQ(batch.tokens, (std::vector<int32_t>{34, 35, 36, 37}));
+  loader.advance();
+  batch = loader.global_batch();  // 38 39 EOS: two pairs then padding
+  EXPECT_EQ(batch.tokens, (std::vector<int32_t>{38, 39, 0, 0}));
+  EXPECT_EQ(batch.targets, (std::vector<int32_t>{39, 0, 0, 0}));
+  EXPECT_EQ(batch.loss_mask, (std::vector<uint8_t>{1, 1, 0, 0}));
+  EXPECT_EQ(batch.segment_ids, (std::vector<int32_t>{0, 0, 1, 1}));
+  EXPECT_EQ(batch.positions, (std::vector<int32_t>{0, 1, 2, 3}));
+  loader.advance();
+  batch = loader.global_batch();  // [40] EOS
+  EXPECT_EQ(batch.tokens, (std::vector<int32_t>{40, 0, 0, 0}));
+  EXPECT_EQ(batch.targets, (std::vector<int32_t>{0, 0, 0, 0}));
+  EXPECT_EQ(batch.loss_mask, (std::vector<uint8_t>{1, 0, 0, 0}));
+}
+
+TEST_F(LoaderTest, ShardsConcatenate) {
+  std::vector<int32_t> all;
+  for (int32_t t = 1; t <= 50; ++t) all.push_back(t % 7 == 0 ? kEos : t);
+  const std::string whole = shard("whole.tokens", all);
+  const std::string first = shard("a.tokens", std::vector<int32_t>(all.begin(), all.begin() + 13));
+  const std::string second = shard("b.tokens", std::vector<int32_t>(all.begin() + 13, all.begin() + 30));
+  const std::string third = shard("c.tokens", std::vector<int32_t>(all.begin() + 30, all.end()));
+  for (bool packing : {true, false}) {
+    LoaderOptions o = options(5, 3);
+    o.packing = packing;
+    BatchLoader single = BatchLoader::from_shards({whole}, o);
+    BatchLoader split = BatchLoader::from_shards({first, second, third}, o);
+    EXPECT_EQ(split.token_count(), 50u);
+    for (int step = 0; step < 12; ++step, single.advance(), split.advance()) {
+      EXPECT_TRUE(same(single.global_batch(), split.global_batch()));
+    }
+  }
+  EXPECT_EQ(resolve_token_shards(dir_.string(), "train"),
+            (std::vector<std::string>{first, second, third, whole}));
+  EXPECT_EQ(resolve_token_shards(whole, "train"), std::vector<std::string>{whole});
+  const std::string train = shard("train.tokens", all);
+  EXPECT_EQ(resolve_token_shards(dir_.string(), "train"), std::vector<std::string>{train});
+  EXPECT_THROW(resolve_token_shards((dir_ / "missing").string(), "train"), MeshError);
+}
+
+TEST_F(LoaderTest, SyntheticIsReproducibleAndSplitIndependent) {
+  LoaderOptions o = options(32, 8);
+  o.vocab_size = 1000;
+  o.seed = 5;
+  BatchLoader a = BatchLoader::synthetic(o), b = BatchLoader::synthetic(o);
+  LoaderOptions split = o;
+  split.per_device_batch_size = 2;
+  split.data_ranks = 2;
+  split.gradient_accumulation_steps = 2;
+  BatchLoader c = BatchLoader::synthetic(split);
+  for (int step = 0; step < 5; ++step) {
+    const Batch batch = a.global_batch();
+    EXPECT_TRUE(same(batch, b.global_batch()));
+    std::vector<Row> pieces;
+    for (int micro = 0; micro < 2; ++micro) {
+      for (int rank = 0; rank < 2; ++rank) {
+        for (const Row& row : rows_of(c.micro_batch(rank, micro), 32)) pieces.push_back(row);
+      }
+    }
+    EXPECT_EQ(pieces, rows_of(batch, 32));
+    for (size_t i = 0; i < batch.tokens.size(); ++i) {
+      ASSERT_GE(batch.tokens[i], 0);
+      ASSERT_LT(batch.tokens[i], 1000);
+      if (i % 32 != 31) {
+        ASSERT_EQ(batch.targets[i], batch.tokens[i + 1]);  // targets are the next column
+      }
+      ASSERT_EQ(batch.positions[i], static_cast<int32_t>(i % 32));
+      ASSERT_EQ(batch.segment_ids[i], 0);
+      ASSERT_EQ(batch.loss_mask[i], 1);
+    }
+    Batch next_step = batch;
+    a.advance(), b.advance(), c.advance();
+    EXPECT_NE(a.global_batch().tokens, next_step.tokens);
+  }
+  // Resume.
+  BatchLoader resumed = BatchLoader::synthetic(o);
+  resumed.restore(a.cursor());
+  EXPECT_TRUE(same(resumed.global_batch(), a.global_batch()));
+  // Different seed, different tokens.
+  o.seed = 6;
+  EXPECT_NE(BatchLoader::synthetic(o).global_batch().tokens,
+            BatchLoader::synthetic(split).global_batch().tokens);
+}
+
+TEST_F(LoaderTest, OutOfVocabularyIdNamesShardAndId) {
+  const std::string file = shard("big.tokens", {1, 2, 3, 150, 4, 0});
+  try {
+    BatchLoader::from_shards({file}, options(2, 1));  // vocab_size 100
+    FAIL();
+  } catch (const MeshError& error) {
+    const std::string message = error.what();
+    EXPECT_EQ(error.context().where, file);
+    EXPECT_NE(message.find("id 150 at token 3"), std::string::npos) << message;
+    EXPECT_NE(message.find("vocab_size"), std::string::npos) << message;
+  }
+}
+
+TEST_F(LoaderTest, BadSettingsAreErrors) {
+  const std::string file = shard("tiny.tokens", {1, 2, 3, 0});
+  EXPECT_THROW(BatchLoader::from_shards({file}, options(8, 1)), MeshError);  // 4 tokens < S + 1
+  LoaderOptions o = options(2, 1);
+  o.eos_id = -1;
+  EXPECT_THROW(BatchLoader::from_shards({file}, o), MeshError);
+  o = options(0, 1);
+  EXPECT_THROW(BatchLoader::synthetic(o), MeshError);
+  o = options(2, 0);
+  EXPECT_THROW(BatchLoader::synthetic(o), MeshError);
+}
+
+TEST_F(LoaderTest, CursorFromAnotherDatasetIsRejected) {
+  const std::string file = corpus_shard();
+  const std::string other = corpus_shard("other.tokens", 8);
+  std::vector<int32_t> changed_tokens(2000, 3);
+  const std::string changed = shard("changed.tokens", changed_tokens);
+  BatchLoader loader = BatchLoader::from_shards({file}, options(8, 2));
+  loader.advance();
+  const nlohmann::json cursor = loader.cursor();
+  BatchLoader different = BatchLoader::from_shards({changed}, options(8, 2));
+  try {
+    different.restore(cursor, "ckpt/state.json");
+    FAIL();
+  } catch (const MeshError& error) {
+    EXPECT_EQ(error.context().where, "ckpt/state.json");
+    EXPECT_NE(std::string(error.what()).find("token_count"), std::string::npos) << error.what();
+  }
+  BatchLoader reseeded = BatchLoader::from_shards({file}, options(8, 2, 1, 1, 99));
+  EXPECT_THROW(reseeded.restore(cursor), MeshError);
+  LoaderOptions unpacked = options(8, 2);
+  unpacked.packing = false;
+  BatchLoader unpacked_loader = BatchLoader::from_shards({file}, unpacked);
+  EXPECT_THROW(unpacked_loader.restore(cursor), MeshError);
+  // Same token count, different content: the shard checksums catch it.
+  BatchLoader same_size = BatchLoader::from_shards({other}, options(8, 2));
+  nlohmann::json forged = cursor;
+  forged["token_count"] = same_size.token_count();
+  EXPECT_THROW(same_size.restore(forged), MeshError);
+  BatchLoader synthetic = BatchLoader::synthetic(options(8, 2));
+  EXPECT_THROW(synthetic.restore(cursor), MeshError);
+  EXPECT_THROW(loader.restore(nlohmann::json{{"step", 3}}), MeshError);
+  nlohmann::json broken = cursor;
+  broken.erase("windows_consumed");
+  EXPECT_THROW(loader.restore(broken), MeshError);
+  // A changed batch size is allowed: the window stream continues where it was.
+  BatchLoader bigger = BatchLoader::from_shards({file}, options(8, 4));
+  bigger.restore(cursor);
+  BatchLoader reference = BatchLoader::from_shards({file}, options(8, 2));
+  reference.advance();
+  EXPECT_EQ(rows_of(reference.global_batch(), 8), [&] {
+    std::vector<Row> rows = rows_of(bigger.global_batch(), 8);
+    rows.resize(2);
+    return rows;
+  }());
+}
+
+TEST_F(LoaderTest, EvalLoaderRestarts) {
+  const std::string file = corpus_shard();
+  LoaderOptions o = options(16, 2, 1, 2);
+  o.shuffle = false;
+  BatchLoader eval = BatchLoader::from_shards({file}, o);
+  std::vector<Batch> first;
+  for (int step = 0; step < 3; ++step, eval.advance()) first.push_back(eval.micro_batch(0, 1));
+  eval.reset();
+  EXPECT_EQ(eval.step(), 0);
+  for (int step = 0; step < 3; ++step, eval.advance()) EXPECT_TRUE(same(first[step], eval.micro_batch(0, 1)));
+  // Stream order: row 0 of step 0 is window 0, the stream's first 17 tokens.
+  eval.reset();
+  const TokenShard tokens = TokenShard::open(file);
+  const Batch batch = eval.micro_batch(0, 0);
+  for (int c = 0; c < 16; ++c) EXPECT_EQ(batch.tokens[c], tokens[c]);
+}
+
+}  // namespace
+}  // namespace meshtrain
