@@ -12,6 +12,7 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "meshtrain/core/error.h"
@@ -129,8 +130,9 @@ struct TinyBpe {
   json to_json() const {
     json vocab = json::object();
     int next = 0;
-    for (int byte = 0; byte < 256; ++byte)
+    for (int byte = 0; byte < 256; ++byte) {
       vocab[byte_level(std::string(1, static_cast<char>(byte)))] = next++;
+    }
     json merge_list = json::array();
     for (const auto& [left, right] : merges) {
       if (!vocab.contains(byte_level(left + right))) vocab[byte_level(left + right)] = next++;
@@ -297,6 +299,30 @@ TEST(TokenizerGolden, LongPiecesAndLongRuns) {
   }
 }
 
+TEST(TokenizerGolden, ConcurrentEncodingAgrees) {
+  SKIP_WITHOUT_ASSETS();
+  // encode() is const and keeps its caches per thread: threads sharing one tokenizer get the same ids.
+  const json cases = golden();
+  std::vector<std::string> texts;
+  for (const json& entry : cases) texts.push_back(entry["text"]);
+  std::vector<std::vector<int32_t>> expected;
+  for (const std::string& text : texts) expected.push_back(qwen3().encode(text));
+  std::vector<int> mismatches(4, 0);
+  std::vector<std::thread> threads;
+  for (size_t t = 0; t < mismatches.size(); ++t) {
+    threads.emplace_back([&, t] {
+      for (int round = 0; round < 20; ++round) {
+        for (size_t i = 0; i < texts.size(); ++i) {
+          const size_t k = (i + t * 7 + static_cast<size_t>(round)) % texts.size();
+          if (qwen3().encode(texts[k]) != expected[k]) ++mismatches[t];
+        }
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  for (const int count : mismatches) EXPECT_EQ(count, 0);
+}
+
 // ---- tiny tokenizers -------------------------------------------------------------------------------------
 
 TEST(TokenizerFormat, BothMergeFormatsEncodeAlike) {
@@ -387,6 +413,19 @@ TEST(TokenizerFormat, SplitSequenceNfcAndIgnoreMerges) {
   const Tokenizer whole = Tokenizer::load(dir.file("whole.json", tiny.to_json().dump()));
   EXPECT_EQ(whole.encode("abc12"), (std::vector<int32_t>{257, '1', '2'}));
   EXPECT_NE(whole.identity().size(), 0u);
+}
+
+TEST(TokenizerFormat, AddPrefixSpace) {
+  TempDir dir;
+  TinyBpe tiny;
+  tiny.merges = {{" ", "a"}};
+  tiny.added = {{"<s>", 300}};
+  tiny.pre_tokenizer = {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"use_regex", true}};
+  const Tokenizer tokenizer = Tokenizer::load(dir.file("tokenizer.json", tiny.to_json().dump()));
+  // Each stretch of text between added tokens gets a leading space unless it has one.
+  EXPECT_EQ(tokenizer.encode("a a"), (std::vector<int32_t>{256, 256}));
+  EXPECT_EQ(tokenizer.encode(" a<s>a"), (std::vector<int32_t>{256, 300, 256}));
+  EXPECT_EQ(tokenizer.encode("<s>"), (std::vector<int32_t>{300}));
 }
 
 // ---- malformed input -------------------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 #include <string>
 #include <vector>
 
+#include "meshtrain/cli/generate.h"
 #include "meshtrain/cli/info.h"
 #include "meshtrain/cli/prepare.h"
 #include "meshtrain/cli/train.h"
@@ -15,6 +16,7 @@ void print_usage(std::ostream& out) {
          "commands:\n"
          "  train <config> [key=value ...]  train (resumes from run_dir's newest checkpoint)\n"
          "  info <config> [key=value ...]   exact parameter counts and training FLOPs per device per step\n"
+         "  generate --checkpoint DIR --prompt TEXT [--max-new-tokens N --temperature T --top-k K --top-p P --seed S]\n"
          "  prepare [--out DIR] [--vocab-size N] [--corpus PATH]  tokenizer + token shards (default: the KJV)\n"
          "a config is a preset name (configs/models/*.yaml) or a YAML path; key=value overrides follow.\n";
 }
@@ -31,6 +33,7 @@ int main(int argc, char** argv) {
   try {
     if (words[0] == "train") return meshtrain::run_train(arguments);
     if (words[0] == "info") return meshtrain::run_info(arguments, std::cout);
+    if (words[0] == "generate") return meshtrain::run_generate(arguments, std::cout);
     if (words[0] == "prepare") return meshtrain::run_prepare(arguments, std::cout);
     std::cerr << "meshtrain: unknown command '" << words[0] << "'\n";
     print_usage(std::cerr);

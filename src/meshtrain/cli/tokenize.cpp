@@ -27,17 +27,20 @@ TokenizeArguments parse_arguments(const std::vector<std::string>& arguments) {
     if (word == "--decode") {
       parsed.decode = true;
     } else if (word == "--tokenizer" || word.starts_with("--tokenizer=")) {
-      if (have_path)
+      if (have_path) {
         fail("meshtrain tokenize --tokenizer", "one --tokenizer", "--tokenizer given twice", kUsage);
+      }
       if (word == "--tokenizer") {
-        if (i + 1 == arguments.size())
+        if (i + 1 == arguments.size()) {
           fail("meshtrain tokenize --tokenizer", "a path after --tokenizer", "nothing", kUsage);
+        }
         parsed.tokenizer_path = arguments[++i];
       } else {
         parsed.tokenizer_path = word.substr(std::string("--tokenizer=").size());
       }
-      if (parsed.tokenizer_path.empty())
+      if (parsed.tokenizer_path.empty()) {
         fail("meshtrain tokenize --tokenizer", "a path", "an empty one", kUsage);
+      }
       have_path = true;
     } else {
       fail("meshtrain tokenize", "--tokenizer PATH and optionally --decode", "'" + word + "'", kUsage);
@@ -66,8 +69,9 @@ std::vector<int32_t> parse_ids(const std::string& text) {
     fail("stdin", "a JSON array of token ids such as [9707,1879]",
          std::string("invalid JSON: ") + error.what());
   }
-  if (!ids.is_array())
+  if (!ids.is_array()) {
     fail("stdin", "a JSON array of token ids such as [9707,1879]", std::string("JSON ") + ids.type_name());
+  }
   std::vector<int32_t> out;
   out.reserve(ids.size());
   for (size_t i = 0; i < ids.size(); ++i) {

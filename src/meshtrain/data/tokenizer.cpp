@@ -100,8 +100,9 @@ bool previous_code_point(std::string_view text, size_t begin, size_t end, uint32
                          size_t& length) {
   if (end <= begin) return false;
   size_t start = end - 1;
-  while (start > begin && end - start < 4 && (static_cast<unsigned char>(text[start]) & 0xC0) == 0x80)
+  while (start > begin && end - start < 4 && (static_cast<unsigned char>(text[start]) & 0xC0) == 0x80) {
     --start;
+  }
   length = utf8_char_length(text.substr(start, end - start));
   if (length != end - start) return false;
   code_point = utf8_decode(text.data() + start, length);
@@ -187,8 +188,8 @@ bool nfc_normalize(std::string_view text, std::string& out, const std::string& w
 
 // ---- per-thread BPE cache --------------------------------------------------------------------------------
 
-// Pre-token bytes -> ids, per thread (so const encode() needs no lock) and for the last tokenizer used on
-// that thread. Bounded: when full it is emptied and refills with what the text uses now.
+// Pre-token bytes -> ids for one tokenizer, kept per thread (so const encode() needs no lock; see
+// thread_cache). Bounded: when full it is emptied and refills with what the text uses now.
 class BpeCache {
  public:
   static constexpr size_t kSlots = size_t{1} << 17;
@@ -196,6 +197,7 @@ class BpeCache {
   static constexpr size_t kMaxKeyBytes = size_t{8} << 20;
   static constexpr size_t kMaxPieceBytes = 256;  // longer pieces are rare; caching them would only churn
 
+  uint64_t owner() const { return owner_; }
   void use_for(uint64_t owner) {
     if (owner_ != owner) {
       clear();
@@ -263,6 +265,18 @@ class BpeCache {
 };
 
 std::atomic<uint64_t> next_cache_owner{1};
+
+// This thread's cache for the tokenizer `owner`. Two per thread, least recently used replaced, so a thread
+// that alternates between two tokenizers keeps both warm.
+BpeCache& thread_cache(uint64_t owner) {
+  thread_local std::array<BpeCache, 2> caches;
+  thread_local size_t last = 0;
+  if (caches[last].owner() != owner) {
+    last = 1 - last;
+    caches[last].use_for(owner);
+  }
+  return caches[last];
+}
 
 // ---- BPE merging -----------------------------------------------------------------------------------------
 
@@ -382,13 +396,12 @@ void encode_piece(const BpeModel& model, BpeCache& cache, std::string_view piece
 void encode_segment(const BpeModel& model, std::string_view segment, std::vector<int32_t>& out) {
   if (segment.empty()) return;
   std::string normalized;
-  if (model.nfc && nfc_normalize(segment, normalized, where_of(model))) segment = normalized;
+  if (model.nfc && nfc_normalize(segment, normalized, model.source_path)) segment = normalized;
   if (model.add_prefix_space && segment.front() != ' ') {
     normalized = " " + std::string(segment);
     segment = normalized;
   }
-  thread_local BpeCache cache;
-  cache.use_for(model.cache_owner);
+  BpeCache& cache = thread_cache(model.cache_owner);
   if (model.regexes.empty()) {
     encode_piece(model, cache, segment, out);
     return;
@@ -653,8 +666,9 @@ void BpeModel::finalize() {
   }
 
   vocab_size = static_cast<int64_t>(token_bytes.size());
-  for (const AddedToken& token : added_tokens)
+  for (const AddedToken& token : added_tokens) {
     vocab_size = std::max<int64_t>(vocab_size, int64_t{token.id} + 1);
+  }
   decode_table.assign(static_cast<size_t>(vocab_size), std::string());
   decode_present.assign(static_cast<size_t>(vocab_size), 0);
   for (size_t id = 0; id < token_bytes.size(); ++id) {

@@ -93,8 +93,9 @@ class TokenizerFileReader {
         return true;
       }
       case Mode::kMergePair:
-        if (pair_.size() == 2)
+        if (pair_.size() == 2) {
           return problem(merge_where(), "a merge [\"a\", \"b\"]", "more than two strings");
+        }
         pair_.push_back(std::move(value));
         return true;
       default:
@@ -105,8 +106,9 @@ class TokenizerFileReader {
   // so the loader can first report what matters more (such as another model type with another layout).
   bool start_object(size_t) {
     if (mode_ == Mode::kDom) {
-      if ((whole_document_is_vocab_ && stack_.empty()) || capture_next_ == Mode::kVocab)
+      if ((whole_document_is_vocab_ && stack_.empty()) || capture_next_ == Mode::kVocab) {
         return enter(Mode::kVocab);
+      }
       capture_next_ = Mode::kDom;
       return open(json::object());
     }
@@ -150,8 +152,9 @@ class TokenizerFileReader {
   }
   bool end_array() {
     if (mode_ == Mode::kMergePair) {
-      if (pair_.size() != 2)
+      if (pair_.size() != 2) {
         return problem(merge_where(), "a merge [\"a\", \"b\"]", "fewer than two strings");
+      }
       merges.emplace_back(std::move(pair_[0]), std::move(pair_[1]));
       mode_ = Mode::kMerges;
       return true;
@@ -401,8 +404,9 @@ void read_pre_tokenizer(const json& node, const std::string& where, BpeModel& mo
       "pre_tokenizer ByteLevel, or a Sequence of Splits (regex, behavior Isolated) ending in ByteLevel";
   if (type == "Sequence") {
     const auto inner = node.find("pretokenizers");
-    if (inner == node.end() || !inner->is_array())
+    if (inner == node.end() || !inner->is_array()) {
       fail(where, expected, "a Sequence without \"pretokenizers\"");
+    }
     for (const json& child : *inner) read_pre_tokenizer(child, where, model, byte_level);
     return;
   }
@@ -426,8 +430,9 @@ void read_pre_tokenizer(const json& node, const std::string& where, BpeModel& mo
   }
   if (type == "Split") {
     const auto pattern = node.find("pattern");
-    if (pattern == node.end() || !pattern->is_object())
+    if (pattern == node.end() || !pattern->is_object()) {
       fail(where, "a Split with a \"pattern\"", json_text(node));
+    }
     const bool has_regex = pattern->contains("Regex") && (*pattern)["Regex"].is_string();
     const bool has_string = pattern->contains("String") && (*pattern)["String"].is_string();
     if (!has_regex && !has_string) {

@@ -36,15 +36,17 @@ int32_t right_of(uint64_t pair) {
 void check_special_tokens(const std::vector<std::string>& special_tokens) {
   for (size_t i = 0; i < special_tokens.size(); ++i) {
     const std::string& token = special_tokens[i];
-    if (token.empty())
+    if (token.empty()) {
       fail("special_tokens", "non-empty special tokens", "an empty one at position " + to_text(i));
+    }
     if (!tokenizer_detail::is_valid_utf8(token)) {
       fail("special_tokens", "special tokens in valid UTF-8 (tokenizer.json is JSON)",
            "invalid UTF-8 at position " + to_text(i));
     }
     for (size_t j = 0; j < i; ++j) {
-      if (special_tokens[j] == token)
+      if (special_tokens[j] == token) {
         fail("special_tokens", "distinct special tokens", "'" + token + "' twice");
+      }
     }
   }
 }
@@ -194,13 +196,15 @@ class BpeTrainer {
     for (const int32_t w : affected) {
       std::vector<int32_t>& symbols = words_[w];
       bool holds = false;
-      for (size_t i = 0; i + 1 < symbols.size() && !holds; ++i)
+      for (size_t i = 0; i + 1 < symbols.size() && !holds; ++i) {
         holds = symbols[i] == left && symbols[i + 1] == right;
+      }
       if (!holds) continue;  // a stale entry: an earlier merge took the pair out of this word
       const int64_t frequency = frequencies_[w];
       // Take every pair of the word out and put the merged word's back; the unchanged pairs cancel below.
-      for (size_t i = 0; i + 1 < symbols.size(); ++i)
+      for (size_t i = 0; i + 1 < symbols.size(); ++i) {
         deltas_.emplace_back(pack(symbols[i], symbols[i + 1]), -frequency);
+      }
       size_t out = 0;
       for (size_t i = 0; i < symbols.size();) {
         if (i + 1 < symbols.size() && symbols[i] == left && symbols[i + 1] == right) {
@@ -232,8 +236,9 @@ class BpeTrainer {
       if (words.empty() || words.back() != w) words.push_back(w);
     }
     // The merged pair is gone from every word; drop its (now empty) entry.
-    if (const auto found = pairs_.find(pair); found != pairs_.end() && found->second.count == 0)
+    if (const auto found = pairs_.find(pair); found != pairs_.end() && found->second.count == 0) {
       pairs_.erase(found);
+    }
   }
 
   std::vector<std::vector<int32_t>> words_;

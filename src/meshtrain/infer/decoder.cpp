@@ -54,8 +54,7 @@ class Parameters {
 
 }  // namespace
 
-IncrementalDecoder::IncrementalDecoder(const Engine& engine, int64_t max_length)
-    : engine_(engine), max_length_(max_length) {
+IncrementalDecoder::IncrementalDecoder(const Engine& engine, int64_t max_length) : max_length_(max_length) {
   const ModelSpec& spec = engine.spec();
   const ModelDims& m = spec.dims;
   const Config& config = spec.config;

@@ -58,7 +58,6 @@ class IncrementalDecoder {
   void norm(float* out, const float* x, const float* scale, const float* bias, int64_t rows, int64_t width);
   void attend(const Layer& layer);
 
-  const Engine& engine_;
   bool gpt2_ = false;
   int64_t D_ = 0, H_ = 0, K_ = 0, d_ = 0, F_ = 0, V_ = 0, V_valid_ = 0, P_ = 0;
   float epsilon_ = 0.0f, rope_theta_ = 0.0f;

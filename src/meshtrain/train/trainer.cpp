@@ -87,8 +87,9 @@ std::optional<Tokenizer> load_run_tokenizer(const Config& config) {
   return tokenizer;
 }
 
-BatchLoader make_train_loader(const Config& config, int32_t eos_id) {
-  if (config.dataset_type == "synthetic") return BatchLoader::synthetic(loader_options(config, eos_id, true));
+// The train shards, resolved before anything else is loaded: a missing dataset is the first thing to report.
+std::vector<std::string> train_shards(const Config& config) {
+  if (config.dataset_type == "synthetic") return {};
   if (config.dataset_type != "tokens") {
     fail("config key 'dataset_type'", "tokens or synthetic (text corpora are tokenized by `meshtrain prepare`)",
          "'" + config.dataset_type + "'", "run `meshtrain prepare --corpus PATH` and train on its .tokens shards");
@@ -97,8 +98,12 @@ BatchLoader make_train_loader(const Config& config, int32_t eos_id) {
     fail("config key 'dataset_path'", "a .tokens shard or a folder from `meshtrain prepare`", "nothing",
          "run ./scripts/train.sh once, or `meshtrain prepare --out data/kjv`");
   }
-  return BatchLoader::from_shards(resolve_token_shards(config.dataset_path, "train"),
-                                  loader_options(config, eos_id, true));
+  return resolve_token_shards(config.dataset_path, "train");
+}
+
+BatchLoader make_train_loader(const Config& config, const std::vector<std::string>& shards, int32_t eos_id) {
+  if (config.dataset_type == "synthetic") return BatchLoader::synthetic(loader_options(config, eos_id, true));
+  return BatchLoader::from_shards(shards, loader_options(config, eos_id, true));
 }
 
 std::optional<BatchLoader> make_eval_loader(const Config& config, int32_t eos_id) {
@@ -133,14 +138,15 @@ void write_resolved_config(const Config& config, const std::string& run_dir) {
 
 }  // namespace
 
-TrainingSummary run_training(const Config& config, std::FILE* console) {
+TrainingSummary run_training(const Config& config, std::FILE* console, const RunControl& control) {
   if (config.num_threads > 0) omp_set_num_threads(static_cast<int>(config.num_threads));
   if (config.steps <= 0) fail("config key 'steps'", "a positive number of optimizer steps", std::to_string(config.steps));
+  const std::vector<std::string> shards = train_shards(config);
   const Topology topology = load_topology(config.topology);
   Engine engine(build_model_spec(config));
   const std::optional<Tokenizer> tokenizer = load_run_tokenizer(config);
   const int32_t eos_id = tokenizer && tokenizer->eos_id() ? *tokenizer->eos_id() : -1;
-  BatchLoader loader = make_train_loader(config, eos_id);
+  BatchLoader loader = make_train_loader(config, shards, eos_id);
   std::optional<BatchLoader> eval_loader = make_eval_loader(config, eos_id);
   const std::string tokenizer_identity = tokenizer ? tokenizer->identity() : "";
 
@@ -230,7 +236,7 @@ TrainingSummary run_training(const Config& config, std::FILE* console) {
     progress.update(step + 1, loss, tokens_per_second);
     const bool last = step + 1 == config.steps;
     if (!last && config.checkpoint_period > 0 && (step + 1) % config.checkpoint_period == 0) save(step + 1);
-    if (stop_signal.load() != 0) {
+    if (stop_signal.load() != 0 || step + 1 == control.stop_after_step) {
       ++step;
       summary.interrupted = true;
       break;
@@ -239,7 +245,7 @@ TrainingSummary run_training(const Config& config, std::FILE* console) {
   progress.finish();
   summary.steps_completed = step;
   if (step > state.step || summary.interrupted) save(step);
-  if (summary.interrupted) {
+  if (summary.interrupted && stop_signal.load() != 0) {
     std::fprintf(console, "stopped by signal %d after step %lld; saved %s\n", stop_signal.load(),
                  static_cast<long long>(step), summary.last_checkpoint.c_str());
   }

@@ -18,8 +18,13 @@ struct TrainingSummary {
   std::string last_checkpoint;
 };
 
+// Stops a run early as SIGINT would (finish the step, save, return): tests use it to cut a run at step k.
+struct RunControl {
+  int64_t stop_after_step = -1;  // -1: run to config.steps
+};
+
 // Runs config.steps optimizer steps (resuming from the newest committed checkpoint in run_dir). Progress
 // goes to `console`; metrics, events, traces and checkpoints under run_dir.
-TrainingSummary run_training(const Config& config, std::FILE* console);
+TrainingSummary run_training(const Config& config, std::FILE* console, const RunControl& control = {});
 
 }  // namespace meshtrain

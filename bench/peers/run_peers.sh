@@ -1,0 +1,231 @@
+#!/usr/bin/env bash
+# Peer benchmark: training tokens/s and MFU of GPT-2 124M (fp32, AdamW, 2 threads) for meshtrain, llm.c's CPU
+# trainer and PyTorch, measured back to back in one run. See bench/peers/README.md.
+#
+# Usage: bench/peers/run_peers.sh [options]
+#   --llmc DIR          a checkout of karpathy/llm.c; the script builds train_gpt2 there (peer skipped if absent)
+#   --steps N           steps per run, the first one untimed (default 6)
+#   --shapes "BxT ..."  batch x sequence shapes (default "4x64 8x256")
+#   --build DIR         meshtrain build directory (default <repo>/build); the binary is not rebuilt
+#   --out DIR           logs and results (default /tmp/meshtrain_peers/<date-time>)
+#   --threads N         OMP_NUM_THREADS for every peer (default 2)
+#   --peers "LIST"      subset of "meshtrain llm.c pytorch" (default all three)
+#   --coretype-unset    add a second pass with OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE removed
+#   --only-coretype-unset  run only that second pass
+#   --peak-gflops G     the peak the MFU column divides by (default 460, see README)
+#   --quiet-wait S      before each run wait up to S s for the machine to be < 15% busy (default 60)
+#   --timeout S         per-run wall-clock limit (default 1800)
+# Always exits 0: a peer that is missing or fails is reported in the table.
+set -u
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+repo=$(cd "$here/../.." && pwd)
+
+llmc=""
+steps=6
+shapes="4x64 8x256"
+build="$repo/build"
+out=""
+threads=2
+peers="meshtrain llm.c pytorch"
+pass_inherited=1
+pass_unset=0
+peak=460
+quiet_wait=60
+timeout_s=1800
+
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --llmc) llmc=$2; shift 2 ;;
+    --steps) steps=$2; shift 2 ;;
+    --shapes) shapes=$2; shift 2 ;;
+    --build) build=$2; shift 2 ;;
+    --out) out=$2; shift 2 ;;
+    --threads) threads=$2; shift 2 ;;
+    --peers) peers=$2; shift 2 ;;
+    --coretype-unset) pass_unset=1; shift ;;
+    --only-coretype-unset) pass_unset=1; pass_inherited=0; shift ;;
+    --peak-gflops) peak=$2; shift 2 ;;
+    --quiet-wait) quiet_wait=$2; shift 2 ;;
+    --timeout) timeout_s=$2; shift 2 ;;
+    -h|--help) sed -n '2,20p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "run_peers.sh: unknown argument '$1' (see --help)" >&2; exit 0 ;;
+  esac
+done
+if ! [ "$steps" -ge 2 ] 2>/dev/null; then echo "run_peers.sh: --steps must be >= 2" >&2; exit 0; fi
+
+# Python for the helpers (stdlib only) and for PyTorch/numpy: Debian's, where python3-torch imports.
+syspy=/usr/bin/python3
+[ -x "$syspy" ] || syspy=$(command -v python3)
+helper() { "$syspy" "$here/peers.py" "$@"; }
+
+out=${out:-/tmp/meshtrain_peers/$(date +%Y%m%d-%H%M%S)}
+mkdir -p "$out"
+results="$out/results.jsonl"
+: > "$results"
+summary="$out/summary.txt"
+
+has_peer() { case " $peers " in *" $1 "*) return 0 ;; esac; return 1; }
+
+wait_for_quiet() {
+  local waited=0 busy
+  while :; do
+    busy=$(helper busy)
+    [ "${busy:-100}" -lt 15 ] && return 0
+    if [ "$waited" -ge "$quiet_wait" ]; then
+      echo "   (machine still ${busy}% busy after ${waited}s; measuring anyway)"
+      return 0
+    fi
+    sleep 4; waited=$((waited + 5))
+  done
+}
+
+{
+  echo "# peer benchmark, $(date '+%Y-%m-%d %H:%M:%S %Z')"
+  echo "# machine: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'), family $(grep -m1 'cpu family' /proc/cpuinfo | cut -d: -f2 | tr -d ' ')"
+  echo "# uptime: $(uptime)"
+  echo "# meshtrain: $(git -C "$repo" rev-parse --short HEAD 2>/dev/null)$(git -C "$repo" diff --quiet 2>/dev/null || echo ' (+ uncommitted changes)'), binary $build/meshtrain"
+  echo "# caller env: OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE-<unset>} OPENBLAS_L2_SIZE=${OPENBLAS_L2_SIZE-<unset>}"
+  echo "# steps $steps (first untimed), shapes: $shapes, threads $threads, out: $out"
+} | tee "$summary"
+
+# ---------------------------------------------------------------- llm.c: inputs and per-shape builds
+llmc_ok=0
+llmc_note=""
+if has_peer llm.c; then
+  if [ -z "$llmc" ]; then
+    llmc_note="no --llmc DIR given"
+  elif [ ! -f "$llmc/train_gpt2.c" ] || [ ! -f "$llmc/Makefile" ]; then
+    llmc_note="$llmc has no train_gpt2.c/Makefile"
+  else
+    llmc=$(cd "$llmc" && pwd)
+    work="$llmc/peerbench"
+    mkdir -p "$work"
+    echo "== llm.c: make train_gpt2 in $llmc (OpenMP)"
+    if ! (cd "$llmc" && make train_gpt2 > "$work/make_train_gpt2.log" 2>&1); then
+      llmc_note="make train_gpt2 failed (see $work/make_train_gpt2.log)"
+    elif ! grep -q "OpenMP found" "$work/make_train_gpt2.log" && ! grep -q -- "-fopenmp" "$work/make_train_gpt2.log"; then
+      # make printed nothing new when train_gpt2 was up to date: ask it for the command line instead.
+      if ! (cd "$llmc" && make -n -B train_gpt2 2>/dev/null | grep -q -- "-fopenmp"); then
+        llmc_note="train_gpt2 builds without OpenMP"
+      fi
+    fi
+    if [ -z "$llmc_note" ]; then
+      grep -E "OpenMP|^(cc|gcc|clang)" "$work/make_train_gpt2.log" | sed 's/^/   /'
+      expect=$(( 256 * 4 + 124475904 * 4 ))
+      if [ "$(stat -c %s "$work/gpt2_124M.bin" 2>/dev/null || echo 0)" != "$expect" ] \
+         || [ ! -f "$work/dev/data/tinyshakespeare/tiny_shakespeare_val.bin" ]; then
+        echo "== llm.c: writing random gpt2_124M.bin and token files into $work"
+        "$syspy" "$here/make_llmc_inputs.py" "$work" || llmc_note="make_llmc_inputs.py failed"
+      fi
+    fi
+    if [ -z "$llmc_note" ]; then
+      # train_gpt2.c hard-codes B=4, T=64 and 41 steps and takes no flags; build one copy per shape (in
+      # $work, never in this repo) with B, T and the step count substituted, 1 validation batch instead
+      # of 5 (untimed), and no sampling. Compiled with the Makefile's own CC/CFLAGS/LDLIBS.
+      printf '%s\n' 'peerbench/%: peerbench/%.c' \
+        "	\$(CC) \$(CFLAGS) \$(INCLUDES) -I. \$(LDFLAGS) \$^ \$(LDLIBS) \$(OUTPUT_FILE)" > "$work/peerbench.mk"
+      llmc_ok=1
+    fi
+  fi
+  [ -n "$llmc_note" ] && echo "== llm.c: skipped: $llmc_note"
+fi
+
+build_llmc_shape() {  # B T -> prints the binary path, or returns 1
+  local b=$1 t=$2 name src
+  name="train_gpt2_b${b}_t${t}_s${steps}"
+  src="$work/$name.c"
+  sed -e "s/^\(\s*\)int B = 4;/\1int B = $b;/" \
+      -e "s/^\(\s*\)int T = 64;/\1int T = $t;/" \
+      -e "s/step <= 40; step++/step < $steps; step++/" \
+      -e "s/int val_num_batches = 5;/int val_num_batches = 1;/" \
+      -e "s/if (step > 0 && step % 20 == 0)/if (0)/" \
+      "$llmc/train_gpt2.c" > "$src"
+  if ! grep -q "int B = $b;" "$src" || ! grep -q "int T = $t;" "$src" || ! grep -q "step < $steps; step++" "$src" \
+     || ! grep -q "if (0)" "$src"; then
+    echo "   llm.c: train_gpt2.c no longer has the lines this script edits" >&2
+    return 1
+  fi
+  (cd "$llmc" && make -f Makefile -f peerbench/peerbench.mk "peerbench/$name" > "$work/make_$name.log" 2>&1) \
+    || { echo "   llm.c: build of $name failed (see $work/make_$name.log)" >&2; return 1; }
+  echo "$work/$name"
+}
+
+# ---------------------------------------------------------------- one pass
+run_pass() {  # pass-name env-prefix...
+  local pass=$1; shift
+  local envp=("$@") shape b t
+  # env(1) with no options still works: `env OMP_NUM_THREADS=2 cmd`.
+  echo | tee -a "$summary"
+  echo "=== pass '$pass': env ${envp[*]:-as inherited} OMP_NUM_THREADS=$threads" | tee -a "$summary"
+  for shape in $shapes; do
+    b=${shape%x*}; t=${shape#*x}
+    # meshtrain
+    if has_peer meshtrain; then
+      local rd="$out/meshtrain_${pass}_${shape}"
+      rm -rf "$rd"
+      if [ ! -x "$build/meshtrain" ]; then
+        helper run --results "$results" --pass "$pass" --peer meshtrain --batch "$b" --seq "$t" \
+          --log /dev/null --status missing --note "no $build/meshtrain (cmake --build build --target meshtrain)"
+      else
+        wait_for_quiet
+        echo "-- meshtrain $shape ($(uptime | sed 's/.*load/load/'))"
+        helper run --results "$results" --pass "$pass" --peer meshtrain --batch "$b" --seq "$t" \
+          --log "$out/meshtrain_${pass}_${shape}.log" --metrics "$rd/metrics.jsonl" --timeout "$timeout_s" -- \
+          env "${envp[@]}" OMP_NUM_THREADS="$threads" "$build/meshtrain" train gpt2-124m dataset_type=synthetic \
+          per_device_batch_size="$b" max_target_length="$t" steps="$steps" enable_checkpointing=false run_dir="$rd"
+      fi
+    fi
+    # llm.c
+    if has_peer llm.c; then
+      local exe=""
+      if [ "$llmc_ok" = 1 ]; then
+        exe=$(build_llmc_shape "$b" "$t") || exe=""
+      fi
+      if [ -z "$exe" ]; then
+        local st=missing
+        [ "$llmc_ok" = 1 ] && st=failed
+        helper run --results "$results" --pass "$pass" --peer llm.c --batch "$b" --seq "$t" --log /dev/null \
+          --status "$st" --note "${llmc_note:-build failed, see $work/make_*.log}"
+      else
+        wait_for_quiet
+        echo "-- llm.c $shape ($(uptime | sed 's/.*load/load/'))"
+        helper run --results "$results" --pass "$pass" --peer llm.c --batch "$b" --seq "$t" \
+          --log "$out/llmc_${pass}_${shape}.log" --timeout "$timeout_s" -- \
+          bash -c 'cd "$1" && shift && exec "$@"' _ "$work" \
+          env "${envp[@]}" OMP_NUM_THREADS="$threads" "$exe"
+      fi
+    fi
+    # PyTorch
+    if has_peer pytorch; then
+      if ! "$syspy" -c 'import torch' 2>/dev/null; then
+        helper run --results "$results" --pass "$pass" --peer pytorch --batch "$b" --seq "$t" --log /dev/null \
+          --status missing --note "$syspy cannot import torch (apt-get install python3-torch)"
+      else
+        wait_for_quiet
+        echo "-- pytorch $shape ($(uptime | sed 's/.*load/load/'))"
+        helper run --results "$results" --pass "$pass" --peer pytorch --batch "$b" --seq "$t" \
+          --log "$out/pytorch_${pass}_${shape}.log" --timeout "$timeout_s" -- \
+          env "${envp[@]}" OMP_NUM_THREADS="$threads" \
+          LD_LIBRARY_PATH="/usr/lib/x86_64-linux-gnu/openblas-openmp${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+          "$syspy" "$here/torch_gpt2.py" --batch "$b" --seq "$t" --steps "$steps" --threads "$threads"
+      fi
+    fi
+  done
+}
+
+if [ "$pass_inherited" = 1 ]; then
+  run_pass "env-as-is"
+fi
+if [ "$pass_unset" = 1 ]; then
+  run_pass "coretype-unset" -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE
+fi
+
+{
+  echo
+  echo "# uptime at end: $(uptime)"
+  echo
+  helper table --results "$results" --peak-gflops "$peak"
+} | tee -a "$summary"
+echo "(results: $results, logs: $out)"
+exit 0
