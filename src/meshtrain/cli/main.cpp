@@ -6,7 +6,9 @@
 #include "meshtrain/cli/generate.h"
 #include "meshtrain/cli/info.h"
 #include "meshtrain/cli/prepare.h"
+#include "meshtrain/cli/tokenize.h"
 #include "meshtrain/cli/train.h"
+#include "meshtrain/config/config.h"
 #include "meshtrain/core/error.h"
 
 namespace {
@@ -18,6 +20,7 @@ void print_usage(std::ostream& out) {
          "  info <config> [key=value ...]   exact parameter counts and training FLOPs per device per step\n"
          "  generate --checkpoint DIR --prompt TEXT [--max-new-tokens N --temperature T --top-k K --top-p P --seed S]\n"
          "  prepare [--out DIR] [--vocab-size N] [--corpus PATH]  tokenizer + token shards (default: the KJV)\n"
+         "  tokenize --tokenizer PATH [--decode]  stdin text -> JSON ids on stdout (or the reverse)\n"
          "a config is a preset name (configs/models/*.yaml) or a YAML path; key=value overrides follow.\n";
 }
 
@@ -34,12 +37,17 @@ int main(int argc, char** argv) {
     if (words[0] == "train") return meshtrain::run_train(arguments);
     if (words[0] == "info") return meshtrain::run_info(arguments, std::cout);
     if (words[0] == "generate") return meshtrain::run_generate(arguments, std::cout);
+    if (words[0] == "tokenize") return meshtrain::run_tokenize(arguments, std::cin, std::cout);
     if (words[0] == "prepare") return meshtrain::run_prepare(arguments, std::cout);
-    std::cerr << "meshtrain: unknown command '" << words[0] << "'\n";
+    std::cerr << "meshtrain: unknown command '" << words[0] << "' (did you mean '"
+              << meshtrain::closest_name(words[0], {"train", "info", "generate", "tokenize", "prepare"}) << "'?)\n";
     print_usage(std::cerr);
     return 2;
   } catch (const meshtrain::MeshError& error) {
     std::cerr << "meshtrain: error: " << error.what() << "\n";
     return 1;
+  } catch (const std::exception& error) {
+    std::cerr << "meshtrain: internal error (please report it): " << error.what() << "\n";
+    return 3;
   }
 }
