@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -96,12 +97,30 @@ TEST(TrainingStep, AccumulationOverFourMicroBatchesEqualsOneLargeBatch) {
     const double loss_error = std::fabs(sums_small.loss_sum - sums_large.loss_sum) / sums_large.loss_sum;
     testing::report_error("GA=4 vs batch 4b: loss, step " + std::to_string(step), loss_error, 1e-6);
     EXPECT_LT(loss_error, 1e-6);
+    // Gradients are compared, not the parameters after AdamW: Adam divides by sqrt(v), which turns the
+    // rounding noise of near-zero gradients into full-size steps of either sign.
+    for (size_t p = 0; p < accumulated.spec().parameters.size(); ++p) {
+      const TensorView a = accumulated.view(accumulated.spec().parameters[p].gradient);
+      const TensorView b = single.view(single.spec().parameters[p].gradient);
+      const double gradient_error = testing::relative_error(std::vector<float>(a.f32(), a.f32() + a.elements()),
+                                                            std::vector<float>(b.f32(), b.f32() + b.elements()));
+      EXPECT_LT(gradient_error, 1e-5) << accumulated.spec().buffer(accumulated.spec().parameters[p].value).name
+                                      << " step " << step;
+    }
     const UpdateResult a = accumulated.update(sums_small.valid_count, 1e-2, step);
     const UpdateResult b = single.update(sums_large.valid_count, 1e-2, step);
-    EXPECT_LT(std::fabs(a.raw_grad_norm - b.raw_grad_norm) / b.raw_grad_norm, 1e-5);
-    const double parameter_error = testing::relative_error(all_parameters(accumulated), all_parameters(single));
-    testing::report_error("GA=4 vs batch 4b: parameters, step " + std::to_string(step), parameter_error, 1e-5);
-    EXPECT_LT(parameter_error, 1e-5);
+    const double norm_error = std::fabs(a.raw_grad_norm - b.raw_grad_norm) / b.raw_grad_norm;
+    testing::report_error("GA=4 vs batch 4b: gradient norm, step " + std::to_string(step), norm_error, 1e-6);
+    EXPECT_LT(norm_error, 1e-6);
+    // Re-synchronise, so that every step compares the two paths from the same parameters and moments.
+    for (size_t p = 0; p < single.spec().parameters.size(); ++p) {
+      const ParameterDecl& from = single.spec().parameters[p];
+      const ParameterDecl& to = accumulated.spec().parameters[p];
+      for (const auto& [source, destination] : {std::pair{from.value, to.value}, std::pair{from.adam_m, to.adam_m},
+                                                 std::pair{from.adam_v, to.adam_v}}) {
+        std::memcpy(accumulated.view(destination).data, single.view(source).data, single.view(source).bytes());
+      }
+    }
     small_loader.advance();
     large_loader.advance();
   }
