@@ -26,6 +26,14 @@ grep -q "resuming from .*step_00000004" "$work/resume.log"
 test "$(wc -l <"$work/run/metrics.jsonl")" -eq 6
 "$meshtrain" generate --checkpoint "$work/run" --prompt "And God said" --max-new-tokens 8 --seed 1 | tee "$work/sample.txt"
 grep -q "^And God said" "$work/sample.txt"
+# dataset_type=text: the user's own text files, tokenized at start with the given tokenizer.
+mkdir -p "$work/texts"
+for book in gen exo lev num; do bible -f "${book}1:1-${book}3:10" | cut -d' ' -f2- >"$work/texts/$book.txt"; done
+"$meshtrain" train qwen3-tiny dataset_type=text dataset_path="$work/texts" eval_dataset_path= \
+  tokenizer_path="$work/kjv/tokenizer.json" vocab_size=2048 per_device_batch_size=4 max_target_length=64 \
+  eval_interval=0 run_dir="$work/textrun" steps=2 | tee "$work/text.log"
+test -f "$work/textrun/data/train.tokens"
+test "$(wc -l <"$work/textrun/metrics.jsonl")" -eq 2
 # Round trip through the trained tokenizer.
 printf 'In the beginning God created the heaven and the earth.' >"$work/text"
 "$meshtrain" tokenize --tokenizer "$work/kjv/tokenizer.json" <"$work/text" >"$work/ids.json"

@@ -12,7 +12,9 @@
 #include <optional>
 
 #include "meshtrain/core/error.h"
+#include "meshtrain/data/corpus.h"
 #include "meshtrain/data/loader.h"
+#include "meshtrain/data/shards.h"
 #include "meshtrain/data/tokenizer.h"
 #include "meshtrain/plan/topology.h"
 #include "meshtrain/train/checkpoint.h"
@@ -88,17 +90,40 @@ std::optional<Tokenizer> load_run_tokenizer(const Config& config) {
 }
 
 // The train shards, resolved before anything else is loaded: a missing dataset is the first thing to report.
+// dataset_type=text has none yet: its corpus is tokenized after the tokenizer is loaded.
 std::vector<std::string> train_shards(const Config& config) {
-  if (config.dataset_type == "synthetic") return {};
+  if (config.dataset_type == "synthetic" || config.dataset_type == "text") return {};
   if (config.dataset_type != "tokens") {
-    fail("config key 'dataset_type'", "tokens or synthetic (text corpora are tokenized by `meshtrain prepare`)",
-         "'" + config.dataset_type + "'", "run `meshtrain prepare --corpus PATH` and train on its .tokens shards");
+    fail("config key 'dataset_type'", "text, tokens or synthetic", "'" + config.dataset_type + "'",
+         "did you mean '" + closest_name(config.dataset_type, {"text", "tokens", "synthetic"}) + "'?");
   }
   if (config.dataset_path.empty()) {
     fail("config key 'dataset_path'", "a .tokens shard or a folder from `meshtrain prepare`", "nothing",
          "run ./scripts/train.sh once, or `meshtrain prepare --out data/kjv`");
   }
   return resolve_token_shards(config.dataset_path, "train");
+}
+
+// dataset_type=text: the corpus (dataset_path's text files, or the King James Bible when empty) tokenized
+// with the run's tokenizer into run_dir/data/{train,validation}.tokens, rebuilt at every start. For large
+// corpora `meshtrain prepare` once and dataset_type=tokens is the better path.
+std::string tokenize_text_dataset(const Config& config, const Tokenizer& tokenizer, int32_t eos_id) {
+  if (eos_id < 0) {
+    fail(tokenizer.source_path(), "a tokenizer with an end-of-text token (<|endoftext|>)", "none",
+         "dataset_type=text packs documents with EOS between them");
+  }
+  const Corpus corpus = load_corpus(config.dataset_path, 0.05);
+  const std::string dir = config.run_dir + "/data";
+  fs::create_directories(dir);
+  const auto encode_all = [&](const std::vector<Document>& documents) {
+    std::vector<std::vector<int32_t>> ids(documents.size());
+#pragma omp parallel for schedule(dynamic)
+    for (size_t i = 0; i < documents.size(); ++i) ids[i] = tokenizer.encode(documents[i].text);
+    return ids;
+  };
+  write_token_shard(dir + "/train.tokens", encode_all(corpus.train), eos_id);
+  write_token_shard(dir + "/validation.tokens", encode_all(corpus.validation), eos_id);
+  return dir;
 }
 
 BatchLoader make_train_loader(const Config& config, const std::vector<std::string>& shards, int32_t eos_id) {
@@ -146,8 +171,15 @@ TrainingSummary run_training(const Config& config, std::FILE* console, const Run
   Engine engine(build_model_spec(config));
   const std::optional<Tokenizer> tokenizer = load_run_tokenizer(config);
   const int32_t eos_id = tokenizer && tokenizer->eos_id() ? *tokenizer->eos_id() : -1;
-  BatchLoader loader = make_train_loader(config, shards, eos_id);
-  std::optional<BatchLoader> eval_loader = make_eval_loader(config, eos_id);
+  Config data_config = config;
+  std::vector<std::string> train_shard_paths = shards;
+  if (config.dataset_type == "text") {
+    data_config.dataset_path = data_config.eval_dataset_path = tokenize_text_dataset(config, *tokenizer, eos_id);
+    data_config.dataset_type = "tokens";
+    train_shard_paths = resolve_token_shards(data_config.dataset_path, "train");
+  }
+  BatchLoader loader = make_train_loader(data_config, train_shard_paths, eos_id);
+  std::optional<BatchLoader> eval_loader = make_eval_loader(data_config, eos_id);
   const std::string tokenizer_identity = tokenizer ? tokenizer->identity() : "";
 
   fs::create_directories(config.run_dir);
