@@ -14,6 +14,8 @@
 #   --only-coretype-unset  run only that second pass
 #   --peak-gflops G     the peak the MFU column divides by (default 460, see README)
 #   --quiet-wait S      before each run wait up to S s for the machine to be < 15% busy (default 60)
+#   --retries R         run again (up to R times) when other processes took > 10% of the CPUs meanwhile,
+#                       and keep the least disturbed try (default 1)
 #   --timeout S         per-run wall-clock limit (default 1800)
 # Always exits 0: a peer that is missing or fails is reported in the table.
 set -u
@@ -33,6 +35,7 @@ pass_unset=0
 peak=460
 quiet_wait=60
 timeout_s=1800
+retries=1
 
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -48,7 +51,8 @@ while [ $# -gt 0 ]; do
     --peak-gflops) peak=$2; shift 2 ;;
     --quiet-wait) quiet_wait=$2; shift 2 ;;
     --timeout) timeout_s=$2; shift 2 ;;
-    -h|--help) sed -n '2,20p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --retries) retries=$2; shift 2 ;;
+    -h|--help) sed -n '2,22p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "run_peers.sh: unknown argument '$1' (see --help)" >&2; exit 0 ;;
   esac
 done
@@ -65,20 +69,9 @@ results="$out/results.jsonl"
 : > "$results"
 summary="$out/summary.txt"
 
-has_peer() { case " $peers " in *" $1 "*) return 0 ;; esac; return 1; }
+runopts=(--results "$results" --timeout "$timeout_s" --quiet-wait "$quiet_wait" --retries "$retries")
 
-wait_for_quiet() {
-  local waited=0 busy
-  while :; do
-    busy=$(helper busy)
-    [ "${busy:-100}" -lt 15 ] && return 0
-    if [ "$waited" -ge "$quiet_wait" ]; then
-      echo "   (machine still ${busy}% busy after ${waited}s; measuring anyway)"
-      return 0
-    fi
-    sleep 4; waited=$((waited + 5))
-  done
-}
+has_peer() { case " $peers " in *" $1 "*) return 0 ;; esac; return 1; }
 
 {
   echo "# peer benchmark, $(date '+%Y-%m-%d %H:%M:%S %Z')"
@@ -168,10 +161,8 @@ run_pass() {  # pass-name env-prefix...
         helper run --results "$results" --pass "$pass" --peer meshtrain --batch "$b" --seq "$t" \
           --log /dev/null --status missing --note "no $build/meshtrain (cmake --build build --target meshtrain)"
       else
-        wait_for_quiet
-        echo "-- meshtrain $shape ($(uptime | sed 's/.*load/load/'))"
-        helper run --results "$results" --pass "$pass" --peer meshtrain --batch "$b" --seq "$t" \
-          --log "$out/meshtrain_${pass}_${shape}.log" --metrics "$rd/metrics.jsonl" --timeout "$timeout_s" -- \
+        helper run "${runopts[@]}" --pass "$pass" --peer meshtrain --batch "$b" --seq "$t" \
+          --log "$out/meshtrain_${pass}_${shape}.log" --metrics "$rd/metrics.jsonl" --clean "$rd" -- \
           env "${envp[@]}" OMP_NUM_THREADS="$threads" "$build/meshtrain" train gpt2-124m dataset_type=synthetic \
           per_device_batch_size="$b" max_target_length="$t" steps="$steps" enable_checkpointing=false run_dir="$rd"
       fi
@@ -188,10 +179,8 @@ run_pass() {  # pass-name env-prefix...
         helper run --results "$results" --pass "$pass" --peer llm.c --batch "$b" --seq "$t" --log /dev/null \
           --status "$st" --note "${llmc_note:-build failed, see $work/make_*.log}"
       else
-        wait_for_quiet
-        echo "-- llm.c $shape ($(uptime | sed 's/.*load/load/'))"
-        helper run --results "$results" --pass "$pass" --peer llm.c --batch "$b" --seq "$t" \
-          --log "$out/llmc_${pass}_${shape}.log" --timeout "$timeout_s" -- \
+        helper run "${runopts[@]}" --pass "$pass" --peer llm.c --batch "$b" --seq "$t" \
+          --log "$out/llmc_${pass}_${shape}.log" -- \
           bash -c 'cd "$1" && shift && exec "$@"' _ "$work" \
           env "${envp[@]}" OMP_NUM_THREADS="$threads" "$exe"
       fi
@@ -202,10 +191,8 @@ run_pass() {  # pass-name env-prefix...
         helper run --results "$results" --pass "$pass" --peer pytorch --batch "$b" --seq "$t" --log /dev/null \
           --status missing --note "$syspy cannot import torch (apt-get install python3-torch)"
       else
-        wait_for_quiet
-        echo "-- pytorch $shape ($(uptime | sed 's/.*load/load/'))"
-        helper run --results "$results" --pass "$pass" --peer pytorch --batch "$b" --seq "$t" \
-          --log "$out/pytorch_${pass}_${shape}.log" --timeout "$timeout_s" -- \
+        helper run "${runopts[@]}" --pass "$pass" --peer pytorch --batch "$b" --seq "$t" \
+          --log "$out/pytorch_${pass}_${shape}.log" -- \
           env "${envp[@]}" OMP_NUM_THREADS="$threads" \
           LD_LIBRARY_PATH="/usr/lib/x86_64-linux-gnu/openblas-openmp${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
           "$syspy" "$here/torch_gpt2.py" --batch "$b" --seq "$t" --steps "$steps" --threads "$threads"

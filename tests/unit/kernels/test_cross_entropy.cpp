@@ -163,6 +163,33 @@ TEST(CrossEntropy, FastMatchesReference) {
   report_error("fast vs reference: dw only (worst config)", worst_dw_only, bound);
 }
 
+TEST(CrossEntropy, FastMatchesReferenceAtLargeVocabAndSpread) {
+  // The row softmax runs in blocks of 16 lanes plus a tail: 1037 valid columns are 64 blocks and 13 more.
+  // h scaled by 32 (exact in float) spreads the logits over about +-180, so most exponentials underflow to 0
+  // and the row maxima land in different lanes and in the tail.
+  const double bound = 1e-5;
+  for (UnembedLayout layout : kLayouts) {
+    Problem problem(9, 8, 1100, 1037, layout, 41);
+    for (double& value : problem.h) value *= 32.0;
+    for (int64_t chunk : {4, 9}) {
+      const std::string name = std::string(layout_name(layout)) + " chunk " + std::to_string(chunk);
+      std::vector<double> ref_dh(problem.h.size(), 0.0), ref_dw(problem.w.size(), 0.0);
+      const CrossEntropySums ref = problem.reference(&ref_dh, &ref_dw);
+      std::vector<float> dh(problem.h.size(), 7.0f), dw(problem.w.size(), 0.0f);
+      const CrossEntropySums sums = problem.fast(&dh, &dw, chunk);
+      const double loss_error = std::fabs(sums.loss_sum - ref.loss_sum) / std::fabs(ref.loss_sum);
+      const double dh_error = relative_error(dh, ref_dh), dw_error = relative_error(dw, ref_dw);
+      report_error("large vocab and spread: loss " + name, loss_error, bound);
+      report_error("large vocab and spread: dh " + name, dh_error, bound);
+      report_error("large vocab and spread: dw " + name, dw_error, bound);
+      EXPECT_LT(loss_error, bound) << name;
+      EXPECT_LT(dh_error, bound) << name;
+      EXPECT_LT(dw_error, bound) << name;
+      EXPECT_EQ(problem.fast(nullptr, nullptr, chunk).loss_sum, sums.loss_sum) << name;
+    }
+  }
+}
+
 TEST(CrossEntropy, PaddingColumnsGetExactlyZeroGradient) {
   for (UnembedLayout layout : kLayouts) {
     Problem problem(13, 8, 24, 19, layout, 41);

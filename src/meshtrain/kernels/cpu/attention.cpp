@@ -35,12 +35,12 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
 
 #include "meshtrain/core/error.h"
+#include "meshtrain/kernels/cpu/fast_math.h"
 
 namespace meshtrain::kernels {
 namespace {
@@ -75,33 +75,6 @@ inline void pin_register(Vec& value) {
 #else
   (void)value;
 #endif
-}
-
-// exp(x) in plain arithmetic so `omp simd` loops vectorise it (std::exp is a scalar libm call at -O2).
-// Cephes expf: x = n ln2 + r with |r| <= ln2/2, degree-6 polynomial for exp(r), 2^n built in the exponent
-// bits; within 1 ulp of exp over [-87, 10] (checked exhaustively on a 1/64 subsample), exactly 1 at 0.
-// Results below the smallest normal float (x < -87, which includes masked -inf scores) return exactly 0, so
-// masked entries contribute nothing.
-inline float exp_approx(float x) {
-  constexpr float kLowest = -87.0f, kHighest = 88.0f;
-  const bool underflow = x < kLowest;
-  float clamped = underflow ? kLowest : x;
-  clamped = clamped > kHighest ? kHighest : clamped;
-  // Round to nearest integer by adding 1.5 * 2^23 (pushes the fraction bits out of the mantissa).
-  constexpr float kRound = 12582912.0f;
-  const float n = (clamped * 1.44269504088896341f + kRound) - kRound;
-  float r = clamped - n * 0.693359375f;  // ln2 split in a short high part (exact product) ...
-  r = r - n * -2.12194440e-4f;           // ... and the remainder
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  // n is in [-126, 127] after the clamp, so the biased exponent is a normal float's.
-  const float two_to_n = std::bit_cast<float>((static_cast<int32_t>(n) + 127) << 23);
-  return underflow ? 0.0f : p * two_to_n;
 }
 
 // Range of positions and segment ids over rows [begin, end) of one sequence; the skip tests below only

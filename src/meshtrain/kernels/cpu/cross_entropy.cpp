@@ -5,6 +5,8 @@
 #include <climits>
 #include <cstring>
 
+#include "meshtrain/kernels/cpu/fast_math.h"
+
 namespace meshtrain::kernels {
 namespace {
 
@@ -19,6 +21,56 @@ void chunk_logits(float* logits, blasint ld_out, const float* h, const float* w,
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, vocab_valid, D, 1.0f, h, D, w, D, 0.0f, logits,
                 ld_out);
   }
+}
+
+// Row helpers of the softmax, written with GCC/Clang vector extensions (16 floats, split by the compiler on
+// targets without AVX-512): GCC does not vectorise an `omp simd reduction(max)` over floats without
+// -ffast-math, nor reliably a float -> double sum next to exp_approx (measured: 0.47 and 2.3 ns per element
+// as scalar code, 0.03 and 0.3 here). Vectors never cross a function boundary.
+typedef float Floats __attribute__((vector_size(64)));
+typedef double Doubles __attribute__((vector_size(64)));
+typedef float HalfFloats __attribute__((vector_size(32)));
+constexpr int64_t kLanes = 16;
+
+// max of row[0, count), count >= 1. Max is exact, so the lane order does not matter.
+float row_maximum(const float* row, int64_t count) {
+  float result = row[0];
+  int64_t v = 0;
+  if (count >= kLanes) {
+    Floats lanes;
+    std::memcpy(&lanes, row, sizeof lanes);
+    for (v = kLanes; v + kLanes <= count; v += kLanes) {
+      Floats next;
+      std::memcpy(&next, row + v, sizeof next);
+      lanes = lanes < next ? next : lanes;
+    }
+    for (int64_t lane = 0; lane < kLanes; ++lane) result = std::max(result, lanes[lane]);
+  }
+  for (; v < count; ++v) result = std::max(result, row[v]);
+  return result;
+}
+
+// row[v] = exp(row[v] - shift) for v < count; returns their sum, accumulated in double: 16 lanes (two vectors
+// of 8) over the full blocks of 16, the tail in order, then the lanes in order. A fixed order, so the sum
+// depends only on the row.
+double exponentiate_and_sum(float* row, int64_t count, float shift) {
+#pragma omp simd
+  for (int64_t v = 0; v < count; ++v) row[v] = exp_approx(row[v] - shift);
+  Doubles low = {}, high = {};
+  int64_t v = 0;
+  for (; v + kLanes <= count; v += kLanes) {
+    HalfFloats first, second;
+    std::memcpy(&first, row + v, sizeof first);
+    std::memcpy(&second, row + v + kLanes / 2, sizeof second);
+    low += __builtin_convertvector(first, Doubles);
+    high += __builtin_convertvector(second, Doubles);
+  }
+  double tail = 0.0;
+  for (; v < count; ++v) tail += static_cast<double>(row[v]);
+  double total = 0.0;
+  for (int64_t lane = 0; lane < kLanes / 2; ++lane) total += low[lane];
+  for (int64_t lane = 0; lane < kLanes / 2; ++lane) total += high[lane];
+  return total + tail;
 }
 
 void check_blas_sizes(int64_t D, int64_t V, int64_t rows) {
@@ -71,22 +123,19 @@ CrossEntropySums unembed_cross_entropy(float* dh, float* dw, const float* h, con
       const bool counts = loss_mask == nullptr || loss_mask[start + r] != 0;
       double loss = 0.0;
       if (counts || want_gradients) {
-        // Stable log-softmax: shift by the row maximum so exp never overflows.
-        float max_logit = row[0];
-        for (int64_t v = 1; v < vocab_valid; ++v) max_logit = std::max(max_logit, row[v]);
+        // Stable log-softmax: shift by the row maximum so exp never overflows. The exponentials are always
+        // stored (the chunk's logits are scratch), so the eval-only pass and the pass with gradients run the
+        // same code and give bitwise equal losses.
+        const float max_logit = row_maximum(row, vocab_valid);
         const float target_logit = counts ? row[targets[start + r]] : 0.0f;
-        double sum_exp = 0.0;
-        for (int64_t v = 0; v < vocab_valid; ++v) {
-          const float e = std::exp(row[v] - max_logit);
-          sum_exp += static_cast<double>(e);
-          if (want_gradients) row[v] = e;  // kept for softmax = e / sum_exp below
-        }
+        const double sum_exp = exponentiate_and_sum(row, vocab_valid, max_logit);
         if (counts) {
           loss = static_cast<double>(max_logit) + std::log(sum_exp) - static_cast<double>(target_logit);
         }
         if (want_gradients) {
           // dlogits = (softmax - onehot) * mask: an ignored token contributes an all-zero row.
           const float scale = counts ? static_cast<float>(1.0 / sum_exp) : 0.0f;
+#pragma omp simd
           for (int64_t v = 0; v < vocab_valid; ++v) row[v] *= scale;
           if (counts) row[targets[start + r]] -= 1.0f;
         }

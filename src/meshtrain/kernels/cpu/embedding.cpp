@@ -1,5 +1,7 @@
 #include "meshtrain/kernels/cpu/embedding.h"
 
+#include <omp.h>
+
 #include <algorithm>
 
 #include "meshtrain/core/error.h"
@@ -7,7 +9,8 @@
 namespace meshtrain::kernels {
 namespace {
 
-// Columns per OpenMP task in the scatter-add: each column is owned by one thread and summed in token order.
+// Smallest column range per OpenMP task in the scatter-add: each column is owned by one thread and summed in
+// token order.
 constexpr int64_t kColumnBlock = 32;
 
 // Checked before any parallel region: an exception must not escape an OpenMP worker.
@@ -38,15 +41,21 @@ void embedding_forward(float* out, const int32_t* ids, const float* table, int64
 void embedding_backward(float* dtable, const int32_t* ids, const float* dout, int64_t N, int64_t R,
                         int64_t D) {
   check_ids(ids, N, R);
-  const int64_t blocks = (D + kColumnBlock - 1) / kColumnBlock;
+  // One contiguous column range per thread (a multiple of 16 floats, at least kColumnBlock), so each token adds
+  // one long row segment instead of many 32-float pieces. Every element is still summed in token order by one
+  // thread, so the result does not depend on the thread count or on the range width.
+  const int64_t threads = std::max(1, omp_get_max_threads());
+  const int64_t width = std::max(kColumnBlock, ((D + threads - 1) / threads + 15) / 16 * 16);
+  const int64_t blocks = (D + width - 1) / width;
 #pragma omp parallel for schedule(static)
   for (int64_t block = 0; block < blocks; ++block) {
-    const int64_t begin = block * kColumnBlock;
-    const int64_t width = std::min(kColumnBlock, D - begin);
+    const int64_t begin = block * width;
+    const int64_t end = std::min(D, begin + width);
     for (int64_t n = 0; n < N; ++n) {
-      float* target = dtable + static_cast<int64_t>(ids[n]) * D + begin;
-      const float* source = dout + n * D + begin;
-      for (int64_t j = 0; j < width; ++j) target[j] += source[j];
+      float* target = dtable + static_cast<int64_t>(ids[n]) * D;
+      const float* source = dout + n * D;
+#pragma omp simd
+      for (int64_t j = begin; j < end; ++j) target[j] += source[j];
     }
   }
 }

@@ -3,6 +3,8 @@
 #include <cmath>
 #include <numbers>
 
+#include "meshtrain/kernels/cpu/fast_math.h"
+
 namespace meshtrain::kernels {
 namespace {
 
@@ -16,18 +18,18 @@ constexpr float kCubic = 0.044715f;
 }  // namespace
 
 void gelu_forward(float* out, const float* x, int64_t count) {
-#pragma omp parallel for schedule(static) if (count >= kParallelMinimum)
+#pragma omp parallel for simd schedule(static) if (count >= kParallelMinimum)
   for (int64_t i = 0; i < count; ++i) {
     const float v = x[i];
-    out[i] = 0.5f * v * (1.0f + std::tanh(kScale * (v + kCubic * v * v * v)));
+    out[i] = 0.5f * v * (1.0f + tanh_approx(kScale * (v + kCubic * v * v * v)));
   }
 }
 
 void gelu_backward(float* dx, const float* dout, const float* x, int64_t count) {
-#pragma omp parallel for schedule(static) if (count >= kParallelMinimum)
+#pragma omp parallel for simd schedule(static) if (count >= kParallelMinimum)
   for (int64_t i = 0; i < count; ++i) {
     const float v = x[i];
-    const float t = std::tanh(kScale * (v + kCubic * v * v * v));
+    const float t = tanh_approx(kScale * (v + kCubic * v * v * v));
     const float slope =
         0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * kScale * (1.0f + 3.0f * kCubic * v * v);
     dx[i] = dout[i] * slope;

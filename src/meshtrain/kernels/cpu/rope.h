@@ -9,7 +9,8 @@ namespace meshtrain::kernels {
 
 // For i < d/2, a = positions[n] * theta^(-2i/d):
 //   out[i] = x[i] cos a - x[i + d/2] sin a,   out[i + d/2] = x[i + d/2] cos a + x[i] sin a.
-// Angles are computed in double (only cos/sin are rounded to float) so large positions stay accurate.
+// Angles are computed in double (only cos/sin are rounded to float) so large positions stay accurate; the fast
+// kernels take theta^(-2i/d) once per call and evaluate cos/sin with a vectorised double polynomial.
 // out may alias x. d must be even.
 void rope_forward(float* out,                // [N, H, d]
                   const float* x,            // [N, H, d]
@@ -22,10 +23,14 @@ void rope_backward(float* dx,                 // [N, H, d]
                    const int32_t* positions,  // [N]
                    int64_t N, int64_t H, int64_t d, float theta);
 
-// Angle of pair i at a position, in double whatever T is.
+// Frequency of pair i, theta^(-2i/d), in double. The fast kernels compute it once per call and pair.
+inline double rope_inverse_frequency(int64_t i, int64_t d, double theta) {
+  return std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(d));
+}
+
+// Angle of pair i at a position, in double whatever T is (the fast kernels form the same product).
 inline double rope_angle(int32_t position, int64_t i, int64_t d, double theta) {
-  return static_cast<double>(position) *
-         std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(d));
+  return static_cast<double>(position) * rope_inverse_frequency(i, d, theta);
 }
 
 template <class T>

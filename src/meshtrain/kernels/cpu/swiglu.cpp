@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "meshtrain/kernels/cpu/fast_math.h"
+
 namespace meshtrain::kernels {
 namespace {
 
@@ -11,22 +13,22 @@ constexpr int64_t kParallelMinimum = 1 << 14;
 }  // namespace
 
 void swiglu_forward(float* out, const float* gate, const float* up, int64_t count) {
-#pragma omp parallel for schedule(static) if (count >= kParallelMinimum)
+#pragma omp parallel for simd schedule(static) if (count >= kParallelMinimum)
   for (int64_t i = 0; i < count; ++i) {
     const float g = gate[i];
-    // exp(-g) overflows to inf for g < -88, giving sigmoid = 0 and silu = -0: the correct limit, no NaN.
-    const float sigmoid = 1.0f / (1.0f + std::exp(-g));
+    // sigmoid_approx saturates: exactly 1 for g > 87, tiny and positive for g < -88 (no inf, no NaN).
+    const float sigmoid = sigmoid_approx(g);
     out[i] = g * sigmoid * up[i];
   }
 }
 
 void swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate, const float* up,
                      int64_t count) {
-#pragma omp parallel for schedule(static) if (count >= kParallelMinimum)
+#pragma omp parallel for simd schedule(static) if (count >= kParallelMinimum)
   for (int64_t i = 0; i < count; ++i) {
     // All reads before the writes, so a gradient buffer may reuse an input's storage element for element.
     const float g = gate[i], u = up[i], d = dout[i];
-    const float sigmoid = 1.0f / (1.0f + std::exp(-g));
+    const float sigmoid = sigmoid_approx(g);
     dgate[i] = d * u * sigmoid * (1.0f + g * (1.0f - sigmoid));
     dup[i] = d * g * sigmoid;
   }
