@@ -1,6 +1,8 @@
 // Shared helpers for kernel tests: central finite differences in double precision and error measures.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -62,6 +64,35 @@ inline double weighted_sum(const std::vector<double>& values, const std::vector<
 // Prints the measured error so test logs show how close each check is to its bound.
 inline void report_error(const std::string& what, double error, double bound) {
   std::printf("[ error ] %-48s %.3e (bound %.1e)\n", what.c_str(), error, bound);
+}
+
+inline std::vector<double> to_double(const std::vector<float>& values) {
+  return {values.begin(), values.end()};
+}
+
+inline std::vector<double> scaled(std::vector<double> values, double factor) {
+  for (double& value : values) value *= factor;
+  return values;
+}
+
+// relative_error skips NaN, so non-finite outputs are rejected separately.
+inline void expect_close(const std::string& what, const std::vector<float>& fast,
+                         const std::vector<double>& reference, double bound) {
+  ASSERT_EQ(fast.size(), reference.size()) << what;
+  for (float value : fast) ASSERT_TRUE(std::isfinite(value)) << what;
+  const double error = relative_error(fast, reference);
+  report_error(what, error, bound);
+  EXPECT_LT(error, bound) << what;
+}
+
+inline void expect_gradient(const std::string& what, const std::vector<double>& analytic,
+                            const std::vector<double>& numeric) {
+  // Smooth op in double with step 1e-6: truncation ~ step^2 * |f'''| ~ 1e-12 and rounding
+  // ~ 1e-16 * |loss| / step ~ 1e-9, both far below 1e-7.
+  const double bound = 1e-7;
+  const double error = relative_error(analytic, numeric);
+  report_error(what, error, bound);
+  EXPECT_LT(error, bound) << what;
 }
 
 }  // namespace meshtrain::testing

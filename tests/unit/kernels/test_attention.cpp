@@ -25,6 +25,7 @@ using meshtrain::testing::numeric_gradient;
 using meshtrain::testing::random_values;
 using meshtrain::testing::relative_error;
 using meshtrain::testing::report_error;
+using meshtrain::testing::to_double;
 using meshtrain::testing::to_float;
 using meshtrain::testing::weighted_sum;
 
@@ -32,10 +33,6 @@ using meshtrain::testing::weighted_sum;
 std::vector<double> float_exact(std::vector<double> values, double magnitude) {
   for (double& value : values) value = static_cast<double>(static_cast<float>(value * magnitude));
   return values;
-}
-
-std::vector<double> to_double(const std::vector<float>& values) {
-  return {values.begin(), values.end()};
 }
 
 // One attention problem: inputs, the upstream gradient dout, positions and optional segment ids.

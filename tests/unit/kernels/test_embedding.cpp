@@ -15,26 +15,14 @@ using meshtrain::kernels::embedding_backward;
 using meshtrain::kernels::embedding_forward;
 using meshtrain::kernels::embedding_reference_backward;
 using meshtrain::kernels::embedding_reference_forward;
+using meshtrain::testing::expect_close;
 using meshtrain::testing::numeric_gradient;
 using meshtrain::testing::random_values;
 using meshtrain::testing::relative_error;
 using meshtrain::testing::report_error;
+using meshtrain::testing::to_double;
 using meshtrain::testing::to_float;
 using meshtrain::testing::weighted_sum;
-
-std::vector<double> to_double(const std::vector<float>& values) {
-  return {values.begin(), values.end()};
-}
-
-// relative_error skips NaN, so non-finite outputs are rejected separately.
-void expect_close(const std::string& what, const std::vector<float>& fast,
-                  const std::vector<double>& reference, double bound) {
-  ASSERT_EQ(fast.size(), reference.size()) << what;
-  for (float value : fast) ASSERT_TRUE(std::isfinite(value)) << what;
-  const double error = relative_error(fast, reference);
-  report_error(what, error, bound);
-  EXPECT_LT(error, bound) << what;
-}
 
 TEST(Embedding, BackwardMatchesFiniteDifferences) {
   const int64_t N = 7, R = 5, D = 4;

@@ -19,8 +19,9 @@ using meshtrain::testing::report_error;
 // Error of a float result in units of the last place of the exact (double) value rounded to float.
 double ulp_error(float approx, double exact) {
   const float rounded = static_cast<float>(exact);
-  const double ulp = static_cast<double>(std::nextafter(std::fabs(rounded), std::numeric_limits<float>::infinity())) -
-                     static_cast<double>(std::fabs(rounded));
+  const double ulp =
+      static_cast<double>(std::nextafter(std::fabs(rounded), std::numeric_limits<float>::infinity())) -
+      static_cast<double>(std::fabs(rounded));
   return std::fabs(static_cast<double>(approx) - exact) / ulp;
 }
 
@@ -39,7 +40,8 @@ TEST(FastMath, ExpWithinAboutOneUlpOfLibm) {
   // 1.75 million points over the whole normal range (every 2^-13).
   const std::vector<float> x = grid(-87.0, 88.0, 1.0 / 8192.0);
   double worst = 0.0;
-  for (float value : x) worst = std::max(worst, ulp_error(exp_approx(value), std::exp(static_cast<double>(value))));
+  for (float value : x)
+    worst = std::max(worst, ulp_error(exp_approx(value), std::exp(static_cast<double>(value))));
   // Measured against the exact value (not its float rounding): a faithful result can be up to 1 ulp plus the
   // rounding distance away; 1.02 is measured.
   report_error("exp_approx vs exp, ulp over [-87, 88)", worst, 1.1);
@@ -110,12 +112,14 @@ TEST(FastMath, SinCosMatchLibmForRopeAngles) {
   // The angles RoPE forms: position * theta^(-2i/d) in double, positions up to the int32 limit.
   double worst = 0.0;
   int64_t float_mismatches = 0, count = 0;
-  const std::vector<int32_t> positions = {0, 1, 2, 3, 7, 100, 1023, 4095, 12345, 39999, 40000, 65535, 131071,
-                                          1000000, 16777215, 123456789, 2147483647};
+  const std::vector<int32_t> positions = {0,      1,       2,        3,         7,         100,
+                                          1023,   4095,    12345,    39999,     40000,     65535,
+                                          131071, 1000000, 16777215, 123456789, 2147483647};
   for (double theta : {1e4, 1e6}) {
     for (int32_t position : positions) {
       for (int64_t i = 0; i < 64; ++i) {
-        const double angle = static_cast<double>(position) * std::pow(theta, -2.0 * static_cast<double>(i) / 128.0);
+        const double angle =
+            static_cast<double>(position) * std::pow(theta, -2.0 * static_cast<double>(i) / 128.0);
         double sine = 0.0, cosine = 0.0;
         sincos_approx(angle, sine, cosine);
         worst = std::max({worst, std::fabs(sine - std::sin(angle)), std::fabs(cosine - std::cos(angle))});

@@ -14,41 +14,16 @@ using meshtrain::kernels::layernorm_backward;
 using meshtrain::kernels::layernorm_forward;
 using meshtrain::kernels::layernorm_reference_backward;
 using meshtrain::kernels::layernorm_reference_forward;
+using meshtrain::testing::expect_close;
+using meshtrain::testing::expect_gradient;
 using meshtrain::testing::numeric_gradient;
 using meshtrain::testing::random_values;
 using meshtrain::testing::relative_error;
 using meshtrain::testing::report_error;
+using meshtrain::testing::scaled;
+using meshtrain::testing::to_double;
 using meshtrain::testing::to_float;
 using meshtrain::testing::weighted_sum;
-
-std::vector<double> to_double(const std::vector<float>& values) {
-  return {values.begin(), values.end()};
-}
-
-std::vector<double> scaled(std::vector<double> values, double factor) {
-  for (double& value : values) value *= factor;
-  return values;
-}
-
-// relative_error skips NaN, so non-finite outputs are rejected separately.
-void expect_close(const std::string& what, const std::vector<float>& fast,
-                  const std::vector<double>& reference, double bound) {
-  ASSERT_EQ(fast.size(), reference.size()) << what;
-  for (float value : fast) ASSERT_TRUE(std::isfinite(value)) << what;
-  const double error = relative_error(fast, reference);
-  report_error(what, error, bound);
-  EXPECT_LT(error, bound) << what;
-}
-
-void expect_gradient(const std::string& what, const std::vector<double>& analytic,
-                     const std::vector<double>& numeric) {
-  // Smooth op in double with step 1e-6: truncation ~ step^2 * |f'''| ~ 1e-12 and rounding
-  // ~ 1e-16 * |loss| / step ~ 1e-9, both far below 1e-7.
-  const double bound = 1e-7;
-  const double error = relative_error(analytic, numeric);
-  report_error(what, error, bound);
-  EXPECT_LT(error, bound) << what;
-}
 
 TEST(LayerNorm, BackwardMatchesFiniteDifferences) {
   const int64_t N = 5, D = 12;
