@@ -77,7 +77,7 @@ has_peer() { case " $peers " in *" $1 "*) return 0 ;; esac; return 1; }
   echo "# peer benchmark, $(date '+%Y-%m-%d %H:%M:%S %Z')"
   echo "# machine: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'), family $(grep -m1 'cpu family' /proc/cpuinfo | cut -d: -f2 | tr -d ' ')"
   echo "# uptime: $(uptime)"
-  echo "# meshtrain: $(git -C "$repo" rev-parse --short HEAD 2>/dev/null)$(git -C "$repo" diff --quiet 2>/dev/null || echo ' (+ uncommitted changes)'), binary $build/meshtrain"
+  echo "# meshtrain: tree $(git -C "$repo" rev-parse --short HEAD 2>/dev/null)$(git -C "$repo" diff --quiet 2>/dev/null || echo ' (+ uncommitted changes)'), binary $build/meshtrain built $(date -r "$build/meshtrain" '+%Y-%m-%d %H:%M:%S' 2>/dev/null || echo '(missing)')"
   echo "# caller env: OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE-<unset>} OPENBLAS_L2_SIZE=${OPENBLAS_L2_SIZE-<unset>}"
   echo "# steps $steps (first untimed), shapes: $shapes, threads $threads, out: $out"
 } | tee "$summary"
@@ -153,6 +153,10 @@ run_pass() {  # pass-name env-prefix...
   echo "=== pass '$pass': env ${envp[*]:-as inherited} OMP_NUM_THREADS=$threads" | tee -a "$summary"
   for shape in $shapes; do
     b=${shape%x*}; t=${shape#*x}
+    if ! [[ "$b" =~ ^[1-9][0-9]*$ && "$t" =~ ^[1-9][0-9]*$ ]] || [ "$t" -gt 1024 ]; then
+      echo "   skipping shape '$shape' (want BxT with T <= 1024)" | tee -a "$summary"
+      continue
+    fi
     # meshtrain
     if has_peer meshtrain; then
       local rd="$out/meshtrain_${pass}_${shape}"
