@@ -1,12 +1,13 @@
-// Throughput of every CPU kernel at the training shapes of qwen3-tiny (B=16, S=128) and gpt2-124m (B=8, S=256),
-// forward and backward, and the fast kernel against its plain reference (the speed-up).
+// Throughput of every CPU kernel at the training shapes of qwen3-tiny (B=16, S=128) and gpt2-124m (B=8,
+// S=256), forward and backward, and the fast kernel against its plain reference (the speed-up).
 //
-//   build/bench/bench_kernels [filter...]        e.g. bench_kernels qwen3 matmul   (every word must match a row)
+//   build/bench/bench_kernels [filter...]        e.g. bench_kernels qwen3 matmul   (every word must match a
+//   row)
 //
 // Environment: MESHTRAIN_BENCH_SECONDS (default 0.3, timing window per measurement), MESHTRAIN_BENCH_RETRIES
-// (default 2: re-measure when other processes took >10% of the CPUs), MESHTRAIN_BENCH_NO_REFERENCE=1 (skip the
-// references), OMP_NUM_THREADS (threads of the fast kernels; the references are plain single-threaded loops).
-// Never fails: it prints a table and exits 0.
+// (default 2: re-measure when other processes took >10% of the CPUs), MESHTRAIN_BENCH_NO_REFERENCE=1 (skip
+// the references), OMP_NUM_THREADS (threads of the fast kernels; the references are plain single-threaded
+// loops). Never fails: it prints a table and exits 0.
 #include <omp.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -19,8 +20,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
-#include <memory>
 #include <functional>
+#include <memory>
 #include <random>
 #include <string>
 #include <thread>
@@ -53,9 +54,9 @@ double env_double(const char* name, double fallback) {
 }
 
 // ---------------------------------------------------------------------------------------------------------------
-// Timing (the same rules as bench_gemm.cpp): warm-up, then calls until at least 5 calls and the window have run;
-// each call timed alone; median, min and max of the rate. `others`: the % of all CPUs that other processes took
-// during the window (/proc/stat busy time minus this process's getrusage time).
+// Timing (the same rules as bench_gemm.cpp): warm-up, then calls until at least 5 calls and the window have
+// run; each call timed alone; median, min and max of the rate. `others`: the % of all CPUs that other
+// processes took during the window (/proc/stat busy time minus this process's getrusage time).
 
 struct Stats {
   double median = NAN, min = NAN, max = NAN, seconds_per_call = NAN;
@@ -84,7 +85,8 @@ double own_cpu_seconds() {
 
 Stats time_once(double work, const std::function<void()>& call, double window, int minimum_calls) {
   const auto warm_start = Clock::now();
-  for (int i = 0; i < 1 || std::chrono::duration<double>(Clock::now() - warm_start).count() < 0.1 * window; ++i) {
+  for (int i = 0; i < 1 || std::chrono::duration<double>(Clock::now() - warm_start).count() < 0.1 * window;
+       ++i) {
     call();
   }
   std::vector<double> seconds;
@@ -101,7 +103,8 @@ Stats time_once(double work, const std::function<void()>& call, double window, i
   const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
   Stats stats;
   if (busy0 >= 0 && busy1 >= 0 && cpus > 0) {
-    stats.others = std::max(0.0, 100.0 * ((busy1 - busy0) - (own1 - own0)) / (wall * static_cast<double>(cpus)));
+    stats.others =
+        std::max(0.0, 100.0 * ((busy1 - busy0) - (own1 - own0)) / (wall * static_cast<double>(cpus)));
   }
   std::sort(seconds.begin(), seconds.end());
   const size_t n = seconds.size();
@@ -155,7 +158,8 @@ struct Model {
 };
 
 // One row of the table. `work` is per call, in GFLOP (unit GFLOP/s) or GB (unit GB/s). The reference, when
-// present, runs on `reference_work` (the same kernel on fewer tokens when the full shape would take too long).
+// present, runs on `reference_work` (the same kernel on fewer tokens when the full shape would take too
+// long).
 struct Case {
   std::string kernel, pass, shape, unit;
   double work;
@@ -165,11 +169,19 @@ struct Case {
   std::function<void()> reference;
   std::string note;
 
-  Case(std::string kernel_, std::string pass_, std::string shape_, std::string unit_, double work_, int per_step_,
-       std::function<void()> fast_, double reference_work_, std::function<void()> reference_, std::string note_ = "")
-      : kernel(std::move(kernel_)), pass(std::move(pass_)), shape(std::move(shape_)), unit(std::move(unit_)),
-        work(work_), per_step(per_step_), fast(std::move(fast_)), reference_work(reference_work_),
-        reference(std::move(reference_)), note(std::move(note_)) {}
+  Case(std::string kernel_, std::string pass_, std::string shape_, std::string unit_, double work_,
+       int per_step_, std::function<void()> fast_, double reference_work_, std::function<void()> reference_,
+       std::string note_ = "")
+      : kernel(std::move(kernel_)),
+        pass(std::move(pass_)),
+        shape(std::move(shape_)),
+        unit(std::move(unit_)),
+        work(work_),
+        per_step(per_step_),
+        fast(std::move(fast_)),
+        reference_work(reference_work_),
+        reference(std::move(reference_)),
+        note(std::move(note_)) {}
 };
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -188,7 +200,8 @@ std::string dims(std::initializer_list<int64_t> values) {
 
 constexpr double kGiga = 1e9;
 
-void add_matmul(std::vector<Case>& cases, const Model& m, const std::string& what, int64_t I, int64_t O, int per_step) {
+void add_matmul(std::vector<Case>& cases, const Model& m, const std::string& what, int64_t I, int64_t O,
+                int per_step) {
   const int64_t N = m.N();
   const int64_t reference_rows = std::min<int64_t>(N, 128);
   auto x = share(random_floats(N * I, 1)), w = share(random_floats(I * O, 2, -0.05f, 0.05f));
@@ -203,26 +216,27 @@ void add_matmul(std::vector<Case>& cases, const Model& m, const std::string& wha
   const std::string note = reference_rows < N ? "ref on " + std::to_string(reference_rows) + " rows" : "";
   cases.push_back({"matmul " + what, "fwd", shape, "GFLOP/s", flops, per_step,
                    [=] {
-                     k::matmul_forward(out->data(), x->data(), w->data(), has_bias ? bias->data() : nullptr, N, I, O);
+                     k::matmul_forward(out->data(), x->data(), w->data(), has_bias ? bias->data() : nullptr,
+                                       N, I, O);
                    },
                    reference_flops,
                    [=] {
-                     k::matmul_reference_forward(out->data(), x->data(), w->data(), has_bias ? bias->data() : nullptr,
-                                                 reference_rows, I, O);
+                     k::matmul_reference_forward(out->data(), x->data(), w->data(),
+                                                 has_bias ? bias->data() : nullptr, reference_rows, I, O);
                    },
                    note});
-  cases.push_back(
-      {"matmul " + what, "bwd", shape, "GFLOP/s", 2.0 * flops, per_step,
-       [=] {
-         k::matmul_backward(dx->data(), dw->data(), has_bias ? dbias->data() : nullptr, dout->data(), x->data(),
-                            w->data(), N, I, O, false);
-       },
-       2.0 * reference_flops,
-       [=] {
-         k::matmul_reference_backward(dx->data(), dw->data(), has_bias ? dbias->data() : nullptr, dout->data(),
-                                      x->data(), w->data(), reference_rows, I, O, false);
-       },
-       note});
+  cases.push_back({"matmul " + what, "bwd", shape, "GFLOP/s", 2.0 * flops, per_step,
+                   [=] {
+                     k::matmul_backward(dx->data(), dw->data(), has_bias ? dbias->data() : nullptr,
+                                        dout->data(), x->data(), w->data(), N, I, O, false);
+                   },
+                   2.0 * reference_flops,
+                   [=] {
+                     k::matmul_reference_backward(dx->data(), dw->data(), has_bias ? dbias->data() : nullptr,
+                                                  dout->data(), x->data(), w->data(), reference_rows, I, O,
+                                                  false);
+                   },
+                   note});
 }
 
 std::vector<Case> model_cases(const Model& m) {
@@ -247,13 +261,14 @@ std::vector<Case> model_cases(const Model& m) {
     auto table = share(random_floats(V * D, 6)), out = share(std::vector<float>(N * D));
     auto dtable = share(std::vector<float>(V * D)), dout = share(random_floats(N * D, 7));
     const double bytes = 4.0 * static_cast<double>(N * D) / kGiga;
-    cases.push_back({"embedding", "fwd", dims({N, V, D}), "GB/s", 2.0 * bytes, 1,
-                     [=] { k::embedding_forward(out->data(), ids->data(), table->data(), N, V, D, false); },
-                     2.0 * bytes,
-                     [=] { k::embedding_reference_forward(out->data(), ids->data(), table->data(), N, V, D, false); }});
-    cases.push_back({"embedding", "bwd", dims({N, V, D}), "GB/s", 3.0 * bytes, 1,
-                     [=] { k::embedding_backward(dtable->data(), ids->data(), dout->data(), N, V, D); }, 3.0 * bytes,
-                     [=] { k::embedding_reference_backward(dtable->data(), ids->data(), dout->data(), N, V, D); }});
+    cases.push_back(
+        {"embedding", "fwd", dims({N, V, D}), "GB/s", 2.0 * bytes, 1,
+         [=] { k::embedding_forward(out->data(), ids->data(), table->data(), N, V, D, false); }, 2.0 * bytes,
+         [=] { k::embedding_reference_forward(out->data(), ids->data(), table->data(), N, V, D, false); }});
+    cases.push_back(
+        {"embedding", "bwd", dims({N, V, D}), "GB/s", 3.0 * bytes, 1,
+         [=] { k::embedding_backward(dtable->data(), ids->data(), dout->data(), N, V, D); }, 3.0 * bytes,
+         [=] { k::embedding_reference_backward(dtable->data(), ids->data(), dout->data(), N, V, D); }});
   }
 
   // Norms over rows of `width`: forward reads x and writes out, backward reads dout and x and writes dx.
@@ -266,42 +281,48 @@ std::vector<Case> model_cases(const Model& m) {
     const double bytes = 4.0 * static_cast<double>(rows * width) / kGiga;
     const std::string shape = dims({rows, width});
     if (m.gpt2) {
-      k::layernorm_forward(out->data(), mean->data(), rstd->data(), x->data(), w->data(), bias->data(), rows, width,
-                           1e-5f);
+      k::layernorm_forward(out->data(), mean->data(), rstd->data(), x->data(), w->data(), bias->data(), rows,
+                           width, 1e-5f);
       cases.push_back({"layernorm " + what, "fwd", shape, "GB/s", 2.0 * bytes, per_step,
                        [=] {
                          k::layernorm_forward(out->data(), mean->data(), rstd->data(), x->data(), w->data(),
                                               bias->data(), rows, width, 1e-5f);
                        },
-                       2.0 * bytes, [=] {
-                         k::layernorm_reference_forward(out->data(), mean->data(), rstd->data(), x->data(), w->data(),
-                                                        bias->data(), rows, width, 1e-5f);
+                       2.0 * bytes,
+                       [=] {
+                         k::layernorm_reference_forward(out->data(), mean->data(), rstd->data(), x->data(),
+                                                        w->data(), bias->data(), rows, width, 1e-5f);
                        }});
       cases.push_back({"layernorm " + what, "bwd", shape, "GB/s", 3.0 * bytes, per_step,
                        [=] {
-                         k::layernorm_backward(dx->data(), dw->data(), db->data(), dout->data(), x->data(), w->data(),
-                                               mean->data(), rstd->data(), rows, width, false);
+                         k::layernorm_backward(dx->data(), dw->data(), db->data(), dout->data(), x->data(),
+                                               w->data(), mean->data(), rstd->data(), rows, width, false);
                        },
-                       3.0 * bytes, [=] {
-                         k::layernorm_reference_backward(dx->data(), dw->data(), db->data(), dout->data(), x->data(),
-                                                         w->data(), mean->data(), rstd->data(), rows, width, false);
+                       3.0 * bytes,
+                       [=] {
+                         k::layernorm_reference_backward(dx->data(), dw->data(), db->data(), dout->data(),
+                                                         x->data(), w->data(), mean->data(), rstd->data(),
+                                                         rows, width, false);
                        }});
     } else {
       k::rmsnorm_forward(out->data(), rstd->data(), x->data(), w->data(), rows, width, 1e-6f);
-      cases.push_back({"rmsnorm " + what, "fwd", shape, "GB/s", 2.0 * bytes, per_step,
-                       [=] { k::rmsnorm_forward(out->data(), rstd->data(), x->data(), w->data(), rows, width, 1e-6f); },
-                       2.0 * bytes, [=] {
-                         k::rmsnorm_reference_forward(out->data(), rstd->data(), x->data(), w->data(), rows, width,
-                                                      1e-6f);
-                       }});
+      cases.push_back(
+          {"rmsnorm " + what, "fwd", shape, "GB/s", 2.0 * bytes, per_step,
+           [=] { k::rmsnorm_forward(out->data(), rstd->data(), x->data(), w->data(), rows, width, 1e-6f); },
+           2.0 * bytes,
+           [=] {
+             k::rmsnorm_reference_forward(out->data(), rstd->data(), x->data(), w->data(), rows, width,
+                                          1e-6f);
+           }});
       cases.push_back({"rmsnorm " + what, "bwd", shape, "GB/s", 3.0 * bytes, per_step,
                        [=] {
-                         k::rmsnorm_backward(dx->data(), dw->data(), dout->data(), x->data(), w->data(), rstd->data(),
-                                             rows, width, false);
+                         k::rmsnorm_backward(dx->data(), dw->data(), dout->data(), x->data(), w->data(),
+                                             rstd->data(), rows, width, false);
                        },
-                       3.0 * bytes, [=] {
-                         k::rmsnorm_reference_backward(dx->data(), dw->data(), dout->data(), x->data(), w->data(),
-                                                       rstd->data(), rows, width, false);
+                       3.0 * bytes,
+                       [=] {
+                         k::rmsnorm_reference_backward(dx->data(), dw->data(), dout->data(), x->data(),
+                                                       w->data(), rstd->data(), rows, width, false);
                        }});
     }
   };
@@ -317,12 +338,14 @@ std::vector<Case> model_cases(const Model& m) {
     auto q = share(random_floats(N * H * d, 12));
     const double bytes = 8.0 * static_cast<double>(N * H * d) / kGiga;
     const float theta = 1e6f;
-    cases.push_back({"rope q", "fwd", dims({N, H, d}), "GB/s", bytes, layers,
-                     [=] { k::rope_forward(q->data(), q->data(), positions->data(), N, H, d, theta); }, bytes,
-                     [=] { k::rope_reference_forward(q->data(), q->data(), positions->data(), N, H, d, theta); }});
-    cases.push_back({"rope q", "bwd", dims({N, H, d}), "GB/s", bytes, layers,
-                     [=] { k::rope_backward(q->data(), q->data(), positions->data(), N, H, d, theta); }, bytes,
-                     [=] { k::rope_reference_backward(q->data(), q->data(), positions->data(), N, H, d, theta); }});
+    cases.push_back(
+        {"rope q", "fwd", dims({N, H, d}), "GB/s", bytes, layers,
+         [=] { k::rope_forward(q->data(), q->data(), positions->data(), N, H, d, theta); }, bytes,
+         [=] { k::rope_reference_forward(q->data(), q->data(), positions->data(), N, H, d, theta); }});
+    cases.push_back(
+        {"rope q", "bwd", dims({N, H, d}), "GB/s", bytes, layers,
+         [=] { k::rope_backward(q->data(), q->data(), positions->data(), N, H, d, theta); }, bytes,
+         [=] { k::rope_reference_backward(q->data(), q->data(), positions->data(), N, H, d, theta); }});
   }
 
   {  // MLP activation.
@@ -344,12 +367,16 @@ std::vector<Case> model_cases(const Model& m) {
                        [=] { k::swiglu_reference_forward(out->data(), a->data(), b->data(), count); }});
       cases.push_back(
           {"swiglu", "bwd", dims({N, F}), "GB/s", 5.0 * bytes, layers,
-           [=] { k::swiglu_backward(da->data(), db->data(), dout->data(), a->data(), b->data(), count); }, 5.0 * bytes,
-           [=] { k::swiglu_reference_backward(da->data(), db->data(), dout->data(), a->data(), b->data(), count); }});
+           [=] { k::swiglu_backward(da->data(), db->data(), dout->data(), a->data(), b->data(), count); },
+           5.0 * bytes,
+           [=] {
+             k::swiglu_reference_backward(da->data(), db->data(), dout->data(), a->data(), b->data(), count);
+           }});
     }
   }
 
-  {  // Residual add (2 per layer forward, the backward adds into the residual gradient through accumulate flags).
+  {  // Residual add (2 per layer forward, the backward adds into the residual gradient through accumulate
+     // flags).
     const int64_t count = N * D;
     auto out = share(random_floats(count, 16)), x = share(random_floats(count, 17));
     const double bytes = 12.0 * static_cast<double>(count) / kGiga;
@@ -358,8 +385,8 @@ std::vector<Case> model_cases(const Model& m) {
                      [=] { k::residual_reference_add(out->data(), x->data(), count); }});
   }
 
-  {  // Causal attention, one sequence per batch row, positions 0..S-1. FLOPs counted causally (half of S^2) as
-     // the model spec does: forward 2 x 2 B H (S^2/2) d, backward 2.5 x forward.
+  {  // Causal attention, one sequence per batch row, positions 0..S-1. FLOPs counted causally (half of S^2)
+     // as the model spec does: forward 2 x 2 B H (S^2/2) d, backward 2.5 x forward.
     const int64_t B = m.B, S = m.S;
     const int64_t reference_batch = 1;
     auto positions = std::make_shared<std::vector<int32_t>>(B * S);
@@ -369,12 +396,15 @@ std::vector<Case> model_cases(const Model& m) {
     auto lse = share(std::vector<float>(B * H * S)), dout = share(random_floats(B * S * H * d, 21));
     auto dq = share(std::vector<float>(B * S * H * d)), dk = share(std::vector<float>(B * S * K * d));
     auto dv = share(std::vector<float>(B * S * K * d));
-    auto scratch = share(std::vector<float>(k::attention_backward_scratch_floats(B, S, H, K, d, omp_get_max_threads())));
-    k::attention_forward(out->data(), lse->data(), q->data(), kk->data(), v->data(), positions->data(), nullptr, B, S,
-                         H, K, d);
-    const auto flops = [&](int64_t batch) { return 2.0 * static_cast<double>(batch * H * S * S * d) / kGiga; };
-    const std::string shape = "B" + std::to_string(B) + " S" + std::to_string(S) + " H" + std::to_string(H) + " K" +
-                              std::to_string(K) + " d" + std::to_string(d);
+    auto scratch =
+        share(std::vector<float>(k::attention_backward_scratch_floats(B, S, H, K, d, omp_get_max_threads())));
+    k::attention_forward(out->data(), lse->data(), q->data(), kk->data(), v->data(), positions->data(),
+                         nullptr, B, S, H, K, d);
+    const auto flops = [&](int64_t batch) {
+      return 2.0 * static_cast<double>(batch * H * S * S * d) / kGiga;
+    };
+    const std::string shape = "B" + std::to_string(B) + " S" + std::to_string(S) + " H" + std::to_string(H) +
+                              " K" + std::to_string(K) + " d" + std::to_string(d);
     const std::string note = "ref on " + std::to_string(reference_batch) + " sequence";
     cases.push_back({"attention", "fwd", shape, "GFLOP/s", flops(B), layers,
                      [=] {
@@ -383,28 +413,30 @@ std::vector<Case> model_cases(const Model& m) {
                      },
                      flops(reference_batch),
                      [=] {
-                       k::attention_reference_forward(out->data(), lse->data(), q->data(), kk->data(), v->data(),
-                                                      positions->data(), nullptr, reference_batch, S, H, K, d);
+                       k::attention_reference_forward(out->data(), lse->data(), q->data(), kk->data(),
+                                                      v->data(), positions->data(), nullptr, reference_batch,
+                                                      S, H, K, d);
                      },
                      note});
     cases.push_back({"attention", "bwd", shape, "GFLOP/s", 2.5 * flops(B), layers,
                      [=] {
-                       k::attention_backward(dq->data(), dk->data(), dv->data(), dout->data(), out->data(), lse->data(),
-                                             q->data(), kk->data(), v->data(), positions->data(), nullptr, B, S, H, K,
-                                             d, scratch->data());
+                       k::attention_backward(dq->data(), dk->data(), dv->data(), dout->data(), out->data(),
+                                             lse->data(), q->data(), kk->data(), v->data(), positions->data(),
+                                             nullptr, B, S, H, K, d, scratch->data());
                      },
                      2.5 * flops(reference_batch),
                      [=] {
-                       k::attention_reference_backward(dq->data(), dk->data(), dv->data(), dout->data(), out->data(),
-                                                       lse->data(), q->data(), kk->data(), v->data(),
-                                                       positions->data(), nullptr, reference_batch, S, H, K, d);
+                       k::attention_reference_backward(dq->data(), dk->data(), dv->data(), dout->data(),
+                                                       out->data(), lse->data(), q->data(), kk->data(),
+                                                       v->data(), positions->data(), nullptr, reference_batch,
+                                                       S, H, K, d);
                      },
                      note});
   }
 
-  {  // Fused unembedding + cross-entropy, tied table [V, D], chunked as the model does. FLOPs: the GEMMs (2 N D V
-     // for the logits, 4 N D V for dh and dE). The reference materialises [N, V] logits with scalar dot products:
-     // run on 16 tokens.
+  {  // Fused unembedding + cross-entropy, tied table [V, D], chunked as the model does. FLOPs: the GEMMs (2 N
+     // D V for the logits, 4 N D V for dh and dE). The reference materialises [N, V] logits with scalar dot
+     // products: run on 16 tokens.
     const int64_t C = m.chunk(), reference_tokens = 16;
     auto h = share(random_floats(N * D, 22)), table = share(random_floats(V * D, 23, -0.05f, 0.05f));
     auto targets = share(random_ids(N, m.V_valid, 24));
@@ -418,13 +450,14 @@ std::vector<Case> model_cases(const Model& m) {
     const int64_t Vv = m.V_valid;
     cases.push_back({"cross_entropy", "loss only", shape, "GFLOP/s", gemm, 0,
                      [=] {
-                       k::unembed_cross_entropy(nullptr, nullptr, h->data(), table->data(), layout, targets->data(),
-                                                nullptr, N, D, V, Vv, C, scratch->data());
+                       k::unembed_cross_entropy(nullptr, nullptr, h->data(), table->data(), layout,
+                                                targets->data(), nullptr, N, D, V, Vv, C, scratch->data());
                      },
                      reference_gemm,
                      [=] {
-                       k::unembed_cross_entropy_reference<float>(nullptr, nullptr, h->data(), table->data(), layout,
-                                                                 targets->data(), nullptr, reference_tokens, D, V, Vv);
+                       k::unembed_cross_entropy_reference<float>(nullptr, nullptr, h->data(), table->data(),
+                                                                 layout, targets->data(), nullptr,
+                                                                 reference_tokens, D, V, Vv);
                      },
                      note});
     cases.push_back({"cross_entropy", "fwd+bwd", shape, "GFLOP/s", 3.0 * gemm, 1,
@@ -434,30 +467,32 @@ std::vector<Case> model_cases(const Model& m) {
                      },
                      3.0 * reference_gemm,
                      [=] {
-                       k::unembed_cross_entropy_reference<float>(dh->data(), dtable->data(), h->data(), table->data(),
-                                                                 layout, targets->data(), nullptr, reference_tokens, D,
-                                                                 V, Vv);
+                       k::unembed_cross_entropy_reference<float>(dh->data(), dtable->data(), h->data(),
+                                                                 table->data(), layout, targets->data(),
+                                                                 nullptr, reference_tokens, D, V, Vv);
                      },
                      note});
-    // The same with 4x the chunk's rows (16M floats of logits, 64 MiB), when the model's chunk is smaller than N:
-    // fewer passes over the [V, D] table and its gradient (not what the model runs today; for comparison).
+    // The same with 4x the chunk's rows (16M floats of logits, 64 MiB), when the model's chunk is smaller
+    // than N: fewer passes over the [V, D] table and its gradient (not what the model runs today; for
+    // comparison).
     const int64_t big = std::min(N, 4 * C);
     if (big > C) {
       auto big_scratch = share(std::vector<float>(k::cross_entropy_scratch_floats(big, V)));
-      cases.push_back({"cross_entropy 4x chunk", "fwd+bwd", dims({N, D, m.V_valid}) + " C" + std::to_string(big),
-                       "GFLOP/s", 3.0 * gemm, 0,
+      cases.push_back({"cross_entropy 4x chunk", "fwd+bwd",
+                       dims({N, D, m.V_valid}) + " C" + std::to_string(big), "GFLOP/s", 3.0 * gemm, 0,
                        [=] {
-                         k::unembed_cross_entropy(dh->data(), dtable->data(), h->data(), table->data(), layout,
-                                                  targets->data(), nullptr, N, D, V, Vv, big, big_scratch->data());
+                         k::unembed_cross_entropy(dh->data(), dtable->data(), h->data(), table->data(),
+                                                  layout, targets->data(), nullptr, N, D, V, Vv, big,
+                                                  big_scratch->data());
                        },
                        0.0, nullptr, "not in ms/step"});
     }
   }
 
-  {  // Optimizer over every parameter as one tensor (the engine calls it per tensor): AdamW reads param, grad, m,
-     // v and writes param, m, v; the gradient norm reads every gradient once.
-    // Matrices only (norm scales and biases are <0.1%): q, k, v, out; 2 (GPT-2) or 3 (SwiGLU) MLP matrices; the
-    // tied table; GPT-2's 1024 learned positions.
+  {  // Optimizer over every parameter as one tensor (the engine calls it per tensor): AdamW reads param,
+     // grad, m, v and writes param, m, v; the gradient norm reads every gradient once.
+    // Matrices only (norm scales and biases are <0.1%): q, k, v, out; 2 (GPT-2) or 3 (SwiGLU) MLP matrices;
+    // the tied table; GPT-2's 1024 learned positions.
     int64_t count = V * D + L * (D * d * (2 * H + 2 * K) + (m.gpt2 ? 2 : 3) * D * F);
     if (m.gpt2) count += 1024 * D;
     auto param = share(random_floats(count, 25)), grad = share(random_floats(count, 26));
@@ -465,13 +500,13 @@ std::vector<Case> model_cases(const Model& m) {
     const k::AdamWStep step{1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 10, 1e-3f};
     const double bytes = 4.0 * static_cast<double>(count) / kGiga;
     const std::string shape = std::to_string(count) + " params";
-    cases.push_back({"adamw", "update", shape, "GB/s", 7.0 * bytes, 1,
-                     [=] { k::adamw_update(param->data(), grad->data(), mm->data(), vv->data(), count, step, true); },
-                     7.0 * bytes,
-                     [=] {
-                       k::adamw_reference_update(param->data(), grad->data(), mm->data(), vv->data(), count, step,
-                                                 true);
-                     }});
+    cases.push_back(
+        {"adamw", "update", shape, "GB/s", 7.0 * bytes, 1,
+         [=] { k::adamw_update(param->data(), grad->data(), mm->data(), vv->data(), count, step, true); },
+         7.0 * bytes,
+         [=] {
+           k::adamw_reference_update(param->data(), grad->data(), mm->data(), vv->data(), count, step, true);
+         }});
     cases.push_back({"grad norm", "sum_of_squares", shape, "GB/s", bytes, 1,
                      [=] {
                        volatile double sink = k::sum_of_squares(grad->data(), count);
@@ -504,20 +539,23 @@ int main(int argc, char** argv) {
   const double window = env_double("MESHTRAIN_BENCH_SECONDS", 0.3);
   const bool references = env_double("MESHTRAIN_BENCH_NO_REFERENCE", 0.0) == 0.0;
   const char* coretype = std::getenv("OPENBLAS_CORETYPE");
-  std::printf("# bench_kernels: %d OpenMP threads (fast kernels); OpenBLAS %s, %d threads; OPENBLAS_CORETYPE=%s\n",
-              omp_get_max_threads(), openblas_get_corename(), openblas_get_num_threads(),
-              coretype != nullptr ? coretype : "(unset)");
-  std::printf("# window %.2f s per measurement; median [min-max] over the calls; ms/step = median time x calls "
-              "per training step;\n# ref = plain reference loops, 1 thread (same unit, on the rows noted); x = fast / "
-              "ref; others = %% of all CPUs taken by other processes while timing (* above 10%%)\n",
-              window);
+  std::printf(
+      "# bench_kernels: %d OpenMP threads (fast kernels); OpenBLAS %s, %d threads; OPENBLAS_CORETYPE=%s\n",
+      omp_get_max_threads(), openblas_get_corename(), openblas_get_num_threads(),
+      coretype != nullptr ? coretype : "(unset)");
+  std::printf(
+      "# window %.2f s per measurement; median [min-max] over the calls; ms/step = median time x calls "
+      "per training step;\n# ref = plain reference loops, 1 thread (same unit, on the rows noted); x = fast "
+      "/ "
+      "ref; others = %% of all CPUs taken by other processes while timing (* above 10%%)\n",
+      window);
 
   const std::vector<Model> models = {
       {"qwen3-tiny", 16, 128, 384, 6, 2, 64, 1024, 8192, 8192, 6, false},
       {"gpt2-124m", 8, 256, 768, 12, 12, 64, 3072, 50304, 50257, 12, true},
   };
-  std::printf("%-10s %-22s %-9s %-26s %-8s %8s %17s %9s %8s %8s %7s  %s\n", "model", "kernel", "pass", "shape", "unit",
-              "median", "[min-max]", "ms/step", "ref", "x", "others", "note");
+  std::printf("%-10s %-22s %-9s %-26s %-8s %8s %17s %9s %8s %8s %7s  %s\n", "model", "kernel", "pass",
+              "shape", "unit", "median", "[min-max]", "ms/step", "ref", "x", "others", "note");
   for (const Model& model : models) {
     double step_ms = 0.0;
     for (const Case& c : model_cases(model)) {
@@ -533,11 +571,11 @@ int main(int argc, char** argv) {
       const std::string spread = "[" + format_rate(fast.min) + "-" + format_rate(fast.max) + "]";
       char others[16];
       std::snprintf(others, sizeof others, "%.0f%s", fast.others, fast.others > 10.0 ? "*" : "");
-      std::printf("%-10s %-22s %-9s %-26s %-8s %8s %17s %9.2f %8s %8s %7s  %s\n", model.name.c_str(), c.kernel.c_str(),
-                  c.pass.c_str(), c.shape.c_str(), c.unit.c_str(), format_rate(fast.median).c_str(), spread.c_str(), ms,
-                  format_rate(reference.median).c_str(),
-                  std::isnan(reference.median) ? "-" : format_rate(fast.median / reference.median).c_str(), others,
-                  c.note.c_str());
+      std::printf("%-10s %-22s %-9s %-26s %-8s %8s %17s %9.2f %8s %8s %7s  %s\n", model.name.c_str(),
+                  c.kernel.c_str(), c.pass.c_str(), c.shape.c_str(), c.unit.c_str(),
+                  format_rate(fast.median).c_str(), spread.c_str(), ms, format_rate(reference.median).c_str(),
+                  std::isnan(reference.median) ? "-" : format_rate(fast.median / reference.median).c_str(),
+                  others, c.note.c_str());
       std::fflush(stdout);
     }
     std::printf("%-10s sum of ms/step over the rows above: %.1f ms\n", model.name.c_str(), step_ms);

@@ -1,6 +1,7 @@
 // Tests of the fused AdamW update (fast vs reference over several steps, one step by hand) and of the
 // deterministic sum of squares.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -89,6 +90,34 @@ TEST(AdamW, FirstStepByHand) {
     // The reference uses the float-rounded hyperparameters, hence the looser bound.
     EXPECT_NEAR(ref_param, decay ? 0.899000001 : 0.900000001, 1e-7);
   }
+}
+
+TEST(AdamW, BitwiseIndependentOfThreadCountAndCount) {
+  // Any split of the range between threads, and any tail length, gives the same bits per element: the update
+  // of element i depends only on element i.
+  const int64_t count = 70001;
+  const std::vector<float> grad = to_float(random_values(static_cast<size_t>(count), 41, -3.0, 3.0));
+  const std::vector<float> param0 = to_float(random_values(static_cast<size_t>(count), 42, -2.0, 2.0));
+  const std::vector<float> m0 = to_float(random_values(static_cast<size_t>(count), 43, -0.1, 0.1));
+  const std::vector<float> v0 = to_float(random_values(static_cast<size_t>(count), 44, 0.0, 0.1));
+  const auto run = [&](int threads, int64_t first) {
+    std::vector<float> param = param0, m = m0, v = v0;
+    const int saved = omp_get_max_threads();
+    omp_set_num_threads(threads);
+    // Two calls: [0, first) and [first, count), so the tails fall elsewhere.
+    adamw_update(param.data(), grad.data(), m.data(), v.data(), first, make_step(3), true);
+    adamw_update(param.data() + first, grad.data() + first, m.data() + first, v.data() + first, count - first,
+                 make_step(3), true);
+    omp_set_num_threads(saved);
+    param.insert(param.end(), m.begin(), m.end());
+    param.insert(param.end(), v.begin(), v.end());
+    return param;
+  };
+  const std::vector<float> expected = run(1, count);
+  EXPECT_EQ(run(2, count), expected);
+  EXPECT_EQ(run(3, count), expected);
+  EXPECT_EQ(run(2, 40003), expected);
+  EXPECT_EQ(run(1, 5), expected);
 }
 
 TEST(AdamW, SumOfSquaresMatchesDoubleLoop) {

@@ -2,6 +2,10 @@
 
 #include <omp.h>
 
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
 #include <algorithm>
 
 namespace meshtrain::kernels {
@@ -28,6 +32,38 @@ void adamw_update(float* param, const float* grad, float* m, float* v, int64_t c
   const float b1 = step.beta1, b2 = step.beta2, eps = step.epsilon, scale = step.gradient_scale;
   const float one_minus_b1 = 1.0f - b1, one_minus_b2 = 1.0f - b2;
 
+#if defined(__AVX512F__)
+  // Hand-vectorised: GCC does not vectorise std::sqrt without -fno-math-errno (it keeps a branch that sets
+  // errno for negative inputs), so the loop below the #else runs scalar: 30 GB/s in bench_kernels, this one
+  // 51-69 GB/s. Every element, the tail included (masked), runs the same instructions (no fused
+  // multiply-adds, the order of the formula), so the result does not depend on how the threads split the
+  // range. Masked loads and stores do not touch memory outside the mask.
+  const int64_t blocks = (count + 15) / 16;
+  const __m512 b1v = _mm512_set1_ps(b1), one_minus_b1v = _mm512_set1_ps(one_minus_b1);
+  const __m512 b2v = _mm512_set1_ps(b2), one_minus_b2v = _mm512_set1_ps(one_minus_b2);
+  const __m512 scalev = _mm512_set1_ps(scale);
+  const __m512 step_sizev = _mm512_set1_ps(step_size), inverse_sqrt_bc2v = _mm512_set1_ps(inverse_sqrt_bc2);
+  const __m512 epsv = _mm512_set1_ps(eps), decayv = _mm512_set1_ps(decay);
+#pragma omp parallel for schedule(static) if (count >= kParallelThreshold)
+  for (int64_t block = 0; block < blocks; ++block) {
+    const int64_t i = block * 16;
+    const int64_t left = count - i;
+    const __mmask16 mask =
+        left >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << left) - 1u);
+    const __m512 g = _mm512_mul_ps(_mm512_maskz_loadu_ps(mask, grad + i), scalev);
+    const __m512 m_new = _mm512_add_ps(_mm512_mul_ps(b1v, _mm512_maskz_loadu_ps(mask, m + i)),
+                                       _mm512_mul_ps(one_minus_b1v, g));
+    const __m512 v_new = _mm512_add_ps(_mm512_mul_ps(b2v, _mm512_maskz_loadu_ps(mask, v + i)),
+                                       _mm512_mul_ps(_mm512_mul_ps(one_minus_b2v, g), g));
+    _mm512_mask_storeu_ps(m + i, mask, m_new);
+    _mm512_mask_storeu_ps(v + i, mask, v_new);
+    const __m512 p = _mm512_maskz_loadu_ps(mask, param + i);  // decay uses the parameter before the update
+    const __m512 denominator =
+        _mm512_add_ps(_mm512_mul_ps(_mm512_maskz_sqrt_ps(mask, v_new), inverse_sqrt_bc2v), epsv);
+    const __m512 update = _mm512_div_ps(_mm512_mul_ps(step_sizev, m_new), denominator);
+    _mm512_mask_storeu_ps(param + i, mask, _mm512_sub_ps(_mm512_sub_ps(p, update), _mm512_mul_ps(decayv, p)));
+  }
+#else
 #pragma omp parallel for simd schedule(static) if (count >= kParallelThreshold)
   for (int64_t i = 0; i < count; ++i) {
     const float g = grad[i] * scale;
@@ -39,6 +75,7 @@ void adamw_update(float* param, const float* grad, float* m, float* v, int64_t c
     const float p = param[i];
     param[i] = p - step_size * m_new / (std::sqrt(v_new) * inverse_sqrt_bc2 + eps) - decay * p;
   }
+#endif
 }
 
 double sum_of_squares(const float* values, int64_t count) {

@@ -41,9 +41,9 @@ void embedding_forward(float* out, const int32_t* ids, const float* table, int64
 void embedding_backward(float* dtable, const int32_t* ids, const float* dout, int64_t N, int64_t R,
                         int64_t D) {
   check_ids(ids, N, R);
-  // One contiguous column range per thread (a multiple of 16 floats, at least kColumnBlock), so each token adds
-  // one long row segment instead of many 32-float pieces. Every element is still summed in token order by one
-  // thread, so the result does not depend on the thread count or on the range width.
+  // One contiguous column range per thread (a multiple of 16 floats, at least kColumnBlock), so each token
+  // adds one long row segment instead of many 32-float pieces. Every element is still summed in token order
+  // by one thread, so the result does not depend on the thread count or on the range width.
   const int64_t threads = std::max(1, omp_get_max_threads());
   const int64_t width = std::max(kColumnBlock, ((D + threads - 1) / threads + 15) / 16 * 16);
   const int64_t blocks = (D + width - 1) / width;

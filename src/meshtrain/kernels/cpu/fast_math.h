@@ -1,7 +1,8 @@
 // Vectorisable replacements for libm functions in the CPU kernels' inner loops. std::exp, std::tanh and
 // std::cos are scalar libm calls at -O2/-O3, so a loop that calls them runs one element at a time; these are
 // plain arithmetic (no calls, no branches, no tables) so that `omp simd` loops and GCC's vectoriser turn them
-// into 16-float (8-double) AVX-512 code. Accuracy is tested against libm in tests/unit/kernels/test_fast_math.cpp.
+// into 16-float (8-double) AVX-512 code. Accuracy is tested against libm in
+// tests/unit/kernels/test_fast_math.cpp.
 //
 // Every function is evaluated by the same operations in the same order whether the compiler vectorises a loop
 // or not: results depend only on the argument, never on the lane or the neighbours.
@@ -73,8 +74,8 @@ inline float tanh_approx(float x) {
 // sin(a) and cos(a) for double, |a| < 2^31. Cody-Waite reduction by pi/2 in two parts with fused
 // multiply-adds (the first product is exact inside the fma; the second part's own error is ~1e-33 |a|), then
 // fdlibm's degree-13 / degree-14 minimax polynomials on [-pi/4, pi/4]. Within about 1e-16 of libm for the
-// angles RoPE forms (int32 positions times frequencies <= 1; see the test); rounded to float the results equal
-// libm's except where the exact value sits within ~1e-16 of a float rounding tie.
+// angles RoPE forms (int32 positions times frequencies <= 1; see the test); rounded to float the results
+// equal libm's except where the exact value sits within ~1e-16 of a float rounding tie.
 inline void sincos_approx(double a, double& sine, double& cosine) {
   constexpr double kTwoOverPi = 6.36619772367581382433e-01;
   constexpr double kPiOver2High = 1.57079632679489655800e+00;  // double(pi/2)

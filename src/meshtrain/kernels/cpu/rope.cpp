@@ -22,13 +22,13 @@ void rotate(float* out, const float* x, const int32_t* positions, int64_t N, int
   MT_CHECK(d % 2 == 0, "rope head width " + to_text(d) + " is odd");
   const int64_t half = d / 2;
   const double theta_d = static_cast<double>(theta);
+  // Every thread walks the same pair blocks; a token's pairs of one block belong to one thread, and different
+  // blocks touch disjoint elements, so no barrier is needed between blocks (nowait).
 #pragma omp parallel if (N * H * d >= (int64_t{1} << 14))
   for (int64_t begin = 0; begin < half; begin += kPairBlock) {
     const int64_t width = std::min(kPairBlock, half - begin);
     double inverse_frequency[kPairBlock];
     for (int64_t j = 0; j < width; ++j) inverse_frequency[j] = rope_inverse_frequency(begin + j, d, theta_d);
-    // Every thread walks the same blocks; a token's pairs of this block belong to one thread, and different
-    // blocks touch disjoint elements, so no barrier is needed between blocks.
 #pragma omp for schedule(static) nowait
     for (int64_t n = 0; n < N; ++n) {
       alignas(64) float c[kPairBlock], s[kPairBlock];

@@ -9,9 +9,9 @@ namespace meshtrain::kernels {
 
 // For i < d/2, a = positions[n] * theta^(-2i/d):
 //   out[i] = x[i] cos a - x[i + d/2] sin a,   out[i + d/2] = x[i + d/2] cos a + x[i] sin a.
-// Angles are computed in double (only cos/sin are rounded to float) so large positions stay accurate; the fast
-// kernels take theta^(-2i/d) once per call and evaluate cos/sin with a vectorised double polynomial.
-// out may alias x. d must be even.
+// Angles are computed in double (only cos/sin are rounded to float) so large positions stay accurate; the
+// fast kernels take theta^(-2i/d) once per call and evaluate cos/sin with a vectorised double polynomial. out
+// may alias x. d must be even.
 void rope_forward(float* out,                // [N, H, d]
                   const float* x,            // [N, H, d]
                   const int32_t* positions,  // [N]
