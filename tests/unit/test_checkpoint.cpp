@@ -35,7 +35,7 @@ std::vector<std::string> tiny_overrides(const std::string& emb_dim = "32", const
 }
 
 Engine make_engine(const std::string& emb_dim = "32", const std::string& vocab = "100") {
-  return Engine(build_model_spec(load_config("qwen3-tiny", tiny_overrides(emb_dim, vocab))));
+  return Engine(load_config("qwen3-tiny", tiny_overrides(emb_dim, vocab)));
 }
 
 // Every parameter and moment gets values distinct per buffer, element and `salt`.

@@ -106,7 +106,7 @@ std::vector<float> row(const std::vector<float>& logits, int64_t position, const
 
 // Feeds the tokens one at a time and returns the largest per-position relative error against the engine.
 double max_decoder_error(const Config& config, uint32_t token_seed) {
-  Engine engine(build_model_spec(config));
+  Engine engine(config);
   scale_weights(engine);
   const ModelDims& m = engine.spec().dims;
   const std::vector<int32_t> tokens = tokens_for(token_seed);
@@ -175,7 +175,7 @@ TEST(IncrementalDecoder, Gpt2MatchesFullForward) {
 TEST(IncrementalDecoder, ComparisonSeesAChangedToken) {
   // The metric's discrimination: one token changed at position 5 leaves positions 0..4 within the bound and
   // moves every later position far outside it (what a stale or misplaced cache entry would look like).
-  Engine engine(build_model_spec(tiny_config("qwen3-tiny")));
+  Engine engine(tiny_config("qwen3-tiny"));
   scale_weights(engine);
   const ModelDims& m = engine.spec().dims;
   std::vector<int32_t> tokens = tokens_for(9);
@@ -194,7 +194,7 @@ TEST(IncrementalDecoder, ComparisonSeesAChangedToken) {
 }
 
 TEST(IncrementalDecoder, RejectsOverflowAndBadTokens) {
-  Engine engine(build_model_spec(tiny_config("qwen3-tiny")));
+  Engine engine(tiny_config("qwen3-tiny"));
   IncrementalDecoder decoder(engine, 2);
   EXPECT_THROW(decoder.step(100), MeshError);  // vocab_size = 100 (rows 100..127 are padding)
   EXPECT_THROW(decoder.step(-1), MeshError);
@@ -206,7 +206,7 @@ TEST(IncrementalDecoder, RejectsOverflowAndBadTokens) {
   EXPECT_NO_THROW(decoder.step(3));
   EXPECT_THROW(IncrementalDecoder(engine, 0), MeshError);
 
-  Engine gpt2(build_model_spec(tiny_config("gpt2-124m")));  // 16 learned positions
+  Engine gpt2(tiny_config("gpt2-124m"));  // 16 learned positions
   EXPECT_THROW(IncrementalDecoder(gpt2, 17), MeshError);
   IncrementalDecoder full_table(gpt2, 16);
   for (int32_t t = 0; t < 16; ++t) full_table.step(t);
@@ -387,8 +387,8 @@ class GenerateRun : public ::testing::Test {
     const Tokenizer trained = train_bpe_tokenizer(texts, 300, {"<|endoftext|>"});
     save_trained_tokenizer(trained, (dir_ / "tokenizer.json").string());
     tokenizer_ = std::make_unique<Tokenizer>(Tokenizer::load((dir_ / "tokenizer.json").string()));
-    engine_ = std::make_unique<Engine>(build_model_spec(
-        tiny_config("qwen3-tiny", {"vocab_size=" + std::to_string(tokenizer_->vocab_size())})));
+    engine_ = std::make_unique<Engine>(
+        tiny_config("qwen3-tiny", {"vocab_size=" + std::to_string(tokenizer_->vocab_size())}));
     scale_weights(*engine_);
     CheckpointOptions options;
     options.tokenizer_path = (dir_ / "tokenizer.json").string();

@@ -42,7 +42,7 @@ Config tiny_config(const std::string& preset) {
 
 // For each parameter: g . u versus (L(p + e u) - L(p - e u)) / 2e, with u a random unit direction.
 void check_model_gradient(const Config& config, double bound) {
-  Engine engine(build_model_spec(config));
+  Engine engine(config);
   const ModelSpec& spec = engine.spec();
   // Larger weights than the 0.02 init make every path carry signal (a tiny init hides attention errors).
   for (const ParameterDecl& parameter : spec.parameters) {
@@ -94,7 +94,7 @@ TEST(ModelGradient, Gpt2MatchesFiniteDifferences) {
 }
 
 TEST(ModelGradient, AccumulateAddsAndEvalMatchesTraining) {
-  Engine engine(build_model_spec(tiny_config("qwen3-tiny")));
+  Engine engine(tiny_config("qwen3-tiny"));
   const Batch batch = tiny_batch(engine.spec().dims, 5);
   const LossSums training = engine.fwd_bwd(batch);
   std::vector<std::vector<float>> once;

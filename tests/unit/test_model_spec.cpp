@@ -76,7 +76,7 @@ TEST(ModelSpec, ShapeErrorsNameTheKey) {
 
 TEST(ModelSpec, BfloatRunIsRefusedBeforeAllocation) {
   const std::string message =
-      error_of([] { Engine engine(build_model_spec(load_config("qwen3-32b", {"dtype=bfloat16"}))); });
+      error_of([] { Engine engine(load_config("qwen3-32b", {"dtype=bfloat16"})); });
   EXPECT_NE(message.find("float32"), std::string::npos) << message;
 }
 

@@ -82,7 +82,7 @@ TEST(TrainingStep, AccumulationOverFourMicroBatchesEqualsOneLargeBatch) {
     options.vocab_size = c.vocab_size;
     return BatchLoader::synthetic(options);
   };
-  Engine accumulated(build_model_spec(small)), single(build_model_spec(large));
+  Engine accumulated(small), single(large);
   BatchLoader small_loader = loader_for(small), large_loader = loader_for(large);
   for (int step = 0; step < 3; ++step) {
     LossSums sums_small;
@@ -127,7 +127,7 @@ TEST(TrainingStep, AccumulationOverFourMicroBatchesEqualsOneLargeBatch) {
 }
 
 TEST(TrainingStep, NoValidTargetsGivesZeroGradientNotNan) {
-  Engine engine(build_model_spec(load_config("qwen3-tiny", tiny_overrides(fresh_dir("empty")))));
+  Engine engine(load_config("qwen3-tiny", tiny_overrides(fresh_dir("empty"))));
   LoaderOptions options;
   options.sequence_length = 16;
   options.per_device_batch_size = 2;

@@ -215,7 +215,7 @@ int run_generate(const std::vector<std::string>& arguments, std::ostream& out) {
   }
   const Tokenizer tokenizer = Tokenizer::load(checkpoint_dir);
   const Config config = checkpoint_config(checkpoint_dir);
-  Engine engine(build_model_spec(config));
+  Engine engine(config);
   load_checkpoint(checkpoint_dir, engine, /*parameters_only=*/true, tokenizer.identity());
 
   const std::vector<int32_t> prompt = tokenizer.encode(*parsed.prompt);

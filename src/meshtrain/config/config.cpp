@@ -86,6 +86,12 @@ KeyEntry entry(const std::string& name, std::vector<int64_t> Config::*member) {
               (c.*member).push_back(parse_int(k, RawValue{{item}, item, r.source}));
           }};
 }
+KeyEntry rule_entry(const std::string& logical_axis) {
+  return {"logical_axis_rules." + logical_axis,
+          [logical_axis](Config& c, const std::string&, const RawValue& r) {
+            c.logical_axis_rules[logical_axis] = r.items;
+          }};
+}
 KeyEntry mesh_entry(const std::string& axis, int64_t MeshShape::*member) {
   return {"mesh." + axis,
           [member](Config& c, const std::string& k, const RawValue& r) { c.mesh.*member = parse_int(k, r); }};
@@ -110,6 +116,8 @@ const std::vector<KeyEntry>& key_table() {
       entry("max_target_length", &Config::max_target_length),
       entry("dtype", &Config::dtype),
       entry("weight_dtype", &Config::weight_dtype),
+      entry("grad_dtype", &Config::grad_dtype),
+      entry("mu_dtype", &Config::mu_dtype),
       entry("remat_policy", &Config::remat_policy),
       entry("scan_layers", &Config::scan_layers),
       entry("param_scan_axis", &Config::param_scan_axis),
@@ -121,6 +129,16 @@ const std::vector<KeyEntry>& key_table() {
       mesh_entry("tensor", &MeshShape::tensor),
       entry("shard_optimizer_over_data", &Config::shard_optimizer_over_data),
       entry("topology", &Config::topology),
+      entry("topologies_path", &Config::topologies_path),
+      rule_entry("batch"),
+      rule_entry("length"),
+      rule_entry("embed"),
+      rule_entry("heads"),
+      rule_entry("kv_heads"),
+      rule_entry("head_dim"),
+      rule_entry("mlp"),
+      rule_entry("vocab"),
+      rule_entry("positions"),
       entry("kernels", &Config::kernels),
       entry("plan_out", &Config::plan_out),
       entry("plan_in", &Config::plan_in),

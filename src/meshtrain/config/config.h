@@ -30,6 +30,8 @@ struct Config {
   int64_t max_target_length = 0;
   DType dtype = DType::f32;
   DType weight_dtype = DType::f32;
+  DType grad_dtype = DType::f32;  // gradient accumulators
+  DType mu_dtype = DType::f32;    // both Adam moments (and the master copy when weights are not float32)
   std::string remat_policy = "none";
   bool scan_layers = false;
   int64_t param_scan_axis = 1;
@@ -39,6 +41,9 @@ struct Config {
   MeshShape mesh;
   bool shard_optimizer_over_data = false;
   std::string topology = "cpu";
+  std::string topologies_path;  // a user YAML adding to configs/topologies.yaml
+  // Sharding rules: logical axis -> mesh axes, tried in order (configs/base.yaml lists the axes).
+  std::map<std::string, std::vector<std::string>> logical_axis_rules;
   std::vector<std::string> kernels;
   std::string plan_out, plan_in;
   int64_t num_threads = 0;  // 0: cores / processes on this host

@@ -1,5 +1,7 @@
 #include "meshtrain/model/spec.h"
 
+#include <numeric>
+
 #include "meshtrain/core/error.h"
 #include "meshtrain/model/families.h"
 
@@ -11,7 +13,7 @@ void require_positive(const std::string& key, int64_t value, const std::string& 
 }
 
 // Every shape rule is checked here, before any buffer is declared or allocated.
-ModelDims validate_and_size(const Config& c) {
+ModelDims validate_and_size(const Config& c, const ShardingLayout& sharding) {
   if (c.decoder_block != "qwen3" && c.decoder_block != "gpt2") {
     fail("config key 'decoder_block'", "qwen3 or gpt2", "'" + c.decoder_block + "'",
          "did you mean '" + closest_name(c.decoder_block, {"qwen3", "gpt2"}) + "'?");
@@ -28,16 +30,12 @@ ModelDims validate_and_size(const Config& c) {
   require_positive("gradient_accumulation_steps", c.gradient_accumulation_steps, "1 for no accumulation");
 
   ModelDims m;
-  m.B = c.per_device_batch_size;
-  m.S = c.max_target_length;
-  m.N = m.B * m.S;
   m.D = c.base_emb_dim;
   m.H = c.base_num_query_heads;
   m.K = c.base_num_kv_heads;
   m.F = c.base_mlp_dim;
   m.L = c.base_num_decoder_layers;
   m.V_valid = c.vocab_size;
-  m.V = padded_vocab_size(c.vocab_size);
   m.d = c.head_dim;
   if (m.d == 0) {  // derived from the width, as in GPT-2
     if (m.D % m.H != 0) {
@@ -57,17 +55,33 @@ ModelDims validate_and_size(const Config& c) {
   }
   if (c.decoder_block == "gpt2") {
     require_positive("max_position_embeddings", c.max_position_embeddings, "1024 for GPT-2");
-    if (m.S > c.max_position_embeddings) {
+    if (c.max_target_length > c.max_position_embeddings) {
       fail("config key 'max_target_length'",
            "at most max_position_embeddings (" + std::to_string(c.max_position_embeddings) +
                ") for learned positions",
-           std::to_string(m.S));
+           std::to_string(c.max_target_length));
     }
     if (!c.logits_via_embedding) {
       fail("config key 'logits_via_embedding'", "true for gpt2 (tied embeddings)", "false");
     }
     m.P = c.max_position_embeddings;
   }
+  // Per-device sizes. The micro-batch of all devices is per_device_batch_size x devices rows (the
+  // reference system's rule, whatever the mesh), split over data x fsdp.
+  const Mesh& mesh = sharding.mesh();
+  m.B = sharding.local_size("batch", c.per_device_batch_size * mesh.devices());
+  m.S = sharding.local_size("length", c.max_target_length);
+  m.N = m.B * m.S;
+  m.H = sharding.local_size("heads", m.H);
+  m.K = sharding.local_size("kv_heads", m.K);
+  if (m.H % m.K != 0) {
+    fail("config key 'mesh.tensor'", "a degree that keeps query heads a multiple of kv heads on each device",
+         std::to_string(mesh.tensor), "use a tensor degree dividing base_num_kv_heads, or a multiple of it");
+  }
+  m.F = sharding.local_size("mlp", m.F);
+  const int64_t vocab_degree = sharding.compute("vocab").degree;
+  m.V_padded = padded_vocab_size(c.vocab_size, vocab_degree);
+  m.V = m.V_padded / vocab_degree;
   if (c.normalization_layer_epsilon <= 0.0) {
     fail("config key 'normalization_layer_epsilon'", "a positive number",
          to_text(c.normalization_layer_epsilon));
@@ -83,8 +97,67 @@ uint8_t* OpContext::u8(BufferId id) const {
   return static_cast<uint8_t*>(tensor.data);
 }
 
-int64_t padded_vocab_size(int64_t vocab_size) {
-  return (vocab_size + 127) / 128 * 128;
+int64_t padded_vocab_size(int64_t vocab_size, int64_t tensor_degree) {
+  const int64_t multiple = std::lcm<int64_t>(128, tensor_degree);
+  return (vocab_size + multiple - 1) / multiple * multiple;
+}
+
+const char* buffer_kind_name(BufferKind kind) {
+  switch (kind) {
+    case BufferKind::parameter:
+      return "parameter";
+    case BufferKind::gradient:
+      return "gradient";
+    case BufferKind::optimizer_state:
+      return "optimizer_state";
+    case BufferKind::step_counter:
+      return "step_counter";
+    case BufferKind::input:
+      return "input";
+    case BufferKind::activation:
+      return "activation";
+    case BufferKind::scratch:
+      return "scratch";
+    case BufferKind::communication:
+      return "communication";
+  }
+  return "?";
+}
+
+const char* op_kind_name(OpKind kind) {
+  switch (kind) {
+    case OpKind::matmul:
+      return "matmul";
+    case OpKind::attention:
+      return "attention";
+    case OpKind::elementwise:
+      return "elementwise";
+    case OpKind::loss:
+      return "loss";
+    case OpKind::optimizer:
+      return "optimizer";
+    case OpKind::memory:
+      return "memory";
+    case OpKind::collective:
+      return "collective";
+  }
+  return "?";
+}
+
+const char* collective_kind_name(CollectiveKind kind) {
+  switch (kind) {
+    case CollectiveKind::all_reduce:
+      return "all_reduce";
+    case CollectiveKind::all_gather:
+      return "all_gather";
+    case CollectiveKind::reduce_scatter:
+      return "reduce_scatter";
+    case CollectiveKind::send_recv:
+      return "send_recv";
+    case CollectiveKind::all_to_all:
+      return "all_to_all";
+  }
+  return "?";
 }
 
 int64_t ModelSpec::parameter_count() const {
@@ -94,9 +167,14 @@ int64_t ModelSpec::parameter_count() const {
 }
 
 ModelSpec build_model_spec(const Config& config) {
+  return build_model_spec(config, Mesh{});
+}
+
+ModelSpec build_model_spec(const Config& config, const Mesh& mesh) {
   ModelSpec spec;
   spec.config = config;
-  spec.dims = validate_and_size(config);
+  spec.sharding = ShardingLayout(config, mesh);
+  spec.dims = validate_and_size(config, spec.sharding);
   SpecBuilder builder(spec);
   const Shape batch_shape = shape_of({{"batch", spec.dims.B}, {"length", spec.dims.S}});
   spec.tokens = builder.input("batch/tokens", DType::i32, batch_shape);

@@ -3,6 +3,9 @@
 // op lists over those buffers. Allocation, parameter counts, FLOPs, checkpoint names and (later) the memory
 // plan and sharding all read this one description.
 //
+// Every size is per device: the sharding pass (plan/sharding.h) divides the logical sizes before the layers
+// declare anything, so FLOPs and bytes are per device too.
+//
 // Legend: B batch, S sequence, N tokens (= B*S), D width, H query heads, K kv heads, d head width,
 // F MLP width, V vocab (padded), P learned positions, L layers.
 #pragma once
@@ -14,10 +17,23 @@
 
 #include "meshtrain/config/config.h"
 #include "meshtrain/core/tensor.h"
+#include "meshtrain/plan/sharding.h"
 
 namespace meshtrain {
 
-enum class BufferKind { parameter, gradient, optimizer_state, input, activation, scratch };
+// communication: a parameter gathered for use, or a gradient before it is reduce-scattered (the plan's);
+// step_counter: the optimizer's step, kept apart from the moments.
+enum class BufferKind {
+  parameter,
+  gradient,
+  optimizer_state,
+  step_counter,
+  input,
+  activation,
+  scratch,
+  communication
+};
+const char* buffer_kind_name(BufferKind kind);
 enum class ParameterInit { normal, ones, zeros };
 
 using BufferId = int32_t;
@@ -30,9 +46,11 @@ struct BufferDecl {
   Shape shape;
 };
 
-// A trainable tensor and the buffers that follow it.
+// A trainable tensor and the buffers that follow it. `master` exists only when weights are stored in a
+// lower precision than the optimizer's (weight_dtype != mu_dtype).
 struct ParameterDecl {
-  BufferId value = kNoBuffer, gradient = kNoBuffer, adam_m = kNoBuffer, adam_v = kNoBuffer;
+  BufferId value = kNoBuffer, gradient = kNoBuffer, adam_m = kNoBuffer, adam_v = kNoBuffer,
+           master = kNoBuffer;
   std::string canonical_name;  // init stream name: independent of sharding and layer layout
   std::string component;       // for parameter-count breakdowns: "embedding", "attention", "mlp", "norm", ...
   ParameterInit init = ParameterInit::normal;
@@ -46,6 +64,15 @@ struct LossSums {
   int64_t valid_count = 0;
 };
 
+// What the update kernel's ops share: the step's arguments and the norm they compute together.
+struct UpdateState {
+  int64_t global_valid_count = 0;
+  double learning_rate = 0.0;
+  int64_t step = 0;             // 0-based; Adam's bias correction uses step + 1
+  double sum_of_squares = 0.0;  // of the summed (not yet token-averaged) gradients
+  double raw_grad_norm = 0.0, grad_norm = 0.0, gradient_scale = 0.0;  // set by the clip op
+};
+
 // What an op sees when it runs: pointers into the arena, and the loss sums it may add to.
 class OpContext {
  public:
@@ -55,24 +82,68 @@ class OpContext {
   int32_t* i32(BufferId id) const { return view(id).i32(); }
   uint8_t* u8(BufferId id) const;
   LossSums* loss_sums = nullptr;
+  UpdateState* update = nullptr;
 };
 
+// What an op is, for costs and for remat policies (`minimal` keeps matmul and attention outputs).
+enum class OpKind { matmul, attention, elementwise, loss, optimizer, memory, collective };
+const char* op_kind_name(OpKind kind);
+
+enum class CollectiveKind { all_reduce, all_gather, reduce_scatter, send_recv, all_to_all };
+const char* collective_kind_name(CollectiveKind kind);
+
+// A collective over one mesh axis. `buffer` is the full-size side: the all-reduced buffer, the all-gather's
+// output, the reduce-scatter's input; `shard` the other side of a gather or scatter. Bytes per rank follow
+// aot-plan.md and are computed by the plan from the buffers' planned dtypes.
+struct CollectiveDecl {
+  CollectiveKind kind = CollectiveKind::all_reduce;
+  MeshAxis axis = MeshAxis::data;
+  int64_t group = 1;  // ranks in the group (kv-head replication uses part of the tensor axis)
+  BufferId buffer = kNoBuffer, shard = kNoBuffer;
+};
+
+// One op. Reads and writes list every buffer the op touches (the engine refuses any other): an op that adds
+// into a buffer lists it in both; a buffer written and not read is overwritten, which ends its previous value
+// for the memory plan. Gradient buffers are always accumulated into.
 struct OpDecl {
+  OpDecl() = default;
+  OpDecl(std::string op_name, std::vector<BufferId> op_reads, std::vector<BufferId> op_writes,
+         double op_flops, std::function<void(const OpContext&)> op_run, OpKind op_kind = OpKind::elementwise,
+         CollectiveDecl op_collective = {})
+      : name(std::move(op_name)),
+        reads(std::move(op_reads)),
+        writes(std::move(op_writes)),
+        flops(op_flops),
+        run(std::move(op_run)),
+        kind(op_kind),
+        collective(op_collective) {}
+
   std::string name;  // "decoder/layers_0/attention/forward"
   std::vector<BufferId> reads, writes;
   double flops = 0.0;
-  std::function<void(const OpContext&)> run;
+  std::function<void(const OpContext&)> run;  // empty for collectives until the distributed runtime
+  OpKind kind = OpKind::elementwise;
+  CollectiveDecl collective;  // kind == collective only
+};
+
+// A layer's forward ops (a range of ModelSpec::forward) and its backward ops (a range of loss_backward):
+// the unit remat policies recompute.
+struct LayerBlock {
+  std::string name;
+  size_t forward_begin = 0, forward_end = 0, backward_begin = 0, backward_end = 0;
 };
 
 struct ModelDims {
   int64_t B = 0, S = 0, N = 0, D = 0, H = 0, K = 0, d = 0, F = 0, L = 0;
-  int64_t V = 0;        // padded vocabulary (embedding rows)
-  int64_t V_valid = 0;  // the tokenizer's vocabulary; rows at and past it are never predicted
-  int64_t P = 0;        // learned position rows (gpt2)
+  int64_t V = 0;         // padded vocabulary rows on this device
+  int64_t V_valid = 0;   // the tokenizer's vocabulary; rows at and past it are never predicted
+  int64_t P = 0;         // learned position rows (gpt2)
+  int64_t V_padded = 0;  // padded vocabulary over all tensor ranks (V x tensor degree of vocab)
 };
 
 struct ModelSpec {
   Config config;
+  ShardingLayout sharding;
   ModelDims dims;
   std::vector<BufferDecl> buffers;
   std::vector<ParameterDecl> parameters;
@@ -83,16 +154,21 @@ struct ModelSpec {
   std::vector<OpDecl> forward;        // embedding .. final norm
   std::vector<OpDecl> loss_forward;   // loss only (eval)
   std::vector<OpDecl> loss_backward;  // loss with its gradient, then the backward of every layer
+  std::vector<LayerBlock> blocks;     // decoder blocks, in forward order
+  std::vector<OpDecl> update;         // grad norm, clip, AdamW (collectives are the plan's)
+  BufferId step_counter = kNoBuffer;  // [1] int32
 
   const BufferDecl& buffer(BufferId id) const { return buffers.at(static_cast<size_t>(id)); }
   int64_t parameter_count() const;
 };
 
-// Validates the config (before anything is allocated) and builds the spec of its decoder_block.
+// Validates the config (before anything is allocated) and builds the spec of its decoder_block at the
+// per-device sizes of `mesh`; the one-argument form is one device.
+ModelSpec build_model_spec(const Config& config, const Mesh& mesh);
 ModelSpec build_model_spec(const Config& config);
 
-// Vocabulary rows allocated for a tokenizer vocabulary: a multiple of 128 (and later of the tensor degree).
-int64_t padded_vocab_size(int64_t vocab_size);
+// Vocabulary rows allocated for a tokenizer vocabulary: a multiple of 128 and of the tensor degree.
+int64_t padded_vocab_size(int64_t vocab_size, int64_t tensor_degree = 1);
 
 // Standard training FLOPs per device per step (shared/specs/training-step.md), learnable and attention parts.
 struct StandardFlops {

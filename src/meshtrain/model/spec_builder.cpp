@@ -1,6 +1,9 @@
 #include "meshtrain/model/spec_builder.h"
 
+#include <cmath>
+
 #include "meshtrain/core/error.h"
+#include "meshtrain/kernels/cpu/adamw.h"
 
 namespace meshtrain {
 
@@ -17,7 +20,7 @@ BufferId SpecBuilder::input(const std::string& name, DType dtype, const Shape& s
 }
 
 BufferId SpecBuilder::activation(const std::string& name, const Shape& shape) {
-  return add({name, BufferKind::activation, DType::f32, shape});
+  return add({name, BufferKind::activation, spec_.config.dtype, shape});
 }
 
 BufferId SpecBuilder::scratch(const std::string& name, const Shape& shape) {
@@ -29,16 +32,20 @@ BufferId SpecBuilder::scratch(const std::string& name, const Shape& shape) {
       return static_cast<BufferId>(i);
     }
   }
-  return add({name, BufferKind::scratch, DType::f32, shape});
+  return add({name, BufferKind::scratch, spec_.config.dtype, shape});
 }
 
 BufferId SpecBuilder::parameter(const std::string& name, const Shape& shape,
                                 const ParameterOptions& options) {
   ParameterDecl parameter;
-  parameter.value = add({name, BufferKind::parameter, DType::f32, shape});
-  parameter.gradient = add({"grad/" + name, BufferKind::gradient, DType::f32, shape});
-  parameter.adam_m = add({"adam_m/" + name, BufferKind::optimizer_state, DType::f32, shape});
-  parameter.adam_v = add({"adam_v/" + name, BufferKind::optimizer_state, DType::f32, shape});
+  const Config& c = spec_.config;
+  parameter.value = add({name, BufferKind::parameter, c.weight_dtype, shape});
+  parameter.gradient = add({"grad/" + name, BufferKind::gradient, c.grad_dtype, shape});
+  parameter.adam_m = add({"adam_m/" + name, BufferKind::optimizer_state, c.mu_dtype, shape});
+  parameter.adam_v = add({"adam_v/" + name, BufferKind::optimizer_state, c.mu_dtype, shape});
+  if (c.weight_dtype != c.mu_dtype) {
+    parameter.master = add({"master/" + name, BufferKind::optimizer_state, c.mu_dtype, shape});
+  }
   parameter.canonical_name = name;
   parameter.component = options.component;
   parameter.init = options.init;
@@ -56,16 +63,113 @@ BufferId SpecBuilder::gradient_of(BufferId parameter_value) const {
   return kNoBuffer;
 }
 
+void SpecBuilder::backward_group(std::vector<OpDecl> ops) {
+  LayerBlock block;
+  block.forward_begin = blocks_.empty() ? 0 : blocks_.back().forward_end;
+  block.forward_end = spec_.forward.size();
+  MT_CHECK(block.forward_end > block.forward_begin, "a layer block without forward ops");
+  const std::string& first = spec_.forward[block.forward_begin].name;
+  block.name = first.substr(0, first.rfind('/'));
+  blocks_.push_back(block);
+  backward_groups_.push_back(std::move(ops));
+}
+
 void SpecBuilder::loss(std::vector<OpDecl> eval_ops, std::vector<OpDecl> train_ops) {
   spec_.loss_forward = std::move(eval_ops);
   spec_.loss_backward = std::move(train_ops);
 }
 
+std::vector<OpDecl> SpecBuilder::collective(const std::string& name, CollectiveKind kind, MeshAxis axis,
+                                            BufferId buffer, BufferId shard, int64_t group) const {
+  const int64_t ranks = group > 0 ? group : spec_.sharding.mesh().size(axis);
+  if (ranks == 1) return {};
+  OpDecl op{name, {buffer}, {buffer}, 0.0, nullptr, OpKind::collective, {kind, axis, ranks, buffer, shard}};
+  if (kind == CollectiveKind::all_gather) op.reads = {shard};
+  if (kind == CollectiveKind::reduce_scatter) op.writes = {shard};
+  return {op};
+}
+
 void SpecBuilder::finish() {
-  for (auto group = backward_groups_.rbegin(); group != backward_groups_.rend(); ++group) {
-    for (OpDecl& op : *group) spec_.loss_backward.push_back(std::move(op));
+  for (size_t i = backward_groups_.size(); i-- > 0;) {
+    blocks_[i].backward_begin = spec_.loss_backward.size();
+    for (OpDecl& op : backward_groups_[i]) spec_.loss_backward.push_back(std::move(op));
+    blocks_[i].backward_end = spec_.loss_backward.size();
   }
   backward_groups_.clear();
+  spec_.blocks = std::move(blocks_);
+  declare_update();
+}
+
+// The update kernel's ops: the step counter, the global gradient norm, the clip, then AdamW per parameter.
+// Gradients hold sums over the global batch until here; one scale applies the 1/valid-count and the clip.
+void SpecBuilder::declare_update() {
+  const Config& c = spec_.config;
+  const BufferId counter =
+      add({"optimizer/step", BufferKind::step_counter, DType::i32, shape_of({{"step", 1}})});
+  spec_.step_counter = counter;
+  spec_.update.push_back({"optimizer/step",
+                          {counter},
+                          {counter},
+                          0.0,
+                          [=](const OpContext& context) {
+                            context.i32(counter)[0] = static_cast<int32_t>(context.update->step + 1);
+                          },
+                          OpKind::optimizer});
+  for (const ParameterDecl& parameter : spec_.parameters) {
+    const BufferId gradient = parameter.gradient;
+    const int64_t count = spec_.buffer(gradient).shape.elements();
+    spec_.update.push_back({"optimizer/grad_norm/" + parameter.canonical_name,
+                            {gradient},
+                            {},
+                            2.0 * static_cast<double>(count),
+                            [=](const OpContext& context) {
+                              context.update->sum_of_squares +=
+                                  kernels::sum_of_squares(context.f32(gradient), count);
+                            },
+                            OpKind::optimizer});
+  }
+  const double threshold = c.gradient_clipping_threshold;
+  spec_.update.push_back({"optimizer/clip",
+                          {},
+                          {},
+                          0.0,
+                          [=](const OpContext& context) {
+                            UpdateState& u = *context.update;
+                            // With no valid target the gradient is zero: the step still decays weights and
+                            // advances the moments.
+                            const double token_scale = u.global_valid_count > 0
+                                                           ? 1.0 / static_cast<double>(u.global_valid_count)
+                                                           : 0.0;
+                            u.raw_grad_norm = std::sqrt(u.sum_of_squares) * token_scale;
+                            double clip = 1.0;
+                            if (threshold > 0.0 && u.raw_grad_norm > threshold)
+                              clip = threshold / u.raw_grad_norm;
+                            u.grad_norm = u.raw_grad_norm * clip;
+                            u.gradient_scale = token_scale * clip;
+                          },
+                          OpKind::optimizer});
+  const float b1 = static_cast<float>(c.adam_b1), b2 = static_cast<float>(c.adam_b2),
+              eps = static_cast<float>(c.adam_eps), decay = static_cast<float>(c.adam_weight_decay);
+  for (const ParameterDecl& parameter : spec_.parameters) {
+    const BufferId value = parameter.value, gradient = parameter.gradient, m = parameter.adam_m,
+                   v = parameter.adam_v;
+    const int64_t count = spec_.buffer(value).shape.elements();
+    const bool weight_decay = parameter.weight_decay;
+    std::vector<BufferId> touched = {value, m, v};
+    if (parameter.master != kNoBuffer) touched.push_back(parameter.master);
+    std::vector<BufferId> reads = touched;
+    reads.push_back(gradient);
+    spec_.update.push_back(
+        {"optimizer/adamw/" + parameter.canonical_name, reads, touched, 12.0 * static_cast<double>(count),
+         [=](const OpContext& context) {
+           const UpdateState& u = *context.update;
+           const kernels::AdamWStep adam{static_cast<float>(u.learning_rate), b1, b2, eps, decay, u.step + 1,
+                                         static_cast<float>(u.gradient_scale)};
+           kernels::adamw_update(context.f32(value), context.f32(gradient), context.f32(m), context.f32(v),
+                                 count, adam, weight_decay);
+         },
+         OpKind::optimizer});
+  }
 }
 
 }  // namespace meshtrain

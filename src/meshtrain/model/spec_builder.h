@@ -30,10 +30,15 @@ class SpecBuilder {
   BufferId gradient_of(BufferId parameter_value) const;
 
   void forward(OpDecl op) { spec_.forward.push_back(std::move(op)); }
-  void backward_group(std::vector<OpDecl> ops) { backward_groups_.push_back(std::move(ops)); }
+  // Ends a layer block: the forward ops declared since the previous block, and `ops`, its backward.
+  void backward_group(std::vector<OpDecl> ops);
   // Loss ops: `eval_ops` compute the loss only; `train_ops` compute it with its gradient.
   void loss(std::vector<OpDecl> eval_ops, std::vector<OpDecl> train_ops);
-  // Appends the layer groups in reverse order after the loss's backward.
+  // A collective over `axis` of `buffer` (full-size side) as an op; nothing when the axis has one rank.
+  // `shard` is the other side of a gather or scatter.
+  std::vector<OpDecl> collective(const std::string& name, CollectiveKind kind, MeshAxis axis, BufferId buffer,
+                                 BufferId shard = kNoBuffer, int64_t group = 0) const;
+  // Appends the layer groups in reverse order after the loss's backward, and declares the update ops.
   void finish();
 
   ModelSpec& spec() { return spec_; }
@@ -41,8 +46,10 @@ class SpecBuilder {
 
  private:
   BufferId add(BufferDecl buffer);
+  void declare_update();
   ModelSpec& spec_;
   std::vector<std::vector<OpDecl>> backward_groups_;
+  std::vector<LayerBlock> blocks_;  // backward ranges filled in by finish()
 };
 
 // The [N, X] view of a buffer shaped with batch and length axes: most kernels see tokens as rows.

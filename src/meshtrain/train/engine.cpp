@@ -1,7 +1,11 @@
 #include "meshtrain/train/engine.h"
 
+#include <omp.h>
+
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "meshtrain/core/error.h"
 #include "meshtrain/core/rng.h"
@@ -11,28 +15,53 @@
 namespace meshtrain {
 namespace {
 
-class ArenaContext : public OpContext {
- public:
-  explicit ArenaContext(const Engine& engine) : engine_(engine) {}
-  TensorView view(BufferId id) const override { return engine_.view(id); }
-
- private:
-  const Engine& engine_;
-};
-
-// The CPU kernels run float32 only; bf16 configs can be planned but not run here yet.
-const ModelSpec& require_runnable(const ModelSpec& spec) {
-  const Config& c = spec.config;
-  if (c.dtype != DType::f32 || c.weight_dtype != DType::f32) {
-    fail("config keys 'dtype' / 'weight_dtype'", "float32 for a run on the CPU kernels",
-         dtype_config_name(c.dtype) + " / " + dtype_config_name(c.weight_dtype),
-         "set dtype=float32 weight_dtype=float32");
+// The CPU kernels run float32 on one process so far: other dtypes and meshes can be planned
+// (meshtrain compile) but not run here yet.
+TrainingPlan require_runnable(TrainingPlan plan) {
+  const Config& c = plan.spec.config;
+  for (const auto& [key, dtype] :
+       {std::pair{"dtype", c.dtype}, std::pair{"weight_dtype", c.weight_dtype},
+        std::pair{"grad_dtype", c.grad_dtype}, std::pair{"mu_dtype", c.mu_dtype}}) {
+    if (dtype != DType::f32) {
+      fail(std::string("config key '") + key + "'", "float32 for a run on the CPU kernels",
+           dtype_config_name(dtype),
+           std::string("set ") + key + "=float32 (meshtrain compile plans other dtypes)");
+    }
   }
-  if (c.remat_policy != "none") {
-    fail("config key 'remat_policy'", "none (the only policy the engine runs so far)",
-         "'" + c.remat_policy + "'");
+  if (plan.mesh.devices() != 1) {
+    fail("config key 'mesh'", "one device for a run in one process", plan.mesh.to_string(),
+         "multi-process training is not built yet; plan this mesh with meshtrain compile");
   }
-  return spec;
+  if (!plan.fits()) {
+    constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+    std::vector<const PlanBuffer*> largest;
+    for (const PlanBuffer& buffer : plan.buffers) largest.push_back(&buffer);
+    std::sort(largest.begin(), largest.end(),
+              [](const auto* a, const auto* b) { return a->bytes > b->bytes; });
+    std::string listing;
+    for (size_t i = 0; i < std::min<size_t>(3, largest.size()); ++i) {
+      listing += (i ? ", " : "") + largest[i]->name + " " +
+                 to_text(static_cast<double>(largest[i]->bytes) / kGiB) + " GiB";
+    }
+    fail("config (plan for topology '" + plan.topology.name + "')",
+         "a plan within the device's " + to_text(plan.device_memory_bytes / kGiB) + " GiB",
+         to_text(static_cast<double>(plan.arena_bytes) / kGiB) + " GiB (largest buffers: " + listing + ")",
+         "lower per_device_batch_size or max_target_length, or set remat_policy=full; meshtrain compile "
+         "--explain "
+         "shows the breakdown");
+  }
+  if (plan.topology.device_kind != "cpu") {
+    fail("config key 'topology'", "a cpu topology for a run on this machine", "'" + plan.topology.name + "'",
+         "use topology=cpu to train here; meshtrain compile plans other topologies");
+  }
+  return plan;
+}
+
+TrainingPlan plan_for_one_process(const Config& config) {
+  PlanRequest request;
+  request.config = config;
+  request.devices = 1;
+  return plan_training(request);
 }
 
 template <class T>
@@ -47,21 +76,59 @@ void copy_field(const TensorView& destination, const std::vector<T>& source, con
 
 }  // namespace
 
-Engine::Engine(ModelSpec spec)
-    : spec_(std::move(require_runnable(spec))), plan_(plan_arena(spec_)), arena_(plan_.total_bytes) {
+// What an op sees: each buffer it declared, at the offset the plan gave it for this op.
+class PlannedOpContext : public OpContext {
+ public:
+  PlannedOpContext(const Engine& engine, const PlanOp* op) : engine_(engine), op_(op) {}
+  void set_op(const PlanOp* op) { op_ = op; }
+  TensorView view(BufferId id) const override {
+    for (size_t i = 0; i < op_->buffers.size(); ++i) {
+      if (op_->buffers[i].first != id) continue;
+      const PlanBuffer& buffer = engine_.plan_.buffers[static_cast<size_t>(op_->buffers[i].second)];
+      return {engine_.arena_.at(op_->offsets[i]), buffer.dtype, buffer.shape};
+    }
+    MT_CHECK(false, "op '" + op_->op->name + "' touches '" +
+                        engine_.plan_.buffers.at(static_cast<size_t>(id)).name +
+                        "', which it does not declare in its reads or writes");
+    return {};
+  }
+
+ private:
+  const Engine& engine_;
+  const PlanOp* op_;
+};
+
+Engine::Engine(const Config& config) : Engine(plan_for_one_process(config)) {}
+
+Engine::Engine(TrainingPlan plan) : plan_(require_runnable(std::move(plan))), arena_(plan_.arena_bytes) {
+  omp_set_num_threads(static_cast<int>(plan_.threads));
   initialize_parameters();
 }
 
 TensorView Engine::view(BufferId id) const {
-  const BufferDecl& buffer = spec_.buffer(id);
-  return {arena_.at(plan_.offsets.at(static_cast<size_t>(id))), buffer.dtype, buffer.shape};
+  const PlanBuffer& buffer = plan_.buffers.at(static_cast<size_t>(id));
+  if (buffer.persistent) return {arena_.at(buffer.offset), buffer.dtype, buffer.shape};
+  MT_CHECK(last_kernel_ != nullptr, "temporary '" + buffer.name + "' viewed before any kernel ran");
+  const std::vector<PlanValue>& values = last_kernel_->values;
+  const PlanValue* last = nullptr;
+  for (const PlanValue& value : values) {
+    if (value.buffer == id && (!last || value.first_op > last->first_op)) last = &value;
+  }
+  MT_CHECK(last != nullptr, "'" + buffer.name + "' is not used by the last kernel");
+  const size_t end = last->offset + buffer.bytes;
+  for (const PlanValue& value : values) {
+    const size_t other_end = value.offset + plan_.buffers[static_cast<size_t>(value.buffer)].bytes;
+    MT_CHECK(value.first_op <= last->last_op || other_end <= last->offset || value.offset >= end,
+             "'" + buffer.name + "' was overwritten later in the kernel");
+  }
+  return {arena_.at(last->offset), buffer.dtype, buffer.shape};
 }
 
 void Engine::initialize_parameters() {
-  const uint64_t seed = static_cast<uint64_t>(spec_.config.init_weights_seed);
-  for (const ParameterDecl& parameter : spec_.parameters) {
+  const uint64_t seed = static_cast<uint64_t>(plan_.spec.config.init_weights_seed);
+  for (const ParameterDecl& parameter : plan_.spec.parameters) {
     float* values = view(parameter.value).f32();
-    const int64_t count = spec_.buffer(parameter.value).shape.elements();
+    const int64_t count = plan_.spec.buffer(parameter.value).shape.elements();
     const PhiloxKey key = philox_key(seed, parameter.canonical_name);
     const float constant = parameter.init == ParameterInit::ones ? 1.0f : 0.0f;
 #pragma omp parallel for schedule(static)
@@ -76,12 +143,12 @@ void Engine::initialize_parameters() {
 }
 
 void Engine::load_batch(const Batch& batch) {
-  const ModelDims& m = spec_.dims;
-  copy_field(view(spec_.tokens), batch.tokens, "tokens", m.N);
-  copy_field(view(spec_.targets), batch.targets, "targets", m.N);
-  copy_field(view(spec_.positions), batch.positions, "positions", m.N);
-  copy_field(view(spec_.segment_ids), batch.segment_ids, "segment_ids", m.N);
-  copy_field(view(spec_.loss_mask), batch.loss_mask, "loss_mask", m.N);
+  const ModelDims& m = plan_.spec.dims;
+  copy_field(view(plan_.spec.tokens), batch.tokens, "tokens", m.N);
+  copy_field(view(plan_.spec.targets), batch.targets, "targets", m.N);
+  copy_field(view(plan_.spec.positions), batch.positions, "positions", m.N);
+  copy_field(view(plan_.spec.segment_ids), batch.segment_ids, "segment_ids", m.N);
+  copy_field(view(plan_.spec.loss_mask), batch.loss_mask, "loss_mask", m.N);
   // Kernels index tables with these: check them here, where a bad batch can still be named.
   const int64_t position_limit = m.P > 0 ? m.P : INT32_MAX;
   for (int64_t i = 0; i < m.N; ++i) {
@@ -101,67 +168,49 @@ void Engine::load_batch(const Batch& batch) {
   }
 }
 
-LossSums Engine::run(const std::vector<const std::vector<OpDecl>*>& op_lists) {
-  LossSums sums;
-  ArenaContext context(*this);
-  context.loss_sums = &sums;
-  for (const std::vector<OpDecl>* ops : op_lists) {
-    for (const OpDecl& op : *ops) {
-      const TraceScope scope(trace_, op.name, "op");
-      op.run(context);
-    }
+LossSums Engine::run(KernelName name, UpdateState* update) {
+  const KernelPlan& kernel = plan_.kernel(name);
+  if (poison_temporaries_) {
+    float* temporaries = reinterpret_cast<float*>(arena_.at(plan_.persistent_bytes));
+    std::fill(temporaries, temporaries + (plan_.arena_bytes - plan_.persistent_bytes) / sizeof(float),
+              std::numeric_limits<float>::quiet_NaN());
   }
+  LossSums sums;
+  PlannedOpContext context(*this, nullptr);
+  context.loss_sums = &sums;
+  context.update = update;
+  for (const PlanOp& op : kernel.ops) {
+    const TraceScope scope(trace_, op.op->name, op.recompute ? "recompute" : "op");
+    MT_CHECK(op.op->run != nullptr, "op '" + op.op->name + "' cannot run in one process");
+    context.set_op(&op);
+    op.op->run(context);
+  }
+  last_kernel_ = &kernel;
   return sums;
 }
 
-void Engine::zero_gradients() {
-  for (const ParameterDecl& parameter : spec_.parameters) {
-    const TensorView gradient = view(parameter.gradient);
-    std::memset(gradient.data, 0, gradient.bytes());
-  }
-}
-
 LossSums Engine::fwd_bwd(const Batch& batch) {
-  zero_gradients();
-  return fwd_bwd_accum(batch);
+  load_batch(batch);
+  return run(KernelName::fwd_bwd);
 }
 
 LossSums Engine::fwd_bwd_accum(const Batch& batch) {
   load_batch(batch);
-  return run({&spec_.forward, &spec_.loss_backward});
+  return run(KernelName::fwd_bwd_accum);
 }
 
 LossSums Engine::eval(const Batch& batch) {
   load_batch(batch);
-  return run({&spec_.forward, &spec_.loss_forward});
+  return run(KernelName::eval);
 }
 
 UpdateResult Engine::update(int64_t global_valid_count, double learning_rate, int64_t step) {
-  const Config& c = spec_.config;
-  double sum_of_squares = 0.0;
-  for (const ParameterDecl& parameter : spec_.parameters) {
-    const TensorView gradient = view(parameter.gradient);
-    sum_of_squares += kernels::sum_of_squares(gradient.f32(), gradient.elements());
-  }
-  UpdateResult result;
-  // With no valid target the gradient is zero: the step still decays weights and advances the moments.
-  const double token_scale = global_valid_count > 0 ? 1.0 / static_cast<double>(global_valid_count) : 0.0;
-  result.raw_grad_norm = std::sqrt(sum_of_squares) * token_scale;
-  double clip = 1.0;
-  if (c.gradient_clipping_threshold > 0.0 && result.raw_grad_norm > c.gradient_clipping_threshold) {
-    clip = c.gradient_clipping_threshold / result.raw_grad_norm;
-  }
-  result.grad_norm = result.raw_grad_norm * clip;
-  const kernels::AdamWStep adam{static_cast<float>(learning_rate),       static_cast<float>(c.adam_b1),
-                                static_cast<float>(c.adam_b2),           static_cast<float>(c.adam_eps),
-                                static_cast<float>(c.adam_weight_decay), step + 1,
-                                static_cast<float>(token_scale * clip)};
-  for (const ParameterDecl& parameter : spec_.parameters) {
-    const TensorView value = view(parameter.value);
-    kernels::adamw_update(value.f32(), view(parameter.gradient).f32(), view(parameter.adam_m).f32(),
-                          view(parameter.adam_v).f32(), value.elements(), adam, parameter.weight_decay);
-  }
-  return result;
+  UpdateState state;
+  state.global_valid_count = global_valid_count;
+  state.learning_rate = learning_rate;
+  state.step = step;
+  run(KernelName::update, &state);
+  return {state.raw_grad_norm, state.grad_norm};
 }
 
 }  // namespace meshtrain

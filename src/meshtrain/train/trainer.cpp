@@ -16,7 +16,7 @@
 #include "meshtrain/data/loader.h"
 #include "meshtrain/data/shards.h"
 #include "meshtrain/data/tokenizer.h"
-#include "meshtrain/plan/topology.h"
+#include "meshtrain/plan/plan.h"
 #include "meshtrain/train/checkpoint.h"
 #include "meshtrain/train/engine.h"
 #include "meshtrain/train/metrics.h"
@@ -30,7 +30,9 @@ namespace {
 namespace fs = std::filesystem;
 
 std::atomic<int> stop_signal{0};
-extern "C" void request_stop(int signal_number) { stop_signal.store(signal_number); }
+extern "C" void request_stop(int signal_number) {
+  stop_signal.store(signal_number);
+}
 
 // Finishing the current step and saving beats dying mid-write: the handlers only raise a flag.
 class StopSignals {
@@ -82,8 +84,9 @@ std::optional<Tokenizer> load_run_tokenizer(const Config& config) {
   }
   Tokenizer tokenizer = Tokenizer::load(config.tokenizer_path);
   if (tokenizer.vocab_size() != config.vocab_size) {
-    fail("config key 'vocab_size'", "the tokenizer's vocabulary size " + std::to_string(tokenizer.vocab_size()) +
-                                        " (" + tokenizer.source_path() + ")",
+    fail("config key 'vocab_size'",
+         "the tokenizer's vocabulary size " + std::to_string(tokenizer.vocab_size()) + " (" +
+             tokenizer.source_path() + ")",
          std::to_string(config.vocab_size), "set vocab_size=" + std::to_string(tokenizer.vocab_size()));
   }
   return tokenizer;
@@ -139,7 +142,8 @@ std::optional<BatchLoader> make_eval_loader(const Config& config, int32_t eos_id
     return BatchLoader::synthetic(options);
   }
   const std::string path = config.eval_dataset_path.empty() ? config.dataset_path : config.eval_dataset_path;
-  return BatchLoader::from_shards(resolve_token_shards(path, "validation"), loader_options(config, eos_id, false));
+  return BatchLoader::from_shards(resolve_token_shards(path, "validation"),
+                                  loader_options(config, eos_id, false));
 }
 
 // Mean loss over eval_steps batches of the held-out split, always from its beginning.
@@ -164,17 +168,25 @@ void write_resolved_config(const Config& config, const std::string& run_dir) {
 }  // namespace
 
 TrainingSummary run_training(const Config& config, std::FILE* console, const RunControl& control) {
-  if (config.num_threads > 0) omp_set_num_threads(static_cast<int>(config.num_threads));
-  if (config.steps <= 0) fail("config key 'steps'", "a positive number of optimizer steps", std::to_string(config.steps));
+  if (config.steps <= 0)
+    fail("config key 'steps'", "a positive number of optimizer steps", std::to_string(config.steps));
   const std::vector<std::string> shards = train_shards(config);
-  const Topology topology = load_topology(config.topology);
-  Engine engine(build_model_spec(config));
+  Engine engine(config);  // plans (threads, arena, op order) and refuses a plan that does not fit
+  const Topology& topology = engine.plan().topology;
+  // The kernels this run uses: a plan_in from meshtrain compile must match each of them exactly.
+  std::vector<KernelName> used_kernels = {KernelName::fwd_bwd, KernelName::update};
+  if (config.gradient_accumulation_steps > 1) used_kernels.push_back(KernelName::fwd_bwd_accum);
+  if (config.eval_interval > 0) used_kernels.push_back(KernelName::eval);
+  if (!config.plan_in.empty()) {
+    for (KernelName kernel : used_kernels) verify_plan_file(engine.plan(), kernel, config.plan_in);
+  }
   const std::optional<Tokenizer> tokenizer = load_run_tokenizer(config);
   const int32_t eos_id = tokenizer && tokenizer->eos_id() ? *tokenizer->eos_id() : -1;
   Config data_config = config;
   std::vector<std::string> train_shard_paths = shards;
   if (config.dataset_type == "text") {
-    data_config.dataset_path = data_config.eval_dataset_path = tokenize_text_dataset(config, *tokenizer, eos_id);
+    data_config.dataset_path = data_config.eval_dataset_path =
+        tokenize_text_dataset(config, *tokenizer, eos_id);
     data_config.dataset_type = "tokens";
     train_shard_paths = resolve_token_shards(data_config.dataset_path, "train");
   }
@@ -188,7 +200,8 @@ TrainingSummary run_training(const Config& config, std::FILE* console, const Run
   CheckpointState state;
   if (const std::optional<std::string> latest = latest_checkpoint(checkpoints_dir)) {
     state = load_checkpoint(*latest, engine, false, tokenizer_identity);
-    std::fprintf(console, "resuming from %s (step %lld)\n", latest->c_str(), static_cast<long long>(state.step));
+    std::fprintf(console, "resuming from %s (step %lld)\n", latest->c_str(),
+                 static_cast<long long>(state.step));
   } else if (!config.load_full_state_path.empty()) {
     state = load_checkpoint(config.load_full_state_path, engine, false, tokenizer_identity);
   } else if (!config.load_parameters_path.empty()) {
@@ -197,6 +210,11 @@ TrainingSummary run_training(const Config& config, std::FILE* console, const Run
   if (!state.data_cursor.is_null()) loader.restore(state.data_cursor, "checkpoint data cursor");
   summary.first_step = state.step;
   write_resolved_config(config, config.run_dir);
+  // The plan this run executes, in the format of meshtrain compile's plan_out (byte for byte the same).
+  for (KernelName kernel : kKernelNames) {
+    write_file_atomically(plan_file_path(config.run_dir + "/plan", kernel),
+                          serialize_kernel_plan(engine.plan(), kernel));
+  }
   MetricsLog::truncate_after(config.run_dir + "/metrics.jsonl", state.step);
   MetricsLog metrics(config.run_dir, true);
   TraceRecorder trace(config.profiler == "trace" ? config.profiler_steps : std::vector<int64_t>{});
@@ -208,7 +226,8 @@ TrainingSummary run_training(const Config& config, std::FILE* console, const Run
     if (!config.enable_checkpointing) return;
     state.step = step;
     state.data_cursor = loader.cursor();
-    state.rng = {{"init_weights_seed", config.init_weights_seed}, {"data_shuffle_seed", config.data_shuffle_seed}};
+    state.rng = {{"init_weights_seed", config.init_weights_seed},
+                 {"data_shuffle_seed", config.data_shuffle_seed}};
     summary.last_checkpoint = save_checkpoint(checkpoints_dir, engine, state, checkpoint_options);
   };
 

@@ -25,8 +25,9 @@ BufferId add_attention_block(SpecBuilder& builder, const std::string& prefix, Bu
   const BufferId d_v = builder.scratch("scratch/d_v", kv_shape);
   const BufferId d_q = options.qk_norm ? builder.scratch("scratch/d_q", q_shape) : d_q_rotated;
   const BufferId d_k = options.qk_norm ? builder.scratch("scratch/d_k", kv_shape) : d_k_rotated;
-  const int64_t backward_scratch_floats =
-      kernels::attention_backward_scratch_floats(m.B, m.S, m.H, m.K, m.d, omp_get_max_threads());
+  const int64_t backward_scratch_floats = kernels::attention_backward_scratch_floats(
+      m.B, m.S, m.H, m.K, m.d,
+      spec.config.num_threads > 0 ? static_cast<int>(spec.config.num_threads) : omp_get_max_threads());
   const BufferId attention_scratch =
       builder.scratch("scratch/attention_backward", shape_of({{"floats", backward_scratch_floats}}));
 
@@ -86,7 +87,20 @@ BufferId add_attention_block(SpecBuilder& builder, const std::string& prefix, Bu
   const BufferId lse = builder.activation(attention + "/lse", lse_shape);
   const BufferId v = value.out;
   const int64_t B = m.B, S = m.S, H = m.H, K = m.K, d = m.d;
-  const double attention_flops = 4.0 * static_cast<double>(B * S * S * H * d) / 2.0;  // causal half
+  // Context parallel: each rank's queries attend to keys of the whole sequence, gathered over `context`
+  // (the causal half on average).
+  const int64_t context = spec.sharding.mesh().context;
+  const double attention_flops = 4.0 * static_cast<double>(B * S * (S * context) * H * d) / 2.0;
+  if (context > 1) {
+    const Shape gathered =
+        shape_of({{"batch", B}, {"length", S * context}, {"kv_heads", K}, {"head_dim", d}});
+    for (const auto& [name, local] : {std::pair{"key", k_rotated}, std::pair{"value", v}}) {
+      const BufferId full = builder.scratch("scratch/context_gathered_" + std::string(name), gathered);
+      for (OpDecl& op : builder.collective(attention + "/gather_" + name, CollectiveKind::all_gather,
+                                           MeshAxis::context, full, local))
+        builder.forward(std::move(op));
+    }
+  }
   builder.forward({attention + "/attention_forward",
                    {q_rotated, k_rotated, v, positions, segment_ids},
                    {attended, lse},
@@ -95,7 +109,8 @@ BufferId add_attention_block(SpecBuilder& builder, const std::string& prefix, Bu
                      kernels::attention_forward(c.f32(attended), c.f32(lse), c.f32(q_rotated),
                                                 c.f32(k_rotated), c.f32(v), c.i32(positions),
                                                 c.i32(segment_ids), B, S, H, K, d);
-                   }});
+                   },
+                   OpKind::attention});
   const OpDecl attention_backward{
       attention + "/attention_backward",
       {d_attended, attended, lse, q_rotated, k_rotated, v, positions, segment_ids},
@@ -106,7 +121,8 @@ BufferId add_attention_block(SpecBuilder& builder, const std::string& prefix, Bu
                                     c.f32(attended), c.f32(lse), c.f32(q_rotated), c.f32(k_rotated), c.f32(v),
                                     c.i32(positions), c.i32(segment_ids), B, S, H, K, d,
                                     c.f32(attention_scratch));
-      }};
+      },
+      OpKind::attention};
 
   const LinearLayer out = add_linear(
       builder, attention + "/out", attended, shape_of({{"heads", m.H}, {"head_dim", m.d}, {"embed", m.D}}),
@@ -118,6 +134,10 @@ BufferId add_attention_block(SpecBuilder& builder, const std::string& prefix, Bu
   group.push_back(query.backward);
   group.push_back(key.backward);
   group.push_back(value.backward);
+  // Column-parallel q, k, v: each tensor rank holds part of the input gradient.
+  for (OpDecl& op : builder.collective(attention + "/reduce_input_gradient", CollectiveKind::all_reduce,
+                                       MeshAxis::tensor, d_normed))
+    group.push_back(std::move(op));
   group.push_back(pre_norm.backward);
   builder.backward_group(std::move(group));
   return out.out;

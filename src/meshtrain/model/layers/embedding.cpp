@@ -23,22 +23,34 @@ EmbeddingLayer add_embedding(SpecBuilder& builder, bool learned_positions, Buffe
                           {"embedding", ParameterInit::normal, 0.01, false});
     d_position_table = builder.gradient_of(position_table);
   }
-  builder.forward(
-      {"token_embedder/forward", {tokens, positions, table}, {residual}, 0.0, [=](const OpContext& c) {
-         kernels::embedding_forward(c.f32(residual), c.i32(tokens), c.f32(table), N, V, D, false);
-         if (position_table != kNoBuffer) {
-           kernels::embedding_forward(c.f32(residual), c.i32(positions), c.f32(position_table), N, P, D,
-                                      true);
-         }
-       }});
-  builder.backward_group(
-      {{"token_embedder/backward", {d_residual, tokens, positions}, {d_table}, 0.0, [=](const OpContext& c) {
-          kernels::embedding_backward(c.f32(d_table), c.i32(tokens), c.f32(d_residual), N, V, D);
-          if (d_position_table != kNoBuffer) {
-            kernels::embedding_backward(c.f32(d_position_table), c.i32(positions), c.f32(d_residual), N, P,
-                                        D);
-          }
-        }}});
+  std::vector<BufferId> reads = {tokens, positions, table}, backward_writes = {d_table};
+  if (learned_positions) {
+    reads.push_back(position_table);
+    backward_writes.push_back(d_position_table);
+  }
+  builder.forward({"token_embedder/forward", reads, {residual}, 0.0, [=](const OpContext& c) {
+                     kernels::embedding_forward(c.f32(residual), c.i32(tokens), c.f32(table), N, V, D, false);
+                     if (position_table != kNoBuffer) {
+                       kernels::embedding_forward(c.f32(residual), c.i32(positions), c.f32(position_table), N,
+                                                  P, D, true);
+                     }
+                   }});
+  // Vocab-parallel: each tensor rank looks up the rows it holds (zeros elsewhere); the sum is the lookup.
+  for (OpDecl& op : builder.collective("token_embedder/reduce_lookup", CollectiveKind::all_reduce,
+                                       MeshAxis::tensor, residual))
+    builder.forward(std::move(op));
+  builder.backward_group({{"token_embedder/backward",
+                           {d_residual, tokens, positions},
+                           backward_writes,
+                           0.0,
+                           [=](const OpContext& c) {
+                             kernels::embedding_backward(c.f32(d_table), c.i32(tokens), c.f32(d_residual), N,
+                                                         V, D);
+                             if (d_position_table != kNoBuffer) {
+                               kernels::embedding_backward(c.f32(d_position_table), c.i32(positions),
+                                                           c.f32(d_residual), N, P, D);
+                             }
+                           }}});
   return {residual, table};
 }
 
@@ -68,10 +80,18 @@ void add_final_norm_and_loss(SpecBuilder& builder, NormKind norm, BufferId resid
                       shape_of({{"floats", kernels::cross_entropy_scratch_floats(chunk_tokens, V)}}));
   const BufferId hidden = final_norm.out, targets = spec.targets, loss_mask = spec.loss_mask;
   const double flops = 2.0 * static_cast<double>(N * D * V);
+  // Vocab-parallel cross-entropy: ranks exchange per-token max, sum of exponentials and target logit.
+  std::vector<OpDecl> reduce_stats;
+  if (spec.sharding.compute("vocab").degree > 1) {
+    const BufferId vocab_stats = builder.scratch("scratch/vocab_parallel_stats", shape_of({{"rows", 3 * N}}));
+    reduce_stats = builder.collective("loss/reduce_vocab_statistics", CollectiveKind::all_reduce,
+                                      MeshAxis::tensor, vocab_stats);
+  }
   const auto loss_op = [=](bool with_gradient) {
     return OpDecl{with_gradient ? "loss/forward_backward" : "loss/forward",
-                  {hidden, unembedding, targets, loss_mask, logits_scratch},
-                  with_gradient ? std::vector<BufferId>{d_hidden, d_unembedding} : std::vector<BufferId>{},
+                  {hidden, unembedding, targets, loss_mask},
+                  with_gradient ? std::vector<BufferId>{d_hidden, d_unembedding, logits_scratch}
+                                : std::vector<BufferId>{logits_scratch},
                   with_gradient ? 3.0 * flops : flops,
                   [=](const OpContext& c) {
                     const kernels::CrossEntropySums sums = kernels::unembed_cross_entropy(
@@ -81,9 +101,18 @@ void add_final_norm_and_loss(SpecBuilder& builder, NormKind norm, BufferId resid
                         c.f32(logits_scratch));
                     c.loss_sums->loss_sum += sums.loss_sum;
                     c.loss_sums->valid_count += sums.valid_count;
-                  }};
+                  },
+                  OpKind::loss};
   };
-  builder.loss({loss_op(false)}, {loss_op(true), final_norm.backward});
+  std::vector<OpDecl> eval_ops = reduce_stats, train_ops = reduce_stats;
+  eval_ops.push_back(loss_op(false));
+  train_ops.push_back(loss_op(true));
+  // The hidden state's gradient is a partial sum over the vocab shards.
+  for (OpDecl& op : builder.collective("loss/reduce_hidden_gradient", CollectiveKind::all_reduce,
+                                       MeshAxis::tensor, d_hidden))
+    train_ops.push_back(std::move(op));
+  train_ops.push_back(final_norm.backward);
+  builder.loss(std::move(eval_ops), std::move(train_ops));
 }
 
 }  // namespace meshtrain

@@ -31,26 +31,60 @@ LinearLayer add_linear(SpecBuilder& builder, const std::string& prefix, BufferId
   const BufferId out = builder.activation(prefix + "/out", out_shape);
   const BufferId residual_in = options.residual_in;
   const double flops = 2.0 * static_cast<double>(N * I * O);
+  // Row-parallel (input features split over tensor, as o and down projections): each rank holds a partial
+  // sum, so the bias and the residual join after the all-reduce.
+  bool row_parallel = false;
+  for (size_t axis = 0; axis < input_axes; ++axis) {
+    row_parallel = row_parallel || builder.spec().sharding.compute(kernel_shape.axes[axis]).degree > 1;
+  }
 
   std::vector<BufferId> reads = {x, kernel};
-  if (bias != kNoBuffer) reads.push_back(bias);
-  if (residual_in != kNoBuffer) reads.push_back(residual_in);
-  builder.forward({prefix + "/forward", reads, {out}, flops, [=](const OpContext& c) {
-                     kernels::matmul_forward(c.f32(out), c.f32(x), c.f32(kernel),
-                                             bias == kNoBuffer ? nullptr : c.f32(bias), N, I, O);
-                     if (residual_in != kNoBuffer)
-                       kernels::residual_add(c.f32(out), c.f32(residual_in), N * O);
-                   }});
+  if (!row_parallel && bias != kNoBuffer) reads.push_back(bias);
+  if (!row_parallel && residual_in != kNoBuffer) reads.push_back(residual_in);
+  OpDecl forward{prefix + "/forward", reads, {out}, flops, [=](const OpContext& c) {
+                   kernels::matmul_forward(c.f32(out), c.f32(x), c.f32(kernel),
+                                           bias == kNoBuffer || row_parallel ? nullptr : c.f32(bias), N, I,
+                                           O);
+                   if (residual_in != kNoBuffer && !row_parallel)
+                     kernels::residual_add(c.f32(out), c.f32(residual_in), N * O);
+                 }};
+  forward.kind = OpKind::matmul;
+  builder.forward(std::move(forward));
+  if (row_parallel) {
+    for (OpDecl& op : builder.collective(prefix + "/reduce_partial_sums", CollectiveKind::all_reduce,
+                                         MeshAxis::tensor, out))
+      builder.forward(std::move(op));
+    if (bias != kNoBuffer || residual_in != kNoBuffer) {
+      std::vector<BufferId> join_reads = {out};
+      if (bias != kNoBuffer) join_reads.push_back(bias);
+      if (residual_in != kNoBuffer) join_reads.push_back(residual_in);
+      builder.forward({prefix + "/bias_residual",
+                       join_reads,
+                       {out},
+                       static_cast<double>(2 * N * O),
+                       [=](const OpContext& c) {
+                         float* rows = c.f32(out);
+                         if (bias != kNoBuffer) {
+                           for (int64_t n = 0; n < N; ++n)
+                             kernels::residual_add(rows + n * O, c.f32(bias), O);
+                         }
+                         if (residual_in != kNoBuffer) kernels::residual_add(rows, c.f32(residual_in), N * O);
+                       }});
+    }
+  }
 
   std::vector<BufferId> writes = {d_kernel};
+  std::vector<BufferId> backward_reads = {d_out, x, kernel};
   if (d_x != kNoBuffer) writes.push_back(d_x);
+  if (d_x != kNoBuffer && accumulate_dx) backward_reads.push_back(d_x);
   if (d_bias != kNoBuffer) writes.push_back(d_bias);
   LinearLayer layer{out, kernel, {}};
-  layer.backward = {prefix + "/backward", {d_out, x, kernel}, writes, 2.0 * flops, [=](const OpContext& c) {
+  layer.backward = {prefix + "/backward", backward_reads, writes, 2.0 * flops, [=](const OpContext& c) {
                       kernels::matmul_backward(d_x == kNoBuffer ? nullptr : c.f32(d_x), c.f32(d_kernel),
                                                d_bias == kNoBuffer ? nullptr : c.f32(d_bias), c.f32(d_out),
                                                c.f32(x), c.f32(kernel), N, I, O, accumulate_dx);
                     }};
+  layer.backward.kind = OpKind::matmul;
   return layer;
 }
 

@@ -78,6 +78,10 @@ BufferId add_mlp_block(SpecBuilder& builder, const std::string& prefix, BufferId
                  {"mlp", options.bias, options.out_init_std, residual_in}, d_residual, d_activated, false);
   group.push_back(out.backward);
   for (OpDecl& op : input_backward) group.push_back(std::move(op));
+  // Column-parallel input projections: each tensor rank holds part of the input gradient.
+  for (OpDecl& op : builder.collective(mlp + "/reduce_input_gradient", CollectiveKind::all_reduce,
+                                       MeshAxis::tensor, d_normed))
+    group.push_back(std::move(op));
   group.push_back(pre_norm.backward);
   builder.backward_group(std::move(group));
   return out.out;

@@ -17,17 +17,25 @@ NormLayer add_norm(SpecBuilder& builder, const std::string& prefix, NormKind kin
   const BufferId rstd = builder.activation(prefix + "/rstd", shape_of({{"rows", rows}}));
   const double flops = 4.0 * static_cast<double>(rows * width);
   NormLayer layer{out, {}};
+  // The backward adds into d_x when accumulating: then it reads it too.
+  const auto backward_reads = [&](std::vector<BufferId> reads) {
+    if (accumulate_dx) reads.push_back(d_x);
+    return reads;
+  };
 
   if (kind == NormKind::rms) {
     builder.forward({prefix + "/forward", {x, scale}, {out, rstd}, flops, [=](const OpContext& c) {
                        kernels::rmsnorm_forward(c.f32(out), c.f32(rstd), c.f32(x), c.f32(scale), rows, width,
                                                 epsilon);
                      }});
-    layer.backward = {
-        prefix + "/backward", {d_out, x, scale, rstd}, {d_x, d_scale}, 2.0 * flops, [=](const OpContext& c) {
-          kernels::rmsnorm_backward(c.f32(d_x), c.f32(d_scale), c.f32(d_out), c.f32(x), c.f32(scale),
-                                    c.f32(rstd), rows, width, accumulate_dx);
-        }};
+    layer.backward = {prefix + "/backward",
+                      backward_reads({d_out, x, scale, rstd}),
+                      {d_x, d_scale},
+                      2.0 * flops,
+                      [=](const OpContext& c) {
+                        kernels::rmsnorm_backward(c.f32(d_x), c.f32(d_scale), c.f32(d_out), c.f32(x),
+                                                  c.f32(scale), c.f32(rstd), rows, width, accumulate_dx);
+                      }};
     return layer;
   }
   const BufferId bias = builder.parameter(prefix + "/bias", shape_of({{width_axis, width}}),
@@ -39,7 +47,7 @@ NormLayer add_norm(SpecBuilder& builder, const std::string& prefix, NormKind kin
                                                 c.f32(bias), rows, width, epsilon);
                    }});
   layer.backward = {prefix + "/backward",
-                    {d_out, x, scale, mean, rstd},
+                    backward_reads({d_out, x, scale, mean, rstd}),
                     {d_x, d_scale, d_bias},
                     2.0 * flops,
                     [=](const OpContext& c) {

@@ -1,0 +1,141 @@
+// The ahead-of-time plan (shared/specs/aot-plan.md): from (model config, mesh, topology, micro-batch), one
+// plan per kernel (fwd_bwd, fwd_bwd_accum, update, eval) with the ordered ops (FLOPs, bytes, collective bytes
+// per mesh axis, predicted time), every buffer with its kind, per-device shape, mesh axes and live ranges,
+// arena offsets from a liveness-based allocator, and the memory figures. `meshtrain compile` and the live
+// engine call the same plan_training(); the engine allocates exactly plan.arena_bytes and runs each kernel's
+// op order, binding every buffer an op touches to the planned offset.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "meshtrain/model/spec.h"
+#include "meshtrain/plan/sharding.h"
+#include "meshtrain/plan/topology.h"
+
+namespace meshtrain {
+
+enum class KernelName { fwd_bwd, fwd_bwd_accum, update, eval };
+inline constexpr std::array<KernelName, 4> kKernelNames = {KernelName::fwd_bwd, KernelName::fwd_bwd_accum,
+                                                           KernelName::update, KernelName::eval};
+const char* kernel_name(KernelName kernel);
+// Parses "fwd_bwd" etc.; `where` names the config key or flag for the error.
+KernelName parse_kernel_name(const std::string& name, const std::string& where);
+
+using PlanBufferId = int32_t;
+
+// A buffer of the plan: the spec's buffers (same ids) and the plan's own (FSDP and ZeRO-1 shards, gathered
+// copies), all at per-device sizes in their planned dtypes.
+struct PlanBuffer {
+  PlanBuffer() = default;
+  PlanBuffer(std::string buffer_name, BufferKind buffer_kind, DType buffer_dtype, Shape local_shape,
+             std::vector<DimSharding> dim_sharding)
+      : name(std::move(buffer_name)),
+        kind(buffer_kind),
+        dtype(buffer_dtype),
+        shape(std::move(local_shape)),
+        sharding(std::move(dim_sharding)) {}
+
+  std::string name;
+  BufferKind kind = BufferKind::scratch;
+  DType dtype = DType::f32;
+  Shape shape;                        // per device
+  std::vector<DimSharding> sharding;  // mesh axes of each dim
+  size_t bytes = 0;
+  bool persistent = false;    // lives across kernels (the arguments): one offset in the arena
+  size_t offset = 0;          // persistent buffers: arena offset
+  PlanBufferId part_of = -1;  // a shard viewed inside another buffer (ZeRO-1's slice of a parameter)
+  std::string layer;          // "decoder/layers_3", "token_embedder", ... for --explain
+};
+
+// One live range of a temporary buffer inside one kernel: [first_op, last_op], at `offset` in the arena.
+struct PlanValue {
+  PlanBufferId buffer = -1;
+  int32_t first_op = 0, last_op = 0;
+  size_t offset = 0;
+};
+
+struct PlanOp {
+  const OpDecl* op = nullptr;  // what runs (spec op, remat recompute, or the plan's own)
+  bool recompute = false;      // a forward op run again before its block's backward (remat)
+  double flops = 0.0;
+  double bytes_accessed = 0.0;
+  double collective_bytes = 0.0;  // payload bytes per rank (aot-plan.md definitions)
+  double seconds = 0.0;           // predicted: roofline for compute, bytes / link bandwidth for collectives
+  // The plan buffer and arena offset behind every buffer id the op touches (spec ids; under FSDP / ZeRO-1
+  // a spec id may be bound to a shard).
+  std::vector<std::pair<BufferId, PlanBufferId>> buffers;
+  std::vector<size_t> offsets;  // parallel to `buffers`
+};
+
+struct MemoryFigures {
+  size_t arguments = 0, outputs = 0, aliases = 0, temps = 0, peak = 0;
+};
+
+struct KernelPlan {
+  KernelName kernel = KernelName::fwd_bwd;
+  std::vector<PlanOp> ops;
+  std::vector<PlanValue> values;  // temporaries' live ranges
+  MemoryFigures memory;
+  double flops = 0.0, bytes_accessed = 0.0, seconds = 0.0;
+  std::map<std::string, double> collective_bytes;  // per mesh axis name
+};
+
+// What the plan depends on, as "key=value" lines (config keys plus derived inputs), and their hash.
+struct PlanIdentity {
+  std::vector<std::pair<std::string, std::string>> keys;
+  std::string hash;  // 16 hex digits, FNV-1a 64 of the lines
+};
+
+struct TrainingPlan {
+  ModelSpec spec;  // per-device spec (its ops are what PlanOp::op points at)
+  Topology topology;
+  Mesh mesh;
+  int64_t threads = 1;  // compute threads per rank (scratch sizes depend on it)
+  PlanIdentity identity;
+  std::vector<PlanBuffer> buffers;
+  std::deque<OpDecl> plan_ops;      // the plan's own ops (gathers, scatters, zeroing); stable addresses
+  std::vector<KernelPlan> kernels;  // in kKernelNames order, those requested
+  size_t persistent_bytes = 0;
+  size_t arena_bytes = 0;  // persistent + the largest temporary region over the planned kernels
+  double device_memory_bytes = 0.0;
+
+  TrainingPlan() = default;
+  TrainingPlan(const TrainingPlan&) = delete;  // PlanOp::op points into spec and plan_ops
+  TrainingPlan& operator=(const TrainingPlan&) = delete;
+  TrainingPlan(TrainingPlan&&) = default;
+  TrainingPlan& operator=(TrainingPlan&&) = default;
+
+  const KernelPlan* find(KernelName kernel) const;
+  const KernelPlan& kernel(KernelName kernel) const;
+  bool fits() const { return static_cast<double>(arena_bytes) <= device_memory_bytes; }
+};
+
+struct PlanRequest {
+  Config config;
+  std::string topology;  // defaults to config.topology when empty
+  int64_t devices = 0;   // ranks of a live run; 0: the topology's device count (cpu: the mesh product)
+  std::vector<KernelName> kernels = {kKernelNames.begin(), kKernelNames.end()};
+};
+
+// The one planning function. Validates mesh, sharding and model (clear errors), builds the per-device
+// spec, and plans the requested kernels.
+TrainingPlan plan_training(const PlanRequest& request);
+
+// Compute threads per rank: num_threads when set, else this machine's cores / ranks on the host.
+int64_t resolve_threads(const Config& config, const Topology& topology, int64_t devices);
+
+// The plan file of one kernel: deterministic JSON text (the same inputs give the same bytes).
+std::string serialize_kernel_plan(const TrainingPlan& plan, KernelName kernel);
+// "STEM_<kernel>.json"
+std::string plan_file_path(const std::string& stem, KernelName kernel);
+// Reads STEM_<kernel>.json and compares it with `plan`: a missing file or any difference is an error that
+// names the file and the first differing config key (or field), never a silent re-plan.
+void verify_plan_file(const TrainingPlan& plan, KernelName kernel, const std::string& stem);
+
+}  // namespace meshtrain

@@ -1,0 +1,216 @@
+#include "meshtrain/plan/sharding.h"
+
+#include <algorithm>
+
+#include "meshtrain/core/error.h"
+
+namespace meshtrain {
+namespace {
+
+// Which mesh axes the engine's layers can split each logical axis over in the compute layout. `fsdp`
+// on a weight axis is a storage choice (gathered before use), so it is allowed there too.
+const std::map<std::string, std::vector<MeshAxis>>& allowed_axes() {
+  static const std::map<std::string, std::vector<MeshAxis>> allowed = {
+      {"batch", {MeshAxis::data, MeshAxis::fsdp}},
+      {"length", {MeshAxis::context}},
+      {"embed", {MeshAxis::fsdp}},
+      {"heads", {MeshAxis::tensor}},
+      {"kv_heads", {MeshAxis::tensor}},
+      {"head_dim", {MeshAxis::fsdp}},
+      {"mlp", {MeshAxis::tensor}},
+      {"vocab", {MeshAxis::tensor}},
+      {"positions", {MeshAxis::fsdp}},
+  };
+  return allowed;
+}
+
+MeshAxis parse_mesh_axis(const std::string& logical_axis, const std::string& name) {
+  for (MeshAxis axis : kMeshAxes) {
+    if (name == mesh_axis_name(axis)) return axis;
+  }
+  fail("config key 'logical_axis_rules." + logical_axis + "'", "mesh axes among data, fsdp, context, tensor",
+       "'" + name + "'", "did you mean '" + closest_name(name, {"data", "fsdp", "context", "tensor"}) + "'?");
+}
+
+std::string axes_text(const std::vector<MeshAxis>& axes) {
+  std::string text;
+  for (MeshAxis axis : axes) text += (text.empty() ? "" : ", ") + std::string(mesh_axis_name(axis));
+  return "[" + text + "]";
+}
+
+}  // namespace
+
+const char* mesh_axis_name(MeshAxis axis) {
+  switch (axis) {
+    case MeshAxis::data:
+      return "data";
+    case MeshAxis::fsdp:
+      return "fsdp";
+    case MeshAxis::context:
+      return "context";
+    case MeshAxis::tensor:
+      return "tensor";
+  }
+  return "?";
+}
+
+int64_t Mesh::size(MeshAxis axis) const {
+  switch (axis) {
+    case MeshAxis::data:
+      return data;
+    case MeshAxis::fsdp:
+      return fsdp;
+    case MeshAxis::context:
+      return context;
+    case MeshAxis::tensor:
+      return tensor;
+  }
+  return 1;
+}
+
+int64_t Mesh::stride(MeshAxis axis) const {
+  int64_t stride = 1;
+  for (auto inner = kMeshAxes.rbegin(); *inner != axis; ++inner) stride *= size(*inner);
+  return stride;
+}
+
+std::string Mesh::to_string() const {
+  return "data=" + std::to_string(data) + " fsdp=" + std::to_string(fsdp) +
+         " context=" + std::to_string(context) + " tensor=" + std::to_string(tensor);
+}
+
+Mesh resolve_mesh(const MeshShape& requested, int64_t devices, const std::string& devices_source) {
+  Mesh mesh{requested.data, requested.fsdp, requested.context, requested.tensor};
+  int64_t* fill = nullptr;
+  int64_t product = 1;
+  for (MeshAxis axis : kMeshAxes) {
+    int64_t* value = axis == MeshAxis::data      ? &mesh.data
+                     : axis == MeshAxis::fsdp    ? &mesh.fsdp
+                     : axis == MeshAxis::context ? &mesh.context
+                                                 : &mesh.tensor;
+    const std::string key = std::string("mesh.") + mesh_axis_name(axis);
+    if (*value == -1) {
+      if (fill)
+        fail("config key '" + key + "'", "at most one mesh axis set to -1", "two", "give all but one");
+      fill = value;
+    } else if (*value < 1) {
+      fail("config key '" + key + "'", "a positive axis size, or -1 to fill in", std::to_string(*value));
+    } else {
+      product *= *value;
+    }
+  }
+  if (fill) {
+    if (devices % product != 0) {
+      fail("config key 'mesh'",
+           "axes whose product divides the " + std::to_string(devices) + " devices of " + devices_source,
+           mesh.to_string() + " (product of the fixed axes " + std::to_string(product) + ")");
+    }
+    *fill = devices / product;
+    product = devices;
+  }
+  if (product != devices) {
+    fail("config key 'mesh'",
+         "a product of " + std::to_string(devices) + " (the devices of " + devices_source + ")",
+         mesh.to_string() + " (product " + std::to_string(product) + ")",
+         "change one mesh.* axis, or set one of them to -1 to fill it in");
+  }
+  return mesh;
+}
+
+ShardingLayout::ShardingLayout(const Config& config, const Mesh& mesh) : mesh_(mesh) {
+  for (const auto& [logical_axis, allowed] : allowed_axes()) {
+    const auto rule = config.logical_axis_rules.find(logical_axis);
+    std::vector<MeshAxis> axes;
+    if (rule != config.logical_axis_rules.end()) {
+      for (const std::string& name : rule->second) {
+        const MeshAxis axis = parse_mesh_axis(logical_axis, name);
+        if (std::find(allowed.begin(), allowed.end(), axis) == allowed.end()) {
+          fail("config key 'logical_axis_rules." + logical_axis + "'", "a subset of " + axes_text(allowed),
+               "'" + name + "'",
+               "the engine's layers split '" + logical_axis + "' only over those mesh axes");
+        }
+        axes.push_back(axis);
+      }
+    }
+    rules_[logical_axis] = axes;
+    DimSharding compute;
+    for (MeshAxis axis : axes) {
+      if (axis == MeshAxis::fsdp && logical_axis != "batch") continue;  // storage only
+      if (mesh.size(axis) == 1) continue;
+      compute.axes.push_back(axis);
+      compute.degree *= mesh.size(axis);
+    }
+    compute_[logical_axis] = compute;
+  }
+  // The batch of every micro-batch is split over data x fsdp whatever the rules say about it: FSDP without
+  // a split batch would repeat work, and the global batch rule (per_device_batch_size x devices) needs it.
+  const DimSharding& batch = compute_["batch"];
+  if (batch.degree != mesh.data * mesh.fsdp) {
+    fail("config key 'logical_axis_rules.batch'", "[data, fsdp] (the batch is split over both)",
+         axes_text(batch.axes));
+  }
+}
+
+const DimSharding& ShardingLayout::compute(const std::string& logical_axis) const {
+  static const DimSharding unsharded;
+  const auto found = compute_.find(logical_axis);
+  return found == compute_.end() ? unsharded : found->second;
+}
+
+int64_t ShardingLayout::local_size(const std::string& logical_axis, int64_t global_size) const {
+  const DimSharding& sharding = compute(logical_axis);
+  if (global_size % sharding.degree == 0) return global_size / sharding.degree;
+  // More tensor ranks than kv heads: each rank keeps the one kv head its query heads use (as Megatron).
+  if (logical_axis == "kv_heads" && sharding.degree % global_size == 0) return 1;
+  std::string key = "logical_axis_rules." + logical_axis;
+  if (logical_axis == "heads") key = "base_num_query_heads";
+  if (logical_axis == "kv_heads") key = "base_num_kv_heads";
+  if (logical_axis == "mlp") key = "base_mlp_dim";
+  if (logical_axis == "batch") key = "per_device_batch_size";
+  if (logical_axis == "length") key = "max_target_length";
+  std::string over;
+  for (MeshAxis axis : sharding.axes) over += (over.empty() ? "" : " x ") + std::string(mesh_axis_name(axis));
+  fail("config key '" + key + "'",
+       "a size divisible by the " + over + " degree " + std::to_string(sharding.degree) +
+           (logical_axis == "kv_heads" ? " (or a tensor degree that is a multiple of it)" : ""),
+       std::to_string(global_size), "change the mesh (" + mesh_.to_string() + ") or the model shape");
+}
+
+TensorSharding ShardingLayout::compute_layout(const Shape& local_shape) const {
+  TensorSharding layout{{}, local_shape};
+  for (const std::string& axis : local_shape.axes) layout.dims.push_back(compute(axis));
+  return layout;
+}
+
+TensorSharding ShardingLayout::storage_layout(const Shape& local_shape, bool over_data) const {
+  TensorSharding layout = compute_layout(local_shape);
+  const size_t rank = local_shape.dims.size();
+  const auto tensor_sharded = [&](size_t i) {
+    const std::vector<MeshAxis>& axes = layout.dims[i].axes;
+    return std::find(axes.begin(), axes.end(), MeshAxis::tensor) != axes.end();
+  };
+  const auto ruled = [&](size_t i, MeshAxis axis) {
+    const auto rule = rules_.find(local_shape.axes[i]);
+    return rule != rules_.end() &&
+           std::find(rule->second.begin(), rule->second.end(), axis) != rule->second.end();
+  };
+  const auto place = [&](MeshAxis axis, bool prefer_rules) {
+    const int64_t degree = mesh_.size(axis);
+    if (degree == 1) return;
+    for (int pass = prefer_rules ? 0 : 1; pass < 2; ++pass) {
+      for (size_t i = 0; i < rank; ++i) {
+        if (tensor_sharded(i) || layout.local.dims[i] % degree != 0 || (pass == 0 && !ruled(i, axis)))
+          continue;
+        layout.dims[i].axes.push_back(axis);
+        layout.dims[i].degree *= degree;
+        layout.local.dims[i] /= degree;
+        return;
+      }
+    }
+  };
+  place(MeshAxis::fsdp, true);
+  if (over_data) place(MeshAxis::data, false);
+  return layout;
+}
+
+}  // namespace meshtrain
