@@ -1,0 +1,303 @@
+// The plan: exact per-device bytes under sharding, collective bytes by the aot-plan.md definitions, the
+// live engine running exactly the AOT plan, remat policies that change memory and not results, and the
+// errors for meshes and plan files that do not fit the run.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+
+#include "meshtrain/config/config.h"
+#include "meshtrain/core/error.h"
+#include "meshtrain/plan/plan.h"
+#include "meshtrain/train/engine.h"
+
+namespace meshtrain {
+namespace {
+
+namespace fs = std::filesystem;
+
+// A tiny model's overrides; `extra` adds keys or replaces the tiny defaults (a key twice is a config error).
+std::vector<std::string> tiny(const std::vector<std::string>& extra = {}) {
+  std::vector<std::string> overrides = {
+      "base_emb_dim=32",     "base_num_query_heads=4", "base_num_kv_heads=2",
+      "head_dim=8",          "base_mlp_dim=48",        "base_num_decoder_layers=2",
+      "vocab_size=100",      "max_target_length=16",   "per_device_batch_size=2",
+      "init_weights_seed=3", "dataset_type=synthetic", "tokenizer_path="};
+  for (const std::string& item : extra) {
+    const std::string key = item.substr(0, item.find('=') + 1);
+    std::erase_if(overrides, [&](const std::string& existing) { return existing.starts_with(key); });
+    overrides.push_back(item);
+  }
+  return overrides;
+}
+
+TrainingPlan plan_for(const std::string& preset, const std::vector<std::string>& overrides,
+                      std::vector<KernelName> kernels = {kKernelNames.begin(), kKernelNames.end()}) {
+  PlanRequest request;
+  request.config = load_config(preset, overrides);
+  request.kernels = std::move(kernels);
+  return plan_training(request);
+}
+
+size_t persistent_bytes_of(const TrainingPlan& plan, BufferKind kind) {
+  size_t bytes = 0;
+  for (const PlanBuffer& buffer : plan.buffers) {
+    if (buffer.persistent && buffer.kind == kind) bytes += buffer.bytes;
+  }
+  return bytes;
+}
+
+double collective_bytes(const KernelPlan& kernel, const std::string& axis) {
+  const auto found = kernel.collective_bytes.find(axis);
+  return found == kernel.collective_bytes.end() ? 0.0 : found->second;
+}
+
+std::string error_of(const std::function<void()>& action) {
+  try {
+    action();
+  } catch (const MeshError& error) {
+    return error.what();
+  }
+  return "(no error)";
+}
+
+Batch batch_for(const ModelSpec& spec, uint32_t seed) {
+  const ModelDims& m = spec.dims;
+  Batch batch;
+  uint32_t state = seed * 2654435761u + 1;
+  for (int64_t b = 0; b < m.B; ++b) {
+    for (int64_t s = 0; s < m.S; ++s) {
+      state = state * 1664525u + 1013904223u;
+      batch.tokens.push_back(static_cast<int32_t>((state >> 8) % static_cast<uint32_t>(m.V_valid)));
+      batch.targets.push_back(static_cast<int32_t>((state >> 16) % static_cast<uint32_t>(m.V_valid)));
+      batch.positions.push_back(static_cast<int32_t>(s));
+      batch.segment_ids.push_back(0);
+      batch.loss_mask.push_back(s % 5 != 4);
+    }
+  }
+  return batch;
+}
+
+// Losses of `steps` training steps (GA 2) and the final parameters.
+struct RunResult {
+  std::vector<double> losses, grad_norms;
+  std::vector<float> parameters;
+};
+
+RunResult train(Engine& engine, int steps) {
+  RunResult result;
+  for (int step = 0; step < steps; ++step) {
+    const LossSums first = engine.fwd_bwd(batch_for(engine.spec(), static_cast<uint32_t>(2 * step)));
+    const LossSums second =
+        engine.fwd_bwd_accum(batch_for(engine.spec(), static_cast<uint32_t>(2 * step + 1)));
+    const int64_t count = first.valid_count + second.valid_count;
+    result.losses.push_back((first.loss_sum + second.loss_sum) / static_cast<double>(count));
+    result.grad_norms.push_back(engine.update(count, 1e-2, step).grad_norm);
+  }
+  for (const ParameterDecl& parameter : engine.spec().parameters) {
+    const TensorView value = engine.view(parameter.value);
+    result.parameters.insert(result.parameters.end(), value.f32(), value.f32() + value.elements());
+  }
+  return result;
+}
+
+// Issue 4's cross-check: qwen3-8b, h100x8, fsdp=8, fp32 everything.
+TEST(Plan, Qwen3_8bFsdp8BytesPerDevice) {
+  const TrainingPlan plan = plan_for("qwen3-8b", {"topology=h100x8", "mesh.fsdp=8"}, {KernelName::update});
+  EXPECT_EQ(plan.spec.parameter_count() * 4 / 8, 4095367680);  // the model is the issue's
+  EXPECT_EQ(persistent_bytes_of(plan, BufferKind::parameter), 4095367680u);
+  EXPECT_EQ(persistent_bytes_of(plan, BufferKind::gradient), 4095367680u);
+  EXPECT_EQ(persistent_bytes_of(plan, BufferKind::optimizer_state), 8190735360u);
+  EXPECT_EQ(persistent_bytes_of(plan, BufferKind::step_counter), 4u);
+}
+
+TEST(Plan, Bf16WeightsKeepFloat32MasterAndMoments) {
+  const TrainingPlan plan =
+      plan_for("qwen3-8b", {"topology=h100x8", "mesh.fsdp=8", "weight_dtype=bfloat16", "dtype=bfloat16"},
+               {KernelName::update});
+  EXPECT_EQ(persistent_bytes_of(plan, BufferKind::parameter), 4095367680u / 2);
+  EXPECT_EQ(persistent_bytes_of(plan, BufferKind::gradient), 4095367680u);  // grad_dtype float32
+  EXPECT_EQ(persistent_bytes_of(plan, BufferKind::optimizer_state), 8190735360u + 4095367680u);  // + master
+}
+
+TEST(Plan, LiveEngineRunsTheAotPlan) {
+  for (const char* remat : {"none", "minimal", "full"}) {
+    const std::vector<std::string> overrides = tiny({std::string("remat_policy=") + remat});
+    const TrainingPlan aot = plan_for("qwen3-tiny", overrides);
+    Engine engine(load_config("qwen3-tiny", overrides));
+    EXPECT_EQ(engine.arena_bytes(), aot.arena_bytes) << remat;
+    EXPECT_EQ(aot.arena_bytes, aot.persistent_bytes + aot.kernel(KernelName::fwd_bwd).memory.temps) << remat;
+    std::vector<std::string> before;
+    for (KernelName kernel : kKernelNames) {
+      before.push_back(serialize_kernel_plan(engine.plan(), kernel));
+      EXPECT_EQ(before.back(), serialize_kernel_plan(aot, kernel)) << remat << " " << kernel_name(kernel);
+    }
+    // Running steps changes no plan: the plan of step 2 is the plan of step 1.
+    train(engine, 2);
+    for (KernelName kernel : kKernelNames) {
+      EXPECT_EQ(serialize_kernel_plan(engine.plan(), kernel), before[static_cast<size_t>(kernel)]);
+    }
+    EXPECT_EQ(serialize_kernel_plan(plan_for("qwen3-tiny", overrides), KernelName::fwd_bwd), before[0]);
+  }
+}
+
+// Remat changes memory, never results: every policy gives bitwise the losses and parameters of `none`, also
+// with the temporaries poisoned (an op reading memory it did not declare would turn results into NaN).
+TEST(Plan, RematPoliciesSaveMemoryWithIdenticalResults) {
+  for (const char* preset : {"qwen3-tiny", "gpt2-124m"}) {
+    std::vector<std::string> family = tiny();
+    if (std::string(preset) == "gpt2-124m")
+      family = tiny({"base_num_kv_heads=4", "max_position_embeddings=16"});
+    Engine reference(load_config(preset, family));
+    const RunResult expected = train(reference, 3);
+    size_t previous_temps = SIZE_MAX;
+    for (const char* remat : {"none", "minimal", "full"}) {
+      std::vector<std::string> overrides = family;
+      overrides.push_back(std::string("remat_policy=") + remat);
+      Engine engine(load_config(preset, overrides));
+      engine.set_poison_temporaries(true);
+      const RunResult result = train(engine, 3);
+      EXPECT_EQ(result.losses, expected.losses) << preset << " " << remat;
+      EXPECT_EQ(result.grad_norms, expected.grad_norms) << preset << " " << remat;
+      EXPECT_EQ(result.parameters, expected.parameters) << preset << " " << remat;
+      const KernelPlan& fwd_bwd = engine.plan().kernel(KernelName::fwd_bwd);
+      EXPECT_LT(fwd_bwd.memory.temps, previous_temps) << preset << " " << remat << " saves no memory";
+      previous_temps = fwd_bwd.memory.temps;
+      int recomputed = 0;
+      for (const PlanOp& op : fwd_bwd.ops) recomputed += op.recompute ? 1 : 0;
+      EXPECT_EQ(recomputed > 0, std::string(remat) != "none") << preset << " " << remat;
+    }
+  }
+}
+
+TEST(Plan, DataParallelBytesDoNotDependOnAccumulation) {
+  double update_bytes = -1.0;
+  for (const char* ga : {"1", "4", "16"}) {
+    const TrainingPlan plan =
+        plan_for("qwen3-tiny", tiny({"mesh.data=2", std::string("gradient_accumulation_steps=") + ga}));
+    EXPECT_EQ(collective_bytes(plan.kernel(KernelName::fwd_bwd), "data"), 0.0);
+    EXPECT_EQ(collective_bytes(plan.kernel(KernelName::fwd_bwd_accum), "data"), 0.0);
+    const double bytes = collective_bytes(plan.kernel(KernelName::update), "data");
+    if (update_bytes >= 0.0) {
+      EXPECT_EQ(bytes, update_bytes) << "GA " << ga;
+    }
+    update_bytes = bytes;
+  }
+  // All-reduce of every gradient: 2 x bytes x (n-1)/n = the gradient bytes for n = 2, plus the valid count
+  // (2 int32) and the norm partials (2 float32) all-reduced the same way.
+  const TrainingPlan plan = plan_for("qwen3-tiny", tiny({"mesh.data=2"}));
+  const double gradients = static_cast<double>(persistent_bytes_of(plan, BufferKind::gradient));
+  EXPECT_EQ(update_bytes, gradients + 8.0 + 8.0);
+}
+
+TEST(Plan, Zero1ReduceScattersAndGathersOnce) {
+  const TrainingPlan plan = plan_for("qwen3-tiny", tiny({"mesh.data=2", "shard_optimizer_over_data=true"}));
+  const double gradients = static_cast<double>(persistent_bytes_of(plan, BufferKind::gradient));
+  // Reduce-scatter of the gradients (bytes x 1/2) and all-gather of the parameters (bytes x 1/2).
+  EXPECT_EQ(collective_bytes(plan.kernel(KernelName::update), "data"), gradients / 2 + gradients / 2 + 16.0);
+  // Moments are halved over data; parameters and gradients stay whole.
+  const TrainingPlan replicated = plan_for("qwen3-tiny", tiny({"mesh.data=2"}));
+  EXPECT_EQ(persistent_bytes_of(plan, BufferKind::optimizer_state) * 2,
+            persistent_bytes_of(replicated, BufferKind::optimizer_state));
+  EXPECT_EQ(persistent_bytes_of(plan, BufferKind::parameter),
+            persistent_bytes_of(replicated, BufferKind::parameter));
+}
+
+TEST(Plan, FsdpGathersEachLayerPerPhaseAndScattersGradients) {
+  const TrainingPlan plan = plan_for("qwen3-tiny", tiny({"mesh.fsdp=2"}));
+  const double parameters = static_cast<double>(persistent_bytes_of(plan, BufferKind::parameter));  // shards
+  // Tied qwen3: every parameter is read in the forward and again in the backward (two gathers of the full
+  // tensor, each moving half of it), and its gradient is reduce-scattered once (half of the full tensor).
+  const double full = 2.0 * parameters;
+  EXPECT_EQ(collective_bytes(plan.kernel(KernelName::fwd_bwd), "fsdp"), 3.0 * full / 2.0);
+  // Eval gathers everything once for the forward, and the tied table again for the loss.
+  double table = 0.0;
+  for (const PlanBuffer& buffer : plan.buffers) {
+    if (buffer.name == "token_embedder/embedding") table = static_cast<double>(buffer.bytes);
+  }
+  EXPECT_EQ(collective_bytes(plan.kernel(KernelName::eval), "fsdp"), full / 2.0 + table / 2.0);
+  const TrainingPlan single = plan_for("qwen3-tiny", tiny());
+  EXPECT_EQ(2 * persistent_bytes_of(plan, BufferKind::parameter),
+            persistent_bytes_of(single, BufferKind::parameter));
+  // The batch splits over fsdp: per_device_batch_size x 2 devices / 2 = the same rows per device.
+  EXPECT_EQ(plan.spec.dims.B, single.spec.dims.B);
+}
+
+TEST(Plan, TensorParallelShardsHeadsMlpAndVocab) {
+  const TrainingPlan plan = plan_for("qwen3-tiny", tiny({"mesh.tensor=2"}));
+  const ModelDims& m = plan.spec.dims;
+  EXPECT_EQ(m.H, 2);
+  EXPECT_EQ(m.K, 1);
+  EXPECT_EQ(m.F, 24);
+  EXPECT_EQ(m.V_padded, 128);
+  EXPECT_EQ(m.V, 64);
+  EXPECT_EQ(m.B, 4);  // per_device_batch_size x 2 devices, replicated over tensor
+  EXPECT_GT(collective_bytes(plan.kernel(KernelName::fwd_bwd), "tensor"), 0.0);
+  EXPECT_EQ(collective_bytes(plan.kernel(KernelName::fwd_bwd), "data"), 0.0);
+  // More tensor ranks than kv heads: kv heads are replicated, one per rank.
+  EXPECT_EQ(plan_for("qwen3-tiny", tiny({"mesh.tensor=4"})).spec.dims.K, 1);
+}
+
+TEST(Plan, BadMeshesNameTheKey) {
+  EXPECT_NE(error_of([] {
+              plan_for("qwen3-tiny", tiny({"topology=h100x8", "mesh.data=3"}));
+            }).find("product of 8"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { plan_for("qwen3-tiny", tiny({"mesh.tensor=3"})); }).find("base_num_query_heads"),
+            std::string::npos);
+  EXPECT_NE(error_of([] {
+              plan_for("qwen3-tiny", tiny({"topology=h100x8", "mesh.tensor=8"}));
+            }).find("base_num_query_heads"),
+            std::string::npos);
+  EXPECT_NE(error_of([] {
+              plan_for("qwen3-tiny", tiny({"topology=h100x8", "mesh.data=-1", "mesh.fsdp=-1"}));
+            }).find("-1"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { plan_for("qwen3-tiny", tiny({"topology=h100x9"})); }).find("h100x"),
+            std::string::npos);
+  EXPECT_NE(error_of([] {
+              plan_for("qwen3-tiny", tiny({"logical_axis_rules.mlp=data"}));
+            }).find("logical_axis_rules.mlp"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { plan_for("qwen3-tiny", tiny({"remat_policy=some"})); }).find("remat_policy"),
+            std::string::npos);
+  // -1 fills in from the topology's devices.
+  EXPECT_EQ(plan_for("qwen3-tiny", tiny({"topology=h100x8", "mesh.data=-1", "mesh.tensor=2"})).mesh.data, 4);
+}
+
+TEST(Plan, LiveRunsRefuseWhatThisProcessCannotRun) {
+  EXPECT_NE(error_of([] { Engine engine(load_config("qwen3-tiny", tiny({"mesh.data=2"}))); }).find("mesh"),
+            std::string::npos);
+  EXPECT_NE(
+      error_of([] { Engine engine(load_config("qwen3-tiny", tiny({"dtype=bfloat16"}))); }).find("dtype"),
+      std::string::npos);
+  // A plan larger than this machine is refused before anything is allocated, with the breakdown.
+  const std::string too_big =
+      error_of([] { Engine engine(load_config("qwen3-32b", {"per_device_batch_size=64"})); });
+  EXPECT_NE(too_big.find("GiB"), std::string::npos) << too_big;
+  EXPECT_NE(too_big.find("largest buffers"), std::string::npos) << too_big;
+}
+
+TEST(Plan, PlanFilesAreVerifiedNeverSilentlyReplanned) {
+  const fs::path dir = fs::temp_directory_path() / ("meshtrain_plan_files_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const std::string stem = (dir / "tiny").string();
+  const TrainingPlan plan = plan_for("qwen3-tiny", tiny());
+  for (KernelName kernel : kKernelNames) {
+    std::ofstream(plan_file_path(stem, kernel)) << serialize_kernel_plan(plan, kernel);
+  }
+  for (KernelName kernel : kKernelNames) EXPECT_NO_THROW(verify_plan_file(plan, kernel, stem));
+  const TrainingPlan other = plan_for("qwen3-tiny", tiny({"per_device_batch_size=3"}));
+  const std::string mismatch = error_of([&] { verify_plan_file(other, KernelName::fwd_bwd, stem); });
+  EXPECT_NE(mismatch.find("per_device_batch_size"), std::string::npos) << mismatch;
+  EXPECT_NE(mismatch.find("tiny_fwd_bwd.json"), std::string::npos) << mismatch;
+  const std::string missing = error_of([&] { verify_plan_file(plan, KernelName::eval, stem + "_absent"); });
+  EXPECT_NE(missing.find("meshtrain compile"), std::string::npos) << missing;
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace meshtrain
