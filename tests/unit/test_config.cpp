@@ -4,20 +4,14 @@
 #include <filesystem>
 #include <fstream>
 
+#include "error_text.h"
 #include "meshtrain/config/config.h"
 #include "meshtrain/core/error.h"
 
 namespace meshtrain {
 namespace {
 
-std::string error_of(const std::function<void()>& action) {
-  try {
-    action();
-  } catch (const MeshError& error) {
-    return error.what();
-  }
-  return "";
-}
+using testing::error_of;
 
 std::string write_temp(const std::string& name, const std::string& text) {
   const std::string path = (std::filesystem::temp_directory_path() / name).string();

@@ -4,6 +4,7 @@
 
 #include <sstream>
 
+#include "error_text.h"
 #include "meshtrain/cli/info.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/model/spec.h"
@@ -16,14 +17,7 @@ int64_t parameters_of(const std::string& preset) {
   return build_model_spec(load_config(preset, {})).parameter_count();
 }
 
-std::string error_of(const std::function<void()>& action) {
-  try {
-    action();
-  } catch (const MeshError& error) {
-    return error.what();
-  }
-  return "";
-}
+using testing::error_of;
 
 TEST(ModelSpec, ParameterCountsOfPublicShapes) {
   // Hugging Face config.json shapes; qwen3-8b's count is the plan issue's cross-check figure.
@@ -75,8 +69,7 @@ TEST(ModelSpec, ShapeErrorsNameTheKey) {
 }
 
 TEST(ModelSpec, BfloatRunIsRefusedBeforeAllocation) {
-  const std::string message =
-      error_of([] { Engine engine(load_config("qwen3-32b", {"dtype=bfloat16"})); });
+  const std::string message = error_of([] { Engine engine(load_config("qwen3-32b", {"dtype=bfloat16"})); });
   EXPECT_NE(message.find("float32"), std::string::npos) << message;
 }
 

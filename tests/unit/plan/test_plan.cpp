@@ -9,6 +9,7 @@
 #include <fstream>
 #include <functional>
 
+#include "error_text.h"
 #include "meshtrain/config/config.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/plan/plan.h"
@@ -55,14 +56,7 @@ double collective_bytes(const KernelPlan& kernel, const std::string& axis) {
   return found == kernel.collective_bytes.end() ? 0.0 : found->second;
 }
 
-std::string error_of(const std::function<void()>& action) {
-  try {
-    action();
-  } catch (const MeshError& error) {
-    return error.what();
-  }
-  return "(no error)";
-}
+using testing::error_of;
 
 Batch batch_for(const ModelSpec& spec, uint32_t seed) {
   const ModelDims& m = spec.dims;

@@ -9,6 +9,7 @@
 #include <functional>
 #include <thread>
 
+#include "error_text.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/plan/topology.h"
 
@@ -17,14 +18,7 @@ namespace {
 
 constexpr double kGB = 1e9, kGiB = 1024.0 * 1024.0 * 1024.0, kTera = 1e12;
 
-std::string error_of(const std::function<void()>& action) {
-  try {
-    action();
-  } catch (const MeshError& error) {
-    return error.what();
-  }
-  return "";
-}
+using testing::error_of;
 
 // A file under the temp directory, unique to this process (ctest may run tests side by side).
 std::string write_temp(const std::string& name, const std::string& text) {
