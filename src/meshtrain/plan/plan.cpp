@@ -115,12 +115,6 @@ class Planner {
     bool recompute;
     std::vector<std::pair<BufferId, PlanBufferId>> buffers;
   };
-  struct ParameterStorage {
-    PlanBufferId value_store, gradient_store;  // what persists across kernels
-    bool gathered = false;                     // FSDP: value/gradient are per-layer temporaries
-    PlanBufferId value_data_shard = -1, gradient_data_shard = -1;  // ZeRO-1 over data
-  };
-
   PlanBufferId add_buffer(PlanBuffer buffer) {
     buffer.bytes = buffer_bytes(buffer.shape, buffer.dtype);
     if (buffer.layer.empty()) buffer.layer = layer_of(buffer.name);
@@ -157,7 +151,7 @@ class Planner {
 
   TrainingPlan& plan_;
   const ModelSpec& spec_;
-  std::vector<ParameterStorage> storage_;  // per spec parameter
+  std::vector<ParameterStorage>& storage_ = plan_.storage;
   const OpDecl* zero_gradients_ = nullptr;
 };
 
@@ -178,7 +172,7 @@ void Planner::declare_buffers() {
     add_buffer(std::move(buffer));
   }
   for (const ParameterDecl& parameter : spec_.parameters) {
-    ParameterStorage store{parameter.value, parameter.gradient};
+    ParameterStorage store{parameter.value, parameter.gradient, false, -1, -1};
     const BufferDecl& value = spec_.buffer(parameter.value);
     const TensorSharding fsdp = sharding.storage_layout(value.shape, false);
     if (fsdp.local.elements() != value.shape.elements()) {
@@ -654,6 +648,21 @@ const KernelPlan& TrainingPlan::kernel(KernelName name) const {
   if (!found)
     fail("config key 'kernels'", std::string("a plan that includes ") + kernel_name(name), "not planned");
   return *found;
+}
+
+std::vector<int64_t> global_dims(const TrainingPlan& plan, const Shape& local) {
+  std::vector<int64_t> dims;
+  for (size_t i = 0; i < local.dims.size(); ++i) {
+    const std::string& axis = local.axes[i];
+    if (axis == "kv_heads") {
+      dims.push_back(plan.spec.config.base_num_kv_heads);
+    } else if (axis == "vocab") {
+      dims.push_back(plan.spec.dims.V_padded);
+    } else {
+      dims.push_back(local.dims[i] * plan.spec.sharding.compute(axis).degree);
+    }
+  }
+  return dims;
 }
 
 int64_t resolve_threads(const Config& config, const Topology& topology, int64_t devices) {

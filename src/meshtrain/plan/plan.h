@@ -92,6 +92,14 @@ struct PlanIdentity {
   std::string hash;  // 16 hex digits, FNV-1a 64 of the lines
 };
 
+// Where a parameter and its gradient accumulator persist: the spec's buffers, or (FSDP) the plan's shards;
+// ZeRO-1's data shards view part of them during update.
+struct ParameterStorage {
+  PlanBufferId value_store = -1, gradient_store = -1;
+  bool gathered = false;  // FSDP: the spec's value and gradient are per-layer temporaries
+  PlanBufferId value_data_shard = -1, gradient_data_shard = -1;
+};
+
 struct TrainingPlan {
   ModelSpec spec;  // per-device spec (its ops are what PlanOp::op points at)
   Topology topology;
@@ -99,8 +107,9 @@ struct TrainingPlan {
   int64_t threads = 1;  // compute threads per rank (scratch sizes depend on it)
   PlanIdentity identity;
   std::vector<PlanBuffer> buffers;
-  std::deque<OpDecl> plan_ops;      // the plan's own ops (gathers, scatters, zeroing); stable addresses
-  std::vector<KernelPlan> kernels;  // in kKernelNames order, those requested
+  std::vector<ParameterStorage> storage;  // per spec parameter
+  std::deque<OpDecl> plan_ops;            // the plan's own ops (gathers, scatters, zeroing); stable addresses
+  std::vector<KernelPlan> kernels;        // in kKernelNames order, those requested
   size_t persistent_bytes = 0;
   size_t arena_bytes = 0;  // persistent + the largest temporary region over the planned kernels
   double device_memory_bytes = 0.0;
@@ -126,6 +135,10 @@ struct PlanRequest {
 // The one planning function. Validates mesh, sharding and model (clear errors), builds the per-device
 // spec, and plans the requested kernels.
 TrainingPlan plan_training(const PlanRequest& request);
+
+// The unsharded sizes of a buffer declared at per-device compute shape `local` (kv heads replicated over
+// a larger tensor degree count once; the vocabulary is the padded one).
+std::vector<int64_t> global_dims(const TrainingPlan& plan, const Shape& local);
 
 // Compute threads per rank: num_threads when set, else this machine's cores / ranks on the host.
 int64_t resolve_threads(const Config& config, const Topology& topology, int64_t devices);

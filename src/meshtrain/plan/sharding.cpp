@@ -79,6 +79,53 @@ std::string Mesh::to_string() const {
          " context=" + std::to_string(context) + " tensor=" + std::to_string(tensor);
 }
 
+int64_t MeshCoordinates::of(MeshAxis axis) const {
+  switch (axis) {
+    case MeshAxis::data:
+      return data;
+    case MeshAxis::fsdp:
+      return fsdp;
+    case MeshAxis::context:
+      return context;
+    case MeshAxis::tensor:
+      return tensor;
+  }
+  return 0;
+}
+
+MeshCoordinates mesh_coordinates(const Mesh& mesh, int64_t rank) {
+  MeshCoordinates coordinates;
+  coordinates.tensor = rank % mesh.tensor;
+  coordinates.context = rank / mesh.tensor % mesh.context;
+  coordinates.fsdp = rank / (mesh.tensor * mesh.context) % mesh.fsdp;
+  coordinates.data = rank / (mesh.tensor * mesh.context * mesh.fsdp);
+  return coordinates;
+}
+
+GlobalIndex::GlobalIndex(const Shape& local, const std::vector<DimSharding>& sharding,
+                         const std::vector<int64_t>& global_dims, const Mesh& mesh,
+                         const MeshCoordinates& coordinates)
+    : local_dims_(local.dims), offsets_(local.dims.size(), 0), global_strides_(local.dims.size(), 1) {
+  MT_CHECK(sharding.size() == local.dims.size() && global_dims.size() == local.dims.size(), "rank mismatch");
+  for (size_t i = local.dims.size(); i-- > 0;) {
+    if (i + 1 < local.dims.size()) global_strides_[i] = global_strides_[i + 1] * global_dims[i + 1];
+    int64_t shard = 0;
+    for (MeshAxis axis : sharding[i].axes) shard = shard * mesh.size(axis) + coordinates.of(axis);
+    const int64_t shards = global_dims[i] / local.dims[i];  // < degree when replicated in groups
+    MT_CHECK(shards >= 1 && sharding[i].degree % shards == 0, "global size does not fit the sharding");
+    offsets_[i] = shard / (sharding[i].degree / shards) * local.dims[i];
+  }
+}
+
+int64_t GlobalIndex::operator()(int64_t local_flat) const {
+  int64_t global = 0;
+  for (size_t i = local_dims_.size(); i-- > 0;) {
+    global += (offsets_[i] + local_flat % local_dims_[i]) * global_strides_[i];
+    local_flat /= local_dims_[i];
+  }
+  return global;
+}
+
 Mesh resolve_mesh(const MeshShape& requested, int64_t devices, const std::string& devices_source) {
   Mesh mesh{requested.data, requested.fsdp, requested.context, requested.tensor};
   int64_t* fill = nullptr;

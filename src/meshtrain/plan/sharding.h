@@ -35,6 +35,13 @@ struct Mesh {
   std::string to_string() const;  // "data=2 fsdp=1 context=1 tensor=2"
 };
 
+// One rank's place on the mesh: rank = ((data * fsdp + fsdp_index) * context + context_index) * tensor + ...
+struct MeshCoordinates {
+  int64_t data = 0, fsdp = 0, context = 0, tensor = 0;
+  int64_t of(MeshAxis axis) const;
+};
+MeshCoordinates mesh_coordinates(const Mesh& mesh, int64_t rank);
+
 // Fills a -1 axis from `devices` and checks the product; `devices_source` says where the count came from
 // ("topology h100x8", "4 MPI ranks") for the error message.
 Mesh resolve_mesh(const MeshShape& requested, int64_t devices, const std::string& devices_source);
@@ -43,6 +50,20 @@ Mesh resolve_mesh(const MeshShape& requested, int64_t devices, const std::string
 struct DimSharding {
   std::vector<MeshAxis> axes;
   int64_t degree = 1;
+};
+
+// The element of the global (unsharded) tensor that each local element of a sharded buffer holds, so every
+// mesh initialises and checkpoints the same values. A dim split over several axes is split over the first
+// one first. `global_dims` are the unsharded sizes; a dim whose global size is smaller than local x degree
+// is replicated in groups (kv heads when the tensor degree exceeds them).
+class GlobalIndex {
+ public:
+  GlobalIndex(const Shape& local, const std::vector<DimSharding>& sharding,
+              const std::vector<int64_t>& global_dims, const Mesh& mesh, const MeshCoordinates& coordinates);
+  int64_t operator()(int64_t local_flat) const;
+
+ private:
+  std::vector<int64_t> local_dims_, offsets_, global_strides_;
 };
 
 // A buffer's sharding: the mesh axes of each dim (compute layout plus what storage adds), and the per-device

@@ -124,17 +124,24 @@ TensorView Engine::view(BufferId id) const {
   return {arena_.at(last->offset), buffer.dtype, buffer.shape};
 }
 
+// Each element takes the value of its index in the global tensor, so any mesh starts from the same weights.
 void Engine::initialize_parameters() {
   const uint64_t seed = static_cast<uint64_t>(plan_.spec.config.init_weights_seed);
-  for (const ParameterDecl& parameter : plan_.spec.parameters) {
-    float* values = view(parameter.value).f32();
-    const int64_t count = plan_.spec.buffer(parameter.value).shape.elements();
+  for (size_t p = 0; p < plan_.spec.parameters.size(); ++p) {
+    const ParameterDecl& parameter = plan_.spec.parameters[p];
+    const PlanBuffer& store = plan_.buffers[static_cast<size_t>(plan_.storage[p].value_store)];
+    const GlobalIndex global_index(store.shape, store.sharding,
+                                   global_dims(plan_, plan_.spec.buffer(parameter.value).shape), plan_.mesh,
+                                   coordinates_);
+    float* values = view(plan_.storage[p].value_store).f32();
+    const int64_t count = store.shape.elements();
     const PhiloxKey key = philox_key(seed, parameter.canonical_name);
     const float constant = parameter.init == ParameterInit::ones ? 1.0f : 0.0f;
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < count; ++i) {
       values[i] = parameter.init == ParameterInit::normal
-                      ? static_cast<float>(parameter.init_std * normal_at(key, static_cast<uint64_t>(i)))
+                      ? static_cast<float>(parameter.init_std *
+                                           normal_at(key, static_cast<uint64_t>(global_index(i))))
                       : constant;
     }
     std::memset(view(parameter.adam_m).data, 0, view(parameter.adam_m).bytes());

@@ -61,6 +61,7 @@ class Engine {
   TraceRecorder* trace_ = nullptr;
   const KernelPlan* last_kernel_ = nullptr;
   bool poison_temporaries_ = false;
+  MeshCoordinates coordinates_;  // this rank's place on the mesh
 };
 
 }  // namespace meshtrain

@@ -235,6 +235,32 @@ TEST(Plan, TensorParallelShardsHeadsMlpAndVocab) {
   EXPECT_EQ(plan_for("qwen3-tiny", tiny({"mesh.tensor=4"})).spec.dims.K, 1);
 }
 
+// Every rank's shard of every parameter maps to distinct global elements, and together they cover the global
+// tensor exactly once per replica (kv heads over a larger tensor degree: once per group).
+TEST(Plan, ShardsTileTheGlobalTensors) {
+  for (const char* mesh : {"mesh.tensor=2", "mesh.fsdp=2", "mesh.tensor=4"}) {
+    const TrainingPlan plan = plan_for("qwen3-tiny", tiny({mesh, "mesh.data=2"}));
+    for (size_t p = 0; p < plan.spec.parameters.size(); ++p) {
+      const PlanBuffer& store = plan.buffers[static_cast<size_t>(plan.storage[p].value_store)];
+      const std::vector<int64_t> global =
+          global_dims(plan, plan.spec.buffer(plan.spec.parameters[p].value).shape);
+      int64_t global_count = 1;
+      for (int64_t size : global) global_count *= size;
+      std::vector<int> hits(static_cast<size_t>(global_count), 0);
+      for (int64_t rank = 0; rank < plan.mesh.devices(); ++rank) {
+        const GlobalIndex index(store.shape, store.sharding, global, plan.mesh,
+                                mesh_coordinates(plan.mesh, rank));
+        for (int64_t i = 0; i < store.shape.elements(); ++i) ++hits[static_cast<size_t>(index(i))];
+      }
+      // Each element is held by the same number of ranks (the replicas).
+      const int replicas = hits[0];
+      EXPECT_GT(replicas, 0);
+      for (int count : hits) ASSERT_EQ(count, replicas) << mesh << " " << store.name;
+      EXPECT_EQ(static_cast<int64_t>(replicas) * global_count, plan.mesh.devices() * store.shape.elements());
+    }
+  }
+}
+
 TEST(Plan, BadMeshesNameTheKey) {
   EXPECT_NE(error_of([] {
               plan_for("qwen3-tiny", tiny({"topology=h100x8", "mesh.data=3"}));
