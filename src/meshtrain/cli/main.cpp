@@ -3,6 +3,7 @@
 #include <string>
 #include <vector>
 
+#include "meshtrain/cli/compile.h"
 #include "meshtrain/cli/generate.h"
 #include "meshtrain/cli/info.h"
 #include "meshtrain/cli/prepare.h"
@@ -18,6 +19,8 @@ void print_usage(std::ostream& out) {
          "commands:\n"
          "  train <config> [key=value ...]  train (resumes from run_dir's newest checkpoint)\n"
          "  info <config> [key=value ...]   exact parameter counts and training FLOPs per device per step\n"
+         "  compile <config> [topology=NAME mesh.X=N kernels=K,.. plan_out=STEM ...] [--explain | --search]\n"
+         "                                  ahead-of-time plan: cost, memory, fit per kernel\n"
          "  generate --checkpoint DIR --prompt TEXT [--max-new-tokens N --temperature T --top-k K --top-p P --seed S]\n"
          "  prepare [--out DIR] [--vocab-size N] [--corpus PATH]  tokenizer + token shards (default: the KJV)\n"
          "  tokenize --tokenizer PATH [--decode]  stdin text -> JSON ids on stdout (or the reverse)\n"
@@ -36,11 +39,14 @@ int main(int argc, char** argv) {
   try {
     if (words[0] == "train") return meshtrain::run_train(arguments);
     if (words[0] == "info") return meshtrain::run_info(arguments, std::cout);
+    if (words[0] == "compile") return meshtrain::run_compile(arguments, std::cout);
     if (words[0] == "generate") return meshtrain::run_generate(arguments, std::cout);
     if (words[0] == "tokenize") return meshtrain::run_tokenize(arguments, std::cin, std::cout);
     if (words[0] == "prepare") return meshtrain::run_prepare(arguments, std::cout);
     std::cerr << "meshtrain: unknown command '" << words[0] << "' (did you mean '"
-              << meshtrain::closest_name(words[0], {"train", "info", "generate", "tokenize", "prepare"}) << "'?)\n";
+              << meshtrain::closest_name(words[0],
+                                         {"train", "info", "compile", "generate", "tokenize", "prepare"})
+              << "'?)\n";
     print_usage(std::cerr);
     return 2;
   } catch (const meshtrain::MeshError& error) {

@@ -248,22 +248,30 @@ bool Planner::saved(BufferId id, const LayerBlock& block, const std::set<BufferI
 std::vector<Planner::Step> Planner::backward_with_recompute() const {
   std::vector<Step> steps;
   std::vector<const LayerBlock*> starting(spec_.loss_backward.size() + 1, nullptr);
-  for (const LayerBlock& block : spec_.blocks) starting[block.backward_begin] = &block;
+  if (spec_.config.remat_policy != "none") {
+    for (const LayerBlock& block : spec_.blocks) starting[block.backward_begin] = &block;
+  }
+  // How many ops touch each buffer; a block's own ops are subtracted to find what others touch.
+  std::vector<int32_t> touches(spec_.buffers.size(), 0);
+  const auto count = [&](const OpDecl& op, int32_t delta) {
+    std::set<BufferId> unique(op.reads.begin(), op.reads.end());
+    unique.insert(op.writes.begin(), op.writes.end());
+    for (BufferId id : unique) touches[static_cast<size_t>(id)] += delta;
+  };
+  for (const std::vector<OpDecl>* ops : {&spec_.forward, &spec_.loss_backward, &spec_.loss_forward}) {
+    for (const OpDecl& op : *ops) count(op, 1);
+  }
   for (size_t i = 0; i < spec_.loss_backward.size(); ++i) {
     if (const LayerBlock* block = starting[i]) {
       // Buffers some op outside this block touches.
+      for (size_t f = block->forward_begin; f < block->forward_end; ++f) count(spec_.forward[f], -1);
+      for (size_t b = block->backward_begin; b < block->backward_end; ++b) count(spec_.loss_backward[b], -1);
       std::set<BufferId> outside;
-      const auto note = [&](const OpDecl& op) {
-        for (BufferId id : op.reads) outside.insert(id);
-        for (BufferId id : op.writes) outside.insert(id);
-      };
-      for (size_t f = 0; f < spec_.forward.size(); ++f) {
-        if (f < block->forward_begin || f >= block->forward_end) note(spec_.forward[f]);
+      for (size_t id = 0; id < touches.size(); ++id) {
+        if (touches[id] > 0) outside.insert(static_cast<BufferId>(id));
       }
-      for (size_t b = 0; b < spec_.loss_backward.size(); ++b) {
-        if (b < block->backward_begin || b >= block->backward_end) note(spec_.loss_backward[b]);
-      }
-      for (const OpDecl& op : spec_.loss_forward) note(op);
+      for (size_t f = block->forward_begin; f < block->forward_end; ++f) count(spec_.forward[f], 1);
+      for (size_t b = block->backward_begin; b < block->backward_end; ++b) count(spec_.loss_backward[b], 1);
       // Recompute every forward op of the block that writes a needed buffer, closing over their inputs.
       std::set<BufferId> needed;
       for (size_t b = block->backward_begin; b < block->backward_end; ++b) {
@@ -665,8 +673,30 @@ std::vector<int64_t> global_dims(const TrainingPlan& plan, const Shape& local) {
   return dims;
 }
 
+DeviceCount resolve_devices(const Config& config, const Topology& topology, int64_t live_ranks) {
+  if (live_ranks > 0)
+    return {live_ranks, std::to_string(live_ranks) + " process" + (live_ranks > 1 ? "es" : "")};
+  if (topology.num_devices > 0) return {topology.num_devices, "topology " + topology.name};
+  DeviceCount devices{1, "topology " + topology.name + " with as many ranks as the mesh asks for"};
+  for (MeshAxis axis : kMeshAxes) {
+    const int64_t size = axis == MeshAxis::data      ? config.mesh.data
+                         : axis == MeshAxis::fsdp    ? config.mesh.fsdp
+                         : axis == MeshAxis::context ? config.mesh.context
+                                                     : config.mesh.tensor;
+    if (size < 1) {
+      fail("config key 'mesh." + std::string(mesh_axis_name(axis)) + "'",
+           "fixed axis sizes on topology '" + topology.name + "' (they give its rank count)",
+           std::to_string(size),
+           "give every mesh.* axis, or choose a topology with a device count such as h100x8");
+    }
+    devices.count *= size;
+  }
+  return devices;
+}
+
 int64_t resolve_threads(const Config& config, const Topology& topology, int64_t devices) {
   if (config.num_threads > 0) return config.num_threads;
+  if (topology.device_kind != "cpu") return 1;
   const int64_t ranks_on_host = topology.host_memory_shared ? std::max<int64_t>(devices, 1) : 1;
   return std::max<int64_t>(1, omp_get_num_procs() / ranks_on_host);
 }
@@ -676,34 +706,12 @@ TrainingPlan plan_training(const PlanRequest& request) {
   Config config = request.config;
   const std::string topology_name = request.topology.empty() ? config.topology : request.topology;
   plan.topology = load_topology(topology_name, config.topologies_path);
-  int64_t devices = request.devices;
-  std::string source = std::to_string(devices) + " processes";
-  if (devices == 0 && plan.topology.num_devices > 0) {
-    devices = plan.topology.num_devices;
-    source = "topology " + plan.topology.name;
-  }
-  if (devices == 0) {  // cpu topologies: as many ranks as the mesh asks for
-    devices = 1;
-    for (MeshAxis axis : kMeshAxes) {
-      const int64_t size = axis == MeshAxis::data      ? config.mesh.data
-                           : axis == MeshAxis::fsdp    ? config.mesh.fsdp
-                           : axis == MeshAxis::context ? config.mesh.context
-                                                       : config.mesh.tensor;
-      if (size == -1) {
-        fail("config key 'mesh'",
-             "fixed axis sizes on topology '" + plan.topology.name + "' (its rank count is the mesh's)",
-             "an axis of -1",
-             "give every mesh.* axis, or choose a topology with a device count such as h100x8");
-      }
-      devices *= size;
-    }
-    source = "topology " + plan.topology.name + " with that many ranks";
-  }
-  plan.mesh = resolve_mesh(config.mesh, devices, source);
-  plan.threads = resolve_threads(config, plan.topology, devices);
+  const DeviceCount devices = resolve_devices(config, plan.topology, request.devices);
+  plan.mesh = resolve_mesh(config.mesh, devices.count, devices.source);
+  plan.threads = resolve_threads(config, plan.topology, devices.count);
   config.num_threads = plan.threads;  // the attention backward's scratch is per thread
   plan.identity = plan_identity(config, plan.mesh, plan.topology, plan.threads);
-  plan.device_memory_bytes = plan.topology.device_memory_bytes(devices);
+  plan.device_memory_bytes = plan.topology.device_memory_bytes(devices.count);
   if (config.remat_policy != "none" && config.remat_policy != "full" && config.remat_policy != "minimal") {
     fail("config key 'remat_policy'", "none, full or minimal", "'" + config.remat_policy + "'",
          "did you mean '" + closest_name(config.remat_policy, {"none", "full", "minimal"}) + "'?");

@@ -140,7 +140,16 @@ TrainingPlan plan_training(const PlanRequest& request);
 // a larger tensor degree count once; the vocabulary is the padded one).
 std::vector<int64_t> global_dims(const TrainingPlan& plan, const Shape& local);
 
-// Compute threads per rank: num_threads when set, else this machine's cores / ranks on the host.
+// How many devices a plan is for: `live_ranks` when a live run gives them, else the topology's count, else
+// (cpu topologies) the mesh product; `source` says which, for errors.
+struct DeviceCount {
+  int64_t count = 1;
+  std::string source;
+};
+DeviceCount resolve_devices(const Config& config, const Topology& topology, int64_t live_ranks);
+
+// Compute threads per rank: num_threads when set; on cpu topologies this machine's cores / ranks on the host;
+// elsewhere 1 (the CPU kernels' per-thread scratch does not exist there, and plans stay machine-independent).
 int64_t resolve_threads(const Config& config, const Topology& topology, int64_t devices);
 
 // The plan file of one kernel: deterministic JSON text (the same inputs give the same bytes).

@@ -1,0 +1,526 @@
+#include "meshtrain/cli/compile.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+
+#include "meshtrain/cli/arguments.h"
+#include "meshtrain/core/error.h"
+#include "meshtrain/plan/plan.h"
+
+namespace meshtrain {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+template <class... Args>
+std::string format(const char* pattern, Args... args) {
+  const int length = std::snprintf(nullptr, 0, pattern, args...);
+  std::string text(static_cast<size_t>(std::max(length, 0)) + 1, '\0');
+  std::snprintf(text.data(), text.size(), pattern, args...);
+  text.pop_back();  // the terminating NUL snprintf wrote
+  return text;
+}
+
+std::string gib(double bytes) {
+  return format("%.2f GiB", bytes / kGiB);
+}
+
+// "12.34 GiB (13249974108 bytes)": GiB to read, exact bytes to compare.
+std::string bytes_text(double bytes) {
+  return gib(bytes) + format(" (%.0f bytes)", bytes);
+}
+
+std::string seconds_text(double seconds) {
+  if (seconds >= 1.0) return format("%.3f s", seconds);
+  if (seconds >= 1e-3) return format("%.3f ms", seconds * 1e3);
+  return format("%.1f us", seconds * 1e6);
+}
+
+double elapsed_seconds(Clock::time_point since) {
+  return std::chrono::duration<double>(Clock::now() - since).count();
+}
+
+// "name  value" rows with the values aligned.
+std::string row(const std::string& name, const std::string& value) {
+  return format("  %-18s %s\n", name.c_str(), value.c_str());
+}
+
+std::string collective_text(const KernelPlan& kernel) {
+  std::string text;
+  // Mesh axis order (outermost first), then anything else the plan names.
+  std::vector<std::string> names;
+  for (MeshAxis axis : kMeshAxes) names.push_back(mesh_axis_name(axis));
+  for (const auto& entry : kernel.collective_bytes) {
+    if (std::find(names.begin(), names.end(), entry.first) == names.end()) names.push_back(entry.first);
+  }
+  for (const std::string& name : names) {
+    const auto found = kernel.collective_bytes.find(name);
+    if (found == kernel.collective_bytes.end() || found->second == 0.0) continue;
+    text += (text.empty() ? "" : ", ") + name + " " + bytes_text(found->second);
+  }
+  return text.empty() ? "none" : text;
+}
+
+void print_header(const TrainingPlan& plan, const std::string& config_argument, double plan_seconds,
+                  std::ostream& out) {
+  const Config& c = plan.spec.config;
+  const Topology& t = plan.topology;
+  const std::string model = c.model_name.empty() ? config_argument : c.model_name;
+  out << "meshtrain compile: ahead-of-time plan, per device\n";
+  out << row("model",
+             format("%s (%s): %lld layers, width %lld, %lld query / %lld kv heads x %lld, mlp %lld, "
+                    "vocab %lld, %s unembedding",
+                    model.c_str(), c.decoder_block.c_str(), static_cast<long long>(c.base_num_decoder_layers),
+                    static_cast<long long>(c.base_emb_dim), static_cast<long long>(c.base_num_query_heads),
+                    static_cast<long long>(c.base_num_kv_heads), static_cast<long long>(c.head_dim),
+                    static_cast<long long>(c.base_mlp_dim), static_cast<long long>(c.vocab_size),
+                    c.logits_via_embedding ? "tied" : "untied"));
+  out << row("dtypes", "compute " + dtype_config_name(c.dtype) + ", weights " +
+                           dtype_config_name(c.weight_dtype) + ", gradients " +
+                           dtype_config_name(c.grad_dtype) + ", moments " + dtype_config_name(c.mu_dtype) +
+                           ", remat_policy " + c.remat_policy);
+  const int64_t devices = plan.mesh.devices();
+  out << row(
+      "batch",
+      format("per_device_batch_size %lld x max_target_length %lld, "
+             "gradient_accumulation_steps %lld: global batch %lld sequences",
+             static_cast<long long>(c.per_device_batch_size), static_cast<long long>(c.max_target_length),
+             static_cast<long long>(c.gradient_accumulation_steps),
+             static_cast<long long>(c.per_device_batch_size * devices * c.gradient_accumulation_steps)));
+  out << row("mesh", plan.mesh.to_string() + format(" (%lld devices)", static_cast<long long>(devices)));
+  const std::string per_host = t.devices_per_host == 0
+                                   ? "all on one host"
+                                   : format("%lld per host", static_cast<long long>(t.devices_per_host));
+  out << row(
+      "topology",
+      format("%s: %lld x %s, %s, %s per device, peak %.4g TFLOP/s %s, memory %.0f GB/s, "
+             "links %.0f GB/s within a host",
+             t.name.c_str(), static_cast<long long>(devices), t.device_kind.c_str(), per_host.c_str(),
+             bytes_text(plan.device_memory_bytes).c_str(), t.peak_flops(c.dtype) / 1e12,
+             dtype_config_name(c.dtype).c_str(), t.memory_bandwidth / 1e9, t.intra_host_bandwidth / 1e9) +
+          (t.inter_host_bandwidth > 0.0 ? format(" / %.0f GB/s between hosts", t.inter_host_bandwidth / 1e9)
+                                        : std::string()));
+  out << row("threads", format("%lld per rank", static_cast<long long>(plan.threads)));
+  out << row("plan", format("identity %s, %zu kernel%s planned in %.1f ms", plan.identity.hash.c_str(),
+                            plan.kernels.size(), plan.kernels.size() == 1 ? "" : "s", plan_seconds * 1e3));
+}
+
+void print_kernel(const KernelPlan& kernel, std::ostream& out) {
+  size_t recomputed = 0;
+  for (const PlanOp& op : kernel.ops) recomputed += op.recompute ? 1 : 0;
+  out << "\nkernel " << kernel_name(kernel.kernel) << ": " << kernel.ops.size() << " ops";
+  if (recomputed > 0) out << " (" << recomputed << " recomputed for remat)";
+  out << "\n";
+  out << row("FLOPs", format("%.4e (%.2f TFLOP)", kernel.flops, kernel.flops / 1e12));
+  out << row("bytes accessed", bytes_text(kernel.bytes_accessed));
+  out << row("collective bytes", collective_text(kernel));
+  const MemoryFigures& m = kernel.memory;
+  out << row("arguments", bytes_text(static_cast<double>(m.arguments)));
+  out << row("outputs", bytes_text(static_cast<double>(m.outputs)));
+  out << row("aliases", bytes_text(static_cast<double>(m.aliases)));
+  out << row("temps", bytes_text(static_cast<double>(m.temps)));
+  out << row("peak", bytes_text(static_cast<double>(m.peak)));
+  out << row("predicted time", seconds_text(kernel.seconds));
+}
+
+// The n largest buffers that own memory (a shard viewed inside another buffer does not), largest first;
+// equal sizes keep plan order so the listing is stable.
+std::vector<const PlanBuffer*> largest_buffers(const TrainingPlan& plan, size_t n) {
+  std::vector<const PlanBuffer*> owners;
+  for (const PlanBuffer& buffer : plan.buffers) {
+    if (buffer.part_of < 0) owners.push_back(&buffer);
+  }
+  std::stable_sort(owners.begin(), owners.end(),
+                   [](const PlanBuffer* a, const PlanBuffer* b) { return a->bytes > b->bytes; });
+  if (owners.size() > n) owners.resize(n);
+  return owners;
+}
+
+void print_verdict(const TrainingPlan& plan, std::ostream& out) {
+  const KernelPlan* largest = nullptr;
+  for (const KernelPlan& kernel : plan.kernels) {
+    if (largest == nullptr || kernel.memory.temps > largest->memory.temps) largest = &kernel;
+  }
+  const double arena = static_cast<double>(plan.arena_bytes);
+  out << "\nprocess arena: persistent " << gib(static_cast<double>(plan.persistent_bytes))
+      << " + largest temporaries "
+      << gib(largest == nullptr ? 0.0 : static_cast<double>(largest->memory.temps))
+      << (largest == nullptr ? std::string() : std::string(" (") + kernel_name(largest->kernel) + ")")
+      << " = " << bytes_text(arena) << "\n";
+  const std::string figures = format("%.2f of %.2f GiB", arena / kGiB, plan.device_memory_bytes / kGiB);
+  if (plan.fits()) {
+    out << "fits: " << figures << "\n";
+    return;
+  }
+  out << "does not fit: " << figures << ", largest buffers:";
+  for (const PlanBuffer* buffer : largest_buffers(plan, 5)) {
+    out << "\n  " << buffer->name << " (" << buffer_kind_name(buffer->kind) << ", " << buffer->layer << ") "
+        << bytes_text(static_cast<double>(buffer->bytes));
+  }
+  out << "\n";
+}
+
+// --explain: bytes per buffer kind and per layer of a set of buffers.
+struct Breakdown {
+  std::map<BufferKind, size_t> by_kind;
+  std::vector<std::pair<std::string, size_t>> by_layer;  // in order of first appearance in plan.buffers
+  size_t total = 0, count = 0;
+
+  void add(const PlanBuffer& buffer) {
+    by_kind[buffer.kind] += buffer.bytes;
+    const auto found = std::find_if(by_layer.begin(), by_layer.end(),
+                                    [&](const auto& entry) { return entry.first == buffer.layer; });
+    if (found == by_layer.end()) {
+      by_layer.emplace_back(buffer.layer, buffer.bytes);
+    } else {
+      found->second += buffer.bytes;
+    }
+    total += buffer.bytes;
+    ++count;
+  }
+};
+
+// "decoder/layers_12" -> 12; anything else -> -1.
+long layer_index(const std::string& layer) {
+  const std::string prefix = "decoder/layers_";
+  if (!layer.starts_with(prefix)) return -1;
+  return std::strtol(layer.c_str() + prefix.size(), nullptr, 10);
+}
+
+void print_breakdown(const Breakdown& breakdown, std::ostream& out) {
+  out << "    by kind:\n";
+  for (const auto& [kind, bytes] : breakdown.by_kind) {
+    out << format("      %-18s %s\n", buffer_kind_name(kind), bytes_text(static_cast<double>(bytes)).c_str());
+  }
+  out << "    by layer:\n";
+  // Consecutive decoder layers with the same bytes print as one row (an 80-layer model is one line, not 80).
+  const auto& rows = breakdown.by_layer;
+  for (size_t i = 0; i < rows.size();) {
+    size_t end = i + 1;
+    const long first = layer_index(rows[i].first);
+    while (first >= 0 && end < rows.size() && rows[end].second == rows[i].second &&
+           layer_index(rows[end].first) == first + static_cast<long>(end - i)) {
+      ++end;
+    }
+    if (end - i == 1) {
+      out << format("      %-26s %s\n", rows[i].first.c_str(),
+                    bytes_text(static_cast<double>(rows[i].second)).c_str());
+    } else {
+      const std::string name =
+          format("decoder/layers_%ld..%ld", first, first + static_cast<long>(end - i) - 1);
+      out << format("      %-26s %s each, %s together\n", name.c_str(),
+                    bytes_text(static_cast<double>(rows[i].second)).c_str(),
+                    gib(static_cast<double>(rows[i].second * (end - i))).c_str());
+    }
+    i = end;
+  }
+}
+
+void print_explain(const TrainingPlan& plan, std::ostream& out) {
+  out << "\nmemory by buffer kind and layer (--explain), per device\n";
+  Breakdown persistent;
+  for (const PlanBuffer& buffer : plan.buffers) {
+    if (buffer.persistent && buffer.part_of < 0) persistent.add(buffer);
+  }
+  out << "  persistent region (arguments of every kernel): " << persistent.count << " buffers, "
+      << bytes_text(static_cast<double>(persistent.total)) << "\n";
+  print_breakdown(persistent, out);
+  for (const KernelPlan& kernel : plan.kernels) {
+    std::set<PlanBufferId> seen;
+    Breakdown temporaries;
+    for (const PlanValue& value : kernel.values) {
+      const PlanBuffer& buffer = plan.buffers[static_cast<size_t>(value.buffer)];
+      if (!buffer.persistent && buffer.part_of < 0 && seen.insert(value.buffer).second)
+        temporaries.add(buffer);
+    }
+    // Sum of distinct buffers is what the temporaries would take with no reuse; the arena's temps extent is
+    // what they take after liveness-based reuse. Neither is "what is alive at the peak" per layer.
+    out << "  " << kernel_name(kernel.kernel) << " temporaries: " << temporaries.count
+        << " distinct buffers, " << bytes_text(static_cast<double>(temporaries.total))
+        << " if none shared memory; after liveness reuse the temps extent is "
+        << bytes_text(static_cast<double>(kernel.memory.temps)) << "\n";
+    if (temporaries.count > 0) print_breakdown(temporaries, out);
+  }
+}
+
+void write_plan_files(const TrainingPlan& plan, const std::string& stem, std::ostream& out) {
+  out << "\nplan files:\n";
+  for (const KernelPlan& kernel : plan.kernels) {
+    const fs::path path = plan_file_path(stem, kernel.kernel);
+    if (path.has_parent_path()) {
+      std::error_code error;
+      fs::create_directories(path.parent_path(), error);
+      if (error) {
+        fail("config key 'plan_out'", "a directory that can be created", path.parent_path().string(),
+             error.message());
+      }
+    }
+    // Written under a temporary name and renamed: a file at the final path is always complete.
+    const fs::path partial = path.string() + ".partial";
+    const std::string text = serialize_kernel_plan(plan, kernel.kernel);
+    {
+      std::ofstream file(partial, std::ios::binary | std::ios::trunc);
+      file << text;
+      file.close();
+      if (!file) fail(partial.string(), "a writable plan file", "a write error", "check the plan_out path");
+    }
+    std::error_code error;
+    fs::rename(partial, path, error);
+    if (error) fail(path.string(), "a plan file renamed into place", error.message());
+    out << "  " << path.string() << " (" << text.size() << " bytes)\n";
+  }
+}
+
+// --- --search -------------------------------------------------------------------------------------------
+
+std::vector<int64_t> divisors(int64_t n) {
+  std::vector<int64_t> result;
+  for (int64_t d = 1; d <= n; ++d) {
+    if (n % d == 0) result.push_back(d);
+  }
+  return result;
+}
+
+struct Candidate {
+  Mesh mesh;
+  int64_t per_device_batch_size, gradient_accumulation_steps;
+  std::string remat_policy;
+};
+
+void print_search(const SearchResult& result, std::ostream& out) {
+  out << "meshtrain compile --search: " << result.topology << ", " << result.devices << " devices, "
+      << gib(result.device_memory_bytes) << " per device, global batch " << result.global_batch
+      << " sequences per step\n";
+  out << "searched: data x fsdp x tensor = " << result.devices / result.context << " (context fixed at "
+      << result.context << "), tensor <= " << result.tensor_limit << " and dividing the "
+      << result.query_heads << " query heads; per_device_batch_size x gradient_accumulation_steps = "
+      << result.global_batch / result.devices << "; remat_policy none, minimal, full\n";
+  out << format(
+      "planned %lld candidates (fwd_bwd, fwd_bwd_accum, update each): %lld rejected as invalid, "
+      "%lld valid, %zu fit; %.2f s\n",
+      static_cast<long long>(result.planned), static_cast<long long>(result.invalid),
+      static_cast<long long>(result.planned - result.invalid), result.fitting.size(), result.wall_seconds);
+  if (result.planned > 0 && result.invalid == result.planned) {
+    out << "every candidate was rejected; the first: " << result.first_invalid_reason << "\n";
+    return;
+  }
+  if (result.fitting.empty()) {
+    out << "no configuration fits";
+    if (result.smallest_arena_bytes > 0) {
+      out << ": the smallest arena is " << gib(static_cast<double>(result.smallest_arena_bytes)) << " of "
+          << gib(result.device_memory_bytes);
+    }
+    out << "\n";
+    return;
+  }
+  const size_t shown = std::min<size_t>(result.fitting.size(), 10);
+  out << "fastest " << shown << " (step time = fwd_bwd + (GA - 1) x fwd_bwd_accum + update, predicted):\n";
+  out << format("  %-4s %-5s %-5s %-8s %-7s %-6s %-4s %-8s %10s %12s\n", "rank", "data", "fsdp", "context",
+                "tensor", "batch", "GA", "remat", "arena GiB", "step time");
+  for (size_t i = 0; i < shown; ++i) {
+    const SearchCandidate& c = result.fitting[i];
+    out << format("  %-4zu %-5lld %-5lld %-8lld %-7lld %-6lld %-4lld %-8s %10.2f %12s\n", i + 1,
+                  static_cast<long long>(c.mesh.data), static_cast<long long>(c.mesh.fsdp),
+                  static_cast<long long>(c.mesh.context), static_cast<long long>(c.mesh.tensor),
+                  static_cast<long long>(c.per_device_batch_size),
+                  static_cast<long long>(c.gradient_accumulation_steps), c.remat_policy.c_str(),
+                  static_cast<double>(c.arena_bytes) / kGiB, seconds_text(c.step_seconds).c_str());
+  }
+  out << "best: meshtrain compile <config> topology=" << result.topology << " "
+      << result.fitting[0].overrides() << "\n";
+}
+
+}  // namespace
+
+std::string SearchCandidate::overrides() const {
+  return format(
+      "mesh.data=%lld mesh.fsdp=%lld mesh.context=%lld mesh.tensor=%lld per_device_batch_size=%lld "
+      "gradient_accumulation_steps=%lld remat_policy=%s",
+      static_cast<long long>(mesh.data), static_cast<long long>(mesh.fsdp),
+      static_cast<long long>(mesh.context), static_cast<long long>(mesh.tensor),
+      static_cast<long long>(per_device_batch_size), static_cast<long long>(gradient_accumulation_steps),
+      remat_policy.c_str());
+}
+
+SearchResult search_training_configurations(const std::string& config_argument,
+                                            const std::vector<std::string>& overrides) {
+  const Clock::time_point start = Clock::now();
+  const Config base = load_config(config_argument, overrides);
+  if (!base.plan_out.empty()) {
+    fail("config key 'plan_out'", "no plan files with --search (it plans many configurations)",
+         "'" + base.plan_out + "'", "run compile again without --search and with the chosen overrides");
+  }
+  const Topology topology = load_topology(base.topology, base.topologies_path);
+  SearchResult result;
+  result.topology = topology.name;
+  result.devices = resolve_devices(base, topology, 0).count;
+  result.device_memory_bytes = topology.device_memory_bytes(result.devices);
+  const int64_t context = base.mesh.context >= 1 ? base.mesh.context : 1;
+  if (result.devices % context != 0) {
+    fail("config key 'mesh.context'", "a divisor of the " + std::to_string(result.devices) + " devices",
+         std::to_string(context));
+  }
+  const int64_t sequences_per_device = base.per_device_batch_size * base.gradient_accumulation_steps;
+  result.global_batch = sequences_per_device * result.devices;
+  // Tensor parallelism stays inside a host (its collectives run every layer) and splits the query heads.
+  const int64_t tensor_limit = topology.devices_per_host == 0 ? result.devices : topology.devices_per_host;
+  result.context = context;
+  result.tensor_limit = tensor_limit;
+  result.query_heads = base.base_num_query_heads;
+
+  std::vector<Candidate> candidates;
+  for (int64_t tensor : divisors(result.devices / context)) {
+    if (tensor > tensor_limit || base.base_num_query_heads % tensor != 0) continue;
+    for (int64_t fsdp : divisors(result.devices / context / tensor)) {
+      const int64_t data = result.devices / context / tensor / fsdp;
+      for (int64_t batch : divisors(sequences_per_device)) {
+        for (const char* remat : {"none", "minimal", "full"}) {
+          candidates.push_back(
+              {Mesh{data, fsdp, context, tensor}, batch, sequences_per_device / batch, remat});
+        }
+      }
+    }
+  }
+
+  // The user's overrides minus the keys each candidate sets (a key given twice is an error).
+  std::vector<std::string> searched_out;
+  for (const std::string& override_text : overrides) {
+    const std::string key = override_text.substr(0, override_text.find('='));
+    if (!key.starts_with("mesh.") && key != "per_device_batch_size" && key != "gradient_accumulation_steps" &&
+        key != "remat_policy" && key != "kernels") {
+      searched_out.push_back(override_text);
+    }
+  }
+  // Candidates are planned in parallel (each plan is independent and deterministic), then gathered in
+  // enumeration order so the ranking does not depend on the thread count.
+  struct Outcome {
+    bool valid = false;
+    size_t arena_bytes = 0;
+    bool fits = false;
+    double step_seconds = 0.0;
+    std::string invalid_reason;  // the MeshError's message
+    std::exception_ptr error;    // anything but a MeshError: rethrown after the loop
+  };
+  std::vector<Outcome> outcomes(candidates.size());
+  const auto plan_candidate = [&](const Candidate& candidate, Outcome& outcome) {
+    std::vector<std::string> candidate_overrides = searched_out;
+    for (MeshAxis axis : kMeshAxes) {
+      candidate_overrides.push_back(std::string("mesh.") + mesh_axis_name(axis) + "=" +
+                                    std::to_string(candidate.mesh.size(axis)));
+    }
+    candidate_overrides.push_back("per_device_batch_size=" + std::to_string(candidate.per_device_batch_size));
+    candidate_overrides.push_back("gradient_accumulation_steps=" +
+                                  std::to_string(candidate.gradient_accumulation_steps));
+    candidate_overrides.push_back("remat_policy=" + candidate.remat_policy);
+    PlanRequest request;
+    request.config = load_config(config_argument, candidate_overrides);
+    request.kernels = {KernelName::fwd_bwd, KernelName::fwd_bwd_accum, KernelName::update};
+    TrainingPlan plan;
+    try {
+      plan = plan_training(request);
+    } catch (const MeshError& error) {
+      outcome.invalid_reason = error.what();  // e.g. kv heads not divisible by the tensor degree
+      return;
+    }
+    outcome.valid = true;
+    outcome.arena_bytes = plan.arena_bytes;
+    outcome.fits = plan.fits();
+    outcome.step_seconds = plan.kernel(KernelName::fwd_bwd).seconds +
+                           static_cast<double>(candidate.gradient_accumulation_steps - 1) *
+                               plan.kernel(KernelName::fwd_bwd_accum).seconds +
+                           plan.kernel(KernelName::update).seconds;
+  };
+  const int64_t candidate_count = static_cast<int64_t>(candidates.size());
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t index = 0; index < candidate_count; ++index) {
+    Outcome& outcome = outcomes[static_cast<size_t>(index)];
+    try {
+      plan_candidate(candidates[static_cast<size_t>(index)], outcome);
+    } catch (...) {
+      outcome.error = std::current_exception();  // an exception must not leave an OpenMP region
+    }
+  }
+  std::vector<std::pair<SearchCandidate, size_t>> fitting;  // with enumeration index for stable ties
+  for (size_t index = 0; index < candidates.size(); ++index) {
+    const Outcome& outcome = outcomes[index];
+    if (outcome.error) std::rethrow_exception(outcome.error);
+    ++result.planned;
+    if (!outcome.valid) {
+      if (result.invalid++ == 0) result.first_invalid_reason = outcome.invalid_reason;
+      continue;
+    }
+    if (result.smallest_arena_bytes == 0 || outcome.arena_bytes < result.smallest_arena_bytes) {
+      result.smallest_arena_bytes = outcome.arena_bytes;
+    }
+    if (!outcome.fits) continue;
+    const Candidate& candidate = candidates[index];
+    fitting.emplace_back(SearchCandidate{candidate.mesh, candidate.per_device_batch_size,
+                                         candidate.gradient_accumulation_steps, candidate.remat_policy,
+                                         outcome.arena_bytes, outcome.step_seconds},
+                         index);
+  }
+  std::sort(fitting.begin(), fitting.end(), [](const auto& a, const auto& b) {
+    if (a.first.step_seconds != b.first.step_seconds) return a.first.step_seconds < b.first.step_seconds;
+    if (a.first.arena_bytes != b.first.arena_bytes) return a.first.arena_bytes < b.first.arena_bytes;
+    return a.second < b.second;
+  });
+  for (const auto& entry : fitting) result.fitting.push_back(entry.first);
+  result.wall_seconds = elapsed_seconds(start);
+  return result;
+}
+
+int run_compile(const std::vector<std::string>& arguments, std::ostream& out) {
+  const ConfigArguments parsed = parse_config_arguments("compile", arguments);
+  bool explain = false, search = false;
+  for (const std::string& flag : parsed.flags) {
+    if (flag == "--explain") {
+      explain = true;
+    } else if (flag == "--search") {
+      search = true;
+    } else {
+      fail("meshtrain compile", "the flags --explain or --search (and key=value overrides)", "'" + flag + "'",
+           "did you mean '" + closest_name(flag, {"--explain", "--search"}) + "'?");
+    }
+  }
+  if (search) {
+    if (explain) fail("meshtrain compile", "--explain or --search, not both", "both");
+    const SearchResult result = search_training_configurations(parsed.config, parsed.overrides);
+    print_search(result, out);
+    return 0;
+  }
+
+  PlanRequest request;
+  request.config = load_config(parsed.config, parsed.overrides);
+  request.kernels.clear();
+  for (const std::string& name : request.config.kernels) {
+    const KernelName kernel = parse_kernel_name(name, "config key 'kernels'");
+    if (std::find(request.kernels.begin(), request.kernels.end(), kernel) == request.kernels.end()) {
+      request.kernels.push_back(kernel);
+    }
+  }
+  if (request.kernels.empty()) {
+    fail("config key 'kernels'", "at least one of fwd_bwd, fwd_bwd_accum, update, eval", "an empty list");
+  }
+  const Clock::time_point start = Clock::now();
+  const TrainingPlan plan = plan_training(request);
+  const double plan_seconds = elapsed_seconds(start);
+
+  print_header(plan, parsed.config, plan_seconds, out);
+  for (const KernelPlan& kernel : plan.kernels) print_kernel(kernel, out);
+  print_verdict(plan, out);
+  if (explain) print_explain(plan, out);
+  if (!request.config.plan_out.empty()) write_plan_files(plan, request.config.plan_out, out);
+  return 0;
+}
+
+}  // namespace meshtrain

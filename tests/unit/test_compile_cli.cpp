@@ -1,0 +1,301 @@
+// Tests for `meshtrain compile`: run_compile in-process with a string stream. The printed figures are checked
+// against a fresh plan_training of the same inputs, plan files against serialize_kernel_plan, --search's
+// ranking against the step time recomputed from a fresh plan, and bad input against the key it names.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "error_text.h"
+#include "meshtrain/cli/compile.h"
+#include "meshtrain/config/config.h"
+#include "meshtrain/core/error.h"
+#include "meshtrain/plan/plan.h"
+
+namespace meshtrain {
+namespace {
+
+namespace fs = std::filesystem;
+
+bool contains(const std::string& text, const std::string& needle) {
+  return text.find(needle) != std::string::npos;
+}
+
+std::string run(const std::vector<std::string>& arguments) {
+  std::ostringstream out;
+  EXPECT_EQ(run_compile(arguments, out), 0);
+  return out.str();
+}
+
+// The message of the MeshError run_compile throws for `arguments` ("" when none).
+std::string error_of(const std::vector<std::string>& arguments) {
+  return testing::error_of([&] {
+    std::ostringstream out;
+    run_compile(arguments, out);
+  });
+}
+
+TrainingPlan fresh_plan(const std::string& config, const std::vector<std::string>& overrides,
+                        const std::vector<KernelName>& kernels) {
+  PlanRequest request;
+  request.config = load_config(config, overrides);
+  request.kernels = kernels;
+  return plan_training(request);
+}
+
+std::string gib_text(double bytes) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.2f", bytes / (1024.0 * 1024.0 * 1024.0));
+  return text;
+}
+
+// The block of one kernel: from its "kernel NAME:" line to the next blank line.
+std::string kernel_block(const std::string& output, const std::string& name) {
+  const size_t start = output.find("\nkernel " + name + ":");
+  if (start == std::string::npos) return "";
+  return output.substr(start + 1, output.find("\n\n", start + 1) - start - 1);
+}
+
+class CompileCli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    directory_ =
+        fs::temp_directory_path() /
+        ("meshtrain_compile_" + std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
+    fs::remove_all(directory_);
+  }
+  void TearDown() override { fs::remove_all(directory_); }
+  fs::path directory_;
+};
+
+TEST_F(CompileCli, PrintsEveryKernelAndTheVerdict) {
+  const std::vector<std::string> overrides = {"topology=cpu", "mesh.data=2"};
+  const std::string output = run({"qwen3-tiny", overrides[0], overrides[1]});
+  const TrainingPlan plan = fresh_plan("qwen3-tiny", overrides, {kKernelNames.begin(), kKernelNames.end()});
+  EXPECT_TRUE(contains(output, "identity " + plan.identity.hash)) << output;
+  EXPECT_TRUE(contains(output, "data=2 fsdp=1 context=1 tensor=1 (2 devices)")) << output;
+  for (const KernelPlan& kernel : plan.kernels) {
+    const std::string block = kernel_block(output, kernel_name(kernel.kernel));
+    ASSERT_FALSE(block.empty()) << "no block for " << kernel_name(kernel.kernel) << " in\n" << output;
+    EXPECT_TRUE(contains(block, std::to_string(kernel.ops.size()) + " ops")) << block;
+    for (const char* label : {"FLOPs", "bytes accessed", "collective bytes", "arguments", "outputs",
+                              "aliases", "temps", "peak", "predicted time"}) {
+      EXPECT_TRUE(contains(block, std::string("  ") + label)) << label << " missing in\n" << block;
+    }
+    // Exact bytes of the memory figures, as planned.
+    EXPECT_TRUE(contains(block, "(" + std::to_string(kernel.memory.peak) + " bytes)")) << block;
+    EXPECT_TRUE(contains(block, "(" + std::to_string(kernel.memory.temps) + " bytes)")) << block;
+  }
+  ASSERT_TRUE(plan.fits());
+  EXPECT_TRUE(contains(output, "\nfits: " + gib_text(static_cast<double>(plan.arena_bytes)) + " of " +
+                                   gib_text(plan.device_memory_bytes) + " GiB\n"))
+      << output;
+  EXPECT_TRUE(contains(output, "(" + std::to_string(plan.arena_bytes) + " bytes)")) << output;
+}
+
+TEST_F(CompileCli, PlansOnlyTheChosenKernels) {
+  const std::string output = run({"qwen3-tiny", "kernels=update,fwd_bwd"});
+  EXPECT_FALSE(kernel_block(output, "fwd_bwd").empty()) << output;
+  EXPECT_FALSE(kernel_block(output, "update").empty()) << output;
+  EXPECT_FALSE(contains(output, "kernel eval:")) << output;
+  EXPECT_FALSE(contains(output, "kernel fwd_bwd_accum:")) << output;
+  // Planned in kKernelNames order whatever order the list gives.
+  EXPECT_LT(output.find("kernel fwd_bwd:"), output.find("kernel update:"));
+}
+
+TEST_F(CompileCli, DoesNotFitListsTheFiveLargestBuffers) {
+  const std::vector<std::string> overrides = {"topology=h100x8", "mesh.fsdp=8", "kernels=fwd_bwd,update"};
+  const std::string output = run({"qwen3-8b", overrides[0], overrides[1], overrides[2]});
+  const TrainingPlan plan = fresh_plan("qwen3-8b", overrides, {KernelName::fwd_bwd, KernelName::update});
+  ASSERT_FALSE(plan.fits())
+      << "qwen3-8b at batch 4 without remat on 80 GB no longer overflows: pick another case";
+  const size_t verdict =
+      output.find("\ndoes not fit: " + gib_text(static_cast<double>(plan.arena_bytes)) + " of " +
+                  gib_text(plan.device_memory_bytes) + " GiB, largest buffers:\n");
+  ASSERT_NE(verdict, std::string::npos) << output;
+  std::vector<const PlanBuffer*> owners;
+  for (const PlanBuffer& buffer : plan.buffers) {
+    if (buffer.part_of < 0) owners.push_back(&buffer);
+  }
+  std::stable_sort(owners.begin(), owners.end(),
+                   [](const PlanBuffer* a, const PlanBuffer* b) { return a->bytes > b->bytes; });
+  std::istringstream lines(output.substr(output.find('\n', verdict + 1) + 1));
+  for (size_t i = 0; i < 5; ++i) {
+    std::string line;
+    ASSERT_TRUE(std::getline(lines, line));
+    const PlanBuffer& expected = *owners[i];
+    EXPECT_EQ(line, "  " + expected.name + " (" + buffer_kind_name(expected.kind) + ", " + expected.layer +
+                        ") " + gib_text(static_cast<double>(expected.bytes)) + " GiB (" +
+                        std::to_string(expected.bytes) + " bytes)");
+  }
+}
+
+TEST_F(CompileCli, OutputIsStableAndExplainAddsUp) {
+  const std::vector<std::string> arguments = {"qwen3-tiny", "mesh.fsdp=2", "remat_policy=full", "--explain"};
+  // The planning wall time is the one figure that may differ between runs.
+  const auto without_timing = [](const std::string& text) {
+    return std::regex_replace(text, std::regex("planned in [0-9.]+ ms"), "planned in X ms");
+  };
+  const std::string first = run(arguments);
+  EXPECT_EQ(without_timing(first), without_timing(run(arguments)));
+  const TrainingPlan plan = fresh_plan("qwen3-tiny", {"mesh.fsdp=2", "remat_policy=full"},
+                                       {kKernelNames.begin(), kKernelNames.end()});
+  size_t persistent = 0, layer0 = 0;
+  for (const PlanBuffer& buffer : plan.buffers) {
+    if (!buffer.persistent || buffer.part_of >= 0) continue;
+    persistent += buffer.bytes;
+    if (buffer.layer == "decoder/layers_0") layer0 += buffer.bytes;
+  }
+  EXPECT_TRUE(contains(first, "persistent region (arguments of every kernel)")) << first;
+  EXPECT_TRUE(contains(first, "(" + std::to_string(persistent) + " bytes)\n")) << first;
+  // qwen3-tiny's six layers are alike: one row for all of them.
+  EXPECT_TRUE(contains(first, "decoder/layers_0..5")) << first;
+  EXPECT_TRUE(contains(first, "(" + std::to_string(layer0) + " bytes) each")) << first;
+  for (const KernelPlan& kernel : plan.kernels) {
+    std::set<PlanBufferId> distinct;
+    size_t distinct_bytes = 0;
+    for (const PlanValue& value : kernel.values) {
+      if (distinct.insert(value.buffer).second)
+        distinct_bytes += plan.buffers[static_cast<size_t>(value.buffer)].bytes;
+    }
+    EXPECT_TRUE(contains(first, std::string("  ") + kernel_name(kernel.kernel) + " temporaries: " +
+                                    std::to_string(distinct.size()) + " distinct buffers, " +
+                                    gib_text(static_cast<double>(distinct_bytes)) + " GiB (" +
+                                    std::to_string(distinct_bytes) + " bytes) if none shared memory"))
+        << kernel_name(kernel.kernel) << "\n"
+        << first;
+    EXPECT_TRUE(contains(first, "the temps extent is " + gib_text(static_cast<double>(kernel.memory.temps)) +
+                                    " GiB (" + std::to_string(kernel.memory.temps) + " bytes)"))
+        << kernel_name(kernel.kernel);
+  }
+}
+
+TEST_F(CompileCli, PlanOutWritesWhatSerializeKernelPlanGives) {
+  const std::string stem = (directory_ / "nested" / "tiny").string();
+  const std::vector<std::string> overrides = {"mesh.data=2", "kernels=fwd_bwd,update"};
+  const std::string output = run({"qwen3-tiny", overrides[0], overrides[1], "plan_out=" + stem});
+  const TrainingPlan plan = fresh_plan("qwen3-tiny", overrides, {KernelName::fwd_bwd, KernelName::update});
+  for (KernelName kernel : {KernelName::fwd_bwd, KernelName::update}) {
+    const std::string path = plan_file_path(stem, kernel);
+    EXPECT_TRUE(contains(output, "  " + path + " (")) << output;
+    std::ifstream file(path, std::ios::binary);
+    ASSERT_TRUE(file) << path;
+    std::stringstream text;
+    text << file.rdbuf();
+    EXPECT_EQ(text.str(), serialize_kernel_plan(plan, kernel)) << path;
+    EXPECT_NO_THROW(verify_plan_file(plan, kernel, stem));
+  }
+  EXPECT_FALSE(fs::exists(plan_file_path(stem, KernelName::eval)));
+  for (const auto& entry : fs::directory_iterator(directory_ / "nested")) {
+    EXPECT_EQ(entry.path().extension(), ".json") << "left behind: " << entry.path();
+  }
+}
+
+// "1.433 s" / "12.500 ms" / "3.0 us" -> seconds
+double parse_seconds(const std::string& value, const std::string& unit) {
+  const double number = std::stod(value);
+  return unit == "s" ? number : unit == "ms" ? number * 1e-3 : number * 1e-6;
+}
+
+TEST_F(CompileCli, SearchRanksFittingConfigurationsByStepTime) {
+  const std::vector<std::string> overrides = {"topology=cpu", "mesh.data=2", "per_device_batch_size=4"};
+  const SearchResult result = search_training_configurations("qwen3-tiny", overrides);
+  EXPECT_EQ(result.devices, 2);
+  EXPECT_EQ(result.global_batch, 8);
+  // tensor in {1, 2} (6 query heads, one host), data x fsdp the rest, batch x GA = 4, three remat policies.
+  EXPECT_EQ(result.planned, (2 + 1) * 3 * 3);
+  ASSERT_FALSE(result.fitting.empty());
+  for (size_t i = 1; i < result.fitting.size(); ++i) {
+    EXPECT_LE(result.fitting[i - 1].step_seconds, result.fitting[i].step_seconds) << "rank " << i;
+  }
+  // The step time of the best is fwd_bwd + (GA - 1) x fwd_bwd_accum + update of its own plan.
+  for (const SearchCandidate& best : {result.fitting.front(), result.fitting.back()}) {
+    std::vector<std::string> candidate = {"topology=cpu"};
+    std::istringstream words(best.overrides());
+    for (std::string word; words >> word;) candidate.push_back(word);
+    const TrainingPlan plan = fresh_plan(
+        "qwen3-tiny", candidate, {KernelName::fwd_bwd, KernelName::fwd_bwd_accum, KernelName::update});
+    EXPECT_EQ(plan.mesh.to_string(), best.mesh.to_string());
+    EXPECT_EQ(plan.arena_bytes, best.arena_bytes);
+    EXPECT_DOUBLE_EQ(best.step_seconds, plan.kernel(KernelName::fwd_bwd).seconds +
+                                            static_cast<double>(best.gradient_accumulation_steps - 1) *
+                                                plan.kernel(KernelName::fwd_bwd_accum).seconds +
+                                            plan.kernel(KernelName::update).seconds);
+  }
+
+  // The command prints the same ranking, fastest first.
+  const std::string output = run({"qwen3-tiny", overrides[0], overrides[1], overrides[2], "--search"});
+  EXPECT_TRUE(contains(output, "planned " + std::to_string(result.planned) + " candidates")) << output;
+  EXPECT_TRUE(contains(output, std::to_string(result.fitting.size()) + " fit;")) << output;
+  const std::regex table_row(
+      R"(\n  (\d+) +(\d+) +(\d+) +(\d+) +(\d+) +(\d+) +(\d+) +(\w+) +([0-9.]+) +([0-9.]+) (s|ms|us))");
+  std::vector<double> printed;
+  for (auto it = std::sregex_iterator(output.begin(), output.end(), table_row); it != std::sregex_iterator();
+       ++it) {
+    const std::smatch& match = *it;
+    EXPECT_EQ(std::stoul(match[1]), printed.size() + 1);
+    printed.push_back(parse_seconds(match[10], match[11]));
+  }
+  ASSERT_EQ(printed.size(), std::min<size_t>(result.fitting.size(), 10)) << output;
+  for (size_t i = 1; i < printed.size(); ++i) EXPECT_LE(printed[i - 1], printed[i]) << output;
+  EXPECT_TRUE(
+      contains(output, "best: meshtrain compile <config> topology=cpu " + result.fitting[0].overrides()))
+      << output;
+}
+
+TEST_F(CompileCli, SearchSkipsInvalidMeshesAndSaysWhenNothingFits) {
+  // qwen3-0.6b: 16 query / 8 kv heads; on 8 devices tensor in {1, 2, 4, 8} all divide both, so use a model
+  // whose kv heads a tensor degree the query heads allow does not divide: qwen3-tiny (6 / 2) with tensor 3.
+  const SearchResult tiny = search_training_configurations("qwen3-tiny", {"topology=cpu", "mesh.data=6"});
+  EXPECT_GT(tiny.invalid, 0) << "tensor 3 and 6 split 6 query heads but not 2 kv heads";
+  EXPECT_LT(tiny.invalid, tiny.planned);
+  // 14B on one 16 GB chip at batch 1: nothing fits, and the smallest arena is reported.
+  std::ostringstream out;
+  EXPECT_EQ(run_compile({"qwen3-14b", "topology=v5e-1", "per_device_batch_size=1", "--search"}, out), 0);
+  EXPECT_TRUE(contains(out.str(), "no configuration fits: the smallest arena is ")) << out.str();
+  // A config every candidate rejects says why instead of an empty table.
+  const std::string rejected =
+      run({"qwen3-tiny", "mesh.data=2", "logical_axis_rules.heads=data", "--search"});
+  EXPECT_TRUE(
+      contains(rejected, "every candidate was rejected; the first: config key 'logical_axis_rules.heads'"))
+      << rejected;
+}
+
+TEST_F(CompileCli, BadInputNamesTheKey) {
+  const std::string unknown = error_of({"qwen3-tiny", "topology=h1000x8"});
+  EXPECT_TRUE(contains(unknown, "config key 'topology'")) << unknown;
+  for (const char* name : {"cpu", "h100xN", "v6e-N"}) EXPECT_TRUE(contains(unknown, name)) << unknown;
+
+  const std::string product = error_of({"qwen3-tiny", "topology=h100x8", "mesh.fsdp=4"});
+  EXPECT_TRUE(contains(product, "config key 'mesh'")) << product;
+  EXPECT_TRUE(contains(product, "product of 8")) << product;
+
+  const std::string heads = error_of({"qwen3-tiny", "mesh.tensor=4"});
+  EXPECT_TRUE(contains(heads, "config key 'base_num_query_heads'")) << heads;
+  EXPECT_TRUE(contains(heads, "tensor degree 4")) << heads;
+
+  const std::string kernel = error_of({"qwen3-tiny", "kernels=fwd_bwd,updat"});
+  EXPECT_TRUE(contains(kernel, "config key 'kernels'")) << kernel;
+  EXPECT_TRUE(contains(kernel, "did you mean 'update'")) << kernel;
+
+  const std::string flag = error_of({"qwen3-tiny", "--explian"});
+  EXPECT_TRUE(contains(flag, "did you mean '--explain'")) << flag;
+
+  const std::string both = error_of({"qwen3-tiny", "--explain", "--search"});
+  EXPECT_TRUE(contains(both, "not both")) << both;
+
+  const std::string search_out = error_of({"qwen3-tiny", "plan_out=/tmp/x", "--search"});
+  EXPECT_TRUE(contains(search_out, "config key 'plan_out'")) << search_out;
+
+  const std::string missing = error_of({});
+  EXPECT_TRUE(contains(missing, "meshtrain compile")) << missing;
+}
+
+}  // namespace
+}  // namespace meshtrain
