@@ -83,6 +83,9 @@ class OpContext {
   uint8_t* u8(BufferId id) const;
   LossSums* loss_sums = nullptr;
   UpdateState* update = nullptr;
+  // This rank's share of a sum over ranks that hold the same values (1 / replicas): a gradient replicated
+  // over an axis its norm is all-reduced on counts once.
+  double share = 1.0;
 };
 
 // What an op is, for costs and for remat policies (`minimal` keeps matmul and attention outputs).
@@ -100,6 +103,10 @@ struct CollectiveDecl {
   MeshAxis axis = MeshAxis::data;
   int64_t group = 1;  // ranks in the group (kv-head replication uses part of the tensor axis)
   BufferId buffer = kNoBuffer, shard = kNoBuffer;
+  // Shards split the full buffer at a dim with `outer` elements' worth of dims before it: with outer > 1 a
+  // shard is strided, and the plan gives the op a staging buffer to pack / unpack through.
+  int64_t outer = 1;
+  BufferId staging = kNoBuffer;
 };
 
 // One op. Reads and writes list every buffer the op touches (the engine refuses any other): an op that adds

@@ -118,13 +118,15 @@ void SpecBuilder::declare_update() {
   for (const ParameterDecl& parameter : spec_.parameters) {
     const BufferId gradient = parameter.gradient;
     const int64_t count = spec_.buffer(gradient).shape.elements();
+    // Sizes come from the views: under FSDP or ZeRO-1 the plan binds these ops to shards.
     spec_.update.push_back({"optimizer/grad_norm/" + parameter.canonical_name,
                             {gradient},
                             {},
                             2.0 * static_cast<double>(count),
                             [=](const OpContext& context) {
+                              const TensorView view = context.view(gradient);
                               context.update->sum_of_squares +=
-                                  kernels::sum_of_squares(context.f32(gradient), count);
+                                  context.share * kernels::sum_of_squares(view.f32(), view.elements());
                             },
                             OpKind::optimizer});
   }

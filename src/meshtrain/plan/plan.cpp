@@ -125,13 +125,42 @@ class Planner {
     plan_.plan_ops.push_back(std::move(op));
     return &plan_.plan_ops.back();
   }
+  // A collective op. `outer` > 1: the shards are strided in the full buffer; `accumulate`: a reduce-scatter
+  // adds into its (persistent) shard. Either needs a staging buffer, planned like any temporary.
   const OpDecl* collective_op(const std::string& name, CollectiveKind kind, MeshAxis axis, BufferId buffer,
-                              BufferId shard) {
+                              BufferId shard, int64_t outer = 1, bool accumulate = false) {
     OpDecl op{
         name, {}, {}, 0.0, nullptr, OpKind::collective, {kind, axis, plan_.mesh.size(axis), buffer, shard}};
+    op.collective.outer = outer;
     op.reads = {kind == CollectiveKind::all_gather ? shard : buffer};
     op.writes = {kind == CollectiveKind::reduce_scatter ? shard : buffer};
+    if (accumulate) op.reads.push_back(shard);
+    const PlanBuffer& full = plan_.buffers[static_cast<size_t>(buffer)];
+    size_t staging_elements = outer > 1 ? static_cast<size_t>(full.shape.elements()) : 0;
+    if (accumulate)
+      staging_elements += static_cast<size_t>(plan_.buffers[static_cast<size_t>(shard)].shape.elements());
+    if (staging_elements > 0) {
+      const std::string staging_name = "staging/" + name;
+      op.collective.staging =
+          add_buffer(PlanBuffer{staging_name,
+                                BufferKind::communication,
+                                full.dtype,
+                                shape_of({{"elements", static_cast<int64_t>(staging_elements)}}),
+                                {DimSharding{}}});
+      op.writes.push_back(op.collective.staging);
+    }
     return own_op(std::move(op));
+  }
+  // Elements before the dim of `store` that `axis` splits (beyond the compute layout): 1 when shards are
+  // contiguous blocks of the full buffer.
+  int64_t shard_outer(const PlanBuffer& store, MeshAxis axis, const Shape& full) const {
+    int64_t outer = 1;
+    for (size_t i = 0; i < store.sharding.size(); ++i) {
+      const std::vector<MeshAxis>& axes = store.sharding[i].axes;
+      if (std::find(axes.begin(), axes.end(), axis) != axes.end()) return outer;
+      outer *= full.dims[i];
+    }
+    return 1;
   }
   Step step_of(const OpDecl* op, bool recompute = false) const {
     Step step{op, recompute, {}};
@@ -148,6 +177,14 @@ class Planner {
                                 const std::vector<std::vector<bool>>& recompute, bool with_gradients);
   std::vector<Step> update_steps();
   bool saved(BufferId id, const LayerBlock& block, const std::set<BufferId>& outside) const;
+  // The mesh axes over which gradient shards differ, so their squared norms are summed over them.
+  std::vector<MeshAxis> norm_axes() const {
+    std::vector<MeshAxis> axes;
+    if (spec_.config.shard_optimizer_over_data && plan_.mesh.data > 1) axes.push_back(MeshAxis::data);
+    if (plan_.mesh.fsdp > 1) axes.push_back(MeshAxis::fsdp);
+    if (plan_.mesh.tensor > 1) axes.push_back(MeshAxis::tensor);
+    return axes;
+  }
 
   TrainingPlan& plan_;
   const ModelSpec& spec_;
@@ -325,9 +362,12 @@ std::vector<Planner::Step> Planner::insert_fsdp(const std::vector<std::vector<co
           last_write = i;
         }
       }
+      const int64_t outer = shard_outer(plan_.buffers[static_cast<size_t>(store.value_store)], MeshAxis::fsdp,
+                                        spec_.buffer(parameter.value).shape);
       if (first_read < ops.size()) {
-        before[first_read].push_back(collective_op("fsdp/gather/" + name, CollectiveKind::all_gather,
-                                                   MeshAxis::fsdp, parameter.value, store.value_store));
+        before[first_read].push_back(collective_op("fsdp/gather/" + name + (p == 0 ? "" : "#backward"),
+                                                   CollectiveKind::all_gather, MeshAxis::fsdp,
+                                                   parameter.value, store.value_store, outer));
       }
       if (with_gradients && first_write < ops.size()) {
         const BufferId full = parameter.gradient;
@@ -340,15 +380,9 @@ std::vector<Planner::Step> Planner::insert_fsdp(const std::vector<std::vector<co
                                                 std::memset(view.data, 0, view.bytes());
                                               },
                                               OpKind::memory}));
-        OpDecl scatter{
-            "fsdp/reduce_scatter/" + name,
-            {full, store.gradient_store},
-            {store.gradient_store},
-            0.0,
-            nullptr,
-            OpKind::collective,
-            {CollectiveKind::reduce_scatter, MeshAxis::fsdp, plan_.mesh.fsdp, full, store.gradient_store}};
-        after[last_write].push_back(own_op(std::move(scatter)));
+        after[last_write].push_back(collective_op("fsdp/reduce_scatter/" + name,
+                                                  CollectiveKind::reduce_scatter, MeshAxis::fsdp, full,
+                                                  store.gradient_store, outer, true));
       }
     }
     for (size_t i = 0; i < ops.size(); ++i) {
@@ -395,18 +429,17 @@ std::vector<Planner::Step> Planner::update_steps() {
       return op.name.ends_with("/" + p.canonical_name) && contains(op.reads, p.gradient);
     });
     if (parameter == spec_.parameters.end()) {
-      if (op.name == "optimizer/clip") {
+      if (op.name == "optimizer/clip" && !norm_axes().empty()) {
+        // The squared norm travels as one double (8 bytes).
         const BufferId partial = add_buffer(PlanBuffer{"optimizer/norm_partial",
                                                        BufferKind::communication,
                                                        DType::f32,
                                                        shape_of({{"sum", 2}}),
                                                        {DimSharding{}}});
-        for (MeshAxis axis : {MeshAxis::data, MeshAxis::fsdp, MeshAxis::tensor}) {
-          if (mesh.size(axis) > 1) {
-            steps.push_back(
-                step_of(collective_op(std::string("optimizer/reduce_grad_norm/") + mesh_axis_name(axis),
-                                      CollectiveKind::all_reduce, axis, partial, kNoBuffer)));
-          }
+        for (MeshAxis axis : norm_axes()) {
+          steps.push_back(
+              step_of(collective_op(std::string("optimizer/reduce_grad_norm/") + mesh_axis_name(axis),
+                                    CollectiveKind::all_reduce, axis, partial, kNoBuffer)));
         }
       }
       steps.push_back(step_of(&op));
@@ -538,7 +571,7 @@ KernelPlan Planner::plan_kernel(KernelName kernel) {
   std::set<PlanBufferId> arguments;
   for (int32_t i = 0; i < op_count; ++i) {
     const Step& step = steps[static_cast<size_t>(i)];
-    PlanOp op{step.op, step.recompute, step.op->flops, 0.0, 0.0, 0.0, step.buffers, {}};
+    PlanOp op{step.op, step.recompute, step.op->flops, 0.0, 0.0, 0.0, 1.0, step.buffers, {}};
     double spec_elements = 0.0, bound_elements = 0.0;
     for (size_t b = 0; b < step.buffers.size(); ++b) {
       const auto [spec_id, plan_id] = step.buffers[b];
@@ -556,6 +589,17 @@ KernelPlan Planner::plan_kernel(KernelName kernel) {
     }
     // An op bound to shards does the shard's share of its work.
     if (spec_elements > 0.0) op.flops *= bound_elements / spec_elements;
+    // A gradient replicated over an axis its norm is reduced on counts once over the replicas.
+    if (step.op->name.starts_with("optimizer/grad_norm/")) {
+      const PlanBuffer& gradient = plan_.buffers[static_cast<size_t>(step.buffers.front().second)];
+      for (MeshAxis axis : norm_axes()) {
+        bool split = false;
+        for (const DimSharding& dim : gradient.sharding) {
+          split = split || std::find(dim.axes.begin(), dim.axes.end(), axis) != dim.axes.end();
+        }
+        if (!split) op.share /= static_cast<double>(plan_.mesh.size(axis));
+      }
+    }
     if (step.op->kind == OpKind::collective) {
       const CollectiveDecl& c = step.op->collective;
       const double n = static_cast<double>(c.group);

@@ -67,6 +67,7 @@ struct PlanOp {
   double bytes_accessed = 0.0;
   double collective_bytes = 0.0;  // payload bytes per rank (aot-plan.md definitions)
   double seconds = 0.0;           // predicted: roofline for compute, bytes / link bandwidth for collectives
+  double share = 1.0;             // OpContext::share while it runs
   // The plan buffer and arena offset behind every buffer id the op touches (spec ids; under FSDP / ZeRO-1
   // a spec id may be bound to a shard).
   std::vector<std::pair<BufferId, PlanBufferId>> buffers;

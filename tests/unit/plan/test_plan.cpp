@@ -181,10 +181,10 @@ TEST(Plan, DataParallelBytesDoNotDependOnAccumulation) {
     update_bytes = bytes;
   }
   // All-reduce of every gradient: 2 x bytes x (n-1)/n = the gradient bytes for n = 2, plus the valid count
-  // (2 int32) and the norm partials (2 float32) all-reduced the same way.
+  // (8 bytes) all-reduced the same way. The norm needs no reduction: gradients are whole on every rank.
   const TrainingPlan plan = plan_for("qwen3-tiny", tiny({"mesh.data=2"}));
   const double gradients = static_cast<double>(persistent_bytes_of(plan, BufferKind::gradient));
-  EXPECT_EQ(update_bytes, gradients + 8.0 + 8.0);
+  EXPECT_EQ(update_bytes, gradients + 8.0);
 }
 
 TEST(Plan, Zero1ReduceScattersAndGathersOnce) {
