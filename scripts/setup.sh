@@ -11,6 +11,7 @@ packages=(
   libpcre2-dev            # tokenizer regexes with Unicode classes
   libicu-dev              # NFC normalisation for tokenizers
   bible-kjv bible-kjv-text  # the default corpus
+  openmpi-bin libopenmpi-dev  # multi-process training and its tests (mpirun)
   libgtest-dev libgmock-dev
   libbenchmark-dev libblis-openmp-dev libdnnl-dev  # bench/: the BLAS libraries compared
 )

@@ -1,6 +1,8 @@
 #include "meshtrain/cli/train.h"
 
 #include <cstdio>
+#include <cstdlib>
+#include <string>
 
 #include "meshtrain/cli/arguments.h"
 #include "meshtrain/core/error.h"
@@ -12,6 +14,12 @@ int run_train(const std::vector<std::string>& arguments) {
   const ConfigArguments parsed = parse_config_arguments("train", arguments);
   if (!parsed.flags.empty()) fail("meshtrain train", "key=value overrides only", "flag '" + parsed.flags[0] + "'");
   const Config config = load_config(parsed.config, parsed.overrides);
+  // Under mpirun only the first rank speaks.
+  const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
+  if (rank && std::string(rank) != "0") {
+    run_training(config, stdout);
+    return 0;
+  }
   std::fprintf(stdout, "meshtrain train %s: %zu config keys resolved (written to %s/config.yaml)\n",
                config.model_name.c_str(), config.resolved.size(), config.run_dir.c_str());
   const TrainingSummary summary = run_training(config, stdout);

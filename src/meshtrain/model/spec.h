@@ -71,6 +71,7 @@ struct UpdateState {
   int64_t step = 0;             // 0-based; Adam's bias correction uses step + 1
   double sum_of_squares = 0.0;  // of the summed (not yet token-averaged) gradients
   double raw_grad_norm = 0.0, grad_norm = 0.0, gradient_scale = 0.0;  // set by the clip op
+  bool nonfinite = false;  // set by the clip op: the AdamW ops then leave every parameter unchanged
 };
 
 // What an op sees when it runs: pointers into the arena, and the loss sums it may add to.

@@ -143,6 +143,9 @@ void SpecBuilder::declare_update() {
                                                            ? 1.0 / static_cast<double>(u.global_valid_count)
                                                            : 0.0;
                             u.raw_grad_norm = std::sqrt(u.sum_of_squares) * token_scale;
+                            // The squared norm is summed over every rank's shard (or the gradients were
+                            // reduced before it), so every rank sees a NaN of any rank here.
+                            u.nonfinite = !std::isfinite(u.sum_of_squares);
                             double clip = 1.0;
                             if (threshold > 0.0 && u.raw_grad_norm > threshold)
                               clip = threshold / u.raw_grad_norm;
@@ -165,10 +168,13 @@ void SpecBuilder::declare_update() {
         {"optimizer/adamw/" + parameter.canonical_name, reads, touched, 12.0 * static_cast<double>(count),
          [=](const OpContext& context) {
            const UpdateState& u = *context.update;
+           if (u.nonfinite) return;  // a NaN or infinity anywhere: the step leaves every parameter as it was
            const kernels::AdamWStep adam{static_cast<float>(u.learning_rate), b1, b2, eps, decay, u.step + 1,
                                          static_cast<float>(u.gradient_scale)};
-           kernels::adamw_update(context.f32(value), context.f32(gradient), context.f32(m), context.f32(v),
-                                 count, adam, weight_decay);
+           // Sizes come from the views: under FSDP or ZeRO-1 the plan binds this op to shards.
+           const TensorView shard = context.view(value);
+           kernels::adamw_update(shard.f32(), context.f32(gradient), context.f32(m), context.f32(v),
+                                 shard.elements(), adam, weight_decay);
          },
          OpKind::optimizer});
   }

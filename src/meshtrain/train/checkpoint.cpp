@@ -288,21 +288,40 @@ std::string dims_text(const std::vector<int64_t>& dims) {
 }
 
 // Writes every file of the checkpoint into `directory` and commits it there (marker last).
-void write_checkpoint_files(const fs::path& directory, const Engine& engine, const CheckpointState& state,
-                            const CheckpointOptions& options) {
+// The global tensors of every parameter and moment, gathered from all ranks (a collective).
+struct GatheredState {
+  std::vector<std::vector<float>> tensors;  // model tensors, then adam_m, then adam_v, in spec order
+};
+
+GatheredState gather_state(const Engine& engine) {
+  GatheredState gathered;
+  const ModelSpec& spec = engine.spec();
+  for (const ParameterDecl& parameter : spec.parameters)
+    gathered.tensors.push_back(engine.gather_global(parameter.value));
+  for (const ParameterDecl& parameter : spec.parameters)
+    gathered.tensors.push_back(engine.gather_global(parameter.adam_m));
+  for (const ParameterDecl& parameter : spec.parameters)
+    gathered.tensors.push_back(engine.gather_global(parameter.adam_v));
+  return gathered;
+}
+
+void write_checkpoint_files(const fs::path& directory, const Engine& engine, const GatheredState& gathered,
+                            const CheckpointState& state, const CheckpointOptions& options) {
   const ModelSpec& spec = engine.spec();
   std::vector<SafetensorsTensor> parameters, moments;
-  for (const ParameterDecl& parameter : spec.parameters) {
-    const BufferDecl& value = spec.buffer(parameter.value);
-    parameters.push_back({value.name, dtype_safetensors_name(value.dtype), value.shape.dims,
-                          engine.view(parameter.value).data});
+  const size_t count = spec.parameters.size();
+  for (size_t p = 0; p < count; ++p) {
+    const BufferDecl& value = spec.buffer(spec.parameters[p].value);
+    parameters.push_back({value.name, dtype_safetensors_name(value.dtype),
+                          engine.global_shape(spec.parameters[p].value), gathered.tensors[p].data()});
   }
-  for (const char* prefix : {"adam_m/", "adam_v/"}) {
-    for (const ParameterDecl& parameter : spec.parameters) {
-      const BufferId id = std::strcmp(prefix, "adam_m/") == 0 ? parameter.adam_m : parameter.adam_v;
-      const BufferDecl& moment = spec.buffer(id);
-      moments.push_back({prefix + spec.buffer(parameter.value).name, dtype_safetensors_name(moment.dtype),
-                         moment.shape.dims, engine.view(id).data});
+  for (size_t moment = 0; moment < 2; ++moment) {
+    for (size_t p = 0; p < count; ++p) {
+      const ParameterDecl& parameter = spec.parameters[p];
+      const BufferId id = moment == 0 ? parameter.adam_m : parameter.adam_v;
+      moments.push_back({(moment == 0 ? "adam_m/" : "adam_v/") + spec.buffer(parameter.value).name,
+                         dtype_safetensors_name(spec.buffer(id).dtype), engine.global_shape(id),
+                         gathered.tensors[(moment + 1) * count + p].data()});
     }
   }
   const std::map<std::string, std::string> tensor_metadata = {{"format", "pt"},
@@ -455,7 +474,7 @@ void verify_tensors(const SafetensorsFile& file,
       fail(tensor_where(file.path(), name), "the tensor (this run's model has it)",
            "missing from the checkpoint", hint);
     }
-    const std::vector<int64_t>& dims = engine.spec().buffer(id).shape.dims;
+    const std::vector<int64_t> dims = engine.global_shape(id);
     if (entry->shape != dims) {
       fail(tensor_where(file.path(), name), "shape " + dims_text(dims) + " (as this run's config builds it)",
            "shape " + dims_text(entry->shape), hint);
@@ -517,6 +536,9 @@ std::string save_checkpoint(const std::string& checkpoints_dir, const Engine& en
     fail("config key 'max_num_checkpoints_to_keep'", "0 (keep all) or a positive count",
          std::to_string(options.keep_last));
   }
+  // Every rank takes part in gathering the sharded state; the lead rank alone writes it.
+  const GatheredState gathered = gather_state(engine);
+  if (!engine.lead()) return "";
   const fs::path root(checkpoints_dir);
   std::error_code error;
   fs::create_directories(root, error);
@@ -529,7 +551,7 @@ std::string save_checkpoint(const std::string& checkpoints_dir, const Engine& en
          "check the permissions and free space of the checkpoints directory");
   }
   try {
-    write_checkpoint_files(temp, engine, state, options);
+    write_checkpoint_files(temp, engine, gathered, state, options);
     publish(temp, final_path);
   } catch (const std::exception& e) {
     std::error_code ignored;
@@ -646,12 +668,18 @@ CheckpointState load_checkpoint(const std::string& checkpoint_dir, Engine& engin
     optimizer.emplace(SafetensorsFile::open((context.directory / kOptimizerFile).string()));
     verify_tensors(*optimizer, moments, engine, layout_hint);
   }
-  for (const auto& [name, id] : parameters)
-    model.read_f32(name, spec.buffer(id).shape.dims, engine.view(id).f32());
+  // Whole tensors are read and each rank keeps its shard: a checkpoint loads on any mesh.
+  const auto load = [&](const SafetensorsFile& file, const std::string& name, BufferId id) {
+    const std::vector<int64_t> dims = engine.global_shape(id);
+    int64_t count = 1;
+    for (int64_t size : dims) count *= size;
+    std::vector<float> global(static_cast<size_t>(count));
+    file.read_f32(name, dims, global.data());
+    engine.scatter_global(id, global.data());
+  };
+  for (const auto& [name, id] : parameters) load(model, name, id);
   if (optimizer) {
-    for (const auto& [name, id] : moments) {
-      optimizer->read_f32(name, spec.buffer(id).shape.dims, engine.view(id).f32());
-    }
+    for (const auto& [name, id] : moments) load(*optimizer, name, id);
   }
   return state;
 }

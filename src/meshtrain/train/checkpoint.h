@@ -41,10 +41,12 @@ struct CheckpointOptions {
   int64_t keep_last = 0;           // max_num_checkpoints_to_keep (0: keep all)
 };
 
-// Writes <checkpoints_dir>/step_<%08d step>/ by the protocol above (replacing an existing checkpoint of the
+// Every rank calls it: the sharded state is gathered into global tensors, and the lead rank writes
+// <checkpoints_dir>/step_<%08d step>/ by the protocol above (replacing an existing checkpoint of the
 // same step atomically), then deletes the oldest committed checkpoints beyond keep_last and removes debris
 // of earlier crashed saves. A failed save (full disk, ...) throws MeshError naming the file, removes its
-// partial directory and leaves earlier checkpoints untouched. Returns the path of the new checkpoint.
+// partial directory and leaves earlier checkpoints untouched. Returns the path of the new checkpoint ("" on
+// the other ranks).
 std::string save_checkpoint(const std::string& checkpoints_dir, const Engine& engine,
                             const CheckpointState& state, const CheckpointOptions& options);
 

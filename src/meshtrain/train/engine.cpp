@@ -10,14 +10,15 @@
 #include "meshtrain/core/error.h"
 #include "meshtrain/core/rng.h"
 #include "meshtrain/kernels/cpu/adamw.h"
+#include "meshtrain/kernels/cpu/residual.h"
 #include "meshtrain/train/trace.h"
 
 namespace meshtrain {
 namespace {
 
-// The CPU kernels run float32 on one process so far: other dtypes and meshes can be planned
-// (meshtrain compile) but not run here yet.
-TrainingPlan require_runnable(TrainingPlan plan) {
+// The CPU kernels run float32, with data, FSDP and ZeRO-1 layouts so far: other dtypes and layouts can be
+// planned (meshtrain compile) but not run here yet.
+TrainingPlan require_runnable(TrainingPlan plan, const EngineRanks& ranks) {
   const Config& c = plan.spec.config;
   for (const auto& [key, dtype] :
        {std::pair{"dtype", c.dtype}, std::pair{"weight_dtype", c.weight_dtype},
@@ -28,9 +29,26 @@ TrainingPlan require_runnable(TrainingPlan plan) {
            std::string("set ") + key + "=float32 (meshtrain compile plans other dtypes)");
     }
   }
-  if (plan.mesh.devices() != 1) {
-    fail("config key 'mesh'", "one device for a run in one process", plan.mesh.to_string(),
-         "multi-process training is not built yet; plan this mesh with meshtrain compile");
+  const int64_t world = ranks.world ? ranks.world->size() : 1;
+  if (plan.mesh.devices() != world) {
+    fail("config key 'mesh'", "a mesh of " + std::to_string(world) + " device(s), one per process",
+         plan.mesh.to_string(),
+         "launch with mpirun -np " + std::to_string(plan.mesh.devices()) + ", or change mesh.*");
+  }
+  if (plan.mesh.tensor > 1 || plan.mesh.context > 1) {
+    fail("config key '" + std::string(plan.mesh.tensor > 1 ? "mesh.tensor" : "mesh.context") + "'",
+         "1 (data, fsdp and ZeRO-1 layouts run so far)", plan.mesh.to_string(),
+         "tensor and context parallelism are planned by meshtrain compile but not executed yet");
+  }
+  for (const ParameterStorage& storage : plan.storage) {
+    if (storage.value_data_shard < 0) continue;
+    for (const KernelPlan& kernel : plan.kernels) {
+      for (const PlanOp& op : kernel.ops) {
+        MT_CHECK(op.op->kind != OpKind::collective || op.op->collective.axis != MeshAxis::data ||
+                     op.op->collective.outer == 1,
+                 "ZeRO-1 shards are contiguous without tensor parallelism");
+      }
+    }
   }
   if (!plan.fits()) {
     constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
@@ -85,7 +103,10 @@ class PlannedOpContext : public OpContext {
     for (size_t i = 0; i < op_->buffers.size(); ++i) {
       if (op_->buffers[i].first != id) continue;
       const PlanBuffer& buffer = engine_.plan_.buffers[static_cast<size_t>(op_->buffers[i].second)];
-      return {engine_.arena_.at(op_->offsets[i]), buffer.dtype, buffer.shape};
+      // ZeRO-1's shard of a parameter is this data rank's contiguous slot of it.
+      const size_t slot =
+          buffer.part_of >= 0 ? static_cast<size_t>(engine_.coordinates_.data) * buffer.bytes : 0;
+      return {engine_.arena_.at(op_->offsets[i] + slot), buffer.dtype, buffer.shape};
     }
     MT_CHECK(false, "op '" + op_->op->name + "' touches '" +
                         engine_.plan_.buffers.at(static_cast<size_t>(id)).name +
@@ -100,9 +121,85 @@ class PlannedOpContext : public OpContext {
 
 Engine::Engine(const Config& config) : Engine(plan_for_one_process(config)) {}
 
-Engine::Engine(TrainingPlan plan) : plan_(require_runnable(std::move(plan))), arena_(plan_.arena_bytes) {
+Engine::Engine(TrainingPlan plan, EngineRanks ranks)
+    : plan_(require_runnable(std::move(plan), ranks)), arena_(plan_.arena_bytes), ranks_(ranks) {
+  coordinates_ = mesh_coordinates(plan_.mesh, ranks_.world ? ranks_.world->rank() : 0);
   omp_set_num_threads(static_cast<int>(plan_.threads));
   initialize_parameters();
+}
+
+Communicator& Engine::communicator(MeshAxis axis) const {
+  MT_CHECK(ranks_.axes != nullptr, "a collective in a one-process run");
+  const std::unique_ptr<Communicator>& comm = axis == MeshAxis::data      ? ranks_.axes->data
+                                              : axis == MeshAxis::fsdp    ? ranks_.axes->fsdp
+                                              : axis == MeshAxis::context ? ranks_.axes->context
+                                                                          : ranks_.axes->tensor;
+  MT_CHECK(comm != nullptr, std::string("no communicator for mesh axis ") + mesh_axis_name(axis));
+  return *comm;
+}
+
+// A collective op of the plan. Strided shards (outer > 1) go through the planned staging buffer: shards
+// travel as contiguous blocks [rank][outer][block], the full buffer is [outer][rank][block].
+void Engine::run_collective(const PlanOp& op, const OpContext& context, UpdateState* update) {
+  const CollectiveDecl& c = op.op->collective;
+  Communicator& comm = communicator(c.axis);
+  const std::string& name = op.op->name;
+  if (name.starts_with("optimizer/reduce_valid_count/")) {
+    comm.all_reduce(comm_buffer(&update->global_valid_count, 1), ReduceOp::sum, name);
+    return;
+  }
+  if (name.starts_with("optimizer/reduce_grad_norm/")) {
+    comm.all_reduce(comm_buffer(&update->sum_of_squares, 1), ReduceOp::sum, name);
+    return;
+  }
+  const TensorView full = context.view(c.buffer);
+  const int64_t n = c.group;
+  const auto permute = [&](const float* from, float* to, bool to_rank_major) {
+    const int64_t block = full.elements() / (c.outer * n);
+    for (int64_t o = 0; o < c.outer; ++o) {
+      for (int64_t r = 0; r < n; ++r) {
+        const int64_t rank_major = (r * c.outer + o) * block, outer_major = (o * n + r) * block;
+        std::memcpy(to + (to_rank_major ? rank_major : outer_major),
+                    from + (to_rank_major ? outer_major : rank_major),
+                    static_cast<size_t>(block) * sizeof(float));
+      }
+    }
+  };
+  switch (c.kind) {
+    case CollectiveKind::all_reduce:
+      comm.all_reduce(comm_buffer(full), ReduceOp::sum, name);
+      return;
+    case CollectiveKind::all_gather: {
+      const TensorView shard = context.view(c.shard);
+      if (c.outer == 1) {
+        comm.all_gather(comm_buffer(shard), comm_buffer(full), name);
+        return;
+      }
+      float* staging = context.f32(c.staging);
+      comm.all_gather(comm_buffer(shard), comm_buffer(staging, full.elements()), name);
+      permute(staging, full.f32(), false);
+      return;
+    }
+    case CollectiveKind::reduce_scatter: {
+      const TensorView shard = context.view(c.shard);
+      const bool accumulate =
+          std::find(op.op->reads.begin(), op.op->reads.end(), c.shard) != op.op->reads.end();
+      float* staging = c.staging == kNoBuffer ? nullptr : context.f32(c.staging);
+      CommBuffer source = comm_buffer(full);
+      if (c.outer > 1) {
+        permute(full.f32(), staging, true);
+        source = comm_buffer(staging, full.elements());
+      }
+      float* result = accumulate ? staging + (c.outer > 1 ? full.elements() : 0) : shard.f32();
+      comm.reduce_scatter(source, comm_buffer(result, shard.elements()), ReduceOp::sum, name);
+      if (accumulate) kernels::residual_add(shard.f32(), result, shard.elements());
+      return;
+    }
+    case CollectiveKind::send_recv:
+    case CollectiveKind::all_to_all:
+      break;
+  }
+  MT_CHECK(false, "collective '" + name + "' has no executor yet");
 }
 
 TensorView Engine::view(BufferId id) const {
@@ -122,6 +219,57 @@ TensorView Engine::view(BufferId id) const {
              "'" + buffer.name + "' was overwritten later in the kernel");
   }
   return {arena_.at(last->offset), buffer.dtype, buffer.shape};
+}
+
+PlanBufferId Engine::stored_buffer(BufferId id) const {
+  for (size_t p = 0; p < plan_.spec.parameters.size(); ++p) {
+    if (plan_.spec.parameters[p].value == id) return plan_.storage[p].value_store;
+  }
+  return id;  // moments persist in their own (storage-layout) buffers
+}
+
+GlobalIndex Engine::global_index(PlanBufferId stored, BufferId id) const {
+  const PlanBuffer& buffer = plan_.buffers[static_cast<size_t>(stored)];
+  return GlobalIndex(buffer.shape, buffer.sharding, global_shape(id), plan_.mesh, coordinates_);
+}
+
+std::vector<int64_t> Engine::global_shape(BufferId id) const {
+  return global_dims(plan_, plan_.spec.buffer(id).shape);
+}
+
+// Each global element is written by the first replica that holds it (coordinate 0 on every axis the buffer
+// is not split over), the others contribute zeros, and one sum over the world assembles the tensor.
+std::vector<float> Engine::gather_global(BufferId id) const {
+  const PlanBufferId stored = stored_buffer(id);
+  const PlanBuffer& buffer = plan_.buffers[static_cast<size_t>(stored)];
+  int64_t count = 1;
+  for (int64_t size : global_shape(id)) count *= size;
+  std::vector<float> global(static_cast<size_t>(count), 0.0f);
+  bool first_replica = true;
+  for (MeshAxis axis : kMeshAxes) {
+    bool split = false;
+    for (const DimSharding& dim : buffer.sharding) {
+      split = split || std::find(dim.axes.begin(), dim.axes.end(), axis) != dim.axes.end();
+    }
+    first_replica = first_replica && (split || coordinates_.of(axis) == 0);
+  }
+  if (first_replica) {
+    const GlobalIndex index = global_index(stored, id);
+    const float* local = reinterpret_cast<const float*>(arena_.at(buffer.offset));
+    for (int64_t i = 0; i < buffer.shape.elements(); ++i) global[static_cast<size_t>(index(i))] = local[i];
+  }
+  if (ranks_.world && ranks_.world->size() > 1) {
+    ranks_.world->all_reduce(comm_buffer(global), ReduceOp::sum, "checkpoint/gather " + buffer.name);
+  }
+  return global;
+}
+
+void Engine::scatter_global(BufferId id, const float* global) {
+  const PlanBufferId stored = stored_buffer(id);
+  const PlanBuffer& buffer = plan_.buffers[static_cast<size_t>(stored)];
+  const GlobalIndex index = global_index(stored, id);
+  float* local = reinterpret_cast<float*>(arena_.at(buffer.offset));
+  for (int64_t i = 0; i < buffer.shape.elements(); ++i) local[i] = global[index(i)];
 }
 
 // Each element takes the value of its index in the global tensor, so any mesh starts from the same weights.
@@ -187,9 +335,17 @@ LossSums Engine::run(KernelName name, UpdateState* update) {
   context.loss_sums = &sums;
   context.update = update;
   for (const PlanOp& op : kernel.ops) {
-    const TraceScope scope(trace_, op.op->name, op.recompute ? "recompute" : "op");
-    MT_CHECK(op.op->run != nullptr, "op '" + op.op->name + "' cannot run in one process");
+    const TraceScope scope(trace_, op.op->name,
+                           op.op->kind == OpKind::collective ? "collective"
+                           : op.recompute                    ? "recompute"
+                                                             : "op");
     context.set_op(&op);
+    context.share = op.share;
+    if (op.op->kind == OpKind::collective) {
+      run_collective(op, context, update);
+      continue;
+    }
+    MT_CHECK(op.op->run != nullptr, "op '" + op.op->name + "' has nothing to run");
     op.op->run(context);
   }
   last_kernel_ = &kernel;
@@ -211,13 +367,13 @@ LossSums Engine::eval(const Batch& batch) {
   return run(KernelName::eval);
 }
 
-UpdateResult Engine::update(int64_t global_valid_count, double learning_rate, int64_t step) {
+UpdateResult Engine::update(int64_t valid_count, double learning_rate, int64_t step) {
   UpdateState state;
-  state.global_valid_count = global_valid_count;
+  state.global_valid_count = valid_count;  // the plan's all-reduces make it global
   state.learning_rate = learning_rate;
   state.step = step;
   run(KernelName::update, &state);
-  return {state.raw_grad_norm, state.grad_norm};
+  return {state.raw_grad_norm, state.grad_norm, state.nonfinite};
 }
 
 }  // namespace meshtrain

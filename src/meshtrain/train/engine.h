@@ -8,6 +8,7 @@
 #include <memory>
 #include <vector>
 
+#include "meshtrain/comm/communicator.h"
 #include "meshtrain/core/arena.h"
 #include "meshtrain/data/batch.h"
 #include "meshtrain/model/spec.h"
@@ -20,6 +21,13 @@ class TraceRecorder;
 struct UpdateResult {
   double raw_grad_norm = 0.0;  // of the token-averaged gradient, before clipping
   double grad_norm = 0.0;      // after clipping
+  bool nonfinite = false;      // a gradient was NaN or infinite on some rank: parameters were left unchanged
+};
+
+// The ranks a live run spans: the world and one communicator per mesh axis (null members: one process).
+struct EngineRanks {
+  Communicator* world = nullptr;
+  MeshCommunicators* axes = nullptr;
 };
 
 class Engine {
@@ -27,14 +35,15 @@ class Engine {
   // Plans the config for one process, checks that the CPU kernels can run it, allocates the arena and
   // initialises parameters.
   explicit Engine(const Config& config);
-  // Runs an existing plan (one device).
-  explicit Engine(TrainingPlan plan);
+  // Runs an existing plan on this rank of `ranks` (one process when empty).
+  explicit Engine(TrainingPlan plan, EngineRanks ranks = {});
 
   LossSums fwd_bwd(const Batch& batch);        // first micro-batch: WRITES the gradients
   LossSums fwd_bwd_accum(const Batch& batch);  // later micro-batches: ADDS into the gradients
-  // Divides the gradients by the global valid-token count, clips by global norm, steps AdamW.
-  // `step` is 0-based; Adam's bias correction uses step + 1.
-  UpdateResult update(int64_t global_valid_count, double learning_rate, int64_t step);
+  // Reduces gradients over the data axis, sums the valid-token counts of the ranks (`valid_count` is this
+  // rank's), divides, clips by the global norm and steps AdamW; skips the step everywhere when any
+  // gradient is non-finite. `step` is 0-based; Adam's bias correction uses step + 1.
+  UpdateResult update(int64_t valid_count, double learning_rate, int64_t step);
   LossSums eval(const Batch& batch);  // forward and loss only
 
   const ModelSpec& spec() const { return plan_.spec; }
@@ -46,6 +55,13 @@ class Engine {
   // Tests: fill the temporary region with NaN before every kernel, so an op that reads what it did not
   // declare (or what no earlier op wrote) shows up in the results.
   void set_poison_temporaries(bool poison) { poison_temporaries_ = poison; }
+  // Checkpoints hold global (unsharded) tensors, so they load on any mesh. For a parameter's value or Adam
+  // moment (by its spec id): the global shape; the whole tensor gathered from every rank (a collective:
+  // every rank calls it, in the same order); and setting this rank's elements from a whole tensor.
+  std::vector<int64_t> global_shape(BufferId id) const;
+  std::vector<float> gather_global(BufferId id) const;
+  void scatter_global(BufferId id, const float* global);
+  bool lead() const { return !ranks_.world || ranks_.world->rank() == 0; }  // the rank that writes files
   // Re-initialises every parameter from (init_weights_seed, canonical name, element index); zeroes moments.
   void initialize_parameters();
   // Ops are recorded as trace events while the recorder is active (profiler=trace); null: off.
@@ -55,12 +71,17 @@ class Engine {
   friend class PlannedOpContext;
   void load_batch(const Batch& batch);
   LossSums run(KernelName kernel, UpdateState* update = nullptr);
+  void run_collective(const PlanOp& op, const OpContext& context, UpdateState* update);
+  Communicator& communicator(MeshAxis axis) const;
+  PlanBufferId stored_buffer(BufferId id) const;  // where a parameter's value or moment persists
+  GlobalIndex global_index(PlanBufferId stored, BufferId id) const;
 
   TrainingPlan plan_;
   Arena arena_;
   TraceRecorder* trace_ = nullptr;
   const KernelPlan* last_kernel_ = nullptr;
   bool poison_temporaries_ = false;
+  EngineRanks ranks_;
   MeshCoordinates coordinates_;  // this rank's place on the mesh
 };
 

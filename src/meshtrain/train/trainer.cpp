@@ -8,9 +8,15 @@
 #include <cmath>
 #include <csignal>
 #include <filesystem>
+#include <fstream>
+#include <limits>
 #include <memory>
 #include <optional>
+#include <sstream>
+#include <thread>
 
+#include "meshtrain/comm/communicator.h"
+#include "meshtrain/core/crc32c.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/data/corpus.h"
 #include "meshtrain/data/loader.h"
@@ -62,11 +68,21 @@ double peak_resident_bytes() {
   return static_cast<double>(usage.ru_maxrss) * 1024.0;
 }
 
-LoaderOptions loader_options(const Config& config, int32_t eos_id, bool shuffle) {
+// The ranks a run spans: the world, one communicator per mesh axis, and this rank's share of the batch.
+struct RunRanks {
+  std::unique_ptr<Communicator> world;
+  MeshCommunicators axes;
+  int64_t data_rank = 0;  // which slice of every micro-batch: data x fsdp ranks see different rows
+  int64_t data_ranks = 1;
+  int64_t local_rows = 0;                           // rows of one micro-batch on this rank
+  bool lead() const { return world->rank() == 0; }  // writes run_dir, prints, checkpoints
+};
+
+LoaderOptions loader_options(const Config& config, int32_t eos_id, bool shuffle, const RunRanks& ranks) {
   LoaderOptions options;
   options.sequence_length = config.max_target_length;
-  options.per_device_batch_size = config.per_device_batch_size;
-  options.data_ranks = 1;
+  options.per_device_batch_size = ranks.local_rows;
+  options.data_ranks = ranks.data_ranks;
   options.gradient_accumulation_steps = shuffle ? config.gradient_accumulation_steps : 1;
   options.seed = static_cast<uint64_t>(config.data_shuffle_seed);
   options.packing = config.packing;
@@ -129,34 +145,81 @@ std::string tokenize_text_dataset(const Config& config, const Tokenizer& tokeniz
   return dir;
 }
 
-BatchLoader make_train_loader(const Config& config, const std::vector<std::string>& shards, int32_t eos_id) {
-  if (config.dataset_type == "synthetic") return BatchLoader::synthetic(loader_options(config, eos_id, true));
-  return BatchLoader::from_shards(shards, loader_options(config, eos_id, true));
+BatchLoader make_train_loader(const Config& config, const std::vector<std::string>& shards, int32_t eos_id,
+                              const RunRanks& ranks) {
+  if (config.dataset_type == "synthetic")
+    return BatchLoader::synthetic(loader_options(config, eos_id, true, ranks));
+  return BatchLoader::from_shards(shards, loader_options(config, eos_id, true, ranks));
 }
 
-std::optional<BatchLoader> make_eval_loader(const Config& config, int32_t eos_id) {
+std::optional<BatchLoader> make_eval_loader(const Config& config, int32_t eos_id, const RunRanks& ranks) {
   if (config.eval_interval <= 0 || config.eval_steps <= 0) return std::nullopt;
   if (config.dataset_type == "synthetic") {
-    LoaderOptions options = loader_options(config, eos_id, false);
+    LoaderOptions options = loader_options(config, eos_id, false, ranks);
     options.seed += 0x5EED;  // held-out synthetic rows
     return BatchLoader::synthetic(options);
   }
   const std::string path = config.eval_dataset_path.empty() ? config.dataset_path : config.eval_dataset_path;
   return BatchLoader::from_shards(resolve_token_shards(path, "validation"),
-                                  loader_options(config, eos_id, false));
+                                  loader_options(config, eos_id, false, ranks));
+}
+
+// Loss sums of every rank's rows (each data x fsdp rank holds different rows).
+LossSums sum_over_ranks(LossSums local, Communicator& world, const char* name) {
+  world.all_reduce(comm_buffer(&local.loss_sum, 1), ReduceOp::sum, name);
+  world.all_reduce(comm_buffer(&local.valid_count, 1), ReduceOp::sum, name);
+  return local;
 }
 
 // Mean loss over eval_steps batches of the held-out split, always from its beginning.
-double evaluate(Engine& engine, BatchLoader& loader, int64_t eval_steps) {
+double evaluate(Engine& engine, BatchLoader& loader, int64_t eval_steps, const RunRanks& ranks) {
   loader.reset();
   LossSums total;
   for (int64_t i = 0; i < eval_steps; ++i) {
-    const LossSums sums = engine.eval(loader.micro_batch(0, 0));
+    const LossSums sums = engine.eval(loader.micro_batch(static_cast<int>(ranks.data_rank), 0));
     total.loss_sum += sums.loss_sum;
     total.valid_count += sums.valid_count;
     loader.advance();
   }
+  total = sum_over_ranks(total, *ranks.world, "eval/loss_sums");
   return total.valid_count > 0 ? total.loss_sum / static_cast<double>(total.valid_count) : 0.0;
+}
+
+// Test-only fault injection, MESHTRAIN_FAULT=KIND:STEP:RANK[:SECONDS] (KIND nan_loss, nan_gradient or
+// stall): the failure tests of distributed runs make one rank misbehave at one step.
+struct InjectedFault {
+  std::string kind;
+  int64_t step = -1, rank = -1;
+  double seconds = 0.0;
+  bool at(const char* what, int64_t now, int64_t this_rank) const {
+    return kind == what && step == now && rank == this_rank;
+  }
+};
+
+InjectedFault injected_fault() {
+  InjectedFault fault;
+  const char* text = std::getenv("MESHTRAIN_FAULT");
+  if (!text) return fault;
+  std::istringstream fields(text);
+  std::string step, rank, seconds;
+  std::getline(fields, fault.kind, ':');
+  std::getline(fields, step, ':');
+  std::getline(fields, rank, ':');
+  std::getline(fields, seconds, ':');
+  fault.step = step.empty() ? -1 : std::stoll(step);
+  fault.rank = rank.empty() ? -1 : std::stoll(rank);
+  fault.seconds = seconds.empty() ? 0.0 : std::stod(seconds);
+  return fault;
+}
+
+// Every rank must run the same binary with the same config: a mismatch would hang or corrupt collectives.
+uint64_t run_identity(const Config& config) {
+  std::string text;
+  for (const auto& [key, value] : config.resolved) text += key + "=" + value + "\n";
+  std::ifstream binary("/proc/self/exe", std::ios::binary);
+  const std::string executable((std::istreambuf_iterator<char>(binary)), std::istreambuf_iterator<char>());
+  return (static_cast<uint64_t>(crc32c(text.data(), text.size())) << 32) |
+         crc32c(executable.data(), executable.size());
 }
 
 void write_resolved_config(const Config& config, const std::string& run_dir) {
@@ -171,8 +234,26 @@ TrainingSummary run_training(const Config& config, std::FILE* console, const Run
   if (config.steps <= 0)
     fail("config key 'steps'", "a positive number of optimizer steps", std::to_string(config.steps));
   const std::vector<std::string> shards = train_shards(config);
-  Engine engine(config);  // plans (threads, arena, op order) and refuses a plan that does not fit
+  // One process, or every rank of an mpirun job: the mesh's product must be the number of ranks.
+  RunRanks ranks;
+  ranks.world = make_world_communicator(config.collective_timeout_s);
+  ranks.world->require_same_on_all_ranks(run_identity(config), "the meshtrain binary and resolved config");
+  PlanRequest request;
+  request.config = config;
+  request.devices = ranks.world->size();
+  TrainingPlan plan = plan_training(request);
+  const Mesh mesh = plan.mesh;
+  ranks.axes = make_mesh_communicators(*ranks.world, mesh.data, mesh.fsdp, mesh.context, mesh.tensor);
+  Engine engine(std::move(plan), {ranks.world.get(), &ranks.axes});  // refuses a plan that does not fit
   const Topology& topology = engine.plan().topology;
+  const MeshCoordinates coordinates = mesh_coordinates(mesh, ranks.world->rank());
+  ranks.data_rank = coordinates.data * mesh.fsdp + coordinates.fsdp;
+  ranks.data_ranks = mesh.data * mesh.fsdp;
+  ranks.local_rows = engine.spec().dims.B;
+  // Only the lead rank writes run_dir and prints; the others train silently.
+  const std::unique_ptr<std::FILE, int (*)(std::FILE*)> quiet(std::fopen("/dev/null", "w"), &std::fclose);
+  if (!ranks.lead()) console = quiet.get();
+  const bool lead = ranks.lead();
   // The kernels this run uses: a plan_in from meshtrain compile must match each of them exactly.
   std::vector<KernelName> used_kernels = {KernelName::fwd_bwd, KernelName::update};
   if (config.gradient_accumulation_steps > 1) used_kernels.push_back(KernelName::fwd_bwd_accum);
@@ -185,38 +266,47 @@ TrainingSummary run_training(const Config& config, std::FILE* console, const Run
   Config data_config = config;
   std::vector<std::string> train_shard_paths = shards;
   if (config.dataset_type == "text") {
+    // The lead rank tokenizes; the others wait for its shards.
     data_config.dataset_path = data_config.eval_dataset_path =
-        tokenize_text_dataset(config, *tokenizer, eos_id);
+        lead ? tokenize_text_dataset(config, *tokenizer, eos_id) : config.run_dir + "/data";
+    ranks.world->barrier("text dataset tokenized");
     data_config.dataset_type = "tokens";
     train_shard_paths = resolve_token_shards(data_config.dataset_path, "train");
   }
-  BatchLoader loader = make_train_loader(data_config, train_shard_paths, eos_id);
-  std::optional<BatchLoader> eval_loader = make_eval_loader(data_config, eos_id);
+  BatchLoader loader = make_train_loader(data_config, train_shard_paths, eos_id, ranks);
+  std::optional<BatchLoader> eval_loader = make_eval_loader(data_config, eos_id, ranks);
   const std::string tokenizer_identity = tokenizer ? tokenizer->identity() : "";
 
-  fs::create_directories(config.run_dir);
+  if (lead) fs::create_directories(config.run_dir);
   const std::string checkpoints_dir = config.run_dir + "/checkpoints";
+
   TrainingSummary summary;
   CheckpointState state;
+  bool loaded_elsewhere =
+      false;  // a full state from load_full_state_path (another run, perhaps another mesh)
   if (const std::optional<std::string> latest = latest_checkpoint(checkpoints_dir)) {
     state = load_checkpoint(*latest, engine, false, tokenizer_identity);
     std::fprintf(console, "resuming from %s (step %lld)\n", latest->c_str(),
                  static_cast<long long>(state.step));
   } else if (!config.load_full_state_path.empty()) {
     state = load_checkpoint(config.load_full_state_path, engine, false, tokenizer_identity);
+    loaded_elsewhere = true;
   } else if (!config.load_parameters_path.empty()) {
     load_checkpoint(config.load_parameters_path, engine, true, tokenizer_identity);
   }
   if (!state.data_cursor.is_null()) loader.restore(state.data_cursor, "checkpoint data cursor");
   summary.first_step = state.step;
-  write_resolved_config(config, config.run_dir);
-  // The plan this run executes, in the format of meshtrain compile's plan_out (byte for byte the same).
-  for (KernelName kernel : kKernelNames) {
-    write_file_atomically(plan_file_path(config.run_dir + "/plan", kernel),
-                          serialize_kernel_plan(engine.plan(), kernel));
+  if (lead) {
+    write_resolved_config(config, config.run_dir);
+    // The plan this run executes, in the format of meshtrain compile's plan_out (byte for byte the same).
+    for (KernelName kernel : kKernelNames) {
+      write_file_atomically(plan_file_path(config.run_dir + "/plan", kernel),
+                            serialize_kernel_plan(engine.plan(), kernel));
+    }
+    MetricsLog::truncate_after(config.run_dir + "/metrics.jsonl", state.step);
   }
-  MetricsLog::truncate_after(config.run_dir + "/metrics.jsonl", state.step);
-  MetricsLog metrics(config.run_dir, true);
+  std::optional<MetricsLog> metrics;
+  if (lead) metrics.emplace(config.run_dir, true);
   TraceRecorder trace(config.profiler == "trace" ? config.profiler_steps : std::vector<int64_t>{});
   engine.set_trace(&trace);
 
@@ -229,6 +319,7 @@ TrainingSummary run_training(const Config& config, std::FILE* console, const Run
     state.rng = {{"init_weights_seed", config.init_weights_seed},
                  {"data_shuffle_seed", config.data_shuffle_seed}};
     summary.last_checkpoint = save_checkpoint(checkpoints_dir, engine, state, checkpoint_options);
+    ranks.world->barrier("checkpoint saved");  // no rank resumes (or looks for it) before it is committed
   };
 
   const double tokens_per_step = static_cast<double>(loader.global_batch_rows() * config.max_target_length);
@@ -236,30 +327,76 @@ TrainingSummary run_training(const Config& config, std::FILE* console, const Run
   const double peak_flops = topology.peak_flops(config.dtype);
   ProgressBar progress(config.steps, state.step, console);
   StopSignals signals;
+  const InjectedFault fault = injected_fault();
+  std::vector<Communicator*> axis_communicators;
+  for (const std::unique_ptr<Communicator>* axis :
+       {&ranks.axes.data, &ranks.axes.fsdp, &ranks.axes.context, &ranks.axes.tensor}) {
+    if (*axis) axis_communicators.push_back(axis->get());
+  }
+  // A step runs fwd_bwd, GA - 1 x fwd_bwd_accum and update.
+  nlohmann::json planned_step_bytes = nlohmann::json::object();
+  for (const KernelPlan& kernel : engine.plan().kernels) {
+    const double repeats = kernel.kernel == KernelName::fwd_bwd_accum
+                               ? static_cast<double>(config.gradient_accumulation_steps - 1)
+                           : kernel.kernel == KernelName::eval ? 0.0
+                                                               : 1.0;
+    for (const auto& [axis, bytes] : kernel.collective_bytes) {
+      if (repeats > 0.0) planned_step_bytes[axis] = planned_step_bytes.value(axis, 0.0) + repeats * bytes;
+    }
+  }
   int64_t step = state.step;
   for (; step < config.steps; ++step) {
     const auto start = std::chrono::steady_clock::now();
     trace.begin_step(step + 1);  // steps are numbered from 1, as in metrics.jsonl
-    LossSums sums;
+    ranks.world->set_context("step " + std::to_string(step + 1));
+    LossSums local;
+    const int64_t rank = ranks.world->rank();
+    for (Communicator* axis : axis_communicators) axis->reset_stats();
+    if (fault.at("stall", step + 1, rank))
+      std::this_thread::sleep_for(std::chrono::duration<double>(fault.seconds));
     for (int64_t micro = 0; micro < config.gradient_accumulation_steps; ++micro) {
-      const Batch batch = loader.micro_batch(0, static_cast<int>(micro));
+      const Batch batch = loader.micro_batch(static_cast<int>(ranks.data_rank), static_cast<int>(micro));
       const LossSums micro_sums = micro == 0 ? engine.fwd_bwd(batch) : engine.fwd_bwd_accum(batch);
-      sums.loss_sum += micro_sums.loss_sum;
-      sums.valid_count += micro_sums.valid_count;
+      local.loss_sum += micro_sums.loss_sum;
+      local.valid_count += micro_sums.valid_count;
     }
+    if (fault.at("nan_loss", step + 1, rank)) local.loss_sum = std::numeric_limits<double>::quiet_NaN();
+    if (fault.at("nan_gradient", step + 1, rank)) {
+      engine.view(engine.plan().storage.front().gradient_store).f32()[0] =
+          std::numeric_limits<float>::quiet_NaN();
+    }
+    // Every rank sees a non-finite loss of any rank before the optimizer step, and which rank it was.
+    const bool bad_here = !std::isfinite(local.loss_sum);
+    int64_t lowest_bad =
+        bad_here ? ranks.world->size() - ranks.world->rank() : 0;  // max picks the lowest rank
+    ranks.world->all_reduce(comm_buffer(&lowest_bad, 1), ReduceOp::max, "step/nonfinite_rank");
+    const int64_t first_bad_rank = ranks.world->size() - lowest_bad;
+    const LossSums sums = sum_over_ranks(local, *ranks.world, "step/loss_sums");
     const double loss = sums.valid_count > 0 ? sums.loss_sum / static_cast<double>(sums.valid_count) : 0.0;
     if (!std::isfinite(loss)) {
+      const std::string where = "training step " + std::to_string(step + 1) +
+                                (ranks.world->size() > 1 ? ", rank " + std::to_string(first_bad_rank) : "");
       if (!config.skip_nonfinite_steps) {
         save(step);
-        fail("training step " + std::to_string(step), "a finite loss", to_text(loss),
+        fail(where, "a finite loss", to_text(loss),
              "lower learning_rate, or set skip_nonfinite_steps=true to skip such steps");
       }
-      progress.message("step " + std::to_string(step) + ": non-finite loss, step skipped");
+      progress.message(where + ": non-finite loss, step skipped");
       loader.advance();
       continue;
     }
     const double learning_rate = learning_rate_at(config, step);
-    const UpdateResult update = engine.update(sums.valid_count, learning_rate, step);
+    const UpdateResult update = engine.update(local.valid_count, learning_rate, step);
+    if (update.nonfinite) {  // a non-finite gradient: the update left every parameter unchanged
+      if (!config.skip_nonfinite_steps) {
+        save(step);
+        fail("training step " + std::to_string(step + 1), "finite gradients", "a non-finite gradient norm",
+             "lower learning_rate, or set skip_nonfinite_steps=true to skip such steps");
+      }
+      progress.message("step " + std::to_string(step + 1) + ": non-finite gradient, step skipped");
+      loader.advance();
+      continue;
+    }
     loader.advance();
     const double step_seconds = seconds_since(start);
     const double tokens_per_second = tokens_per_step / step_seconds;
@@ -276,18 +413,30 @@ TrainingSummary run_training(const Config& config, std::FILE* console, const Run
                              {"step_time_s", step_seconds},
                              {"peak_memory_bytes", peak_resident_bytes()},
                              {"valid_tokens", sums.valid_count}};
+    if (ranks.world->size() > 1) {
+      // What the step's kernels moved per mesh axis (payload bytes per rank), next to what the plan says.
+      nlohmann::json moved = nlohmann::json::object();
+      for (Communicator* axis : axis_communicators) {
+        if (axis->size() > 1) moved[axis->axis_name()] = axis->stats().total_bytes();
+      }
+      record["collective_bytes"] = moved;
+      record["planned_collective_bytes"] = planned_step_bytes;
+    }
     if (eval_loader && (step + 1) % config.eval_interval == 0) {
-      summary.last_eval_loss = evaluate(engine, *eval_loader, config.eval_steps);
+      summary.last_eval_loss = evaluate(engine, *eval_loader, config.eval_steps, ranks);
       record["eval"] = {{"loss", summary.last_eval_loss}, {"perplexity", std::exp(summary.last_eval_loss)}};
       progress.message("step " + std::to_string(step + 1) + ": eval loss " + to_text(summary.last_eval_loss));
     }
-    metrics.write(record);
-    if (trace.active()) trace.write(config.run_dir + "/trace_step" + std::to_string(step + 1) + ".json");
+    if (metrics) metrics->write(record);
+    if (trace.active() && lead)
+      trace.write(config.run_dir + "/trace_step" + std::to_string(step + 1) + ".json");
     summary.last_loss = loss;
     progress.update(step + 1, loss, tokens_per_second);
     const bool last = step + 1 == config.steps;
     if (!last && config.checkpoint_period > 0 && (step + 1) % config.checkpoint_period == 0) save(step + 1);
-    if (stop_signal.load() != 0 || step + 1 == control.stop_after_step) {
+    // A signal reaches the ranks at different moments: they stop together, at the same step.
+    const bool stop = ranks.world->any_rank_true(stop_signal.load() != 0, "step/stop_signal");
+    if (stop || step + 1 == control.stop_after_step) {
       ++step;
       summary.interrupted = true;
       break;
@@ -295,7 +444,9 @@ TrainingSummary run_training(const Config& config, std::FILE* console, const Run
   }
   progress.finish();
   summary.steps_completed = step;
-  if (step > state.step || summary.interrupted) save(step);
+  // With steps equal to a loaded state's step nothing trains and the state is saved into this run: that
+  // converts a checkpoint to this run's mesh.
+  if (step > state.step || summary.interrupted || loaded_elsewhere) save(step);
   if (summary.interrupted && stop_signal.load() != 0) {
     std::fprintf(console, "stopped by signal %d after step %lld; saved %s\n", stop_signal.load(),
                  static_cast<long long>(step), summary.last_checkpoint.c_str());

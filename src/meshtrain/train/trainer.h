@@ -10,7 +10,7 @@
 namespace meshtrain {
 
 struct TrainingSummary {
-  int64_t first_step = 0;      // 0, or the step a resumed run started from
+  int64_t first_step = 0;       // 0, or the step a resumed run started from
   int64_t steps_completed = 0;  // optimizer steps done when the run ended
   double last_loss = 0.0;
   double last_eval_loss = -1.0;  // -1: never evaluated

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
 
 #include "error_text.h"
 #include "meshtrain/config/config.h"
@@ -259,6 +260,20 @@ TEST(Plan, ShardsTileTheGlobalTensors) {
       EXPECT_EQ(static_cast<int64_t>(replicas) * global_count, plan.mesh.devices() * store.shape.elements());
     }
   }
+}
+
+TEST(Plan, NonFiniteGradientLeavesParametersUnchanged) {
+  Engine engine(load_config("qwen3-tiny", tiny()));
+  const LossSums sums = engine.fwd_bwd(batch_for(engine.spec(), 1));
+  engine.view(engine.spec().parameters[3].gradient).f32()[5] = std::numeric_limits<float>::quiet_NaN();
+  const RunResult before = train(engine, 0);  // parameters only
+  const UpdateResult update = engine.update(sums.valid_count, 1e-2, 0);
+  EXPECT_TRUE(update.nonfinite);
+  EXPECT_EQ(train(engine, 0).parameters, before.parameters);
+  // And a finite step does change them (the comparison can fail).
+  const LossSums next = engine.fwd_bwd(batch_for(engine.spec(), 2));
+  EXPECT_FALSE(engine.update(next.valid_count, 1e-2, 1).nonfinite);
+  EXPECT_NE(train(engine, 0).parameters, before.parameters);
 }
 
 TEST(Plan, BadMeshesNameTheKey) {

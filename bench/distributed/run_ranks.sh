@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Distributed throughput on this machine (issue 5): qwen3-tiny (the default job's model, synthetic tokens)
+# with the same global batch on 1 process (2 threads) and on 2 MPI ranks (1 thread each) in data, ZeRO-1
+# and FSDP layouts: median tokens/s of steps 3.. and the communication share of a traced step (time inside
+# collective ops / step time, rank 0). Prints ratios to the 1-process run. Always exits 0.
+# Usage: bench/distributed/run_ranks.sh [BUILD_DIR] [STEPS]
+set -u
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+build=${1:-$here/../../build}
+steps=${2:-8}
+meshtrain="$build/meshtrain"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+common=(dataset_type=synthetic tokenizer_path= dataset_path= eval_dataset_path= eval_interval=0
+  enable_checkpointing=false steps="$steps" profiler=trace profiler_steps="$steps")
+mpirun=(mpirun --oversubscribe --allow-run-as-root --bind-to none)
+run() {  # run NAME RANKS per_device_batch_size [key=value ...]
+  local name=$1 ranks=$2 batch=$3
+  shift 3
+  if [ "$ranks" -eq 1 ]; then
+    "$meshtrain" train qwen3-tiny "${common[@]}" per_device_batch_size="$batch" run_dir="$work/$name" "$@"
+  else
+    "${mpirun[@]}" -np "$ranks" "$meshtrain" train qwen3-tiny "${common[@]}" per_device_batch_size="$batch" \
+      run_dir="$work/$name" "$@"
+  fi >"$work/$name.log" 2>&1 || echo "# $name failed: $(tail -1 "$work/$name.log")"
+}
+echo "# qwen3-tiny, global batch 16 x 128 tokens, $steps steps, OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset}"
+run single 1 16
+run data2 2 8 mesh.data=2
+run zero1 2 8 mesh.data=2 shard_optimizer_over_data=true
+run fsdp2 2 8 mesh.fsdp=2
+python3 - "$work" "$steps" <<'PY'
+import json, os, statistics, sys
+work, steps = sys.argv[1], int(sys.argv[2])
+base = None
+print(f"{'layout':<8} {'ranks':>5} {'tok/s median':>12} {'[min-max]':>17} {'vs 1 proc':>9} {'comm share':>10} {'moved/step':>12}")
+for name, ranks in (("single", 1), ("data2", 2), ("zero1", 2), ("fsdp2", 2)):
+    path = f"{work}/{name}/metrics.jsonl"
+    if not os.path.exists(path):
+        print(f"{name:<8} {ranks:>5} {'failed':>12}")
+        continue
+    records = [json.loads(line) for line in open(path)]
+    rates = [r["tokens_per_s"] for r in records[2:]] or [r["tokens_per_s"] for r in records]
+    median = statistics.median(rates)
+    base = base or median
+    trace = json.load(open(f"{work}/{name}/trace_step{steps}.json"))
+    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    total = sum(e["dur"] for e in events if e.get("ph") == "X" and e.get("cat") in ("op", "recompute", "collective"))
+    comm = sum(e["dur"] for e in events if e.get("ph") == "X" and e.get("cat") == "collective")
+    moved = sum(records[-1].get("collective_bytes", {}).values())
+    print(f"{name:<8} {ranks:>5} {median:>12.0f} {f'[{min(rates):.0f}-{max(rates):.0f}]':>17} {median / base:>8.2f}x "
+          f"{100 * comm / total if total else 0:>9.1f}% {moved / 1e6:>10.2f} MB")
+PY
+exit 0
