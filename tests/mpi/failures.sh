@@ -18,7 +18,7 @@ fail() { echo "FAIL: $*"; status=1; }
 
 # A stall of 60 s on rank 1 at step 2 with a 5 s timeout: rank 0 must end the job well before the stall ends.
 start=$(date +%s)
-if MESHTRAIN_FAULT=stall:2:1:60 timeout 50 "${mpirun[@]}" -np 2 -x MESHTRAIN_FAULT "$meshtrain" train qwen3-tiny \
+if MESHTRAIN_FAULT=stall:2:1:60 timeout -k 5 50 "${mpirun[@]}" -np 2 -x MESHTRAIN_FAULT "$meshtrain" train qwen3-tiny \
   "${tiny[@]}" steps=4 collective_timeout_s=5 run_dir="$work/stall" >"$work/stall.log" 2>&1; then
   fail "a stalled rank did not end the job"
 fi
@@ -46,7 +46,7 @@ grep -q "step 3: non-finite gradient, step skipped" "$work/skip.log" || fail "no
 test "$(wc -l <"$work/skip/metrics.jsonl")" -eq 4 || fail "expected 4 logged steps"
 
 # Different configs on the ranks: refused at start on every rank.
-if timeout 60 "${mpirun[@]}" -np 1 "$meshtrain" train qwen3-tiny "${tiny[@]}" steps=1 run_dir="$work/a" : \
+if timeout -k 5 60 "${mpirun[@]}" -np 1 "$meshtrain" train qwen3-tiny "${tiny[@]}" steps=1 run_dir="$work/a" : \
   -np 1 "$meshtrain" train qwen3-tiny "${tiny[@]}" steps=2 run_dir="$work/a" >"$work/mixed.log" 2>&1; then
   fail "ranks with different configs were accepted"
 fi

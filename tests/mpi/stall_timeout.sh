@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A rank that never arrives at a collective: the ranks that did arrive name it and the job ends non-zero
-# within the timeout plus a few seconds, instead of hanging. Three cases: an ordinary rank, the group's
-# coordinator (rank 0), and a rank of a data-axis sub-communicator.
+# within the timeout plus a few seconds, instead of hanging. Four cases: an ordinary rank, the group's
+# coordinator (rank 0), a rank of a data-axis sub-communicator, and a rank that leaves main early (as on a
+# rank-local error) while the others wait for it.
 # Usage: stall_timeout.sh MESHTRAIN_MPI_TESTS [MPIRUN]
 set -euo pipefail
 tests="$1"
@@ -10,14 +11,15 @@ timeout_s=3
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
-# run_case NAME RANKS STALL_RANK AXIS MAX_SECONDS PATTERN...: every PATTERN must appear in stderr.
+# run_case NAME RANKS STALL_RANK AXIS SLEEP_SECONDS MAX_SECONDS PATTERN...: every PATTERN must appear in
+# stderr. SLEEP_SECONDS -1: the rank returns from main instead of sleeping.
 run_case() {
-  local name=$1 ranks=$2 stall=$3 axis=$4 max_seconds=$5
-  shift 5
+  local name=$1 ranks=$2 stall=$3 axis=$4 sleep_s=$5 max_seconds=$6
+  shift 6
   local start end rc=0
   start=$(date +%s%N)
   timeout -k 5 60 "$mpirun" --oversubscribe --allow-run-as-root --bind-to none -np "$ranks" "$tests" \
-    --stall "$stall" --timeout "$timeout_s" --axis "$axis" --sleep 40 >"$work/$name.out" 2>"$work/$name.err" || rc=$?
+    --stall "$stall" --timeout "$timeout_s" --axis "$axis" --sleep "$sleep_s" >"$work/$name.out" 2>"$work/$name.err" || rc=$?
   end=$(date +%s%N)
   local elapsed_ms=$(((end - start) / 1000000))
   echo "$name: exit $rc after ${elapsed_ms} ms (timeout ${timeout_s} s)"
@@ -41,12 +43,15 @@ run_case() {
 }
 
 line="collective all_reduce 'update/grad_norm' #3 at step 12 timed out after 3 s on the world axis"
-run_case rank2 3 2 world $((timeout_s + 7)) \
+run_case rank2 3 2 world 40 $((timeout_s + 7)) \
   "$line: rank 2 did not arrive (reported by rank 0)" \
   "$line: rank 2 did not arrive (reported by rank 1)"
-run_case coordinator 3 0 world $((timeout_s + 10)) \
+run_case coordinator 3 0 world 40 $((timeout_s + 10)) \
   "$line: rank 0 did not arrive (it coordinates this group's timeout check" \
   "(reported by rank 1)" "(reported by rank 2)"
-run_case data_axis 4 3 data $((timeout_s + 7)) \
+run_case data_axis 4 3 data 40 $((timeout_s + 7)) \
   "collective all_reduce 'update/grad_norm' #2 at step 12 timed out after 3 s on the data axis: rank 3 did not arrive (reported by rank 1)"
+run_case early_exit 3 1 world -1 $((timeout_s + 7)) \
+  "$line: rank 1 did not arrive (reported by rank 0)" \
+  "$line: rank 1 did not arrive (reported by rank 2)"
 echo "stall_timeout: all cases passed"

@@ -377,7 +377,8 @@ int run_all_tests() {
   return totals[1] == 0 ? 0 : 1;
 }
 
-// The failure case: `stall_rank` sleeps instead of joining 'update/grad_norm' at step 12.
+// The failure case: `stall_rank` sleeps (or, with sleep_s < 0, returns from main as a rank-local error
+// would) instead of joining 'update/grad_norm' at step 12.
 int run_stall(int stall_rank, double timeout_s, const std::string& axis, double sleep_s) {
   auto world = make_world_communicator(timeout_s);
   world_rank = world->rank();
@@ -392,10 +393,14 @@ int run_stall(int stall_rank, double timeout_s, const std::string& axis, double 
   float grad_norm_squared = 1.0f;
   group->all_reduce(comm_buffer(&grad_norm_squared, 1), ReduceOp::sum, "update/loss");
   if (world->rank() == stall_rank) {
+    if (sleep_s < 0.0) return 3;
     std::this_thread::sleep_for(std::chrono::duration<double>(sleep_s));
   }
   group->all_reduce(comm_buffer(&grad_norm_squared, 1), ReduceOp::sum, "update/grad_norm");
+  // Ranks outside the stalled group stay in ordinary code, so the group's own verdict is what ends the job.
   std::printf("rank %d: finished\n", world->rank());
+  std::fflush(stdout);
+  std::this_thread::sleep_for(std::chrono::duration<double>(sleep_s));
   return 0;
 }
 

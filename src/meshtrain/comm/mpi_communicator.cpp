@@ -271,8 +271,8 @@ class MpiCommunicator : public Communicator {
   }
 
   static std::string describe_text(const ControlMessage& message) {
-    if (message.described == 0 || message.kind < 0) return "no collective here yet";
-    return "#" + std::to_string(message.described) + " " +
+    if (message.described == 0 || message.kind < 0) return "has started no collective here";
+    return "is at #" + std::to_string(message.described) + " " +
            comm_call_name(static_cast<CommCall>(message.kind)) + " '" + message.name + "'";
   }
 
@@ -544,8 +544,7 @@ void MpiCommunicator::investigate(uint64_t sequence) {
     if (!answer || answer->latest_started < sequence) {
       missing.push_back(world_rank);
       // A rank that answered is waiting elsewhere: say where.
-      if (answer)
-        behind_detail += "; rank " + std::to_string(world_rank) + " is at " + describe_text(*answer);
+      if (answer) behind_detail += "; rank " + std::to_string(world_rank) + " " + describe_text(*answer);
       continue;
     }
     arrived.push_back(group_rank);

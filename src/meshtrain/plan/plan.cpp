@@ -612,9 +612,11 @@ KernelPlan Planner::plan_kernel(KernelName kernel) {
         case CollectiveKind::reduce_scatter:
           op.collective_bytes = full * (n - 1.0) / n;
           break;
-        case CollectiveKind::send_recv:
-        case CollectiveKind::all_to_all:
+        case CollectiveKind::send_recv:  // bytes sent
           op.collective_bytes = full;
+          break;
+        case CollectiveKind::all_to_all:  // bytes leaving the rank: all blocks but its own
+          op.collective_bytes = full * (n - 1.0) / n;
           break;
       }
       op.seconds = op.collective_bytes / topology.link_bandwidth(c.group, plan_.mesh.stride(c.axis));

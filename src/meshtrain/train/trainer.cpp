@@ -228,15 +228,35 @@ void write_resolved_config(const Config& config, const std::string& run_dir) {
   write_file_atomically(run_dir + "/config.yaml", text);
 }
 
+TrainingSummary train_on_ranks(const Config& config, std::FILE* console, const RunControl& control,
+                               RunRanks& ranks);
+
 }  // namespace
 
 TrainingSummary run_training(const Config& config, std::FILE* console, const RunControl& control) {
   if (config.steps <= 0)
     fail("config key 'steps'", "a positive number of optimizer steps", std::to_string(config.steps));
-  const std::vector<std::string> shards = train_shards(config);
   // One process, or every rank of an mpirun job: the mesh's product must be the number of ranks.
   RunRanks ranks;
   ranks.world = make_world_communicator(config.collective_timeout_s);
+  try {
+    return train_on_ranks(config, console, control, ranks);
+  } catch (const MeshError& error) {
+    // An error one rank sees must end the others too, not leave them waiting in a collective.
+    if (ranks.world->size() > 1) {
+      std::fprintf(stderr, "meshtrain: error (rank %d): %s\n", ranks.world->rank(), error.what());
+      std::fflush(stderr);
+      ranks.world->abort_all_ranks(1);
+    }
+    throw;
+  }
+}
+
+namespace {
+
+TrainingSummary train_on_ranks(const Config& config, std::FILE* console, const RunControl& control,
+                               RunRanks& ranks) {
+  const std::vector<std::string> shards = train_shards(config);
   ranks.world->require_same_on_all_ranks(run_identity(config), "the meshtrain binary and resolved config");
   PlanRequest request;
   request.config = config;
@@ -454,4 +474,5 @@ TrainingSummary run_training(const Config& config, std::FILE* console, const Run
   return summary;
 }
 
+}  // namespace
 }  // namespace meshtrain
