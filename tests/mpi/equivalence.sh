@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Distributed training equals one process (issue 5): the same global batch (synthetic tokens are a function
 # of (seed, step, global row)) trained for 20 steps with GA 2 on 1 process and on 2 and 4 ranks in data,
-# FSDP, ZeRO-1 and data x FSDP layouts. Losses and gradient norms must agree within 1e-5 relative (the sums
+# FSDP, ZeRO-1, tensor-parallel and combined layouts. Losses and gradient norms must agree within 1e-5 relative (the sums
 # over ranks add in another order), and the same layout run twice must give bitwise-equal losses.
 # Usage: equivalence.sh BUILD_DIR
 set -euo pipefail
@@ -47,8 +47,15 @@ run zero1_2 2 4 mesh.data=2 shard_optimizer_over_data=true
 run dp4 4 2 mesh.data=4
 run dp2_fsdp2 4 2 mesh.data=2 mesh.fsdp=2
 run zero1_dp2_fsdp2 4 2 mesh.data=2 mesh.fsdp=2 shard_optimizer_over_data=true
+# Tensor parallel: per_device_batch_size x devices rows, replicated over tensor.
+run tp2 2 4 mesh.tensor=2
+run dp2_tp2 4 2 mesh.data=2 mesh.tensor=2
+run fsdp2_tp2 4 2 mesh.fsdp=2 mesh.tensor=2
+run zero1_dp2_tp2 4 2 mesh.data=2 mesh.tensor=2 shard_optimizer_over_data=true
 status=0
-for name in dp2 fsdp2 zero1_2 dp4 dp2_fsdp2 zero1_dp2_fsdp2; do compare "$name" || status=1; done
+for name in dp2 fsdp2 zero1_2 dp4 dp2_fsdp2 zero1_dp2_fsdp2 tp2 dp2_tp2 fsdp2_tp2 zero1_dp2_tp2; do
+  compare "$name" || status=1
+done
 # The same layout twice: bitwise-equal losses.
 python3 - "$work/dp2/metrics.jsonl" "$work/dp2_again/metrics.jsonl" <<'PY' || status=1
 import json, sys

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Checkpoints hold global tensors, so a state saved on one mesh loads on any other (issue 5): 4 ranks
-# (data 2 x fsdp 2, ZeRO-1) -> 2 ranks (fsdp 2) -> 1 process -> 4 ranks (data 4), each conversion bitwise
+# (data 2 x fsdp 2, ZeRO-1) -> 2 ranks (fsdp 2) -> 1 process -> 4 ranks (data 4) -> TP 2 x DP 2 -> DP 4,
+# each conversion bitwise
 # (the converted checkpoint's tensor files equal the source's byte for byte), and training continues on the
 # new mesh with the losses of a run that never changed mesh (1e-5 relative).
 # Usage: resharding.sh BUILD_DIR
@@ -33,7 +34,13 @@ train 1 8 steps=3 load_full_state_path="$work/b/checkpoints/step_00000003" run_d
 same_tensors "$work/a/checkpoints/step_00000003" "$work/c/checkpoints/step_00000003"
 train 4 2 mesh.data=4 steps=3 load_full_state_path="$work/c/checkpoints/step_00000003" run_dir="$work/d"
 same_tensors "$work/a/checkpoints/step_00000003" "$work/d/checkpoints/step_00000003"
-echo "4 ranks (data 2 x fsdp 2, ZeRO-1) -> fsdp 2 -> 1 process -> data 4: parameters and moments bitwise equal"
+train 4 2 mesh.data=2 mesh.tensor=2 steps=3 load_full_state_path="$work/d/checkpoints/step_00000003" \
+  run_dir="$work/e"
+same_tensors "$work/a/checkpoints/step_00000003" "$work/e/checkpoints/step_00000003"
+train 4 2 mesh.data=4 steps=3 load_full_state_path="$work/e/checkpoints/step_00000003" run_dir="$work/f"
+same_tensors "$work/a/checkpoints/step_00000003" "$work/f/checkpoints/step_00000003"
+echo "4 ranks (data 2 x fsdp 2, ZeRO-1) -> fsdp 2 -> 1 process -> data 4 -> tensor 2 x data 2 -> data 4:"
+echo "  parameters and moments bitwise equal"
 
 # Training continues: 2 more steps on fsdp 2 from the 4-rank checkpoint vs the 4-rank run itself.
 train 4 2 mesh.data=2 mesh.fsdp=2 shard_optimizer_over_data=true steps=5 run_dir="$work/a"

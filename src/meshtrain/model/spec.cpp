@@ -92,9 +92,9 @@ ModelDims validate_and_size(const Config& c, const ShardingLayout& sharding) {
 }  // namespace
 
 uint8_t* OpContext::u8(BufferId id) const {
-  const TensorView tensor = view(id);
-  MT_CHECK(tensor.dtype == DType::u8, "tensor is not uint8");
-  return static_cast<uint8_t*>(tensor.data);
+  const TensorView bytes = view(id);
+  MT_CHECK(bytes.dtype == DType::u8, "tensor is not uint8");
+  return static_cast<uint8_t*>(bytes.data);
 }
 
 int64_t padded_vocab_size(int64_t vocab_size, int64_t tensor_degree) {

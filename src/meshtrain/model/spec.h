@@ -56,6 +56,9 @@ struct ParameterDecl {
   ParameterInit init = ParameterInit::normal;
   double init_std = 0.0;
   bool weight_decay = true;  // no decay on norms, biases, embeddings
+  // Replicated over tensor but computed from tensor-split activations (QK-norm scales see only this rank's
+  // heads): each rank's gradient is a partial sum, all-reduced over tensor in update.
+  bool gradient_partial_over_tensor = false;
 };
 
 // Loss sums of one kernel call: the step divides by the GLOBAL valid-token count, never per micro-batch.
@@ -74,6 +77,14 @@ struct UpdateState {
   bool nonfinite = false;  // set by the clip op: the AdamW ops then leave every parameter unchanged
 };
 
+// The tensor-parallel group as an op sees it: its place, and all-reduces an op may need mid-kernel (the
+// vocab-parallel cross-entropy combines per-row statistics chunk by chunk).
+struct TensorGroup {
+  int64_t rank = 0, size = 1;
+  std::function<void(float* values, int64_t count)> all_reduce_max;
+  std::function<void(double* values, int64_t count)> all_reduce_sum;
+};
+
 // What an op sees when it runs: pointers into the arena, and the loss sums it may add to.
 class OpContext {
  public:
@@ -87,6 +98,8 @@ class OpContext {
   // This rank's share of a sum over ranks that hold the same values (1 / replicas): a gradient replicated
   // over an axis its norm is all-reduced on counts once.
   double share = 1.0;
+  MeshCoordinates coordinates;          // this rank's place on the mesh (shard offsets)
+  const TensorGroup* tensor = nullptr;  // null: one tensor rank
 };
 
 // What an op is, for costs and for remat policies (`minimal` keeps matmul and attention outputs).
@@ -108,6 +121,9 @@ struct CollectiveDecl {
   // shard is strided, and the plan gives the op a staging buffer to pack / unpack through.
   int64_t outer = 1;
   BufferId staging = kNoBuffer;
+  // Accounting only: the traffic happens inside the next op (the vocab-parallel loss's per-chunk
+  // statistics); the plan counts it here, the engine runs nothing.
+  bool inside_next_op = false;
 };
 
 // One op. Reads and writes list every buffer the op touches (the engine refuses any other): an op that adds

@@ -151,6 +151,26 @@ class Planner {
     }
     return own_op(std::move(op));
   }
+  // ZeRO-1 with a strided shard: copies this data rank's blocks of the parameter into the shard buffer.
+  const OpDecl* slice_op(const ParameterStorage& store, const std::string& name) {
+    const BufferId full = store.value_store, shard = store.value_data_shard;
+    const int64_t outer = store.data_outer, ranks = plan_.mesh.data;
+    return own_op({"zero1/slice/" + name,
+                   {full},
+                   {shard},
+                   0.0,
+                   [=](const OpContext& context) {
+                     const TensorView shard_view = context.view(shard);
+                     const float* from = context.f32(full);
+                     float* to = shard_view.f32();
+                     const int64_t block = shard_view.elements() / outer;
+                     for (int64_t o = 0; o < outer; ++o) {
+                       std::memcpy(to + o * block, from + (o * ranks + context.coordinates.data) * block,
+                                   static_cast<size_t>(block) * sizeof(float));
+                     }
+                   },
+                   OpKind::memory});
+  }
   // Elements before the dim of `store` that `axis` splits (beyond the compute layout): 1 when shards are
   // contiguous blocks of the full buffer.
   int64_t shard_outer(const PlanBuffer& store, MeshAxis axis, const Shape& full) const {
@@ -209,7 +229,7 @@ void Planner::declare_buffers() {
     add_buffer(std::move(buffer));
   }
   for (const ParameterDecl& parameter : spec_.parameters) {
-    ParameterStorage store{parameter.value, parameter.gradient, false, -1, -1};
+    ParameterStorage store{parameter.value, parameter.gradient, false, -1, -1, 1};
     const BufferDecl& value = spec_.buffer(parameter.value);
     const TensorSharding fsdp = sharding.storage_layout(value.shape, false);
     if (fsdp.local.elements() != value.shape.elements()) {
@@ -230,9 +250,15 @@ void Planner::declare_buffers() {
       if (zero1.local.elements() * mesh.data == fsdp.local.elements()) {
         const PlanBuffer value_store = plan_.buffers[static_cast<size_t>(store.value_store)];
         const PlanBuffer gradient_store = plan_.buffers[static_cast<size_t>(store.gradient_store)];
-        PlanBuffer value_shard{"data_shard/" + value_store.name, BufferKind::parameter, value_store.dtype,
-                               zero1.local, zero1.dims};
-        value_shard.part_of = store.value_store;
+        store.data_outer =
+            shard_outer(PlanBuffer{"", BufferKind::parameter, value_store.dtype, zero1.local, zero1.dims},
+                        MeshAxis::data, fsdp.local);
+        // A contiguous shard is this rank's slot of the parameter; a strided one (a dim after a tensor-split
+        // dim) is copied out into a temporary before AdamW.
+        PlanBuffer value_shard{"data_shard/" + value_store.name,
+                               store.data_outer == 1 ? BufferKind::parameter : BufferKind::communication,
+                               value_store.dtype, zero1.local, zero1.dims};
+        if (store.data_outer == 1) value_shard.part_of = store.value_store;
         store.value_data_shard = add_buffer(std::move(value_shard));
         store.gradient_data_shard =
             add_buffer(PlanBuffer{"data_shard/" + gradient_store.name, BufferKind::communication,
@@ -448,19 +474,26 @@ std::vector<Planner::Step> Planner::update_steps() {
     const size_t k = static_cast<size_t>(parameter - spec_.parameters.begin());
     const ParameterStorage& store = storage_[k];
     const bool is_norm = op.name.starts_with("optimizer/grad_norm/");
+    if (is_norm && parameter->gradient_partial_over_tensor && mesh.tensor > 1) {
+      steps.push_back(
+          step_of(collective_op("tensor/all_reduce/" + parameter->canonical_name, CollectiveKind::all_reduce,
+                                MeshAxis::tensor, store.gradient_store, kNoBuffer)));
+    }
     if (store.gradient_data_shard >= 0) {
+      const std::string& name = parameter->canonical_name;
       if (is_norm) {
-        steps.push_back(step_of(collective_op("zero1/reduce_scatter/" + parameter->canonical_name,
-                                              CollectiveKind::reduce_scatter, MeshAxis::data,
-                                              store.gradient_store, store.gradient_data_shard)));
+        steps.push_back(step_of(collective_op("zero1/reduce_scatter/" + name, CollectiveKind::reduce_scatter,
+                                              MeshAxis::data, store.gradient_store, store.gradient_data_shard,
+                                              store.data_outer)));
       }
+      if (!is_norm && store.data_outer > 1) steps.push_back(step_of(slice_op(store, name)));
       Step step = bind(bind(step_of(&op), parameter->gradient, store.gradient_data_shard), parameter->value,
                        store.value_data_shard);
       steps.push_back(step);
       if (!is_norm) {
         steps.push_back(
-            step_of(collective_op("zero1/gather/" + parameter->canonical_name, CollectiveKind::all_gather,
-                                  MeshAxis::data, store.value_store, store.value_data_shard)));
+            step_of(collective_op("zero1/gather/" + name, CollectiveKind::all_gather, MeshAxis::data,
+                                  store.value_store, store.value_data_shard, store.data_outer)));
       }
       continue;
     }

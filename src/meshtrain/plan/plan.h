@@ -99,6 +99,7 @@ struct ParameterStorage {
   PlanBufferId value_store = -1, gradient_store = -1;
   bool gathered = false;  // FSDP: the spec's value and gradient are per-layer temporaries
   PlanBufferId value_data_shard = -1, gradient_data_shard = -1;
+  int64_t data_outer = 1;  // ZeRO-1: > 1 when the data shard is strided in the parameter
 };
 
 struct TrainingPlan {

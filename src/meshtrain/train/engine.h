@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "meshtrain/comm/communicator.h"
@@ -82,7 +83,8 @@ class Engine {
   const KernelPlan* last_kernel_ = nullptr;
   bool poison_temporaries_ = false;
   EngineRanks ranks_;
-  MeshCoordinates coordinates_;  // this rank's place on the mesh
+  MeshCoordinates coordinates_;              // this rank's place on the mesh
+  std::optional<TensorGroup> tensor_group_;  // tensor > 1: the vocab-parallel loss's mid-kernel reductions
 };
 
 }  // namespace meshtrain

@@ -72,6 +72,8 @@ double peak_resident_bytes() {
 struct RunRanks {
   std::unique_ptr<Communicator> world;
   MeshCommunicators axes;
+  std::unique_ptr<Communicator>
+      batch_group;        // the data x fsdp ranks that share this rank's tensor/context place
   int64_t data_rank = 0;  // which slice of every micro-batch: data x fsdp ranks see different rows
   int64_t data_ranks = 1;
   int64_t local_rows = 0;                           // rows of one micro-batch on this rank
@@ -164,10 +166,13 @@ std::optional<BatchLoader> make_eval_loader(const Config& config, int32_t eos_id
                                   loader_options(config, eos_id, false, ranks));
 }
 
-// Loss sums of every rank's rows (each data x fsdp rank holds different rows).
-LossSums sum_over_ranks(LossSums local, Communicator& world, const char* name) {
-  world.all_reduce(comm_buffer(&local.loss_sum, 1), ReduceOp::sum, name);
-  world.all_reduce(comm_buffer(&local.valid_count, 1), ReduceOp::sum, name);
+// Loss sums of every rank's rows: data x fsdp ranks hold different rows (tensor ranks the same ones).
+// (A communicator of its own, so the mesh axes' byte counters hold only what the plan's kernels move.)
+LossSums sum_over_ranks(LossSums local, const RunRanks& ranks, const char* name) {
+  if (ranks.batch_group->size() > 1) {
+    ranks.batch_group->all_reduce(comm_buffer(&local.loss_sum, 1), ReduceOp::sum, name);
+    ranks.batch_group->all_reduce(comm_buffer(&local.valid_count, 1), ReduceOp::sum, name);
+  }
   return local;
 }
 
@@ -181,7 +186,7 @@ double evaluate(Engine& engine, BatchLoader& loader, int64_t eval_steps, const R
     total.valid_count += sums.valid_count;
     loader.advance();
   }
-  total = sum_over_ranks(total, *ranks.world, "eval/loss_sums");
+  total = sum_over_ranks(total, ranks, "eval/loss_sums");
   return total.valid_count > 0 ? total.loss_sum / static_cast<double>(total.valid_count) : 0.0;
 }
 
@@ -267,6 +272,8 @@ TrainingSummary train_on_ranks(const Config& config, std::FILE* console, const R
   Engine engine(std::move(plan), {ranks.world.get(), &ranks.axes});  // refuses a plan that does not fit
   const Topology& topology = engine.plan().topology;
   const MeshCoordinates coordinates = mesh_coordinates(mesh, ranks.world->rank());
+  ranks.batch_group = ranks.world->split(
+      static_cast<int>(coordinates.context * mesh.tensor + coordinates.tensor), ranks.world->rank(), "batch");
   ranks.data_rank = coordinates.data * mesh.fsdp + coordinates.fsdp;
   ranks.data_ranks = mesh.data * mesh.fsdp;
   ranks.local_rows = engine.spec().dims.B;
@@ -391,7 +398,7 @@ TrainingSummary train_on_ranks(const Config& config, std::FILE* console, const R
         bad_here ? ranks.world->size() - ranks.world->rank() : 0;  // max picks the lowest rank
     ranks.world->all_reduce(comm_buffer(&lowest_bad, 1), ReduceOp::max, "step/nonfinite_rank");
     const int64_t first_bad_rank = ranks.world->size() - lowest_bad;
-    const LossSums sums = sum_over_ranks(local, *ranks.world, "step/loss_sums");
+    const LossSums sums = sum_over_ranks(local, ranks, "step/loss_sums");
     const double loss = sums.valid_count > 0 ? sums.loss_sum / static_cast<double>(sums.valid_count) : 0.0;
     if (!std::isfinite(loss)) {
       const std::string where = "training step " + std::to_string(step + 1) +

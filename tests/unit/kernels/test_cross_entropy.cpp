@@ -1,12 +1,17 @@
 // Tests of the fused unembedding + cross-entropy: reference vs finite differences, fast vs reference,
-// padding and masking, and the plain logits used for sampling.
+// padding and masking, vocab-parallel shards against the unsharded kernel, and the plain logits used for
+// sampling.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
+#include <barrier>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gradcheck.h"
@@ -238,6 +243,249 @@ TEST(CrossEntropy, TargetOutsideValidVocabIsAnInternalError) {
   Problem problem(4, 8, 24, 19, UnembedLayout::kernel_DV, 61);
   problem.targets[2] = 19;  // a padding column
   EXPECT_THROW(problem.fast(nullptr, nullptr, 4), std::logic_error);
+}
+
+// Index of weight (d, v) in a layout with V columns (kernel_DV [D, V]) or rows (table_VD [V, D]).
+int64_t weight_index(UnembedLayout layout, int64_t d, int64_t v, int64_t D, int64_t V) {
+  return layout == UnembedLayout::kernel_DV ? d * V + v : v * D + d;
+}
+
+// The all-reduces of `ranks` threads, one per tensor rank: every rank posts its buffer, waits for the others,
+// reduces all buffers in rank order (so every rank gets the same, deterministic result), waits again until
+// every rank has read every buffer, and writes the result in place.
+class ThreadReducer {
+ public:
+  explicit ThreadReducer(int64_t ranks)
+      : ranks_(ranks),
+        barrier_(ranks),
+        floats_(static_cast<size_t>(ranks)),
+        doubles_(static_cast<size_t>(ranks)),
+        counts_(static_cast<size_t>(ranks)) {}
+
+  void max(int64_t rank, float* values, int64_t count) {
+    floats_[rank] = values;
+    counts_[rank] = count;
+    barrier_.arrive_and_wait();
+    std::vector<float> result(values, values + count);
+    for (int64_t other = 0; other < ranks_; ++other) {
+      if (counts_[other] != count) mismatch_ = true;
+      for (int64_t i = 0; i < std::min(count, counts_[other]); ++i) {
+        result[i] = std::max(result[i], floats_[other][i]);
+      }
+    }
+    barrier_.arrive_and_wait();
+    std::copy(result.begin(), result.end(), values);
+  }
+
+  void sum(int64_t rank, double* values, int64_t count) {
+    doubles_[rank] = values;
+    counts_[rank] = count;
+    barrier_.arrive_and_wait();
+    std::vector<double> result(static_cast<size_t>(count), 0.0);
+    for (int64_t other = 0; other < ranks_; ++other) {
+      if (counts_[other] != count) mismatch_ = true;
+      for (int64_t i = 0; i < std::min(count, counts_[other]); ++i) result[i] += doubles_[other][i];
+    }
+    barrier_.arrive_and_wait();
+    std::copy(result.begin(), result.end(), values);
+  }
+
+  bool mismatch() const { return mismatch_; }
+
+ private:
+  int64_t ranks_;
+  std::barrier<> barrier_;
+  std::vector<float*> floats_;
+  std::vector<double*> doubles_;
+  std::vector<int64_t> counts_;
+  std::atomic<bool> mismatch_{false};
+};
+
+struct ShardRun {
+  CrossEntropySums sums{0.0, 0};
+  std::vector<float> dh, dw;  // dh written over garbage, dw accumulated onto dw_initial
+  std::vector<float> dw_initial;
+  int64_t max_calls = 0, sum_calls = 0;    // callback calls
+  int64_t max_values = 0, sum_values = 0;  // values passed over all calls
+};
+
+// Runs `problem` split into `ranks` vocab shards of problem.V / ranks columns (kernel_DV) or rows (table_VD),
+// one std::thread per rank, combined by a ThreadReducer.
+std::vector<ShardRun> run_vocab_shards(const Problem& problem, int64_t ranks, int64_t chunk, bool gradients) {
+  const int64_t D = problem.D, V = problem.V / ranks;
+  const std::vector<float> h = to_float(problem.h);
+  std::vector<ShardRun> runs(static_cast<size_t>(ranks));
+  std::vector<std::vector<float>> weights(static_cast<size_t>(ranks));
+  for (int64_t rank = 0; rank < ranks; ++rank) {
+    std::vector<float>& w = weights[rank];
+    w.resize(static_cast<size_t>(D * V));
+    for (int64_t d = 0; d < D; ++d) {
+      for (int64_t v = 0; v < V; ++v) {
+        w[weight_index(problem.layout, d, v, D, V)] =
+            static_cast<float>(problem.w[weight_index(problem.layout, d, rank * V + v, D, problem.V)]);
+      }
+    }
+    if (gradients) {
+      runs[rank].dh.assign(h.size(), 123.0f);
+      runs[rank].dw_initial = to_float(random_values(w.size(), 300 + static_cast<uint64_t>(rank)));
+      runs[rank].dw = runs[rank].dw_initial;
+    }
+  }
+  ThreadReducer reducer(ranks);
+  std::vector<std::thread> threads;
+  for (int64_t rank = 0; rank < ranks; ++rank) {
+    threads.emplace_back([&, rank] {
+      ShardRun& run = runs[rank];
+      VocabParallel parallel;
+      parallel.vocab_offset = rank * V;
+      parallel.all_reduce_max = [&](float* values, int64_t count) {
+        run.max_calls += 1;
+        run.max_values += count;
+        reducer.max(rank, values, count);
+      };
+      parallel.all_reduce_sum = [&](double* values, int64_t count) {
+        run.sum_calls += 1;
+        run.sum_values += count;
+        reducer.sum(rank, values, count);
+      };
+      std::vector<float> scratch(static_cast<size_t>(cross_entropy_scratch_floats(chunk, V)));
+      run.sums = unembed_cross_entropy(gradients ? run.dh.data() : nullptr,
+                                       gradients ? run.dw.data() : nullptr, h.data(), weights[rank].data(),
+                                       problem.layout, problem.targets.data(), problem.mask_ptr(), problem.N,
+                                       D, V, problem.vocab_valid, chunk, scratch.data(), &parallel);
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  EXPECT_FALSE(reducer.mismatch());
+  return runs;
+}
+
+TEST(CrossEntropy, VocabParallelShardsMatchUnsharded) {
+  // {ranks, columns per rank, vocab_valid}: the last valid column falls inside a rank (the rest of it and any
+  // later rank is padding), on a rank boundary (rank 1 of 2 holds only padding), and ranks without any valid
+  // column (t = 3).
+  struct Split {
+    int64_t ranks, V, vocab_valid;
+  };
+  const Split splits[] = {{2, 16, 27}, {2, 12, 12}, {3, 12, 23}, {4, 10, 33}};
+  const double loss_bound = 1e-6, gradient_bound = 1e-5;
+  double worst_loss = 0.0, worst_dh = 0.0, worst_dw = 0.0, worst_reference = 0.0;
+  for (const Split& split : splits) {
+    for (UnembedLayout layout : kLayouts) {
+      Problem problem(23, 16, split.ranks * split.V, split.vocab_valid, layout, 81);
+      problem.drop_tokens(4, 2);
+      // Padding weights that would dominate the softmax if they took part.
+      for (size_t i = 0; i < problem.w.size(); ++i) {
+        if (problem.is_padding_weight(static_cast<int64_t>(i))) problem.w[i] = 50.0;
+      }
+      std::vector<double> ref_dh(problem.h.size(), 0.0), ref_dw(problem.w.size(), 0.0);
+      const CrossEntropySums ref = problem.reference(&ref_dh, &ref_dw);
+      for (int64_t chunk : {1, 5, 23, 40}) {
+        const std::string name = "ranks " + std::to_string(split.ranks) + " V " + std::to_string(split.V) +
+                                 " valid " + std::to_string(split.vocab_valid) + " " + layout_name(layout) +
+                                 " chunk " + std::to_string(chunk);
+        std::vector<float> full_dh(problem.h.size(), 0.0f), full_dw(problem.w.size(), 0.0f);
+        const CrossEntropySums full = problem.fast(&full_dh, &full_dw, chunk);
+        const std::vector<ShardRun> runs = run_vocab_shards(problem, split.ranks, chunk, true);
+        const std::vector<ShardRun> evals = run_vocab_shards(problem, split.ranks, chunk, false);
+        const int64_t chunks = (problem.N + chunk - 1) / chunk;
+        std::vector<double> dh_sum(problem.h.size(), 0.0);
+        for (int64_t rank = 0; rank < split.ranks; ++rank) {
+          const ShardRun& run = runs[rank];
+          const std::string rank_name = name + " rank " + std::to_string(rank);
+          EXPECT_EQ(run.sums.valid_count, full.valid_count) << rank_name;
+          // Every rank reduces in the same order: the loss is bitwise the same everywhere, and the same
+          // without gradients.
+          EXPECT_EQ(run.sums.loss_sum, runs[0].sums.loss_sum) << rank_name;
+          EXPECT_EQ(evals[rank].sums.loss_sum, run.sums.loss_sum) << rank_name;
+          EXPECT_EQ(run.max_calls, chunks) << rank_name;
+          EXPECT_EQ(run.sum_calls, chunks) << rank_name;
+          EXPECT_EQ(run.max_values, problem.N) << rank_name;
+          EXPECT_EQ(run.sum_values, 2 * problem.N) << rank_name;
+          for (size_t i = 0; i < dh_sum.size(); ++i) dh_sum[i] += run.dh[i];
+          // dw: this rank's slice of the unsharded gradient, added onto the initial values; padding
+          // untouched.
+          std::vector<double> expected_dw(run.dw.size());
+          std::vector<double> reference_dw(run.dw.size());
+          for (int64_t d = 0; d < problem.D; ++d) {
+            for (int64_t v = 0; v < split.V; ++v) {
+              const int64_t local = weight_index(layout, d, v, problem.D, split.V);
+              const int64_t global = weight_index(layout, d, rank * split.V + v, problem.D, problem.V);
+              expected_dw[local] = static_cast<double>(run.dw_initial[local]) + full_dw[global];
+              reference_dw[local] = static_cast<double>(run.dw_initial[local]) + ref_dw[global];
+              if (rank * split.V + v >= split.vocab_valid) {
+                EXPECT_EQ(run.dw[local], run.dw_initial[local]) << rank_name << " padding column " << v;
+              }
+            }
+          }
+          const double dw_error = relative_error(run.dw, expected_dw);
+          EXPECT_LT(dw_error, gradient_bound) << rank_name;
+          worst_dw = std::max(worst_dw, dw_error);
+          worst_reference = std::max(worst_reference, relative_error(run.dw, reference_dw));
+        }
+        const double loss_error = std::fabs(runs[0].sums.loss_sum - full.loss_sum) / std::fabs(full.loss_sum);
+        const double dh_error = relative_error(dh_sum, full_dh);
+        EXPECT_LT(loss_error, loss_bound) << name;
+        EXPECT_LT(dh_error, gradient_bound) << name;
+        worst_loss = std::max(worst_loss, loss_error);
+        worst_dh = std::max(worst_dh, dh_error);
+        // Against the double reference too.
+        const double ref_loss_error =
+            std::fabs(runs[0].sums.loss_sum - ref.loss_sum) / std::fabs(ref.loss_sum);
+        const double ref_dh_error = relative_error(dh_sum, ref_dh);
+        EXPECT_LT(ref_loss_error, gradient_bound) << name;
+        EXPECT_LT(ref_dh_error, gradient_bound) << name;
+        worst_reference = std::max({worst_reference, ref_loss_error, ref_dh_error});
+      }
+    }
+  }
+  EXPECT_LT(worst_reference, gradient_bound);
+  report_error("vocab-parallel vs unsharded: loss_sum (worst config)", worst_loss, loss_bound);
+  report_error("vocab-parallel vs unsharded: sum of dh (worst config)", worst_dh, gradient_bound);
+  report_error("vocab-parallel vs unsharded: dw slice (worst config)", worst_dw, gradient_bound);
+  report_error("vocab-parallel vs double reference (worst of all)", worst_reference, gradient_bound);
+}
+
+TEST(CrossEntropy, VocabParallelSingleRankIsBitwiseTheSingleRankKernel) {
+  // With one rank the statistics reduce to the single-rank ones in the same order.
+  for (UnembedLayout layout : kLayouts) {
+    Problem problem(23, 16, 40, 33, layout, 91);
+    problem.drop_tokens(3, 0);
+    for (int64_t chunk : {1, 7, 23}) {
+      const std::vector<ShardRun> runs = run_vocab_shards(problem, 1, chunk, true);
+      // dw accumulates onto the same initial values as the shard's.
+      std::vector<float> dh(problem.h.size(), 0.0f), dw = runs[0].dw_initial;
+      const CrossEntropySums sums = problem.fast(&dh, &dw, chunk);
+      EXPECT_EQ(runs[0].sums.loss_sum, sums.loss_sum) << layout_name(layout) << " chunk " << chunk;
+      EXPECT_EQ(runs[0].dh, dh) << layout_name(layout) << " chunk " << chunk;
+      EXPECT_EQ(runs[0].dw, dw) << layout_name(layout) << " chunk " << chunk;
+    }
+  }
+}
+
+TEST(CrossEntropy, VocabParallelChecksTargetsAgainstGlobalVocab) {
+  // Rank 1 of 2 (V = 12 each, 20 valid): targets up to 19 are fine, 20 is a padding column of rank 1.
+  Problem problem(4, 8, 12, 12, UnembedLayout::kernel_DV, 95);
+  const std::vector<float> h = to_float(problem.h), w = to_float(problem.w);
+  std::vector<float> scratch(static_cast<size_t>(cross_entropy_scratch_floats(4, 12)));
+  VocabParallel parallel;
+  parallel.vocab_offset = 12;
+  parallel.all_reduce_max = [](float*, int64_t) {};
+  parallel.all_reduce_sum = [](double*, int64_t) {};
+  const auto run = [&](const VocabParallel* option) {
+    return unembed_cross_entropy(nullptr, nullptr, h.data(), w.data(), problem.layout, problem.targets.data(),
+                                 nullptr, 4, 8, 12, 20, 4, scratch.data(), option);
+  };
+  problem.targets = {0, 19, 12, 5};
+  EXPECT_NO_THROW(run(&parallel));
+  problem.targets[2] = 20;
+  EXPECT_THROW(run(&parallel), std::logic_error);
+  problem.targets[2] = 12;
+  VocabParallel missing = parallel;
+  missing.all_reduce_sum = nullptr;
+  EXPECT_THROW(run(&missing), std::logic_error);
+  // Without the option vocab_valid must fit in this rank's V.
+  EXPECT_THROW(run(nullptr), std::logic_error);
 }
 
 TEST(CrossEntropy, LogitsMatchReferenceWithPaddingAtMinusInfinity) {

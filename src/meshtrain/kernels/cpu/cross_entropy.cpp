@@ -4,6 +4,8 @@
 
 #include <climits>
 #include <cstring>
+#include <memory>
+#include <new>
 
 #include "meshtrain/kernels/cpu/fast_math.h"
 
@@ -81,16 +83,26 @@ void check_blas_sizes(int64_t D, int64_t V, int64_t rows) {
 }  // namespace
 
 int64_t cross_entropy_scratch_floats(int64_t chunk_tokens, int64_t V) {
-  // Logits [C, V] (only vocab_valid columns are used) + C doubles of per-row loss (2 floats each).
-  return chunk_tokens * V + 2 * chunk_tokens;
+  // Logits [C, V] (only the valid columns are used) + C doubles of per-row loss (2 floats each) + the
+  // vocab-parallel statistics: C float maxima and 2 * C doubles (4 floats each) aligned up by at most one
+  // float.
+  return chunk_tokens * V + 2 * chunk_tokens + chunk_tokens + 4 * chunk_tokens + 1;
 }
 
 CrossEntropySums unembed_cross_entropy(float* dh, float* dw, const float* h, const float* w,
                                        UnembedLayout layout, const int32_t* targets, const uint8_t* loss_mask,
                                        int64_t N, int64_t D, int64_t V, int64_t vocab_valid,
-                                       int64_t chunk_tokens, float* scratch) {
-  MT_CHECK(N >= 0 && D >= 1 && chunk_tokens >= 1, "N >= 0, D >= 1, chunk_tokens >= 1");
-  MT_CHECK(vocab_valid >= 1 && vocab_valid <= V, "vocab_valid must be in [1, V]");
+                                       int64_t chunk_tokens, float* scratch,
+                                       const VocabParallel* vocab_parallel) {
+  MT_CHECK(N >= 0 && D >= 1 && V >= 1 && chunk_tokens >= 1, "N >= 0, D >= 1, V >= 1, chunk_tokens >= 1");
+  const bool parallel = vocab_parallel != nullptr;
+  if (parallel) {
+    MT_CHECK(vocab_valid >= 1 && vocab_parallel->vocab_offset >= 0, "vocab_valid >= 1, vocab_offset >= 0");
+    MT_CHECK(vocab_parallel->all_reduce_max && vocab_parallel->all_reduce_sum,
+             "vocab-parallel cross-entropy needs both all-reduce callbacks");
+  } else {
+    MT_CHECK(vocab_valid >= 1 && vocab_valid <= V, "vocab_valid must be in [1, V]");
+  }
   MT_CHECK(N == 0 || (h != nullptr && w != nullptr && targets != nullptr && scratch != nullptr),
            "h, w, targets and scratch are required");
   check_blas_sizes(D, V, chunk_tokens);
@@ -103,52 +115,123 @@ CrossEntropySums unembed_cross_entropy(float* dh, float* dw, const float* h, con
     sums.valid_count += 1;
   }
   const bool want_gradients = dh != nullptr || dw != nullptr;
+  // Global id of local column 0, and the valid local columns [0, local_valid): all of vocab_valid on a
+  // single rank; possibly none on a vocab-parallel rank that holds only padding.
+  const int64_t offset = parallel ? vocab_parallel->vocab_offset : 0;
+  const int64_t local_valid = parallel ? std::clamp<int64_t>(vocab_valid - offset, 0, V) : vocab_valid;
   const blasint d_blas = static_cast<blasint>(D);
   const blasint v_blas = static_cast<blasint>(V);
-  const blasint vv_blas = static_cast<blasint>(vocab_valid);
-  // The chunk's logits are packed with leading dimension vocab_valid; the per-row losses (double) follow
+  const blasint vv_blas = static_cast<blasint>(local_valid);
+  // The chunk's logits are packed with leading dimension local_valid; the per-row losses (double) follow
   // the largest possible logits block. They are written with memcpy: the buffer holds floats.
   float* logits = scratch;
   unsigned char* row_loss_bytes = reinterpret_cast<unsigned char*>(scratch + chunk_tokens * V);
+  // Vocab-parallel statistics after the losses: float maxima [C], then doubles [2 * C] at the next 8-byte
+  // boundary, created there as doubles (the callback takes a double*).
+  float* maxima = nullptr;
+  double* statistics = nullptr;
+  if (parallel && N > 0) {
+    maxima = scratch + chunk_tokens * V + 2 * chunk_tokens;
+    void* place = maxima + chunk_tokens;
+    size_t space = static_cast<size_t>(4 * chunk_tokens + 1) * sizeof(float);
+    const size_t bytes = static_cast<size_t>(2 * chunk_tokens) * sizeof(double);
+    MT_CHECK(std::align(alignof(double), bytes, place, space) != nullptr, "scratch alignment");
+    statistics = ::new (place) double[static_cast<size_t>(2 * chunk_tokens)];
+  }
 
   for (int64_t start = 0; start < N; start += chunk_tokens) {
     const int64_t rows = std::min(chunk_tokens, N - start);
     const blasint rows_blas = static_cast<blasint>(rows);
     const float* h_chunk = h + start * D;
-    chunk_logits(logits, vv_blas, h_chunk, w, layout, rows_blas, d_blas, v_blas, vv_blas);
+    if (local_valid > 0) {
+      chunk_logits(logits, vv_blas, h_chunk, w, layout, rows_blas, d_blas, v_blas, vv_blas);
+    }
 
+    if (!parallel) {
 #pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < rows; ++r) {
-      float* row = logits + r * vocab_valid;
-      const bool counts = loss_mask == nullptr || loss_mask[start + r] != 0;
-      double loss = 0.0;
-      if (counts || want_gradients) {
-        // Stable log-softmax: shift by the row maximum so exp never overflows. The exponentials are always
-        // stored (the chunk's logits are scratch), so the eval-only pass and the pass with gradients run the
-        // same code and give bitwise equal losses.
-        const float max_logit = row_maximum(row, vocab_valid);
-        const float target_logit = counts ? row[targets[start + r]] : 0.0f;
-        const double sum_exp = exponentiate_and_sum(row, vocab_valid, max_logit);
-        if (counts) {
-          loss = static_cast<double>(max_logit) + std::log(sum_exp) - static_cast<double>(target_logit);
-        }
-        if (want_gradients) {
-          // dlogits = (softmax - onehot) * mask: an ignored token contributes an all-zero row.
-          const float scale = counts ? static_cast<float>(1.0 / sum_exp) : 0.0f;
+      for (int64_t r = 0; r < rows; ++r) {
+        float* row = logits + r * vocab_valid;
+        const bool counts = loss_mask == nullptr || loss_mask[start + r] != 0;
+        double loss = 0.0;
+        if (counts || want_gradients) {
+          // Stable log-softmax: shift by the row maximum so exp never overflows. The exponentials are always
+          // stored (the chunk's logits are scratch), so the eval-only pass and the pass with gradients run
+          // the same code and give bitwise equal losses.
+          const float max_logit = row_maximum(row, vocab_valid);
+          const float target_logit = counts ? row[targets[start + r]] : 0.0f;
+          const double sum_exp = exponentiate_and_sum(row, vocab_valid, max_logit);
+          if (counts) {
+            loss = static_cast<double>(max_logit) + std::log(sum_exp) - static_cast<double>(target_logit);
+          }
+          if (want_gradients) {
+            // dlogits = (softmax - onehot) * mask: an ignored token contributes an all-zero row.
+            const float scale = counts ? static_cast<float>(1.0 / sum_exp) : 0.0f;
 #pragma omp simd
-          for (int64_t v = 0; v < vocab_valid; ++v) row[v] *= scale;
-          if (counts) row[targets[start + r]] -= 1.0f;
+            for (int64_t v = 0; v < vocab_valid; ++v) row[v] *= scale;
+            if (counts) row[targets[start + r]] -= 1.0f;
+          }
+        }
+        std::memcpy(row_loss_bytes + r * static_cast<int64_t>(sizeof(double)), &loss, sizeof(double));
+      }
+      // Serial sum in row order: the loss does not depend on the thread count.
+      for (int64_t r = 0; r < rows; ++r) {
+        double loss = 0.0;
+        std::memcpy(&loss, row_loss_bytes + r * static_cast<int64_t>(sizeof(double)), sizeof(double));
+        sums.loss_sum += loss;
+      }
+    } else {
+      // Vocab-parallel: the same stable log-softmax with the row maximum and the sum of exponentials
+      // combined over the ranks. Rows nobody needs (ignored, no gradients) keep -inf and 0.
+      double* sum_exps = statistics;              // [rows]
+      double* target_logits = statistics + rows;  // [rows]
+#pragma omp parallel for schedule(static)
+      for (int64_t r = 0; r < rows; ++r) {
+        const bool counts = loss_mask == nullptr || loss_mask[start + r] != 0;
+        maxima[r] = (counts || want_gradients) && local_valid > 0
+                        ? row_maximum(logits + r * local_valid, local_valid)
+                        : -std::numeric_limits<float>::infinity();
+      }
+      vocab_parallel->all_reduce_max(maxima, rows);
+#pragma omp parallel for schedule(static)
+      for (int64_t r = 0; r < rows; ++r) {
+        float* row = logits + r * local_valid;
+        const bool counts = loss_mask == nullptr || loss_mask[start + r] != 0;
+        double sum_exp = 0.0, target_logit = 0.0;
+        if ((counts || want_gradients) && local_valid > 0) {
+          const int64_t local_target = counts ? targets[start + r] - offset : -1;
+          if (local_target >= 0 && local_target < local_valid) target_logit = row[local_target];
+          sum_exp = exponentiate_and_sum(row, local_valid, maxima[r]);
+        }
+        sum_exps[r] = sum_exp;
+        target_logits[r] = target_logit;
+      }
+      vocab_parallel->all_reduce_sum(statistics, 2 * rows);
+      // Serial sum in row order: the loss does not depend on the thread count.
+      for (int64_t r = 0; r < rows; ++r) {
+        if (loss_mask != nullptr && loss_mask[start + r] == 0) continue;
+        sums.loss_sum += static_cast<double>(maxima[r]) + std::log(sum_exps[r]) - target_logits[r];
+      }
+      if (want_gradients && local_valid > 0) {
+#pragma omp parallel for schedule(static)
+        for (int64_t r = 0; r < rows; ++r) {
+          // dlogits = (softmax - onehot) * mask, softmax over all ranks' columns.
+          float* row = logits + r * local_valid;
+          const bool counts = loss_mask == nullptr || loss_mask[start + r] != 0;
+          const float scale = counts ? static_cast<float>(1.0 / sum_exps[r]) : 0.0f;
+#pragma omp simd
+          for (int64_t v = 0; v < local_valid; ++v) row[v] *= scale;
+          const int64_t local_target = counts ? targets[start + r] - offset : -1;
+          if (local_target >= 0 && local_target < local_valid) row[local_target] -= 1.0f;
         }
       }
-      std::memcpy(row_loss_bytes + r * static_cast<int64_t>(sizeof(double)), &loss, sizeof(double));
-    }
-    // Serial sum in row order: the loss does not depend on the thread count.
-    for (int64_t r = 0; r < rows; ++r) {
-      double loss = 0.0;
-      std::memcpy(&loss, row_loss_bytes + r * static_cast<int64_t>(sizeof(double)), sizeof(double));
-      sums.loss_sum += loss;
     }
 
+    if (local_valid == 0) {
+      // A vocab-parallel rank holding only padding: no logits, so its share of dh is zero and dw is
+      // untouched.
+      if (dh != nullptr) std::fill(dh + start * D, dh + (start + rows) * D, 0.0f);
+      continue;
+    }
     if (dh != nullptr) {
       float* dh_chunk = dh + start * D;
       if (layout == UnembedLayout::kernel_DV) {

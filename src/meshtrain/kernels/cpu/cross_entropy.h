@@ -1,11 +1,14 @@
 // Fused unembedding + softmax cross-entropy: the loss and its gradients without ever holding the full
-// [N, V] logits, plus plain logits for sampling/eval and a double-capable reference for tests.
-// Legend: N tokens, D width, V vocab (padded), C chunk of tokens (chunk_tokens).
+// [N, V] logits, plus plain logits for sampling/eval and a double-capable reference for tests. Optionally
+// vocab-parallel (Megatron-style tensor parallelism): each of t ranks holds V contiguous vocabulary rows.
+// Legend: N tokens, D width, V vocab (padded; per rank when vocab-parallel), C chunk of tokens
+// (chunk_tokens), t tensor ranks.
 #pragma once
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <vector>
 
@@ -22,23 +25,51 @@ struct CrossEntropySums {
   int64_t valid_count;  // number of counted tokens (mask != 0)
 };
 
+// Vocab-parallel: this rank holds global vocabulary rows [vocab_offset, vocab_offset + V) of the padded
+// vocabulary (t * V rows); the per-row statistics are combined over the tensor ranks by the two callbacks
+// (all-reduce in place over the ranks; every rank calls them in the same order, once per chunk).
+struct VocabParallel {
+  int64_t vocab_offset = 0;
+  // Per-row maxima [rows]: max over the ranks.
+  std::function<void(float* values, int64_t count)> all_reduce_max;
+  // [2 * rows]: per-row sums of exp, then per-row target logits: sum over the ranks.
+  std::function<void(double* values, int64_t count)> all_reduce_sum;
+};
+
 // Loss SUM and gradients of that sum (not divided by the count: the step divides by the global count).
 // Columns >= vocab_valid are excluded from the softmax and get no gradient (their dw entries are left
 // untouched). Targets of counted tokens must be < vocab_valid; targets of ignored tokens are never read.
 // dh and dw both null = eval only.
+//
+// vocab_parallel (nullptr = single rank, the whole padded vocabulary is w): vocab_valid stays the GLOBAL
+// valid vocabulary size; this rank's valid local columns are [0, clamp(vocab_valid - vocab_offset, 0, V))
+// (a rank may have none). Per chunk of rows: local logits -> per-row local maxima (-inf without valid
+// columns) -> all_reduce_max(maxima, rows) -> per-row local sums of exp(logit - global max) (0 without
+// valid columns) in values[0, rows) and target logits (0 unless the target's global id is in this rank's
+// range) in values[rows, 2 * rows) -> all_reduce_sum(values, 2 * rows) -> loss = max + log(sum) - target
+// logit per counted row. Both callbacks are called exactly once per chunk, ceil(N / C) chunks (none when
+// N == 0), also for chunks without valid local columns or with every row masked, and never inside an
+// OpenMP region: the calls match across ranks when every rank passes the same N and C (and the results are
+// right when every rank also passes the same h, targets and mask). Results: valid_count is the same on
+// every rank, and so is loss_sum when all_reduce_sum gives every rank bitwise the same values; dh is this
+// rank's PARTIAL sum dlogits @ W_local^T (the caller all-reduces dh over the tensor ranks); dw is this
+// rank's slice, accumulated locally. scratch is the same size as without the option.
 CrossEntropySums unembed_cross_entropy(
     float* dh,       // [N, D] WRITTEN (=), or nullptr
     float* dw,       // layout of w, ACCUMULATED (+=), or nullptr
     const float* h,  // [N, D]
     const float* w,  // [D, V] kernel_DV or [V, D] table_VD
     UnembedLayout layout,
-    const int32_t* targets,    // [N]
+    const int32_t* targets,    // [N] global ids
     const uint8_t* loss_mask,  // [N] 1 = counts, 0 = ignored; nullptr = all
     int64_t N, int64_t D, int64_t V, int64_t vocab_valid,
     int64_t chunk_tokens,  // C: rows of logits held at a time
-    float* scratch);       // [cross_entropy_scratch_floats(C, V)]
+    float* scratch,        // [cross_entropy_scratch_floats(C, V)]
+    const VocabParallel* vocab_parallel = nullptr);
 
-// Floats of scratch unembed_cross_entropy needs: one chunk of logits [C, V] plus C per-row losses in double.
+// Floats of scratch unembed_cross_entropy needs: one chunk of logits [C, V], C per-row losses in double, and
+// the vocab-parallel per-row statistics (C float maxima, 2 * C doubles plus one float to align them). The
+// same size with or without vocab_parallel.
 int64_t cross_entropy_scratch_floats(int64_t chunk_tokens, int64_t V);
 
 // Logits for sampling/eval of one or a few rows: out = h @ W (layout as above); padding columns

@@ -53,6 +53,13 @@ BufferId add_attention_block(SpecBuilder& builder, const std::string& prefix, Bu
                                       m.N * m.H, m.d, d_q_rotated, d_q, false);
     const NormLayer k_norm = add_norm(builder, attention + "/key_norm", NormKind::rms, key.out, kv_shape,
                                       m.N * m.K, m.d, d_k_rotated, d_k, false);
+    // With heads split over tensor, each rank's QK-norm scale gradient sums only its own heads.
+    const bool heads_split = spec.sharding.compute("heads").degree > 1;
+    for (ParameterDecl& parameter : builder.spec().parameters) {
+      if (parameter.canonical_name == attention + "/query_norm/scale" ||
+          parameter.canonical_name == attention + "/key_norm/scale")
+        parameter.gradient_partial_over_tensor = heads_split;
+    }
     q_rotated = q_norm.out;
     k_rotated = k_norm.out;
     qk_backward = {q_norm.backward, k_norm.backward};

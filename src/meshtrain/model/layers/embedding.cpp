@@ -1,6 +1,7 @@
 #include "meshtrain/model/layers/embedding.h"
 
 #include <algorithm>
+#include <optional>
 
 #include "meshtrain/kernels/cpu/cross_entropy.h"
 #include "meshtrain/kernels/cpu/embedding.h"
@@ -28,9 +29,20 @@ EmbeddingLayer add_embedding(SpecBuilder& builder, bool learned_positions, Buffe
     reads.push_back(position_table);
     backward_writes.push_back(d_position_table);
   }
+  // Vocab-parallel: this tensor rank holds vocabulary rows [rank x V, (rank + 1) x V); the learned positions
+  // join on one rank only, so the all-reduce below adds them once.
+  const bool vocab_split = spec.sharding.compute("vocab").degree > 1;
+  const int64_t global_rows = m.V_padded;  // ids are checked against the whole table on every rank
+  const auto vocab_offset = [=](const OpContext& c) {
+    return vocab_split && c.tensor ? c.tensor->rank * V : 0;
+  };
+  const auto adds_positions = [=](const OpContext& c) {
+    return position_table != kNoBuffer && (!vocab_split || !c.tensor || c.tensor->rank == 0);
+  };
   builder.forward({"token_embedder/forward", reads, {residual}, 0.0, [=](const OpContext& c) {
-                     kernels::embedding_forward(c.f32(residual), c.i32(tokens), c.f32(table), N, V, D, false);
-                     if (position_table != kNoBuffer) {
+                     kernels::embedding_forward(c.f32(residual), c.i32(tokens), c.f32(table), N, V, D, false,
+                                                vocab_offset(c), global_rows);
+                     if (adds_positions(c)) {
                        kernels::embedding_forward(c.f32(residual), c.i32(positions), c.f32(position_table), N,
                                                   P, D, true);
                      }
@@ -45,7 +57,7 @@ EmbeddingLayer add_embedding(SpecBuilder& builder, bool learned_positions, Buffe
                            0.0,
                            [=](const OpContext& c) {
                              kernels::embedding_backward(c.f32(d_table), c.i32(tokens), c.f32(d_residual), N,
-                                                         V, D);
+                                                         V, D, vocab_offset(c), global_rows);
                              if (d_position_table != kNoBuffer) {
                                kernels::embedding_backward(c.f32(d_position_table), c.i32(positions),
                                                            c.f32(d_residual), N, P, D);
@@ -81,11 +93,15 @@ void add_final_norm_and_loss(SpecBuilder& builder, NormKind norm, BufferId resid
   const BufferId hidden = final_norm.out, targets = spec.targets, loss_mask = spec.loss_mask;
   const double flops = 2.0 * static_cast<double>(N * D * V);
   // Vocab-parallel cross-entropy: ranks exchange per-token max, sum of exponentials and target logit.
+  // The plan counts that traffic here (a float max and two doubles per token: 5 floats' worth); the loss
+  // op moves it, chunk by chunk.
   std::vector<OpDecl> reduce_stats;
-  if (spec.sharding.compute("vocab").degree > 1) {
-    const BufferId vocab_stats = builder.scratch("scratch/vocab_parallel_stats", shape_of({{"rows", 3 * N}}));
+  const bool vocab_split = spec.sharding.compute("vocab").degree > 1;
+  if (vocab_split) {
+    const BufferId vocab_stats = builder.scratch("scratch/vocab_parallel_stats", shape_of({{"rows", 5 * N}}));
     reduce_stats = builder.collective("loss/reduce_vocab_statistics", CollectiveKind::all_reduce,
                                       MeshAxis::tensor, vocab_stats);
+    for (OpDecl& op : reduce_stats) op.collective.inside_next_op = true;
   }
   const auto loss_op = [=](bool with_gradient) {
     return OpDecl{with_gradient ? "loss/forward_backward" : "loss/forward",
@@ -94,11 +110,16 @@ void add_final_norm_and_loss(SpecBuilder& builder, NormKind norm, BufferId resid
                                 : std::vector<BufferId>{logits_scratch},
                   with_gradient ? 3.0 * flops : flops,
                   [=](const OpContext& c) {
+                    std::optional<kernels::VocabParallel> vocab_parallel;
+                    if (vocab_split && c.tensor) {
+                      vocab_parallel = kernels::VocabParallel{c.tensor->rank * V, c.tensor->all_reduce_max,
+                                                              c.tensor->all_reduce_sum};
+                    }
                     const kernels::CrossEntropySums sums = kernels::unembed_cross_entropy(
                         with_gradient ? c.f32(d_hidden) : nullptr,
                         with_gradient ? c.f32(d_unembedding) : nullptr, c.f32(hidden), c.f32(unembedding),
                         layout, c.i32(targets), c.u8(loss_mask), N, D, V, V_valid, chunk_tokens,
-                        c.f32(logits_scratch));
+                        c.f32(logits_scratch), vocab_parallel ? &*vocab_parallel : nullptr);
                     c.loss_sums->loss_sum += sums.loss_sum;
                     c.loss_sums->valid_count += sums.valid_count;
                   },
