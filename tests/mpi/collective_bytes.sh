@@ -26,6 +26,9 @@ for ga in 1 4 16; do
 done
 run many 8 mesh.data=2 mesh.fsdp=4 gradient_accumulation_steps=2 shard_optimizer_over_data=true
 run tp 4 mesh.data=2 mesh.tensor=2 gradient_accumulation_steps=4 shard_optimizer_over_data=true
+# The overlap, by event order in a trace: ZeRO-1 + TP + GA 4, step 2 traced on rank 0.
+run overlap 4 mesh.data=2 mesh.tensor=2 gradient_accumulation_steps=4 shard_optimizer_over_data=true \
+  profiler=trace profiler_steps=2
 python3 - "$work" <<'PY'
 import json, sys
 work = sys.argv[1]
@@ -45,5 +48,21 @@ for layout in ["dp", "zero1"]:
         print(f"FAIL {layout}: data-axis bytes per step depend on GA: {data}")
         status = 1
     print(f"{layout}: data-axis bytes per step for GA 1, 4, 16: {sorted(set(data.values()))}")
+# Reduce-scatters start inside the last micro-batch's backward (after the third micro-batch's last backward
+# op, before the fourth's), not in update.
+trace = json.load(open(f"{work}/overlap/trace_step2.json"))
+events = sorted((e for e in (trace["traceEvents"] if isinstance(trace, dict) else trace) if e.get("ph") == "X"),
+                key=lambda e: e["ts"])
+names = [e["name"] for e in events]
+ends = [i for i, name in enumerate(names) if name == "token_embedder/backward"]
+starts = [i for i, name in enumerate(names) if name.startswith("start zero1/reduce_scatter/")]
+update = names.index("optimizer/clip")
+if len(ends) != 4 or not starts or not (ends[2] < starts[0] < ends[3] < update):
+    print(f"FAIL overlap: backward ends {ends}, reduce-scatter starts {starts[:3]}..., clip {update}")
+    status = 1
+else:
+    inside = sum(1 for i in starts if i < ends[3])
+    print(f"overlap: {len(starts)} reduce-scatters started during the last micro-batch's backward "
+          f"({inside} before its last op), update at event {update}")
 sys.exit(status)
 PY

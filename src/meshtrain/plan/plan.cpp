@@ -260,9 +260,12 @@ void Planner::declare_buffers() {
                                value_store.dtype, zero1.local, zero1.dims};
         if (store.data_outer == 1) value_shard.part_of = store.value_store;
         store.value_data_shard = add_buffer(std::move(value_shard));
-        store.gradient_data_shard =
-            add_buffer(PlanBuffer{"data_shard/" + gradient_store.name, BufferKind::communication,
-                                  gradient_store.dtype, zero1.local, zero1.dims});
+        // A contiguous gradient shard persists, so its reduce-scatter can start during the last micro-batch's
+        // backward; a strided one goes through a staging buffer in update.
+        PlanBuffer gradient_shard{"data_shard/" + gradient_store.name, BufferKind::communication,
+                                  gradient_store.dtype, zero1.local, zero1.dims};
+        gradient_shard.persistent = store.data_outer == 1;
+        store.gradient_data_shard = add_buffer(std::move(gradient_shard));
       }
     }
     storage_.push_back(store);
@@ -270,7 +273,7 @@ void Planner::declare_buffers() {
   // Persistent region: parameters, gradients, optimizer state, step counter, then the batch.
   size_t offset = 0;
   for (BufferKind kind : {BufferKind::parameter, BufferKind::gradient, BufferKind::optimizer_state,
-                          BufferKind::step_counter, BufferKind::input}) {
+                          BufferKind::step_counter, BufferKind::input, BufferKind::communication}) {
     for (PlanBuffer& buffer : plan_.buffers) {
       if (!buffer.persistent || buffer.kind != kind) continue;
       buffer.offset = offset;

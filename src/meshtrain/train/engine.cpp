@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <set>
 
 #include "meshtrain/core/error.h"
 #include "meshtrain/core/rng.h"
@@ -133,6 +134,7 @@ Engine::Engine(TrainingPlan plan, EngineRanks ranks)
   }
   omp_set_num_threads(static_cast<int>(plan_.threads));
   initialize_parameters();
+  plan_overlap();
 }
 
 Communicator& Engine::communicator(MeshAxis axis) const {
@@ -331,6 +333,77 @@ void Engine::load_batch(const Batch& batch) {
   }
 }
 
+// Bucket size for starting data-axis reductions during the last backward: 4 MiB (PyTorch DDP uses 25 MB),
+// or an eighth of all reduced gradient bytes for small models, so the first bucket leaves early.
+constexpr size_t kReductionBucketBytes = size_t{4} << 20;
+
+void Engine::plan_overlap() {
+  if (plan_.mesh.data == 1 || !plan_.find(KernelName::update)) return;
+  const KernelPlan& update = plan_.kernel(KernelName::update);
+  size_t reduced_bytes = 0;
+  for (KernelName name : {KernelName::fwd_bwd, KernelName::fwd_bwd_accum}) {
+    const KernelPlan* kernel = plan_.find(name);
+    if (!kernel) continue;
+    std::vector<std::vector<size_t>>& ready = ready_after_[name];
+    ready.assign(kernel->ops.size(), {});
+    std::set<PlanBufferId> reduced_earlier;  // e.g. QK-norm gradients all-reduced over tensor first
+    for (size_t u = 0; u < update.ops.size(); ++u) {
+      const OpDecl& op = *update.ops[u].op;
+      if (op.kind == OpKind::collective && op.collective.axis != MeshAxis::data) {
+        reduced_earlier.insert(op.collective.buffer);
+      }
+      if (reduced_earlier.count(op.collective.buffer)) continue;
+      if (op.kind != OpKind::collective || op.collective.axis != MeshAxis::data ||
+          op.collective.staging != kNoBuffer ||
+          !(op.name.starts_with("data/all_reduce/") || op.name.starts_with("zero1/reduce_scatter/")))
+        continue;
+      // The gradient is final after the last op of the kernel that touches its store.
+      const PlanBufferId store = op.collective.buffer;
+      size_t last = kernel->ops.size();
+      for (size_t i = 0; i < kernel->ops.size(); ++i) {
+        for (const auto& binding : kernel->ops[i].buffers) {
+          if (binding.second == store) last = i;
+        }
+      }
+      if (last < kernel->ops.size()) ready[last].push_back(u);
+      if (name == KernelName::fwd_bwd) reduced_bytes += plan_.buffers[static_cast<size_t>(store)].bytes;
+    }
+  }
+  bucket_capacity_ = std::max<size_t>(1, std::min(kReductionBucketBytes, reduced_bytes / 8));
+}
+
+// Starts the ready reductions a bucket at a time (each tensor its own non-blocking call); drives progress of
+// those in flight (MPI moves a non-blocking collective only inside MPI calls).
+void Engine::start_ready_collectives(KernelName name, size_t op_index, bool kernel_done) {
+  const auto ready = ready_after_.find(name);
+  if (ready == ready_after_.end()) return;
+  const KernelPlan& update = plan_.kernel(KernelName::update);
+  for (size_t u : ready->second[op_index]) {
+    bucket_.push_back(u);
+    const PlanBuffer& gradient = plan_.buffers[static_cast<size_t>(update.ops[u].op->collective.buffer)];
+    bucket_bytes_ += gradient.bytes;
+  }
+  if (!bucket_.empty() && (bucket_bytes_ >= bucket_capacity_ || kernel_done)) {
+    PlannedOpContext context(*this, nullptr);
+    for (size_t u : bucket_) {
+      const PlanOp& op = update.ops[u];
+      const CollectiveDecl& c = op.op->collective;
+      const std::string label = "start " + op.op->name;  // outlives the scope, which keeps a view of it
+      const TraceScope scope(trace_, label, "collective");
+      context.set_op(&op);
+      Communicator& comm = communicator(c.axis);
+      in_flight_[u] =
+          c.kind == CollectiveKind::all_reduce
+              ? comm.all_reduce_start(comm_buffer(context.view(c.buffer)), ReduceOp::sum, op.op->name)
+              : comm.reduce_scatter_start(comm_buffer(context.view(c.buffer)),
+                                          comm_buffer(context.view(c.shard)), ReduceOp::sum, op.op->name);
+    }
+    bucket_.clear();
+    bucket_bytes_ = 0;
+  }
+  for (auto& [index, request] : in_flight_) request->test();
+}
+
 LossSums Engine::run(KernelName name, UpdateState* update) {
   const KernelPlan& kernel = plan_.kernel(name);
   if (poison_temporaries_) {
@@ -344,31 +417,45 @@ LossSums Engine::run(KernelName name, UpdateState* update) {
   context.update = update;
   context.coordinates = coordinates_;
   context.tensor = tensor_group_ ? &*tensor_group_ : nullptr;
-  for (const PlanOp& op : kernel.ops) {
-    const TraceScope scope(trace_, op.op->name,
-                           op.op->kind == OpKind::collective ? "collective"
-                           : op.recompute                    ? "recompute"
-                                                             : "op");
-    context.set_op(&op);
-    context.share = op.share;
-    if (op.op->kind == OpKind::collective) {
-      run_collective(op, context, update);
-      continue;
+  const bool overlapping = overlap_ && name != KernelName::update && name != KernelName::eval;
+  for (size_t i = 0; i < kernel.ops.size(); ++i) {
+    const PlanOp& op = kernel.ops[i];
+    {
+      const TraceScope scope(trace_, op.op->name,
+                             op.op->kind == OpKind::collective ? "collective"
+                             : op.recompute                    ? "recompute"
+                                                               : "op");
+      context.set_op(&op);
+      context.share = op.share;
+      if (name == KernelName::update && in_flight_.count(i)) {
+        in_flight_[i]->wait();  // started during the last micro-batch's backward
+        in_flight_.erase(i);
+      } else if (op.op->kind == OpKind::collective) {
+        run_collective(op, context, update);
+      } else {
+        MT_CHECK(op.op->run != nullptr, "op '" + op.op->name + "' has nothing to run");
+        op.op->run(context);
+      }
     }
-    MT_CHECK(op.op->run != nullptr, "op '" + op.op->name + "' has nothing to run");
-    op.op->run(context);
+    if (i == 0 && nan_gradient_pending_ && name != KernelName::update && name != KernelName::eval) {
+      view(plan_.storage.front().gradient_store).f32()[0] = std::numeric_limits<float>::quiet_NaN();
+      nan_gradient_pending_ = false;
+    }
+    if (overlapping) start_ready_collectives(name, i, i + 1 == kernel.ops.size());
   }
   last_kernel_ = &kernel;
   return sums;
 }
 
-LossSums Engine::fwd_bwd(const Batch& batch) {
+LossSums Engine::fwd_bwd(const Batch& batch, bool last) {
   load_batch(batch);
+  overlap_ = last;
   return run(KernelName::fwd_bwd);
 }
 
-LossSums Engine::fwd_bwd_accum(const Batch& batch) {
+LossSums Engine::fwd_bwd_accum(const Batch& batch, bool last) {
   load_batch(batch);
+  overlap_ = last;
   return run(KernelName::fwd_bwd_accum);
 }
 

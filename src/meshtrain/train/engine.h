@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -39,8 +40,11 @@ class Engine {
   // Runs an existing plan on this rank of `ranks` (one process when empty).
   explicit Engine(TrainingPlan plan, EngineRanks ranks = {});
 
-  LossSums fwd_bwd(const Batch& batch);        // first micro-batch: WRITES the gradients
-  LossSums fwd_bwd_accum(const Batch& batch);  // later micro-batches: ADDS into the gradients
+  // First micro-batch: WRITES the gradients; later ones ADD into them. On the last micro-batch of a step
+  // (`last`), the data-axis gradient reductions of update start, bucketed and non-blocking, as soon as their
+  // gradients are final, and update waits for them (training-step.md's overlap).
+  LossSums fwd_bwd(const Batch& batch, bool last = false);
+  LossSums fwd_bwd_accum(const Batch& batch, bool last = false);
   // Reduces gradients over the data axis, sums the valid-token counts of the ranks (`valid_count` is this
   // rank's), divides, clips by the global norm and steps AdamW; skips the step everywhere when any
   // gradient is non-finite. `step` is 0-based; Adam's bias correction uses step + 1.
@@ -63,6 +67,8 @@ class Engine {
   std::vector<float> gather_global(BufferId id) const;
   void scatter_global(BufferId id, const float* global);
   bool lead() const { return !ranks_.world || ranks_.world->rank() == 0; }  // the rank that writes files
+  // Test hook (MESHTRAIN_FAULT=nan_gradient): the next fwd_bwd / fwd_bwd_accum leaves a NaN in a gradient.
+  void inject_nan_gradient() { nan_gradient_pending_ = true; }
   // Re-initialises every parameter from (init_weights_seed, canonical name, element index); zeroes moments.
   void initialize_parameters();
   // Ops are recorded as trace events while the recorder is active (profiler=trace); null: off.
@@ -73,6 +79,9 @@ class Engine {
   void load_batch(const Batch& batch);
   LossSums run(KernelName kernel, UpdateState* update = nullptr);
   void run_collective(const PlanOp& op, const OpContext& context, UpdateState* update);
+  // Overlap: which of update's data-axis reductions may start after each op of fwd_bwd / fwd_bwd_accum.
+  void plan_overlap();
+  void start_ready_collectives(KernelName kernel, size_t op_index, bool kernel_done);
   Communicator& communicator(MeshAxis axis) const;
   PlanBufferId stored_buffer(BufferId id) const;  // where a parameter's value or moment persists
   GlobalIndex global_index(PlanBufferId stored, BufferId id) const;
@@ -85,6 +94,12 @@ class Engine {
   EngineRanks ranks_;
   MeshCoordinates coordinates_;              // this rank's place on the mesh
   std::optional<TensorGroup> tensor_group_;  // tensor > 1: the vocab-parallel loss's mid-kernel reductions
+  std::map<KernelName, std::vector<std::vector<size_t>>> ready_after_;  // kernel -> op -> update op indices
+  std::vector<size_t> bucket_;                                          // ready, not yet started
+  size_t bucket_bytes_ = 0, bucket_capacity_ = 0;
+  std::map<size_t, std::unique_ptr<CollectiveRequest>> in_flight_;  // update op index -> started reduction
+  bool overlap_ = false;  // this kernel is a step's last micro-batch
+  bool nan_gradient_pending_ = false;
 };
 
 }  // namespace meshtrain

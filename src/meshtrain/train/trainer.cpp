@@ -383,15 +383,14 @@ TrainingSummary train_on_ranks(const Config& config, std::FILE* console, const R
       std::this_thread::sleep_for(std::chrono::duration<double>(fault.seconds));
     for (int64_t micro = 0; micro < config.gradient_accumulation_steps; ++micro) {
       const Batch batch = loader.micro_batch(static_cast<int>(ranks.data_rank), static_cast<int>(micro));
-      const LossSums micro_sums = micro == 0 ? engine.fwd_bwd(batch) : engine.fwd_bwd_accum(batch);
+      const bool last = micro + 1 == config.gradient_accumulation_steps;
+      if (last && fault.at("nan_gradient", step + 1, rank)) engine.inject_nan_gradient();
+      const LossSums micro_sums =
+          micro == 0 ? engine.fwd_bwd(batch, last) : engine.fwd_bwd_accum(batch, last);
       local.loss_sum += micro_sums.loss_sum;
       local.valid_count += micro_sums.valid_count;
     }
     if (fault.at("nan_loss", step + 1, rank)) local.loss_sum = std::numeric_limits<double>::quiet_NaN();
-    if (fault.at("nan_gradient", step + 1, rank)) {
-      engine.view(engine.plan().storage.front().gradient_store).f32()[0] =
-          std::numeric_limits<float>::quiet_NaN();
-    }
     // Every rank sees a non-finite loss of any rank before the optimizer step, and which rank it was.
     const bool bad_here = !std::isfinite(local.loss_sum);
     int64_t lowest_bad =
