@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Distributed throughput on this machine (issue 5): qwen3-tiny (the default job's model, synthetic tokens)
 # with the same global batch on 1 process (2 threads) and on 2 MPI ranks (1 thread each) in data, ZeRO-1
-# and FSDP layouts: median tokens/s of steps 3.. and the communication share of a traced step (time inside
+# FSDP and tensor layouts: median tokens/s of steps 3.. and the communication share of a traced step (time inside
 # collective ops / step time, rank 0). Prints ratios to the 1-process run. Always exits 0.
 # Usage: bench/distributed/run_ranks.sh [BUILD_DIR] [STEPS]
 set -u
@@ -29,12 +29,13 @@ run single 1 16
 run data2 2 8 mesh.data=2
 run zero1 2 8 mesh.data=2 shard_optimizer_over_data=true
 run fsdp2 2 8 mesh.fsdp=2
+run tensor2 2 8 mesh.tensor=2
 python3 - "$work" "$steps" <<'PY'
 import json, os, statistics, sys
 work, steps = sys.argv[1], int(sys.argv[2])
 base = None
 print(f"{'layout':<8} {'ranks':>5} {'tok/s median':>12} {'[min-max]':>17} {'vs 1 proc':>9} {'comm share':>10} {'moved/step':>12}")
-for name, ranks in (("single", 1), ("data2", 2), ("zero1", 2), ("fsdp2", 2)):
+for name, ranks in (("single", 1), ("data2", 2), ("zero1", 2), ("fsdp2", 2), ("tensor2", 2)):
     path = f"{work}/{name}/metrics.jsonl"
     if not os.path.exists(path):
         print(f"{name:<8} {ranks:>5} {'failed':>12}")

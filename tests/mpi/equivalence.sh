@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Distributed training equals one process (issue 5): the same global batch (synthetic tokens are a function
 # of (seed, step, global row)) trained for 20 steps with GA 2 on 1 process and on 2 and 4 ranks in data,
-# FSDP, ZeRO-1, tensor-parallel and combined layouts. Losses and gradient norms must agree within 1e-5 relative (the sums
-# over ranks add in another order), and the same layout run twice must give bitwise-equal losses.
+# FSDP, ZeRO-1, tensor-parallel and combined layouts. Losses must agree within 1e-5 relative (sums over
+# ranks add in another order) and the final parameters (from each run's checkpoint, global tensors) within
+# 1e-3 of each tensor's largest magnitude; the same layout run twice must give bitwise-equal losses.
 # Usage: equivalence.sh BUILD_DIR
 set -euo pipefail
 meshtrain="$1/meshtrain"
@@ -11,7 +12,7 @@ trap 'rm -rf "$work"' EXIT
 mpirun=(mpirun --oversubscribe --allow-run-as-root --bind-to none)
 tiny=(base_emb_dim=64 base_num_query_heads=4 base_num_kv_heads=2 head_dim=16 base_mlp_dim=128
   base_num_decoder_layers=2 vocab_size=256 max_target_length=32 dataset_type=synthetic tokenizer_path=
-  dataset_path= eval_dataset_path= eval_interval=0 enable_checkpointing=false steps=20
+  dataset_path= eval_dataset_path= eval_interval=0 checkpoint_period=0 steps=20
   gradient_accumulation_steps=2 learning_rate=1e-2 collective_timeout_s=120)
 
 run() {  # run NAME RANKS per_device_batch_size [key=value ...]
@@ -25,16 +26,31 @@ run() {  # run NAME RANKS per_device_batch_size [key=value ...]
   fi || { echo "FAIL: $name"; cat "$work/$name.log"; exit 1; }
 }
 
-compare() {  # compare NAME: losses and grad norms against the one-process run
-  python3 - "$work/single/metrics.jsonl" "$work/$1/metrics.jsonl" "$1" <<'PY'
-import json, sys
-a = [json.loads(line) for line in open(sys.argv[1])]
-b = [json.loads(line) for line in open(sys.argv[2])]
+compare() {  # compare NAME: losses, grad norms and final parameters against the one-process run
+  python3 - "$work/single" "$work/$1" "$1" <<'PY'
+import json, struct, sys
+import numpy as np
+def metrics(run):
+    return [json.loads(line) for line in open(f"{run}/metrics.jsonl")]
+def parameters(run):  # the final checkpoint's model tensors (global shapes on every mesh)
+    with open(f"{run}/checkpoints/step_00000020/model.safetensors", "rb") as file:
+        size = struct.unpack("<Q", file.read(8))[0]
+        header = json.loads(file.read(size))
+        data = file.read()
+    return {name: np.frombuffer(data[e["data_offsets"][0]:e["data_offsets"][1]], np.float32)
+            for name, e in header.items() if name != "__metadata__"}
+a, b = metrics(sys.argv[1]), metrics(sys.argv[2])
 assert len(a) == len(b) == 20, (len(a), len(b))
 loss = max(abs(x["loss"] - y["loss"]) / abs(x["loss"]) for x, y in zip(a, b))
 norm = max(abs(x["raw_grad_norm"] - y["raw_grad_norm"]) / x["raw_grad_norm"] for x, y in zip(a, b))
-print(f"{sys.argv[3]}: 20 steps, worst relative difference: loss {loss:.2e} (bound 1e-5), grad norm {norm:.2e}")
-sys.exit(0 if loss <= 1e-5 else 1)
+pa, pb = parameters(sys.argv[1]), parameters(sys.argv[2])
+assert pa.keys() == pb.keys()
+# Relative to each tensor's largest magnitude: Adam's normalised steps amplify rounding differences in
+# near-zero gradient components, so parameters drift more than losses over 20 steps.
+param = max(float(np.max(np.abs(pa[k] - pb[k])) / max(float(np.max(np.abs(pa[k]))), 1e-30)) for k in pa)
+print(f"{sys.argv[3]}: 20 steps, worst relative difference: loss {loss:.2e} (bound 1e-5), "
+      f"final parameters {param:.2e} (bound 1e-3), grad norm {norm:.2e}")
+sys.exit(0 if loss <= 1e-5 and param <= 1e-3 else 1)
 PY
 }
 
