@@ -26,6 +26,7 @@ for ga in 1 4 16; do
 done
 run many 8 mesh.data=2 mesh.fsdp=4 gradient_accumulation_steps=2 shard_optimizer_over_data=true
 run tp 4 mesh.data=2 mesh.tensor=2 gradient_accumulation_steps=4 shard_optimizer_over_data=true
+run tp4 4 mesh.tensor=4 gradient_accumulation_steps=2
 # The overlap, by event order in a trace: ZeRO-1 + TP + GA 4, step 2 traced on rank 0.
 run overlap 4 mesh.data=2 mesh.tensor=2 gradient_accumulation_steps=4 shard_optimizer_over_data=true \
   profiler=trace profiler_steps=2
@@ -35,7 +36,7 @@ work = sys.argv[1]
 status = 0
 def steps(name):
     return [json.loads(line) for line in open(f"{work}/{name}/metrics.jsonl")]
-for name in ["dp_1", "dp_4", "dp_16", "zero1_1", "zero1_4", "zero1_16", "fsdp_1", "fsdp_4", "fsdp_16", "many", "tp"]:
+for name in ["dp_1", "dp_4", "dp_16", "zero1_1", "zero1_4", "zero1_16", "fsdp_1", "fsdp_4", "fsdp_16", "many", "tp", "tp4"]:
     for record in steps(name):
         moved, planned = record["collective_bytes"], record["planned_collective_bytes"]
         if moved != planned:

@@ -68,8 +68,9 @@ run tp2 2 4 mesh.tensor=2
 run dp2_tp2 4 2 mesh.data=2 mesh.tensor=2
 run fsdp2_tp2 4 2 mesh.fsdp=2 mesh.tensor=2
 run zero1_dp2_tp2 4 2 mesh.data=2 mesh.tensor=2 shard_optimizer_over_data=true
+run tp4 4 2 mesh.tensor=4  # 4 query heads, 2 kv heads: each kv head replicated on 2 ranks
 status=0
-for name in dp2 fsdp2 zero1_2 dp4 dp2_fsdp2 zero1_dp2_fsdp2 tp2 dp2_tp2 fsdp2_tp2 zero1_dp2_tp2; do
+for name in dp2 fsdp2 zero1_2 dp4 dp2_fsdp2 zero1_dp2_fsdp2 tp2 dp2_tp2 fsdp2_tp2 zero1_dp2_tp2 tp4; do
   compare "$name" || status=1
 done
 # The same layout twice: bitwise-equal losses.

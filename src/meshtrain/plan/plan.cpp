@@ -127,10 +127,16 @@ class Planner {
   }
   // A collective op. `outer` > 1: the shards are strided in the full buffer; `accumulate`: a reduce-scatter
   // adds into its (persistent) shard. Either needs a staging buffer, planned like any temporary.
+  // `group`: ranks in the group (0: the whole axis).
   const OpDecl* collective_op(const std::string& name, CollectiveKind kind, MeshAxis axis, BufferId buffer,
-                              BufferId shard, int64_t outer = 1, bool accumulate = false) {
-    OpDecl op{
-        name, {}, {}, 0.0, nullptr, OpKind::collective, {kind, axis, plan_.mesh.size(axis), buffer, shard}};
+                              BufferId shard, int64_t outer = 1, bool accumulate = false, int64_t group = 0) {
+    OpDecl op{name,
+              {},
+              {},
+              0.0,
+              nullptr,
+              OpKind::collective,
+              {kind, axis, group > 0 ? group : plan_.mesh.size(axis), buffer, shard}};
     op.collective.outer = outer;
     op.reads = {kind == CollectiveKind::all_gather ? shard : buffer};
     op.writes = {kind == CollectiveKind::reduce_scatter ? shard : buffer};
@@ -482,6 +488,14 @@ std::vector<Planner::Step> Planner::update_steps() {
           step_of(collective_op("tensor/all_reduce/" + parameter->canonical_name, CollectiveKind::all_reduce,
                                 MeshAxis::tensor, store.gradient_store, kNoBuffer)));
     }
+    // A kv head replicated on several tensor ranks: each holds the part of its gradient that its own query
+    // heads produced; the replicas sum them.
+    const int64_t replicas = kv_replicas(plan_, parameter->value);
+    if (is_norm && replicas > 1) {
+      steps.push_back(step_of(collective_op("tensor/kv_replicas_all_reduce/" + parameter->canonical_name,
+                                            CollectiveKind::all_reduce, MeshAxis::tensor,
+                                            store.gradient_store, kNoBuffer, 1, false, replicas)));
+    }
     if (store.gradient_data_shard >= 0) {
       const std::string& name = parameter->canonical_name;
       if (is_norm) {
@@ -635,6 +649,12 @@ KernelPlan Planner::plan_kernel(KernelName kernel) {
         }
         if (!split) op.share /= static_cast<double>(plan_.mesh.size(axis));
       }
+      // Replicated kv heads count once over their replicas.
+      const BufferId spec_gradient = step.buffers.front().first;
+      for (const ParameterDecl& parameter : spec_.parameters) {
+        if (parameter.gradient == spec_gradient)
+          op.share /= static_cast<double>(kv_replicas(plan_, parameter.value));
+      }
     }
     if (step.op->kind == OpKind::collective) {
       const CollectiveDecl& c = step.op->collective;
@@ -738,6 +758,15 @@ const KernelPlan& TrainingPlan::kernel(KernelName name) const {
   if (!found)
     fail("config key 'kernels'", std::string("a plan that includes ") + kernel_name(name), "not planned");
   return *found;
+}
+
+int64_t kv_replicas(const TrainingPlan& plan, BufferId id) {
+  const Shape& shape = plan.spec.buffer(id).shape;
+  const int64_t kv_heads = plan.spec.config.base_num_kv_heads;
+  for (const std::string& axis : shape.axes) {
+    if (axis == "kv_heads" && plan.mesh.tensor > kv_heads) return plan.mesh.tensor / kv_heads;
+  }
+  return 1;
 }
 
 std::vector<int64_t> global_dims(const TrainingPlan& plan, const Shape& local) {

@@ -150,6 +150,10 @@ struct DeviceCount {
 };
 DeviceCount resolve_devices(const Config& config, const Topology& topology, int64_t live_ranks);
 
+// How many tensor ranks hold the same values of a buffer with a kv_heads axis (tensor degree above the kv
+// head count: each kv head is replicated on tensor / kv_heads consecutive ranks); 1 otherwise.
+int64_t kv_replicas(const TrainingPlan& plan, BufferId id);
+
 // Compute threads per rank: num_threads when set; on cpu topologies this machine's cores / ranks on the host;
 // elsewhere 1 (the CPU kernels' per-thread scratch does not exist there, and plans stay machine-independent).
 int64_t resolve_threads(const Config& config, const Topology& topology, int64_t devices);

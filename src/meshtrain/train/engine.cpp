@@ -40,13 +40,6 @@ TrainingPlan require_runnable(TrainingPlan plan, const EngineRanks& ranks) {
     fail("config key 'mesh.context'", "1 (data, fsdp, tensor and ZeRO-1 layouts run so far)",
          plan.mesh.to_string(), "context parallelism is planned by meshtrain compile but not executed yet");
   }
-  if (plan.mesh.tensor > plan.spec.config.base_num_kv_heads) {
-    fail("config key 'mesh.tensor'",
-         "at most base_num_kv_heads (" + std::to_string(plan.spec.config.base_num_kv_heads) +
-             ") in a live run",
-         std::to_string(plan.mesh.tensor),
-         "replicated kv heads are planned by meshtrain compile but not executed yet");
-  }
   if (!plan.fits()) {
     constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
     std::vector<const PlanBuffer*> largest;
@@ -121,6 +114,13 @@ Engine::Engine(const Config& config) : Engine(plan_for_one_process(config)) {}
 Engine::Engine(TrainingPlan plan, EngineRanks ranks)
     : plan_(require_runnable(std::move(plan), ranks)), arena_(plan_.arena_bytes), ranks_(ranks) {
   coordinates_ = mesh_coordinates(plan_.mesh, ranks_.world ? ranks_.world->rank() : 0);
+  if (plan_.mesh.tensor > plan_.spec.config.base_num_kv_heads) {
+    // The tensor ranks that hold the same kv head (consecutive ones) sum its gradient.
+    const int64_t replicas = plan_.mesh.tensor / plan_.spec.config.base_num_kv_heads;
+    kv_replica_group_ = communicator(MeshAxis::tensor)
+                            .split(static_cast<int>(coordinates_.tensor / replicas),
+                                   static_cast<int>(coordinates_.tensor), "tensor kv replicas");
+  }
   if (plan_.mesh.tensor > 1) {
     Communicator* tensor = &communicator(MeshAxis::tensor);
     tensor_group_ =
@@ -137,6 +137,23 @@ Engine::Engine(TrainingPlan plan, EngineRanks ranks)
   plan_overlap();
 }
 
+std::map<std::string, double> Engine::collective_bytes() const {
+  std::map<std::string, double> bytes;
+  if (!ranks_.axes) return bytes;
+  for (MeshAxis axis : kMeshAxes) {
+    if (plan_.mesh.size(axis) > 1) bytes[mesh_axis_name(axis)] = communicator(axis).stats().total_bytes();
+  }
+  if (kv_replica_group_)
+    bytes["tensor"] += kv_replica_group_->stats().total_bytes();  // part of the tensor axis
+  return bytes;
+}
+
+void Engine::reset_collective_stats() {
+  if (!ranks_.axes) return;
+  for (MeshAxis axis : kMeshAxes) communicator(axis).reset_stats();
+  if (kv_replica_group_) kv_replica_group_->reset_stats();
+}
+
 Communicator& Engine::communicator(MeshAxis axis) const {
   MT_CHECK(ranks_.axes != nullptr, "a collective in a one-process run");
   const std::unique_ptr<Communicator>& comm = axis == MeshAxis::data      ? ranks_.axes->data
@@ -151,7 +168,9 @@ Communicator& Engine::communicator(MeshAxis axis) const {
 // travel as contiguous blocks [rank][outer][block], the full buffer is [outer][rank][block].
 void Engine::run_collective(const PlanOp& op, const OpContext& context, UpdateState* update) {
   const CollectiveDecl& c = op.op->collective;
-  Communicator& comm = communicator(c.axis);
+  const bool kv_replicas = c.axis == MeshAxis::tensor && c.group < plan_.mesh.tensor;
+  MT_CHECK(!kv_replicas || kv_replica_group_, "a part of the tensor axis other than the kv replicas");
+  Communicator& comm = kv_replicas ? *kv_replica_group_ : communicator(c.axis);
   const std::string& name = op.op->name;
   if (c.inside_next_op) return;  // the next op moves these bytes itself (the plan counts them here)
   if (name.starts_with("optimizer/reduce_valid_count/")) {
@@ -255,7 +274,7 @@ std::vector<float> Engine::gather_global(BufferId id) const {
   int64_t count = 1;
   for (int64_t size : global_shape(id)) count *= size;
   std::vector<float> global(static_cast<size_t>(count), 0.0f);
-  bool first_replica = true;
+  bool first_replica = coordinates_.tensor % kv_replicas(plan_, id) == 0;  // replicated kv heads
   for (MeshAxis axis : kMeshAxes) {
     bool split = false;
     for (const DimSharding& dim : buffer.sharding) {

@@ -67,6 +67,10 @@ class Engine {
   std::vector<float> gather_global(BufferId id) const;
   void scatter_global(BufferId id, const float* global);
   bool lead() const { return !ranks_.world || ranks_.world->rank() == 0; }  // the rank that writes files
+  // Payload bytes per rank the kernels moved since the last reset, per mesh axis of more than one rank
+  // (aot-plan.md definitions; comparable with the plan's collective bytes).
+  std::map<std::string, double> collective_bytes() const;
+  void reset_collective_stats();
   // Test hook (MESHTRAIN_FAULT=nan_gradient): the next fwd_bwd / fwd_bwd_accum leaves a NaN in a gradient.
   void inject_nan_gradient() { nan_gradient_pending_ = true; }
   // Re-initialises every parameter from (init_weights_seed, canonical name, element index); zeroes moments.
@@ -94,6 +98,7 @@ class Engine {
   EngineRanks ranks_;
   MeshCoordinates coordinates_;              // this rank's place on the mesh
   std::optional<TensorGroup> tensor_group_;  // tensor > 1: the vocab-parallel loss's mid-kernel reductions
+  std::unique_ptr<Communicator> kv_replica_group_;  // tensor > kv heads: the ranks holding the same kv head
   std::map<KernelName, std::vector<std::vector<size_t>>> ready_after_;  // kernel -> op -> update op indices
   std::vector<size_t> bucket_;                                          // ready, not yet started
   size_t bucket_bytes_ = 0, bucket_capacity_ = 0;

@@ -355,11 +355,6 @@ TrainingSummary train_on_ranks(const Config& config, std::FILE* console, const R
   ProgressBar progress(config.steps, state.step, console);
   StopSignals signals;
   const InjectedFault fault = injected_fault();
-  std::vector<Communicator*> axis_communicators;
-  for (const std::unique_ptr<Communicator>* axis :
-       {&ranks.axes.data, &ranks.axes.fsdp, &ranks.axes.context, &ranks.axes.tensor}) {
-    if (*axis) axis_communicators.push_back(axis->get());
-  }
   // A step runs fwd_bwd, GA - 1 x fwd_bwd_accum and update.
   nlohmann::json planned_step_bytes = nlohmann::json::object();
   for (const KernelPlan& kernel : engine.plan().kernels) {
@@ -378,7 +373,7 @@ TrainingSummary train_on_ranks(const Config& config, std::FILE* console, const R
     ranks.world->set_context("step " + std::to_string(step + 1));
     LossSums local;
     const int64_t rank = ranks.world->rank();
-    for (Communicator* axis : axis_communicators) axis->reset_stats();
+    engine.reset_collective_stats();
     if (fault.at("stall", step + 1, rank))
       std::this_thread::sleep_for(std::chrono::duration<double>(fault.seconds));
     for (int64_t micro = 0; micro < config.gradient_accumulation_steps; ++micro) {
@@ -442,9 +437,7 @@ TrainingSummary train_on_ranks(const Config& config, std::FILE* console, const R
     if (ranks.world->size() > 1) {
       // What the step's kernels moved per mesh axis (payload bytes per rank), next to what the plan says.
       nlohmann::json moved = nlohmann::json::object();
-      for (Communicator* axis : axis_communicators) {
-        if (axis->size() > 1) moved[axis->axis_name()] = axis->stats().total_bytes();
-      }
+      for (const auto& [axis, bytes] : engine.collective_bytes()) moved[axis] = bytes;
       record["collective_bytes"] = moved;
       record["planned_collective_bytes"] = planned_step_bytes;
     }
