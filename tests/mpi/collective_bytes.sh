@@ -4,15 +4,8 @@
 # step do not depend on gradient accumulation (GA 1, 4, 16), with and without ZeRO-1; FSDP's grow with GA
 # by design. Also a many-rank oversubscribed run (8 ranks, data 2 x fsdp 4).
 # Usage: collective_bytes.sh BUILD_DIR
-set -euo pipefail
-meshtrain="$1/meshtrain"
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-mpirun=(mpirun --oversubscribe --allow-run-as-root --bind-to none)
-tiny=(base_emb_dim=64 base_num_query_heads=4 base_num_kv_heads=2 head_dim=16 base_mlp_dim=128
-  base_num_decoder_layers=2 vocab_size=256 max_target_length=32 dataset_type=synthetic tokenizer_path=
-  dataset_path= eval_dataset_path= eval_interval=0 enable_checkpointing=false per_device_batch_size=1 steps=2
-  collective_timeout_s=120)
+source "$(dirname "$0")/common.sh" "$1"
+tiny+=(enable_checkpointing=false per_device_batch_size=1 steps=2 collective_timeout_s=120)
 run() {  # run NAME RANKS [key=value ...]
   local name=$1 ranks=$2
   shift 2

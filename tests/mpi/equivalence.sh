@@ -5,15 +5,8 @@
 # ranks add in another order) and the final parameters (from each run's checkpoint, global tensors) within
 # 1e-3 of each tensor's largest magnitude; the same layout run twice must give bitwise-equal losses.
 # Usage: equivalence.sh BUILD_DIR
-set -euo pipefail
-meshtrain="$1/meshtrain"
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-mpirun=(mpirun --oversubscribe --allow-run-as-root --bind-to none)
-tiny=(base_emb_dim=64 base_num_query_heads=4 base_num_kv_heads=2 head_dim=16 base_mlp_dim=128
-  base_num_decoder_layers=2 vocab_size=256 max_target_length=32 dataset_type=synthetic tokenizer_path=
-  dataset_path= eval_dataset_path= eval_interval=0 checkpoint_period=0 steps=20
-  gradient_accumulation_steps=2 learning_rate=1e-2 collective_timeout_s=120)
+source "$(dirname "$0")/common.sh" "$1"
+tiny+=(checkpoint_period=0 steps=20 gradient_accumulation_steps=2 learning_rate=1e-2 collective_timeout_s=120)
 
 run() {  # run NAME RANKS per_device_batch_size [key=value ...]
   local name=$1 ranks=$2 batch=$3

@@ -4,15 +4,8 @@
 # every rank before the optimizer step: the run stops naming the step and rank, or (skip_nonfinite_steps)
 # skips the step with parameters unchanged; ranks started with different configs are refused on every rank.
 # Usage: failures.sh BUILD_DIR
-set -euo pipefail
-meshtrain="$1/meshtrain"
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-mpirun=(mpirun --oversubscribe --allow-run-as-root --bind-to none)
-tiny=(base_emb_dim=64 base_num_query_heads=4 base_num_kv_heads=2 head_dim=16 base_mlp_dim=128
-  base_num_decoder_layers=2 vocab_size=256 max_target_length=32 dataset_type=synthetic tokenizer_path=
-  dataset_path= eval_dataset_path= eval_interval=0 enable_checkpointing=false per_device_batch_size=2
-  learning_rate=1e-2)
+source "$(dirname "$0")/common.sh" "$1"
+tiny+=(enable_checkpointing=false per_device_batch_size=2 learning_rate=1e-2)
 status=0
 fail() { echo "FAIL: $*"; status=1; }
 

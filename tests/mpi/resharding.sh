@@ -5,14 +5,8 @@
 # (the converted checkpoint's tensor files equal the source's byte for byte), and training continues on the
 # new mesh with the losses of a run that never changed mesh (1e-5 relative).
 # Usage: resharding.sh BUILD_DIR
-set -euo pipefail
-meshtrain="$1/meshtrain"
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-mpirun=(mpirun --oversubscribe --allow-run-as-root --bind-to none)
-tiny=(base_emb_dim=64 base_num_query_heads=4 base_num_kv_heads=2 head_dim=16 base_mlp_dim=128
-  base_num_decoder_layers=2 vocab_size=256 max_target_length=32 dataset_type=synthetic tokenizer_path=
-  dataset_path= eval_dataset_path= eval_interval=0 learning_rate=1e-2 collective_timeout_s=120)
+source "$(dirname "$0")/common.sh" "$1"
+tiny+=(learning_rate=1e-2 collective_timeout_s=120)
 train() {  # train RANKS per_device_batch_size [key=value ...]
   local ranks=$1 batch=$2
   shift 2
