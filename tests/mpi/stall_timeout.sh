@@ -46,9 +46,10 @@ line="collective all_reduce 'update/grad_norm' #3 at step 12 timed out after 3 s
 run_case rank2 3 2 world 40 $((timeout_s + 7)) \
   "$line: rank 2 did not arrive (reported by rank 0)" \
   "$line: rank 2 did not arrive (reported by rank 1)"
+# Without the coordinator the others time out on their own; the first to abort may end the job before the
+# other has printed, so one report is required (both usually appear).
 run_case coordinator 3 0 world 40 $((timeout_s + 10)) \
-  "$line: rank 0 did not arrive (it coordinates this group's timeout check" \
-  "(reported by rank 1)" "(reported by rank 2)"
+  "$line: rank 0 did not arrive (it coordinates this group's timeout check" "(reported by rank "
 run_case data_axis 4 3 data 40 $((timeout_s + 7)) \
   "collective all_reduce 'update/grad_norm' #2 at step 12 timed out after 3 s on the data axis: rank 3 did not arrive (reported by rank 1)"
 run_case early_exit 3 1 world -1 $((timeout_s + 7)) \
