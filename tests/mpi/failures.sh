@@ -38,6 +38,15 @@ MESHTRAIN_FAULT=nan_gradient:3:1 "${mpirun[@]}" -np 2 -x MESHTRAIN_FAULT "$mesht
 grep -q "step 3: non-finite gradient, step skipped" "$work/skip.log" || fail "no skip message"
 test "$(wc -l <"$work/skip/metrics.jsonl")" -eq 4 || fail "expected 4 logged steps"
 
+# A NaN loss on one rank of a tensor pair, skipped: both ranks skip (the decision is world-wide, not per data
+# group), and with data 2 the reductions started during the last backward finish before the next step.
+for mesh in mesh.tensor=2 mesh.data=2; do
+  MESHTRAIN_FAULT=nan_loss:3:1 timeout -k 5 120 "${mpirun[@]}" -np 2 -x MESHTRAIN_FAULT "$meshtrain" train qwen3-tiny \
+    "${tiny[@]}" $mesh steps=5 skip_nonfinite_steps=true run_dir="$work/skip_loss_$mesh" >"$work/skip_loss.log" 2>&1 ||
+    fail "a skipped NaN loss with $mesh failed: $(tail -2 "$work/skip_loss.log")"
+  grep -q "training step 3, rank 1: non-finite loss, step skipped" "$work/skip_loss.log" || fail "no skip message ($mesh)"
+done
+
 # Different configs on the ranks: refused at start on every rank.
 if timeout -k 5 60 "${mpirun[@]}" -np 1 "$meshtrain" train qwen3-tiny "${tiny[@]}" mesh.data=2 steps=1 run_dir="$work/a" : \
   -np 1 "$meshtrain" train qwen3-tiny "${tiny[@]}" mesh.data=2 steps=2 run_dir="$work/a" >"$work/mixed.log" 2>&1; then

@@ -68,7 +68,7 @@ PlanIdentity plan_identity(const Config& config, const Mesh& mesh, const Topolog
   for (const std::string& key : plan_keys()) {
     const auto found = std::find_if(config.resolved.begin(), config.resolved.end(),
                                     [&](const auto& entry) { return entry.first == key; });
-    // Configs built in code (tests) have no resolved text; the struct's value stands in.
+    // Configs built in code (tests) have no resolved text: those keys are recorded empty.
     identity.keys.emplace_back(key, found == config.resolved.end() ? "" : found->second);
   }
   identity.keys.emplace_back("topology", topology.name);
@@ -465,7 +465,7 @@ std::vector<Planner::Step> Planner::update_steps() {
     });
     if (parameter == spec_.parameters.end()) {
       if (op.name == "optimizer/clip" && !norm_axes().empty()) {
-        // The squared norm travels as one double (8 bytes).
+        // 8 bytes: the engine sends the squared norm as one double.
         const BufferId partial = add_buffer(PlanBuffer{"optimizer/norm_partial",
                                                        BufferKind::communication,
                                                        DType::f32,
@@ -939,10 +939,14 @@ void verify_plan_file(const TrainingPlan& plan, KernelName kernel, const std::st
     fail(path, "a plan file (JSON)", error.what(),
          "write it again with meshtrain compile ... plan_out=" + stem);
   }
+  if (!found.is_object()) {
+    fail(path, "a plan file (a JSON object)", "another JSON value", "write it again with meshtrain compile");
+  }
   const json wanted = json::parse(expected);
   const json found_keys = found.value("/identity/keys"_json_pointer, json::object());
   for (const auto& [key, value] : wanted["identity"]["keys"].items()) {
-    const std::string have = found_keys.contains(key) ? found_keys[key].get<std::string>() : "(absent)";
+    const bool present = found_keys.is_object() && found_keys.contains(key) && found_keys[key].is_string();
+    const std::string have = present ? found_keys[key].get<std::string>() : "(absent)";
     if (have != value.get<std::string>()) {
       fail(path, "a plan for this run (" + key + "=" + value.get<std::string>() + ")",
            "a plan made with " + key + "=" + have,

@@ -17,7 +17,7 @@
 namespace meshtrain {
 namespace {
 
-// The CPU kernels run float32, with data, FSDP and ZeRO-1 layouts so far: other dtypes and layouts can be
+// The CPU kernels run float32, and every layout but context parallelism: other dtypes and context can be
 // planned (meshtrain compile) but not run here yet.
 TrainingPlan require_runnable(TrainingPlan plan, const EngineRanks& ranks) {
   const Config& c = plan.spec.config;
@@ -40,6 +40,10 @@ TrainingPlan require_runnable(TrainingPlan plan, const EngineRanks& ranks) {
     fail("config key 'mesh.context'", "1 (data, fsdp, tensor and ZeRO-1 layouts run so far)",
          plan.mesh.to_string(), "context parallelism is planned by meshtrain compile but not executed yet");
   }
+  if (plan.topology.device_kind != "cpu") {
+    fail("config key 'topology'", "a cpu topology for a run on this machine", "'" + plan.topology.name + "'",
+         "use topology=cpu to train here; meshtrain compile plans other topologies");
+  }
   if (!plan.fits()) {
     constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
     std::vector<const PlanBuffer*> largest;
@@ -57,10 +61,6 @@ TrainingPlan require_runnable(TrainingPlan plan, const EngineRanks& ranks) {
          "lower per_device_batch_size or max_target_length, or set remat_policy=full; meshtrain compile "
          "--explain "
          "shows the breakdown");
-  }
-  if (plan.topology.device_kind != "cpu") {
-    fail("config key 'topology'", "a cpu topology for a run on this machine", "'" + plan.topology.name + "'",
-         "use topology=cpu to train here; meshtrain compile plans other topologies");
   }
   return plan;
 }
@@ -116,7 +116,7 @@ Engine::Engine(TrainingPlan plan, EngineRanks ranks)
   coordinates_ = mesh_coordinates(plan_.mesh, ranks_.world ? ranks_.world->rank() : 0);
   if (plan_.mesh.tensor > plan_.spec.config.base_num_kv_heads) {
     // The tensor ranks that hold the same kv head (consecutive ones) sum its gradient.
-    const int64_t replicas = plan_.mesh.tensor / plan_.spec.config.base_num_kv_heads;
+    const int64_t replicas = plan_.mesh.tensor / plan_.spec.config.base_num_kv_heads;  // as kv_replicas()
     kv_replica_group_ = communicator(MeshAxis::tensor)
                             .split(static_cast<int>(coordinates_.tensor / replicas),
                                    static_cast<int>(coordinates_.tensor), "tensor kv replicas");
@@ -135,6 +135,21 @@ Engine::Engine(TrainingPlan plan, EngineRanks ranks)
   omp_set_num_threads(static_cast<int>(plan_.threads));
   initialize_parameters();
   plan_overlap();
+}
+
+Engine::~Engine() {
+  // Unwinding from an error: reductions still in flight are not waited for (their peers may be waiting
+  // elsewhere); the caller reports the error and ends every rank.
+  if (std::uncaught_exceptions() > 0) {
+    for (auto& entry : in_flight_) static_cast<void>(entry.second.release());
+  }
+}
+
+void Engine::abandon_step() {
+  for (auto& entry : in_flight_) entry.second->wait();
+  in_flight_.clear();
+  bucket_.clear();
+  bucket_bytes_ = 0;
 }
 
 std::map<std::string, double> Engine::collective_bytes() const {
@@ -467,6 +482,7 @@ LossSums Engine::run(KernelName name, UpdateState* update) {
 }
 
 LossSums Engine::fwd_bwd(const Batch& batch, bool last) {
+  MT_CHECK(in_flight_.empty(), "a step started while the previous one's reductions were in flight");
   load_batch(batch);
   overlap_ = last;
   return run(KernelName::fwd_bwd);

@@ -39,6 +39,8 @@ class Engine {
   explicit Engine(const Config& config);
   // Runs an existing plan on this rank of `ranks` (one process when empty).
   explicit Engine(TrainingPlan plan, EngineRanks ranks = {});
+  ~Engine();
+  Engine(Engine&&) = default;
 
   // First micro-batch: WRITES the gradients; later ones ADD into them. On the last micro-batch of a step
   // (`last`), the data-axis gradient reductions of update start, bucketed and non-blocking, as soon as their
@@ -71,6 +73,9 @@ class Engine {
   // (aot-plan.md definitions; comparable with the plan's collective bytes).
   std::map<std::string, double> collective_bytes() const;
   void reset_collective_stats();
+  // A step that will not reach update (a non-finite loss): waits for the reductions its last micro-batch
+  // started, so nothing reuses their buffers while they are in flight.
+  void abandon_step();
   // Test hook (MESHTRAIN_FAULT=nan_gradient): the next fwd_bwd / fwd_bwd_accum leaves a NaN in a gradient.
   void inject_nan_gradient() { nan_gradient_pending_ = true; }
   // Re-initialises every parameter from (init_weights_seed, canonical name, element index); zeroes moments.

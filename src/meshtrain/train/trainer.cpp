@@ -394,7 +394,10 @@ TrainingSummary train_on_ranks(const Config& config, std::FILE* console, const R
     const int64_t first_bad_rank = ranks.world->size() - lowest_bad;
     const LossSums sums = sum_over_ranks(local, ranks, "step/loss_sums");
     const double loss = sums.valid_count > 0 ? sums.loss_sum / static_cast<double>(sums.valid_count) : 0.0;
-    if (!std::isfinite(loss)) {
+    // Decided on the world-wide flag: a tensor peer of the bad rank sums only its own data x fsdp group.
+    if (lowest_bad > 0 || !std::isfinite(loss)) {
+      engine.abandon_step();  // the reductions started during the last backward finish before anything reuses
+                              // them
       const std::string where = "training step " + std::to_string(step + 1) +
                                 (ranks.world->size() > 1 ? ", rank " + std::to_string(first_bad_rank) : "");
       if (!config.skip_nonfinite_steps) {
