@@ -643,11 +643,7 @@ KernelPlan Planner::plan_kernel(KernelName kernel) {
     if (step.op->name.starts_with("optimizer/grad_norm/")) {
       const PlanBuffer& gradient = plan_.buffers[static_cast<size_t>(step.buffers.front().second)];
       for (MeshAxis axis : norm_axes()) {
-        bool split = false;
-        for (const DimSharding& dim : gradient.sharding) {
-          split = split || std::find(dim.axes.begin(), dim.axes.end(), axis) != dim.axes.end();
-        }
-        if (!split) op.share /= static_cast<double>(plan_.mesh.size(axis));
+        if (!gradient.split_over(axis)) op.share /= static_cast<double>(plan_.mesh.size(axis));
       }
       // Replicated kv heads count once over their replicas.
       const BufferId spec_gradient = step.buffers.front().first;
@@ -790,10 +786,7 @@ DeviceCount resolve_devices(const Config& config, const Topology& topology, int6
   if (topology.num_devices > 0) return {topology.num_devices, "topology " + topology.name};
   DeviceCount devices{1, "topology " + topology.name + " with as many ranks as the mesh asks for"};
   for (MeshAxis axis : kMeshAxes) {
-    const int64_t size = axis == MeshAxis::data      ? config.mesh.data
-                         : axis == MeshAxis::fsdp    ? config.mesh.fsdp
-                         : axis == MeshAxis::context ? config.mesh.context
-                                                     : config.mesh.tensor;
+    const int64_t size = axis_member(config.mesh, axis);
     if (size < 1) {
       fail("config key 'mesh." + std::string(mesh_axis_name(axis)) + "'",
            "fixed axis sizes on topology '" + topology.name + "' (they give its rank count)",

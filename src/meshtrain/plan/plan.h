@@ -51,6 +51,16 @@ struct PlanBuffer {
   size_t offset = 0;          // persistent buffers: arena offset
   PlanBufferId part_of = -1;  // a shard viewed inside another buffer (ZeRO-1's slice of a parameter)
   std::string layer;          // "decoder/layers_3", "token_embedder", ... for --explain
+
+  // Whether any dim is split over `axis` (else every rank of that axis holds the same values).
+  bool split_over(MeshAxis axis) const {
+    for (const DimSharding& dim : sharding) {
+      for (MeshAxis split : dim.axes) {
+        if (split == axis) return true;
+      }
+    }
+    return false;
+  }
 };
 
 // One live range of a temporary buffer inside one kernel: [first_op, last_op], at `offset` in the arena.

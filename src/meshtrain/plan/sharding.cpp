@@ -54,20 +54,6 @@ const char* mesh_axis_name(MeshAxis axis) {
   return "?";
 }
 
-int64_t Mesh::size(MeshAxis axis) const {
-  switch (axis) {
-    case MeshAxis::data:
-      return data;
-    case MeshAxis::fsdp:
-      return fsdp;
-    case MeshAxis::context:
-      return context;
-    case MeshAxis::tensor:
-      return tensor;
-  }
-  return 1;
-}
-
 int64_t Mesh::stride(MeshAxis axis) const {
   int64_t stride = 1;
   for (auto inner = kMeshAxes.rbegin(); *inner != axis; ++inner) stride *= size(*inner);
@@ -77,20 +63,6 @@ int64_t Mesh::stride(MeshAxis axis) const {
 std::string Mesh::to_string() const {
   return "data=" + std::to_string(data) + " fsdp=" + std::to_string(fsdp) +
          " context=" + std::to_string(context) + " tensor=" + std::to_string(tensor);
-}
-
-int64_t MeshCoordinates::of(MeshAxis axis) const {
-  switch (axis) {
-    case MeshAxis::data:
-      return data;
-    case MeshAxis::fsdp:
-      return fsdp;
-    case MeshAxis::context:
-      return context;
-    case MeshAxis::tensor:
-      return tensor;
-  }
-  return 0;
 }
 
 MeshCoordinates mesh_coordinates(const Mesh& mesh, int64_t rank) {
@@ -131,10 +103,7 @@ Mesh resolve_mesh(const MeshShape& requested, int64_t devices, const std::string
   int64_t* fill = nullptr;
   int64_t product = 1;
   for (MeshAxis axis : kMeshAxes) {
-    int64_t* value = axis == MeshAxis::data      ? &mesh.data
-                     : axis == MeshAxis::fsdp    ? &mesh.fsdp
-                     : axis == MeshAxis::context ? &mesh.context
-                                                 : &mesh.tensor;
+    int64_t* value = &axis_member(mesh, axis);
     const std::string key = std::string("mesh.") + mesh_axis_name(axis);
     if (*value == -1) {
       if (fill)

@@ -24,11 +24,27 @@ inline constexpr std::array<MeshAxis, 4> kMeshAxes = {MeshAxis::data, MeshAxis::
                                                       MeshAxis::tensor};
 const char* mesh_axis_name(MeshAxis axis);
 
+// The member `axis` names in any struct with one member per mesh axis (MeshShape, Mesh, MeshCoordinates).
+template <class PerAxis>
+auto& axis_member(PerAxis& values, MeshAxis axis) {
+  switch (axis) {
+    case MeshAxis::data:
+      return values.data;
+    case MeshAxis::fsdp:
+      return values.fsdp;
+    case MeshAxis::context:
+      return values.context;
+    case MeshAxis::tensor:
+      break;
+  }
+  return values.tensor;
+}
+
 // A resolved mesh: every axis >= 1, product = devices. Axes outermost first: tensor is innermost.
 struct Mesh {
   int64_t data = 1, fsdp = 1, context = 1, tensor = 1;
 
-  int64_t size(MeshAxis axis) const;
+  int64_t size(MeshAxis axis) const { return axis_member(*this, axis); }
   int64_t devices() const { return data * fsdp * context * tensor; }
   // Distance in device index between neighbours of a group along `axis` (tensor: 1).
   int64_t stride(MeshAxis axis) const;
@@ -38,7 +54,7 @@ struct Mesh {
 // One rank's place on the mesh: rank = ((data * fsdp + fsdp_index) * context + context_index) * tensor + ...
 struct MeshCoordinates {
   int64_t data = 0, fsdp = 0, context = 0, tensor = 0;
-  int64_t of(MeshAxis axis) const;
+  int64_t of(MeshAxis axis) const { return axis_member(*this, axis); }
 };
 MeshCoordinates mesh_coordinates(const Mesh& mesh, int64_t rank);
 

@@ -291,11 +291,7 @@ std::vector<float> Engine::gather_global(BufferId id) const {
   std::vector<float> global(static_cast<size_t>(count), 0.0f);
   bool first_replica = coordinates_.tensor % kv_replicas(plan_, id) == 0;  // replicated kv heads
   for (MeshAxis axis : kMeshAxes) {
-    bool split = false;
-    for (const DimSharding& dim : buffer.sharding) {
-      split = split || std::find(dim.axes.begin(), dim.axes.end(), axis) != dim.axes.end();
-    }
-    first_replica = first_replica && (split || coordinates_.of(axis) == 0);
+    first_replica = first_replica && (buffer.split_over(axis) || coordinates_.of(axis) == 0);
   }
   if (first_replica) {
     const GlobalIndex index = global_index(stored, id);
@@ -322,19 +318,17 @@ void Engine::initialize_parameters() {
   for (size_t p = 0; p < plan_.spec.parameters.size(); ++p) {
     const ParameterDecl& parameter = plan_.spec.parameters[p];
     const PlanBuffer& store = plan_.buffers[static_cast<size_t>(plan_.storage[p].value_store)];
-    const GlobalIndex global_index(store.shape, store.sharding,
-                                   global_dims(plan_, plan_.spec.buffer(parameter.value).shape), plan_.mesh,
-                                   coordinates_);
+    const GlobalIndex index = global_index(plan_.storage[p].value_store, parameter.value);
     float* values = view(plan_.storage[p].value_store).f32();
     const int64_t count = store.shape.elements();
     const PhiloxKey key = philox_key(seed, parameter.canonical_name);
     const float constant = parameter.init == ParameterInit::ones ? 1.0f : 0.0f;
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < count; ++i) {
-      values[i] = parameter.init == ParameterInit::normal
-                      ? static_cast<float>(parameter.init_std *
-                                           normal_at(key, static_cast<uint64_t>(global_index(i))))
-                      : constant;
+      values[i] =
+          parameter.init == ParameterInit::normal
+              ? static_cast<float>(parameter.init_std * normal_at(key, static_cast<uint64_t>(index(i))))
+              : constant;
     }
     std::memset(view(parameter.adam_m).data, 0, view(parameter.adam_m).bytes());
     std::memset(view(parameter.adam_v).data, 0, view(parameter.adam_v).bytes());
