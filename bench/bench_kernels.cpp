@@ -28,20 +28,19 @@
 #include <utility>
 #include <vector>
 
+#include "meshtrain/core/cpu_features.h"
 #include "meshtrain/kernels/cpu/adamw.h"
 #include "meshtrain/kernels/cpu/attention.h"
 #include "meshtrain/kernels/cpu/cross_entropy.h"
 #include "meshtrain/kernels/cpu/embedding.h"
 #include "meshtrain/kernels/cpu/gelu.h"
+#include "meshtrain/kernels/cpu/gemm.h"
 #include "meshtrain/kernels/cpu/layernorm.h"
 #include "meshtrain/kernels/cpu/matmul.h"
 #include "meshtrain/kernels/cpu/residual.h"
 #include "meshtrain/kernels/cpu/rmsnorm.h"
 #include "meshtrain/kernels/cpu/rope.h"
 #include "meshtrain/kernels/cpu/swiglu.h"
-
-extern "C" char* openblas_get_corename();
-extern "C" int openblas_get_num_threads();
 
 namespace {
 
@@ -538,11 +537,9 @@ int main(int argc, char** argv) {
   std::vector<std::string> filters(argv + 1, argv + argc);
   const double window = env_double("MESHTRAIN_BENCH_SECONDS", 0.3);
   const bool references = env_double("MESHTRAIN_BENCH_NO_REFERENCE", 0.0) == 0.0;
-  const char* coretype = std::getenv("OPENBLAS_CORETYPE");
-  std::printf(
-      "# bench_kernels: %d OpenMP threads (fast kernels); OpenBLAS %s, %d threads; OPENBLAS_CORETYPE=%s\n",
-      omp_get_max_threads(), openblas_get_corename(), openblas_get_num_threads(),
-      coretype != nullptr ? coretype : "(unset)");
+  std::printf("# bench_kernels: %d OpenMP threads (fast kernels); cpu %s; matmuls: %s\n",
+              omp_get_max_threads(), meshtrain::cpu_features().describe().c_str(),
+              k::gemm_backend().describe().c_str());
   std::printf(
       "# window %.2f s per measurement; median [min-max] over the calls; ms/step = median time x calls "
       "per training step;\n# ref = plain reference loops, 1 thread (same unit, on the rows noted); x = fast "

@@ -25,6 +25,7 @@
 #include "meshtrain/plan/plan.h"
 #include "meshtrain/train/checkpoint.h"
 #include "meshtrain/train/engine.h"
+#include "meshtrain/train/machine.h"
 #include "meshtrain/train/metrics.h"
 #include "meshtrain/train/progress.h"
 #include "meshtrain/train/schedule.h"
@@ -95,8 +96,10 @@ LoaderOptions loader_options(const Config& config, int32_t eos_id, bool shuffle,
 }
 
 std::optional<Tokenizer> load_run_tokenizer(const Config& config) {
+  // Random ids from the seed need no vocabulary file: a synthetic run reads no file at all (the presets'
+  // tokenizer_path and dataset_path are for the KJV main job).
+  if (config.dataset_type == "synthetic") return std::nullopt;
   if (config.tokenizer_path.empty()) {
-    if (config.dataset_type == "synthetic") return std::nullopt;
     fail("config key 'tokenizer_path'", "the tokenizer the data was made with", "nothing",
          "run `meshtrain prepare` and pass tokenizer_path=data/kjv/tokenizer.json");
   }
@@ -323,8 +326,16 @@ TrainingSummary train_on_ranks(const Config& config, std::FILE* console, const R
   }
   if (!state.data_cursor.is_null()) loader.restore(state.data_cursor, "checkpoint data cursor");
   summary.first_step = state.step;
+  // The CPU, the matmul backend and the measured GEMM peak that mfu is relative to (lead rank: it alone
+  // writes metrics; measured after the engine set this rank's threads).
+  std::optional<MachineReport> machine;
+  if (lead) {
+    machine = measure_machine();
+    std::fprintf(console, "%s\n", machine->describe().c_str());
+  }
   if (lead) {
     write_resolved_config(config, config.run_dir);
+    write_file_atomically(config.run_dir + "/machine.json", machine->to_json().dump(2) + "\n");
     // The plan this run executes, in the format of meshtrain compile's plan_out (byte for byte the same).
     for (KernelName kernel : kKernelNames) {
       write_file_atomically(plan_file_path(config.run_dir + "/plan", kernel),
@@ -351,7 +362,9 @@ TrainingSummary train_on_ranks(const Config& config, std::FILE* console, const R
 
   const double tokens_per_step = static_cast<double>(loader.global_batch_rows() * config.max_target_length);
   const double step_flops = standard_training_flops(config).total();
-  const double peak_flops = topology.peak_flops(config.dtype);
+  // mfu: against this machine's measured GEMM peak, not a stated one (the `cpu` topology's 230 GFLOP/s is a
+  // Zen 4 at AVX2 width; a Zen 5 or a Xeon with two AVX-512 units reaches twice that).
+  const double peak_flops = machine ? machine->gemm_peak_flops : topology.peak_flops(config.dtype);
   ProgressBar progress(config.steps, state.step, console);
   StopSignals signals;
   const InjectedFault fault = injected_fault();

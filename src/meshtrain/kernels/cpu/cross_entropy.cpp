@@ -1,27 +1,23 @@
 #include "meshtrain/kernels/cpu/cross_entropy.h"
 
-#include <cblas.h>
-
-#include <climits>
 #include <cstring>
 #include <memory>
 #include <new>
 
 #include "meshtrain/kernels/cpu/fast_math.h"
+#include "meshtrain/kernels/cpu/gemm.h"
 
 namespace meshtrain::kernels {
 namespace {
 
 // logits [rows, vocab_valid] (leading dimension ld_out) = h [rows, D] @ W[:, :vocab_valid].
 // Padding columns are never computed: they do not take part in the softmax.
-void chunk_logits(float* logits, blasint ld_out, const float* h, const float* w, UnembedLayout layout,
-                  blasint rows, blasint D, blasint V, blasint vocab_valid) {
+void chunk_logits(float* logits, int64_t ld_out, const float* h, const float* w, UnembedLayout layout,
+                  int64_t rows, int64_t D, int64_t V, int64_t vocab_valid) {
   if (layout == UnembedLayout::kernel_DV) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, vocab_valid, D, 1.0f, h, D, w, V, 0.0f,
-                logits, ld_out);
+    gemm(false, false, rows, vocab_valid, D, h, D, w, V, false, logits, ld_out);
   } else {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, vocab_valid, D, 1.0f, h, D, w, D, 0.0f, logits,
-                ld_out);
+    gemm(false, true, rows, vocab_valid, D, h, D, w, D, false, logits, ld_out);
   }
 }
 
@@ -75,11 +71,6 @@ double exponentiate_and_sum(float* row, int64_t count, float shift) {
   return total + tail;
 }
 
-void check_blas_sizes(int64_t D, int64_t V, int64_t rows) {
-  // OpenBLAS is built with 32-bit blasint; every dimension and leading dimension must fit.
-  MT_CHECK(D <= INT_MAX && V <= INT_MAX && rows <= INT_MAX, "sizes exceed the 32-bit BLAS interface");
-}
-
 }  // namespace
 
 int64_t cross_entropy_scratch_floats(int64_t chunk_tokens, int64_t V) {
@@ -105,7 +96,6 @@ CrossEntropySums unembed_cross_entropy(float* dh, float* dw, const float* h, con
   }
   MT_CHECK(N == 0 || (h != nullptr && w != nullptr && targets != nullptr && scratch != nullptr),
            "h, w, targets and scratch are required");
-  check_blas_sizes(D, V, chunk_tokens);
   // Targets are validated by the data path; checked here, outside the parallel region (an exception
   // cannot leave an OpenMP region), because an out-of-range target would read past the logits row.
   CrossEntropySums sums{0.0, 0};
@@ -119,9 +109,6 @@ CrossEntropySums unembed_cross_entropy(float* dh, float* dw, const float* h, con
   // single rank; possibly none on a vocab-parallel rank that holds only padding.
   const int64_t offset = parallel ? vocab_parallel->vocab_offset : 0;
   const int64_t local_valid = parallel ? std::clamp<int64_t>(vocab_valid - offset, 0, V) : vocab_valid;
-  const blasint d_blas = static_cast<blasint>(D);
-  const blasint v_blas = static_cast<blasint>(V);
-  const blasint vv_blas = static_cast<blasint>(local_valid);
   // The chunk's logits are packed with leading dimension local_valid; the per-row losses (double) follow
   // the largest possible logits block. They are written with memcpy: the buffer holds floats.
   float* logits = scratch;
@@ -141,10 +128,9 @@ CrossEntropySums unembed_cross_entropy(float* dh, float* dw, const float* h, con
 
   for (int64_t start = 0; start < N; start += chunk_tokens) {
     const int64_t rows = std::min(chunk_tokens, N - start);
-    const blasint rows_blas = static_cast<blasint>(rows);
     const float* h_chunk = h + start * D;
     if (local_valid > 0) {
-      chunk_logits(logits, vv_blas, h_chunk, w, layout, rows_blas, d_blas, v_blas, vv_blas);
+      chunk_logits(logits, local_valid, h_chunk, w, layout, rows, D, V, local_valid);
     }
 
     if (!parallel) {
@@ -236,23 +222,19 @@ CrossEntropySums unembed_cross_entropy(float* dh, float* dw, const float* h, con
       float* dh_chunk = dh + start * D;
       if (layout == UnembedLayout::kernel_DV) {
         // dh [rows, D] = dlogits [rows, vv] @ W[:, :vv]^T
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows_blas, d_blas, vv_blas, 1.0f, logits,
-                    vv_blas, w, v_blas, 0.0f, dh_chunk, d_blas);
+        gemm(false, true, rows, D, local_valid, logits, local_valid, w, V, false, dh_chunk, D);
       } else {
         // dh [rows, D] = dlogits [rows, vv] @ E[:vv, :]
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows_blas, d_blas, vv_blas, 1.0f, logits,
-                    vv_blas, w, d_blas, 0.0f, dh_chunk, d_blas);
+        gemm(false, false, rows, D, local_valid, logits, local_valid, w, D, false, dh_chunk, D);
       }
     }
     if (dw != nullptr) {
       if (layout == UnembedLayout::kernel_DV) {
         // dW[:, :vv] += h_chunk^T [D, rows] @ dlogits [rows, vv]
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, d_blas, vv_blas, rows_blas, 1.0f, h_chunk,
-                    d_blas, logits, vv_blas, 1.0f, dw, v_blas);
+        gemm(true, false, D, local_valid, rows, h_chunk, D, logits, local_valid, true, dw, V);
       } else {
         // dE[:vv, :] += dlogits^T [vv, rows] @ h_chunk [rows, D]
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, vv_blas, d_blas, rows_blas, 1.0f, logits,
-                    vv_blas, h_chunk, d_blas, 1.0f, dw, d_blas);
+        gemm(true, false, local_valid, D, rows, logits, local_valid, h_chunk, D, true, dw, D);
       }
     }
   }
@@ -264,9 +246,7 @@ void unembed_logits(float* out, const float* h, const float* w, UnembedLayout la
   MT_CHECK(N >= 0 && D >= 1, "N >= 0, D >= 1");
   MT_CHECK(vocab_valid >= 1 && vocab_valid <= V, "vocab_valid must be in [1, V]");
   if (N == 0) return;
-  check_blas_sizes(D, V, N);
-  chunk_logits(out, static_cast<blasint>(V), h, w, layout, static_cast<blasint>(N), static_cast<blasint>(D),
-               static_cast<blasint>(V), static_cast<blasint>(vocab_valid));
+  chunk_logits(out, V, h, w, layout, N, D, V, vocab_valid);
   // Padding columns can never be sampled.
   for (int64_t n = 0; n < N; ++n) {
     std::fill(out + n * V + vocab_valid, out + (n + 1) * V, -std::numeric_limits<float>::infinity());

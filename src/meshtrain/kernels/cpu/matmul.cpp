@@ -1,23 +1,15 @@
 #include "meshtrain/kernels/cpu/matmul.h"
 
-#include <cblas.h>
-
 #include <algorithm>
-#include <climits>
 #include <cstring>
 
-#include "meshtrain/core/error.h"
+#include "meshtrain/kernels/cpu/gemm.h"
 
 namespace meshtrain::kernels {
 namespace {
 
 // Columns per OpenMP task in the bias reduction: each column is summed by one thread in token order.
 constexpr int64_t kColumnBlock = 32;
-
-blasint to_blas(int64_t size) {
-  MT_CHECK(size >= 0 && size <= INT_MAX, "matmul dimension " + to_text(size) + " does not fit a BLAS int");
-  return static_cast<blasint>(size);
-}
 
 }  // namespace
 
@@ -30,10 +22,8 @@ void matmul_forward(float* out, const float* x, const float* w, const float* bia
   } else if (I == 0) {
     std::fill(out, out + N * O, 0.0f);
   }
-  // BLAS rejects a zero leading dimension, so an empty reduction is handled above.
   if (I == 0) return;
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, to_blas(N), to_blas(O), to_blas(I), 1.0f, x,
-              to_blas(I), w, to_blas(O), bias != nullptr ? 1.0f : 0.0f, out, to_blas(O));
+  gemm(false, false, N, O, I, x, I, w, O, bias != nullptr, out, O);
 }
 
 void matmul_backward(float* dx, float* dw, float* dbias, const float* dout, const float* x, const float* w,
@@ -58,12 +48,10 @@ void matmul_backward(float* dx, float* dw, float* dbias, const float* dout, cons
     return;
   }
   if (dx != nullptr) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, to_blas(N), to_blas(I), to_blas(O), 1.0f, dout,
-                to_blas(O), w, to_blas(O), accumulate_dx ? 1.0f : 0.0f, dx, to_blas(I));
+    gemm(false, true, N, I, O, dout, O, w, O, accumulate_dx, dx, I);
   }
   if (dw != nullptr) {
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, to_blas(I), to_blas(O), to_blas(N), 1.0f, x,
-                to_blas(I), dout, to_blas(O), 1.0f, dw, to_blas(O));
+    gemm(true, false, I, O, N, x, I, dout, O, true, dw, O);
   }
 }
 

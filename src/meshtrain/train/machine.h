@@ -1,0 +1,28 @@
+// The machine a run is on, as the run reports it: the CPU's features, the GEMM backend and its instruction
+// set, the threads, and the float32 GEMM peak that `mfu` is measured against. Printed at start and written
+// to run_dir/machine.json, so every figure says which CPU and which matmul code produced it.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+
+namespace meshtrain {
+
+struct MachineReport {
+  std::string cpu;               // CpuFeatures::describe()
+  std::string gemm;              // GemmBackend::describe()
+  std::string gemm_warning;      // non-empty when matmuls run slower than this CPU allows
+  int threads = 1;               // OpenMP threads of this process
+  double gemm_peak_flops = 0.0;  // float32 GEMM FLOP/s on `threads` threads, best measured on this machine
+  std::string peak_source;       // "measured now" or the cache file that held a higher earlier measurement
+  std::string describe() const;  // one line for the console
+  nlohmann::json to_json() const;
+};
+
+// Measures a square float32 GEMM (n = 1024, best of 40 calls, about 0.2 s) on the current OpenMP thread
+// count. The best figure ever measured for this CPU, backend and thread count is kept in
+// $XDG_CACHE_HOME/meshtrain (or ~/.cache/meshtrain): a measurement disturbed by other processes can only
+// lower a figure, so the highest one is the machine's. Nothing is cached when that folder is not writable.
+MachineReport measure_machine();
+
+}  // namespace meshtrain

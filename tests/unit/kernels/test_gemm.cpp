@@ -1,0 +1,164 @@
+// The GEMM seam: the backend is oneDNN on this machine and agrees with the plain reference in every layout;
+// the reference is the textbook sum; without oneDNN a run says so and still trains.
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "gradcheck.h"
+#include "meshtrain/core/cpu_features.h"
+#include "meshtrain/kernels/cpu/gemm.h"
+
+namespace {
+
+using meshtrain::kernels::gemm;
+using meshtrain::kernels::gemm_backend;
+using meshtrain::kernels::gemm_reference;
+using meshtrain::testing::random_values;
+using meshtrain::testing::to_double;
+using meshtrain::testing::to_float;
+
+TEST(Gemm, ReferenceIsTheTextbookSum) {
+  // [[1 2 3] [4 5 6]] @ [[1 0] [0 1] [1 1]] = [[4 5] [10 11]], stored transposed or not.
+  const std::vector<double> a = {1, 2, 3, 4, 5, 6}, a_t = {1, 4, 2, 5, 3, 6};
+  const std::vector<double> b = {1, 0, 0, 1, 1, 1}, b_t = {1, 0, 1, 0, 1, 1};
+  const std::vector<double> expected = {4, 5, 10, 11};
+  for (const bool ta : {false, true}) {
+    for (const bool tb : {false, true}) {
+      std::vector<double> c(4, 7.0);
+      gemm_reference(ta, tb, 2, 2, 3, (ta ? a_t : a).data(), ta ? 2 : 3, (tb ? b_t : b).data(), tb ? 3 : 2,
+                     false, c.data(), 2);
+      EXPECT_EQ(c, expected) << "transpose_a " << ta << " transpose_b " << tb;
+      gemm_reference(ta, tb, 2, 2, 3, (ta ? a_t : a).data(), ta ? 2 : 3, (tb ? b_t : b).data(), tb ? 3 : 2,
+                     true, c.data(), 2);
+      EXPECT_EQ(c, (std::vector<double>{8, 10, 20, 22})) << "accumulate";
+    }
+  }
+}
+
+TEST(Gemm, BackendIsOneDnnAtTheCpusWidestIsa) {
+  if (std::getenv("MESHTRAIN_GEMM_BACKEND") != nullptr || std::getenv("MESHTRAIN_ONEDNN_LIBRARY") != nullptr)
+    GTEST_SKIP() << "the environment chooses the GEMM backend";
+  const auto& backend = gemm_backend();
+  std::printf("  gemm backend: %s; cpu %s\n", backend.describe().c_str(),
+              meshtrain::cpu_features().describe().c_str());
+  EXPECT_EQ(backend.name, "onednn") << backend.warning;
+  EXPECT_EQ(backend.warning, "");
+  const std::string isa = meshtrain::cpu_features().widest_float_isa();
+  if (isa == "avx512") {
+    EXPECT_EQ(backend.isa.rfind("avx512_core", 0), 0u) << backend.isa;
+  } else if (isa == "avx2") {
+    EXPECT_EQ(backend.isa.rfind("avx2", 0), 0u) << backend.isa;
+  }
+}
+
+// The features read from CPUID against the kernel's own reading in /proc/cpuinfo (an independent source).
+TEST(Gemm, CpuFeaturesMatchProcCpuinfo) {
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  if (!cpuinfo) GTEST_SKIP() << "no /proc/cpuinfo";
+  std::string line, flags;
+  while (std::getline(cpuinfo, line)) {
+    if (line.rfind("flags", 0) == 0) {
+      flags = " " + line.substr(line.find(':') + 1) + " ";
+      break;
+    }
+  }
+  ASSERT_FALSE(flags.empty());
+  const auto has = [&](const char* flag) {
+    return flags.find(std::string(" ") + flag + " ") != std::string::npos;
+  };
+  const meshtrain::CpuFeatures& cpu = meshtrain::cpu_features();
+  EXPECT_EQ(cpu.avx2, has("avx2"));
+  EXPECT_EQ(cpu.fma, has("fma"));
+  EXPECT_EQ(cpu.avx512f, has("avx512f"));
+  EXPECT_EQ(cpu.avx512bw, has("avx512bw"));
+  EXPECT_EQ(cpu.avx512_bf16, has("avx512_bf16"));
+}
+
+// Every layout, beta 0 and 1, odd sizes and row strides wider than the rows (sub-matrices, as the
+// cross-entropy's vocab chunks use), against the double reference on the same float inputs. Bound: float
+// sums of length K <= 700 round to about sqrt(K) * 6e-8 relative; a wrong index or transpose gives O(1).
+TEST(Gemm, EveryLayoutMatchesTheReference) {
+  const std::array<std::array<int64_t, 3>, 5> sizes = {
+      {{1, 1, 1}, {37, 53, 29}, {256, 96, 700}, {5, 300, 64}, {130, 7, 3}}};
+  uint64_t seed = 100;
+  for (const auto& [M, N, K] : sizes) {
+    for (const bool ta : {false, true}) {
+      for (const bool tb : {false, true}) {
+        for (const bool accumulate : {false, true}) {
+          const int64_t lda = (ta ? M : K) + 3, ldb = (tb ? K : N) + 5, ldc = N + 2;
+          const std::vector<float> a = to_float(random_values((ta ? K : M) * lda, ++seed));
+          const std::vector<float> b = to_float(random_values((tb ? N : K) * ldb, ++seed));
+          std::vector<float> c = to_float(random_values(M * ldc, ++seed));
+          std::vector<double> expected = to_double(c);
+          const std::vector<double> a_double = to_double(a), b_double = to_double(b);
+          gemm_reference(ta, tb, M, N, K, a_double.data(), lda, b_double.data(), ldb, accumulate,
+                         expected.data(), ldc);
+          gemm(ta, tb, M, N, K, a.data(), lda, b.data(), ldb, accumulate, c.data(), ldc);
+          double worst = 0.0, scale = 1e-30;
+          for (int64_t m = 0; m < M; ++m) {
+            for (int64_t n = 0; n < ldc; ++n) {
+              const double e = expected[m * ldc + n];
+              scale = std::max(scale, std::abs(e));
+              worst = std::max(worst, std::abs(c[m * ldc + n] - e));
+            }
+          }
+          EXPECT_LT(worst / scale, 1e-5)
+              << M << "x" << N << "x" << K << " ta " << ta << " tb " << tb << " accumulate " << accumulate;
+        }
+      }
+    }
+  }
+}
+
+std::string run_and_capture(const std::string& environment, const std::string& arguments, int& status) {
+  const std::string command = environment + " '" MESHTRAIN_BINARY "' " + arguments + " 2>&1";
+  FILE* pipe = popen(command.c_str(), "r");
+  std::string output;
+  std::array<char, 4096> chunk{};
+  while (pipe != nullptr && std::fgets(chunk.data(), chunk.size(), pipe) != nullptr) output += chunk.data();
+  status = pipe != nullptr ? pclose(pipe) : -1;
+  return output;
+}
+
+// A missing oneDNN is a warning naming the library and what the engine does instead; the run still trains.
+TEST(Gemm, MissingLibraryFallsBackWithAWarning) {
+  const std::string run_dir = ::testing::TempDir() + "gemm_missing_library";
+  int status = 0;
+  const std::string output = run_and_capture("MESHTRAIN_ONEDNN_LIBRARY=/nonexistent/libdnnl.so.2",
+                                             "train qwen3-tiny dataset_type=synthetic steps=1 "
+                                             "enable_checkpointing=false eval_interval=0 base_emb_dim=64 "
+                                             "base_num_decoder_layers=1 base_mlp_dim=128 vocab_size=256 "
+                                             "max_target_length=16 per_device_batch_size=2 "
+                                             "run_dir=" +
+                                                 run_dir,
+                                             status);
+  EXPECT_EQ(status, 0) << output;
+  EXPECT_NE(output.find("warning: oneDNN could not be loaded (/nonexistent/libdnnl.so.2"), std::string::npos)
+      << output;
+  EXPECT_NE(output.find("plain reference GEMM"), std::string::npos) << output;
+  EXPECT_NE(output.find("matmuls: reference GEMM"), std::string::npos) << output;
+  std::ifstream machine(run_dir + "/machine.json");
+  std::stringstream text;
+  text << machine.rdbuf();
+  EXPECT_NE(text.str().find("reference GEMM"), std::string::npos) << text.str();
+}
+
+TEST(Gemm, UnknownBackendNamesTheVariable) {
+  int status = 0;
+  const std::string output =
+      run_and_capture("MESHTRAIN_GEMM_BACKEND=openblas",
+                      "train qwen3-tiny dataset_type=synthetic steps=1 enable_checkpointing=false run_dir=" +
+                          ::testing::TempDir() + "gemm_bad_backend",
+                      status);
+  EXPECT_NE(status, 0);
+  EXPECT_NE(output.find("MESHTRAIN_GEMM_BACKEND"), std::string::npos) << output;
+  EXPECT_NE(output.find("onednn or reference"), std::string::npos) << output;
+}
+
+}  // namespace
