@@ -1,20 +1,41 @@
 #!/usr/bin/env bash
-# Installs what meshtrain needs from Debian's packages (skips apt-get when everything is present).
-# Why each: see "Dependencies" in README.md.
+# Installs what meshtrain needs from Debian's packages (apt-get runs only when something is missing).
+# Why each package: see "Dependencies" in README.md.
+#   scripts/setup.sh            what the main job needs: build, train, generate (no Python)
+#   scripts/setup.sh tests      + what the tests need: GoogleTest, Debian's python3 and, in a virtual
+#                               environment under build/venv, the official TensorBoard reader from PyPI
+#   scripts/setup.sh bench      + what only bench/ needs: the libraries and peers compared against
 set -euo pipefail
+cd "$(dirname "$0")/.."
 
-packages=(
+main_packages=(
   g++ cmake make pkg-config
-  libopenblas-openmp-dev  # BLAS, OpenMP build: one threading runtime with our kernels
+  libdnnl-dev             # oneDNN: the GEMM backend (loaded at run time) and, later, bf16 matmuls
   libyaml-cpp-dev         # YAML configs
   nlohmann-json3-dev      # JSON: safetensors headers, tokenizer.json, metrics
   libpcre2-dev            # tokenizer regexes with Unicode classes
   libicu-dev              # NFC normalisation for tokenizers
   bible-kjv bible-kjv-text  # the default corpus
-  openmpi-bin libopenmpi-dev  # multi-process training and its tests (mpirun)
-  libgtest-dev libgmock-dev
-  libbenchmark-dev libblis-openmp-dev libdnnl-dev  # bench/: the BLAS libraries compared
+  openmpi-bin libopenmpi-dev  # multi-process training (mpirun)
 )
+test_packages=(
+  libgtest-dev libgmock-dev
+  python3 python3-venv    # the test scripts' checks (standard library) and the TensorBoard reader's venv
+)
+bench_packages=(
+  libopenblas-openmp-dev libblis-openmp-dev  # bench/run_gemm.sh: the BLAS libraries compared with oneDNN
+  python3-torch           # bench/peers: the PyTorch peer (Debian's build, under /usr/bin/python3)
+)
+
+packages=("${main_packages[@]}")
+want_tests=false
+for part in "$@"; do
+  case "$part" in
+    tests) packages+=("${test_packages[@]}"); want_tests=true ;;
+    bench) packages+=("${bench_packages[@]}") ;;
+    *) echo "setup: unknown part '$part' (expected: tests, bench)" >&2; exit 2 ;;
+  esac
+done
 
 missing=()
 for package in "${packages[@]}"; do
@@ -28,8 +49,14 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-# Python packages for the independent readers the tests compare against (official TensorBoard reader).
-if ! python3 -c "import tensorboard" >/dev/null 2>&1; then
-  echo "setup: pip install tensorboard"
-  python3 -m pip install --quiet tensorboard
+# The official TensorBoard reader the event-file test compares against: only PyPI has it, and Debian's
+# Python refuses system-wide pip (PEP 668), so it goes into a virtual environment of Debian's python3.
+if $want_tests; then
+  venv=build/venv
+  if ! "$venv/bin/python3" -c "import tensorboard" >/dev/null 2>&1; then
+    echo "setup: tensorboard into $venv (pip)"
+    rm -rf "$venv"
+    /usr/bin/python3 -m venv "$venv"
+    "$venv/bin/python3" -m pip install --quiet --disable-pip-version-check tensorboard
+  fi
 fi

@@ -3,7 +3,7 @@
 # AddressSanitizer + UndefinedBehaviorSanitizer), and runs every test with ctest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-./scripts/setup.sh
+./scripts/setup.sh tests
 jobs=$(nproc)
 
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
