@@ -42,12 +42,18 @@ rm -rf "$root"
 echo "check-fresh: debootstrap --variant=minbase bookworm $root"
 debootstrap --variant=minbase bookworm "$root" "$mirror" >"$root.debootstrap.log" 2>&1 ||
   { tail -20 "$root.debootstrap.log"; exit 1; }
-# This machine's way to the package registry: its sources and apt settings, and name resolution.
+# This machine's way to the package registries, as any machine here has it: apt's sources and settings, pip's
+# settings, the certificate authorities they trust (a machine may reach PyPI through a proxy with its own
+# CA), and name resolution. Nothing else of this machine is copied.
 if [ -f /etc/apt/sources.list.d/debian.sources ]; then
   rm -f "$root/etc/apt/sources.list"
   cp /etc/apt/sources.list.d/debian.sources "$root/etc/apt/sources.list.d/"
 fi
 cp /etc/apt/apt.conf.d/99* "$root/etc/apt/apt.conf.d/" 2>/dev/null || true
+[ -f /etc/pip.conf ] && cp /etc/pip.conf "$root/etc/pip.conf"
+mkdir -p "$root/usr/local/share/ca-certificates" "$root/etc/ssl/certs"
+cp /usr/local/share/ca-certificates/*.crt "$root/usr/local/share/ca-certificates/" 2>/dev/null || true
+[ -f /etc/ssl/certs/ca-certificates.crt ] && cp /etc/ssl/certs/ca-certificates.crt "$root/etc/ssl/certs/"
 cp /etc/resolv.conf "$root/etc/resolv.conf"
 
 mkdir -p "$root/work"

@@ -299,14 +299,17 @@ TEST(TensorBoard, OfficialReaderParsesFile) {
   const char* venv_python = std::getenv("MESHTRAIN_TEST_PYTHON");
   const std::string python = venv_python != nullptr && *venv_python != '\0' ? venv_python : "python3";
   if (std::system(("'" + python + "' -c 'import tensorboard' >/dev/null 2>&1").c_str()) != 0) {
-    GTEST_SKIP() << python << " cannot import tensorboard (scripts/setup.sh tests installs it) - official reader not run";
+    GTEST_SKIP()
+        << python
+        << " cannot import tensorboard (scripts/setup.sh tests installs it) - official reader not run";
   }
   TempDir directory("tb_official");
   write_points(directory.str());
   const std::string script =
       std::string(MESHTRAIN_SOURCE_DIR) + "/tests/reference/tensorboard/read_events.py";
   const std::string errors = directory.str() + "/../meshtrain_tb_reader_stderr_" + std::to_string(getpid());
-  const std::string command = "'" + python + "' '" + script + "' '" + directory.str() + "' 2>'" + errors + "'";
+  const std::string command =
+      "'" + python + "' '" + script + "' '" + directory.str() + "' 2>'" + errors + "'";
   std::FILE* pipe = popen(command.c_str(), "r");
   ASSERT_NE(pipe, nullptr) << command;
   std::string output;

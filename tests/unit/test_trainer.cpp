@@ -1,9 +1,9 @@
 // The training step and loop: gradient accumulation normalised by the global token count, bitwise-exact
 // resume, clean stops on SIGINT, and the errors a user meets first.
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <spawn.h>
-#include <fcntl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -30,15 +30,17 @@ namespace {
 namespace fs = std::filesystem;
 
 std::vector<std::string> tiny_overrides(const std::string& run_dir) {
-  return {"base_emb_dim=32",          "base_num_query_heads=4", "base_num_kv_heads=2", "head_dim=8",
-          "base_mlp_dim=48",          "base_num_decoder_layers=2", "vocab_size=100",    "max_target_length=16",
-          "per_device_batch_size=2",  "dataset_type=synthetic",    "tokenizer_path=",   "dataset_path=",
-          "eval_dataset_path=",       "eval_interval=0",           "checkpoint_period=0", "learning_rate=1e-2",
-          "run_dir=" + run_dir};
+  return {
+      "base_emb_dim=32",         "base_num_query_heads=4",    "base_num_kv_heads=2", "head_dim=8",
+      "base_mlp_dim=48",         "base_num_decoder_layers=2", "vocab_size=100",      "max_target_length=16",
+      "per_device_batch_size=2", "dataset_type=synthetic",    "tokenizer_path=",     "dataset_path=",
+      "eval_dataset_path=",      "eval_interval=0",           "checkpoint_period=0", "learning_rate=1e-2",
+      "run_dir=" + run_dir};
 }
 
 // Replaces (or adds) key=value in an override list: the same key twice is a config error.
-std::vector<std::string> with(std::vector<std::string> overrides, const std::string& key, const std::string& value) {
+std::vector<std::string> with(std::vector<std::string> overrides, const std::string& key,
+                              const std::string& value) {
   std::erase_if(overrides, [&](const std::string& item) { return item.starts_with(key + "="); });
   overrides.push_back(key + "=" + value);
   return overrides;
@@ -102,10 +104,11 @@ TEST(TrainingStep, AccumulationOverFourMicroBatchesEqualsOneLargeBatch) {
     for (size_t p = 0; p < accumulated.spec().parameters.size(); ++p) {
       const TensorView a = accumulated.view(accumulated.spec().parameters[p].gradient);
       const TensorView b = single.view(single.spec().parameters[p].gradient);
-      const double gradient_error = testing::relative_error(std::vector<float>(a.f32(), a.f32() + a.elements()),
-                                                            std::vector<float>(b.f32(), b.f32() + b.elements()));
-      EXPECT_LT(gradient_error, 1e-5) << accumulated.spec().buffer(accumulated.spec().parameters[p].value).name
-                                      << " step " << step;
+      const double gradient_error =
+          testing::relative_error(std::vector<float>(a.f32(), a.f32() + a.elements()),
+                                  std::vector<float>(b.f32(), b.f32() + b.elements()));
+      EXPECT_LT(gradient_error, 1e-5)
+          << accumulated.spec().buffer(accumulated.spec().parameters[p].value).name << " step " << step;
     }
     const UpdateResult a = accumulated.update(sums_small.valid_count, 1e-2, step);
     const UpdateResult b = single.update(sums_large.valid_count, 1e-2, step);
@@ -116,9 +119,11 @@ TEST(TrainingStep, AccumulationOverFourMicroBatchesEqualsOneLargeBatch) {
     for (size_t p = 0; p < single.spec().parameters.size(); ++p) {
       const ParameterDecl& from = single.spec().parameters[p];
       const ParameterDecl& to = accumulated.spec().parameters[p];
-      for (const auto& [source, destination] : {std::pair{from.value, to.value}, std::pair{from.adam_m, to.adam_m},
-                                                 std::pair{from.adam_v, to.adam_v}}) {
-        std::memcpy(accumulated.view(destination).data, single.view(source).data, single.view(source).bytes());
+      for (const auto& [source, destination] :
+           {std::pair{from.value, to.value}, std::pair{from.adam_m, to.adam_m},
+            std::pair{from.adam_v, to.adam_v}}) {
+        std::memcpy(accumulated.view(destination).data, single.view(source).data,
+                    single.view(source).bytes());
       }
     }
     small_loader.advance();
@@ -181,11 +186,14 @@ TEST(TrainingLoop, SigintSavesAndExitsCleanly) {
   pid_t child = 0;
   ASSERT_EQ(posix_spawn(&child, MESHTRAIN_BINARY, &actions, nullptr, argv.data(), environ), 0);
   posix_spawn_file_actions_destroy(&actions);
-  // Wait until a few steps are logged, then interrupt.
-  for (int i = 0; i < 600 && losses_of(run_dir).size() < 3; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  ASSERT_GE(losses_of(run_dir).size(), 3u);
-  kill(child, SIGINT);
+  // Wait until a few steps are logged, then interrupt. No deadline: a loaded machine may be slow to start
+  // the child, and one that never logs is caught by ctest's own timeout; a child that exits early fails here.
   int status = 0;
+  while (losses_of(run_dir).size() < 3) {
+    ASSERT_EQ(waitpid(child, &status, WNOHANG), 0) << "the run ended before logging 3 steps";
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  kill(child, SIGINT);
   waitpid(child, &status, 0);
   ASSERT_TRUE(WIFEXITED(status)) << "killed by a signal instead of exiting";
   EXPECT_EQ(WEXITSTATUS(status), 130);

@@ -21,8 +21,10 @@ void print_usage(std::ostream& out) {
          "  info <config> [key=value ...]   exact parameter counts and training FLOPs per device per step\n"
          "  compile <config> [topology=NAME mesh.X=N kernels=K,.. plan_out=STEM ...] [--explain | --search]\n"
          "                                  ahead-of-time plan: cost, memory, fit per kernel\n"
-         "  generate --checkpoint DIR --prompt TEXT [--max-new-tokens N --temperature T --top-k K --top-p P --seed S]\n"
-         "  prepare [--out DIR] [--vocab-size N] [--corpus PATH]  tokenizer + token shards (default: the KJV)\n"
+         "  generate --checkpoint DIR --prompt TEXT [--max-new-tokens N --temperature T --top-k K --top-p P "
+         "--seed S]\n"
+         "  prepare [--out DIR] [--vocab-size N] [--corpus PATH]  tokenizer + token shards (default: the "
+         "KJV)\n"
          "  tokenize --tokenizer PATH [--decode]  stdin text -> JSON ids on stdout (or the reverse)\n"
          "a config is a preset name (configs/models/*.yaml) or a YAML path; key=value overrides follow.\n";
 }
@@ -49,6 +51,8 @@ int main(int argc, char** argv) {
               << "'?)\n";
     print_usage(std::cerr);
     return 2;
+  } catch (const meshtrain::AlreadyReported& reported) {
+    return reported.exit_code;
   } catch (const meshtrain::MeshError& error) {
     std::cerr << "meshtrain: error: " << error.what() << "\n";
     return 1;

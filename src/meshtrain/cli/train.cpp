@@ -5,15 +5,28 @@
 #include <string>
 
 #include "meshtrain/cli/arguments.h"
+#include "meshtrain/comm/communicator.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/train/trainer.h"
 
 namespace meshtrain {
 
 int run_train(const std::vector<std::string>& arguments) {
-  const ConfigArguments parsed = parse_config_arguments("train", arguments);
-  if (!parsed.flags.empty()) fail("meshtrain train", "key=value overrides only", "flag '" + parsed.flags[0] + "'");
-  const Config config = load_config(parsed.config, parsed.overrides);
+  // Under mpirun every rank reads the same arguments: a bad key is printed by each of them before any exits
+  // (the ranks agree on it first; the config's own collective_timeout_s is not known yet).
+  constexpr double kConfigAgreementTimeoutSeconds = 300.0;
+  const Config config = run_setup_on_all_ranks(*make_world_communicator(kConfigAgreementTimeoutSeconds), [&] {
+    const ConfigArguments parsed = parse_config_arguments("train", arguments);
+    if (!parsed.flags.empty())
+      fail("meshtrain train", "key=value overrides only", "flag '" + parsed.flags[0] + "'");
+    Config loaded = load_config(parsed.config, parsed.overrides);
+    if (!(loaded.collective_timeout_s > 0.0)) {
+      fail("config key 'collective_timeout_s'", "a positive number of seconds",
+           to_text(loaded.collective_timeout_s),
+           "set collective_timeout_s=300 (or more for very large models)");
+    }
+    return loaded;
+  });
   // Under mpirun only the first rank speaks.
   const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
   if (rank && std::string(rank) != "0") {
@@ -26,7 +39,8 @@ int run_train(const std::vector<std::string>& arguments) {
   std::fprintf(stdout, "done: steps %lld..%lld, last loss %.4f", static_cast<long long>(summary.first_step),
                static_cast<long long>(summary.steps_completed), summary.last_loss);
   if (summary.last_eval_loss >= 0.0) std::fprintf(stdout, ", eval loss %.4f", summary.last_eval_loss);
-  if (!summary.last_checkpoint.empty()) std::fprintf(stdout, ", checkpoint %s", summary.last_checkpoint.c_str());
+  if (!summary.last_checkpoint.empty())
+    std::fprintf(stdout, ", checkpoint %s", summary.last_checkpoint.c_str());
   std::fprintf(stdout, "\n");
   return summary.interrupted ? 130 : 0;
 }

@@ -2,6 +2,7 @@
 // definitions), the flag and hash helpers, the mesh split, and the one-process backend.
 #include "meshtrain/comm/communicator.h"
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -245,6 +246,43 @@ void Communicator::require_same_on_all_ranks(uint64_t hash, const std::string& w
   }
   fail(what, "the same " + what + " on every rank of the " + axis_name_ + " group", found,
        "start every rank from the same meshtrain binary and the same config");
+}
+
+void agree_on_setup_errors(Communicator& world, std::exception_ptr local_error) {
+  if (world.size() == 1) {
+    if (local_error) std::rethrow_exception(local_error);
+    return;
+  }
+  int exit_code = 0;
+  if (local_error) {
+    try {
+      std::rethrow_exception(local_error);
+    } catch (const MeshError& error) {
+      std::fprintf(stderr, "meshtrain: error (rank %d): %s\n", world.rank(), error.what());
+      exit_code = 1;
+    } catch (const std::exception& error) {
+      std::fprintf(stderr, "meshtrain: internal error (rank %d, please report it): %s\n", world.rank(),
+                   error.what());
+      exit_code = 3;
+    }
+    std::fflush(stderr);
+  }
+  // [failed ranks, lowest failed rank as size - rank, exit code]: every rank reaches the same verdict.
+  std::vector<int64_t> failed = {exit_code != 0 ? 1 : 0, exit_code != 0 ? world.size() - world.rank() : 0};
+  int64_t worst_exit_code = exit_code;
+  world.all_reduce(comm_buffer(&failed[0], 1), ReduceOp::sum, "setup/failed_ranks");
+  world.all_reduce(comm_buffer(&failed[1], 1), ReduceOp::max, "setup/first_failed_rank");
+  world.all_reduce(comm_buffer(&worst_exit_code, 1), ReduceOp::max, "setup/exit_code");
+  if (failed[0] == 0) return;
+  if (exit_code == 0) {
+    std::fprintf(stderr,
+                 "meshtrain: error (rank %d): stopping: %lld of %d ranks failed during set-up (rank %lld's "
+                 "message is above)\n",
+                 world.rank(), static_cast<long long>(failed[0]), world.size(),
+                 static_cast<long long>(world.size() - failed[1]));
+    std::fflush(stderr);
+  }
+  throw AlreadyReported{static_cast<int>(worst_exit_code)};
 }
 
 // The one-process backend.

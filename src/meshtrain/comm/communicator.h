@@ -9,7 +9,9 @@
 
 #include <array>
 #include <cstdint>
+#include <exception>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -214,6 +216,36 @@ class LocalCommunicator : public Communicator {
  private:
   std::vector<std::vector<uint8_t>> messages_to_self_;  // FIFO of sends not yet received
 };
+
+// Set-up that every rank runs alike (the config, the mesh against the rank count, the plan, the data files):
+// an error there is printed by each rank that sees it, then the ranks agree (one world all-reduce) and every
+// rank stops with AlreadyReported, so no rank's exit can end the job before the others have spoken. With
+// one process the error is rethrown as it is. Errors of one rank after set-up keep the coordinated abort.
+void agree_on_setup_errors(Communicator& world, std::exception_ptr local_error);
+
+template <class Setup>
+auto run_setup_on_all_ranks(Communicator& world, Setup&& setup) -> decltype(setup()) {
+  using Result = decltype(setup());
+  if constexpr (std::is_void_v<Result>) {
+    std::exception_ptr error;
+    try {
+      setup();
+    } catch (const std::exception&) {
+      error = std::current_exception();
+    }
+    agree_on_setup_errors(world, error);
+  } else {
+    std::optional<Result> result;
+    std::exception_ptr error;
+    try {
+      result.emplace(setup());
+    } catch (const std::exception&) {
+      error = std::current_exception();
+    }
+    agree_on_setup_errors(world, error);
+    return std::move(*result);
+  }
+}
 
 // One sub-communicator per mesh axis, all split from the same world communicator.
 struct MeshCommunicators {

@@ -24,6 +24,12 @@ class MeshError : public std::runtime_error {
   ErrorContext context_;
 };
 
+// An error whose message has already been printed (by each rank that saw it, before the ranks agreed to
+// stop): the entry point only exits with `exit_code`.
+struct AlreadyReported {
+  int exit_code = 1;
+};
+
 // Throws MeshError; `where` names the file or key the user must look at.
 [[noreturn]] void fail(const std::string& where, const std::string& expected, const std::string& found,
                        const std::string& hint = "");

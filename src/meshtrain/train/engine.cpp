@@ -19,7 +19,9 @@ namespace {
 
 // The CPU kernels run float32, and every layout but context parallelism: other dtypes and context can be
 // planned (meshtrain compile) but not run here yet.
-TrainingPlan require_runnable(TrainingPlan plan, const EngineRanks& ranks) {
+}  // namespace
+
+void check_plan_runs_here(const TrainingPlan& plan, int64_t world) {
   const Config& c = plan.spec.config;
   for (const auto& [key, dtype] :
        {std::pair{"dtype", c.dtype}, std::pair{"weight_dtype", c.weight_dtype},
@@ -30,7 +32,6 @@ TrainingPlan require_runnable(TrainingPlan plan, const EngineRanks& ranks) {
            std::string("set ") + key + "=float32 (meshtrain compile plans other dtypes)");
     }
   }
-  const int64_t world = ranks.world ? ranks.world->size() : 1;
   if (plan.mesh.devices() != world) {
     fail("config key 'mesh'", "a mesh of " + std::to_string(world) + " device(s), one per process",
          plan.mesh.to_string(),
@@ -62,6 +63,12 @@ TrainingPlan require_runnable(TrainingPlan plan, const EngineRanks& ranks) {
          "--explain "
          "shows the breakdown");
   }
+}
+
+namespace {
+
+TrainingPlan require_runnable(TrainingPlan plan, const EngineRanks& ranks) {
+  check_plan_runs_here(plan, ranks.world ? ranks.world->size() : 1);
   return plan;
 }
 

@@ -26,6 +26,10 @@ struct UpdateResult {
   bool nonfinite = false;      // a gradient was NaN or infinite on some rank: parameters were left unchanged
 };
 
+// A plan this engine can run on `world` processes: float32, no context parallelism, a cpu topology, one
+// device per process, and an arena within the device's memory. A MeshError naming the key otherwise.
+void check_plan_runs_here(const TrainingPlan& plan, int64_t world);
+
 // The ranks a live run spans: the world and one communicator per mesh axis (null members: one process).
 struct EngineRanks {
   Communicator* world = nullptr;

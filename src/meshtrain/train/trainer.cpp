@@ -236,19 +236,51 @@ void write_resolved_config(const Config& config, const std::string& run_dir) {
   write_file_atomically(run_dir + "/config.yaml", text);
 }
 
-TrainingSummary train_on_ranks(const Config& config, std::FILE* console, const RunControl& control,
-                               RunRanks& ranks);
+// What set-up finds before any rank talks to another: every rank computes it alike, so its errors are
+// printed by every rank (run_setup_on_all_ranks).
+struct RunSetup {
+  std::vector<std::string> train_shards;
+  TrainingPlan plan;
+  std::optional<Tokenizer> tokenizer;
+};
+
+RunSetup prepare_run(const Config& config, int64_t world_size) {
+  if (config.steps <= 0)
+    fail("config key 'steps'", "a positive number of optimizer steps", std::to_string(config.steps));
+  RunSetup setup;
+  setup.train_shards = train_shards(config);  // a missing dataset is the first thing to report
+  PlanRequest request;
+  request.config = config;
+  request.devices = world_size;
+  setup.plan = plan_training(request);
+  check_plan_runs_here(setup.plan, world_size);  // the mesh's product must be the number of ranks
+  // The kernels this run uses: a plan_in from meshtrain compile must match each of them exactly.
+  if (!config.plan_in.empty()) {
+    std::vector<KernelName> used_kernels = {KernelName::fwd_bwd, KernelName::update};
+    if (config.gradient_accumulation_steps > 1) used_kernels.push_back(KernelName::fwd_bwd_accum);
+    if (config.eval_interval > 0) used_kernels.push_back(KernelName::eval);
+    for (KernelName kernel : used_kernels) verify_plan_file(setup.plan, kernel, config.plan_in);
+  }
+  setup.tokenizer = load_run_tokenizer(config);
+  return setup;
+}
+
+TrainingSummary train_on_ranks(const Config& config, RunSetup setup, std::FILE* console,
+                               const RunControl& control, RunRanks& ranks);
 
 }  // namespace
 
 TrainingSummary run_training(const Config& config, std::FILE* console, const RunControl& control) {
-  if (config.steps <= 0)
-    fail("config key 'steps'", "a positive number of optimizer steps", std::to_string(config.steps));
-  // One process, or every rank of an mpirun job: the mesh's product must be the number of ranks.
+  // One process, or every rank of an mpirun job.
   RunRanks ranks;
   ranks.world = make_world_communicator(config.collective_timeout_s);
+  RunSetup setup =
+      run_setup_on_all_ranks(*ranks.world, [&] { return prepare_run(config, ranks.world->size()); });
+  run_setup_on_all_ranks(*ranks.world, [&] {
+    ranks.world->require_same_on_all_ranks(run_identity(config), "the meshtrain binary and resolved config");
+  });
   try {
-    return train_on_ranks(config, console, control, ranks);
+    return train_on_ranks(config, std::move(setup), console, control, ranks);
   } catch (const MeshError& error) {
     // An error one rank sees must end the others too, not leave them waiting in a collective.
     if (ranks.world->size() > 1) {
@@ -262,17 +294,12 @@ TrainingSummary run_training(const Config& config, std::FILE* console, const Run
 
 namespace {
 
-TrainingSummary train_on_ranks(const Config& config, std::FILE* console, const RunControl& control,
-                               RunRanks& ranks) {
-  const std::vector<std::string> shards = train_shards(config);
-  ranks.world->require_same_on_all_ranks(run_identity(config), "the meshtrain binary and resolved config");
-  PlanRequest request;
-  request.config = config;
-  request.devices = ranks.world->size();
-  TrainingPlan plan = plan_training(request);
-  const Mesh mesh = plan.mesh;
+TrainingSummary train_on_ranks(const Config& config, RunSetup setup, std::FILE* console,
+                               const RunControl& control, RunRanks& ranks) {
+  const std::vector<std::string>& shards = setup.train_shards;
+  const Mesh mesh = setup.plan.mesh;
   ranks.axes = make_mesh_communicators(*ranks.world, mesh.data, mesh.fsdp, mesh.context, mesh.tensor);
-  Engine engine(std::move(plan), {ranks.world.get(), &ranks.axes});  // refuses a plan that does not fit
+  Engine engine(std::move(setup.plan), {ranks.world.get(), &ranks.axes});
   const Topology& topology = engine.plan().topology;
   const MeshCoordinates coordinates = mesh_coordinates(mesh, ranks.world->rank());
   ranks.batch_group = ranks.world->split(
@@ -284,14 +311,7 @@ TrainingSummary train_on_ranks(const Config& config, std::FILE* console, const R
   const std::unique_ptr<std::FILE, int (*)(std::FILE*)> quiet(std::fopen("/dev/null", "w"), &std::fclose);
   if (!ranks.lead()) console = quiet.get();
   const bool lead = ranks.lead();
-  // The kernels this run uses: a plan_in from meshtrain compile must match each of them exactly.
-  std::vector<KernelName> used_kernels = {KernelName::fwd_bwd, KernelName::update};
-  if (config.gradient_accumulation_steps > 1) used_kernels.push_back(KernelName::fwd_bwd_accum);
-  if (config.eval_interval > 0) used_kernels.push_back(KernelName::eval);
-  if (!config.plan_in.empty()) {
-    for (KernelName kernel : used_kernels) verify_plan_file(engine.plan(), kernel, config.plan_in);
-  }
-  const std::optional<Tokenizer> tokenizer = load_run_tokenizer(config);
+  const std::optional<Tokenizer>& tokenizer = setup.tokenizer;
   const int32_t eos_id = tokenizer && tokenizer->eos_id() ? *tokenizer->eos_id() : -1;
   Config data_config = config;
   std::vector<std::string> train_shard_paths = shards;
