@@ -4,12 +4,15 @@
 //   MESHTRAIN_GEMM_BLIS      -> bench_gemm_blis      (cblas_sgemm, Debian's OpenMP build of BLIS)
 //   MESHTRAIN_GEMM_ONEDNN    -> bench_gemm_onednn    (dnnl_sgemm; matmul primitive in f32; matmul primitive
 //                                                     with bf16 inputs and f32 output)
+//   MESHTRAIN_GEMM_ENGINE    -> bench_gemm_engine    (meshtrain's own kernels::gemm: the backend and entry
+//   point
+//                                                     the engine picks per layout, as training runs it)
 //
 // Every GEMM is row-major C[M,N] = op(A) op(B) (+ C for the weight-gradient shapes, which accumulate like the
 // engine's parameter gradients). Per shape: one checked call (sampled entries against a double-precision dot
 // product), warm-up, then timed calls until MESHTRAIN_BENCH_SECONDS (default 0.5 s) and at least 5 calls have
-// run. One line per shape: median GFLOP/s over the calls, min..max, and % of an assumed theoretical peak. Each
-// line also says how much CPU other processes took meanwhile; a disturbed measurement is retried.
+// run. One line per shape: median GFLOP/s over the calls, min..max, and % of an assumed theoretical peak.
+// Each line also says how much CPU other processes took meanwhile; a disturbed measurement is retried.
 // Threads: OMP_NUM_THREADS (all three libraries run on the same libgomp runtime).
 // Usage: bench_gemm_<lib> [shape-name-substring ...]   (no argument: every shape)
 
@@ -39,9 +42,14 @@
 #include <blis.h>
 #elif defined(MESHTRAIN_GEMM_ONEDNN)
 #include <oneapi/dnnl/dnnl.h>
+
 #include <oneapi/dnnl/dnnl.hpp>
+#elif defined(MESHTRAIN_GEMM_ENGINE)
+#include "meshtrain/core/cpu_features.h"
+#include "meshtrain/kernels/cpu/gemm.h"
 #else
-#error "define one of MESHTRAIN_GEMM_OPENBLAS, MESHTRAIN_GEMM_BLIS, MESHTRAIN_GEMM_ONEDNN"
+#error \
+    "define one of MESHTRAIN_GEMM_OPENBLAS, MESHTRAIN_GEMM_BLIS, MESHTRAIN_GEMM_ONEDNN, MESHTRAIN_GEMM_ENGINE"
 #endif
 
 namespace {
@@ -54,8 +62,8 @@ struct Shape {
   bool accumulate;  // beta = 1 (parameter gradients accumulate)
 };
 
-// Weights are stored [out, in] (see shared/specs/layers-and-checkpoints.md), 256 tokens per micro-batch, GPT-2
-// small widths (D = 768, F = 3072, V = 50304):
+// Weights are stored [out, in] (see shared/specs/layers-and-checkpoints.md), 256 tokens per micro-batch,
+// GPT-2 small widths (D = 768, F = 3072, V = 50304):
 //   forward   Y[T,O]  = X[T,I] W[O,I]^T     -> NT
 //   backward  dX[T,I] = dY[T,O] W[O,I]      -> NN
 //             dW[O,I] += dY[T,O]^T X[T,I]   -> TN
@@ -64,12 +72,12 @@ constexpr Shape kShapes[] = {
     {"square512", false, false, 512, 512, 512, false},
     {"square1024", false, false, 1024, 1024, 1024, false},
     {"square2048", false, false, 2048, 2048, 2048, false},
-    {"fwd_fc1", false, true, 256, 3072, 768, false},        // X @ W_up^T
-    {"fwd_fc2", false, true, 256, 768, 3072, false},        // H @ W_down^T
-    {"fwd_unembed", false, true, 256, 50304, 768, false},   // X @ E^T (logits)
-    {"bwd_dx_fc1", false, false, 256, 768, 3072, false},    // dH @ W_up
-    {"bwd_dw_fc1", true, false, 3072, 768, 256, true},      // dW_up += dH^T X
-    {"bwd_dw_xtdy", true, false, 768, 3072, 256, true},     // dW[in,out] += X^T dY (768x256 @ 256x3072)
+    {"fwd_fc1", false, true, 256, 3072, 768, false},           // X @ W_up^T
+    {"fwd_fc2", false, true, 256, 768, 3072, false},           // H @ W_down^T
+    {"fwd_unembed", false, true, 256, 50304, 768, false},      // X @ E^T (logits)
+    {"bwd_dx_fc1", false, false, 256, 768, 3072, false},       // dH @ W_up
+    {"bwd_dw_fc1", true, false, 3072, 768, 256, true},         // dW_up += dH^T X
+    {"bwd_dw_xtdy", true, false, 768, 3072, 256, true},        // dW[in,out] += X^T dY (768x256 @ 256x3072)
     {"bwd_dx_unembed", false, false, 256, 768, 50304, false},  // dLogits @ E
     {"bwd_dw_unembed", true, false, 50304, 768, 256, true},    // dE += dLogits^T X
 };
@@ -150,8 +158,8 @@ struct Operands {
   }
 };
 
-// Compares sampled entries of C (computed with beta = 0) with a double-precision dot product over the operands
-// as the backend saw them (rounded to bf16 when round_bf16). Returns the worst relative error.
+// Compares sampled entries of C (computed with beta = 0) with a double-precision dot product over the
+// operands as the backend saw them (rounded to bf16 when round_bf16). Returns the worst relative error.
 double check_sampled(const Operands& op, bool round_bf16) {
   std::mt19937 rng(777);
   std::uniform_int_distribution<std::int64_t> row(0, op.s.m - 1), col(0, op.s.n - 1);
@@ -188,13 +196,16 @@ double system_busy_seconds() {
   unsigned long long v[8] = {};
   if (!(f >> cpu) || cpu != "cpu") return -1.0;
   for (auto& x : v) f >> x;
-  const unsigned long long busy = v[0] + v[1] + v[2] + v[5] + v[6] + v[7];  // user nice system irq softirq steal
+  const unsigned long long busy =
+      v[0] + v[1] + v[2] + v[5] + v[6] + v[7];  // user nice system irq softirq steal
   return static_cast<double>(busy) / static_cast<double>(sysconf(_SC_CLK_TCK));
 }
 double own_cpu_seconds() {
   rusage ru{};
   getrusage(RUSAGE_SELF, &ru);
-  auto sec = [](const timeval& t) { return static_cast<double>(t.tv_sec) + 1e-6 * static_cast<double>(t.tv_usec); };
+  auto sec = [](const timeval& t) {
+    return static_cast<double>(t.tv_sec) + 1e-6 * static_cast<double>(t.tv_usec);
+  };
   return sec(ru.ru_utime) + sec(ru.ru_stime);
 }
 
@@ -205,14 +216,15 @@ Stats time_gemm_once(const Shape& s, Fn& call, double seconds) {
   // Warm-up: at least 2 calls and about 10% of the measuring window (threads spun up, pages touched, packing
   // buffers allocated).
   auto warm_start = clock::now();
-  for (int i = 0; i < 2 || std::chrono::duration<double>(clock::now() - warm_start).count() < 0.1 * seconds; ++i) {
+  for (int i = 0; i < 2 || std::chrono::duration<double>(clock::now() - warm_start).count() < 0.1 * seconds;
+       ++i) {
     call();
   }
   std::vector<double> rates;
   const double busy0 = system_busy_seconds(), own0 = own_cpu_seconds();
   auto start = clock::now();
-  while (rates.size() < 5 || (std::chrono::duration<double>(clock::now() - start).count() < seconds &&
-                              rates.size() < 100000)) {
+  while (rates.size() < 5 ||
+         (std::chrono::duration<double>(clock::now() - start).count() < seconds && rates.size() < 100000)) {
     auto t0 = clock::now();
     call();
     auto t1 = clock::now();
@@ -232,7 +244,8 @@ Stats time_gemm_once(const Shape& s, Fn& call, double seconds) {
 }
 
 // The machine is shared: when other processes took more than 10% of the CPUs during a measurement, wait a
-// second and measure again (up to MESHTRAIN_BENCH_RETRIES more times, default 3); keep the least disturbed try.
+// second and measure again (up to MESHTRAIN_BENCH_RETRIES more times, default 3); keep the least disturbed
+// try.
 template <typename Fn>
 Stats time_gemm(const Shape& s, Fn&& call, double seconds) {
   const int retries = env_count("MESHTRAIN_BENCH_RETRIES", 3);
@@ -255,19 +268,21 @@ struct Context {
 void print_row(const Context& ctx, const std::string& lib, const char* dtype, const Shape& s, const Stats& st,
                double peak, double err) {
   char op[3] = {s.trans_a ? 'T' : 'N', s.trans_b ? 'T' : 'N', '\0'};
-  std::printf("%-20s %-5s %7d  %-15s %-2s %6lld %6lld %6lld  %8.1f  %8.1f %8.1f  %6.1f%%  %6d  %6.0f%%  %.1e\n",
-              lib.c_str(), dtype, ctx.threads, s.name, op, static_cast<long long>(s.m), static_cast<long long>(s.n),
-              static_cast<long long>(s.k), st.median, st.min, st.max, 100.0 * st.median / peak, st.reps,
-              st.other_load, err);
+  std::printf(
+      "%-20s %-5s %7d  %-15s %-2s %6lld %6lld %6lld  %8.1f  %8.1f %8.1f  %6.1f%%  %6d  %6.0f%%  %.1e\n",
+      lib.c_str(), dtype, ctx.threads, s.name, op, static_cast<long long>(s.m), static_cast<long long>(s.n),
+      static_cast<long long>(s.k), st.median, st.min, st.max, 100.0 * st.median / peak, st.reps,
+      st.other_load, err);
   std::fflush(stdout);
 }
 
 void print_header() {
-  std::printf("%-20s %-5s %7s  %-15s %-2s %6s %6s %6s  %8s  %8s %8s  %7s  %6s  %7s  %s\n", "# library", "dtype",
-              "threads", "shape", "op", "M", "N", "K", "median", "min", "max", "%peak", "calls", "others",
-              "relerr");
-  std::printf("# (median/min/max in GFLOP/s; others = CPU taken by other processes during the timing, %% of all "
-              "CPUs; relerr = worst sampled relative error)\n");
+  std::printf("%-20s %-5s %7s  %-15s %-2s %6s %6s %6s  %8s  %8s %8s  %7s  %6s  %7s  %s\n", "# library",
+              "dtype", "threads", "shape", "op", "M", "N", "K", "median", "min", "max", "%peak", "calls",
+              "others", "relerr");
+  std::printf(
+      "# (median/min/max in GFLOP/s; others = CPU taken by other processes during the timing, %% of all "
+      "CPUs; relerr = worst sampled relative error)\n");
 }
 
 bool selected(const Shape& s, const std::vector<std::string>& filters) {
@@ -299,9 +314,10 @@ void print_library_info(const Context& ctx) {
 #if defined(MESHTRAIN_GEMM_OPENBLAS)
   const int parallel = openblas_get_parallel();
   const char* coretype = std::getenv("OPENBLAS_CORETYPE");
-  std::printf("# OpenBLAS config: %s; core=%s (OPENBLAS_CORETYPE=%s); parallel=%s; openblas_get_num_threads()=%d\n",
-              openblas_get_config(), openblas_get_corename(), coretype != nullptr ? coretype : "unset",
-              parallel == 0 ? "sequential" : (parallel == 1 ? "pthreads" : "openmp"), openblas_get_num_threads());
+  std::printf(
+      "# OpenBLAS config: %s; core=%s (OPENBLAS_CORETYPE=%s); parallel=%s; openblas_get_num_threads()=%d\n",
+      openblas_get_config(), openblas_get_corename(), coretype != nullptr ? coretype : "unset",
+      parallel == 0 ? "sequential" : (parallel == 1 ? "pthreads" : "openmp"), openblas_get_num_threads());
   if (openblas_get_num_threads() != ctx.threads) {
     std::printf("# WARNING: OpenBLAS threads (%d) != OMP_NUM_THREADS (%d)\n", openblas_get_num_threads(),
                 ctx.threads);
@@ -309,9 +325,10 @@ void print_library_info(const Context& ctx) {
 #else
   long long blis_threads = static_cast<long long>(bli_thread_get_num_threads());
   const char* arch_env = std::getenv("BLIS_ARCH_TYPE");
-  std::printf("# BLIS %s; sub-configuration %s (BLIS_ARCH_TYPE=%s; 0 = skx); bli_thread_get_num_threads()=%lld\n",
-              bli_info_get_version_str(), bli_arch_string(bli_arch_query_id()),
-              arch_env != nullptr ? arch_env : "unset", blis_threads);
+  std::printf(
+      "# BLIS %s; sub-configuration %s (BLIS_ARCH_TYPE=%s; 0 = skx); bli_thread_get_num_threads()=%lld\n",
+      bli_info_get_version_str(), bli_arch_string(bli_arch_query_id()),
+      arch_env != nullptr ? arch_env : "unset", blis_threads);
   if (blis_threads > 0 && blis_threads != ctx.threads) {
     std::printf("# WARNING: BLIS threads (%lld) != OMP_NUM_THREADS (%d)\n", blis_threads, ctx.threads);
   }
@@ -329,8 +346,37 @@ void run_shape(const Context& ctx, const Shape& s) {
   call(0.0f);
   double err = check_sampled(op, false);
   const float beta = s.accumulate ? 1.0f : 0.0f;
-  Stats st = time_gemm(s, [&] { call(beta); }, ctx.seconds);
+  Stats st = time_gemm(
+      s, [&] { call(beta); }, ctx.seconds);
   print_row(ctx, library_label(), "f32", s, st, ctx.peak_f32, err);
+  if (err > 1e-4) std::printf("# WARNING: %s result check failed (relative error %.2e)\n", s.name, err);
+}
+
+void run_all(const Context& ctx, const std::vector<std::string>& filters) {
+  for (const auto& s : kShapes) {
+    if (selected(s, filters)) run_shape(ctx, s);
+  }
+}
+
+#elif defined(MESHTRAIN_GEMM_ENGINE)
+
+void print_library_info(const Context&) {
+  std::printf("# meshtrain kernels::gemm: %s; cpu %s\n",
+              meshtrain::kernels::gemm_backend().describe().c_str(),
+              meshtrain::cpu_features().describe().c_str());
+}
+
+void run_shape(const Context& ctx, const Shape& s) {
+  Operands op(s);
+  auto call = [&](bool accumulate) {
+    meshtrain::kernels::gemm(s.trans_a, s.trans_b, s.m, s.n, s.k, op.a.get(), op.lda, op.b.get(), op.ldb,
+                             accumulate, op.c.get(), op.ldc);
+  };
+  call(false);
+  double err = check_sampled(op, false);
+  Stats st = time_gemm(
+      s, [&] { call(s.accumulate); }, ctx.seconds);
+  print_row(ctx, "meshtrain:" + meshtrain::kernels::gemm_backend().name, "f32", s, st, ctx.peak_f32, err);
   if (err > 1e-4) std::printf("# WARNING: %s result check failed (relative error %.2e)\n", s.name, err);
 }
 
@@ -396,7 +442,8 @@ void run_shape(const Context& ctx, const Shape& s, dnnl::engine& eng, dnnl::stre
     };
     call(0.0f);
     double err = check_sampled(op, false);
-    Stats st = time_gemm(s, [&] { call(beta); }, ctx.seconds);
+    Stats st = time_gemm(
+        s, [&] { call(beta); }, ctx.seconds);
     print_row(ctx, "onednn:sgemm", "f32", s, st, ctx.peak_f32, err);
     if (err > 1e-4) std::printf("# WARNING: %s sgemm check failed (relative error %.2e)\n", s.name, err);
   }
@@ -408,12 +455,14 @@ void run_shape(const Context& ctx, const Shape& s, dnnl::engine& eng, dnnl::stre
     check(strm);
     double err = check_sampled(op, false);
     Matmul mm(eng, s, dnnl::memory::data_type::f32, op.a.get(), op.b.get(), op.c.get(), s.accumulate);
-    Stats st = time_gemm(s, [&] { mm(strm); }, ctx.seconds);
+    Stats st = time_gemm(
+        s, [&] { mm(strm); }, ctx.seconds);
     print_row(ctx, "onednn:matmul", "f32", s, st, ctx.peak_f32, err);
     if (err > 1e-4) std::printf("# WARNING: %s f32 matmul check failed (relative error %.2e)\n", s.name, err);
   }
 
-  // 3. matmul primitive, bf16 in / f32 out (fp32 accumulation). Inputs are converted once, outside the timing:
+  // 3. matmul primitive, bf16 in / f32 out (fp32 accumulation). Inputs are converted once, outside the
+  // timing:
   //    this measures the GEMM only, not the f32 -> bf16 conversion of activations.
   {
     auto a16 = allocate<std::uint16_t>(static_cast<std::size_t>(s.m * s.k));
@@ -427,10 +476,12 @@ void run_shape(const Context& ctx, const Shape& s, dnnl::engine& eng, dnnl::stre
     check(strm);
     double err = check_sampled(op, true);
     Matmul mm(eng, s, dnnl::memory::data_type::bf16, a16.get(), b16.get(), op.c.get(), s.accumulate);
-    Stats st = time_gemm(s, [&] { mm(strm); }, ctx.seconds);
+    Stats st = time_gemm(
+        s, [&] { mm(strm); }, ctx.seconds);
     print_row(ctx, "onednn:matmul", "bf16", s, st, 2.0 * ctx.peak_f32, err);
     std::printf("#   bf16 impl: %s\n", mm.impl.c_str());
-    if (err > 1e-4) std::printf("# WARNING: %s bf16 matmul check failed (relative error %.2e)\n", s.name, err);
+    if (err > 1e-4)
+      std::printf("# WARNING: %s bf16 matmul check failed (relative error %.2e)\n", s.name, err);
   }
 }
 
@@ -479,13 +530,15 @@ int main(int argc, char** argv) {
   const char* omp_env = std::getenv("OMP_NUM_THREADS");
   std::printf("# meshtrain GEMM benchmark: threads=%d (OMP_NUM_THREADS=%s)\n", ctx.threads,
               omp_env != nullptr ? omp_env : "unset -> all cores");
-  std::printf("# peak assumption: %.0f fp32 FLOP/cycle/core (MESHTRAIN_BENCH_FLOP_PER_CYCLE) x %d cores x %.2f GHz "
-              "(MESHTRAIN_BENCH_GHZ) = %.1f GFLOP/s fp32, %.1f GFLOP/s bf16 (2x)\n",
-              flop_per_cycle, ctx.threads, ctx.ghz, ctx.peak_f32, 2.0 * ctx.peak_f32);
+  std::printf(
+      "# peak assumption: %.0f fp32 FLOP/cycle/core (MESHTRAIN_BENCH_FLOP_PER_CYCLE) x %d cores x %.2f GHz "
+      "(MESHTRAIN_BENCH_GHZ) = %.1f GFLOP/s fp32, %.1f GFLOP/s bf16 (2x)\n",
+      flop_per_cycle, ctx.threads, ctx.ghz, ctx.peak_f32, 2.0 * ctx.peak_f32);
   std::printf("# clock estimate (dependent-add chain, main thread): %.2f GHz\n", estimate_ghz());
-  std::printf("# timing: warm-up, then >= 5 calls and >= %.2f s per shape (MESHTRAIN_BENCH_SECONDS); "
-              "GFLOP/s = 2MNK / call time; median, min, max over calls\n",
-              ctx.seconds);
+  std::printf(
+      "# timing: warm-up, then >= 5 calls and >= %.2f s per shape (MESHTRAIN_BENCH_SECONDS); "
+      "GFLOP/s = 2MNK / call time; median, min, max over calls\n",
+      ctx.seconds);
   print_library_info(ctx);
   print_header();
   run_all(ctx, filters);

@@ -58,6 +58,24 @@ summarize() {
           }
           printf "\n";
         }
+        # The engine against the best float32 library measured in this run, per shape (issue: >= 0.80).
+        engine = "";
+        for (l = 1; l <= nlibs[t]; l++) if (libs[t, l] ~ /^meshtrain/) engine = libs[t, l];
+        if (engine != "") {
+          printf "\n=== %s against the best float32 library of this run, %d thread(s)\n", engine, t;
+          printf "%-15s %-17s %10s %22s %8s\n", "shape", "op MxNxK", "engine", "best library", "ratio";
+          for (s = 1; s <= nshapes[t]; s++) {
+            shape = shapes[t, s]; best = 0; best_lib = "-";
+            for (l = 1; l <= nlibs[t]; l++) {
+              k = t SUBSEP shape SUBSEP libs[t, l];
+              if (libs[t, l] == engine || libs[t, l] ~ /bf16/ || !(k in med)) continue;
+              if (med[k] > best) { best = med[k]; best_lib = libs[t, l] }
+            }
+            ke = t SUBSEP shape SUBSEP engine;
+            if ((ke in med) && best > 0)
+              printf "%-15s %-17s %10.1f %15s %6.1f %7.2f%s\n", shape, dims[shape], med[ke], best_lib, best, med[ke] / best, busy[ke] ? "*" : "";
+          }
+        }
         if (base == "") continue;
         printf "\n=== ratio to %s, %d thread(s)\n", base, t;
         printf "%-15s %-17s", "shape", "op MxNxK";
@@ -179,6 +197,7 @@ for t in $threads_list; do
     run_one "BLIS (skx forced)" bench_gemm_blis BLIS_ARCH_TYPE=0
   fi
   run_one "oneDNN" bench_gemm_onednn
+  run_one "meshtrain (kernels::gemm, as the engine calls it)" bench_gemm_engine
 done
 
 summarize "$log" | tee "$log.summary"
