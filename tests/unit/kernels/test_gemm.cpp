@@ -149,6 +149,42 @@ TEST(Gemm, MissingLibraryFallsBackWithAWarning) {
   EXPECT_NE(text.str().find("reference GEMM"), std::string::npos) << text.str();
 }
 
+const char* const kTinyRun =
+    "train qwen3-tiny dataset_type=synthetic steps=1 enable_checkpointing=false eval_interval=0 "
+    "base_emb_dim=64 "
+    "base_num_decoder_layers=1 base_mlp_dim=128 vocab_size=256 max_target_length=16 per_device_batch_size=2 ";
+
+// The engine does not use OpenBLAS: an OPENBLAS_CORETYPE this CPU cannot run, or a slow one, changes nothing.
+TEST(Gemm, OpenBlasCoreTypeDoesNotMatter) {
+  if (std::getenv("MESHTRAIN_GEMM_BACKEND") != nullptr || std::getenv("MESHTRAIN_ONEDNN_LIBRARY") != nullptr)
+    GTEST_SKIP() << "the environment chooses the GEMM backend";
+  for (const char* core : {"Prescott", "SapphireRapids"}) {
+    int status = 0;
+    const std::string output = run_and_capture(
+        std::string("OPENBLAS_CORETYPE=") + core,
+        std::string(kTinyRun) + "run_dir=" + ::testing::TempDir() + "gemm_openblas_core", status);
+    EXPECT_EQ(status, 0) << output;
+    EXPECT_NE(output.find("matmuls: " + gemm_backend().describe()), std::string::npos) << output;
+    EXPECT_EQ(output.find("warning"), std::string::npos) << output;
+  }
+}
+
+// oneDNN held below the CPU's instruction set (here by its own variable): the run says so, naming the cause.
+TEST(Gemm, OneDnnBelowTheCpusIsaIsAWarning) {
+  if (meshtrain::cpu_features().widest_float_isa() == "sse" ||
+      std::getenv("MESHTRAIN_GEMM_BACKEND") != nullptr)
+    GTEST_SKIP() << "needs a CPU with AVX2 or AVX-512 and the default backend";
+  int status = 0;
+  const std::string output =
+      run_and_capture("ONEDNN_MAX_CPU_ISA=SSE41",
+                      std::string(kTinyRun) + "run_dir=" + ::testing::TempDir() + "gemm_low_isa", status);
+  EXPECT_EQ(status, 0) << output;
+  EXPECT_NE(output.find("warning: this CPU has " + meshtrain::cpu_features().widest_float_isa() +
+                        " but oneDNN runs sse41 kernels (is ONEDNN_MAX_CPU_ISA or DNNL_MAX_CPU_ISA set?)"),
+            std::string::npos)
+      << output;
+}
+
 TEST(Gemm, UnknownBackendNamesTheVariable) {
   int status = 0;
   const std::string output =
