@@ -6,7 +6,7 @@
 
 namespace meshtrain::kernels {
 
-// out = x @ w + bias, through OpenBLAS sgemm.
+// out = x @ w + bias, through the GEMM seam (gemm.h).
 void matmul_forward(float* out,         // [N, O]
                     const float* x,     // [N, I]
                     const float* w,     // [I, O]
