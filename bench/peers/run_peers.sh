@@ -169,6 +169,8 @@ run_pass() {  # pass-name env-prefix...
           --log "$out/meshtrain_${pass}_${shape}.log" --metrics "$rd/metrics.jsonl" --clean "$rd" -- \
           env "${envp[@]}" OMP_NUM_THREADS="$threads" "$build/meshtrain" train gpt2-124m dataset_type=synthetic \
           per_device_batch_size="$b" max_target_length="$t" steps="$steps" enable_checkpointing=false run_dir="$rd"
+        # Which CPU, GEMM backend and instruction set meshtrain's figure comes from.
+        grep -m1 "^machine:" "$out/meshtrain_${pass}_${shape}.log" | sed 's/^/   meshtrain /' | tee -a "$summary" || true
       fi
     fi
     # llm.c
