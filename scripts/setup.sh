@@ -20,7 +20,8 @@ main_packages=(
 )
 test_packages=(
   libgtest-dev libgmock-dev
-  python3 python3-venv    # the test scripts' checks (standard library) and the TensorBoard reader's venv
+  python3 python3-venv    # the test scripts' checks and the TensorBoard reader's venv
+  python3-numpy           # mpi.equivalence compares checkpoint tensors with numpy
 )
 bench_packages=(
   libopenblas-openmp-dev libblis-openmp-dev  # bench/run_gemm.sh: the BLAS libraries compared with oneDNN
