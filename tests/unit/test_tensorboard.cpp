@@ -295,9 +295,8 @@ TEST(TensorBoard, UnusableDirectoryNamesIt) {
 
 // The official reader: tensorboard's strict record reader + Event proto, then EventAccumulator.
 TEST(TensorBoard, OfficialReaderParsesFile) {
-  // The virtual environment of `scripts/setup.sh tests` (ctest sets the path), else the python3 on PATH.
-  const char* venv_python = std::getenv("MESHTRAIN_TEST_PYTHON");
-  const std::string python = venv_python != nullptr && *venv_python != '\0' ? venv_python : "python3";
+  // The virtual environment of `scripts/setup.sh tests`, else the python3 on PATH.
+  const std::string python = std::filesystem::exists(MESHTRAIN_TEST_PYTHON) ? MESHTRAIN_TEST_PYTHON : "python3";
   if (std::system(("'" + python + "' -c 'import tensorboard' >/dev/null 2>&1").c_str()) != 0) {
     GTEST_SKIP()
         << python
