@@ -352,8 +352,6 @@ TrainingSummary train_on_ranks(const Config& config, RunSetup setup, std::FILE* 
   if (lead) {
     machine = measure_machine();
     std::fprintf(console, "%s\n", machine->describe().c_str());
-  }
-  if (lead) {
     write_resolved_config(config, config.run_dir);
     write_file_atomically(config.run_dir + "/machine.json", machine->to_json().dump(2) + "\n");
     // The plan this run executes, in the format of meshtrain compile's plan_out (byte for byte the same).
