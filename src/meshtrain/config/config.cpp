@@ -54,7 +54,15 @@ bool parse_bool(const std::string& key, const RawValue& raw) {
 struct KeyEntry {
   std::string name;
   std::function<void(Config&, const std::string& key, const RawValue&)> assign;
+  bool affects_plan = false;  // recorded in the plan identity (plan_key_names)
 };
+
+// A key the plan depends on: train and compile with the same such keys (and mesh, topology, threads) give
+// identical plans whatever else the run config says.
+KeyEntry plan_key(KeyEntry key) {
+  key.affects_plan = true;
+  return key;
+}
 
 KeyEntry entry(const std::string& name, int64_t Config::*member) {
   return {name,
@@ -101,44 +109,44 @@ KeyEntry mesh_entry(const std::string& axis, int64_t MeshShape::*member) {
 const std::vector<KeyEntry>& key_table() {
   static const std::vector<KeyEntry> table = {
       entry("model_name", &Config::model_name),
-      entry("decoder_block", &Config::decoder_block),
-      entry("base_emb_dim", &Config::base_emb_dim),
-      entry("base_num_query_heads", &Config::base_num_query_heads),
-      entry("base_num_kv_heads", &Config::base_num_kv_heads),
-      entry("head_dim", &Config::head_dim),
-      entry("base_mlp_dim", &Config::base_mlp_dim),
-      entry("base_num_decoder_layers", &Config::base_num_decoder_layers),
-      entry("vocab_size", &Config::vocab_size),
-      entry("max_position_embeddings", &Config::max_position_embeddings),
-      entry("logits_via_embedding", &Config::logits_via_embedding),
+      plan_key(entry("decoder_block", &Config::decoder_block)),
+      plan_key(entry("base_emb_dim", &Config::base_emb_dim)),
+      plan_key(entry("base_num_query_heads", &Config::base_num_query_heads)),
+      plan_key(entry("base_num_kv_heads", &Config::base_num_kv_heads)),
+      plan_key(entry("head_dim", &Config::head_dim)),
+      plan_key(entry("base_mlp_dim", &Config::base_mlp_dim)),
+      plan_key(entry("base_num_decoder_layers", &Config::base_num_decoder_layers)),
+      plan_key(entry("vocab_size", &Config::vocab_size)),
+      plan_key(entry("max_position_embeddings", &Config::max_position_embeddings)),
+      plan_key(entry("logits_via_embedding", &Config::logits_via_embedding)),
       entry("normalization_layer_epsilon", &Config::normalization_layer_epsilon),
       entry("rope_max_timescale", &Config::rope_max_timescale),
-      entry("max_target_length", &Config::max_target_length),
-      entry("dtype", &Config::dtype),
-      entry("weight_dtype", &Config::weight_dtype),
-      entry("grad_dtype", &Config::grad_dtype),
-      entry("mu_dtype", &Config::mu_dtype),
-      entry("remat_policy", &Config::remat_policy),
+      plan_key(entry("max_target_length", &Config::max_target_length)),
+      plan_key(entry("dtype", &Config::dtype)),
+      plan_key(entry("weight_dtype", &Config::weight_dtype)),
+      plan_key(entry("grad_dtype", &Config::grad_dtype)),
+      plan_key(entry("mu_dtype", &Config::mu_dtype)),
+      plan_key(entry("remat_policy", &Config::remat_policy)),
       entry("scan_layers", &Config::scan_layers),
       entry("param_scan_axis", &Config::param_scan_axis),
-      entry("per_device_batch_size", &Config::per_device_batch_size),
-      entry("gradient_accumulation_steps", &Config::gradient_accumulation_steps),
+      plan_key(entry("per_device_batch_size", &Config::per_device_batch_size)),
+      plan_key(entry("gradient_accumulation_steps", &Config::gradient_accumulation_steps)),
       mesh_entry("data", &MeshShape::data),
       mesh_entry("fsdp", &MeshShape::fsdp),
       mesh_entry("context", &MeshShape::context),
       mesh_entry("tensor", &MeshShape::tensor),
-      entry("shard_optimizer_over_data", &Config::shard_optimizer_over_data),
+      plan_key(entry("shard_optimizer_over_data", &Config::shard_optimizer_over_data)),
       entry("topology", &Config::topology),
       entry("topologies_path", &Config::topologies_path),
-      rule_entry("batch"),
-      rule_entry("length"),
-      rule_entry("embed"),
-      rule_entry("heads"),
-      rule_entry("kv_heads"),
-      rule_entry("head_dim"),
-      rule_entry("mlp"),
-      rule_entry("vocab"),
-      rule_entry("positions"),
+      plan_key(rule_entry("batch")),
+      plan_key(rule_entry("length")),
+      plan_key(rule_entry("embed")),
+      plan_key(rule_entry("heads")),
+      plan_key(rule_entry("kv_heads")),
+      plan_key(rule_entry("head_dim")),
+      plan_key(rule_entry("mlp")),
+      plan_key(rule_entry("vocab")),
+      plan_key(rule_entry("positions")),
       entry("kernels", &Config::kernels),
       entry("plan_out", &Config::plan_out),
       entry("plan_in", &Config::plan_in),
@@ -312,6 +320,14 @@ std::vector<std::string> preset_names(const std::string& config_dir) {
 std::vector<std::string> config_key_names() {
   std::vector<std::string> names;
   for (const KeyEntry& key : key_table()) names.push_back(key.name);
+  return names;
+}
+
+std::vector<std::string> plan_key_names() {
+  std::vector<std::string> names;
+  for (const KeyEntry& key : key_table()) {
+    if (key.affects_plan) names.push_back(key.name);
+  }
   return names;
 }
 

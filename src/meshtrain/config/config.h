@@ -85,6 +85,8 @@ std::string config_directory();
 std::vector<std::string> preset_names(const std::string& config_dir = "");
 // All valid keys (for help text and suggestions).
 std::vector<std::string> config_key_names();
+// The keys a plan depends on, in table order (plan files record them and their hash).
+std::vector<std::string> plan_key_names();
 
 // The candidate closest to `word` by edit distance (for "did you mean" hints).
 std::string closest_name(const std::string& word, const std::vector<std::string>& candidates);

@@ -126,6 +126,28 @@ struct CollectiveDecl {
   bool inside_next_op = false;
 };
 
+// What an op is for, where the planner or the engine treats it specially (op names are for people, plan
+// files and traces; code tests the role). `model`: an op of the forward, loss or backward.
+enum class OpRole {
+  model,
+  step_counter,               // optimizer/step
+  grad_norm,                  // optimizer/grad_norm/<parameter>: adds its squared norm
+  clip,                       // optimizer/clip: the global norm's scale
+  adamw,                      // optimizer/adamw/<parameter>
+  zero_gradients,             // optimizer/zero_gradients: fwd_bwd starts the accumulators at zero
+  reduce_valid_count,         // optimizer/reduce_valid_count/<axis>: the global valid-token count
+  reduce_grad_norm,           // optimizer/reduce_grad_norm/<axis>: the squared norm's partial sums
+  tensor_gradient_reduction,  // tensor/all_reduce/<parameter>: partial gradients over tensor
+  kv_replica_reduction,       // tensor/kv_replicas_all_reduce/<parameter>
+  data_gradient_reduction,    // data/all_reduce/<parameter>
+  zero1_reduce_scatter,       // zero1/reduce_scatter/<parameter>
+  zero1_slice,                // zero1/slice/<parameter>: a strided data shard copied out
+  zero1_all_gather,           // zero1/gather/<parameter>
+  fsdp_gather,                // fsdp/gather/<parameter>[#backward]
+  fsdp_zero,                  // fsdp/zero/<parameter>: the full gradient before its first write
+  fsdp_reduce_scatter,        // fsdp/reduce_scatter/<parameter>
+};
+
 // One op. Reads and writes list every buffer the op touches (the engine refuses any other): an op that adds
 // into a buffer lists it in both; a buffer written and not read is overwritten, which ends its previous value
 // for the memory plan. Gradient buffers are always accumulated into.
@@ -148,6 +170,8 @@ struct OpDecl {
   std::function<void(const OpContext&)> run;  // empty for collectives until the distributed runtime
   OpKind kind = OpKind::elementwise;
   CollectiveDecl collective;  // kind == collective only
+  OpRole role = OpRole::model;
+  int32_t parameter = -1;  // index in ModelSpec::parameters of the one parameter the op is for; -1 none
 };
 
 // A layer's forward ops (a range of ModelSpec::forward) and its backward ops (a range of loss_backward):

@@ -115,7 +115,9 @@ void SpecBuilder::declare_update() {
                             context.i32(counter)[0] = static_cast<int32_t>(context.update->step + 1);
                           },
                           OpKind::optimizer});
-  for (const ParameterDecl& parameter : spec_.parameters) {
+  spec_.update.back().role = OpRole::step_counter;
+  for (size_t k = 0; k < spec_.parameters.size(); ++k) {
+    const ParameterDecl& parameter = spec_.parameters[k];
     const BufferId gradient = parameter.gradient;
     const int64_t count = spec_.buffer(gradient).shape.elements();
     // Sizes come from the views: under FSDP or ZeRO-1 the plan binds these ops to shards.
@@ -129,6 +131,8 @@ void SpecBuilder::declare_update() {
                                   context.share * kernels::sum_of_squares(view.f32(), view.elements());
                             },
                             OpKind::optimizer});
+    spec_.update.back().role = OpRole::grad_norm;
+    spec_.update.back().parameter = static_cast<int32_t>(k);
   }
   const double threshold = c.gradient_clipping_threshold;
   spec_.update.push_back({"optimizer/clip",
@@ -153,9 +157,11 @@ void SpecBuilder::declare_update() {
                             u.gradient_scale = token_scale * clip;
                           },
                           OpKind::optimizer});
+  spec_.update.back().role = OpRole::clip;
   const float b1 = static_cast<float>(c.adam_b1), b2 = static_cast<float>(c.adam_b2),
               eps = static_cast<float>(c.adam_eps), decay = static_cast<float>(c.adam_weight_decay);
-  for (const ParameterDecl& parameter : spec_.parameters) {
+  for (size_t k = 0; k < spec_.parameters.size(); ++k) {
+    const ParameterDecl& parameter = spec_.parameters[k];
     const BufferId value = parameter.value, gradient = parameter.gradient, m = parameter.adam_m,
                    v = parameter.adam_v;
     const int64_t count = spec_.buffer(value).shape.elements();
@@ -177,6 +183,8 @@ void SpecBuilder::declare_update() {
                                  shard.elements(), adam, weight_decay);
          },
          OpKind::optimizer});
+    spec_.update.back().role = OpRole::adamw;
+    spec_.update.back().parameter = static_cast<int32_t>(k);
   }
 }
 

@@ -112,6 +112,14 @@ struct ParameterStorage {
   int64_t data_outer = 1;  // ZeRO-1: > 1 when the data shard is strided in the parameter
 };
 
+// When the data-axis gradient reductions of update may start early, during the last micro-batch's backward
+// (the engine starts them a bucket at a time and update waits for them instead of running them).
+struct OverlapSchedule {
+  // kernel (fwd_bwd, fwd_bwd_accum) -> op index -> indices of the update ops whose gradient is final after it
+  std::map<KernelName, std::vector<std::vector<size_t>>> ready_after;
+  size_t bucket_capacity = 0;  // bytes of gradients gathered before a bucket starts
+};
+
 struct TrainingPlan {
   ModelSpec spec;  // per-device spec (its ops are what PlanOp::op points at)
   Topology topology;
@@ -122,6 +130,7 @@ struct TrainingPlan {
   std::vector<ParameterStorage> storage;  // per spec parameter
   std::deque<OpDecl> plan_ops;            // the plan's own ops (gathers, scatters, zeroing); stable addresses
   std::vector<KernelPlan> kernels;        // in kKernelNames order, those requested
+  OverlapSchedule overlap;                // empty without a data axis or an update kernel
   size_t persistent_bytes = 0;
   size_t arena_bytes = 0;  // persistent + the largest temporary region over the planned kernels
   double device_memory_bytes = 0.0;

@@ -6,7 +6,6 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
-#include <set>
 
 #include "meshtrain/core/error.h"
 #include "meshtrain/core/rng.h"
@@ -141,7 +140,6 @@ Engine::Engine(TrainingPlan plan, EngineRanks ranks)
   }
   omp_set_num_threads(static_cast<int>(plan_.threads));
   initialize_parameters();
-  plan_overlap();
 }
 
 Engine::~Engine() {
@@ -195,11 +193,11 @@ void Engine::run_collective(const PlanOp& op, const OpContext& context, UpdateSt
   Communicator& comm = kv_replicas ? *kv_replica_group_ : communicator(c.axis);
   const std::string& name = op.op->name;
   if (c.inside_next_op) return;  // the next op moves these bytes itself (the plan counts them here)
-  if (name.starts_with("optimizer/reduce_valid_count/")) {
+  if (op.op->role == OpRole::reduce_valid_count) {
     comm.all_reduce(comm_buffer(&update->global_valid_count, 1), ReduceOp::sum, name);
     return;
   }
-  if (name.starts_with("optimizer/reduce_grad_norm/")) {
+  if (op.op->role == OpRole::reduce_grad_norm) {
     comm.all_reduce(comm_buffer(&update->sum_of_squares, 1), ReduceOp::sum, name);
     return;
   }
@@ -368,57 +366,18 @@ void Engine::load_batch(const Batch& batch) {
   }
 }
 
-// Bucket size for starting data-axis reductions during the last backward: 4 MiB (PyTorch DDP uses 25 MB),
-// or an eighth of all reduced gradient bytes for small models, so the first bucket leaves early.
-constexpr size_t kReductionBucketBytes = size_t{4} << 20;
-
-void Engine::plan_overlap() {
-  if (plan_.mesh.data == 1 || !plan_.find(KernelName::update)) return;
-  const KernelPlan& update = plan_.kernel(KernelName::update);
-  size_t reduced_bytes = 0;
-  for (KernelName name : {KernelName::fwd_bwd, KernelName::fwd_bwd_accum}) {
-    const KernelPlan* kernel = plan_.find(name);
-    if (!kernel) continue;
-    std::vector<std::vector<size_t>>& ready = ready_after_[name];
-    ready.assign(kernel->ops.size(), {});
-    std::set<PlanBufferId> reduced_earlier;  // e.g. QK-norm gradients all-reduced over tensor first
-    for (size_t u = 0; u < update.ops.size(); ++u) {
-      const OpDecl& op = *update.ops[u].op;
-      if (op.kind == OpKind::collective && op.collective.axis != MeshAxis::data) {
-        reduced_earlier.insert(op.collective.buffer);
-      }
-      if (reduced_earlier.count(op.collective.buffer)) continue;
-      if (op.kind != OpKind::collective || op.collective.axis != MeshAxis::data ||
-          op.collective.staging != kNoBuffer ||
-          !(op.name.starts_with("data/all_reduce/") || op.name.starts_with("zero1/reduce_scatter/")))
-        continue;
-      // The gradient is final after the last op of the kernel that touches its store.
-      const PlanBufferId store = op.collective.buffer;
-      size_t last = kernel->ops.size();
-      for (size_t i = 0; i < kernel->ops.size(); ++i) {
-        for (const auto& binding : kernel->ops[i].buffers) {
-          if (binding.second == store) last = i;
-        }
-      }
-      if (last < kernel->ops.size()) ready[last].push_back(u);
-      if (name == KernelName::fwd_bwd) reduced_bytes += plan_.buffers[static_cast<size_t>(store)].bytes;
-    }
-  }
-  bucket_capacity_ = std::max<size_t>(1, std::min(kReductionBucketBytes, reduced_bytes / 8));
-}
-
 // Starts the ready reductions a bucket at a time (each tensor its own non-blocking call); drives progress of
 // those in flight (MPI moves a non-blocking collective only inside MPI calls).
 void Engine::start_ready_collectives(KernelName name, size_t op_index, bool kernel_done) {
-  const auto ready = ready_after_.find(name);
-  if (ready == ready_after_.end()) return;
+  const auto ready = plan_.overlap.ready_after.find(name);
+  if (ready == plan_.overlap.ready_after.end()) return;
   const KernelPlan& update = plan_.kernel(KernelName::update);
   for (size_t u : ready->second[op_index]) {
     bucket_.push_back(u);
     const PlanBuffer& gradient = plan_.buffers[static_cast<size_t>(update.ops[u].op->collective.buffer)];
     bucket_bytes_ += gradient.bytes;
   }
-  if (!bucket_.empty() && (bucket_bytes_ >= bucket_capacity_ || kernel_done)) {
+  if (!bucket_.empty() && (bucket_bytes_ >= plan_.overlap.bucket_capacity || kernel_done)) {
     PlannedOpContext context(*this, nullptr);
     for (size_t u : bucket_) {
       const PlanOp& op = update.ops[u];

@@ -92,8 +92,6 @@ class Engine {
   void load_batch(const Batch& batch);
   LossSums run(KernelName kernel, UpdateState* update = nullptr);
   void run_collective(const PlanOp& op, const OpContext& context, UpdateState* update);
-  // Overlap: which of update's data-axis reductions may start after each op of fwd_bwd / fwd_bwd_accum.
-  void plan_overlap();
   void start_ready_collectives(KernelName kernel, size_t op_index, bool kernel_done);
   Communicator& communicator(MeshAxis axis) const;
   PlanBufferId stored_buffer(BufferId id) const;  // where a parameter's value or moment persists
@@ -108,9 +106,8 @@ class Engine {
   MeshCoordinates coordinates_;              // this rank's place on the mesh
   std::optional<TensorGroup> tensor_group_;  // tensor > 1: the vocab-parallel loss's mid-kernel reductions
   std::unique_ptr<Communicator> kv_replica_group_;  // tensor > kv heads: the ranks holding the same kv head
-  std::map<KernelName, std::vector<std::vector<size_t>>> ready_after_;  // kernel -> op -> update op indices
-  std::vector<size_t> bucket_;                                          // ready, not yet started
-  size_t bucket_bytes_ = 0, bucket_capacity_ = 0;
+  std::vector<size_t> bucket_;  // update op indices ready (plan_.overlap), not yet started
+  size_t bucket_bytes_ = 0;
   std::map<size_t, std::unique_ptr<CollectiveRequest>> in_flight_;  // update op index -> started reduction
   bool overlap_ = false;  // this kernel is a step's last micro-batch
   bool nan_gradient_pending_ = false;

@@ -1,0 +1,89 @@
+// Cost pass: per op FLOPs, bytes accessed, collective payload (aot-plan.md definitions) and predicted time
+// (roofline for compute, payload / link bandwidth for collectives), and the kernel's memory figures.
+#include <set>
+
+#include "meshtrain/core/arena.h"
+#include "meshtrain/plan/passes.h"
+
+namespace meshtrain {
+
+double collective_payload_bytes(CollectiveKind kind, double full_bytes, double ranks) {
+  switch (kind) {
+    case CollectiveKind::all_reduce:
+      return 2.0 * full_bytes * (ranks - 1.0) / ranks;
+    case CollectiveKind::all_gather:
+    case CollectiveKind::reduce_scatter:
+      return full_bytes * (ranks - 1.0) / ranks;
+    case CollectiveKind::send_recv:  // bytes sent
+      return full_bytes;
+    case CollectiveKind::all_to_all:  // bytes leaving the rank: all blocks but its own
+      return full_bytes * (ranks - 1.0) / ranks;
+  }
+  return 0.0;
+}
+
+void cost_kernel(const TrainingPlan& plan, KernelPlan& kernel) {
+  const ModelSpec& spec = plan.spec;
+  const Topology& topology = plan.topology;
+  // Ranks sharing a cpu host share its peaks too.
+  const double host_share = topology.host_memory_shared ? static_cast<double>(plan.mesh.devices()) : 1.0;
+  for (PlanOp& op : kernel.ops) {
+    op.flops = op.op->flops;
+    op.bytes_accessed = 0.0;
+    double spec_elements = 0.0, bound_elements = 0.0;
+    for (const auto& [spec_id, plan_id] : op.buffers) {
+      const PlanBuffer& buffer = plan.buffers[static_cast<size_t>(plan_id)];
+      const double touched =
+          (contains(op.op->reads, spec_id) ? 1.0 : 0.0) + (contains(op.op->writes, spec_id) ? 1.0 : 0.0);
+      op.bytes_accessed += touched * static_cast<double>(buffer.bytes);
+      if (spec_id == plan_id) continue;
+      spec_elements += static_cast<double>(spec.buffer(spec_id).shape.elements());
+      bound_elements += static_cast<double>(buffer.shape.elements());
+    }
+    // An op bound to shards does the shard's share of its work.
+    if (spec_elements > 0.0) op.flops *= bound_elements / spec_elements;
+    if (op.op->kind == OpKind::collective) {
+      const CollectiveDecl& c = op.op->collective;
+      op.collective_bytes = collective_payload_bytes(
+          c.kind, static_cast<double>(plan.buffers[static_cast<size_t>(c.buffer)].bytes),
+          static_cast<double>(c.group));
+      op.seconds = op.collective_bytes / topology.link_bandwidth(c.group, plan.mesh.stride(c.axis));
+      kernel.collective_bytes[mesh_axis_name(c.axis)] += op.collective_bytes;
+    } else {
+      op.seconds = std::max(op.flops / (topology.peak_flops(spec.config.dtype) / host_share),
+                            op.bytes_accessed / (topology.memory_bandwidth / host_share));
+    }
+    kernel.flops += op.flops;
+    kernel.bytes_accessed += op.bytes_accessed;
+    kernel.seconds += op.seconds;
+  }
+}
+
+MemoryFigures memory_figures(const TrainingPlan& plan, const KernelPlan& kernel, size_t temps) {
+  // The arguments: every persistent buffer the kernel touches (a shard viewed inside one counts as it).
+  std::set<PlanBufferId> arguments;
+  for (const PlanOp& op : kernel.ops) {
+    for (const auto& binding : op.buffers) {
+      const PlanBuffer& buffer = plan.buffers[static_cast<size_t>(binding.second)];
+      if (buffer.persistent || buffer.part_of >= 0)
+        arguments.insert(buffer.part_of >= 0 ? buffer.part_of : binding.second);
+    }
+  }
+  // Outputs are the arguments a kernel updates (aliases) plus its scalar results.
+  MemoryFigures memory;
+  for (PlanBufferId id : arguments) {
+    const PlanBuffer& buffer = plan.buffers[static_cast<size_t>(id)];
+    memory.arguments += align_up(buffer.bytes);
+    const bool updated = kernel.kernel == KernelName::update
+                             ? buffer.kind != BufferKind::input && buffer.kind != BufferKind::gradient
+                             : kernel.kernel != KernelName::eval && buffer.kind == BufferKind::gradient;
+    if (updated) memory.aliases += align_up(buffer.bytes);
+  }
+  const size_t scalar_results = 16;  // loss sum and valid count, or the two norms
+  memory.outputs = memory.aliases + scalar_results;
+  memory.temps = temps;
+  memory.peak = memory.arguments + memory.outputs + memory.temps - memory.aliases;
+  return memory;
+}
+
+}  // namespace meshtrain

@@ -1,0 +1,42 @@
+// Plan identity: the config keys the table marks as plan keys, then the derived inputs (topology, mesh,
+// threads), as "key=value" lines and their hash.
+#include <cstdio>
+
+#include "meshtrain/plan/passes.h"
+
+namespace meshtrain {
+namespace {
+
+std::string fnv1a_hex(const std::string& text) {
+  uint64_t hash = 1469598103934665603ull;
+  for (unsigned char byte : text) {
+    hash ^= byte;
+    hash *= 1099511628211ull;
+  }
+  char out[17];
+  std::snprintf(out, sizeof(out), "%016llx", static_cast<unsigned long long>(hash));
+  return out;
+}
+
+}  // namespace
+
+PlanIdentity plan_identity(const Config& config, const Mesh& mesh, const Topology& topology,
+                           int64_t threads) {
+  PlanIdentity identity;
+  for (const std::string& key : plan_key_names()) {
+    const auto found = std::find_if(config.resolved.begin(), config.resolved.end(),
+                                    [&](const auto& entry) { return entry.first == key; });
+    // Configs built in code (tests) have no resolved text: those keys are recorded empty.
+    identity.keys.emplace_back(key, found == config.resolved.end() ? "" : found->second);
+  }
+  identity.keys.emplace_back("topology", topology.name);
+  for (MeshAxis axis : kMeshAxes)
+    identity.keys.emplace_back(std::string("mesh.") + mesh_axis_name(axis), std::to_string(mesh.size(axis)));
+  identity.keys.emplace_back("threads", std::to_string(threads));
+  std::string text;
+  for (const auto& [key, value] : identity.keys) text += key + "=" + value + "\n";
+  identity.hash = fnv1a_hex(text);
+  return identity;
+}
+
+}  // namespace meshtrain

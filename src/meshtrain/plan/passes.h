@@ -1,0 +1,90 @@
+// The planner's passes, in the order plan_training() runs them, and the pieces they share. Each pass is a
+// function with a narrow input and output; plan.h holds the plan they build.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "meshtrain/plan/plan.h"
+
+namespace meshtrain {
+
+// An op in kernel order with the plan buffer behind every spec buffer id it touches (before liveness).
+struct PlanStep {
+  const OpDecl* op = nullptr;
+  bool recompute = false;
+  std::vector<std::pair<BufferId, PlanBufferId>> buffers;  // reads then writes, each id once
+};
+inline bool contains(const std::vector<BufferId>& ids, BufferId id) {
+  return std::find(ids.begin(), ids.end(), id) != ids.end();
+}
+
+// The step of `op` with every buffer bound to the spec's own (same id).
+PlanStep step_of(const OpDecl* op, bool recompute = false);
+// `step` with `spec_id` bound to `plan_id` (a shard, or a parameter's storage).
+PlanStep bind_step(PlanStep step, BufferId spec_id, PlanBufferId plan_id);
+
+// Adds one of the plan's own buffers (sizes its bytes, names its layer).
+PlanBufferId add_plan_buffer(TrainingPlan& plan, PlanBuffer buffer);
+// Adds one of the plan's own ops; the pointer stays valid for the plan's life.
+const OpDecl* add_plan_op(TrainingPlan& plan, OpDecl op);
+// A collective op of the plan over `axis`. `outer` > 1: the shards are strided in the full buffer;
+// `accumulate`: a reduce-scatter adds into its (persistent) shard. Either needs a staging buffer, planned
+// like any temporary. `group`: ranks in the group (0: the whole axis).
+const OpDecl* add_collective_op(TrainingPlan& plan, const std::string& name, OpRole role, int32_t parameter,
+                                CollectiveKind kind, MeshAxis axis, BufferId buffer, BufferId shard,
+                                int64_t outer = 1, bool accumulate = false, int64_t group = 0);
+// Elements before the dim of `store` that `axis` splits (beyond the compute layout): 1 when shards are
+// contiguous blocks of the full buffer of shape `full`.
+int64_t shard_outer(const PlanBuffer& store, MeshAxis axis, const Shape& full);
+
+// storage.cpp: every spec buffer at its per-device size, parameter storage (FSDP shards, ZeRO-1 data
+// shards) and the persistent region's offsets: fills plan.buffers, plan.storage, plan.persistent_bytes.
+void plan_storage(TrainingPlan& plan);
+
+// remat.cpp: the backward op order of the spec under its remat policy, each block's recomputed forward ops
+// first.
+std::vector<PlanStep> backward_with_recompute(const ModelSpec& spec);
+
+// fsdp.cpp: `phases` (forward, then backward or the eval loss) with FSDP's gathers of each sharded
+// parameter before its first use in each phase, and (with_gradients) the zeroing of its full gradient
+// before the first write and its reduce-scatter into the shard after the last.
+std::vector<PlanStep> insert_fsdp(TrainingPlan& plan, const std::vector<std::vector<const OpDecl*>>& phases,
+                                  const std::vector<std::vector<bool>>& recompute, bool with_gradients);
+
+// reductions.cpp: fwd_bwd's first op, zeroing every gradient accumulator.
+const OpDecl* add_zero_gradients_op(TrainingPlan& plan);
+// reductions.cpp: the update kernel's steps: the gradient reductions, the global norm, the clip, AdamW on
+// the local shard, ZeRO-1's parameter all-gather.
+std::vector<PlanStep> update_steps(TrainingPlan& plan);
+// reductions.cpp: OpContext::share of a step (a gradient norm over replicated gradients counts once).
+double step_share(const TrainingPlan& plan, const PlanStep& step);
+
+// liveness.cpp: the live ranges of the temporaries of one kernel's steps (a write that does not read
+// starts a new value), and for each step and binding the value it touches (kPersistent: none).
+struct Liveness {
+  static constexpr size_t kPersistent = SIZE_MAX;
+  std::vector<PlanValue> values;                   // offsets not yet placed
+  std::vector<std::vector<size_t>> value_of_step;  // [step][binding] -> index in values
+};
+Liveness plan_liveness(const TrainingPlan& plan, const std::vector<PlanStep>& steps, KernelName kernel);
+
+// cost.cpp: each op's FLOPs (a shard's share), bytes accessed, collective payload and predicted time, and
+// the kernel's totals.
+void cost_kernel(const TrainingPlan& plan, KernelPlan& kernel);
+// cost.cpp: payload bytes per rank of a collective on a `full_bytes` buffer over `ranks` (aot-plan.md).
+double collective_payload_bytes(CollectiveKind kind, double full_bytes, double ranks);
+// cost.cpp: the kernel's memory figures (aot-plan.md) with `temps` bytes of temporaries.
+MemoryFigures memory_figures(const TrainingPlan& plan, const KernelPlan& kernel, size_t temps);
+
+// overlap.cpp: which update reductions may start after each op of fwd_bwd / fwd_bwd_accum, and the bucket
+// capacity.
+OverlapSchedule plan_overlap(const TrainingPlan& plan);
+
+// identity.cpp: what the plan depends on: the config keys marked as plan keys, topology, mesh and threads.
+PlanIdentity plan_identity(const Config& config, const Mesh& mesh, const Topology& topology, int64_t threads);
+
+}  // namespace meshtrain

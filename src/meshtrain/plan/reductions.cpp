@@ -1,0 +1,158 @@
+// Reductions and update pass: fwd_bwd's zeroing of the gradient accumulators, and the update kernel: the
+// data-parallel reduction of the gradients (all-reduce, or ZeRO-1's reduce-scatter), the global norm
+// (partial sums all-reduced over every axis gradients are split on), the clip, AdamW on the local shard,
+// and ZeRO-1's parameter all-gather (which belongs to update, aot-plan.md).
+#include <cstring>
+
+#include "meshtrain/plan/passes.h"
+
+namespace meshtrain {
+namespace {
+
+// The mesh axes over which gradient shards differ, so their squared norms are summed over them.
+std::vector<MeshAxis> norm_axes(const TrainingPlan& plan) {
+  std::vector<MeshAxis> axes;
+  if (plan.spec.config.shard_optimizer_over_data && plan.mesh.data > 1) axes.push_back(MeshAxis::data);
+  if (plan.mesh.fsdp > 1) axes.push_back(MeshAxis::fsdp);
+  if (plan.mesh.tensor > 1) axes.push_back(MeshAxis::tensor);
+  return axes;
+}
+
+// ZeRO-1 with a strided shard: copies this data rank's blocks of the parameter into the shard buffer.
+const OpDecl* add_slice_op(TrainingPlan& plan, const ParameterStorage& store, size_t k) {
+  const BufferId full = store.value_store, shard = store.value_data_shard;
+  const int64_t outer = store.data_outer, ranks = plan.mesh.data;
+  OpDecl op{"zero1/slice/" + plan.spec.parameters[k].canonical_name,
+            {full},
+            {shard},
+            0.0,
+            [=](const OpContext& context) {
+              const TensorView shard_view = context.view(shard);
+              const float* from = context.f32(full);
+              float* to = shard_view.f32();
+              const int64_t block = shard_view.elements() / outer;
+              for (int64_t o = 0; o < outer; ++o) {
+                std::memcpy(to + o * block, from + (o * ranks + context.coordinates.data) * block,
+                            static_cast<size_t>(block) * sizeof(float));
+              }
+            },
+            OpKind::memory};
+  op.role = OpRole::zero1_slice;
+  op.parameter = static_cast<int32_t>(k);
+  return add_plan_op(plan, std::move(op));
+}
+
+}  // namespace
+
+const OpDecl* add_zero_gradients_op(TrainingPlan& plan) {
+  std::vector<BufferId> gradient_stores;
+  for (const ParameterStorage& store : plan.storage) gradient_stores.push_back(store.gradient_store);
+  OpDecl zero{"optimizer/zero_gradients", gradient_stores, gradient_stores, 0.0, nullptr, OpKind::memory};
+  zero.run = [gradient_stores](const OpContext& context) {
+    for (BufferId id : gradient_stores) {
+      const TensorView gradient = context.view(id);
+      std::memset(gradient.data, 0, gradient.bytes());
+    }
+  };
+  zero.role = OpRole::zero_gradients;
+  return add_plan_op(plan, std::move(zero));
+}
+
+std::vector<PlanStep> update_steps(TrainingPlan& plan) {
+  const ModelSpec& spec = plan.spec;
+  const Mesh& mesh = plan.mesh;
+  std::vector<PlanStep> steps;
+  if (mesh.data * mesh.fsdp * mesh.context > 1) {
+    const BufferId count = add_plan_buffer(plan, PlanBuffer{"optimizer/valid_count",
+                                                            BufferKind::communication,
+                                                            DType::i32,
+                                                            shape_of({{"count", 2}}),
+                                                            {DimSharding{}}});
+    for (MeshAxis axis : {MeshAxis::data, MeshAxis::fsdp, MeshAxis::context}) {
+      if (mesh.size(axis) > 1) {
+        steps.push_back(step_of(add_collective_op(
+            plan, std::string("optimizer/reduce_valid_count/") + mesh_axis_name(axis),
+            OpRole::reduce_valid_count, -1, CollectiveKind::all_reduce, axis, count, kNoBuffer)));
+      }
+    }
+  }
+  for (const OpDecl& op : spec.update) {
+    if (op.parameter < 0) {
+      if (op.role == OpRole::clip && !norm_axes(plan).empty()) {
+        // 8 bytes: the engine sends the squared norm as one double.
+        const BufferId partial = add_plan_buffer(plan, PlanBuffer{"optimizer/norm_partial",
+                                                                  BufferKind::communication,
+                                                                  DType::f32,
+                                                                  shape_of({{"sum", 2}}),
+                                                                  {DimSharding{}}});
+        for (MeshAxis axis : norm_axes(plan)) {
+          steps.push_back(step_of(add_collective_op(
+              plan, std::string("optimizer/reduce_grad_norm/") + mesh_axis_name(axis),
+              OpRole::reduce_grad_norm, -1, CollectiveKind::all_reduce, axis, partial, kNoBuffer)));
+        }
+      }
+      steps.push_back(step_of(&op));
+      continue;
+    }
+    const size_t k = static_cast<size_t>(op.parameter);
+    const ParameterDecl& parameter = spec.parameters[k];
+    const ParameterStorage& store = plan.storage[k];
+    const std::string& name = parameter.canonical_name;
+    const bool is_norm = op.role == OpRole::grad_norm;
+    if (is_norm && parameter.gradient_partial_over_tensor && mesh.tensor > 1) {
+      steps.push_back(step_of(add_collective_op(
+          plan, "tensor/all_reduce/" + name, OpRole::tensor_gradient_reduction, op.parameter,
+          CollectiveKind::all_reduce, MeshAxis::tensor, store.gradient_store, kNoBuffer)));
+    }
+    // A kv head replicated on several tensor ranks: each holds the part of its gradient that its own query
+    // heads produced; the replicas sum them.
+    const int64_t replicas = kv_replicas(plan, parameter.value);
+    if (is_norm && replicas > 1) {
+      steps.push_back(
+          step_of(add_collective_op(plan, "tensor/kv_replicas_all_reduce/" + name,
+                                    OpRole::kv_replica_reduction, op.parameter, CollectiveKind::all_reduce,
+                                    MeshAxis::tensor, store.gradient_store, kNoBuffer, 1, false, replicas)));
+    }
+    if (store.gradient_data_shard >= 0) {
+      if (is_norm) {
+        steps.push_back(
+            step_of(add_collective_op(plan, "zero1/reduce_scatter/" + name, OpRole::zero1_reduce_scatter,
+                                      op.parameter, CollectiveKind::reduce_scatter, MeshAxis::data,
+                                      store.gradient_store, store.gradient_data_shard, store.data_outer)));
+      }
+      if (!is_norm && store.data_outer > 1) steps.push_back(step_of(add_slice_op(plan, store, k)));
+      steps.push_back(bind_step(bind_step(step_of(&op), parameter.gradient, store.gradient_data_shard),
+                                parameter.value, store.value_data_shard));
+      if (!is_norm) {
+        steps.push_back(step_of(add_collective_op(
+            plan, "zero1/gather/" + name, OpRole::zero1_all_gather, op.parameter, CollectiveKind::all_gather,
+            MeshAxis::data, store.value_store, store.value_data_shard, store.data_outer)));
+      }
+      continue;
+    }
+    if (is_norm && mesh.data > 1) {
+      steps.push_back(step_of(
+          add_collective_op(plan, "data/all_reduce/" + name, OpRole::data_gradient_reduction, op.parameter,
+                            CollectiveKind::all_reduce, MeshAxis::data, store.gradient_store, kNoBuffer)));
+    }
+    steps.push_back(bind_step(bind_step(step_of(&op), parameter.value, store.value_store), parameter.gradient,
+                              store.gradient_store));
+  }
+  return steps;
+}
+
+double step_share(const TrainingPlan& plan, const PlanStep& step) {
+  if (step.op->role != OpRole::grad_norm) return 1.0;
+  double share = 1.0;
+  // A gradient replicated over an axis its norm is reduced on counts once over the replicas.
+  const PlanBuffer& gradient = plan.buffers[static_cast<size_t>(step.buffers.front().second)];
+  for (MeshAxis axis : norm_axes(plan)) {
+    if (!gradient.split_over(axis)) share /= static_cast<double>(plan.mesh.size(axis));
+  }
+  // Replicated kv heads count once over their replicas.
+  share /= static_cast<double>(
+      kv_replicas(plan, plan.spec.parameters[static_cast<size_t>(step.op->parameter)].value));
+  return share;
+}
+
+}  // namespace meshtrain

@@ -1,0 +1,64 @@
+// Plan identity: the config table's plan keys in their recorded order, then the derived inputs; the hash
+// moves with a plan key and not with any other key.
+#include <gtest/gtest.h>
+
+#include "meshtrain/plan/passes.h"
+#include "tiny_plan.h"
+
+namespace meshtrain {
+namespace {
+
+TEST(PlanIdentity, KeysComeFromTheConfigTableInPlanFileOrder) {
+  // The order plan files have always recorded (their bytes depend on it).
+  const std::vector<std::string> expected = {"decoder_block",
+                                             "base_emb_dim",
+                                             "base_num_query_heads",
+                                             "base_num_kv_heads",
+                                             "head_dim",
+                                             "base_mlp_dim",
+                                             "base_num_decoder_layers",
+                                             "vocab_size",
+                                             "max_position_embeddings",
+                                             "logits_via_embedding",
+                                             "max_target_length",
+                                             "dtype",
+                                             "weight_dtype",
+                                             "grad_dtype",
+                                             "mu_dtype",
+                                             "remat_policy",
+                                             "per_device_batch_size",
+                                             "gradient_accumulation_steps",
+                                             "shard_optimizer_over_data",
+                                             "logical_axis_rules.batch",
+                                             "logical_axis_rules.length",
+                                             "logical_axis_rules.embed",
+                                             "logical_axis_rules.heads",
+                                             "logical_axis_rules.kv_heads",
+                                             "logical_axis_rules.head_dim",
+                                             "logical_axis_rules.mlp",
+                                             "logical_axis_rules.vocab",
+                                             "logical_axis_rules.positions"};
+  EXPECT_EQ(plan_key_names(), expected);
+  const TrainingPlan plan = testing::tiny_plan({"mesh.data=2"});
+  std::vector<std::string> keys;
+  for (const auto& [key, value] : plan.identity.keys) keys.push_back(key);
+  std::vector<std::string> with_derived = expected;
+  for (const char* derived : {"topology", "mesh.data", "mesh.fsdp", "mesh.context", "mesh.tensor", "threads"})
+    with_derived.push_back(derived);
+  EXPECT_EQ(keys, with_derived);
+  EXPECT_EQ(plan.identity.keys[1], (std::pair<std::string, std::string>{"base_emb_dim", "32"}));
+}
+
+TEST(PlanIdentity, HashMovesWithPlanKeysOnly) {
+  const Mesh mesh = resolve_mesh(MeshShape{}, 1, "test");
+  const Topology topology = load_topology("cpu", "");
+  const std::string base = plan_identity(testing::tiny_config(), mesh, topology, 1).hash;
+  EXPECT_EQ(base.size(), 16u);
+  EXPECT_EQ(plan_identity(testing::tiny_config(), mesh, topology, 1).hash, base);
+  EXPECT_EQ(plan_identity(testing::tiny_config({"learning_rate=0.5"}), mesh, topology, 1).hash, base);
+  EXPECT_NE(plan_identity(testing::tiny_config({"remat_policy=full"}), mesh, topology, 1).hash, base);
+  EXPECT_NE(plan_identity(testing::tiny_config(), mesh, topology, 2).hash, base);
+}
+
+}  // namespace
+}  // namespace meshtrain

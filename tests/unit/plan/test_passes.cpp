@@ -1,0 +1,168 @@
+// The planner's passes one at a time (passes.h): storage, remat, FSDP insertion, reductions and update,
+// liveness and cost, each on a small plan or on hand-made steps.
+#include <gtest/gtest.h>
+
+#include "meshtrain/core/arena.h"
+#include "meshtrain/plan/passes.h"
+#include "tiny_plan.h"
+
+namespace meshtrain {
+namespace {
+
+TEST(PlanStorage, FsdpShardsPersistAndTheRegionTilesWithoutOverlap) {
+  const TrainingPlan plan = testing::tiny_plan({"mesh.fsdp=2"});
+  ASSERT_EQ(plan.storage.size(), plan.spec.parameters.size());
+  for (size_t k = 0; k < plan.storage.size(); ++k) {
+    const ParameterStorage& store = plan.storage[k];
+    const ParameterDecl& parameter = plan.spec.parameters[k];
+    ASSERT_TRUE(store.gathered) << parameter.canonical_name;
+    const PlanBuffer& shard = plan.buffers[static_cast<size_t>(store.value_store)];
+    EXPECT_TRUE(shard.persistent);
+    EXPECT_FALSE(plan.buffers[static_cast<size_t>(parameter.value)].persistent);
+    EXPECT_EQ(2 * shard.shape.elements(), plan.spec.buffer(parameter.value).shape.elements());
+  }
+  std::vector<std::pair<size_t, size_t>> regions;
+  size_t total = 0;
+  for (const PlanBuffer& buffer : plan.buffers) {
+    if (!buffer.persistent) continue;
+    EXPECT_EQ(buffer.offset % kArenaAlignment, 0u) << buffer.name;
+    regions.emplace_back(buffer.offset, buffer.offset + align_up(buffer.bytes));
+    total += align_up(buffer.bytes);
+  }
+  std::sort(regions.begin(), regions.end());
+  for (size_t i = 1; i < regions.size(); ++i) EXPECT_LE(regions[i - 1].second, regions[i].first);
+  EXPECT_EQ(plan.persistent_bytes, total);
+}
+
+TEST(PlanRemat, RecomputedOpsAreForwardOpsBeforeTheirBlocksBackward) {
+  const TrainingPlan none = testing::tiny_plan();
+  const std::vector<PlanStep> plain = backward_with_recompute(none.spec);
+  ASSERT_EQ(plain.size(), none.spec.loss_backward.size());
+  for (const PlanStep& step : plain) EXPECT_FALSE(step.recompute);
+
+  const TrainingPlan full = testing::tiny_plan({"remat_policy=full"});
+  const ModelSpec& spec = full.spec;
+  const std::vector<PlanStep> steps = backward_with_recompute(spec);
+  size_t recomputed = 0, backward = 0;
+  for (const PlanStep& step : steps) {
+    if (!step.recompute) {
+      EXPECT_EQ(step.op, &spec.loss_backward[backward++]);
+      continue;
+    }
+    ++recomputed;
+    // A recomputed op belongs to the block whose backward comes next.
+    const auto block = std::find_if(spec.blocks.begin(), spec.blocks.end(),
+                                    [&](const LayerBlock& b) { return b.backward_begin == backward; });
+    ASSERT_NE(block, spec.blocks.end());
+    EXPECT_GE(step.op, &spec.forward[block->forward_begin]);
+    EXPECT_LT(step.op, &spec.forward[0] + block->forward_end);
+  }
+  EXPECT_EQ(backward, spec.loss_backward.size());
+  EXPECT_GT(recomputed, 0u);
+}
+
+TEST(PlanFsdp, GathersPrecedeTheFirstReaderOnce) {
+  TrainingPlan plan = testing::tiny_plan({"mesh.fsdp=2"});
+  std::vector<const OpDecl*> forward;
+  for (const OpDecl& op : plan.spec.forward) forward.push_back(&op);
+  const std::vector<PlanStep> steps =
+      insert_fsdp(plan, {forward}, {std::vector<bool>(forward.size(), false)}, false);
+  std::set<int32_t> gathered;
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const OpDecl& op = *steps[i].op;
+    if (op.role == OpRole::fsdp_gather) {
+      EXPECT_TRUE(gathered.insert(op.parameter).second) << op.name;
+      continue;
+    }
+    EXPECT_NE(op.role, OpRole::fsdp_reduce_scatter);  // no gradients asked for
+    for (size_t k = 0; k < plan.spec.parameters.size(); ++k) {
+      if (contains(op.reads, plan.spec.parameters[k].value)) {
+        EXPECT_TRUE(gathered.count(static_cast<int32_t>(k))) << op.name << " reads before its gather";
+      }
+    }
+  }
+  EXPECT_EQ(steps.size(), forward.size() + gathered.size());
+}
+
+TEST(PlanReductions, EachGradientIsReducedBeforeItsNorm) {
+  for (bool zero1 : {false, true}) {
+    TrainingPlan plan = testing::tiny_plan(
+        {"mesh.data=2", std::string("shard_optimizer_over_data=") + (zero1 ? "true" : "false")});
+    const OpRole reduction = zero1 ? OpRole::zero1_reduce_scatter : OpRole::data_gradient_reduction;
+    std::set<int32_t> reduced, gathered;
+    for (const PlanStep& step : update_steps(plan)) {
+      const OpDecl& op = *step.op;
+      if (op.role == reduction) reduced.insert(op.parameter);
+      if (op.role == OpRole::zero1_all_gather) gathered.insert(op.parameter);
+      if (op.role == OpRole::grad_norm || op.role == OpRole::adamw) {
+        EXPECT_TRUE(reduced.count(op.parameter)) << op.name;
+        // ZeRO-1 binds the update to this rank's data shard.
+        const ParameterStorage& store = plan.storage[static_cast<size_t>(op.parameter)];
+        const BufferId gradient = plan.spec.parameters[static_cast<size_t>(op.parameter)].gradient;
+        for (const auto& [spec_id, plan_id] : step.buffers) {
+          if (spec_id == gradient) {
+            EXPECT_EQ(plan_id, zero1 ? store.gradient_data_shard : store.gradient_store);
+          }
+        }
+      }
+    }
+    EXPECT_EQ(reduced.size(), plan.spec.parameters.size());
+    EXPECT_EQ(gathered.size(), zero1 ? plan.spec.parameters.size() : 0u);
+  }
+}
+
+TEST(PlanLiveness, AWriteThatDoesNotReadStartsANewValue) {
+  const TrainingPlan plan = testing::tiny_plan();
+  BufferId scratch = kNoBuffer;
+  for (size_t id = 0; id < plan.spec.buffers.size() && scratch == kNoBuffer; ++id) {
+    if (plan.spec.buffers[id].kind == BufferKind::activation) scratch = static_cast<BufferId>(id);
+  }
+  ASSERT_NE(scratch, kNoBuffer);
+  const OpDecl write{"write", {}, {scratch}, 0.0, nullptr};
+  const OpDecl read{"read", {scratch}, {}, 0.0, nullptr};
+  const OpDecl update{"update", {scratch}, {scratch}, 0.0, nullptr};
+  const std::vector<PlanStep> steps = {step_of(&write),  step_of(&read), step_of(&write),
+                                       step_of(&update), step_of(&read), step_of(&plan.spec.forward[0])};
+  const Liveness liveness = plan_liveness(plan, steps, KernelName::eval);
+  ASSERT_GE(liveness.values.size(), 2u);
+  EXPECT_EQ(liveness.values[0].buffer, scratch);
+  EXPECT_EQ(liveness.values[0].first_op, 0);
+  EXPECT_EQ(liveness.values[0].last_op, 1);
+  EXPECT_EQ(liveness.values[1].first_op, 2);
+  EXPECT_EQ(liveness.values[1].last_op, 4);
+  EXPECT_EQ(liveness.value_of_step[3], (std::vector<size_t>{1}));
+  // The tokens the embedding reads persist: no value.
+  for (size_t b = 0; b < steps[5].buffers.size(); ++b) {
+    if (steps[5].buffers[b].first == plan.spec.tokens) {
+      EXPECT_EQ(liveness.value_of_step[5][b], Liveness::kPersistent);
+    }
+  }
+  const OpDecl orphan{"orphan_read", {scratch}, {}, 0.0, nullptr};
+  EXPECT_THROW(plan_liveness(plan, {step_of(&orphan)}, KernelName::eval), std::exception);
+}
+
+TEST(PlanCost, CollectivePayloadsFollowAotPlanAndKernelTotalsAddUp) {
+  EXPECT_EQ(collective_payload_bytes(CollectiveKind::all_reduce, 800.0, 4.0), 1200.0);
+  EXPECT_EQ(collective_payload_bytes(CollectiveKind::all_gather, 800.0, 4.0), 600.0);
+  EXPECT_EQ(collective_payload_bytes(CollectiveKind::reduce_scatter, 800.0, 2.0), 400.0);
+  EXPECT_EQ(collective_payload_bytes(CollectiveKind::send_recv, 800.0, 2.0), 800.0);
+  const TrainingPlan plan = testing::tiny_plan({"mesh.data=2"});
+  for (const KernelPlan& kernel : plan.kernels) {
+    double flops = 0.0, seconds = 0.0, data = 0.0;
+    for (const PlanOp& op : kernel.ops) {
+      flops += op.flops;
+      seconds += op.seconds;
+      if (op.op->kind == OpKind::collective && op.op->collective.axis == MeshAxis::data)
+        data += op.collective_bytes;
+      EXPECT_GE(op.seconds, 0.0) << op.op->name;
+    }
+    EXPECT_EQ(kernel.flops, flops);
+    EXPECT_EQ(kernel.seconds, seconds);
+    EXPECT_EQ(kernel.collective_bytes.count("data") ? kernel.collective_bytes.at("data") : 0.0, data);
+    const MemoryFigures& memory = kernel.memory;
+    EXPECT_EQ(memory.peak, memory.arguments + memory.outputs + memory.temps - memory.aliases);
+  }
+}
+
+}  // namespace
+}  // namespace meshtrain
