@@ -18,6 +18,8 @@ struct PlanStep {
   bool recompute = false;
   std::vector<std::pair<BufferId, PlanBufferId>> buffers;  // reads then writes, each id once
 };
+
+// Whether an op's reads or writes list `id`.
 inline bool contains(const std::vector<BufferId>& ids, BufferId id) {
   return std::find(ids.begin(), ids.end(), id) != ids.end();
 }
