@@ -11,6 +11,7 @@
 #include <set>
 
 #include "meshtrain/cli/arguments.h"
+#include "meshtrain/core/durable_file.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/plan/plan.h"
 
@@ -265,18 +266,8 @@ void write_plan_files(const TrainingPlan& plan, const std::string& stem, std::os
              error.message());
       }
     }
-    // Written under a temporary name and renamed: a file at the final path is always complete.
-    const fs::path partial = path.string() + ".partial";
     const std::string text = serialize_kernel_plan(plan, kernel.kernel);
-    {
-      std::ofstream file(partial, std::ios::binary | std::ios::trunc);
-      file << text;
-      file.close();
-      if (!file) fail(partial.string(), "a writable plan file", "a write error", "check the plan_out path");
-    }
-    std::error_code error;
-    fs::rename(partial, path, error);
-    if (error) fail(path.string(), "a plan file renamed into place", error.message());
+    write_file_atomically(path.string(), text);
     out << "  " << path.string() << " (" << text.size() << " bytes)\n";
   }
 }

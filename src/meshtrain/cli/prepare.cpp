@@ -2,9 +2,6 @@
 // in parallel, writes the shards and records everything (arguments, checksums, figures) in prepare.json.
 #include "meshtrain/cli/prepare.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -15,6 +12,7 @@
 #include <system_error>
 
 #include "meshtrain/core/crc32c.h"
+#include "meshtrain/core/durable_file.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/data/corpus.h"
 #include "meshtrain/data/shards.h"
@@ -54,31 +52,6 @@ std::string read_file(const std::string& path) {
 uint32_t file_crc(const std::string& path) {
   const std::string bytes = read_file(path);
   return crc32c(bytes.data(), bytes.size());
-}
-
-// Temp file + fsync + rename, so a reader never sees half a prepare.json.
-void write_file_atomically(const std::string& path, const std::string& text) {
-  const std::string temporary = path + ".tmp." + std::to_string(::getpid());
-  const int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0)
-    fail(path, "a writable file", std::system_category().message(errno), "check the folder's permissions");
-  size_t done = 0;
-  while (done < text.size()) {
-    const ssize_t written = ::write(fd, text.data() + done, text.size() - done);
-    if (written < 0 && errno == EINTR) continue;
-    if (written <= 0) {
-      const int err = errno;
-      ::close(fd);
-      ::unlink(temporary.c_str());
-      fail(path, "the write to succeed", std::system_category().message(err), "check free disk space");
-    }
-    done += static_cast<size_t>(written);
-  }
-  if (::fsync(fd) != 0 || ::close(fd) != 0 || ::rename(temporary.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    ::unlink(temporary.c_str());
-    fail(path, "the write to succeed", std::system_category().message(err), "check the disk");
-  }
 }
 
 // A fingerprint of the corpus as split: any edit to a document, or a change of split, changes it.

@@ -17,6 +17,7 @@
 
 #include "meshtrain/comm/communicator.h"
 #include "meshtrain/core/crc32c.h"
+#include "meshtrain/core/durable_file.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/data/corpus.h"
 #include "meshtrain/data/loader.h"
