@@ -1,6 +1,5 @@
 #include "meshtrain/train/trainer.h"
 
-#include <omp.h>
 #include <sys/resource.h>
 
 #include <atomic>
@@ -21,6 +20,7 @@
 #include "meshtrain/core/error.h"
 #include "meshtrain/data/corpus.h"
 #include "meshtrain/data/loader.h"
+#include "meshtrain/data/prepare.h"
 #include "meshtrain/data/shards.h"
 #include "meshtrain/data/tokenizer.h"
 #include "meshtrain/plan/plan.h"
@@ -140,14 +140,7 @@ std::string tokenize_text_dataset(const Config& config, const Tokenizer& tokeniz
   const Corpus corpus = load_corpus(config.dataset_path, 0.05);
   const std::string dir = config.run_dir + "/data";
   fs::create_directories(dir);
-  const auto encode_all = [&](const std::vector<Document>& documents) {
-    std::vector<std::vector<int32_t>> ids(documents.size());
-#pragma omp parallel for schedule(dynamic)
-    for (size_t i = 0; i < documents.size(); ++i) ids[i] = tokenizer.encode(documents[i].text);
-    return ids;
-  };
-  write_token_shard(dir + "/train.tokens", encode_all(corpus.train), eos_id);
-  write_token_shard(dir + "/validation.tokens", encode_all(corpus.validation), eos_id);
+  tokenize_corpus(corpus, tokenizer, eos_id, dir);
   return dir;
 }
 
