@@ -17,6 +17,7 @@
 #include "meshtrain/config/config.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/plan/plan.h"
+#include "meshtrain/plan/search.h"
 
 namespace meshtrain {
 namespace {
@@ -210,7 +211,7 @@ double parse_seconds(const std::string& value, const std::string& unit) {
 
 TEST_F(CompileCli, SearchRanksFittingConfigurationsByStepTime) {
   const std::vector<std::string> overrides = {"topology=cpu", "mesh.data=2", "per_device_batch_size=4"};
-  const SearchResult result = search_training_configurations("qwen3-tiny", overrides);
+  const SearchResult result = search_training_configurations(load_config("qwen3-tiny", overrides));
   EXPECT_EQ(result.devices, 2);
   EXPECT_EQ(result.global_batch, 8);
   // tensor in {1, 2} (6 query heads, one host), data x fsdp the rest, batch x GA = 4, three remat policies.
@@ -220,18 +221,19 @@ TEST_F(CompileCli, SearchRanksFittingConfigurationsByStepTime) {
     EXPECT_LE(result.fitting[i - 1].step_seconds, result.fitting[i].step_seconds) << "rank " << i;
   }
   // The step time of the best is fwd_bwd + (GA - 1) x fwd_bwd_accum + update of its own plan.
-  for (const SearchCandidate& best : {result.fitting.front(), result.fitting.back()}) {
+  for (const FittingCandidate& best : {result.fitting.front(), result.fitting.back()}) {
     std::vector<std::string> candidate = {"topology=cpu"};
-    std::istringstream words(best.overrides());
+    std::istringstream words(best.candidate.overrides());
     for (std::string word; words >> word;) candidate.push_back(word);
     const TrainingPlan plan = fresh_plan(
         "qwen3-tiny", candidate, {KernelName::fwd_bwd, KernelName::fwd_bwd_accum, KernelName::update});
-    EXPECT_EQ(plan.mesh.to_string(), best.mesh.to_string());
+    EXPECT_EQ(plan.mesh.to_string(), best.candidate.mesh.to_string());
     EXPECT_EQ(plan.arena_bytes, best.arena_bytes);
-    EXPECT_DOUBLE_EQ(best.step_seconds, plan.kernel(KernelName::fwd_bwd).seconds +
-                                            static_cast<double>(best.gradient_accumulation_steps - 1) *
-                                                plan.kernel(KernelName::fwd_bwd_accum).seconds +
-                                            plan.kernel(KernelName::update).seconds);
+    EXPECT_DOUBLE_EQ(best.step_seconds,
+                     plan.kernel(KernelName::fwd_bwd).seconds +
+                         static_cast<double>(best.candidate.gradient_accumulation_steps - 1) *
+                             plan.kernel(KernelName::fwd_bwd_accum).seconds +
+                         plan.kernel(KernelName::update).seconds);
   }
 
   // The command prints the same ranking, fastest first.
@@ -256,15 +258,16 @@ TEST_F(CompileCli, SearchRanksFittingConfigurationsByStepTime) {
   }
   ASSERT_EQ(printed.size(), std::min<size_t>(result.fitting.size(), 10)) << output;
   for (size_t i = 1; i < printed.size(); ++i) EXPECT_LE(printed[i - 1], printed[i]) << output;
-  EXPECT_TRUE(
-      contains(output, "best: meshtrain compile <config> topology=cpu " + result.fitting[0].overrides()))
+  EXPECT_TRUE(contains(
+      output, "best: meshtrain compile <config> topology=cpu " + result.fitting[0].candidate.overrides()))
       << output;
 }
 
 TEST_F(CompileCli, SearchSkipsInvalidMeshesAndSaysWhenNothingFits) {
   // qwen3-0.6b: 16 query / 8 kv heads; on 8 devices tensor in {1, 2, 4, 8} all divide both, so use a model
   // whose kv heads a tensor degree the query heads allow does not divide: qwen3-tiny (6 / 2) with tensor 3.
-  const SearchResult tiny = search_training_configurations("qwen3-tiny", {"topology=cpu", "mesh.data=6"});
+  const SearchResult tiny =
+      search_training_configurations(load_config("qwen3-tiny", {"topology=cpu", "mesh.data=6"}));
   EXPECT_GT(tiny.invalid, 0) << "tensor 3 and 6 split 6 query heads but not 2 kv heads";
   EXPECT_LT(tiny.invalid, tiny.planned);
   // 14B on one 16 GB chip at batch 1: nothing fits, and the smallest arena is reported.

@@ -13,6 +13,7 @@
 #include "meshtrain/cli/prepare.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/data/loader.h"
+#include "meshtrain/data/prepare.h"
 #include "meshtrain/data/shards.h"
 #include "meshtrain/data/tokenizer.h"
 
@@ -103,10 +104,11 @@ TEST_F(PrepareTest, WritesReloadableOutputsAndSkipsSecondRun) {
   EXPECT_EQ(loader.token_count(), summary["train"]["tokens"].get<uint64_t>());
 
   const auto modified = fs::last_write_time(out / "train.tokens");
-  std::ostringstream second;
   const PrepareResult again =
-      prepare_dataset(PrepareOptions{(dir_ / "out").string(), 300, (dir_ / "corpus").string(), 0.25}, second);
+      prepare_dataset(PrepareOptions{(dir_ / "out").string(), 300, (dir_ / "corpus").string(), 0.25});
   EXPECT_TRUE(again.skipped);
+  std::ostringstream second;
+  ASSERT_EQ(run_prepare(flags(), second), 0);
   EXPECT_NE(second.str().find("up to date"), std::string::npos) << second.str();
   EXPECT_EQ(fs::last_write_time(out / "train.tokens"), modified);
 
@@ -116,21 +118,39 @@ TEST_F(PrepareTest, WritesReloadableOutputsAndSkipsSecondRun) {
   EXPECT_NE(third.str().find("wrote"), std::string::npos) << third.str();
   EXPECT_EQ(Tokenizer::load((out / "tokenizer.json").string()).vocab_size(), 280);
   // So does an edited corpus file, and a damaged output.
-  std::ostringstream fourth;
   write_corpus_file("doc3.txt", "Entirely new text for the third document.\n");
-  EXPECT_FALSE(
-      prepare_dataset(PrepareOptions{(dir_ / "out").string(), 280, (dir_ / "corpus").string(), 0.25}, fourth)
-          .skipped);
+  EXPECT_FALSE(prepare_dataset(PrepareOptions{(dir_ / "out").string(), 280, (dir_ / "corpus").string(), 0.25})
+                   .skipped);
   {
     std::fstream damage(out / "train.tokens", std::ios::in | std::ios::out | std::ios::binary);
     damage.seekp(40);
     damage.put('\x7f');
   }
-  std::ostringstream fifth;
-  EXPECT_FALSE(
-      prepare_dataset(PrepareOptions{(dir_ / "out").string(), 280, (dir_ / "corpus").string(), 0.25}, fifth)
-          .skipped);
+  EXPECT_FALSE(prepare_dataset(PrepareOptions{(dir_ / "out").string(), 280, (dir_ / "corpus").string(), 0.25})
+                   .skipped);
   EXPECT_NO_THROW(TokenShard::open((out / "train.tokens").string()));
+}
+
+// The tokenizing half of the pipeline alone, as dataset_type=text runs it with a run's tokenizer.
+TEST_F(PrepareTest, TokenizeCorpusWritesBothSplitsWithEos) {
+  std::ostringstream made;
+  ASSERT_EQ(run_prepare(flags(), made), 0);
+  const Tokenizer tokenizer = Tokenizer::load((dir_ / "out" / "tokenizer.json").string());
+  const int32_t eos = *tokenizer.eos_id();
+  Corpus corpus;
+  corpus.train = {{"a", "In the beginning"}, {"b", "and the earth"}};
+  corpus.validation = {{"c", "was without form"}};
+  const fs::path shards = dir_ / "shards";
+  fs::create_directories(shards);
+  const TokenizedCorpus tokens = tokenize_corpus(corpus, tokenizer, eos, shards.string());
+  EXPECT_EQ(tokens.train_path, (shards / "train.tokens").string());
+  ASSERT_EQ(tokens.train.size(), 2u);
+  EXPECT_EQ(tokens.train[1], tokenizer.encode("and the earth"));
+  const TokenShard validation = TokenShard::open(tokens.validation_path);
+  std::vector<int32_t> ids(validation.size());
+  validation.read(0, ids.size(), ids.data());
+  EXPECT_EQ(tokenizer.decode(ids), "was without form<|endoftext|>");
+  EXPECT_EQ(tokens.train_shard.token_count, tokens.train[0].size() + tokens.train[1].size() + 2);
 }
 
 TEST_F(PrepareTest, BadFlagsAreErrors) {

@@ -11,8 +11,10 @@
 #include <set>
 
 #include "meshtrain/cli/arguments.h"
+#include "meshtrain/core/durable_file.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/plan/plan.h"
+#include "meshtrain/plan/search.h"
 
 namespace meshtrain {
 namespace {
@@ -265,37 +267,13 @@ void write_plan_files(const TrainingPlan& plan, const std::string& stem, std::os
              error.message());
       }
     }
-    // Written under a temporary name and renamed: a file at the final path is always complete.
-    const fs::path partial = path.string() + ".partial";
     const std::string text = serialize_kernel_plan(plan, kernel.kernel);
-    {
-      std::ofstream file(partial, std::ios::binary | std::ios::trunc);
-      file << text;
-      file.close();
-      if (!file) fail(partial.string(), "a writable plan file", "a write error", "check the plan_out path");
-    }
-    std::error_code error;
-    fs::rename(partial, path, error);
-    if (error) fail(path.string(), "a plan file renamed into place", error.message());
+    write_file_atomically(path.string(), text);
     out << "  " << path.string() << " (" << text.size() << " bytes)\n";
   }
 }
 
 // --- --search -------------------------------------------------------------------------------------------
-
-std::vector<int64_t> divisors(int64_t n) {
-  std::vector<int64_t> result;
-  for (int64_t d = 1; d <= n; ++d) {
-    if (n % d == 0) result.push_back(d);
-  }
-  return result;
-}
-
-struct Candidate {
-  Mesh mesh;
-  int64_t per_device_batch_size, gradient_accumulation_steps;
-  std::string remat_policy;
-};
 
 void print_search(const SearchResult& result, std::ostream& out) {
   out << "meshtrain compile --search: " << result.topology << ", " << result.devices << " devices, "
@@ -328,156 +306,20 @@ void print_search(const SearchResult& result, std::ostream& out) {
   out << format("  %-4s %-5s %-5s %-8s %-7s %-6s %-4s %-8s %10s %12s\n", "rank", "data", "fsdp", "context",
                 "tensor", "batch", "GA", "remat", "arena GiB", "step time");
   for (size_t i = 0; i < shown; ++i) {
-    const SearchCandidate& c = result.fitting[i];
+    const FittingCandidate& fit = result.fitting[i];
+    const SearchCandidate& c = fit.candidate;
     out << format("  %-4zu %-5lld %-5lld %-8lld %-7lld %-6lld %-4lld %-8s %10.2f %12s\n", i + 1,
                   static_cast<long long>(c.mesh.data), static_cast<long long>(c.mesh.fsdp),
                   static_cast<long long>(c.mesh.context), static_cast<long long>(c.mesh.tensor),
                   static_cast<long long>(c.per_device_batch_size),
                   static_cast<long long>(c.gradient_accumulation_steps), c.remat_policy.c_str(),
-                  static_cast<double>(c.arena_bytes) / kGiB, seconds_text(c.step_seconds).c_str());
+                  static_cast<double>(fit.arena_bytes) / kGiB, seconds_text(fit.step_seconds).c_str());
   }
   out << "best: meshtrain compile <config> topology=" << result.topology << " "
-      << result.fitting[0].overrides() << "\n";
+      << result.fitting[0].candidate.overrides() << "\n";
 }
 
 }  // namespace
-
-std::string SearchCandidate::overrides() const {
-  return format(
-      "mesh.data=%lld mesh.fsdp=%lld mesh.context=%lld mesh.tensor=%lld per_device_batch_size=%lld "
-      "gradient_accumulation_steps=%lld remat_policy=%s",
-      static_cast<long long>(mesh.data), static_cast<long long>(mesh.fsdp),
-      static_cast<long long>(mesh.context), static_cast<long long>(mesh.tensor),
-      static_cast<long long>(per_device_batch_size), static_cast<long long>(gradient_accumulation_steps),
-      remat_policy.c_str());
-}
-
-SearchResult search_training_configurations(const std::string& config_argument,
-                                            const std::vector<std::string>& overrides) {
-  const Clock::time_point start = Clock::now();
-  const Config base = load_config(config_argument, overrides);
-  if (!base.plan_out.empty()) {
-    fail("config key 'plan_out'", "no plan files with --search (it plans many configurations)",
-         "'" + base.plan_out + "'", "run compile again without --search and with the chosen overrides");
-  }
-  const Topology topology = load_topology(base.topology, base.topologies_path);
-  SearchResult result;
-  result.topology = topology.name;
-  result.devices = resolve_devices(base, topology, 0).count;
-  result.device_memory_bytes = topology.device_memory_bytes(result.devices);
-  const int64_t context = base.mesh.context >= 1 ? base.mesh.context : 1;
-  if (result.devices % context != 0) {
-    fail("config key 'mesh.context'", "a divisor of the " + std::to_string(result.devices) + " devices",
-         std::to_string(context));
-  }
-  const int64_t sequences_per_device = base.per_device_batch_size * base.gradient_accumulation_steps;
-  result.global_batch = sequences_per_device * result.devices;
-  // Tensor parallelism stays inside a host (its collectives run every layer) and splits the query heads.
-  const int64_t tensor_limit = topology.devices_per_host == 0 ? result.devices : topology.devices_per_host;
-  result.context = context;
-  result.tensor_limit = tensor_limit;
-  result.query_heads = base.base_num_query_heads;
-
-  std::vector<Candidate> candidates;
-  for (int64_t tensor : divisors(result.devices / context)) {
-    if (tensor > tensor_limit || base.base_num_query_heads % tensor != 0) continue;
-    for (int64_t fsdp : divisors(result.devices / context / tensor)) {
-      const int64_t data = result.devices / context / tensor / fsdp;
-      for (int64_t batch : divisors(sequences_per_device)) {
-        for (const char* remat : {"none", "minimal", "full"}) {
-          candidates.push_back(
-              {Mesh{data, fsdp, context, tensor}, batch, sequences_per_device / batch, remat});
-        }
-      }
-    }
-  }
-
-  // The user's overrides minus the keys each candidate sets (a key given twice is an error).
-  std::vector<std::string> searched_out;
-  for (const std::string& override_text : overrides) {
-    const std::string key = override_text.substr(0, override_text.find('='));
-    if (!key.starts_with("mesh.") && key != "per_device_batch_size" && key != "gradient_accumulation_steps" &&
-        key != "remat_policy" && key != "kernels") {
-      searched_out.push_back(override_text);
-    }
-  }
-  // Candidates are planned in parallel (each plan is independent and deterministic), then gathered in
-  // enumeration order so the ranking does not depend on the thread count.
-  struct Outcome {
-    bool valid = false;
-    size_t arena_bytes = 0;
-    bool fits = false;
-    double step_seconds = 0.0;
-    std::string invalid_reason;  // the MeshError's message
-    std::exception_ptr error;    // anything but a MeshError: rethrown after the loop
-  };
-  std::vector<Outcome> outcomes(candidates.size());
-  const auto plan_candidate = [&](const Candidate& candidate, Outcome& outcome) {
-    std::vector<std::string> candidate_overrides = searched_out;
-    for (MeshAxis axis : kMeshAxes) {
-      candidate_overrides.push_back(std::string("mesh.") + mesh_axis_name(axis) + "=" +
-                                    std::to_string(candidate.mesh.size(axis)));
-    }
-    candidate_overrides.push_back("per_device_batch_size=" + std::to_string(candidate.per_device_batch_size));
-    candidate_overrides.push_back("gradient_accumulation_steps=" +
-                                  std::to_string(candidate.gradient_accumulation_steps));
-    candidate_overrides.push_back("remat_policy=" + candidate.remat_policy);
-    PlanRequest request;
-    request.config = load_config(config_argument, candidate_overrides);
-    request.kernels = {KernelName::fwd_bwd, KernelName::fwd_bwd_accum, KernelName::update};
-    TrainingPlan plan;
-    try {
-      plan = plan_training(request);
-    } catch (const MeshError& error) {
-      outcome.invalid_reason = error.what();  // e.g. kv heads not divisible by the tensor degree
-      return;
-    }
-    outcome.valid = true;
-    outcome.arena_bytes = plan.arena_bytes;
-    outcome.fits = plan.fits();
-    outcome.step_seconds = plan.kernel(KernelName::fwd_bwd).seconds +
-                           static_cast<double>(candidate.gradient_accumulation_steps - 1) *
-                               plan.kernel(KernelName::fwd_bwd_accum).seconds +
-                           plan.kernel(KernelName::update).seconds;
-  };
-  const int64_t candidate_count = static_cast<int64_t>(candidates.size());
-#pragma omp parallel for schedule(dynamic, 1)
-  for (int64_t index = 0; index < candidate_count; ++index) {
-    Outcome& outcome = outcomes[static_cast<size_t>(index)];
-    try {
-      plan_candidate(candidates[static_cast<size_t>(index)], outcome);
-    } catch (...) {
-      outcome.error = std::current_exception();  // an exception must not leave an OpenMP region
-    }
-  }
-  std::vector<std::pair<SearchCandidate, size_t>> fitting;  // with enumeration index for stable ties
-  for (size_t index = 0; index < candidates.size(); ++index) {
-    const Outcome& outcome = outcomes[index];
-    if (outcome.error) std::rethrow_exception(outcome.error);
-    ++result.planned;
-    if (!outcome.valid) {
-      if (result.invalid++ == 0) result.first_invalid_reason = outcome.invalid_reason;
-      continue;
-    }
-    if (result.smallest_arena_bytes == 0 || outcome.arena_bytes < result.smallest_arena_bytes) {
-      result.smallest_arena_bytes = outcome.arena_bytes;
-    }
-    if (!outcome.fits) continue;
-    const Candidate& candidate = candidates[index];
-    fitting.emplace_back(SearchCandidate{candidate.mesh, candidate.per_device_batch_size,
-                                         candidate.gradient_accumulation_steps, candidate.remat_policy,
-                                         outcome.arena_bytes, outcome.step_seconds},
-                         index);
-  }
-  std::sort(fitting.begin(), fitting.end(), [](const auto& a, const auto& b) {
-    if (a.first.step_seconds != b.first.step_seconds) return a.first.step_seconds < b.first.step_seconds;
-    if (a.first.arena_bytes != b.first.arena_bytes) return a.first.arena_bytes < b.first.arena_bytes;
-    return a.second < b.second;
-  });
-  for (const auto& entry : fitting) result.fitting.push_back(entry.first);
-  result.wall_seconds = elapsed_seconds(start);
-  return result;
-}
 
 int run_compile(const std::vector<std::string>& arguments, std::ostream& out) {
   const ConfigArguments parsed = parse_config_arguments("compile", arguments);
@@ -494,7 +336,7 @@ int run_compile(const std::vector<std::string>& arguments, std::ostream& out) {
   }
   if (search) {
     if (explain) fail("meshtrain compile", "--explain or --search, not both", "both");
-    const SearchResult result = search_training_configurations(parsed.config, parsed.overrides);
+    const SearchResult result = search_training_configurations(load_config(parsed.config, parsed.overrides));
     print_search(result, out);
     return 0;
   }

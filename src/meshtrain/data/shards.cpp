@@ -16,6 +16,7 @@
 #include <utility>
 
 #include "meshtrain/core/crc32c.h"
+#include "meshtrain/core/durable_file.h"
 #include "meshtrain/core/error.h"
 
 namespace meshtrain {
@@ -47,46 +48,8 @@ uint64_t get_u64(const unsigned char* in) {
   return value;
 }
 
-// A file descriptor that is closed on every exit path; errors name the file.
-class WriteFile {
- public:
-  explicit WriteFile(std::string path) : path_(std::move(path)) {
-    fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd_ < 0) fail(path_, "a writable file", os_error(errno), "check the folder exists and is writable");
-  }
-  ~WriteFile() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  WriteFile(const WriteFile&) = delete;
-  WriteFile& operator=(const WriteFile&) = delete;
-
-  void write_at(const void* data, size_t size, off_t offset) {
-    const char* bytes = static_cast<const char*>(data);
-    while (size > 0) {
-      const ssize_t written = ::pwrite(fd_, bytes, size, offset);
-      if (written < 0 && errno == EINTR) continue;
-      if (written <= 0) {
-        fail(path_, "to write " + std::to_string(size) + " more bytes",
-             written < 0 ? os_error(errno) : "0 written", "check free disk space and permissions");
-      }
-      bytes += written;
-      size -= static_cast<size_t>(written);
-      offset += written;
-    }
-  }
-  void sync_and_close() {
-    if (::fsync(fd_) != 0) fail(path_, "fsync to succeed", os_error(errno), "check the disk");
-    const int fd = std::exchange(fd_, -1);
-    if (::close(fd) != 0) fail(path_, "close to succeed", os_error(errno), "check the disk");
-  }
-
- private:
-  std::string path_;
-  int fd_ = -1;
-};
-
 template <class Word>
-uint32_t write_tokens(WriteFile& file, std::span<const int32_t> tokens) {
+uint32_t write_tokens(DurableFile& file, std::span<const int32_t> tokens) {
   constexpr size_t kChunk = size_t{1} << 16;
   std::vector<Word> buffer;
   buffer.reserve(std::min(kChunk, tokens.size()));
@@ -102,16 +65,6 @@ uint32_t write_tokens(WriteFile& file, std::span<const int32_t> tokens) {
     offset += static_cast<off_t>(bytes);
   }
   return crc;
-}
-
-// Makes the rename durable: the directory entry must reach the disk too.
-void sync_directory(const std::string& path) {
-  std::filesystem::path folder = std::filesystem::path(path).parent_path();
-  if (folder.empty()) folder = ".";
-  const int fd = ::open(folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return;  // best effort: some filesystems do not allow opening folders
-  ::fsync(fd);
-  ::close(fd);
 }
 
 [[noreturn]] void corrupt(const std::string& path, const std::string& expected, const std::string& found) {
@@ -134,10 +87,8 @@ ShardSummary write_token_shard(const std::string& path, std::span<const int32_t>
   summary.width = max_token < 65536 ? 2 : 4;
   summary.file_bytes = kShardHeaderBytes + summary.token_count * summary.width;
 
-  // The pid keeps two writers of the same path from sharing a temp file.
-  const std::string temporary = path + ".tmp." + std::to_string(::getpid());
-  try {
-    WriteFile file(temporary);
+  {
+    DurableFile file(path);
     summary.checksum =
         summary.width == 2 ? write_tokens<uint16_t>(file, tokens) : write_tokens<uint32_t>(file, tokens);
     unsigned char header[kShardHeaderBytes] = {};
@@ -148,19 +99,8 @@ ShardSummary write_token_shard(const std::string& path, std::span<const int32_t>
     put_u32(header + 24, summary.checksum);
     put_u32(header + 28, 0);
     file.write_at(header, sizeof header, 0);
-    file.sync_and_close();
-  } catch (...) {
-    std::error_code ignored;
-    std::filesystem::remove(temporary, ignored);
-    throw;
+    file.commit();
   }
-  if (::rename(temporary.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    std::error_code ignored;
-    std::filesystem::remove(temporary, ignored);
-    fail(path, "rename of " + temporary + " to succeed", os_error(err), "check permissions of the folder");
-  }
-  sync_directory(path);
   return summary;
 }
 

@@ -1,7 +1,5 @@
 // Training a byte-level BPE tokenizer on texts (GPT-2 pre-tokenisation, incremental pair counts) and writing
 // any tokenizer as a Hugging Face tokenizer.json.
-#include <fcntl.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -12,6 +10,7 @@
 #include <unordered_map>
 #include <utility>
 
+#include "meshtrain/core/durable_file.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/data/tokenizer.h"
 #include "meshtrain/data/tokenizer_impl.h"
@@ -251,39 +250,6 @@ class BpeTrainer {
   std::vector<std::pair<uint64_t, int64_t>> deltas_;
   std::vector<std::pair<uint64_t, int32_t>> new_pairs_;
 };
-
-// Writes `bytes` to `path` through a temporary file in the same folder and a rename, so a reader never sees
-// half a file and a failed write leaves any earlier file in place.
-void write_file_atomically(const std::string& path, const std::string& bytes) {
-  const std::string temporary = path + ".tmp." + std::to_string(::getpid());
-  const auto os_error = [](int error) { return std::system_category().message(error); };
-  const int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) fail(path, "a writable location for the tokenizer", os_error(errno) + " creating " + temporary);
-  const auto give_up = [&](const std::string& what, int error) {
-    ::close(fd);
-    ::unlink(temporary.c_str());
-    fail(path, "a writable location for the tokenizer", os_error(error) + " " + what + " " + temporary);
-  };
-  for (size_t written = 0; written < bytes.size();) {
-    const ssize_t n = ::write(fd, bytes.data() + written, bytes.size() - written);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      give_up("writing", errno);
-    }
-    written += static_cast<size_t>(n);
-  }
-  if (::fsync(fd) != 0) give_up("syncing", errno);
-  if (::close(fd) != 0) {
-    const int error = errno;
-    ::unlink(temporary.c_str());
-    fail(path, "a writable location for the tokenizer", os_error(error) + " closing " + temporary);
-  }
-  if (::rename(temporary.c_str(), path.c_str()) != 0) {
-    const int error = errno;
-    ::unlink(temporary.c_str());
-    fail(path, "a writable location for the tokenizer", os_error(error) + " renaming " + temporary);
-  }
-}
 
 // A vocabulary token as tokenizer.json spells it: the byte-level alphabet, or the text itself for tokens
 // that were read verbatim.

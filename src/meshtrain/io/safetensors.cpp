@@ -17,6 +17,7 @@
 #include <system_error>
 #include <utility>
 
+#include "meshtrain/core/durable_file.h"
 #include "meshtrain/core/error.h"
 
 namespace meshtrain {
@@ -458,39 +459,6 @@ void SafetensorsFile::read_i32(const std::string& name, const std::vector<int64_
 // ---------------------------------------------------------------------------------------------------------------
 // Writer
 
-namespace {
-
-// Writes all `size` bytes, retrying short writes and EINTR. Returns 0 or the errno of the failure.
-int write_all(int fd, const std::byte* bytes, size_t size) {
-  while (size > 0) {
-    // Linux transfers at most ~2 GiB per call; smaller chunks keep every call well under that.
-    const ssize_t written = ::write(fd, bytes, std::min(size, size_t{1} << 30));
-    if (written < 0) {
-      if (errno == EINTR) continue;
-      return errno;
-    }
-    if (written == 0) return EIO;  // no progress and no error: treat as an I/O error rather than spin
-    bytes += written;
-    size -= static_cast<size_t>(written);
-  }
-  return 0;
-}
-
-std::string write_hint(int err) {
-  switch (err) {
-    case ENOSPC:
-      return "free space on the device or write the checkpoint elsewhere";
-    case EDQUOT:
-      return "free space within your disk quota or write the checkpoint elsewhere";
-    case EFBIG:
-      return "raise the file-size limit (ulimit -f) or use a filesystem that supports files this large";
-    default:
-      return "";
-  }
-}
-
-}  // namespace
-
 void write_safetensors(const std::string& path, const std::vector<SafetensorsTensor>& tensors,
                        const std::map<std::string, std::string>& metadata) {
   // Everything that can be wrong with the inputs is checked before the file is created.
@@ -534,31 +502,10 @@ void write_safetensors(const std::string& path, const std::vector<SafetensorsTen
   std::memcpy(prefix.data(), &header_bytes, sizeof(header_bytes));
   header_text.insert(0, prefix);
 
-  FdGuard fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-  if (fd.get() < 0) fail(path, "a path where the file can be created", "open failed: " + os_error(errno));
-  // Only a regular file is ours to remove on failure; never unlink a device or FIFO someone pointed us at.
-  struct stat info {};
-  const bool regular = ::fstat(fd.get(), &info) == 0 && S_ISREG(info.st_mode);
-  const uint64_t total = header_text.size() + offset;
-  const auto give_up = [&](const std::string& step, int err) {
-    if (fd.get() >= 0) ::close(fd.release());
-    if (regular) ::unlink(path.c_str());
-    fail(path, "to write the complete file (" + std::to_string(total) + " bytes)",
-         step + " failed: " + os_error(err) + "; the partial file was removed", write_hint(err));
-  };
-
-  if (int err =
-          write_all(fd.get(), reinterpret_cast<const std::byte*>(header_text.data()), header_text.size())) {
-    give_up("writing the header", err);
-  }
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    if (int err = write_all(fd.get(), static_cast<const std::byte*>(tensors[i].data), sizes[i])) {
-      give_up("writing tensor '" + tensors[i].name + "'", err);
-    }
-  }
-  // Delayed-allocation filesystems may only report ENOSPC here, so fsync and close are checked like writes.
-  if (::fsync(fd.get()) != 0) give_up("fsync", errno);
-  if (::close(fd.release()) != 0) give_up("close", errno);
+  DurableFile file(path);
+  file.append(header_text);
+  for (size_t i = 0; i < tensors.size(); ++i) file.append(tensors[i].data, sizes[i]);
+  file.commit();
 }
 
 }  // namespace meshtrain

@@ -68,9 +68,9 @@ struct SafetensorsTensor {
 };
 
 // Writes a complete file at `path` (tensors in the given order, header padded to 8, __metadata__ if
-// non-empty), checks every write, fsyncs the file, and on any failure (e.g. ENOSPC, EFBIG under a file-size
-// limit) removes the partial file and throws MeshError naming the path and the OS error (strerror). It does
-// NOT rename: atomic commit is the checkpoint layer's job.
+// non-empty) through a DurableFile (core/durable_file.h): the file appears whole or not at all; on any
+// failure (e.g. ENOSPC, EFBIG under a file-size limit) the partial file is removed and a MeshError names the
+// path and the OS error (strerror).
 void write_safetensors(const std::string& path, const std::vector<SafetensorsTensor>& tensors,
                        const std::map<std::string, std::string>& metadata);
 

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "meshtrain/core/crc32c.h"
+#include "meshtrain/core/durable_file.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/io/safetensors.h"
 
@@ -101,48 +102,6 @@ class Fd {
  private:
   int fd_;
 };
-
-// A rename or new entry is only durable once its directory has been fsynced.
-void fsync_directory(const fs::path& directory) {
-  Fd fd(::open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (fd.get() < 0)
-    fail(directory.string(), "a directory that can be opened", "open failed: " + os_error(errno));
-  if (::fsync(fd.get()) != 0) {
-    fail(directory.string(), "a directory whose entries can be made durable",
-         "fsync failed: " + os_error(errno));
-  }
-}
-
-std::string write_error_hint(int err) {
-  if (err == ENOSPC || err == EDQUOT)
-    return "free space on the device (or quota) or write checkpoints elsewhere";
-  if (err == EFBIG) return "raise the file-size limit (ulimit -f) or write checkpoints elsewhere";
-  return "";
-}
-
-// Writes `bytes` to a new file, checking every write, fsync and close; removes the file on failure.
-void write_file_durably(const fs::path& path, const std::string& bytes) {
-  Fd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-  if (fd.get() < 0)
-    fail(path.string(), "a path where the file can be created", "open failed: " + os_error(errno));
-  const auto give_up = [&](const std::string& step, int err) {
-    if (fd.get() >= 0) ::close(fd.release());
-    ::unlink(path.c_str());
-    fail(path.string(), "to write the complete file (" + std::to_string(bytes.size()) + " bytes)",
-         step + " failed: " + os_error(err) + "; the partial file was removed", write_error_hint(err));
-  };
-  size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t wrote = ::write(fd.get(), bytes.data() + done, bytes.size() - done);
-    if (wrote < 0) {
-      if (errno == EINTR) continue;
-      give_up("write", errno);
-    }
-    done += static_cast<size_t>(wrote);
-  }
-  if (::fsync(fd.get()) != 0) give_up("fsync", errno);
-  if (::close(fd.release()) != 0) give_up("close", errno);
-}
 
 std::string read_whole_file(const fs::path& path, const std::string& what) {
   Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
@@ -336,7 +295,7 @@ void write_checkpoint_files(const fs::path& directory, const Engine& engine, con
   std::vector<std::string> tokenizer_names;
   if (!options.tokenizer_path.empty()) {
     for (const auto& [source, name] : tokenizer_files(options.tokenizer_path)) {
-      write_file_durably(directory / name, read_whole_file(source, "tokenizer file"));
+      write_file_atomically((directory / name).string(), read_whole_file(source, "tokenizer file"));
       files.push_back(name);
       tokenizer_names.push_back(name);
     }
@@ -371,14 +330,14 @@ void write_checkpoint_files(const fs::path& directory, const Engine& engine, con
   }
   metadata["files"] = std::move(sums);
   const std::string metadata_text = metadata.dump(2) + "\n";
-  write_file_durably(directory / kMetadataFile, metadata_text);
+  write_file_atomically((directory / kMetadataFile).string(), metadata_text);
   fault_point("metadata_written");
 
   // The marker pins metadata.json (which the per-file checksums do not cover) and the step.
   const json marker = {{"step", state.step},
                        {"metadata_bytes", metadata_text.size()},
                        {"metadata_crc32c", crc32c(metadata_text.data(), metadata_text.size())}};
-  write_file_durably(directory / kMarkerTemp, marker.dump() + "\n");
+  write_file_atomically((directory / kMarkerTemp).string(), marker.dump() + "\n");
   fault_point("before_commit");
   if (::rename((directory / kMarkerTemp).c_str(), (directory / kMarkerFile).c_str()) != 0) {
     fail((directory / kMarkerFile).string(), "the commit marker renamed into place",

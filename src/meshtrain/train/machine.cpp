@@ -12,9 +12,9 @@
 
 #include "meshtrain/core/cpu_features.h"
 #include "meshtrain/core/crc32c.h"
+#include "meshtrain/core/durable_file.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/kernels/cpu/gemm.h"
-#include "meshtrain/train/metrics.h"
 
 namespace meshtrain {
 namespace {

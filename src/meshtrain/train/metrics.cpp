@@ -2,8 +2,6 @@
 // of duplicate steps.
 #include "meshtrain/train/metrics.h"
 
-#include <unistd.h>
-
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -12,6 +10,7 @@
 #include <sstream>
 #include <system_error>
 
+#include "meshtrain/core/durable_file.h"
 #include "meshtrain/core/error.h"
 
 namespace meshtrain {
@@ -98,25 +97,6 @@ void MetricsLog::truncate_after(const std::string& path, int64_t step) {
     }
   }
   if (changed) write_file_atomically(path, kept);
-}
-
-void write_file_atomically(const std::string& path, std::string_view content) {
-  const std::string temporary = path + ".tmp." + std::to_string(getpid());
-  std::FILE* file = std::fopen(temporary.c_str(), "wb");
-  if (!file) fail(temporary, "a writable temporary file", std::strerror(errno), "check permissions");
-  int error = 0;  // the first failure's errno: later calls may overwrite it
-  const auto check = [&error](bool success) {
-    if (!success && error == 0) error = errno != 0 ? errno : EIO;
-  };
-  check(std::fwrite(content.data(), 1, content.size(), file) == content.size());
-  check(std::fflush(file) == 0);
-  check(fsync(fileno(file)) == 0);  // the rename must not land before the data does
-  check(std::fclose(file) == 0);
-  if (error == 0) check(std::rename(temporary.c_str(), path.c_str()) == 0);
-  if (error == 0) return;
-  std::remove(temporary.c_str());
-  fail(path, "a file meshtrain can replace atomically", std::strerror(error),
-       "check free space and permissions");
 }
 
 }  // namespace meshtrain

@@ -46,8 +46,4 @@ class MetricsLog {
   std::unique_ptr<TensorBoardWriter> tensorboard_;
 };
 
-// Writes `content` to a temporary file next to `path`, syncs it, and renames it over `path`, so readers
-// see the old file or the new one, never a partial one. Throws MeshError naming `path` on failure.
-void write_file_atomically(const std::string& path, std::string_view content);
-
 }  // namespace meshtrain

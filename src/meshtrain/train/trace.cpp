@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <cstdio>
 
-#include "meshtrain/train/metrics.h"
+#include "meshtrain/core/durable_file.h"
 
 namespace meshtrain {
 

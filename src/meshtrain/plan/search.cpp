@@ -1,0 +1,170 @@
+// The mesh / micro-batch / remat search over plan_training (see search.h).
+#include "meshtrain/plan/search.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <exception>
+
+#include "meshtrain/core/error.h"
+#include "meshtrain/plan/plan.h"
+#include "meshtrain/plan/topology.h"
+
+namespace meshtrain {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::vector<int64_t> divisors(int64_t n) {
+  std::vector<int64_t> result;
+  for (int64_t d = 1; d <= n; ++d) {
+    if (n % d == 0) result.push_back(d);
+  }
+  return result;
+}
+
+void set_resolved_text(Config& config, const std::string& key, const std::string& text) {
+  for (auto& [name, value] : config.resolved) {
+    if (name == key) value = text;
+  }
+}
+
+}  // namespace
+
+void SearchCandidate::apply_to(Config& config) const {
+  for (MeshAxis axis : kMeshAxes) {
+    axis_member(config.mesh, axis) = mesh.size(axis);
+    set_resolved_text(config, std::string("mesh.") + mesh_axis_name(axis), std::to_string(mesh.size(axis)));
+  }
+  config.per_device_batch_size = per_device_batch_size;
+  set_resolved_text(config, "per_device_batch_size", std::to_string(per_device_batch_size));
+  config.gradient_accumulation_steps = gradient_accumulation_steps;
+  set_resolved_text(config, "gradient_accumulation_steps", std::to_string(gradient_accumulation_steps));
+  config.remat_policy = remat_policy;
+  set_resolved_text(config, "remat_policy", remat_policy);
+}
+
+std::string SearchCandidate::overrides() const {
+  char text[512];
+  std::snprintf(text, sizeof text,
+                "mesh.data=%lld mesh.fsdp=%lld mesh.context=%lld mesh.tensor=%lld per_device_batch_size=%lld "
+                "gradient_accumulation_steps=%lld remat_policy=%s",
+                static_cast<long long>(mesh.data), static_cast<long long>(mesh.fsdp),
+                static_cast<long long>(mesh.context), static_cast<long long>(mesh.tensor),
+                static_cast<long long>(per_device_batch_size),
+                static_cast<long long>(gradient_accumulation_steps), remat_policy.c_str());
+  return text;
+}
+
+std::vector<SearchCandidate> search_candidates(const Config& base, int64_t devices, int64_t context,
+                                               int64_t tensor_limit) {
+  const int64_t sequences_per_device = base.per_device_batch_size * base.gradient_accumulation_steps;
+  std::vector<SearchCandidate> candidates;
+  for (int64_t tensor : divisors(devices / context)) {
+    if (tensor > tensor_limit || base.base_num_query_heads % tensor != 0) continue;
+    for (int64_t fsdp : divisors(devices / context / tensor)) {
+      const int64_t data = devices / context / tensor / fsdp;
+      for (int64_t batch : divisors(sequences_per_device)) {
+        for (const char* remat : {"none", "minimal", "full"}) {
+          candidates.push_back(
+              {Mesh{data, fsdp, context, tensor}, batch, sequences_per_device / batch, remat});
+        }
+      }
+    }
+  }
+  return candidates;
+}
+
+SearchResult search_training_configurations(const Config& base) {
+  const Clock::time_point start = Clock::now();
+  if (!base.plan_out.empty()) {
+    fail("config key 'plan_out'", "no plan files with --search (it plans many configurations)",
+         "'" + base.plan_out + "'", "run compile again without --search and with the chosen overrides");
+  }
+  const Topology topology = load_topology(base.topology, base.topologies_path);
+  SearchResult result;
+  result.topology = topology.name;
+  result.devices = resolve_devices(base, topology, 0).count;
+  result.device_memory_bytes = topology.device_memory_bytes(result.devices);
+  const int64_t context = base.mesh.context >= 1 ? base.mesh.context : 1;
+  if (result.devices % context != 0) {
+    fail("config key 'mesh.context'", "a divisor of the " + std::to_string(result.devices) + " devices",
+         std::to_string(context));
+  }
+  result.global_batch = base.per_device_batch_size * base.gradient_accumulation_steps * result.devices;
+  // Tensor parallelism stays inside a host (its collectives run every layer) and splits the query heads.
+  const int64_t tensor_limit = topology.devices_per_host == 0 ? result.devices : topology.devices_per_host;
+  result.context = context;
+  result.tensor_limit = tensor_limit;
+  result.query_heads = base.base_num_query_heads;
+  const std::vector<SearchCandidate> candidates =
+      search_candidates(base, result.devices, context, tensor_limit);
+
+  // Candidates are planned in parallel (each plan is independent and deterministic), then gathered in
+  // enumeration order so the ranking does not depend on the thread count.
+  struct Outcome {
+    bool valid = false;
+    size_t arena_bytes = 0;
+    bool fits = false;
+    double step_seconds = 0.0;
+    std::string invalid_reason;  // the MeshError's message
+    std::exception_ptr error;    // anything but a MeshError: rethrown after the loop
+  };
+  std::vector<Outcome> outcomes(candidates.size());
+  const auto plan_candidate = [&](const SearchCandidate& candidate, Outcome& outcome) {
+    PlanRequest request;
+    request.config = base;
+    candidate.apply_to(request.config);
+    request.kernels = {KernelName::fwd_bwd, KernelName::fwd_bwd_accum, KernelName::update};
+    TrainingPlan plan;
+    try {
+      plan = plan_training(request);
+    } catch (const MeshError& error) {
+      outcome.invalid_reason = error.what();  // e.g. kv heads not divisible by the tensor degree
+      return;
+    }
+    outcome.valid = true;
+    outcome.arena_bytes = plan.arena_bytes;
+    outcome.fits = plan.fits();
+    outcome.step_seconds = plan.kernel(KernelName::fwd_bwd).seconds +
+                           static_cast<double>(candidate.gradient_accumulation_steps - 1) *
+                               plan.kernel(KernelName::fwd_bwd_accum).seconds +
+                           plan.kernel(KernelName::update).seconds;
+  };
+  const int64_t candidate_count = static_cast<int64_t>(candidates.size());
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t index = 0; index < candidate_count; ++index) {
+    Outcome& outcome = outcomes[static_cast<size_t>(index)];
+    try {
+      plan_candidate(candidates[static_cast<size_t>(index)], outcome);
+    } catch (...) {
+      outcome.error = std::current_exception();  // an exception must not leave an OpenMP region
+    }
+  }
+  std::vector<std::pair<FittingCandidate, size_t>> fitting;  // with enumeration index for stable ties
+  for (size_t index = 0; index < candidates.size(); ++index) {
+    const Outcome& outcome = outcomes[index];
+    if (outcome.error) std::rethrow_exception(outcome.error);
+    ++result.planned;
+    if (!outcome.valid) {
+      if (result.invalid++ == 0) result.first_invalid_reason = outcome.invalid_reason;
+      continue;
+    }
+    if (result.smallest_arena_bytes == 0 || outcome.arena_bytes < result.smallest_arena_bytes) {
+      result.smallest_arena_bytes = outcome.arena_bytes;
+    }
+    if (!outcome.fits) continue;
+    fitting.emplace_back(FittingCandidate{candidates[index], outcome.arena_bytes, outcome.step_seconds},
+                         index);
+  }
+  std::sort(fitting.begin(), fitting.end(), [](const auto& a, const auto& b) {
+    if (a.first.step_seconds != b.first.step_seconds) return a.first.step_seconds < b.first.step_seconds;
+    if (a.first.arena_bytes != b.first.arena_bytes) return a.first.arena_bytes < b.first.arena_bytes;
+    return a.second < b.second;
+  });
+  for (const auto& entry : fitting) result.fitting.push_back(entry.first);
+  result.wall_seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  return result;
+}
+
+}  // namespace meshtrain

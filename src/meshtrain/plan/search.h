@@ -1,0 +1,60 @@
+// The ahead-of-time search of `meshtrain compile --search`: every mesh, micro-batch split and remat policy
+// for the config's topology and global batch, each planned, the ones that fit ranked by predicted step time.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "meshtrain/config/config.h"
+#include "meshtrain/plan/sharding.h"
+
+namespace meshtrain {
+
+// One point of the search space: the config values a candidate sets.
+struct SearchCandidate {
+  Mesh mesh;
+  int64_t per_device_batch_size = 0, gradient_accumulation_steps = 0;
+  std::string remat_policy;
+
+  // Sets these values in `config` (the typed fields and their resolved text, as overrides would).
+  void apply_to(Config& config) const;
+  // The overrides that reproduce it: "mesh.data=2 mesh.fsdp=4 ... remat_policy=full".
+  std::string overrides() const;
+};
+
+// A candidate that fits, with the figures it is ranked by.
+struct FittingCandidate {
+  SearchCandidate candidate;
+  size_t arena_bytes = 0;
+  // fwd_bwd + (gradient_accumulation_steps - 1) x fwd_bwd_accum + update, predicted.
+  double step_seconds = 0.0;
+};
+
+struct SearchResult {
+  std::string topology;
+  int64_t devices = 0, global_batch = 0;  // global batch in sequences per optimizer step
+  int64_t context = 1;                    // mesh.context, fixed (not searched)
+  int64_t tensor_limit = 1;  // tensor degrees searched: <= devices per host, dividing query heads
+  int64_t query_heads = 0;
+  double device_memory_bytes = 0.0;
+  int64_t planned = 0;                    // candidates handed to plan_training
+  int64_t invalid = 0;                    // rejected by it (mesh, sharding or model checks)
+  std::string first_invalid_reason;       // the first rejection's message
+  std::vector<FittingCandidate> fitting;  // fastest first; ties: smaller arena, then enumeration order
+  size_t smallest_arena_bytes = 0;        // over the valid candidates, fitting or not (0 when none)
+  double wall_seconds = 0.0;
+};
+
+// The candidates for `base` on `devices` devices: tensor <= tensor_limit and dividing the query heads,
+// data x fsdp the rest (context fixed), every per_device_batch_size x gradient_accumulation_steps split of
+// the config's sequences per device, remat_policy none, minimal, full; in enumeration order.
+std::vector<SearchCandidate> search_candidates(const Config& base, int64_t devices, int64_t context,
+                                               int64_t tensor_limit);
+
+// Plans every candidate (fwd_bwd, fwd_bwd_accum, update) applied to `base`, in parallel, and ranks those
+// that fit its topology.
+SearchResult search_training_configurations(const Config& base);
+
+}  // namespace meshtrain

@@ -1,0 +1,466 @@
+// The Run object: set-up phases and one optimizer step (see run.h).
+#include "meshtrain/train/run.h"
+
+#include <sys/resource.h>
+
+#include <atomic>
+#include <cmath>
+#include <csignal>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <sstream>
+#include <thread>
+
+#include "meshtrain/core/crc32c.h"
+#include "meshtrain/core/durable_file.h"
+#include "meshtrain/core/error.h"
+#include "meshtrain/data/prepare.h"
+#include "meshtrain/data/shards.h"
+#include "meshtrain/train/schedule.h"
+
+namespace meshtrain {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::atomic<int> stop_signal{0};
+extern "C" void request_stop(int signal_number) {
+  stop_signal.store(signal_number);
+}
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+double peak_resident_bytes() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<double>(usage.ru_maxrss) * 1024.0;
+}
+
+LoaderOptions loader_options(const Config& config, int32_t eos_id, bool shuffle, const RunRanks& ranks) {
+  LoaderOptions options;
+  options.sequence_length = config.max_target_length;
+  options.per_device_batch_size = ranks.local_rows;
+  options.data_ranks = ranks.data_ranks;
+  options.gradient_accumulation_steps = shuffle ? config.gradient_accumulation_steps : 1;
+  options.seed = static_cast<uint64_t>(config.data_shuffle_seed);
+  options.packing = config.packing;
+  options.shuffle = shuffle;
+  options.eos_id = eos_id;
+  options.vocab_size = config.vocab_size;
+  return options;
+}
+
+std::optional<Tokenizer> load_run_tokenizer(const Config& config) {
+  // Random ids from the seed need no vocabulary file: a synthetic run reads no file at all (the presets'
+  // tokenizer_path and dataset_path are for the KJV main job).
+  if (config.dataset_type == "synthetic") return std::nullopt;
+  if (config.tokenizer_path.empty()) {
+    fail("config key 'tokenizer_path'", "the tokenizer the data was made with", "nothing",
+         "run `meshtrain prepare` and pass tokenizer_path=data/kjv/tokenizer.json");
+  }
+  Tokenizer tokenizer = Tokenizer::load(config.tokenizer_path);
+  if (tokenizer.vocab_size() != config.vocab_size) {
+    fail("config key 'vocab_size'",
+         "the tokenizer's vocabulary size " + std::to_string(tokenizer.vocab_size()) + " (" +
+             tokenizer.source_path() + ")",
+         std::to_string(config.vocab_size), "set vocab_size=" + std::to_string(tokenizer.vocab_size()));
+  }
+  return tokenizer;
+}
+
+// The train shards, resolved before anything else is loaded: a missing dataset is the first thing to report.
+// dataset_type=text has none yet: its corpus is tokenized after the tokenizer is loaded.
+std::vector<std::string> train_shards(const Config& config) {
+  if (config.dataset_type == "synthetic" || config.dataset_type == "text") return {};
+  if (config.dataset_type != "tokens") {
+    fail("config key 'dataset_type'", "text, tokens or synthetic", "'" + config.dataset_type + "'",
+         "did you mean '" + closest_name(config.dataset_type, {"text", "tokens", "synthetic"}) + "'?");
+  }
+  if (config.dataset_path.empty()) {
+    fail("config key 'dataset_path'", "a .tokens shard or a folder from `meshtrain prepare`", "nothing",
+         "run ./scripts/train.sh once, or `meshtrain prepare --out data/kjv`");
+  }
+  return resolve_token_shards(config.dataset_path, "train");
+}
+
+// dataset_type=text: the corpus (dataset_path's text files, or the King James Bible when empty) tokenized
+// with the run's tokenizer into run_dir/data/{train,validation}.tokens, rebuilt at every start. For large
+// corpora `meshtrain prepare` once and dataset_type=tokens is the better path.
+std::string tokenize_text_dataset(const Config& config, const Tokenizer& tokenizer, int32_t eos_id) {
+  if (eos_id < 0) {
+    fail(tokenizer.source_path(), "a tokenizer with an end-of-text token (<|endoftext|>)", "none",
+         "dataset_type=text packs documents with EOS between them");
+  }
+  const Corpus corpus = load_corpus(config.dataset_path, 0.05);
+  const std::string dir = config.run_dir + "/data";
+  fs::create_directories(dir);
+  tokenize_corpus(corpus, tokenizer, eos_id, dir);
+  return dir;
+}
+
+BatchLoader make_train_loader(const Config& config, const std::vector<std::string>& shards, int32_t eos_id,
+                              const RunRanks& ranks) {
+  if (config.dataset_type == "synthetic")
+    return BatchLoader::synthetic(loader_options(config, eos_id, true, ranks));
+  return BatchLoader::from_shards(shards, loader_options(config, eos_id, true, ranks));
+}
+
+std::optional<BatchLoader> make_eval_loader(const Config& config, int32_t eos_id, const RunRanks& ranks) {
+  if (config.eval_interval <= 0 || config.eval_steps <= 0) return std::nullopt;
+  if (config.dataset_type == "synthetic") {
+    LoaderOptions options = loader_options(config, eos_id, false, ranks);
+    options.seed += 0x5EED;  // held-out synthetic rows
+    return BatchLoader::synthetic(options);
+  }
+  const std::string path = config.eval_dataset_path.empty() ? config.dataset_path : config.eval_dataset_path;
+  return BatchLoader::from_shards(resolve_token_shards(path, "validation"),
+                                  loader_options(config, eos_id, false, ranks));
+}
+
+// Loss sums of every rank's rows: data x fsdp ranks hold different rows (tensor ranks the same ones).
+// (A communicator of its own, so the mesh axes' byte counters hold only what the plan's kernels move.)
+LossSums sum_over_ranks(LossSums local, const RunRanks& ranks, const char* name) {
+  if (ranks.batch_group->size() > 1) {
+    ranks.batch_group->all_reduce(comm_buffer(&local.loss_sum, 1), ReduceOp::sum, name);
+    ranks.batch_group->all_reduce(comm_buffer(&local.valid_count, 1), ReduceOp::sum, name);
+  }
+  return local;
+}
+
+// Mean loss over eval_steps batches of the held-out split, always from its beginning.
+double evaluate(Engine& engine, BatchLoader& loader, int64_t eval_steps, const RunRanks& ranks) {
+  loader.reset();
+  LossSums total;
+  for (int64_t i = 0; i < eval_steps; ++i) {
+    const LossSums sums = engine.eval(loader.micro_batch(static_cast<int>(ranks.data_rank), 0));
+    total.loss_sum += sums.loss_sum;
+    total.valid_count += sums.valid_count;
+    loader.advance();
+  }
+  total = sum_over_ranks(total, ranks, "eval/loss_sums");
+  return total.valid_count > 0 ? total.loss_sum / static_cast<double>(total.valid_count) : 0.0;
+}
+
+InjectedFault injected_fault() {
+  InjectedFault fault;
+  const char* text = std::getenv("MESHTRAIN_FAULT");
+  if (!text) return fault;
+  std::istringstream fields(text);
+  std::string step, rank, seconds;
+  std::getline(fields, fault.kind, ':');
+  std::getline(fields, step, ':');
+  std::getline(fields, rank, ':');
+  std::getline(fields, seconds, ':');
+  fault.step = step.empty() ? -1 : std::stoll(step);
+  fault.rank = rank.empty() ? -1 : std::stoll(rank);
+  fault.seconds = seconds.empty() ? 0.0 : std::stod(seconds);
+  return fault;
+}
+
+void write_resolved_config(const Config& config, const std::string& run_dir) {
+  std::string text = "# The resolved config of this run (base.yaml, preset, overrides).\n";
+  for (const auto& [key, value] : config.resolved) text += key + ": \"" + value + "\"\n";
+  write_file_atomically(run_dir + "/config.yaml", text);
+}
+
+}  // namespace
+
+// Every rank must run the same binary with the same config: a mismatch would hang or corrupt collectives.
+uint64_t run_identity(const Config& config) {
+  std::string text;
+  for (const auto& [key, value] : config.resolved) text += key + "=" + value + "\n";
+  std::ifstream binary("/proc/self/exe", std::ios::binary);
+  const std::string executable((std::istreambuf_iterator<char>(binary)), std::istreambuf_iterator<char>());
+  return (static_cast<uint64_t>(crc32c(text.data(), text.size())) << 32) |
+         crc32c(executable.data(), executable.size());
+}
+
+RunSetup prepare_run(const Config& config, int64_t world_size) {
+  if (config.steps <= 0)
+    fail("config key 'steps'", "a positive number of optimizer steps", std::to_string(config.steps));
+  RunSetup setup;
+  setup.train_shards = train_shards(config);  // a missing dataset is the first thing to report
+  PlanRequest request;
+  request.config = config;
+  request.devices = world_size;
+  setup.plan = plan_training(request);
+  check_plan_runs_here(setup.plan, world_size);  // the mesh's product must be the number of ranks
+  // The kernels this run uses: a plan_in from meshtrain compile must match each of them exactly.
+  if (!config.plan_in.empty()) {
+    std::vector<KernelName> used_kernels = {KernelName::fwd_bwd, KernelName::update};
+    if (config.gradient_accumulation_steps > 1) used_kernels.push_back(KernelName::fwd_bwd_accum);
+    if (config.eval_interval > 0) used_kernels.push_back(KernelName::eval);
+    for (KernelName kernel : used_kernels) verify_plan_file(setup.plan, kernel, config.plan_in);
+  }
+  setup.tokenizer = load_run_tokenizer(config);
+  return setup;
+}
+
+StopSignals::StopSignals() {
+  stop_signal.store(0);
+  previous_interrupt_ = std::signal(SIGINT, request_stop);
+  previous_terminate_ = std::signal(SIGTERM, request_stop);
+}
+
+StopSignals::~StopSignals() {
+  std::signal(SIGINT, previous_interrupt_);
+  std::signal(SIGTERM, previous_terminate_);
+}
+
+Run::Run(const Config& config, RunSetup setup, std::FILE* console, RunRanks& ranks)
+    : config_(config),
+      ranks_(ranks),
+      mesh_(setup.plan.mesh),
+      quiet_(nullptr, &std::fclose),
+      console_(console),
+      lead_(ranks.lead()),
+      train_shards_(std::move(setup.train_shards)),
+      tokenizer_(std::move(setup.tokenizer)) {
+  connect_mesh(std::move(setup.plan));
+  open_data();
+  resume_from_checkpoint();
+  write_run_files();
+  open_metrics_and_trace();
+  prepare_steps();
+}
+
+// The communicators of the mesh axes, the engine over them, and this rank's share of every batch.
+void Run::connect_mesh(TrainingPlan plan) {
+  ranks_.axes = make_mesh_communicators(*ranks_.world, mesh_.data, mesh_.fsdp, mesh_.context, mesh_.tensor);
+  engine_ = std::make_unique<Engine>(std::move(plan), EngineRanks{ranks_.world.get(), &ranks_.axes});
+  const Mesh& mesh = mesh_;
+  const MeshCoordinates coordinates = mesh_coordinates(mesh, ranks_.world->rank());
+  ranks_.batch_group =
+      ranks_.world->split(static_cast<int>(coordinates.context * mesh.tensor + coordinates.tensor),
+                          ranks_.world->rank(), "batch");
+  ranks_.data_rank = coordinates.data * mesh.fsdp + coordinates.fsdp;
+  ranks_.data_ranks = mesh.data * mesh.fsdp;
+  ranks_.local_rows = engine_->spec().dims.B;
+  // Only the lead rank writes run_dir and prints; the others train silently.
+  if (!lead_) {
+    quiet_.reset(std::fopen("/dev/null", "w"));
+    console_ = quiet_.get();
+  }
+}
+
+// The train and eval loaders (dataset_type=text: the corpus tokenized into run_dir/data first).
+void Run::open_data() {
+  eos_id_ = tokenizer_ && tokenizer_->eos_id() ? *tokenizer_->eos_id() : -1;
+  Config data_config = config_;
+  if (config_.dataset_type == "text") {
+    // The lead rank tokenizes; the others wait for its shards.
+    data_config.dataset_path = data_config.eval_dataset_path =
+        lead_ ? tokenize_text_dataset(config_, *tokenizer_, eos_id_) : config_.run_dir + "/data";
+    ranks_.world->barrier("text dataset tokenized");
+    data_config.dataset_type = "tokens";
+    train_shards_ = resolve_token_shards(data_config.dataset_path, "train");
+  }
+  loader_ = make_train_loader(data_config, train_shards_, eos_id_, ranks_);
+  eval_loader_ = make_eval_loader(data_config, eos_id_, ranks_);
+  tokenizer_identity_ = tokenizer_ ? tokenizer_->identity() : "";
+}
+
+// The newest checkpoint of this run, else a full state or the parameters of another one, else nothing.
+void Run::resume_from_checkpoint() {
+  if (lead_) fs::create_directories(config_.run_dir);
+  checkpoints_dir_ = config_.run_dir + "/checkpoints";
+  if (const std::optional<std::string> latest = latest_checkpoint(checkpoints_dir_)) {
+    state_ = load_checkpoint(*latest, *engine_, false, tokenizer_identity_);
+    std::fprintf(console_, "resuming from %s (step %lld)\n", latest->c_str(),
+                 static_cast<long long>(state_.step));
+  } else if (!config_.load_full_state_path.empty()) {
+    state_ = load_checkpoint(config_.load_full_state_path, *engine_, false, tokenizer_identity_);
+    loaded_elsewhere_ = true;
+  } else if (!config_.load_parameters_path.empty()) {
+    load_checkpoint(config_.load_parameters_path, *engine_, true, tokenizer_identity_);
+  }
+  if (!state_.data_cursor.is_null()) loader_->restore(state_.data_cursor, "checkpoint data cursor");
+  summary_.first_step = state_.step;
+  step_ = state_.step;
+}
+
+// The CPU, the matmul backend and the measured GEMM peak that mfu is relative to (lead rank: it alone
+// writes metrics; measured after the engine set this rank's threads), the resolved config and the plan.
+void Run::write_run_files() {
+  if (!lead_) return;
+  machine_ = measure_machine();
+  std::fprintf(console_, "%s\n", machine_->describe().c_str());
+  write_resolved_config(config_, config_.run_dir);
+  write_file_atomically(config_.run_dir + "/machine.json", machine_->to_json().dump(2) + "\n");
+  // The plan this run executes, in the format of meshtrain compile's plan_out (byte for byte the same).
+  for (KernelName kernel : kKernelNames) {
+    write_file_atomically(plan_file_path(config_.run_dir + "/plan", kernel),
+                          serialize_kernel_plan(engine_->plan(), kernel));
+  }
+  MetricsLog::truncate_after(config_.run_dir + "/metrics.jsonl", state_.step);
+}
+
+void Run::open_metrics_and_trace() {
+  if (lead_) metrics_.emplace(config_.run_dir, true);
+  trace_.emplace(config_.profiler == "trace" ? config_.profiler_steps : std::vector<int64_t>{});
+  engine_->set_trace(&*trace_);
+}
+
+// What every step reuses: checkpoint options, the figures of the metrics, the progress bar, the signal
+// handlers, the injected fault and the planned bytes per axis.
+void Run::prepare_steps() {
+  checkpoint_options_ = {tokenizer_ ? tokenizer_->source_path() : "", tokenizer_identity_,
+                         config_.max_num_checkpoints_to_keep};
+  tokens_per_step_ = static_cast<double>(loader_->global_batch_rows() * config_.max_target_length);
+  step_flops_ = standard_training_flops(config_).total();
+  // mfu: against this machine's measured GEMM peak, not a stated one (the `cpu` topology's 230 GFLOP/s is a
+  // Zen 4 at AVX2 width; a Zen 5 or a Xeon with two AVX-512 units reaches twice that).
+  peak_flops_ = machine_ ? machine_->gemm_peak_flops : engine_->plan().topology.peak_flops(config_.dtype);
+  progress_.emplace(config_.steps, state_.step, console_);
+  signals_.emplace();
+  fault_ = injected_fault();
+  // A step runs fwd_bwd, GA - 1 x fwd_bwd_accum and update.
+  planned_step_bytes_ = nlohmann::json::object();
+  for (const KernelPlan& kernel : engine_->plan().kernels) {
+    const double repeats = kernel.kernel == KernelName::fwd_bwd_accum
+                               ? static_cast<double>(config_.gradient_accumulation_steps - 1)
+                           : kernel.kernel == KernelName::eval ? 0.0
+                                                               : 1.0;
+    for (const auto& [axis, bytes] : kernel.collective_bytes) {
+      if (repeats > 0.0) planned_step_bytes_[axis] = planned_step_bytes_.value(axis, 0.0) + repeats * bytes;
+    }
+  }
+}
+
+void Run::save(int64_t step) {
+  if (!config_.enable_checkpointing) return;
+  state_.step = step;
+  state_.data_cursor = loader_->cursor();
+  state_.rng = {{"init_weights_seed", config_.init_weights_seed},
+                {"data_shuffle_seed", config_.data_shuffle_seed}};
+  summary_.last_checkpoint = save_checkpoint(checkpoints_dir_, *engine_, state_, checkpoint_options_);
+  ranks_.world->barrier("checkpoint saved");  // no rank resumes (or looks for it) before it is committed
+}
+
+// This rank's loss sums over the step's micro-batches (gradients accumulated in the engine).
+LossSums Run::run_micro_batches(int64_t rank) {
+  LossSums local;
+  for (int64_t micro = 0; micro < config_.gradient_accumulation_steps; ++micro) {
+    const Batch batch = loader_->micro_batch(static_cast<int>(ranks_.data_rank), static_cast<int>(micro));
+    const bool last = micro + 1 == config_.gradient_accumulation_steps;
+    if (last && fault_.at("nan_gradient", step_ + 1, rank)) engine_->inject_nan_gradient();
+    const LossSums micro_sums =
+        micro == 0 ? engine_->fwd_bwd(batch, last) : engine_->fwd_bwd_accum(batch, last);
+    local.loss_sum += micro_sums.loss_sum;
+    local.valid_count += micro_sums.valid_count;
+  }
+  return local;
+}
+
+StepOutcome Run::step(const RunControl& control) {
+  const int64_t step = step_;
+  Engine& engine = *engine_;
+  const auto start = std::chrono::steady_clock::now();
+  trace_->begin_step(step + 1);  // steps are numbered from 1, as in metrics.jsonl
+  ranks_.world->set_context("step " + std::to_string(step + 1));
+  const int64_t rank = ranks_.world->rank();
+  engine.reset_collective_stats();
+  if (fault_.at("stall", step + 1, rank))
+    std::this_thread::sleep_for(std::chrono::duration<double>(fault_.seconds));
+  LossSums local = run_micro_batches(rank);
+  if (fault_.at("nan_loss", step + 1, rank)) local.loss_sum = std::numeric_limits<double>::quiet_NaN();
+  // Every rank sees a non-finite loss of any rank before the optimizer step, and which rank it was.
+  const bool bad_here = !std::isfinite(local.loss_sum);
+  int64_t lowest_bad =
+      bad_here ? ranks_.world->size() - ranks_.world->rank() : 0;  // max picks the lowest rank
+  ranks_.world->all_reduce(comm_buffer(&lowest_bad, 1), ReduceOp::max, "step/nonfinite_rank");
+  const int64_t first_bad_rank = ranks_.world->size() - lowest_bad;
+  const LossSums sums = sum_over_ranks(local, ranks_, "step/loss_sums");
+  const double loss = sums.valid_count > 0 ? sums.loss_sum / static_cast<double>(sums.valid_count) : 0.0;
+  // Decided on the world-wide flag: a tensor peer of the bad rank sums only its own data x fsdp group.
+  if (lowest_bad > 0 || !std::isfinite(loss)) {
+    engine.abandon_step();  // the reductions started during the last backward finish before anything reuses
+                            // them
+    const std::string where = "training step " + std::to_string(step + 1) +
+                              (ranks_.world->size() > 1 ? ", rank " + std::to_string(first_bad_rank) : "");
+    if (!config_.skip_nonfinite_steps) {
+      save(step);
+      fail(where, "a finite loss", to_text(loss),
+           "lower learning_rate, or set skip_nonfinite_steps=true to skip such steps");
+    }
+    progress_->message(where + ": non-finite loss, step skipped");
+    loader_->advance();
+    ++step_;
+    return StepOutcome::skipped;
+  }
+  const double learning_rate = learning_rate_at(config_, step);
+  const UpdateResult update = engine.update(local.valid_count, learning_rate, step);
+  if (update.nonfinite) {  // a non-finite gradient: the update left every parameter unchanged
+    if (!config_.skip_nonfinite_steps) {
+      save(step);
+      fail("training step " + std::to_string(step + 1), "finite gradients", "a non-finite gradient norm",
+           "lower learning_rate, or set skip_nonfinite_steps=true to skip such steps");
+    }
+    progress_->message("step " + std::to_string(step + 1) + ": non-finite gradient, step skipped");
+    loader_->advance();
+    ++step_;
+    return StepOutcome::skipped;
+  }
+  loader_->advance();
+  const double step_seconds = seconds_since(start);
+  const double tokens_per_second = tokens_per_step_ / step_seconds;
+  nlohmann::json record = {{"step", step + 1},
+                           {"loss", loss},
+                           {"lm_loss", loss},
+                           {"perplexity", std::exp(loss)},
+                           {"grad_norm", update.grad_norm},
+                           {"raw_grad_norm", update.raw_grad_norm},
+                           {"lr", learning_rate},
+                           {"tokens_per_s", tokens_per_second},
+                           {"tflops_per_device", step_flops_ / step_seconds / 1e12},
+                           {"mfu", step_flops_ / step_seconds / peak_flops_},
+                           {"step_time_s", step_seconds},
+                           {"peak_memory_bytes", peak_resident_bytes()},
+                           {"valid_tokens", sums.valid_count}};
+  if (ranks_.world->size() > 1) {
+    // What the step's kernels moved per mesh axis (payload bytes per rank), next to what the plan says.
+    nlohmann::json moved = nlohmann::json::object();
+    for (const auto& [axis, bytes] : engine.collective_bytes()) moved[axis] = bytes;
+    record["collective_bytes"] = moved;
+    record["planned_collective_bytes"] = planned_step_bytes_;
+  }
+  if (eval_loader_ && (step + 1) % config_.eval_interval == 0) {
+    summary_.last_eval_loss = evaluate(engine, *eval_loader_, config_.eval_steps, ranks_);
+    record["eval"] = {{"loss", summary_.last_eval_loss}, {"perplexity", std::exp(summary_.last_eval_loss)}};
+    progress_->message("step " + std::to_string(step + 1) + ": eval loss " +
+                       to_text(summary_.last_eval_loss));
+  }
+  if (metrics_) metrics_->write(record);
+  if (trace_->active() && lead_)
+    trace_->write(config_.run_dir + "/trace_step" + std::to_string(step + 1) + ".json");
+  summary_.last_loss = loss;
+  progress_->update(step + 1, loss, tokens_per_second);
+  const bool last = step + 1 == config_.steps;
+  if (!last && config_.checkpoint_period > 0 && (step + 1) % config_.checkpoint_period == 0) save(step + 1);
+  ++step_;
+  // A signal reaches the ranks at different moments: they stop together, at the same step.
+  const bool stop = ranks_.world->any_rank_true(stop_signal.load() != 0, "step/stop_signal");
+  if (stop || step + 1 == control.stop_after_step) {
+    summary_.interrupted = true;
+    return StepOutcome::stopped;
+  }
+  return StepOutcome::trained;
+}
+
+TrainingSummary Run::finish() {
+  progress_->finish();
+  summary_.steps_completed = step_;
+  // With steps equal to a loaded state's step nothing trains and the state is saved into this run: that
+  // converts a checkpoint to this run's mesh.
+  if (step_ > state_.step || summary_.interrupted || loaded_elsewhere_) save(step_);
+  if (summary_.interrupted && stop_signal.load() != 0) {
+    std::fprintf(console_, "stopped by signal %d after step %lld; saved %s\n", stop_signal.load(),
+                 static_cast<long long>(step_), summary_.last_checkpoint.c_str());
+  }
+  return summary_;
+}
+
+}  // namespace meshtrain

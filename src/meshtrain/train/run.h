@@ -1,0 +1,145 @@
+// One training run on this rank: set-up in named phases (the plan agreed on every rank, then the mesh and
+// engine, data, resume, run files, metrics) and step(), one optimizer step. run_training (trainer.h) makes
+// a Run and calls step() until it says to stop.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "meshtrain/comm/communicator.h"
+#include "meshtrain/config/config.h"
+#include "meshtrain/data/loader.h"
+#include "meshtrain/data/tokenizer.h"
+#include "meshtrain/plan/plan.h"
+#include "meshtrain/train/checkpoint.h"
+#include "meshtrain/train/engine.h"
+#include "meshtrain/train/machine.h"
+#include "meshtrain/train/metrics.h"
+#include "meshtrain/train/progress.h"
+#include "meshtrain/train/trace.h"
+#include "meshtrain/train/trainer.h"
+
+namespace meshtrain {
+
+// The ranks a run spans: the world, one communicator per mesh axis, and this rank's share of the batch.
+struct RunRanks {
+  std::unique_ptr<Communicator> world;
+  MeshCommunicators axes;
+  std::unique_ptr<Communicator>
+      batch_group;        // the data x fsdp ranks that share this rank's tensor/context place
+  int64_t data_rank = 0;  // which slice of every micro-batch: data x fsdp ranks see different rows
+  int64_t data_ranks = 1;
+  int64_t local_rows = 0;                           // rows of one micro-batch on this rank
+  bool lead() const { return world->rank() == 0; }  // writes run_dir, prints, checkpoints
+};
+
+// What set-up finds before any rank talks to another: every rank computes it alike, so its errors are
+// printed by every rank (run_setup_on_all_ranks).
+struct RunSetup {
+  std::vector<std::string> train_shards;
+  TrainingPlan plan;
+  std::optional<Tokenizer> tokenizer;
+};
+
+// The checks and the plan of set-up's first phase: steps, the dataset, the plan (and a plan_in matching
+// it), the tokenizer.
+RunSetup prepare_run(const Config& config, int64_t world_size);
+
+// Every rank must run the same binary with the same config: a mismatch would hang or corrupt collectives.
+uint64_t run_identity(const Config& config);
+
+// Test-only fault injection, MESHTRAIN_FAULT=KIND:STEP:RANK[:SECONDS] (KIND nan_loss, nan_gradient or
+// stall): the failure tests of distributed runs make one rank misbehave at one step.
+struct InjectedFault {
+  std::string kind;
+  int64_t step = -1, rank = -1;
+  double seconds = 0.0;
+  bool at(const char* what, int64_t now, int64_t this_rank) const {
+    return kind == what && step == now && rank == this_rank;
+  }
+};
+
+// Restores the SIGINT / SIGTERM handlers it replaced when the run ends.
+class StopSignals {
+ public:
+  StopSignals();
+  ~StopSignals();
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
+
+ private:
+  void (*previous_interrupt_)(int);
+  void (*previous_terminate_)(int);
+};
+
+// What one call of Run::step() did.
+enum class StepOutcome {
+  trained,  // an optimizer step (its metrics written)
+  skipped,  // a non-finite loss or gradient with skip_nonfinite_steps: no update, the batch consumed
+  stopped,  // trained, then a signal or RunControl ended the run
+};
+
+class Run {
+ public:
+  // Runs every set-up phase after prepare_run, in order; `ranks.world` exists, the rest is filled here.
+  Run(const Config& config, RunSetup setup, std::FILE* console, RunRanks& ranks);
+
+  bool steps_left() const { return step_ < config_.steps; }
+  // One optimizer step: the micro-batches, the agreed non-finite check, the update, metrics, eval,
+  // trace, progress, a periodic checkpoint, and the agreed stop check.
+  StepOutcome step(const RunControl& control);
+  // The final save (when anything trained, the run was stopped or a state was loaded from elsewhere) and
+  // the summary.
+  TrainingSummary finish();
+
+ private:
+  // Set-up phases, in the order the constructor runs them.
+  void connect_mesh(TrainingPlan plan);
+  void open_data();
+  void resume_from_checkpoint();
+  void write_run_files();
+  void open_metrics_and_trace();
+  void prepare_steps();
+
+  LossSums run_micro_batches(int64_t rank);
+  void save(int64_t step);
+
+  const Config& config_;
+  RunRanks& ranks_;
+  Mesh mesh_;
+  std::unique_ptr<Engine> engine_;
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> quiet_;  // the console of ranks other than the lead
+  std::FILE* console_;
+  bool lead_;
+  std::vector<std::string> train_shards_;
+  std::optional<Tokenizer> tokenizer_;
+  int32_t eos_id_ = -1;
+  std::string tokenizer_identity_;
+  std::optional<BatchLoader> loader_;  // set by open_data
+  std::optional<BatchLoader> eval_loader_;
+  std::string checkpoints_dir_;
+  TrainingSummary summary_;
+  CheckpointState state_;
+  bool loaded_elsewhere_ =
+      false;  // a full state from load_full_state_path (another run, perhaps another mesh)
+  std::optional<MachineReport> machine_;
+  std::optional<MetricsLog> metrics_;
+  std::optional<TraceRecorder> trace_;
+  CheckpointOptions checkpoint_options_;
+  double tokens_per_step_ = 0.0;
+  double step_flops_ = 0.0;
+  double peak_flops_ = 0.0;
+  std::optional<ProgressBar> progress_;
+  std::optional<StopSignals> signals_;
+  InjectedFault fault_;
+  nlohmann::json planned_step_bytes_;  // per mesh axis: what one step's kernels move, as planned
+  int64_t step_ = 0;                   // optimizer steps done
+};
+
+}  // namespace meshtrain
