@@ -330,8 +330,10 @@ void print_search(const SearchResult& result, std::ostream& out) {
   for (size_t i = 0; i < shown; ++i) {
     const SearchCandidate& c = result.fitting[i];
     out << format("  %-4zu %-5lld %-5lld %-8lld %-7lld %-6lld %-4lld %-8s %10.2f %12s\n", i + 1,
-                  static_cast<long long>(c.mesh.data), static_cast<long long>(c.mesh.fsdp),
-                  static_cast<long long>(c.mesh.context), static_cast<long long>(c.mesh.tensor),
+                  static_cast<long long>(c.mesh.size(MeshAxis::data)),
+                  static_cast<long long>(c.mesh.size(MeshAxis::fsdp)),
+                  static_cast<long long>(c.mesh.size(MeshAxis::context)),
+                  static_cast<long long>(c.mesh.size(MeshAxis::tensor)),
                   static_cast<long long>(c.per_device_batch_size),
                   static_cast<long long>(c.gradient_accumulation_steps), c.remat_policy.c_str(),
                   static_cast<double>(c.arena_bytes) / kGiB, seconds_text(c.step_seconds).c_str());
@@ -346,10 +348,10 @@ std::string SearchCandidate::overrides() const {
   return format(
       "mesh.data=%lld mesh.fsdp=%lld mesh.context=%lld mesh.tensor=%lld per_device_batch_size=%lld "
       "gradient_accumulation_steps=%lld remat_policy=%s",
-      static_cast<long long>(mesh.data), static_cast<long long>(mesh.fsdp),
-      static_cast<long long>(mesh.context), static_cast<long long>(mesh.tensor),
-      static_cast<long long>(per_device_batch_size), static_cast<long long>(gradient_accumulation_steps),
-      remat_policy.c_str());
+      static_cast<long long>(mesh.size(MeshAxis::data)), static_cast<long long>(mesh.size(MeshAxis::fsdp)),
+      static_cast<long long>(mesh.size(MeshAxis::context)),
+      static_cast<long long>(mesh.size(MeshAxis::tensor)), static_cast<long long>(per_device_batch_size),
+      static_cast<long long>(gradient_accumulation_steps), remat_policy.c_str());
 }
 
 SearchResult search_training_configurations(const std::string& config_argument,
@@ -365,7 +367,7 @@ SearchResult search_training_configurations(const std::string& config_argument,
   result.topology = topology.name;
   result.devices = resolve_devices(base, topology, 0).count;
   result.device_memory_bytes = topology.device_memory_bytes(result.devices);
-  const int64_t context = base.mesh.context >= 1 ? base.mesh.context : 1;
+  const int64_t context = base.mesh[MeshAxis::context] >= 1 ? base.mesh[MeshAxis::context] : 1;
   if (result.devices % context != 0) {
     fail("config key 'mesh.context'", "a divisor of the " + std::to_string(result.devices) + " devices",
          std::to_string(context));
@@ -385,8 +387,11 @@ SearchResult search_training_configurations(const std::string& config_argument,
       const int64_t data = result.devices / context / tensor / fsdp;
       for (int64_t batch : divisors(sequences_per_device)) {
         for (const char* remat : {"none", "minimal", "full"}) {
-          candidates.push_back(
-              {Mesh{data, fsdp, context, tensor}, batch, sequences_per_device / batch, remat});
+          candidates.push_back({Mesh({{MeshAxis::data, data},
+                                      {MeshAxis::fsdp, fsdp},
+                                      {MeshAxis::context, context},
+                                      {MeshAxis::tensor, tensor}}),
+                                batch, sequences_per_device / batch, remat});
         }
       }
     }

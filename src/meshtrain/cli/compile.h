@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "meshtrain/plan/sharding.h"
+#include "meshtrain/mesh/sharding.h"
 
 namespace meshtrain {
 

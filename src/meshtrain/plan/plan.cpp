@@ -160,7 +160,7 @@ class Planner {
   // ZeRO-1 with a strided shard: copies this data rank's blocks of the parameter into the shard buffer.
   const OpDecl* slice_op(const ParameterStorage& store, const std::string& name) {
     const BufferId full = store.value_store, shard = store.value_data_shard;
-    const int64_t outer = store.data_outer, ranks = plan_.mesh.data;
+    const int64_t outer = store.data_outer, ranks = plan_.mesh.size(MeshAxis::data);
     return own_op({"zero1/slice/" + name,
                    {full},
                    {shard},
@@ -171,7 +171,8 @@ class Planner {
                      float* to = shard_view.f32();
                      const int64_t block = shard_view.elements() / outer;
                      for (int64_t o = 0; o < outer; ++o) {
-                       std::memcpy(to + o * block, from + (o * ranks + context.coordinates.data) * block,
+                       std::memcpy(to + o * block,
+                                   from + (o * ranks + context.coordinates[MeshAxis::data]) * block,
                                    static_cast<size_t>(block) * sizeof(float));
                      }
                    },
@@ -206,9 +207,10 @@ class Planner {
   // The mesh axes over which gradient shards differ, so their squared norms are summed over them.
   std::vector<MeshAxis> norm_axes() const {
     std::vector<MeshAxis> axes;
-    if (spec_.config.shard_optimizer_over_data && plan_.mesh.data > 1) axes.push_back(MeshAxis::data);
-    if (plan_.mesh.fsdp > 1) axes.push_back(MeshAxis::fsdp);
-    if (plan_.mesh.tensor > 1) axes.push_back(MeshAxis::tensor);
+    if (spec_.config.shard_optimizer_over_data && plan_.mesh.size(MeshAxis::data) > 1)
+      axes.push_back(MeshAxis::data);
+    if (plan_.mesh.size(MeshAxis::fsdp) > 1) axes.push_back(MeshAxis::fsdp);
+    if (plan_.mesh.size(MeshAxis::tensor) > 1) axes.push_back(MeshAxis::tensor);
     return axes;
   }
 
@@ -251,9 +253,9 @@ void Planner::declare_buffers() {
         (id == parameter.value ? store.value_store : store.gradient_store) = shard_id;
       }
     }
-    if (spec_.config.shard_optimizer_over_data && mesh.data > 1) {
+    if (spec_.config.shard_optimizer_over_data && mesh.size(MeshAxis::data) > 1) {
       const TensorSharding zero1 = sharding.storage_layout(value.shape, true);
-      if (zero1.local.elements() * mesh.data == fsdp.local.elements()) {
+      if (zero1.local.elements() * mesh.size(MeshAxis::data) == fsdp.local.elements()) {
         const PlanBuffer value_store = plan_.buffers[static_cast<size_t>(store.value_store)];
         const PlanBuffer gradient_store = plan_.buffers[static_cast<size_t>(store.gradient_store)];
         store.data_outer =
@@ -445,7 +447,7 @@ std::vector<Planner::Step> Planner::update_steps() {
     step = bind(step, spec_.parameters[k].value, storage_[k].value_store);
     return bind(step, spec_.parameters[k].gradient, storage_[k].gradient_store);
   };
-  if (mesh.data * mesh.fsdp * mesh.context > 1) {
+  if (mesh.size(MeshAxis::data) * mesh.size(MeshAxis::fsdp) * mesh.size(MeshAxis::context) > 1) {
     const BufferId count = add_buffer(PlanBuffer{"optimizer/valid_count",
                                                  BufferKind::communication,
                                                  DType::i32,
@@ -483,7 +485,7 @@ std::vector<Planner::Step> Planner::update_steps() {
     const size_t k = static_cast<size_t>(parameter - spec_.parameters.begin());
     const ParameterStorage& store = storage_[k];
     const bool is_norm = op.name.starts_with("optimizer/grad_norm/");
-    if (is_norm && parameter->gradient_partial_over_tensor && mesh.tensor > 1) {
+    if (is_norm && parameter->gradient_partial_over_tensor && mesh.size(MeshAxis::tensor) > 1) {
       steps.push_back(
           step_of(collective_op("tensor/all_reduce/" + parameter->canonical_name, CollectiveKind::all_reduce,
                                 MeshAxis::tensor, store.gradient_store, kNoBuffer)));
@@ -514,7 +516,7 @@ std::vector<Planner::Step> Planner::update_steps() {
       }
       continue;
     }
-    if (is_norm && mesh.data > 1) {
+    if (is_norm && mesh.size(MeshAxis::data) > 1) {
       steps.push_back(
           step_of(collective_op("data/all_reduce/" + parameter->canonical_name, CollectiveKind::all_reduce,
                                 MeshAxis::data, store.gradient_store, kNoBuffer)));
@@ -760,7 +762,8 @@ int64_t kv_replicas(const TrainingPlan& plan, BufferId id) {
   const Shape& shape = plan.spec.buffer(id).shape;
   const int64_t kv_heads = plan.spec.config.base_num_kv_heads;
   for (const std::string& axis : shape.axes) {
-    if (axis == "kv_heads" && plan.mesh.tensor > kv_heads) return plan.mesh.tensor / kv_heads;
+    if (axis == "kv_heads" && plan.mesh.size(MeshAxis::tensor) > kv_heads)
+      return plan.mesh.size(MeshAxis::tensor) / kv_heads;
   }
   return 1;
 }
@@ -786,7 +789,7 @@ DeviceCount resolve_devices(const Config& config, const Topology& topology, int6
   if (topology.num_devices > 0) return {topology.num_devices, "topology " + topology.name};
   DeviceCount devices{1, "topology " + topology.name + " with as many ranks as the mesh asks for"};
   for (MeshAxis axis : kMeshAxes) {
-    const int64_t size = axis_member(config.mesh, axis);
+    const int64_t size = config.mesh[axis];
     if (size < 1) {
       fail("config key 'mesh." + std::string(mesh_axis_name(axis)) + "'",
            "fixed axis sizes on topology '" + topology.name + "' (they give its rank count)",

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "meshtrain/model/spec.h"
-#include "meshtrain/plan/sharding.h"
+#include "meshtrain/mesh/sharding.h"
 #include "meshtrain/plan/topology.h"
 
 namespace meshtrain {

@@ -298,14 +298,14 @@ TrainingSummary train_on_ranks(const Config& config, RunSetup setup, std::FILE* 
                                const RunControl& control, RunRanks& ranks) {
   const std::vector<std::string>& shards = setup.train_shards;
   const Mesh mesh = setup.plan.mesh;
-  ranks.axes = make_mesh_communicators(*ranks.world, mesh.data, mesh.fsdp, mesh.context, mesh.tensor);
+  ranks.axes = make_mesh_communicators(*ranks.world, mesh);
   Engine engine(std::move(setup.plan), {ranks.world.get(), &ranks.axes});
   const Topology& topology = engine.plan().topology;
-  const MeshCoordinates coordinates = mesh_coordinates(mesh, ranks.world->rank());
-  ranks.batch_group = ranks.world->split(
-      static_cast<int>(coordinates.context * mesh.tensor + coordinates.tensor), ranks.world->rank(), "batch");
-  ranks.data_rank = coordinates.data * mesh.fsdp + coordinates.fsdp;
-  ranks.data_ranks = mesh.data * mesh.fsdp;
+  const MeshGroup batch_ranks = mesh_group(mesh, ranks.world->rank(), kBatchMeshAxes);
+  ranks.batch_group =
+      ranks.world->split(static_cast<int>(batch_ranks.colour), static_cast<int>(batch_ranks.index), "batch");
+  ranks.data_rank = batch_ranks.index;
+  ranks.data_ranks = batch_ranks.size;
   ranks.local_rows = engine.spec().dims.B;
   // Only the lead rank writes run_dir and prints; the others train silently.
   const std::unique_ptr<std::FILE, int (*)(std::FILE*)> quiet(std::fopen("/dev/null", "w"), &std::fclose);
