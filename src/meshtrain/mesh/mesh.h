@@ -14,8 +14,9 @@
 namespace meshtrain {
 
 // The mesh axes in rank order, outermost first: tensor is innermost, so its ranks are neighbours. The
-// enum's values index every per-axis array. A new axis is one value here and its name in kMeshAxisNames;
-// `expert` (the reference system's expert parallelism) goes between context and tensor.
+// enum's values index every per-axis array. A new axis is one value here and its name in kMeshAxisNames
+// (plus, being a config key, `mesh.<axis>: 1` in configs/base.yaml and its line in config-keys.md); `expert`
+// (the reference system's expert parallelism) goes between context and tensor.
 enum class MeshAxis { data, fsdp, context, tensor };
 inline constexpr std::array kMeshAxisNames = {"data", "fsdp", "context", "tensor"};
 static_assert(static_cast<size_t>(MeshAxis::tensor) + 1 == kMeshAxisNames.size(),

@@ -100,7 +100,8 @@ ShardingLayout::ShardingLayout(const std::map<std::string, std::vector<std::stri
   int64_t batch_ranks = 1;
   for (MeshAxis axis : kBatchMeshAxes) batch_ranks *= mesh.size(axis);
   if (batch.degree != batch_ranks) {
-    fail("config key 'logical_axis_rules.batch'", "[data, fsdp] (the batch is split over both)",
+    fail("config key 'logical_axis_rules.batch'",
+         axes_text({kBatchMeshAxes.begin(), kBatchMeshAxes.end()}) + " (the batch is split over both)",
          axes_text(batch.axes));
   }
 }

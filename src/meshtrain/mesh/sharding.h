@@ -1,7 +1,7 @@
-// The sharding rules that map each logical axis of a buffer (batch, length,
-// embed, heads, kv_heads, head_dim, mlp, vocab, positions) onto mesh axes (config keys
-// logical_axis_rules.*). The model is declared at per-device (local) sizes that this pass computes, so every
-// op's FLOPs and every buffer's bytes are already per device.
+// The sharding pass: the rules that map each logical axis of a buffer (batch, length, embed, heads, kv_heads,
+// head_dim, mlp, vocab, positions) onto mesh axes (config keys logical_axis_rules.*). The model is declared
+// at per-device (local) sizes that this pass computes, so every op's FLOPs and every buffer's bytes are
+// already per device.
 //
 // Two layouts: the compute layout (what an op sees: batch over data x fsdp, length over context, heads /
 // kv_heads / mlp / vocab over tensor) and, for parameters and their gradients and optimizer state, the
