@@ -240,15 +240,17 @@ void test_mesh(Communicator& world) {
         const int64_t tensor = n / (data * fsdp * context);
         const std::string layout = std::to_string(data) + "x" + std::to_string(fsdp) + "x" +
                                    std::to_string(context) + "x" + std::to_string(tensor);
-        MeshCommunicators mesh = make_mesh_communicators(world, data, fsdp, context, tensor);
+        MeshCommunicators mesh = make_mesh_communicators(world, Mesh({{MeshAxis::data, data},
+                                                                      {MeshAxis::fsdp, fsdp},
+                                                                      {MeshAxis::context, context},
+                                                                      {MeshAxis::tensor, tensor}}));
         ++layouts;
         const int64_t degrees[4] = {data, fsdp, context, tensor};
         int64_t coordinates[4] = {r / (tensor * context * fsdp), r / (tensor * context) % fsdp,
                                   r / tensor % context, r % tensor};
-        Communicator* axes[4] = {mesh.data.get(), mesh.fsdp.get(), mesh.context.get(), mesh.tensor.get()};
         const char* names[4] = {"data", "fsdp", "context", "tensor"};
         for (int axis = 0; axis < 4; ++axis) {
-          Communicator& comm = *axes[axis];
+          Communicator& comm = *mesh.at(kMeshAxes[static_cast<size_t>(axis)]);
           const std::string what = "mesh " + layout + " axis " + names[axis];
           check(comm.size() == degrees[axis] && comm.rank() == coordinates[axis], what + ": size and rank");
           check(comm.axis_name() == names[axis] && comm.context() == "step 7", what + ": name and context");
@@ -276,7 +278,7 @@ void test_mesh(Communicator& world) {
 
   std::string message;
   try {
-    make_mesh_communicators(world, n + 1, 1, 1, 1);
+    make_mesh_communicators(world, Mesh({{MeshAxis::data, n + 1}}));
   } catch (const MeshError& error) {
     message = error.what();
   }
@@ -386,8 +388,9 @@ int run_stall(int stall_rank, double timeout_s, const std::string& axis, double 
   MeshCommunicators mesh;
   Communicator* group = world.get();
   if (axis == "data") {  // data = size/2, tensor = 2
-    mesh = make_mesh_communicators(*world, world->size() / 2, 1, 1, 2);
-    group = mesh.data.get();
+    mesh =
+        make_mesh_communicators(*world, Mesh({{MeshAxis::data, world->size() / 2}, {MeshAxis::tensor, 2}}));
+    group = mesh.at(MeshAxis::data).get();
   }
   world->set_context("step 12");
   float grad_norm_squared = 1.0f;

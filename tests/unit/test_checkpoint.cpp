@@ -140,7 +140,7 @@ TEST_F(CheckpointTest, RoundTripIsBitwiseExact) {
   EXPECT_EQ(metadata.at("step"), 12);
   EXPECT_EQ(metadata.at("scan_layers"), false);
   EXPECT_EQ(metadata.at("param_scan_axis"), 1);
-  EXPECT_EQ(metadata.at("mesh").at("fsdp"), saved.spec().config.mesh.fsdp);
+  EXPECT_EQ(metadata.at("mesh").at("fsdp"), saved.spec().config.mesh[MeshAxis::fsdp]);
   EXPECT_EQ(metadata.at("config").at("base_emb_dim"), "32");
   EXPECT_EQ(metadata.at("tokenizer").at("identity"), "tok-v1");
   EXPECT_TRUE(metadata.at("files").contains("tokenizer.json"));

@@ -25,7 +25,7 @@ TEST(Config, PresetThenOverrides) {
   EXPECT_EQ(config.model_name, "qwen3-0.6b");
   EXPECT_EQ(config.base_emb_dim, 1024);
   EXPECT_EQ(config.per_device_batch_size, 2);
-  EXPECT_EQ(config.mesh.tensor, 4);
+  EXPECT_EQ(config.mesh[MeshAxis::tensor], 4);
   EXPECT_EQ(config.kernels, (std::vector<std::string>{"fwd_bwd", "update"}));
   EXPECT_EQ(config.adam_b2, 0.95);  // from base.yaml
   EXPECT_EQ(config.resolved.size(), config_key_names().size());
@@ -46,7 +46,7 @@ TEST(Config, UserYamlLayersOverItsModelPreset) {
   const Config config = load_config(path, {"steps=5"});
   EXPECT_EQ(config.decoder_block, "gpt2");
   EXPECT_EQ(config.max_target_length, 64);
-  EXPECT_EQ(config.mesh.data, 2);
+  EXPECT_EQ(config.mesh[MeshAxis::data], 2);
   EXPECT_EQ(config.steps, 5);
 }
 

@@ -29,7 +29,7 @@ TEST(Search, CandidatesCoverMeshesBatchSplitsAndRematPolicies) {
   ASSERT_EQ(candidates.size(), (3u + 2u) * 3u * 3u);
   for (const SearchCandidate& candidate : candidates) {
     EXPECT_EQ(candidate.mesh.devices(), 4);
-    EXPECT_LE(candidate.mesh.tensor, 2);
+    EXPECT_LE(candidate.mesh.size(MeshAxis::tensor), 2);
     EXPECT_EQ(candidate.per_device_batch_size * candidate.gradient_accumulation_steps, 4);
   }
   const SearchCandidate& first = candidates.front();
@@ -42,14 +42,14 @@ TEST(Search, CandidatesCoverMeshesBatchSplitsAndRematPolicies) {
 
 TEST(Search, AppliedCandidateEqualsTheConfigItsOverridesLoad) {
   const Config base = load_config("qwen3-tiny", {"topology=cpu"});
-  const SearchCandidate candidate{Mesh{1, 2, 1, 2}, 2, 3, "full"};
+  const SearchCandidate candidate{Mesh({{MeshAxis::fsdp, 2}, {MeshAxis::tensor, 2}}), 2, 3, "full"};
   Config applied = base;
   candidate.apply_to(applied);
   std::vector<std::string> overrides = {"topology=cpu"};
   for (const std::string& word : words_of(candidate.overrides())) overrides.push_back(word);
   const Config loaded = load_config("qwen3-tiny", overrides);
-  EXPECT_EQ(applied.mesh.fsdp, 2);
-  EXPECT_EQ(applied.mesh.tensor, 2);
+  EXPECT_EQ(applied.mesh[MeshAxis::fsdp], 2);
+  EXPECT_EQ(applied.mesh[MeshAxis::tensor], 2);
   EXPECT_EQ(applied.per_device_batch_size, 2);
   EXPECT_EQ(applied.gradient_accumulation_steps, 3);
   EXPECT_EQ(applied.remat_policy, "full");

@@ -309,8 +309,10 @@ void print_search(const SearchResult& result, std::ostream& out) {
     const FittingCandidate& fit = result.fitting[i];
     const SearchCandidate& c = fit.candidate;
     out << format("  %-4zu %-5lld %-5lld %-8lld %-7lld %-6lld %-4lld %-8s %10.2f %12s\n", i + 1,
-                  static_cast<long long>(c.mesh.data), static_cast<long long>(c.mesh.fsdp),
-                  static_cast<long long>(c.mesh.context), static_cast<long long>(c.mesh.tensor),
+                  static_cast<long long>(c.mesh.size(MeshAxis::data)),
+                  static_cast<long long>(c.mesh.size(MeshAxis::fsdp)),
+                  static_cast<long long>(c.mesh.size(MeshAxis::context)),
+                  static_cast<long long>(c.mesh.size(MeshAxis::tensor)),
                   static_cast<long long>(c.per_device_batch_size),
                   static_cast<long long>(c.gradient_accumulation_steps), c.remat_policy.c_str(),
                   static_cast<double>(fit.arena_bytes) / kGiB, seconds_text(fit.step_seconds).c_str());

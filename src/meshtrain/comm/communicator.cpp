@@ -367,28 +367,24 @@ std::unique_ptr<CollectiveRequest> LocalCommunicator::start(const Call& call) {
 
 // The mesh.
 
-MeshCommunicators make_mesh_communicators(Communicator& world, int64_t data, int64_t fsdp, int64_t context,
-                                          int64_t tensor) {
-  const std::string degrees = "data=" + to_text(data) + " x fsdp=" + to_text(fsdp) +
-                              " x context=" + to_text(context) + " x tensor=" + to_text(tensor);
-  if (data < 1 || fsdp < 1 || context < 1 || tensor < 1 || data * fsdp * context * tensor != world.size()) {
+MeshCommunicators make_mesh_communicators(Communicator& world, const Mesh& mesh) {
+  if (mesh.devices() != world.size()) {
+    std::string degrees;
+    for (MeshAxis axis : kMeshAxes)
+      degrees +=
+          (degrees.empty() ? "" : " x ") + std::string(mesh_axis_name(axis)) + "=" + to_text(mesh.size(axis));
     fail("mesh", "mesh degrees >= 1 whose product is the number of ranks (" + to_text(world.size()) + ")",
          degrees,
          "set mesh.data=-1 to fill the data axis from the number of ranks, or start " +
-             to_text(data * fsdp * context * tensor) + " ranks");
+             to_text(mesh.devices()) + " ranks");
   }
-  const int64_t rank = world.rank();
-  const int64_t t = rank % tensor;
-  const int64_t c = rank / tensor % context;
-  const int64_t f = rank / (tensor * context) % fsdp;
-  const int64_t d = rank / (tensor * context * fsdp);
-  // The color is the rank's index with the axis's own coordinate left out; the key orders by that coordinate.
-  MeshCommunicators mesh;
-  mesh.data = world.split(static_cast<int>((f * context + c) * tensor + t), static_cast<int>(d), "data");
-  mesh.fsdp = world.split(static_cast<int>((d * context + c) * tensor + t), static_cast<int>(f), "fsdp");
-  mesh.context = world.split(static_cast<int>((d * fsdp + f) * tensor + t), static_cast<int>(c), "context");
-  mesh.tensor = world.split(static_cast<int>((d * fsdp + f) * context + c), static_cast<int>(t), "tensor");
-  return mesh;
+  MeshCommunicators communicators;
+  for (MeshAxis axis : kMeshAxes) {
+    const MeshGroup group = mesh_group(mesh, world.rank(), axis);
+    communicators.at(axis) =
+        world.split(static_cast<int>(group.colour), static_cast<int>(group.index), mesh_axis_name(axis));
+  }
+  return communicators;
 }
 
 bool started_by_mpirun() {

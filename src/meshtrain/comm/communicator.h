@@ -20,6 +20,7 @@
 
 #include "meshtrain/core/dtype.h"
 #include "meshtrain/core/tensor.h"
+#include "meshtrain/mesh/mesh.h"
 
 namespace meshtrain {
 
@@ -249,13 +250,15 @@ auto run_setup_on_all_ranks(Communicator& world, Setup&& setup) -> decltype(setu
 
 // One sub-communicator per mesh axis, all split from the same world communicator.
 struct MeshCommunicators {
-  std::unique_ptr<Communicator> data, fsdp, context, tensor;
+  std::array<std::unique_ptr<Communicator>, kMeshAxisCount> axes;
+
+  std::unique_ptr<Communicator>& at(MeshAxis axis) { return axes[mesh_axis_index(axis)]; }
+  const std::unique_ptr<Communicator>& at(MeshAxis axis) const { return axes[mesh_axis_index(axis)]; }
 };
 
-// Splits `world` by mesh coordinates (every rank calls it); the product of the degrees must equal the
-// world size (a MeshError naming the mesh otherwise).
-MeshCommunicators make_mesh_communicators(Communicator& world, int64_t data, int64_t fsdp, int64_t context,
-                                          int64_t tensor);
+// Splits `world` into the groups of mesh.h (every rank calls it); the mesh's devices must equal the world
+// size (a MeshError naming the mesh otherwise).
+MeshCommunicators make_mesh_communicators(Communicator& world, const Mesh& mesh);
 
 // MPI (MPI_COMM_WORLD) when this process was started by mpirun, a LocalCommunicator otherwise, so a
 // single process needs no launcher. MPI is initialised on the first call and finalised at exit.

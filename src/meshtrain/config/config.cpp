@@ -100,14 +100,28 @@ KeyEntry rule_entry(const std::string& logical_axis) {
             c.logical_axis_rules[logical_axis] = r.items;
           }};
 }
-KeyEntry mesh_entry(const std::string& axis, int64_t MeshShape::*member) {
-  return {"mesh." + axis,
-          [member](Config& c, const std::string& k, const RawValue& r) { c.mesh.*member = parse_int(k, r); }};
+// The keys mesh.<axis>, one per mesh axis in rank order (mesh/mesh.h), stand in the table as one placeholder
+// that with_mesh_entries expands, so a new mesh axis needs no edit here.
+const char* const kMeshEntriesPlaceholder = "mesh.<axis>";
+KeyEntry mesh_entries_here() {
+  return {kMeshEntriesPlaceholder, nullptr};
+}
+std::vector<KeyEntry> with_mesh_entries(std::vector<KeyEntry> table) {
+  const auto placeholder = std::find_if(
+      table.begin(), table.end(), [](const KeyEntry& key) { return key.name == kMeshEntriesPlaceholder; });
+  std::vector<KeyEntry> mesh;
+  for (MeshAxis axis : kMeshAxes) {
+    mesh.push_back(
+        {std::string("mesh.") + mesh_axis_name(axis),
+         [axis](Config& c, const std::string& k, const RawValue& r) { c.mesh[axis] = parse_int(k, r); }});
+  }
+  table.insert(table.erase(placeholder), mesh.begin(), mesh.end());
+  return table;
 }
 
 // The contract of shared/specs/config-keys.md, in its order. Every key here must have a default in base.yaml.
 const std::vector<KeyEntry>& key_table() {
-  static const std::vector<KeyEntry> table = {
+  static const std::vector<KeyEntry> table = with_mesh_entries({
       entry("model_name", &Config::model_name),
       plan_key(entry("decoder_block", &Config::decoder_block)),
       plan_key(entry("base_emb_dim", &Config::base_emb_dim)),
@@ -131,10 +145,7 @@ const std::vector<KeyEntry>& key_table() {
       entry("param_scan_axis", &Config::param_scan_axis),
       plan_key(entry("per_device_batch_size", &Config::per_device_batch_size)),
       plan_key(entry("gradient_accumulation_steps", &Config::gradient_accumulation_steps)),
-      mesh_entry("data", &MeshShape::data),
-      mesh_entry("fsdp", &MeshShape::fsdp),
-      mesh_entry("context", &MeshShape::context),
-      mesh_entry("tensor", &MeshShape::tensor),
+      mesh_entries_here(),
       plan_key(entry("shard_optimizer_over_data", &Config::shard_optimizer_over_data)),
       entry("topology", &Config::topology),
       entry("topologies_path", &Config::topologies_path),
@@ -179,7 +190,7 @@ const std::vector<KeyEntry>& key_table() {
       entry("load_full_state_path", &Config::load_full_state_path),
       entry("profiler", &Config::profiler),
       entry("profiler_steps", &Config::profiler_steps),
-  };
+  });
   return table;
 }
 
@@ -329,30 +340,6 @@ std::vector<std::string> plan_key_names() {
     if (key.affects_plan) names.push_back(key.name);
   }
   return names;
-}
-
-std::string closest_name(const std::string& word, const std::vector<std::string>& candidates) {
-  std::string best;
-  size_t best_distance = SIZE_MAX;
-  for (const std::string& candidate : candidates) {
-    // Levenshtein distance, one row at a time.
-    std::vector<size_t> row(candidate.size() + 1);
-    for (size_t j = 0; j <= candidate.size(); ++j) row[j] = j;
-    for (size_t i = 1; i <= word.size(); ++i) {
-      size_t diagonal = row[0];
-      row[0] = i;
-      for (size_t j = 1; j <= candidate.size(); ++j) {
-        const size_t above = row[j];
-        row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (word[i - 1] == candidate[j - 1] ? 0 : 1)});
-        diagonal = above;
-      }
-    }
-    if (row.back() < best_distance) {
-      best_distance = row.back();
-      best = candidate;
-    }
-  }
-  return best;
 }
 
 Config load_config(const std::string& config_argument, const std::vector<std::string>& overrides,

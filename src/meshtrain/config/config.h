@@ -9,12 +9,9 @@
 #include <vector>
 
 #include "meshtrain/core/dtype.h"
+#include "meshtrain/mesh/mesh.h"
 
 namespace meshtrain {
-
-struct MeshShape {
-  int64_t data = 1, fsdp = 1, context = 1, tensor = 1;  // -1: filled in from the world size
-};
 
 struct Config {
   // Model shape
@@ -87,8 +84,5 @@ std::vector<std::string> preset_names(const std::string& config_dir = "");
 std::vector<std::string> config_key_names();
 // The keys a plan depends on, in table order (plan files record them and their hash).
 std::vector<std::string> plan_key_names();
-
-// The candidate closest to `word` by edit distance (for "did you mean" hints).
-std::string closest_name(const std::string& word, const std::vector<std::string>& candidates);
 
 }  // namespace meshtrain

@@ -1,5 +1,8 @@
 #include "meshtrain/core/error.h"
 
+#include <algorithm>
+#include <cstdint>
+
 namespace meshtrain {
 namespace {
 
@@ -22,6 +25,30 @@ void fail(const std::string& where, const std::string& expected, const std::stri
 void internal_check_failed(const char* condition, const char* file, int line, const std::string& detail) {
   throw std::logic_error(std::string("internal error at ") + file + ":" + std::to_string(line) +
                          ": check failed: " + condition + (detail.empty() ? "" : " (" + detail + ")"));
+}
+
+std::string closest_name(const std::string& word, const std::vector<std::string>& candidates) {
+  std::string best;
+  size_t best_distance = SIZE_MAX;
+  for (const std::string& candidate : candidates) {
+    // Levenshtein distance, one row at a time.
+    std::vector<size_t> row(candidate.size() + 1);
+    for (size_t j = 0; j <= candidate.size(); ++j) row[j] = j;
+    for (size_t i = 1; i <= word.size(); ++i) {
+      size_t diagonal = row[0];
+      row[0] = i;
+      for (size_t j = 1; j <= candidate.size(); ++j) {
+        const size_t above = row[j];
+        row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (word[i - 1] == candidate[j - 1] ? 0 : 1)});
+        diagonal = above;
+      }
+    }
+    if (row.back() < best_distance) {
+      best_distance = row.back();
+      best = candidate;
+    }
+  }
+  return best;
 }
 
 }  // namespace meshtrain

@@ -5,6 +5,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace meshtrain {
 
@@ -37,6 +38,9 @@ struct AlreadyReported {
 // Internal invariant failed: a bug in meshtrain, not a user error. Reports file:line and the condition.
 [[noreturn]] void internal_check_failed(const char* condition, const char* file, int line,
                                         const std::string& detail);
+
+// The candidate closest to `word` by edit distance (for "did you mean" hints).
+std::string closest_name(const std::string& word, const std::vector<std::string>& candidates);
 
 template <class T>
 std::string to_text(const T& value) {

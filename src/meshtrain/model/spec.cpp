@@ -76,7 +76,8 @@ ModelDims validate_and_size(const Config& c, const ShardingLayout& sharding) {
   m.K = sharding.local_size("kv_heads", m.K);
   if (m.H % m.K != 0) {
     fail("config key 'mesh.tensor'", "a degree that keeps query heads a multiple of kv heads on each device",
-         std::to_string(mesh.tensor), "use a tensor degree dividing base_num_kv_heads, or a multiple of it");
+         std::to_string(mesh.size(MeshAxis::tensor)),
+         "use a tensor degree dividing base_num_kv_heads, or a multiple of it");
   }
   m.F = sharding.local_size("mlp", m.F);
   const int64_t vocab_degree = sharding.compute("vocab").degree;
@@ -173,7 +174,7 @@ ModelSpec build_model_spec(const Config& config) {
 ModelSpec build_model_spec(const Config& config, const Mesh& mesh) {
   ModelSpec spec;
   spec.config = config;
-  spec.sharding = ShardingLayout(config, mesh);
+  spec.sharding = ShardingLayout(config.logical_axis_rules, mesh);
   spec.dims = validate_and_size(config, spec.sharding);
   SpecBuilder builder(spec);
   const Shape batch_shape = shape_of({{"batch", spec.dims.B}, {"length", spec.dims.S}});

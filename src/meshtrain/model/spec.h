@@ -3,7 +3,7 @@
 // op lists over those buffers. Allocation, parameter counts, FLOPs, checkpoint names and (later) the memory
 // plan and sharding all read this one description.
 //
-// Every size is per device: the sharding pass (plan/sharding.h) divides the logical sizes before the layers
+// Every size is per device: the sharding pass (mesh/sharding.h) divides the logical sizes before the layers
 // declare anything, so FLOPs and bytes are per device too.
 //
 // Legend: B batch, S sequence, N tokens (= B*S), D width, H query heads, K kv heads, d head width,
@@ -17,7 +17,7 @@
 
 #include "meshtrain/config/config.h"
 #include "meshtrain/core/tensor.h"
-#include "meshtrain/plan/sharding.h"
+#include "meshtrain/mesh/sharding.h"
 
 namespace meshtrain {
 

@@ -15,7 +15,7 @@ constexpr size_t kReductionBucketBytes = size_t{4} << 20;
 
 OverlapSchedule plan_overlap(const TrainingPlan& plan) {
   OverlapSchedule schedule;
-  if (plan.mesh.data == 1 || !plan.find(KernelName::update)) return schedule;
+  if (plan.mesh.size(MeshAxis::data) == 1 || !plan.find(KernelName::update)) return schedule;
   const KernelPlan& update = plan.kernel(KernelName::update);
   size_t reduced_bytes = 0;
   for (KernelName name : {KernelName::fwd_bwd, KernelName::fwd_bwd_accum}) {

@@ -114,7 +114,8 @@ int64_t kv_replicas(const TrainingPlan& plan, BufferId id) {
   const Shape& shape = plan.spec.buffer(id).shape;
   const int64_t kv_heads = plan.spec.config.base_num_kv_heads;
   for (const std::string& axis : shape.axes) {
-    if (axis == "kv_heads" && plan.mesh.tensor > kv_heads) return plan.mesh.tensor / kv_heads;
+    if (axis == "kv_heads" && plan.mesh.size(MeshAxis::tensor) > kv_heads)
+      return plan.mesh.size(MeshAxis::tensor) / kv_heads;
   }
   return 1;
 }
@@ -140,7 +141,7 @@ DeviceCount resolve_devices(const Config& config, const Topology& topology, int6
   if (topology.num_devices > 0) return {topology.num_devices, "topology " + topology.name};
   DeviceCount devices{1, "topology " + topology.name + " with as many ranks as the mesh asks for"};
   for (MeshAxis axis : kMeshAxes) {
-    const int64_t size = axis_member(config.mesh, axis);
+    const int64_t size = config.mesh[axis];
     if (size < 1) {
       fail("config key 'mesh." + std::string(mesh_axis_name(axis)) + "'",
            "fixed axis sizes on topology '" + topology.name + "' (they give its rank count)",

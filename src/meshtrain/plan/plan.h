@@ -14,8 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "meshtrain/mesh/sharding.h"
 #include "meshtrain/model/spec.h"
-#include "meshtrain/plan/sharding.h"
 #include "meshtrain/plan/topology.h"
 
 namespace meshtrain {

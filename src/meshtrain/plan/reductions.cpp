@@ -12,16 +12,17 @@ namespace {
 // The mesh axes over which gradient shards differ, so their squared norms are summed over them.
 std::vector<MeshAxis> norm_axes(const TrainingPlan& plan) {
   std::vector<MeshAxis> axes;
-  if (plan.spec.config.shard_optimizer_over_data && plan.mesh.data > 1) axes.push_back(MeshAxis::data);
-  if (plan.mesh.fsdp > 1) axes.push_back(MeshAxis::fsdp);
-  if (plan.mesh.tensor > 1) axes.push_back(MeshAxis::tensor);
+  if (plan.spec.config.shard_optimizer_over_data && plan.mesh.size(MeshAxis::data) > 1)
+    axes.push_back(MeshAxis::data);
+  if (plan.mesh.size(MeshAxis::fsdp) > 1) axes.push_back(MeshAxis::fsdp);
+  if (plan.mesh.size(MeshAxis::tensor) > 1) axes.push_back(MeshAxis::tensor);
   return axes;
 }
 
 // ZeRO-1 with a strided shard: copies this data rank's blocks of the parameter into the shard buffer.
 const OpDecl* add_slice_op(TrainingPlan& plan, const ParameterStorage& store, size_t k) {
   const BufferId full = store.value_store, shard = store.value_data_shard;
-  const int64_t outer = store.data_outer, ranks = plan.mesh.data;
+  const int64_t outer = store.data_outer, ranks = plan.mesh.size(MeshAxis::data);
   OpDecl op{"zero1/slice/" + plan.spec.parameters[k].canonical_name,
             {full},
             {shard},
@@ -32,7 +33,7 @@ const OpDecl* add_slice_op(TrainingPlan& plan, const ParameterStorage& store, si
               float* to = shard_view.f32();
               const int64_t block = shard_view.elements() / outer;
               for (int64_t o = 0; o < outer; ++o) {
-                std::memcpy(to + o * block, from + (o * ranks + context.coordinates.data) * block,
+                std::memcpy(to + o * block, from + (o * ranks + context.coordinates[MeshAxis::data]) * block,
                             static_cast<size_t>(block) * sizeof(float));
               }
             },
@@ -62,7 +63,7 @@ std::vector<PlanStep> update_steps(TrainingPlan& plan) {
   const ModelSpec& spec = plan.spec;
   const Mesh& mesh = plan.mesh;
   std::vector<PlanStep> steps;
-  if (mesh.data * mesh.fsdp * mesh.context > 1) {
+  if (mesh.size(MeshAxis::data) * mesh.size(MeshAxis::fsdp) * mesh.size(MeshAxis::context) > 1) {
     const BufferId count = add_plan_buffer(plan, PlanBuffer{"optimizer/valid_count",
                                                             BufferKind::communication,
                                                             DType::i32,
@@ -99,7 +100,7 @@ std::vector<PlanStep> update_steps(TrainingPlan& plan) {
     const ParameterStorage& store = plan.storage[k];
     const std::string& name = parameter.canonical_name;
     const bool is_norm = op.role == OpRole::grad_norm;
-    if (is_norm && parameter.gradient_partial_over_tensor && mesh.tensor > 1) {
+    if (is_norm && parameter.gradient_partial_over_tensor && mesh.size(MeshAxis::tensor) > 1) {
       steps.push_back(step_of(add_collective_op(
           plan, "tensor/all_reduce/" + name, OpRole::tensor_gradient_reduction, op.parameter,
           CollectiveKind::all_reduce, MeshAxis::tensor, store.gradient_store, kNoBuffer)));
@@ -130,7 +131,7 @@ std::vector<PlanStep> update_steps(TrainingPlan& plan) {
       }
       continue;
     }
-    if (is_norm && mesh.data > 1) {
+    if (is_norm && mesh.size(MeshAxis::data) > 1) {
       steps.push_back(step_of(
           add_collective_op(plan, "data/all_reduce/" + name, OpRole::data_gradient_reduction, op.parameter,
                             CollectiveKind::all_reduce, MeshAxis::data, store.gradient_store, kNoBuffer)));

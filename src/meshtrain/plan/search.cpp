@@ -33,7 +33,7 @@ void set_resolved_text(Config& config, const std::string& key, const std::string
 
 void SearchCandidate::apply_to(Config& config) const {
   for (MeshAxis axis : kMeshAxes) {
-    axis_member(config.mesh, axis) = mesh.size(axis);
+    config.mesh[axis] = mesh.size(axis);
     set_resolved_text(config, std::string("mesh.") + mesh_axis_name(axis), std::to_string(mesh.size(axis)));
   }
   config.per_device_batch_size = per_device_batch_size;
@@ -45,15 +45,13 @@ void SearchCandidate::apply_to(Config& config) const {
 }
 
 std::string SearchCandidate::overrides() const {
-  char text[512];
-  std::snprintf(text, sizeof text,
-                "mesh.data=%lld mesh.fsdp=%lld mesh.context=%lld mesh.tensor=%lld per_device_batch_size=%lld "
-                "gradient_accumulation_steps=%lld remat_policy=%s",
-                static_cast<long long>(mesh.data), static_cast<long long>(mesh.fsdp),
-                static_cast<long long>(mesh.context), static_cast<long long>(mesh.tensor),
-                static_cast<long long>(per_device_batch_size),
-                static_cast<long long>(gradient_accumulation_steps), remat_policy.c_str());
-  return text;
+  std::string text;
+  for (MeshAxis axis : kMeshAxes) {
+    text += std::string("mesh.") + mesh_axis_name(axis) + "=" + std::to_string(mesh.size(axis)) + " ";
+  }
+  return text + "per_device_batch_size=" + std::to_string(per_device_batch_size) +
+         " gradient_accumulation_steps=" + std::to_string(gradient_accumulation_steps) +
+         " remat_policy=" + remat_policy;
 }
 
 std::vector<SearchCandidate> search_candidates(const Config& base, int64_t devices, int64_t context,
@@ -66,8 +64,11 @@ std::vector<SearchCandidate> search_candidates(const Config& base, int64_t devic
       const int64_t data = devices / context / tensor / fsdp;
       for (int64_t batch : divisors(sequences_per_device)) {
         for (const char* remat : {"none", "minimal", "full"}) {
-          candidates.push_back(
-              {Mesh{data, fsdp, context, tensor}, batch, sequences_per_device / batch, remat});
+          const Mesh mesh({{MeshAxis::data, data},
+                           {MeshAxis::fsdp, fsdp},
+                           {MeshAxis::context, context},
+                           {MeshAxis::tensor, tensor}});
+          candidates.push_back({mesh, batch, sequences_per_device / batch, remat});
         }
       }
     }
@@ -86,10 +87,10 @@ SearchResult search_training_configurations(const Config& base) {
   result.topology = topology.name;
   result.devices = resolve_devices(base, topology, 0).count;
   result.device_memory_bytes = topology.device_memory_bytes(result.devices);
-  const int64_t context = base.mesh.context >= 1 ? base.mesh.context : 1;
+  const int64_t context = base.mesh[MeshAxis::context] >= 1 ? base.mesh[MeshAxis::context] : 1;
   if (result.devices % context != 0) {
-    fail("config key 'mesh.context'", "a divisor of the " + std::to_string(result.devices) + " devices",
-         std::to_string(context));
+    fail("config key 'mesh.size(MeshAxis::context)'",
+         "a divisor of the " + std::to_string(result.devices) + " devices", std::to_string(context));
   }
   result.global_batch = base.per_device_batch_size * base.gradient_accumulation_steps * result.devices;
   // Tensor parallelism stays inside a host (its collectives run every layer) and splits the query heads.

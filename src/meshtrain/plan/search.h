@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "meshtrain/config/config.h"
-#include "meshtrain/plan/sharding.h"
+#include "meshtrain/mesh/sharding.h"
 
 namespace meshtrain {
 

@@ -39,9 +39,9 @@ void plan_storage(TrainingPlan& plan) {
         (id == parameter.value ? store.value_store : store.gradient_store) = shard_id;
       }
     }
-    if (spec.config.shard_optimizer_over_data && mesh.data > 1) {
+    if (spec.config.shard_optimizer_over_data && mesh.size(MeshAxis::data) > 1) {
       const TensorSharding zero1 = sharding.storage_layout(value.shape, true);
-      if (zero1.local.elements() * mesh.data == fsdp.local.elements()) {
+      if (zero1.local.elements() * mesh.size(MeshAxis::data) == fsdp.local.elements()) {
         const PlanBuffer value_store = plan.buffers[static_cast<size_t>(store.value_store)];
         const PlanBuffer gradient_store = plan.buffers[static_cast<size_t>(store.gradient_store)];
         store.data_outer =

@@ -313,10 +313,8 @@ void write_checkpoint_files(const fs::path& directory, const Engine& engine, con
   // The layout the tensors were saved in: loading into the other layout converts (a later issue).
   metadata["scan_layers"] = config.scan_layers;
   metadata["param_scan_axis"] = config.param_scan_axis;
-  metadata["mesh"] = {{"data", config.mesh.data},
-                      {"fsdp", config.mesh.fsdp},
-                      {"context", config.mesh.context},
-                      {"tensor", config.mesh.tensor}};
+  metadata["mesh"] = ordered_json::object();
+  for (MeshAxis axis : kMeshAxes) metadata["mesh"][mesh_axis_name(axis)] = config.mesh[axis];
   ordered_json resolved = ordered_json::object();
   for (const auto& [key, value] : config.resolved) resolved[key] = value;
   metadata["config"] = std::move(resolved);

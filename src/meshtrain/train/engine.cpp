@@ -36,7 +36,7 @@ void check_plan_runs_here(const TrainingPlan& plan, int64_t world) {
          plan.mesh.to_string(),
          "launch with mpirun -np " + std::to_string(plan.mesh.devices()) + ", or change mesh.*");
   }
-  if (plan.mesh.context > 1) {
+  if (plan.mesh.size(MeshAxis::context) > 1) {
     fail("config key 'mesh.context'", "1 (data, fsdp, tensor and ZeRO-1 layouts run so far)",
          plan.mesh.to_string(), "context parallelism is planned by meshtrain compile but not executed yet");
   }
@@ -101,7 +101,7 @@ class PlannedOpContext : public OpContext {
       const PlanBuffer& buffer = engine_.plan_.buffers[static_cast<size_t>(op_->buffers[i].second)];
       // ZeRO-1's shard of a parameter is this data rank's contiguous slot of it.
       const size_t slot =
-          buffer.part_of >= 0 ? static_cast<size_t>(engine_.coordinates_.data) * buffer.bytes : 0;
+          buffer.part_of >= 0 ? static_cast<size_t>(engine_.coordinates_[MeshAxis::data]) * buffer.bytes : 0;
       return {engine_.arena_.at(op_->offsets[i] + slot), buffer.dtype, buffer.shape};
     }
     MT_CHECK(false, "op '" + op_->op->name + "' touches '" +
@@ -120,17 +120,18 @@ Engine::Engine(const Config& config) : Engine(plan_for_one_process(config)) {}
 Engine::Engine(TrainingPlan plan, EngineRanks ranks)
     : plan_(require_runnable(std::move(plan), ranks)), arena_(plan_.arena_bytes), ranks_(ranks) {
   coordinates_ = mesh_coordinates(plan_.mesh, ranks_.world ? ranks_.world->rank() : 0);
-  if (plan_.mesh.tensor > plan_.spec.config.base_num_kv_heads) {
+  if (plan_.mesh.size(MeshAxis::tensor) > plan_.spec.config.base_num_kv_heads) {
     // The tensor ranks that hold the same kv head (consecutive ones) sum its gradient.
-    const int64_t replicas = plan_.mesh.tensor / plan_.spec.config.base_num_kv_heads;  // as kv_replicas()
+    const int64_t replicas =
+        plan_.mesh.size(MeshAxis::tensor) / plan_.spec.config.base_num_kv_heads;  // as kv_replicas()
     kv_replica_group_ = communicator(MeshAxis::tensor)
-                            .split(static_cast<int>(coordinates_.tensor / replicas),
-                                   static_cast<int>(coordinates_.tensor), "tensor kv replicas");
+                            .split(static_cast<int>(coordinates_[MeshAxis::tensor] / replicas),
+                                   static_cast<int>(coordinates_[MeshAxis::tensor]), "tensor kv replicas");
   }
-  if (plan_.mesh.tensor > 1) {
+  if (plan_.mesh.size(MeshAxis::tensor) > 1) {
     Communicator* tensor = &communicator(MeshAxis::tensor);
     tensor_group_ =
-        TensorGroup{coordinates_.tensor, plan_.mesh.tensor,
+        TensorGroup{coordinates_[MeshAxis::tensor], plan_.mesh.size(MeshAxis::tensor),
                     [tensor](float* values, int64_t count) {
                       tensor->all_reduce(comm_buffer(values, count), ReduceOp::max, "loss/vocab_statistics");
                     },
@@ -176,10 +177,7 @@ void Engine::reset_collective_stats() {
 
 Communicator& Engine::communicator(MeshAxis axis) const {
   MT_CHECK(ranks_.axes != nullptr, "a collective in a one-process run");
-  const std::unique_ptr<Communicator>& comm = axis == MeshAxis::data      ? ranks_.axes->data
-                                              : axis == MeshAxis::fsdp    ? ranks_.axes->fsdp
-                                              : axis == MeshAxis::context ? ranks_.axes->context
-                                                                          : ranks_.axes->tensor;
+  const std::unique_ptr<Communicator>& comm = ranks_.axes->at(axis);
   MT_CHECK(comm != nullptr, std::string("no communicator for mesh axis ") + mesh_axis_name(axis));
   return *comm;
 }
@@ -188,7 +186,7 @@ Communicator& Engine::communicator(MeshAxis axis) const {
 // travel as contiguous blocks [rank][outer][block], the full buffer is [outer][rank][block].
 void Engine::run_collective(const PlanOp& op, const OpContext& context, UpdateState* update) {
   const CollectiveDecl& c = op.op->collective;
-  const bool kv_replicas = c.axis == MeshAxis::tensor && c.group < plan_.mesh.tensor;
+  const bool kv_replicas = c.axis == MeshAxis::tensor && c.group < plan_.mesh.size(MeshAxis::tensor);
   MT_CHECK(!kv_replicas || kv_replica_group_, "a part of the tensor axis other than the kv replicas");
   Communicator& comm = kv_replicas ? *kv_replica_group_ : communicator(c.axis);
   const std::string& name = op.op->name;
@@ -294,9 +292,9 @@ std::vector<float> Engine::gather_global(BufferId id) const {
   int64_t count = 1;
   for (int64_t size : global_shape(id)) count *= size;
   std::vector<float> global(static_cast<size_t>(count), 0.0f);
-  bool first_replica = coordinates_.tensor % kv_replicas(plan_, id) == 0;  // replicated kv heads
+  bool first_replica = coordinates_[MeshAxis::tensor] % kv_replicas(plan_, id) == 0;  // replicated kv heads
   for (MeshAxis axis : kMeshAxes) {
-    first_replica = first_replica && (buffer.split_over(axis) || coordinates_.of(axis) == 0);
+    first_replica = first_replica && (buffer.split_over(axis) || coordinates_[axis] == 0);
   }
   if (first_replica) {
     const GlobalIndex index = global_index(stored, id);

@@ -229,15 +229,13 @@ Run::Run(const Config& config, RunSetup setup, std::FILE* console, RunRanks& ran
 
 // The communicators of the mesh axes, the engine over them, and this rank's share of every batch.
 void Run::connect_mesh(TrainingPlan plan) {
-  ranks_.axes = make_mesh_communicators(*ranks_.world, mesh_.data, mesh_.fsdp, mesh_.context, mesh_.tensor);
+  ranks_.axes = make_mesh_communicators(*ranks_.world, mesh_);
   engine_ = std::make_unique<Engine>(std::move(plan), EngineRanks{ranks_.world.get(), &ranks_.axes});
-  const Mesh& mesh = mesh_;
-  const MeshCoordinates coordinates = mesh_coordinates(mesh, ranks_.world->rank());
+  const MeshGroup batch_ranks = mesh_group(mesh_, ranks_.world->rank(), kBatchMeshAxes);
   ranks_.batch_group =
-      ranks_.world->split(static_cast<int>(coordinates.context * mesh.tensor + coordinates.tensor),
-                          ranks_.world->rank(), "batch");
-  ranks_.data_rank = coordinates.data * mesh.fsdp + coordinates.fsdp;
-  ranks_.data_ranks = mesh.data * mesh.fsdp;
+      ranks_.world->split(static_cast<int>(batch_ranks.colour), static_cast<int>(batch_ranks.index), "batch");
+  ranks_.data_rank = batch_ranks.index;
+  ranks_.data_ranks = batch_ranks.size;
   ranks_.local_rows = engine_->spec().dims.B;
   // Only the lead rank writes run_dir and prints; the others train silently.
   if (!lead_) {

@@ -98,24 +98,23 @@ TEST(LocalCommunicator, TensorViewsAndElementTypes) {
 TEST(LocalCommunicator, MeshOfOneProcess) {
   LocalCommunicator world;
   world.set_context("step 3");
-  MeshCommunicators mesh = make_mesh_communicators(world, 1, 1, 1, 1);
-  for (Communicator* axis : {mesh.data.get(), mesh.fsdp.get(), mesh.context.get(), mesh.tensor.get()}) {
-    EXPECT_EQ(axis->size(), 1);
-    EXPECT_EQ(axis->rank(), 0);
-    EXPECT_EQ(axis->context(), "step 3");  // shared with the world it was split from
+  MeshCommunicators mesh = make_mesh_communicators(world, Mesh());
+  for (MeshAxis axis : kMeshAxes) {
+    EXPECT_EQ(mesh.at(axis)->size(), 1);
+    EXPECT_EQ(mesh.at(axis)->rank(), 0);
+    EXPECT_EQ(mesh.at(axis)->axis_name(), mesh_axis_name(axis));
+    EXPECT_EQ(mesh.at(axis)->context(), "step 3");  // shared with the world it was split from
   }
-  EXPECT_EQ(mesh.tensor->axis_name(), "tensor");
   world.set_context("step 4");
-  EXPECT_EQ(mesh.data->context(), "step 4");
+  EXPECT_EQ(mesh.at(MeshAxis::data)->context(), "step 4");
 }
 
 TEST(LocalCommunicator, MeshThatDoesNotMatchTheWorldIsAUserError) {
   LocalCommunicator world;
-  const std::string message = error_of([&] { make_mesh_communicators(world, 2, 1, 1, 1); });
+  const std::string message = error_of([&] { make_mesh_communicators(world, Mesh({{MeshAxis::data, 2}})); });
   EXPECT_NE(message.find("mesh"), std::string::npos) << message;
   EXPECT_NE(message.find("data=2 x fsdp=1 x context=1 x tensor=1"), std::string::npos) << message;
   EXPECT_NE(message.find("number of ranks (1)"), std::string::npos) << message;
-  EXPECT_NE(error_of([&] { make_mesh_communicators(world, 1, 0, 1, 1); }), "");
 }
 
 TEST(LocalCommunicator, WorldWithoutMpirunIsLocal) {

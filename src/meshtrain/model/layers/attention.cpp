@@ -96,7 +96,7 @@ BufferId add_attention_block(SpecBuilder& builder, const std::string& prefix, Bu
   const int64_t B = m.B, S = m.S, H = m.H, K = m.K, d = m.d;
   // Context parallel: each rank's queries attend to keys of the whole sequence, gathered over `context`
   // (the causal half on average).
-  const int64_t context = spec.sharding.mesh().context;
+  const int64_t context = spec.sharding.mesh().size(MeshAxis::context);
   const double attention_flops = 4.0 * static_cast<double>(B * S * (S * context) * H * d) / 2.0;
   if (context > 1) {
     const Shape gathered =

@@ -1,4 +1,5 @@
-#include "meshtrain/plan/sharding.h"
+// The sharding pass: logical-axis rules to mesh axes, compute and storage layouts (sharding.h).
+#include "meshtrain/mesh/sharding.h"
 
 #include <algorithm>
 
@@ -11,7 +12,7 @@ namespace {
 // on a weight axis is a storage choice (gathered before use), so it is allowed there too.
 const std::map<std::string, std::vector<MeshAxis>>& allowed_axes() {
   static const std::map<std::string, std::vector<MeshAxis>> allowed = {
-      {"batch", {MeshAxis::data, MeshAxis::fsdp}},
+      {"batch", {kBatchMeshAxes.begin(), kBatchMeshAxes.end()}},
       {"length", {MeshAxis::context}},
       {"embed", {MeshAxis::fsdp}},
       {"heads", {MeshAxis::tensor}},
@@ -28,8 +29,11 @@ MeshAxis parse_mesh_axis(const std::string& logical_axis, const std::string& nam
   for (MeshAxis axis : kMeshAxes) {
     if (name == mesh_axis_name(axis)) return axis;
   }
-  fail("config key 'logical_axis_rules." + logical_axis + "'", "mesh axes among data, fsdp, context, tensor",
-       "'" + name + "'", "did you mean '" + closest_name(name, {"data", "fsdp", "context", "tensor"}) + "'?");
+  const std::vector<std::string> names(kMeshAxisNames.begin(), kMeshAxisNames.end());
+  std::string listed;
+  for (const std::string& axis_name : names) listed += (listed.empty() ? "" : ", ") + axis_name;
+  fail("config key 'logical_axis_rules." + logical_axis + "'", "mesh axes among " + listed, "'" + name + "'",
+       "did you mean '" + closest_name(name, names) + "'?");
 }
 
 std::string axes_text(const std::vector<MeshAxis>& axes) {
@@ -40,40 +44,6 @@ std::string axes_text(const std::vector<MeshAxis>& axes) {
 
 }  // namespace
 
-const char* mesh_axis_name(MeshAxis axis) {
-  switch (axis) {
-    case MeshAxis::data:
-      return "data";
-    case MeshAxis::fsdp:
-      return "fsdp";
-    case MeshAxis::context:
-      return "context";
-    case MeshAxis::tensor:
-      return "tensor";
-  }
-  return "?";
-}
-
-int64_t Mesh::stride(MeshAxis axis) const {
-  int64_t stride = 1;
-  for (auto inner = kMeshAxes.rbegin(); *inner != axis; ++inner) stride *= size(*inner);
-  return stride;
-}
-
-std::string Mesh::to_string() const {
-  return "data=" + std::to_string(data) + " fsdp=" + std::to_string(fsdp) +
-         " context=" + std::to_string(context) + " tensor=" + std::to_string(tensor);
-}
-
-MeshCoordinates mesh_coordinates(const Mesh& mesh, int64_t rank) {
-  MeshCoordinates coordinates;
-  coordinates.tensor = rank % mesh.tensor;
-  coordinates.context = rank / mesh.tensor % mesh.context;
-  coordinates.fsdp = rank / (mesh.tensor * mesh.context) % mesh.fsdp;
-  coordinates.data = rank / (mesh.tensor * mesh.context * mesh.fsdp);
-  return coordinates;
-}
-
 GlobalIndex::GlobalIndex(const Shape& local, const std::vector<DimSharding>& sharding,
                          const std::vector<int64_t>& global_dims, const Mesh& mesh,
                          const MeshCoordinates& coordinates)
@@ -82,7 +52,7 @@ GlobalIndex::GlobalIndex(const Shape& local, const std::vector<DimSharding>& sha
   for (size_t i = local.dims.size(); i-- > 0;) {
     if (i + 1 < local.dims.size()) global_strides_[i] = global_strides_[i + 1] * global_dims[i + 1];
     int64_t shard = 0;
-    for (MeshAxis axis : sharding[i].axes) shard = shard * mesh.size(axis) + coordinates.of(axis);
+    for (MeshAxis axis : sharding[i].axes) shard = shard * mesh.size(axis) + coordinates[axis];
     const int64_t shards = global_dims[i] / local.dims[i];  // < degree when replicated in groups
     MT_CHECK(shards >= 1 && sharding[i].degree % shards == 0, "global size does not fit the sharding");
     offsets_[i] = shard / (sharding[i].degree / shards) * local.dims[i];
@@ -98,46 +68,12 @@ int64_t GlobalIndex::operator()(int64_t local_flat) const {
   return global;
 }
 
-Mesh resolve_mesh(const MeshShape& requested, int64_t devices, const std::string& devices_source) {
-  Mesh mesh{requested.data, requested.fsdp, requested.context, requested.tensor};
-  int64_t* fill = nullptr;
-  int64_t product = 1;
-  for (MeshAxis axis : kMeshAxes) {
-    int64_t* value = &axis_member(mesh, axis);
-    const std::string key = std::string("mesh.") + mesh_axis_name(axis);
-    if (*value == -1) {
-      if (fill)
-        fail("config key '" + key + "'", "at most one mesh axis set to -1", "two", "give all but one");
-      fill = value;
-    } else if (*value < 1) {
-      fail("config key '" + key + "'", "a positive axis size, or -1 to fill in", std::to_string(*value));
-    } else {
-      product *= *value;
-    }
-  }
-  if (fill) {
-    if (devices % product != 0) {
-      fail("config key 'mesh'",
-           "axes whose product divides the " + std::to_string(devices) + " devices of " + devices_source,
-           mesh.to_string() + " (product of the fixed axes " + std::to_string(product) + ")");
-    }
-    *fill = devices / product;
-    product = devices;
-  }
-  if (product != devices) {
-    fail("config key 'mesh'",
-         "a product of " + std::to_string(devices) + " (the devices of " + devices_source + ")",
-         mesh.to_string() + " (product " + std::to_string(product) + ")",
-         "change one mesh.* axis, or set one of them to -1 to fill it in");
-  }
-  return mesh;
-}
-
-ShardingLayout::ShardingLayout(const Config& config, const Mesh& mesh) : mesh_(mesh) {
+ShardingLayout::ShardingLayout(const std::map<std::string, std::vector<std::string>>& rules, const Mesh& mesh)
+    : mesh_(mesh) {
   for (const auto& [logical_axis, allowed] : allowed_axes()) {
-    const auto rule = config.logical_axis_rules.find(logical_axis);
+    const auto rule = rules.find(logical_axis);
     std::vector<MeshAxis> axes;
-    if (rule != config.logical_axis_rules.end()) {
+    if (rule != rules.end()) {
       for (const std::string& name : rule->second) {
         const MeshAxis axis = parse_mesh_axis(logical_axis, name);
         if (std::find(allowed.begin(), allowed.end(), axis) == allowed.end()) {
@@ -161,8 +97,11 @@ ShardingLayout::ShardingLayout(const Config& config, const Mesh& mesh) : mesh_(m
   // The batch of every micro-batch is split over data x fsdp whatever the rules say about it: FSDP without
   // a split batch would repeat work, and the global batch rule (per_device_batch_size x devices) needs it.
   const DimSharding& batch = compute_["batch"];
-  if (batch.degree != mesh.data * mesh.fsdp) {
-    fail("config key 'logical_axis_rules.batch'", "[data, fsdp] (the batch is split over both)",
+  int64_t batch_ranks = 1;
+  for (MeshAxis axis : kBatchMeshAxes) batch_ranks *= mesh.size(axis);
+  if (batch.degree != batch_ranks) {
+    fail("config key 'logical_axis_rules.batch'",
+         axes_text({kBatchMeshAxes.begin(), kBatchMeshAxes.end()}) + " (the batch is split over both)",
          axes_text(batch.axes));
   }
 }

@@ -1,66 +1,22 @@
-// The sharding pass: the device mesh, and the rules that map each logical axis of a buffer (batch, length,
-// embed, heads, kv_heads, head_dim, mlp, vocab, positions) onto mesh axes (config keys
-// logical_axis_rules.*). The model is declared at per-device (local) sizes that this pass computes, so every
-// op's FLOPs and every buffer's bytes are already per device.
+// The sharding pass: the rules that map each logical axis of a buffer (batch, length, embed, heads, kv_heads,
+// head_dim, mlp, vocab, positions) onto mesh axes (config keys logical_axis_rules.*). The model is declared
+// at per-device (local) sizes that this pass computes, so every op's FLOPs and every buffer's bytes are
+// already per device.
 //
 // Two layouts: the compute layout (what an op sees: batch over data x fsdp, length over context, heads /
 // kv_heads / mlp / vocab over tensor) and, for parameters and their gradients and optimizer state, the
 // storage layout, which adds `fsdp` (and, for optimizer state under ZeRO-1, `data`) on one more dim.
 #pragma once
 
-#include <array>
 #include <cstdint>
 #include <map>
 #include <string>
 #include <vector>
 
-#include "meshtrain/config/config.h"
 #include "meshtrain/core/tensor.h"
+#include "meshtrain/mesh/mesh.h"
 
 namespace meshtrain {
-
-enum class MeshAxis { data, fsdp, context, tensor };
-inline constexpr std::array<MeshAxis, 4> kMeshAxes = {MeshAxis::data, MeshAxis::fsdp, MeshAxis::context,
-                                                      MeshAxis::tensor};
-const char* mesh_axis_name(MeshAxis axis);
-
-// The member `axis` names in any struct with one member per mesh axis (MeshShape, Mesh, MeshCoordinates).
-template <class PerAxis>
-auto& axis_member(PerAxis& values, MeshAxis axis) {
-  switch (axis) {
-    case MeshAxis::data:
-      return values.data;
-    case MeshAxis::fsdp:
-      return values.fsdp;
-    case MeshAxis::context:
-      return values.context;
-    case MeshAxis::tensor:
-      break;
-  }
-  return values.tensor;
-}
-
-// A resolved mesh: every axis >= 1, product = devices. Axes outermost first: tensor is innermost.
-struct Mesh {
-  int64_t data = 1, fsdp = 1, context = 1, tensor = 1;
-
-  int64_t size(MeshAxis axis) const { return axis_member(*this, axis); }
-  int64_t devices() const { return data * fsdp * context * tensor; }
-  // Distance in device index between neighbours of a group along `axis` (tensor: 1).
-  int64_t stride(MeshAxis axis) const;
-  std::string to_string() const;  // "data=2 fsdp=1 context=1 tensor=2"
-};
-
-// One rank's place on the mesh: rank = ((data * fsdp + fsdp_index) * context + context_index) * tensor + ...
-struct MeshCoordinates {
-  int64_t data = 0, fsdp = 0, context = 0, tensor = 0;
-  int64_t of(MeshAxis axis) const { return axis_member(*this, axis); }
-};
-MeshCoordinates mesh_coordinates(const Mesh& mesh, int64_t rank);
-
-// Fills a -1 axis from `devices` and checks the product; `devices_source` says where the count came from
-// ("topology h100x8", "4 MPI ranks") for the error message.
-Mesh resolve_mesh(const MeshShape& requested, int64_t devices, const std::string& devices_source);
 
 // Mesh axes of one dim of one buffer: an ordered subset of kMeshAxes; degree = product of their sizes.
 struct DimSharding {
@@ -93,7 +49,9 @@ struct TensorSharding {
 class ShardingLayout {
  public:
   ShardingLayout() = default;  // one device: nothing sharded
-  ShardingLayout(const Config& config, const Mesh& mesh);
+  // `rules`: logical axis -> mesh axis names, tried in order (config keys logical_axis_rules.*, which the
+  // errors name).
+  ShardingLayout(const std::map<std::string, std::vector<std::string>>& rules, const Mesh& mesh);
 
   const Mesh& mesh() const { return mesh_; }
   // Compute-layout sharding of a logical axis (same for every buffer that has it); unknown axes

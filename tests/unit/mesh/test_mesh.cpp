@@ -1,0 +1,161 @@
+// The mesh (mesh/mesh.h): rank order and coordinates, the groups collectives run over, and resolving the
+// mesh a config asks for against a device count.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <map>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "error_text.h"
+#include "meshtrain/mesh/mesh.h"
+
+namespace meshtrain {
+namespace {
+
+using testing::error_of;
+
+std::vector<Mesh> meshes() {
+  return {Mesh(),
+          Mesh({{MeshAxis::data, 2}}),
+          Mesh({{MeshAxis::tensor, 4}}),
+          Mesh({{MeshAxis::data, 2}, {MeshAxis::tensor, 2}}),
+          Mesh({{MeshAxis::data, 3}, {MeshAxis::fsdp, 2}, {MeshAxis::context, 1}, {MeshAxis::tensor, 2}}),
+          Mesh({{MeshAxis::data, 2}, {MeshAxis::fsdp, 3}, {MeshAxis::context, 2}, {MeshAxis::tensor, 5}})};
+}
+
+TEST(Mesh, AxesAreInRankOrderWithTensorInnermost) {
+  ASSERT_EQ(kMeshAxes.size(), kMeshAxisNames.size());
+  for (size_t i = 0; i < kMeshAxes.size(); ++i) EXPECT_EQ(mesh_axis_index(kMeshAxes[i]), i);
+  EXPECT_EQ(kMeshAxes.front(), MeshAxis::data);
+  EXPECT_EQ(kMeshAxes.back(), MeshAxis::tensor);
+  EXPECT_STREQ(mesh_axis_name(MeshAxis::context), "context");
+  const Mesh mesh({{MeshAxis::data, 2}, {MeshAxis::fsdp, 3}, {MeshAxis::context, 4}, {MeshAxis::tensor, 5}});
+  EXPECT_EQ(mesh.devices(), 120);
+  EXPECT_EQ(mesh.stride(MeshAxis::tensor), 1);
+  EXPECT_EQ(mesh.stride(MeshAxis::context), 5);
+  EXPECT_EQ(mesh.stride(MeshAxis::fsdp), 20);
+  EXPECT_EQ(mesh.stride(MeshAxis::data), 60);
+  EXPECT_EQ(mesh.to_string(), "data=2 fsdp=3 context=4 tensor=5");
+  EXPECT_EQ(Mesh().to_string(), "data=1 fsdp=1 context=1 tensor=1");
+}
+
+TEST(Mesh, RanksAndCoordinatesRoundTrip) {
+  for (const Mesh& mesh : meshes()) {
+    std::set<std::vector<int64_t>> seen;
+    for (int64_t rank = 0; rank < mesh.devices(); ++rank) {
+      const MeshCoordinates coordinates = mesh_coordinates(mesh, rank);
+      std::vector<int64_t> place;
+      for (MeshAxis axis : kMeshAxes) {
+        EXPECT_GE(coordinates[axis], 0);
+        EXPECT_LT(coordinates[axis], mesh.size(axis));
+        place.push_back(coordinates[axis]);
+      }
+      EXPECT_EQ(mesh_rank(mesh, coordinates), rank) << mesh.to_string();
+      seen.insert(place);
+    }
+    EXPECT_EQ(static_cast<int64_t>(seen.size()), mesh.devices()) << mesh.to_string();
+  }
+  // Tensor neighbours are adjacent ranks; the data coordinate is the outermost.
+  const Mesh mesh({{MeshAxis::data, 2}, {MeshAxis::tensor, 4}});
+  EXPECT_EQ(mesh_coordinates(mesh, 5)[MeshAxis::data], 1);
+  EXPECT_EQ(mesh_coordinates(mesh, 5)[MeshAxis::tensor], 1);
+}
+
+// Every group over `axes`: its members differ only along those axes, each member's index is distinct and
+// follows rank order, and the groups tile the mesh.
+void check_groups(const Mesh& mesh, const std::vector<MeshAxis>& axes) {
+  std::map<int64_t, std::vector<int64_t>> members;  // colour -> ranks, in rank order
+  int64_t size = 1;
+  for (MeshAxis axis : axes) size *= mesh.size(axis);
+  for (int64_t rank = 0; rank < mesh.devices(); ++rank) {
+    const MeshGroup group = mesh_group(mesh, rank, axes);
+    EXPECT_EQ(group.size, size);
+    EXPECT_EQ(group.index, static_cast<int64_t>(members[group.colour].size())) << "index in rank order";
+    members[group.colour].push_back(rank);
+  }
+  EXPECT_EQ(static_cast<int64_t>(members.size()), mesh.devices() / size) << mesh.to_string();
+  for (const auto& [colour, ranks] : members) {
+    EXPECT_EQ(static_cast<int64_t>(ranks.size()), size);
+    const MeshCoordinates first = mesh_coordinates(mesh, ranks.front());
+    for (int64_t rank : ranks) {
+      const MeshCoordinates coordinates = mesh_coordinates(mesh, rank);
+      for (MeshAxis axis : kMeshAxes) {
+        const bool in_group = std::find(axes.begin(), axes.end(), axis) != axes.end();
+        if (!in_group) {
+          EXPECT_EQ(coordinates[axis], first[axis]) << mesh.to_string() << " rank " << rank;
+        }
+      }
+    }
+  }
+}
+
+TEST(Mesh, GroupsDifferOnlyAlongTheirAxes) {
+  for (const Mesh& mesh : meshes()) {
+    for (MeshAxis axis : kMeshAxes) check_groups(mesh, {axis});
+    check_groups(mesh, {kBatchMeshAxes.begin(), kBatchMeshAxes.end()});
+    check_groups(mesh, {});
+    check_groups(mesh, {kMeshAxes.begin(), kMeshAxes.end()});
+  }
+}
+
+TEST(Mesh, OneAxisGroupIndexIsTheCoordinate) {
+  const Mesh mesh({{MeshAxis::data, 2}, {MeshAxis::fsdp, 3}, {MeshAxis::context, 2}, {MeshAxis::tensor, 2}});
+  for (int64_t rank = 0; rank < mesh.devices(); ++rank) {
+    for (MeshAxis axis : kMeshAxes) {
+      const MeshGroup group = mesh_group(mesh, rank, axis);
+      EXPECT_EQ(group.index, mesh_coordinates(mesh, rank)[axis]);
+      EXPECT_EQ(group.size, mesh.size(axis));
+    }
+  }
+  // The batch group: data x fsdp, so with tensor = 2 ranks 0 and 1 see different places of one batch.
+  const Mesh data_tensor({{MeshAxis::data, 2}, {MeshAxis::tensor, 2}});
+  EXPECT_EQ(mesh_group(data_tensor, 2, kBatchMeshAxes).index, 1);
+  EXPECT_EQ(mesh_group(data_tensor, 2, kBatchMeshAxes).colour, 0);
+  EXPECT_EQ(mesh_group(data_tensor, 1, kBatchMeshAxes).colour, 1);
+}
+
+TEST(Mesh, AxisOfSizeBelowOneIsABug) {
+  EXPECT_THROW(Mesh({{MeshAxis::fsdp, 0}}), std::logic_error);
+}
+
+MeshShape shape(std::initializer_list<std::pair<MeshAxis, int64_t>> sizes) {
+  MeshShape requested;
+  for (const auto& [axis, size] : sizes) requested[axis] = size;
+  return requested;
+}
+
+TEST(Mesh, ResolveFillsOneAxisFromTheDevices) {
+  const Mesh mesh = resolve_mesh(shape({{MeshAxis::data, -1}, {MeshAxis::tensor, 2}}), 8, "topology h100x8");
+  EXPECT_EQ(mesh.size(MeshAxis::data), 4);
+  EXPECT_EQ(mesh.size(MeshAxis::tensor), 2);
+  EXPECT_EQ(mesh.devices(), 8);
+  EXPECT_EQ(resolve_mesh(MeshShape(), 1, "1 process").to_string(), Mesh().to_string());
+}
+
+TEST(Mesh, ResolveErrorsNameTheKey) {
+  const std::string product = error_of([] {
+    resolve_mesh(shape({{MeshAxis::data, 3}}), 8, "topology h100x8");
+  });
+  EXPECT_NE(product.find("config key 'mesh'"), std::string::npos) << product;
+  EXPECT_NE(product.find("product of 8 (the devices of topology h100x8)"), std::string::npos) << product;
+  EXPECT_NE(product.find("data=3 fsdp=1 context=1 tensor=1"), std::string::npos) << product;
+  const std::string two = error_of([] {
+    resolve_mesh(shape({{MeshAxis::data, -1}, {MeshAxis::fsdp, -1}}), 8, "topology h100x8");
+  });
+  EXPECT_NE(two.find("config key 'mesh.fsdp'"), std::string::npos) << two;
+  EXPECT_NE(two.find("at most one mesh axis set to -1"), std::string::npos) << two;
+  const std::string zero = error_of([] {
+    resolve_mesh(shape({{MeshAxis::context, 0}}), 8, "topology h100x8");
+  });
+  EXPECT_NE(zero.find("config key 'mesh.context'"), std::string::npos) << zero;
+  const std::string fill = error_of([] {
+    resolve_mesh(shape({{MeshAxis::data, -1}, {MeshAxis::tensor, 3}}), 8, "topology h100x8");
+  });
+  EXPECT_NE(fill.find("divides the 8 devices"), std::string::npos) << fill;
+}
+
+}  // namespace
+}  // namespace meshtrain
