@@ -225,7 +225,7 @@ void Planner::declare_buffers() {
     PlanBuffer buffer{decl.name, decl.kind, decl.dtype, decl.shape, sharding.compute_layout(decl.shape).dims};
     buffer.persistent = decl.kind == BufferKind::parameter || decl.kind == BufferKind::gradient ||
                         decl.kind == BufferKind::optimizer_state || decl.kind == BufferKind::step_counter ||
-                        decl.kind == BufferKind::input;
+                        decl.kind == BufferKind::cache || decl.kind == BufferKind::input;
     if (decl.kind == BufferKind::optimizer_state) {
       const TensorSharding layout =
           sharding.storage_layout(decl.shape, spec_.config.shard_optimizer_over_data);
@@ -276,10 +276,11 @@ void Planner::declare_buffers() {
     }
     storage_.push_back(store);
   }
-  // Persistent region: parameters, gradients, optimizer state, step counter, then the batch.
+  // Persistent region: parameters, gradients, optimizer state, step counter (decode: caches), then the batch.
   size_t offset = 0;
-  for (BufferKind kind : {BufferKind::parameter, BufferKind::gradient, BufferKind::optimizer_state,
-                          BufferKind::step_counter, BufferKind::input, BufferKind::communication}) {
+  for (BufferKind kind :
+       {BufferKind::parameter, BufferKind::gradient, BufferKind::optimizer_state, BufferKind::step_counter,
+        BufferKind::cache, BufferKind::input, BufferKind::communication}) {
     for (PlanBuffer& buffer : plan_.buffers) {
       if (!buffer.persistent || buffer.kind != kind) continue;
       buffer.offset = offset;
@@ -291,6 +292,7 @@ void Planner::declare_buffers() {
     if (buffer.part_of >= 0) buffer.offset = plan_.buffers[static_cast<size_t>(buffer.part_of)].offset;
   }
 
+  if (spec_.decoding()) return;  // no gradients to zero
   std::vector<BufferId> gradient_stores;
   for (const ParameterStorage& store : storage_) gradient_stores.push_back(store.gradient_store);
   OpDecl zero{"optimizer/zero_gradients", gradient_stores, gradient_stores, 0.0, nullptr, OpKind::memory};
@@ -537,7 +539,8 @@ KernelPlan Planner::plan_kernel(KernelName kernel) {
       phases[0].push_back(&op);
       recompute[0].push_back(false);
     }
-    if (kernel == KernelName::eval) {
+    // A decode spec's forward ends with its logits: decode is its forward alone (no loss ops exist).
+    if (kernel == KernelName::eval || kernel == KernelName::decode) {
       for (const OpDecl& op : spec_.loss_forward) {
         phases[1].push_back(&op);
         recompute[1].push_back(false);
@@ -549,7 +552,8 @@ KernelPlan Planner::plan_kernel(KernelName kernel) {
       }
     }
     if (kernel == KernelName::fwd_bwd) steps.push_back(step_of(zero_gradients_));
-    for (Step& step : insert_fsdp(phases, recompute, kernel != KernelName::eval))
+    for (Step& step :
+         insert_fsdp(phases, recompute, kernel == KernelName::fwd_bwd || kernel == KernelName::fwd_bwd_accum))
       steps.push_back(std::move(step));
   }
   // Live ranges of temporaries: a write that does not read starts a new value (the old one is dead).
@@ -688,9 +692,10 @@ KernelPlan Planner::plan_kernel(KernelName kernel) {
   for (PlanBufferId id : arguments) {
     const PlanBuffer& buffer = plan_.buffers[static_cast<size_t>(id)];
     memory.arguments += align_up(buffer.bytes);
-    const bool updated = kernel == KernelName::update
-                             ? buffer.kind != BufferKind::input && buffer.kind != BufferKind::gradient
-                             : kernel != KernelName::eval && buffer.kind == BufferKind::gradient;
+    const bool updated =
+        kernel == KernelName::update ? buffer.kind != BufferKind::input && buffer.kind != BufferKind::gradient
+        : kernel == KernelName::decode ? buffer.kind == BufferKind::cache
+                                       : kernel != KernelName::eval && buffer.kind == BufferKind::gradient;
     if (updated) memory.aliases += align_up(buffer.bytes);
   }
   const size_t scalar_results = 16;  // loss sum and valid count, or the two norms
@@ -730,6 +735,8 @@ const char* kernel_name(KernelName kernel) {
       return "update";
     case KernelName::eval:
       return "eval";
+    case KernelName::decode:
+      return "decode";
   }
   return "?";
 }
@@ -820,12 +827,18 @@ TrainingPlan plan_training(const PlanRequest& request) {
     fail("config key 'remat_policy'", "none, full or minimal", "'" + config.remat_policy + "'",
          "did you mean '" + closest_name(config.remat_policy, {"none", "full", "minimal"}) + "'?");
   }
-  plan.spec = build_model_spec(config, plan.mesh);
+  const bool decoding = request.decode_cache_length > 0;
+  plan.spec = decoding ? build_decode_spec(config, plan.mesh, request.decode_cache_length)
+                       : build_model_spec(config, plan.mesh);
   Planner planner(plan);
   planner.declare_buffers();
-  for (KernelName kernel : kKernelNames) {
-    if (std::find(request.kernels.begin(), request.kernels.end(), kernel) != request.kernels.end()) {
-      plan.kernels.push_back(planner.plan_kernel(kernel));
+  if (decoding) {
+    plan.kernels.push_back(planner.plan_kernel(KernelName::decode));
+  } else {
+    for (KernelName kernel : kKernelNames) {
+      if (std::find(request.kernels.begin(), request.kernels.end(), kernel) != request.kernels.end()) {
+        plan.kernels.push_back(planner.plan_kernel(kernel));
+      }
     }
   }
   planner.finish();
