@@ -14,10 +14,10 @@ namespace meshtrain {
 namespace {
 
 Config tiny_config() {
-  return load_config("qwen3-tiny", {"base_emb_dim=32", "base_num_query_heads=4", "base_num_kv_heads=2",
-                                    "head_dim=8", "base_mlp_dim=48", "base_num_decoder_layers=1",
-                                    "vocab_size=100", "max_target_length=8", "per_device_batch_size=1",
-                                    "dataset_type=synthetic", "tokenizer_path="});
+  return load_config("qwen3-tiny",
+                     {"base_emb_dim=32", "base_num_query_heads=4", "base_num_kv_heads=2", "head_dim=8",
+                      "base_mlp_dim=48", "base_num_decoder_layers=1", "vocab_size=100", "max_target_length=8",
+                      "per_device_batch_size=1", "dataset_type=synthetic", "tokenizer_path="});
 }
 
 TEST(ParameterStore, FindsEveryParameterByCheckpointName) {
@@ -50,11 +50,10 @@ TEST(ParameterStore, CopiesATrainingEnginesValuesIntoADecodePlan) {
     EXPECT_EQ(std::memcmp(a.data, b.data, a.bytes()), 0) << training.parameters().name(p);
   }
   // Another model's store is refused.
-  const Engine wider(load_config("qwen3-tiny", {"base_emb_dim=64", "base_num_query_heads=4",
-                                                "base_num_kv_heads=2", "head_dim=8", "base_mlp_dim=48",
-                                                "base_num_decoder_layers=1", "vocab_size=100",
-                                                "max_target_length=8", "per_device_batch_size=1",
-                                                "dataset_type=synthetic", "tokenizer_path="}));
+  const Engine wider(load_config(
+      "qwen3-tiny", {"base_emb_dim=64", "base_num_query_heads=4", "base_num_kv_heads=2", "head_dim=8",
+                     "base_mlp_dim=48", "base_num_decoder_layers=1", "vocab_size=100", "max_target_length=8",
+                     "per_device_batch_size=1", "dataset_type=synthetic", "tokenizer_path="}));
   EXPECT_ANY_THROW(decoding.parameters().copy_from(wider.parameters()));
 }
 

@@ -26,6 +26,11 @@ class SpecBuilder {
   BufferId activation(const std::string& name, const Shape& shape);
   // Temporary: shared by every layer that declares the same name (the backward reuses one set).
   BufferId scratch(const std::string& name, const Shape& shape);
+  // A backward temporary (an activation's gradient, a backward kernel's scratch): a scratch, or kNoBuffer in
+  // a decode spec, which has no backward to use it.
+  BufferId gradient_scratch(const std::string& name, const Shape& shape) {
+    return decoding() ? kNoBuffer : scratch(name, shape);
+  }
   // Decode: kept across steps (a layer's key / value rows).
   BufferId cache(const std::string& name, const Shape& shape);
   // A trainable tensor with its gradient and Adam moments (decode: the value only); returns the value's id.

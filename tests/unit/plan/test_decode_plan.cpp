@@ -14,8 +14,8 @@ namespace meshtrain {
 namespace {
 
 Config tiny_config(const std::string& preset) {
-  return load_config(preset, {"base_emb_dim=32", "base_num_query_heads=4", "base_num_kv_heads=2", "head_dim=8",
-                              "base_mlp_dim=48", "base_num_decoder_layers=2", "vocab_size=100",
+  return load_config(preset, {"base_emb_dim=32", "base_num_query_heads=4", "base_num_kv_heads=2",
+                              "head_dim=8", "base_mlp_dim=48", "base_num_decoder_layers=2", "vocab_size=100",
                               "max_target_length=16", "per_device_batch_size=2", "max_position_embeddings=16",
                               "dataset_type=synthetic", "tokenizer_path="});
 }
@@ -54,8 +54,26 @@ TEST(DecodePlan, DeclaresNoTrainingStateAndOnlyTheDecodeKernel) {
     const ModelSpec training = build_model_spec(tiny_config(preset));
     ASSERT_EQ(spec.parameters.size(), training.parameters.size());
     for (size_t p = 0; p < spec.parameters.size(); ++p) {
-      EXPECT_EQ(spec.buffer(spec.parameters[p].value).name, training.buffer(training.parameters[p].value).name);
-      EXPECT_EQ(spec.buffer(spec.parameters[p].value).shape, training.buffer(training.parameters[p].value).shape);
+      EXPECT_EQ(spec.buffer(spec.parameters[p].value).name,
+                training.buffer(training.parameters[p].value).name);
+      EXPECT_EQ(spec.buffer(spec.parameters[p].value).shape,
+                training.buffer(training.parameters[p].value).shape);
+    }
+  }
+}
+
+TEST(DecodePlan, DeclaresOnlyBuffersItsOpsTouch) {
+  // No backward temporary (activation gradients, the attention backward's scratch) is left declared.
+  for (const char* preset : {"qwen3-tiny", "gpt2-124m"}) {
+    const ModelSpec spec = plan_decode(tiny_config(preset), 6).spec;
+    std::vector<bool> touched(spec.buffers.size(), false);
+    for (const OpDecl& op : spec.forward) {
+      for (const std::vector<BufferId>* ids : {&op.reads, &op.writes}) {
+        for (BufferId id : *ids) touched.at(static_cast<size_t>(id)) = true;
+      }
+    }
+    for (size_t id = 0; id < spec.buffers.size(); ++id) {
+      EXPECT_TRUE(touched[id]) << preset << ": " << spec.buffers[id].name << " is declared and never used";
     }
   }
 }

@@ -19,18 +19,18 @@ BufferId add_attention_block(SpecBuilder& builder, const std::string& prefix, Bu
   const Shape lse_shape = shape_of({{"batch", m.B}, {"heads", m.H}, {"length", m.S}});
 
   // Backward temporaries, shared by every layer.
-  const BufferId d_normed = builder.scratch("scratch/d_normed", width_shape);
-  const BufferId d_attended = builder.scratch("scratch/d_attended", q_shape);
-  const BufferId d_q_rotated = builder.scratch("scratch/d_q_rotated", q_shape);
-  const BufferId d_k_rotated = builder.scratch("scratch/d_k_rotated", kv_shape);
-  const BufferId d_v = builder.scratch("scratch/d_v", kv_shape);
-  const BufferId d_q = options.qk_norm ? builder.scratch("scratch/d_q", q_shape) : d_q_rotated;
-  const BufferId d_k = options.qk_norm ? builder.scratch("scratch/d_k", kv_shape) : d_k_rotated;
+  const BufferId d_normed = builder.gradient_scratch("scratch/d_normed", width_shape);
+  const BufferId d_attended = builder.gradient_scratch("scratch/d_attended", q_shape);
+  const BufferId d_q_rotated = builder.gradient_scratch("scratch/d_q_rotated", q_shape);
+  const BufferId d_k_rotated = builder.gradient_scratch("scratch/d_k_rotated", kv_shape);
+  const BufferId d_v = builder.gradient_scratch("scratch/d_v", kv_shape);
+  const BufferId d_q = options.qk_norm ? builder.gradient_scratch("scratch/d_q", q_shape) : d_q_rotated;
+  const BufferId d_k = options.qk_norm ? builder.gradient_scratch("scratch/d_k", kv_shape) : d_k_rotated;
   const int64_t backward_scratch_floats = kernels::attention_backward_scratch_floats(
       m.B, m.S, m.H, m.K, m.d,
       spec.config.num_threads > 0 ? static_cast<int>(spec.config.num_threads) : omp_get_max_threads());
   const BufferId attention_scratch =
-      builder.scratch("scratch/attention_backward", shape_of({{"floats", backward_scratch_floats}}));
+      builder.gradient_scratch("scratch/attention_backward", shape_of({{"floats", backward_scratch_floats}}));
 
   const NormLayer pre_norm = add_norm(builder, prefix + "/pre_self_attention_layer_norm", options.norm,
                                       residual_in, width_shape, m.N, m.D, d_normed, d_residual, true);

@@ -94,7 +94,7 @@ void add_final_norm_and_loss(SpecBuilder& builder, NormKind norm, BufferId resid
   ModelSpec& spec = builder.spec();
   const int64_t N = m.N, D = m.D, V = m.V, V_valid = m.V_valid;
   const Shape width_shape = token_shape(m, {{"embed", D}});
-  const BufferId d_hidden = builder.scratch("scratch/d_normed", width_shape);
+  const BufferId d_hidden = builder.gradient_scratch("scratch/d_normed", width_shape);
   const NormLayer final_norm = add_norm(builder, "decoder/decoder_norm", norm, residual, width_shape, N, D,
                                         d_hidden, d_residual, false);
   spec.final_hidden = final_norm.out;
