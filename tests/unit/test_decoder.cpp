@@ -1,7 +1,7 @@
-// Generation: the incremental (KV-cache) decoder against the engine's full forward pass on tiny Qwen3 and
-// GPT-2 models, the sampler's greedy, top-k, top-p and temperature behaviour, and `meshtrain generate` on a
-// saved checkpoint.
-// Legend: S sequence, D width, V vocab rows (padded), V_valid the vocabulary.
+// Generation: the incremental (KV-cache) decoder, stepping the planned decode program, against the engine's
+// full forward pass on tiny Qwen3 and GPT-2 models, the sampler's greedy, top-k, top-p and temperature
+// behaviour, and `meshtrain generate` on a saved checkpoint. Legend: S sequence, D width, V vocab rows
+// (padded), V_valid the vocabulary.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -65,6 +65,13 @@ void scale_weights(Engine& engine) {
   }
 }
 
+// A decoder over the decode plan of the engine's model, holding the engine's parameters.
+IncrementalDecoder decoder_of(const Engine& engine, int64_t max_length) {
+  IncrementalDecoder decoder(engine.spec().config, max_length);
+  decoder.parameters().copy_from(engine.parameters());
+  return decoder;
+}
+
 std::vector<int32_t> tokens_for(uint32_t seed) {
   std::mt19937 generator(seed);
   std::uniform_int_distribution<int32_t> token(0, 99);
@@ -112,7 +119,7 @@ double max_decoder_error(const Config& config, uint32_t token_seed) {
   const std::vector<int32_t> tokens = tokens_for(token_seed);
   const std::vector<float> full = engine_logits(engine, tokens);
 
-  IncrementalDecoder decoder(engine, kLength);
+  IncrementalDecoder decoder = decoder_of(engine, kLength);
   double worst = 0.0, spread = 0.0;
   std::vector<std::vector<float>> first_pass;
   for (int64_t s = 0; s < kLength; ++s) {
@@ -181,7 +188,7 @@ TEST(IncrementalDecoder, ComparisonSeesAChangedToken) {
   std::vector<int32_t> tokens = tokens_for(9);
   const std::vector<float> full = engine_logits(engine, tokens);
   tokens[5] = (tokens[5] + 1) % 100;
-  IncrementalDecoder decoder(engine, kLength);
+  IncrementalDecoder decoder = decoder_of(engine, kLength);
   for (int64_t s = 0; s < kLength; ++s) {
     const double error =
         testing::relative_error(decoder.step(tokens[static_cast<size_t>(s)]), row(full, s, m));
@@ -194,8 +201,8 @@ TEST(IncrementalDecoder, ComparisonSeesAChangedToken) {
 }
 
 TEST(IncrementalDecoder, RejectsOverflowAndBadTokens) {
-  Engine engine(tiny_config("qwen3-tiny"));
-  IncrementalDecoder decoder(engine, 2);
+  const Config qwen3 = tiny_config("qwen3-tiny");
+  IncrementalDecoder decoder(qwen3, 2);
   EXPECT_THROW(decoder.step(100), MeshError);  // vocab_size = 100 (rows 100..127 are padding)
   EXPECT_THROW(decoder.step(-1), MeshError);
   decoder.step(1);
@@ -204,9 +211,9 @@ TEST(IncrementalDecoder, RejectsOverflowAndBadTokens) {
   decoder.reset();
   EXPECT_EQ(decoder.length(), 0);
   EXPECT_NO_THROW(decoder.step(3));
-  EXPECT_THROW(IncrementalDecoder(engine, 0), MeshError);
+  EXPECT_THROW(IncrementalDecoder(qwen3, 0), MeshError);
 
-  Engine gpt2(tiny_config("gpt2-124m"));  // 16 learned positions
+  const Config gpt2 = tiny_config("gpt2-124m");  // 16 learned positions
   EXPECT_THROW(IncrementalDecoder(gpt2, 17), MeshError);
   IncrementalDecoder full_table(gpt2, 16);
   for (int32_t t = 0; t < 16; ++t) full_table.step(t);
@@ -407,7 +414,7 @@ class GenerateRun : public ::testing::Test {
   // Greedy continuation computed here with the decoder on the test's own engine.
   std::string greedy(const std::string& prompt, int64_t new_tokens) {
     const std::vector<int32_t> ids = tokenizer_->encode(prompt);
-    IncrementalDecoder decoder(*engine_, static_cast<int64_t>(ids.size()) + new_tokens);
+    IncrementalDecoder decoder = decoder_of(*engine_, static_cast<int64_t>(ids.size()) + new_tokens);
     std::vector<float> logits;
     for (int32_t id : ids) logits = decoder.step(id);
     std::vector<int32_t> generated;

@@ -1,5 +1,5 @@
 // `meshtrain generate`: flags, checkpoint resolution, model rebuild from the checkpoint's config, and the
-// prefill / sample / stream loop around IncrementalDecoder and sample_token.
+// prefill / sample / stream loop around IncrementalDecoder (the planned decode program) and sample_token.
 #include "meshtrain/cli/generate.h"
 
 #include <algorithm>
@@ -17,9 +17,7 @@
 #include "meshtrain/core/error.h"
 #include "meshtrain/data/tokenizer.h"
 #include "meshtrain/infer/decoder.h"
-#include "meshtrain/model/spec.h"
 #include "meshtrain/train/checkpoint.h"
-#include "meshtrain/train/engine.h"
 
 namespace meshtrain {
 namespace {
@@ -141,8 +139,8 @@ std::string resolve_checkpoint(const std::string& path) {
 }
 
 // The model config the checkpoint was trained with: its resolved keys as overrides of base.yaml (not of the
-// preset, so a checkpoint stays loadable when presets change). Batch and sequence shrink to one token: the
-// engine here only owns the parameters, and the decoder keeps its own cache.
+// preset, so a checkpoint stays loadable when presets change). Batch and sequence shrink to one token, as
+// the decode plan runs them.
 Config checkpoint_config(const std::string& checkpoint_dir) {
   const fs::path metadata_path = fs::path(checkpoint_dir) / "metadata.json";
   std::ifstream file(metadata_path);
@@ -159,7 +157,7 @@ Config checkpoint_config(const std::string& checkpoint_dir) {
     fail(metadata_path.string(), "a \"config\" object of key -> value text", "none",
          "the checkpoint is damaged or not a meshtrain checkpoint");
   }
-  // Single-process generation: the engine is one device whatever mesh the run trained on.
+  // Single-process generation: the decode plan is one device whatever mesh the run trained on.
   const std::map<std::string, std::string> replaced = {{"per_device_batch_size", "1"},
                                                        {"max_target_length", "1"},
                                                        {"gradient_accumulation_steps", "1"},
@@ -215,25 +213,25 @@ int run_generate(const std::vector<std::string>& arguments, std::ostream& out) {
   }
   const Tokenizer tokenizer = Tokenizer::load(checkpoint_dir);
   const Config config = checkpoint_config(checkpoint_dir);
-  Engine engine(config);
-  load_checkpoint(checkpoint_dir, engine, /*parameters_only=*/true, tokenizer.identity());
 
   const std::vector<int32_t> prompt = tokenizer.encode(*parsed.prompt);
   MT_CHECK(!prompt.empty(), "a non-empty prompt encodes to at least one token");
   // The last sampled token is printed, never fed: the cache holds the prompt and all but one new token.
   const int64_t capacity =
       static_cast<int64_t>(prompt.size()) + std::max<int64_t>(parsed.max_new_tokens - 1, 0);
-  const ModelDims& m = engine.spec().dims;
-  if (config.decoder_block == "gpt2" && capacity > m.P) {
-    fail("--prompt / --max-new-tokens",
-         "at most " + std::to_string(m.P) +
-             " tokens in all (gpt2's learned positions, max_position_embeddings)",
-         std::to_string(prompt.size()) + " prompt tokens + " + std::to_string(parsed.max_new_tokens) + " new",
-         "lower --max-new-tokens to at most " +
-             std::to_string(std::max<int64_t>(m.P - static_cast<int64_t>(prompt.size()) + 1, 0)) +
-             " or shorten the prompt");
+  const int64_t P = config.max_position_embeddings;  // gpt2's learned position rows
+  if (config.decoder_block == "gpt2" && capacity > P) {
+    fail(
+        "--prompt / --max-new-tokens",
+        "at most " + std::to_string(P) + " tokens in all (gpt2's learned positions, max_position_embeddings)",
+        std::to_string(prompt.size()) + " prompt tokens + " + std::to_string(parsed.max_new_tokens) + " new",
+        "lower --max-new-tokens to at most " +
+            std::to_string(std::max<int64_t>(P - static_cast<int64_t>(prompt.size()) + 1, 0)) +
+            " or shorten the prompt");
   }
-  IncrementalDecoder decoder(engine, capacity);
+  // The decode plan holds parameter values and caches only; the checkpoint's parameters replace its init.
+  IncrementalDecoder decoder(config, capacity);
+  load_checkpoint(checkpoint_dir, decoder.engine(), /*parameters_only=*/true, tokenizer.identity());
   std::vector<float> logits;
   for (int32_t token : prompt) logits = decoder.step(token);
 

@@ -10,7 +10,8 @@ namespace meshtrain {
 
 void build_gpt2(SpecBuilder& builder) {
   const ModelDims& m = builder.dims();
-  const BufferId d_residual = builder.scratch("scratch/d_residual", token_shape(m, {{"embed", m.D}}));
+  const BufferId d_residual =
+      builder.gradient_scratch("scratch/d_residual", token_shape(m, {{"embed", m.D}}));
   const double out_std = 0.02 / std::sqrt(2.0 * static_cast<double>(m.L));
   const EmbeddingLayer embedding = add_embedding(builder, true, d_residual);
   BufferId residual = embedding.residual;

@@ -10,7 +10,8 @@ namespace meshtrain {
 
 void build_qwen3(SpecBuilder& builder) {
   const ModelDims& m = builder.dims();
-  const BufferId d_residual = builder.scratch("scratch/d_residual", token_shape(m, {{"embed", m.D}}));
+  const BufferId d_residual =
+      builder.gradient_scratch("scratch/d_residual", token_shape(m, {{"embed", m.D}}));
   // Residual output projections start smaller so the stream's variance does not grow with depth.
   const double out_std = 0.02 / std::sqrt(2.0 * static_cast<double>(m.L));
   const EmbeddingLayer embedding = add_embedding(builder, false, d_residual);

@@ -113,6 +113,8 @@ const char* buffer_kind_name(BufferKind kind) {
       return "optimizer_state";
     case BufferKind::step_counter:
       return "step_counter";
+    case BufferKind::cache:
+      return "cache";
     case BufferKind::input:
       return "input";
     case BufferKind::activation:
@@ -171,18 +173,27 @@ ModelSpec build_model_spec(const Config& config) {
   return build_model_spec(config, Mesh{});
 }
 
-ModelSpec build_model_spec(const Config& config, const Mesh& mesh) {
+namespace {
+
+// A training spec (cache_length 0) or a decode spec: the same layer functions declare both.
+ModelSpec build_spec(const Config& config, const Mesh& mesh, int64_t cache_length) {
   ModelSpec spec;
   spec.config = config;
   spec.sharding = ShardingLayout(config.logical_axis_rules, mesh);
   spec.dims = validate_and_size(config, spec.sharding);
+  if (cache_length > 0) {
+    spec.dims.B = spec.dims.S = spec.dims.N = 1;
+    spec.dims.T = cache_length;
+  }
   SpecBuilder builder(spec);
   const Shape batch_shape = shape_of({{"batch", spec.dims.B}, {"length", spec.dims.S}});
   spec.tokens = builder.input("batch/tokens", DType::i32, batch_shape);
-  spec.targets = builder.input("batch/targets", DType::i32, batch_shape);
+  if (!spec.decoding()) spec.targets = builder.input("batch/targets", DType::i32, batch_shape);
   spec.positions = builder.input("batch/positions", DType::i32, batch_shape);
-  spec.segment_ids = builder.input("batch/segment_ids", DType::i32, batch_shape);
-  spec.loss_mask = builder.input("batch/loss_mask", DType::u8, batch_shape);
+  if (!spec.decoding()) {
+    spec.segment_ids = builder.input("batch/segment_ids", DType::i32, batch_shape);
+    spec.loss_mask = builder.input("batch/loss_mask", DType::u8, batch_shape);
+  }
   if (config.decoder_block == "qwen3") {
     build_qwen3(builder);
   } else {
@@ -190,6 +201,17 @@ ModelSpec build_model_spec(const Config& config, const Mesh& mesh) {
   }
   builder.finish();
   return spec;
+}
+
+}  // namespace
+
+ModelSpec build_model_spec(const Config& config, const Mesh& mesh) {
+  return build_spec(config, mesh, 0);
+}
+
+ModelSpec build_decode_spec(const Config& config, const Mesh& mesh, int64_t cache_length) {
+  MT_CHECK(cache_length > 0, "a decode spec needs a cache of at least one row");
+  return build_spec(config, mesh, cache_length);
 }
 
 StandardFlops standard_training_flops(const Config& c) {

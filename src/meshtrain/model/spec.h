@@ -22,12 +22,14 @@
 namespace meshtrain {
 
 // communication: a parameter gathered for use, or a gradient before it is reduce-scattered (the plan's);
-// step_counter: the optimizer's step, kept apart from the moments.
+// step_counter: the optimizer's step, kept apart from the moments; cache: a decode step's key / value rows,
+// kept across steps.
 enum class BufferKind {
   parameter,
   gradient,
   optimizer_state,
   step_counter,
+  cache,
   input,
   activation,
   scratch,
@@ -47,7 +49,7 @@ struct BufferDecl {
 };
 
 // A trainable tensor and the buffers that follow it. `master` exists only when weights are stored in a
-// lower precision than the optimizer's (weight_dtype != mu_dtype).
+// lower precision than the optimizer's (weight_dtype != mu_dtype). A decode spec declares the value only.
 struct ParameterDecl {
   BufferId value = kNoBuffer, gradient = kNoBuffer, adam_m = kNoBuffer, adam_v = kNoBuffer,
            master = kNoBuffer;
@@ -187,6 +189,7 @@ struct ModelDims {
   int64_t V_valid = 0;   // the tokenizer's vocabulary; rows at and past it are never predicted
   int64_t P = 0;         // learned position rows (gpt2)
   int64_t V_padded = 0;  // padded vocabulary over all tensor ranks (V x tensor degree of vocab)
+  int64_t T = 0;         // decode spec: key / value cache rows (B = S = 1); 0 in a training spec
 };
 
 struct ModelSpec {
@@ -199,7 +202,10 @@ struct ModelSpec {
   BufferId tokens = kNoBuffer, targets = kNoBuffer, positions = kNoBuffer, segment_ids = kNoBuffer,
            loss_mask = kNoBuffer;
   BufferId final_hidden = kNoBuffer;  // [N, D] after the final norm (sampling reads it)
-  std::vector<OpDecl> forward;        // embedding .. final norm
+  BufferId logits = kNoBuffer;        // decode spec: [1, V] next-token logits, padding rows -inf
+  // Embedding .. final norm; a decode spec: the same layers' ops for one token (attention through its
+  // caches), then the logits.
+  std::vector<OpDecl> forward;
   std::vector<OpDecl> loss_forward;   // loss only (eval)
   std::vector<OpDecl> loss_backward;  // loss with its gradient, then the backward of every layer
   std::vector<LayerBlock> blocks;     // decoder blocks, in forward order
@@ -208,12 +214,17 @@ struct ModelSpec {
 
   const BufferDecl& buffer(BufferId id) const { return buffers.at(static_cast<size_t>(id)); }
   int64_t parameter_count() const;
+  // A decode spec: forward ops only (no gradients, moments, loss, backward or update), batch inputs tokens
+  // and positions only.
+  bool decoding() const { return dims.T > 0; }
 };
 
 // Validates the config (before anything is allocated) and builds the spec of its decoder_block at the
 // per-device sizes of `mesh`; the one-argument form is one device.
 ModelSpec build_model_spec(const Config& config, const Mesh& mesh);
 ModelSpec build_model_spec(const Config& config);
+// The decode spec of the same layers: one token (B = S = 1) attending over caches of `cache_length` rows.
+ModelSpec build_decode_spec(const Config& config, const Mesh& mesh, int64_t cache_length);
 
 // Vocabulary rows allocated for a tokenizer vocabulary: a multiple of 128 and of the tensor degree.
 int64_t padded_vocab_size(int64_t vocab_size, int64_t tensor_degree = 1);

@@ -23,6 +23,11 @@ BufferId SpecBuilder::activation(const std::string& name, const Shape& shape) {
   return add({name, BufferKind::activation, spec_.config.dtype, shape});
 }
 
+BufferId SpecBuilder::cache(const std::string& name, const Shape& shape) {
+  MT_CHECK(decoding(), "cache '" + name + "' declared in a training spec");
+  return add({name, BufferKind::cache, spec_.config.dtype, shape});
+}
+
 BufferId SpecBuilder::scratch(const std::string& name, const Shape& shape) {
   for (size_t i = 0; i < spec_.buffers.size(); ++i) {
     const BufferDecl& existing = spec_.buffers[i];
@@ -40,12 +45,8 @@ BufferId SpecBuilder::parameter(const std::string& name, const Shape& shape,
   ParameterDecl parameter;
   const Config& c = spec_.config;
   parameter.value = add({name, BufferKind::parameter, c.weight_dtype, shape});
-  parameter.gradient = add({"grad/" + name, BufferKind::gradient, c.grad_dtype, shape});
-  parameter.adam_m = add({"adam_m/" + name, BufferKind::optimizer_state, c.mu_dtype, shape});
-  parameter.adam_v = add({"adam_v/" + name, BufferKind::optimizer_state, c.mu_dtype, shape});
-  if (c.weight_dtype != c.mu_dtype) {
-    parameter.master = add({"master/" + name, BufferKind::optimizer_state, c.mu_dtype, shape});
-  }
+  // What training adds to a value: nothing a decode spec may allocate.
+  if (!decoding()) declare_training_state(parameter, name, shape);
   parameter.canonical_name = name;
   parameter.component = options.component;
   parameter.init = options.init;
@@ -53,6 +54,17 @@ BufferId SpecBuilder::parameter(const std::string& name, const Shape& shape,
   parameter.weight_decay = options.weight_decay;
   spec_.parameters.push_back(parameter);
   return parameter.value;
+}
+
+void SpecBuilder::declare_training_state(ParameterDecl& parameter, const std::string& name,
+                                         const Shape& shape) {
+  const Config& c = spec_.config;
+  parameter.gradient = add({"grad/" + name, BufferKind::gradient, c.grad_dtype, shape});
+  parameter.adam_m = add({"adam_m/" + name, BufferKind::optimizer_state, c.mu_dtype, shape});
+  parameter.adam_v = add({"adam_v/" + name, BufferKind::optimizer_state, c.mu_dtype, shape});
+  if (c.weight_dtype != c.mu_dtype) {
+    parameter.master = add({"master/" + name, BufferKind::optimizer_state, c.mu_dtype, shape});
+  }
 }
 
 BufferId SpecBuilder::gradient_of(BufferId parameter_value) const {
@@ -64,6 +76,7 @@ BufferId SpecBuilder::gradient_of(BufferId parameter_value) const {
 }
 
 void SpecBuilder::backward_group(std::vector<OpDecl> ops) {
+  if (decoding()) return;  // nothing trains through a decode step
   LayerBlock block;
   block.forward_begin = blocks_.empty() ? 0 : blocks_.back().forward_end;
   block.forward_end = spec_.forward.size();
@@ -75,6 +88,7 @@ void SpecBuilder::backward_group(std::vector<OpDecl> ops) {
 }
 
 void SpecBuilder::loss(std::vector<OpDecl> eval_ops, std::vector<OpDecl> train_ops) {
+  MT_CHECK(!decoding(), "loss ops declared in a decode spec");
   spec_.loss_forward = std::move(eval_ops);
   spec_.loss_backward = std::move(train_ops);
 }
@@ -97,7 +111,7 @@ void SpecBuilder::finish() {
   }
   backward_groups_.clear();
   spec_.blocks = std::move(blocks_);
-  declare_update();
+  if (!decoding()) declare_update();
 }
 
 // The update kernel's ops: the step counter, the global gradient norm, the clip, then AdamW per parameter.

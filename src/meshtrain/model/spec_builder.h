@@ -1,5 +1,6 @@
 // Declares buffers and ops into a ModelSpec. Layer files call it in forward order; each layer hands back
-// its backward ops as one group, and the groups run in reverse order after the loss.
+// its backward ops as one group, and the groups run in reverse order after the loss. Building a decode spec
+// (ModelDims::T > 0), the same calls declare parameter values only and drop the backward, loss and update.
 #pragma once
 
 #include <string>
@@ -25,9 +26,18 @@ class SpecBuilder {
   BufferId activation(const std::string& name, const Shape& shape);
   // Temporary: shared by every layer that declares the same name (the backward reuses one set).
   BufferId scratch(const std::string& name, const Shape& shape);
-  // A trainable tensor with its gradient and Adam moments; returns the value's id.
+  // A backward temporary (an activation's gradient, a backward kernel's scratch): a scratch, or kNoBuffer in
+  // a decode spec, which has no backward to use it.
+  BufferId gradient_scratch(const std::string& name, const Shape& shape) {
+    return decoding() ? kNoBuffer : scratch(name, shape);
+  }
+  // Decode: kept across steps (a layer's key / value rows).
+  BufferId cache(const std::string& name, const Shape& shape);
+  // A trainable tensor with its gradient and Adam moments (decode: the value only); returns the value's id.
   BufferId parameter(const std::string& name, const Shape& shape, const ParameterOptions& options);
+  // kNoBuffer in a decode spec.
   BufferId gradient_of(BufferId parameter_value) const;
+  bool decoding() const { return spec_.decoding(); }
 
   void forward(OpDecl op) { spec_.forward.push_back(std::move(op)); }
   // Ends a layer block: the forward ops declared since the previous block, and `ops`, its backward.
@@ -46,6 +56,8 @@ class SpecBuilder {
 
  private:
   BufferId add(BufferDecl buffer);
+  // A parameter's gradient, Adam moments and (lower-precision weights) master copy.
+  void declare_training_state(ParameterDecl& parameter, const std::string& name, const Shape& shape);
   void declare_update();
   ModelSpec& spec_;
   std::vector<std::vector<OpDecl>> backward_groups_;

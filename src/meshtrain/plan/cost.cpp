@@ -76,6 +76,8 @@ MemoryFigures memory_figures(const TrainingPlan& plan, const KernelPlan& kernel,
     memory.arguments += align_up(buffer.bytes);
     const bool updated = kernel.kernel == KernelName::update
                              ? buffer.kind != BufferKind::input && buffer.kind != BufferKind::gradient
+                         : kernel.kernel == KernelName::decode
+                             ? buffer.kind == BufferKind::cache
                              : kernel.kernel != KernelName::eval && buffer.kind == BufferKind::gradient;
     if (updated) memory.aliases += align_up(buffer.bytes);
   }

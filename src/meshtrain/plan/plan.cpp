@@ -23,7 +23,8 @@ std::vector<PlanStep> kernel_steps(TrainingPlan& plan, KernelName kernel) {
     phases[0].push_back(&op);
     recompute[0].push_back(false);
   }
-  if (kernel == KernelName::eval) {
+  // A decode spec's forward ends with its logits: decode is its forward alone (no loss ops exist).
+  if (kernel == KernelName::eval || kernel == KernelName::decode) {
     for (const OpDecl& op : spec.loss_forward) {
       phases[1].push_back(&op);
       recompute[1].push_back(false);
@@ -36,7 +37,8 @@ std::vector<PlanStep> kernel_steps(TrainingPlan& plan, KernelName kernel) {
   }
   std::vector<PlanStep> steps;
   if (kernel == KernelName::fwd_bwd) steps.push_back(step_of(add_zero_gradients_op(plan)));
-  for (PlanStep& step : insert_fsdp(plan, phases, recompute, kernel != KernelName::eval))
+  for (PlanStep& step : insert_fsdp(plan, phases, recompute,
+                                    kernel == KernelName::fwd_bwd || kernel == KernelName::fwd_bwd_accum))
     steps.push_back(std::move(step));
   return steps;
 }
@@ -84,6 +86,8 @@ const char* kernel_name(KernelName kernel) {
       return "update";
     case KernelName::eval:
       return "eval";
+    case KernelName::decode:
+      return "decode";
   }
   return "?";
 }
@@ -175,11 +179,17 @@ TrainingPlan plan_training(const PlanRequest& request) {
     fail("config key 'remat_policy'", "none, full or minimal", "'" + config.remat_policy + "'",
          "did you mean '" + closest_name(config.remat_policy, {"none", "full", "minimal"}) + "'?");
   }
-  plan.spec = build_model_spec(config, plan.mesh);
+  const bool decoding = request.decode_cache_length > 0;
+  plan.spec = decoding ? build_decode_spec(config, plan.mesh, request.decode_cache_length)
+                       : build_model_spec(config, plan.mesh);
   plan_storage(plan);
-  for (KernelName kernel : kKernelNames) {
-    if (std::find(request.kernels.begin(), request.kernels.end(), kernel) != request.kernels.end()) {
-      plan.kernels.push_back(plan_kernel(plan, kernel));
+  if (decoding) {
+    plan.kernels.push_back(plan_kernel(plan, KernelName::decode));
+  } else {
+    for (KernelName kernel : kKernelNames) {
+      if (std::find(request.kernels.begin(), request.kernels.end(), kernel) != request.kernels.end()) {
+        plan.kernels.push_back(plan_kernel(plan, kernel));
+      }
     }
   }
   size_t largest_temps = 0;

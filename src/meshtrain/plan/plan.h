@@ -20,7 +20,8 @@
 
 namespace meshtrain {
 
-enum class KernelName { fwd_bwd, fwd_bwd_accum, update, eval };
+// `decode` is the decode spec's one-token step (plan/decode.h); kKernelNames lists the training kernels.
+enum class KernelName { fwd_bwd, fwd_bwd_accum, update, eval, decode };
 inline constexpr std::array<KernelName, 4> kKernelNames = {KernelName::fwd_bwd, KernelName::fwd_bwd_accum,
                                                            KernelName::update, KernelName::eval};
 const char* kernel_name(KernelName kernel);
@@ -151,6 +152,8 @@ struct PlanRequest {
   std::string topology;  // defaults to config.topology when empty
   int64_t devices = 0;   // ranks of a live run; 0: the topology's device count (cpu: the mesh product)
   std::vector<KernelName> kernels = {kKernelNames.begin(), kKernelNames.end()};
+  // > 0: plan the decode spec over caches of this many rows instead (plan_decode); `kernels` is ignored.
+  int64_t decode_cache_length = 0;
 };
 
 // The one planning function. Validates mesh, sharding and model (clear errors), builds the per-device

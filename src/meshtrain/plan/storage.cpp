@@ -13,7 +13,7 @@ void plan_storage(TrainingPlan& plan) {
     PlanBuffer buffer{decl.name, decl.kind, decl.dtype, decl.shape, sharding.compute_layout(decl.shape).dims};
     buffer.persistent = decl.kind == BufferKind::parameter || decl.kind == BufferKind::gradient ||
                         decl.kind == BufferKind::optimizer_state || decl.kind == BufferKind::step_counter ||
-                        decl.kind == BufferKind::input;
+                        decl.kind == BufferKind::cache || decl.kind == BufferKind::input;
     if (decl.kind == BufferKind::optimizer_state) {
       const TensorSharding layout =
           sharding.storage_layout(decl.shape, spec.config.shard_optimizer_over_data);
@@ -64,10 +64,11 @@ void plan_storage(TrainingPlan& plan) {
     }
     plan.storage.push_back(store);
   }
-  // Persistent region: parameters, gradients, optimizer state, step counter, then the batch.
+  // Persistent region: parameters, gradients, optimizer state, step counter (decode: caches), then the batch.
   size_t offset = 0;
-  for (BufferKind kind : {BufferKind::parameter, BufferKind::gradient, BufferKind::optimizer_state,
-                          BufferKind::step_counter, BufferKind::input, BufferKind::communication}) {
+  for (BufferKind kind :
+       {BufferKind::parameter, BufferKind::gradient, BufferKind::optimizer_state, BufferKind::step_counter,
+        BufferKind::cache, BufferKind::input, BufferKind::communication}) {
     for (PlanBuffer& buffer : plan.buffers) {
       if (!buffer.persistent || buffer.kind != kind) continue;
       buffer.offset = offset;

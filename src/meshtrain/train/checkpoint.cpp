@@ -253,14 +253,15 @@ struct GatheredState {
 };
 
 GatheredState gather_state(const Engine& engine) {
+  MT_CHECK(!engine.spec().decoding(), "a decode engine holds no optimizer state to save");
   GatheredState gathered;
-  const ModelSpec& spec = engine.spec();
-  for (const ParameterDecl& parameter : spec.parameters)
-    gathered.tensors.push_back(engine.gather_global(parameter.value));
-  for (const ParameterDecl& parameter : spec.parameters)
-    gathered.tensors.push_back(engine.gather_global(parameter.adam_m));
-  for (const ParameterDecl& parameter : spec.parameters)
-    gathered.tensors.push_back(engine.gather_global(parameter.adam_v));
+  const ParameterStore& store = engine.parameters();
+  for (size_t p = 0; p < store.size(); ++p)
+    gathered.tensors.push_back(engine.gather_global(store.decl(p).value));
+  for (size_t p = 0; p < store.size(); ++p)
+    gathered.tensors.push_back(engine.gather_global(store.decl(p).adam_m));
+  for (size_t p = 0; p < store.size(); ++p)
+    gathered.tensors.push_back(engine.gather_global(store.decl(p).adam_v));
   return gathered;
 }
 
@@ -268,17 +269,18 @@ void write_checkpoint_files(const fs::path& directory, const Engine& engine, con
                             const CheckpointState& state, const CheckpointOptions& options) {
   const ModelSpec& spec = engine.spec();
   std::vector<SafetensorsTensor> parameters, moments;
-  const size_t count = spec.parameters.size();
+  const ParameterStore& store = engine.parameters();
+  const size_t count = store.size();
   for (size_t p = 0; p < count; ++p) {
-    const BufferDecl& value = spec.buffer(spec.parameters[p].value);
-    parameters.push_back({value.name, dtype_safetensors_name(value.dtype),
-                          engine.global_shape(spec.parameters[p].value), gathered.tensors[p].data()});
+    const BufferId value = store.decl(p).value;
+    parameters.push_back({store.name(p), dtype_safetensors_name(spec.buffer(value).dtype),
+                          engine.global_shape(value), gathered.tensors[p].data()});
   }
   for (size_t moment = 0; moment < 2; ++moment) {
     for (size_t p = 0; p < count; ++p) {
-      const ParameterDecl& parameter = spec.parameters[p];
+      const ParameterDecl& parameter = store.decl(p);
       const BufferId id = moment == 0 ? parameter.adam_m : parameter.adam_v;
-      moments.push_back({(moment == 0 ? "adam_m/" : "adam_v/") + spec.buffer(parameter.value).name,
+      moments.push_back({(moment == 0 ? "adam_m/" : "adam_v/") + store.name(p),
                          dtype_safetensors_name(spec.buffer(id).dtype), engine.global_shape(id),
                          gathered.tensors[(moment + 1) * count + p].data()});
     }
@@ -607,17 +609,17 @@ CheckpointState load_checkpoint(const std::string& checkpoint_dir, Engine& engin
   }
 
   // Everything is verified before the first byte of the engine changes: a failed load leaves it as it was.
+  MT_CHECK(parameters_only || !spec.decoding(), "a decode engine holds no optimizer state to load");
+  const ParameterStore& store = engine.parameters();
   std::vector<std::pair<std::string, BufferId>> parameters, moments;
-  for (const ParameterDecl& parameter : spec.parameters) {
-    MT_CHECK(spec.buffer(parameter.value).dtype == DType::f32, "checkpoint loading reads float32 buffers");
-    parameters.emplace_back(spec.buffer(parameter.value).name, parameter.value);
+  for (size_t p = 0; p < store.size(); ++p) {
+    MT_CHECK(store.value(p).dtype == DType::f32, "checkpoint loading reads float32 buffers");
+    parameters.emplace_back(store.name(p), store.decl(p).value);
   }
-  for (const ParameterDecl& parameter : spec.parameters) {
-    moments.emplace_back("adam_m/" + spec.buffer(parameter.value).name, parameter.adam_m);
-  }
-  for (const ParameterDecl& parameter : spec.parameters) {
-    moments.emplace_back("adam_v/" + spec.buffer(parameter.value).name, parameter.adam_v);
-  }
+  for (size_t p = 0; p < store.size(); ++p)
+    moments.emplace_back("adam_m/" + store.name(p), store.decl(p).adam_m);
+  for (size_t p = 0; p < store.size(); ++p)
+    moments.emplace_back("adam_v/" + store.name(p), store.decl(p).adam_v);
   const SafetensorsFile model = SafetensorsFile::open((context.directory / kModelFile).string());
   verify_tensors(model, parameters, engine, layout_hint);
   std::optional<SafetensorsFile> optimizer;

@@ -139,6 +139,9 @@ Engine::Engine(TrainingPlan plan, EngineRanks ranks)
                       tensor->all_reduce(comm_buffer(values, count), ReduceOp::sum, "loss/vocab_statistics");
                     }};
   }
+  std::vector<TensorView> values;
+  for (const ParameterStorage& store : plan_.storage) values.push_back(view(store.value_store));
+  parameters_ = ParameterStore(plan_.spec, std::move(values));
   omp_set_num_threads(static_cast<int>(plan_.threads));
   initialize_parameters();
 }
@@ -320,10 +323,9 @@ void Engine::initialize_parameters() {
   const uint64_t seed = static_cast<uint64_t>(plan_.spec.config.init_weights_seed);
   for (size_t p = 0; p < plan_.spec.parameters.size(); ++p) {
     const ParameterDecl& parameter = plan_.spec.parameters[p];
-    const PlanBuffer& store = plan_.buffers[static_cast<size_t>(plan_.storage[p].value_store)];
     const GlobalIndex index = global_index(plan_.storage[p].value_store, parameter.value);
-    float* values = view(plan_.storage[p].value_store).f32();
-    const int64_t count = store.shape.elements();
+    float* values = parameters_.value(p).f32();
+    const int64_t count = parameters_.value(p).elements();
     const PhiloxKey key = philox_key(seed, parameter.canonical_name);
     const float constant = parameter.init == ParameterInit::ones ? 1.0f : 0.0f;
 #pragma omp parallel for schedule(static)
@@ -333,6 +335,7 @@ void Engine::initialize_parameters() {
               ? static_cast<float>(parameter.init_std * normal_at(key, static_cast<uint64_t>(index(i))))
               : constant;
     }
+    if (plan_.spec.decoding()) continue;  // no moments
     std::memset(view(parameter.adam_m).data, 0, view(parameter.adam_m).bytes());
     std::memset(view(parameter.adam_v).data, 0, view(parameter.adam_v).bytes());
   }
@@ -455,6 +458,13 @@ LossSums Engine::fwd_bwd_accum(const Batch& batch, bool last) {
 LossSums Engine::eval(const Batch& batch) {
   load_batch(batch);
   return run(KernelName::eval);
+}
+
+TensorView Engine::decode(int32_t token, int32_t position) {
+  view(plan_.spec.tokens).i32()[0] = token;
+  view(plan_.spec.positions).i32()[0] = position;
+  run(KernelName::decode);
+  return view(plan_.spec.logits);
 }
 
 UpdateResult Engine::update(int64_t valid_count, double learning_rate, int64_t step) {

@@ -1,7 +1,8 @@
 // The live engine: plans the run with the same plan_training() as `meshtrain compile`, allocates exactly
 // the planned arena, initialises parameters from the counter-based RNG, and runs the kernels of
 // shared/specs/training-step.md (fwd_bwd, fwd_bwd_accum, update, eval) in the planned op order, each op
-// seeing its buffers at their planned offsets.
+// seeing its buffers at their planned offsets. A decode plan (plan/decode.h) runs the same way: its one
+// kernel, decode, over an arena of parameter values, caches and scratch.
 #pragma once
 
 #include <cstdint>
@@ -13,6 +14,7 @@
 #include "meshtrain/comm/communicator.h"
 #include "meshtrain/core/arena.h"
 #include "meshtrain/data/batch.h"
+#include "meshtrain/model/parameter_store.h"
 #include "meshtrain/model/spec.h"
 #include "meshtrain/plan/plan.h"
 
@@ -41,7 +43,7 @@ class Engine {
   // Plans the config for one process, checks that the CPU kernels can run it, allocates the arena and
   // initialises parameters.
   explicit Engine(const Config& config);
-  // Runs an existing plan on this rank of `ranks` (one process when empty).
+  // Runs an existing plan (training, or plan_decode's) on this rank of `ranks` (one process when empty).
   explicit Engine(TrainingPlan plan, EngineRanks ranks = {});
   ~Engine();
   Engine(Engine&&) = default;
@@ -56,8 +58,14 @@ class Engine {
   // gradient is non-finite. `step` is 0-based; Adam's bias correction uses step + 1.
   UpdateResult update(int64_t valid_count, double learning_rate, int64_t step);
   LossSums eval(const Batch& batch);  // forward and loss only
+  // A decode plan's step (plan/decode.h): `token` at `position` (both checked by the caller) joins the
+  // caches; returns the next token's logits [1, V], valid until the next call.
+  TensorView decode(int32_t token, int32_t position);
 
   const ModelSpec& spec() const { return plan_.spec; }
+  // The parameters' stored values (this rank's shards under FSDP), by index or checkpoint name.
+  const ParameterStore& parameters() const { return parameters_; }
+  ParameterStore& parameters() { return parameters_; }
   const TrainingPlan& plan() const { return plan_; }
   // A persistent buffer (parameters, gradients, optimizer state, batch), or a temporary's last value in
   // the kernel that ran last when nothing after it reused its memory (checked).
@@ -99,6 +107,7 @@ class Engine {
 
   TrainingPlan plan_;
   Arena arena_;
+  ParameterStore parameters_;  // views into arena_
   TraceRecorder* trace_ = nullptr;
   const KernelPlan* last_kernel_ = nullptr;
   bool poison_temporaries_ = false;

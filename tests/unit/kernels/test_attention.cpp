@@ -2,6 +2,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <numeric>
@@ -17,6 +18,7 @@ namespace {
 
 using meshtrain::kernels::attention_backward;
 using meshtrain::kernels::attention_backward_scratch_floats;
+using meshtrain::kernels::attention_decode;
 using meshtrain::kernels::attention_forward;
 using meshtrain::kernels::attention_forward_scratch_floats;
 using meshtrain::kernels::attention_reference_backward;
@@ -294,6 +296,31 @@ TEST(Attention, BitwiseIndependentOfThreadCount) {
     EXPECT_EQ(one.dq, three.dq) << "d=" << d;
     EXPECT_EQ(one.dk, three.dk) << "d=" << d;
     EXPECT_EQ(one.dv, three.dv) << "d=" << d;
+  }
+}
+
+// Decoding a sequence token by token (each step appending to the caches) gives, at every position, the
+// causal attention of that token over the sequence so far: the reference's row, per head.
+TEST(Attention, DecodeStepsMatchTheCausalReference) {
+  for (const auto& [H, K] : {std::pair<int64_t, int64_t>{4, 2}, {4, 1}, {2, 2}}) {
+    const int64_t S = 20, d = 16;
+    const Problem p = make_problem(1, S, H, K, d, 700 + static_cast<uint64_t>(H * 10 + K));
+    const Result reference = run_reference(p);
+    const std::vector<float> q = to_float(p.q), k = to_float(p.k), v = to_float(p.v);
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    // Caches one row longer than the sequence: the last row must stay untouched.
+    std::vector<float> key_cache(static_cast<size_t>((S + 1) * K * d), nan), value_cache = key_cache;
+    std::vector<float> scores(static_cast<size_t>(S + 1), nan), out(static_cast<size_t>(H * d), nan);
+    for (int64_t i = 0; i < S; ++i) {
+      attention_decode(out.data(), key_cache.data(), value_cache.data(), scores.data(), q.data() + i * H * d,
+                       k.data() + i * K * d, v.data() + i * K * d, i, H, K, d);
+      const auto begin = reference.out.begin() + i * H * d;
+      const std::vector<double> expected(begin, begin + H * d);
+      // relative_error skips NaN: a row the kernel forgot to write is checked apart.
+      EXPECT_TRUE(std::none_of(out.begin(), out.end(), [](float x) { return std::isnan(x); }));
+      EXPECT_LT(relative_error(to_double(out), expected), 1e-5) << "H" << H << " K" << K << " position " << i;
+    }
+    EXPECT_TRUE(std::isnan(key_cache.back()) && std::isnan(value_cache.back()));
   }
 }
 

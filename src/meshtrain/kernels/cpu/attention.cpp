@@ -614,4 +614,34 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
   }
 }
 
+void attention_decode(float* out, float* key_cache, float* value_cache, float* scores, const float* q,
+                      const float* k, const float* v, int64_t position, int64_t H, int64_t K, int64_t d) {
+  std::copy(k, k + K * d, key_cache + position * K * d);
+  std::copy(v, v + K * d, value_cache + position * K * d);
+  const int64_t group = H / K, visible = position + 1;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  for (int64_t h = 0; h < H; ++h) {
+    const float* query = q + h * d;
+    const int64_t g = h / group;
+    float maximum = -std::numeric_limits<float>::infinity();
+    for (int64_t j = 0; j < visible; ++j) {
+      const float* key = key_cache + (j * K + g) * d;
+      float dot = 0.0f;
+      for (int64_t c = 0; c < d; ++c) dot += query[c] * key[c];
+      scores[j] = scale * dot;
+      maximum = std::max(maximum, scores[j]);
+    }
+    float* row = out + h * d;
+    std::fill(row, row + d, 0.0f);
+    float sum = 0.0f;
+    for (int64_t j = 0; j < visible; ++j) {
+      const float p = std::exp(scores[j] - maximum);
+      sum += p;
+      const float* value = value_cache + (j * K + g) * d;
+      for (int64_t c = 0; c < d; ++c) row[c] += p * value[c];
+    }
+    for (int64_t c = 0; c < d; ++c) row[c] /= sum;
+  }
+}
+
 }  // namespace meshtrain::kernels

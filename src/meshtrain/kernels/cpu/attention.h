@@ -41,6 +41,14 @@ int64_t attention_backward_scratch_floats(int64_t B, int64_t S, int64_t H, int64
 int64_t attention_forward_scratch_floats(int64_t B, int64_t S, int64_t H, int64_t K, int64_t d,
                                          int max_threads);
 
+// Decode (generation, one new token): appends this token's k, v [K,d] to row `position` of the caches
+// key_cache, value_cache [T,K,d] (T > position), then writes out [H,d] = attention of q [H,d] over cache rows
+// [0, position]: the causal attention_forward of the last query of a sequence, with earlier rows' keys and
+// values kept from earlier calls. Plain single-query loop, forward only (no lse, no backward: nothing
+// trains through decoding); softmax shifted by its maximum; scores [position + 1] floats of scratch.
+void attention_decode(float* out, float* key_cache, float* value_cache, float* scores, const float* q,
+                      const float* k, const float* v, int64_t position, int64_t H, int64_t K, int64_t d);
+
 namespace attention_detail {
 
 // The mask rule shared by the reference and the fast kernels: may query i see key j (both rows of one

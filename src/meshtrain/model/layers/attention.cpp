@@ -2,11 +2,40 @@
 
 #include <omp.h>
 
+#include "meshtrain/core/error.h"
 #include "meshtrain/kernels/cpu/attention.h"
 #include "meshtrain/kernels/cpu/rope.h"
 #include "meshtrain/model/layers/linear.h"
 
 namespace meshtrain {
+namespace {
+
+// The decode step in place of attention_forward: this token's keys and values (after QK-norm and RoPE) join
+// the layer's caches [T, K, d] at its position, and its query attends over every row so far.
+void add_attention_decode(SpecBuilder& builder, const std::string& attention, BufferId q, BufferId k,
+                          BufferId v, BufferId attended) {
+  const ModelDims& m = builder.dims();
+  const Shape cache_shape = shape_of({{"cache", m.T}, {"kv_heads", m.K}, {"head_dim", m.d}});
+  const BufferId key_cache = builder.cache(attention + "/key_cache", cache_shape);
+  const BufferId value_cache = builder.cache(attention + "/value_cache", cache_shape);
+  const BufferId scores = builder.scratch("scratch/decode_scores", shape_of({{"cache", m.T}}));
+  const BufferId positions = builder.spec().positions;
+  const int64_t T = m.T, H = m.H, K = m.K, d = m.d;
+  builder.forward({attention + "/attention_decode",
+                   {q, k, v, positions, key_cache, value_cache},
+                   {attended, key_cache, value_cache, scores},
+                   4.0 * static_cast<double>(T * H * d) / 2.0,  // a full cache's causal half, as training
+                   [=](const OpContext& c) {
+                     const int32_t position = c.i32(positions)[0];
+                     MT_CHECK(position >= 0 && position < T, "decode position outside the cache");
+                     kernels::attention_decode(c.f32(attended), c.f32(key_cache), c.f32(value_cache),
+                                               c.f32(scores), c.f32(q), c.f32(k), c.f32(v), position, H, K,
+                                               d);
+                   },
+                   OpKind::attention});
+}
+
+}  // namespace
 
 BufferId add_attention_block(SpecBuilder& builder, const std::string& prefix, BufferId residual_in,
                              BufferId d_residual, const AttentionBlockOptions& options) {
@@ -18,18 +47,18 @@ BufferId add_attention_block(SpecBuilder& builder, const std::string& prefix, Bu
   const Shape lse_shape = shape_of({{"batch", m.B}, {"heads", m.H}, {"length", m.S}});
 
   // Backward temporaries, shared by every layer.
-  const BufferId d_normed = builder.scratch("scratch/d_normed", width_shape);
-  const BufferId d_attended = builder.scratch("scratch/d_attended", q_shape);
-  const BufferId d_q_rotated = builder.scratch("scratch/d_q_rotated", q_shape);
-  const BufferId d_k_rotated = builder.scratch("scratch/d_k_rotated", kv_shape);
-  const BufferId d_v = builder.scratch("scratch/d_v", kv_shape);
-  const BufferId d_q = options.qk_norm ? builder.scratch("scratch/d_q", q_shape) : d_q_rotated;
-  const BufferId d_k = options.qk_norm ? builder.scratch("scratch/d_k", kv_shape) : d_k_rotated;
+  const BufferId d_normed = builder.gradient_scratch("scratch/d_normed", width_shape);
+  const BufferId d_attended = builder.gradient_scratch("scratch/d_attended", q_shape);
+  const BufferId d_q_rotated = builder.gradient_scratch("scratch/d_q_rotated", q_shape);
+  const BufferId d_k_rotated = builder.gradient_scratch("scratch/d_k_rotated", kv_shape);
+  const BufferId d_v = builder.gradient_scratch("scratch/d_v", kv_shape);
+  const BufferId d_q = options.qk_norm ? builder.gradient_scratch("scratch/d_q", q_shape) : d_q_rotated;
+  const BufferId d_k = options.qk_norm ? builder.gradient_scratch("scratch/d_k", kv_shape) : d_k_rotated;
   const int64_t backward_scratch_floats = kernels::attention_backward_scratch_floats(
       m.B, m.S, m.H, m.K, m.d,
       spec.config.num_threads > 0 ? static_cast<int>(spec.config.num_threads) : omp_get_max_threads());
   const BufferId attention_scratch =
-      builder.scratch("scratch/attention_backward", shape_of({{"floats", backward_scratch_floats}}));
+      builder.gradient_scratch("scratch/attention_backward", shape_of({{"floats", backward_scratch_floats}}));
 
   const NormLayer pre_norm = add_norm(builder, prefix + "/pre_self_attention_layer_norm", options.norm,
                                       residual_in, width_shape, m.N, m.D, d_normed, d_residual, true);
@@ -91,33 +120,38 @@ BufferId add_attention_block(SpecBuilder& builder, const std::string& prefix, Bu
   }
 
   const BufferId attended = builder.activation(attention + "/attended", q_shape);
-  const BufferId lse = builder.activation(attention + "/lse", lse_shape);
   const BufferId v = value.out;
   const int64_t B = m.B, S = m.S, H = m.H, K = m.K, d = m.d;
   // Context parallel: each rank's queries attend to keys of the whole sequence, gathered over `context`
   // (the causal half on average).
   const int64_t context = spec.sharding.mesh().size(MeshAxis::context);
   const double attention_flops = 4.0 * static_cast<double>(B * S * (S * context) * H * d) / 2.0;
-  if (context > 1) {
-    const Shape gathered =
-        shape_of({{"batch", B}, {"length", S * context}, {"kv_heads", K}, {"head_dim", d}});
-    for (const auto& [name, local] : {std::pair{"key", k_rotated}, std::pair{"value", v}}) {
-      const BufferId full = builder.scratch("scratch/context_gathered_" + std::string(name), gathered);
-      for (OpDecl& op : builder.collective(attention + "/gather_" + name, CollectiveKind::all_gather,
-                                           MeshAxis::context, full, local))
-        builder.forward(std::move(op));
+  BufferId lse = kNoBuffer;
+  if (builder.decoding()) {
+    add_attention_decode(builder, attention, q_rotated, k_rotated, v, attended);
+  } else {
+    lse = builder.activation(attention + "/lse", lse_shape);
+    if (context > 1) {
+      const Shape gathered =
+          shape_of({{"batch", B}, {"length", S * context}, {"kv_heads", K}, {"head_dim", d}});
+      for (const auto& [name, local] : {std::pair{"key", k_rotated}, std::pair{"value", v}}) {
+        const BufferId full = builder.scratch("scratch/context_gathered_" + std::string(name), gathered);
+        for (OpDecl& op : builder.collective(attention + "/gather_" + name, CollectiveKind::all_gather,
+                                             MeshAxis::context, full, local))
+          builder.forward(std::move(op));
+      }
     }
+    builder.forward({attention + "/attention_forward",
+                     {q_rotated, k_rotated, v, positions, segment_ids},
+                     {attended, lse},
+                     attention_flops,
+                     [=](const OpContext& c) {
+                       kernels::attention_forward(c.f32(attended), c.f32(lse), c.f32(q_rotated),
+                                                  c.f32(k_rotated), c.f32(v), c.i32(positions),
+                                                  c.i32(segment_ids), B, S, H, K, d);
+                     },
+                     OpKind::attention});
   }
-  builder.forward({attention + "/attention_forward",
-                   {q_rotated, k_rotated, v, positions, segment_ids},
-                   {attended, lse},
-                   attention_flops,
-                   [=](const OpContext& c) {
-                     kernels::attention_forward(c.f32(attended), c.f32(lse), c.f32(q_rotated),
-                                                c.f32(k_rotated), c.f32(v), c.i32(positions),
-                                                c.i32(segment_ids), B, S, H, K, d);
-                   },
-                   OpKind::attention});
   const OpDecl attention_backward{
       attention + "/attention_backward",
       {d_attended, attended, lse, q_rotated, k_rotated, v, positions, segment_ids},

@@ -1,6 +1,7 @@
 // The attention block of a pre-norm decoder layer: residual_out = residual_in +
 // O(Attn(RoPE(QKNorm(QKV(norm(x)))))) with GQA, forward ops declared in order and the backward group beside
-// them. Legend: B batch, S sequence, D width, H query heads, K kv heads, d head width.
+// them; in a decode spec the same ops at one token, attention through the layer's key / value caches.
+// Legend: B batch, S sequence, D width, H query heads, K kv heads, d head width, T cache rows.
 #pragma once
 
 #include <string>

@@ -66,13 +66,35 @@ EmbeddingLayer add_embedding(SpecBuilder& builder, bool learned_positions, Buffe
   return {residual, table};
 }
 
+namespace {
+
+// The decode step's end: logits [1, V] of the next token from the final hidden state, padding rows -inf.
+void add_decode_logits(SpecBuilder& builder, BufferId hidden, BufferId unembedding,
+                       kernels::UnembedLayout layout) {
+  const ModelDims& m = builder.dims();
+  const int64_t D = m.D, V = m.V, V_valid = m.V_valid;
+  const BufferId logits = builder.activation("decoder/logits", token_shape(m, {{"vocab", V}}));
+  builder.spec().logits = logits;
+  builder.forward({"decoder/logits_forward",
+                   {hidden, unembedding},
+                   {logits},
+                   2.0 * static_cast<double>(D * V),
+                   [=](const OpContext& c) {
+                     kernels::unembed_logits(c.f32(logits), c.f32(hidden), c.f32(unembedding), layout, 1, D,
+                                             V, V_valid);
+                   },
+                   OpKind::matmul});
+}
+
+}  // namespace
+
 void add_final_norm_and_loss(SpecBuilder& builder, NormKind norm, BufferId residual, BufferId tied_table,
                              BufferId d_residual) {
   const ModelDims& m = builder.dims();
   ModelSpec& spec = builder.spec();
   const int64_t N = m.N, D = m.D, V = m.V, V_valid = m.V_valid;
   const Shape width_shape = token_shape(m, {{"embed", D}});
-  const BufferId d_hidden = builder.scratch("scratch/d_normed", width_shape);
+  const BufferId d_hidden = builder.gradient_scratch("scratch/d_normed", width_shape);
   const NormLayer final_norm = add_norm(builder, "decoder/decoder_norm", norm, residual, width_shape, N, D,
                                         d_hidden, d_residual, false);
   spec.final_hidden = final_norm.out;
@@ -83,6 +105,10 @@ void add_final_norm_and_loss(SpecBuilder& builder, NormKind norm, BufferId resid
     unembedding = builder.parameter("decoder/logits_dense/kernel", shape_of({{"embed", D}, {"vocab", V}}),
                                     {"unembedding", ParameterInit::normal, 0.02, true});
     layout = kernels::UnembedLayout::kernel_DV;
+  }
+  if (builder.decoding()) {
+    add_decode_logits(builder, final_norm.out, unembedding, layout);
+    return;
   }
   const BufferId d_unembedding = builder.gradient_of(unembedding);
   // Chunks of at most 32M logits (128 MiB) keep the full [N, V] matrix from ever existing; larger chunks

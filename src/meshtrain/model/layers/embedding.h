@@ -15,7 +15,8 @@ struct EmbeddingLayer {
 EmbeddingLayer add_embedding(SpecBuilder& builder, bool learned_positions, BufferId d_residual);
 
 // Final norm, then loss = sum of cross-entropy over masked targets (the step divides by the global count).
-// The unembedding is the embedding table when `tied_table` is set, else its own [D, V] kernel.
+// The unembedding is the embedding table when `tied_table` is set, else its own [D, V] kernel. A decode spec
+// ends with the next token's logits instead (ModelSpec::logits).
 void add_final_norm_and_loss(SpecBuilder& builder, NormKind norm, BufferId residual, BufferId tied_table,
                              BufferId d_residual);
 

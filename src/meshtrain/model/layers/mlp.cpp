@@ -15,8 +15,8 @@ BufferId add_mlp_block(SpecBuilder& builder, const std::string& prefix, BufferId
   const Shape out_kernel = shape_of({{"mlp", m.F}, {"embed", m.D}});
   const int64_t count = m.N * m.F;
 
-  const BufferId d_normed = builder.scratch("scratch/d_normed", width_shape);
-  const BufferId d_activated = builder.scratch("scratch/d_mlp_activated", hidden_shape);
+  const BufferId d_normed = builder.gradient_scratch("scratch/d_normed", width_shape);
+  const BufferId d_activated = builder.gradient_scratch("scratch/d_mlp_activated", hidden_shape);
   const NormLayer pre_norm = add_norm(builder, prefix + "/post_self_attention_layer_norm", options.norm,
                                       residual_in, width_shape, m.N, m.D, d_normed, d_residual, true);
   const std::string mlp = prefix + "/mlp";
@@ -26,8 +26,8 @@ BufferId add_mlp_block(SpecBuilder& builder, const std::string& prefix, BufferId
   std::vector<OpDecl> input_backward;
 
   if (options.kind == MlpKind::swiglu) {
-    const BufferId d_gate = builder.scratch("scratch/d_mlp_gate", hidden_shape);
-    const BufferId d_up = builder.scratch("scratch/d_mlp_up", hidden_shape);
+    const BufferId d_gate = builder.gradient_scratch("scratch/d_mlp_gate", hidden_shape);
+    const BufferId d_up = builder.gradient_scratch("scratch/d_mlp_up", hidden_shape);
     const LinearLayer gate = add_linear(builder, mlp + "/wi_0", pre_norm.out, in_kernel, hidden_shape,
                                         in_projection, d_gate, d_normed, false);
     const LinearLayer up = add_linear(builder, mlp + "/wi_1", pre_norm.out, in_kernel, hidden_shape,
@@ -52,7 +52,7 @@ BufferId add_mlp_block(SpecBuilder& builder, const std::string& prefix, BufferId
                       gate.backward,
                       up.backward};
   } else {
-    const BufferId d_hidden = builder.scratch("scratch/d_mlp_hidden", hidden_shape);
+    const BufferId d_hidden = builder.gradient_scratch("scratch/d_mlp_hidden", hidden_shape);
     const LinearLayer hidden = add_linear(builder, mlp + "/wi", pre_norm.out, in_kernel, hidden_shape,
                                           in_projection, d_hidden, d_normed, false);
     activated = builder.activation(mlp + "/activated", hidden_shape);
