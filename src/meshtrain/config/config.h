@@ -15,8 +15,8 @@
 namespace meshtrain {
 
 // The enum-like keys, parsed once when the config is loaded (an unknown value is an error naming the key,
-// the valid values and the closest one). Each enum's values are listed in its k...Values array, in the order
-// of its names; the name is the value's config text (shared/specs/config-keys.md).
+// the valid values and the closest one). Each enum has its config texts, indexed by value (k...Names, as in
+// shared/specs/config-keys.md), and its values in that order (for code that enumerates them).
 enum class DecoderBlock { qwen3, gpt2 };  // the model family (model/families.h)
 inline constexpr std::array kDecoderBlockNames = {"qwen3", "gpt2"};
 inline constexpr std::array kDecoderBlocks = {DecoderBlock::qwen3, DecoderBlock::gpt2};
