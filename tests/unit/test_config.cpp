@@ -44,10 +44,48 @@ TEST(Config, UserYamlLayersOverItsModelPreset) {
   const std::string path =
       write_temp("meshtrain_user.yaml", "model_name: gpt2-124m\nmax_target_length: 64\nmesh:\n  data: 2\n");
   const Config config = load_config(path, {"steps=5"});
-  EXPECT_EQ(config.decoder_block, "gpt2");
+  EXPECT_EQ(config.decoder_block, DecoderBlock::gpt2);
   EXPECT_EQ(config.max_target_length, 64);
   EXPECT_EQ(config.mesh[MeshAxis::data], 2);
   EXPECT_EQ(config.steps, 5);
+}
+
+TEST(Config, EnumKeysParseEveryValueByItsName) {
+  for (DecoderBlock block : kDecoderBlocks) {
+    EXPECT_EQ(
+        load_config("qwen3-tiny", {std::string("decoder_block=") + decoder_block_name(block)}).decoder_block,
+        block);
+  }
+  for (RematPolicy policy : kRematPolicies) {
+    EXPECT_EQ(
+        load_config("qwen3-tiny", {std::string("remat_policy=") + remat_policy_name(policy)}).remat_policy,
+        policy);
+  }
+  for (DatasetType type : kDatasetTypes) {
+    EXPECT_EQ(
+        load_config("qwen3-tiny", {std::string("dataset_type=") + dataset_type_name(type)}).dataset_type,
+        type);
+  }
+  // The resolved text stays the value as written (plan identity hashes it).
+  const Config config = load_config("qwen3-tiny", {"remat_policy=full"});
+  EXPECT_NE(std::find(config.resolved.begin(), config.resolved.end(),
+                      std::pair<std::string, std::string>("remat_policy", "full")),
+            config.resolved.end());
+}
+
+TEST(Config, UnknownEnumValueNamesTheKeyTheValuesAndTheClosest) {
+  const std::string block = error_of([] { load_config("qwen3-tiny", {"decoder_block=qwen"}); });
+  EXPECT_NE(block.find("'decoder_block'"), std::string::npos) << block;
+  EXPECT_NE(block.find("qwen3 or gpt2"), std::string::npos) << block;
+  EXPECT_NE(block.find("did you mean 'qwen3'"), std::string::npos) << block;
+  const std::string remat = error_of([] { load_config("qwen3-tiny", {"remat_policy=minimum"}); });
+  EXPECT_NE(remat.find("'remat_policy' (command line)"), std::string::npos) << remat;
+  EXPECT_NE(remat.find("none, minimal or full"), std::string::npos) << remat;
+  EXPECT_NE(remat.find("did you mean 'minimal'"), std::string::npos) << remat;
+  const std::string data = error_of([] { load_config("qwen3-tiny", {"dataset_type=token"}); });
+  EXPECT_NE(data.find("'dataset_type'"), std::string::npos) << data;
+  EXPECT_NE(data.find("text, tokens or synthetic"), std::string::npos) << data;
+  EXPECT_NE(data.find("did you mean 'tokens'"), std::string::npos) << data;
 }
 
 TEST(Config, UnknownKeySuggestsTheClosest) {

@@ -35,14 +35,15 @@ TEST(Search, CandidatesCoverMeshesBatchSplitsAndRematPolicies) {
   const SearchCandidate& first = candidates.front();
   EXPECT_EQ(first.mesh.to_string(), "data=4 fsdp=1 context=1 tensor=1");
   EXPECT_EQ(first.per_device_batch_size, 1);
-  EXPECT_EQ(first.remat_policy, "none");
-  EXPECT_EQ(candidates[1].remat_policy, "minimal");
+  EXPECT_EQ(first.remat_policy, RematPolicy::none);
+  EXPECT_EQ(candidates[1].remat_policy, RematPolicy::minimal);
   EXPECT_EQ(candidates.back().mesh.to_string(), "data=1 fsdp=2 context=1 tensor=2");
 }
 
 TEST(Search, AppliedCandidateEqualsTheConfigItsOverridesLoad) {
   const Config base = load_config("qwen3-tiny", {"topology=cpu"});
-  const SearchCandidate candidate{Mesh({{MeshAxis::fsdp, 2}, {MeshAxis::tensor, 2}}), 2, 3, "full"};
+  const SearchCandidate candidate{Mesh({{MeshAxis::fsdp, 2}, {MeshAxis::tensor, 2}}), 2, 3,
+                                  RematPolicy::full};
   Config applied = base;
   candidate.apply_to(applied);
   std::vector<std::string> overrides = {"topology=cpu"};
@@ -52,7 +53,7 @@ TEST(Search, AppliedCandidateEqualsTheConfigItsOverridesLoad) {
   EXPECT_EQ(applied.mesh[MeshAxis::tensor], 2);
   EXPECT_EQ(applied.per_device_batch_size, 2);
   EXPECT_EQ(applied.gradient_accumulation_steps, 3);
-  EXPECT_EQ(applied.remat_policy, "full");
+  EXPECT_EQ(applied.remat_policy, RematPolicy::full);
   EXPECT_EQ(applied.resolved, loaded.resolved);
   // The same plan, identity included.
   PlanRequest from_applied, from_loaded;

@@ -79,18 +79,19 @@ void print_header(const TrainingPlan& plan, const std::string& config_argument, 
   const Topology& t = plan.topology;
   const std::string model = c.model_name.empty() ? config_argument : c.model_name;
   out << "meshtrain compile: ahead-of-time plan, per device\n";
-  out << row("model",
-             format("%s (%s): %lld layers, width %lld, %lld query / %lld kv heads x %lld, mlp %lld, "
-                    "vocab %lld, %s unembedding",
-                    model.c_str(), c.decoder_block.c_str(), static_cast<long long>(c.base_num_decoder_layers),
-                    static_cast<long long>(c.base_emb_dim), static_cast<long long>(c.base_num_query_heads),
-                    static_cast<long long>(c.base_num_kv_heads), static_cast<long long>(c.head_dim),
-                    static_cast<long long>(c.base_mlp_dim), static_cast<long long>(c.vocab_size),
-                    c.logits_via_embedding ? "tied" : "untied"));
+  out << row(
+      "model",
+      format("%s (%s): %lld layers, width %lld, %lld query / %lld kv heads x %lld, mlp %lld, "
+             "vocab %lld, %s unembedding",
+             model.c_str(), decoder_block_name(c.decoder_block),
+             static_cast<long long>(c.base_num_decoder_layers), static_cast<long long>(c.base_emb_dim),
+             static_cast<long long>(c.base_num_query_heads), static_cast<long long>(c.base_num_kv_heads),
+             static_cast<long long>(c.head_dim), static_cast<long long>(c.base_mlp_dim),
+             static_cast<long long>(c.vocab_size), c.logits_via_embedding ? "tied" : "untied"));
   out << row("dtypes", "compute " + dtype_config_name(c.dtype) + ", weights " +
                            dtype_config_name(c.weight_dtype) + ", gradients " +
                            dtype_config_name(c.grad_dtype) + ", moments " + dtype_config_name(c.mu_dtype) +
-                           ", remat_policy " + c.remat_policy);
+                           ", remat_policy " + std::string(remat_policy_name(c.remat_policy)));
   const int64_t devices = plan.mesh.devices();
   out << row(
       "batch",
@@ -279,10 +280,13 @@ void print_search(const SearchResult& result, std::ostream& out) {
   out << "meshtrain compile --search: " << result.topology << ", " << result.devices << " devices, "
       << gib(result.device_memory_bytes) << " per device, global batch " << result.global_batch
       << " sequences per step\n";
+  std::string remat_policies;
+  for (const char* policy : kRematPolicyNames)
+    remat_policies += (remat_policies.empty() ? "" : ", ") + std::string(policy);
   out << "searched: data x fsdp x tensor = " << result.devices / result.context << " (context fixed at "
       << result.context << "), tensor <= " << result.tensor_limit << " and dividing the "
       << result.query_heads << " query heads; per_device_batch_size x gradient_accumulation_steps = "
-      << result.global_batch / result.devices << "; remat_policy none, minimal, full\n";
+      << result.global_batch / result.devices << "; remat_policy " << remat_policies << "\n";
   out << format(
       "planned %lld candidates (fwd_bwd, fwd_bwd_accum, update each): %lld rejected as invalid, "
       "%lld valid, %zu fit; %.2f s\n",
@@ -314,7 +318,7 @@ void print_search(const SearchResult& result, std::ostream& out) {
                   static_cast<long long>(c.mesh.size(MeshAxis::context)),
                   static_cast<long long>(c.mesh.size(MeshAxis::tensor)),
                   static_cast<long long>(c.per_device_batch_size),
-                  static_cast<long long>(c.gradient_accumulation_steps), c.remat_policy.c_str(),
+                  static_cast<long long>(c.gradient_accumulation_steps), remat_policy_name(c.remat_policy),
                   static_cast<double>(fit.arena_bytes) / kGiB, seconds_text(fit.step_seconds).c_str());
   }
   out << "best: meshtrain compile <config> topology=" << result.topology << " "

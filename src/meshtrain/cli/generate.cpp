@@ -17,6 +17,7 @@
 #include "meshtrain/core/error.h"
 #include "meshtrain/data/tokenizer.h"
 #include "meshtrain/infer/decoder.h"
+#include "meshtrain/model/families.h"
 #include "meshtrain/train/checkpoint.h"
 
 namespace meshtrain {
@@ -220,7 +221,7 @@ int run_generate(const std::vector<std::string>& arguments, std::ostream& out) {
   const int64_t capacity =
       static_cast<int64_t>(prompt.size()) + std::max<int64_t>(parsed.max_new_tokens - 1, 0);
   const int64_t P = config.max_position_embeddings;  // gpt2's learned position rows
-  if (config.decoder_block == "gpt2" && capacity > P) {
+  if (family_of(config).positions == PositionKind::learned && capacity > P) {
     fail(
         "--prompt / --max-new-tokens",
         "at most " + std::to_string(P) + " tokens in all (gpt2's learned positions, max_position_embeddings)",

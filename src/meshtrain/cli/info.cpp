@@ -14,10 +14,10 @@ int run_info(const std::vector<std::string>& arguments, std::ostream& out) {
   const ModelSpec spec = build_model_spec(config);  // declares buffers only: nothing is allocated
   const ModelDims& m = spec.dims;
 
-  out << "model " << config.model_name << " (" << config.decoder_block << "): " << m.L << " layers, width "
-      << m.D << ", " << m.H << " query / " << m.K << " kv heads x " << m.d << ", mlp " << m.F << ", vocab "
-      << m.V_valid << " (" << m.V << " rows allocated), " << (config.logits_via_embedding ? "tied" : "untied")
-      << " unembedding\n";
+  out << "model " << config.model_name << " (" << decoder_block_name(config.decoder_block) << "): " << m.L
+      << " layers, width " << m.D << ", " << m.H << " query / " << m.K << " kv heads x " << m.d << ", mlp "
+      << m.F << ", vocab " << m.V_valid << " (" << m.V << " rows allocated), "
+      << (config.logits_via_embedding ? "tied" : "untied") << " unembedding\n";
   std::map<std::string, int64_t> by_component;
   for (const ParameterDecl& parameter : spec.parameters) {
     by_component[parameter.component] += spec.buffer(parameter.value).shape.elements();

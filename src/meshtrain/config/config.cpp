@@ -51,6 +51,25 @@ bool parse_bool(const std::string& key, const RawValue& raw) {
   fail("config key '" + key + "' (" + raw.source + ")", "true or false", "'" + text + "'");
 }
 
+// "a, b or c".
+std::string alternatives(const std::vector<std::string>& names) {
+  std::string text;
+  for (size_t i = 0; i < names.size(); ++i) {
+    text += (i == 0 ? "" : i + 1 == names.size() ? " or " : ", ") + names[i];
+  }
+  return text;
+}
+
+template <typename Enum>
+Enum parse_enum(const std::string& key, const RawValue& raw, const std::vector<std::string>& names) {
+  const auto found = std::find(names.begin(), names.end(), raw.text);
+  if (found == names.end()) {
+    fail("config key '" + key + "' (" + raw.source + ")", alternatives(names), "'" + raw.text + "'",
+         "did you mean '" + closest_name(raw.text, names) + "'?");
+  }
+  return static_cast<Enum>(found - names.begin());
+}
+
 struct KeyEntry {
   std::string name;
   std::function<void(Config&, const std::string& key, const RawValue&)> assign;
@@ -82,6 +101,13 @@ KeyEntry entry(const std::string& name, std::string Config::*member) {
 KeyEntry entry(const std::string& name, DType Config::*member) {
   return {name, [member](Config& c, const std::string& k, const RawValue& r) {
             c.*member = dtype_from_config(k, r.text);
+          }};
+}
+// An enum-like key: its text must be one of `names` (indexed by the enum's value).
+template <typename Enum, size_t Count>
+KeyEntry entry(const std::string& name, Enum Config::*member, const std::array<const char*, Count>& names) {
+  return {name, [member, &names](Config& c, const std::string& k, const RawValue& r) {
+            c.*member = parse_enum<Enum>(k, r, std::vector<std::string>(names.begin(), names.end()));
           }};
 }
 KeyEntry entry(const std::string& name, std::vector<std::string> Config::*member) {
@@ -123,7 +149,7 @@ std::vector<KeyEntry> with_mesh_entries(std::vector<KeyEntry> table) {
 const std::vector<KeyEntry>& key_table() {
   static const std::vector<KeyEntry> table = with_mesh_entries({
       entry("model_name", &Config::model_name),
-      plan_key(entry("decoder_block", &Config::decoder_block)),
+      plan_key(entry("decoder_block", &Config::decoder_block, kDecoderBlockNames)),
       plan_key(entry("base_emb_dim", &Config::base_emb_dim)),
       plan_key(entry("base_num_query_heads", &Config::base_num_query_heads)),
       plan_key(entry("base_num_kv_heads", &Config::base_num_kv_heads)),
@@ -140,7 +166,7 @@ const std::vector<KeyEntry>& key_table() {
       plan_key(entry("weight_dtype", &Config::weight_dtype)),
       plan_key(entry("grad_dtype", &Config::grad_dtype)),
       plan_key(entry("mu_dtype", &Config::mu_dtype)),
-      plan_key(entry("remat_policy", &Config::remat_policy)),
+      plan_key(entry("remat_policy", &Config::remat_policy, kRematPolicyNames)),
       entry("scan_layers", &Config::scan_layers),
       entry("param_scan_axis", &Config::param_scan_axis),
       plan_key(entry("per_device_batch_size", &Config::per_device_batch_size)),
@@ -174,7 +200,7 @@ const std::vector<KeyEntry>& key_table() {
       entry("gradient_clipping_threshold", &Config::gradient_clipping_threshold),
       entry("init_weights_seed", &Config::init_weights_seed),
       entry("skip_nonfinite_steps", &Config::skip_nonfinite_steps),
-      entry("dataset_type", &Config::dataset_type),
+      entry("dataset_type", &Config::dataset_type, kDatasetTypeNames),
       entry("dataset_path", &Config::dataset_path),
       entry("eval_dataset_path", &Config::eval_dataset_path),
       entry("tokenizer_path", &Config::tokenizer_path),

@@ -3,6 +3,7 @@
 // shared/specs/config-keys.md. Unknown keys name the closest valid key; wrong types name the expected one.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -13,10 +14,43 @@
 
 namespace meshtrain {
 
+// The enum-like keys, parsed once when the config is loaded (an unknown value is an error naming the key,
+// the valid values and the closest one). Each enum has its config texts, indexed by value (k...Names, as in
+// shared/specs/config-keys.md), and its values in that order (for code that enumerates them).
+enum class DecoderBlock { qwen3, gpt2 };  // the model family (model/families.h)
+inline constexpr std::array kDecoderBlockNames = {"qwen3", "gpt2"};
+inline constexpr std::array kDecoderBlocks = {DecoderBlock::qwen3, DecoderBlock::gpt2};
+
+// What the backward pass recomputes instead of keeping (plan/remat.cpp).
+enum class RematPolicy { none, minimal, full };
+inline constexpr std::array kRematPolicyNames = {"none", "minimal", "full"};
+inline constexpr std::array kRematPolicies = {RematPolicy::none, RematPolicy::minimal, RematPolicy::full};
+
+// Where training tokens come from: text files tokenized at start, prepared .tokens shards, or a function of
+// (seed, step, row).
+enum class DatasetType { text, tokens, synthetic };
+inline constexpr std::array kDatasetTypeNames = {"text", "tokens", "synthetic"};
+inline constexpr std::array kDatasetTypes = {DatasetType::text, DatasetType::tokens, DatasetType::synthetic};
+
+static_assert(kDecoderBlocks.size() == kDecoderBlockNames.size() &&
+                  kRematPolicies.size() == kRematPolicyNames.size() &&
+                  kDatasetTypes.size() == kDatasetTypeNames.size(),
+              "one name per enum value");
+
+inline const char* decoder_block_name(DecoderBlock block) {
+  return kDecoderBlockNames[static_cast<size_t>(block)];
+}
+inline const char* remat_policy_name(RematPolicy policy) {
+  return kRematPolicyNames[static_cast<size_t>(policy)];
+}
+inline const char* dataset_type_name(DatasetType type) {
+  return kDatasetTypeNames[static_cast<size_t>(type)];
+}
+
 struct Config {
   // Model shape
   std::string model_name;
-  std::string decoder_block;  // qwen3 | gpt2
+  DecoderBlock decoder_block = DecoderBlock::qwen3;
   int64_t base_emb_dim = 0, base_num_query_heads = 0, base_num_kv_heads = 0, head_dim = 0;
   int64_t base_mlp_dim = 0, base_num_decoder_layers = 0;
   int64_t vocab_size = 0;
@@ -29,7 +63,7 @@ struct Config {
   DType weight_dtype = DType::f32;
   DType grad_dtype = DType::f32;  // gradient accumulators
   DType mu_dtype = DType::f32;    // both Adam moments (and the master copy when weights are not float32)
-  std::string remat_policy = "none";
+  RematPolicy remat_policy = RematPolicy::none;
   bool scan_layers = false;
   int64_t param_scan_axis = 1;
   // Batch, mesh, parallelism
@@ -55,7 +89,7 @@ struct Config {
   int64_t init_weights_seed = 0;
   bool skip_nonfinite_steps = false;
   // Data, runs, checkpoints
-  std::string dataset_type = "text";
+  DatasetType dataset_type = DatasetType::text;
   std::string dataset_path, eval_dataset_path, tokenizer_path;
   bool packing = true;
   int64_t data_shuffle_seed = 0;

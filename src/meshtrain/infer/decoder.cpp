@@ -8,6 +8,7 @@
 
 #include "meshtrain/core/error.h"
 #include "meshtrain/core/rng.h"
+#include "meshtrain/model/families.h"
 #include "meshtrain/plan/decode.h"
 
 namespace meshtrain {
@@ -18,14 +19,11 @@ size_t size_of(int64_t count) {
 }
 
 bool learned_positions(const Config& config) {
-  return config.decoder_block == "gpt2";
+  return family_of(config).positions == PositionKind::learned;
 }
 
 // The decode plan, once the decoder's own limits hold.
 TrainingPlan checked_decode_plan(const Config& config, int64_t max_length) {
-  if (config.decoder_block != "qwen3" && config.decoder_block != "gpt2") {
-    fail("config key 'decoder_block'", "qwen3 or gpt2 for generation", "'" + config.decoder_block + "'");
-  }
   if (max_length < 1) {
     fail("decoder max_length", "at least 1 token", std::to_string(max_length),
          "the prompt plus the new tokens to generate");

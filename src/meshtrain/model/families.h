@@ -1,9 +1,37 @@
-// Decoder families: each declares its layers into a SpecBuilder whose inputs already exist.
+// Decoder families: one row per DecoderBlock saying what the family is (its builder and the facts the rest
+// of the tree asks about it), and the builders, each declaring its layers into a SpecBuilder whose inputs
+// already exist. A new family is one new row here and its builder.
 #pragma once
 
+#include "meshtrain/config/config.h"
+#include "meshtrain/model/layers/mlp.h"
+#include "meshtrain/model/layers/norm.h"
 #include "meshtrain/model/spec_builder.h"
 
 namespace meshtrain {
+
+// How token positions enter the model.
+enum class PositionKind {
+  rotary,   // RoPE inside attention: head_dim must be even (it rotates pairs of dimensions); no length limit
+  learned,  // a [max_position_embeddings, D] table added to the embedding: the sequence ends at its rows
+};
+
+struct DecoderFamily {
+  DecoderBlock block = DecoderBlock::qwen3;
+  void (*build)(SpecBuilder& builder) = nullptr;
+  PositionKind positions = PositionKind::rotary;
+  NormKind norm = NormKind::rms;
+  MlpKind mlp = MlpKind::swiglu;
+  bool always_tied = false;           // the unembedding is the embedding table (logits_via_embedding=true)
+  bool hugging_face_mapping = false;  // model/hf_names.h maps its parameters to Hugging Face tensor names
+
+  // Matmuls reading the MLP input (the standard FLOP count): SwiGLU has gate and up, GELU one.
+  int64_t mlp_input_matmuls() const { return mlp == MlpKind::swiglu ? 2 : 1; }
+};
+
+// The row of `block`, and of the config's decoder_block.
+const DecoderFamily& family_of(DecoderBlock block);
+const DecoderFamily& family_of(const Config& config);
 
 // Qwen3: pre-norm RMSNorm, per-head QK-norm before RoPE, GQA, SwiGLU, tied or untied unembedding.
 void build_qwen3(SpecBuilder& builder);

@@ -10,19 +10,21 @@ namespace meshtrain {
 
 void build_gpt2(SpecBuilder& builder) {
   const ModelDims& m = builder.dims();
+  // Positions, norm and MLP kind are the family row's (families.cpp).
+  const DecoderFamily& family = family_of(DecoderBlock::gpt2);
+  const bool rope = family.positions == PositionKind::rotary;
   const BufferId d_residual =
       builder.gradient_scratch("scratch/d_residual", token_shape(m, {{"embed", m.D}}));
   const double out_std = 0.02 / std::sqrt(2.0 * static_cast<double>(m.L));
-  const EmbeddingLayer embedding = add_embedding(builder, true, d_residual);
+  const EmbeddingLayer embedding = add_embedding(builder, !rope, d_residual);
   BufferId residual = embedding.residual;
   for (int64_t layer = 0; layer < m.L; ++layer) {
     const std::string prefix = "decoder/layers_" + std::to_string(layer);
-    residual = add_attention_block(builder, prefix, residual, d_residual,
-                                   {NormKind::layer, false, false, true, out_std});
     residual =
-        add_mlp_block(builder, prefix, residual, d_residual, {NormKind::layer, MlpKind::gelu, true, out_std});
+        add_attention_block(builder, prefix, residual, d_residual, {family.norm, false, rope, true, out_std});
+    residual = add_mlp_block(builder, prefix, residual, d_residual, {family.norm, family.mlp, true, out_std});
   }
-  add_final_norm_and_loss(builder, NormKind::layer, residual, embedding.table, d_residual);
+  add_final_norm_and_loss(builder, family.norm, residual, embedding.table, d_residual);
 }
 
 }  // namespace meshtrain

@@ -3,6 +3,7 @@
 #include <map>
 
 #include "meshtrain/core/error.h"
+#include "meshtrain/model/families.h"
 
 namespace meshtrain {
 namespace {
@@ -56,7 +57,7 @@ bool is_transposed(const std::string& engine_name) {
 }  // namespace
 
 std::vector<HfTensorMapping> qwen3_hf_mapping(const ModelSpec& spec) {
-  MT_CHECK(spec.config.decoder_block == "qwen3", "the Hugging Face mapping covers qwen3 only");
+  MT_CHECK(family_of(spec.config).hugging_face_mapping, "the Hugging Face mapping covers qwen3 only");
   std::vector<HfTensorMapping> mapping;
   for (const ParameterDecl& parameter : spec.parameters) {
     const BufferDecl& buffer = spec.buffer(parameter.value);

@@ -10,21 +10,24 @@ namespace meshtrain {
 
 void build_qwen3(SpecBuilder& builder) {
   const ModelDims& m = builder.dims();
+  // Positions, norm and MLP kind are the family row's (families.cpp).
+  const DecoderFamily& family = family_of(DecoderBlock::qwen3);
+  const bool rope = family.positions == PositionKind::rotary;
   const BufferId d_residual =
       builder.gradient_scratch("scratch/d_residual", token_shape(m, {{"embed", m.D}}));
   // Residual output projections start smaller so the stream's variance does not grow with depth.
   const double out_std = 0.02 / std::sqrt(2.0 * static_cast<double>(m.L));
-  const EmbeddingLayer embedding = add_embedding(builder, false, d_residual);
+  const EmbeddingLayer embedding = add_embedding(builder, !rope, d_residual);
   BufferId residual = embedding.residual;
   for (int64_t layer = 0; layer < m.L; ++layer) {
     const std::string prefix = "decoder/layers_" + std::to_string(layer);
-    residual = add_attention_block(builder, prefix, residual, d_residual,
-                                   {NormKind::rms, true, true, false, out_std});
-    residual = add_mlp_block(builder, prefix, residual, d_residual,
-                             {NormKind::rms, MlpKind::swiglu, false, out_std});
+    residual =
+        add_attention_block(builder, prefix, residual, d_residual, {family.norm, true, rope, false, out_std});
+    residual =
+        add_mlp_block(builder, prefix, residual, d_residual, {family.norm, family.mlp, false, out_std});
   }
   const bool tied = builder.spec().config.logits_via_embedding;
-  add_final_norm_and_loss(builder, NormKind::rms, residual, tied ? embedding.table : kNoBuffer, d_residual);
+  add_final_norm_and_loss(builder, family.norm, residual, tied ? embedding.table : kNoBuffer, d_residual);
 }
 
 }  // namespace meshtrain

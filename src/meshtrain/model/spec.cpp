@@ -14,10 +14,7 @@ void require_positive(const std::string& key, int64_t value, const std::string& 
 
 // Every shape rule is checked here, before any buffer is declared or allocated.
 ModelDims validate_and_size(const Config& c, const ShardingLayout& sharding) {
-  if (c.decoder_block != "qwen3" && c.decoder_block != "gpt2") {
-    fail("config key 'decoder_block'", "qwen3 or gpt2", "'" + c.decoder_block + "'",
-         "did you mean '" + closest_name(c.decoder_block, {"qwen3", "gpt2"}) + "'?");
-  }
+  const DecoderFamily& family = family_of(c);
   const std::string preset_hint = "set it, or start from a preset such as qwen3-tiny";
   require_positive("base_emb_dim", c.base_emb_dim, preset_hint);
   require_positive("base_num_query_heads", c.base_num_query_heads, preset_hint);
@@ -50,10 +47,10 @@ ModelDims validate_and_size(const Config& c, const ShardingLayout& sharding) {
     fail("config key 'base_num_kv_heads'", "a divisor of base_num_query_heads (" + std::to_string(m.H) + ")",
          std::to_string(m.K), "grouped-query attention shares each kv head among H/K query heads");
   }
-  if (c.decoder_block == "qwen3" && m.d % 2 != 0) {
+  if (family.positions == PositionKind::rotary && m.d % 2 != 0) {
     fail("config key 'head_dim'", "an even number (RoPE rotates pairs of dimensions)", std::to_string(m.d));
   }
-  if (c.decoder_block == "gpt2") {
+  if (family.positions == PositionKind::learned) {
     require_positive("max_position_embeddings", c.max_position_embeddings, "1024 for GPT-2");
     if (c.max_target_length > c.max_position_embeddings) {
       fail("config key 'max_target_length'",
@@ -61,10 +58,11 @@ ModelDims validate_and_size(const Config& c, const ShardingLayout& sharding) {
                ") for learned positions",
            std::to_string(c.max_target_length));
     }
-    if (!c.logits_via_embedding) {
-      fail("config key 'logits_via_embedding'", "true for gpt2 (tied embeddings)", "false");
-    }
     m.P = c.max_position_embeddings;
+  }
+  if (family.always_tied && !c.logits_via_embedding) {
+    fail("config key 'logits_via_embedding'",
+         std::string("true for ") + decoder_block_name(c.decoder_block) + " (tied embeddings)", "false");
   }
   // Per-device sizes. The micro-batch of all devices is per_device_batch_size x devices rows (the
   // reference system's rule, whatever the mesh), split over data x fsdp.
@@ -194,11 +192,7 @@ ModelSpec build_spec(const Config& config, const Mesh& mesh, int64_t cache_lengt
     spec.segment_ids = builder.input("batch/segment_ids", DType::i32, batch_shape);
     spec.loss_mask = builder.input("batch/loss_mask", DType::u8, batch_shape);
   }
-  if (config.decoder_block == "qwen3") {
-    build_qwen3(builder);
-  } else {
-    build_gpt2(builder);
-  }
+  family_of(config).build(builder);
   builder.finish();
   return spec;
 }
@@ -222,7 +216,7 @@ StandardFlops standard_training_flops(const Config& c) {
   const double hd =
       static_cast<double>(c.head_dim > 0 ? c.head_dim : c.base_emb_dim / c.base_num_query_heads);
   const double L = static_cast<double>(c.base_num_decoder_layers), vocab = static_cast<double>(c.vocab_size);
-  const double input_matmuls = c.decoder_block == "gpt2" ? 1.0 : 2.0;  // GELU: one, SwiGLU: gate and up
+  const double input_matmuls = static_cast<double>(family_of(c).mlp_input_matmuls());
   const double ffn = 2 * B * S * mlp * emb * input_matmuls + 2 * B * S * mlp * emb;
   const double qkv = 2 * B * S * emb * (Hq + 2 * Hkv) * hd;
   const double projection = 2 * B * S * emb * Hq * hd;

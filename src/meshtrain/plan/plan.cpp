@@ -175,10 +175,6 @@ TrainingPlan plan_training(const PlanRequest& request) {
   config.num_threads = plan.threads;  // the attention backward's scratch is per thread
   plan.identity = plan_identity(config, plan.mesh, plan.topology, plan.threads);
   plan.device_memory_bytes = plan.topology.device_memory_bytes(devices.count);
-  if (config.remat_policy != "none" && config.remat_policy != "full" && config.remat_policy != "minimal") {
-    fail("config key 'remat_policy'", "none, full or minimal", "'" + config.remat_policy + "'",
-         "did you mean '" + closest_name(config.remat_policy, {"none", "full", "minimal"}) + "'?");
-  }
   const bool decoding = request.decode_cache_length > 0;
   plan.spec = decoding ? build_decode_spec(config, plan.mesh, request.decode_cache_length)
                        : build_model_spec(config, plan.mesh);

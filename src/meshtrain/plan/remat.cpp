@@ -10,9 +10,10 @@ namespace {
 // Under `full`, a block keeps only what other blocks read (its input and output on the residual stream);
 // `minimal` also keeps what matmuls and attention wrote. Everything else its backward reads is recomputed.
 bool saved(const ModelSpec& spec, BufferId id, const LayerBlock& block, const std::set<BufferId>& outside) {
-  const std::string& policy = spec.config.remat_policy;
-  if (policy == "none" || spec.buffer(id).kind != BufferKind::activation || outside.count(id)) return true;
-  if (policy == "minimal") {
+  const RematPolicy policy = spec.config.remat_policy;
+  if (policy == RematPolicy::none || spec.buffer(id).kind != BufferKind::activation || outside.count(id))
+    return true;
+  if (policy == RematPolicy::minimal) {
     for (size_t i = block.forward_begin; i < block.forward_end; ++i) {
       const OpDecl& op = spec.forward[i];
       if ((op.kind == OpKind::matmul || op.kind == OpKind::attention) && contains(op.writes, id)) return true;
@@ -26,7 +27,7 @@ bool saved(const ModelSpec& spec, BufferId id, const LayerBlock& block, const st
 std::vector<PlanStep> backward_with_recompute(const ModelSpec& spec) {
   std::vector<PlanStep> steps;
   std::vector<const LayerBlock*> starting(spec.loss_backward.size() + 1, nullptr);
-  if (spec.config.remat_policy != "none") {
+  if (spec.config.remat_policy != RematPolicy::none) {
     for (const LayerBlock& block : spec.blocks) starting[block.backward_begin] = &block;
   }
   // How many ops touch each buffer; a block's own ops are subtracted to find what others touch.

@@ -41,7 +41,7 @@ void SearchCandidate::apply_to(Config& config) const {
   config.gradient_accumulation_steps = gradient_accumulation_steps;
   set_resolved_text(config, "gradient_accumulation_steps", std::to_string(gradient_accumulation_steps));
   config.remat_policy = remat_policy;
-  set_resolved_text(config, "remat_policy", remat_policy);
+  set_resolved_text(config, "remat_policy", remat_policy_name(remat_policy));
 }
 
 std::string SearchCandidate::overrides() const {
@@ -51,7 +51,7 @@ std::string SearchCandidate::overrides() const {
   }
   return text + "per_device_batch_size=" + std::to_string(per_device_batch_size) +
          " gradient_accumulation_steps=" + std::to_string(gradient_accumulation_steps) +
-         " remat_policy=" + remat_policy;
+         " remat_policy=" + remat_policy_name(remat_policy);
 }
 
 std::vector<SearchCandidate> search_candidates(const Config& base, int64_t devices, int64_t context,
@@ -63,7 +63,7 @@ std::vector<SearchCandidate> search_candidates(const Config& base, int64_t devic
     for (int64_t fsdp : divisors(devices / context / tensor)) {
       const int64_t data = devices / context / tensor / fsdp;
       for (int64_t batch : divisors(sequences_per_device)) {
-        for (const char* remat : {"none", "minimal", "full"}) {
+        for (RematPolicy remat : kRematPolicies) {
           const Mesh mesh({{MeshAxis::data, data},
                            {MeshAxis::fsdp, fsdp},
                            {MeshAxis::context, context},

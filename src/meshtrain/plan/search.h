@@ -16,7 +16,7 @@ namespace meshtrain {
 struct SearchCandidate {
   Mesh mesh;
   int64_t per_device_batch_size = 0, gradient_accumulation_steps = 0;
-  std::string remat_policy;
+  RematPolicy remat_policy = RematPolicy::none;
 
   // Sets these values in `config` (the typed fields and their resolved text, as overrides would).
   void apply_to(Config& config) const;

@@ -308,7 +308,7 @@ void write_checkpoint_files(const fs::path& directory, const Engine& engine, con
   metadata["format_version"] = kCheckpointFormatVersion;
   metadata["meshtrain_version"] = kMeshtrainVersion;
   metadata["step"] = state.step;
-  metadata["model"] = {{"decoder_block", config.decoder_block},
+  metadata["model"] = {{"decoder_block", decoder_block_name(config.decoder_block)},
                        {"vocab_size", config.vocab_size},
                        {"padded_vocab_size", spec.dims.V},
                        {"parameter_count", spec.parameter_count()}};

@@ -56,7 +56,7 @@ LoaderOptions loader_options(const Config& config, int32_t eos_id, bool shuffle,
 std::optional<Tokenizer> load_run_tokenizer(const Config& config) {
   // Random ids from the seed need no vocabulary file: a synthetic run reads no file at all (the presets'
   // tokenizer_path and dataset_path are for the KJV main job).
-  if (config.dataset_type == "synthetic") return std::nullopt;
+  if (config.dataset_type == DatasetType::synthetic) return std::nullopt;
   if (config.tokenizer_path.empty()) {
     fail("config key 'tokenizer_path'", "the tokenizer the data was made with", "nothing",
          "run `meshtrain prepare` and pass tokenizer_path=data/kjv/tokenizer.json");
@@ -74,11 +74,7 @@ std::optional<Tokenizer> load_run_tokenizer(const Config& config) {
 // The train shards, resolved before anything else is loaded: a missing dataset is the first thing to report.
 // dataset_type=text has none yet: its corpus is tokenized after the tokenizer is loaded.
 std::vector<std::string> train_shards(const Config& config) {
-  if (config.dataset_type == "synthetic" || config.dataset_type == "text") return {};
-  if (config.dataset_type != "tokens") {
-    fail("config key 'dataset_type'", "text, tokens or synthetic", "'" + config.dataset_type + "'",
-         "did you mean '" + closest_name(config.dataset_type, {"text", "tokens", "synthetic"}) + "'?");
-  }
+  if (config.dataset_type != DatasetType::tokens) return {};
   if (config.dataset_path.empty()) {
     fail("config key 'dataset_path'", "a .tokens shard or a folder from `meshtrain prepare`", "nothing",
          "run ./scripts/train.sh once, or `meshtrain prepare --out data/kjv`");
@@ -103,14 +99,14 @@ std::string tokenize_text_dataset(const Config& config, const Tokenizer& tokeniz
 
 BatchLoader make_train_loader(const Config& config, const std::vector<std::string>& shards, int32_t eos_id,
                               const RunRanks& ranks) {
-  if (config.dataset_type == "synthetic")
+  if (config.dataset_type == DatasetType::synthetic)
     return BatchLoader::synthetic(loader_options(config, eos_id, true, ranks));
   return BatchLoader::from_shards(shards, loader_options(config, eos_id, true, ranks));
 }
 
 std::optional<BatchLoader> make_eval_loader(const Config& config, int32_t eos_id, const RunRanks& ranks) {
   if (config.eval_interval <= 0 || config.eval_steps <= 0) return std::nullopt;
-  if (config.dataset_type == "synthetic") {
+  if (config.dataset_type == DatasetType::synthetic) {
     LoaderOptions options = loader_options(config, eos_id, false, ranks);
     options.seed += 0x5EED;  // held-out synthetic rows
     return BatchLoader::synthetic(options);
@@ -248,12 +244,12 @@ void Run::connect_mesh(TrainingPlan plan) {
 void Run::open_data() {
   eos_id_ = tokenizer_ && tokenizer_->eos_id() ? *tokenizer_->eos_id() : -1;
   Config data_config = config_;
-  if (config_.dataset_type == "text") {
+  if (config_.dataset_type == DatasetType::text) {
     // The lead rank tokenizes; the others wait for its shards.
     data_config.dataset_path = data_config.eval_dataset_path =
         lead_ ? tokenize_text_dataset(config_, *tokenizer_, eos_id_) : config_.run_dir + "/data";
     ranks_.world->barrier("text dataset tokenized");
-    data_config.dataset_type = "tokens";
+    data_config.dataset_type = DatasetType::tokens;
     train_shards_ = resolve_token_shards(data_config.dataset_path, "train");
   }
   loader_ = make_train_loader(data_config, train_shards_, eos_id_, ranks_);

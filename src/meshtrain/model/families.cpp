@@ -1,0 +1,26 @@
+// The family table (see families.h): one row per DecoderBlock, in the enum's order.
+#include "meshtrain/model/families.h"
+
+#include "meshtrain/core/error.h"
+
+namespace meshtrain {
+namespace {
+
+const std::array<DecoderFamily, kDecoderBlocks.size()> kFamilies = {{
+    {DecoderBlock::qwen3, build_qwen3, PositionKind::rotary, NormKind::rms, MlpKind::swiglu, false, true},
+    {DecoderBlock::gpt2, build_gpt2, PositionKind::learned, NormKind::layer, MlpKind::gelu, true, false},
+}};
+
+}  // namespace
+
+const DecoderFamily& family_of(DecoderBlock block) {
+  const DecoderFamily& family = kFamilies[static_cast<size_t>(block)];
+  MT_CHECK(family.block == block, "the family table lists one row per DecoderBlock, in its order");
+  return family;
+}
+
+const DecoderFamily& family_of(const Config& config) {
+  return family_of(config.decoder_block);
+}
+
+}  // namespace meshtrain
