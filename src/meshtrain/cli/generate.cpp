@@ -17,6 +17,7 @@
 #include "meshtrain/core/error.h"
 #include "meshtrain/data/tokenizer.h"
 #include "meshtrain/infer/decoder.h"
+#include "meshtrain/mesh/mesh.h"
 #include "meshtrain/model/families.h"
 #include "meshtrain/train/checkpoint.h"
 
@@ -159,13 +160,9 @@ Config checkpoint_config(const std::string& checkpoint_dir) {
          "the checkpoint is damaged or not a meshtrain checkpoint");
   }
   // Single-process generation: the decode plan is one device whatever mesh the run trained on.
-  const std::map<std::string, std::string> replaced = {{"per_device_batch_size", "1"},
-                                                       {"max_target_length", "1"},
-                                                       {"gradient_accumulation_steps", "1"},
-                                                       {"mesh.data", "1"},
-                                                       {"mesh.fsdp", "1"},
-                                                       {"mesh.context", "1"},
-                                                       {"mesh.tensor", "1"}};
+  std::map<std::string, std::string> replaced = {
+      {"per_device_batch_size", "1"}, {"max_target_length", "1"}, {"gradient_accumulation_steps", "1"}};
+  for (MeshAxis axis : kMeshAxes) replaced[std::string("mesh.") + mesh_axis_name(axis)] = "1";
   std::vector<std::string> overrides;
   std::string model_name;
   for (const auto& [key, value] : metadata["config"].items()) {

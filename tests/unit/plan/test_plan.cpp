@@ -15,6 +15,7 @@
 #include "meshtrain/core/error.h"
 #include "meshtrain/plan/plan.h"
 #include "meshtrain/train/engine.h"
+#include "tiny_plan.h"
 
 namespace meshtrain {
 namespace {
@@ -23,17 +24,11 @@ namespace fs = std::filesystem;
 
 // A tiny model's overrides; `extra` adds keys or replaces the tiny defaults (a key twice is a config error).
 std::vector<std::string> tiny(const std::vector<std::string>& extra = {}) {
-  std::vector<std::string> overrides = {
-      "base_emb_dim=32",     "base_num_query_heads=4", "base_num_kv_heads=2",
-      "head_dim=8",          "base_mlp_dim=48",        "base_num_decoder_layers=2",
-      "vocab_size=100",      "max_target_length=16",   "per_device_batch_size=2",
-      "init_weights_seed=3", "dataset_type=synthetic", "tokenizer_path="};
-  for (const std::string& item : extra) {
-    const std::string key = item.substr(0, item.find('=') + 1);
-    std::erase_if(overrides, [&](const std::string& existing) { return existing.starts_with(key); });
-    overrides.push_back(item);
-  }
-  return overrides;
+  return testing::with_overrides(
+      {"base_emb_dim=32", "base_num_query_heads=4", "base_num_kv_heads=2", "head_dim=8", "base_mlp_dim=48",
+       "base_num_decoder_layers=2", "vocab_size=100", "max_target_length=16", "per_device_batch_size=2",
+       "init_weights_seed=3", "dataset_type=synthetic", "tokenizer_path="},
+      extra);
 }
 
 TrainingPlan plan_for(const std::string& preset, const std::vector<std::string>& overrides,
