@@ -180,8 +180,9 @@ TrainingPlan plan_training(const PlanRequest& request) {
          "did you mean '" + closest_name(config.remat_policy, {"none", "full", "minimal"}) + "'?");
   }
   const bool decoding = request.decode_cache_length > 0;
-  plan.spec = decoding ? build_decode_spec(config, plan.mesh, request.decode_cache_length)
-                       : build_model_spec(config, plan.mesh);
+  const kernels::KernelBackend& backend = kernels::kernel_backend_for_device(plan.topology.device_kind);
+  plan.spec = decoding ? build_decode_spec(config, plan.mesh, request.decode_cache_length, backend)
+                       : build_model_spec(config, plan.mesh, backend);
   plan_storage(plan);
   if (decoding) {
     plan.kernels.push_back(plan_kernel(plan, KernelName::decode));
