@@ -168,15 +168,17 @@ int64_t ModelSpec::parameter_count() const {
 }
 
 ModelSpec build_model_spec(const Config& config) {
-  return build_model_spec(config, Mesh{});
+  return build_model_spec(config, Mesh{}, kernels::kernel_backend_for_device("cpu"));
 }
 
 namespace {
 
 // A training spec (cache_length 0) or a decode spec: the same layer functions declare both.
-ModelSpec build_spec(const Config& config, const Mesh& mesh, int64_t cache_length) {
+ModelSpec build_spec(const Config& config, const Mesh& mesh, int64_t cache_length,
+                     const kernels::KernelBackend& backend) {
   ModelSpec spec;
   spec.config = config;
+  spec.kernels = &backend;
   spec.sharding = ShardingLayout(config.logical_axis_rules, mesh);
   spec.dims = validate_and_size(config, spec.sharding);
   if (cache_length > 0) {
@@ -199,13 +201,14 @@ ModelSpec build_spec(const Config& config, const Mesh& mesh, int64_t cache_lengt
 
 }  // namespace
 
-ModelSpec build_model_spec(const Config& config, const Mesh& mesh) {
-  return build_spec(config, mesh, 0);
+ModelSpec build_model_spec(const Config& config, const Mesh& mesh, const kernels::KernelBackend& backend) {
+  return build_spec(config, mesh, 0, backend);
 }
 
-ModelSpec build_decode_spec(const Config& config, const Mesh& mesh, int64_t cache_length) {
+ModelSpec build_decode_spec(const Config& config, const Mesh& mesh, int64_t cache_length,
+                            const kernels::KernelBackend& backend) {
   MT_CHECK(cache_length > 0, "a decode spec needs a cache of at least one row");
-  return build_spec(config, mesh, cache_length);
+  return build_spec(config, mesh, cache_length, backend);
 }
 
 StandardFlops standard_training_flops(const Config& c) {

@@ -17,6 +17,7 @@
 
 #include "meshtrain/config/config.h"
 #include "meshtrain/core/tensor.h"
+#include "meshtrain/kernels/backend.h"
 #include "meshtrain/mesh/sharding.h"
 
 namespace meshtrain {
@@ -87,7 +88,8 @@ struct TensorGroup {
   std::function<void(double* values, int64_t count)> all_reduce_sum;
 };
 
-// What an op sees when it runs: pointers into the arena, and the loss sums it may add to.
+// What an op sees when it runs: pointers into the arena, the kernels to call on them, and the loss sums it
+// may add to.
 class OpContext {
  public:
   virtual ~OpContext() = default;
@@ -95,6 +97,8 @@ class OpContext {
   float* f32(BufferId id) const { return view(id).f32(); }
   int32_t* i32(BufferId id) const { return view(id).i32(); }
   uint8_t* u8(BufferId id) const;
+  // The ops' only way to their kernels (the spec's backend, set by the engine).
+  const kernels::KernelBackend* kernels = nullptr;
   LossSums* loss_sums = nullptr;
   UpdateState* update = nullptr;
   // This rank's share of a sum over ranks that hold the same values (1 / replicas): a gradient replicated
@@ -194,6 +198,8 @@ struct ModelDims {
 
 struct ModelSpec {
   Config config;
+  // The backend its ops run on (the engine hands it to them) and its kernel scratch is sized for.
+  const kernels::KernelBackend* kernels = nullptr;
   ShardingLayout sharding;
   ModelDims dims;
   std::vector<BufferDecl> buffers;
@@ -220,11 +226,12 @@ struct ModelSpec {
 };
 
 // Validates the config (before anything is allocated) and builds the spec of its decoder_block at the
-// per-device sizes of `mesh`; the one-argument form is one device.
-ModelSpec build_model_spec(const Config& config, const Mesh& mesh);
+// per-device sizes of `mesh`, for the kernels of `backend`; the one-argument form is one cpu device.
+ModelSpec build_model_spec(const Config& config, const Mesh& mesh, const kernels::KernelBackend& backend);
 ModelSpec build_model_spec(const Config& config);
 // The decode spec of the same layers: one token (B = S = 1) attending over caches of `cache_length` rows.
-ModelSpec build_decode_spec(const Config& config, const Mesh& mesh, int64_t cache_length);
+ModelSpec build_decode_spec(const Config& config, const Mesh& mesh, int64_t cache_length,
+                            const kernels::KernelBackend& backend);
 
 // Vocabulary rows allocated for a tokenizer vocabulary: a multiple of 128 and of the tensor degree.
 int64_t padded_vocab_size(int64_t vocab_size, int64_t tensor_degree = 1);

@@ -3,7 +3,6 @@
 #include <cmath>
 
 #include "meshtrain/core/error.h"
-#include "meshtrain/kernels/cpu/adamw.h"
 
 namespace meshtrain {
 
@@ -142,7 +141,8 @@ void SpecBuilder::declare_update() {
                             [=](const OpContext& context) {
                               const TensorView view = context.view(gradient);
                               context.update->sum_of_squares +=
-                                  context.share * kernels::sum_of_squares(view.f32(), view.elements());
+                                  context.share *
+                                  context.kernels->sum_of_squares(view.f32(), view.elements());
                             },
                             OpKind::optimizer});
     spec_.update.back().role = OpRole::grad_norm;
@@ -193,8 +193,8 @@ void SpecBuilder::declare_update() {
                                          static_cast<float>(u.gradient_scale)};
            // Sizes come from the views: under FSDP or ZeRO-1 the plan binds this op to shards.
            const TensorView shard = context.view(value);
-           kernels::adamw_update(shard.f32(), context.f32(gradient), context.f32(m), context.f32(v),
-                                 shard.elements(), adam, weight_decay);
+           context.kernels->adamw_update(shard.f32(), context.f32(gradient), context.f32(m), context.f32(v),
+                                         shard.elements(), adam, weight_decay);
          },
          OpKind::optimizer});
     spec_.update.back().role = OpRole::adamw;

@@ -19,6 +19,7 @@ struct ParameterOptions {
 
 class SpecBuilder {
  public:
+  // spec.kernels: the backend whose scratch-size queries the layers use.
   explicit SpecBuilder(ModelSpec& spec) : spec_(spec) {}
 
   BufferId input(const std::string& name, DType dtype, const Shape& shape);
@@ -52,6 +53,7 @@ class SpecBuilder {
   void finish();
 
   ModelSpec& spec() { return spec_; }
+  const kernels::KernelBackend& kernels() const { return *spec_.kernels; }
   const ModelDims& dims() const { return spec_.dims; }
 
  private:

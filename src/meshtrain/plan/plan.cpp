@@ -176,8 +176,9 @@ TrainingPlan plan_training(const PlanRequest& request) {
   plan.identity = plan_identity(config, plan.mesh, plan.topology, plan.threads);
   plan.device_memory_bytes = plan.topology.device_memory_bytes(devices.count);
   const bool decoding = request.decode_cache_length > 0;
-  plan.spec = decoding ? build_decode_spec(config, plan.mesh, request.decode_cache_length)
-                       : build_model_spec(config, plan.mesh);
+  const kernels::KernelBackend& backend = kernels::kernel_backend_for_device(plan.topology.device_kind);
+  plan.spec = decoding ? build_decode_spec(config, plan.mesh, request.decode_cache_length, backend)
+                       : build_model_spec(config, plan.mesh, backend);
   plan_storage(plan);
   if (decoding) {
     plan.kernels.push_back(plan_kernel(plan, KernelName::decode));

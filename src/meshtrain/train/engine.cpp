@@ -9,8 +9,6 @@
 
 #include "meshtrain/core/error.h"
 #include "meshtrain/core/rng.h"
-#include "meshtrain/kernels/cpu/adamw.h"
-#include "meshtrain/kernels/cpu/residual.h"
 #include "meshtrain/train/trace.h"
 
 namespace meshtrain {
@@ -242,7 +240,7 @@ void Engine::run_collective(const PlanOp& op, const OpContext& context, UpdateSt
       }
       float* result = accumulate ? staging + (c.outer > 1 ? full.elements() : 0) : shard.f32();
       comm.reduce_scatter(source, comm_buffer(result, shard.elements()), ReduceOp::sum, name);
-      if (accumulate) kernels::residual_add(shard.f32(), result, shard.elements());
+      if (accumulate) context.kernels->residual_add(shard.f32(), result, shard.elements());
       return;
     }
     case CollectiveKind::send_recv:
@@ -408,6 +406,7 @@ LossSums Engine::run(KernelName name, UpdateState* update) {
   }
   LossSums sums;
   PlannedOpContext context(*this, nullptr);
+  context.kernels = plan_.spec.kernels;  // the backend the plan sized the spec for
   context.loss_sums = &sums;
   context.update = update;
   context.coordinates = coordinates_;

@@ -14,6 +14,8 @@
 #include "meshtrain/core/crc32c.h"
 #include "meshtrain/core/durable_file.h"
 #include "meshtrain/core/error.h"
+// The machine report times and names the host GEMM itself, so it is cpu-specific by nature and reads
+// kernels/cpu/gemm.h directly rather than the backend table (kernels/backend.h) the model's ops go through.
 #include "meshtrain/kernels/cpu/gemm.h"
 
 namespace meshtrain {

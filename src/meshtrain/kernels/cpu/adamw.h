@@ -6,14 +6,9 @@
 #include <cstdint>
 
 #include "meshtrain/core/error.h"
+#include "meshtrain/kernels/arguments.h"  // AdamWStep
 
 namespace meshtrain::kernels {
-
-struct AdamWStep {
-  float learning_rate, beta1, beta2, epsilon, weight_decay;
-  int64_t step;          // 1-based, for bias correction
-  float gradient_scale;  // multiplies the raw gradient first: 1/global_valid_tokens x clip factor
-};
 
 // Decoupled weight decay (applied only when apply_weight_decay; the caller's mask says no decay for norms,
 // biases, embeddings):

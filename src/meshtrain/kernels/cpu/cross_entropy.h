@@ -8,33 +8,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <functional>
 #include <limits>
 #include <vector>
 
 #include "meshtrain/core/error.h"
+#include "meshtrain/kernels/arguments.h"  // UnembedLayout, CrossEntropySums, VocabParallel
 
 namespace meshtrain::kernels {
-
-// kernel_DV: untied output projection W [D, V], logits = h @ W.
-// table_VD: tied embedding table E [V, D], logits = h @ E^T.
-enum class UnembedLayout { kernel_DV, table_VD };
-
-struct CrossEntropySums {
-  double loss_sum;      // sum over counted tokens of -log softmax(logits)[target]
-  int64_t valid_count;  // number of counted tokens (mask != 0)
-};
-
-// Vocab-parallel: this rank holds global vocabulary rows [vocab_offset, vocab_offset + V) of the padded
-// vocabulary (t * V rows); the per-row statistics are combined over the tensor ranks by the two callbacks
-// (all-reduce in place over the ranks; every rank calls them in the same order, once per chunk).
-struct VocabParallel {
-  int64_t vocab_offset = 0;
-  // Per-row maxima [rows]: max over the ranks.
-  std::function<void(float* values, int64_t count)> all_reduce_max;
-  // [2 * rows]: per-row sums of exp, then per-row target logits: sum over the ranks.
-  std::function<void(double* values, int64_t count)> all_reduce_sum;
-};
 
 // Loss SUM and gradients of that sum (not divided by the count: the step divides by the global count).
 // Columns >= vocab_valid are excluded from the softmax and get no gradient (their dw entries are left

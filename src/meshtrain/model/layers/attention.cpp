@@ -3,8 +3,6 @@
 #include <omp.h>
 
 #include "meshtrain/core/error.h"
-#include "meshtrain/kernels/cpu/attention.h"
-#include "meshtrain/kernels/cpu/rope.h"
 #include "meshtrain/model/layers/linear.h"
 
 namespace meshtrain {
@@ -28,9 +26,9 @@ void add_attention_decode(SpecBuilder& builder, const std::string& attention, Bu
                    [=](const OpContext& c) {
                      const int32_t position = c.i32(positions)[0];
                      MT_CHECK(position >= 0 && position < T, "decode position outside the cache");
-                     kernels::attention_decode(c.f32(attended), c.f32(key_cache), c.f32(value_cache),
-                                               c.f32(scores), c.f32(q), c.f32(k), c.f32(v), position, H, K,
-                                               d);
+                     c.kernels->attention_decode(c.f32(attended), c.f32(key_cache), c.f32(value_cache),
+                                                 c.f32(scores), c.f32(q), c.f32(k), c.f32(v), position, H, K,
+                                                 d);
                    },
                    OpKind::attention});
 }
@@ -54,7 +52,7 @@ BufferId add_attention_block(SpecBuilder& builder, const std::string& prefix, Bu
   const BufferId d_v = builder.gradient_scratch("scratch/d_v", kv_shape);
   const BufferId d_q = options.qk_norm ? builder.gradient_scratch("scratch/d_q", q_shape) : d_q_rotated;
   const BufferId d_k = options.qk_norm ? builder.gradient_scratch("scratch/d_k", kv_shape) : d_k_rotated;
-  const int64_t backward_scratch_floats = kernels::attention_backward_scratch_floats(
+  const int64_t backward_scratch_floats = builder.kernels().attention_backward_scratch_floats(
       m.B, m.S, m.H, m.K, m.d,
       spec.config.num_threads > 0 ? static_cast<int>(spec.config.num_threads) : omp_get_max_threads());
   const BufferId attention_scratch =
@@ -104,19 +102,19 @@ BufferId add_attention_block(SpecBuilder& builder, const std::string& prefix, Bu
          {q_rotated, k_rotated},
          6.0 * static_cast<double>(N * (H + K) * d),
          [=](const OpContext& c) {
-           kernels::rope_forward(c.f32(q_rotated), c.f32(q_rotated), c.i32(positions), N, H, d, theta);
-           kernels::rope_forward(c.f32(k_rotated), c.f32(k_rotated), c.i32(positions), N, K, d, theta);
+           c.kernels->rope_forward(c.f32(q_rotated), c.f32(q_rotated), c.i32(positions), N, H, d, theta);
+           c.kernels->rope_forward(c.f32(k_rotated), c.f32(k_rotated), c.i32(positions), N, K, d, theta);
          }});
-    qk_backward.insert(qk_backward.begin(), {attention + "/rope_backward",
-                                             {d_q_rotated, d_k_rotated, positions},
-                                             {d_q_rotated, d_k_rotated},
-                                             6.0 * static_cast<double>(N * (H + K) * d),
-                                             [=](const OpContext& c) {
-                                               kernels::rope_backward(c.f32(d_q_rotated), c.f32(d_q_rotated),
-                                                                      c.i32(positions), N, H, d, theta);
-                                               kernels::rope_backward(c.f32(d_k_rotated), c.f32(d_k_rotated),
-                                                                      c.i32(positions), N, K, d, theta);
-                                             }});
+    qk_backward.insert(
+        qk_backward.begin(),
+        {attention + "/rope_backward",
+         {d_q_rotated, d_k_rotated, positions},
+         {d_q_rotated, d_k_rotated},
+         6.0 * static_cast<double>(N * (H + K) * d),
+         [=](const OpContext& c) {
+           c.kernels->rope_backward(c.f32(d_q_rotated), c.f32(d_q_rotated), c.i32(positions), N, H, d, theta);
+           c.kernels->rope_backward(c.f32(d_k_rotated), c.f32(d_k_rotated), c.i32(positions), N, K, d, theta);
+         }});
   }
 
   const BufferId attended = builder.activation(attention + "/attended", q_shape);
@@ -146,9 +144,9 @@ BufferId add_attention_block(SpecBuilder& builder, const std::string& prefix, Bu
                      {attended, lse},
                      attention_flops,
                      [=](const OpContext& c) {
-                       kernels::attention_forward(c.f32(attended), c.f32(lse), c.f32(q_rotated),
-                                                  c.f32(k_rotated), c.f32(v), c.i32(positions),
-                                                  c.i32(segment_ids), B, S, H, K, d);
+                       c.kernels->attention_forward(c.f32(attended), c.f32(lse), c.f32(q_rotated),
+                                                    c.f32(k_rotated), c.f32(v), c.i32(positions),
+                                                    c.i32(segment_ids), B, S, H, K, d);
                      },
                      OpKind::attention});
   }
@@ -158,10 +156,10 @@ BufferId add_attention_block(SpecBuilder& builder, const std::string& prefix, Bu
       {d_q_rotated, d_k_rotated, d_v, attention_scratch},
       2.5 * attention_flops,  // dq, dk, dv plus recomputing the scores
       [=](const OpContext& c) {
-        kernels::attention_backward(c.f32(d_q_rotated), c.f32(d_k_rotated), c.f32(d_v), c.f32(d_attended),
-                                    c.f32(attended), c.f32(lse), c.f32(q_rotated), c.f32(k_rotated), c.f32(v),
-                                    c.i32(positions), c.i32(segment_ids), B, S, H, K, d,
-                                    c.f32(attention_scratch));
+        c.kernels->attention_backward(c.f32(d_q_rotated), c.f32(d_k_rotated), c.f32(d_v), c.f32(d_attended),
+                                      c.f32(attended), c.f32(lse), c.f32(q_rotated), c.f32(k_rotated),
+                                      c.f32(v), c.i32(positions), c.i32(segment_ids), B, S, H, K, d,
+                                      c.f32(attention_scratch));
       },
       OpKind::attention};
 

@@ -3,9 +3,6 @@
 #include <algorithm>
 #include <optional>
 
-#include "meshtrain/kernels/cpu/cross_entropy.h"
-#include "meshtrain/kernels/cpu/embedding.h"
-
 namespace meshtrain {
 
 EmbeddingLayer add_embedding(SpecBuilder& builder, bool learned_positions, BufferId d_residual) {
@@ -40,11 +37,11 @@ EmbeddingLayer add_embedding(SpecBuilder& builder, bool learned_positions, Buffe
     return position_table != kNoBuffer && (!vocab_split || !c.tensor || c.tensor->rank == 0);
   };
   builder.forward({"token_embedder/forward", reads, {residual}, 0.0, [=](const OpContext& c) {
-                     kernels::embedding_forward(c.f32(residual), c.i32(tokens), c.f32(table), N, V, D, false,
-                                                vocab_offset(c), global_rows);
+                     c.kernels->embedding_forward(c.f32(residual), c.i32(tokens), c.f32(table), N, V, D,
+                                                  false, vocab_offset(c), global_rows);
                      if (adds_positions(c)) {
-                       kernels::embedding_forward(c.f32(residual), c.i32(positions), c.f32(position_table), N,
-                                                  P, D, true);
+                       c.kernels->embedding_forward(c.f32(residual), c.i32(positions), c.f32(position_table),
+                                                    N, P, D, true, /*vocab_offset=*/0, /*global_rows=*/-1);
                      }
                    }});
   // Vocab-parallel: each tensor rank looks up the rows it holds (zeros elsewhere); the sum is the lookup.
@@ -56,11 +53,12 @@ EmbeddingLayer add_embedding(SpecBuilder& builder, bool learned_positions, Buffe
                            backward_writes,
                            0.0,
                            [=](const OpContext& c) {
-                             kernels::embedding_backward(c.f32(d_table), c.i32(tokens), c.f32(d_residual), N,
-                                                         V, D, vocab_offset(c), global_rows);
+                             c.kernels->embedding_backward(c.f32(d_table), c.i32(tokens), c.f32(d_residual),
+                                                           N, V, D, vocab_offset(c), global_rows);
                              if (d_position_table != kNoBuffer) {
-                               kernels::embedding_backward(c.f32(d_position_table), c.i32(positions),
-                                                           c.f32(d_residual), N, P, D);
+                               c.kernels->embedding_backward(c.f32(d_position_table), c.i32(positions),
+                                                             c.f32(d_residual), N, P, D, /*vocab_offset=*/0,
+                                                             /*global_rows=*/-1);
                              }
                            }}});
   return {residual, table};
@@ -80,8 +78,8 @@ void add_decode_logits(SpecBuilder& builder, BufferId hidden, BufferId unembeddi
                    {logits},
                    2.0 * static_cast<double>(D * V),
                    [=](const OpContext& c) {
-                     kernels::unembed_logits(c.f32(logits), c.f32(hidden), c.f32(unembedding), layout, 1, D,
-                                             V, V_valid);
+                     c.kernels->unembed_logits(c.f32(logits), c.f32(hidden), c.f32(unembedding), layout, 1, D,
+                                               V, V_valid);
                    },
                    OpKind::matmul});
 }
@@ -114,9 +112,9 @@ void add_final_norm_and_loss(SpecBuilder& builder, NormKind norm, BufferId resid
   // Chunks of at most 32M logits (128 MiB) keep the full [N, V] matrix from ever existing; larger chunks
   // than 4M measured 9-24% faster for GPT-2 (fewer, larger GEMMs).
   const int64_t chunk_tokens = std::clamp<int64_t>((int64_t{1} << 25) / V, 1, N);
-  const BufferId logits_scratch =
-      builder.scratch("scratch/cross_entropy",
-                      shape_of({{"floats", kernels::cross_entropy_scratch_floats(chunk_tokens, V)}}));
+  const BufferId logits_scratch = builder.scratch(
+      "scratch/cross_entropy",
+      shape_of({{"floats", builder.kernels().cross_entropy_scratch_floats(chunk_tokens, V)}}));
   const BufferId hidden = final_norm.out, targets = spec.targets, loss_mask = spec.loss_mask;
   const double flops = 2.0 * static_cast<double>(N * D * V);
   // Vocab-parallel cross-entropy: ranks exchange per-token max, sum of exponentials and target logit.
@@ -142,7 +140,7 @@ void add_final_norm_and_loss(SpecBuilder& builder, NormKind norm, BufferId resid
                       vocab_parallel = kernels::VocabParallel{c.tensor->rank * V, c.tensor->all_reduce_max,
                                                               c.tensor->all_reduce_sum};
                     }
-                    const kernels::CrossEntropySums sums = kernels::unembed_cross_entropy(
+                    const kernels::CrossEntropySums sums = c.kernels->unembed_cross_entropy(
                         with_gradient ? c.f32(d_hidden) : nullptr,
                         with_gradient ? c.f32(d_unembedding) : nullptr, c.f32(hidden), c.f32(unembedding),
                         layout, c.i32(targets), c.u8(loss_mask), N, D, V, V_valid, chunk_tokens,

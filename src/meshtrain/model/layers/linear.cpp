@@ -1,8 +1,5 @@
 #include "meshtrain/model/layers/linear.h"
 
-#include "meshtrain/kernels/cpu/matmul.h"
-#include "meshtrain/kernels/cpu/residual.h"
-
 namespace meshtrain {
 
 LinearLayer add_linear(SpecBuilder& builder, const std::string& prefix, BufferId x, const Shape& kernel_shape,
@@ -42,11 +39,11 @@ LinearLayer add_linear(SpecBuilder& builder, const std::string& prefix, BufferId
   if (!row_parallel && bias != kNoBuffer) reads.push_back(bias);
   if (!row_parallel && residual_in != kNoBuffer) reads.push_back(residual_in);
   OpDecl forward{prefix + "/forward", reads, {out}, flops, [=](const OpContext& c) {
-                   kernels::matmul_forward(c.f32(out), c.f32(x), c.f32(kernel),
-                                           bias == kNoBuffer || row_parallel ? nullptr : c.f32(bias), N, I,
-                                           O);
+                   c.kernels->matmul_forward(c.f32(out), c.f32(x), c.f32(kernel),
+                                             bias == kNoBuffer || row_parallel ? nullptr : c.f32(bias), N, I,
+                                             O);
                    if (residual_in != kNoBuffer && !row_parallel)
-                     kernels::residual_add(c.f32(out), c.f32(residual_in), N * O);
+                     c.kernels->residual_add(c.f32(out), c.f32(residual_in), N * O);
                  }};
   forward.kind = OpKind::matmul;
   builder.forward(std::move(forward));
@@ -66,9 +63,10 @@ LinearLayer add_linear(SpecBuilder& builder, const std::string& prefix, BufferId
                          float* rows = c.f32(out);
                          if (bias != kNoBuffer) {
                            for (int64_t n = 0; n < N; ++n)
-                             kernels::residual_add(rows + n * O, c.f32(bias), O);
+                             c.kernels->residual_add(rows + n * O, c.f32(bias), O);
                          }
-                         if (residual_in != kNoBuffer) kernels::residual_add(rows, c.f32(residual_in), N * O);
+                         if (residual_in != kNoBuffer)
+                           c.kernels->residual_add(rows, c.f32(residual_in), N * O);
                        }});
     }
   }
@@ -80,9 +78,9 @@ LinearLayer add_linear(SpecBuilder& builder, const std::string& prefix, BufferId
   if (d_bias != kNoBuffer) writes.push_back(d_bias);
   LinearLayer layer{out, kernel, {}};
   layer.backward = {prefix + "/backward", backward_reads, writes, 2.0 * flops, [=](const OpContext& c) {
-                      kernels::matmul_backward(d_x == kNoBuffer ? nullptr : c.f32(d_x), c.f32(d_kernel),
-                                               d_bias == kNoBuffer ? nullptr : c.f32(d_bias), c.f32(d_out),
-                                               c.f32(x), c.f32(kernel), N, I, O, accumulate_dx);
+                      c.kernels->matmul_backward(d_x == kNoBuffer ? nullptr : c.f32(d_x), c.f32(d_kernel),
+                                                 d_bias == kNoBuffer ? nullptr : c.f32(d_bias), c.f32(d_out),
+                                                 c.f32(x), c.f32(kernel), N, I, O, accumulate_dx);
                     }};
   layer.backward.kind = OpKind::matmul;
   return layer;

@@ -1,7 +1,5 @@
 #include "meshtrain/model/layers/mlp.h"
 
-#include "meshtrain/kernels/cpu/gelu.h"
-#include "meshtrain/kernels/cpu/swiglu.h"
 #include "meshtrain/model/layers/linear.h"
 
 namespace meshtrain {
@@ -39,15 +37,15 @@ BufferId add_mlp_block(SpecBuilder& builder, const std::string& prefix, BufferId
                      {activated},
                      4.0 * static_cast<double>(count),
                      [=](const OpContext& c) {
-                       kernels::swiglu_forward(c.f32(activated), c.f32(gate_out), c.f32(up_out), count);
+                       c.kernels->swiglu_forward(c.f32(activated), c.f32(gate_out), c.f32(up_out), count);
                      }});
     input_backward = {{mlp + "/swiglu_backward",
                        {d_activated, gate_out, up_out},
                        {d_gate, d_up},
                        8.0 * static_cast<double>(count),
                        [=](const OpContext& c) {
-                         kernels::swiglu_backward(c.f32(d_gate), c.f32(d_up), c.f32(d_activated),
-                                                  c.f32(gate_out), c.f32(up_out), count);
+                         c.kernels->swiglu_backward(c.f32(d_gate), c.f32(d_up), c.f32(d_activated),
+                                                    c.f32(gate_out), c.f32(up_out), count);
                        }},
                       gate.backward,
                       up.backward};
@@ -62,14 +60,14 @@ BufferId add_mlp_block(SpecBuilder& builder, const std::string& prefix, BufferId
          {hidden_out},
          {activated},
          8.0 * static_cast<double>(count),
-         [=](const OpContext& c) { kernels::gelu_forward(c.f32(activated), c.f32(hidden_out), count); }});
+         [=](const OpContext& c) { c.kernels->gelu_forward(c.f32(activated), c.f32(hidden_out), count); }});
     input_backward = {{mlp + "/gelu_backward",
                        {d_activated, hidden_out},
                        {d_hidden},
                        16.0 * static_cast<double>(count),
                        [=](const OpContext& c) {
-                         kernels::gelu_backward(c.f32(d_hidden), c.f32(d_activated), c.f32(hidden_out),
-                                                count);
+                         c.kernels->gelu_backward(c.f32(d_hidden), c.f32(d_activated), c.f32(hidden_out),
+                                                  count);
                        }},
                       hidden.backward};
   }

@@ -1,8 +1,5 @@
 #include "meshtrain/model/layers/norm.h"
 
-#include "meshtrain/kernels/cpu/layernorm.h"
-#include "meshtrain/kernels/cpu/rmsnorm.h"
-
 namespace meshtrain {
 
 NormLayer add_norm(SpecBuilder& builder, const std::string& prefix, NormKind kind, BufferId x,
@@ -25,16 +22,16 @@ NormLayer add_norm(SpecBuilder& builder, const std::string& prefix, NormKind kin
 
   if (kind == NormKind::rms) {
     builder.forward({prefix + "/forward", {x, scale}, {out, rstd}, flops, [=](const OpContext& c) {
-                       kernels::rmsnorm_forward(c.f32(out), c.f32(rstd), c.f32(x), c.f32(scale), rows, width,
-                                                epsilon);
+                       c.kernels->rmsnorm_forward(c.f32(out), c.f32(rstd), c.f32(x), c.f32(scale), rows,
+                                                  width, epsilon);
                      }});
     layer.backward = {prefix + "/backward",
                       backward_reads({d_out, x, scale, rstd}),
                       {d_x, d_scale},
                       2.0 * flops,
                       [=](const OpContext& c) {
-                        kernels::rmsnorm_backward(c.f32(d_x), c.f32(d_scale), c.f32(d_out), c.f32(x),
-                                                  c.f32(scale), c.f32(rstd), rows, width, accumulate_dx);
+                        c.kernels->rmsnorm_backward(c.f32(d_x), c.f32(d_scale), c.f32(d_out), c.f32(x),
+                                                    c.f32(scale), c.f32(rstd), rows, width, accumulate_dx);
                       }};
     return layer;
   }
@@ -43,17 +40,17 @@ NormLayer add_norm(SpecBuilder& builder, const std::string& prefix, NormKind kin
   const BufferId d_bias = builder.gradient_of(bias);
   const BufferId mean = builder.activation(prefix + "/mean", shape_of({{"rows", rows}}));
   builder.forward({prefix + "/forward", {x, scale, bias}, {out, mean, rstd}, flops, [=](const OpContext& c) {
-                     kernels::layernorm_forward(c.f32(out), c.f32(mean), c.f32(rstd), c.f32(x), c.f32(scale),
-                                                c.f32(bias), rows, width, epsilon);
+                     c.kernels->layernorm_forward(c.f32(out), c.f32(mean), c.f32(rstd), c.f32(x),
+                                                  c.f32(scale), c.f32(bias), rows, width, epsilon);
                    }});
   layer.backward = {prefix + "/backward",
                     backward_reads({d_out, x, scale, mean, rstd}),
                     {d_x, d_scale, d_bias},
                     2.0 * flops,
                     [=](const OpContext& c) {
-                      kernels::layernorm_backward(c.f32(d_x), c.f32(d_scale), c.f32(d_bias), c.f32(d_out),
-                                                  c.f32(x), c.f32(scale), c.f32(mean), c.f32(rstd), rows,
-                                                  width, accumulate_dx);
+                      c.kernels->layernorm_backward(c.f32(d_x), c.f32(d_scale), c.f32(d_bias), c.f32(d_out),
+                                                    c.f32(x), c.f32(scale), c.f32(mean), c.f32(rstd), rows,
+                                                    width, accumulate_dx);
                     }};
   return layer;
 }

@@ -1,0 +1,38 @@
+// Argument and result types of the kernel ops that every backend shares (the cpu headers, the backend table
+// in backend.h, and the model ops that call through it), so that a caller needs no backend's header.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+
+namespace meshtrain::kernels {
+
+// One AdamW step's hyperparameters (adamw_update).
+struct AdamWStep {
+  float learning_rate, beta1, beta2, epsilon, weight_decay;
+  int64_t step;          // 1-based, for bias correction
+  float gradient_scale;  // multiplies the raw gradient first: 1/global_valid_tokens x clip factor
+};
+
+// Layout of the unembedding weight (unembed_cross_entropy, unembed_logits).
+// kernel_DV: untied output projection W [D, V], logits = h @ W.
+// table_VD: tied embedding table E [V, D], logits = h @ E^T.
+enum class UnembedLayout { kernel_DV, table_VD };
+
+struct CrossEntropySums {
+  double loss_sum;      // sum over counted tokens of -log softmax(logits)[target]
+  int64_t valid_count;  // number of counted tokens (mask != 0)
+};
+
+// Vocab-parallel: this rank holds global vocabulary rows [vocab_offset, vocab_offset + V) of the padded
+// vocabulary (t * V rows); the per-row statistics are combined over the tensor ranks by the two callbacks
+// (all-reduce in place over the ranks; every rank calls them in the same order, once per chunk).
+struct VocabParallel {
+  int64_t vocab_offset = 0;
+  // Per-row maxima [rows]: max over the ranks.
+  std::function<void(float* values, int64_t count)> all_reduce_max;
+  // [2 * rows]: per-row sums of exp, then per-row target logits: sum over the ranks.
+  std::function<void(double* values, int64_t count)> all_reduce_sum;
+};
+
+}  // namespace meshtrain::kernels

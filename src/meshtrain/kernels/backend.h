@@ -1,0 +1,188 @@
+// The backend seam: one table of kernel entry points per backend (`cpu` today, `cuda` next). Model ops call
+// kernels only through the table their OpContext carries, and the spec builder sizes kernel scratch with the
+// table's queries, so a new backend is a new folder beside kernels/cpu/ that fills the same table, not
+// edits throughout the model and engine.
+//
+// A backend plugs in as kernels/<name>/backend.cpp defining `const KernelBackend& <name>_backend()`, plus one
+// case in kernel_backend_for_device (backend.cpp). Every pointer argument points into the arena the engine
+// hands the op: host memory for cpu, device memory for cuda. Semantics (what is written, what accumulates,
+// determinism) are those documented in the cpu headers, which every backend must match.
+// Legend: N tokens, B batch, S sequence, D width, H query heads, K kv heads, d head width, I / O matmul input
+// / output width, R embedding rows held here, V vocab (padded, per rank), C cross-entropy chunk of tokens, T
+// decode cache rows, count elements of an elementwise op.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "meshtrain/kernels/arguments.h"
+
+namespace meshtrain::kernels {
+
+struct KernelBackend {
+  const char* name;  // "cpu"
+
+  // matmul.h: out = x @ w + bias; dx = (or +=) dout @ w^T, dw += x^T @ dout, dbias += column sums.
+  void (*matmul_forward)(float* out,         // [N, O]
+                         const float* x,     // [N, I]
+                         const float* w,     // [I, O]
+                         const float* bias,  // [O] or nullptr
+                         int64_t N, int64_t I, int64_t O);
+  void (*matmul_backward)(float* dx,          // [N, I] or nullptr
+                          float* dw,          // [I, O] or nullptr
+                          float* dbias,       // [O] or nullptr
+                          const float* dout,  // [N, O]
+                          const float* x,     // [N, I]
+                          const float* w,     // [I, O]
+                          int64_t N, int64_t I, int64_t O, bool accumulate_dx);
+
+  // residual.h: out += x.
+  void (*residual_add)(float* out,      // [count]
+                       const float* x,  // [count]
+                       int64_t count);
+
+  // embedding.h: out = (or +=) table[ids - vocab_offset]; dtable[ids - vocab_offset] += dout. global_rows <
+  // 0: vocab_offset + R.
+  void (*embedding_forward)(float* out,          // [N, D]
+                            const int32_t* ids,  // [N]
+                            const float* table,  // [R, D]
+                            int64_t N, int64_t R, int64_t D, bool accumulate, int64_t vocab_offset,
+                            int64_t global_rows);
+  void (*embedding_backward)(float* dtable,       // [R, D]
+                             const int32_t* ids,  // [N]
+                             const float* dout,   // [N, D]
+                             int64_t N, int64_t R, int64_t D, int64_t vocab_offset, int64_t global_rows);
+
+  // cross_entropy.h: fused unembedding + softmax cross-entropy (loss sum; dh written, dw accumulated), its
+  // scratch size, and plain logits for decoding (padding columns -inf).
+  CrossEntropySums (*unembed_cross_entropy)(float* dh,       // [N, D] or nullptr
+                                            float* dw,       // layout of w, or nullptr
+                                            const float* h,  // [N, D]
+                                            const float* w,  // [D, V] kernel_DV or [V, D] table_VD
+                                            UnembedLayout layout,
+                                            const int32_t* targets,    // [N]
+                                            const uint8_t* loss_mask,  // [N] or nullptr
+                                            int64_t N, int64_t D, int64_t V, int64_t vocab_valid,
+                                            int64_t chunk_tokens,  // C
+                                            float* scratch,        // [cross_entropy_scratch_floats(C, V)]
+                                            const VocabParallel* vocab_parallel);  // nullptr: one rank
+  int64_t (*cross_entropy_scratch_floats)(int64_t chunk_tokens, int64_t V);
+  void (*unembed_logits)(float* out,      // [N, V]
+                         const float* h,  // [N, D]
+                         const float* w,  // [D, V] kernel_DV or [V, D] table_VD
+                         UnembedLayout layout, int64_t N, int64_t D, int64_t V, int64_t vocab_valid);
+
+  // rmsnorm.h: saves rstd; dx = (or +=) dL/dx, dw += dL/dw.
+  void (*rmsnorm_forward)(float* out,      // [N, D]
+                          float* rstd,     // [N]
+                          const float* x,  // [N, D]
+                          const float* w,  // [D]
+                          int64_t N, int64_t D, float eps);
+  void (*rmsnorm_backward)(float* dx,          // [N, D]
+                           float* dw,          // [D]
+                           const float* dout,  // [N, D]
+                           const float* x,     // [N, D]
+                           const float* w,     // [D]
+                           const float* rstd,  // [N]
+                           int64_t N, int64_t D, bool accumulate_dx);
+
+  // layernorm.h: saves mean and rstd; dx = (or +=) dL/dx, dw += dL/dw, db += dL/db.
+  void (*layernorm_forward)(float* out,      // [N, D]
+                            float* mean,     // [N]
+                            float* rstd,     // [N]
+                            const float* x,  // [N, D]
+                            const float* w,  // [D]
+                            const float* b,  // [D]
+                            int64_t N, int64_t D, float eps);
+  void (*layernorm_backward)(float* dx,          // [N, D]
+                             float* dw,          // [D]
+                             float* db,          // [D]
+                             const float* dout,  // [N, D]
+                             const float* x,     // [N, D]
+                             const float* w,     // [D]
+                             const float* mean,  // [N]
+                             const float* rstd,  // [N]
+                             int64_t N, int64_t D, bool accumulate_dx);
+
+  // swiglu.h: out = silu(gate) * up; dgate, dup written.
+  void (*swiglu_forward)(float* out,         // [count]
+                         const float* gate,  // [count]
+                         const float* up,    // [count]
+                         int64_t count);
+  void (*swiglu_backward)(float* dgate,       // [count]
+                          float* dup,         // [count]
+                          const float* dout,  // [count]
+                          const float* gate,  // [count]
+                          const float* up,    // [count]
+                          int64_t count);
+
+  // gelu.h: tanh-approximated GELU; dx written.
+  void (*gelu_forward)(float* out,      // [count]
+                       const float* x,  // [count]
+                       int64_t count);
+  void (*gelu_backward)(float* dx,          // [count]
+                        const float* dout,  // [count]
+                        const float* x,     // [count]
+                        int64_t count);
+
+  // rope.h: rotary embedding by per-token positions; out may alias x, dx may alias dout.
+  void (*rope_forward)(float* out,                // [N, H, d]
+                       const float* x,            // [N, H, d]
+                       const int32_t* positions,  // [N]
+                       int64_t N, int64_t H, int64_t d, float theta);
+  void (*rope_backward)(float* dx,                 // [N, H, d]
+                        const float* dout,         // [N, H, d]
+                        const int32_t* positions,  // [N]
+                        int64_t N, int64_t H, int64_t d, float theta);
+
+  // attention.h: causal grouped-query attention masked by positions and segment ids; the backward writes
+  // dq, dk, dv and needs attention_backward_scratch_floats(...) floats; the decode step appends one token's
+  // k, v to the caches at row `position` and attends over rows [0, position].
+  void (*attention_forward)(float* out,                  // [B, S, H, d]
+                            float* lse,                  // [B, H, S]
+                            const float* q,              // [B, S, H, d]
+                            const float* k,              // [B, S, K, d]
+                            const float* v,              // [B, S, K, d]
+                            const int32_t* positions,    // [B, S]
+                            const int32_t* segment_ids,  // [B, S] or nullptr
+                            int64_t B, int64_t S, int64_t H, int64_t K, int64_t d);
+  void (*attention_backward)(float* dq,                   // [B, S, H, d]
+                             float* dk,                   // [B, S, K, d]
+                             float* dv,                   // [B, S, K, d]
+                             const float* dout,           // [B, S, H, d]
+                             const float* out,            // [B, S, H, d]
+                             const float* lse,            // [B, H, S]
+                             const float* q,              // [B, S, H, d]
+                             const float* k,              // [B, S, K, d]
+                             const float* v,              // [B, S, K, d]
+                             const int32_t* positions,    // [B, S]
+                             const int32_t* segment_ids,  // [B, S] or nullptr
+                             int64_t B, int64_t S, int64_t H, int64_t K, int64_t d,
+                             float* scratch);  // [attention_backward_scratch_floats(...)]
+  int64_t (*attention_backward_scratch_floats)(int64_t B, int64_t S, int64_t H, int64_t K, int64_t d,
+                                               int max_threads);
+  void (*attention_decode)(float* out,          // [H, d]
+                           float* key_cache,    // [T, K, d]
+                           float* value_cache,  // [T, K, d]
+                           float* scores,       // [position + 1]
+                           const float* q,      // [H, d]
+                           const float* k,      // [K, d]
+                           const float* v,      // [K, d]
+                           int64_t position, int64_t H, int64_t K, int64_t d);
+
+  // adamw.h: the fused AdamW step, and the sum of squares (in double) of the global gradient norm.
+  void (*adamw_update)(float* param,       // [count]
+                       const float* grad,  // [count]
+                       float* m,           // [count]
+                       float* v,           // [count]
+                       int64_t count, const AdamWStep& step, bool apply_weight_decay);
+  double (*sum_of_squares)(const float* values,  // [count]
+                           int64_t count);
+};
+
+// The backend whose kernels run ops on devices of `device_kind` (a topology's, e.g. "cpu", "h100"). Every
+// kind gets cpu today: GPU topologies are planned (priced) but their ops run, and their scratch is sized, by
+// the cpu kernels until kernels/cuda/ fills a table; the GPU kinds then map to it here.
+const KernelBackend& kernel_backend_for_device(const std::string& device_kind);
+
+}  // namespace meshtrain::kernels

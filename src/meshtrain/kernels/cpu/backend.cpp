@@ -1,0 +1,51 @@
+// The cpu backend's kernel table: every entry is the cpu function of the same name.
+#include "meshtrain/kernels/cpu/backend.h"
+
+#include "meshtrain/kernels/cpu/adamw.h"
+#include "meshtrain/kernels/cpu/attention.h"
+#include "meshtrain/kernels/cpu/cross_entropy.h"
+#include "meshtrain/kernels/cpu/embedding.h"
+#include "meshtrain/kernels/cpu/gelu.h"
+#include "meshtrain/kernels/cpu/layernorm.h"
+#include "meshtrain/kernels/cpu/matmul.h"
+#include "meshtrain/kernels/cpu/residual.h"
+#include "meshtrain/kernels/cpu/rmsnorm.h"
+#include "meshtrain/kernels/cpu/rope.h"
+#include "meshtrain/kernels/cpu/swiglu.h"
+
+namespace meshtrain::kernels {
+
+const KernelBackend& cpu_backend() {
+  // Designated initialisers in declaration order; tests/unit/kernels/test_backend.cpp checks that no entry
+  // is left null.
+  static const KernelBackend table{
+      .name = "cpu",
+      .matmul_forward = matmul_forward,
+      .matmul_backward = matmul_backward,
+      .residual_add = residual_add,
+      .embedding_forward = embedding_forward,
+      .embedding_backward = embedding_backward,
+      .unembed_cross_entropy = unembed_cross_entropy,
+      .cross_entropy_scratch_floats = cross_entropy_scratch_floats,
+      .unembed_logits = unembed_logits,
+      .rmsnorm_forward = rmsnorm_forward,
+      .rmsnorm_backward = rmsnorm_backward,
+      .layernorm_forward = layernorm_forward,
+      .layernorm_backward = layernorm_backward,
+      .swiglu_forward = swiglu_forward,
+      .swiglu_backward = swiglu_backward,
+      .gelu_forward = gelu_forward,
+      .gelu_backward = gelu_backward,
+      .rope_forward = rope_forward,
+      .rope_backward = rope_backward,
+      .attention_forward = attention_forward,
+      .attention_backward = attention_backward,
+      .attention_backward_scratch_floats = attention_backward_scratch_floats,
+      .attention_decode = attention_decode,
+      .adamw_update = adamw_update,
+      .sum_of_squares = sum_of_squares,
+  };
+  return table;
+}
+
+}  // namespace meshtrain::kernels

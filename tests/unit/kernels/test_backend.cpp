@@ -1,0 +1,173 @@
+// The backend seam (kernels/backend.h): the cpu table is complete and is the cpu functions, and a model
+// reaches every kernel through the table its spec carries (a counting backend sees each entry called).
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "meshtrain/kernels/backend.h"
+#include "meshtrain/kernels/cpu/backend.h"
+#include "meshtrain/kernels/cpu/matmul.h"
+#include "meshtrain/kernels/cpu/rmsnorm.h"
+#include "meshtrain/model/spec.h"
+#include "meshtrain/plan/decode.h"
+#include "meshtrain/plan/plan.h"
+#include "meshtrain/train/engine.h"
+
+namespace meshtrain {
+namespace {
+
+using kernels::KernelBackend;
+
+// The table is a name followed by function pointers, all pointer-sized: its slots can be read as words, so
+// an entry added to the struct is checked here without editing this test.
+constexpr size_t kSlots = sizeof(KernelBackend) / sizeof(uintptr_t);
+static_assert(sizeof(KernelBackend) % sizeof(uintptr_t) == 0);
+
+std::vector<uintptr_t> slots_of(const KernelBackend& backend) {
+  std::vector<uintptr_t> slots(kSlots);
+  std::memcpy(slots.data(), &backend, sizeof(KernelBackend));
+  return slots;
+}
+
+TEST(KernelBackend, CpuTableHasEveryEntry) {
+  const KernelBackend& cpu = kernels::cpu_backend();
+  EXPECT_STREQ(cpu.name, "cpu");
+  const std::vector<uintptr_t> slots = slots_of(cpu);
+  for (size_t i = 0; i < kSlots; ++i) EXPECT_NE(slots[i], 0u) << "slot " << i << " is null";
+}
+
+TEST(KernelBackend, EveryDeviceKindRunsCpuToday) {
+  for (const std::string kind : {"cpu", "h100", "v5p"}) {
+    EXPECT_EQ(&kernels::kernel_backend_for_device(kind), &kernels::cpu_backend()) << kind;
+  }
+}
+
+TEST(KernelBackend, CpuEntriesAreTheCpuFunctions) {
+  const KernelBackend& cpu = kernels::cpu_backend();
+  EXPECT_EQ(cpu.matmul_forward, &kernels::matmul_forward);
+  EXPECT_EQ(cpu.rmsnorm_backward, &kernels::rmsnorm_backward);
+  // And a call through the table gives bitwise the direct call's result.
+  const int64_t N = 5, I = 7, O = 3;
+  std::mt19937 generator(4);
+  std::normal_distribution<float> normal;
+  std::vector<float> x(N * I), w(I * O), bias(O), direct(N * O), through_table(N * O);
+  for (std::vector<float>* values : {&x, &w, &bias}) {
+    for (float& value : *values) value = normal(generator);
+  }
+  kernels::matmul_forward(direct.data(), x.data(), w.data(), bias.data(), N, I, O);
+  cpu.matmul_forward(through_table.data(), x.data(), w.data(), bias.data(), N, I, O);
+  EXPECT_EQ(std::memcmp(direct.data(), through_table.data(), direct.size() * sizeof(float)), 0);
+}
+
+// A backend that forwards every entry to cpu and counts the calls per entry.
+std::map<std::string, int>& calls() {
+  static std::map<std::string, int> counts;
+  return counts;
+}
+
+const KernelBackend& counting_backend() {
+  static const KernelBackend table = [] {
+    KernelBackend counting = kernels::cpu_backend();
+    counting.name = "counting";
+#define MT_COUNTED(entry)                              \
+  counting.entry = [](auto... arguments) {             \
+    ++calls()[#entry];                                 \
+    return kernels::cpu_backend().entry(arguments...); \
+  }
+    MT_COUNTED(matmul_forward);
+    MT_COUNTED(matmul_backward);
+    MT_COUNTED(residual_add);
+    MT_COUNTED(embedding_forward);
+    MT_COUNTED(embedding_backward);
+    MT_COUNTED(unembed_cross_entropy);
+    MT_COUNTED(cross_entropy_scratch_floats);
+    MT_COUNTED(unembed_logits);
+    MT_COUNTED(rmsnorm_forward);
+    MT_COUNTED(rmsnorm_backward);
+    MT_COUNTED(layernorm_forward);
+    MT_COUNTED(layernorm_backward);
+    MT_COUNTED(swiglu_forward);
+    MT_COUNTED(swiglu_backward);
+    MT_COUNTED(gelu_forward);
+    MT_COUNTED(gelu_backward);
+    MT_COUNTED(rope_forward);
+    MT_COUNTED(rope_backward);
+    MT_COUNTED(attention_forward);
+    MT_COUNTED(attention_backward);
+    MT_COUNTED(attention_backward_scratch_floats);
+    MT_COUNTED(attention_decode);
+    MT_COUNTED(adamw_update);
+    MT_COUNTED(sum_of_squares);
+#undef MT_COUNTED
+    return counting;
+  }();
+  return table;
+}
+
+Config tiny_config(const std::string& preset) {
+  std::vector<std::string> overrides = {
+      "base_emb_dim=32",     "base_num_query_heads=4",    "head_dim=8",
+      "base_mlp_dim=48",     "base_num_decoder_layers=2", "vocab_size=100",
+      "max_target_length=8", "per_device_batch_size=2",   "init_weights_seed=3"};
+  overrides.push_back(preset == "gpt2-124m" ? "base_num_kv_heads=4" : "base_num_kv_heads=2");
+  if (preset == "gpt2-124m") overrides.push_back("max_position_embeddings=16");
+  return load_config(preset, overrides);
+}
+
+Batch tiny_batch(const ModelDims& m) {
+  Batch batch;
+  for (int64_t b = 0; b < m.B; ++b) {
+    for (int64_t s = 0; s < m.S; ++s) {
+      batch.tokens.push_back(static_cast<int32_t>((7 * b + 3 * s) % m.V_valid));
+      batch.targets.push_back(static_cast<int32_t>((5 * b + 11 * s + 1) % m.V_valid));
+      batch.positions.push_back(static_cast<int32_t>(s));
+      batch.segment_ids.push_back(0);
+      batch.loss_mask.push_back(1);
+    }
+  }
+  return batch;
+}
+
+// One training step and one decode step of `preset` with the counting backend in the plans; the losses
+// equal those of the plain (cpu) engine.
+void run_through_counting_backend(const std::string& preset) {
+  const Config config = tiny_config(preset);
+  PlanRequest request;
+  request.config = config;
+  request.devices = 1;
+  TrainingPlan plan = plan_training(request);
+  plan.spec.kernels = &counting_backend();
+  Engine counted(std::move(plan));
+  Engine plain(config);
+  const Batch batch = tiny_batch(counted.spec().dims);
+  const LossSums counted_sums = counted.fwd_bwd(batch, true);
+  const LossSums plain_sums = plain.fwd_bwd(batch, true);
+  EXPECT_EQ(counted_sums.loss_sum, plain_sums.loss_sum);
+  EXPECT_EQ(counted.update(counted_sums.valid_count, 1e-3, 0).grad_norm,
+            plain.update(plain_sums.valid_count, 1e-3, 0).grad_norm);
+
+  TrainingPlan decode_plan = plan_decode(config, 4);
+  decode_plan.spec.kernels = &counting_backend();
+  Engine decoder(std::move(decode_plan));
+  decoder.decode(1, 0);
+}
+
+TEST(KernelBackend, ModelReachesEveryKernelThroughTheTable) {
+  calls().clear();
+  // The spec builder's scratch-size queries come from the backend the spec is built for.
+  build_model_spec(tiny_config("qwen3-tiny"), Mesh{}, counting_backend());
+  EXPECT_GT(calls()["attention_backward_scratch_floats"], 0);
+  EXPECT_GT(calls()["cross_entropy_scratch_floats"], 0);
+  run_through_counting_backend("qwen3-tiny");  // rmsnorm, rope, swiglu
+  run_through_counting_backend("gpt2-124m");   // layernorm, gelu, learned positions
+  EXPECT_EQ(calls().size(), kSlots - 1) << "every entry but the name is counted";
+  for (const auto& [entry, count] : calls()) EXPECT_GT(count, 0) << entry << " was never called";
+}
+
+}  // namespace
+}  // namespace meshtrain
