@@ -1,5 +1,8 @@
 // Fast CPU attention: flash-style tiles of kTile queries x kTile keys, online softmax in the forward and
-// score recomputation from the saved log-sum-exp in the backward.
+// score recomputation from the saved log-sum-exp in the backward. One implementation serves a query set
+// over a separate key / value set (context_attention_*, context parallelism) and self-attention
+// (attention_forward / attention_backward: both sets are the same tokens, bitwise the results this file gave
+// before the sets were split).
 //
 // Arithmetic: both matrix products of a tile pair run as register-blocked rank-1 updates, never as dot
 // products (those need a horizontal sum per score, which at d = 64 costs as much as the products):
@@ -272,26 +275,41 @@ void zero_rows(float* rows, int64_t stride, int64_t count, int64_t d) {
   for (int64_t row = 0; row < count; ++row) std::fill_n(rows + row * stride, d, 0.0f);
 }
 
-// One (batch, query head) slice and its kv head: base pointers at token 0 and row strides.
-struct HeadView {
-  const float* q;              // [S] rows of stride q_stride (= H * d)
-  const float* k;              // [S] rows of stride kv_stride (= K * d)
-  const float* v;              // [S] rows of stride kv_stride
-  const int32_t* positions;    // [S]
-  const int32_t* segment_ids;  // [S] or nullptr
-  int64_t S, d, q_stride, kv_stride;
+// The query set and the key / value set of the kernels: self-attention passes the same positions and
+// segment ids for both (Sq = Skv = S); context parallelism passes a rank's queries and the gathered (or one
+// ring block of) keys and values.
+struct TokenSets {
+  const int32_t* q_positions;     // [B, Sq]
+  const int32_t* q_segment_ids;   // [B, Sq] or nullptr
+  const int32_t* kv_positions;    // [B, Skv]
+  const int32_t* kv_segment_ids;  // [B, Skv] or nullptr
+  int64_t Sq, Skv;
 };
 
-HeadView head_view(const float* q, const float* k, const float* v, const int32_t* positions,
-                   const int32_t* segment_ids, int64_t b, int64_t h, int64_t S, int64_t H, int64_t K,
-                   int64_t d) {
-  const int64_t g = h / (H / K);
-  return HeadView{q + (b * S * H + h) * d,
-                  k + (b * S * K + g) * d,
-                  v + (b * S * K + g) * d,
-                  positions + b * S,
-                  segment_ids == nullptr ? nullptr : segment_ids + b * S,
-                  S,
+// One (batch, query head) slice and its kv head: base pointers at token 0 and row strides.
+struct HeadView {
+  const float* q;                 // [Sq] rows of stride q_stride (= H * d)
+  const float* k;                 // [Skv] rows of stride kv_stride (= K * d)
+  const float* v;                 // [Skv] rows of stride kv_stride
+  const int32_t* q_positions;     // [Sq]
+  const int32_t* q_segment_ids;   // [Sq] or nullptr
+  const int32_t* kv_positions;    // [Skv]
+  const int32_t* kv_segment_ids;  // [Skv] or nullptr
+  int64_t Sq, Skv, d, q_stride, kv_stride;
+};
+
+HeadView head_view(const float* q, const float* k, const float* v, const TokenSets& sets, int64_t b,
+                   int64_t h, int64_t H, int64_t K, int64_t d) {
+  const int64_t g = h / (H / K), Sq = sets.Sq, Skv = sets.Skv;
+  return HeadView{q + (b * Sq * H + h) * d,
+                  k + (b * Skv * K + g) * d,
+                  v + (b * Skv * K + g) * d,
+                  sets.q_positions + b * Sq,
+                  sets.q_segment_ids == nullptr ? nullptr : sets.q_segment_ids + b * Sq,
+                  sets.kv_positions + b * Skv,
+                  sets.kv_segment_ids == nullptr ? nullptr : sets.kv_segment_ids + b * Skv,
+                  Sq,
+                  Skv,
                   d,
                   H * d,
                   K * d};
@@ -304,20 +322,22 @@ struct LaneTokens {
   alignas(64) int32_t segment[kTile];
 };
 
-void lane_tokens(LaneTokens& lanes, const HeadView& view, int64_t begin, int64_t count,
-                 int32_t pad_position) {
+void lane_tokens(LaneTokens& lanes, const int32_t* positions, const int32_t* segment_ids, int64_t begin,
+                 int64_t count, int32_t pad_position) {
   for (int64_t lane = 0; lane < kTile; ++lane) {
     const bool real = lane < count;
-    lanes.position[lane] = real ? view.positions[begin + lane] : pad_position;
-    lanes.segment[lane] = real && view.segment_ids != nullptr ? view.segment_ids[begin + lane] : 0;
+    lanes.position[lane] = real ? positions[begin + lane] : pad_position;
+    lanes.segment[lane] = real && segment_ids != nullptr ? segment_ids[begin + lane] : 0;
   }
 }
 
-// scores[r * kTile + lane] = visible ? scale * raw : -inf for r < rows. Row tokens start at row_begin of
-// the sequence; `keys_are_rows` says which side is keys (a query sees a key iff same segment and key
-// position <= query position). With `masked` false every pair is known visible and only scaling happens.
-void scale_and_mask(float* scores, const HeadView& view, const LaneTokens& lanes, int64_t row_begin,
-                    int64_t rows, bool keys_are_rows, bool masked, float scale) {
+// scores[r * kTile + lane] = visible ? scale * raw : -inf for r < rows. Row tokens are rows [row_begin,
+// row_begin + rows) of row_positions / row_segment_ids (the key set when `keys_are_rows`, else the query
+// set); a query sees a key iff same segment and key position <= query position. With `masked` false every
+// pair is known visible and only scaling happens.
+void scale_and_mask(float* scores, const int32_t* row_positions, const int32_t* row_segment_ids,
+                    const LaneTokens& lanes, int64_t row_begin, int64_t rows, bool keys_are_rows, bool masked,
+                    float scale) {
   for (int64_t r = 0; r < rows; ++r) {
     float* row = scores + r * kTile;
     if (!masked) {
@@ -325,8 +345,8 @@ void scale_and_mask(float* scores, const HeadView& view, const LaneTokens& lanes
       for (int64_t lane = 0; lane < kTile; ++lane) row[lane] *= scale;
       continue;
     }
-    const int32_t position = view.positions[row_begin + r];
-    const int32_t segment = view.segment_ids == nullptr ? 0 : view.segment_ids[row_begin + r];
+    const int32_t position = row_positions[row_begin + r];
+    const int32_t segment = row_segment_ids == nullptr ? 0 : row_segment_ids[row_begin + r];
     if (keys_are_rows) {
 #pragma omp simd
       for (int64_t lane = 0; lane < kTile; ++lane) {
@@ -346,26 +366,41 @@ void scale_and_mask(float* scores, const HeadView& view, const LaneTokens& lanes
 // Forward of query rows [i0, i0 + rows) of one head. Scores are computed transposed (key rows x query
 // lanes) so the packed query tile is reused for every key tile. Unnormalised outputs accumulate directly
 // in `out` (rows of stride q_stride), so no accumulator scratch is needed.
-void forward_query_tile(float* out, float* lse, const HeadView& view, int64_t i0, int64_t rows, float scale) {
+// With `accumulate` the online softmax resumes from the (out, lse) already there: running max = lse,
+// running sum = 1 (out is normalised, i.e. in units of exp(lse)), accumulator = out; a row with lse = -inf
+// has seen nothing yet (sum 0, out zeroed). Folding a key set in tile by tile or block by block is thus the
+// same recurrence.
+void forward_query_tile(float* out, float* lse, const HeadView& view, int64_t i0, int64_t rows, float scale,
+                        bool accumulate) {
   PackedTile packed_queries;
   LaneTokens query_lanes;
   alignas(64) float scores[kTile * kTile];
   alignas(64) float row_max[kTile], row_sum[kTile], tile_max[kTile], shift[kTile], alpha[kTile];
   const int64_t d = view.d;
-  zero_rows(out + i0 * view.q_stride, view.q_stride, rows, d);
   std::fill_n(row_max, kTile, kNegativeInfinity);
   std::fill_n(row_sum, kTile, 0.0f);
-  lane_tokens(query_lanes, view, i0, rows, std::numeric_limits<int32_t>::min());
-  const TileBounds query_bounds = tile_bounds(view.positions, view.segment_ids, i0, i0 + rows);
-  for (int64_t j0 = 0; j0 < view.S; j0 += kTile) {
-    const int64_t cols = std::min(view.S - j0, kTile);
-    const TileBounds key_bounds = tile_bounds(view.positions, view.segment_ids, j0, j0 + cols);
+  if (accumulate) {
+    for (int64_t i = 0; i < rows; ++i) {
+      row_max[i] = lse[i0 + i];
+      row_sum[i] = row_max[i] == kNegativeInfinity ? 0.0f : 1.0f;
+      if (row_sum[i] == 0.0f) std::fill_n(out + (i0 + i) * view.q_stride, d, 0.0f);
+    }
+  } else {
+    zero_rows(out + i0 * view.q_stride, view.q_stride, rows, d);
+  }
+  lane_tokens(query_lanes, view.q_positions, view.q_segment_ids, i0, rows,
+              std::numeric_limits<int32_t>::min());
+  const TileBounds query_bounds = tile_bounds(view.q_positions, view.q_segment_ids, i0, i0 + rows);
+  for (int64_t j0 = 0; j0 < view.Skv; j0 += kTile) {
+    const int64_t cols = std::min(view.Skv - j0, kTile);
+    const TileBounds key_bounds = tile_bounds(view.kv_positions, view.kv_segment_ids, j0, j0 + cols);
     if (fully_masked(query_bounds, key_bounds)) continue;
     const float* k_rows = view.k + j0 * view.kv_stride;
     score_tile(scores, k_rows, view.kv_stride, cols, packed_queries, view.q + i0 * view.q_stride,
                view.q_stride, rows, d);
     const bool masked = !fully_visible(query_bounds, key_bounds);
-    scale_and_mask(scores, view, query_lanes, j0, cols, true, masked, scale);
+    scale_and_mask(scores, view.kv_positions, view.kv_segment_ids, query_lanes, j0, cols, true, masked,
+                   scale);
     // Online softmax per query lane: new running max, rescale factor for what earlier tiles accumulated.
     std::fill_n(tile_max, kTile, kNegativeInfinity);
     for (int64_t j = 0; j < cols; ++j) {
@@ -399,18 +434,20 @@ void forward_query_tile(float* out, float* lse, const HeadView& view, int64_t i0
     rank_update_rows(out + i0 * view.q_stride, view.q_stride, rows, scores, kTile, 1,
                      view.v + j0 * view.kv_stride, view.kv_stride, cols, d, masked);
   }
-  // row_sum > 0: every query sees at least itself.
+  // row_sum == 0 only for a query that sees no key (never in self-attention, where a token sees itself):
+  // its out stays 0 (every p was 0) and its lse is -inf.
   for (int64_t i = 0; i < rows; ++i) {
     float* oi = out + (i0 + i) * view.q_stride;
-    const float inverse = 1.0f / row_sum[i];
+    const bool seen = row_sum[i] > 0.0f;
+    const float inverse = seen ? 1.0f / row_sum[i] : 0.0f;
 #pragma omp simd
     for (int64_t c = 0; c < d; ++c) oi[c] *= inverse;
-    lse[i0 + i] = row_max[i] + std::log(row_sum[i]);
+    lse[i0 + i] = seen ? row_max[i] + std::log(row_sum[i]) : kNegativeInfinity;
   }
 }
 
 // Gradient slices of one (batch, query head): dq rows like q, dk / dv rows like k, dout like q; lse and
-// row_dot (= rowsum(dout * out)) are [S]. dq, or dk and dv, are null when that side is not wanted.
+// row_dot (= rowsum(dout * out)) are [Sq]. dq, or dk and dv, are null when that side is not wanted.
 struct GradView {
   float* dq;
   float* dk;
@@ -429,6 +466,13 @@ struct BackwardBuffers {
   alignas(64) float dscores[kTile * kTile];
   alignas(64) float lane_lse[kTile], lane_dot[kTile];
 };
+
+// The lse the backward subtracts: a query that saw no key has lse = -inf, and score - (-inf) would make
+// its probabilities exp(+inf) (or NaN for masked -inf scores); +inf makes every one of them exactly 0, so
+// such a row gets no gradient.
+inline float backward_lse(float lse) {
+  return lse == kNegativeInfinity ? std::numeric_limits<float>::infinity() : lse;
+}
 
 // Contribution of query rows [i0, i0 + rows) x key rows [j0, j0 + cols) of one head. Recomputes
 // P = exp(scale q k^T - lse) and dS = scale * P * (dout v^T - row_dot), then dq_i += sum_j dS_ij k_j (when
@@ -453,21 +497,29 @@ void backward_pair(BackwardBuffers& buffers, const HeadView& view, const GradVie
     score_tile(buffers.probs, q_rows, qs, rows, buffers.packed_scores, k_rows, kvs, cols, d);
     score_tile(buffers.dscores, dout_rows, qs, rows, buffers.packed_dscores, v_rows, kvs, cols, d);
   }
-  lane_tokens(buffers.lanes, view, lane_begin, lane_count,
-              keys_are_rows ? std::numeric_limits<int32_t>::min() : std::numeric_limits<int32_t>::max());
-  scale_and_mask(buffers.probs, view, buffers.lanes, row_begin, row_count, keys_are_rows, masked, scale);
+  if (keys_are_rows) {
+    lane_tokens(buffers.lanes, view.q_positions, view.q_segment_ids, lane_begin, lane_count,
+                std::numeric_limits<int32_t>::min());
+    scale_and_mask(buffers.probs, view.kv_positions, view.kv_segment_ids, buffers.lanes, row_begin, row_count,
+                   true, masked, scale);
+  } else {
+    lane_tokens(buffers.lanes, view.kv_positions, view.kv_segment_ids, lane_begin, lane_count,
+                std::numeric_limits<int32_t>::max());
+    scale_and_mask(buffers.probs, view.q_positions, view.q_segment_ids, buffers.lanes, row_begin, row_count,
+                   false, masked, scale);
+  }
   // lse and row_dot belong to queries: per lane when queries are lanes, per row otherwise. The unused one is
   // 0, and x - 0 == x exactly, so both layouts compute the same values.
   std::fill_n(buffers.lane_lse, kTile, 0.0f);
   std::fill_n(buffers.lane_dot, kTile, 0.0f);
   if (keys_are_rows) {
-    std::copy_n(grad.lse + i0, rows, buffers.lane_lse);
+    for (int64_t i = 0; i < rows; ++i) buffers.lane_lse[i] = backward_lse(grad.lse[i0 + i]);
     std::copy_n(grad.row_dot + i0, rows, buffers.lane_dot);
   }
   for (int64_t r = 0; r < row_count; ++r) {
     float* pr = buffers.probs + r * kTile;
     float* dsr = buffers.dscores + r * kTile;
-    const float row_lse = keys_are_rows ? 0.0f : grad.lse[i0 + r];
+    const float row_lse = keys_are_rows ? 0.0f : backward_lse(grad.lse[i0 + r]);
     const float row_dot = keys_are_rows ? 0.0f : grad.row_dot[i0 + r];
 #pragma omp simd
     for (int64_t lane = 0; lane < kTile; ++lane) {
@@ -489,22 +541,17 @@ void backward_pair(BackwardBuffers& buffers, const HeadView& view, const GradVie
   }
 }
 
-}  // namespace
-
-int64_t attention_forward_scratch_floats(int64_t, int64_t, int64_t, int64_t, int64_t, int) {
-  return 0;
-}
-
-int64_t attention_backward_scratch_floats(int64_t B, int64_t S, int64_t H, int64_t, int64_t, int) {
-  return B * H * S;
-}
-
-void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
-                       const int32_t* positions, const int32_t* segment_ids, int64_t B, int64_t S, int64_t H,
-                       int64_t K, int64_t d) {
+// Forward over a query set and a key / value set: one task per (batch, query head, query tile).
+void forward_sets(float* out, float* lse, const float* q, const float* k, const float* v,
+                  const TokenSets& sets, int64_t B, int64_t H, int64_t K, int64_t d, bool accumulate) {
   MT_CHECK(K > 0 && H % K == 0, "query heads must be a multiple of kv heads");
+  // An empty set may pass nullptr (an empty vector's data()) whatever the other set does.
+  MT_CHECK(
+      sets.Sq == 0 || sets.Skv == 0 || (sets.q_segment_ids == nullptr) == (sets.kv_segment_ids == nullptr),
+      "segment ids are given for both token sets or for neither");
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-  const int64_t query_tiles = (S + kTile - 1) / kTile;
+  const int64_t Sq = sets.Sq;
+  const int64_t query_tiles = (Sq + kTile - 1) / kTile;
   const int64_t tasks = B * H * query_tiles;
   // Later query tiles see more keys under a causal mask: hand them out first so dynamic scheduling ends
   // with the cheap ones.
@@ -512,27 +559,33 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
   for (int64_t task = 0; task < tasks; ++task) {
     const int64_t tile = query_tiles - 1 - task % query_tiles;
     const int64_t bh = task / query_tiles, b = bh / H, h = bh % H;
-    const HeadView view = head_view(q, k, v, positions, segment_ids, b, h, S, H, K, d);
+    const HeadView view = head_view(q, k, v, sets, b, h, H, K, d);
     const int64_t i0 = tile * kTile;
-    forward_query_tile(out + (b * S * H + h) * d, lse + bh * S, view, i0, std::min(S - i0, kTile), scale);
+    forward_query_tile(out + (b * Sq * H + h) * d, lse + bh * Sq, view, i0, std::min(Sq - i0, kTile), scale,
+                       accumulate);
   }
 }
 
-void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* out,
-                        const float* lse, const float* q, const float* k, const float* v,
-                        const int32_t* positions, const int32_t* segment_ids, int64_t B, int64_t S, int64_t H,
-                        int64_t K, int64_t d, float* scratch) {
+// Backward over a query set and a key / value set; with `accumulate` dq, dk, dv are added to, else written.
+void backward_sets(float* dq, float* dk, float* dv, const float* dout, const float* out, const float* lse,
+                   const float* q, const float* k, const float* v, const TokenSets& sets, int64_t B,
+                   int64_t H, int64_t K, int64_t d, bool accumulate, float* scratch) {
   MT_CHECK(K > 0 && H % K == 0, "query heads must be a multiple of kv heads");
+  // An empty set may pass nullptr (an empty vector's data()) whatever the other set does.
+  MT_CHECK(
+      sets.Sq == 0 || sets.Skv == 0 || (sets.q_segment_ids == nullptr) == (sets.kv_segment_ids == nullptr),
+      "segment ids are given for both token sets or for neither");
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   const int64_t group = H / K;
-  const int64_t tiles = (S + kTile - 1) / kTile;
+  const int64_t Sq = sets.Sq, Skv = sets.Skv;
+  const int64_t query_tiles = (Sq + kTile - 1) / kTile, key_tiles = (Skv + kTile - 1) / kTile;
 
-  // row_dot [B,H,S] = rowsum(dout * out), the D_i of the softmax backward.
+  // row_dot [B,H,Sq] = rowsum(dout * out), the D_i of the softmax backward.
   float* row_dot = scratch;
 #pragma omp parallel for schedule(static)
-  for (int64_t index = 0; index < B * H * S; ++index) {
-    const int64_t bh = index / S, i = index % S, b = bh / H, h = bh % H;
-    const int64_t row = ((b * S + i) * H + h) * d;
+  for (int64_t index = 0; index < B * H * Sq; ++index) {
+    const int64_t bh = index / Sq, i = index % Sq, b = bh / H, h = bh % H;
+    const int64_t row = ((b * Sq + i) * H + h) * d;
     float total = 0.0f;
 #pragma omp simd reduction(+ : total)
     for (int64_t c = 0; c < d; ++c) total += dout[row + c] * out[row + c];
@@ -542,26 +595,29 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
   // Gradient views of (b, h); the null members select which side backward_pair writes.
   const auto grad_view = [&](int64_t b, int64_t h, bool want_dq, bool want_dkdv) {
     const int64_t g = h / group;
-    return GradView{want_dq ? dq + (b * S * H + h) * d : nullptr,
-                    want_dkdv ? dk + (b * S * K + g) * d : nullptr,
-                    want_dkdv ? dv + (b * S * K + g) * d : nullptr,
-                    dout + (b * S * H + h) * d,
-                    lse + (b * H + h) * S,
-                    row_dot + (b * H + h) * S};
+    return GradView{want_dq ? dq + (b * Sq * H + h) * d : nullptr,
+                    want_dkdv ? dk + (b * Skv * K + g) * d : nullptr,
+                    want_dkdv ? dv + (b * Skv * K + g) * d : nullptr,
+                    dout + (b * Sq * H + h) * d,
+                    lse + (b * H + h) * Sq,
+                    row_dot + (b * H + h) * Sq};
   };
   // All query tiles of the group's heads against key tile [j0, j0 + cols) (layout: key tile packed once).
   const auto key_tile = [&](BackwardBuffers& buffers, int64_t b, int64_t g, int64_t j0, int64_t cols,
                             bool want_dq) {
-    zero_rows(dk + ((b * S + j0) * K + g) * d, K * d, cols, d);
-    zero_rows(dv + ((b * S + j0) * K + g) * d, K * d, cols, d);
+    if (!accumulate) {
+      zero_rows(dk + ((b * Skv + j0) * K + g) * d, K * d, cols, d);
+      zero_rows(dv + ((b * Skv + j0) * K + g) * d, K * d, cols, d);
+    }
     const TileBounds key_bounds =
-        tile_bounds(positions + b * S, segment_ids == nullptr ? nullptr : segment_ids + b * S, j0, j0 + cols);
+        tile_bounds(sets.kv_positions + b * Skv,
+                    sets.kv_segment_ids == nullptr ? nullptr : sets.kv_segment_ids + b * Skv, j0, j0 + cols);
     for (int64_t h = g * group; h < (g + 1) * group; ++h) {
-      const HeadView view = head_view(q, k, v, positions, segment_ids, b, h, S, H, K, d);
+      const HeadView view = head_view(q, k, v, sets, b, h, H, K, d);
       const GradView grad = grad_view(b, h, want_dq, true);
-      for (int64_t i0 = 0; i0 < S; i0 += kTile) {
-        const int64_t rows = std::min(S - i0, kTile);
-        const TileBounds query_bounds = tile_bounds(view.positions, view.segment_ids, i0, i0 + rows);
+      for (int64_t i0 = 0; i0 < Sq; i0 += kTile) {
+        const int64_t rows = std::min(Sq - i0, kTile);
+        const TileBounds query_bounds = tile_bounds(view.q_positions, view.q_segment_ids, i0, i0 + rows);
         if (fully_masked(query_bounds, key_bounds)) continue;
         backward_pair(buffers, view, grad, i0, rows, j0, cols, !fully_visible(query_bounds, key_bounds),
                       false, scale);
@@ -579,8 +635,12 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
     for (int64_t owner = 0; owner < owners; ++owner) {
       BackwardBuffers buffers;
       const int64_t b = owner / K, g = owner % K;
-      for (int64_t h = g * group; h < (g + 1) * group; ++h) zero_rows(dq + (b * S * H + h) * d, H * d, S, d);
-      for (int64_t j0 = 0; j0 < S; j0 += kTile) key_tile(buffers, b, g, j0, std::min(S - j0, kTile), true);
+      if (!accumulate) {
+        for (int64_t h = g * group; h < (g + 1) * group; ++h)
+          zero_rows(dq + (b * Sq * H + h) * d, H * d, Sq, d);
+      }
+      for (int64_t j0 = 0; j0 < Skv; j0 += kTile)
+        key_tile(buffers, b, g, j0, std::min(Skv - j0, kTile), true);
     }
     return;
   }
@@ -588,30 +648,81 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
   // Split schedule, pass 1: dk, dv per (batch, kv head, key tile); early key tiles are seen by more
   // queries, so they go first.
 #pragma omp parallel for schedule(dynamic, 1)
-  for (int64_t task = 0; task < B * K * tiles; ++task) {
+  for (int64_t task = 0; task < B * K * key_tiles; ++task) {
     BackwardBuffers buffers;
-    const int64_t j0 = (task % tiles) * kTile, owner = task / tiles;
-    key_tile(buffers, owner / K, owner % K, j0, std::min(S - j0, kTile), false);
+    const int64_t j0 = (task % key_tiles) * kTile, owner = task / key_tiles;
+    key_tile(buffers, owner / K, owner % K, j0, std::min(Skv - j0, kTile), false);
   }
   // Pass 2: dq per (batch, query head, query tile), key tiles ascending as in the owner schedule, layout
   // with the query tile packed once.
 #pragma omp parallel for schedule(dynamic, 1)
-  for (int64_t task = 0; task < B * H * tiles; ++task) {
+  for (int64_t task = 0; task < B * H * query_tiles; ++task) {
     BackwardBuffers buffers;
-    const int64_t tile = tiles - 1 - task % tiles, bh = task / tiles, b = bh / H, h = bh % H;
-    const int64_t i0 = tile * kTile, rows = std::min(S - i0, kTile);
-    const HeadView view = head_view(q, k, v, positions, segment_ids, b, h, S, H, K, d);
+    const int64_t tile = query_tiles - 1 - task % query_tiles, bh = task / query_tiles, b = bh / H,
+                  h = bh % H;
+    const int64_t i0 = tile * kTile, rows = std::min(Sq - i0, kTile);
+    const HeadView view = head_view(q, k, v, sets, b, h, H, K, d);
     const GradView grad = grad_view(b, h, true, false);
-    zero_rows(grad.dq + i0 * H * d, H * d, rows, d);
-    const TileBounds query_bounds = tile_bounds(view.positions, view.segment_ids, i0, i0 + rows);
-    for (int64_t j0 = 0; j0 < S; j0 += kTile) {
-      const int64_t cols = std::min(S - j0, kTile);
-      const TileBounds key_bounds = tile_bounds(view.positions, view.segment_ids, j0, j0 + cols);
+    if (!accumulate) zero_rows(grad.dq + i0 * H * d, H * d, rows, d);
+    const TileBounds query_bounds = tile_bounds(view.q_positions, view.q_segment_ids, i0, i0 + rows);
+    for (int64_t j0 = 0; j0 < Skv; j0 += kTile) {
+      const int64_t cols = std::min(Skv - j0, kTile);
+      const TileBounds key_bounds = tile_bounds(view.kv_positions, view.kv_segment_ids, j0, j0 + cols);
       if (fully_masked(query_bounds, key_bounds)) continue;
       backward_pair(buffers, view, grad, i0, rows, j0, cols, !fully_visible(query_bounds, key_bounds), true,
                     scale);
     }
   }
+}
+
+}  // namespace
+
+int64_t attention_forward_scratch_floats(int64_t, int64_t, int64_t, int64_t, int64_t, int) {
+  return 0;
+}
+
+int64_t attention_backward_scratch_floats(int64_t B, int64_t S, int64_t H, int64_t, int64_t, int) {
+  return B * H * S;
+}
+
+// Self-attention is the case where the query set is the key / value set.
+void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
+                       const int32_t* positions, const int32_t* segment_ids, int64_t B, int64_t S, int64_t H,
+                       int64_t K, int64_t d) {
+  forward_sets(out, lse, q, k, v, TokenSets{positions, segment_ids, positions, segment_ids, S, S}, B, H, K, d,
+               false);
+}
+
+void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* out,
+                        const float* lse, const float* q, const float* k, const float* v,
+                        const int32_t* positions, const int32_t* segment_ids, int64_t B, int64_t S, int64_t H,
+                        int64_t K, int64_t d, float* scratch) {
+  backward_sets(dq, dk, dv, dout, out, lse, q, k, v,
+                TokenSets{positions, segment_ids, positions, segment_ids, S, S}, B, H, K, d, false, scratch);
+}
+
+void context_attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
+                               const int32_t* q_positions, const int32_t* q_segment_ids,
+                               const int32_t* kv_positions, const int32_t* kv_segment_ids, int64_t B,
+                               int64_t Sq, int64_t Skv, int64_t H, int64_t K, int64_t d, bool accumulate) {
+  forward_sets(out, lse, q, k, v,
+               TokenSets{q_positions, q_segment_ids, kv_positions, kv_segment_ids, Sq, Skv}, B, H, K, d,
+               accumulate);
+}
+
+void context_attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* out,
+                                const float* lse, const float* q, const float* k, const float* v,
+                                const int32_t* q_positions, const int32_t* q_segment_ids,
+                                const int32_t* kv_positions, const int32_t* kv_segment_ids, int64_t B,
+                                int64_t Sq, int64_t Skv, int64_t H, int64_t K, int64_t d, bool accumulate,
+                                float* scratch) {
+  backward_sets(dq, dk, dv, dout, out, lse, q, k, v,
+                TokenSets{q_positions, q_segment_ids, kv_positions, kv_segment_ids, Sq, Skv}, B, H, K, d,
+                accumulate, scratch);
+}
+
+int64_t context_attention_backward_scratch_floats(int64_t B, int64_t Sq, int64_t H) {
+  return B * H * Sq;
 }
 
 void attention_decode(float* out, float* key_cache, float* value_cache, float* scores, const float* q,

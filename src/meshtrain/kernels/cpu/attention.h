@@ -1,6 +1,9 @@
 // Causal self-attention with grouped-query heads: tiled forward with online softmax, and a backward that
-// recomputes scores from q, k and the saved log-sum-exp, so no [S, S] matrix is ever stored.
-// Legend: B batch, S sequence, H query heads, K kv heads (H divisible by K), d head width.
+// recomputes scores from q, k and the saved log-sum-exp, so no [S, S] matrix is ever stored. The same
+// kernels over separate query and key / value token sets (context_attention_*) serve context parallelism:
+// a rank's queries against the gathered keys and values, or against one ring block at a time.
+// Legend: B batch, S sequence, Sq query tokens, Skv key / value tokens, H query heads, K kv heads (H
+// divisible by K), d head width.
 //
 // Masking comes from per-token positions and segment ids, not from indices: query i sees key j iff
 // segment_ids[b, j] == segment_ids[b, i] and positions[b, j] <= positions[b, i]. Token order in memory is
@@ -49,6 +52,56 @@ int64_t attention_forward_scratch_floats(int64_t B, int64_t S, int64_t H, int64_
 void attention_decode(float* out, float* key_cache, float* value_cache, float* scores, const float* q,
                       const float* k, const float* v, int64_t position, int64_t H, int64_t K, int64_t d);
 
+// Attention of a query set over a key / value set (context parallelism). Query token i of sequence b sees
+// key token j iff kv_segment_ids[b, j] == q_segment_ids[b, i] and kv_positions[b, j] <= q_positions[b, i]:
+// positions and segment ids are the ORIGINAL ones that travel with the tokens, so any reorder works.
+// Segment ids are given for both sets or for neither (one segment). attention_forward is this kernel with
+// the query set equal to the key / value set.
+//
+// Under context parallelism with C ranks, a rank's Sq = S / C queries run
+//   - all-gather: against the gathered Skv = S keys and values in one call (accumulate = false);
+//   - ring: against one block of keys and values per call, accumulate = false for the first block and true
+//     for each later one. The merge is exact (see below), so the result equals the all-gather one to
+//     float32 rounding, whatever the block order.
+//
+// A query that sees no key gets out = 0 and lse = -inf (no NaN), and zero gradients in the backward.
+//
+// out [B,Sq,H,d]; lse [B,H,Sq] (the layout attention_forward keeps); q [B,Sq,H,d]; k, v [B,Skv,K,d];
+// q_positions, q_segment_ids [B,Sq]; kv_positions, kv_segment_ids [B,Skv]; segment ids may be nullptr.
+// accumulate = false: writes out and lse from this key / value set alone.
+// accumulate = true: (out, lse) already hold the normalised result over earlier key / value sets and this
+// set is folded in by online-softmax rescaling: the running max restarts at lse with a running sum of 1
+// and out as the accumulator, which is the same recurrence the kernel runs from one 64-key tile to the
+// next (so it is exact: lse' = log(exp(lse) + exp(lse_block)), out' = (exp(lse) out + exp(lse_block)
+// out_block) / exp(lse'), as context_attention_reference_merge computes it).
+// Needs no scratch; parallel over (batch, head, query tile); results do not depend on the thread count.
+void context_attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
+                               const int32_t* q_positions, const int32_t* q_segment_ids,
+                               const int32_t* kv_positions, const int32_t* kv_segment_ids, int64_t B,
+                               int64_t Sq, int64_t Skv, int64_t H, int64_t K, int64_t d, bool accumulate);
+
+// Backward of context_attention_forward over this key / value set, given the FINAL out [B,Sq,H,d] and
+// lse [B,H,Sq] (over every key the queries see, e.g. after the last ring block) and dout [B,Sq,H,d]:
+// the standard flash-attention backward, P = exp(scale q k^T - lse), D = rowsum(dout * out),
+// dS = P (dout v^T - D), with the same P and D for every block, so per-block gradients add up to the
+// whole set's.
+// dq [B,Sq,H,d]; dk, dv [B,Skv,K,d] (gradients of this key / value set only).
+// accumulate = false: writes (=) dq, dk, dv. accumulate = true: adds (+=) to all three; the ring zeroes dq
+// once and adds each block's share into it, and adds into the dk / dv buffer that travels with the block.
+// Under all-gather, dk / dv of the gathered set hold this rank's queries' share of every token's gradient:
+// the caller reduce-scatters them over the context axis.
+// scratch [context_attention_backward_scratch_floats(B, Sq, H)] floats (holds D). Deterministic without
+// atomics, bitwise independent of the thread count.
+void context_attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* out,
+                                const float* lse, const float* q, const float* k, const float* v,
+                                const int32_t* q_positions, const int32_t* q_segment_ids,
+                                const int32_t* kv_positions, const int32_t* kv_segment_ids, int64_t B,
+                                int64_t Sq, int64_t Skv, int64_t H, int64_t K, int64_t d, bool accumulate,
+                                float* scratch);
+
+// Floats of scratch context_attention_backward needs: B*H*Sq.
+int64_t context_attention_backward_scratch_floats(int64_t B, int64_t Sq, int64_t H);
+
 namespace attention_detail {
 
 // The mask rule shared by the reference and the fast kernels: may query i see key j (both rows of one
@@ -56,6 +109,14 @@ namespace attention_detail {
 inline bool visible(const int32_t* positions, const int32_t* segment_ids, int64_t i, int64_t j) {
   if (segment_ids != nullptr && segment_ids[j] != segment_ids[i]) return false;
   return positions[j] <= positions[i];
+}
+
+// The same rule across two token sets: may query i (of q_positions / q_segment_ids) see key j (of
+// kv_positions / kv_segment_ids)? Segment ids are both given or both nullptr.
+inline bool visible(const int32_t* q_positions, const int32_t* q_segment_ids, int64_t i,
+                    const int32_t* kv_positions, const int32_t* kv_segment_ids, int64_t j) {
+  if (q_segment_ids != nullptr && kv_segment_ids[j] != q_segment_ids[i]) return false;
+  return kv_positions[j] <= q_positions[i];
 }
 
 template <class T>
@@ -134,6 +195,121 @@ void attention_reference_backward(T* dq, T* dk, T* dv, const T* dout, const T* o
         for (int64_t j = 0; j < S; ++j) {
           if (!visible(pos, seg, i, j)) continue;
           const int64_t kv_row = ((b * S + j) * K + g) * d;
+          const T p = std::exp(scale * dot(q + row, k + kv_row, d) - row_lse);
+          const T ds = p * (dot(dout + row, v + kv_row, d) - row_dot);
+          for (int64_t c = 0; c < d; ++c) {
+            dv[kv_row + c] += p * dout[row + c];
+            dq[row + c] += scale * ds * k[kv_row + c];
+            dk[kv_row + c] += scale * ds * q[row + c];
+          }
+        }
+      }
+    }
+  }
+}
+
+// Plain reference of context_attention_forward (accumulate = false): out [B,Sq,H,d]; lse [B,H,Sq];
+// q [B,Sq,H,d]; k, v [B,Skv,K,d]; q_positions, q_segment_ids [B,Sq]; kv_positions, kv_segment_ids [B,Skv]
+// (segment ids both nullptr or both given). A query that sees no key gets out = 0, lse = -inf.
+template <class T>
+void context_attention_reference_forward(T* out, T* lse, const T* q, const T* k, const T* v,
+                                         const int32_t* q_positions, const int32_t* q_segment_ids,
+                                         const int32_t* kv_positions, const int32_t* kv_segment_ids,
+                                         int64_t B, int64_t Sq, int64_t Skv, int64_t H, int64_t K,
+                                         int64_t d) {
+  using attention_detail::dot;
+  using attention_detail::visible;
+  const T scale = T(1) / std::sqrt(static_cast<T>(d));
+  const int64_t group = H / K;
+  for (int64_t b = 0; b < B; ++b) {
+    const int32_t* q_pos = q_positions + b * Sq;
+    const int32_t* q_seg = q_segment_ids == nullptr ? nullptr : q_segment_ids + b * Sq;
+    const int32_t* kv_pos = kv_positions + b * Skv;
+    const int32_t* kv_seg = kv_segment_ids == nullptr ? nullptr : kv_segment_ids + b * Skv;
+    for (int64_t h = 0; h < H; ++h) {
+      const int64_t g = h / group;
+      for (int64_t i = 0; i < Sq; ++i) {
+        const T* qi = q + ((b * Sq + i) * H + h) * d;
+        T* oi = out + ((b * Sq + i) * H + h) * d;
+        T row_max = -std::numeric_limits<T>::infinity();
+        for (int64_t j = 0; j < Skv; ++j) {
+          if (!visible(q_pos, q_seg, i, kv_pos, kv_seg, j)) continue;
+          row_max = std::max(row_max, scale * dot(qi, k + ((b * Skv + j) * K + g) * d, d));
+        }
+        T sum = T(0);
+        for (int64_t c = 0; c < d; ++c) oi[c] = T(0);
+        for (int64_t j = 0; j < Skv; ++j) {
+          if (!visible(q_pos, q_seg, i, kv_pos, kv_seg, j)) continue;
+          const T p = std::exp(scale * dot(qi, k + ((b * Skv + j) * K + g) * d, d) - row_max);
+          sum += p;
+          const T* vj = v + ((b * Skv + j) * K + g) * d;
+          for (int64_t c = 0; c < d; ++c) oi[c] += p * vj[c];
+        }
+        if (sum == T(0)) {  // no visible key
+          lse[(b * H + h) * Sq + i] = -std::numeric_limits<T>::infinity();
+          continue;
+        }
+        for (int64_t c = 0; c < d; ++c) oi[c] /= sum;
+        lse[(b * H + h) * Sq + i] = row_max + std::log(sum);
+      }
+    }
+  }
+}
+
+// Reference of the ring merge: folds a block's normalised partial result (block_out [B,Sq,H,d], block_lse
+// [B,H,Sq]) into the running one (out, lse) of the same queries: lse' = log(exp(lse) + exp(block_lse)),
+// out' = exp(lse - lse') out + exp(block_lse - lse') block_out. Two -inf lse stay (0, -inf).
+template <class T>
+void context_attention_reference_merge(T* out, T* lse, const T* block_out, const T* block_lse, int64_t B,
+                                       int64_t Sq, int64_t H, int64_t d) {
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t h = 0; h < H; ++h) {
+      for (int64_t i = 0; i < Sq; ++i) {
+        T& running = lse[(b * H + h) * Sq + i];
+        const T block = block_lse[(b * H + h) * Sq + i];
+        const T high = std::max(running, block);
+        if (high == -std::numeric_limits<T>::infinity()) continue;  // neither has seen a key
+        const T merged = high + std::log(std::exp(running - high) + std::exp(block - high));
+        const T keep = std::exp(running - merged), add = std::exp(block - merged);
+        T* oi = out + ((b * Sq + i) * H + h) * d;
+        const T* bi = block_out + ((b * Sq + i) * H + h) * d;
+        for (int64_t c = 0; c < d; ++c) oi[c] = keep * oi[c] + add * bi[c];
+        running = merged;
+      }
+    }
+  }
+}
+
+// Reference backward of context_attention_forward: writes (=) dq [B,Sq,H,d], dk, dv [B,Skv,K,d] from
+// dout [B,Sq,H,d] and the final out [B,Sq,H,d], lse [B,H,Sq]; other inputs as in the forward. Run over one
+// block of keys and values with the final out and lse of the whole set, it gives that block's share (the
+// dq shares of the blocks add up to dq). Same formulas as attention_reference_backward.
+template <class T>
+void context_attention_reference_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const T* lse,
+                                          const T* q, const T* k, const T* v, const int32_t* q_positions,
+                                          const int32_t* q_segment_ids, const int32_t* kv_positions,
+                                          const int32_t* kv_segment_ids, int64_t B, int64_t Sq, int64_t Skv,
+                                          int64_t H, int64_t K, int64_t d) {
+  using attention_detail::dot;
+  using attention_detail::visible;
+  const T scale = T(1) / std::sqrt(static_cast<T>(d));
+  const int64_t group = H / K;
+  for (int64_t index = 0; index < B * Sq * H * d; ++index) dq[index] = T(0);
+  for (int64_t index = 0; index < B * Skv * K * d; ++index) dk[index] = dv[index] = T(0);
+  for (int64_t b = 0; b < B; ++b) {
+    const int32_t* q_pos = q_positions + b * Sq;
+    const int32_t* q_seg = q_segment_ids == nullptr ? nullptr : q_segment_ids + b * Sq;
+    const int32_t* kv_pos = kv_positions + b * Skv;
+    const int32_t* kv_seg = kv_segment_ids == nullptr ? nullptr : kv_segment_ids + b * Skv;
+    for (int64_t h = 0; h < H; ++h) {
+      const int64_t g = h / group;
+      for (int64_t i = 0; i < Sq; ++i) {
+        const int64_t row = ((b * Sq + i) * H + h) * d;
+        const T row_dot = dot(dout + row, out + row, d);
+        const T row_lse = lse[(b * H + h) * Sq + i];
+        for (int64_t j = 0; j < Skv; ++j) {
+          if (!visible(q_pos, q_seg, i, kv_pos, kv_seg, j)) continue;
+          const int64_t kv_row = ((b * Skv + j) * K + g) * d;
           const T p = std::exp(scale * dot(q + row, k + kv_row, d) - row_lse);
           const T ds = p * (dot(dout + row, v + kv_row, d) - row_dot);
           for (int64_t c = 0; c < d; ++c) {
