@@ -88,6 +88,52 @@ TEST(Config, UnknownEnumValueNamesTheKeyTheValuesAndTheClosest) {
   EXPECT_NE(data.find("did you mean 'tokens'"), std::string::npos) << data;
 }
 
+TEST(Config, ContextParallelReorderDefaultsToDualChunkSwap) {
+  const Config config = load_config("qwen3-tiny", {});
+  EXPECT_TRUE(config.context_parallel_load_balance);
+  EXPECT_EQ(config.context_parallel_reorder, ContextReorder::dual_chunk_swap);
+  EXPECT_EQ(effective_context_reorder(config), ContextReorder::dual_chunk_swap);
+  // Not plan keys yet: adding them leaves every plan file as it was (the integration step marks them).
+  const std::vector<std::string> plan_keys = plan_key_names();
+  for (const std::pair<std::string, std::string>& resolved :
+       {std::pair<std::string, std::string>("context_parallel_load_balance", "true"),
+        std::pair<std::string, std::string>("context_parallel_reorder", "dual_chunk_swap")}) {
+    EXPECT_NE(std::find(config.resolved.begin(), config.resolved.end(), resolved), config.resolved.end())
+        << resolved.first;
+    EXPECT_EQ(std::find(plan_keys.begin(), plan_keys.end(), resolved.first), plan_keys.end())
+        << resolved.first;
+  }
+}
+
+TEST(Config, ContextParallelReorderParsesEachValueAndLoadBalanceOffMeansNone) {
+  for (ContextReorder reorder : kContextParallelReorders) {
+    const Config config =
+        load_config("qwen3-tiny", {std::string("context_parallel_reorder=") + context_reorder_name(reorder)});
+    EXPECT_EQ(config.context_parallel_reorder, reorder);
+    EXPECT_EQ(effective_context_reorder(config), reorder);
+  }
+  for (const char* reorder : {"dual_chunk_swap", "striped"}) {
+    const Config config = load_config("qwen3-tiny", {"context_parallel_load_balance=false",
+                                                     std::string("context_parallel_reorder=") + reorder});
+    EXPECT_FALSE(config.context_parallel_load_balance);
+    EXPECT_EQ(effective_context_reorder(config), ContextReorder::none) << reorder;
+  }
+}
+
+TEST(Config, UnknownContextParallelReorderNamesTheKeyTheValuesAndTheClosest) {
+  const std::string typo = error_of([] { load_config("qwen3-tiny", {"context_parallel_reorder=stripe"}); });
+  EXPECT_NE(typo.find("'context_parallel_reorder' (command line)"), std::string::npos) << typo;
+  EXPECT_NE(typo.find("expected dual_chunk_swap or striped"), std::string::npos) << typo;
+  EXPECT_NE(typo.find("did you mean 'striped'"), std::string::npos) << typo;
+  // The plain split is the other key's job, and the error says which.
+  const std::string none = error_of([] { load_config("qwen3-tiny", {"context_parallel_reorder=none"}); });
+  EXPECT_NE(none.find("'context_parallel_reorder'"), std::string::npos) << none;
+  EXPECT_NE(none.find("set context_parallel_load_balance=false"), std::string::npos) << none;
+  const std::string flag = error_of([] { load_config("qwen3-tiny", {"context_parallel_load_balance=yes"}); });
+  EXPECT_NE(flag.find("'context_parallel_load_balance'"), std::string::npos) << flag;
+  EXPECT_NE(flag.find("true or false"), std::string::npos) << flag;
+}
+
 TEST(Config, UnknownKeySuggestsTheClosest) {
   const std::string message = error_of([] { load_config("qwen3-tiny", {"per_device_batchsize=2"}); });
   EXPECT_NE(message.find("per_device_batchsize"), std::string::npos) << message;

@@ -60,14 +60,20 @@ std::string alternatives(const std::vector<std::string>& names) {
   return text;
 }
 
-template <typename Enum>
-Enum parse_enum(const std::string& key, const RawValue& raw, const std::vector<std::string>& names) {
+// The index of the value's text in `names`; any other text is an error naming the key, the names and the
+// closest one.
+size_t parse_choice(const std::string& key, const RawValue& raw, const std::vector<std::string>& names) {
   const auto found = std::find(names.begin(), names.end(), raw.text);
   if (found == names.end()) {
     fail("config key '" + key + "' (" + raw.source + ")", alternatives(names), "'" + raw.text + "'",
          "did you mean '" + closest_name(raw.text, names) + "'?");
   }
-  return static_cast<Enum>(found - names.begin());
+  return static_cast<size_t>(found - names.begin());
+}
+
+template <typename Enum>
+Enum parse_enum(const std::string& key, const RawValue& raw, const std::vector<std::string>& names) {
+  return static_cast<Enum>(parse_choice(key, raw, names));
 }
 
 struct KeyEntry {
@@ -108,6 +114,20 @@ template <typename Enum, size_t Count>
 KeyEntry entry(const std::string& name, Enum Config::*member, const std::array<const char*, Count>& names) {
   return {name, [member, &names](Config& c, const std::string& k, const RawValue& r) {
             c.*member = parse_enum<Enum>(k, r, std::vector<std::string>(names.begin(), names.end()));
+          }};
+}
+// context_parallel_reorder takes only the balanced reorders (kContextParallelReorders): the plain split
+// is context_parallel_load_balance=false, and asking for it here says so.
+KeyEntry context_parallel_reorder_entry() {
+  return {"context_parallel_reorder", [](Config& c, const std::string& k, const RawValue& r) {
+            std::vector<std::string> names;
+            for (ContextReorder reorder : kContextParallelReorders)
+              names.push_back(context_reorder_name(reorder));
+            if (r.text == context_reorder_name(ContextReorder::none)) {
+              fail("config key '" + k + "' (" + r.source + ")", alternatives(names), "'" + r.text + "'",
+                   "for a plain split of each row set context_parallel_load_balance=false instead");
+            }
+            c.context_parallel_reorder = kContextParallelReorders[parse_choice(k, r, names)];
           }};
 }
 KeyEntry entry(const std::string& name, std::vector<std::string> Config::*member) {
@@ -173,6 +193,8 @@ const std::vector<KeyEntry>& key_table() {
       plan_key(entry("gradient_accumulation_steps", &Config::gradient_accumulation_steps)),
       mesh_entries_here(),
       plan_key(entry("shard_optimizer_over_data", &Config::shard_optimizer_over_data)),
+      entry("context_parallel_load_balance", &Config::context_parallel_load_balance),
+      context_parallel_reorder_entry(),
       entry("topology", &Config::topology),
       entry("topologies_path", &Config::topologies_path),
       plan_key(rule_entry("batch")),

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "meshtrain/core/dtype.h"
+#include "meshtrain/mesh/context_reorder.h"
 #include "meshtrain/mesh/mesh.h"
 
 namespace meshtrain {
@@ -47,6 +48,11 @@ inline const char* dataset_type_name(DatasetType type) {
   return kDatasetTypeNames[static_cast<size_t>(type)];
 }
 
+// The values the key context_parallel_reorder takes, by name (ContextReorder and its names are in
+// mesh/context_reorder.h). `none` is not one of them: context_parallel_load_balance=false asks for it.
+inline constexpr std::array kContextParallelReorders = {ContextReorder::dual_chunk_swap,
+                                                        ContextReorder::striped};
+
 struct Config {
   // Model shape
   std::string model_name;
@@ -71,6 +77,10 @@ struct Config {
   int64_t gradient_accumulation_steps = 1;
   MeshShape mesh;
   bool shard_optimizer_over_data = false;
+  // How each row is laid over mesh.context (data/context_reorder.h); effective_context_reorder() combines
+  // the two keys. context_parallel_reorder is one of kContextParallelReorders.
+  bool context_parallel_load_balance = true;
+  ContextReorder context_parallel_reorder = ContextReorder::dual_chunk_swap;
   std::string topology = "cpu";
   std::string topologies_path;  // a user YAML adding to configs/topologies.yaml
   // Sharding rules: logical axis -> mesh axes, tried in order (configs/base.yaml lists the axes).
@@ -104,6 +114,12 @@ struct Config {
   // Resolved key -> value text, in table order: printed at start, stored in checkpoints.
   std::vector<std::pair<std::string, std::string>> resolved;
 };
+
+// The reorder the input pipeline applies before cutting rows over mesh.context: context_parallel_reorder,
+// or none when context_parallel_load_balance is false.
+inline ContextReorder effective_context_reorder(const Config& config) {
+  return config.context_parallel_load_balance ? config.context_parallel_reorder : ContextReorder::none;
+}
 
 // Loads base.yaml, the preset or YAML named by `config_argument`, then `overrides` ("key=value").
 // `config_dir` holds base.yaml and models/; empty means config_directory().
