@@ -2,7 +2,9 @@
 # Communication as planned (issue 5): the bytes each communicator moved in a step equal the plan's
 # collective bytes per mesh axis (fwd_bwd + (GA-1) x fwd_bwd_accum + update), and the data-axis bytes of a
 # step do not depend on gradient accumulation (GA 1, 4, 16), with and without ZeRO-1; FSDP's grow with GA
-# by design. Also a many-rank oversubscribed run (8 ranks, data 2 x fsdp 4).
+# by design. Also a many-rank oversubscribed run (8 ranks, data 2 x fsdp 4), and context parallelism
+# (mesh.context=2 alone and with data=2, GA 2: the K / V, position and segment-id gathers, the dK / dV
+# reduce-scatters and the gradient all-reduces over context).
 # Usage: collective_bytes.sh BUILD_DIR
 source "$(dirname "$0")/common.sh" "$1"
 tiny+=(enable_checkpointing=false per_device_batch_size=1 steps=2 collective_timeout_s=120)
@@ -20,6 +22,8 @@ done
 run many 8 mesh.data=2 mesh.fsdp=4 gradient_accumulation_steps=2 shard_optimizer_over_data=true
 run tp 4 mesh.data=2 mesh.tensor=2 gradient_accumulation_steps=4 shard_optimizer_over_data=true
 run tp4 4 mesh.tensor=4 gradient_accumulation_steps=2
+run cp2 2 mesh.context=2 gradient_accumulation_steps=2
+run cp2_dp2 4 mesh.context=2 mesh.data=2 gradient_accumulation_steps=2 shard_optimizer_over_data=true
 # The overlap, by event order in a trace: ZeRO-1 + TP + GA 4, step 2 traced on rank 0.
 run overlap 4 mesh.data=2 mesh.tensor=2 gradient_accumulation_steps=4 shard_optimizer_over_data=true \
   profiler=trace profiler_steps=2
@@ -29,13 +33,17 @@ work = sys.argv[1]
 status = 0
 def steps(name):
     return [json.loads(line) for line in open(f"{work}/{name}/metrics.jsonl")]
-for name in ["dp_1", "dp_4", "dp_16", "zero1_1", "zero1_4", "zero1_16", "fsdp_1", "fsdp_4", "fsdp_16", "many", "tp", "tp4"]:
+for name in ["dp_1", "dp_4", "dp_16", "zero1_1", "zero1_4", "zero1_16", "fsdp_1", "fsdp_4", "fsdp_16", "many", "tp", "tp4", "cp2", "cp2_dp2"]:
     for record in steps(name):
         moved, planned = record["collective_bytes"], record["planned_collective_bytes"]
         if moved != planned:
             print(f"FAIL {name} step {record['step']}: moved {moved} != planned {planned}")
             status = 1
     print(f"{name}: moved per step {steps(name)[-1]['collective_bytes']} = planned")
+for name in ["cp2", "cp2_dp2"]:
+    if steps(name)[-1]["collective_bytes"].get("context", 0) <= 0:
+        print(f"FAIL {name}: no bytes over the context axis")
+        status = 1
 for layout in ["dp", "zero1"]:
     data = {ga: steps(f"{layout}_{ga}")[-1]["collective_bytes"]["data"] for ga in (1, 4, 16)}
     if len(set(data.values())) != 1:

@@ -4,23 +4,28 @@
 # FSDP, ZeRO-1, tensor-parallel and combined layouts. Losses must agree within 1e-5 relative (sums over
 # ranks add in another order) and the final parameters (from each run's checkpoint, global tensors) within
 # 1e-3 of each tensor's largest magnitude; the same layout run twice must give bitwise-equal losses.
+# Context parallelism (issue 11, all_gather): mesh.context=2 with each reorder, with data=2 and tensor=2,
+# and GPT-2 (learned positions) against its own one-process run. Under context the global batch is
+# per_device_batch_size x devices rows as for tensor, each row cut over the context ranks.
 # Usage: equivalence.sh BUILD_DIR
 source "$(dirname "$0")/common.sh" "$1"
 tiny+=(checkpoint_period=0 steps=20 gradient_accumulation_steps=2 learning_rate=1e-2 collective_timeout_s=120)
 
+preset=qwen3-tiny
+model=()  # overrides of the preset's tiny model (GPT-2 below)
 run() {  # run NAME RANKS per_device_batch_size [key=value ...]
   local name=$1 ranks=$2 batch=$3
   shift 3
   if [ "$ranks" -eq 1 ]; then
-    "$meshtrain" train qwen3-tiny "${tiny[@]}" per_device_batch_size="$batch" run_dir="$work/$name" "$@" >"$work/$name.log" 2>&1
+    "$meshtrain" train "$preset" "${tiny[@]}" "${model[@]}" per_device_batch_size="$batch" run_dir="$work/$name" "$@" >"$work/$name.log" 2>&1
   else
-    "${mpirun[@]}" -np "$ranks" "$meshtrain" train qwen3-tiny "${tiny[@]}" per_device_batch_size="$batch" \
+    "${mpirun[@]}" -np "$ranks" "$meshtrain" train "$preset" "${tiny[@]}" "${model[@]}" per_device_batch_size="$batch" \
       run_dir="$work/$name" "$@" >"$work/$name.log" 2>&1
   fi || { echo "FAIL: $name"; cat "$work/$name.log"; exit 1; }
 }
 
-compare() {  # compare NAME: losses, grad norms and final parameters against the one-process run
-  python3 - "$work/single" "$work/$1" "$1" <<'PY'
+compare() {  # compare NAME [BASELINE]: losses, grad norms and final parameters against the one-process run
+  python3 - "$work/${2:-single}" "$work/$1" "$1" <<'PY'
 import json, struct, sys
 import numpy as np
 def metrics(run):
@@ -62,10 +67,23 @@ run dp2_tp2 4 2 mesh.data=2 mesh.tensor=2
 run fsdp2_tp2 4 2 mesh.fsdp=2 mesh.tensor=2
 run zero1_dp2_tp2 4 2 mesh.data=2 mesh.tensor=2 shard_optimizer_over_data=true
 run tp4 4 2 mesh.tensor=4  # 4 query heads, 2 kv heads: each kv head replicated on 2 ranks
+# Context parallel: every row's 32 tokens cut over 2 ranks (16 each).
+run cp2 2 4 mesh.context=2  # dual_chunk_swap, the default
+run cp2_striped 2 4 mesh.context=2 context_parallel_reorder=striped
+run cp2_plain 2 4 mesh.context=2 context_parallel_load_balance=false
+run cp2_dp2 4 2 mesh.context=2 mesh.data=2
+run cp2_tp2 4 2 mesh.context=2 mesh.tensor=2
 status=0
-for name in dp2 fsdp2 zero1_2 dp4 dp2_fsdp2 zero1_dp2_fsdp2 tp2 dp2_tp2 fsdp2_tp2 zero1_dp2_tp2 tp4; do
+for name in dp2 fsdp2 zero1_2 dp4 dp2_fsdp2 zero1_dp2_fsdp2 tp2 dp2_tp2 fsdp2_tp2 zero1_dp2_tp2 tp4 \
+  cp2 cp2_striped cp2_plain cp2_dp2 cp2_tp2; do
   compare "$name" || status=1
 done
+# GPT-2 (learned positions, LayerNorm, GELU) under context against its own one-process run.
+preset=gpt2-124m
+model=(base_num_kv_heads=4 base_mlp_dim=256 max_position_embeddings=32)
+run gpt2_single 1 8
+run gpt2_cp2 2 4 mesh.context=2
+compare gpt2_cp2 gpt2_single || status=1
 # The same layout twice: bitwise-equal losses.
 python3 - "$work/dp2/metrics.jsonl" "$work/dp2_again/metrics.jsonl" <<'PY' || status=1
 import json, sys

@@ -134,6 +134,19 @@ TEST(Config, UnknownContextParallelReorderNamesTheKeyTheValuesAndTheClosest) {
   EXPECT_NE(flag.find("true or false"), std::string::npos) << flag;
 }
 
+TEST(Config, ContextParallelStrategyIsAllGatherAndRingIsRefusedForNow) {
+  EXPECT_EQ(load_config("qwen3-tiny", {}).context_parallel_strategy, ContextParallelStrategy::all_gather);
+  EXPECT_EQ(load_config("qwen3-tiny", {"context_parallel_strategy=all_gather"}).context_parallel_strategy,
+            ContextParallelStrategy::all_gather);
+  const std::string ring = error_of([] { load_config("qwen3-tiny", {"context_parallel_strategy=ring"}); });
+  EXPECT_NE(ring.find("'context_parallel_strategy' (command line)"), std::string::npos) << ring;
+  EXPECT_NE(ring.find("ring attention is not implemented yet; use all_gather"), std::string::npos) << ring;
+  const std::string typo =
+      error_of([] { load_config("qwen3-tiny", {"context_parallel_strategy=allgather"}); });
+  EXPECT_NE(typo.find("'context_parallel_strategy'"), std::string::npos) << typo;
+  EXPECT_NE(typo.find("all_gather"), std::string::npos) << typo;
+}
+
 TEST(Config, UnknownKeySuggestsTheClosest) {
   const std::string message = error_of([] { load_config("qwen3-tiny", {"per_device_batchsize=2"}); });
   EXPECT_NE(message.find("per_device_batchsize"), std::string::npos) << message;

@@ -130,6 +130,19 @@ KeyEntry context_parallel_reorder_entry() {
             c.context_parallel_reorder = kContextParallelReorders[parse_choice(k, r, names)];
           }};
 }
+// context_parallel_strategy: all_gather runs; ring is a name of the key that is refused until it is built.
+KeyEntry context_parallel_strategy_entry() {
+  return {"context_parallel_strategy", [](Config& c, const std::string& k, const RawValue& r) {
+            const std::vector<std::string> names(kContextParallelStrategyNames.begin(),
+                                                 kContextParallelStrategyNames.end());
+            const ContextParallelStrategy strategy = kContextParallelStrategies[parse_choice(k, r, names)];
+            if (strategy == ContextParallelStrategy::ring) {
+              fail("config key '" + k + "' (" + r.source + ")", "all_gather", "'" + r.text + "'",
+                   "ring attention is not implemented yet; use all_gather");
+            }
+            c.context_parallel_strategy = strategy;
+          }};
+}
 KeyEntry entry(const std::string& name, std::vector<std::string> Config::*member) {
   return {name, [member](Config& c, const std::string&, const RawValue& r) { c.*member = r.items; }};
 }
@@ -195,6 +208,7 @@ const std::vector<KeyEntry>& key_table() {
       plan_key(entry("shard_optimizer_over_data", &Config::shard_optimizer_over_data)),
       entry("context_parallel_load_balance", &Config::context_parallel_load_balance),
       context_parallel_reorder_entry(),
+      context_parallel_strategy_entry(),
       entry("topology", &Config::topology),
       entry("topologies_path", &Config::topologies_path),
       plan_key(rule_entry("batch")),

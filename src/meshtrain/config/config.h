@@ -33,7 +33,16 @@ enum class DatasetType { text, tokens, synthetic };
 inline constexpr std::array kDatasetTypeNames = {"text", "tokens", "synthetic"};
 inline constexpr std::array kDatasetTypes = {DatasetType::text, DatasetType::tokens, DatasetType::synthetic};
 
+// How attention sees keys and values of the whole sequence under mesh.context > 1
+// (shared/specs/context-parallel.md): all_gather gathers K / V over the context axis; ring passes K / V
+// blocks around the context ranks (not implemented yet: the key refuses it).
+enum class ContextParallelStrategy { all_gather, ring };
+inline constexpr std::array kContextParallelStrategyNames = {"all_gather", "ring"};
+inline constexpr std::array kContextParallelStrategies = {ContextParallelStrategy::all_gather,
+                                                          ContextParallelStrategy::ring};
+
 static_assert(kDecoderBlocks.size() == kDecoderBlockNames.size() &&
+                  kContextParallelStrategies.size() == kContextParallelStrategyNames.size() &&
                   kRematPolicies.size() == kRematPolicyNames.size() &&
                   kDatasetTypes.size() == kDatasetTypeNames.size(),
               "one name per enum value");
@@ -81,6 +90,7 @@ struct Config {
   // the two keys. context_parallel_reorder is one of kContextParallelReorders.
   bool context_parallel_load_balance = true;
   ContextReorder context_parallel_reorder = ContextReorder::dual_chunk_swap;
+  ContextParallelStrategy context_parallel_strategy = ContextParallelStrategy::all_gather;
   std::string topology = "cpu";
   std::string topologies_path;  // a user YAML adding to configs/topologies.yaml
   // Sharding rules: logical axis -> mesh axes, tried in order (configs/base.yaml lists the axes).

@@ -161,6 +161,38 @@ struct KernelBackend {
                              float* scratch);  // [attention_backward_scratch_floats(...)]
   int64_t (*attention_backward_scratch_floats)(int64_t B, int64_t S, int64_t H, int64_t K, int64_t d,
                                                int max_threads);
+  // attention.h, context parallelism: a rank's queries (Sq) against another key / value set (Skv, e.g. the
+  // whole sequence gathered over mesh.context), masked by both sets' positions and segment ids; forward
+  // writes (or, accumulate, merges into) out and lse; backward writes (or adds) dq and the dk, dv of the
+  // key / value set, with context_attention_backward_scratch_floats(B, Sq, H) floats of scratch.
+  void (*context_attention_forward)(float* out,                     // [B, Sq, H, d]
+                                    float* lse,                     // [B, H, Sq]
+                                    const float* q,                 // [B, Sq, H, d]
+                                    const float* k,                 // [B, Skv, K, d]
+                                    const float* v,                 // [B, Skv, K, d]
+                                    const int32_t* q_positions,     // [B, Sq]
+                                    const int32_t* q_segment_ids,   // [B, Sq] or nullptr
+                                    const int32_t* kv_positions,    // [B, Skv]
+                                    const int32_t* kv_segment_ids,  // [B, Skv] or nullptr
+                                    int64_t B, int64_t Sq, int64_t Skv, int64_t H, int64_t K, int64_t d,
+                                    bool accumulate);
+  void (*context_attention_backward)(float* dq,                      // [B, Sq, H, d]
+                                     float* dk,                      // [B, Skv, K, d]
+                                     float* dv,                      // [B, Skv, K, d]
+                                     const float* dout,              // [B, Sq, H, d]
+                                     const float* out,               // [B, Sq, H, d]
+                                     const float* lse,               // [B, H, Sq]
+                                     const float* q,                 // [B, Sq, H, d]
+                                     const float* k,                 // [B, Skv, K, d]
+                                     const float* v,                 // [B, Skv, K, d]
+                                     const int32_t* q_positions,     // [B, Sq]
+                                     const int32_t* q_segment_ids,   // [B, Sq] or nullptr
+                                     const int32_t* kv_positions,    // [B, Skv]
+                                     const int32_t* kv_segment_ids,  // [B, Skv] or nullptr
+                                     int64_t B, int64_t Sq, int64_t Skv, int64_t H, int64_t K, int64_t d,
+                                     bool accumulate,
+                                     float* scratch);  // [context_attention_backward_scratch_floats(...)]
+  int64_t (*context_attention_backward_scratch_floats)(int64_t B, int64_t Sq, int64_t H);
   void (*attention_decode)(float* out,          // [H, d]
                            float* key_cache,    // [T, K, d]
                            float* value_cache,  // [T, K, d]

@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "meshtrain/core/error.h"
+#include "meshtrain/data/context_reorder.h"
 #include "meshtrain/plan/allocator.h"
 #include "meshtrain/plan/passes.h"
 
@@ -177,6 +178,12 @@ TrainingPlan plan_training(const PlanRequest& request) {
   plan.device_memory_bytes = plan.topology.device_memory_bytes(devices.count);
   const bool decoding = request.decode_cache_length > 0;
   const kernels::KernelBackend& backend = kernels::kernel_backend_for_device(plan.topology.device_kind);
+  if (!decoding && plan.mesh.size(MeshAxis::context) > 1) {
+    // The run cuts every row over context with this layout: a length it cannot split is refused here,
+    // on every rank alike and before anything is allocated (throws MeshError naming the keys).
+    [[maybe_unused]] const ContextLayout layout(effective_context_reorder(config), config.max_target_length,
+                                                plan.mesh.size(MeshAxis::context));
+  }
   plan.spec = decoding ? build_decode_spec(config, plan.mesh, request.decode_cache_length, backend)
                        : build_model_spec(config, plan.mesh, backend);
   plan_storage(plan);

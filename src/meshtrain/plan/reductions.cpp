@@ -100,6 +100,13 @@ std::vector<PlanStep> update_steps(TrainingPlan& plan) {
     const ParameterStorage& store = plan.storage[k];
     const std::string& name = parameter.canonical_name;
     const bool is_norm = op.role == OpRole::grad_norm;
+    // Context ranks hold different tokens of the same rows: each parameter's gradient is a partial sum
+    // over them, summed here like over data (before any ZeRO-1 scatter; under FSDP the fsdp shard).
+    if (is_norm && mesh.size(MeshAxis::context) > 1) {
+      steps.push_back(step_of(
+          add_collective_op(plan, "context/all_reduce/" + name, OpRole::data_gradient_reduction, op.parameter,
+                            CollectiveKind::all_reduce, MeshAxis::context, store.gradient_store, kNoBuffer)));
+    }
     if (is_norm && parameter.gradient_partial_over_tensor && mesh.size(MeshAxis::tensor) > 1) {
       steps.push_back(step_of(add_collective_op(
           plan, "tensor/all_reduce/" + name, OpRole::tensor_gradient_reduction, op.parameter,

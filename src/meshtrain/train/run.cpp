@@ -116,12 +116,14 @@ std::optional<BatchLoader> make_eval_loader(const Config& config, int32_t eos_id
                                   loader_options(config, eos_id, false, ranks));
 }
 
-// Loss sums of every rank's rows: data x fsdp ranks hold different rows (tensor ranks the same ones).
-// (A communicator of its own, so the mesh axes' byte counters hold only what the plan's kernels move.)
+// Loss sums of every rank's tokens: data x fsdp ranks hold different rows, context ranks different tokens
+// of them (tensor ranks the same ones). (A communicator of its own, so the mesh axes' byte counters hold
+// only what the plan's kernels move.)
 LossSums sum_over_ranks(LossSums local, const RunRanks& ranks, const char* name) {
-  if (ranks.batch_group->size() > 1) {
-    ranks.batch_group->all_reduce(comm_buffer(&local.loss_sum, 1), ReduceOp::sum, name);
-    ranks.batch_group->all_reduce(comm_buffer(&local.valid_count, 1), ReduceOp::sum, name);
+  Communicator& group = ranks.loss_group ? *ranks.loss_group : *ranks.batch_group;
+  if (group.size() > 1) {
+    group.all_reduce(comm_buffer(&local.loss_sum, 1), ReduceOp::sum, name);
+    group.all_reduce(comm_buffer(&local.valid_count, 1), ReduceOp::sum, name);
   }
   return local;
 }
@@ -131,7 +133,8 @@ double evaluate(Engine& engine, BatchLoader& loader, int64_t eval_steps, const R
   loader.reset();
   LossSums total;
   for (int64_t i = 0; i < eval_steps; ++i) {
-    const LossSums sums = engine.eval(loader.micro_batch(static_cast<int>(ranks.data_rank), 0));
+    const LossSums sums =
+        engine.eval(ranks.tokens_here(loader.micro_batch(static_cast<int>(ranks.data_rank), 0)));
     total.loss_sum += sums.loss_sum;
     total.valid_count += sums.valid_count;
     loader.advance();
@@ -233,6 +236,16 @@ void Run::connect_mesh(TrainingPlan plan) {
   ranks_.data_rank = batch_ranks.index;
   ranks_.data_ranks = batch_ranks.size;
   ranks_.local_rows = engine_->spec().dims.B;
+  const int64_t context = mesh_.size(MeshAxis::context);
+  if (context > 1) {
+    // plan_training has refused a length that does not split, on every rank alike, so this cannot throw.
+    ranks_.context_layout.emplace(effective_context_reorder(config_), config_.max_target_length, context);
+    ranks_.context_rank = mesh_coordinates(mesh_, ranks_.world->rank())[MeshAxis::context];
+    constexpr std::array kLossMeshAxes = {MeshAxis::data, MeshAxis::fsdp, MeshAxis::context};
+    const MeshGroup loss_ranks = mesh_group(mesh_, ranks_.world->rank(), kLossMeshAxes);
+    ranks_.loss_group =
+        ranks_.world->split(static_cast<int>(loss_ranks.colour), static_cast<int>(loss_ranks.index), "loss");
+  }
   // Only the lead rank writes run_dir and prints; the others train silently.
   if (!lead_) {
     quiet_.reset(std::fopen("/dev/null", "w"));
@@ -338,7 +351,8 @@ void Run::save(int64_t step) {
 LossSums Run::run_micro_batches(int64_t rank) {
   LossSums local;
   for (int64_t micro = 0; micro < config_.gradient_accumulation_steps; ++micro) {
-    const Batch batch = loader_->micro_batch(static_cast<int>(ranks_.data_rank), static_cast<int>(micro));
+    const Batch batch =
+        ranks_.tokens_here(loader_->micro_batch(static_cast<int>(ranks_.data_rank), static_cast<int>(micro)));
     const bool last = micro + 1 == config_.gradient_accumulation_steps;
     if (last && fault_.at("nan_gradient", step_ + 1, rank)) engine_->inject_nan_gradient();
     const LossSums micro_sums =

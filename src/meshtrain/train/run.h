@@ -14,6 +14,7 @@
 
 #include "meshtrain/comm/communicator.h"
 #include "meshtrain/config/config.h"
+#include "meshtrain/data/context_reorder.h"
 #include "meshtrain/data/loader.h"
 #include "meshtrain/data/tokenizer.h"
 #include "meshtrain/plan/plan.h"
@@ -35,7 +36,17 @@ struct RunRanks {
       batch_group;        // the data x fsdp ranks that share this rank's tensor/context place
   int64_t data_rank = 0;  // which slice of every micro-batch: data x fsdp ranks see different rows
   int64_t data_ranks = 1;
-  int64_t local_rows = 0;                           // rows of one micro-batch on this rank
+  int64_t local_rows = 0;  // rows of one micro-batch on this rank
+  // The data x fsdp x context ranks whose loss sums add up to the step's (context ranks hold different
+  // tokens of the same rows); the batch group itself when mesh.context is 1.
+  std::unique_ptr<Communicator> loss_group;
+  // mesh.context > 1: how each row is laid over the context ranks, and this rank's place on that axis.
+  std::optional<ContextLayout> context_layout;
+  int64_t context_rank = 0;
+  // This rank's part of a micro-batch the loader cut for this batch group ([B, S] rows, [B, S / C] here).
+  Batch tokens_here(Batch rows) const {
+    return context_layout ? context_shard(rows, *context_layout, context_rank) : rows;
+  }
   bool lead() const { return world->rank() == 0; }  // writes run_dir, prints, checkpoints
 };
 

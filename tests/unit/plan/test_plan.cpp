@@ -331,5 +331,38 @@ TEST(Plan, PlanFilesAreVerifiedNeverSilentlyReplanned) {
   fs::remove_all(dir);
 }
 
+// Context parallelism: the plan refuses a row length the reorder cannot cut, before any buffer exists,
+// with the reorder's error (the keys, the values and the fix); a length that splits plans the CP ops.
+TEST(Plan, ContextParallelRefusesALengthTheReorderCannotSplit) {
+  const auto plan_on_two = [](const std::vector<std::string>& extra) {
+    PlanRequest request;
+    request.config = load_config("qwen3-tiny", tiny(extra));
+    request.devices = 2;
+    return plan_training(request);
+  };
+  const std::string odd = testing::error_of([&] { plan_on_two({"mesh.context=2", "max_target_length=18"}); });
+  EXPECT_NE(odd.find("config key 'max_target_length' (with mesh.context=2"), std::string::npos) << odd;
+  EXPECT_NE(odd.find("dual_chunk_swap"), std::string::npos) << odd;
+  EXPECT_NE(odd.find("max_target_length=18"), std::string::npos) << odd;
+  // Striped (and the plain split) need only a multiple of mesh.context.
+  const TrainingPlan striped =
+      plan_on_two({"mesh.context=2", "max_target_length=18", "context_parallel_reorder=striped"});
+  EXPECT_EQ(striped.spec.dims.S, 9);
+  const TrainingPlan balanced = plan_on_two({"mesh.context=2"});
+  EXPECT_EQ(balanced.spec.dims.S, 8);
+  int gathers = 0, scatters = 0, context_reductions = 0;
+  for (const OpDecl& op : balanced.spec.forward)
+    gathers += op.kind == OpKind::collective && op.collective.axis == MeshAxis::context &&
+               op.collective.kind == CollectiveKind::all_gather;
+  for (const OpDecl& op : balanced.spec.loss_backward)
+    scatters += op.kind == OpKind::collective && op.collective.axis == MeshAxis::context &&
+                op.collective.kind == CollectiveKind::reduce_scatter;
+  for (const OpDecl& op : balanced.plan_ops)
+    context_reductions += op.name.rfind("context/all_reduce/", 0) == 0;
+  EXPECT_EQ(gathers, 2 * 4);   // per layer: positions, segment ids, key, value
+  EXPECT_EQ(scatters, 2 * 2);  // per layer: d_key, d_value
+  EXPECT_EQ(context_reductions, static_cast<int>(balanced.spec.parameters.size()));
+}
+
 }  // namespace
 }  // namespace meshtrain
