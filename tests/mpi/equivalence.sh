@@ -12,14 +12,13 @@ source "$(dirname "$0")/common.sh" "$1"
 tiny+=(checkpoint_period=0 steps=20 gradient_accumulation_steps=2 learning_rate=1e-2 collective_timeout_s=120)
 
 preset=qwen3-tiny
-model=()  # overrides of the preset's tiny model (GPT-2 below)
 run() {  # run NAME RANKS per_device_batch_size [key=value ...]
   local name=$1 ranks=$2 batch=$3
   shift 3
   if [ "$ranks" -eq 1 ]; then
-    "$meshtrain" train "$preset" "${tiny[@]}" "${model[@]}" per_device_batch_size="$batch" run_dir="$work/$name" "$@" >"$work/$name.log" 2>&1
+    "$meshtrain" train "$preset" "${tiny[@]}" per_device_batch_size="$batch" run_dir="$work/$name" "$@" >"$work/$name.log" 2>&1
   else
-    "${mpirun[@]}" -np "$ranks" "$meshtrain" train "$preset" "${tiny[@]}" "${model[@]}" per_device_batch_size="$batch" \
+    "${mpirun[@]}" -np "$ranks" "$meshtrain" train "$preset" "${tiny[@]}" per_device_batch_size="$batch" \
       run_dir="$work/$name" "$@" >"$work/$name.log" 2>&1
   fi || { echo "FAIL: $name"; cat "$work/$name.log"; exit 1; }
 }
@@ -45,7 +44,12 @@ pa, pb = parameters(sys.argv[1]), parameters(sys.argv[2])
 assert pa.keys() == pb.keys()
 # Relative to each tensor's largest magnitude: Adam's normalised steps amplify rounding differences in
 # near-zero gradient components, so parameters drift more than losses over 20 steps.
-param = max(float(np.max(np.abs(pa[k] - pb[k])) / max(float(np.max(np.abs(pa[k]))), 1e-30)) for k in pa)
+# A key bias (GPT-2) has an exact gradient of zero (it adds a per-query constant to every score, which the
+# softmax cancels), so it holds Adam-normalised rounding noise of size ~1e-5 in any layout: its drift is
+# bounded in absolute terms instead.
+def scale(k):
+    return 1.0 if k.endswith("self_attention/key/bias") else max(float(np.max(np.abs(pa[k]))), 1e-30)
+param = max(float(np.max(np.abs(pa[k] - pb[k]))) / scale(k) for k in pa)
 print(f"{sys.argv[3]}: 20 steps, worst relative difference: loss {loss:.2e} (bound 1e-5), "
       f"final parameters {param:.2e} (bound 1e-3), grad norm {norm:.2e}")
 sys.exit(0 if loss <= 1e-5 and param <= 1e-3 else 1)
@@ -80,7 +84,7 @@ for name in dp2 fsdp2 zero1_2 dp4 dp2_fsdp2 zero1_dp2_fsdp2 tp2 dp2_tp2 fsdp2_tp
 done
 # GPT-2 (learned positions, LayerNorm, GELU) under context against its own one-process run.
 preset=gpt2-124m
-model=(base_num_kv_heads=4 base_mlp_dim=256 max_position_embeddings=32)
+tiny=("${tiny[@]/base_num_kv_heads=2/base_num_kv_heads=4}" max_position_embeddings=32)  # GPT-2: MHA
 run gpt2_single 1 8
 run gpt2_cp2 2 4 mesh.context=2
 compare gpt2_cp2 gpt2_single || status=1
