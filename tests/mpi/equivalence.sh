@@ -4,8 +4,8 @@
 # FSDP, ZeRO-1, tensor-parallel and combined layouts. Losses must agree within 1e-5 relative (sums over
 # ranks add in another order) and the final parameters (from each run's checkpoint, global tensors) within
 # 1e-3 of each tensor's largest magnitude; the same layout run twice must give bitwise-equal losses.
-# Context parallelism (issue 11, all_gather): mesh.context=2 with each reorder, with data=2 and tensor=2,
-# and GPT-2 (learned positions) against its own one-process run. Under context the global batch is
+# Context parallelism (issue 11, all_gather): mesh.context=2 with each reorder, with data=2, tensor=2,
+# fsdp=2 and ZeRO-1, mesh.context=4, remat minimal and full, and GPT-2 (learned positions) against its own one-process run. Under context the global batch is
 # per_device_batch_size x devices rows as for tensor, each row cut over the context ranks.
 # Usage: equivalence.sh BUILD_DIR
 source "$(dirname "$0")/common.sh" "$1"
@@ -77,9 +77,16 @@ run cp2_striped 2 4 mesh.context=2 context_parallel_reorder=striped
 run cp2_plain 2 4 mesh.context=2 context_parallel_load_balance=false
 run cp2_dp2 4 2 mesh.context=2 mesh.data=2
 run cp2_tp2 4 2 mesh.context=2 mesh.tensor=2
+run cp2_fsdp2 4 2 mesh.context=2 mesh.fsdp=2
+run cp2_zero1_dp2 4 2 mesh.context=2 mesh.data=2 shard_optimizer_over_data=true
+run cp4 4 2 mesh.context=4  # 8 chunks of 4 tokens
+# Remat recomputes from activations only: the gathered positions (and under full the gathered K / V) are
+# activations so that a recomputed attention sees this layer's whole rows.
+run cp2_remat_minimal 2 4 mesh.context=2 remat_policy=minimal
+run cp2_remat_full 2 4 mesh.context=2 remat_policy=full
 status=0
 for name in dp2 fsdp2 zero1_2 dp4 dp2_fsdp2 zero1_dp2_fsdp2 tp2 dp2_tp2 fsdp2_tp2 zero1_dp2_tp2 tp4 \
-  cp2 cp2_striped cp2_plain cp2_dp2 cp2_tp2; do
+  cp2 cp2_striped cp2_plain cp2_dp2 cp2_tp2 cp2_fsdp2 cp2_zero1_dp2 cp4 cp2_remat_minimal cp2_remat_full; do
   compare "$name" || status=1
 done
 # GPT-2 (learned positions, LayerNorm, GELU) under context against its own one-process run.

@@ -215,8 +215,14 @@ BufferId add_attention_block(SpecBuilder& builder, const std::string& prefix, Bu
   } else {
     // Context parallel, all_gather: this rank's L = S queries against the keys and values of the whole
     // rows (C L tokens, in the reordered order the ranks hold them), gathered over context with their
-    // positions and segment ids, so the mask uses the original positions. The backward gathers K and V
-    // again, computes this rank's share of dK / dV for the whole rows and reduce-scatters them.
+    // positions and segment ids, so the mask uses the original positions. The backward computes this
+    // rank's share of dK / dV for the whole rows and reduce-scatters them.
+    // A remat policy recomputes a block's activations from activations and inputs only (plan/remat.cpp:
+    // scratch counts as kept), so every buffer on a path the recompute may walk is an activation: the
+    // positions and segment ids with their rank-major staging (small int32, always), and under
+    // remat_policy=full, where the attention forward itself is recomputed, the gathered K / V. Otherwise
+    // K / V are gathered into shared scratch and gathered again for the backward (C times a layer's K / V
+    // held only while one layer's attention runs).
     const int64_t C = context, Skv = S * context;
     const Shape kv_by_rank =
         shape_of({{"context_rank", C}, {"batch", B}, {"length", S}, {"kv_heads", K}, {"head_dim", d}});
@@ -224,33 +230,42 @@ BufferId add_attention_block(SpecBuilder& builder, const std::string& prefix, Bu
         shape_of({{"batch", B}, {"context_length", Skv}, {"kv_heads", K}, {"head_dim", d}});
     const Shape tokens_by_rank = shape_of({{"context_rank", C}, {"batch", B}, {"length", S}});
     const Shape tokens_whole = shape_of({{"batch", B}, {"context_length", Skv}});
-    const BufferId by_rank = builder.scratch("scratch/context_kv_by_rank", kv_by_rank);
-    const BufferId key_whole = builder.scratch("scratch/context_gathered_key", kv_whole);
-    const BufferId value_whole = builder.scratch("scratch/context_gathered_value", kv_whole);
+    const bool kv_recomputed = spec.config.remat_policy == RematPolicy::full;
+    const auto kv_buffer = [&](const std::string& name, const Shape& shape) {
+      return kv_recomputed ? builder.activation(attention + "/context_" + name, shape)
+                           : builder.scratch("scratch/context_" + name, shape);
+    };
+    const BufferId key_by_rank = kv_buffer("key_by_rank", kv_by_rank);
+    const BufferId value_by_rank = kv_recomputed ? kv_buffer("value_by_rank", kv_by_rank) : key_by_rank;
+    const BufferId key_whole = kv_buffer("gathered_key", kv_whole);
+    const BufferId value_whole = kv_buffer("gathered_value", kv_whole);
     const BufferId d_key_whole = builder.scratch("scratch/context_gathered_d_key", kv_whole);
     const BufferId d_value_whole = builder.scratch("scratch/context_gathered_d_value", kv_whole);
-    const BufferId tokens_rank = builder.scratch("scratch/context_tokens_by_rank", tokens_by_rank);
-    builder.spec().buffers[static_cast<size_t>(tokens_rank)].dtype = DType::i32;
-    // Kept for the backward (one per layer, C L int32 each): the whole rows' positions and segment ids.
-    const BufferId kv_positions = builder.activation(attention + "/context_kv_positions", tokens_whole);
-    builder.spec().buffers[static_cast<size_t>(kv_positions)].dtype = DType::i32;
-    BufferId kv_segment_ids = kNoBuffer;
-    for (OpDecl& op : context_gather_ops(builder, attention + "/gather_positions", positions, tokens_rank,
-                                         kv_positions, C, B))
+    const BufferId d_by_rank = builder.scratch("scratch/context_d_kv_by_rank", kv_by_rank);
+    const auto int32_activation = [&](const std::string& name, const Shape& shape) {
+      const BufferId id = builder.activation(attention + "/context_" + name, shape);
+      builder.spec().buffers[static_cast<size_t>(id)].dtype = DType::i32;
+      return id;
+    };
+    const BufferId kv_positions = int32_activation("kv_positions", tokens_whole);
+    for (OpDecl& op :
+         context_gather_ops(builder, attention + "/gather_positions", positions,
+                            int32_activation("positions_by_rank", tokens_by_rank), kv_positions, C, B))
       builder.forward(std::move(op));
+    BufferId kv_segment_ids = kNoBuffer;
     if (segment_ids != kNoBuffer) {
-      kv_segment_ids = builder.activation(attention + "/context_kv_segment_ids", tokens_whole);
-      builder.spec().buffers[static_cast<size_t>(kv_segment_ids)].dtype = DType::i32;
-      for (OpDecl& op : context_gather_ops(builder, attention + "/gather_segment_ids", segment_ids,
-                                           tokens_rank, kv_segment_ids, C, B))
+      kv_segment_ids = int32_activation("kv_segment_ids", tokens_whole);
+      for (OpDecl& op :
+           context_gather_ops(builder, attention + "/gather_segment_ids", segment_ids,
+                              int32_activation("segment_ids_by_rank", tokens_by_rank), kv_segment_ids, C, B))
         builder.forward(std::move(op));
     }
     const auto gather_kv = [&](std::vector<OpDecl>& into) {
       for (OpDecl& op :
-           context_gather_ops(builder, attention + "/gather_key", k_rotated, by_rank, key_whole, C, B))
+           context_gather_ops(builder, attention + "/gather_key", k_rotated, key_by_rank, key_whole, C, B))
         into.push_back(std::move(op));
       for (OpDecl& op :
-           context_gather_ops(builder, attention + "/gather_value", v, by_rank, value_whole, C, B))
+           context_gather_ops(builder, attention + "/gather_value", v, value_by_rank, value_whole, C, B))
         into.push_back(std::move(op));
     };
     std::vector<OpDecl> forward_gathers;
@@ -278,7 +293,7 @@ BufferId add_attention_block(SpecBuilder& builder, const std::string& prefix, Bu
     const BufferId context_scratch = builder.gradient_scratch(
         "scratch/context_attention_backward",
         shape_of({{"floats", builder.kernels().context_attention_backward_scratch_floats(B, S, H)}}));
-    gather_kv(context_backward);
+    if (!kv_recomputed) gather_kv(context_backward);
     std::vector<BufferId> backward_reads = {d_attended, attended,    lse,       q_rotated,
                                             key_whole,  value_whole, positions, kv_positions};
     if (segment_ids != kNoBuffer) {
@@ -301,10 +316,10 @@ BufferId add_attention_block(SpecBuilder& builder, const std::string& prefix, Bu
          },
          OpKind::attention});
     for (OpDecl& op : context_reduce_scatter_ops(builder, attention + "/reduce_scatter_d_key", d_key_whole,
-                                                 by_rank, d_k_rotated, C, B))
+                                                 d_by_rank, d_k_rotated, C, B))
       context_backward.push_back(std::move(op));
     for (OpDecl& op : context_reduce_scatter_ops(builder, attention + "/reduce_scatter_d_value",
-                                                 d_value_whole, by_rank, d_v, C, B))
+                                                 d_value_whole, d_by_rank, d_v, C, B))
       context_backward.push_back(std::move(op));
   }
 
