@@ -226,8 +226,9 @@ TEST(ContextAttention, ReferenceBackwardMatchesFiniteDifferences) {
 }
 
 TEST(ContextAttention, ReferenceOnOneSetIsSelfAttention) {
-  // With the query set equal to the key / value set the two references compute the same thing (they are
-  // written separately, so this checks both).
+  // With the query set equal to the key / value set the two references compute the same thing: the
+  // self-attention reference is that case of the context one, so this checks how it passes its arguments
+  // (both references are checked against finite differences on their own).
   Problem p = make_problem(2, 30, 30, 4, 2, 8, 20, 3, 40);
   p.kv_positions = p.q_positions;
   p.kv_segment_ids = p.q_segment_ids;

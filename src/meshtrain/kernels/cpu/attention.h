@@ -104,14 +104,7 @@ int64_t context_attention_backward_scratch_floats(int64_t B, int64_t Sq, int64_t
 
 namespace attention_detail {
 
-// The mask rule shared by the reference and the fast kernels: may query i see key j (both rows of one
-// sequence; `positions` / `segment_ids` already point at that sequence's [S] slice)?
-inline bool visible(const int32_t* positions, const int32_t* segment_ids, int64_t i, int64_t j) {
-  if (segment_ids != nullptr && segment_ids[j] != segment_ids[i]) return false;
-  return positions[j] <= positions[i];
-}
-
-// The same rule across two token sets: may query i (of q_positions / q_segment_ids) see key j (of
+// The mask rule of the references: may query i (of q_positions / q_segment_ids) see key j (of
 // kv_positions / kv_segment_ids)? Segment ids are both given or both nullptr.
 inline bool visible(const int32_t* q_positions, const int32_t* q_segment_ids, int64_t i,
                     const int32_t* kv_positions, const int32_t* kv_segment_ids, int64_t j) {
@@ -128,45 +121,14 @@ T dot(const T* a, const T* b, int64_t d) {
 
 }  // namespace attention_detail
 
-// Plain O(S^2) reference (recomputes every score; no tiling). Same layouts and outputs as
-// attention_forward; templated so tests run it in double.
+// Plain O(S^2) reference (recomputes every score; no tiling; defined below as the one-token-set case of
+// context_attention_reference_forward). Same layouts and outputs as attention_forward; templated so tests
+// run it in double.
 // out [B,S,H,d]; lse [B,H,S]; q [B,S,H,d]; k, v [B,S,K,d]; positions [B,S]; segment_ids [B,S] or nullptr.
 template <class T>
 void attention_reference_forward(T* out, T* lse, const T* q, const T* k, const T* v, const int32_t* positions,
                                  const int32_t* segment_ids, int64_t B, int64_t S, int64_t H, int64_t K,
-                                 int64_t d) {
-  using attention_detail::dot;
-  using attention_detail::visible;
-  const T scale = T(1) / std::sqrt(static_cast<T>(d));
-  const int64_t group = H / K;
-  for (int64_t b = 0; b < B; ++b) {
-    const int32_t* pos = positions + b * S;
-    const int32_t* seg = segment_ids == nullptr ? nullptr : segment_ids + b * S;
-    for (int64_t h = 0; h < H; ++h) {
-      const int64_t g = h / group;
-      for (int64_t i = 0; i < S; ++i) {
-        const T* qi = q + ((b * S + i) * H + h) * d;
-        T* oi = out + ((b * S + i) * H + h) * d;
-        T row_max = -std::numeric_limits<T>::infinity();
-        for (int64_t j = 0; j < S; ++j) {
-          if (!visible(pos, seg, i, j)) continue;
-          row_max = std::max(row_max, scale * dot(qi, k + ((b * S + j) * K + g) * d, d));
-        }
-        T sum = T(0);
-        for (int64_t c = 0; c < d; ++c) oi[c] = T(0);
-        for (int64_t j = 0; j < S; ++j) {
-          if (!visible(pos, seg, i, j)) continue;
-          const T p = std::exp(scale * dot(qi, k + ((b * S + j) * K + g) * d, d) - row_max);
-          sum += p;
-          const T* vj = v + ((b * S + j) * K + g) * d;
-          for (int64_t c = 0; c < d; ++c) oi[c] += p * vj[c];
-        }
-        for (int64_t c = 0; c < d; ++c) oi[c] /= sum;
-        lse[(b * H + h) * S + i] = row_max + std::log(sum);
-      }
-    }
-  }
-}
+                                 int64_t d);
 
 // Reference backward: writes (=) dq [B,S,H,d], dk, dv [B,S,K,d] from dout [B,S,H,d], out [B,S,H,d] and
 // lse [B,H,S] of attention_reference_forward (or attention_forward); other inputs as there.
@@ -176,37 +138,7 @@ template <class T>
 void attention_reference_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const T* lse, const T* q,
                                   const T* k, const T* v, const int32_t* positions,
                                   const int32_t* segment_ids, int64_t B, int64_t S, int64_t H, int64_t K,
-                                  int64_t d) {
-  using attention_detail::dot;
-  using attention_detail::visible;
-  const T scale = T(1) / std::sqrt(static_cast<T>(d));
-  const int64_t group = H / K;
-  for (int64_t index = 0; index < B * S * H * d; ++index) dq[index] = T(0);
-  for (int64_t index = 0; index < B * S * K * d; ++index) dk[index] = dv[index] = T(0);
-  for (int64_t b = 0; b < B; ++b) {
-    const int32_t* pos = positions + b * S;
-    const int32_t* seg = segment_ids == nullptr ? nullptr : segment_ids + b * S;
-    for (int64_t h = 0; h < H; ++h) {
-      const int64_t g = h / group;
-      for (int64_t i = 0; i < S; ++i) {
-        const int64_t row = ((b * S + i) * H + h) * d;
-        const T row_dot = dot(dout + row, out + row, d);
-        const T row_lse = lse[(b * H + h) * S + i];
-        for (int64_t j = 0; j < S; ++j) {
-          if (!visible(pos, seg, i, j)) continue;
-          const int64_t kv_row = ((b * S + j) * K + g) * d;
-          const T p = std::exp(scale * dot(q + row, k + kv_row, d) - row_lse);
-          const T ds = p * (dot(dout + row, v + kv_row, d) - row_dot);
-          for (int64_t c = 0; c < d; ++c) {
-            dv[kv_row + c] += p * dout[row + c];
-            dq[row + c] += scale * ds * k[kv_row + c];
-            dk[kv_row + c] += scale * ds * q[row + c];
-          }
-        }
-      }
-    }
-  }
-}
+                                  int64_t d);
 
 // Plain reference of context_attention_forward (accumulate = false): out [B,Sq,H,d]; lse [B,H,Sq];
 // q [B,Sq,H,d]; k, v [B,Skv,K,d]; q_positions, q_segment_ids [B,Sq]; kv_positions, kv_segment_ids [B,Skv]
@@ -321,6 +253,25 @@ void context_attention_reference_backward(T* dq, T* dk, T* dv, const T* dout, co
       }
     }
   }
+}
+
+// Self-attention is the context reference with one token set for both queries and keys (every query sees
+// at least itself, so no row is empty).
+template <class T>
+void attention_reference_forward(T* out, T* lse, const T* q, const T* k, const T* v, const int32_t* positions,
+                                 const int32_t* segment_ids, int64_t B, int64_t S, int64_t H, int64_t K,
+                                 int64_t d) {
+  context_attention_reference_forward(out, lse, q, k, v, positions, segment_ids, positions, segment_ids, B, S,
+                                      S, H, K, d);
+}
+
+template <class T>
+void attention_reference_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const T* lse, const T* q,
+                                  const T* k, const T* v, const int32_t* positions,
+                                  const int32_t* segment_ids, int64_t B, int64_t S, int64_t H, int64_t K,
+                                  int64_t d) {
+  context_attention_reference_backward(dq, dk, dv, dout, out, lse, q, k, v, positions, segment_ids, positions,
+                                       segment_ids, B, S, S, H, K, d);
 }
 
 }  // namespace meshtrain::kernels
