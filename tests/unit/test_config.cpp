@@ -134,13 +134,12 @@ TEST(Config, UnknownContextParallelReorderNamesTheKeyTheValuesAndTheClosest) {
   EXPECT_NE(flag.find("true or false"), std::string::npos) << flag;
 }
 
-TEST(Config, ContextParallelStrategyIsAllGatherAndRingIsRefusedForNow) {
+TEST(Config, ContextParallelStrategyIsAllGatherByDefaultOrRing) {
   EXPECT_EQ(load_config("qwen3-tiny", {}).context_parallel_strategy, ContextParallelStrategy::all_gather);
   EXPECT_EQ(load_config("qwen3-tiny", {"context_parallel_strategy=all_gather"}).context_parallel_strategy,
             ContextParallelStrategy::all_gather);
-  const std::string ring = error_of([] { load_config("qwen3-tiny", {"context_parallel_strategy=ring"}); });
-  EXPECT_NE(ring.find("'context_parallel_strategy' (command line)"), std::string::npos) << ring;
-  EXPECT_NE(ring.find("ring attention is not implemented yet; use all_gather"), std::string::npos) << ring;
+  EXPECT_EQ(load_config("qwen3-tiny", {"context_parallel_strategy=ring"}).context_parallel_strategy,
+            ContextParallelStrategy::ring);
   const std::string typo =
       error_of([] { load_config("qwen3-tiny", {"context_parallel_strategy=allgather"}); });
   EXPECT_NE(typo.find("'context_parallel_strategy'"), std::string::npos) << typo;

@@ -130,17 +130,11 @@ KeyEntry context_parallel_reorder_entry() {
             c.context_parallel_reorder = kContextParallelReorders[parse_choice(k, r, names)];
           }};
 }
-// context_parallel_strategy: all_gather runs; ring is a name of the key that is refused until it is built.
 KeyEntry context_parallel_strategy_entry() {
   return {"context_parallel_strategy", [](Config& c, const std::string& k, const RawValue& r) {
             const std::vector<std::string> names(kContextParallelStrategyNames.begin(),
                                                  kContextParallelStrategyNames.end());
-            const ContextParallelStrategy strategy = kContextParallelStrategies[parse_choice(k, r, names)];
-            if (strategy == ContextParallelStrategy::ring) {
-              fail("config key '" + k + "' (" + r.source + ")", "all_gather", "'" + r.text + "'",
-                   "ring attention is not implemented yet; use all_gather");
-            }
-            c.context_parallel_strategy = strategy;
+            c.context_parallel_strategy = kContextParallelStrategies[parse_choice(k, r, names)];
           }};
 }
 KeyEntry entry(const std::string& name, std::vector<std::string> Config::*member) {

@@ -88,6 +88,16 @@ struct TensorGroup {
   std::function<void(double* values, int64_t count)> all_reduce_sum;
 };
 
+// The context ranks as ring attention sees them: blocks pass to the next rank of the ring (rank + 1 mod
+// size) while the op computes. start_pass sends `send` to the next rank and receives the previous rank's
+// block of the same size into `receive`, without waiting; neither buffer is touched until wait(), which
+// completes every pass started since the last wait. `name` labels the pass in traces and failure messages.
+struct ContextRing {
+  int64_t rank = 0, size = 1;
+  std::function<void(const TensorView& send, const TensorView& receive, const std::string& name)> start_pass;
+  std::function<void(const std::string& name)> wait;
+};
+
 // What an op sees when it runs: pointers into the arena, the kernels to call on them, and the loss sums it
 // may add to.
 class OpContext {
@@ -104,8 +114,9 @@ class OpContext {
   // This rank's share of a sum over ranks that hold the same values (1 / replicas): a gradient replicated
   // over an axis its norm is all-reduced on counts once.
   double share = 1.0;
-  MeshCoordinates coordinates;          // this rank's place on the mesh (shard offsets)
-  const TensorGroup* tensor = nullptr;  // null: one tensor rank
+  MeshCoordinates coordinates;                // this rank's place on the mesh (shard offsets)
+  const TensorGroup* tensor = nullptr;        // null: one tensor rank
+  const ContextRing* context_ring = nullptr;  // null: one context rank
 };
 
 // What an op is, for costs and for remat policies (`minimal` keeps matmul and attention outputs).
@@ -128,8 +139,10 @@ struct CollectiveDecl {
   int64_t outer = 1;
   BufferId staging = kNoBuffer;
   // Accounting only: the traffic happens inside the next op (the vocab-parallel loss's per-chunk
-  // statistics); the plan counts it here, the engine runs nothing.
+  // statistics, ring attention's passes); the plan counts it here, the engine runs nothing.
   bool inside_next_op = false;
+  // send_recv: the buffer is passed this many times (a ring's steps); bytes are per pass times repeats.
+  int64_t repeats = 1;
 };
 
 // What an op is for, where the planner or the engine treats it specially (op names are for people, plan

@@ -12,12 +12,9 @@
 #include "meshtrain/train/trace.h"
 
 namespace meshtrain {
-namespace {
 
 // The CPU kernels run float32 (other dtypes can be planned by meshtrain compile but not run here yet), on
-// every layout, context parallelism with the all_gather strategy included.
-}  // namespace
-
+// every layout.
 void check_plan_runs_here(const TrainingPlan& plan, int64_t world) {
   const Config& c = plan.spec.config;
   for (const auto& [key, dtype] :
@@ -145,6 +142,7 @@ Engine::~Engine() {
   // elsewhere); the caller reports the error and ends every rank.
   if (std::uncaught_exceptions() > 0) {
     for (auto& entry : in_flight_) static_cast<void>(entry.second.release());
+    for (auto& pass : ring_passes_) static_cast<void>(pass.release());
   }
 }
 
@@ -393,6 +391,27 @@ void Engine::start_ready_collectives(KernelName name, size_t op_index, bool kern
   for (auto& [index, request] : in_flight_) request->test();
 }
 
+// Ring attention's passes over the context axis (made per kernel run: the functions hold this engine,
+// which may have moved since the last one). Each pass and each wait is a trace event.
+std::optional<ContextRing> Engine::context_ring() {
+  if (plan_.mesh.size(MeshAxis::context) == 1) return std::nullopt;
+  Communicator* context = &communicator(MeshAxis::context);
+  const int next = (context->rank() + 1) % context->size();
+  const int previous = (context->rank() + context->size() - 1) % context->size();
+  return ContextRing{coordinates_[MeshAxis::context], plan_.mesh.size(MeshAxis::context),
+                     [this, context, next, previous](const TensorView& send, const TensorView& receive,
+                                                     const std::string& name) {
+                       const TraceScope scope(trace_, name, "collective");
+                       ring_passes_.push_back(context->send_start(comm_buffer(send), next, name));
+                       ring_passes_.push_back(context->recv_start(comm_buffer(receive), previous, name));
+                     },
+                     [this](const std::string& name) {
+                       const TraceScope scope(trace_, name, "collective");
+                       for (const std::unique_ptr<CollectiveRequest>& pass : ring_passes_) pass->wait();
+                       ring_passes_.clear();
+                     }};
+}
+
 LossSums Engine::run(KernelName name, UpdateState* update) {
   const KernelPlan& kernel = plan_.kernel(name);
   if (poison_temporaries_) {
@@ -407,6 +426,8 @@ LossSums Engine::run(KernelName name, UpdateState* update) {
   context.update = update;
   context.coordinates = coordinates_;
   context.tensor = tensor_group_ ? &*tensor_group_ : nullptr;
+  const std::optional<ContextRing> ring = context_ring();
+  context.context_ring = ring ? &*ring : nullptr;
   const bool overlapping = overlap_ && name != KernelName::update && name != KernelName::eval;
   for (size_t i = 0; i < kernel.ops.size(); ++i) {
     const PlanOp& op = kernel.ops[i];

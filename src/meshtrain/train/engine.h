@@ -102,6 +102,7 @@ class Engine {
   void run_collective(const PlanOp& op, const OpContext& context, UpdateState* update);
   void start_ready_collectives(KernelName kernel, size_t op_index, bool kernel_done);
   Communicator& communicator(MeshAxis axis) const;
+  std::optional<ContextRing> context_ring();
   PlanBufferId stored_buffer(BufferId id) const;  // where a parameter's value or moment persists
   GlobalIndex global_index(PlanBufferId stored, BufferId id) const;
 
@@ -115,6 +116,7 @@ class Engine {
   MeshCoordinates coordinates_;              // this rank's place on the mesh
   std::optional<TensorGroup> tensor_group_;  // tensor > 1: the vocab-parallel loss's mid-kernel reductions
   std::unique_ptr<Communicator> kv_replica_group_;  // tensor > kv heads: the ranks holding the same kv head
+  std::vector<std::unique_ptr<CollectiveRequest>> ring_passes_;  // ring attention's, not yet waited for
   std::vector<size_t> bucket_;  // update op indices ready (plan_.overlap), not yet started
   size_t bucket_bytes_ = 0;
   std::map<size_t, std::unique_ptr<CollectiveRequest>> in_flight_;  // update op index -> started reduction
