@@ -1,26 +1,45 @@
 // Attention over separate query and key / value token sets (kernels/cpu/attention.h, context_attention_*):
 // the reference against finite differences, the fast kernels against the reference (including the ring's
 // accumulate / merge and queries that see no key), and the property context parallelism rests on: shards
-// of a sequence under DUAL_CHUNK_SWAP, each attending to the gathered keys and values or to the ring of
-// key / value blocks, reproduce the single-rank attention of the natural sequence.
+// of a sequence under every reorder, each attending to the gathered keys and values or running the ring
+// schedule of model/layers/context_attention.h on threads that pass blocks to each other, reproduce the
+// single-rank attention of the natural sequence.
 #include <gtest/gtest.h>
 #include <omp.h>
 
 #include <algorithm>
 #include <cmath>
+#include <condition_variable>
 #include <cstdint>
+#include <cstring>
+#include <deque>
 #include <limits>
+#include <mutex>
 #include <numeric>
 #include <random>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
 #include "gradcheck.h"
+#include "meshtrain/data/context_reorder.h"
 #include "meshtrain/kernels/cpu/attention.h"
+#include "meshtrain/kernels/cpu/backend.h"
+#include "meshtrain/model/layers/context_attention.h"
 
 namespace {
 
+using meshtrain::context_reorder_name;
+using meshtrain::ContextLayout;
+using meshtrain::ContextReorder;
+using meshtrain::ContextRing;
+using meshtrain::DType;
+using meshtrain::ring_attention_backward;
+using meshtrain::ring_attention_forward;
+using meshtrain::RingAttentionArguments;
+using meshtrain::shape_of;
+using meshtrain::TensorView;
 using meshtrain::kernels::attention_backward;
 using meshtrain::kernels::attention_backward_scratch_floats;
 using meshtrain::kernels::attention_forward;
@@ -32,6 +51,7 @@ using meshtrain::kernels::context_attention_forward;
 using meshtrain::kernels::context_attention_reference_backward;
 using meshtrain::kernels::context_attention_reference_forward;
 using meshtrain::kernels::context_attention_reference_merge;
+using meshtrain::kernels::cpu_backend;
 using meshtrain::testing::numeric_gradient;
 using meshtrain::testing::random_values;
 using meshtrain::testing::relative_error;
@@ -404,24 +424,6 @@ TEST(ContextAttention, BitwiseIndependentOfThreadCount) {
 
 // ---- Context-parallel shards ----
 
-// DUAL_CHUNK_SWAP (specs/context-parallel.md): reordered token p comes from natural token order[p]. Rank r
-// holds reordered tokens [r S/C, (r+1) S/C): chunks r and 2C-1-r of g = S/(2C) tokens.
-std::vector<int64_t> dual_chunk_swap(int64_t S, int64_t C) {
-  const int64_t g = S / (2 * C);
-  std::vector<int64_t> order(static_cast<size_t>(S));
-  for (int64_t p = 0; p < S; ++p) {
-    const int64_t r = p / (2 * g), w = p % (2 * g);
-    const int64_t chunk = w < g ? r : 2 * C - 1 - r;
-    order[static_cast<size_t>(p)] = chunk * g + w % g;
-  }
-  return order;
-}
-
-TEST(ContextAttention, DualChunkSwapMatchesTheSpecExample) {
-  const std::vector<int64_t> expected = {0, 1, 6, 7, 2, 3, 4, 5};
-  EXPECT_EQ(dual_chunk_swap(8, 2), expected);
-}
-
 // Rows `rows` (natural indices) of every sequence of x [B, S, width]: [B, rows.size(), width].
 template <class T>
 std::vector<T> take_rows(const std::vector<T>& x, int64_t B, int64_t S, int64_t width,
@@ -486,28 +488,71 @@ Sequence make_sequence(int64_t B, int64_t S, int64_t H, int64_t K, int64_t d, bo
 
 enum class Strategy { all_gather, ring };
 
-// Runs the C shards of `s` (DUAL_CHUNK_SWAP) one after another with the context kernels and assembles, in
-// natural order, out, lse and dq per token and dk, dv summed over the shards (what the reduce-scatter, or
-// the ring's travelling gradients, deliver): a Result over the natural sequence.
+// C context ranks as threads for ring attention: each rank's passes go to the mailbox of the next rank, and
+// its wait takes the messages of the previous rank from its own mailbox, in the order they were sent (the
+// order MPI keeps between two ranks). Counts the passes each rank started.
+class ThreadRing {
+ public:
+  explicit ThreadRing(int64_t ranks) : mailboxes_(static_cast<size_t>(ranks)), ranks_(ranks) {}
+
+  ContextRing ring(int64_t rank) {
+    Mailbox& next = mailboxes_[static_cast<size_t>((rank + 1) % ranks_)];
+    Mailbox& own = mailboxes_[static_cast<size_t>(rank)];
+    return {rank, ranks_,
+            [&next, &own](const TensorView& send, const TensorView& receive, const std::string&) {
+              const auto* bytes = static_cast<const uint8_t*>(send.data);
+              {
+                const std::lock_guard<std::mutex> lock(next.mutex);
+                next.messages.emplace_back(bytes, bytes + send.bytes());
+              }
+              next.arrived.notify_all();
+              own.receives.push_back(receive);  // only this rank's thread touches its receives
+              ++own.passes;
+            },
+            [&own](const std::string&) {
+              for (const TensorView& receive : own.receives) {
+                std::unique_lock<std::mutex> lock(own.mutex);
+                own.arrived.wait(lock, [&own] { return !own.messages.empty(); });
+                ASSERT_EQ(own.messages.front().size(), receive.bytes())
+                    << "a pass met a block of another size";
+                std::memcpy(receive.data, own.messages.front().data(), receive.bytes());
+                own.messages.pop_front();
+              }
+              own.receives.clear();
+            }};
+  }
+  int64_t passes(int64_t rank) const { return mailboxes_[static_cast<size_t>(rank)].passes; }
+
+ private:
+  struct Mailbox {
+    std::mutex mutex;
+    std::condition_variable arrived;
+    std::deque<std::vector<uint8_t>> messages;  // from the previous rank, oldest first
+    std::vector<TensorView> receives;           // this rank's passes waiting for their block
+    int64_t passes = 0;
+  };
+  std::vector<Mailbox> mailboxes_;
+  int64_t ranks_;
+};
+
+// Runs the C shards of `s` under `layout` with the context kernels and assembles, in natural order, out,
+// lse and dq per token and dk, dv summed over the shards (what the reduce-scatter, or the ring's travelling
+// gradients, deliver): a Result over the natural sequence.
 //   all-gather: each rank's queries against every rank's tokens (in rank order) in one call each way,
 //     accumulate = false; dk, dv of the gathered set are summed over ranks.
-//   ring: rank r meets the blocks of ranks r, r-1, ..., r-C+1; the forward writes on the first block and
-//     merges the others; the backward zeroes dq and adds every block's share (accumulate = true), and adds
-//     dk, dv into the block's travelling gradient buffer.
-Result run_shards(const Sequence& s, int64_t C, Strategy strategy) {
-  const int64_t S = s.S, Sq = S / C, B = s.B, H = s.H, K = s.K, d = s.d;
-  const std::vector<int64_t> order = dual_chunk_swap(S, C);
+//   ring: the engine's schedule (model/layers/context_attention.h) on C threads passing blocks through a
+//     ThreadRing, forward then backward.
+Result run_shards(const Sequence& s, const ContextLayout& layout, Strategy strategy) {
+  const int64_t S = s.S, C = layout.context_ranks(), Sq = layout.rank_length(), B = s.B, H = s.H, K = s.K,
+                d = s.d;
+  std::vector<int64_t> order;  // natural index of each reordered position
+  for (int64_t p = 0; p < S; ++p) order.push_back(layout.source(p));
   std::vector<std::vector<int64_t>> rank_rows;  // natural rows of each rank's tokens, in the rank's order
-  for (int64_t r = 0; r < C; ++r)
-    rank_rows.emplace_back(order.begin() + r * Sq, order.begin() + (r + 1) * Sq);
-  const auto rows_of = [&](int64_t rank) -> const std::vector<int64_t>& {
-    return rank_rows[static_cast<size_t>(rank)];
-  };
+  for (int64_t r = 0; r < C; ++r) rank_rows.push_back(layout.rank_sources(r));
   // One token set in the layout the kernels take.
   struct Tokens {
     std::vector<float> q, dout, k, v;
     std::vector<int32_t> positions, segment_ids;
-    int64_t count;
     const int32_t* segments() const { return segment_ids.empty() ? nullptr : segment_ids.data(); }
   };
   const auto tokens = [&](const std::vector<int64_t>& rows) {
@@ -516,67 +561,92 @@ Result run_shards(const Sequence& s, int64_t C, Strategy strategy) {
                   take_rows(s.k, B, S, K * d, rows),
                   take_rows(s.v, B, S, K * d, rows),
                   take_rows(s.positions, B, S, 1, rows),
-                  s.segment_ids.empty() ? std::vector<int32_t>{} : take_rows(s.segment_ids, B, S, 1, rows),
-                  static_cast<int64_t>(rows.size())};
+                  s.segment_ids.empty() ? std::vector<int32_t>{} : take_rows(s.segment_ids, B, S, 1, rows)};
   };
   const Tokens gathered = tokens(order);
-  std::vector<Tokens> blocks;
-  for (int64_t r = 0; r < C; ++r) blocks.push_back(tokens(rows_of(r)));
+  struct RankResult {
+    std::vector<float> out, lse, dq, dk, dv;  // dk, dv: [B, S, K, d] gathered (all-gather) or own block
+  };
+  std::vector<RankResult> results(static_cast<size_t>(C));
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const auto run_rank = [&](int64_t r, const ContextRing* ring) {
+    const Tokens mine = tokens(rank_rows[static_cast<size_t>(r)]);
+    RankResult& result = results[static_cast<size_t>(r)];
+    result.out.assign(mine.q.size(), nan);
+    result.lse.assign(static_cast<size_t>(B * H * Sq), nan);
+    result.dq.assign(mine.q.size(), nan);
+    std::vector<float> scratch(static_cast<size_t>(context_attention_backward_scratch_floats(B, Sq, H)), nan);
+    if (strategy == Strategy::all_gather) {
+      result.dk.assign(gathered.k.size(), nan);
+      result.dv.assign(gathered.v.size(), nan);
+      context_attention_forward(result.out.data(), result.lse.data(), mine.q.data(), gathered.k.data(),
+                                gathered.v.data(), mine.positions.data(), mine.segments(),
+                                gathered.positions.data(), gathered.segments(), B, Sq, S, H, K, d, false);
+      context_attention_backward(result.dq.data(), result.dk.data(), result.dv.data(), mine.dout.data(),
+                                 result.out.data(), result.lse.data(), mine.q.data(), gathered.k.data(),
+                                 gathered.v.data(), mine.positions.data(), mine.segments(),
+                                 gathered.positions.data(), gathered.segments(), B, Sq, S, H, K, d, false,
+                                 scratch.data());
+      return;
+    }
+    result.dk.assign(mine.k.size(), nan);
+    result.dv.assign(mine.v.size(), nan);
+    const int64_t kv_floats = B * Sq * K * d, token_fields = mine.segment_ids.empty() ? 1 : 2;
+    const meshtrain::Shape kv_shape = shape_of({{"key_value", 2}, {"floats", kv_floats}});
+    const meshtrain::Shape token_shape = shape_of({{"token_fields", token_fields}, {"tokens", B * Sq}});
+    std::vector<std::vector<float>> kv(2, std::vector<float>(static_cast<size_t>(2 * kv_floats), nan));
+    std::vector<std::vector<float>> d_kv = kv;
+    std::vector<std::vector<int32_t>> token_blocks(
+        2, std::vector<int32_t>(static_cast<size_t>(token_fields * B * Sq), -7));
+    std::vector<float> d_kv_step(static_cast<size_t>(2 * kv_floats), nan);
+    RingAttentionArguments a;
+    a.B = B, a.L = Sq, a.H = H, a.K = K, a.d = d;
+    a.q = mine.q.data(), a.k = mine.k.data(), a.v = mine.v.data();
+    a.positions = mine.positions.data(), a.segment_ids = mine.segments();
+    a.out = result.out.data(), a.lse = result.lse.data();
+    for (size_t slot = 0; slot < 2; ++slot) {
+      a.kv_blocks[slot] = {kv[slot].data(), DType::f32, kv_shape};
+      a.d_kv_blocks[slot] = {d_kv[slot].data(), DType::f32, kv_shape};
+      a.token_blocks[slot] = {token_blocks[slot].data(), DType::i32, token_shape};
+    }
+    a.dout = mine.dout.data();
+    a.dq = result.dq.data(), a.dk = result.dk.data(), a.dv = result.dv.data();
+    a.d_kv_step = d_kv_step.data();
+    a.scratch = scratch.data();
+    ring_attention_forward(*ring, cpu_backend(), a, "ring forward");
+    ring_attention_backward(*ring, cpu_backend(), a, "ring backward");
+  };
+  if (strategy == Strategy::all_gather) {
+    for (int64_t r = 0; r < C; ++r) run_rank(r, nullptr);
+  } else {
+    ThreadRing ring(C);
+    std::vector<ContextRing> rings;
+    for (int64_t r = 0; r < C; ++r) rings.push_back(ring.ring(r));
+    std::vector<std::thread> threads;
+    for (int64_t r = 0; r < C; ++r)
+      threads.emplace_back([&, r] { run_rank(r, &rings[static_cast<size_t>(r)]); });
+    for (std::thread& thread : threads) thread.join();
+    // K / V and the token fields pass C - 1 times each way, the dK / dV sums C times.
+    for (int64_t r = 0; r < C; ++r) EXPECT_EQ(ring.passes(r), 2 * (C - 1) + 2 * (C - 1) + C) << "rank " << r;
+  }
 
   Result natural{std::vector<double>(s.q.size()), std::vector<double>(static_cast<size_t>(B * H * S)),
                  std::vector<double>(s.q.size()), std::vector<double>(s.k.size()),
                  std::vector<double>(s.v.size())};
-  const float nan = std::numeric_limits<float>::quiet_NaN();
-  // The ring's travelling dk / dv of each block [B, Sq, K, d], starting at 0.
-  std::vector<std::vector<float>> block_dk(static_cast<size_t>(C),
-                                           std::vector<float>(blocks[0].k.size(), 0.0f));
-  std::vector<std::vector<float>> block_dv = block_dk;
   for (int64_t r = 0; r < C; ++r) {
-    const Tokens& mine = blocks[static_cast<size_t>(r)];
-    std::vector<float> out(mine.q.size(), nan), lse(static_cast<size_t>(B * H * Sq), nan),
-        dq(mine.q.size(), nan);
-    std::vector<float> scratch(static_cast<size_t>(context_attention_backward_scratch_floats(B, Sq, H)), nan);
-    if (strategy == Strategy::all_gather) {
-      std::vector<float> dk(gathered.k.size(), nan), dv(gathered.v.size(), nan);
-      context_attention_forward(out.data(), lse.data(), mine.q.data(), gathered.k.data(), gathered.v.data(),
-                                mine.positions.data(), mine.segments(), gathered.positions.data(),
-                                gathered.segments(), B, Sq, S, H, K, d, false);
-      context_attention_backward(dq.data(), dk.data(), dv.data(), mine.dout.data(), out.data(), lse.data(),
-                                 mine.q.data(), gathered.k.data(), gathered.v.data(), mine.positions.data(),
-                                 mine.segments(), gathered.positions.data(), gathered.segments(), B, Sq, S, H,
-                                 K, d, false, scratch.data());
-      add_rows(natural.dk, B, S, K * d, order, dk);  // the reduce-scatter's sum
-      add_rows(natural.dv, B, S, K * d, order, dv);
-    } else {
-      for (int64_t step = 0; step < C; ++step) {
-        const Tokens& block = blocks[static_cast<size_t>((r - step + C) % C)];
-        context_attention_forward(out.data(), lse.data(), mine.q.data(), block.k.data(), block.v.data(),
-                                  mine.positions.data(), mine.segments(), block.positions.data(),
-                                  block.segments(), B, Sq, Sq, H, K, d, step > 0);
-      }
-      std::fill(dq.begin(), dq.end(), 0.0f);
-      for (int64_t step = 0; step < C; ++step) {
-        const auto source = static_cast<size_t>((r - step + C) % C);
-        const Tokens& block = blocks[source];
-        context_attention_backward(
-            dq.data(), block_dk[source].data(), block_dv[source].data(), mine.dout.data(), out.data(),
-            lse.data(), mine.q.data(), block.k.data(), block.v.data(), mine.positions.data(), mine.segments(),
-            block.positions.data(), block.segments(), B, Sq, Sq, H, K, d, true, scratch.data());
-      }
-    }
-    add_rows(natural.out, B, S, H * d, rows_of(r), out);
-    add_rows(natural.dq, B, S, H * d, rows_of(r), dq);
+    const std::vector<int64_t>& rows = rank_rows[static_cast<size_t>(r)];
+    const RankResult& result = results[static_cast<size_t>(r)];
+    add_rows(natural.out, B, S, H * d, rows, result.out);
+    add_rows(natural.dq, B, S, H * d, rows, result.dq);
+    // all-gather: this rank's share of every token's dk / dv (the reduce-scatter's sum); ring: its own
+    // block's complete dk / dv.
+    add_rows(natural.dk, B, S, K * d, strategy == Strategy::all_gather ? order : rows, result.dk);
+    add_rows(natural.dv, B, S, K * d, strategy == Strategy::all_gather ? order : rows, result.dv);
     for (int64_t bh = 0; bh < B * H; ++bh) {  // lse [B,H,S]: the token index is the innermost one
       for (int64_t t = 0; t < Sq; ++t) {
-        natural.lse[static_cast<size_t>(bh * S + rows_of(r)[static_cast<size_t>(t)])] =
-            lse[static_cast<size_t>(bh * Sq + t)];
+        natural.lse[static_cast<size_t>(bh * S + rows[static_cast<size_t>(t)])] =
+            result.lse[static_cast<size_t>(bh * Sq + t)];
       }
-    }
-  }
-  if (strategy == Strategy::ring) {
-    for (int64_t r = 0; r < C; ++r) {
-      add_rows(natural.dk, B, S, K * d, rows_of(r), block_dk[static_cast<size_t>(r)]);
-      add_rows(natural.dv, B, S, K * d, rows_of(r), block_dv[static_cast<size_t>(r)]);
     }
   }
   return natural;
@@ -596,19 +666,25 @@ Result run_single_rank(const Sequence& s) {
   return Result{to_double(out), to_double(lse), to_double(dq), to_double(dk), to_double(dv)};
 }
 
-TEST(ContextAttention, DualChunkSwapShardsMatchSingleRank) {
+TEST(ContextAttention, ShardsOfEveryReorderMatchSingleRank) {
   // Each rank's S/C queries (original positions) against the gathered keys and values, or against the ring
-  // of blocks merged, give the single-rank attention of the natural sequence: out, lse, dq per token and
-  // dk, dv summed over the ranks. Packed documents include ones shorter than a chunk (g = 30 or 60).
+  // of blocks passed between threads and merged, give the single-rank attention of the natural sequence:
+  // out, lse, dq per token and dk, dv summed over the ranks. GQA (4 query heads over 2 kv heads); packed
+  // documents include ones shorter than a chunk (g = 30 or 60) and ones crossing chunk boundaries.
   const std::vector<int64_t> documents = {17, 5, 90, 41, 3, 70};
   for (const int64_t C : {2, 4}) {
     for (const bool packed : {false, true}) {
       const Sequence s = make_sequence(2, 240, 4, 2, 16, packed, documents, 400 + static_cast<uint64_t>(C));
       const Result single = run_single_rank(s);
-      for (const Strategy strategy : {Strategy::all_gather, Strategy::ring}) {
-        const std::string what = std::string(strategy == Strategy::ring ? "ring" : "all-gather") + " C" +
-                                 std::to_string(C) + (packed ? " packed" : "");
-        expect_close(run_shards(s, C, strategy), single, what, 2e-6);
+      for (const ContextReorder reorder :
+           {ContextReorder::dual_chunk_swap, ContextReorder::striped, ContextReorder::none}) {
+        const ContextLayout layout(reorder, s.S, C);
+        for (const Strategy strategy : {Strategy::all_gather, Strategy::ring}) {
+          const std::string what = std::string(strategy == Strategy::ring ? "ring" : "all-gather") + " " +
+                                   context_reorder_name(reorder) + " C" + std::to_string(C) +
+                                   (packed ? " packed" : "");
+          expect_close(run_shards(s, layout, strategy), single, what, 2e-6);
+        }
       }
     }
   }
