@@ -4,7 +4,8 @@
 # step do not depend on gradient accumulation (GA 1, 4, 16), with and without ZeRO-1; FSDP's grow with GA
 # by design. Also a many-rank oversubscribed run (8 ranks, data 2 x fsdp 4), and context parallelism
 # (mesh.context=2 alone and with data=2, GA 2: the K / V, position and segment-id gathers, the dK / dV
-# reduce-scatters and the gradient all-reduces over context).
+# reduce-scatters and the gradient all-reduces over context; and the ring strategy's passes, C = 2 and 4,
+# whose trace shows each pass started before a block's compute and waited for after it).
 # Usage: collective_bytes.sh BUILD_DIR
 source "$(dirname "$0")/common.sh" "$1"
 tiny+=(enable_checkpointing=false per_device_batch_size=1 steps=2 collective_timeout_s=120)
@@ -24,6 +25,9 @@ run tp 4 mesh.data=2 mesh.tensor=2 gradient_accumulation_steps=4 shard_optimizer
 run tp4 4 mesh.tensor=4 gradient_accumulation_steps=2
 run cp2 2 mesh.context=2 gradient_accumulation_steps=2
 run cp2_dp2 4 mesh.context=2 mesh.data=2 gradient_accumulation_steps=2 shard_optimizer_over_data=true
+run cp2_ring 2 mesh.context=2 context_parallel_strategy=ring gradient_accumulation_steps=2
+run cp4_ring 4 mesh.context=4 context_parallel_strategy=ring gradient_accumulation_steps=2 remat_policy=full \
+  profiler=trace profiler_steps=2
 # The overlap, by event order in a trace: ZeRO-1 + TP + GA 4, step 2 traced on rank 0.
 run overlap 4 mesh.data=2 mesh.tensor=2 gradient_accumulation_steps=4 shard_optimizer_over_data=true \
   profiler=trace profiler_steps=2
@@ -33,14 +37,14 @@ work = sys.argv[1]
 status = 0
 def steps(name):
     return [json.loads(line) for line in open(f"{work}/{name}/metrics.jsonl")]
-for name in ["dp_1", "dp_4", "dp_16", "zero1_1", "zero1_4", "zero1_16", "fsdp_1", "fsdp_4", "fsdp_16", "many", "tp", "tp4", "cp2", "cp2_dp2"]:
+for name in ["dp_1", "dp_4", "dp_16", "zero1_1", "zero1_4", "zero1_16", "fsdp_1", "fsdp_4", "fsdp_16", "many", "tp", "tp4", "cp2", "cp2_dp2", "cp2_ring", "cp4_ring"]:
     for record in steps(name):
         moved, planned = record["collective_bytes"], record["planned_collective_bytes"]
         if moved != planned:
             print(f"FAIL {name} step {record['step']}: moved {moved} != planned {planned}")
             status = 1
     print(f"{name}: moved per step {steps(name)[-1]['collective_bytes']} = planned")
-for name in ["cp2", "cp2_dp2"]:
+for name in ["cp2", "cp2_dp2", "cp2_ring", "cp4_ring"]:
     if steps(name)[-1]["collective_bytes"].get("context", 0) <= 0:
         print(f"FAIL {name}: no bytes over the context axis")
         status = 1
@@ -66,5 +70,27 @@ else:
     inside = sum(1 for i in starts if i < ends[3])
     print(f"overlap: {len(starts)} reduce-scatters started during the last micro-batch's backward "
           f"({inside} before its last op), update at event {update}")
+# The ring: inside each ring attention op (C = 4: 3 steps with a pass in flight), every wait comes after
+# the passes it completes were started, with the block's compute between them.
+trace = json.load(open(f"{work}/cp4_ring/trace_step2.json"))
+events = [e for e in (trace["traceEvents"] if isinstance(trace, dict) else trace) if e.get("ph") == "X"]
+ring_ops = [e for e in events if e["name"].endswith("/ring_attention_forward") and e["cat"] != "collective"]
+checked, op_time, wait_time = 0, 0.0, 0.0
+for op in ring_ops:
+    inside = sorted((e for e in events if e["cat"] == "collective" and e["name"].startswith(op["name"] + "/")
+                     and op["ts"] <= e["ts"] <= op["ts"] + op["dur"]), key=lambda e: e["ts"])
+    kinds = [e["name"].rsplit("/", 1)[1] for e in inside]
+    if kinds != ["pass_kv", "pass_tokens", "wait"] * 3:
+        print(f"FAIL ring trace {op['name']}: {kinds}")
+        status = 1
+    checked += 1
+    op_time += op["dur"]
+    wait_time += sum(e["dur"] for e in inside if e["name"].endswith("/wait"))
+if not ring_ops:
+    print("FAIL ring trace: no ring attention op in the trace")
+    status = 1
+else:
+    print(f"ring (C=4): {checked} ring attention forwards traced, passes started before each block's compute "
+          f"and waited for after it; waiting {100 * wait_time / op_time:.1f}% of their time")
 sys.exit(status)
 PY

@@ -72,6 +72,12 @@ std::vector<PlanStep> backward_with_recompute(const ModelSpec& spec) {
           }
         }
       }
+      // The traffic a chosen op moves itself is counted by the collective ops just before it
+      // (inside_next_op): they are recomputed with it, so the plan counts what the recompute moves.
+      for (size_t f = block->forward_end; f-- > block->forward_begin + 1;) {
+        if (chosen[f - block->forward_begin] && spec.forward[f - 1].collective.inside_next_op)
+          chosen[f - 1 - block->forward_begin] = true;
+      }
       for (size_t f = block->forward_begin; f < block->forward_end; ++f) {
         if (chosen[f - block->forward_begin]) steps.push_back(step_of(&spec.forward[f], true));
       }
