@@ -338,8 +338,9 @@ TEST_F(CompileCli, SearchRanksFittingConfigurationsByStepTime) {
   const SearchResult result = search_training_configurations(load_config("qwen3-tiny", overrides));
   EXPECT_EQ(result.devices, 2);
   EXPECT_EQ(result.global_batch, 8);
-  // tensor in {1, 2} (6 query heads, one host), data x fsdp the rest, batch x GA = 4, three remat policies.
-  EXPECT_EQ(result.planned, (2 + 1) * 3 * 3);
+  // context 1: tensor in {1, 2} (6 query heads, one host), data x fsdp the rest; context 2: one mesh;
+  // batch x GA = 4; three remat policies.
+  EXPECT_EQ(result.planned, (2 + 1 + 1) * 3 * 3);
   ASSERT_FALSE(result.fitting.empty());
   for (size_t i = 1; i < result.fitting.size(); ++i) {
     EXPECT_LE(result.fitting[i - 1].step_seconds, result.fitting[i].step_seconds) << "rank " << i;
@@ -362,6 +363,10 @@ TEST_F(CompileCli, SearchRanksFittingConfigurationsByStepTime) {
 
   // The command prints the same ranking, fastest first.
   const std::string output = run({"qwen3-tiny", overrides[0], overrides[1], overrides[2], "--search"});
+  EXPECT_TRUE(contains(output,
+                       "\nsearched: data x fsdp x context x tensor = 2; context 1, 2; tensor <= 2 "
+                       "and dividing the 6 query heads;"))
+      << output;
   EXPECT_TRUE(contains(output, "planned " + std::to_string(result.planned) + " candidates")) << output;
   EXPECT_TRUE(contains(output, std::to_string(result.fitting.size()) + " fit;")) << output;
   // Table rows: "  rank data fsdp context tensor batch GA remat arena time unit".
@@ -394,6 +399,16 @@ TEST_F(CompileCli, SearchSkipsInvalidMeshesAndSaysWhenNothingFits) {
       search_training_configurations(load_config("qwen3-tiny", {"topology=cpu", "mesh.data=6"}));
   EXPECT_GT(tiny.invalid, 0) << "tensor 3 and 6 split 6 query heads but not 2 kv heads";
   EXPECT_LT(tiny.invalid, tiny.planned);
+  // Context 3 and 6 cannot cut 128 tokens into 2C chunks: skipped, not planned and not a failure. Context 1:
+  // 9 meshes (tensor 1, 2, 3, 6 with fsdp dividing the rest), context 2: 3; batch x GA = 16: 5 splits.
+  EXPECT_EQ(tiny.contexts.searched, (std::vector<int64_t>{1, 2}));
+  EXPECT_EQ(tiny.contexts.skipped, (std::vector<int64_t>{3, 6}));
+  EXPECT_EQ(tiny.planned, (9 + 3) * 5 * 3);
+  const std::string six = run({"qwen3-tiny", "topology=cpu", "mesh.data=6", "--search"});
+  EXPECT_TRUE(contains(six,
+                       "; context 1, 2 (skipped 3, 6: max_target_length=128 does not split over them with "
+                       "context_parallel_reorder=dual_chunk_swap); "))
+      << six;
   // 14B on one 16 GB chip at batch 1: nothing fits, and the smallest arena is reported.
   std::ostringstream out;
   EXPECT_EQ(run_compile({"qwen3-14b", "topology=v5e-1", "per_device_batch_size=1", "--search"}, out), 0);

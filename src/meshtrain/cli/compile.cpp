@@ -310,8 +310,20 @@ void print_search(const SearchResult& result, std::ostream& out) {
   std::string remat_policies;
   for (const char* policy : kRematPolicyNames)
     remat_policies += (remat_policies.empty() ? "" : ", ") + std::string(policy);
-  out << "searched: data x fsdp x tensor = " << result.devices / result.context << " (context fixed at "
-      << result.context << "), tensor <= " << result.tensor_limit << " and dividing the "
+  const auto listed = [](const std::vector<int64_t>& values) {
+    std::string text;
+    for (int64_t value : values) text += (text.empty() ? "" : ", ") + std::to_string(value);
+    return text;
+  };
+  const ContextDegrees& contexts = result.contexts;
+  std::string skipped;
+  if (!contexts.skipped.empty()) {
+    skipped = " (skipped " + listed(contexts.skipped) +
+              ": max_target_length=" + std::to_string(contexts.sequence_length) + " does not split over " +
+              (contexts.skipped.size() == 1 ? "it" : "them") + " with " + contexts.reorder_setting + ")";
+  }
+  out << "searched: data x fsdp x context x tensor = " << result.devices << "; context "
+      << listed(contexts.searched) << skipped << "; tensor <= " << result.tensor_limit << " and dividing the "
       << result.query_heads << " query heads; per_device_batch_size x gradient_accumulation_steps = "
       << result.global_batch / result.devices << "; remat_policy " << remat_policies << "\n";
   out << format(
