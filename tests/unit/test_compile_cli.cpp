@@ -451,5 +451,52 @@ TEST_F(CompileCli, BadInputNamesTheKey) {
   EXPECT_TRUE(contains(missing, "meshtrain compile")) << missing;
 }
 
+// Context parallelism's bad input: a row length the reorder cannot cut and a context degree that does not
+// divide the devices are refused before anything is planned, naming the keys, the values and the fix.
+TEST_F(CompileCli, ContextParallelBadInputNamesTheKeysTheValuesAndTheFix) {
+  const std::string dual = error_of({"qwen3-tiny", "topology=cpu", "mesh.context=2", "max_target_length=18"});
+  EXPECT_TRUE(
+      contains(dual,
+               "config key 'max_target_length' (with mesh.context=2 and "
+               "context_parallel_reorder=dual_chunk_swap): expected a multiple of 2 x mesh.context = 4"))
+      << dual;
+  EXPECT_TRUE(contains(dual, "found max_target_length=18")) << dual;
+  EXPECT_TRUE(contains(dual,
+                       "fix: use a max_target_length that is a multiple of 2 x mesh.context = 4 (16 or 20), "
+                       "or context_parallel_reorder=striped"))
+      << dual;
+
+  const std::string striped = error_of({"qwen3-tiny", "topology=cpu", "mesh.context=4",
+                                        "max_target_length=130", "context_parallel_reorder=striped"});
+  EXPECT_TRUE(contains(striped,
+                       "config key 'max_target_length' (with mesh.context=4 and "
+                       "context_parallel_reorder=striped): expected a multiple of mesh.context = 4"))
+      << striped;
+  EXPECT_TRUE(contains(striped, "found max_target_length=130")) << striped;
+  EXPECT_TRUE(
+      contains(striped, "fix: use a max_target_length that is a multiple of mesh.context = 4 (128 or 132)"))
+      << striped;
+
+  const std::string plain = error_of({"qwen3-tiny", "topology=cpu", "mesh.context=4", "max_target_length=130",
+                                      "context_parallel_load_balance=false"});
+  EXPECT_TRUE(contains(plain, "(with mesh.context=4 and context_parallel_load_balance=false)")) << plain;
+  EXPECT_TRUE(contains(plain, "expected a multiple of mesh.context = 4")) << plain;
+
+  // mesh.context not dividing the devices: as a fixed mesh and with another axis filling in.
+  const std::string fixed = error_of({"qwen3-tiny", "topology=h100x8", "mesh.context=3"});
+  EXPECT_TRUE(contains(fixed,
+                       "config key 'mesh': expected a product of 8 (the devices of topology h100x8), "
+                       "found data=1 fsdp=1 context=3 tensor=1 (product 3) (fix: "))
+      << fixed;
+  const std::string filled = error_of({"qwen3-tiny", "topology=h100x8", "mesh.data=-1", "mesh.context=3"});
+  EXPECT_TRUE(contains(filled,
+                       "config key 'mesh': expected axes whose product divides the 8 devices of topology "
+                       "h100x8, found data=-1 fsdp=1 context=3 tensor=1 (product of the fixed axes 3)"))
+      << filled;
+  EXPECT_TRUE(contains(filled, "(fix: change the fixed mesh.* axes so that their product divides 8)"))
+      << filled;
+  // The search skips such degrees instead (SearchSkipsInvalidMeshesAndSaysWhenNothingFits).
+}
+
 }  // namespace
 }  // namespace meshtrain
