@@ -15,8 +15,9 @@ namespace meshtrain {
 
 // One kernel's attention FLOPs per context rank.
 //   whole = C x (the FLOPs of the kernel's attention ops, per device): the whole sequence's attention FLOPs
-//           as planned (each op is planned at 4 B L S H d / 2 per pass, the causal half of the rows it sees,
-//           the same on every rank; remat recomputes included).
+//           as planned. Every rank's ops are planned alike, at the average over the ranks (the forward
+//           4 B L S H d / 2 for L queries against S keys, the causal half; the backward 2.5 x that), remat
+//           recomputes included.
 //   flops[r] = whole x pairs[r] / (pairs summed over ranks), pairs = attention_pairs_per_context_rank.
 // So the ranks sum to `whole`, and max / mean is the reorder's imbalance. Empty when mesh.context is 1, for
 // the decode kernel, and for a kernel without attention ops.
