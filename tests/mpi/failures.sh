@@ -73,6 +73,22 @@ expect_refused heads 3 "base_num_query_heads" "${mpirun[@]}" -np 3 "$meshtrain" 
   mesh.tensor=3 steps=1 run_dir="$work/heads"
 expect_refused bad_key 2 "learning_rat" "${mpirun[@]}" -np 2 "$meshtrain" train qwen3-tiny "${tiny[@]}" mesh.data=2 \
   learning_rat=1 run_dir="$work/key"
+# Context parallelism: a row length the reorder cannot cut (dual_chunk_swap: a multiple of 2C; striped: of C)
+# and a context degree that does not divide the ranks are refused by every rank before the run directory
+# exists.
+short=("${tiny[@]/max_target_length=32/max_target_length=18}")
+expect_refused cp_dual_chunk_swap 2 "config key 'max_target_length' (with mesh.context=2 and context_parallel_reorder=dual_chunk_swap): expected a multiple of 2 x mesh.context = 4" \
+  "${mpirun[@]}" -np 2 "$meshtrain" train qwen3-tiny "${short[@]}" mesh.context=2 steps=1 run_dir="$work/cp_dual"
+short=("${tiny[@]/max_target_length=32/max_target_length=19}")
+expect_refused cp_striped 2 "(with mesh.context=2 and context_parallel_reorder=striped): expected a multiple of mesh.context = 2" \
+  "${mpirun[@]}" -np 2 "$meshtrain" train qwen3-tiny "${short[@]}" mesh.context=2 context_parallel_reorder=striped \
+  steps=1 run_dir="$work/cp_striped"
+expect_refused cp_devices 2 "expected axes whose product divides the 2 devices of 2 processes, found data=-1 fsdp=1 context=3" \
+  "${mpirun[@]}" -np 2 "$meshtrain" train qwen3-tiny "${tiny[@]}" mesh.data=-1 mesh.context=3 steps=1 \
+  run_dir="$work/cp_devices"
+for name in cp_dual cp_striped cp_devices; do
+  [ ! -e "$work/$name" ] || fail "$name: the run directory was made before the refusal"
+done
 # A set-up error of one rank only (the plan file it is told to verify is missing): that rank names the file,
 # the other says it stops because of it, and both end with status 1.
 expect_refused one_rank 1 "no_such_plan" "${mpirun[@]}" -np 1 "$meshtrain" train qwen3-tiny "${tiny[@]}" \

@@ -3,10 +3,13 @@
 // ranking against the step time recomputed from a fresh plan, and bad input against the key it names.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
+#include <numeric>
 #include <set>
 #include <sstream>
 #include <string>
@@ -16,6 +19,7 @@
 #include "meshtrain/cli/compile.h"
 #include "meshtrain/config/config.h"
 #include "meshtrain/core/error.h"
+#include "meshtrain/plan/context_attention.h"
 #include "meshtrain/plan/plan.h"
 #include "meshtrain/plan/search.h"
 
@@ -203,6 +207,126 @@ TEST_F(CompileCli, PlanOutWritesWhatSerializeKernelPlanGives) {
   }
 }
 
+// The FLOPs of a kernel's attention ops, per device as planned (the average over context ranks).
+double attention_flops_of(const KernelPlan& kernel) {
+  double flops = 0.0;
+  for (const PlanOp& op : kernel.ops) flops += op.op->kind == OpKind::attention ? op.flops : 0.0;
+  return flops;
+}
+
+// The printed "attention per context rank (...): rank 0 X UNIT  rank 1 ...  max/mean M" line: the per-rank
+// figures in FLOPs and max / mean. Empty when the output has no such line.
+struct PrintedContextAttention {
+  std::string line;
+  std::vector<double> flops;
+  double max_over_mean = 0.0;
+};
+PrintedContextAttention printed_context_attention(const std::string& output) {
+  PrintedContextAttention printed;
+  const size_t start = output.find("\nattention per context rank (");
+  if (start == std::string::npos) return printed;
+  printed.line = output.substr(start + 1, output.find('\n', start + 1) - start - 1);
+  std::istringstream words(printed.line.substr(printed.line.find("):") + 2));
+  for (std::string word; words >> word;) {
+    if (word == "rank") {
+      size_t rank = 0;
+      double value = 0.0;
+      std::string unit;
+      words >> rank >> value >> unit;
+      EXPECT_EQ(rank, printed.flops.size()) << printed.line;
+      const double scale = unit == "TFLOP" ? 1e12 : unit == "GFLOP" ? 1e9 : unit == "MFLOP" ? 1e6 : 1.0;
+      printed.flops.push_back(value * scale);
+    } else if (word == "max/mean") {
+      words >> printed.max_over_mean;
+    }
+  }
+  return printed;
+}
+
+TEST_F(CompileCli, ContextParallelPrintsTheAttentionFlopsOfEachContextRank) {
+  struct Case {
+    std::vector<std::string> overrides;
+    std::string label;  // in the printed line
+    int64_t ranks;
+  };
+  const std::vector<Case> cases = {
+      {{"mesh.context=2"}, "(dual_chunk_swap, C=2; one step: 1 micro-batch", 2},
+      {{"mesh.context=4", "gradient_accumulation_steps=2", "remat_policy=full"},
+       "(dual_chunk_swap, C=4; one step: 2 micro-batches",
+       4},
+      {{"mesh.context=2", "context_parallel_reorder=striped"}, "(striped, C=2;", 2},
+      {{"mesh.context=4", "context_parallel_reorder=striped", "max_target_length=512"}, "(striped, C=4;", 4},
+      {{"mesh.context=4", "context_parallel_load_balance=false"},
+       "(none: context_parallel_load_balance=false, C=4;",
+       4},
+  };
+  for (const Case& c : cases) {
+    std::vector<std::string> overrides = {"topology=cpu"};
+    overrides.insert(overrides.end(), c.overrides.begin(), c.overrides.end());
+    std::vector<std::string> arguments = {"qwen3-tiny"};
+    arguments.insert(arguments.end(), overrides.begin(), overrides.end());
+    const std::string output = run(arguments);
+    const PrintedContextAttention printed = printed_context_attention(output);
+    ASSERT_FALSE(printed.line.empty()) << output;
+    EXPECT_TRUE(contains(printed.line, c.label)) << printed.line;
+    ASSERT_EQ(printed.flops.size(), static_cast<size_t>(c.ranks)) << printed.line;
+
+    // The figures are the plan's: fwd_bwd's attention ops (per device, the average over ranks) times C is
+    // the whole sequence's; a step is GA of them; each rank's share is its causal pairs'.
+    const TrainingPlan plan = fresh_plan("qwen3-tiny", overrides, {kKernelNames.begin(), kKernelNames.end()});
+    const KernelPlan& fwd_bwd = plan.kernel(KernelName::fwd_bwd);
+    // fwd_bwd_accum runs the same attention, so a step's is GA x fwd_bwd's.
+    EXPECT_EQ(attention_flops_of(plan.kernel(KernelName::fwd_bwd_accum)), attention_flops_of(fwd_bwd));
+    const ContextAttentionLoad step = step_context_attention_load(plan);
+    const double whole_step = attention_flops_of(fwd_bwd) * static_cast<double>(c.ranks) *
+                              static_cast<double>(plan.spec.config.gradient_accumulation_steps);
+    EXPECT_DOUBLE_EQ(step.total(), whole_step) << printed.line;
+    ASSERT_EQ(step.flops.size(), printed.flops.size());
+    for (size_t rank = 0; rank < step.flops.size(); ++rank) {
+      EXPECT_NEAR(printed.flops[rank], step.flops[rank], 0.006 * step.flops[rank])
+          << printed.line;  // 2 decimals
+    }
+    EXPECT_NEAR(printed.max_over_mean, step.max_over_mean(), 0.0005) << printed.line;
+    if (plan.spec.config.context_parallel_load_balance) {
+      EXPECT_LE(step.max_over_mean(), 1.01) << printed.line;  // balanced within 1%
+    } else {
+      // A plain split over 4 ranks: rank r has about (2r + 1) / 16 of the pairs, the last 7 / 4 of the mean.
+      EXPECT_GT(step.max_over_mean(), 1.3) << printed.line;
+      EXPECT_NEAR(step.max_over_mean(), 1.744, 0.001) << printed.line;
+      EXPECT_TRUE(std::is_sorted(step.flops.begin(), step.flops.end())) << printed.line;
+    }
+    if (plan.spec.config.context_parallel_reorder == ContextReorder::dual_chunk_swap &&
+        plan.spec.config.context_parallel_load_balance) {
+      EXPECT_EQ(*std::max_element(step.flops.begin(), step.flops.end()),
+                *std::min_element(step.flops.begin(), step.flops.end()))
+          << printed.line;
+      EXPECT_TRUE(contains(printed.line, "max/mean 1.000")) << printed.line;
+    }
+
+    // Each kernel's plan file records its own figures, summing to C x its attention FLOPs per device.
+    for (const KernelPlan& kernel : plan.kernels) {
+      const nlohmann::json file = nlohmann::json::parse(serialize_kernel_plan(plan, kernel.kernel));
+      const ContextAttentionLoad load = context_attention_load(plan, kernel);
+      if (load.empty()) {
+        EXPECT_FALSE(file["cost"].contains("attention_flops_per_context_rank")) << kernel_name(kernel.kernel);
+        continue;
+      }
+      EXPECT_EQ(file["cost"]["attention_flops_per_context_rank"].get<std::vector<double>>(), load.flops)
+          << kernel_name(kernel.kernel);
+      EXPECT_DOUBLE_EQ(load.total(), attention_flops_of(kernel) * static_cast<double>(c.ranks));
+    }
+    EXPECT_TRUE(context_attention_load(plan, plan.kernel(KernelName::update)).empty());
+    EXPECT_FALSE(context_attention_load(plan, plan.kernel(KernelName::eval)).empty());
+  }
+
+  // One context rank: no such line, no such plan-file entry.
+  const std::string single = run({"qwen3-tiny", "topology=cpu", "mesh.data=2"});
+  EXPECT_FALSE(contains(single, "attention per context rank")) << single;
+  const TrainingPlan plan = fresh_plan("qwen3-tiny", {"mesh.data=2"}, {KernelName::fwd_bwd});
+  EXPECT_FALSE(
+      contains(serialize_kernel_plan(plan, KernelName::fwd_bwd), "attention_flops_per_context_rank"));
+}
+
 // "1.433 s" / "12.500 ms" / "3.0 us" -> seconds
 double parse_seconds(const std::string& value, const std::string& unit) {
   const double number = std::stod(value);
@@ -214,8 +338,9 @@ TEST_F(CompileCli, SearchRanksFittingConfigurationsByStepTime) {
   const SearchResult result = search_training_configurations(load_config("qwen3-tiny", overrides));
   EXPECT_EQ(result.devices, 2);
   EXPECT_EQ(result.global_batch, 8);
-  // tensor in {1, 2} (6 query heads, one host), data x fsdp the rest, batch x GA = 4, three remat policies.
-  EXPECT_EQ(result.planned, (2 + 1) * 3 * 3);
+  // context 1: tensor in {1, 2} (6 query heads, one host), data x fsdp the rest; context 2: one mesh;
+  // batch x GA = 4; three remat policies.
+  EXPECT_EQ(result.planned, (2 + 1 + 1) * 3 * 3);
   ASSERT_FALSE(result.fitting.empty());
   for (size_t i = 1; i < result.fitting.size(); ++i) {
     EXPECT_LE(result.fitting[i - 1].step_seconds, result.fitting[i].step_seconds) << "rank " << i;
@@ -238,6 +363,10 @@ TEST_F(CompileCli, SearchRanksFittingConfigurationsByStepTime) {
 
   // The command prints the same ranking, fastest first.
   const std::string output = run({"qwen3-tiny", overrides[0], overrides[1], overrides[2], "--search"});
+  EXPECT_TRUE(contains(output,
+                       "\nsearched: data x fsdp x context x tensor = 2; context 1, 2; tensor <= 2 "
+                       "and dividing the 6 query heads;"))
+      << output;
   EXPECT_TRUE(contains(output, "planned " + std::to_string(result.planned) + " candidates")) << output;
   EXPECT_TRUE(contains(output, std::to_string(result.fitting.size()) + " fit;")) << output;
   // Table rows: "  rank data fsdp context tensor batch GA remat arena time unit".
@@ -270,6 +399,16 @@ TEST_F(CompileCli, SearchSkipsInvalidMeshesAndSaysWhenNothingFits) {
       search_training_configurations(load_config("qwen3-tiny", {"topology=cpu", "mesh.data=6"}));
   EXPECT_GT(tiny.invalid, 0) << "tensor 3 and 6 split 6 query heads but not 2 kv heads";
   EXPECT_LT(tiny.invalid, tiny.planned);
+  // Context 3 and 6 cannot cut 128 tokens into 2C chunks: skipped, not planned and not a failure. Context 1:
+  // 9 meshes (tensor 1, 2, 3, 6 with fsdp dividing the rest), context 2: 3; batch x GA = 16: 5 splits.
+  EXPECT_EQ(tiny.contexts.searched, (std::vector<int64_t>{1, 2}));
+  EXPECT_EQ(tiny.contexts.skipped, (std::vector<int64_t>{3, 6}));
+  EXPECT_EQ(tiny.planned, (9 + 3) * 5 * 3);
+  const std::string six = run({"qwen3-tiny", "topology=cpu", "mesh.data=6", "--search"});
+  EXPECT_TRUE(contains(six,
+                       "; context 1, 2 (skipped 3, 6: max_target_length=128 does not split over them with "
+                       "context_parallel_reorder=dual_chunk_swap); "))
+      << six;
   // 14B on one 16 GB chip at batch 1: nothing fits, and the smallest arena is reported.
   std::ostringstream out;
   EXPECT_EQ(run_compile({"qwen3-14b", "topology=v5e-1", "per_device_batch_size=1", "--search"}, out), 0);
@@ -310,6 +449,53 @@ TEST_F(CompileCli, BadInputNamesTheKey) {
 
   const std::string missing = error_of({});
   EXPECT_TRUE(contains(missing, "meshtrain compile")) << missing;
+}
+
+// Context parallelism's bad input: a row length the reorder cannot cut and a context degree that does not
+// divide the devices are refused before anything is planned, naming the keys, the values and the fix.
+TEST_F(CompileCli, ContextParallelBadInputNamesTheKeysTheValuesAndTheFix) {
+  const std::string dual = error_of({"qwen3-tiny", "topology=cpu", "mesh.context=2", "max_target_length=18"});
+  EXPECT_TRUE(
+      contains(dual,
+               "config key 'max_target_length' (with mesh.context=2 and "
+               "context_parallel_reorder=dual_chunk_swap): expected a multiple of 2 x mesh.context = 4"))
+      << dual;
+  EXPECT_TRUE(contains(dual, "found max_target_length=18")) << dual;
+  EXPECT_TRUE(contains(dual,
+                       "fix: use a max_target_length that is a multiple of 2 x mesh.context = 4 (16 or 20), "
+                       "or context_parallel_reorder=striped"))
+      << dual;
+
+  const std::string striped = error_of({"qwen3-tiny", "topology=cpu", "mesh.context=4",
+                                        "max_target_length=130", "context_parallel_reorder=striped"});
+  EXPECT_TRUE(contains(striped,
+                       "config key 'max_target_length' (with mesh.context=4 and "
+                       "context_parallel_reorder=striped): expected a multiple of mesh.context = 4"))
+      << striped;
+  EXPECT_TRUE(contains(striped, "found max_target_length=130")) << striped;
+  EXPECT_TRUE(
+      contains(striped, "fix: use a max_target_length that is a multiple of mesh.context = 4 (128 or 132)"))
+      << striped;
+
+  const std::string plain = error_of({"qwen3-tiny", "topology=cpu", "mesh.context=4", "max_target_length=130",
+                                      "context_parallel_load_balance=false"});
+  EXPECT_TRUE(contains(plain, "(with mesh.context=4 and context_parallel_load_balance=false)")) << plain;
+  EXPECT_TRUE(contains(plain, "expected a multiple of mesh.context = 4")) << plain;
+
+  // mesh.context not dividing the devices: as a fixed mesh and with another axis filling in.
+  const std::string fixed = error_of({"qwen3-tiny", "topology=h100x8", "mesh.context=3"});
+  EXPECT_TRUE(contains(fixed,
+                       "config key 'mesh': expected a product of 8 (the devices of topology h100x8), "
+                       "found data=1 fsdp=1 context=3 tensor=1 (product 3) (fix: "))
+      << fixed;
+  const std::string filled = error_of({"qwen3-tiny", "topology=h100x8", "mesh.data=-1", "mesh.context=3"});
+  EXPECT_TRUE(contains(filled,
+                       "config key 'mesh': expected axes whose product divides the 8 devices of topology "
+                       "h100x8, found data=-1 fsdp=1 context=3 tensor=1 (product of the fixed axes 3)"))
+      << filled;
+  EXPECT_TRUE(contains(filled, "(fix: change the fixed mesh.* axes so that their product divides 8)"))
+      << filled;
+  // The search skips such degrees instead (SearchSkipsInvalidMeshesAndSaysWhenNothingFits).
 }
 
 }  // namespace

@@ -93,14 +93,16 @@ TEST(Config, ContextParallelReorderDefaultsToDualChunkSwap) {
   EXPECT_TRUE(config.context_parallel_load_balance);
   EXPECT_EQ(config.context_parallel_reorder, ContextReorder::dual_chunk_swap);
   EXPECT_EQ(effective_context_reorder(config), ContextReorder::dual_chunk_swap);
-  // Not plan keys yet: adding them leaves every plan file as it was (the integration step marks them).
+  // Plan keys: under mesh.context > 1 the reorder decides each rank's rows and the strategy its ops, so a
+  // plan file records them (tests/unit/plan/test_identity.cpp has the whole list).
   const std::vector<std::string> plan_keys = plan_key_names();
   for (const std::pair<std::string, std::string>& resolved :
        {std::pair<std::string, std::string>("context_parallel_load_balance", "true"),
-        std::pair<std::string, std::string>("context_parallel_reorder", "dual_chunk_swap")}) {
+        std::pair<std::string, std::string>("context_parallel_reorder", "dual_chunk_swap"),
+        std::pair<std::string, std::string>("context_parallel_strategy", "all_gather")}) {
     EXPECT_NE(std::find(config.resolved.begin(), config.resolved.end(), resolved), config.resolved.end())
         << resolved.first;
-    EXPECT_EQ(std::find(plan_keys.begin(), plan_keys.end(), resolved.first), plan_keys.end())
+    EXPECT_NE(std::find(plan_keys.begin(), plan_keys.end(), resolved.first), plan_keys.end())
         << resolved.first;
   }
 }

@@ -1,5 +1,5 @@
-// plan/search: the candidate enumeration, a candidate applied to a config equals the config its overrides
-// load, and the ranking of the fitting candidates.
+// plan/search: the candidate enumeration (context degrees included), a candidate applied to a config equals
+// the config its overrides load, and the ranking of the fitting candidates.
 #include <gtest/gtest.h>
 
 #include <sstream>
@@ -23,21 +23,60 @@ std::vector<std::string> words_of(const std::string& text) {
 
 TEST(Search, CandidatesCoverMeshesBatchSplitsAndRematPolicies) {
   const Config base = load_config("qwen3-tiny", {"per_device_batch_size=2", "gradient_accumulation_steps=2"});
-  // 4 devices, context 1, tensor <= 2 (and dividing 6 query heads): tensor 1 -> fsdp {1, 2, 4}, tensor 2 ->
-  // fsdp {1, 2}; batch x GA = 4 -> batch {1, 2, 4}; three remat policies.
-  const std::vector<SearchCandidate> candidates = search_candidates(base, 4, 1, 2);
-  ASSERT_EQ(candidates.size(), (3u + 2u) * 3u * 3u);
+  // 4 devices, tensor <= 2 (and dividing 6 query heads); batch x GA = 4 -> batch {1, 2, 4}; three remat
+  // policies. Context {1, 2, 4} (max_target_length 128 splits into 2C chunks for each):
+  //   context 1: tensor 1 -> fsdp {1, 2, 4}, tensor 2 -> fsdp {1, 2}: 5 meshes
+  //   context 2: tensor 1 -> fsdp {1, 2}, tensor 2 -> fsdp {1}: 3 meshes
+  //   context 4: 1 mesh
+  const std::vector<SearchCandidate> candidates = search_candidates(base, 4, 2);
+  ASSERT_EQ(candidates.size(), (5u + 3u + 1u) * 3u * 3u);
+  int64_t previous_context = 1;
   for (const SearchCandidate& candidate : candidates) {
     EXPECT_EQ(candidate.mesh.devices(), 4);
     EXPECT_LE(candidate.mesh.size(MeshAxis::tensor), 2);
     EXPECT_EQ(candidate.per_device_batch_size * candidate.gradient_accumulation_steps, 4);
+    EXPECT_GE(candidate.mesh.size(MeshAxis::context), previous_context) << "context is the outermost loop";
+    previous_context = candidate.mesh.size(MeshAxis::context);
   }
   const SearchCandidate& first = candidates.front();
   EXPECT_EQ(first.mesh.to_string(), "data=4 fsdp=1 context=1 tensor=1");
   EXPECT_EQ(first.per_device_batch_size, 1);
   EXPECT_EQ(first.remat_policy, RematPolicy::none);
   EXPECT_EQ(candidates[1].remat_policy, RematPolicy::minimal);
-  EXPECT_EQ(candidates.back().mesh.to_string(), "data=1 fsdp=2 context=1 tensor=2");
+  EXPECT_EQ(candidates[5 * 9 - 1].mesh.to_string(), "data=1 fsdp=2 context=1 tensor=2");
+  EXPECT_EQ(candidates[5 * 9].mesh.to_string(), "data=2 fsdp=1 context=2 tensor=1");
+  EXPECT_EQ(candidates.back().mesh.to_string(), "data=1 fsdp=1 context=4 tensor=1");
+}
+
+// The context degrees are the device count's divisors the reorder can cut max_target_length over:
+// dual_chunk_swap a multiple of 2C, striped and the plain split a multiple of C.
+TEST(Search, ContextDegreesSkipThoseTheReorderCannotSplit) {
+  const auto degrees = [](const std::vector<std::string>& overrides, int64_t devices) {
+    return search_context_degrees(load_config("qwen3-tiny", overrides), devices);
+  };
+  const ContextDegrees dual = degrees({"max_target_length=20"}, 8);
+  EXPECT_EQ(dual.searched, (std::vector<int64_t>{1, 2}));  // 20 = 5 x (2 x 2)
+  EXPECT_EQ(dual.skipped, (std::vector<int64_t>{4, 8}));
+  EXPECT_EQ(dual.sequence_length, 20);
+  EXPECT_EQ(dual.reorder_setting, "context_parallel_reorder=dual_chunk_swap");
+  EXPECT_NE(dual.first_skip_reason.find("config key 'max_target_length' (with mesh.context=4"),
+            std::string::npos)
+      << dual.first_skip_reason;
+  const ContextDegrees striped = degrees({"max_target_length=20", "context_parallel_reorder=striped"}, 8);
+  EXPECT_EQ(striped.searched, (std::vector<int64_t>{1, 2, 4}));
+  EXPECT_EQ(striped.skipped, (std::vector<int64_t>{8}));
+  const ContextDegrees plain = degrees({"max_target_length=20", "context_parallel_load_balance=false"}, 8);
+  EXPECT_EQ(plain.searched, (std::vector<int64_t>{1, 2, 4}));
+  EXPECT_EQ(plain.reorder_setting, "context_parallel_load_balance=false");
+  // An odd length: only one context rank holds a row.
+  const ContextDegrees odd = degrees({"max_target_length=127"}, 4);
+  EXPECT_EQ(odd.searched, (std::vector<int64_t>{1}));
+  EXPECT_EQ(odd.skipped, (std::vector<int64_t>{2, 4}));
+  EXPECT_TRUE(degrees({}, 6).first_skip_reason.find("mesh.context=3") != std::string::npos);
+  // And the candidates hold only the searched degrees.
+  for (const SearchCandidate& candidate :
+       search_candidates(load_config("qwen3-tiny", {"max_target_length=20"}), 8, 8))
+    EXPECT_LE(candidate.mesh.size(MeshAxis::context), 2) << candidate.overrides();
 }
 
 TEST(Search, AppliedCandidateEqualsTheConfigItsOverridesLoad) {
@@ -70,7 +109,10 @@ TEST(Search, RanksFittingCandidatesFastestFirst) {
       load_config("qwen3-tiny", {"topology=cpu", "mesh.data=2", "per_device_batch_size=2"}));
   EXPECT_EQ(result.devices, 2);
   EXPECT_EQ(result.global_batch, 4);
-  EXPECT_EQ(result.planned, (2 + 1) * 2 * 3);
+  // context 1: tensor 1 -> fsdp {1, 2}, tensor 2 -> fsdp {1}; context 2: one mesh; batch {1, 2}; 3 remat.
+  EXPECT_EQ(result.planned, (2 + 1 + 1) * 2 * 3);
+  EXPECT_EQ(result.contexts.searched, (std::vector<int64_t>{1, 2}));
+  EXPECT_TRUE(result.contexts.skipped.empty());
   ASSERT_FALSE(result.fitting.empty());
   for (size_t i = 1; i < result.fitting.size(); ++i) {
     const FittingCandidate& before = result.fitting[i - 1];

@@ -13,6 +13,7 @@
 #include "meshtrain/cli/arguments.h"
 #include "meshtrain/core/durable_file.h"
 #include "meshtrain/core/error.h"
+#include "meshtrain/plan/context_attention.h"
 #include "meshtrain/plan/plan.h"
 #include "meshtrain/plan/search.h"
 
@@ -134,6 +135,32 @@ void print_kernel(const KernelPlan& kernel, std::ostream& out) {
   out << row("temps", bytes_text(static_cast<double>(m.temps)));
   out << row("peak", bytes_text(static_cast<double>(m.peak)));
   out << row("predicted time", seconds_text(kernel.seconds));
+}
+
+// "1.23 TFLOP", "4.56 MFLOP": two decimals in the largest unit the figure reaches.
+std::string flops_text(double flops) {
+  if (flops >= 1e12) return format("%.2f TFLOP", flops / 1e12);
+  if (flops >= 1e9) return format("%.2f GFLOP", flops / 1e9);
+  if (flops >= 1e6) return format("%.2f MFLOP", flops / 1e6);
+  return format("%.0f FLOP", flops);
+}
+
+// Under mesh.context > 1: one training step's attention FLOPs on each context rank (the whole sequence's
+// attention FLOPs of GA micro-batches' forward + backward, remat recomputes included, split by each rank's
+// causal (query, key) pairs under the reorder; plan/context_attention.h) and max / mean over the ranks.
+void print_context_attention(const TrainingPlan& plan, std::ostream& out) {
+  const ContextAttentionLoad load = step_context_attention_load(plan);
+  if (load.empty()) return;
+  const std::string reorder = load.reorder == ContextReorder::none
+                                  ? "none: context_parallel_load_balance=false"
+                                  : std::string(context_reorder_name(load.reorder));
+  const int64_t micro_batches = plan.spec.config.gradient_accumulation_steps;
+  out << "\nattention per context rank (" << reorder << ", C=" << load.context_ranks
+      << "; one step: " << micro_batches << " micro-batch" << (micro_batches == 1 ? "" : "es")
+      << ", forward + backward):";
+  for (size_t rank = 0; rank < load.flops.size(); ++rank)
+    out << (rank == 0 ? " " : "  ") << "rank " << rank << " " << flops_text(load.flops[rank]);
+  out << format("  max/mean %.3f\n", load.max_over_mean());
 }
 
 // The n largest buffers that own memory (a shard viewed inside another buffer does not), largest first;
@@ -283,8 +310,20 @@ void print_search(const SearchResult& result, std::ostream& out) {
   std::string remat_policies;
   for (const char* policy : kRematPolicyNames)
     remat_policies += (remat_policies.empty() ? "" : ", ") + std::string(policy);
-  out << "searched: data x fsdp x tensor = " << result.devices / result.context << " (context fixed at "
-      << result.context << "), tensor <= " << result.tensor_limit << " and dividing the "
+  const auto listed = [](const std::vector<int64_t>& values) {
+    std::string text;
+    for (int64_t value : values) text += (text.empty() ? "" : ", ") + std::to_string(value);
+    return text;
+  };
+  const ContextDegrees& contexts = result.contexts;
+  std::string skipped;
+  if (!contexts.skipped.empty()) {
+    skipped = " (skipped " + listed(contexts.skipped) +
+              ": max_target_length=" + std::to_string(contexts.sequence_length) + " does not split over " +
+              (contexts.skipped.size() == 1 ? "it" : "them") + " with " + contexts.reorder_setting + ")";
+  }
+  out << "searched: data x fsdp x context x tensor = " << result.devices << "; context "
+      << listed(contexts.searched) << skipped << "; tensor <= " << result.tensor_limit << " and dividing the "
       << result.query_heads << " query heads; per_device_batch_size x gradient_accumulation_steps = "
       << result.global_batch / result.devices << "; remat_policy " << remat_policies << "\n";
   out << format(
@@ -365,6 +404,7 @@ int run_compile(const std::vector<std::string>& arguments, std::ostream& out) {
 
   print_header(plan, parsed.config, plan_seconds, out);
   for (const KernelPlan& kernel : plan.kernels) print_kernel(kernel, out);
+  print_context_attention(plan, out);
   print_verdict(plan, out);
   if (explain) print_explain(plan, out);
   if (!request.config.plan_out.empty()) write_plan_files(plan, request.config.plan_out, out);

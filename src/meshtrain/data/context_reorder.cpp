@@ -161,6 +161,14 @@ std::vector<int64_t> ContextLayout::rank_sources(int64_t rank) const {
   return indices;
 }
 
+std::vector<int64_t> attention_pairs_per_context_rank(const ContextLayout& layout) {
+  std::vector<int64_t> pairs(static_cast<size_t>(layout.context_ranks()), 0);  // [C]
+  for (int64_t rank = 0; rank < layout.context_ranks(); ++rank) {
+    for (int64_t natural : layout.rank_sources(rank)) pairs[rank] += natural + 1;  // keys 0..natural
+  }
+  return pairs;
+}
+
 Batch context_shard(const Batch& rows, const ContextLayout& layout, int64_t rank) {
   const int64_t S = layout.sequence_length();
   const int64_t B = batch_rows(rows, S);

@@ -54,6 +54,12 @@ class ContextLayout {
   int64_t context_ranks_;
 };
 
+// [C] the causal attention work of each context rank: the (query, key) pairs with key index <= query index
+// over the queries it holds, sum over its natural indices i of (i + 1). No document mask (packed rows only
+// remove pairs), as the planned attention FLOPs assume. The ranks together count S (S + 1) / 2.
+// C = 2, S = 8: none {10, 26}, dual_chunk_swap {18, 18}, striped {16, 20}.
+std::vector<int64_t> attention_pairs_per_context_rank(const ContextLayout& layout);
+
 // Context rank `rank`'s shard of `rows` ([B, S] per field -> [B, L]): in each row, the tokens at
 // layout.rank_sources(rank). Tokens, targets, positions, segment ids and the loss mask travel together;
 // positions keep their original values (the shard's positions are not 0..L-1).

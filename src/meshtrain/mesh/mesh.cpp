@@ -81,7 +81,8 @@ Mesh resolve_mesh(const MeshShape& requested, int64_t devices, const std::string
     if (devices % product != 0) {
       fail("config key 'mesh'",
            "axes whose product divides the " + std::to_string(devices) + " devices of " + devices_source,
-           mesh.to_string() + " (product of the fixed axes " + std::to_string(product) + ")");
+           mesh.to_string() + " (product of the fixed axes " + std::to_string(product) + ")",
+           "change the fixed mesh.* axes so that their product divides " + std::to_string(devices));
     }
     *fill = devices / product;
     product = devices;

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "meshtrain/core/error.h"
+#include "meshtrain/plan/context_attention.h"
 #include "meshtrain/plan/plan.h"
 
 namespace meshtrain {
@@ -59,6 +60,9 @@ std::string serialize_kernel_plan(const TrainingPlan& plan, KernelName name) {
                  {"bytes_accessed", kernel.bytes_accessed},
                  {"collective_bytes", collective},
                  {"predicted_seconds", kernel.seconds}};
+  // Under mesh.context > 1: this kernel's attention FLOPs on each context rank (plan/context_attention.h).
+  const ContextAttentionLoad context_load = context_attention_load(plan, kernel);
+  if (!context_load.empty()) out["cost"]["attention_flops_per_context_rank"] = context_load.flops;
   std::set<PlanBufferId> touched;
   for (const PlanOp& op : kernel.ops) {
     for (const auto& binding : op.buffers) touched.insert(binding.second);

@@ -1,4 +1,4 @@
-// The mesh / micro-batch / remat search over plan_training (see search.h).
+// The mesh (context included) / micro-batch / remat search over plan_training (see search.h).
 #include "meshtrain/plan/search.h"
 
 #include <algorithm>
@@ -7,6 +7,7 @@
 #include <exception>
 
 #include "meshtrain/core/error.h"
+#include "meshtrain/data/context_reorder.h"
 #include "meshtrain/plan/plan.h"
 #include "meshtrain/plan/topology.h"
 
@@ -54,21 +55,43 @@ std::string SearchCandidate::overrides() const {
          " remat_policy=" + remat_policy_name(remat_policy);
 }
 
-std::vector<SearchCandidate> search_candidates(const Config& base, int64_t devices, int64_t context,
-                                               int64_t tensor_limit) {
+ContextDegrees search_context_degrees(const Config& base, int64_t devices) {
+  ContextDegrees degrees;
+  degrees.sequence_length = base.max_target_length;
+  degrees.reorder_setting =
+      base.context_parallel_load_balance
+          ? std::string("context_parallel_reorder=") + context_reorder_name(base.context_parallel_reorder)
+          : "context_parallel_load_balance=false";
+  for (int64_t context : divisors(devices)) {
+    try {
+      [[maybe_unused]] const ContextLayout layout(effective_context_reorder(base), base.max_target_length,
+                                                  context);
+    } catch (const MeshError& error) {
+      if (degrees.skipped.empty()) degrees.first_skip_reason = error.what();
+      degrees.skipped.push_back(context);
+      continue;
+    }
+    degrees.searched.push_back(context);
+  }
+  return degrees;
+}
+
+std::vector<SearchCandidate> search_candidates(const Config& base, int64_t devices, int64_t tensor_limit) {
   const int64_t sequences_per_device = base.per_device_batch_size * base.gradient_accumulation_steps;
   std::vector<SearchCandidate> candidates;
-  for (int64_t tensor : divisors(devices / context)) {
-    if (tensor > tensor_limit || base.base_num_query_heads % tensor != 0) continue;
-    for (int64_t fsdp : divisors(devices / context / tensor)) {
-      const int64_t data = devices / context / tensor / fsdp;
-      for (int64_t batch : divisors(sequences_per_device)) {
-        for (RematPolicy remat : kRematPolicies) {
-          const Mesh mesh({{MeshAxis::data, data},
-                           {MeshAxis::fsdp, fsdp},
-                           {MeshAxis::context, context},
-                           {MeshAxis::tensor, tensor}});
-          candidates.push_back({mesh, batch, sequences_per_device / batch, remat});
+  for (int64_t context : search_context_degrees(base, devices).searched) {
+    for (int64_t tensor : divisors(devices / context)) {
+      if (tensor > tensor_limit || base.base_num_query_heads % tensor != 0) continue;
+      for (int64_t fsdp : divisors(devices / context / tensor)) {
+        const int64_t data = devices / context / tensor / fsdp;
+        for (int64_t batch : divisors(sequences_per_device)) {
+          for (RematPolicy remat : kRematPolicies) {
+            const Mesh mesh({{MeshAxis::data, data},
+                             {MeshAxis::fsdp, fsdp},
+                             {MeshAxis::context, context},
+                             {MeshAxis::tensor, tensor}});
+            candidates.push_back({mesh, batch, sequences_per_device / batch, remat});
+          }
         }
       }
     }
@@ -87,19 +110,13 @@ SearchResult search_training_configurations(const Config& base) {
   result.topology = topology.name;
   result.devices = resolve_devices(base, topology, 0).count;
   result.device_memory_bytes = topology.device_memory_bytes(result.devices);
-  const int64_t context = base.mesh[MeshAxis::context] >= 1 ? base.mesh[MeshAxis::context] : 1;
-  if (result.devices % context != 0) {
-    fail("config key 'mesh.size(MeshAxis::context)'",
-         "a divisor of the " + std::to_string(result.devices) + " devices", std::to_string(context));
-  }
   result.global_batch = base.per_device_batch_size * base.gradient_accumulation_steps * result.devices;
   // Tensor parallelism stays inside a host (its collectives run every layer) and splits the query heads.
   const int64_t tensor_limit = topology.devices_per_host == 0 ? result.devices : topology.devices_per_host;
-  result.context = context;
+  result.contexts = search_context_degrees(base, result.devices);
   result.tensor_limit = tensor_limit;
   result.query_heads = base.base_num_query_heads;
-  const std::vector<SearchCandidate> candidates =
-      search_candidates(base, result.devices, context, tensor_limit);
+  const std::vector<SearchCandidate> candidates = search_candidates(base, result.devices, tensor_limit);
 
   // Candidates are planned in parallel (each plan is independent and deterministic), then gathered in
   // enumeration order so the ranking does not depend on the thread count.

@@ -1,5 +1,6 @@
-// The ahead-of-time search of `meshtrain compile --search`: every mesh, micro-batch split and remat policy
-// for the config's topology and global batch, each planned, the ones that fit ranked by predicted step time.
+// The ahead-of-time search of `meshtrain compile --search`: every mesh (context included), micro-batch split
+// and remat policy for the config's topology and global batch, each planned, the ones that fit ranked by
+// predicted step time.
 #pragma once
 
 #include <cstddef>
@@ -24,6 +25,20 @@ struct SearchCandidate {
   std::string overrides() const;
 };
 
+// The context degrees the search tries: the divisors of the device count over which the config's reorder
+// can cut max_target_length (ContextLayout's rule: dual_chunk_swap a multiple of 2C, striped and the plain
+// split a multiple of C; C = 1 always). The others are skipped, not planned.
+struct ContextDegrees {
+  std::vector<int64_t> searched;  // ascending, starting at 1
+  std::vector<int64_t> skipped;   // ascending
+  std::string first_skip_reason;  // ContextLayout's message for skipped.front() ("" when none)
+  int64_t sequence_length = 0;    // max_target_length
+  // The keys that chose the reorder: "context_parallel_reorder=striped",
+  // "context_parallel_load_balance=false".
+  std::string reorder_setting;
+};
+ContextDegrees search_context_degrees(const Config& base, int64_t devices);
+
 // A candidate that fits, with the figures it is ranked by.
 struct FittingCandidate {
   SearchCandidate candidate;
@@ -35,7 +50,7 @@ struct FittingCandidate {
 struct SearchResult {
   std::string topology;
   int64_t devices = 0, global_batch = 0;  // global batch in sequences per optimizer step
-  int64_t context = 1;                    // mesh.context, fixed (not searched)
+  ContextDegrees contexts;                // mesh.context values searched and skipped
   int64_t tensor_limit = 1;  // tensor degrees searched: <= devices per host, dividing query heads
   int64_t query_heads = 0;
   double device_memory_bytes = 0.0;
@@ -47,11 +62,11 @@ struct SearchResult {
   double wall_seconds = 0.0;
 };
 
-// The candidates for `base` on `devices` devices: tensor <= tensor_limit and dividing the query heads,
-// data x fsdp the rest (context fixed), every per_device_batch_size x gradient_accumulation_steps split of
-// the config's sequences per device, remat_policy none, minimal, full; in enumeration order.
-std::vector<SearchCandidate> search_candidates(const Config& base, int64_t devices, int64_t context,
-                                               int64_t tensor_limit);
+// The candidates for `base` on `devices` devices: context each of search_context_degrees (outermost, 1
+// first), tensor <= tensor_limit and dividing the query heads, data x fsdp the rest, every
+// per_device_batch_size x gradient_accumulation_steps split of the config's sequences per device,
+// remat_policy none, minimal, full; in enumeration order.
+std::vector<SearchCandidate> search_candidates(const Config& base, int64_t devices, int64_t tensor_limit);
 
 // Plans every candidate (fwd_bwd, fwd_bwd_accum, update) applied to `base`, in parallel, and ranks those
 // that fit its topology.

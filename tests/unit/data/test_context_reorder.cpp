@@ -121,28 +121,37 @@ TEST(ContextReorder, InverseRoundTripsForEveryReorder) {
   }
 }
 
-// Causal attention work of each context rank: (query, key) pairs with key index <= query index over the
-// queries the rank holds (each query's keys come from every rank, all-gathered).
-std::vector<double> causal_pairs_per_rank(const ContextLayout& layout) {
-  std::vector<double> pairs;
-  for (int64_t r = 0; r < layout.context_ranks(); ++r) {
-    double count = 0;
-    for (const int64_t query : layout.rank_sources(r))
-      count += static_cast<double>(query + 1);  // keys 0..query
-    pairs.push_back(count);
-  }
-  return pairs;
+// attention_pairs_per_context_rank by hand, C = 2, S = 8 (natural indices each rank holds, keys 0..i each):
+//   none            rank 0 {0 1 2 3}: 1+2+3+4 = 10    rank 1 {4 5 6 7}: 5+6+7+8 = 26
+//   dual_chunk_swap rank 0 {0 1 6 7}: 1+2+7+8 = 18    rank 1 {2 3 4 5}: 3+4+5+6 = 18
+//   striped         rank 0 {0 2 4 6}: 1+3+5+7 = 16    rank 1 {1 3 5 7}: 2+4+6+8 = 20
+TEST(ContextReorder, AttentionPairsMatchHandCounts) {
+  EXPECT_EQ(attention_pairs_per_context_rank(ContextLayout(ContextReorder::none, 8, 2)),
+            (std::vector<int64_t>{10, 26}));
+  EXPECT_EQ(attention_pairs_per_context_rank(ContextLayout(ContextReorder::dual_chunk_swap, 8, 2)),
+            (std::vector<int64_t>{18, 18}));
+  EXPECT_EQ(attention_pairs_per_context_rank(ContextLayout(ContextReorder::striped, 8, 2)),
+            (std::vector<int64_t>{16, 20}));
+  // One rank holds the whole row: all S (S + 1) / 2 pairs, whatever the reorder asked.
+  EXPECT_EQ(attention_pairs_per_context_rank(ContextLayout(ContextReorder::dual_chunk_swap, 7, 1)),
+            (std::vector<int64_t>{28}));
+  // C = 4, S = 16, a plain split: rank r holds 4r..4r+3, (4r+1) + ... + (4r+4) = 16 r + 10 pairs, about
+  // (2r + 1) / C^2 of the 136.
+  EXPECT_EQ(attention_pairs_per_context_rank(ContextLayout(ContextReorder::none, 16, 4)),
+            (std::vector<int64_t>{10, 26, 42, 58}));
+  // dual_chunk_swap, C = 4, S = 16: rank r holds chunks r and 7 - r of 2, each rank 34 pairs.
+  EXPECT_EQ(attention_pairs_per_context_rank(ContextLayout(ContextReorder::dual_chunk_swap, 16, 4)),
+            (std::vector<int64_t>{34, 34, 34, 34}));
 }
 
 TEST(ContextReorder, BalancedReordersEvenOutCausalAttention) {
   const int64_t S = 4096;
   for (const int64_t C : {2, 4, 8}) {
     for (ContextReorder reorder : kContextReorders) {
-      const std::vector<double> pairs = causal_pairs_per_rank(ContextLayout(reorder, S, C));
-      const double total = std::accumulate(pairs.begin(), pairs.end(), 0.0);
-      EXPECT_EQ(total, static_cast<double>(S) * (S + 1) / 2);  // every pair counted once
-      const double most = *std::max_element(pairs.begin(), pairs.end());
-      const double least = *std::min_element(pairs.begin(), pairs.end());
+      const std::vector<int64_t> pairs = attention_pairs_per_context_rank(ContextLayout(reorder, S, C));
+      EXPECT_EQ(std::accumulate(pairs.begin(), pairs.end(), int64_t{0}), S * (S + 1) / 2);  // each pair once
+      const double most = static_cast<double>(*std::max_element(pairs.begin(), pairs.end()));
+      const double least = static_cast<double>(*std::min_element(pairs.begin(), pairs.end()));
       const std::string label = std::string(context_reorder_name(reorder)) + " C=" + std::to_string(C);
       if (reorder == ContextReorder::none) {
         // A plain split: the last rank has 2C - 1 times the first's work.
@@ -153,8 +162,8 @@ TEST(ContextReorder, BalancedReordersEvenOutCausalAttention) {
       }
     }
     // dual_chunk_swap is exact: every rank has 1/C of the pairs.
-    const std::vector<double> dual =
-        causal_pairs_per_rank(ContextLayout(ContextReorder::dual_chunk_swap, S, C));
+    const std::vector<int64_t> dual =
+        attention_pairs_per_context_rank(ContextLayout(ContextReorder::dual_chunk_swap, S, C));
     EXPECT_EQ(*std::max_element(dual.begin(), dual.end()), *std::min_element(dual.begin(), dual.end()));
   }
 }

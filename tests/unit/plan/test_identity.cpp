@@ -2,6 +2,10 @@
 // moves with a plan key and not with any other key.
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
+
+#include "error_text.h"
 #include "meshtrain/plan/passes.h"
 #include "tiny_plan.h"
 
@@ -29,6 +33,9 @@ TEST(PlanIdentity, KeysComeFromTheConfigTableInPlanFileOrder) {
                                              "per_device_batch_size",
                                              "gradient_accumulation_steps",
                                              "shard_optimizer_over_data",
+                                             "context_parallel_load_balance",
+                                             "context_parallel_reorder",
+                                             "context_parallel_strategy",
                                              "logical_axis_rules.batch",
                                              "logical_axis_rules.length",
                                              "logical_axis_rules.embed",
@@ -57,7 +64,42 @@ TEST(PlanIdentity, HashMovesWithPlanKeysOnly) {
   EXPECT_EQ(plan_identity(testing::tiny_config(), mesh, topology, 1).hash, base);
   EXPECT_EQ(plan_identity(testing::tiny_config({"learning_rate=0.5"}), mesh, topology, 1).hash, base);
   EXPECT_NE(plan_identity(testing::tiny_config({"remat_policy=full"}), mesh, topology, 1).hash, base);
+  // The context-parallel keys decide each context rank's rows (and, for the strategy, its attention ops).
+  EXPECT_NE(plan_identity(testing::tiny_config({"context_parallel_reorder=striped"}), mesh, topology, 1).hash,
+            base);
+  EXPECT_NE(
+      plan_identity(testing::tiny_config({"context_parallel_load_balance=false"}), mesh, topology, 1).hash,
+      base);
   EXPECT_NE(plan_identity(testing::tiny_config(), mesh, topology, 2).hash, base);
+}
+
+// Under mesh.context > 1 a plan file made for one reorder is refused by a run with another, naming the key.
+TEST(PlanIdentity, APlanFileOfAnotherContextReorderIsRefusedNamingTheKey) {
+  namespace fs = std::filesystem;
+  const auto plan_on_two = [](const std::vector<std::string>& extra) {
+    PlanRequest request;
+    request.config = testing::tiny_config(extra);
+    request.kernels = {KernelName::fwd_bwd};
+    request.devices = 2;
+    return plan_training(request);
+  };
+  const fs::path dir = fs::temp_directory_path() / "meshtrain_identity_context_reorder";
+  fs::create_directories(dir);
+  const std::string stem = (dir / "plan").string();
+  const TrainingPlan dual = plan_on_two({"mesh.context=2"});
+  std::ofstream(plan_file_path(stem, KernelName::fwd_bwd))
+      << serialize_kernel_plan(dual, KernelName::fwd_bwd);
+  EXPECT_NO_THROW(verify_plan_file(dual, KernelName::fwd_bwd, stem));
+  for (const char* other : {"context_parallel_reorder=striped", "context_parallel_load_balance=false"}) {
+    const TrainingPlan plan = plan_on_two({"mesh.context=2", other});
+    const std::string mismatch =
+        testing::error_of([&] { verify_plan_file(plan, KernelName::fwd_bwd, stem); });
+    const std::string key = std::string(other).substr(0, std::string(other).find('='));
+    EXPECT_NE(mismatch.find("a plan for this run (" + std::string(other) + ")"), std::string::npos)
+        << mismatch;
+    EXPECT_NE(mismatch.find("a plan made with " + key + "="), std::string::npos) << mismatch;
+  }
+  fs::remove_all(dir);
 }
 
 }  // namespace
