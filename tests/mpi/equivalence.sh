@@ -4,27 +4,40 @@
 # FSDP, ZeRO-1, tensor-parallel and combined layouts. Losses must agree within 1e-5 relative (sums over
 # ranks add in another order) and the final parameters (from each run's checkpoint, global tensors) within
 # 1e-3 of each tensor's largest magnitude; the same layout run twice must give bitwise-equal losses.
-# Context parallelism (issue 11, all_gather): mesh.context=2 with each reorder, with data=2, tensor=2,
-# fsdp=2 and ZeRO-1, mesh.context=4, remat minimal and full, and GPT-2 (learned positions) against its own one-process run. Under context the global batch is
+# Context parallelism (issue 11), each case once per strategy (context_cases): mesh.context=2 with each
+# reorder, with data=2, tensor=2, fsdp=2 and ZeRO-1, mesh.context=4, remat minimal and full, untied
+# embeddings (alone and with tensor=2), GPT-2 (learned positions), and packed short documents (a prepared
+# corpus of 3..7-token documents, so a chunk of S / 2C = 8 tokens holds several documents and documents
+# cross chunk boundaries) with each reorder and C=4, with eval every 5 steps whose losses must agree within
+# 1e-5 too; each against the one-process run of the same model and data. Under context the global batch is
 # per_device_batch_size x devices rows as for tensor, each row cut over the context ranks.
 # Usage: equivalence.sh BUILD_DIR
 source "$(dirname "$0")/common.sh" "$1"
 tiny+=(checkpoint_period=0 steps=20 gradient_accumulation_steps=2 learning_rate=1e-2 collective_timeout_s=120)
 
 preset=qwen3-tiny
-run() {  # run NAME RANKS per_device_batch_size [key=value ...]
-  local name=$1 ranks=$2 batch=$3
+run() {  # run NAME RANKS per_device_batch_size [key=value ...]: the keys replace tiny's keys of that name
+  local name=$1 ranks=$2 batch=$3 keys=() key given
   shift 3
+  for key in "${tiny[@]}"; do
+    for given in "$@"; do [ "${key%%=*}" != "${given%%=*}" ] || continue 2; done
+    keys+=("$key")
+  done
+  keys+=(per_device_batch_size="$batch" run_dir="$work/$name" "$@")
   if [ "$ranks" -eq 1 ]; then
-    "$meshtrain" train "$preset" "${tiny[@]}" per_device_batch_size="$batch" run_dir="$work/$name" "$@" >"$work/$name.log" 2>&1
+    "$meshtrain" train "$preset" "${keys[@]}" >"$work/$name.log" 2>&1
   else
-    "${mpirun[@]}" -np "$ranks" "$meshtrain" train "$preset" "${tiny[@]}" per_device_batch_size="$batch" \
-      run_dir="$work/$name" "$@" >"$work/$name.log" 2>&1
+    "${mpirun[@]}" -np "$ranks" "$meshtrain" train "$preset" "${keys[@]}" >"$work/$name.log" 2>&1
   fi || { echo "FAIL: $name"; cat "$work/$name.log"; exit 1; }
 }
+cases=()  # "NAME BASELINE": each run compared at the end against a one-process run
+check() {  # check NAME BASELINE RANKS per_device_batch_size [key=value ...]: run it, compare it at the end
+  run "$1" "${@:3}"
+  cases+=("$1 $2")
+}
 
-compare() {  # compare NAME [BASELINE]: losses, grad norms and final parameters against the one-process run
-  python3 - "$work/${2:-single}" "$work/$1" "$1" <<'PY'
+compare() {  # compare NAME BASELINE: losses, eval losses, grad norms and final parameters
+  python3 - "$work/$2" "$work/$1" "$1" <<'PY'
 import json, struct, sys
 import numpy as np
 def metrics(run):
@@ -40,6 +53,11 @@ a, b = metrics(sys.argv[1]), metrics(sys.argv[2])
 assert len(a) == len(b) == 20, (len(a), len(b))
 loss = max(abs(x["loss"] - y["loss"]) / abs(x["loss"]) for x, y in zip(a, b))
 norm = max(abs(x["raw_grad_norm"] - y["raw_grad_norm"]) / x["raw_grad_norm"] for x, y in zip(a, b))
+# Eval records (eval_interval > 0): the same steps, the same losses.
+eval_a = {x["step"]: x["eval"]["loss"] for x in a if "eval" in x}
+eval_b = {x["step"]: x["eval"]["loss"] for x in b if "eval" in x}
+assert eval_a.keys() == eval_b.keys(), (sorted(eval_a), sorted(eval_b))
+evals = max((abs(eval_a[s] - eval_b[s]) / abs(eval_a[s]) for s in eval_a), default=0.0)
 pa, pb = parameters(sys.argv[1]), parameters(sys.argv[2])
 assert pa.keys() == pb.keys()
 # Relative to each tensor's largest magnitude: Adam's normalised steps amplify rounding differences in
@@ -50,51 +68,95 @@ assert pa.keys() == pb.keys()
 def scale(k):
     return 1.0 if k.endswith("self_attention/key/bias") else max(float(np.max(np.abs(pa[k]))), 1e-30)
 param = max(float(np.max(np.abs(pa[k] - pb[k]))) / scale(k) for k in pa)
-print(f"{sys.argv[3]}: 20 steps, worst relative difference: loss {loss:.2e} (bound 1e-5), "
+eval_text = f", {len(eval_a)} evals {evals:.2e} (bound 1e-5)" if eval_a else ""
+print(f"{sys.argv[3]}: 20 steps, worst relative difference: loss {loss:.2e} (bound 1e-5){eval_text}, "
       f"final parameters {param:.2e} (bound 1e-3), grad norm {norm:.2e}")
-sys.exit(0 if loss <= 1e-5 and param <= 1e-3 else 1)
+sys.exit(0 if loss <= 1e-5 and evals <= 1e-5 and param <= 1e-3 else 1)
 PY
 }
 
-# One process, global batch 8 rows per micro-batch (per_device_batch_size x devices).
+# Packed short documents: one file per document of 3..7 letters (a fixed formula), a byte-level tokenizer
+# with no merges (vocab 256 bytes + EOS), so every letter is one token and each document plus its EOS is
+# 4..8 tokens. The loader packs them into windows of 32 (segment ids and positions restart after every
+# EOS, the target after an EOS is masked); eval reads the validation split (5% of the documents).
+python3 - "$work/documents" <<'PY'
+import os, sys
+os.mkdir(sys.argv[1])
+for i in range(1000):
+    text = "".join(chr(97 + (i * 13 + j * 7 + i * j) % 26) for j in range(3 + (i * 7 + i // 5) % 5))
+    open(os.path.join(sys.argv[1], f"{i:04d}.txt"), "w").write(text)
+PY
+"$meshtrain" prepare --out "$work/packed" --vocab-size 257 --corpus "$work/documents" \
+  >"$work/prepare.log" 2>&1 || { echo "FAIL: prepare"; cat "$work/prepare.log"; exit 1; }
+python3 - "$work/packed/prepare.json" <<'PY'
+import json, sys
+split = json.load(open(sys.argv[1]))["train"]
+assert split["document_tokens"] == split["text_bytes"], split  # one token per letter
+print(f"packed documents: {split['documents']} of 3..7 tokens, {split['tokens']} tokens with EOS")
+PY
+packed=(dataset_type=tokens dataset_path="$work/packed" eval_dataset_path="$work/packed"
+  tokenizer_path="$work/packed/tokenizer.json" vocab_size=257 eval_interval=5 eval_steps=1)
+gpt2=(base_num_kv_heads=4 max_position_embeddings=32)  # GPT-2: MHA, one learned position per token
+
+# The one-process baselines, global batch 8 rows per micro-batch (per_device_batch_size x devices).
 run single 1 8
-run dp2 2 4 mesh.data=2
+run single_untied 1 8 logits_via_embedding=false
+run packed_single 1 8 "${packed[@]}"
+preset=gpt2-124m run gpt2_single 1 8 "${gpt2[@]}"
+
+check dp2 single 2 4 mesh.data=2
 run dp2_again 2 4 mesh.data=2
-run fsdp2 2 4 mesh.fsdp=2
-run zero1_2 2 4 mesh.data=2 shard_optimizer_over_data=true
-run dp4 4 2 mesh.data=4
-run dp2_fsdp2 4 2 mesh.data=2 mesh.fsdp=2
-run zero1_dp2_fsdp2 4 2 mesh.data=2 mesh.fsdp=2 shard_optimizer_over_data=true
+check fsdp2 single 2 4 mesh.fsdp=2
+check zero1_2 single 2 4 mesh.data=2 shard_optimizer_over_data=true
+check dp4 single 4 2 mesh.data=4
+check dp2_fsdp2 single 4 2 mesh.data=2 mesh.fsdp=2
+check zero1_dp2_fsdp2 single 4 2 mesh.data=2 mesh.fsdp=2 shard_optimizer_over_data=true
 # Tensor parallel: per_device_batch_size x devices rows, replicated over tensor.
-run tp2 2 4 mesh.tensor=2
-run dp2_tp2 4 2 mesh.data=2 mesh.tensor=2
-run fsdp2_tp2 4 2 mesh.fsdp=2 mesh.tensor=2
-run zero1_dp2_tp2 4 2 mesh.data=2 mesh.tensor=2 shard_optimizer_over_data=true
-run tp4 4 2 mesh.tensor=4  # 4 query heads, 2 kv heads: each kv head replicated on 2 ranks
-# Context parallel: every row's 32 tokens cut over 2 ranks (16 each).
-run cp2 2 4 mesh.context=2  # dual_chunk_swap, the default
-run cp2_striped 2 4 mesh.context=2 context_parallel_reorder=striped
-run cp2_plain 2 4 mesh.context=2 context_parallel_load_balance=false
-run cp2_dp2 4 2 mesh.context=2 mesh.data=2
-run cp2_tp2 4 2 mesh.context=2 mesh.tensor=2
-run cp2_fsdp2 4 2 mesh.context=2 mesh.fsdp=2
-run cp2_zero1_dp2 4 2 mesh.context=2 mesh.data=2 shard_optimizer_over_data=true
-run cp4 4 2 mesh.context=4  # 8 chunks of 4 tokens
-# Remat recomputes from activations only: the gathered positions (and under full the gathered K / V) are
-# activations so that a recomputed attention sees this layer's whole rows.
-run cp2_remat_minimal 2 4 mesh.context=2 remat_policy=minimal
-run cp2_remat_full 2 4 mesh.context=2 remat_policy=full
+check tp2 single 2 4 mesh.tensor=2
+check dp2_tp2 single 4 2 mesh.data=2 mesh.tensor=2
+check fsdp2_tp2 single 4 2 mesh.fsdp=2 mesh.tensor=2
+check zero1_dp2_tp2 single 4 2 mesh.data=2 mesh.tensor=2 shard_optimizer_over_data=true
+check tp4 single 4 2 mesh.tensor=4  # 4 query heads, 2 kv heads: each kv head replicated on 2 ranks
+
+# Every context case under one context_parallel_strategy; another strategy is one more line below
+# (`context_cases ring`).
+context_cases() {  # context_cases STRATEGY [key=value ...]: the context cases, named STRATEGY_*
+  local s=$1 keys=(context_parallel_strategy="$1" "${@:2}")
+  # Every row's 32 tokens cut over 2 ranks (16 each).
+  check "${s}_cp2" single 2 4 mesh.context=2 "${keys[@]}"  # dual_chunk_swap, the default
+  check "${s}_cp2_striped" single 2 4 mesh.context=2 context_parallel_reorder=striped "${keys[@]}"
+  check "${s}_cp2_plain" single 2 4 mesh.context=2 context_parallel_load_balance=false "${keys[@]}"
+  check "${s}_cp2_dp2" single 4 2 mesh.context=2 mesh.data=2 "${keys[@]}"
+  check "${s}_cp2_tp2" single 4 2 mesh.context=2 mesh.tensor=2 "${keys[@]}"
+  check "${s}_cp2_fsdp2" single 4 2 mesh.context=2 mesh.fsdp=2 "${keys[@]}"
+  check "${s}_cp2_zero1_dp2" single 4 2 mesh.context=2 mesh.data=2 shard_optimizer_over_data=true "${keys[@]}"
+  check "${s}_cp4" single 4 2 mesh.context=4 "${keys[@]}"  # 8 chunks of 4 tokens
+  # Remat recomputes from activations only: the gathered positions (and under full the gathered K / V) are
+  # activations so that a recomputed attention sees this layer's whole rows.
+  check "${s}_cp2_remat_minimal" single 2 4 mesh.context=2 remat_policy=minimal "${keys[@]}"
+  check "${s}_cp2_remat_full" single 2 4 mesh.context=2 remat_policy=full "${keys[@]}"
+  # Untied: a separate output projection (vocab-sharded under tensor).
+  check "${s}_cp2_untied" single_untied 2 4 mesh.context=2 logits_via_embedding=false "${keys[@]}"
+  check "${s}_cp2_tp2_untied" single_untied 4 2 mesh.context=2 mesh.tensor=2 logits_via_embedding=false \
+    "${keys[@]}"
+  # Packed short documents (and eval) with each reorder; under C=4 a chunk is 4 tokens, shorter than most
+  # documents.
+  check "${s}_packed_cp2" packed_single 2 4 mesh.context=2 "${packed[@]}" "${keys[@]}"
+  check "${s}_packed_cp2_striped" packed_single 2 4 mesh.context=2 context_parallel_reorder=striped \
+    "${packed[@]}" "${keys[@]}"
+  check "${s}_packed_cp2_plain" packed_single 2 4 mesh.context=2 context_parallel_load_balance=false \
+    "${packed[@]}" "${keys[@]}"
+  check "${s}_packed_cp4" packed_single 4 2 mesh.context=4 "${packed[@]}" "${keys[@]}"
+  # GPT-2: learned positions, LayerNorm, GELU.
+  preset=gpt2-124m check "${s}_gpt2_cp2" gpt2_single 2 4 mesh.context=2 "${gpt2[@]}" "${keys[@]}"
+}
+context_cases all_gather
+
 status=0
-for name in dp2 fsdp2 zero1_2 dp4 dp2_fsdp2 zero1_dp2_fsdp2 tp2 dp2_tp2 fsdp2_tp2 zero1_dp2_tp2 tp4 \
-  cp2 cp2_striped cp2_plain cp2_dp2 cp2_tp2 cp2_fsdp2 cp2_zero1_dp2 cp4 cp2_remat_minimal cp2_remat_full; do
-  compare "$name" || status=1
+for pair in "${cases[@]}"; do
+  read -r name baseline <<<"$pair"
+  compare "$name" "$baseline" || status=1
 done
-# GPT-2 (learned positions, LayerNorm, GELU) under context against its own one-process run.
-preset=gpt2-124m
-tiny=("${tiny[@]/base_num_kv_heads=2/base_num_kv_heads=4}" max_position_embeddings=32)  # GPT-2: MHA
-run gpt2_single 1 8
-run gpt2_cp2 2 4 mesh.context=2
-compare gpt2_cp2 gpt2_single || status=1
 # The same layout twice: bitwise-equal losses.
 python3 - "$work/dp2/metrics.jsonl" "$work/dp2_again/metrics.jsonl" <<'PY' || status=1
 import json, sys

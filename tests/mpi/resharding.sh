@@ -4,6 +4,9 @@
 # each conversion bitwise
 # (the converted checkpoint's tensor files equal the source's byte for byte), and training continues on the
 # new mesh with the losses of a run that never changed mesh (1e-5 relative).
+# Context meshes (issue 11): a state saved under context 2 x data 2 (ZeRO-1) loads under context 4, one
+# process, context 2 x tensor 2 and back under context 2 x data 2, each bitwise, and training continues on
+# each of them with the losses of the context 2 x data 2 run that never changed mesh.
 # Usage: resharding.sh BUILD_DIR
 source "$(dirname "$0")/common.sh" "$1"
 tiny+=(learning_rate=1e-2 collective_timeout_s=120)
@@ -36,14 +39,47 @@ same_tensors "$work/a/checkpoints/step_00000003" "$work/f/checkpoints/step_00000
 echo "4 ranks (data 2 x fsdp 2, ZeRO-1) -> fsdp 2 -> 1 process -> data 4 -> tensor 2 x data 2 -> data 4:"
 echo "  parameters and moments bitwise equal"
 
+# Context meshes: every row's 32 tokens cut over 2 (or 4) ranks, 8 rows per step as above.
+train 4 2 mesh.context=2 mesh.data=2 shard_optimizer_over_data=true steps=3 run_dir="$work/cp_a"
+train 4 2 mesh.context=4 steps=3 load_full_state_path="$work/cp_a/checkpoints/step_00000003" \
+  run_dir="$work/cp_b"
+same_tensors "$work/cp_a/checkpoints/step_00000003" "$work/cp_b/checkpoints/step_00000003"
+train 1 8 steps=3 load_full_state_path="$work/cp_b/checkpoints/step_00000003" run_dir="$work/cp_c"
+same_tensors "$work/cp_a/checkpoints/step_00000003" "$work/cp_c/checkpoints/step_00000003"
+train 4 2 mesh.context=2 mesh.tensor=2 steps=3 load_full_state_path="$work/cp_c/checkpoints/step_00000003" \
+  run_dir="$work/cp_d"
+same_tensors "$work/cp_a/checkpoints/step_00000003" "$work/cp_d/checkpoints/step_00000003"
+train 4 2 mesh.context=2 mesh.data=2 shard_optimizer_over_data=true steps=3 \
+  load_full_state_path="$work/cp_d/checkpoints/step_00000003" run_dir="$work/cp_e"
+same_tensors "$work/cp_a/checkpoints/step_00000003" "$work/cp_e/checkpoints/step_00000003"
+echo "4 ranks (context 2 x data 2, ZeRO-1) -> context 4 -> 1 process -> context 2 x tensor 2 ->"
+echo "  context 2 x data 2: parameters and moments bitwise equal"
+
+continues() {  # continues REFERENCE RUN...: steps 4-5 of each run against the reference run's
+  python3 - "$@" <<'PY'
+import json, os, sys
+def losses(run):
+    return {m["step"]: m["loss"] for m in map(json.loads, open(f"{run}/metrics.jsonl"))}
+reference, status = losses(sys.argv[1]), 0
+for run in sys.argv[2:]:
+    other = losses(run)
+    worst = max(abs(reference[s] - other[s]) / abs(reference[s]) for s in (4, 5))
+    print(f"steps 4-5 after resharding {os.path.basename(sys.argv[1])} -> {os.path.basename(run)}: "
+          f"worst relative loss difference {worst:.2e} (bound 1e-5)")
+    status |= worst > 1e-5
+sys.exit(status)
+PY
+}
+
 # Training continues: 2 more steps on fsdp 2 from the 4-rank checkpoint vs the 4-rank run itself.
 train 4 2 mesh.data=2 mesh.fsdp=2 shard_optimizer_over_data=true steps=5 run_dir="$work/a"
 train 2 4 mesh.fsdp=2 steps=5 run_dir="$work/b"
-python3 - "$work/a/metrics.jsonl" "$work/b/metrics.jsonl" <<'PY'
-import json, sys
-a = {m["step"]: m["loss"] for m in map(json.loads, open(sys.argv[1]))}
-b = {m["step"]: m["loss"] for m in map(json.loads, open(sys.argv[2]))}
-worst = max(abs(a[s] - b[s]) / abs(a[s]) for s in (4, 5))
-print(f"steps 4-5 after resharding: worst relative loss difference {worst:.2e} (bound 1e-5)")
-sys.exit(0 if worst <= 1e-5 else 1)
-PY
+status=0
+continues "$work/a" "$work/b" || status=1
+# And from the context 2 x data 2 checkpoint on each context mesh (and one process) vs that run itself.
+train 4 2 mesh.context=2 mesh.data=2 shard_optimizer_over_data=true steps=5 run_dir="$work/cp_a"
+train 4 2 mesh.context=4 steps=5 run_dir="$work/cp_b"
+train 1 8 steps=5 run_dir="$work/cp_c"
+train 4 2 mesh.context=2 mesh.tensor=2 steps=5 run_dir="$work/cp_d"
+continues "$work/cp_a" "$work/cp_b" "$work/cp_c" "$work/cp_d" || status=1
+exit $status
