@@ -4,8 +4,8 @@
 # FSDP, ZeRO-1, tensor-parallel and combined layouts. Losses must agree within 1e-5 relative (sums over
 # ranks add in another order) and the final parameters (from each run's checkpoint, global tensors) within
 # 1e-3 of each tensor's largest magnitude; the same layout run twice must give bitwise-equal losses.
-# Context parallelism (issue 11), each case once per strategy (context_cases): mesh.context=2 with each
-# reorder, with data=2, tensor=2, fsdp=2 and ZeRO-1, mesh.context=4, remat minimal and full, untied
+# Context parallelism (issue 11), each case once per strategy (all_gather and ring, context_cases):
+# mesh.context=2 and 4 with each reorder, C=2 with data=2, tensor=2, fsdp=2 and ZeRO-1, remat minimal and full, untied
 # embeddings (alone and with tensor=2), GPT-2 (learned positions), and packed short documents (a prepared
 # corpus of 3..7-token documents, so a chunk of S / 2C = 8 tokens holds several documents and documents
 # cross chunk boundaries) with each reorder and C=4, with eval every 5 steps whose losses must agree within
@@ -118,8 +118,7 @@ check fsdp2_tp2 single 4 2 mesh.fsdp=2 mesh.tensor=2
 check zero1_dp2_tp2 single 4 2 mesh.data=2 mesh.tensor=2 shard_optimizer_over_data=true
 check tp4 single 4 2 mesh.tensor=4  # 4 query heads, 2 kv heads: each kv head replicated on 2 ranks
 
-# Every context case under one context_parallel_strategy; another strategy is one more line below
-# (`context_cases ring`).
+# Every context case under each context_parallel_strategy.
 context_cases() {  # context_cases STRATEGY [key=value ...]: the context cases, named STRATEGY_*
   local s=$1 keys=(context_parallel_strategy="$1" "${@:2}")
   # Every row's 32 tokens cut over 2 ranks (16 each).
@@ -130,7 +129,10 @@ context_cases() {  # context_cases STRATEGY [key=value ...]: the context cases, 
   check "${s}_cp2_tp2" single 4 2 mesh.context=2 mesh.tensor=2 "${keys[@]}"
   check "${s}_cp2_fsdp2" single 4 2 mesh.context=2 mesh.fsdp=2 "${keys[@]}"
   check "${s}_cp2_zero1_dp2" single 4 2 mesh.context=2 mesh.data=2 shard_optimizer_over_data=true "${keys[@]}"
+  check "${s}_cp2_fsdp2_zero1" single 4 2 mesh.context=2 mesh.fsdp=2 shard_optimizer_over_data=true "${keys[@]}"
   check "${s}_cp4" single 4 2 mesh.context=4 "${keys[@]}"  # 8 chunks of 4 tokens
+  check "${s}_cp4_striped" single 4 2 mesh.context=4 context_parallel_reorder=striped "${keys[@]}"
+  check "${s}_cp4_plain" single 4 2 mesh.context=4 context_parallel_load_balance=false "${keys[@]}"
   # Remat recomputes from activations only: the gathered positions (and under full the gathered K / V) are
   # activations so that a recomputed attention sees this layer's whole rows.
   check "${s}_cp2_remat_minimal" single 2 4 mesh.context=2 remat_policy=minimal "${keys[@]}"
@@ -151,6 +153,7 @@ context_cases() {  # context_cases STRATEGY [key=value ...]: the context cases, 
   preset=gpt2-124m check "${s}_gpt2_cp2" gpt2_single 2 4 mesh.context=2 "${gpt2[@]}" "${keys[@]}"
 }
 context_cases all_gather
+context_cases ring
 
 status=0
 for pair in "${cases[@]}"; do
