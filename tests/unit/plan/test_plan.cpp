@@ -364,5 +364,53 @@ TEST(Plan, ContextParallelRefusesALengthTheReorderCannotSplit) {
   EXPECT_EQ(context_reductions, static_cast<int>(balanced.spec.parameters.size()));
 }
 
+// The same 4 rows of 64 tokens on one device or cut over C context ranks (per_device_batch_size 4 / C: the
+// global batch is per_device_batch_size x devices): the sequence-sharded buffers per device fall as 1 / C.
+// With the ring strategy every activation is one (its blocks are scratch), so a device's activations are
+// exactly 1 / C of one device's; all_gather adds only the gathered positions and segment ids ([B, S] int32
+// each, whole rows) and holds the whole rows' K / V in scratch while a layer's attention runs, where the
+// ring holds two blocks of a rank's own.
+TEST(Plan, ContextParallelActivationsFallAsOneOverTheContextDegree) {
+  const auto plan_on = [](int64_t context, const std::string& strategy) {
+    PlanRequest request;
+    request.config = load_config(
+        "qwen3-tiny",
+        tiny({"max_target_length=64", "per_device_batch_size=" + std::to_string(4 / context),
+              "mesh.context=" + std::to_string(context), "context_parallel_strategy=" + strategy}));
+    request.devices = context;
+    return plan_training(request);
+  };
+  const auto bytes_of = [](const TrainingPlan& plan, const std::function<bool(const PlanBuffer&)>& which) {
+    size_t bytes = 0;
+    for (const PlanBuffer& buffer : plan.buffers) bytes += which(buffer) ? buffer.bytes : 0;
+    return bytes;
+  };
+  const auto activation = [](const PlanBuffer& b) { return b.kind == BufferKind::activation; };
+  const auto gathered_tokens = [](const PlanBuffer& b) {
+    return b.kind == BufferKind::activation && b.name.find("/context_") != std::string::npos;
+  };
+  const auto kv_gathered = [](const PlanBuffer& b) {
+    return b.name.find("scratch/context_gathered_") != std::string::npos;
+  };
+  const auto ring_blocks = [](const PlanBuffer& b) {
+    return b.name.find("scratch/ring_") != std::string::npos;
+  };
+  const size_t one = bytes_of(plan_on(1, "all_gather"), activation);
+  ASSERT_GT(one, 0u);
+  for (const int64_t C : {2, 4}) {
+    const TrainingPlan ring = plan_on(C, "ring");
+    EXPECT_EQ(bytes_of(ring, activation) * static_cast<size_t>(C), one) << "ring, C=" << C;
+    EXPECT_GT(bytes_of(ring, ring_blocks), 0u);
+    const TrainingPlan gather = plan_on(C, "all_gather");
+    EXPECT_GT(bytes_of(gather, gathered_tokens), 0u);
+    EXPECT_EQ((bytes_of(gather, activation) - bytes_of(gather, gathered_tokens)) * static_cast<size_t>(C),
+              one)
+        << "all_gather, C=" << C;
+    EXPECT_EQ(bytes_of(gather, ring_blocks), 0u);
+  }
+  EXPECT_EQ(bytes_of(plan_on(2, "ring"), ring_blocks), 2 * bytes_of(plan_on(4, "ring"), ring_blocks));
+  EXPECT_EQ(bytes_of(plan_on(2, "all_gather"), kv_gathered), bytes_of(plan_on(4, "all_gather"), kv_gathered));
+}
+
 }  // namespace
 }  // namespace meshtrain
