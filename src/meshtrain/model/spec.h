@@ -92,10 +92,13 @@ struct TensorGroup {
 // size) while the op computes. start_pass sends `send` to the next rank and receives the previous rank's
 // block of the same size into `receive`, without waiting; neither buffer is touched until wait(), which
 // completes every pass started since the last wait. `name` labels the pass in traces and failure messages.
+// progress() moves the passes in flight along: MPI moves a non-blocking call only inside MPI calls, so the
+// op calls it between pieces of its compute (without it the bytes move inside wait()).
 struct ContextRing {
   int64_t rank = 0, size = 1;
   std::function<void(const TensorView& send, const TensorView& receive, const std::string& name)> start_pass;
   std::function<void(const std::string& name)> wait;
+  std::function<void()> progress;
 };
 
 // What an op sees when it runs: pointers into the arena, the kernels to call on them, and the loss sums it

@@ -409,6 +409,9 @@ std::optional<ContextRing> Engine::context_ring() {
                        const TraceScope scope(trace_, name, "collective");
                        for (const std::unique_ptr<CollectiveRequest>& pass : ring_passes_) pass->wait();
                        ring_passes_.clear();
+                     },
+                     [this] {
+                       for (const std::unique_ptr<CollectiveRequest>& pass : ring_passes_) pass->test();
                      }};
 }
 

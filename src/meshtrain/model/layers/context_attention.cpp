@@ -287,6 +287,18 @@ BlockParts parts_of(const RingAttentionArguments& a, int64_t slot) {
   return {kv, kv + kv_floats, tokens, a.segment_ids == nullptr ? nullptr : tokens + a.B * a.L};
 }
 
+// Where row b starts in each layout: the kernels run one row at a time (B = 1 on offset pointers; the
+// kernels' results do not depend on how the rows are split), so the ring's passes move between rows.
+struct RowOffsets {
+  int64_t queries, lse, keys, tokens;  // in [B, L, H, d], [B, H, L], [B, L, K, d] and [B, L]
+  const int32_t* segments(const int32_t* segment_ids) const {
+    return segment_ids == nullptr ? nullptr : segment_ids + tokens;
+  }
+};
+RowOffsets row_offsets(const RingAttentionArguments& a, int64_t b) {
+  return {b * a.L * a.H * a.d, b * a.H * a.L, b * a.L * a.K * a.d, b * a.L};
+}
+
 }  // namespace
 
 std::vector<OpDecl> add_context_attention(SpecBuilder& builder, const std::string& attention,
@@ -309,9 +321,14 @@ void ring_attention_forward(const ContextRing& ring, const kernels::KernelBacken
                       name + "/pass_tokens");
     }
     const BlockParts block = parts_of(a, slot);
-    kernels.context_attention_forward(a.out, a.lse, a.q, block.k, block.v, a.positions, a.segment_ids,
-                                      block.positions, block.segment_ids, a.B, a.L, a.L, a.H, a.K, a.d,
-                                      step > 0);
+    for (int64_t b = 0; b < a.B; ++b) {  // a row at a time, moving the pass along in between
+      const RowOffsets at = row_offsets(a, b);
+      kernels.context_attention_forward(a.out + at.queries, a.lse + at.lse, a.q + at.queries,
+                                        block.k + at.keys, block.v + at.keys, a.positions + at.tokens,
+                                        at.segments(a.segment_ids), block.positions + at.tokens,
+                                        at.segments(block.segment_ids), 1, a.L, a.L, a.H, a.K, a.d, step > 0);
+      ring.progress();
+    }
     if (step + 1 < C) ring.wait(name + "/wait");
   }
 }
@@ -335,9 +352,15 @@ void ring_attention_backward(const ContextRing& ring, const kernels::KernelBacke
     float* d_target = step == 0 ? d_sums.f32() : a.d_kv_step;
     if (step > 0) std::memset(a.d_kv_step, 0, static_cast<size_t>(2 * kv_floats) * sizeof(float));
     const BlockParts block = parts_of(a, slot);
-    kernels.context_attention_backward(a.dq, d_target, d_target + kv_floats, a.dout, a.out, a.lse, a.q,
-                                       block.k, block.v, a.positions, a.segment_ids, block.positions,
-                                       block.segment_ids, a.B, a.L, a.L, a.H, a.K, a.d, step > 0, a.scratch);
+    for (int64_t b = 0; b < a.B; ++b) {
+      const RowOffsets at = row_offsets(a, b);
+      kernels.context_attention_backward(
+          a.dq + at.queries, d_target + at.keys, d_target + kv_floats + at.keys, a.dout + at.queries,
+          a.out + at.queries, a.lse + at.lse, a.q + at.queries, block.k + at.keys, block.v + at.keys,
+          a.positions + at.tokens, at.segments(a.segment_ids), block.positions + at.tokens,
+          at.segments(block.segment_ids), 1, a.L, a.L, a.H, a.K, a.d, step > 0, a.scratch);
+      ring.progress();
+    }
     ring.wait(name + "/wait");
     if (step > 0) kernels.residual_add(d_sums.f32(), a.d_kv_step, 2 * kv_floats);
     ring.start_pass(d_sums, a.d_kv_blocks[static_cast<size_t>(next)], name + "/pass_d_kv");

@@ -52,7 +52,8 @@ struct RingAttentionArguments {
 };
 
 // Step t of C computes against the block of rank (rank - t) mod C while the pass of the next block is in
-// flight: C - 1 passes of K / V and of the token fields. Writes out and lse.
+// flight: C - 1 passes of K / V and of the token fields. Writes out and lse. Both functions compute a row
+// at a time and call ring.progress() between rows.
 void ring_attention_forward(const ContextRing& ring, const kernels::KernelBackend& kernels,
                             const RingAttentionArguments& a, const std::string& name);
 
