@@ -27,6 +27,13 @@ BufferId SpecBuilder::cache(const std::string& name, const Shape& shape) {
   return add({name, BufferKind::cache, spec_.config.dtype, shape});
 }
 
+BufferId SpecBuilder::find(const std::string& name) const {
+  for (size_t i = 0; i < spec_.buffers.size(); ++i) {
+    if (spec_.buffers[i].name == name) return static_cast<BufferId>(i);
+  }
+  return kNoBuffer;
+}
+
 BufferId SpecBuilder::scratch(const std::string& name, const Shape& shape) {
   for (size_t i = 0; i < spec_.buffers.size(); ++i) {
     const BufferDecl& existing = spec_.buffers[i];

@@ -32,6 +32,8 @@ class SpecBuilder {
   BufferId gradient_scratch(const std::string& name, const Shape& shape) {
     return decoding() ? kNoBuffer : scratch(name, shape);
   }
+  // The buffer declared under `name`, or kNoBuffer (a buffer the first of several layers declares).
+  BufferId find(const std::string& name) const;
   // Decode: kept across steps (a layer's key / value rows).
   BufferId cache(const std::string& name, const Shape& shape);
   // A trainable tensor with its gradient and Adam moments (decode: the value only); returns the value's id.

@@ -69,9 +69,9 @@ BufferId int32_buffer(SpecBuilder& builder, BufferId id) {
 // and reduce-scatters them.
 // A remat policy recomputes a block's activations from activations and inputs only (plan/remat.cpp:
 // scratch counts as kept), so every buffer on a path the recompute may walk is an activation: the
-// positions and segment ids with their rank-major staging (small int32, always), and under
-// remat_policy=full, where the attention forward itself is recomputed, the gathered K / V. Otherwise K / V
-// are gathered into shared scratch and gathered again for the backward (C times a layer's K / V held only
+// gathered positions and segment ids with their rank-major staging (small int32, once per model), and
+// under remat_policy=full, where the attention forward itself is recomputed, the gathered K / V. Otherwise K
+// / V are gathered into shared scratch and gathered again for the backward (C times a layer's K / V held only
 // while one layer's attention runs).
 std::vector<OpDecl> add_all_gather_attention(SpecBuilder& builder, const std::string& attention,
                                              const ContextAttentionBuffers& io, double flops) {
@@ -97,21 +97,27 @@ std::vector<OpDecl> add_all_gather_attention(SpecBuilder& builder, const std::st
   const BufferId d_key_whole = builder.scratch("scratch/context_gathered_d_key", kv_whole);
   const BufferId d_value_whole = builder.scratch("scratch/context_gathered_d_value", kv_whole);
   const BufferId d_by_rank = builder.scratch("scratch/context_d_kv_by_rank", kv_by_rank);
+  // The whole rows' positions and segment ids are the same in every layer: the first attention layer
+  // gathers them into activations that every layer reads (kept under any remat policy, since other blocks
+  // read them).
   const auto int32_activation = [&](const std::string& name, const Shape& shape) {
-    return int32_buffer(builder, builder.activation(attention + "/context_" + name, shape));
+    return int32_buffer(builder, builder.activation("context/" + name, shape));
   };
-  const BufferId kv_positions = int32_activation("kv_positions", tokens_whole);
-  for (OpDecl& op :
-       context_gather_ops(builder, attention + "/gather_positions", positions,
-                          int32_activation("positions_by_rank", tokens_by_rank), kv_positions, C, B))
-    builder.forward(std::move(op));
-  BufferId kv_segment_ids = kNoBuffer;
-  if (segment_ids != kNoBuffer) {
-    kv_segment_ids = int32_activation("kv_segment_ids", tokens_whole);
+  BufferId kv_positions = builder.find("context/kv_positions");
+  BufferId kv_segment_ids = builder.find("context/kv_segment_ids");
+  if (kv_positions == kNoBuffer) {
+    kv_positions = int32_activation("kv_positions", tokens_whole);
     for (OpDecl& op :
-         context_gather_ops(builder, attention + "/gather_segment_ids", segment_ids,
-                            int32_activation("segment_ids_by_rank", tokens_by_rank), kv_segment_ids, C, B))
+         context_gather_ops(builder, "context/gather_positions", positions,
+                            int32_activation("positions_by_rank", tokens_by_rank), kv_positions, C, B))
       builder.forward(std::move(op));
+    if (segment_ids != kNoBuffer) {
+      kv_segment_ids = int32_activation("kv_segment_ids", tokens_whole);
+      for (OpDecl& op :
+           context_gather_ops(builder, "context/gather_segment_ids", segment_ids,
+                              int32_activation("segment_ids_by_rank", tokens_by_rank), kv_segment_ids, C, B))
+        builder.forward(std::move(op));
+    }
   }
   const auto gather_kv = [&](std::vector<OpDecl>& into) {
     for (OpDecl& op :
