@@ -98,15 +98,17 @@ void moe_router_forward(int32_t* chosen, float* weights, float* scores, const fl
     for (int64_t j = 0; j < k; ++j) {
       float best_value = kNegativeInfinity;
       int64_t best_index = -1;
-      for (int64_t e = 0; e < E; ++e) {
-        if (((kept >> (e / group_size)) & 1) == 0) continue;
-        const float value = choice(e);
-        // Only experts ranking after the previous pick remain.
-        if (previous_index >= 0 && ranks_before(value, e, previous_value, previous_index)) continue;
-        if (previous_index == e) continue;
-        if (ranks_before(value, e, best_value, best_index)) {
-          best_value = value;
-          best_index = e;
+      for (int64_t g = 0; g < G; ++g) {
+        if (((kept >> g) & 1) == 0) continue;
+        for (int64_t e = g * group_size; e < (g + 1) * group_size; ++e) {
+          const float value = choice(e);
+          // Only experts ranking after the previous pick remain.
+          if (previous_index >= 0 && ranks_before(value, e, previous_value, previous_index)) continue;
+          if (previous_index == e) continue;
+          if (ranks_before(value, e, best_value, best_index)) {
+            best_value = value;
+            best_index = e;
+          }
         }
       }
       chosen[t * k + j] = static_cast<int32_t>(best_index);
