@@ -3,15 +3,16 @@
 // Legend: N tokens, E routed experts, k experts per token (MoeRouting::top_k), G routing groups, Gk groups
 // kept, M = N k assignments (assignment t k + s is token t's slot s).
 //
-// Semantics (Hugging Face transformers' DeepseekV3TopkRouter and Qwen3MoeSparseMoeBlock; DeepSeek-V3's
-// inference code for the group mask):
+// Semantics (Hugging Face transformers' DeepseekV3TopkRouter and Qwen3MoeSparseMoeBlock):
 //   scores  = softmax(logits) over E, or sigmoid(logits), per token                                [N, E]
 //   choice  = scores + selection_bias (DeepSeek-V3's e_score_correction_bias: it changes which experts are
 //             chosen, never the weights, and gets no gradient)
 //   groups  (G > 1): the E experts form G contiguous groups of E / G; a group's score is the sum of its two
-//             best choice scores (its only one when E / G = 1); the Gk best groups are kept and the experts
-//             of the others cannot be chosen. HF fills them with a choice score of 0 (so with a negative bias
-//             an expert of a dropped group can beat a kept one); DeepSeek's own code fills -inf, as here.
+//             best choice scores (its only one when E / G = 1), with or without a bias, as HF does (DeepSeek's
+//             inference code takes the group maximum when there is no bias); the Gk best groups are kept and
+//             the experts of the others cannot be chosen. HF fills their choice scores with 0 rather than
+//             excluding them, so with a negative bias (choice < 0) HF can pick an expert of a dropped group;
+//             here they are excluded, as a -inf fill would do. The two agree whenever kept choices are >= 0.
 //   chosen  = the k best experts by choice score, in descending order of choice score. Ties (torch.topk
 //             leaves them unspecified) go to the lower expert index, for groups as for experts.
 //   weights = scores[chosen] (unbiased), divided by (their sum + 1e-20) when normalize_top_k (HF's V3
@@ -28,7 +29,7 @@
 //   P_e = mean over the N tokens of q[t, e], q the scores normalised to sum 1 over E: softmax scores as they
 //         are, sigmoid scores divided by their sum over E (DeepSeek-V3 eq. 18-20, s'_{i,t}).
 // HF's load_balancing_loss_func (Mixtral, Qwen3-MoE) computes E * sum_e (counts[e] / N) P_e with softmax
-// scores over the whole batch: k times this value.
+// scores, over all MoE layers' tokens at once: for one layer, k times this value.
 #pragma once
 
 #include <algorithm>
