@@ -7,12 +7,13 @@
 //   scores  = softmax(logits) over E, or sigmoid(logits), per token                                [N, E]
 //   choice  = scores + selection_bias (DeepSeek-V3's e_score_correction_bias: it changes which experts are
 //             chosen, never the weights, and gets no gradient)
-//   groups  (G > 1): the E experts form G contiguous groups of E / G; a group's score is the sum of its two
-//             best choice scores (its only one when E / G = 1), with or without a bias, as HF does (DeepSeek's
-//             inference code takes the group maximum when there is no bias); the Gk best groups are kept and
-//             the experts of the others cannot be chosen. HF fills their choice scores with 0 rather than
-//             excluding them, so with a negative bias (choice < 0) HF can pick an expert of a dropped group;
-//             here they are excluded, as a -inf fill would do. The two agree whenever kept choices are >= 0.
+//   groups  (G > 1): the E experts form G contiguous groups of E / G; a group's score is the sum of its
+//             two best choice scores (its only one when E / G = 1), with or without a bias, as HF does
+//             (DeepSeek's inference code takes the group maximum when there is no bias); the Gk best groups
+//             are kept and the experts of the others cannot be chosen. HF fills their choice scores with 0
+//             rather than excluding them, so with a negative bias (choice < 0) HF can pick an expert of a
+//             dropped group; here they are excluded, as a -inf fill would do. Both agree while the kept
+//             choice scores are >= 0.
 //   chosen  = the k best experts by choice score, in descending order of choice score. Ties (torch.topk
 //             leaves them unspecified) go to the lower expert index, for groups as for experts.
 //   weights = scores[chosen] (unbiased), divided by (their sum + 1e-20) when normalize_top_k (HF's V3
