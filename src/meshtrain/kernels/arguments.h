@@ -35,4 +35,25 @@ struct VocabParallel {
   std::function<void(double* values, int64_t count)> all_reduce_sum;
 };
 
+// Mixture-of-experts routing (moe_router_forward / moe_router_backward, moe_balance_loss_*). Config keys in
+// brackets; their ranges are validated by the config before any kernel runs (the kernels only MT_CHECK them).
+enum class RouterScore { softmax, sigmoid };  // [routed_score_func]
+
+struct MoeRouting {
+  RouterScore score_function = RouterScore::softmax;
+  int64_t top_k = 1;             // k experts per token [num_experts_per_tok], 1 <= k <= Gk * E / G
+  int64_t groups = 1;            // G routing groups [n_routing_groups]: 1 = no group limit; divides E; <= 64
+  int64_t groups_kept = 1;       // Gk groups a token may use [topk_routing_group], 1 <= Gk <= G
+  bool normalize_top_k = false;  // divide the k weights by their sum [norm_topk_prob]
+  float scaling = 1.0f;          // multiplies the weights last [routed_scaling_factor]
+};
+
+// Expert load over one set of tokens (moe_load_statistics): from per-expert assignment counts.
+struct MoeLoad {
+  int64_t total = 0;         // sum of the counts
+  int64_t max = 0;           // the busiest expert's count
+  double mean = 0.0;         // total / E
+  double max_over_mean = 0;  // max / mean (1 = perfectly balanced); 0 when there are no assignments
+};
+
 }  // namespace meshtrain::kernels

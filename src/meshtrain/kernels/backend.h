@@ -9,7 +9,8 @@
 // determinism) are those documented in the cpu headers, which every backend must match.
 // Legend: N tokens, B batch, S sequence, D width, H query heads, K kv heads, d head width, I / O matmul input
 // / output width, R embedding rows held here, V vocab (padded, per rank), C cross-entropy chunk of tokens, T
-// decode cache rows, count elements of an elementwise op.
+// decode cache rows, count elements of an elementwise op; for the mixture-of-experts entries E routed
+// experts, k experts per token, M = N k assignments, R_moe = offsets[E] kept (sorted) assignment rows.
 #pragma once
 
 #include <cstdint>
@@ -201,6 +202,75 @@ struct KernelBackend {
                            const float* k,      // [K, d]
                            const float* v,      // [K, d]
                            int64_t position, int64_t H, int64_t K, int64_t d);
+
+  // moe_router.h: scores, top-k choice (selection_bias orders only) and weights (=); d_logits (=) from
+  // d_weights; the load-balance loss and its gradient (d_logits +=).
+  void (*moe_router_forward)(int32_t* chosen,              // [N, k]
+                             float* weights,               // [N, k]
+                             float* scores,                // [N, E]
+                             const float* logits,          // [N, E]
+                             const float* selection_bias,  // [E] or nullptr
+                             int64_t N, int64_t E, const MoeRouting& routing);
+  void (*moe_router_backward)(float* d_logits,         // [N, E]
+                              const float* d_weights,  // [N, k]
+                              const float* scores,     // [N, E]
+                              const int32_t* chosen,   // [N, k]
+                              int64_t N, int64_t E, const MoeRouting& routing);
+  double (*moe_balance_loss_forward)(const float* scores,    // [N, E]
+                                     const int32_t* counts,  // [E]
+                                     int64_t N, int64_t E, RouterScore score_function, float weight);
+  void (*moe_balance_loss_backward)(float* d_logits,        // [N, E]
+                                    const float* scores,    // [N, E]
+                                    const int32_t* counts,  // [E]
+                                    int64_t N, int64_t E, RouterScore score_function, float weight,
+                                    float d_loss);
+
+  // moe_dispatch.h: the routing plan (assignments sorted by expert, capacity dropping; returns the dropped
+  // count), gather into sorted rows (d_x = or +=), weighted combine back to tokens (out = or +=; d_y_sorted
+  // and d_weights =), and load statistics of per-expert counts.
+  int64_t (*moe_route_plan)(int32_t* counts,        // [E]
+                            int32_t* offsets,       // [E + 1]
+                            int32_t* sorted,        // [M]
+                            int32_t* position,      // [M]
+                            int32_t* assigned,      // [E] or nullptr
+                            const int32_t* chosen,  // [N, k]
+                            int64_t N, int64_t k, int64_t E, int64_t capacity);
+  void (*moe_gather_forward)(float* sorted_x,        // [R_moe, D]
+                             const float* x,         // [N, D]
+                             const int32_t* sorted,  // [M]
+                             int64_t R, int64_t k, int64_t D);
+  void (*moe_gather_backward)(float* d_x,               // [N, D]
+                              const float* d_sorted_x,  // [R_moe, D]
+                              const int32_t* position,  // [M]
+                              int64_t N, int64_t k, int64_t D, bool accumulate);
+  void (*moe_combine_forward)(float* out,               // [N, D]
+                              const float* y_sorted,    // [R_moe, D]
+                              const float* weights,     // [N, k]
+                              const int32_t* position,  // [M]
+                              int64_t N, int64_t k, int64_t D, bool accumulate);
+  void (*moe_combine_backward)(float* d_y_sorted,        // [R_moe, D]
+                               float* d_weights,         // [N, k]
+                               const float* d_out,       // [N, D]
+                               const float* y_sorted,    // [R_moe, D]
+                               const float* weights,     // [N, k]
+                               const int32_t* position,  // [M]
+                               int64_t N, int64_t k, int64_t D);
+  MoeLoad (*moe_load_statistics)(const int32_t* counts,  // [E]
+                                 int64_t E);
+
+  // grouped_matmul.h: per expert segment of sorted rows, out = x @ w[e]; d_x = d_out @ w[e]^T, d_w[e] +=.
+  void (*grouped_matmul_forward)(float* out,              // [R_moe, O]
+                                 const float* x,          // [R_moe, I]
+                                 const float* w,          // [E, I, O]
+                                 const int32_t* offsets,  // [E + 1]
+                                 int64_t E, int64_t I, int64_t O);
+  void (*grouped_matmul_backward)(float* d_x,              // [R_moe, I] or nullptr
+                                  float* d_w,              // [E, I, O] or nullptr
+                                  const float* d_out,      // [R_moe, O]
+                                  const float* x,          // [R_moe, I]
+                                  const float* w,          // [E, I, O]
+                                  const int32_t* offsets,  // [E + 1]
+                                  int64_t E, int64_t I, int64_t O);
 
   // adamw.h: the fused AdamW step, and the sum of squares (in double) of the global gradient norm.
   void (*adamw_update)(float* param,       // [count]

@@ -104,6 +104,18 @@ const KernelBackend& counting_backend() {
     MT_COUNTED(context_attention_backward);
     MT_COUNTED(context_attention_backward_scratch_floats);
     MT_COUNTED(attention_decode);
+    MT_COUNTED(moe_router_forward);
+    MT_COUNTED(moe_router_backward);
+    MT_COUNTED(moe_balance_loss_forward);
+    MT_COUNTED(moe_balance_loss_backward);
+    MT_COUNTED(moe_route_plan);
+    MT_COUNTED(moe_gather_forward);
+    MT_COUNTED(moe_gather_backward);
+    MT_COUNTED(moe_combine_forward);
+    MT_COUNTED(moe_combine_backward);
+    MT_COUNTED(moe_load_statistics);
+    MT_COUNTED(grouped_matmul_forward);
+    MT_COUNTED(grouped_matmul_backward);
     MT_COUNTED(adamw_update);
     MT_COUNTED(sum_of_squares);
 #undef MT_COUNTED
@@ -176,6 +188,15 @@ TEST(KernelBackend, ModelReachesEveryKernelThroughTheTable) {
   for (const char* multi_process_only : {"context_attention_forward", "context_attention_backward"}) {
     EXPECT_EQ(calls().count(multi_process_only), 0u) << multi_process_only;
     calls()[multi_process_only] = 1;
+  }
+  // The mixture-of-experts kernels have no model layer calling them yet (issue 12): counted as reached
+  // here until the MoE layer's test runs them through this backend.
+  for (const char* no_layer_yet :
+       {"moe_router_forward", "moe_router_backward", "moe_balance_loss_forward", "moe_balance_loss_backward",
+        "moe_route_plan", "moe_gather_forward", "moe_gather_backward", "moe_combine_forward",
+        "moe_combine_backward", "moe_load_statistics", "grouped_matmul_forward", "grouped_matmul_backward"}) {
+    EXPECT_EQ(calls().count(no_layer_yet), 0u) << no_layer_yet << " is called: drop it from this list";
+    calls()[no_layer_yet] = 1;
   }
   EXPECT_EQ(calls().size(), kSlots - 1) << "every entry but the name is counted";
   for (const auto& [entry, count] : calls()) EXPECT_GT(count, 0) << entry << " was never called";

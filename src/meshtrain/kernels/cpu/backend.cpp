@@ -6,8 +6,11 @@
 #include "meshtrain/kernels/cpu/cross_entropy.h"
 #include "meshtrain/kernels/cpu/embedding.h"
 #include "meshtrain/kernels/cpu/gelu.h"
+#include "meshtrain/kernels/cpu/grouped_matmul.h"
 #include "meshtrain/kernels/cpu/layernorm.h"
 #include "meshtrain/kernels/cpu/matmul.h"
+#include "meshtrain/kernels/cpu/moe_dispatch.h"
+#include "meshtrain/kernels/cpu/moe_router.h"
 #include "meshtrain/kernels/cpu/residual.h"
 #include "meshtrain/kernels/cpu/rmsnorm.h"
 #include "meshtrain/kernels/cpu/rope.h"
@@ -45,6 +48,18 @@ const KernelBackend& cpu_backend() {
       .context_attention_backward = context_attention_backward,
       .context_attention_backward_scratch_floats = context_attention_backward_scratch_floats,
       .attention_decode = attention_decode,
+      .moe_router_forward = moe_router_forward,
+      .moe_router_backward = moe_router_backward,
+      .moe_balance_loss_forward = moe_balance_loss_forward,
+      .moe_balance_loss_backward = moe_balance_loss_backward,
+      .moe_route_plan = moe_route_plan,
+      .moe_gather_forward = moe_gather_forward,
+      .moe_gather_backward = moe_gather_backward,
+      .moe_combine_forward = moe_combine_forward,
+      .moe_combine_backward = moe_combine_backward,
+      .moe_load_statistics = moe_load_statistics,
+      .grouped_matmul_forward = grouped_matmul_forward,
+      .grouped_matmul_backward = grouped_matmul_backward,
       .adamw_update = adamw_update,
       .sum_of_squares = sum_of_squares,
   };

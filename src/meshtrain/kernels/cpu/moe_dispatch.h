@@ -1,0 +1,136 @@
+// Dispatch and combine of a mixture-of-experts layer: the routing plan that sorts the N k assignments by
+// expert, the gather of token rows into that order (the grouped matmul's input), the weighted combine of
+// the experts' output rows back into tokens, and the expert load statistics for metrics.
+// Legend: N tokens, D width, E routed experts, k experts per token, M = N k assignments (assignment t k + s
+// is token t's slot s), R = offsets[E] kept (sorted) rows, R <= M.
+//
+// Capacity: capacity <= 0 is dropless (R = M). capacity > 0: each expert keeps its first `capacity`
+// assignments in token order and drops the rest; a dropped assignment has position -1, gets no sorted row,
+// contributes nothing to the combine and gets a zero weight gradient (its token keeps its other experts and
+// the residual / shared expert path).
+// Gradient semantics: d_x (gather) written, or added with accumulate; d_y_sorted and d_weights (combine)
+// written. Every backward loops over tokens and their slots through `position`: no atomics, deterministic.
+#pragma once
+
+#include <cstdint>
+
+#include "meshtrain/kernels/arguments.h"
+
+namespace meshtrain::kernels {
+
+// Counting sort of the assignments by expert, stable (within an expert, token order). Writes counts (kept
+// assignments per expert), offsets (prefix sums of counts, offsets[E] = R), sorted (rows [0, R): the
+// assignment index of each sorted row; rows [R, M): -1), position (each assignment's sorted row, or -1 when
+// dropped) and, when given, assigned (assignments per expert before dropping: the balance loss's counts).
+// Returns the number of dropped assignments, M - R. O(M + E) and serial, so this one function is also its
+// own plain reference (the tests check it against std::stable_sort).
+int64_t moe_route_plan(int32_t* counts,        // [E]
+                       int32_t* offsets,       // [E + 1]
+                       int32_t* sorted,        // [M]
+                       int32_t* position,      // [M]
+                       int32_t* assigned,      // [E] or nullptr
+                       const int32_t* chosen,  // [N, k] expert ids in [0, E)
+                       int64_t N, int64_t k, int64_t E, int64_t capacity);
+
+// sorted_x row i = x row sorted[i] / k, for i < R.
+void moe_gather_forward(float* sorted_x,        // [R, D]
+                        const float* x,         // [N, D]
+                        const int32_t* sorted,  // [M]
+                        int64_t R, int64_t k, int64_t D);
+
+// d_x row t = (or +=) sum over token t's kept slots s of d_sorted_x row position[t k + s].
+void moe_gather_backward(float* d_x,               // [N, D]
+                         const float* d_sorted_x,  // [R, D]
+                         const int32_t* position,  // [M]
+                         int64_t N, int64_t k, int64_t D, bool accumulate);
+
+// out row t = (or +=) sum over kept slots s of weights[t, s] * y_sorted row position[t k + s].
+void moe_combine_forward(float* out,               // [N, D]
+                         const float* y_sorted,    // [R, D]
+                         const float* weights,     // [N, k]
+                         const int32_t* position,  // [M]
+                         int64_t N, int64_t k, int64_t D, bool accumulate);
+
+// d_y_sorted row position[t k + s] = weights[t, s] d_out row t; d_weights[t, s] = d_out row t . y_sorted
+// row position[t k + s] (0 when dropped). Both written.
+void moe_combine_backward(float* d_y_sorted,        // [R, D]
+                          float* d_weights,         // [N, k]
+                          const float* d_out,       // [N, D]
+                          const float* y_sorted,    // [R, D]
+                          const float* weights,     // [N, k]
+                          const int32_t* position,  // [M]
+                          int64_t N, int64_t k, int64_t D);
+
+// Max, mean and max / mean of per-expert counts (moe_route_plan's counts or assigned), for metrics.
+MoeLoad moe_load_statistics(const int32_t* counts,  // [E]
+                            int64_t E);
+
+template <class T>
+void moe_gather_reference_forward(T* sorted_x,            // [R, D]
+                                  const T* x,             // [N, D]
+                                  const int32_t* sorted,  // [M]
+                                  int64_t R, int64_t k, int64_t D) {
+  for (int64_t i = 0; i < R; ++i) {
+    for (int64_t c = 0; c < D; ++c) sorted_x[i * D + c] = x[(sorted[i] / k) * D + c];
+  }
+}
+
+template <class T>
+void moe_gather_reference_backward(T* d_x,                   // [N, D]
+                                   const T* d_sorted_x,      // [R, D]
+                                   const int32_t* position,  // [M]
+                                   int64_t N, int64_t k, int64_t D, bool accumulate) {
+  for (int64_t t = 0; t < N; ++t) {
+    for (int64_t c = 0; c < D; ++c) {
+      T sum = accumulate ? d_x[t * D + c] : T(0);
+      for (int64_t s = 0; s < k; ++s) {
+        const int32_t row = position[t * k + s];
+        if (row >= 0) sum += d_sorted_x[row * D + c];
+      }
+      d_x[t * D + c] = sum;
+    }
+  }
+}
+
+template <class T>
+void moe_combine_reference_forward(T* out,                   // [N, D]
+                                   const T* y_sorted,        // [R, D]
+                                   const T* weights,         // [N, k]
+                                   const int32_t* position,  // [M]
+                                   int64_t N, int64_t k, int64_t D, bool accumulate) {
+  for (int64_t t = 0; t < N; ++t) {
+    for (int64_t c = 0; c < D; ++c) {
+      T sum = accumulate ? out[t * D + c] : T(0);
+      for (int64_t s = 0; s < k; ++s) {
+        const int32_t row = position[t * k + s];
+        if (row >= 0) sum += weights[t * k + s] * y_sorted[row * D + c];
+      }
+      out[t * D + c] = sum;
+    }
+  }
+}
+
+template <class T>
+void moe_combine_reference_backward(T* d_y_sorted,            // [R, D]
+                                    T* d_weights,             // [N, k]
+                                    const T* d_out,           // [N, D]
+                                    const T* y_sorted,        // [R, D]
+                                    const T* weights,         // [N, k]
+                                    const int32_t* position,  // [M]
+                                    int64_t N, int64_t k, int64_t D) {
+  for (int64_t t = 0; t < N; ++t) {
+    for (int64_t s = 0; s < k; ++s) {
+      const int32_t row = position[t * k + s];
+      T dot = T(0);
+      if (row >= 0) {
+        for (int64_t c = 0; c < D; ++c) {
+          d_y_sorted[row * D + c] = weights[t * k + s] * d_out[t * D + c];
+          dot += d_out[t * D + c] * y_sorted[row * D + c];
+        }
+      }
+      d_weights[t * k + s] = dot;
+    }
+  }
+}
+
+}  // namespace meshtrain::kernels
