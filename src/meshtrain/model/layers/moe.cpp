@@ -1,0 +1,294 @@
+#include "meshtrain/model/layers/moe.h"
+
+#include <cmath>
+
+#include "meshtrain/model/layers/linear.h"
+#include "meshtrain/model/layers/norm.h"
+
+namespace meshtrain {
+namespace {
+
+BufferId int32_activation(SpecBuilder& builder, const std::string& name, const Shape& shape) {
+  const BufferId id = builder.activation(name, shape);
+  builder.spec().buffers[static_cast<size_t>(id)].dtype = DType::i32;
+  return id;
+}
+
+// The shared experts: a dense SwiGLU of x [N, D] at width F_s (shared_experts x F_e) whose down projection
+// ends on the residual stream (out = residual_in + down(silu(gate(x)) * up(x))). Forward ops go to the
+// builder; returns the output and the backward ops (they add into d_x).
+struct SharedExperts {
+  BufferId out = kNoBuffer;
+  std::vector<OpDecl> backward;
+};
+SharedExperts add_shared_experts(SpecBuilder& builder, const std::string& name, BufferId x,
+                                 BufferId residual_in, BufferId d_out, BufferId d_x, int64_t width,
+                                 double out_init_std) {
+  const ModelDims& m = builder.dims();
+  const Shape hidden_shape = token_shape(m, {{"moe_mlp", width}});
+  const Shape width_shape = token_shape(m, {{"embed", m.D}});
+  const Shape in_kernel = shape_of({{"embed", m.D}, {"moe_mlp", width}});
+  const Shape out_kernel = shape_of({{"moe_mlp", width}, {"embed", m.D}});
+  const BufferId d_gate = builder.gradient_scratch("scratch/d_shared_gate", hidden_shape);
+  const BufferId d_up = builder.gradient_scratch("scratch/d_shared_up", hidden_shape);
+  const BufferId d_activated = builder.gradient_scratch("scratch/d_shared_activated", hidden_shape);
+  const LinearOptions in_projection{"moe", false, 0.02, kNoBuffer};
+  const LinearLayer gate =
+      add_linear(builder, name + "/wi_0", x, in_kernel, hidden_shape, in_projection, d_gate, d_x, true);
+  const LinearLayer up =
+      add_linear(builder, name + "/wi_1", x, in_kernel, hidden_shape, in_projection, d_up, d_x, true);
+  const BufferId activated = builder.activation(name + "/activated", hidden_shape);
+  const BufferId gate_out = gate.out, up_out = up.out;
+  const int64_t count = m.N * width;
+  builder.forward({name + "/swiglu_forward",
+                   {gate_out, up_out},
+                   {activated},
+                   4.0 * static_cast<double>(count),
+                   [=](const OpContext& c) {
+                     c.kernels->swiglu_forward(c.f32(activated), c.f32(gate_out), c.f32(up_out), count);
+                   }});
+  const LinearLayer down = add_linear(builder, name + "/wo", activated, out_kernel, width_shape,
+                                      {"moe", false, out_init_std, residual_in}, d_out, d_activated, false);
+  return {down.out,
+          {down.backward,
+           {name + "/swiglu_backward",
+            {d_activated, gate_out, up_out},
+            {d_gate, d_up},
+            8.0 * static_cast<double>(count),
+            [=](const OpContext& c) {
+              c.kernels->swiglu_backward(c.f32(d_gate), c.f32(d_up), c.f32(d_activated), c.f32(gate_out),
+                                         c.f32(up_out), count);
+            }},
+           gate.backward,
+           up.backward}};
+}
+
+}  // namespace
+
+int64_t moe_expert_capacity(double capacity_factor, int64_t tokens, int64_t top_k, int64_t experts) {
+  if (capacity_factor <= 0.0) return 0;
+  return static_cast<int64_t>(
+      std::ceil(capacity_factor * static_cast<double>(tokens * top_k) / static_cast<double>(experts)));
+}
+
+BufferId add_moe_block(SpecBuilder& builder, const std::string& prefix, BufferId residual_in,
+                       BufferId d_residual, const MoeBlockOptions& options) {
+  const ModelDims& m = builder.dims();
+  const int64_t N = m.N, D = m.D, E = options.experts, k = options.routing.top_k, F = options.expert_width;
+  const int64_t M = N * k;
+  const int64_t capacity = moe_expert_capacity(options.capacity_factor, N, k, E);
+  const kernels::MoeRouting routing = options.routing;
+  const Shape width_shape = token_shape(m, {{"embed", m.D}});
+  const Shape logits_shape = token_shape(m, {{"experts", E}});
+  const Shape choice_shape = token_shape(m, {{"top_k", k}});
+  const Shape sorted_width = shape_of({{"assignments", M}, {"embed", D}});
+  const Shape sorted_hidden = shape_of({{"assignments", M}, {"moe_mlp", F}});
+  const std::string moe = prefix + "/moe";
+
+  // Backward temporaries, shared by every MoE layer.
+  const BufferId d_normed = builder.gradient_scratch("scratch/d_normed", width_shape);
+  const BufferId d_logits = builder.gradient_scratch("scratch/d_router_logits", logits_shape);
+  const BufferId d_weights = builder.gradient_scratch("scratch/d_router_weights", choice_shape);
+  const BufferId d_expert_out = builder.gradient_scratch("scratch/d_expert_out", sorted_width);
+  const BufferId d_expert_activated = builder.gradient_scratch("scratch/d_expert_activated", sorted_hidden);
+  const BufferId d_expert_gate = builder.gradient_scratch("scratch/d_expert_gate", sorted_hidden);
+  const BufferId d_expert_up = builder.gradient_scratch("scratch/d_expert_up", sorted_hidden);
+  const BufferId d_sorted_x = builder.gradient_scratch("scratch/d_sorted_x", sorted_width);
+  const BufferId d_sorted_x_up = builder.gradient_scratch("scratch/d_sorted_x_up", sorted_width);
+
+  const NormLayer pre_norm = add_norm(builder, prefix + "/post_self_attention_layer_norm", NormKind::rms,
+                                      residual_in, width_shape, N, D, d_normed, d_residual, true);
+  const BufferId x = pre_norm.out;
+
+  // Router: logits = x @ W_gate, then scores, the chosen experts and their weights.
+  const LinearLayer gate =
+      add_linear(builder, moe + "/gate", x, shape_of({{"embed", D}, {"experts", E}}), logits_shape,
+                 {"moe", false, 0.02, kNoBuffer}, d_logits, d_normed, true);
+  const BufferId logits = gate.out;
+  const BufferId chosen = int32_activation(builder, moe + "/chosen", choice_shape);
+  const BufferId weights = builder.activation(moe + "/weights", choice_shape);
+  const BufferId scores = builder.activation(moe + "/scores", logits_shape);
+  builder.forward({moe + "/router_forward",
+                   {logits},
+                   {chosen, weights, scores},
+                   static_cast<double>(N * E) * 8.0,
+                   [=](const OpContext& c) {
+                     c.kernels->moe_router_forward(c.i32(chosen), c.f32(weights), c.f32(scores),
+                                                   c.f32(logits), nullptr, N, E, routing);
+                   }});
+
+  // The assignments sorted by expert, and the tokens gathered into those rows.
+  const BufferId counts = int32_activation(builder, moe + "/counts", shape_of({{"experts", E}}));
+  const BufferId offsets = int32_activation(builder, moe + "/offsets", shape_of({{"expert_bounds", E + 1}}));
+  const BufferId sorted = int32_activation(builder, moe + "/sorted", shape_of({{"assignments", M}}));
+  const BufferId position = int32_activation(builder, moe + "/position", shape_of({{"assignments", M}}));
+  const BufferId assigned = int32_activation(builder, moe + "/assigned", shape_of({{"experts", E}}));
+  builder.forward({moe + "/route_plan",
+                   {chosen},
+                   {counts, offsets, sorted, position, assigned},
+                   0.0,
+                   [=](const OpContext& c) {
+                     c.kernels->moe_route_plan(c.i32(counts), c.i32(offsets), c.i32(sorted), c.i32(position),
+                                               c.i32(assigned), c.i32(chosen), N, k, E, capacity);
+                   },
+                   OpKind::memory});
+  const BufferId sorted_x = builder.activation(moe + "/sorted_x", sorted_width);
+  const auto kept_rows = [=](const OpContext& c) -> int64_t { return c.i32(offsets)[E]; };  // R
+  builder.forward({moe + "/gather_forward",
+                   {x, sorted, offsets},
+                   {sorted_x},
+                   0.0,
+                   [=](const OpContext& c) {
+                     c.kernels->moe_gather_forward(c.f32(sorted_x), c.f32(x), c.i32(sorted), kept_rows(c), k,
+                                                   D);
+                   },
+                   OpKind::memory});
+
+  // The routed experts: SwiGLU over each expert's rows, as grouped matmuls.
+  const auto expert_weights = [&](const char* name, const Shape& shape, double init_std) {
+    return builder.parameter(moe + "/routed_experts/" + name, shape,
+                             {"moe", ParameterInit::normal, init_std, true});
+  };
+  const BufferId w_gate =
+      expert_weights("wi_0", shape_of({{"experts", E}, {"embed", D}, {"moe_mlp", F}}), 0.02);
+  const BufferId w_up =
+      expert_weights("wi_1", shape_of({{"experts", E}, {"embed", D}, {"moe_mlp", F}}), 0.02);
+  const BufferId w_down =
+      expert_weights("wo", shape_of({{"experts", E}, {"moe_mlp", F}, {"embed", D}}), options.out_init_std);
+  const BufferId d_w_gate = builder.gradient_of(w_gate), d_w_up = builder.gradient_of(w_up),
+                 d_w_down = builder.gradient_of(w_down);
+  const BufferId expert_gate = builder.activation(moe + "/expert_gate", sorted_hidden);
+  const BufferId expert_up = builder.activation(moe + "/expert_up", sorted_hidden);
+  const BufferId expert_activated = builder.activation(moe + "/expert_activated", sorted_hidden);
+  const BufferId expert_out = builder.activation(moe + "/expert_out", sorted_width);
+  const double expert_flops = 2.0 * static_cast<double>(M * D * F);  // dropless: every assignment kept
+  OpDecl expert_in{moe + "/expert_in_forward",
+                   {sorted_x, w_gate, w_up, offsets},
+                   {expert_gate, expert_up},
+                   2.0 * expert_flops,
+                   [=](const OpContext& c) {
+                     c.kernels->grouped_matmul_forward(c.f32(expert_gate), c.f32(sorted_x), c.f32(w_gate),
+                                                       c.i32(offsets), E, D, F);
+                     c.kernels->grouped_matmul_forward(c.f32(expert_up), c.f32(sorted_x), c.f32(w_up),
+                                                       c.i32(offsets), E, D, F);
+                   },
+                   OpKind::matmul};
+  builder.forward(std::move(expert_in));
+  builder.forward({moe + "/expert_swiglu_forward",
+                   {expert_gate, expert_up, offsets},
+                   {expert_activated},
+                   4.0 * static_cast<double>(M * F),
+                   [=](const OpContext& c) {
+                     c.kernels->swiglu_forward(c.f32(expert_activated), c.f32(expert_gate), c.f32(expert_up),
+                                               kept_rows(c) * F);
+                   }});
+  builder.forward({moe + "/expert_out_forward",
+                   {expert_activated, w_down, offsets},
+                   {expert_out},
+                   expert_flops,
+                   [=](const OpContext& c) {
+                     c.kernels->grouped_matmul_forward(c.f32(expert_out), c.f32(expert_activated),
+                                                       c.f32(w_down), c.i32(offsets), E, F, D);
+                   },
+                   OpKind::matmul});
+
+  // The shared experts end on the residual stream; the routed experts' weighted sum joins them.
+  SharedExperts shared;
+  if (options.shared_experts > 0) {
+    shared = add_shared_experts(builder, moe + "/shared_experts", x, residual_in, d_residual, d_normed,
+                                options.shared_experts * F, options.out_init_std);
+  }
+  const BufferId base = shared.out != kNoBuffer ? shared.out : residual_in;
+  const BufferId out = builder.activation(moe + "/out", width_shape);
+  builder.forward({moe + "/combine_forward",
+                   {expert_out, weights, position, base},
+                   {out},
+                   2.0 * static_cast<double>(M * D),
+                   [=](const OpContext& c) {
+                     c.kernels->moe_combine_forward(c.f32(out), c.f32(expert_out), c.f32(weights),
+                                                    c.i32(position), N, k, D, false);
+                     c.kernels->residual_add(c.f32(out), c.f32(base), N * D);
+                   }});
+
+  // Backward, in order: combine, the experts, gather (writes d_normed), router (+ balance loss), the gate
+  // and the shared experts (add into d_normed), the norm.
+  std::vector<OpDecl> group;
+  group.push_back({moe + "/combine_backward",
+                   {d_residual, expert_out, weights, position},
+                   {d_expert_out, d_weights},
+                   4.0 * static_cast<double>(M * D),
+                   [=](const OpContext& c) {
+                     c.kernels->moe_combine_backward(c.f32(d_expert_out), c.f32(d_weights), c.f32(d_residual),
+                                                     c.f32(expert_out), c.f32(weights), c.i32(position), N, k,
+                                                     D);
+                   }});
+  OpDecl expert_out_backward{moe + "/expert_out_backward",
+                             {d_expert_out, expert_activated, w_down, offsets, d_w_down},
+                             {d_expert_activated, d_w_down},
+                             2.0 * expert_flops,
+                             [=](const OpContext& c) {
+                               c.kernels->grouped_matmul_backward(
+                                   c.f32(d_expert_activated), c.f32(d_w_down), c.f32(d_expert_out),
+                                   c.f32(expert_activated), c.f32(w_down), c.i32(offsets), E, F, D);
+                             },
+                             OpKind::matmul};
+  group.push_back(std::move(expert_out_backward));
+  group.push_back({moe + "/expert_swiglu_backward",
+                   {d_expert_activated, expert_gate, expert_up, offsets},
+                   {d_expert_gate, d_expert_up},
+                   8.0 * static_cast<double>(M * F),
+                   [=](const OpContext& c) {
+                     c.kernels->swiglu_backward(c.f32(d_expert_gate), c.f32(d_expert_up),
+                                                c.f32(d_expert_activated), c.f32(expert_gate),
+                                                c.f32(expert_up), kept_rows(c) * F);
+                   }});
+  OpDecl expert_in_backward{
+      moe + "/expert_in_backward",
+      {d_expert_gate, d_expert_up, sorted_x, w_gate, w_up, offsets, d_w_gate, d_w_up},
+      {d_sorted_x, d_sorted_x_up, d_w_gate, d_w_up},
+      4.0 * expert_flops,
+      [=](const OpContext& c) {
+        c.kernels->grouped_matmul_backward(c.f32(d_sorted_x), c.f32(d_w_gate), c.f32(d_expert_gate),
+                                           c.f32(sorted_x), c.f32(w_gate), c.i32(offsets), E, D, F);
+        c.kernels->grouped_matmul_backward(c.f32(d_sorted_x_up), c.f32(d_w_up), c.f32(d_expert_up),
+                                           c.f32(sorted_x), c.f32(w_up), c.i32(offsets), E, D, F);
+        c.kernels->residual_add(c.f32(d_sorted_x), c.f32(d_sorted_x_up), kept_rows(c) * D);
+      },
+      OpKind::matmul};
+  group.push_back(std::move(expert_in_backward));
+  group.push_back({moe + "/gather_backward",
+                   {d_sorted_x, position},
+                   {d_normed},
+                   static_cast<double>(M * D),
+                   [=](const OpContext& c) {
+                     c.kernels->moe_gather_backward(c.f32(d_normed), c.f32(d_sorted_x), c.i32(position), N, k,
+                                                    D, false);
+                   }});
+  // The balance loss is a per-token mean over this rank's N tokens (f_e from this set's assignments): its
+  // gradient enters as N times the mean's, because gradients hold sums over tokens until the update
+  // divides by the global valid-token count, as the cross-entropy's do.
+  const float balance_weight = static_cast<float>(options.balance_loss_weight);
+  const kernels::RouterScore score_function = routing.score_function;
+  std::vector<BufferId> router_reads = {d_weights, scores, chosen};
+  if (balance_weight > 0.0f) router_reads.push_back(assigned);
+  group.push_back({moe + "/router_backward",
+                   router_reads,
+                   {d_logits},
+                   static_cast<double>(N * E) * 8.0,
+                   [=](const OpContext& c) {
+                     c.kernels->moe_router_backward(c.f32(d_logits), c.f32(d_weights), c.f32(scores),
+                                                    c.i32(chosen), N, E, routing);
+                     if (balance_weight > 0.0f) {
+                       c.kernels->moe_balance_loss_backward(c.f32(d_logits), c.f32(scores), c.i32(assigned),
+                                                            N, E, score_function, balance_weight,
+                                                            static_cast<float>(N));
+                     }
+                   }});
+  group.push_back(gate.backward);
+  for (OpDecl& op : shared.backward) group.push_back(std::move(op));
+  group.push_back(pre_norm.backward);
+  builder.backward_group(std::move(group));
+  return out;
+}
+
+}  // namespace meshtrain

@@ -1,0 +1,40 @@
+// The mixture-of-experts feed-forward block of a DeepSeek-style decoder layer:
+//   residual_out = residual_in + shared(x) + sum over the token's chosen experts e of weight_e expert_e(x),
+//   x = RMSNorm(residual_in),
+// where every expert (routed or shared) is a SwiGLU MLP. The router (x @ W_gate, then moe_router: softmax or
+// sigmoid scores, group-limited top-k, weights normalised and scaled) chooses k experts per token; the
+// token-expert assignments are sorted by expert (moe_route_plan, dropless or capacity-limited), gathered
+// into rows, run through the experts as grouped matmuls (one GEMM per expert segment: no per-token loop
+// and no dense all-experts compute) and combined back with their weights. The shared experts are one dense
+// SwiGLU of shared_experts x F_e width. An optional load-balance loss adds its gradient to the router's.
+// Legend: N tokens (B S), D width, E routed experts, k experts per token, F_e an expert's width, M = N k
+// assignments (rows of the sorted buffers; R <= M of them are kept, R = offsets[E]).
+#pragma once
+
+#include <string>
+
+#include "meshtrain/kernels/arguments.h"
+#include "meshtrain/model/spec_builder.h"
+
+namespace meshtrain {
+
+struct MoeBlockOptions {
+  int64_t experts = 0;         // E [num_experts]
+  int64_t expert_width = 0;    // F_e [base_moe_mlp_dim]
+  int64_t shared_experts = 0;  // [shared_experts]: a dense SwiGLU of shared_experts x F_e added; 0 none
+  kernels::MoeRouting routing;
+  // [capacity_factor] <= 0: dropless; else each expert keeps its first ceil(factor N k / E) assignments in
+  // token order and drops the rest (their weight contributes nothing).
+  double capacity_factor = 0.0;
+  double balance_loss_weight = 0.0;  // [load_balance_loss_weight]; 0 none
+  double out_init_std = 0.02;        // the experts' down projections
+};
+
+// Returns residual_out [B, S, D]; the backward group turns d_residual into dL/d residual_in in place.
+BufferId add_moe_block(SpecBuilder& builder, const std::string& prefix, BufferId residual_in,
+                       BufferId d_residual, const MoeBlockOptions& options);
+
+// Assignments an expert keeps under capacity_factor (0: dropless, every assignment kept).
+int64_t moe_expert_capacity(double capacity_factor, int64_t tokens, int64_t top_k, int64_t experts);
+
+}  // namespace meshtrain
