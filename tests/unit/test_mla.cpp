@@ -1,6 +1,6 @@
 // Multi-head latent attention beyond its gradient (test_model_gradient.cpp) and decode (test_decoder.cpp)
 // checks: its parameters and their Hugging Face DeepSeek names, the RoPE column order of Hugging Face
-// checkpoints, and the meshes it refuses for now.
+// checkpoints, its tensor-parallel reductions and the meshes it refuses for now.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -125,15 +125,38 @@ TEST(Mla, HuggingFaceRopeColumnsPermutedGiveTheInterleavedRotation) {
   EXPECT_GT(rotated, 1e-2) << "the rotation must move the values, or the comparison has no signal";
 }
 
-TEST(Mla, RefusesTensorAndContextParallelismAndUnequalKvHeadsNamingTheKey) {
-  for (const MeshAxis axis : {MeshAxis::tensor, MeshAxis::context}) {
-    const std::string message = error_of([&] {
-      build_model_spec(tiny_mla(), Mesh({{axis, 2}}), kernels::kernel_backend_for_device("cpu"));
-    });
-    EXPECT_NE(message.find(std::string("'mesh.") + mesh_axis_name(axis) + "'"), std::string::npos) << message;
-    EXPECT_NE(message.find("1 under attention_type=mla"), std::string::npos) << message;
-    EXPECT_NE(message.find("mesh.data or mesh.fsdp"), std::string::npos) << message;
+// Under mesh.tensor the heads split and the gradients leaving them for the replicated down projections are
+// all-reduced, one reduction per partial gradient (the numbers: the mpirun check in the report).
+TEST(Mla, SplitsHeadsOverTensorAndReducesTheGradientsLeavingThem) {
+  for (const char* q_lora_rank : {"q_lora_rank=12", "q_lora_rank=0"}) {
+    SCOPED_TRACE(q_lora_rank);
+    const ModelSpec spec = build_model_spec(tiny_mla({q_lora_rank}), Mesh({{MeshAxis::tensor, 2}}),
+                                            kernels::kernel_backend_for_device("cpu"));
+    EXPECT_EQ(spec.dims.H, 2);
+    const std::map<std::string, std::vector<int64_t>> shapes = layer0_attention_shapes(spec);
+    EXPECT_EQ(shapes.at("wkv_a/kernel"), (std::vector<int64_t>{32, 14}));  // replicated
+    EXPECT_EQ(shapes.at("wkv_b/kernel"), (std::vector<int64_t>{10, 2, 14}));
+    EXPECT_EQ(shapes.at("out/kernel"), (std::vector<int64_t>{2, 8, 32}));
+    std::vector<std::string> reductions;
+    const std::string prefix = "decoder/layers_0/self_attention/";
+    for (const OpDecl& op : spec.loss_backward) {
+      if (op.kind == OpKind::collective && op.name.starts_with(prefix))
+        reductions.push_back(op.name.substr(prefix.size()));
+    }
+    const std::string q_reduction =
+        std::string(q_lora_rank) == "q_lora_rank=0" ? "reduce_input_gradient" : "reduce_q_a_gradient";
+    EXPECT_EQ(reductions,
+              (std::vector<std::string>{"reduce_k_rope_gradient", "reduce_c_kv_gradient", q_reduction}));
   }
+}
+
+TEST(Mla, RefusesContextParallelismAndUnequalKvHeadsNamingTheKey) {
+  const std::string message = error_of([&] {
+    build_model_spec(tiny_mla(), Mesh({{MeshAxis::context, 2}}), kernels::kernel_backend_for_device("cpu"));
+  });
+  EXPECT_NE(message.find("'mesh.context'"), std::string::npos) << message;
+  EXPECT_NE(message.find("1 under attention_type=mla"), std::string::npos) << message;
+  EXPECT_NE(message.find("mesh.data, mesh.fsdp or mesh.tensor"), std::string::npos) << message;
   EXPECT_NO_THROW(
       build_model_spec(tiny_mla(), Mesh({{MeshAxis::data, 2}}), kernels::kernel_backend_for_device("cpu")));
   const std::string kv = error_of([] { build_model_spec(tiny_mla({"base_num_kv_heads=2"})); });

@@ -59,6 +59,7 @@ BufferId add_mla_block(SpecBuilder& builder, const std::string& prefix, BufferId
   // Queries, low-rank or direct. The q path's backward writes d_normed first; wkv_a's adds to it.
   std::vector<OpDecl> query_backward;  // in backward order
   BufferId q = kNoBuffer;
+  BufferId query_reduced = d_normed;  // the heads' projection's input gradient (partial under tensor)
   if (r_q > 0) {
     const BufferId d_q_a = builder.gradient_scratch("scratch/mla_d_q_a", q_a_shape);
     const BufferId d_q_a_normed = builder.gradient_scratch("scratch/mla_d_q_a_normed", q_a_shape);
@@ -71,6 +72,7 @@ BufferId add_mla_block(SpecBuilder& builder, const std::string& prefix, BufferId
                                         shape_of({{"q_lora", r_q}, {"heads", H}, {"head_dim", dq}}), q_shape,
                                         projection, d_q, d_q_a_normed, false);
     q = wq_b.out;
+    query_reduced = d_q_a_normed;
     query_backward = {wq_b.backward, q_norm.backward, wq_a.backward};
   } else {
     const LinearLayer query = add_linear(builder, attention + "/query", pre_norm.out,
@@ -245,15 +247,29 @@ BufferId add_mla_block(SpecBuilder& builder, const std::string& prefix, BufferId
       builder, attention + "/out", attended, shape_of({{"heads", H}, {"head_dim", v_dim}, {"embed", D}}),
       width_shape, {"attention", false, options.out_init_std, residual_in}, d_residual, d_attended, false);
 
+  // Tensor parallel: heads split over tensor (wq_b / query, wkv_b column-parallel, out row-parallel), the
+  // down projections and their norms replicated. The gradients that leave the heads for a replicated tensor
+  // are partial sums over this rank's heads: all-reduced right there, so everything below them is whole.
+  const auto reduce_over_heads = [&](const std::string& name, BufferId partial) {
+    return builder.collective(attention + "/" + name, CollectiveKind::all_reduce, MeshAxis::tensor, partial);
+  };
   std::vector<OpDecl> group = {out.backward, unpad_backward};
-  for (OpDecl& op : core_backward) group.push_back(std::move(op));
+  const auto append = [&group](std::vector<OpDecl> ops) {
+    for (OpDecl& op : ops) group.push_back(std::move(op));
+  };
+  append(std::move(core_backward));
   group.push_back(std::move(assemble_kv_backward));
+  append(reduce_over_heads("reduce_k_rope_gradient", d_k_rope));
   group.push_back(wkv_b.backward);
+  append(reduce_over_heads("reduce_c_kv_gradient", d_c_kv_normed));
   group.push_back(kv_norm.backward);
   group.push_back(split_kv_a_backward);
   group.push_back(q_rope_backward);
-  for (OpDecl& op : query_backward) group.push_back(std::move(op));
-  group.push_back(wkv_a.backward);
+  // The q path: the heads' projection, the reduction of its input gradient, then (low rank) the rest.
+  group.push_back(std::move(query_backward.front()));
+  append(reduce_over_heads(r_q > 0 ? "reduce_q_a_gradient" : "reduce_input_gradient", query_reduced));
+  for (size_t i = 1; i < query_backward.size(); ++i) group.push_back(std::move(query_backward[i]));
+  group.push_back(wkv_a.backward);  // adds its (whole) part to the q path's d_normed
   group.push_back(pre_norm.backward);
   builder.backward_group(std::move(group));
   return out.out;
