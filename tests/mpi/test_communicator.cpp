@@ -249,8 +249,10 @@ void test_mesh(Communicator& world) {
         int64_t coordinates[4] = {r / (tensor * context * fsdp), r / (tensor * context) % fsdp,
                                   r / tensor % context, r % tensor};
         const char* names[4] = {"data", "fsdp", "context", "tensor"};
+        // The axes laid out here; mesh.expert stays 1.
+        const MeshAxis axes[4] = {MeshAxis::data, MeshAxis::fsdp, MeshAxis::context, MeshAxis::tensor};
         for (int axis = 0; axis < 4; ++axis) {
-          Communicator& comm = *mesh.at(kMeshAxes[static_cast<size_t>(axis)]);
+          Communicator& comm = *mesh.at(axes[axis]);
           const std::string what = "mesh " + layout + " axis " + names[axis];
           check(comm.size() == degrees[axis] && comm.rank() == coordinates[axis], what + ": size and rank");
           check(comm.axis_name() == names[axis] && comm.context() == "step 7", what + ": name and context");

@@ -84,7 +84,7 @@ TEST_F(CompileCli, PrintsEveryKernelAndTheVerdict) {
   const std::string output = run({"qwen3-tiny", overrides[0], overrides[1]});
   const TrainingPlan plan = fresh_plan("qwen3-tiny", overrides, {kKernelNames.begin(), kKernelNames.end()});
   EXPECT_TRUE(contains(output, "identity " + plan.identity.hash)) << output;
-  EXPECT_TRUE(contains(output, "data=2 fsdp=1 context=1 tensor=1 (2 devices)")) << output;
+  EXPECT_TRUE(contains(output, "data=2 fsdp=1 context=1 expert=1 tensor=1 (2 devices)")) << output;
   for (const KernelPlan& kernel : plan.kernels) {
     const std::string block = kernel_block(output, kernel_name(kernel.kernel));
     ASSERT_FALSE(block.empty()) << "no block for " << kernel_name(kernel.kernel) << " in\n" << output;
@@ -486,12 +486,13 @@ TEST_F(CompileCli, ContextParallelBadInputNamesTheKeysTheValuesAndTheFix) {
   const std::string fixed = error_of({"qwen3-tiny", "topology=h100x8", "mesh.context=3"});
   EXPECT_TRUE(contains(fixed,
                        "config key 'mesh': expected a product of 8 (the devices of topology h100x8), "
-                       "found data=1 fsdp=1 context=3 tensor=1 (product 3) (fix: "))
+                       "found data=1 fsdp=1 context=3 expert=1 tensor=1 (product 3) (fix: "))
       << fixed;
   const std::string filled = error_of({"qwen3-tiny", "topology=h100x8", "mesh.data=-1", "mesh.context=3"});
-  EXPECT_TRUE(contains(filled,
-                       "config key 'mesh': expected axes whose product divides the 8 devices of topology "
-                       "h100x8, found data=-1 fsdp=1 context=3 tensor=1 (product of the fixed axes 3)"))
+  EXPECT_TRUE(
+      contains(filled,
+               "config key 'mesh': expected axes whose product divides the 8 devices of topology "
+               "h100x8, found data=-1 fsdp=1 context=3 expert=1 tensor=1 (product of the fixed axes 3)"))
       << filled;
   EXPECT_TRUE(contains(filled, "(fix: change the fixed mesh.* axes so that their product divides 8)"))
       << filled;

@@ -34,7 +34,7 @@ TEST(Config, PresetThenOverrides) {
 TEST(Config, EveryPresetLoads) {
   const std::vector<std::string> presets = preset_names();
   for (const char* expected : {"qwen3-tiny", "qwen3-0.6b", "qwen3-1.7b", "qwen3-4b", "qwen3-8b", "qwen3-14b",
-                               "qwen3-32b", "gpt2-124m", "gpt2-350m"}) {
+                               "qwen3-32b", "gpt2-124m", "gpt2-350m", "deepseek-tiny"}) {
     EXPECT_NE(std::find(presets.begin(), presets.end(), expected), presets.end()) << expected;
     EXPECT_NO_THROW(load_config(expected, {})) << expected;
   }
@@ -76,7 +76,7 @@ TEST(Config, EnumKeysParseEveryValueByItsName) {
 TEST(Config, UnknownEnumValueNamesTheKeyTheValuesAndTheClosest) {
   const std::string block = error_of([] { load_config("qwen3-tiny", {"decoder_block=qwen"}); });
   EXPECT_NE(block.find("'decoder_block'"), std::string::npos) << block;
-  EXPECT_NE(block.find("qwen3 or gpt2"), std::string::npos) << block;
+  EXPECT_NE(block.find("qwen3, gpt2 or deepseek"), std::string::npos) << block;
   EXPECT_NE(block.find("did you mean 'qwen3'"), std::string::npos) << block;
   const std::string remat = error_of([] { load_config("qwen3-tiny", {"remat_policy=minimum"}); });
   EXPECT_NE(remat.find("'remat_policy' (command line)"), std::string::npos) << remat;
@@ -146,6 +146,84 @@ TEST(Config, ContextParallelStrategyIsAllGatherByDefaultOrRing) {
       error_of([] { load_config("qwen3-tiny", {"context_parallel_strategy=allgather"}); });
   EXPECT_NE(typo.find("'context_parallel_strategy'"), std::string::npos) << typo;
   EXPECT_NE(typo.find("all_gather"), std::string::npos) << typo;
+}
+
+TEST(Config, AttentionAndMoeKeysParseWithMaxTextDefaults) {
+  const Config dense = load_config("qwen3-tiny", {});
+  EXPECT_EQ(dense.attention_type, AttentionType::global);
+  EXPECT_EQ(dense.q_lora_rank, 0);
+  EXPECT_EQ(dense.kv_lora_rank, 512);
+  EXPECT_EQ(dense.num_experts, 0);
+  EXPECT_EQ(dense.n_routing_groups, 1);
+  EXPECT_EQ(dense.mesh[MeshAxis::expert], 1);
+  for (AttentionType type : kAttentionTypes) {
+    EXPECT_EQ(load_config("deepseek-tiny", {std::string("attention_type=") + attention_type_name(type)})
+                  .attention_type,
+              type);
+  }
+  const Config moe = load_config(
+      "deepseek-tiny",
+      {"num_experts=8", "num_experts_per_tok=2", "base_moe_mlp_dim=64", "shared_experts=1",
+       "routed_score_func=sigmoid", "routed_bias=true", "routed_bias_update_rate=0.001",
+       "routed_scaling_factor=2.5", "norm_topk_prob=true", "n_routing_groups=4", "topk_routing_group=2",
+       "capacity_factor=1.25", "load_balance_loss_weight=0.01", "first_num_dense_layers=1", "mesh.expert=2"});
+  EXPECT_EQ(moe.num_experts, 8);
+  EXPECT_EQ(moe.num_experts_per_tok, 2);
+  EXPECT_EQ(moe.routed_score_func, RoutedScoreFunc::sigmoid);
+  EXPECT_TRUE(moe.routed_bias);
+  EXPECT_EQ(moe.routed_scaling_factor, 2.5);
+  EXPECT_EQ(moe.capacity_factor, 1.25);
+  EXPECT_EQ(moe.topk_routing_group, 2);
+  EXPECT_EQ(moe.mesh[MeshAxis::expert], 2);
+}
+
+// Each bad value is refused when the config loads, naming the key, the values and the fix.
+TEST(Config, BadMoeAndMlaValuesNameTheKeyTheValuesAndTheFix) {
+  const std::vector<std::string> moe = {"num_experts=8", "base_moe_mlp_dim=64"};
+  const auto error_with = [&](std::vector<std::string> overrides, bool with_moe = true) {
+    if (with_moe) overrides.insert(overrides.begin(), moe.begin(), moe.end());
+    return error_of([&] { load_config("deepseek-tiny", overrides); });
+  };
+  ASSERT_EQ(error_with({}), "");
+  struct Case {
+    std::vector<std::string> overrides;
+    bool with_moe;
+    std::vector<std::string> expected;  // pieces of the message
+  };
+  const std::vector<Case> cases = {
+      {{"num_experts_per_tok=9"}, true, {"'num_experts_per_tok'", "between 1 and num_experts (8)", "9"}},
+      {{"n_routing_groups=3"}, true, {"'n_routing_groups'", "a divisor of num_experts (8)", "3"}},
+      {{"n_routing_groups=4", "topk_routing_group=5"},
+       true,
+       {"'topk_routing_group'", "between 1 and n_routing_groups (4)", "5"}},
+      {{"n_routing_groups=4", "topk_routing_group=1", "num_experts_per_tok=3"},
+       true,
+       {"'num_experts_per_tok'", "1 x 8 / 4 = 2", "3", "raise topk_routing_group"}},
+      {{"mesh.expert=3"}, true, {"'mesh.expert'", "a divisor of num_experts (8)", "3"}},
+      {{"mesh.expert=2"}, false, {"'mesh.expert'", "1 for a dense model", "set num_experts"}},
+      {{"num_experts=8"}, false, {"'base_moe_mlp_dim'", "a positive integer", "0"}},
+      {{"num_experts=4", "decoder_block=qwen3", "attention_type=global"},
+       false,
+       {"'num_experts'", "0 for decoder_block=qwen3", "decoder_block=deepseek"}},
+      {{"qk_rope_head_dim=5"}, false, {"'qk_rope_head_dim'", "an even number", "5"}},
+      {{"qk_rope_head_dim=0"},
+       false,
+       {"'qk_rope_head_dim'", "a positive integer under attention_type=mla", "0"}},
+      {{"kv_lora_rank=0"}, false, {"'kv_lora_rank'", "a positive integer", "q_lora_rank=1536"}},
+      {{"v_head_dim=49"},
+       false,
+       {"'v_head_dim'", "at most qk_nope_head_dim + qk_rope_head_dim (32 + 16)", "49"}},
+      {{"decoder_block=qwen3"}, false, {"'attention_type'", "global for decoder_block=qwen3", "mla"}},
+      {{"routed_score_func=softplus"}, false, {"'routed_score_func'", "softmax or sigmoid", "did you mean"}},
+      {{"attention_type=latent"}, false, {"'attention_type'", "global or mla", "did you mean"}},
+  };
+  for (const Case& test : cases) {
+    const std::string message = error_with(test.overrides, test.with_moe);
+    SCOPED_TRACE(test.overrides.front());
+    ASSERT_NE(message, "");
+    for (const std::string& piece : test.expected)
+      EXPECT_NE(message.find(piece), std::string::npos) << message;
+  }
 }
 
 TEST(Config, UnknownKeySuggestsTheClosest) {

@@ -1,7 +1,7 @@
 // Generation: the incremental (KV-cache) decoder, stepping the planned decode program, against the engine's
-// full forward pass on tiny Qwen3 and GPT-2 models, the sampler's greedy, top-k, top-p and temperature
-// behaviour, and `meshtrain generate` on a saved checkpoint. Legend: S sequence, D width, V vocab rows
-// (padded), V_valid the vocabulary.
+// full forward pass on tiny Qwen3, GPT-2 and DeepSeek (MLA) models, the sampler's greedy, top-k, top-p and
+// temperature behaviour, and `meshtrain generate` on a saved checkpoint. Legend: S sequence, D width, V vocab
+// rows (padded), V_valid the vocabulary.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -175,6 +175,18 @@ TEST(IncrementalDecoder, Gpt2MatchesFullForward) {
   for (uint32_t seed : {1u, 2u}) {
     const double error = max_decoder_error(tiny_config("gpt2-124m"), seed);
     testing::report_error("gpt2, tokens seed " + std::to_string(seed), error, kBound);
+    EXPECT_LT(error, kBound);
+  }
+}
+
+TEST(IncrementalDecoder, MlaMatchesFullForward) {
+  // Multi-head latent attention: the decode step caches the expanded keys and the zero-padded values.
+  for (const char* q_lora_rank : {"q_lora_rank=12", "q_lora_rank=0"}) {
+    const double error = max_decoder_error(
+        tiny_config("deepseek-tiny", {"base_num_kv_heads=4", q_lora_rank, "kv_lora_rank=10",
+                                      "qk_nope_head_dim=6", "qk_rope_head_dim=4", "v_head_dim=8"}),
+        6);
+    testing::report_error(std::string("deepseek mla ") + q_lora_rank, error, kBound);
     EXPECT_LT(error, kBound);
   }
 }

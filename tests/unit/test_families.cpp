@@ -19,7 +19,8 @@ using testing::error_of;
 // A small config of each family (a new family needs its preset here).
 Config family_config(DecoderBlock block, std::vector<std::string> overrides = {}) {
   static const std::map<DecoderBlock, std::string> kPresets = {{DecoderBlock::qwen3, "qwen3-tiny"},
-                                                               {DecoderBlock::gpt2, "gpt2-124m"}};
+                                                               {DecoderBlock::gpt2, "gpt2-124m"},
+                                                               {DecoderBlock::deepseek, "deepseek-tiny"}};
   overrides.insert(overrides.end(), {"base_num_decoder_layers=2", "per_device_batch_size=1",
                                      "max_target_length=16", "dataset_type=synthetic", "tokenizer_path="});
   return load_config(kPresets.at(block), overrides);
@@ -63,9 +64,11 @@ TEST(Families, RotaryFamiliesNeedAnEvenHeadDimAndLearnedOnesAPositionTable) {
     const DecoderFamily& family = family_of(block);
     const Config config = family_config(block);
     if (family.positions == PositionKind::rotary) {
-      const std::string message = error_of([&] {
-        build_model_spec(family_config(block, {"head_dim=" + std::to_string(config.head_dim + 1)}));
-      });
+      // Multi-head latent attention rotates qk_rope_head_dim columns (head_dim is not read).
+      const std::string rotated = config.attention_type == AttentionType::mla
+                                      ? "qk_rope_head_dim=" + std::to_string(config.qk_rope_head_dim + 1)
+                                      : "head_dim=" + std::to_string(config.head_dim + 1);
+      const std::string message = error_of([&] { build_model_spec(family_config(block, {rotated})); });
       EXPECT_NE(message.find("even"), std::string::npos) << message;
     } else {
       const std::string message = error_of([&] {

@@ -1,5 +1,6 @@
-// Whole-model gradient checks: the hand-written backward of every parameter tensor of a tiny Qwen3 and a
-// tiny GPT-2 against central finite differences of the forward loss along a random direction.
+// Whole-model gradient checks: the hand-written backward of every parameter tensor of a tiny Qwen3, a tiny
+// GPT-2 and tiny DeepSeek-style MLA models against central finite differences of the forward loss along a
+// random direction.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -35,7 +36,7 @@ Config tiny_config(const std::string& preset) {
       "base_emb_dim=32",     "base_num_query_heads=4",    "head_dim=8",
       "base_mlp_dim=48",     "base_num_decoder_layers=2", "vocab_size=100",
       "max_target_length=8", "per_device_batch_size=2",   "init_weights_seed=3"};
-  overrides.push_back(preset == "gpt2-124m" ? "base_num_kv_heads=4" : "base_num_kv_heads=2");
+  overrides.push_back(preset == "qwen3-tiny" ? "base_num_kv_heads=2" : "base_num_kv_heads=4");
   if (preset == "gpt2-124m") overrides.push_back("max_position_embeddings=16");
   return load_config(preset, overrides);
 }
@@ -91,6 +92,23 @@ TEST(ModelGradient, Qwen3MatchesFiniteDifferences) {
 }
 TEST(ModelGradient, Gpt2MatchesFiniteDifferences) {
   check_model_gradient(tiny_config("gpt2-124m"), 2e-3);
+}
+
+// Multi-head latent attention with both query paths. Widths unequal everywhere (r_q 12, r_kv 10, nope 6,
+// rope 4, v 8 < nope + rope, so v is padded) so a mixed-up slice cannot pass.
+Config tiny_mla_config(const std::string& q_lora_rank) {
+  Config config = load_config(
+      "deepseek-tiny", {"base_emb_dim=32", "base_num_query_heads=4", "base_num_kv_heads=4", "base_mlp_dim=48",
+                        "base_num_decoder_layers=2", "vocab_size=100", "max_target_length=8",
+                        "per_device_batch_size=2", "init_weights_seed=3", "q_lora_rank=" + q_lora_rank,
+                        "kv_lora_rank=10", "qk_nope_head_dim=6", "qk_rope_head_dim=4", "v_head_dim=8"});
+  return config;
+}
+TEST(ModelGradient, MlaWithQueryCompressionMatchesFiniteDifferences) {
+  check_model_gradient(tiny_mla_config("12"), 2e-3);
+}
+TEST(ModelGradient, MlaWithDirectQueriesMatchesFiniteDifferences) {
+  check_model_gradient(tiny_mla_config("0"), 2e-3);
 }
 
 TEST(ModelGradient, AccumulateAddsAndEvalMatchesTraining) {

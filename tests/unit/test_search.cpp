@@ -39,13 +39,13 @@ TEST(Search, CandidatesCoverMeshesBatchSplitsAndRematPolicies) {
     previous_context = candidate.mesh.size(MeshAxis::context);
   }
   const SearchCandidate& first = candidates.front();
-  EXPECT_EQ(first.mesh.to_string(), "data=4 fsdp=1 context=1 tensor=1");
+  EXPECT_EQ(first.mesh.to_string(), "data=4 fsdp=1 context=1 expert=1 tensor=1");
   EXPECT_EQ(first.per_device_batch_size, 1);
   EXPECT_EQ(first.remat_policy, RematPolicy::none);
   EXPECT_EQ(candidates[1].remat_policy, RematPolicy::minimal);
-  EXPECT_EQ(candidates[5 * 9 - 1].mesh.to_string(), "data=1 fsdp=2 context=1 tensor=2");
-  EXPECT_EQ(candidates[5 * 9].mesh.to_string(), "data=2 fsdp=1 context=2 tensor=1");
-  EXPECT_EQ(candidates.back().mesh.to_string(), "data=1 fsdp=1 context=4 tensor=1");
+  EXPECT_EQ(candidates[5 * 9 - 1].mesh.to_string(), "data=1 fsdp=2 context=1 expert=1 tensor=2");
+  EXPECT_EQ(candidates[5 * 9].mesh.to_string(), "data=2 fsdp=1 context=2 expert=1 tensor=1");
+  EXPECT_EQ(candidates.back().mesh.to_string(), "data=1 fsdp=1 context=4 expert=1 tensor=1");
 }
 
 // The context degrees are the device count's divisors the reorder can cut max_target_length over:

@@ -188,6 +188,26 @@ const std::vector<KeyEntry>& key_table() {
       plan_key(entry("logits_via_embedding", &Config::logits_via_embedding)),
       entry("normalization_layer_epsilon", &Config::normalization_layer_epsilon),
       entry("rope_max_timescale", &Config::rope_max_timescale),
+      plan_key(entry("attention_type", &Config::attention_type, kAttentionTypeNames)),
+      plan_key(entry("q_lora_rank", &Config::q_lora_rank)),
+      plan_key(entry("kv_lora_rank", &Config::kv_lora_rank)),
+      plan_key(entry("qk_nope_head_dim", &Config::qk_nope_head_dim)),
+      plan_key(entry("qk_rope_head_dim", &Config::qk_rope_head_dim)),
+      plan_key(entry("v_head_dim", &Config::v_head_dim)),
+      plan_key(entry("num_experts", &Config::num_experts)),
+      plan_key(entry("num_experts_per_tok", &Config::num_experts_per_tok)),
+      plan_key(entry("base_moe_mlp_dim", &Config::base_moe_mlp_dim)),
+      plan_key(entry("first_num_dense_layers", &Config::first_num_dense_layers)),
+      plan_key(entry("shared_experts", &Config::shared_experts)),
+      entry("routed_score_func", &Config::routed_score_func, kRoutedScoreFuncNames),
+      plan_key(entry("routed_bias", &Config::routed_bias)),
+      entry("routed_bias_update_rate", &Config::routed_bias_update_rate),
+      entry("routed_scaling_factor", &Config::routed_scaling_factor),
+      entry("norm_topk_prob", &Config::norm_topk_prob),
+      plan_key(entry("n_routing_groups", &Config::n_routing_groups)),
+      plan_key(entry("topk_routing_group", &Config::topk_routing_group)),
+      plan_key(entry("capacity_factor", &Config::capacity_factor)),
+      entry("load_balance_loss_weight", &Config::load_balance_loss_weight),
       plan_key(entry("max_target_length", &Config::max_target_length)),
       plan_key(entry("dtype", &Config::dtype)),
       plan_key(entry("weight_dtype", &Config::weight_dtype)),
@@ -365,7 +385,103 @@ std::string model_name_in(const RawConfig& layer) {
   return found == layer.end() ? "" : found->second.text;
 }
 
+std::string text_of(int64_t value) {
+  return std::to_string(value);
+}
+
 }  // namespace
+
+void validate_attention_and_moe_keys(const Config& c, int64_t expert_degree) {
+  const std::string mla_hint =
+      "DeepSeek-V3 uses q_lora_rank=1536 kv_lora_rank=512 qk_nope_head_dim=128 "
+      "qk_rope_head_dim=64 v_head_dim=128";
+  if (c.attention_type == AttentionType::mla) {
+    if (c.decoder_block != DecoderBlock::deepseek) {
+      fail("config key 'attention_type'",
+           std::string("global for decoder_block=") + decoder_block_name(c.decoder_block), "mla",
+           "multi-head latent attention is built by decoder_block=deepseek; set that, or "
+           "attention_type=global");
+    }
+    if (c.q_lora_rank < 0) {
+      fail("config key 'q_lora_rank'", "0 (no query compression) or a positive rank", text_of(c.q_lora_rank),
+           mla_hint);
+    }
+    for (const auto& [key, value] : {std::pair<const char*, int64_t>{"kv_lora_rank", c.kv_lora_rank},
+                                     {"qk_nope_head_dim", c.qk_nope_head_dim},
+                                     {"qk_rope_head_dim", c.qk_rope_head_dim},
+                                     {"v_head_dim", c.v_head_dim}}) {
+      if (value <= 0) {
+        fail(std::string("config key '") + key + "'", "a positive integer under attention_type=mla",
+             text_of(value), mla_hint);
+      }
+    }
+    if (c.qk_rope_head_dim % 2 != 0) {
+      fail("config key 'qk_rope_head_dim'", "an even number (RoPE rotates pairs of dimensions)",
+           text_of(c.qk_rope_head_dim), "e.g. 64");
+    }
+    // The attention kernel takes one head width for q, k and v: v is zero-padded to the query / key width.
+    if (c.v_head_dim > c.qk_nope_head_dim + c.qk_rope_head_dim) {
+      fail("config key 'v_head_dim'",
+           "at most qk_nope_head_dim + qk_rope_head_dim (" + text_of(c.qk_nope_head_dim) + " + " +
+               text_of(c.qk_rope_head_dim) + "): the attention core pads v to the query / key head width",
+           text_of(c.v_head_dim), "lower v_head_dim or widen qk_nope_head_dim");
+    }
+  }
+
+  if (c.num_experts < 0) {
+    fail("config key 'num_experts'", "0 (dense) or the number of routed experts", text_of(c.num_experts));
+  }
+  if (c.num_experts == 0) {
+    if (expert_degree > 1) {
+      fail("config key 'mesh.expert'", "1 for a dense model (num_experts=0)", text_of(expert_degree),
+           "set num_experts, or mesh.expert=1");
+    }
+    return;
+  }
+  if (c.decoder_block != DecoderBlock::deepseek) {
+    fail("config key 'num_experts'",
+         std::string("0 for decoder_block=") + decoder_block_name(c.decoder_block), text_of(c.num_experts),
+         "mixture-of-experts layers are built by decoder_block=deepseek");
+  }
+  const std::string experts = "num_experts (" + text_of(c.num_experts) + ")";
+  if (c.num_experts_per_tok < 1 || c.num_experts_per_tok > c.num_experts) {
+    fail("config key 'num_experts_per_tok'", "between 1 and " + experts, text_of(c.num_experts_per_tok),
+         "route each token to at most every expert");
+  }
+  if (c.base_moe_mlp_dim <= 0) {
+    fail("config key 'base_moe_mlp_dim'", "a positive integer (each expert's MLP width) when num_experts > 0",
+         text_of(c.base_moe_mlp_dim), "e.g. 2048 for DeepSeek-V3");
+  }
+  if (c.shared_experts < 0) {
+    fail("config key 'shared_experts'", "0 or more", text_of(c.shared_experts));
+  }
+  if (c.first_num_dense_layers < 0 || c.first_num_dense_layers > c.base_num_decoder_layers) {
+    fail("config key 'first_num_dense_layers'",
+         "between 0 and base_num_decoder_layers (" + text_of(c.base_num_decoder_layers) + ")",
+         text_of(c.first_num_dense_layers));
+  }
+  if (c.n_routing_groups < 1 || c.num_experts % c.n_routing_groups != 0) {
+    fail("config key 'n_routing_groups'", "a divisor of " + experts + " (1: no group limit)",
+         text_of(c.n_routing_groups), "each group holds num_experts / n_routing_groups experts");
+  }
+  if (c.topk_routing_group < 1 || c.topk_routing_group > c.n_routing_groups) {
+    fail("config key 'topk_routing_group'",
+         "between 1 and n_routing_groups (" + text_of(c.n_routing_groups) + ")",
+         text_of(c.topk_routing_group));
+  }
+  const int64_t kept_experts = c.topk_routing_group * (c.num_experts / c.n_routing_groups);
+  if (c.num_experts_per_tok > kept_experts) {
+    fail("config key 'num_experts_per_tok'",
+         "at most the experts of the kept groups: topk_routing_group x num_experts / n_routing_groups = " +
+             text_of(c.topk_routing_group) + " x " + text_of(c.num_experts) + " / " +
+             text_of(c.n_routing_groups) + " = " + text_of(kept_experts),
+         text_of(c.num_experts_per_tok), "raise topk_routing_group or lower num_experts_per_tok");
+  }
+  if (expert_degree > 0 && c.num_experts % expert_degree != 0) {
+    fail("config key 'mesh.expert'", "a divisor of " + experts + " (each expert rank holds a whole share)",
+         text_of(expert_degree), "use an expert degree dividing num_experts");
+  }
+}
 
 std::string config_directory() {
   if (const char* from_environment = std::getenv("MESHTRAIN_CONFIG_DIR")) return from_environment;
@@ -433,6 +549,7 @@ Config load_config(const std::string& config_argument, const std::vector<std::st
     key.assign(config, key.name, found->second);
     config.resolved.emplace_back(key.name, found->second.text);
   }
+  validate_attention_and_moe_keys(config, config.mesh[MeshAxis::expert]);
   return config;
 }
 

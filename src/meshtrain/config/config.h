@@ -18,9 +18,22 @@ namespace meshtrain {
 // The enum-like keys, parsed once when the config is loaded (an unknown value is an error naming the key,
 // the valid values and the closest one). Each enum has its config texts, indexed by value (k...Names, as in
 // shared/specs/config-keys.md), and its values in that order (for code that enumerates them).
-enum class DecoderBlock { qwen3, gpt2 };  // the model family (model/families.h)
-inline constexpr std::array kDecoderBlockNames = {"qwen3", "gpt2"};
-inline constexpr std::array kDecoderBlocks = {DecoderBlock::qwen3, DecoderBlock::gpt2};
+enum class DecoderBlock { qwen3, gpt2, deepseek };  // the model family (model/families.h)
+inline constexpr std::array kDecoderBlockNames = {"qwen3", "gpt2", "deepseek"};
+inline constexpr std::array kDecoderBlocks = {DecoderBlock::qwen3, DecoderBlock::gpt2,
+                                              DecoderBlock::deepseek};
+
+// The self-attention of each layer (MaxText's AttentionType names): `global` is causal attention over the
+// whole sequence with query / key / value projections (GQA); `mla` is DeepSeek-V2/V3 multi-head latent
+// attention (model/layers/mla.h), low-rank query and key / value projections with a decoupled RoPE part.
+enum class AttentionType { global, mla };
+inline constexpr std::array kAttentionTypeNames = {"global", "mla"};
+inline constexpr std::array kAttentionTypes = {AttentionType::global, AttentionType::mla};
+
+// How a MoE router turns expert logits into scores (DeepSeek-V2: softmax; DeepSeek-V3: sigmoid).
+enum class RoutedScoreFunc { softmax, sigmoid };
+inline constexpr std::array kRoutedScoreFuncNames = {"softmax", "sigmoid"};
+inline constexpr std::array kRoutedScoreFuncs = {RoutedScoreFunc::softmax, RoutedScoreFunc::sigmoid};
 
 // What the backward pass recomputes instead of keeping (plan/remat.cpp).
 enum class RematPolicy { none, minimal, full };
@@ -43,6 +56,8 @@ inline constexpr std::array kContextParallelStrategies = {ContextParallelStrateg
                                                           ContextParallelStrategy::ring};
 
 static_assert(kDecoderBlocks.size() == kDecoderBlockNames.size() &&
+                  kAttentionTypes.size() == kAttentionTypeNames.size() &&
+                  kRoutedScoreFuncs.size() == kRoutedScoreFuncNames.size() &&
                   kContextParallelStrategies.size() == kContextParallelStrategyNames.size() &&
                   kRematPolicies.size() == kRematPolicyNames.size() &&
                   kDatasetTypes.size() == kDatasetTypeNames.size(),
@@ -50,6 +65,12 @@ static_assert(kDecoderBlocks.size() == kDecoderBlockNames.size() &&
 
 inline const char* decoder_block_name(DecoderBlock block) {
   return kDecoderBlockNames[static_cast<size_t>(block)];
+}
+inline const char* attention_type_name(AttentionType type) {
+  return kAttentionTypeNames[static_cast<size_t>(type)];
+}
+inline const char* routed_score_func_name(RoutedScoreFunc func) {
+  return kRoutedScoreFuncNames[static_cast<size_t>(func)];
 }
 inline const char* remat_policy_name(RematPolicy policy) {
   return kRematPolicyNames[static_cast<size_t>(policy)];
@@ -74,6 +95,27 @@ struct Config {
   bool logits_via_embedding = true;
   double normalization_layer_epsilon = 1e-6;
   double rope_max_timescale = 1e6;
+  // Attention (MaxText's keys and defaults). The mla keys are read only under attention_type=mla:
+  // q_lora_rank 0 projects queries directly (no compression); the query / key head width is
+  // qk_nope_head_dim + qk_rope_head_dim, the value head width v_head_dim.
+  AttentionType attention_type = AttentionType::global;
+  int64_t q_lora_rank = 0, kv_lora_rank = 512;
+  int64_t qk_nope_head_dim = 128, qk_rope_head_dim = 64, v_head_dim = 128;
+  // Mixture of experts (MaxText's keys; parsed and validated here, built by the MoE layer). num_experts 0:
+  // every layer dense. The first first_num_dense_layers layers stay dense; each MoE layer routes a token to
+  // num_experts_per_tok of num_experts routed experts (each of width base_moe_mlp_dim) plus shared_experts
+  // always-on ones. Group-limited routing: experts in n_routing_groups groups (1: no limit), a token's
+  // experts chosen within its topk_routing_group best groups. capacity_factor <= 0: dropless.
+  int64_t num_experts = 0, num_experts_per_tok = 1, base_moe_mlp_dim = 0;
+  int64_t first_num_dense_layers = 0, shared_experts = 0;
+  RoutedScoreFunc routed_score_func = RoutedScoreFunc::softmax;
+  bool routed_bias = false;  // DeepSeek-V3's auxiliary-loss-free balancing bias on the routing scores
+  double routed_bias_update_rate = 0.0;
+  double routed_scaling_factor = 1.0;
+  bool norm_topk_prob = false;
+  int64_t n_routing_groups = 1, topk_routing_group = 1;
+  double capacity_factor = 0.0;
+  double load_balance_loss_weight = 0.0;
   int64_t max_target_length = 0;
   DType dtype = DType::f32;
   DType weight_dtype = DType::f32;
@@ -131,6 +173,12 @@ struct Config {
 inline ContextReorder effective_context_reorder(const Config& config) {
   return config.context_parallel_load_balance ? config.context_parallel_reorder : ContextReorder::none;
 }
+
+// The attention and mixture-of-experts keys' rules (before anything is allocated; every error names the
+// key, the values and the fix): the MLA widths, routing top-k within the experts of the kept groups, groups
+// dividing the experts, and `expert_degree` (mesh.expert; <= 0 skips it: not yet resolved) dividing the
+// experts. load_config calls it with the requested mesh.expert, build_model_spec with the resolved one.
+void validate_attention_and_moe_keys(const Config& config, int64_t expert_degree);
 
 // Loads base.yaml, the preset or YAML named by `config_argument`, then `overrides` ("key=value").
 // `config_dir` holds base.yaml and models/; empty means config_directory().

@@ -136,6 +136,15 @@ struct KernelBackend {
                         const int32_t* positions,  // [N]
                         int64_t N, int64_t H, int64_t d, float theta);
 
+  // column_slice.h: W columns of each of R rows copied to `repeat` rows of out (x nullptr: zeros), and the
+  // transpose, which writes each dx row as the sum of its `repeat` dout rows; strides are row widths.
+  void (*column_slice_forward)(float* out,      // [R * repeat, out_stride]
+                               const float* x,  // [R, x_stride] or nullptr
+                               int64_t R, int64_t W, int64_t repeat, int64_t out_stride, int64_t x_stride);
+  void (*column_slice_backward)(float* dx,          // [R, dx_stride]
+                                const float* dout,  // [R * repeat, dout_stride]
+                                int64_t R, int64_t W, int64_t repeat, int64_t dx_stride, int64_t dout_stride);
+
   // attention.h: causal grouped-query attention masked by positions and segment ids; the backward writes
   // dq, dk, dv and needs attention_backward_scratch_floats(...) floats; the decode step appends one token's
   // k, v to the caches at row `position` and attends over rows [0, position].

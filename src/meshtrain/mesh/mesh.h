@@ -15,10 +15,11 @@ namespace meshtrain {
 
 // The mesh axes in rank order, outermost first: tensor is innermost, so its ranks are neighbours. The
 // enum's values index every per-axis array. A new axis is one value here and its name in kMeshAxisNames
-// (plus, being a config key, `mesh.<axis>: 1` in configs/base.yaml and its line in config-keys.md); `expert`
-// (the reference system's expert parallelism) goes between context and tensor.
-enum class MeshAxis { data, fsdp, context, tensor };
-inline constexpr std::array kMeshAxisNames = {"data", "fsdp", "context", "tensor"};
+// (plus, being a config key, `mesh.<axis>: 1` in configs/base.yaml and its line in config-keys.md).
+// `expert` (the reference system's expert parallelism: the routed experts split over it) sits between
+// context and tensor; until the MoE layer uses it, a degree above 1 is refused (model/spec.cpp).
+enum class MeshAxis { data, fsdp, context, expert, tensor };
+inline constexpr std::array kMeshAxisNames = {"data", "fsdp", "context", "expert", "tensor"};
 static_assert(static_cast<size_t>(MeshAxis::tensor) + 1 == kMeshAxisNames.size(),
               "one name per mesh axis, and tensor stays innermost");
 
@@ -63,7 +64,7 @@ class Mesh {
   int64_t devices() const;
   // Distance in rank between neighbours of a group along `axis` (tensor: 1).
   int64_t stride(MeshAxis axis) const;
-  std::string to_string() const;  // "data=2 fsdp=1 context=1 tensor=2"
+  std::string to_string() const;  // "data=2 fsdp=1 context=1 expert=1 tensor=2"
 
  private:
   friend Mesh resolve_mesh(const MeshShape& requested, int64_t devices, const std::string& devices_source);

@@ -37,5 +37,8 @@ const DecoderFamily& family_of(const Config& config);
 void build_qwen3(SpecBuilder& builder);
 // GPT-2: LayerNorm, GELU, learned positions, biases, tied embeddings.
 void build_gpt2(SpecBuilder& builder);
+// DeepSeek-V2/V3: pre-norm RMSNorm, multi-head latent attention (attention_type=mla; global: GQA without
+// QK-norm), dense SwiGLU MLPs (the MoE layer comes next), tied or untied unembedding.
+void build_deepseek(SpecBuilder& builder);
 
 }  // namespace meshtrain

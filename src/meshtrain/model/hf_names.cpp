@@ -24,6 +24,14 @@ constexpr LayerName kLayerNames[] = {
     {"self_attention/out/kernel", "self_attn.o_proj.weight", true},
     {"self_attention/query_norm/scale", "self_attn.q_norm.weight", false},
     {"self_attention/key_norm/scale", "self_attn.k_norm.weight", false},
+    // Multi-head latent attention (model/layers/mla.h; Hugging Face DeepseekV3Attention). Their rotary
+    // columns are interleaved in the file: hf_rope_column_order says where each engine column comes from.
+    {"self_attention/wq_a/kernel", "self_attn.q_a_proj.weight", true},
+    {"self_attention/q_norm/scale", "self_attn.q_a_layernorm.weight", false},
+    {"self_attention/wq_b/kernel", "self_attn.q_b_proj.weight", true},
+    {"self_attention/wkv_a/kernel", "self_attn.kv_a_proj_with_mqa.weight", true},
+    {"self_attention/kv_norm/scale", "self_attn.kv_a_layernorm.weight", false},
+    {"self_attention/wkv_b/kernel", "self_attn.kv_b_proj.weight", true},
     {"mlp/wi_0/kernel", "mlp.gate_proj.weight", true},
     {"mlp/wi_1/kernel", "mlp.up_proj.weight", true},
     {"mlp/wo/kernel", "mlp.down_proj.weight", true},
@@ -55,6 +63,20 @@ bool is_transposed(const std::string& engine_name) {
 }
 
 }  // namespace
+
+std::string hugging_face_name(const std::string& engine_name) {
+  return hf_name_of(engine_name);
+}
+
+std::vector<int64_t> hf_rope_column_order(int64_t rope_dim) {
+  MT_CHECK(rope_dim % 2 == 0, "rotary widths are even");
+  std::vector<int64_t> order(static_cast<size_t>(rope_dim));
+  for (int64_t i = 0; i < rope_dim / 2; ++i) {
+    order[static_cast<size_t>(i)] = 2 * i;                     // pair i's first element
+    order[static_cast<size_t>(i + rope_dim / 2)] = 2 * i + 1;  // and its second
+  }
+  return order;
+}
 
 std::vector<HfTensorMapping> qwen3_hf_mapping(const ModelSpec& spec) {
   MT_CHECK(family_of(spec.config).hugging_face_mapping, "the Hugging Face mapping covers qwen3 only");

@@ -33,7 +33,19 @@ ModelDims validate_and_size(const Config& c, const ShardingLayout& sharding) {
   m.F = c.base_mlp_dim;
   m.L = c.base_num_decoder_layers;
   m.V_valid = c.vocab_size;
-  m.d = c.head_dim;
+  const bool mla = c.attention_type == AttentionType::mla;
+  validate_attention_and_moe_keys(c, sharding.mesh().size(MeshAxis::expert));
+  if (mla) {
+    // head_dim is not read: the attention core's head width is that of q and k (model/layers/mla.h).
+    m.d = c.qk_nope_head_dim + c.qk_rope_head_dim;
+    if (m.K != m.H) {
+      fail("config key 'base_num_kv_heads'",
+           "base_num_query_heads (" + std::to_string(m.H) + ") under attention_type=mla", std::to_string(m.K),
+           "multi-head latent attention expands one key / value per query head");
+    }
+  } else {
+    m.d = c.head_dim;
+  }
   if (m.d == 0) {  // derived from the width, as in GPT-2
     if (m.D % m.H != 0) {
       fail("config keys 'base_emb_dim' / 'base_num_query_heads'", "heads dividing the width",
@@ -47,7 +59,7 @@ ModelDims validate_and_size(const Config& c, const ShardingLayout& sharding) {
     fail("config key 'base_num_kv_heads'", "a divisor of base_num_query_heads (" + std::to_string(m.H) + ")",
          std::to_string(m.K), "grouped-query attention shares each kv head among H/K query heads");
   }
-  if (family.positions == PositionKind::rotary && m.d % 2 != 0) {
+  if (family.positions == PositionKind::rotary && !mla && m.d % 2 != 0) {
     fail("config key 'head_dim'", "an even number (RoPE rotates pairs of dimensions)", std::to_string(m.d));
   }
   if (family.positions == PositionKind::learned) {
@@ -67,6 +79,12 @@ ModelDims validate_and_size(const Config& c, const ShardingLayout& sharding) {
   // Per-device sizes. The micro-batch of all devices is per_device_batch_size x devices rows (the
   // reference system's rule, whatever the mesh), split over data x fsdp.
   const Mesh& mesh = sharding.mesh();
+  if (mla && mesh.size(MeshAxis::context) > 1) {
+    fail("config key 'mesh.context'", "1 under attention_type=mla",
+         std::to_string(mesh.size(MeshAxis::context)),
+         "multi-head latent attention has no context-parallel path yet: spread the devices over mesh.data, "
+         "mesh.fsdp or mesh.tensor");
+  }
   m.B = sharding.local_size("batch", c.per_device_batch_size * mesh.devices());
   m.S = sharding.local_size("length", c.max_target_length);
   m.N = m.B * m.S;
@@ -221,9 +239,21 @@ StandardFlops standard_training_flops(const Config& c) {
   const double L = static_cast<double>(c.base_num_decoder_layers), vocab = static_cast<double>(c.vocab_size);
   const double input_matmuls = static_cast<double>(family_of(c).mlp_input_matmuls());
   const double ffn = 2 * B * S * mlp * emb * input_matmuls + 2 * B * S * mlp * emb;
-  const double qkv = 2 * B * S * emb * (Hq + 2 * Hkv) * hd;
-  const double projection = 2 * B * S * emb * Hq * hd;
-  const double attention = 4 * B * S * S * Hq * hd / 2;
+  double qkv = 2 * B * S * emb * (Hq + 2 * Hkv) * hd;
+  double projection = 2 * B * S * emb * Hq * hd;
+  double attention = 4 * B * S * S * Hq * hd / 2;
+  if (c.attention_type == AttentionType::mla) {
+    // Multi-head latent attention: the low-rank projections, q / k of width nope + rope and v of v_head_dim
+    // (the padding of v to the q / k width in the core is not counted: standard FLOPs are the model's).
+    const double rq = static_cast<double>(c.q_lora_rank), rkv = static_cast<double>(c.kv_lora_rank);
+    const double nope = static_cast<double>(c.qk_nope_head_dim),
+                 rope = static_cast<double>(c.qk_rope_head_dim);
+    const double dv = static_cast<double>(c.v_head_dim), dq = nope + rope;
+    const double query = rq > 0 ? 2 * B * S * (emb * rq + rq * Hq * dq) : 2 * B * S * emb * Hq * dq;
+    qkv = query + 2 * B * S * emb * (rkv + rope) + 2 * B * S * rkv * Hq * (nope + dv);
+    projection = 2 * B * S * Hq * dv * emb;
+    attention = 2 * B * S * S * Hq * (dq + dv) / 2;
+  }
   const double unembedding = 2 * B * S * emb * vocab;
   const double accumulation = static_cast<double>(c.gradient_accumulation_steps);
   return {3 * (L * (ffn + qkv + projection) + unembedding) * accumulation, 3 * L * attention * accumulation};

@@ -113,7 +113,7 @@ TEST(LocalCommunicator, MeshThatDoesNotMatchTheWorldIsAUserError) {
   LocalCommunicator world;
   const std::string message = error_of([&] { make_mesh_communicators(world, Mesh({{MeshAxis::data, 2}})); });
   EXPECT_NE(message.find("mesh"), std::string::npos) << message;
-  EXPECT_NE(message.find("data=2 x fsdp=1 x context=1 x tensor=1"), std::string::npos) << message;
+  EXPECT_NE(message.find("data=2 x fsdp=1 x context=1 x expert=1 x tensor=1"), std::string::npos) << message;
   EXPECT_NE(message.find("number of ranks (1)"), std::string::npos) << message;
 }
 

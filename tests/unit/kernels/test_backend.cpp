@@ -97,6 +97,8 @@ const KernelBackend& counting_backend() {
     MT_COUNTED(gelu_backward);
     MT_COUNTED(rope_forward);
     MT_COUNTED(rope_backward);
+    MT_COUNTED(column_slice_forward);
+    MT_COUNTED(column_slice_backward);
     MT_COUNTED(attention_forward);
     MT_COUNTED(attention_backward);
     MT_COUNTED(attention_backward_scratch_floats);
@@ -129,8 +131,13 @@ Config tiny_config(const std::string& preset) {
       "base_emb_dim=32",     "base_num_query_heads=4",    "head_dim=8",
       "base_mlp_dim=48",     "base_num_decoder_layers=2", "vocab_size=100",
       "max_target_length=8", "per_device_batch_size=2",   "init_weights_seed=3"};
-  overrides.push_back(preset == "gpt2-124m" ? "base_num_kv_heads=4" : "base_num_kv_heads=2");
+  overrides.push_back(preset == "qwen3-tiny" ? "base_num_kv_heads=2" : "base_num_kv_heads=4");
   if (preset == "gpt2-124m") overrides.push_back("max_position_embeddings=16");
+  if (preset == "deepseek-tiny") {
+    for (const char* mla :
+         {"q_lora_rank=12", "kv_lora_rank=10", "qk_nope_head_dim=6", "qk_rope_head_dim=4", "v_head_dim=8"})
+      overrides.push_back(mla);
+  }
   return load_config(preset, overrides);
 }
 
@@ -178,8 +185,9 @@ TEST(KernelBackend, ModelReachesEveryKernelThroughTheTable) {
   build_model_spec(tiny_config("qwen3-tiny"), Mesh{}, counting_backend());
   EXPECT_GT(calls()["attention_backward_scratch_floats"], 0);
   EXPECT_GT(calls()["cross_entropy_scratch_floats"], 0);
-  run_through_counting_backend("qwen3-tiny");  // rmsnorm, rope, swiglu
-  run_through_counting_backend("gpt2-124m");   // layernorm, gelu, learned positions
+  run_through_counting_backend("qwen3-tiny");     // rmsnorm, rope, swiglu
+  run_through_counting_backend("gpt2-124m");      // layernorm, gelu, learned positions
+  run_through_counting_backend("deepseek-tiny");  // multi-head latent attention: column slices
   // Context parallelism: the spec of a mesh.context=2 plan sizes its scratch through the table; its two
   // attention kernels run only in a multi-process run (tests/mpi/equivalence.sh, the context cases), so
   // this one-process test counts them as reached without calling them.

@@ -32,14 +32,22 @@ TEST(Mesh, AxesAreInRankOrderWithTensorInnermost) {
   EXPECT_EQ(kMeshAxes.front(), MeshAxis::data);
   EXPECT_EQ(kMeshAxes.back(), MeshAxis::tensor);
   EXPECT_STREQ(mesh_axis_name(MeshAxis::context), "context");
+  // DESIGN.md's order: data, fsdp, context, expert, tensor.
+  EXPECT_STREQ(mesh_axis_name(MeshAxis::expert), "expert");
+  EXPECT_EQ(mesh_axis_index(MeshAxis::expert), mesh_axis_index(MeshAxis::context) + 1);
+  EXPECT_EQ(mesh_axis_index(MeshAxis::tensor), mesh_axis_index(MeshAxis::expert) + 1);
   const Mesh mesh({{MeshAxis::data, 2}, {MeshAxis::fsdp, 3}, {MeshAxis::context, 4}, {MeshAxis::tensor, 5}});
   EXPECT_EQ(mesh.devices(), 120);
   EXPECT_EQ(mesh.stride(MeshAxis::tensor), 1);
   EXPECT_EQ(mesh.stride(MeshAxis::context), 5);
   EXPECT_EQ(mesh.stride(MeshAxis::fsdp), 20);
   EXPECT_EQ(mesh.stride(MeshAxis::data), 60);
-  EXPECT_EQ(mesh.to_string(), "data=2 fsdp=3 context=4 tensor=5");
-  EXPECT_EQ(Mesh().to_string(), "data=1 fsdp=1 context=1 tensor=1");
+  EXPECT_EQ(mesh.to_string(), "data=2 fsdp=3 context=4 expert=1 tensor=5");
+  const Mesh with_experts({{MeshAxis::context, 4}, {MeshAxis::expert, 2}, {MeshAxis::tensor, 5}});
+  EXPECT_EQ(with_experts.stride(MeshAxis::expert), 5);
+  EXPECT_EQ(with_experts.stride(MeshAxis::context), 10);
+  EXPECT_EQ(with_experts.to_string(), "data=1 fsdp=1 context=4 expert=2 tensor=5");
+  EXPECT_EQ(Mesh().to_string(), "data=1 fsdp=1 context=1 expert=1 tensor=1");
 }
 
 TEST(Mesh, RanksAndCoordinatesRoundTrip) {
@@ -141,7 +149,7 @@ TEST(Mesh, ResolveErrorsNameTheKey) {
   });
   EXPECT_NE(product.find("config key 'mesh'"), std::string::npos) << product;
   EXPECT_NE(product.find("product of 8 (the devices of topology h100x8)"), std::string::npos) << product;
-  EXPECT_NE(product.find("data=3 fsdp=1 context=1 tensor=1"), std::string::npos) << product;
+  EXPECT_NE(product.find("data=3 fsdp=1 context=1 expert=1 tensor=1"), std::string::npos) << product;
   const std::string two = error_of([] {
     resolve_mesh(shape({{MeshAxis::data, -1}, {MeshAxis::fsdp, -1}}), 8, "topology h100x8");
   });

@@ -63,7 +63,7 @@ TEST(Sharding, RuleErrorsNameTheConfigKey) {
   unknown["mlp"] = {"tensr"};
   const std::string typo = error_of([&] { ShardingLayout(unknown, Mesh()); });
   EXPECT_NE(typo.find("config key 'logical_axis_rules.mlp'"), std::string::npos) << typo;
-  EXPECT_NE(typo.find("mesh axes among data, fsdp, context, tensor"), std::string::npos) << typo;
+  EXPECT_NE(typo.find("mesh axes among data, fsdp, context, expert, tensor"), std::string::npos) << typo;
   EXPECT_NE(typo.find("did you mean 'tensor'?"), std::string::npos) << typo;
   Rules disallowed = base_rules();
   disallowed["heads"] = {"data"};

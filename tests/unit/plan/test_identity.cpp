@@ -24,6 +24,21 @@ TEST(PlanIdentity, KeysComeFromTheConfigTableInPlanFileOrder) {
                                              "vocab_size",
                                              "max_position_embeddings",
                                              "logits_via_embedding",
+                                             "attention_type",
+                                             "q_lora_rank",
+                                             "kv_lora_rank",
+                                             "qk_nope_head_dim",
+                                             "qk_rope_head_dim",
+                                             "v_head_dim",
+                                             "num_experts",
+                                             "num_experts_per_tok",
+                                             "base_moe_mlp_dim",
+                                             "first_num_dense_layers",
+                                             "shared_experts",
+                                             "routed_bias",
+                                             "n_routing_groups",
+                                             "topk_routing_group",
+                                             "capacity_factor",
                                              "max_target_length",
                                              "dtype",
                                              "weight_dtype",
@@ -50,7 +65,8 @@ TEST(PlanIdentity, KeysComeFromTheConfigTableInPlanFileOrder) {
   std::vector<std::string> keys;
   for (const auto& [key, value] : plan.identity.keys) keys.push_back(key);
   std::vector<std::string> with_derived = expected;
-  for (const char* derived : {"topology", "mesh.data", "mesh.fsdp", "mesh.context", "mesh.tensor", "threads"})
+  for (const char* derived :
+       {"topology", "mesh.data", "mesh.fsdp", "mesh.context", "mesh.expert", "mesh.tensor", "threads"})
     with_derived.push_back(derived);
   EXPECT_EQ(keys, with_derived);
   EXPECT_EQ(plan.identity.keys[1], (std::pair<std::string, std::string>{"base_emb_dim", "32"}));

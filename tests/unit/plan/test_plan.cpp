@@ -137,10 +137,14 @@ TEST(Plan, LiveEngineRunsTheAotPlan) {
 // Remat changes memory, never results: every policy gives bitwise the losses and parameters of `none`, also
 // with the temporaries poisoned (an op reading memory it did not declare would turn results into NaN).
 TEST(Plan, RematPoliciesSaveMemoryWithIdenticalResults) {
-  for (const char* preset : {"qwen3-tiny", "gpt2-124m"}) {
+  for (const char* preset : {"qwen3-tiny", "gpt2-124m", "deepseek-tiny"}) {
     std::vector<std::string> family = tiny();
     if (std::string(preset) == "gpt2-124m")
       family = tiny({"base_num_kv_heads=4", "max_position_embeddings=16"});
+    // Multi-head latent attention: in-place RoPE on q, column slices through shared scratch.
+    if (std::string(preset) == "deepseek-tiny")
+      family = tiny({"base_num_kv_heads=4", "q_lora_rank=12", "kv_lora_rank=10", "qk_nope_head_dim=6",
+                     "qk_rope_head_dim=4", "v_head_dim=8"});
     Engine reference(load_config(preset, family));
     const RunResult expected = train(reference, 3);
     size_t previous_temps = SIZE_MAX;

@@ -3,6 +3,7 @@
 
 #include "meshtrain/kernels/cpu/adamw.h"
 #include "meshtrain/kernels/cpu/attention.h"
+#include "meshtrain/kernels/cpu/column_slice.h"
 #include "meshtrain/kernels/cpu/cross_entropy.h"
 #include "meshtrain/kernels/cpu/embedding.h"
 #include "meshtrain/kernels/cpu/gelu.h"
@@ -41,6 +42,8 @@ const KernelBackend& cpu_backend() {
       .gelu_backward = gelu_backward,
       .rope_forward = rope_forward,
       .rope_backward = rope_backward,
+      .column_slice_forward = column_slice_forward,
+      .column_slice_backward = column_slice_backward,
       .attention_forward = attention_forward,
       .attention_backward = attention_backward,
       .attention_backward_scratch_floats = attention_backward_scratch_floats,
