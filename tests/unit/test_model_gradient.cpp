@@ -96,19 +96,41 @@ TEST(ModelGradient, Gpt2MatchesFiniteDifferences) {
 
 // Multi-head latent attention with both query paths. Widths unequal everywhere (r_q 12, r_kv 10, nope 6,
 // rope 4, v 8 < nope + rope, so v is padded) so a mixed-up slice cannot pass.
-Config tiny_mla_config(const std::string& q_lora_rank) {
-  Config config = load_config(
-      "deepseek-tiny", {"base_emb_dim=32", "base_num_query_heads=4", "base_num_kv_heads=4", "base_mlp_dim=48",
-                        "base_num_decoder_layers=2", "vocab_size=100", "max_target_length=8",
-                        "per_device_batch_size=2", "init_weights_seed=3", "q_lora_rank=" + q_lora_rank,
-                        "kv_lora_rank=10", "qk_nope_head_dim=6", "qk_rope_head_dim=4", "v_head_dim=8"});
-  return config;
+Config tiny_mla_config(const std::string& q_lora_rank, const std::vector<std::string>& extra = {}) {
+  std::vector<std::string> overrides = {"base_emb_dim=32",           "base_num_query_heads=4",
+                                        "base_num_kv_heads=4",       "base_mlp_dim=48",
+                                        "base_num_decoder_layers=2", "vocab_size=100",
+                                        "max_target_length=8",       "per_device_batch_size=2",
+                                        "init_weights_seed=3",       "q_lora_rank=" + q_lora_rank,
+                                        "kv_lora_rank=10",           "qk_nope_head_dim=6",
+                                        "qk_rope_head_dim=4",        "v_head_dim=8"};
+  overrides.insert(overrides.end(), extra.begin(), extra.end());
+  return load_config("deepseek-tiny", overrides);
 }
 TEST(ModelGradient, MlaWithQueryCompressionMatchesFiniteDifferences) {
   check_model_gradient(tiny_mla_config("12"), 2e-3);
 }
 TEST(ModelGradient, MlaWithDirectQueriesMatchesFiniteDifferences) {
   check_model_gradient(tiny_mla_config("0"), 2e-3);
+}
+
+// Mixture of experts after a dense first layer: 6 routed experts (two groups of 3, the best one kept) top-2
+// with weights normalised and scaled, one shared expert, expert width 12 unlike the dense 48. Routing is
+// piecewise constant: the direction steps move each weight by ~1e-2 / sqrt(count), far from flipping a
+// choice of these random logits (a flip would show as a large error, not a small one). Capacity-limited
+// routing drops assignments, which the same check covers.
+Config tiny_moe_config(const std::string& score_function, const std::string& capacity_factor) {
+  return tiny_mla_config(
+      "12", {"num_experts=6", "num_experts_per_tok=2", "base_moe_mlp_dim=12", "first_num_dense_layers=1",
+             "shared_experts=1", "routed_score_func=" + score_function, "n_routing_groups=2",
+             "topk_routing_group=1", "norm_topk_prob=true", "routed_scaling_factor=2.5",
+             "capacity_factor=" + capacity_factor});
+}
+TEST(ModelGradient, MoeWithSigmoidRoutingMatchesFiniteDifferences) {
+  check_model_gradient(tiny_moe_config("sigmoid", "0"), 2e-3);
+}
+TEST(ModelGradient, MoeWithSoftmaxRoutingAndCapacityMatchesFiniteDifferences) {
+  check_model_gradient(tiny_moe_config("softmax", "1.0"), 2e-3);
 }
 
 TEST(ModelGradient, AccumulateAddsAndEvalMatchesTraining) {
