@@ -259,4 +259,14 @@ StandardFlops standard_training_flops(const Config& c) {
   return {3 * (L * (ffn + qkv + projection) + unembedding) * accumulation, 3 * L * attention * accumulation};
 }
 
+void RoutingSums::add(const RoutingSums& other) {
+  const auto add_into = [](std::vector<double>& into, const std::vector<double>& from) {
+    if (into.empty()) into.assign(from.size(), 0.0);
+    for (size_t i = 0; i < from.size(); ++i) into[i] += from[i];
+  };
+  add_into(expert_load, other.expert_load);
+  add_into(dropped, other.dropped);
+  add_into(balance_loss, other.balance_loss);
+}
+
 }  // namespace meshtrain

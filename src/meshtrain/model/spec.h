@@ -64,10 +64,23 @@ struct ParameterDecl {
   bool gradient_partial_over_tensor = false;
 };
 
+// Routing statistics of the MoE layers over kernel calls, per MoE layer in layer order (ModelSpec::
+// moe_layers): what the step's metrics report once summed over micro-batches and ranks. Doubles, so sums
+// over ranks stay exact (to 2^53) in one all-reduce.
+struct RoutingSums {
+  std::vector<double> expert_load;   // [moe layers, E] assignments per expert before capacity dropping
+  std::vector<double> dropped;       // [moe layers] assignments dropped by capacity
+  std::vector<double> balance_loss;  // [moe layers] the balance loss summed over tokens (weight included)
+
+  void add(const RoutingSums& other);
+};
+
 // Loss sums of one kernel call: the step divides by the GLOBAL valid-token count, never per micro-batch.
+// The training objective is (loss_sum + the balance losses' sum) / global valid count.
 struct LossSums {
   double loss_sum = 0.0;
   int64_t valid_count = 0;
+  RoutingSums routing;
 };
 
 // What the update kernel's ops share: the step's arguments and the norm they compute together.
@@ -120,6 +133,7 @@ class OpContext {
   MeshCoordinates coordinates;                // this rank's place on the mesh (shard offsets)
   const TensorGroup* tensor = nullptr;        // null: one tensor rank
   const ContextRing* context_ring = nullptr;  // null: one context rank
+  bool recomputing = false;  // a remat recompute of a forward op: statistics were counted the first time
 };
 
 // What an op is, for costs and for remat policies (`minimal` keeps matmul and attention outputs).
@@ -231,6 +245,9 @@ struct ModelSpec {
   std::vector<OpDecl> loss_forward;   // loss only (eval)
   std::vector<OpDecl> loss_backward;  // loss with its gradient, then the backward of every layer
   std::vector<LayerBlock> blocks;     // decoder blocks, in forward order
+  // The MoE layers' names ("decoder/layers_3"), in layer order, and their routed experts E (one E for all).
+  std::vector<std::string> moe_layers;
+  int64_t moe_experts = 0;
   std::vector<OpDecl> update;         // grad norm, clip, AdamW (collectives are the plan's)
   BufferId step_counter = kNoBuffer;  // [1] int32
 

@@ -423,6 +423,10 @@ LossSums Engine::run(KernelName name, UpdateState* update) {
               std::numeric_limits<float>::quiet_NaN());
   }
   LossSums sums;
+  const size_t moe_layers = plan_.spec.moe_layers.size();
+  sums.routing.expert_load.assign(moe_layers * static_cast<size_t>(plan_.spec.moe_experts), 0.0);
+  sums.routing.dropped.assign(moe_layers, 0.0);
+  sums.routing.balance_loss.assign(moe_layers, 0.0);
   PlannedOpContext context(*this, nullptr);
   context.kernels = plan_.spec.kernels;  // the backend the plan sized the spec for
   context.loss_sums = &sums;
@@ -441,6 +445,7 @@ LossSums Engine::run(KernelName name, UpdateState* update) {
                                                                : "op");
       context.set_op(&op);
       context.share = op.share;
+      context.recomputing = op.recompute;
       if (name == KernelName::update && in_flight_.count(i)) {
         in_flight_[i]->wait();  // started during the last micro-batch's backward
         in_flight_.erase(i);

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <numeric>
 #include <sstream>
 #include <thread>
 
@@ -124,8 +125,38 @@ LossSums sum_over_ranks(LossSums local, const RunRanks& ranks, const char* name)
   if (group.size() > 1) {
     group.all_reduce(comm_buffer(&local.loss_sum, 1), ReduceOp::sum, name);
     group.all_reduce(comm_buffer(&local.valid_count, 1), ReduceOp::sum, name);
+    RoutingSums& routing = local.routing;
+    if (!routing.dropped.empty()) {  // MoE layers: their statistics in one call
+      std::vector<double> packed = routing.expert_load;
+      packed.insert(packed.end(), routing.dropped.begin(), routing.dropped.end());
+      packed.insert(packed.end(), routing.balance_loss.begin(), routing.balance_loss.end());
+      group.all_reduce(comm_buffer(packed), ReduceOp::sum, name);
+      const auto loads = static_cast<std::ptrdiff_t>(routing.expert_load.size());
+      const auto layers = static_cast<std::ptrdiff_t>(routing.dropped.size());
+      std::copy(packed.begin(), packed.begin() + loads, routing.expert_load.begin());
+      std::copy(packed.begin() + loads, packed.begin() + loads + layers, routing.dropped.begin());
+      std::copy(packed.begin() + loads + layers, packed.end(), routing.balance_loss.begin());
+    }
   }
   return local;
+}
+
+// Per MoE layer: the expert load (the busiest expert's assignments over the mean), the fraction of
+// assignments dropped by capacity and the balance loss (its share of the step's objective).
+nlohmann::json routing_metrics(const ModelSpec& spec, const LossSums& sums) {
+  nlohmann::json layers = nlohmann::json::object();
+  const auto E = static_cast<size_t>(spec.moe_experts);
+  const double valid = static_cast<double>(std::max<int64_t>(sums.valid_count, 1));
+  for (size_t layer = 0; layer < spec.moe_layers.size(); ++layer) {
+    const auto begin = sums.routing.expert_load.begin() + static_cast<std::ptrdiff_t>(layer * E);
+    const double total = std::accumulate(begin, begin + static_cast<std::ptrdiff_t>(E), 0.0);
+    const double busiest = *std::max_element(begin, begin + static_cast<std::ptrdiff_t>(E));
+    layers[spec.moe_layers[layer]] = {
+        {"load_max_over_mean", total > 0.0 ? busiest / (total / static_cast<double>(E)) : 0.0},
+        {"dropped_fraction", total > 0.0 ? sums.routing.dropped[layer] / total : 0.0},
+        {"balance_loss", sums.routing.balance_loss[layer] / valid}};
+  }
+  return layers;
 }
 
 // Mean loss over eval_steps batches of the held-out split, always from its beginning.
@@ -359,6 +390,7 @@ LossSums Run::run_micro_batches(int64_t rank) {
         micro == 0 ? engine_->fwd_bwd(batch, last) : engine_->fwd_bwd_accum(batch, last);
     local.loss_sum += micro_sums.loss_sum;
     local.valid_count += micro_sums.valid_count;
+    local.routing.add(micro_sums.routing);
   }
   return local;
 }
@@ -382,7 +414,12 @@ StepOutcome Run::step(const RunControl& control) {
   ranks_.world->all_reduce(comm_buffer(&lowest_bad, 1), ReduceOp::max, "step/nonfinite_rank");
   const int64_t first_bad_rank = ranks_.world->size() - lowest_bad;
   const LossSums sums = sum_over_ranks(local, ranks_, "step/loss_sums");
-  const double loss = sums.valid_count > 0 ? sums.loss_sum / static_cast<double>(sums.valid_count) : 0.0;
+  const double lm_loss = sums.valid_count > 0 ? sums.loss_sum / static_cast<double>(sums.valid_count) : 0.0;
+  const double balance_loss = sums.valid_count > 0 ? std::accumulate(sums.routing.balance_loss.begin(),
+                                                                     sums.routing.balance_loss.end(), 0.0) /
+                                                         static_cast<double>(sums.valid_count)
+                                                   : 0.0;
+  const double loss = lm_loss + balance_loss;  // the objective the gradients are of
   // Decided on the world-wide flag: a tensor peer of the bad rank sums only its own data x fsdp group.
   if (lowest_bad > 0 || !std::isfinite(loss)) {
     engine.abandon_step();  // the reductions started during the last backward finish before anything reuses
@@ -417,8 +454,8 @@ StepOutcome Run::step(const RunControl& control) {
   const double tokens_per_second = tokens_per_step_ / step_seconds;
   nlohmann::json record = {{"step", step + 1},
                            {"loss", loss},
-                           {"lm_loss", loss},
-                           {"perplexity", std::exp(loss)},
+                           {"lm_loss", lm_loss},
+                           {"perplexity", std::exp(lm_loss)},
                            {"grad_norm", update.grad_norm},
                            {"raw_grad_norm", update.raw_grad_norm},
                            {"lr", learning_rate},
@@ -428,6 +465,7 @@ StepOutcome Run::step(const RunControl& control) {
                            {"step_time_s", step_seconds},
                            {"peak_memory_bytes", peak_resident_bytes()},
                            {"valid_tokens", sums.valid_count}};
+  if (!engine.spec().moe_layers.empty()) record["moe"] = routing_metrics(engine.spec(), sums);
   if (ranks_.world->size() > 1) {
     // What the step's kernels moved per mesh axis (payload bytes per rank), next to what the plan says.
     nlohmann::json moved = nlohmann::json::object();

@@ -1,5 +1,6 @@
 #include "meshtrain/model/layers/moe.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "meshtrain/model/layers/linear.h"
@@ -123,15 +124,62 @@ BufferId add_moe_block(SpecBuilder& builder, const std::string& prefix, BufferId
   const BufferId sorted = int32_activation(builder, moe + "/sorted", shape_of({{"assignments", M}}));
   const BufferId position = int32_activation(builder, moe + "/position", shape_of({{"assignments", M}}));
   const BufferId assigned = int32_activation(builder, moe + "/assigned", shape_of({{"experts", E}}));
+  const size_t layer_index = builder.spec().moe_layers.size();
+  builder.spec().moe_layers.push_back(prefix);
+  builder.spec().moe_experts = E;
   builder.forward({moe + "/route_plan",
                    {chosen},
                    {counts, offsets, sorted, position, assigned},
                    0.0,
                    [=](const OpContext& c) {
-                     c.kernels->moe_route_plan(c.i32(counts), c.i32(offsets), c.i32(sorted), c.i32(position),
-                                               c.i32(assigned), c.i32(chosen), N, k, E, capacity);
+                     const int64_t dropped = c.kernels->moe_route_plan(
+                         c.i32(counts), c.i32(offsets), c.i32(sorted), c.i32(position), c.i32(assigned),
+                         c.i32(chosen), N, k, E, capacity);
+                     if (c.recomputing) return;
+                     RoutingSums& sums = c.loss_sums->routing;
+                     sums.dropped[layer_index] += static_cast<double>(dropped);
+                     for (int64_t e = 0; e < E; ++e)
+                       sums.expert_load[layer_index * static_cast<size_t>(E) + static_cast<size_t>(e)] +=
+                           c.i32(assigned)[e];
                    },
                    OpKind::memory});
+  // The balance loss's f_e counts the assignments of the whole micro-batch (every rank's tokens: the
+  // per-expert counts all-reduced over data, fsdp and context), so any mesh gives the same loss; its P_e is
+  // this rank's tokens' scores, and the per-token terms add up over ranks.
+  const float balance_weight = static_cast<float>(options.balance_loss_weight);
+  const kernels::RouterScore score_function = routing.score_function;
+  BufferId batch_assigned = kNoBuffer;
+  if (balance_weight > 0.0f) {
+    batch_assigned = int32_activation(builder, moe + "/batch_assigned", shape_of({{"experts", E}}));
+    builder.forward(
+        {moe + "/batch_assigned",
+         {assigned},
+         {batch_assigned},
+         0.0,
+         [=](const OpContext& c) { std::copy(c.i32(assigned), c.i32(assigned) + E, c.i32(batch_assigned)); },
+         OpKind::memory});
+    for (MeshAxis axis : kBatchMeshAxes) {
+      for (OpDecl& op : builder.collective(moe + "/batch_assigned/" + mesh_axis_name(axis),
+                                           CollectiveKind::all_reduce, axis, batch_assigned))
+        builder.forward(std::move(op));
+    }
+    for (OpDecl& op : builder.collective(moe + "/batch_assigned/context", CollectiveKind::all_reduce,
+                                         MeshAxis::context, batch_assigned))
+      builder.forward(std::move(op));
+    builder.forward({moe + "/balance_loss_forward",
+                     {scores, batch_assigned},
+                     {},
+                     static_cast<double>(N * E) * 2.0,
+                     [=](const OpContext& c) {
+                       if (c.recomputing) return;
+                       // The kernel's loss is a mean over this rank's N tokens: N times it is their sum.
+                       c.loss_sums->routing.balance_loss[layer_index] +=
+                           static_cast<double>(N) *
+                           c.kernels->moe_balance_loss_forward(c.f32(scores), c.i32(batch_assigned), N, E,
+                                                               score_function, balance_weight);
+                     },
+                     OpKind::loss});
+  }
   const BufferId sorted_x = builder.activation(moe + "/sorted_x", sorted_width);
   const auto kept_rows = [=](const OpContext& c) -> int64_t { return c.i32(offsets)[E]; };  // R
   builder.forward({moe + "/gather_forward",
@@ -264,13 +312,11 @@ BufferId add_moe_block(SpecBuilder& builder, const std::string& prefix, BufferId
                      c.kernels->moe_gather_backward(c.f32(d_normed), c.f32(d_sorted_x), c.i32(position), N, k,
                                                     D, false);
                    }});
-  // The balance loss is a per-token mean over this rank's N tokens (f_e from this set's assignments): its
-  // gradient enters as N times the mean's, because gradients hold sums over tokens until the update
-  // divides by the global valid-token count, as the cross-entropy's do.
-  const float balance_weight = static_cast<float>(options.balance_loss_weight);
-  const kernels::RouterScore score_function = routing.score_function;
+  // The balance loss's gradient enters as N times the kernel's (a mean over this rank's N tokens), because
+  // gradients hold sums over tokens until the update divides by the global valid-token count, as the
+  // cross-entropy's do.
   std::vector<BufferId> router_reads = {d_weights, scores, chosen};
-  if (balance_weight > 0.0f) router_reads.push_back(assigned);
+  if (balance_weight > 0.0f) router_reads.push_back(batch_assigned);
   group.push_back({moe + "/router_backward",
                    router_reads,
                    {d_logits},
@@ -279,9 +325,9 @@ BufferId add_moe_block(SpecBuilder& builder, const std::string& prefix, BufferId
                      c.kernels->moe_router_backward(c.f32(d_logits), c.f32(d_weights), c.f32(scores),
                                                     c.i32(chosen), N, E, routing);
                      if (balance_weight > 0.0f) {
-                       c.kernels->moe_balance_loss_backward(c.f32(d_logits), c.f32(scores), c.i32(assigned),
-                                                            N, E, score_function, balance_weight,
-                                                            static_cast<float>(N));
+                       c.kernels->moe_balance_loss_backward(c.f32(d_logits), c.f32(scores),
+                                                            c.i32(batch_assigned), N, E, score_function,
+                                                            balance_weight, static_cast<float>(N));
                      }
                    }});
   group.push_back(gate.backward);
