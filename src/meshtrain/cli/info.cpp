@@ -23,6 +23,17 @@ int run_info(const std::vector<std::string>& arguments, std::ostream& out) {
     by_component[parameter.component] += spec.buffer(parameter.value).shape.elements();
   }
   out << "parameters: " << spec.parameter_count() << "\n";
+  if (config.num_experts > 0) {
+    // A token passes num_experts_per_tok of each MoE layer's routed experts; every other tensor it uses.
+    int64_t activated = 0;
+    for (const ParameterDecl& parameter : spec.parameters) {
+      const int64_t count = spec.buffer(parameter.value).shape.elements();
+      const bool routed = parameter.canonical_name.find("/moe/routed_experts/") != std::string::npos;
+      activated += routed ? count / config.num_experts * config.num_experts_per_tok : count;
+    }
+    out << "activated parameters per token: " << activated << " (" << config.num_experts_per_tok << " of "
+        << config.num_experts << " routed experts in each of " << spec.moe_layers.size() << " MoE layers)\n";
+  }
   for (const auto& [component, count] : by_component) {
     char line[96];
     std::snprintf(line, sizeof line, "  %-12s %15lld\n", component.c_str(), static_cast<long long>(count));

@@ -438,10 +438,10 @@ void validate_attention_and_moe_keys(const Config& c, int64_t expert_degree) {
     }
     return;
   }
-  if (c.decoder_block != DecoderBlock::deepseek) {
+  if (c.decoder_block == DecoderBlock::gpt2) {
     fail("config key 'num_experts'",
          std::string("0 for decoder_block=") + decoder_block_name(c.decoder_block), text_of(c.num_experts),
-         "mixture-of-experts layers are built by decoder_block=deepseek");
+         "mixture-of-experts layers are built by decoder_block=deepseek or qwen3");
   }
   const std::string experts = "num_experts (" + text_of(c.num_experts) + ")";
   if (c.num_experts_per_tok < 1 || c.num_experts_per_tok > c.num_experts) {

@@ -12,36 +12,9 @@
 #include "meshtrain/model/layers/moe.h"
 
 namespace meshtrain {
-namespace {
-
-MoeBlockOptions moe_options(const Config& config, double out_std) {
-  MoeBlockOptions options;
-  options.experts = config.num_experts;
-  options.expert_width = config.base_moe_mlp_dim;
-  options.shared_experts = config.shared_experts;
-  options.routing.score_function = config.routed_score_func == RoutedScoreFunc::sigmoid
-                                       ? kernels::RouterScore::sigmoid
-                                       : kernels::RouterScore::softmax;
-  options.routing.top_k = config.num_experts_per_tok;
-  options.routing.groups = config.n_routing_groups;
-  options.routing.groups_kept = config.topk_routing_group;
-  options.routing.normalize_top_k = config.norm_topk_prob;
-  options.routing.scaling = static_cast<float>(config.routed_scaling_factor);
-  options.capacity_factor = config.capacity_factor;
-  options.balance_loss_weight = config.load_balance_loss_weight;
-  options.out_init_std = out_std;
-  return options;
-}
-
-}  // namespace
-
 void build_deepseek(SpecBuilder& builder) {
   const ModelDims& m = builder.dims();
   const Config& config = builder.spec().config;
-  if (config.num_experts > 0 && config.routed_bias) {
-    fail("config key 'routed_bias'", "false: the selection bias and its update are not built yet", "true",
-         "set routed_bias=false (load_balance_loss_weight > 0 balances the experts meanwhile)");
-  }
   // Positions, norm and MLP kind are the family row's (families.cpp).
   const DecoderFamily& family = family_of(DecoderBlock::deepseek);
   const BufferId d_residual =
@@ -58,7 +31,7 @@ void build_deepseek(SpecBuilder& builder) {
       residual = add_attention_block(builder, prefix, residual, d_residual,
                                      {family.norm, false, true, false, out_std});
     }
-    if (config.num_experts > 0 && layer >= config.first_num_dense_layers) {
+    if (moe_layer(config, layer)) {
       residual = add_moe_block(builder, prefix, residual, d_residual, moe_options(config, out_std));
     } else {
       residual =

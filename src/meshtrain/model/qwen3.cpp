@@ -1,10 +1,13 @@
-// Qwen3 decoder (Hugging Face Qwen3ForCausalLM semantics; golden-tested in tests/reference/qwen3_golden).
+// Qwen3 decoder (Hugging Face Qwen3ForCausalLM semantics; golden-tested in tests/reference/qwen3_golden),
+// and Qwen3-MoE (Qwen3MoeForCausalLM) when num_experts > 0: every layer after first_num_dense_layers a
+// mixture of experts (model/layers/moe.h).
 #include <cmath>
 
 #include "meshtrain/model/families.h"
 #include "meshtrain/model/layers/attention.h"
 #include "meshtrain/model/layers/embedding.h"
 #include "meshtrain/model/layers/mlp.h"
+#include "meshtrain/model/layers/moe.h"
 
 namespace meshtrain {
 
@@ -23,8 +26,13 @@ void build_qwen3(SpecBuilder& builder) {
     const std::string prefix = "decoder/layers_" + std::to_string(layer);
     residual =
         add_attention_block(builder, prefix, residual, d_residual, {family.norm, true, rope, false, out_std});
-    residual =
-        add_mlp_block(builder, prefix, residual, d_residual, {family.norm, family.mlp, false, out_std});
+    if (moe_layer(builder.spec().config, layer)) {
+      residual =
+          add_moe_block(builder, prefix, residual, d_residual, moe_options(builder.spec().config, out_std));
+    } else {
+      residual =
+          add_mlp_block(builder, prefix, residual, d_residual, {family.norm, family.mlp, false, out_std});
+    }
   }
   const bool tied = builder.spec().config.logits_via_embedding;
   add_final_norm_and_loss(builder, family.norm, residual, tied ? embedding.table : kNoBuffer, d_residual);

@@ -1,5 +1,6 @@
 #include "meshtrain/model/spec.h"
 
+#include <algorithm>
 #include <numeric>
 
 #include "meshtrain/core/error.h"
@@ -256,7 +257,19 @@ StandardFlops standard_training_flops(const Config& c) {
   }
   const double unembedding = 2 * B * S * emb * vocab;
   const double accumulation = static_cast<double>(c.gradient_accumulation_steps);
-  return {3 * (L * (ffn + qkv + projection) + unembedding) * accumulation, 3 * L * attention * accumulation};
+  // Mixture of experts: the layers after first_num_dense_layers run the router and, per token, its k routed
+  // experts and the shared ones (SwiGLU of base_moe_mlp_dim each) in place of the dense MLP.
+  double feed_forward = L * ffn;
+  if (c.num_experts > 0) {
+    const double moe_layers =
+        L - static_cast<double>(std::min(c.first_num_dense_layers, c.base_num_decoder_layers));
+    const double experts_per_token = static_cast<double>(c.num_experts_per_tok + c.shared_experts);
+    const double expert = 3 * 2 * B * S * emb * static_cast<double>(c.base_moe_mlp_dim);
+    const double router = 2 * B * S * emb * static_cast<double>(c.num_experts);
+    feed_forward = (L - moe_layers) * ffn + moe_layers * (experts_per_token * expert + router);
+  }
+  return {3 * (feed_forward + L * (qkv + projection) + unembedding) * accumulation,
+          3 * L * attention * accumulation};
 }
 
 void RoutingSums::add(const RoutingSums& other) {

@@ -34,6 +34,13 @@ struct MoeBlockOptions {
 BufferId add_moe_block(SpecBuilder& builder, const std::string& prefix, BufferId residual_in,
                        BufferId d_residual, const MoeBlockOptions& options);
 
+// Whether decoder layer `layer` (0-based) of the config's model is a MoE block: num_experts > 0 and the
+// layer comes after the first first_num_dense_layers.
+bool moe_layer(const Config& config, int64_t layer);
+// The block's options from the config's MoE keys; `out_std` initialises the experts' down projections.
+// Refuses routed_bias=true (its selection bias and update are not built yet) naming the key.
+MoeBlockOptions moe_options(const Config& config, double out_std);
+
 // Assignments an expert keeps under capacity_factor (0: dropless, every assignment kept).
 int64_t moe_expert_capacity(double capacity_factor, int64_t tokens, int64_t top_k, int64_t experts);
 
