@@ -46,6 +46,27 @@ TEST(ModelSpec, InfoPrintsTheTestVector) {
   EXPECT_NE(out.str().find("8.7666"), std::string::npos) << out.str();
 }
 
+// Total and activated parameters of the public MoE shapes, from the spec; a hand count (embedding and
+// untied unembedding, per layer attention and norms, router and experts) gives the same numbers:
+// Qwen3-30B-A3B 30.5B / 3.3B as its model card; DeepSeek-V3 671B / 37.6B (the often-quoted 671,026,419,200
+// adds its 58 x 256 selection-bias entries, which the preset leaves off).
+TEST(ModelSpec, InfoPrintsTotalAndActivatedParametersOfMoeModels) {
+  std::ostringstream qwen, deepseek;
+  run_info({"qwen3-30b-a3b"}, qwen);
+  EXPECT_NE(qwen.str().find("parameters: 30532122624\n"), std::string::npos) << qwen.str();
+  EXPECT_NE(
+      qwen.str().find("activated parameters per token: 3353032704 (8 of 128 routed experts in each of 48"),
+      std::string::npos)
+      << qwen.str();
+  run_info({"deepseek-v3"}, deepseek);
+  EXPECT_NE(deepseek.str().find("parameters: 671026404352\n"), std::string::npos) << deepseek.str();
+  EXPECT_NE(
+      deepseek.str().find("activated parameters per token: 37552282624 (8 of 256 routed experts in each "
+                          "of 58 MoE layers)"),
+      std::string::npos)
+      << deepseek.str();
+}
+
 TEST(ModelSpec, ShapeErrorsNameTheKey) {
   EXPECT_NE(error_of([] {
               build_model_spec(load_config("qwen3-tiny", {"base_num_kv_heads=4"}));
