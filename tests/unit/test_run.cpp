@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "meshtrain/core/error.h"
+#include "meshtrain/train/engine.h"
 #include "meshtrain/train/run.h"
 
 namespace meshtrain {
@@ -89,6 +90,30 @@ TEST_F(RunTest, StopAfterStepEndsTheRunAndAResumeContinues) {
 
 TEST_F(RunTest, NonPositiveStepsIsASetupError) {
   EXPECT_THROW(prepare_run(tiny_config(run_dir_, 0), 1), MeshError);
+}
+
+}  // namespace
+}  // namespace meshtrain
+
+namespace meshtrain {
+namespace {
+
+// A live run refuses what only `compile` plans, before anything is allocated: here an expert axis (its
+// all-to-all dispatch is not built yet), naming the key and the fix.
+TEST(RunsHere, AnExpertAxisIsRefusedNamingTheKey) {
+  PlanRequest request;
+  request.config = load_config("deepseek-tiny", {"num_experts=4", "base_moe_mlp_dim=32", "mesh.expert=2",
+                                                 "dataset_type=synthetic", "tokenizer_path="});
+  request.devices = 2;
+  const TrainingPlan plan = plan_training(request);
+  try {
+    check_plan_runs_here(plan, 2);
+    FAIL() << "mesh.expert=2 was accepted";
+  } catch (const MeshError& error) {
+    const std::string message = error.what();
+    EXPECT_NE(message.find("config key 'mesh.expert'"), std::string::npos) << message;
+    EXPECT_NE(message.find("set mesh.expert=1"), std::string::npos) << message;
+  }
 }
 
 }  // namespace

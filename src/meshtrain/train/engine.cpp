@@ -31,6 +31,11 @@ void check_plan_runs_here(const TrainingPlan& plan, int64_t world) {
          plan.mesh.to_string(),
          "launch with mpirun -np " + std::to_string(plan.mesh.devices()) + ", or change mesh.*");
   }
+  if (plan.mesh.size(MeshAxis::expert) > 1) {
+    fail("config key 'mesh.expert'", "1 for a run (expert parallelism's all-to-all dispatch is not built yet)",
+         std::to_string(plan.mesh.size(MeshAxis::expert)),
+         "set mesh.expert=1 and use mesh.data / mesh.fsdp / mesh.tensor for the ranks");
+  }
   if (plan.topology.device_kind != "cpu") {
     fail("config key 'topology'", "a cpu topology for a run on this machine", "'" + plan.topology.name + "'",
          "use topology=cpu to train here; meshtrain compile plans other topologies");
