@@ -248,6 +248,10 @@ struct ModelSpec {
   // The MoE layers' names ("decoder/layers_3"), in layer order, and their routed experts E (one E for all).
   std::vector<std::string> moe_layers;
   int64_t moe_experts = 0;
+  // Per MoE layer, its selection bias [E] (routed_bias; kNoBuffer otherwise): a parameter no gradient
+  // reaches (AdamW leaves it as it is), moved after each step by the load-based update instead
+  // (Engine::update_selection_biases), so checkpoints and resharding treat it as every parameter.
+  std::vector<BufferId> moe_selection_biases;
   std::vector<OpDecl> update;         // grad norm, clip, AdamW (collectives are the plan's)
   BufferId step_counter = kNoBuffer;  // [1] int32
 

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <numeric>
 
 #include "meshtrain/core/error.h"
 #include "meshtrain/core/rng.h"
@@ -32,7 +33,8 @@ void check_plan_runs_here(const TrainingPlan& plan, int64_t world) {
          "launch with mpirun -np " + std::to_string(plan.mesh.devices()) + ", or change mesh.*");
   }
   if (plan.mesh.size(MeshAxis::expert) > 1) {
-    fail("config key 'mesh.expert'", "1 for a run (expert parallelism's all-to-all dispatch is not built yet)",
+    fail("config key 'mesh.expert'",
+         "1 for a run (expert parallelism's all-to-all dispatch is not built yet)",
          std::to_string(plan.mesh.size(MeshAxis::expert)),
          "set mesh.expert=1 and use mesh.data / mesh.fsdp / mesh.tensor for the ranks");
   }
@@ -305,6 +307,25 @@ std::vector<float> Engine::gather_global(BufferId id) const {
     ranks_.world->all_reduce(comm_buffer(global), ReduceOp::sum, "checkpoint/gather " + buffer.name);
   }
   return global;
+}
+
+void Engine::update_selection_biases(const std::vector<double>& expert_load, double rate) {
+  const std::vector<BufferId>& biases = plan_.spec.moe_selection_biases;
+  const auto E = static_cast<size_t>(plan_.spec.moe_experts);
+  MT_CHECK(expert_load.size() == biases.size() * E, "expert loads of another model");
+  for (size_t layer = 0; layer < biases.size(); ++layer) {
+    if (biases[layer] == kNoBuffer) continue;
+    const double* load = expert_load.data() + layer * E;
+    const double mean = std::accumulate(load, load + E, 0.0) / static_cast<double>(E);
+    const PlanBufferId stored = stored_buffer(biases[layer]);
+    const PlanBuffer& buffer = plan_.buffers[static_cast<size_t>(stored)];
+    const GlobalIndex index = global_index(stored, biases[layer]);
+    float* local = reinterpret_cast<float*>(arena_.at(buffer.offset));
+    for (int64_t i = 0; i < buffer.shape.elements(); ++i) {
+      const double gap = mean - load[index(i)];  // under-loaded experts (gap > 0) are chosen more
+      local[i] += static_cast<float>(rate * static_cast<double>((gap > 0.0) - (gap < 0.0)));
+    }
+  }
 }
 
 void Engine::scatter_global(BufferId id, const float* global) {

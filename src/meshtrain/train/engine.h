@@ -78,6 +78,10 @@ class Engine {
   // moment (by its spec id): the global shape; the whole tensor gathered from every rank (a collective:
   // every rank calls it, in the same order); and setting this rank's elements from a whole tensor.
   std::vector<int64_t> global_shape(BufferId id) const;
+  // After a step: each MoE layer's selection bias moves by rate * sign(mean load - load) per expert, from
+  // `expert_load` [moe layers, E] counted over the whole global batch (RoutingSums, summed over ranks), so
+  // every rank moves its shard of the same global bias alike.
+  void update_selection_biases(const std::vector<double>& expert_load, double rate);
   std::vector<float> gather_global(BufferId id) const;
   void scatter_global(BufferId id, const float* global);
   bool lead() const { return !ranks_.world || ranks_.world->rank() == 0; }  // the rank that writes files

@@ -449,6 +449,8 @@ StepOutcome Run::step(const RunControl& control) {
     ++step_;
     return StepOutcome::skipped;
   }
+  if (config_.routed_bias)
+    engine.update_selection_biases(sums.routing.expert_load, config_.routed_bias_update_rate);
   loader_->advance();
   const double step_seconds = seconds_since(start);
   const double tokens_per_second = tokens_per_step_ / step_seconds;

@@ -72,11 +72,8 @@ bool moe_layer(const Config& config, int64_t layer) {
 }
 
 MoeBlockOptions moe_options(const Config& config, double out_std) {
-  if (config.routed_bias) {
-    fail("config key 'routed_bias'", "false: the selection bias and its update are not built yet", "true",
-         "set routed_bias=false (load_balance_loss_weight > 0 balances the experts meanwhile)");
-  }
   MoeBlockOptions options;
+  options.selection_bias = config.routed_bias;
   options.experts = config.num_experts;
   options.expert_width = config.base_moe_mlp_dim;
   options.shared_experts = config.shared_experts;
@@ -137,13 +134,23 @@ BufferId add_moe_block(SpecBuilder& builder, const std::string& prefix, BufferId
   const BufferId chosen = int32_activation(builder, moe + "/chosen", choice_shape);
   const BufferId weights = builder.activation(moe + "/weights", choice_shape);
   const BufferId scores = builder.activation(moe + "/scores", logits_shape);
+  // The selection bias orders the experts only (never the weights) and no gradient reaches it: see
+  // ModelSpec::moe_selection_biases.
+  const BufferId bias = options.selection_bias
+                            ? builder.parameter(moe + "/gate/selection_bias", shape_of({{"experts", E}}),
+                                                {"moe", ParameterInit::zeros, 0.0, false})
+                            : kNoBuffer;
+  builder.spec().moe_selection_biases.push_back(bias);
+  std::vector<BufferId> router_inputs = {logits};
+  if (bias != kNoBuffer) router_inputs.push_back(bias);
   builder.forward({moe + "/router_forward",
-                   {logits},
+                   router_inputs,
                    {chosen, weights, scores},
                    static_cast<double>(N * E) * 8.0,
                    [=](const OpContext& c) {
                      c.kernels->moe_router_forward(c.i32(chosen), c.f32(weights), c.f32(scores),
-                                                   c.f32(logits), nullptr, N, E, routing);
+                                                   c.f32(logits), bias == kNoBuffer ? nullptr : c.f32(bias),
+                                                   N, E, routing);
                    }});
 
   // The assignments sorted by expert, and the tokens gathered into those rows.

@@ -23,6 +23,7 @@ struct MoeBlockOptions {
   int64_t expert_width = 0;    // F_e [base_moe_mlp_dim]
   int64_t shared_experts = 0;  // [shared_experts]: a dense SwiGLU of shared_experts x F_e added; 0 none
   kernels::MoeRouting routing;
+  bool selection_bias = false;  // [routed_bias]: DeepSeek-V3's bias added to the scores that choose experts
   // [capacity_factor] <= 0: dropless; else each expert keeps its first ceil(factor N k / E) assignments in
   // token order and drops the rest (their weight contributes nothing).
   double capacity_factor = 0.0;
@@ -38,7 +39,6 @@ BufferId add_moe_block(SpecBuilder& builder, const std::string& prefix, BufferId
 // layer comes after the first first_num_dense_layers.
 bool moe_layer(const Config& config, int64_t layer);
 // The block's options from the config's MoE keys; `out_std` initialises the experts' down projections.
-// Refuses routed_bias=true (its selection bias and update are not built yet) naming the key.
 MoeBlockOptions moe_options(const Config& config, double out_std);
 
 // Assignments an expert keeps under capacity_factor (0: dropless, every assignment kept).
