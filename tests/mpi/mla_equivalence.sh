@@ -2,7 +2,8 @@
 # Multi-head latent attention on several ranks equals one process (as equivalence.sh for qwen3): a tiny
 # deepseek-tiny (MLA with and without query compression, v narrower than q / k so v is padded) trained for
 # 20 steps with GA 2 on 1 process and under tensor (heads split; the gradients leaving the heads for the
-# replicated down projections all-reduced), FSDP and data x tensor layouts. Losses must agree within 1e-5
+# replicated down projections all-reduced), FSDP, data x tensor and context (both strategies, alone and
+# with tensor) layouts. Losses must agree within 1e-5
 # relative and the final parameters within 1e-3 of each tensor's largest magnitude. Learning rate 3e-3, not
 # equivalence.sh's 1e-2: at 1e-2 this model's loss on synthetic tokens oscillates upward and rounding
 # differences grow step by step (one process against fsdp=2 then already differs by 2e-3 in parameters).
@@ -61,4 +62,11 @@ run fsdp2 2 4 q_lora_rank=16 mesh.fsdp=2
 compare fsdp2 single_q16 || status=1
 run dp2_tp2 4 2 q_lora_rank=16 mesh.data=2 mesh.tensor=2
 compare dp2_tp2 single_q16 || status=1
+# Context parallel: the context_attention core over the expanded keys and padded values, each strategy.
+for strategy in all_gather ring; do
+  run "${strategy}_cp2" 2 4 q_lora_rank=16 mesh.context=2 context_parallel_strategy=$strategy
+  compare "${strategy}_cp2" single_q16 || status=1
+  run "${strategy}_cp2_tp2" 4 2 q_lora_rank=16 mesh.context=2 mesh.tensor=2 context_parallel_strategy=$strategy
+  compare "${strategy}_cp2_tp2" single_q16 || status=1
+done
 exit $status

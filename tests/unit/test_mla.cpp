@@ -1,8 +1,9 @@
 // Multi-head latent attention beyond its gradient (test_model_gradient.cpp) and decode (test_decoder.cpp)
 // checks: its parameters and their Hugging Face DeepSeek names, the RoPE column order of Hugging Face
-// checkpoints, its tensor-parallel reductions and the meshes it refuses for now.
+// checkpoints, its tensor- and context-parallel declarations and the input it refuses.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 
@@ -150,13 +151,29 @@ TEST(Mla, SplitsHeadsOverTensorAndReducesTheGradientsLeavingThem) {
   }
 }
 
-TEST(Mla, RefusesContextParallelismAndUnequalKvHeadsNamingTheKey) {
-  const std::string message = error_of([&] {
-    build_model_spec(tiny_mla(), Mesh({{MeshAxis::context, 2}}), kernels::kernel_backend_for_device("cpu"));
-  });
-  EXPECT_NE(message.find("'mesh.context'"), std::string::npos) << message;
-  EXPECT_NE(message.find("1 under attention_type=mla"), std::string::npos) << message;
-  EXPECT_NE(message.find("mesh.data, mesh.fsdp or mesh.tensor"), std::string::npos) << message;
+// Under mesh.context the core is context_attention.h's, over MLA's expanded keys and padded values (the
+// numbers: tests/mpi/mla_equivalence.sh, the context cases).
+TEST(Mla, UnderContextParallelismUsesTheContextAttentionCore) {
+  for (const char* strategy : {"all_gather", "ring"}) {
+    SCOPED_TRACE(strategy);
+    const ModelSpec spec =
+        build_model_spec(tiny_mla({std::string("context_parallel_strategy=") + strategy}),
+                         Mesh({{MeshAxis::context, 2}}), kernels::kernel_backend_for_device("cpu"));
+    EXPECT_EQ(spec.dims.S, 4);  // 8 tokens over 2 context ranks
+    const std::string core =
+        std::string("decoder/layers_0/self_attention/") +
+        (std::string(strategy) == "ring" ? "ring_attention_forward" : "attention_forward");
+    const auto found = std::find_if(spec.forward.begin(), spec.forward.end(),
+                                    [&](const OpDecl& op) { return op.name == core; });
+    ASSERT_NE(found, spec.forward.end());
+    // Over the whole row: B = 4 rows (per_device_batch_size x devices, each cut over context), 4 queries x 8
+    // keys of the 4 heads at width dq = 10, half of them causal.
+    EXPECT_EQ(spec.dims.B, 4);
+    EXPECT_EQ(found->flops, 4.0 * 4 * 4 * 8 * 4 * 10 / 2.0);
+  }
+}
+
+TEST(Mla, RefusesUnequalKvHeadsAndADenseExpertMeshNamingTheKey) {
   EXPECT_NO_THROW(
       build_model_spec(tiny_mla(), Mesh({{MeshAxis::data, 2}}), kernels::kernel_backend_for_device("cpu")));
   const std::string kv = error_of([] { build_model_spec(tiny_mla({"base_num_kv_heads=2"})); });

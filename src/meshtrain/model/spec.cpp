@@ -80,12 +80,6 @@ ModelDims validate_and_size(const Config& c, const ShardingLayout& sharding) {
   // Per-device sizes. The micro-batch of all devices is per_device_batch_size x devices rows (the
   // reference system's rule, whatever the mesh), split over data x fsdp.
   const Mesh& mesh = sharding.mesh();
-  if (mla && mesh.size(MeshAxis::context) > 1) {
-    fail("config key 'mesh.context'", "1 under attention_type=mla",
-         std::to_string(mesh.size(MeshAxis::context)),
-         "multi-head latent attention has no context-parallel path yet: spread the devices over mesh.data, "
-         "mesh.fsdp or mesh.tensor");
-  }
   m.B = sharding.local_size("batch", c.per_device_batch_size * mesh.devices());
   m.S = sharding.local_size("length", c.max_target_length);
   m.N = m.B * m.S;

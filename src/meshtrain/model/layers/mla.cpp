@@ -5,6 +5,7 @@
 #include <omp.h>
 
 #include "meshtrain/core/error.h"
+#include "meshtrain/model/layers/context_attention.h"
 #include "meshtrain/model/layers/linear.h"
 
 namespace meshtrain {
@@ -175,7 +176,9 @@ BufferId add_mla_block(SpecBuilder& builder, const std::string& prefix, BufferId
 
   // The core at width dq (mla.h: v zero-padded), then the output's first v_dim columns.
   const BufferId o = builder.activation(attention + "/attended_padded", q_shape);
-  const double attention_flops = 4.0 * static_cast<double>(B * S * S * H * dq) / 2.0;
+  // Context parallel: each rank's queries attend to keys of the whole sequence (as attention.cpp).
+  const int64_t context = spec.sharding.mesh().size(MeshAxis::context);
+  const double attention_flops = 4.0 * static_cast<double>(B * S * (S * context) * H * dq) / 2.0;
   std::vector<OpDecl> core_backward;
   if (builder.decoding()) {
     const Shape cache_shape = shape_of({{"cache", m.T}, {"kv_heads", H}, {"head_dim", dq}});
@@ -195,6 +198,12 @@ BufferId add_mla_block(SpecBuilder& builder, const std::string& prefix, BufferId
                                                      position, H, H, dq);
                      },
                      OpKind::attention});
+  } else if (context > 1) {
+    // The same core as attention.cpp's under mesh.context (K = H kv heads of width dq): all_gather or ring.
+    const BufferId lse =
+        builder.activation(attention + "/lse", shape_of({{"batch", B}, {"heads", H}, {"length", S}}));
+    core_backward =
+        add_context_attention(builder, attention, {q, k, v, o, lse, d_o, d_q, d_k, d_v}, attention_flops);
   } else {
     const BufferId lse =
         builder.activation(attention + "/lse", shape_of({{"batch", B}, {"heads", H}, {"length", S}}));

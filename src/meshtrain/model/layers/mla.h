@@ -22,7 +22,8 @@
 // Tensor parallel: heads split over mesh.tensor (wq_b / query and wkv_b column-parallel, out row-parallel),
 // the down projections wq_a, wkv_a and their norms replicated; the gradients leaving the heads for them
 // (of RMSNorm(c_q), of RMSNorm(c_kv), of the shared k_rope, and d_normed of a direct query) are
-// all-reduced over tensor. Context parallelism is refused for now (model/spec.cpp).
+// all-reduced over tensor. Context parallel: the core is attention.cpp's (model/layers/context_attention.h,
+// all_gather or ring) over the expanded k and padded v; RoPE reads each token's original position.
 //
 // Parameters (Hugging Face names in model/hf_names.cpp): pre_self_attention_layer_norm/scale;
 // self_attention/ wq_a/kernel [D, r_q], q_norm/scale [r_q], wq_b/kernel [r_q, H, dq] (or query/kernel
