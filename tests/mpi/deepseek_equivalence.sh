@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# DeepSeek-style models (multi-head latent attention, mixture of experts) on several ranks equal one
-# process (as equivalence.sh for qwen3): a tiny deepseek-tiny (MLA with and without query compression, v narrower than q / k so v is padded) trained for
-# 20 steps with GA 2 on 1 process and under tensor (heads split; the gradients leaving the heads for the
-# replicated down projections all-reduced), FSDP, data x tensor and context (both strategies, alone and
-# with tensor) layouts, and a mixture-of-experts model under data, fsdp x ZeRO-1, tensor and context.
-# Losses must agree within 1e-5
-# relative and the final parameters within 1e-3 of each tensor's largest magnitude. Learning rate 3e-3, not
-# equivalence.sh's 1e-2: at 1e-2 this model's loss on synthetic tokens oscillates upward and rounding
-# differences grow step by step (one process against fsdp=2 then already differs by 2e-3 in parameters).
+# DeepSeek-style models on several ranks equal one process (as equivalence.sh for qwen3): a tiny
+# deepseek-tiny with multi-head latent attention (with and without query compression, v narrower than
+# q / k so v is padded) trained for 20 steps with GA 2 on 1 process and under tensor (heads split; the
+# gradients leaving the heads for the replicated down projections all-reduced), FSDP, data x tensor and
+# context (both strategies, alone and with tensor) layouts, and with mixture-of-experts layers under data,
+# fsdp x ZeRO-1, tensor and context. Losses must agree within 1e-5 relative and the final parameters
+# within 1e-3 of each tensor's largest magnitude. Learning rate 3e-3, not equivalence.sh's 1e-2: at 1e-2
+# this model's loss on synthetic tokens oscillates upward and rounding differences grow step by step (one
+# process against fsdp=2 then already differs by 2e-3 in parameters).
 # Usage: deepseek_equivalence.sh BUILD_DIR
 source "$(dirname "$0")/common.sh" "$1"
 mla=(base_emb_dim=64 base_num_query_heads=4 base_num_kv_heads=4 base_mlp_dim=128 base_num_decoder_layers=2
