@@ -1,6 +1,7 @@
 // Config layering and its errors: presets, YAML files, overrides, unknown keys, duplicates, wrong types.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 
@@ -182,6 +183,11 @@ TEST(Config, BadMoeAndMlaValuesNameTheKeyTheValuesAndTheFix) {
   const std::vector<std::string> moe = {"num_experts=8", "base_moe_mlp_dim=64"};
   const auto error_with = [&](std::vector<std::string> overrides, bool with_moe = true) {
     if (with_moe) overrides.insert(overrides.begin(), moe.begin(), moe.end());
+    // The preset has experts: a dense case says num_experts=0 unless it sets the key itself.
+    const bool sets_experts = std::any_of(overrides.begin(), overrides.end(), [](const std::string& item) {
+      return item.starts_with("num_experts=");
+    });
+    if (!with_moe && !sets_experts) overrides.insert(overrides.begin(), "num_experts=0");
     return error_of([&] { load_config("deepseek-tiny", overrides); });
   };
   ASSERT_EQ(error_with({}), "");
@@ -201,7 +207,7 @@ TEST(Config, BadMoeAndMlaValuesNameTheKeyTheValuesAndTheFix) {
        {"'num_experts_per_tok'", "1 x 8 / 4 = 2", "3", "raise topk_routing_group"}},
       {{"mesh.expert=3"}, true, {"'mesh.expert'", "a divisor of num_experts (8)", "3"}},
       {{"mesh.expert=2"}, false, {"'mesh.expert'", "1 for a dense model", "set num_experts"}},
-      {{"num_experts=8"}, false, {"'base_moe_mlp_dim'", "a positive integer", "0"}},
+      {{"num_experts=8", "base_moe_mlp_dim=0"}, false, {"'base_moe_mlp_dim'", "a positive integer", "0"}},
       {{"num_experts=4", "decoder_block=gpt2", "attention_type=global"},
        false,
        {"'num_experts'", "0 for decoder_block=gpt2", "decoder_block=deepseek or qwen3"}},

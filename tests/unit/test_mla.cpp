@@ -21,9 +21,11 @@ using testing::error_of;
 
 Config tiny_mla(std::vector<std::string> extra = {}) {
   std::vector<std::string> overrides = {
-      "base_emb_dim=32",           "base_num_query_heads=4", "base_num_kv_heads=4", "base_mlp_dim=48",
-      "base_num_decoder_layers=2", "vocab_size=100",         "max_target_length=8", "per_device_batch_size=2",
-      "kv_lora_rank=10",           "qk_nope_head_dim=6",     "qk_rope_head_dim=4",  "v_head_dim=8"};
+      "base_emb_dim=32",     "base_num_query_heads=4",    "base_num_kv_heads=4",
+      "base_mlp_dim=48",     "base_num_decoder_layers=2", "vocab_size=100",
+      "max_target_length=8", "per_device_batch_size=2",   "kv_lora_rank=10",
+      "qk_nope_head_dim=6",  "qk_rope_head_dim=4",        "v_head_dim=8",
+      "num_experts=0"};  // dense MLPs: the preset's experts are not what these tests look at
   // An extra key replaces the default above (the command line takes each key once).
   for (std::string& item : extra) {
     const std::string key = item.substr(0, item.find('=') + 1);

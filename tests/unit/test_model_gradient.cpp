@@ -104,7 +104,12 @@ Config tiny_mla_config(const std::string& q_lora_rank, const std::vector<std::st
                                         "init_weights_seed=3",       "q_lora_rank=" + q_lora_rank,
                                         "kv_lora_rank=10",           "qk_nope_head_dim=6",
                                         "qk_rope_head_dim=4",        "v_head_dim=8"};
-  overrides.insert(overrides.end(), extra.begin(), extra.end());
+  overrides.push_back("num_experts=0");    // dense unless `extra` asks for experts
+  for (const std::string& item : extra) {  // an extra key replaces the default (each key once)
+    const std::string key = item.substr(0, item.find('=') + 1);
+    std::erase_if(overrides, [&](const std::string& existing) { return existing.starts_with(key); });
+    overrides.push_back(item);
+  }
   return load_config("deepseek-tiny", overrides);
 }
 TEST(ModelGradient, MlaWithQueryCompressionMatchesFiniteDifferences) {

@@ -48,12 +48,4 @@ struct MoeRouting {
   float scaling = 1.0f;          // multiplies the weights last [routed_scaling_factor]
 };
 
-// Expert load over one set of tokens (moe_load_statistics): from per-expert assignment counts.
-struct MoeLoad {
-  int64_t total = 0;         // sum of the counts
-  int64_t max = 0;           // the busiest expert's count
-  double mean = 0.0;         // total / E
-  double max_over_mean = 0;  // max / mean (1 = perfectly balanced); 0 when there are no assignments
-};
-
 }  // namespace meshtrain::kernels

@@ -236,7 +236,7 @@ struct KernelBackend {
 
   // moe_dispatch.h: the routing plan (assignments sorted by expert, capacity dropping; returns the dropped
   // count), gather into sorted rows (d_x = or +=), weighted combine back to tokens (out = or +=; d_y_sorted
-  // and d_weights =), and load statistics of per-expert counts.
+  // and d_weights =).
   int64_t (*moe_route_plan)(int32_t* counts,        // [E]
                             int32_t* offsets,       // [E + 1]
                             int32_t* sorted,        // [M]
@@ -264,8 +264,6 @@ struct KernelBackend {
                                const float* weights,     // [N, k]
                                const int32_t* position,  // [M]
                                int64_t N, int64_t k, int64_t D);
-  MoeLoad (*moe_load_statistics)(const int32_t* counts,  // [E]
-                                 int64_t E);
 
   // grouped_matmul.h: per expert segment of sorted rows, out = x @ w[e]; d_x = d_out @ w[e]^T, d_w[e] +=.
   void (*grouped_matmul_forward)(float* out,              // [R_moe, O]

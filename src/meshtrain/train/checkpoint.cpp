@@ -407,10 +407,28 @@ void verify_file(const LoadContext& context, const std::string& name) {
 
 // Model-shape keys whose saved value differs from this run's: the likely reason tensors do not match.
 std::string config_difference(const json& saved_config, const Config& config) {
-  static const std::set<std::string> kShapeKeys = {
-      "decoder_block",  "base_emb_dim", "base_num_query_heads",    "base_num_kv_heads",       "head_dim",
-      "base_mlp_dim",   "vocab_size",   "base_num_decoder_layers", "max_position_embeddings", "scan_layers",
-      "param_scan_axis"};
+  static const std::set<std::string> kShapeKeys = {"decoder_block",
+                                                   "base_emb_dim",
+                                                   "base_num_query_heads",
+                                                   "base_num_kv_heads",
+                                                   "head_dim",
+                                                   "base_mlp_dim",
+                                                   "vocab_size",
+                                                   "base_num_decoder_layers",
+                                                   "max_position_embeddings",
+                                                   "scan_layers",
+                                                   "param_scan_axis",
+                                                   "attention_type",
+                                                   "q_lora_rank",
+                                                   "kv_lora_rank",
+                                                   "qk_nope_head_dim",
+                                                   "qk_rope_head_dim",
+                                                   "v_head_dim",
+                                                   "num_experts",
+                                                   "base_moe_mlp_dim",
+                                                   "first_num_dense_layers",
+                                                   "shared_experts",
+                                                   "routed_bias"};
   std::string text;
   for (const auto& [key, value] : config.resolved) {
     if (!kShapeKeys.count(key) || !saved_config.contains(key) || !saved_config.at(key).is_string()) continue;

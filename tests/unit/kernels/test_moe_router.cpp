@@ -21,12 +21,10 @@ using meshtrain::kernels::moe_balance_loss_backward;
 using meshtrain::kernels::moe_balance_loss_forward;
 using meshtrain::kernels::moe_balance_loss_reference_backward;
 using meshtrain::kernels::moe_balance_loss_reference_forward;
-using meshtrain::kernels::moe_load_statistics;
 using meshtrain::kernels::moe_router_backward;
 using meshtrain::kernels::moe_router_forward;
 using meshtrain::kernels::moe_router_reference_backward;
 using meshtrain::kernels::moe_router_reference_forward;
-using meshtrain::kernels::MoeLoad;
 using meshtrain::kernels::MoeRouting;
 using meshtrain::kernels::RouterScore;
 using meshtrain::testing::expect_close;
@@ -324,17 +322,6 @@ TEST(MoeRouter, BalanceLossOfAUniformRouterIsItsWeight) {
   EXPECT_EQ(
       moe_balance_loss_forward(to_float(collapsed).data(), none.data(), N, E, RouterScore::softmax, 1.0f),
       0.0);
-}
-
-TEST(MoeRouter, LoadStatistics) {
-  const std::vector<int32_t> counts = {4, 0, 2, 2};
-  const MoeLoad load = moe_load_statistics(counts.data(), 4);
-  EXPECT_EQ(load.total, 8);
-  EXPECT_EQ(load.max, 4);
-  EXPECT_DOUBLE_EQ(load.mean, 2.0);
-  EXPECT_DOUBLE_EQ(load.max_over_mean, 2.0);
-  const std::vector<int32_t> empty(3, 0);
-  EXPECT_EQ(moe_load_statistics(empty.data(), 3).max_over_mean, 0.0);
 }
 
 }  // namespace

@@ -60,7 +60,6 @@ const KernelBackend& cpu_backend() {
       .moe_gather_backward = moe_gather_backward,
       .moe_combine_forward = moe_combine_forward,
       .moe_combine_backward = moe_combine_backward,
-      .moe_load_statistics = moe_load_statistics,
       .grouped_matmul_forward = grouped_matmul_forward,
       .grouped_matmul_backward = grouped_matmul_backward,
       .adamw_update = adamw_update,

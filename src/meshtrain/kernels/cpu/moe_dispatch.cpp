@@ -115,15 +115,4 @@ void moe_combine_backward(float* d_y_sorted, float* d_weights, const float* d_ou
   }
 }
 
-MoeLoad moe_load_statistics(const int32_t* counts, int64_t E) {
-  MoeLoad load;
-  for (int64_t e = 0; e < E; ++e) {
-    load.total += counts[e];
-    load.max = std::max<int64_t>(load.max, counts[e]);
-  }
-  load.mean = E > 0 ? static_cast<double>(load.total) / static_cast<double>(E) : 0.0;
-  load.max_over_mean = load.total > 0 ? static_cast<double>(load.max) / load.mean : 0.0;
-  return load;
-}
-
 }  // namespace meshtrain::kernels

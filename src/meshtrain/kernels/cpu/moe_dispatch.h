@@ -1,6 +1,6 @@
 // Dispatch and combine of a mixture-of-experts layer: the routing plan that sorts the N k assignments by
 // expert, the gather of token rows into that order (the grouped matmul's input), the weighted combine of
-// the experts' output rows back into tokens, and the expert load statistics for metrics.
+// the experts' output rows back into tokens.
 // Legend: N tokens, D width, E routed experts, k experts per token, M = N k assignments (assignment t k + s
 // is token t's slot s), R = offsets[E] kept (sorted) rows, R <= M.
 //
@@ -60,10 +60,6 @@ void moe_combine_backward(float* d_y_sorted,        // [R, D]
                           const float* weights,     // [N, k]
                           const int32_t* position,  // [M]
                           int64_t N, int64_t k, int64_t D);
-
-// Max, mean and max / mean of per-expert counts (moe_route_plan's counts or assigned), for metrics.
-MoeLoad moe_load_statistics(const int32_t* counts,  // [E]
-                            int64_t E);
 
 template <class T>
 void moe_gather_reference_forward(T* sorted_x,            // [R, D]
