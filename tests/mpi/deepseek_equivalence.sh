@@ -26,29 +26,8 @@ run() {  # run NAME RANKS per_device_batch_size [key=value ...]
   fi || { echo "FAIL: $name"; cat "$work/$name.log"; exit 1; }
 }
 
-compare() {  # compare NAME BASELINE: losses and final parameters
-  python3 - "$work/$2" "$work/$1" "$1" <<'PY'
-import json, struct, sys
-import numpy as np
-def metrics(run):
-    return [json.loads(line) for line in open(f"{run}/metrics.jsonl")]
-def parameters(run):  # the final checkpoint's model tensors (global shapes on every mesh)
-    with open(f"{run}/checkpoints/step_00000020/model.safetensors", "rb") as file:
-        size = struct.unpack("<Q", file.read(8))[0]
-        header = json.loads(file.read(size))
-        data = file.read()
-    return {name: np.frombuffer(data[e["data_offsets"][0]:e["data_offsets"][1]], np.float32)
-            for name, e in header.items() if name != "__metadata__"}
-a, b = metrics(sys.argv[1]), metrics(sys.argv[2])
-assert len(a) == len(b) == 20, (len(a), len(b))
-loss = max(abs(x["loss"] - y["loss"]) / abs(x["loss"]) for x, y in zip(a, b))
-pa, pb = parameters(sys.argv[1]), parameters(sys.argv[2])
-assert pa.keys() == pb.keys()
-param = max(float(np.max(np.abs(pa[k] - pb[k]))) / max(float(np.max(np.abs(pa[k]))), 1e-30) for k in pa)
-print(f"{sys.argv[3]}: 20 steps, worst relative difference: loss {loss:.2e} (bound 1e-5), "
-      f"final parameters {param:.2e} (bound 1e-3)")
-sys.exit(0 if loss <= 1e-5 and param <= 1e-3 else 1)
-PY
+compare() {  # compare NAME BASELINE: losses and final parameters (compare_runs.py)
+  python3 "$(dirname "$0")/compare_runs.py" "$work/$2" "$work/$1" "$1"
 }
 
 status=0
