@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "gradcheck.h"
+#include "meshtrain/core/error.h"
 #include "meshtrain/io/safetensors.h"
 #include "meshtrain/kernels/cpu/cross_entropy.h"
 #include "meshtrain/model/hf_names.h"
@@ -164,6 +165,23 @@ void check_variant(const std::string& variant) {
     EXPECT_LT(error, 1e-5) << entry.hf_name;
   }
   EXPECT_EQ(biases, spec.config.routed_bias ? m.L - spec.config.first_num_dense_layers : 0);
+}
+
+// A DeepSeek-V3 checkpoint's selection bias has nowhere to go without routed_bias: an error naming the key.
+TEST(GoldenMoe, DeepSeekV3CheckpointNeedsRoutedBias) {
+  Config config = config_from_hf(kGoldenDir + "deepseek_v3/config.json", 2, 12);
+  config.routed_bias = false;
+  Engine engine(config);
+  const SafetensorsFile weights = SafetensorsFile::open(kGoldenDir + "deepseek_v3/model.safetensors");
+  try {
+    load_hf_weights(weights, engine.spec(), [&](BufferId id) { return engine.view(id).f32(); });
+    ADD_FAILURE() << "loaded a checkpoint's selection bias into a model without one";
+  } catch (const MeshError& error) {
+    EXPECT_NE(std::string(error.what()).find("model.layers.1.mlp.gate.e_score_correction_bias"),
+              std::string::npos)
+        << error.what();
+    EXPECT_NE(std::string(error.what()).find("routed_bias=true"), std::string::npos) << error.what();
+  }
 }
 
 TEST(GoldenMoe, DeepSeekV3MatchesPyTorch) {

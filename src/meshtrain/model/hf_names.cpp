@@ -1,6 +1,10 @@
 // The Hugging Face name table and loader (hf_names.h).
 #include "meshtrain/model/hf_names.h"
 
+#include <algorithm>
+#include <set>
+#include <utility>
+
 #include "meshtrain/core/error.h"
 #include "meshtrain/model/families.h"
 
@@ -196,7 +200,22 @@ std::vector<HfTensorMapping> hf_mapping(const ModelSpec& spec) {
 
 void load_hf_weights(const SafetensorsFile& file, const ModelSpec& spec,
                      const std::function<float*(BufferId)>& parameter_data) {
-  for (const HfTensorMapping& entry : hf_mapping(spec)) {
+  const std::vector<HfTensorMapping> mapping = hf_mapping(spec);
+  // A DeepSeek-V3 checkpoint's selection bias decides its routing: loading it into a model without one
+  // would route differently, silently.
+  std::set<std::string> mapped;
+  for (const HfTensorMapping& entry : mapping) mapped.insert(entry.hf_name);
+  for (const SafetensorsEntry& tensor : file.entries()) {
+    if (tensor.name.ends_with(".mlp.gate.e_score_correction_bias") && !mapped.contains(tensor.name)) {
+      fail(file.path() + ": " + tensor.name,
+           "a model with routed_bias=true (a selection bias to load it into)",
+           "routed_bias=false (or no mixture-of-experts layer " +
+               tensor.name.substr(0, tensor.name.find(".mlp")) + ")",
+           "set routed_bias=true (and num_experts, first_num_dense_layers as in the checkpoint's "
+           "config.json)");
+    }
+  }
+  for (const HfTensorMapping& entry : mapping) {
     const std::vector<int64_t> hf_shape = entry.hf_rows == 0
                                               ? std::vector<int64_t>{entry.hf_cols}
                                               : std::vector<int64_t>{entry.hf_rows, entry.hf_cols};
