@@ -101,9 +101,9 @@ bool is_transposed(const std::string& engine_name) {
   return name != nullptr && name->transpose;
 }
 
-// The file-row -> engine-out permutation of a multi-head latent attention projection whose outputs are
-// `groups` blocks of `width` columns, the last `rope` of each rotary (interleaved in the file); empty when
-// the parameter has no rotary columns.
+// The file-row -> engine-out permutation (HfTensorMapping::engine_row) of a multi-head latent attention
+// projection whose outputs are `groups` blocks of `width` columns, the last `rope` of each rotary
+// (interleaved in the file, rotate-half in the engine); the other columns keep their place.
 std::vector<int64_t> rotary_engine_rows(int64_t groups, int64_t width, int64_t rope) {
   const std::vector<int64_t> order = hf_rope_column_order(rope);  // engine column j <- file column order[j]
   std::vector<int64_t> engine_row(static_cast<size_t>(groups * width));
