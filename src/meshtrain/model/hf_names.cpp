@@ -1,6 +1,9 @@
+// The Hugging Face name table and loader (hf_names.h).
 #include "meshtrain/model/hf_names.h"
 
-#include <map>
+#include <algorithm>
+#include <set>
+#include <utility>
 
 #include "meshtrain/core/error.h"
 #include "meshtrain/model/families.h"
@@ -35,34 +38,91 @@ constexpr LayerName kLayerNames[] = {
     {"mlp/wi_0/kernel", "mlp.gate_proj.weight", true},
     {"mlp/wi_1/kernel", "mlp.up_proj.weight", true},
     {"mlp/wo/kernel", "mlp.down_proj.weight", true},
+    // Mixture of experts (model/layers/moe.h; DeepseekV3MoE / Qwen3MoeSparseMoeBlock). The routed experts
+    // are stacked in the engine: kRoutedExperts.
+    {"moe/gate/kernel", "mlp.gate.weight", true},
+    {"moe/gate/selection_bias", "mlp.gate.e_score_correction_bias", false},
+    {"moe/shared_experts/wi_0/kernel", "mlp.shared_experts.gate_proj.weight", true},
+    {"moe/shared_experts/wi_1/kernel", "mlp.shared_experts.up_proj.weight", true},
+    {"moe/shared_experts/wo/kernel", "mlp.shared_experts.down_proj.weight", true},
 };
+
+// Stacked routed experts: engine suffix -> the per-expert file suffix (after "mlp.experts.{e}."); the
+// engine's [E, D, F_e] (wi_0, wi_1) or [E, F_e, D] (wo), the file's [F_e, D] or [D, F_e].
+struct StackedName {
+  const char* engine;
+  const char* hf;
+};
+constexpr StackedName kRoutedExperts[] = {{"moe/routed_experts/wi_0", "gate_proj.weight"},
+                                          {"moe/routed_experts/wi_1", "up_proj.weight"},
+                                          {"moe/routed_experts/wo", "down_proj.weight"}};
+
+const std::string kLayerPrefix = "decoder/layers_";
+
+// "decoder/layers_12/self_attention/out/kernel" -> {"12", "self_attention/out/kernel"}; {"", name}
+// outside the layers.
+std::pair<std::string, std::string> split_layer(const std::string& engine_name) {
+  if (!engine_name.starts_with(kLayerPrefix)) return {"", engine_name};
+  const size_t slash = engine_name.find('/', kLayerPrefix.size());
+  MT_CHECK(slash != std::string::npos, "layer parameter names have a suffix: " + engine_name);
+  return {engine_name.substr(kLayerPrefix.size(), slash - kLayerPrefix.size()),
+          engine_name.substr(slash + 1)};
+}
+
+const LayerName* layer_name(const std::string& rest) {
+  for (const LayerName& name : kLayerNames) {
+    if (rest == name.engine) return &name;
+  }
+  return nullptr;
+}
+
+const StackedName* routed_experts_name(const std::string& engine_name) {
+  const std::string rest = split_layer(engine_name).second;
+  for (const StackedName& name : kRoutedExperts) {
+    if (rest == name.engine) return &name;
+  }
+  return nullptr;
+}
 
 std::string hf_name_of(const std::string& engine_name) {
   if (engine_name == "token_embedder/embedding") return "model.embed_tokens.weight";
   if (engine_name == "decoder/decoder_norm/scale") return "model.norm.weight";
   if (engine_name == "decoder/logits_dense/kernel") return "lm_head.weight";
-  const std::string prefix = "decoder/layers_";
-  if (engine_name.starts_with(prefix)) {
-    const size_t slash = engine_name.find('/', prefix.size());
-    const std::string layer = engine_name.substr(prefix.size(), slash - prefix.size());
-    const std::string rest = engine_name.substr(slash + 1);
-    for (const LayerName& name : kLayerNames) {
-      if (rest == name.engine) return "model.layers." + layer + "." + name.hf;
-    }
-  }
-  MT_CHECK(false, "no Hugging Face name for parameter " + engine_name);
-  return "";
+  const auto [layer, rest] = split_layer(engine_name);
+  const LayerName* name = layer.empty() ? nullptr : layer_name(rest);
+  MT_CHECK(name != nullptr, "no single Hugging Face name for parameter " + engine_name);
+  return "model.layers." + layer + "." + name->hf;
 }
 
 bool is_transposed(const std::string& engine_name) {
   if (engine_name == "decoder/logits_dense/kernel") return true;
-  for (const LayerName& name : kLayerNames) {
-    if (engine_name.ends_with(name.engine)) return name.transpose;
+  const auto [layer, rest] = split_layer(engine_name);
+  const LayerName* name = layer.empty() ? nullptr : layer_name(rest);
+  return name != nullptr && name->transpose;
+}
+
+// The file-row -> engine-out permutation (HfTensorMapping::engine_row) of a multi-head latent attention
+// projection whose outputs are `groups` blocks of `width` columns, the last `rope` of each rotary
+// (interleaved in the file, rotate-half in the engine); the other columns keep their place.
+std::vector<int64_t> rotary_engine_rows(int64_t groups, int64_t width, int64_t rope) {
+  const std::vector<int64_t> order = hf_rope_column_order(rope);  // engine column j <- file column order[j]
+  std::vector<int64_t> engine_row(static_cast<size_t>(groups * width));
+  for (int64_t g = 0; g < groups; ++g) {
+    for (int64_t j = 0; j < width; ++j) {
+      const int64_t file_column =
+          j < width - rope ? j : width - rope + order[static_cast<size_t>(j - width + rope)];
+      engine_row[static_cast<size_t>(g * width + file_column)] = g * width + j;
+    }
   }
-  return false;
+  return engine_row;
 }
 
 }  // namespace
+
+int64_t engine_element(const HfTensorMapping& entry, int64_t row, int64_t col) {
+  const int64_t out = entry.engine_row.empty() ? row : entry.engine_row[static_cast<size_t>(row)];
+  return entry.engine_offset + (entry.transpose ? col * entry.engine_out + out : out * entry.hf_cols + col);
+}
 
 std::string hugging_face_name(const std::string& engine_name) {
   return hf_name_of(engine_name);
@@ -78,53 +138,98 @@ std::vector<int64_t> hf_rope_column_order(int64_t rope_dim) {
   return order;
 }
 
-std::vector<HfTensorMapping> qwen3_hf_mapping(const ModelSpec& spec) {
-  MT_CHECK(family_of(spec.config).hugging_face_mapping, "the Hugging Face mapping covers qwen3 only");
+std::vector<HfTensorMapping> hf_mapping(const ModelSpec& spec) {
+  MT_CHECK(family_of(spec.config).hugging_face_mapping,
+           "the Hugging Face mapping covers the families whose row sets hugging_face_mapping");
+  const Config& c = spec.config;
+  const bool mla = c.attention_type == AttentionType::mla;
   std::vector<HfTensorMapping> mapping;
   for (const ParameterDecl& parameter : spec.parameters) {
     const BufferDecl& buffer = spec.buffer(parameter.value);
-    HfTensorMapping entry{hf_name_of(buffer.name), parameter.value, is_transposed(buffer.name), 0, 0};
-    const int64_t first = buffer.shape.dims.front();
+    const std::vector<int64_t>& dims = buffer.shape.dims;
+    if (const StackedName* stacked = routed_experts_name(buffer.name)) {
+      MT_CHECK(dims.size() == 3, "routed experts are stacked [E, in, out]: " + buffer.name);
+      const std::string layer = split_layer(buffer.name).first;
+      for (int64_t e = 0; e < dims[0]; ++e) {
+        // Expert e's [out, in] file tensor is slice e of the stacked [E, in, out] parameter.
+        HfTensorMapping entry;
+        entry.hf_name = "model.layers." + layer + ".mlp.experts." + std::to_string(e) + "." + stacked->hf;
+        entry.parameter = parameter.value;
+        entry.transpose = true;
+        entry.hf_rows = dims[2];
+        entry.hf_cols = dims[1];
+        entry.engine_offset = e * dims[1] * dims[2];
+        entry.engine_out = dims[2];
+        mapping.push_back(std::move(entry));
+      }
+      continue;
+    }
+    HfTensorMapping entry;
+    entry.hf_name = hf_name_of(buffer.name);
+    entry.parameter = parameter.value;
+    entry.transpose = is_transposed(buffer.name);
+    entry.differentiable = !buffer.name.ends_with("moe/gate/selection_bias");
     const int64_t elements = buffer.shape.elements();
-    if (buffer.shape.dims.size() == 1) {
-      entry.hf_cols = first;
-    } else if (buffer.name == "token_embedder/embedding") {
+    if (dims.size() == 1) {
+      entry.hf_cols = dims.front();
+    } else if (buffer.name == "token_embedder/embedding" || buffer.name == "decoder/logits_dense/kernel") {
       entry.hf_rows = spec.dims.V_valid;  // the file holds the tokenizer's rows, not the padding
-      entry.hf_cols = spec.dims.D;
-    } else if (buffer.name == "decoder/logits_dense/kernel") {
-      entry.hf_rows = spec.dims.V_valid;
       entry.hf_cols = spec.dims.D;
     } else {
       // Kernels: [in..., out...]; the input part is the first axis except for the attention output ([H, d,
       // D]).
       const bool input_is_heads = buffer.name.ends_with("self_attention/out/kernel");
-      const int64_t in = input_is_heads ? buffer.shape.dims[0] * buffer.shape.dims[1] : first;
+      const int64_t in = input_is_heads ? dims[0] * dims[1] : dims.front();
       entry.hf_rows = elements / in;  // out
       entry.hf_cols = in;
     }
-    mapping.push_back(entry);
+    if (entry.transpose) entry.engine_out = elements / entry.hf_cols;
+    if (mla) {
+      const int64_t rope = c.qk_rope_head_dim, dq = c.qk_nope_head_dim + rope;
+      if (buffer.name.ends_with("self_attention/wq_b/kernel") ||
+          buffer.name.ends_with("self_attention/query/kernel")) {
+        entry.engine_row = rotary_engine_rows(entry.hf_rows / dq, dq, rope);
+      } else if (buffer.name.ends_with("self_attention/wkv_a/kernel")) {
+        entry.engine_row = rotary_engine_rows(1, entry.hf_rows, rope);
+      }
+    }
+    mapping.push_back(std::move(entry));
   }
   return mapping;
 }
 
-void load_hf_qwen3(const SafetensorsFile& file, const ModelSpec& spec,
-                   const std::function<float*(BufferId)>& parameter_data) {
-  for (const HfTensorMapping& entry : qwen3_hf_mapping(spec)) {
+void load_hf_weights(const SafetensorsFile& file, const ModelSpec& spec,
+                     const std::function<float*(BufferId)>& parameter_data) {
+  const std::vector<HfTensorMapping> mapping = hf_mapping(spec);
+  // A DeepSeek-V3 checkpoint's selection bias decides its routing: loading it into a model without one
+  // would route differently, silently.
+  std::set<std::string> mapped;
+  for (const HfTensorMapping& entry : mapping) mapped.insert(entry.hf_name);
+  for (const SafetensorsEntry& tensor : file.entries()) {
+    if (tensor.name.ends_with(".mlp.gate.e_score_correction_bias") && !mapped.contains(tensor.name)) {
+      fail(file.path() + ": " + tensor.name,
+           "a model with routed_bias=true (a selection bias to load it into)",
+           "routed_bias=false (or no mixture-of-experts layer " +
+               tensor.name.substr(0, tensor.name.find(".mlp")) + ")",
+           "set routed_bias=true (and num_experts, first_num_dense_layers as in the checkpoint's "
+           "config.json)");
+    }
+  }
+  for (const HfTensorMapping& entry : mapping) {
     const std::vector<int64_t> hf_shape = entry.hf_rows == 0
                                               ? std::vector<int64_t>{entry.hf_cols}
                                               : std::vector<int64_t>{entry.hf_rows, entry.hf_cols};
     float* destination = parameter_data(entry.parameter);
-    if (!entry.transpose) {
-      file.read_f32(entry.hf_name, hf_shape, destination);
+    if (!entry.transpose && entry.engine_row.empty()) {
+      file.read_f32(entry.hf_name, hf_shape, destination + entry.engine_offset);
       continue;
     }
-    std::vector<float> staged(static_cast<size_t>(entry.hf_rows * entry.hf_cols));
+    const int64_t rows = std::max<int64_t>(entry.hf_rows, 1);
+    std::vector<float> staged(static_cast<size_t>(rows * entry.hf_cols));
     file.read_f32(entry.hf_name, hf_shape, staged.data());
-    // Engine [in, out] from file [out, in]; for the unembedding the engine's out axis is the padded vocab.
-    const int64_t engine_out = spec.buffer(entry.parameter).shape.elements() / entry.hf_cols;
-    for (int64_t out = 0; out < entry.hf_rows; ++out) {
-      for (int64_t in = 0; in < entry.hf_cols; ++in) {
-        destination[in * engine_out + out] = staged[static_cast<size_t>(out * entry.hf_cols + in)];
+    for (int64_t row = 0; row < rows; ++row) {
+      for (int64_t col = 0; col < entry.hf_cols; ++col) {
+        destination[engine_element(entry, row, col)] = staged[static_cast<size_t>(row * entry.hf_cols + col)];
       }
     }
   }

@@ -1,5 +1,10 @@
-// Hugging Face Qwen3 tensor names <-> the engine's parameter names (shared/specs/layers-and-checkpoints.md).
-// Hugging Face stores linear weights [out, in]; the engine stores kernels [in, out], so those transpose.
+// Hugging Face tensor names <-> the engine's parameter names (shared/specs/layers-and-checkpoints.md), for
+// the families whose row sets hugging_face_mapping: Qwen3 and Qwen3-MoE (decoder_block=qwen3, num_experts
+// > 0), and DeepSeek-V3 (decoder_block=deepseek: multi-head latent attention, dense and MoE feed-forward).
+// Hugging Face stores linear weights [out, in]; the engine stores kernels [in, out], so those transpose. A
+// mixture-of-experts layer's routed experts are one tensor per expert in the file
+// (mlp.experts.{e}.gate_proj.weight [F_e, D], ...) and one stacked tensor in the engine
+// (moe/routed_experts/wi_0 [E, D, F_e], ...): each file tensor maps onto slice e of the stacked one.
 // The interchange issue extends this table into full import/export.
 #pragma once
 
@@ -12,17 +17,34 @@
 
 namespace meshtrain {
 
+// One file tensor and where its elements live in an engine parameter.
 struct HfTensorMapping {
-  std::string hf_name;     // "model.layers.0.self_attn.q_proj.weight"
-  BufferId parameter;      // the engine's parameter value buffer
-  bool transpose = false;  // [out, in] in the file, [in, out] in the engine
-  int64_t hf_rows = 0;     // the file's shape: [hf_rows, hf_cols] (or [hf_cols] when hf_rows == 0)
+  std::string hf_name;             // "model.layers.0.self_attn.q_proj.weight"
+  BufferId parameter = kNoBuffer;  // the engine's parameter value buffer
+  bool transpose = false;          // [out, in] in the file, [in, out] in the engine
+  int64_t hf_rows = 0;             // the file's shape: [hf_rows, hf_cols] (or [hf_cols] when hf_rows == 0)
   int64_t hf_cols = 0;
+  // Where the tensor starts in the parameter (elements): e * D * F_e for expert e's slice of a stacked
+  // [E, D, F_e] / [E, F_e, D] parameter, else 0.
+  int64_t engine_offset = 0;
+  // A transposed tensor's engine row length (the engine's out axis; the unembedding's is the padded
+  // vocabulary, so it can exceed hf_rows). Unused when not transposed.
+  int64_t engine_out = 0;
+  // The engine out index of each file row (multi-head latent attention's rotary columns, see
+  // hf_rope_column_order); empty: the identity.
+  std::vector<int64_t> engine_row;
+  // False for DeepSeek-V3's selection bias (e_score_correction_bias): a buffer in Hugging Face, updated by
+  // the balancing rule, never by a gradient.
+  bool differentiable = true;
 };
 
+// The engine element (offset into the parameter's float storage) that holds the file tensor's element
+// [row, col] (row 0 for a 1-D tensor).
+int64_t engine_element(const HfTensorMapping& entry, int64_t row, int64_t col);
+
 // The Hugging Face tensor name of an engine parameter ("decoder/layers_0/self_attention/wkv_a/kernel" ->
-// "model.layers.0.self_attn.kv_a_proj_with_mqa.weight"), for the names the table maps (Qwen3's and
-// DeepSeek's multi-head latent attention).
+// "model.layers.0.self_attn.kv_a_proj_with_mqa.weight"), for the parameters that are one file tensor
+// (not the stacked routed experts, which are E of them: see hf_mapping).
 std::string hugging_face_name(const std::string& engine_name);
 
 // Multi-head latent attention's rotary columns (the last qk_rope_head_dim outputs of each head of q_b_proj /
@@ -34,13 +56,23 @@ std::string hugging_face_name(const std::string& engine_name);
 // interleaved kernel variant: one permutation at import, no second RoPE kernel per backend.
 std::vector<int64_t> hf_rope_column_order(int64_t rope_dim);
 
-// One entry per engine parameter of a qwen3 spec.
-std::vector<HfTensorMapping> qwen3_hf_mapping(const ModelSpec& spec);
+// One entry per file tensor of the spec's model (one per engine parameter, E per stacked routed-expert
+// parameter), in the spec's parameter order. The family must set hugging_face_mapping.
+std::vector<HfTensorMapping> hf_mapping(const ModelSpec& spec);
 
 // Loads Hugging Face weights into the parameters (`parameter_data` returns a parameter's float32 storage).
 // Missing or mis-shaped tensors are errors naming the file and tensor; padding rows of the embedding
 // (vocabulary padded to a multiple of 128) are left as they are.
-void load_hf_qwen3(const SafetensorsFile& file, const ModelSpec& spec,
-                   const std::function<float*(BufferId)>& parameter_data);
+void load_hf_weights(const SafetensorsFile& file, const ModelSpec& spec,
+                     const std::function<float*(BufferId)>& parameter_data);
+
+// The names the Qwen3 golden test and the family test use: hf_mapping and load_hf_weights.
+inline std::vector<HfTensorMapping> qwen3_hf_mapping(const ModelSpec& spec) {
+  return hf_mapping(spec);
+}
+inline void load_hf_qwen3(const SafetensorsFile& file, const ModelSpec& spec,
+                          const std::function<float*(BufferId)>& parameter_data) {
+  load_hf_weights(file, spec, parameter_data);
+}
 
 }  // namespace meshtrain
