@@ -9,6 +9,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "golden_files.h"
 #include "gradcheck.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/io/safetensors.h"
@@ -63,15 +64,8 @@ Config config_from_hf(const std::string& path, int64_t batch, int64_t length) {
   return load_config("qwen3-tiny", overrides);
 }
 
-std::vector<float> read_all(const SafetensorsFile& file, const std::string& name) {
-  const SafetensorsEntry* entry = file.find(name);
-  EXPECT_NE(entry, nullptr) << name;
-  int64_t count = 1;
-  for (int64_t dim : entry->shape) count *= dim;
-  std::vector<float> values(static_cast<size_t>(count));
-  file.read_f32(name, entry->shape, values.data());
-  return values;
-}
+using testing::golden_batch;
+using testing::read_all;
 
 const ParameterDecl& parameter_of(const ModelSpec& spec, BufferId value) {
   for (const ParameterDecl& parameter : spec.parameters) {
@@ -107,16 +101,7 @@ void check_variant(const std::string& variant) {
   // Every file tensor is mapped, once.
   EXPECT_EQ(mapping.size(), weights.entries().size());
 
-  Batch batch;
-  batch.tokens.resize(static_cast<size_t>(N));
-  batch.targets.resize(static_cast<size_t>(N));
-  golden.read_i32("inputs", token_shape, batch.tokens.data());
-  golden.read_i32("targets", token_shape, batch.targets.data());
-  for (int64_t b = 0; b < B; ++b) {
-    for (int64_t s = 0; s < S; ++s) batch.positions.push_back(static_cast<int32_t>(s));
-  }
-  batch.segment_ids.assign(static_cast<size_t>(N), 0);
-  batch.loss_mask.assign(static_cast<size_t>(N), 1);
+  const Batch batch = golden_batch(golden);
   engine.set_poison_temporaries(true);
 
   // Logits from the forward-only kernel (the training kernel's backward reuses the final hidden's memory).

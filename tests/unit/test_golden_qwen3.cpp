@@ -6,6 +6,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "golden_files.h"
 #include "gradcheck.h"
 #include "meshtrain/io/safetensors.h"
 #include "meshtrain/kernels/cpu/cross_entropy.h"
@@ -32,15 +33,8 @@ Config config_from_hf(const std::string& path, int64_t batch, int64_t length) {
        "per_device_batch_size=" + std::to_string(batch), "max_target_length=" + std::to_string(length)});
 }
 
-std::vector<float> read_all(const SafetensorsFile& file, const std::string& name) {
-  const SafetensorsEntry* entry = file.find(name);
-  EXPECT_NE(entry, nullptr) << name;
-  int64_t count = 1;
-  for (int64_t dim : entry->shape) count *= dim;
-  std::vector<float> values(static_cast<size_t>(count));
-  file.read_f32(name, entry->shape, values.data());
-  return values;
-}
+using testing::golden_batch;
+using testing::read_all;
 
 void check_variant(const std::string& variant) {
   const SafetensorsFile weights = SafetensorsFile::open(kGoldenDir + variant + "/model.safetensors");
@@ -51,16 +45,7 @@ void check_variant(const std::string& variant) {
   const ModelSpec& spec = engine.spec();
   load_hf_qwen3(weights, spec, [&](BufferId id) { return engine.view(id).f32(); });
 
-  Batch batch;
-  batch.tokens.resize(static_cast<size_t>(N));
-  batch.targets.resize(static_cast<size_t>(N));
-  golden.read_i32("inputs", token_shape, batch.tokens.data());
-  golden.read_i32("targets", token_shape, batch.targets.data());
-  for (int64_t b = 0; b < B; ++b) {
-    for (int64_t s = 0; s < S; ++s) batch.positions.push_back(static_cast<int32_t>(s));
-  }
-  batch.segment_ids.assign(static_cast<size_t>(N), 0);
-  batch.loss_mask.assign(static_cast<size_t>(N), 1);
+  const Batch batch = golden_batch(golden);
   engine.set_poison_temporaries(true);
   const LossSums sums = engine.fwd_bwd(batch);
 
