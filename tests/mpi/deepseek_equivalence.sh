@@ -4,7 +4,7 @@
 # q / k so v is padded) trained for 20 steps with GA 2 on 1 process and under tensor (heads split; the
 # gradients leaving the heads for the replicated down projections all-reduced), FSDP, data x tensor and
 # context (both strategies, alone and with tensor) layouts, and with mixture-of-experts layers under data,
-# fsdp x ZeRO-1, tensor and context. Losses must agree within 1e-5 relative and the final parameters
+# fsdp x ZeRO-1, tensor, context and expert parallelism (alone and with each of those). Losses must agree within 1e-5 relative and the final parameters
 # within 1e-3 of each tensor's largest magnitude. Learning rate 3e-3, not equivalence.sh's 1e-2: at 1e-2
 # this model's loss on synthetic tokens oscillates upward and rounding differences grow step by step (one
 # process against fsdp=2 then already differs by 2e-3 in parameters).
@@ -65,4 +65,27 @@ run moe_tp2 2 4 "${moe[@]}" mesh.tensor=2
 compare moe_tp2 moe_single || status=1
 run moe_cp2_ring 2 4 "${moe[@]}" mesh.context=2 context_parallel_strategy=ring
 compare moe_cp2_ring moe_single || status=1
+# Expert parallelism: the routed experts split over mesh.expert (the batch too), the assignments sent to
+# their experts' ranks and back in all_to_all blocks; alone, with data, tensor, ring context and FSDP, and at
+# 4 expert ranks (one expert each) with ZeRO-1 (over data = 1: the expert ranks' optimizer state stays
+# whole) and with remat full (the recompute passes the blocks again).
+run moe_ep2 2 4 "${moe[@]}" mesh.expert=2
+compare moe_ep2 moe_single || status=1
+run moe_ep2_dp2 4 2 "${moe[@]}" mesh.expert=2 mesh.data=2
+compare moe_ep2_dp2 moe_single || status=1
+run moe_ep2_tp2 4 2 "${moe[@]}" mesh.expert=2 mesh.tensor=2
+compare moe_ep2_tp2 moe_single || status=1
+run moe_ep2_cp2_ring 4 2 "${moe[@]}" mesh.expert=2 mesh.context=2 context_parallel_strategy=ring
+compare moe_ep2_cp2_ring moe_single || status=1
+run moe_ep2_fsdp2 4 2 "${moe[@]}" mesh.expert=2 mesh.fsdp=2
+compare moe_ep2_fsdp2 moe_single || status=1
+run moe_ep4_zero1 4 2 "${moe[@]}" mesh.expert=4 shard_optimizer_over_data=true
+compare moe_ep4_zero1 moe_single || status=1
+run moe_ep2_dp2_zero1_remat 4 2 "${moe[@]}" mesh.expert=2 mesh.data=2 shard_optimizer_over_data=true \
+  remat_policy=full
+compare moe_ep2_dp2_zero1_remat moe_single || status=1
+# Capacity dropping counts each rank's own tokens, so expert ranks drop exactly what data ranks drop.
+run moe_dp2_capacity 2 4 "${moe[@]}" mesh.data=2 capacity_factor=1.0
+run moe_ep2_capacity 2 4 "${moe[@]}" mesh.expert=2 capacity_factor=1.0
+compare moe_ep2_capacity moe_dp2_capacity || status=1
 exit $status

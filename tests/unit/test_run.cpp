@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -98,22 +99,45 @@ TEST_F(RunTest, NonPositiveStepsIsASetupError) {
 namespace meshtrain {
 namespace {
 
-// A live run refuses what only `compile` plans, before anything is allocated: here an expert axis (its
-// all-to-all dispatch is not built yet), naming the key and the fix.
-TEST(RunsHere, AnExpertAxisIsRefusedNamingTheKey) {
+// Expert parallelism runs: each rank holds E / P routed experts (the stacked weights' first dim split over
+// expert), the assignments travel in fixed all_to_all blocks over the expert axis (counts, tokens and the
+// experts' output forward; the two gradients backward), and only the parameters the expert ranks share
+// (not the routed experts) have their gradients all-reduced over expert.
+TEST(RunsHere, AnExpertAxisSplitsTheRoutedExpertsAndPassesTheirRows) {
   PlanRequest request;
-  request.config = load_config("deepseek-tiny", {"num_experts=4", "base_moe_mlp_dim=32", "mesh.expert=2",
-                                                 "dataset_type=synthetic", "tokenizer_path="});
+  request.config = load_config(
+      "deepseek-tiny", {"num_experts=4", "base_moe_mlp_dim=32", "mesh.expert=2", "base_num_decoder_layers=2",
+                        "dataset_type=synthetic", "tokenizer_path="});
   request.devices = 2;
   const TrainingPlan plan = plan_training(request);
-  try {
-    check_plan_runs_here(plan, 2);
-    FAIL() << "mesh.expert=2 was accepted";
-  } catch (const MeshError& error) {
-    const std::string message = error.what();
-    EXPECT_NE(message.find("config key 'mesh.expert'"), std::string::npos) << message;
-    EXPECT_NE(message.find("set mesh.expert=1"), std::string::npos) << message;
+  check_plan_runs_here(plan, 2);
+  const ModelSpec& spec = plan.spec;
+  int64_t routed = 0;
+  for (const ParameterDecl& parameter : spec.parameters) {
+    const Shape& shape = spec.buffer(parameter.value).shape;
+    if (parameter.canonical_name.find("/moe/routed_experts/") == std::string::npos) continue;
+    ++routed;
+    EXPECT_EQ(shape.dims[0], 2) << parameter.canonical_name;  // 4 experts over 2 ranks
   }
+  EXPECT_EQ(routed, 3);  // one MoE layer: wi_0, wi_1, wo
+  int64_t all_to_alls = 0;
+  for (const PlanOp& op : plan.kernel(KernelName::fwd_bwd).ops) {
+    if (op.op->kind == OpKind::collective && op.op->collective.kind == CollectiveKind::all_to_all) {
+      EXPECT_EQ(op.op->collective.axis, MeshAxis::expert) << op.op->name;
+      EXPECT_GT(op.collective_bytes, 0.0) << op.op->name;
+      ++all_to_alls;
+    }
+  }
+  EXPECT_EQ(all_to_alls, 5);  // counts, tokens, output; two gradients
+  std::set<std::string> reduced_over_expert;
+  for (const PlanOp& op : plan.kernel(KernelName::update).ops) {
+    if (op.op->kind == OpKind::collective && op.op->collective.axis == MeshAxis::expert &&
+        op.op->role == OpRole::data_gradient_reduction)
+      reduced_over_expert.insert(spec.parameters[static_cast<size_t>(op.op->parameter)].canonical_name);
+  }
+  EXPECT_EQ(reduced_over_expert.size(), spec.parameters.size() - 3);
+  for (const std::string& name : reduced_over_expert)
+    EXPECT_EQ(name.find("/moe/routed_experts/"), std::string::npos) << name;
 }
 
 }  // namespace

@@ -234,6 +234,7 @@ const std::vector<KeyEntry>& key_table() {
       plan_key(rule_entry("mlp")),
       plan_key(rule_entry("vocab")),
       plan_key(rule_entry("positions")),
+      plan_key(rule_entry("experts")),
       entry("kernels", &Config::kernels),
       entry("plan_out", &Config::plan_out),
       entry("plan_in", &Config::plan_in),

@@ -235,8 +235,8 @@ struct KernelBackend {
                                     float d_loss);
 
   // moe_dispatch.h: the routing plan (assignments sorted by expert, capacity dropping; returns the dropped
-  // count), gather into sorted rows (d_x = or +=), weighted combine back to tokens (out = or +=; d_y_sorted
-  // and d_weights =).
+  // count), gather into sorted rows (a zero row for index -1; d_x = or +=), weighted combine back to tokens
+  // (out = or +=; d_y_sorted and d_weights =).
   int64_t (*moe_route_plan)(int32_t* counts,        // [E]
                             int32_t* offsets,       // [E + 1]
                             int32_t* sorted,        // [M]
@@ -248,6 +248,18 @@ struct KernelBackend {
                              const float* x,         // [N, D]
                              const int32_t* sorted,  // [M]
                              int64_t R, int64_t k, int64_t D);
+  // Expert parallelism's block layouts (P expert ranks, E_l local experts, B_c block rows).
+  void (*moe_dispatch_plan)(int32_t* send_sorted,    // [P B_c]
+                            int32_t* send_position,  // [M]
+                            int32_t* send_counts,    // [P, E_l]
+                            const int32_t* offsets,  // [E + 1]
+                            const int32_t* sorted,   // [M]
+                            int64_t M, int64_t E, int64_t P, int64_t block_rows);
+  void (*moe_receive_plan)(int32_t* local_offsets,          // [E_l + 1]
+                           int32_t* local_sorted,           // [P B_c]
+                           int32_t* received_position,      // [P B_c]
+                           const int32_t* received_counts,  // [P, E_l]
+                           int64_t P, int64_t E_local, int64_t block_rows);
   void (*moe_gather_backward)(float* d_x,               // [N, D]
                               const float* d_sorted_x,  // [R_moe, D]
                               const int32_t* position,  // [M]

@@ -16,8 +16,8 @@ namespace meshtrain {
 // The mesh axes in rank order, outermost first: tensor is innermost, so its ranks are neighbours. The
 // enum's values index every per-axis array. A new axis is one value here and its name in kMeshAxisNames
 // (plus, being a config key, `mesh.<axis>: 1` in configs/base.yaml and its line in config-keys.md).
-// `expert` (the reference system's expert parallelism: the routed experts split over it) sits between
-// context and tensor; until the MoE layer uses it, a degree above 1 is refused (model/spec.cpp).
+// `expert` (the reference system's expert parallelism: the routed experts split over it, and the batch as
+// over data) sits between context and tensor.
 enum class MeshAxis { data, fsdp, context, expert, tensor };
 inline constexpr std::array kMeshAxisNames = {"data", "fsdp", "context", "expert", "tensor"};
 static_assert(static_cast<size_t>(MeshAxis::tensor) + 1 == kMeshAxisNames.size(),
@@ -93,7 +93,9 @@ inline MeshGroup mesh_group(const Mesh& mesh, int64_t rank, MeshAxis axis) {
 }
 
 // The mesh axes the batch of every micro-batch is split over: ranks in one batch group see different rows.
-inline constexpr std::array kBatchMeshAxes = {MeshAxis::data, MeshAxis::fsdp};
+// Expert ranks too (as the reference system's expert axis): outside the routed experts they work like data
+// ranks, and the experts see every expert rank's tokens through the all-to-all dispatch.
+inline constexpr std::array kBatchMeshAxes = {MeshAxis::data, MeshAxis::fsdp, MeshAxis::expert};
 
 // Fills a -1 axis from `devices` and checks the product; `devices_source` says where the count came from
 // ("topology h100x8", "4 MPI ranks") for the error message.

@@ -21,6 +21,7 @@ const std::map<std::string, std::vector<MeshAxis>>& allowed_axes() {
       {"mlp", {MeshAxis::tensor}},
       {"vocab", {MeshAxis::tensor}},
       {"positions", {MeshAxis::fsdp}},
+      {"experts", {MeshAxis::expert}},
   };
   return allowed;
 }
@@ -94,14 +95,15 @@ ShardingLayout::ShardingLayout(const std::map<std::string, std::vector<std::stri
     }
     compute_[logical_axis] = compute;
   }
-  // The batch of every micro-batch is split over data x fsdp whatever the rules say about it: FSDP without
-  // a split batch would repeat work, and the global batch rule (per_device_batch_size x devices) needs it.
+  // The batch of every micro-batch is split over data x fsdp x expert whatever the rules say about it: FSDP
+  // or expert parallelism without a split batch would repeat work, and the global batch rule
+  // (per_device_batch_size x devices) needs it.
   const DimSharding& batch = compute_["batch"];
   int64_t batch_ranks = 1;
   for (MeshAxis axis : kBatchMeshAxes) batch_ranks *= mesh.size(axis);
   if (batch.degree != batch_ranks) {
     fail("config key 'logical_axis_rules.batch'",
-         axes_text({kBatchMeshAxes.begin(), kBatchMeshAxes.end()}) + " (the batch is split over both)",
+         axes_text({kBatchMeshAxes.begin(), kBatchMeshAxes.end()}) + " (the batch is split over all of them)",
          axes_text(batch.axes));
   }
 }

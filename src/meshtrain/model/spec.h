@@ -144,7 +144,8 @@ enum class CollectiveKind { all_reduce, all_gather, reduce_scatter, send_recv, a
 const char* collective_kind_name(CollectiveKind kind);
 
 // A collective over one mesh axis. `buffer` is the full-size side: the all-reduced buffer, the all-gather's
-// output, the reduce-scatter's input; `shard` the other side of a gather or scatter. Bytes per rank follow
+// output, the reduce-scatter's input, the all-to-all's send buffer; `shard` the other side of a gather or
+// scatter, or the all-to-all's receive buffer (the same size). Bytes per rank follow
 // aot-plan.md and are computed by the plan from the buffers' planned dtypes.
 struct CollectiveDecl {
   CollectiveKind kind = CollectiveKind::all_reduce;

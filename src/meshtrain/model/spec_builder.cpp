@@ -105,7 +105,7 @@ std::vector<OpDecl> SpecBuilder::collective(const std::string& name, CollectiveK
   if (ranks == 1) return {};
   OpDecl op{name, {buffer}, {buffer}, 0.0, nullptr, OpKind::collective, {kind, axis, ranks, buffer, shard}};
   if (kind == CollectiveKind::all_gather) op.reads = {shard};
-  if (kind == CollectiveKind::reduce_scatter) op.writes = {shard};
+  if (kind == CollectiveKind::reduce_scatter || kind == CollectiveKind::all_to_all) op.writes = {shard};
   return {op};
 }
 

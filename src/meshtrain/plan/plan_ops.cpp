@@ -63,7 +63,7 @@ const OpDecl* add_collective_op(TrainingPlan& plan, const std::string& name, OpR
   op.parameter = parameter;
   op.collective.outer = outer;
   op.reads = {kind == CollectiveKind::all_gather ? shard : buffer};
-  op.writes = {kind == CollectiveKind::reduce_scatter ? shard : buffer};
+  op.writes = {kind == CollectiveKind::reduce_scatter || kind == CollectiveKind::all_to_all ? shard : buffer};
   if (accumulate) op.reads.push_back(shard);
   const PlanBuffer& full = plan.buffers[static_cast<size_t>(buffer)];
   size_t staging_elements = outer > 1 ? static_cast<size_t>(full.shape.elements()) : 0;

@@ -2,6 +2,7 @@
 // data-parallel reduction of the gradients (all-reduce, or ZeRO-1's reduce-scatter), the global norm
 // (partial sums all-reduced over every axis gradients are split on), the clip, AdamW on the local shard,
 // and ZeRO-1's parameter all-gather (which belongs to update, aot-plan.md).
+#include <array>
 #include <cstring>
 
 #include "meshtrain/plan/passes.h"
@@ -14,8 +15,9 @@ std::vector<MeshAxis> norm_axes(const TrainingPlan& plan) {
   std::vector<MeshAxis> axes;
   if (plan.spec.config.shard_optimizer_over_data && plan.mesh.size(MeshAxis::data) > 1)
     axes.push_back(MeshAxis::data);
-  if (plan.mesh.size(MeshAxis::fsdp) > 1) axes.push_back(MeshAxis::fsdp);
-  if (plan.mesh.size(MeshAxis::tensor) > 1) axes.push_back(MeshAxis::tensor);
+  for (MeshAxis axis : {MeshAxis::fsdp, MeshAxis::expert, MeshAxis::tensor}) {
+    if (plan.mesh.size(axis) > 1) axes.push_back(axis);
+  }
   return axes;
 }
 
@@ -63,13 +65,16 @@ std::vector<PlanStep> update_steps(TrainingPlan& plan) {
   const ModelSpec& spec = plan.spec;
   const Mesh& mesh = plan.mesh;
   std::vector<PlanStep> steps;
-  if (mesh.size(MeshAxis::data) * mesh.size(MeshAxis::fsdp) * mesh.size(MeshAxis::context) > 1) {
+  constexpr std::array kTokenAxes = {MeshAxis::data, MeshAxis::fsdp, MeshAxis::context, MeshAxis::expert};
+  int64_t token_ranks = 1;
+  for (MeshAxis axis : kTokenAxes) token_ranks *= mesh.size(axis);
+  if (token_ranks > 1) {
     const BufferId count = add_plan_buffer(plan, PlanBuffer{"optimizer/valid_count",
                                                             BufferKind::communication,
                                                             DType::i32,
                                                             shape_of({{"count", 2}}),
                                                             {DimSharding{}}});
-    for (MeshAxis axis : {MeshAxis::data, MeshAxis::fsdp, MeshAxis::context}) {
+    for (MeshAxis axis : kTokenAxes) {
       if (mesh.size(axis) > 1) {
         steps.push_back(step_of(add_collective_op(
             plan, std::string("optimizer/reduce_valid_count/") + mesh_axis_name(axis),
@@ -100,12 +105,17 @@ std::vector<PlanStep> update_steps(TrainingPlan& plan) {
     const ParameterStorage& store = plan.storage[k];
     const std::string& name = parameter.canonical_name;
     const bool is_norm = op.role == OpRole::grad_norm;
-    // Context ranks hold different tokens of the same rows: each parameter's gradient is a partial sum
-    // over them, summed here like over data (before any ZeRO-1 scatter; under FSDP the fsdp shard).
-    if (is_norm && mesh.size(MeshAxis::context) > 1) {
-      steps.push_back(step_of(
-          add_collective_op(plan, "context/all_reduce/" + name, OpRole::data_gradient_reduction, op.parameter,
-                            CollectiveKind::all_reduce, MeshAxis::context, store.gradient_store, kNoBuffer)));
+    // Context ranks hold different tokens of the same rows, expert ranks different rows: the gradient of
+    // a parameter they share is a partial sum over them, summed here like over data (before any ZeRO-1
+    // scatter; under FSDP the fsdp shard). The routed experts split over the expert axis take every expert
+    // rank's tokens through the all-to-all, so their gradients are whole there.
+    for (MeshAxis axis : {MeshAxis::context, MeshAxis::expert}) {
+      if (!is_norm || mesh.size(axis) == 1 ||
+          plan.buffers[static_cast<size_t>(store.gradient_store)].split_over(axis))
+        continue;
+      steps.push_back(step_of(add_collective_op(
+          plan, std::string(mesh_axis_name(axis)) + "/all_reduce/" + name, OpRole::data_gradient_reduction,
+          op.parameter, CollectiveKind::all_reduce, axis, store.gradient_store, kNoBuffer)));
     }
     if (is_norm && parameter.gradient_partial_over_tensor && mesh.size(MeshAxis::tensor) > 1) {
       steps.push_back(step_of(add_collective_op(

@@ -32,12 +32,6 @@ void check_plan_runs_here(const TrainingPlan& plan, int64_t world) {
          plan.mesh.to_string(),
          "launch with mpirun -np " + std::to_string(plan.mesh.devices()) + ", or change mesh.*");
   }
-  if (plan.mesh.size(MeshAxis::expert) > 1) {
-    fail("config key 'mesh.expert'",
-         "1 for a run (expert parallelism's all-to-all dispatch is not built yet)",
-         std::to_string(plan.mesh.size(MeshAxis::expert)),
-         "set mesh.expert=1 and use mesh.data / mesh.fsdp / mesh.tensor for the ranks");
-  }
   if (plan.topology.device_kind != "cpu") {
     fail("config key 'topology'", "a cpu topology for a run on this machine", "'" + plan.topology.name + "'",
          "use topology=cpu to train here; meshtrain compile plans other topologies");
@@ -244,8 +238,10 @@ void Engine::run_collective(const PlanOp& op, const OpContext& context, UpdateSt
       if (accumulate) context.kernels->residual_add(shard.f32(), result, shard.elements());
       return;
     }
+    case CollectiveKind::all_to_all:  // blocks of the full (send) buffer out, the shard's blocks in
+      comm.all_to_all(comm_buffer(full), comm_buffer(context.view(c.shard)), name);
+      return;
     case CollectiveKind::send_recv:
-    case CollectiveKind::all_to_all:
       break;
   }
   MT_CHECK(false, "collective '" + name + "' has no executor yet");

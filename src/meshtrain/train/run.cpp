@@ -117,9 +117,9 @@ std::optional<BatchLoader> make_eval_loader(const Config& config, int32_t eos_id
                                   loader_options(config, eos_id, false, ranks));
 }
 
-// Loss sums of every rank's tokens: data x fsdp ranks hold different rows, context ranks different tokens
-// of them (tensor ranks the same ones). (A communicator of its own, so the mesh axes' byte counters hold
-// only what the plan's kernels move.)
+// Loss sums of every rank's tokens: data x fsdp x expert ranks hold different rows, context ranks different
+// tokens of them (tensor ranks the same ones). (A communicator of its own, so the mesh axes' byte counters
+// hold only what the plan's kernels move.)
 LossSums sum_over_ranks(LossSums local, const RunRanks& ranks, const char* name) {
   Communicator& group = ranks.loss_group ? *ranks.loss_group : *ranks.batch_group;
   if (group.size() > 1) {
@@ -272,7 +272,8 @@ void Run::connect_mesh(TrainingPlan plan) {
     // plan_training has refused a length that does not split, on every rank alike, so this cannot throw.
     ranks_.context_layout.emplace(effective_context_reorder(config_), config_.max_target_length, context);
     ranks_.context_rank = mesh_coordinates(mesh_, ranks_.world->rank())[MeshAxis::context];
-    constexpr std::array kLossMeshAxes = {MeshAxis::data, MeshAxis::fsdp, MeshAxis::context};
+    constexpr std::array kLossMeshAxes = {MeshAxis::data, MeshAxis::fsdp, MeshAxis::context,
+                                          MeshAxis::expert};
     const MeshGroup loss_ranks = mesh_group(mesh_, ranks_.world->rank(), kLossMeshAxes);
     ranks_.loss_group =
         ranks_.world->split(static_cast<int>(loss_ranks.colour), static_cast<int>(loss_ranks.index), "loss");

@@ -112,6 +112,8 @@ const KernelBackend& counting_backend() {
     MT_COUNTED(moe_balance_loss_backward);
     MT_COUNTED(moe_route_plan);
     MT_COUNTED(moe_gather_forward);
+    MT_COUNTED(moe_dispatch_plan);
+    MT_COUNTED(moe_receive_plan);
     MT_COUNTED(moe_gather_backward);
     MT_COUNTED(moe_combine_forward);
     MT_COUNTED(moe_combine_backward);
@@ -193,7 +195,10 @@ TEST(KernelBackend, ModelReachesEveryKernelThroughTheTable) {
   // this one-process test counts them as reached without calling them.
   build_model_spec(tiny_config("qwen3-tiny"), Mesh({{MeshAxis::context, 2}}), counting_backend());
   EXPECT_GT(calls()["context_attention_backward_scratch_floats"], 0);
-  for (const char* multi_process_only : {"context_attention_forward", "context_attention_backward"}) {
+  // Expert parallelism's block layouts likewise run only under mesh.expert > 1 (tests/mpi/
+  // deepseek_equivalence.sh, the expert cases).
+  for (const char* multi_process_only :
+       {"context_attention_forward", "context_attention_backward", "moe_dispatch_plan", "moe_receive_plan"}) {
     EXPECT_EQ(calls().count(multi_process_only), 0u) << multi_process_only;
     calls()[multi_process_only] = 1;
   }

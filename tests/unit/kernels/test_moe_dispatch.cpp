@@ -378,3 +378,166 @@ TEST(MoeDispatch, RoutedPathMatchesFiniteDifferences) {
 }
 
 }  // namespace
+
+// Expert parallelism on P simulated ranks (moe_dispatch_plan, an all-to-all as block swaps,
+// moe_receive_plan): every token's combined output and input gradient equal the one-rank path's bitwise,
+// dropless and with capacity dropping. Each expert is an affine map of its rows (scale e + 1, shift e), so a
+// row sent to the wrong expert or back to the wrong token changes the result.
+namespace expert_parallel {
+
+constexpr int64_t D = 5;
+
+void expert_map(float* rows, const int32_t* offsets, int64_t experts, int64_t first_expert) {
+  for (int64_t e = 0; e < experts; ++e) {
+    const auto global = static_cast<float>(first_expert + e);
+    for (int64_t r = offsets[e]; r < offsets[e + 1]; ++r) {
+      for (int64_t c = 0; c < D; ++c) rows[r * D + c] = rows[r * D + c] * (global + 1.0f) + global;
+    }
+  }
+}
+void expert_map_backward(float* d_rows, const int32_t* offsets, int64_t experts, int64_t first_expert) {
+  for (int64_t e = 0; e < experts; ++e) {
+    const auto global = static_cast<float>(first_expert + e);
+    for (int64_t r = offsets[e]; r < offsets[e + 1]; ++r) {
+      for (int64_t c = 0; c < D; ++c) d_rows[r * D + c] *= global + 1.0f;
+    }
+  }
+}
+
+// Block j of every rank's `send` to rank j, as block i of its `receive` (all_to_all over P ranks).
+template <class T>
+std::vector<std::vector<T>> all_to_all(const std::vector<std::vector<T>>& send, int64_t block) {
+  const size_t P = send.size();
+  std::vector<std::vector<T>> receive(P, std::vector<T>(P * static_cast<size_t>(block)));
+  for (size_t i = 0; i < P; ++i) {
+    for (size_t j = 0; j < P; ++j) {
+      std::copy(send[i].begin() + static_cast<std::ptrdiff_t>(j * block),
+                send[i].begin() + static_cast<std::ptrdiff_t>((j + 1) * block),
+                receive[j].begin() + static_cast<std::ptrdiff_t>(i * block));
+    }
+  }
+  return receive;
+}
+
+void check(int64_t P, int64_t E, int64_t k, int64_t N, int64_t capacity) {
+  SCOPED_TRACE("P " + std::to_string(P) + " E " + std::to_string(E) + " k " + std::to_string(k) +
+               " capacity " + std::to_string(capacity));
+  const int64_t M = N * k, E_local = E / P;
+  const int64_t worst = N * std::min(k, E_local);
+  const int64_t B_c = capacity > 0 ? std::min(worst, E_local * capacity) : worst;
+  const int64_t rows = P * B_c;
+  std::vector<std::vector<float>> x(P), weights(P), d_out(P), out_single(P), d_x_single(P);
+  std::vector<std::vector<float>> send_x(P), d_combined(P);
+  std::vector<std::vector<int32_t>> send_sorted(P), send_position(P), send_counts(P);
+  std::vector<Plan> plans;
+  for (int64_t i = 0; i < P; ++i) {
+    const std::vector<int32_t> chosen = random_choice(N, k, E, 100 + static_cast<uint64_t>(i));
+    plans.push_back(plan_of(chosen, N, k, E, capacity));
+    const Plan& plan = plans.back();
+    x[i] = to_float(random_values(static_cast<size_t>(N * D), 200 + static_cast<uint64_t>(i)));
+    weights[i] = to_float(random_values(static_cast<size_t>(M), 300 + static_cast<uint64_t>(i)));
+    d_out[i] = to_float(random_values(static_cast<size_t>(N * D), 400 + static_cast<uint64_t>(i)));
+    // One rank holding every expert.
+    std::vector<float> sorted_x(M * D), d_sorted(M * D), d_weights(M);
+    moe_gather_forward(sorted_x.data(), x[i].data(), plan.sorted.data(), plan.rows(), k, D);
+    expert_map(sorted_x.data(), plan.offsets.data(), E, 0);
+    out_single[i].assign(N * D, 0.0f);
+    moe_combine_forward(out_single[i].data(), sorted_x.data(), weights[i].data(), plan.position.data(), N, k,
+                        D, false);
+    moe_combine_backward(d_sorted.data(), d_weights.data(), d_out[i].data(), sorted_x.data(),
+                         weights[i].data(), plan.position.data(), N, k, D);
+    expert_map_backward(d_sorted.data(), plan.offsets.data(), E, 0);
+    d_x_single[i].assign(N * D, 0.0f);
+    moe_gather_backward(d_x_single[i].data(), d_sorted.data(), plan.position.data(), N, k, D, false);
+    // The token side of expert parallelism.
+    send_sorted[i].assign(rows, -9);
+    send_position[i].assign(M, -9);
+    send_counts[i].assign(P * E_local, -9);
+    meshtrain::kernels::moe_dispatch_plan(send_sorted[i].data(), send_position[i].data(),
+                                          send_counts[i].data(), plan.offsets.data(), plan.sorted.data(), M,
+                                          E, P, B_c);
+    send_x[i].assign(rows * D, std::numeric_limits<float>::quiet_NaN());
+    moe_gather_forward(send_x[i].data(), x[i].data(), send_sorted[i].data(), rows, k, D);
+  }
+  const auto received_x = all_to_all(send_x, B_c * D);
+  const auto received_counts = all_to_all(send_counts, E_local);
+  std::vector<std::vector<float>> returned(P);
+  std::vector<std::vector<int32_t>> local_offsets(P), local_sorted(P), received_position(P);
+  for (int64_t j = 0; j < P; ++j) {  // the expert side
+    local_offsets[j].assign(E_local + 1, -9);
+    local_sorted[j].assign(rows, -9);
+    received_position[j].assign(rows, -9);
+    meshtrain::kernels::moe_receive_plan(local_offsets[j].data(), local_sorted[j].data(),
+                                         received_position[j].data(), received_counts[j].data(), P, E_local,
+                                         B_c);
+    std::vector<float> local_x(rows * D, std::numeric_limits<float>::quiet_NaN());
+    moe_gather_forward(local_x.data(), received_x[j].data(), local_sorted[j].data(),
+                       local_offsets[j][E_local], 1, D);
+    expert_map(local_x.data(), local_offsets[j].data(), E_local, j * E_local);
+    returned[j].assign(rows * D, std::numeric_limits<float>::quiet_NaN());
+    moe_gather_forward(returned[j].data(), local_x.data(), received_position[j].data(), rows, 1, D);
+  }
+  const auto combined = all_to_all(returned, B_c * D);
+  for (int64_t i = 0; i < P; ++i) {
+    std::vector<float> out(N * D, 0.0f), d_weights(M);
+    moe_combine_forward(out.data(), combined[i].data(), weights[i].data(), send_position[i].data(), N, k, D,
+                        false);
+    EXPECT_EQ(out, out_single[i]) << "rank " << i;
+    d_combined[i].assign(rows * D, 0.0f);
+    moe_combine_backward(d_combined[i].data(), d_weights.data(), d_out[i].data(), combined[i].data(),
+                         weights[i].data(), send_position[i].data(), N, k, D);
+  }
+  const auto d_returned = all_to_all(d_combined, B_c * D);
+  std::vector<std::vector<float>> d_received(P);
+  for (int64_t j = 0; j < P; ++j) {
+    std::vector<float> d_local(rows * D, std::numeric_limits<float>::quiet_NaN());
+    moe_gather_forward(d_local.data(), d_returned[j].data(), local_sorted[j].data(),
+                       local_offsets[j][E_local], 1, D);
+    expert_map_backward(d_local.data(), local_offsets[j].data(), E_local, j * E_local);
+    d_received[j].assign(rows * D, std::numeric_limits<float>::quiet_NaN());
+    moe_gather_forward(d_received[j].data(), d_local.data(), received_position[j].data(), rows, 1, D);
+    // Padding rows travel as zeros, never as stale values.
+    for (int64_t r = 0; r < rows; ++r) {
+      if (received_position[j][r] < 0) {
+        for (int64_t c = 0; c < D; ++c) ASSERT_EQ(d_received[j][r * D + c], 0.0f);
+      }
+    }
+  }
+  const auto d_sent = all_to_all(d_received, B_c * D);
+  for (int64_t i = 0; i < P; ++i) {
+    std::vector<float> d_x(N * D, -1.0f);
+    moe_gather_backward(d_x.data(), d_sent[i].data(), send_position[i].data(), N, k, D, false);
+    EXPECT_EQ(d_x, d_x_single[i]) << "rank " << i;
+  }
+}
+
+}  // namespace expert_parallel
+
+TEST(MoeDispatch, ExpertParallelBlocksEqualOneRank) {
+  expert_parallel::check(2, 8, 2, 13, 0);  // dropless: blocks of N min(k, E_l) rows
+  expert_parallel::check(4, 8, 3, 11, 0);  // E_l = 2 < k
+  expert_parallel::check(8, 8, 2, 7, 0);   // one expert a rank
+  expert_parallel::check(2, 8, 2, 13, 3);  // capacity 3: dropping, blocks of E_l x 3 rows
+  expert_parallel::check(4, 4, 1, 9, 2);
+}
+
+// The block layout by hand: 2 ranks of 2 experts, blocks of 3 rows.
+TEST(MoeDispatch, DispatchAndReceivePlanHandExample) {
+  // Sorted assignments by expert: e0 {0, 3}, e1 {}, e2 {1}, e3 {2, 4}: offsets [0 2 2 3 5].
+  const std::vector<int32_t> offsets = {0, 2, 2, 3, 5}, sorted = {0, 3, 1, 2, 4};
+  std::vector<int32_t> send_sorted(6), send_position(5), send_counts(4);
+  meshtrain::kernels::moe_dispatch_plan(send_sorted.data(), send_position.data(), send_counts.data(),
+                                        offsets.data(), sorted.data(), 5, 4, 2, 3);
+  EXPECT_EQ(send_sorted, (std::vector<int32_t>{0, 3, -1, 1, 2, 4}));
+  EXPECT_EQ(send_position, (std::vector<int32_t>{0, 3, 4, 1, 5}));
+  EXPECT_EQ(send_counts, (std::vector<int32_t>{2, 0, 1, 2}));
+  // Rank 1 receives [e2: 1, e3: 2] from rank 0 (above) and [e2: 2, e3: 0] from rank 1: local rows e2
+  // (rank 0's one, rank 1's two) then e3 (rank 0's two).
+  const std::vector<int32_t> received_counts = {1, 2, 2, 0};
+  std::vector<int32_t> local_offsets(3), local_sorted(6), received_position(6);
+  meshtrain::kernels::moe_receive_plan(local_offsets.data(), local_sorted.data(), received_position.data(),
+                                       received_counts.data(), 2, 2, 3);
+  EXPECT_EQ(local_offsets, (std::vector<int32_t>{0, 3, 5}));
+  EXPECT_EQ(local_sorted, (std::vector<int32_t>{0, 3, 4, 1, 2, -1}));
+  EXPECT_EQ(received_position, (std::vector<int32_t>{0, 3, 4, 1, 2, -1}));
+}

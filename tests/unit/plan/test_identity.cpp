@@ -59,7 +59,8 @@ TEST(PlanIdentity, KeysComeFromTheConfigTableInPlanFileOrder) {
                                              "logical_axis_rules.head_dim",
                                              "logical_axis_rules.mlp",
                                              "logical_axis_rules.vocab",
-                                             "logical_axis_rules.positions"};
+                                             "logical_axis_rules.positions",
+                                             "logical_axis_rules.experts"};
   EXPECT_EQ(plan_key_names(), expected);
   const TrainingPlan plan = testing::tiny_plan({"mesh.data=2"});
   std::vector<std::string> keys;

@@ -57,6 +57,8 @@ const KernelBackend& cpu_backend() {
       .moe_balance_loss_backward = moe_balance_loss_backward,
       .moe_route_plan = moe_route_plan,
       .moe_gather_forward = moe_gather_forward,
+      .moe_dispatch_plan = moe_dispatch_plan,
+      .moe_receive_plan = moe_receive_plan,
       .moe_gather_backward = moe_gather_backward,
       .moe_combine_forward = moe_combine_forward,
       .moe_combine_backward = moe_combine_backward,

@@ -55,7 +55,64 @@ void moe_gather_forward(float* sorted_x, const float* x, const int32_t* sorted, 
                         int64_t D) {
 #pragma omp parallel for schedule(static) if (R * D >= kParallelMinimum)
   for (int64_t i = 0; i < R; ++i) {
-    std::memcpy(sorted_x + i * D, x + (sorted[i] / k) * D, static_cast<size_t>(D) * sizeof(float));
+    if (sorted[i] < 0) {
+      std::fill(sorted_x + i * D, sorted_x + (i + 1) * D, 0.0f);
+    } else {
+      std::memcpy(sorted_x + i * D, x + (sorted[i] / k) * D, static_cast<size_t>(D) * sizeof(float));
+    }
+  }
+}
+
+void moe_dispatch_plan(int32_t* send_sorted, int32_t* send_position, int32_t* send_counts,
+                       const int32_t* offsets, const int32_t* sorted, int64_t M, int64_t E, int64_t P,
+                       int64_t block_rows) {
+  MT_CHECK(P > 0 && E % P == 0, "expert ranks divide the experts: E " + to_text(E) + ", P " + to_text(P));
+  MT_CHECK(P * block_rows <= INT32_MAX, "block rows fit int32: P B_c = " + to_text(P * block_rows));
+  const int64_t E_local = E / P;
+  std::fill(send_sorted, send_sorted + P * block_rows, -1);
+  std::fill(send_position, send_position + M, -1);
+  for (int64_t j = 0; j < P; ++j) {
+    const int32_t first = offsets[j * E_local];
+    MT_CHECK(offsets[(j + 1) * E_local] - first <= block_rows,
+             "rows for expert rank " + to_text(j) + " (" + to_text(offsets[(j + 1) * E_local] - first) +
+                 ") exceed the block of " + to_text(block_rows));
+    for (int64_t e = j * E_local; e < (j + 1) * E_local; ++e) {
+      send_counts[e] = offsets[e + 1] - offsets[e];
+      for (int32_t row = offsets[e]; row < offsets[e + 1]; ++row) {
+        const auto block_row = static_cast<int32_t>(j * block_rows + (row - first));
+        send_sorted[block_row] = sorted[row];
+        send_position[sorted[row]] = block_row;
+      }
+    }
+  }
+}
+
+void moe_receive_plan(int32_t* local_offsets, int32_t* local_sorted, int32_t* received_position,
+                      const int32_t* received_counts, int64_t P, int64_t E_local, int64_t block_rows) {
+  std::fill(local_sorted, local_sorted + P * block_rows, -1);
+  std::fill(received_position, received_position + P * block_rows, -1);
+  local_offsets[0] = 0;
+  for (int64_t e = 0; e < E_local; ++e) {
+    int32_t rows = 0;
+    for (int64_t i = 0; i < P; ++i) rows += received_counts[i * E_local + e];
+    local_offsets[e + 1] = local_offsets[e] + rows;
+  }
+  for (int64_t i = 0; i < P; ++i) {
+    int64_t in_block = 0;  // rank i's rows of the local experts before e, as its block lays them out
+    for (int64_t e = 0; e < E_local; ++e) {
+      const int32_t count = received_counts[i * E_local + e];
+      MT_CHECK(count >= 0 && in_block + count <= block_rows,
+               "rank " + to_text(i) + " sent more rows than its block of " + to_text(block_rows));
+      // Local rows of expert e: rank 0's first, then rank 1's, ...
+      int32_t local = local_offsets[e];
+      for (int64_t before = 0; before < i; ++before) local += received_counts[before * E_local + e];
+      for (int32_t r = 0; r < count; ++r) {
+        const auto received = static_cast<int32_t>(i * block_rows + in_block + r);
+        local_sorted[local + r] = received;
+        received_position[received] = local + r;
+      }
+      in_block += count;
+    }
   }
 }
 

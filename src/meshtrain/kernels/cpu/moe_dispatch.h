@@ -32,7 +32,8 @@ int64_t moe_route_plan(int32_t* counts,        // [E]
                        const int32_t* chosen,  // [N, k] expert ids in [0, E)
                        int64_t N, int64_t k, int64_t E, int64_t capacity);
 
-// sorted_x row i = x row sorted[i] / k, for i < R.
+// sorted_x row i = x row sorted[i] / k, for i < R; a zero row where sorted[i] < 0 (the padding of an
+// expert-parallel block).
 void moe_gather_forward(float* sorted_x,        // [R, D]
                         const float* x,         // [N, D]
                         const int32_t* sorted,  // [M]
@@ -61,13 +62,40 @@ void moe_combine_backward(float* d_y_sorted,        // [R, D]
                           const int32_t* position,  // [M]
                           int64_t N, int64_t k, int64_t D);
 
+// Expert parallelism: the routed experts split over P expert ranks, rank j holding experts [j E_l,
+// (j + 1) E_l), E_l = E / P. Each pair of ranks exchanges one block of B_c rows (all_to_all over the expert
+// axis; B_c is the layer's moe_dispatch_block_rows), so the bytes moved are fixed and equal the plan's. A
+// token rank's block j holds its sorted rows of rank j's experts in sorted order (local expert 0's, then
+// 1's, ...), then zero padding.
+
+// Token side: send_sorted (each block row's assignment, -1 padding), send_position (each assignment's block
+// row, -1 when dropped) and send_counts (rows per expert rank and its local expert), from the routing plan.
+// Serial O(M + P B_c): its own reference.
+void moe_dispatch_plan(int32_t* send_sorted,    // [P B_c]
+                       int32_t* send_position,  // [M]
+                       int32_t* send_counts,    // [P, E_l]
+                       const int32_t* offsets,  // [E + 1]
+                       const int32_t* sorted,   // [M]
+                       int64_t M, int64_t E, int64_t P, int64_t block_rows);
+
+// Expert side: from the counts each token rank sent (received_counts row i: rank i's rows per local expert,
+// as its block lays them out), the grouped matmuls' order (expert-major, then by sending rank, then as
+// sent): local_offsets (prefix sums per local expert; R_l = local_offsets[E_l]), local_sorted (each local
+// row's received row, -1 past R_l) and received_position (each received row's local row, -1 padding).
+// Serial O(P B_c): its own reference.
+void moe_receive_plan(int32_t* local_offsets,          // [E_l + 1]
+                      int32_t* local_sorted,           // [P B_c]
+                      int32_t* received_position,      // [P B_c]
+                      const int32_t* received_counts,  // [P, E_l]
+                      int64_t P, int64_t E_local, int64_t block_rows);
+
 template <class T>
 void moe_gather_reference_forward(T* sorted_x,            // [R, D]
                                   const T* x,             // [N, D]
                                   const int32_t* sorted,  // [M]
                                   int64_t R, int64_t k, int64_t D) {
   for (int64_t i = 0; i < R; ++i) {
-    for (int64_t c = 0; c < D; ++c) sorted_x[i * D + c] = x[(sorted[i] / k) * D + c];
+    for (int64_t c = 0; c < D; ++c) sorted_x[i * D + c] = sorted[i] < 0 ? T(0) : x[(sorted[i] / k) * D + c];
   }
 }
 

@@ -65,6 +65,172 @@ SharedExperts add_shared_experts(SpecBuilder& builder, const std::string& name, 
            up.backward}};
 }
 
+// Expert parallelism's buffers of one MoE layer (P expert ranks of E_l experts, blocks of B_c rows): the
+// token side's block layout and the expert side's order of the rows it received.
+struct ExpertDispatch {
+  int64_t ranks = 1, block_rows = 0, local_experts = 0;  // P, B_c, E_l
+  BufferId send_sorted = kNoBuffer;        // [P B_c] int32: each block row's assignment, -1 padding
+  BufferId send_position = kNoBuffer;      // [M] int32: each assignment's block row, -1 when dropped
+  BufferId local_offsets = kNoBuffer;      // [E_l + 1] int32: the local experts' row segments
+  BufferId local_sorted = kNoBuffer;       // [P B_c] int32: each local row's received row, -1 past R_l
+  BufferId received_position = kNoBuffer;  // [P B_c] int32: each received row's local row, -1 padding
+  Shape blocks;                            // [P B_c, D]: what each all_to_all moves
+};
+
+void add_all_to_all(SpecBuilder& builder, std::vector<OpDecl>* backward, const std::string& name,
+                    BufferId send, BufferId receive) {
+  for (OpDecl& op : builder.collective(name, CollectiveKind::all_to_all, MeshAxis::expert, send, receive)) {
+    if (backward) {
+      backward->push_back(std::move(op));
+    } else {
+      builder.forward(std::move(op));
+    }
+  }
+}
+
+// Token side, then expert side: the blocks laid out and sent with their per-expert counts, and the received
+// rows ordered expert-major into sorted_x [P B_c, D] (its first R_l rows).
+ExpertDispatch add_expert_dispatch(SpecBuilder& builder, const std::string& moe, BufferId x, BufferId offsets,
+                                   BufferId sorted, BufferId sorted_x, int64_t k, int64_t E, int64_t P,
+                                   int64_t block_rows) {
+  const int64_t D = builder.dims().D, M = builder.dims().N * k, E_local = E / P, rows = P * block_rows;
+  ExpertDispatch d;
+  d.ranks = P;
+  d.block_rows = block_rows;
+  d.local_experts = E_local;
+  d.blocks = shape_of({{"dispatch_rows", rows}, {"embed", D}});
+  const Shape block_index = shape_of({{"dispatch_rows", rows}});
+  const Shape rank_counts = shape_of({{"expert_ranks", P}, {"local_experts", E_local}});
+  const BufferId send_sorted = d.send_sorted =
+      int32_activation(builder, moe + "/dispatch/send_sorted", block_index);
+  const BufferId send_position = d.send_position =
+      int32_activation(builder, moe + "/dispatch/send_position", shape_of({{"assignments", M}}));
+  const BufferId send_counts = int32_activation(builder, moe + "/dispatch/send_counts", rank_counts);
+  builder.forward({moe + "/dispatch/plan",
+                   {offsets, sorted},
+                   {send_sorted, send_position, send_counts},
+                   0.0,
+                   [=](const OpContext& c) {
+                     c.kernels->moe_dispatch_plan(c.i32(send_sorted), c.i32(send_position),
+                                                  c.i32(send_counts), c.i32(offsets), c.i32(sorted), M, E, P,
+                                                  block_rows);
+                   },
+                   OpKind::memory});
+  const BufferId received_counts = int32_activation(builder, moe + "/dispatch/received_counts", rank_counts);
+  add_all_to_all(builder, nullptr, moe + "/dispatch/counts_all_to_all", send_counts, received_counts);
+  const BufferId send_x = builder.activation(moe + "/dispatch/send_x", d.blocks);
+  builder.forward({moe + "/dispatch/gather_forward",
+                   {x, send_sorted},
+                   {send_x},
+                   0.0,
+                   [=](const OpContext& c) {
+                     c.kernels->moe_gather_forward(c.f32(send_x), c.f32(x), c.i32(send_sorted), rows, k, D);
+                   },
+                   OpKind::memory});
+  const BufferId received_x = builder.activation(moe + "/dispatch/received_x", d.blocks);
+  add_all_to_all(builder, nullptr, moe + "/dispatch/tokens_all_to_all", send_x, received_x);
+  const BufferId local_offsets = d.local_offsets =
+      int32_activation(builder, moe + "/dispatch/local_offsets", shape_of({{"expert_bounds", E_local + 1}}));
+  const BufferId local_sorted = d.local_sorted =
+      int32_activation(builder, moe + "/dispatch/local_sorted", block_index);
+  const BufferId received_position = d.received_position =
+      int32_activation(builder, moe + "/dispatch/received_position", block_index);
+  builder.forward({moe + "/dispatch/receive_plan",
+                   {received_counts},
+                   {local_offsets, local_sorted, received_position},
+                   0.0,
+                   [=](const OpContext& c) {
+                     c.kernels->moe_receive_plan(c.i32(local_offsets), c.i32(local_sorted),
+                                                 c.i32(received_position), c.i32(received_counts), P, E_local,
+                                                 block_rows);
+                   },
+                   OpKind::memory});
+  builder.forward({moe + "/dispatch/local_gather_forward",
+                   {received_x, local_sorted, local_offsets},
+                   {sorted_x},
+                   0.0,
+                   [=](const OpContext& c) {
+                     c.kernels->moe_gather_forward(c.f32(sorted_x), c.f32(received_x), c.i32(local_sorted),
+                                                   c.i32(local_offsets)[E_local], 1, D);
+                   },
+                   OpKind::memory});
+  return d;
+}
+
+// The experts' output rows [P B_c, D] back in each token rank's block layout: returns the rows the combine
+// reads (with dispatch.send_position).
+BufferId add_expert_return(SpecBuilder& builder, const std::string& moe, const ExpertDispatch& d,
+                           BufferId expert_out) {
+  const int64_t D = builder.dims().D, rows = d.ranks * d.block_rows;
+  const BufferId received_position = d.received_position;
+  const BufferId returned = builder.activation(moe + "/dispatch/returned_x", d.blocks);
+  builder.forward({moe + "/dispatch/return_gather_forward",
+                   {expert_out, received_position},
+                   {returned},
+                   0.0,
+                   [=](const OpContext& c) {
+                     c.kernels->moe_gather_forward(c.f32(returned), c.f32(expert_out),
+                                                   c.i32(received_position), rows, 1, D);
+                   },
+                   OpKind::memory});
+  const BufferId combined = builder.activation(moe + "/dispatch/combined_x", d.blocks);
+  add_all_to_all(builder, nullptr, moe + "/dispatch/return_all_to_all", returned, combined);
+  return combined;
+}
+
+// Backward of add_expert_return: the combine's block-layout gradient [P B_c, D] sent to the expert ranks and
+// ordered as the experts' output rows (d_expert_out, its first R_l rows written).
+std::vector<OpDecl> expert_return_backward(SpecBuilder& builder, const std::string& moe,
+                                           const ExpertDispatch& d, BufferId d_combined,
+                                           BufferId d_expert_out) {
+  const int64_t D = builder.dims().D, E_local = d.local_experts;
+  const BufferId local_sorted = d.local_sorted, local_offsets = d.local_offsets;
+  const BufferId d_returned = builder.gradient_scratch("scratch/d_returned_blocks", d.blocks);
+  std::vector<OpDecl> ops;
+  add_all_to_all(builder, &ops, moe + "/dispatch/return_all_to_all_backward", d_combined, d_returned);
+  ops.push_back({moe + "/dispatch/return_gather_backward",
+                 {d_returned, local_sorted, local_offsets},
+                 {d_expert_out},
+                 0.0,
+                 [=](const OpContext& c) {
+                   c.kernels->moe_gather_forward(c.f32(d_expert_out), c.f32(d_returned), c.i32(local_sorted),
+                                                 c.i32(local_offsets)[E_local], 1, D);
+                 },
+                 OpKind::memory});
+  return ops;
+}
+
+// Backward of add_expert_dispatch: the experts' input gradient rows back in the senders' block layout, sent
+// to the token ranks and summed into their tokens (d_x written).
+std::vector<OpDecl> expert_dispatch_backward(SpecBuilder& builder, const std::string& moe,
+                                             const ExpertDispatch& d, BufferId d_sorted_x, BufferId d_x,
+                                             int64_t k) {
+  const int64_t N = builder.dims().N, D = builder.dims().D, rows = d.ranks * d.block_rows;
+  const BufferId received_position = d.received_position, send_position = d.send_position;
+  const BufferId d_received = builder.gradient_scratch("scratch/d_received_blocks", d.blocks);
+  const BufferId d_sent = builder.gradient_scratch("scratch/d_sent_blocks", d.blocks);
+  std::vector<OpDecl> ops;
+  ops.push_back({moe + "/dispatch/local_gather_backward",
+                 {d_sorted_x, received_position},
+                 {d_received},
+                 0.0,
+                 [=](const OpContext& c) {
+                   c.kernels->moe_gather_forward(c.f32(d_received), c.f32(d_sorted_x),
+                                                 c.i32(received_position), rows, 1, D);
+                 },
+                 OpKind::memory});
+  add_all_to_all(builder, &ops, moe + "/dispatch/tokens_all_to_all_backward", d_received, d_sent);
+  ops.push_back({moe + "/dispatch/gather_backward",
+                 {d_sent, send_position},
+                 {d_x},
+                 static_cast<double>(N * k * D),
+                 [=](const OpContext& c) {
+                   c.kernels->moe_gather_backward(c.f32(d_x), c.f32(d_sent), c.i32(send_position), N, k, D,
+                                                  false);
+                 }});
+  return ops;
+}
+
 }  // namespace
 
 bool moe_layer(const Config& config, int64_t layer) {
@@ -97,30 +263,43 @@ int64_t moe_expert_capacity(double capacity_factor, int64_t tokens, int64_t top_
       std::ceil(capacity_factor * static_cast<double>(tokens * top_k) / static_cast<double>(experts)));
 }
 
+int64_t moe_dispatch_block_rows(int64_t capacity, int64_t tokens, int64_t top_k, int64_t local_experts) {
+  // A token's k experts are distinct, so at most min(k, E_l) of its assignments go to one rank.
+  const int64_t worst = tokens * std::min(top_k, local_experts);
+  return capacity > 0 ? std::min(worst, local_experts * capacity) : worst;
+}
+
 BufferId add_moe_block(SpecBuilder& builder, const std::string& prefix, BufferId residual_in,
                        BufferId d_residual, const MoeBlockOptions& options) {
   const ModelDims& m = builder.dims();
   const int64_t N = m.N, D = m.D, E = options.experts, k = options.routing.top_k, F = options.expert_width;
   const int64_t M = N * k;
   const int64_t capacity = moe_expert_capacity(options.capacity_factor, N, k, E);
+  // Expert parallelism: the stacked routed experts split over the mesh axes of logical axis `experts`
+  // (mesh.expert), P ranks of E_l experts each; the assignments travel there and back in fixed blocks.
+  const int64_t P = builder.spec().sharding.compute("experts").degree;
+  const int64_t E_local = E / P;
+  const int64_t block_rows = P > 1 ? moe_dispatch_block_rows(capacity, N, k, E_local) : 0;  // B_c
+  const int64_t expert_rows = P > 1 ? P * block_rows : M;  // rows the grouped matmuls may get
   const kernels::MoeRouting routing = options.routing;
   const Shape width_shape = token_shape(m, {{"embed", m.D}});
-  const Shape logits_shape = token_shape(m, {{"experts", E}});
+  const Shape logits_shape = token_shape(m, {{"expert_scores", E}});
   const Shape choice_shape = token_shape(m, {{"top_k", k}});
-  const Shape sorted_width = shape_of({{"assignments", M}, {"embed", D}});
-  const Shape sorted_hidden = shape_of({{"assignments", M}, {"moe_mlp", F}});
+  const Shape rows_width = shape_of({{"expert_rows", expert_rows}, {"embed", D}});
+  const Shape rows_hidden = shape_of({{"expert_rows", expert_rows}, {"moe_mlp", F}});
+  const Shape blocks_width = shape_of({{"dispatch_rows", P * block_rows}, {"embed", D}});
   const std::string moe = prefix + "/moe";
 
   // Backward temporaries, shared by every MoE layer.
   const BufferId d_normed = builder.gradient_scratch("scratch/d_normed", width_shape);
   const BufferId d_logits = builder.gradient_scratch("scratch/d_router_logits", logits_shape);
   const BufferId d_weights = builder.gradient_scratch("scratch/d_router_weights", choice_shape);
-  const BufferId d_expert_out = builder.gradient_scratch("scratch/d_expert_out", sorted_width);
-  const BufferId d_expert_activated = builder.gradient_scratch("scratch/d_expert_activated", sorted_hidden);
-  const BufferId d_expert_gate = builder.gradient_scratch("scratch/d_expert_gate", sorted_hidden);
-  const BufferId d_expert_up = builder.gradient_scratch("scratch/d_expert_up", sorted_hidden);
-  const BufferId d_sorted_x = builder.gradient_scratch("scratch/d_sorted_x", sorted_width);
-  const BufferId d_sorted_x_up = builder.gradient_scratch("scratch/d_sorted_x_up", sorted_width);
+  const BufferId d_expert_out = builder.gradient_scratch("scratch/d_expert_out", rows_width);
+  const BufferId d_expert_activated = builder.gradient_scratch("scratch/d_expert_activated", rows_hidden);
+  const BufferId d_expert_gate = builder.gradient_scratch("scratch/d_expert_gate", rows_hidden);
+  const BufferId d_expert_up = builder.gradient_scratch("scratch/d_expert_up", rows_hidden);
+  const BufferId d_sorted_x = builder.gradient_scratch("scratch/d_sorted_x", rows_width);
+  const BufferId d_sorted_x_up = builder.gradient_scratch("scratch/d_sorted_x_up", rows_width);
 
   const NormLayer pre_norm = add_norm(builder, prefix + "/post_self_attention_layer_norm", NormKind::rms,
                                       residual_in, width_shape, N, D, d_normed, d_residual, true);
@@ -128,7 +307,7 @@ BufferId add_moe_block(SpecBuilder& builder, const std::string& prefix, BufferId
 
   // Router: logits = x @ W_gate, then scores, the chosen experts and their weights.
   const LinearLayer gate =
-      add_linear(builder, moe + "/gate", x, shape_of({{"embed", D}, {"experts", E}}), logits_shape,
+      add_linear(builder, moe + "/gate", x, shape_of({{"embed", D}, {"expert_scores", E}}), logits_shape,
                  {"moe", false, 0.02, kNoBuffer}, d_logits, d_normed, true);
   const BufferId logits = gate.out;
   const BufferId chosen = int32_activation(builder, moe + "/chosen", choice_shape);
@@ -136,10 +315,10 @@ BufferId add_moe_block(SpecBuilder& builder, const std::string& prefix, BufferId
   const BufferId scores = builder.activation(moe + "/scores", logits_shape);
   // The selection bias orders the experts only (never the weights) and no gradient reaches it: see
   // ModelSpec::moe_selection_biases.
-  const BufferId bias = options.selection_bias
-                            ? builder.parameter(moe + "/gate/selection_bias", shape_of({{"experts", E}}),
-                                                {"moe", ParameterInit::zeros, 0.0, false})
-                            : kNoBuffer;
+  const BufferId bias = options.selection_bias ? builder.parameter(moe + "/gate/selection_bias",
+                                                                   shape_of({{"expert_scores", E}}),
+                                                                   {"moe", ParameterInit::zeros, 0.0, false})
+                                               : kNoBuffer;
   builder.spec().moe_selection_biases.push_back(bias);
   std::vector<BufferId> router_inputs = {logits};
   if (bias != kNoBuffer) router_inputs.push_back(bias);
@@ -154,11 +333,11 @@ BufferId add_moe_block(SpecBuilder& builder, const std::string& prefix, BufferId
                    }});
 
   // The assignments sorted by expert, and the tokens gathered into those rows.
-  const BufferId counts = int32_activation(builder, moe + "/counts", shape_of({{"experts", E}}));
+  const BufferId counts = int32_activation(builder, moe + "/counts", shape_of({{"expert_scores", E}}));
   const BufferId offsets = int32_activation(builder, moe + "/offsets", shape_of({{"expert_bounds", E + 1}}));
   const BufferId sorted = int32_activation(builder, moe + "/sorted", shape_of({{"assignments", M}}));
   const BufferId position = int32_activation(builder, moe + "/position", shape_of({{"assignments", M}}));
-  const BufferId assigned = int32_activation(builder, moe + "/assigned", shape_of({{"experts", E}}));
+  const BufferId assigned = int32_activation(builder, moe + "/assigned", shape_of({{"expert_scores", E}}));
   const size_t layer_index = builder.spec().moe_layers.size();
   builder.spec().moe_layers.push_back(prefix);
   builder.spec().moe_experts = E;
@@ -179,13 +358,13 @@ BufferId add_moe_block(SpecBuilder& builder, const std::string& prefix, BufferId
                    },
                    OpKind::memory});
   // The balance loss's f_e counts the assignments of the whole micro-batch (every rank's tokens: the
-  // per-expert counts all-reduced over data, fsdp and context), so any mesh gives the same loss; its P_e is
-  // this rank's tokens' scores, and the per-token terms add up over ranks.
+  // per-expert counts all-reduced over data, fsdp, expert and context), so any mesh gives the same loss; its
+  // P_e is this rank's tokens' scores, and the per-token terms add up over ranks.
   const float balance_weight = static_cast<float>(options.balance_loss_weight);
   const kernels::RouterScore score_function = routing.score_function;
   BufferId batch_assigned = kNoBuffer;
   if (balance_weight > 0.0f) {
-    batch_assigned = int32_activation(builder, moe + "/batch_assigned", shape_of({{"experts", E}}));
+    batch_assigned = int32_activation(builder, moe + "/batch_assigned", shape_of({{"expert_scores", E}}));
     builder.forward(
         {moe + "/batch_assigned",
          {assigned},
@@ -215,17 +394,28 @@ BufferId add_moe_block(SpecBuilder& builder, const std::string& prefix, BufferId
                      },
                      OpKind::loss});
   }
-  const BufferId sorted_x = builder.activation(moe + "/sorted_x", sorted_width);
-  const auto kept_rows = [=](const OpContext& c) -> int64_t { return c.i32(offsets)[E]; };  // R
-  builder.forward({moe + "/gather_forward",
-                   {x, sorted, offsets},
-                   {sorted_x},
-                   0.0,
-                   [=](const OpContext& c) {
-                     c.kernels->moe_gather_forward(c.f32(sorted_x), c.f32(x), c.i32(sorted), kept_rows(c), k,
-                                                   D);
-                   },
-                   OpKind::memory});
+  // The rows the routed experts take, sorted by (local) expert, and their segment bounds: one rank gathers
+  // its tokens into them; under expert parallelism each token rank lays its sorted rows out in one block
+  // per expert rank (moe_dispatch_plan), the blocks and their per-expert counts go over the expert axis
+  // (all_to_all), and each expert rank orders what it received expert-major (moe_receive_plan).
+  const BufferId sorted_x = builder.activation(moe + "/sorted_x", rows_width);
+  BufferId expert_offsets = offsets;  // [E_l + 1]
+  ExpertDispatch dispatch;
+  if (P == 1) {
+    builder.forward({moe + "/gather_forward",
+                     {x, sorted, offsets},
+                     {sorted_x},
+                     0.0,
+                     [=](const OpContext& c) {
+                       c.kernels->moe_gather_forward(c.f32(sorted_x), c.f32(x), c.i32(sorted),
+                                                     c.i32(offsets)[E], k, D);
+                     },
+                     OpKind::memory});
+  } else {
+    dispatch = add_expert_dispatch(builder, moe, x, offsets, sorted, sorted_x, k, E, P, block_rows);
+    expert_offsets = dispatch.local_offsets;
+  }
+  const auto kept_rows = [=](const OpContext& c) -> int64_t { return c.i32(expert_offsets)[E_local]; };  // R
 
   // The routed experts: SwiGLU over each expert's rows, as grouped matmuls.
   const auto expert_weights = [&](const char* name, const Shape& shape, double init_std) {
@@ -233,32 +423,33 @@ BufferId add_moe_block(SpecBuilder& builder, const std::string& prefix, BufferId
                              {"moe", ParameterInit::normal, init_std, true});
   };
   const BufferId w_gate =
-      expert_weights("wi_0", shape_of({{"experts", E}, {"embed", D}, {"moe_mlp", F}}), 0.02);
+      expert_weights("wi_0", shape_of({{"experts", E_local}, {"embed", D}, {"moe_mlp", F}}), 0.02);
   const BufferId w_up =
-      expert_weights("wi_1", shape_of({{"experts", E}, {"embed", D}, {"moe_mlp", F}}), 0.02);
-  const BufferId w_down =
-      expert_weights("wo", shape_of({{"experts", E}, {"moe_mlp", F}, {"embed", D}}), options.out_init_std);
+      expert_weights("wi_1", shape_of({{"experts", E_local}, {"embed", D}, {"moe_mlp", F}}), 0.02);
+  const BufferId w_down = expert_weights("wo", shape_of({{"experts", E_local}, {"moe_mlp", F}, {"embed", D}}),
+                                         options.out_init_std);
   const BufferId d_w_gate = builder.gradient_of(w_gate), d_w_up = builder.gradient_of(w_up),
                  d_w_down = builder.gradient_of(w_down);
-  const BufferId expert_gate = builder.activation(moe + "/expert_gate", sorted_hidden);
-  const BufferId expert_up = builder.activation(moe + "/expert_up", sorted_hidden);
-  const BufferId expert_activated = builder.activation(moe + "/expert_activated", sorted_hidden);
-  const BufferId expert_out = builder.activation(moe + "/expert_out", sorted_width);
-  const double expert_flops = 2.0 * static_cast<double>(M * D * F);  // dropless: every assignment kept
+  const BufferId expert_gate = builder.activation(moe + "/expert_gate", rows_hidden);
+  const BufferId expert_up = builder.activation(moe + "/expert_up", rows_hidden);
+  const BufferId expert_activated = builder.activation(moe + "/expert_activated", rows_hidden);
+  const BufferId expert_out = builder.activation(moe + "/expert_out", rows_width);
+  // Dropless and balanced, every rank's experts take M rows.
+  const double expert_flops = 2.0 * static_cast<double>(M * D * F);
   OpDecl expert_in{moe + "/expert_in_forward",
-                   {sorted_x, w_gate, w_up, offsets},
+                   {sorted_x, w_gate, w_up, expert_offsets},
                    {expert_gate, expert_up},
                    2.0 * expert_flops,
                    [=](const OpContext& c) {
                      c.kernels->grouped_matmul_forward(c.f32(expert_gate), c.f32(sorted_x), c.f32(w_gate),
-                                                       c.i32(offsets), E, D, F);
+                                                       c.i32(expert_offsets), E_local, D, F);
                      c.kernels->grouped_matmul_forward(c.f32(expert_up), c.f32(sorted_x), c.f32(w_up),
-                                                       c.i32(offsets), E, D, F);
+                                                       c.i32(expert_offsets), E_local, D, F);
                    },
                    OpKind::matmul};
   builder.forward(std::move(expert_in));
   builder.forward({moe + "/expert_swiglu_forward",
-                   {expert_gate, expert_up, offsets},
+                   {expert_gate, expert_up, expert_offsets},
                    {expert_activated},
                    4.0 * static_cast<double>(M * F),
                    [=](const OpContext& c) {
@@ -266,14 +457,21 @@ BufferId add_moe_block(SpecBuilder& builder, const std::string& prefix, BufferId
                                                kept_rows(c) * F);
                    }});
   builder.forward({moe + "/expert_out_forward",
-                   {expert_activated, w_down, offsets},
+                   {expert_activated, w_down, expert_offsets},
                    {expert_out},
                    expert_flops,
                    [=](const OpContext& c) {
                      c.kernels->grouped_matmul_forward(c.f32(expert_out), c.f32(expert_activated),
-                                                       c.f32(w_down), c.i32(offsets), E, F, D);
+                                                       c.f32(w_down), c.i32(expert_offsets), E_local, F, D);
                    },
                    OpKind::matmul});
+  // The rows the combine reads, and each assignment's row among them: the experts' output on one rank;
+  // under expert parallelism the blocks sent back (each token rank's own block layout).
+  BufferId combined_rows = expert_out, combined_position = position;
+  if (P > 1) {
+    combined_rows = add_expert_return(builder, moe, dispatch, expert_out);
+    combined_position = dispatch.send_position;
+  }
 
   // The shared experts end on the residual stream; the routed experts' weighted sum joins them.
   SharedExperts shared;
@@ -284,40 +482,50 @@ BufferId add_moe_block(SpecBuilder& builder, const std::string& prefix, BufferId
   const BufferId base = shared.out != kNoBuffer ? shared.out : residual_in;
   const BufferId out = builder.activation(moe + "/out", width_shape);
   builder.forward({moe + "/combine_forward",
-                   {expert_out, weights, position, base},
+                   {combined_rows, weights, combined_position, base},
                    {out},
                    2.0 * static_cast<double>(M * D),
                    [=](const OpContext& c) {
-                     c.kernels->moe_combine_forward(c.f32(out), c.f32(expert_out), c.f32(weights),
-                                                    c.i32(position), N, k, D, false);
+                     c.kernels->moe_combine_forward(c.f32(out), c.f32(combined_rows), c.f32(weights),
+                                                    c.i32(combined_position), N, k, D, false);
                      c.kernels->residual_add(c.f32(out), c.f32(base), N * D);
                    }});
 
   // Backward, in order: combine, the experts, gather (writes d_normed), router (+ balance loss), the gate
   // and the shared experts (add into d_normed), the norm.
   std::vector<OpDecl> group;
+  // Under expert parallelism the combine's gradient rows are the blocks' layout (padding rows stay zero),
+  // sent back to the expert ranks and ordered as the experts' rows there.
+  const BufferId d_combined =
+      P > 1 ? builder.gradient_scratch("scratch/d_combined_blocks", blocks_width) : d_expert_out;
   group.push_back({moe + "/combine_backward",
-                   {d_residual, expert_out, weights, position},
-                   {d_expert_out, d_weights},
+                   {d_residual, combined_rows, weights, combined_position},
+                   {d_combined, d_weights},
                    4.0 * static_cast<double>(M * D),
                    [=](const OpContext& c) {
-                     c.kernels->moe_combine_backward(c.f32(d_expert_out), c.f32(d_weights), c.f32(d_residual),
-                                                     c.f32(expert_out), c.f32(weights), c.i32(position), N, k,
-                                                     D);
+                     if (P > 1) std::fill_n(c.f32(d_combined), P * block_rows * D, 0.0f);
+                     c.kernels->moe_combine_backward(c.f32(d_combined), c.f32(d_weights), c.f32(d_residual),
+                                                     c.f32(combined_rows), c.f32(weights),
+                                                     c.i32(combined_position), N, k, D);
                    }});
+  if (P > 1) {
+    for (OpDecl& op : expert_return_backward(builder, moe, dispatch, d_combined, d_expert_out))
+      group.push_back(std::move(op));
+  }
   OpDecl expert_out_backward{moe + "/expert_out_backward",
-                             {d_expert_out, expert_activated, w_down, offsets, d_w_down},
+                             {d_expert_out, expert_activated, w_down, expert_offsets, d_w_down},
                              {d_expert_activated, d_w_down},
                              2.0 * expert_flops,
                              [=](const OpContext& c) {
-                               c.kernels->grouped_matmul_backward(
-                                   c.f32(d_expert_activated), c.f32(d_w_down), c.f32(d_expert_out),
-                                   c.f32(expert_activated), c.f32(w_down), c.i32(offsets), E, F, D);
+                               c.kernels->grouped_matmul_backward(c.f32(d_expert_activated), c.f32(d_w_down),
+                                                                  c.f32(d_expert_out),
+                                                                  c.f32(expert_activated), c.f32(w_down),
+                                                                  c.i32(expert_offsets), E_local, F, D);
                              },
                              OpKind::matmul};
   group.push_back(std::move(expert_out_backward));
   group.push_back({moe + "/expert_swiglu_backward",
-                   {d_expert_activated, expert_gate, expert_up, offsets},
+                   {d_expert_activated, expert_gate, expert_up, expert_offsets},
                    {d_expert_gate, d_expert_up},
                    8.0 * static_cast<double>(M * F),
                    [=](const OpContext& c) {
@@ -327,26 +535,33 @@ BufferId add_moe_block(SpecBuilder& builder, const std::string& prefix, BufferId
                    }});
   OpDecl expert_in_backward{
       moe + "/expert_in_backward",
-      {d_expert_gate, d_expert_up, sorted_x, w_gate, w_up, offsets, d_w_gate, d_w_up},
+      {d_expert_gate, d_expert_up, sorted_x, w_gate, w_up, expert_offsets, d_w_gate, d_w_up},
       {d_sorted_x, d_sorted_x_up, d_w_gate, d_w_up},
       4.0 * expert_flops,
       [=](const OpContext& c) {
         c.kernels->grouped_matmul_backward(c.f32(d_sorted_x), c.f32(d_w_gate), c.f32(d_expert_gate),
-                                           c.f32(sorted_x), c.f32(w_gate), c.i32(offsets), E, D, F);
+                                           c.f32(sorted_x), c.f32(w_gate), c.i32(expert_offsets), E_local, D,
+                                           F);
         c.kernels->grouped_matmul_backward(c.f32(d_sorted_x_up), c.f32(d_w_up), c.f32(d_expert_up),
-                                           c.f32(sorted_x), c.f32(w_up), c.i32(offsets), E, D, F);
+                                           c.f32(sorted_x), c.f32(w_up), c.i32(expert_offsets), E_local, D,
+                                           F);
         c.kernels->residual_add(c.f32(d_sorted_x), c.f32(d_sorted_x_up), kept_rows(c) * D);
       },
       OpKind::matmul};
   group.push_back(std::move(expert_in_backward));
-  group.push_back({moe + "/gather_backward",
-                   {d_sorted_x, position},
-                   {d_normed},
-                   static_cast<double>(M * D),
-                   [=](const OpContext& c) {
-                     c.kernels->moe_gather_backward(c.f32(d_normed), c.f32(d_sorted_x), c.i32(position), N, k,
-                                                    D, false);
-                   }});
+  if (P == 1) {
+    group.push_back({moe + "/gather_backward",
+                     {d_sorted_x, position},
+                     {d_normed},
+                     static_cast<double>(M * D),
+                     [=](const OpContext& c) {
+                       c.kernels->moe_gather_backward(c.f32(d_normed), c.f32(d_sorted_x), c.i32(position), N,
+                                                      k, D, false);
+                     }});
+  } else {
+    for (OpDecl& op : expert_dispatch_backward(builder, moe, dispatch, d_sorted_x, d_normed, k))
+      group.push_back(std::move(op));
+  }
   // The balance loss's gradient enters as N times the kernel's (a mean over this rank's N tokens), because
   // gradients hold sums over tokens until the update divides by the global valid-token count, as the
   // cross-entropy's do.

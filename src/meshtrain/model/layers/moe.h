@@ -7,8 +7,15 @@
 // into rows, run through the experts as grouped matmuls (one GEMM per expert segment: no per-token loop
 // and no dense all-experts compute) and combined back with their weights. The shared experts are one dense
 // SwiGLU of shared_experts x F_e width. An optional load-balance loss adds its gradient to the router's.
+//
+// Expert parallelism (mesh.expert = P > 1, logical axis `experts`): each rank holds E_l = E / P of the
+// routed experts and routes its own tokens; its sorted rows travel to the experts' ranks in one block of B_c
+// rows per rank (all_to_all over the expert axis, with the per-expert counts first), the experts run there on
+// what every rank sent them, and the output rows travel back the same way for the combine. The backward
+// passes the gradients along the same two all_to_alls in reverse.
 // Legend: N tokens (B S), D width, E routed experts, k experts per token, F_e an expert's width, M = N k
-// assignments (rows of the sorted buffers; R <= M of them are kept, R = offsets[E]).
+// assignments (rows of the sorted buffers; R <= M of them are kept, R = offsets[E]), P expert ranks, E_l
+// local experts, B_c rows per block.
 #pragma once
 
 #include <string>
@@ -43,5 +50,9 @@ MoeBlockOptions moe_options(const Config& config, double out_std);
 
 // Assignments an expert keeps under capacity_factor (0: dropless, every assignment kept).
 int64_t moe_expert_capacity(double capacity_factor, int64_t tokens, int64_t top_k, int64_t experts);
+// Expert parallelism: the rows one rank sends another in each all_to_all (B_c), fixed so the bytes moved
+// are the plan's: with a capacity, the receiving rank's E_l experts' capacity; dropless, the worst case
+// (every token with min(k, E_l) of its experts there). `capacity` from moe_expert_capacity (0: dropless).
+int64_t moe_dispatch_block_rows(int64_t capacity, int64_t tokens, int64_t top_k, int64_t local_experts);
 
 }  // namespace meshtrain
