@@ -5,7 +5,9 @@
 # by design. Also a many-rank oversubscribed run (8 ranks, data 2 x fsdp 4), and context parallelism
 # (mesh.context=2 alone and with data=2, GA 2: the K / V, position and segment-id gathers, the dK / dV
 # reduce-scatters and the gradient all-reduces over context; and the ring strategy's passes, C = 2 and 4,
-# whose trace shows each pass started before a block's compute and waited for after it).
+# whose trace shows each pass started before a block's compute and waited for after it), and expert
+# parallelism (a small deepseek-tiny: the all_to_all blocks of every MoE layer and the gradient all-reduces
+# over expert, dropless and with a capacity, alone and with data x ZeRO-1).
 # Usage: collective_bytes.sh BUILD_DIR
 source "$(dirname "$0")/common.sh" "$1"
 tiny+=(enable_checkpointing=false per_device_batch_size=1 steps=2 collective_timeout_s=120)
@@ -28,6 +30,20 @@ run cp2_dp2 4 mesh.context=2 mesh.data=2 gradient_accumulation_steps=2 shard_opt
 run cp2_ring 2 mesh.context=2 context_parallel_strategy=ring gradient_accumulation_steps=2
 run cp4_ring 4 mesh.context=4 context_parallel_strategy=ring gradient_accumulation_steps=2 remat_policy=full \
   profiler=trace profiler_steps=2
+deepseek=(base_emb_dim=64 base_num_query_heads=4 base_num_kv_heads=4 base_mlp_dim=128 base_num_decoder_layers=2
+  vocab_size=256 max_target_length=32 kv_lora_rank=24 qk_nope_head_dim=12 qk_rope_head_dim=8 v_head_dim=16
+  q_lora_rank=16 num_experts=4 num_experts_per_tok=2 base_moe_mlp_dim=32 dataset_type=synthetic tokenizer_path=
+  dataset_path= eval_dataset_path= eval_interval=0 enable_checkpointing=false per_device_batch_size=1 steps=2
+  collective_timeout_s=120)
+run_deepseek() {  # run_deepseek NAME RANKS [key=value ...]
+  local name=$1 ranks=$2
+  shift 2
+  "${mpirun[@]}" -np "$ranks" "$meshtrain" train deepseek-tiny "${deepseek[@]}" run_dir="$work/$name" "$@" \
+    >"$work/$name.log" 2>&1 || { echo "FAIL: $name"; cat "$work/$name.log"; exit 1; }
+}
+run_deepseek ep2 2 mesh.expert=2 gradient_accumulation_steps=2
+run_deepseek ep2_dp2 4 mesh.expert=2 mesh.data=2 gradient_accumulation_steps=2 shard_optimizer_over_data=true
+run_deepseek ep4_capacity 4 mesh.expert=4 capacity_factor=1.5 remat_policy=full
 # The overlap, by event order in a trace: ZeRO-1 + TP + GA 4, step 2 traced on rank 0.
 run overlap 4 mesh.data=2 mesh.tensor=2 gradient_accumulation_steps=4 shard_optimizer_over_data=true \
   profiler=trace profiler_steps=2
@@ -37,7 +53,7 @@ work = sys.argv[1]
 status = 0
 def steps(name):
     return [json.loads(line) for line in open(f"{work}/{name}/metrics.jsonl")]
-for name in ["dp_1", "dp_4", "dp_16", "zero1_1", "zero1_4", "zero1_16", "fsdp_1", "fsdp_4", "fsdp_16", "many", "tp", "tp4", "cp2", "cp2_dp2", "cp2_ring", "cp4_ring"]:
+for name in ["dp_1", "dp_4", "dp_16", "zero1_1", "zero1_4", "zero1_16", "fsdp_1", "fsdp_4", "fsdp_16", "many", "tp", "tp4", "cp2", "cp2_dp2", "cp2_ring", "cp4_ring", "ep2", "ep2_dp2", "ep4_capacity"]:
     for record in steps(name):
         moved, planned = record["collective_bytes"], record["planned_collective_bytes"]
         if moved != planned:
@@ -47,6 +63,10 @@ for name in ["dp_1", "dp_4", "dp_16", "zero1_1", "zero1_4", "zero1_16", "fsdp_1"
 for name in ["cp2", "cp2_dp2", "cp2_ring", "cp4_ring"]:
     if steps(name)[-1]["collective_bytes"].get("context", 0) <= 0:
         print(f"FAIL {name}: no bytes over the context axis")
+        status = 1
+for name in ["ep2", "ep2_dp2", "ep4_capacity"]:
+    if steps(name)[-1]["collective_bytes"].get("expert", 0) <= 0:
+        print(f"FAIL {name}: no bytes over the expert axis")
         status = 1
 for layout in ["dp", "zero1"]:
     data = {ga: steps(f"{layout}_{ga}")[-1]["collective_bytes"]["data"] for ga in (1, 4, 16)}

@@ -66,9 +66,9 @@ compare moe_tp2 moe_single || status=1
 run moe_cp2_ring 2 4 "${moe[@]}" mesh.context=2 context_parallel_strategy=ring
 compare moe_cp2_ring moe_single || status=1
 # Expert parallelism: the routed experts split over mesh.expert (the batch too), the assignments sent to
-# their experts' ranks and back in all_to_all blocks; alone, with data, tensor, ring context and FSDP, and at
-# 4 expert ranks (one expert each) with ZeRO-1 (over data = 1: the expert ranks' optimizer state stays
-# whole) and with remat full (the recompute passes the blocks again).
+# their experts' ranks and back in all_to_all blocks; alone, with data, tensor, ring context and FSDP, at 4
+# expert ranks (one expert each) x data 2 with ZeRO-1, and with remat full (the recompute passes the blocks
+# again).
 run moe_ep2 2 4 "${moe[@]}" mesh.expert=2
 compare moe_ep2 moe_single || status=1
 run moe_ep2_dp2 4 2 "${moe[@]}" mesh.expert=2 mesh.data=2
@@ -79,8 +79,8 @@ run moe_ep2_cp2_ring 4 2 "${moe[@]}" mesh.expert=2 mesh.context=2 context_parall
 compare moe_ep2_cp2_ring moe_single || status=1
 run moe_ep2_fsdp2 4 2 "${moe[@]}" mesh.expert=2 mesh.fsdp=2
 compare moe_ep2_fsdp2 moe_single || status=1
-run moe_ep4_zero1 4 2 "${moe[@]}" mesh.expert=4 shard_optimizer_over_data=true
-compare moe_ep4_zero1 moe_single || status=1
+run moe_ep4_dp2_zero1 8 1 "${moe[@]}" mesh.expert=4 mesh.data=2 shard_optimizer_over_data=true
+compare moe_ep4_dp2_zero1 moe_single || status=1
 run moe_ep2_dp2_zero1_remat 4 2 "${moe[@]}" mesh.expert=2 mesh.data=2 shard_optimizer_over_data=true \
   remat_policy=full
 compare moe_ep2_dp2_zero1_remat moe_single || status=1

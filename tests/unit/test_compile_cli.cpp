@@ -104,6 +104,30 @@ TEST_F(CompileCli, PrintsEveryKernelAndTheVerdict) {
   EXPECT_TRUE(contains(output, "(" + std::to_string(plan.arena_bytes) + " bytes)")) << output;
 }
 
+// Under mesh.expert > 1, compile says what each pair of expert ranks exchanges and one step's all-to-all
+// bytes, by hand: deepseek-tiny has N = 16 x 128 = 2048 tokens a device, k = 2, D = 384 and 5 MoE layers;
+// at P = 2 each rank holds 4 experts, so dropless blocks are N min(k, 4) = 4096 rows. A micro-batch moves,
+// per MoE layer, half (the other rank's block) of the [P, E_l] int32 counts and of four [P B_c, D] float
+// blocks (tokens, outputs, and their gradients): 5 x (16 + 4 x 2 x 4096 x 384 x 4 / 2) bytes, GA 3 times.
+TEST_F(CompileCli, ExpertParallelPrintsTheBlocksAndTheStepsAllToAllBytes) {
+  const std::string dropless =
+      run({"deepseek-tiny", "topology=cpu", "mesh.expert=2", "gradient_accumulation_steps=3"});
+  const int64_t step_bytes = 3 * 5 * (16 + 4 * 2 * 4096 * 384 * 4 / 2);
+  EXPECT_TRUE(contains(dropless,
+                       "\nexpert parallelism (P=2, 4 routed experts a rank): all_to_all blocks of "
+                       "4096 rows a pair of ranks (dropless"))
+      << dropless;
+  EXPECT_TRUE(contains(dropless, "(" + std::to_string(step_bytes) + " bytes) all-to-all per device"))
+      << dropless;
+  // capacity_factor 1: ceil(2048 x 2 / 8) = 512 rows an expert, blocks of 4 x 512 rows.
+  const std::string capacity = run({"deepseek-tiny", "topology=cpu", "mesh.expert=2", "capacity_factor=1.0"});
+  EXPECT_TRUE(contains(capacity,
+                       "all_to_all blocks of 2048 rows a pair of ranks (capacity_factor 1: 512 rows "
+                       "an expert)"))
+      << capacity;
+  EXPECT_FALSE(contains(run({"deepseek-tiny", "topology=cpu"}), "expert parallelism"));
+}
+
 TEST_F(CompileCli, PlansOnlyTheChosenKernels) {
   const std::string output = run({"qwen3-tiny", "kernels=update,fwd_bwd"});
   EXPECT_FALSE(kernel_block(output, "fwd_bwd").empty()) << output;

@@ -13,6 +13,7 @@
 #include "meshtrain/cli/arguments.h"
 #include "meshtrain/core/durable_file.h"
 #include "meshtrain/core/error.h"
+#include "meshtrain/model/layers/moe.h"
 #include "meshtrain/plan/context_attention.h"
 #include "meshtrain/plan/plan.h"
 #include "meshtrain/plan/search.h"
@@ -161,6 +162,36 @@ void print_context_attention(const TrainingPlan& plan, std::ostream& out) {
   for (size_t rank = 0; rank < load.flops.size(); ++rank)
     out << (rank == 0 ? " " : "  ") << "rank " << rank << " " << flops_text(load.flops[rank]);
   out << format("  max/mean %.3f\n", load.max_over_mean());
+}
+
+// Under expert parallelism: the block each pair of expert ranks exchanges in every all_to_all and one
+// training step's all-to-all bytes per device (GA micro-batches: every MoE layer's dispatch and return,
+// forward and backward, remat recomputes included).
+void print_expert_dispatch(const TrainingPlan& plan, std::ostream& out) {
+  const Config& c = plan.spec.config;
+  const int64_t P = plan.spec.sharding.compute("experts").degree;
+  if (P == 1 || plan.spec.moe_layers.empty()) return;
+  double step_bytes = 0.0;
+  for (const KernelPlan& kernel : plan.kernels) {
+    const double times = kernel.kernel == KernelName::fwd_bwd ? 1.0
+                         : kernel.kernel == KernelName::fwd_bwd_accum
+                             ? static_cast<double>(c.gradient_accumulation_steps - 1)
+                             : 0.0;
+    for (const PlanOp& op : kernel.ops) {
+      if (op.op->kind == OpKind::collective && op.op->collective.kind == CollectiveKind::all_to_all)
+        step_bytes += times * op.collective_bytes;
+    }
+  }
+  const int64_t N = plan.spec.dims.N, k = c.num_experts_per_tok, E_local = c.num_experts / P;
+  const int64_t capacity = moe_expert_capacity(c.capacity_factor, N, k, c.num_experts);
+  const int64_t block = moe_dispatch_block_rows(capacity, N, k, E_local);
+  out << "\nexpert parallelism (P=" << P << ", " << E_local << " routed expert" << (E_local == 1 ? "" : "s")
+      << " a rank): all_to_all blocks of " << block << " rows a pair of ranks ("
+      << (capacity > 0 ? format("capacity_factor %g: %lld rows an expert", c.capacity_factor,
+                                static_cast<long long>(capacity))
+                       : std::string("dropless: the worst case, tokens x min(k, experts a rank); "
+                                     "capacity_factor > 0 bounds it"))
+      << "); one step: " << bytes_text(step_bytes) << " all-to-all per device\n";
 }
 
 // The n largest buffers that own memory (a shard viewed inside another buffer does not), largest first;
@@ -405,6 +436,7 @@ int run_compile(const std::vector<std::string>& arguments, std::ostream& out) {
   print_header(plan, parsed.config, plan_seconds, out);
   for (const KernelPlan& kernel : plan.kernels) print_kernel(kernel, out);
   print_context_attention(plan, out);
+  print_expert_dispatch(plan, out);
   print_verdict(plan, out);
   if (explain) print_explain(plan, out);
   if (!request.config.plan_out.empty()) write_plan_files(plan, request.config.plan_out, out);
