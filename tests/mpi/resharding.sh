@@ -7,16 +7,21 @@
 # Context meshes (issue 11): a state saved under context 2 x data 2 (ZeRO-1) loads under context 4, one
 # process, context 2 x tensor 2 and back under context 2 x data 2, each bitwise, and training continues on
 # each of them with the losses of the context 2 x data 2 run that never changed mesh.
+# Expert meshes (issue 12): a mixture-of-experts model saved under expert 2 x data 2 (ZeRO-1) loads under
+# expert 4 (one routed expert a rank), one process, expert 2 x tensor 2 and data 2 (experts whole on every
+# rank), each bitwise, and training continues on each with the losses of the run that never changed mesh.
 # Usage: resharding.sh BUILD_DIR
 source "$(dirname "$0")/common.sh" "$1"
 tiny+=(learning_rate=1e-2 collective_timeout_s=120)
-train() {  # train RANKS per_device_batch_size [key=value ...]
+preset=qwen3-tiny
+keys=("${tiny[@]}")
+train() {  # train RANKS per_device_batch_size [key=value ...]: $preset with ${keys[@]}
   local ranks=$1 batch=$2
   shift 2
   if [ "$ranks" -eq 1 ]; then
-    "$meshtrain" train qwen3-tiny "${tiny[@]}" per_device_batch_size="$batch" "$@"
+    "$meshtrain" train "$preset" "${keys[@]}" per_device_batch_size="$batch" "$@"
   else
-    "${mpirun[@]}" -np "$ranks" "$meshtrain" train qwen3-tiny "${tiny[@]}" per_device_batch_size="$batch" "$@"
+    "${mpirun[@]}" -np "$ranks" "$meshtrain" train "$preset" "${keys[@]}" per_device_batch_size="$batch" "$@"
   fi >>"$work/log" 2>&1 || { echo "FAIL: train $*"; cat "$work/log"; exit 1; }
 }
 same_tensors() {  # same_tensors DIR_A DIR_B
@@ -82,4 +87,30 @@ train 4 2 mesh.context=4 steps=5 run_dir="$work/cp_b"
 train 1 8 steps=5 run_dir="$work/cp_c"
 train 4 2 mesh.context=2 mesh.tensor=2 steps=5 run_dir="$work/cp_d"
 continues "$work/cp_a" "$work/cp_b" "$work/cp_c" "$work/cp_d" || status=1
+
+# Expert meshes: 4 routed experts (top-2, one shared, the selection bias on) after a dense first layer.
+preset=deepseek-tiny
+keys=(base_emb_dim=64 base_num_query_heads=4 base_num_kv_heads=4 base_mlp_dim=128 base_num_decoder_layers=2
+  vocab_size=256 max_target_length=32 dataset_type=synthetic tokenizer_path= dataset_path= eval_dataset_path=
+  eval_interval=0 kv_lora_rank=24 qk_nope_head_dim=12 qk_rope_head_dim=8 v_head_dim=16 q_lora_rank=16
+  num_experts=4 num_experts_per_tok=2 base_moe_mlp_dim=32 first_num_dense_layers=1 learning_rate=3e-3
+  collective_timeout_s=120)
+train 4 2 mesh.expert=2 mesh.data=2 shard_optimizer_over_data=true steps=3 run_dir="$work/ep_a"
+train 4 2 mesh.expert=4 steps=3 load_full_state_path="$work/ep_a/checkpoints/step_00000003" run_dir="$work/ep_b"
+same_tensors "$work/ep_a/checkpoints/step_00000003" "$work/ep_b/checkpoints/step_00000003"
+train 1 8 steps=3 load_full_state_path="$work/ep_b/checkpoints/step_00000003" run_dir="$work/ep_c"
+same_tensors "$work/ep_a/checkpoints/step_00000003" "$work/ep_c/checkpoints/step_00000003"
+train 4 2 mesh.expert=2 mesh.tensor=2 steps=3 load_full_state_path="$work/ep_c/checkpoints/step_00000003" \
+  run_dir="$work/ep_d"
+same_tensors "$work/ep_a/checkpoints/step_00000003" "$work/ep_d/checkpoints/step_00000003"
+train 2 4 mesh.data=2 steps=3 load_full_state_path="$work/ep_d/checkpoints/step_00000003" run_dir="$work/ep_e"
+same_tensors "$work/ep_a/checkpoints/step_00000003" "$work/ep_e/checkpoints/step_00000003"
+echo "4 ranks (expert 2 x data 2, ZeRO-1) -> expert 4 -> 1 process -> expert 2 x tensor 2 -> data 2:"
+echo "  parameters and moments bitwise equal"
+train 4 2 mesh.expert=2 mesh.data=2 shard_optimizer_over_data=true steps=5 run_dir="$work/ep_a"
+train 4 2 mesh.expert=4 steps=5 run_dir="$work/ep_b"
+train 1 8 steps=5 run_dir="$work/ep_c"
+train 4 2 mesh.expert=2 mesh.tensor=2 steps=5 run_dir="$work/ep_d"
+train 2 4 mesh.data=2 steps=5 run_dir="$work/ep_e"
+continues "$work/ep_a" "$work/ep_b" "$work/ep_c" "$work/ep_d" "$work/ep_e" || status=1
 exit $status
