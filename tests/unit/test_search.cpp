@@ -48,6 +48,21 @@ TEST(Search, CandidatesCoverMeshesBatchSplitsAndRematPolicies) {
   EXPECT_EQ(candidates.back().mesh.to_string(), "data=1 fsdp=1 context=4 expert=1 tensor=1");
 }
 
+// The config's expert degree stays; the other axes are searched over the devices it leaves.
+TEST(Search, CandidatesKeepTheConfigsExpertDegree) {
+  const Config base = load_config("deepseek-tiny", {"per_device_batch_size=1", "mesh.expert=2"});
+  // 8 devices / expert 2 = 4 left, tensor <= 2 (dividing 6 query heads), batch {1}: as the qwen3 case above
+  // (context 1: 5 meshes, 2: 3, 4: 1) x 3 remat policies.
+  const std::vector<SearchCandidate> candidates = search_candidates(base, 8, 2);
+  ASSERT_EQ(candidates.size(), (5u + 3u + 1u) * 3u);
+  for (const SearchCandidate& candidate : candidates) {
+    EXPECT_EQ(candidate.mesh.devices(), 8);
+    EXPECT_EQ(candidate.mesh.size(MeshAxis::expert), 2);
+  }
+  EXPECT_EQ(candidates.front().mesh.to_string(), "data=4 fsdp=1 context=1 expert=2 tensor=1");
+  EXPECT_TRUE(search_candidates(base, 3, 2).empty());  // 2 does not divide 3 devices
+}
+
 // The context degrees are the device count's divisors the reorder can cut max_target_length over:
 // dual_chunk_swap a multiple of 2C, striped and the plain split a multiple of C.
 TEST(Search, ContextDegreesSkipThoseTheReorderCannotSplit) {

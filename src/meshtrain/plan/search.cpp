@@ -79,16 +79,20 @@ ContextDegrees search_context_degrees(const Config& base, int64_t devices) {
 std::vector<SearchCandidate> search_candidates(const Config& base, int64_t devices, int64_t tensor_limit) {
   const int64_t sequences_per_device = base.per_device_batch_size * base.gradient_accumulation_steps;
   std::vector<SearchCandidate> candidates;
-  for (int64_t context : search_context_degrees(base, devices).searched) {
-    for (int64_t tensor : divisors(devices / context)) {
+  // The expert degree is the config's (mesh.expert, 1 unless set): the other axes are searched around it.
+  const int64_t expert = std::max<int64_t>(1, base.mesh[MeshAxis::expert]);
+  if (devices % expert != 0) return candidates;
+  for (int64_t context : search_context_degrees(base, devices / expert).searched) {
+    for (int64_t tensor : divisors(devices / expert / context)) {
       if (tensor > tensor_limit || base.base_num_query_heads % tensor != 0) continue;
-      for (int64_t fsdp : divisors(devices / context / tensor)) {
-        const int64_t data = devices / context / tensor / fsdp;
+      for (int64_t fsdp : divisors(devices / expert / context / tensor)) {
+        const int64_t data = devices / expert / context / tensor / fsdp;
         for (int64_t batch : divisors(sequences_per_device)) {
           for (RematPolicy remat : kRematPolicies) {
             const Mesh mesh({{MeshAxis::data, data},
                              {MeshAxis::fsdp, fsdp},
                              {MeshAxis::context, context},
+                             {MeshAxis::expert, expert},
                              {MeshAxis::tensor, tensor}});
             candidates.push_back({mesh, batch, sequences_per_device / batch, remat});
           }
@@ -113,7 +117,8 @@ SearchResult search_training_configurations(const Config& base) {
   result.global_batch = base.per_device_batch_size * base.gradient_accumulation_steps * result.devices;
   // Tensor parallelism stays inside a host (its collectives run every layer) and splits the query heads.
   const int64_t tensor_limit = topology.devices_per_host == 0 ? result.devices : topology.devices_per_host;
-  result.contexts = search_context_degrees(base, result.devices);
+  result.contexts =
+      search_context_degrees(base, result.devices / std::max<int64_t>(1, base.mesh[MeshAxis::expert]));
   result.tensor_limit = tensor_limit;
   result.query_heads = base.base_num_query_heads;
   const std::vector<SearchCandidate> candidates = search_candidates(base, result.devices, tensor_limit);

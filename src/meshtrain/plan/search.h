@@ -62,8 +62,9 @@ struct SearchResult {
   double wall_seconds = 0.0;
 };
 
-// The candidates for `base` on `devices` devices: context each of search_context_degrees (outermost, 1
-// first), tensor <= tensor_limit and dividing the query heads, data x fsdp the rest, every
+// The candidates for `base` on `devices` devices: the config's expert degree (mesh.expert; none when it
+// does not divide the devices), context each of search_context_degrees (outermost, 1 first), tensor <=
+// tensor_limit and dividing the query heads, data x fsdp the rest, every
 // per_device_batch_size x gradient_accumulation_steps split of the config's sequences per device,
 // remat_policy none, minimal, full; in enumeration order.
 std::vector<SearchCandidate> search_candidates(const Config& base, int64_t devices, int64_t tensor_limit);
