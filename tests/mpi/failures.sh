@@ -3,7 +3,8 @@
 # collective_timeout_s naming the collective, the step and the missing rank; a NaN on one rank is seen by
 # every rank before the optimizer step: the run stops naming the step and rank, or (skip_nonfinite_steps)
 # skips the step with parameters unchanged; set-up errors (different configs, a mesh that is not the rank
-# count, a bad key) are printed by every rank before the job ends.
+# count, a bad key, an expert degree that does not fit the experts) are printed by every rank before the job
+# ends.
 # Usage: failures.sh BUILD_DIR
 source "$(dirname "$0")/common.sh" "$1"
 tiny+=(enable_checkpointing=false per_device_batch_size=2 learning_rate=1e-2)
@@ -86,7 +87,12 @@ expect_refused cp_striped 2 "(with mesh.context=2 and context_parallel_reorder=s
 expect_refused cp_devices 2 "expected axes whose product divides the 2 devices of 2 processes, found data=-1 fsdp=1 context=3" \
   "${mpirun[@]}" -np 2 "$meshtrain" train qwen3-tiny "${tiny[@]}" mesh.data=-1 mesh.context=3 steps=1 \
   run_dir="$work/cp_devices"
-for name in cp_dual cp_striped cp_devices; do
+# Expert parallelism: an expert degree that does not divide the routed experts, and one on a dense model.
+expect_refused ep_divides 3 "config key 'mesh.expert': expected a divisor of num_experts (8)" \
+  "${mpirun[@]}" -np 3 "$meshtrain" train deepseek-tiny "${tiny[@]}" mesh.expert=3 steps=1 run_dir="$work/ep_divides"
+expect_refused ep_dense 2 "config key 'mesh.expert': expected 1 for a dense model (num_experts=0)" \
+  "${mpirun[@]}" -np 2 "$meshtrain" train qwen3-tiny "${tiny[@]}" mesh.expert=2 steps=1 run_dir="$work/ep_dense"
+for name in cp_dual cp_striped cp_devices ep_divides ep_dense; do
   [ ! -e "$work/$name" ] || fail "$name: the run directory was made before the refusal"
 done
 # A set-up error of one rank only (the plan file it is told to verify is missing): that rank names the file,
