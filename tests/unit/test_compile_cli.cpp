@@ -126,6 +126,13 @@ TEST_F(CompileCli, ExpertParallelPrintsTheBlocksAndTheStepsAllToAllBytes) {
                        "an expert)"))
       << capacity;
   EXPECT_FALSE(contains(run({"deepseek-tiny", "topology=cpu"}), "expert parallelism"));
+  // At DeepSeek-V3's scale dropless blocks do not fit, and the verdict says what bounds them.
+  const std::string v3 =
+      run({"deepseek-v3", "topology=h100x2048", "mesh.expert=64", "mesh.fsdp=32", "kernels=fwd_bwd"});
+  EXPECT_TRUE(contains(v3, "does not fit")) << v3;
+  EXPECT_TRUE(
+      contains(v3, "hint: dropless expert parallelism sizes every all_to_all block for the worst case"))
+      << v3;
 }
 
 TEST_F(CompileCli, PlansOnlyTheChosenKernels) {

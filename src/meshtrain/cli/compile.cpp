@@ -224,11 +224,18 @@ void print_verdict(const TrainingPlan& plan, std::ostream& out) {
     return;
   }
   out << "does not fit: " << figures << ", largest buffers:";
+  bool dispatch_blocks = false;
   for (const PlanBuffer* buffer : largest_buffers(plan, 5)) {
     out << "\n  " << buffer->name << " (" << buffer_kind_name(buffer->kind) << ", " << buffer->layer << ") "
         << bytes_text(static_cast<double>(buffer->bytes));
+    dispatch_blocks = dispatch_blocks || buffer->name.find("/moe/dispatch/") != std::string::npos ||
+                      buffer->name.find("_blocks") != std::string::npos;
   }
   out << "\n";
+  if (dispatch_blocks && plan.spec.config.capacity_factor <= 0.0) {
+    out << "hint: dropless expert parallelism sizes every all_to_all block for the worst case; "
+           "capacity_factor > 0 (e.g. 1.25) bounds the blocks to the experts' capacity\n";
+  }
 }
 
 // --explain: bytes per buffer kind and per layer of a set of buffers.
