@@ -43,7 +43,7 @@ for name in ["qwen3", "deepseek_bias", "deepseek_no_bias"]:
         continue
     evals = [r["eval"]["loss"] for r in rs if "eval" in r]
     flops = sum(r.get("tflops_per_device", 0.0) * r.get("step_time_s", 0.0) for r in rs)
-    loads = [[v for k, v in r.items() if k.startswith("moe/") and k.endswith("/load_max_over_mean")] for r in rs]
+    loads = [[layer["load_max_over_mean"] for layer in r.get("moe", {}).values()] for r in rs]
     worst = [max(l) for l in loads if l]
     last = sum(worst[-20:]) / len(worst[-20:]) if worst else float("nan")
     peak = max(worst) if worst else float("nan")
