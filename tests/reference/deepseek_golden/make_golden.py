@@ -319,22 +319,11 @@ def qwen3_moe_forward(p, inputs, cfg, margins):
 
 
 def qwen3_moe_shapes(cfg):
-    d, hd, v = cfg["hidden_size"], cfg["head_dim"], cfg["vocab_size"]
-    nh, nkv, E = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["num_experts"]
+    d, v, E = cfg["hidden_size"], cfg["vocab_size"], cfg["num_experts"]
     shapes = [("model.embed_tokens.weight", [v, d])]
     for i in range(cfg["num_hidden_layers"]):
         pre = "model.layers.%d." % i
-        shapes += [
-            (pre + "input_layernorm.weight", [d]),
-            (pre + "self_attn.q_proj.weight", [nh * hd, d]),
-            (pre + "self_attn.k_proj.weight", [nkv * hd, d]),
-            (pre + "self_attn.v_proj.weight", [nkv * hd, d]),
-            (pre + "self_attn.o_proj.weight", [d, nh * hd]),
-            (pre + "self_attn.q_norm.weight", [hd]),
-            (pre + "self_attn.k_norm.weight", [hd]),
-            (pre + "post_attention_layernorm.weight", [d]),
-            (pre + "mlp.gate.weight", [E, d]),
-        ]
+        shapes += qwen3.attention_shapes(cfg, pre) + [(pre + "mlp.gate.weight", [E, d])]
         for e in range(E):
             shapes += swiglu_shapes(pre + "mlp.experts.%d." % e, d, cfg["moe_intermediate_size"])
     return shapes + [("model.norm.weight", [d]), ("lm_head.weight", [v, d])]

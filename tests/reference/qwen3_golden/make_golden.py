@@ -163,22 +163,28 @@ def forward(p, inputs, cfg):
 # Parameters and data
 # ----------------------------------------------------------------------------
 
-def param_shapes(cfg):
+def attention_shapes(cfg, pre):
+    """A Qwen3 decoder layer's tensors up to its MLP (the Qwen3-MoE golden script shares them)."""
     d, hd = cfg["hidden_size"], cfg["head_dim"]
     nh, nkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
-    ff, v = cfg["intermediate_size"], cfg["vocab_size"]
+    return [
+        (pre + "input_layernorm.weight", [d]),
+        (pre + "self_attn.q_proj.weight", [nh * hd, d]),
+        (pre + "self_attn.k_proj.weight", [nkv * hd, d]),
+        (pre + "self_attn.v_proj.weight", [nkv * hd, d]),
+        (pre + "self_attn.o_proj.weight", [d, nh * hd]),
+        (pre + "self_attn.q_norm.weight", [hd]),
+        (pre + "self_attn.k_norm.weight", [hd]),
+        (pre + "post_attention_layernorm.weight", [d]),
+    ]
+
+
+def param_shapes(cfg):
+    d, ff, v = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
     shapes = [("model.embed_tokens.weight", [v, d])]
     for i in range(cfg["num_hidden_layers"]):
         pre = "model.layers.%d." % i
-        shapes += [
-            (pre + "input_layernorm.weight", [d]),
-            (pre + "self_attn.q_proj.weight", [nh * hd, d]),
-            (pre + "self_attn.k_proj.weight", [nkv * hd, d]),
-            (pre + "self_attn.v_proj.weight", [nkv * hd, d]),
-            (pre + "self_attn.o_proj.weight", [d, nh * hd]),
-            (pre + "self_attn.q_norm.weight", [hd]),
-            (pre + "self_attn.k_norm.weight", [hd]),
-            (pre + "post_attention_layernorm.weight", [d]),
+        shapes += attention_shapes(cfg, pre) + [
             (pre + "mlp.gate_proj.weight", [ff, d]),
             (pre + "mlp.up_proj.weight", [ff, d]),
             (pre + "mlp.down_proj.weight", [d, ff]),
