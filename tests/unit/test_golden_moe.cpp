@@ -48,7 +48,8 @@ Config config_from_hf(const std::string& path, int64_t batch, int64_t length) {
         hf.at("qk_nope_head_dim").get<int64_t>() + hf.at("qk_rope_head_dim").get<int64_t>();
     overrides.insert(
         overrides.end(),
-        {"head_dim=" + std::to_string(qk_head_dim), "q_lora_rank=" + key("q_lora_rank"),
+        {"head_dim=" + std::to_string(qk_head_dim),
+         "q_lora_rank=" + (hf.at("q_lora_rank").is_null() ? std::string("0") : key("q_lora_rank")),
          "kv_lora_rank=" + key("kv_lora_rank"), "qk_nope_head_dim=" + key("qk_nope_head_dim"),
          "qk_rope_head_dim=" + key("qk_rope_head_dim"), "v_head_dim=" + key("v_head_dim"),
          "first_num_dense_layers=" + key("first_k_dense_replace"), "num_experts=" + key("n_routed_experts"),
@@ -171,6 +172,10 @@ TEST(GoldenMoe, DeepSeekV3CheckpointNeedsRoutedBias) {
 
 TEST(GoldenMoe, DeepSeekV3MatchesPyTorch) {
   check_variant("deepseek_v3");
+}
+// Queries projected directly (HF q_lora_rank null: q_proj; the engine's q_lora_rank 0, self_attention/query).
+TEST(GoldenMoe, DeepSeekV3DirectQueriesMatchPyTorch) {
+  check_variant("deepseek_v3_direct_q");
 }
 TEST(GoldenMoe, Qwen3MoeMatchesPyTorch) {
   check_variant("qwen3_moe");

@@ -94,6 +94,9 @@ DEEPSEEK_CONFIG = {
     "torch_dtype": "float32",
 }
 
+# The same model with queries projected directly (HF: q_lora_rank null -> q_proj; the engine's q_lora_rank 0).
+DEEPSEEK_DIRECT_Q_CONFIG = dict(DEEPSEEK_CONFIG, q_lora_rank=None)
+
 QWEN3_MOE_CONFIG = {
     "architectures": ["Qwen3MoeForCausalLM"],
     "model_type": "qwen3_moe",
@@ -191,8 +194,11 @@ def deepseek_attention(x, p, pre, cfg, cos, sin):
     r_kv = cfg["kv_lora_rank"]
     qk_head_dim = nope + rope
     # q_a_layernorm / kv_a_layernorm are DeepseekV3RMSNorm(rank) with the default eps 1e-6.
-    q = F.linear(qwen3.rms_norm(F.linear(x, p[pre + "q_a_proj.weight"]), p[pre + "q_a_layernorm.weight"], 1e-6),
-                 p[pre + "q_b_proj.weight"])
+    if cfg["q_lora_rank"] is None:  # HF: q_proj straight from the hidden state
+        q = F.linear(x, p[pre + "q_proj.weight"])
+    else:
+        q = F.linear(qwen3.rms_norm(F.linear(x, p[pre + "q_a_proj.weight"]), p[pre + "q_a_layernorm.weight"],
+                                    1e-6), p[pre + "q_b_proj.weight"])
     q = q.view(b, s, nh, qk_head_dim).transpose(1, 2)
     q_pass, q_rot = torch.split(q, [nope, rope], dim=-1)
     compressed = F.linear(x, p[pre + "kv_a_proj_with_mqa.weight"])
@@ -265,11 +271,13 @@ def deepseek_shapes(cfg):
     shapes = [("model.embed_tokens.weight", [v, d])]
     for i in range(cfg["num_hidden_layers"]):
         pre = "model.layers.%d." % i
-        shapes += [
-            (pre + "input_layernorm.weight", [d]),
-            (pre + "self_attn.q_a_proj.weight", [r_q, d]),
-            (pre + "self_attn.q_a_layernorm.weight", [r_q]),
-            (pre + "self_attn.q_b_proj.weight", [nh * (nope + rope), r_q]),
+        if r_q is None:
+            query = [(pre + "self_attn.q_proj.weight", [nh * (nope + rope), d])]
+        else:
+            query = [(pre + "self_attn.q_a_proj.weight", [r_q, d]),
+                     (pre + "self_attn.q_a_layernorm.weight", [r_q]),
+                     (pre + "self_attn.q_b_proj.weight", [nh * (nope + rope), r_q])]
+        shapes += [(pre + "input_layernorm.weight", [d])] + query + [
             (pre + "self_attn.kv_a_proj_with_mqa.weight", [r_kv + rope, d]),
             (pre + "self_attn.kv_a_layernorm.weight", [r_kv]),
             (pre + "self_attn.kv_b_proj.weight", [nh * (nope + vd), r_kv]),
@@ -364,6 +372,7 @@ def make_tokens(vocab):
 VARIANTS = [
     # name, config, shapes, forward, first seed tried
     ("deepseek_v3", DEEPSEEK_CONFIG, deepseek_shapes, deepseek_forward, 20260301),
+    ("deepseek_v3_direct_q", DEEPSEEK_DIRECT_Q_CONFIG, deepseek_shapes, deepseek_forward, 20260501),
     ("qwen3_moe", QWEN3_MOE_CONFIG, qwen3_moe_shapes, qwen3_moe_forward, 20260401),
 ]
 
