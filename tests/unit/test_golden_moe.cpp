@@ -22,6 +22,15 @@ namespace {
 
 const std::string kGoldenDir = std::string(MESHTRAIN_SOURCE_DIR) + "/tests/reference/deepseek_golden/";
 
+// Qwen3-MoE's dense layers (mlp_only_layers) as the engine has them: the leading first_num_dense_layers.
+int64_t leading_dense_layers(const nlohmann::json& hf) {
+  const std::vector<int64_t> dense = hf.at("mlp_only_layers").get<std::vector<int64_t>>();
+  for (size_t i = 0; i < dense.size(); ++i)
+    MT_CHECK(dense[i] == static_cast<int64_t>(i), "mlp_only_layers are the leading layers");
+  MT_CHECK(hf.at("decoder_sparse_step").get<int64_t>() == 1, "every other layer has experts");
+  return static_cast<int64_t>(dense.size());
+}
+
 // The engine config equivalent to the fixture's Hugging Face config.json (DeepseekV3 or Qwen3Moe).
 Config config_from_hf(const std::string& path, int64_t batch, int64_t length) {
   const nlohmann::json hf = nlohmann::json::parse(std::ifstream(path));
@@ -58,10 +67,10 @@ Config config_from_hf(const std::string& path, int64_t batch, int64_t length) {
          "topk_routing_group=" + key("topk_group")});
     return load_config("deepseek-tiny", overrides);
   }
-  overrides.insert(overrides.end(),
-                   {"head_dim=" + key("head_dim"), "num_experts=" + key("num_experts"),
-                    "first_num_dense_layers=0", "shared_experts=0", "routed_score_func=softmax",
-                    "routed_bias=false", "n_routing_groups=1", "topk_routing_group=1"});
+  overrides.insert(overrides.end(), {"head_dim=" + key("head_dim"), "num_experts=" + key("num_experts"),
+                                     "first_num_dense_layers=" + std::to_string(leading_dense_layers(hf)),
+                                     "shared_experts=0", "routed_score_func=softmax", "routed_bias=false",
+                                     "n_routing_groups=1", "topk_routing_group=1"});
   return load_config("qwen3-tiny", overrides);
 }
 
@@ -179,6 +188,10 @@ TEST(GoldenMoe, DeepSeekV3DirectQueriesMatchPyTorch) {
 }
 TEST(GoldenMoe, Qwen3MoeMatchesPyTorch) {
   check_variant("qwen3_moe");
+}
+// A dense first layer (HF mlp_only_layers [0]; the engine's first_num_dense_layers 1).
+TEST(GoldenMoe, Qwen3MoeWithADenseFirstLayerMatchesPyTorch) {
+  check_variant("qwen3_moe_dense_first");
 }
 
 }  // namespace

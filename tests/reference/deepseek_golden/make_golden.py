@@ -124,6 +124,9 @@ QWEN3_MOE_CONFIG = {
     "torch_dtype": "float32",
 }
 
+# Qwen3-MoE with a dense first layer (mlp_only_layers [0]: the engine's first_num_dense_layers 1).
+QWEN3_MOE_DENSE_FIRST_CONFIG = dict(QWEN3_MOE_CONFIG, num_hidden_layers=3, mlp_only_layers=[0])
+
 BIAS = "mlp.gate.e_score_correction_bias"
 
 
@@ -312,6 +315,11 @@ def qwen3_moe_block(x, p, pre, cfg, margins):
     return experts_combine(flat, p, pre + "mlp.", E, topk_indices, topk_weights).view(*shape)
 
 
+def qwen3_moe_layer(cfg, i):
+    """Qwen3MoeDecoderLayer: experts unless the layer is in mlp_only_layers or off decoder_sparse_step."""
+    return i not in cfg["mlp_only_layers"] and (i + 1) % cfg["decoder_sparse_step"] == 0
+
+
 def qwen3_moe_forward(p, inputs, cfg, margins):
     cos, sin = qwen3.rope_cos_sin(inputs.shape[1], cfg["head_dim"], cfg["rope_theta"])
     eps = cfg["rms_norm_eps"]
@@ -320,8 +328,11 @@ def qwen3_moe_forward(p, inputs, cfg, margins):
         pre = "model.layers.%d." % i
         h = h + qwen3.attention(qwen3.rms_norm(h, p[pre + "input_layernorm.weight"], eps), p,
                                 pre + "self_attn.", cfg, cos, sin)
-        h = h + qwen3_moe_block(qwen3.rms_norm(h, p[pre + "post_attention_layernorm.weight"], eps), p, pre, cfg,
-                                margins)
+        x = qwen3.rms_norm(h, p[pre + "post_attention_layernorm.weight"], eps)
+        if qwen3_moe_layer(cfg, i):
+            h = h + qwen3_moe_block(x, p, pre, cfg, margins)
+        else:  # Qwen3MoeMLP of intermediate_size
+            h = h + swiglu_mlp(x, p, pre + "mlp.")
     h = qwen3.rms_norm(h, p["model.norm.weight"], eps)
     return F.linear(h, p["lm_head.weight"])
 
@@ -331,7 +342,11 @@ def qwen3_moe_shapes(cfg):
     shapes = [("model.embed_tokens.weight", [v, d])]
     for i in range(cfg["num_hidden_layers"]):
         pre = "model.layers.%d." % i
-        shapes += qwen3.attention_shapes(cfg, pre) + [(pre + "mlp.gate.weight", [E, d])]
+        shapes += qwen3.attention_shapes(cfg, pre)
+        if not qwen3_moe_layer(cfg, i):
+            shapes += swiglu_shapes(pre + "mlp.", d, cfg["intermediate_size"])
+            continue
+        shapes += [(pre + "mlp.gate.weight", [E, d])]
         for e in range(E):
             shapes += swiglu_shapes(pre + "mlp.experts.%d." % e, d, cfg["moe_intermediate_size"])
     return shapes + [("model.norm.weight", [d]), ("lm_head.weight", [v, d])]
@@ -374,6 +389,7 @@ VARIANTS = [
     ("deepseek_v3", DEEPSEEK_CONFIG, deepseek_shapes, deepseek_forward, 20260301),
     ("deepseek_v3_direct_q", DEEPSEEK_DIRECT_Q_CONFIG, deepseek_shapes, deepseek_forward, 20260501),
     ("qwen3_moe", QWEN3_MOE_CONFIG, qwen3_moe_shapes, qwen3_moe_forward, 20260401),
+    ("qwen3_moe_dense_first", QWEN3_MOE_DENSE_FIRST_CONFIG, qwen3_moe_shapes, qwen3_moe_forward, 20260601),
 ]
 
 
