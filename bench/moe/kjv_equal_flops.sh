@@ -4,8 +4,8 @@
 # (`meshtrain info`'s standard TFLOPs a step, which count the activated experts only), with DeepSeek-V3's
 # selection-bias update on (the preset) and off. Each run evaluates once at its end (20 batches of the KJV
 # validation split). Prints the eval losses and, per run, the worst MoE layer's expert load (busiest expert
-# over the mean) averaged over the last 20 steps, its peak, and the load every 50 steps: the bias update
-# shows as a flattening load. Needs the README's data (data/kjv). Always exits 0.
+# over the mean; 4.00 = E / k, every token choosing the same expert) averaged over the last 20 steps, its
+# peak, and the load every 50 steps: the bias update shows as a flattening load. Needs the README's data (data/kjv). Always exits 0.
 # Usage: bench/moe/kjv_equal_flops.sh [BUILD_DIR] [QWEN_STEPS]   (from the repository root)
 set -u
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -45,9 +45,9 @@ for name in ["qwen3", "deepseek_bias", "deepseek_no_bias"]:
     flops = sum(r.get("tflops_per_device", 0.0) * r.get("step_time_s", 0.0) for r in rs)
     loads = [[layer["load_max_over_mean"] for layer in r.get("moe", {}).values()] for r in rs]
     worst = [max(l) for l in loads if l]
-    last = sum(worst[-20:]) / len(worst[-20:]) if worst else float("nan")
-    peak = max(worst) if worst else float("nan")
-    print(f"{name:18} {len(rs):5d} {flops:11.1f} {evals[-1] if evals else float('nan'):9.4f} {last:12.2f} {peak:9.2f}")
+    last = f"{sum(worst[-20:]) / len(worst[-20:]):.2f}" if worst else "-"
+    peak = f"{max(worst):.2f}" if worst else "-"
+    print(f"{name:18} {len(rs):5d} {flops:11.1f} {evals[-1] if evals else float('nan'):9.4f} {last:>12} {peak:>9}")
     if worst:
         print(f"  worst layer's load every 50 steps: " + " ".join(f"{w:.2f}" for w in worst[49::50]))
 PY

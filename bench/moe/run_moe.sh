@@ -17,19 +17,20 @@ steps=${2:-8}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 common=(dataset_type=synthetic tokenizer_path= dataset_path= eval_dataset_path= eval_interval=0
-  enable_checkpointing=false steps="$steps" profiler=trace profiler_steps="$steps" per_device_batch_size=16)
+  enable_checkpointing=false steps="$steps" profiler=trace profiler_steps="$steps")
 run() {  # run NAME [key=value ...]
   local name=$1
   shift
-  "$build/meshtrain" train deepseek-tiny "${common[@]}" run_dir="$work/$name" "$@" >"$work/$name.log" 2>&1 ||
-    echo "# $name failed: $(tail -1 "$work/$name.log")"
+  "$build/meshtrain" train deepseek-tiny "${common[@]}" per_device_batch_size=16 run_dir="$work/$name" "$@" \
+    >"$work/$name.log" 2>&1 ||
+    echo "# $name failed: $(grep -m1 error "$work/$name.log" || tail -1 "$work/$name.log")"
 }
 run_ranks() {  # run_ranks NAME [key=value ...]: 2 MPI ranks, 8 rows each
   local name=$1
   shift
   mpirun --oversubscribe --allow-run-as-root --bind-to none -np 2 "$build/meshtrain" train deepseek-tiny \
     "${common[@]}" per_device_batch_size=8 run_dir="$work/$name" "$@" >"$work/$name.log" 2>&1 ||
-    echo "# $name failed: $(tail -1 "$work/$name.log")"
+    echo "# $name failed: $(grep -m1 error "$work/$name.log" || tail -1 "$work/$name.log")"
 }
 echo "# $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores, deepseek-tiny, 16 x 128 tokens a step, $steps steps"
 run moe
