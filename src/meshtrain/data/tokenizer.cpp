@@ -806,6 +806,21 @@ std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {
   return out;
 }
 
+std::string Tokenizer::token_string(int32_t id) const {
+  const BpeModel& model = impl_->model;
+  for (const tokenizer_detail::AddedToken& added : model.added_tokens) {
+    if (added.id == id) return added.content;
+  }
+  const auto index = static_cast<size_t>(id);
+  if (id < 0 || index >= model.token_bytes.size() || !model.token_present[index]) {
+    fail(tokenizer_detail::where_of(model),
+         "token ids the tokenizer defines (0 to " + std::to_string(model.vocab_size - 1) + ")",
+         "id " + std::to_string(id));
+  }
+  return model.token_verbatim[index] ? model.token_bytes[index]
+                                     : tokenizer_detail::bytes_to_unicode(model.token_bytes[index]);
+}
+
 int64_t Tokenizer::vocab_size() const {
   return impl_->model.vocab_size;
 }

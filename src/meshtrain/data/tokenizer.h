@@ -23,10 +23,13 @@ class Tokenizer {
   // Exactly the bytes the ids stand for (added tokens as their text). Unknown ids are a MeshError.
   std::string decode(const std::vector<int32_t>& ids) const;
 
-  int64_t vocab_size() const;            // largest id + 1, added tokens included
-  std::optional<int32_t> eos_id() const;  // "<|endoftext|>" when present
+  // The token as the vocabulary file writes it: byte-level tokens in GPT-2's printable alphabet ("Ġthe"),
+  // added tokens as their content. Fails (naming the file) for an id the tokenizer does not define.
+  std::string token_string(int32_t id) const;
+  int64_t vocab_size() const;              // largest id + 1, added tokens included
+  std::optional<int32_t> eos_id() const;   // "<|endoftext|>" when present
   const std::string& source_path() const;  // the file actually read (tokenizer.json or encoder.json)
-  std::string identity() const;           // stable hash of the vocabulary and merges, for checkpoints
+  std::string identity() const;            // stable hash of the vocabulary and merges, for checkpoints
 
   Tokenizer(Tokenizer&&) noexcept;
   Tokenizer& operator=(Tokenizer&&) noexcept;
@@ -37,7 +40,8 @@ class Tokenizer {
   explicit Tokenizer(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
   friend void save_trained_tokenizer(const Tokenizer&, const std::string&);
-  friend Tokenizer train_bpe_tokenizer(const std::vector<std::string_view>&, int64_t, const std::vector<std::string>&);
+  friend Tokenizer train_bpe_tokenizer(const std::vector<std::string_view>&, int64_t,
+                                       const std::vector<std::string>&);
 };
 
 // Trains a byte-level BPE tokenizer (GPT-2 pre-tokenizer regex, 256 byte tokens, then merges) on `texts`
