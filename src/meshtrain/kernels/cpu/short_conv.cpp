@@ -1,0 +1,72 @@
+// ShortConv kernels (semantics in short_conv.h): rows in parallel, each output written by one task and
+// summed over taps in tap order, so results do not depend on the thread count. The weight gradient sums over
+// rows in row order per channel block, after the parallel part.
+#include "meshtrain/kernels/cpu/short_conv.h"
+
+#include <algorithm>
+#include <vector>
+
+namespace meshtrain::kernels {
+
+void short_conv_forward(float* y, const float* u, const float* halo, const float* w, int64_t B, int64_t T,
+                        int64_t C, int64_t K, int64_t dilation) {
+  const int64_t H = (K - 1) * dilation;
+#pragma omp parallel for schedule(static) if (B * T * C >= (1 << 14))
+  for (int64_t bt = 0; bt < B * T; ++bt) {
+    const int64_t b = bt / T, t = bt % T;
+    float* out = y + bt * C;
+    std::fill(out, out + C, 0.0f);
+    for (int64_t j = 0; j < K; ++j) {
+      const int64_t source = t - (K - 1 - j) * dilation;
+      const float* in = source >= 0                       ? u + (b * T + source) * C
+                        : halo != nullptr && source >= -H ? halo + (b * H + H + source) * C
+                                                          : nullptr;
+      if (in == nullptr) continue;
+      const float* tap = w + j * C;
+#pragma omp simd
+      for (int64_t c = 0; c < C; ++c) out[c] += tap[c] * in[c];
+    }
+  }
+}
+
+void short_conv_backward(float* d_u, float* d_halo, float* d_w, const float* d_y, const float* u,
+                         const float* halo, const float* w, int64_t B, int64_t T, int64_t C, int64_t K,
+                         int64_t dilation) {
+  const int64_t H = (K - 1) * dilation;
+  // d_u[t] = sum_j d_y[t + (K-1-j) dilation] w[j]: a gather over the outputs that read input t, so each
+  // input row is written by one task. The halo rows likewise, from the stretch's first outputs.
+#pragma omp parallel for schedule(static) if (B * (T + H) * C >= (1 << 14))
+  for (int64_t row = 0; row < B * (T + H); ++row) {
+    const int64_t b = row / (T + H), time = row % (T + H) - H;  // time < 0: halo row
+    if (time < 0 && d_halo == nullptr) continue;
+    float* out = time >= 0 ? d_u + (b * T + time) * C : d_halo + (b * H + H + time) * C;
+    std::fill(out, out + C, 0.0f);
+    for (int64_t j = 0; j < K; ++j) {
+      const int64_t reader = time + (K - 1 - j) * dilation;
+      if (reader < 0 || reader >= T) continue;
+      const float* gradient = d_y + (b * T + reader) * C;
+      const float* tap = w + j * C;
+#pragma omp simd
+      for (int64_t c = 0; c < C; ++c) out[c] += gradient[c] * tap[c];
+    }
+  }
+  // d_w[j, c] += sum over (b, t) of d_y[b, t, c] u[b, t - (K-1-j) dilation, c]: taps in parallel.
+#pragma omp parallel for schedule(static) if (K * B * T * C >= (1 << 14))
+  for (int64_t j = 0; j < K; ++j) {
+    std::vector<float> sum(static_cast<size_t>(C), 0.0f);
+    for (int64_t b = 0; b < B; ++b) {
+      for (int64_t t = 0; t < T; ++t) {
+        const int64_t source = t - (K - 1 - j) * dilation;
+        const float* in = source >= 0                       ? u + (b * T + source) * C
+                          : halo != nullptr && source >= -H ? halo + (b * H + H + source) * C
+                                                            : nullptr;
+        if (in == nullptr) continue;
+        const float* gradient = d_y + (b * T + t) * C;
+        for (int64_t c = 0; c < C; ++c) sum[static_cast<size_t>(c)] += gradient[c] * in[c];
+      }
+    }
+    for (int64_t c = 0; c < C; ++c) d_w[j * C + c] += sum[static_cast<size_t>(c)];
+  }
+}
+
+}  // namespace meshtrain::kernels
