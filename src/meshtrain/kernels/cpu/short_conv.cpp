@@ -7,6 +7,17 @@
 #include <vector>
 
 namespace meshtrain::kernels {
+namespace {
+
+// Row b's input at time `source` of the stretch ([C] values): u, the halo before it, or nullptr (zeros).
+const float* input_row(const float* u, const float* halo, int64_t b, int64_t source, int64_t T, int64_t C,
+                       int64_t H) {
+  if (source >= 0) return u + (b * T + source) * C;
+  if (halo != nullptr && source >= -H) return halo + (b * H + H + source) * C;
+  return nullptr;
+}
+
+}  // namespace
 
 void short_conv_forward(float* y, const float* u, const float* halo, const float* w, int64_t B, int64_t T,
                         int64_t C, int64_t K, int64_t dilation) {
@@ -18,9 +29,7 @@ void short_conv_forward(float* y, const float* u, const float* halo, const float
     std::fill(out, out + C, 0.0f);
     for (int64_t j = 0; j < K; ++j) {
       const int64_t source = t - (K - 1 - j) * dilation;
-      const float* in = source >= 0                       ? u + (b * T + source) * C
-                        : halo != nullptr && source >= -H ? halo + (b * H + H + source) * C
-                                                          : nullptr;
+      const float* in = input_row(u, halo, b, source, T, C, H);
       if (in == nullptr) continue;
       const float* tap = w + j * C;
 #pragma omp simd
@@ -57,9 +66,7 @@ void short_conv_backward(float* d_u, float* d_halo, float* d_w, const float* d_y
     for (int64_t b = 0; b < B; ++b) {
       for (int64_t t = 0; t < T; ++t) {
         const int64_t source = t - (K - 1 - j) * dilation;
-        const float* in = source >= 0                       ? u + (b * T + source) * C
-                          : halo != nullptr && source >= -H ? halo + (b * H + H + source) * C
-                                                            : nullptr;
+        const float* in = input_row(u, halo, b, source, T, C, H);
         if (in == nullptr) continue;
         const float* gradient = d_y + (b * T + t) * C;
         for (int64_t c = 0; c < C; ++c) sum[static_cast<size_t>(c)] += gradient[c] * in[c];
