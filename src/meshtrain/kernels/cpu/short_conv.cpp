@@ -1,10 +1,9 @@
 // ShortConv kernels (semantics in short_conv.h): rows in parallel, each output written by one task and
-// summed over taps in tap order, so results do not depend on the thread count. The weight gradient sums over
-// rows in row order per channel block, after the parallel part.
+// summed over taps in tap order, so results do not depend on the thread count; each tap's weight gradient is
+// summed by one task in (row, time) order.
 #include "meshtrain/kernels/cpu/short_conv.h"
 
 #include <algorithm>
-#include <vector>
 
 namespace meshtrain::kernels {
 namespace {
@@ -59,20 +58,20 @@ void short_conv_backward(float* d_u, float* d_halo, float* d_w, const float* d_y
       for (int64_t c = 0; c < C; ++c) out[c] += gradient[c] * tap[c];
     }
   }
-  // d_w[j, c] += sum over (b, t) of d_y[b, t, c] u[b, t - (K-1-j) dilation, c]: taps in parallel.
+  // d_w[j, c] += sum over (b, t) of d_y[b, t, c] u[b, t - (K-1-j) dilation, c]: taps in parallel, each tap's
+  // row of d_w added to by one task in (b, t) order.
 #pragma omp parallel for schedule(static) if (K * B * T * C >= (1 << 14))
   for (int64_t j = 0; j < K; ++j) {
-    std::vector<float> sum(static_cast<size_t>(C), 0.0f);
+    float* tap_gradient = d_w + j * C;
     for (int64_t b = 0; b < B; ++b) {
       for (int64_t t = 0; t < T; ++t) {
-        const int64_t source = t - (K - 1 - j) * dilation;
-        const float* in = input_row(u, halo, b, source, T, C, H);
+        const float* in = input_row(u, halo, b, t - (K - 1 - j) * dilation, T, C, H);
         if (in == nullptr) continue;
         const float* gradient = d_y + (b * T + t) * C;
-        for (int64_t c = 0; c < C; ++c) sum[static_cast<size_t>(c)] += gradient[c] * in[c];
+#pragma omp simd
+        for (int64_t c = 0; c < C; ++c) tap_gradient[c] += gradient[c] * in[c];
       }
     }
-    for (int64_t c = 0; c < C; ++c) d_w[j * C + c] += sum[static_cast<size_t>(c)];
   }
 }
 

@@ -1,8 +1,8 @@
 // mHC's residual mixing matrix (shared/specs/mhc.md): per token, a G x G matrix of logits T becomes
 //   M = softmax(T, rows) + 1e-6; normalise columns; then (iterations - 1) times: normalise rows, then columns
 // (each denominator + 1e-6), a doubly stochastic matrix up to the last rows' drift. The backward goes through
-// every iteration: it recomputes the token's iterates (2 iterations x G^2 values in a per-thread buffer)
-// instead of storing them, so the plan holds only T and M.
+// every iteration: it recomputes the token's iterates (2 iterations x G^2 values, on the stack: at most
+// kSinkhornMaxStageValues) instead of storing them, so the plan holds only T and M.
 // Legend: N tokens, G residual streams; every matrix is row-major [G, G] per token.
 // Gradient semantics: d_logits written (=).
 #pragma once
@@ -15,6 +15,9 @@
 namespace meshtrain::kernels {
 
 inline constexpr double kSinkhornEpsilon = 1e-6;
+// The kernels keep a token's iterates on the stack: 2 iterations G^2 values at most (G 8 with 32 iterations;
+// mHC's G 4 with 20 needs 640).
+inline constexpr int64_t kSinkhornMaxStageValues = 4096;
 
 void sinkhorn_forward(float* mixing,        // [N, G, G]
                       const float* logits,  // [N, G, G]
@@ -25,14 +28,13 @@ void sinkhorn_backward(float* d_logits,        // [N, G, G]
                        const float* logits,    // [N, G, G]
                        int64_t N, int64_t G, int64_t iterations);
 
-// One token's forward, keeping every stage: stages[0] = softmax + eps, then one matrix per normalisation
-// (column, then row / column pairs): 2 iterations stages of G^2 values. The kernels and the references share
-// it, in float and in double.
+// One token's forward, keeping every stage in `stages` [2 iterations, G, G]: stage 0 = softmax + eps, then
+// one matrix per normalisation (column, then row / column pairs). The kernels and the references share it,
+// in float and in double.
 template <class T>
-void sinkhorn_token_forward(std::vector<T>& stages, const T* logits, int64_t G, int64_t iterations) {
+void sinkhorn_token_forward(T* stages, const T* logits, int64_t G, int64_t iterations) {
   const auto GG = static_cast<size_t>(G * G);
-  stages.assign(GG * static_cast<size_t>(2 * iterations), T(0));
-  T* first = stages.data();
+  T* first = stages;
   for (int64_t i = 0; i < G; ++i) {
     const T* row = logits + i * G;
     const T largest = *std::max_element(row, row + G);
@@ -41,8 +43,8 @@ void sinkhorn_token_forward(std::vector<T>& stages, const T* logits, int64_t G, 
     for (int64_t j = 0; j < G; ++j) first[i * G + j] = first[i * G + j] / sum + T(kSinkhornEpsilon);
   }
   for (int64_t stage = 1; stage < 2 * iterations; ++stage) {
-    const T* in = stages.data() + (stage - 1) * GG;
-    T* out = stages.data() + stage * GG;
+    const T* in = stages + (stage - 1) * GG;
+    T* out = stages + stage * GG;
     const bool columns = stage % 2 == 1;  // stage 1 normalises columns, 2 rows, 3 columns, ...
     for (int64_t a = 0; a < G; ++a) {
       T sum = T(0);
@@ -56,16 +58,18 @@ void sinkhorn_token_forward(std::vector<T>& stages, const T* logits, int64_t G, 
   }
 }
 
-// One token's backward from its stages: d_logits (=) from d_mixing.
+// One token's backward from its stages: d_logits (=) from d_mixing. `work` holds 2 G^2 values.
 template <class T>
-void sinkhorn_token_backward(T* d_logits, const T* d_mixing, const std::vector<T>& stages, int64_t G,
+void sinkhorn_token_backward(T* d_logits, const T* d_mixing, const T* stages, T* work, int64_t G,
                              int64_t iterations) {
   const auto GG = static_cast<size_t>(G * G);
-  std::vector<T> gradient(d_mixing, d_mixing + GG), previous(GG);
+  T* gradient = work;
+  T* previous = work + GG;
+  std::copy(d_mixing, d_mixing + GG, gradient);
   for (int64_t stage = 2 * iterations - 1; stage >= 1; --stage) {
     // y = x / (s + eps), s the sum of x over the line: dx = (dy - sum over the line of dy y) / (s + eps).
-    const T* in = stages.data() + (stage - 1) * GG;
-    const T* out = stages.data() + stage * GG;
+    const T* in = stages + (stage - 1) * GG;
+    const T* out = stages + stage * GG;
     const bool columns = stage % 2 == 1;
     for (int64_t a = 0; a < G; ++a) {
       T sum = T(0), dot = T(0);
@@ -80,7 +84,7 @@ void sinkhorn_token_backward(T* d_logits, const T* d_mixing, const std::vector<T
         previous[static_cast<size_t>(at)] = (gradient[static_cast<size_t>(at)] - dot) / denominator;
       }
     }
-    gradient.swap(previous);
+    std::swap(gradient, previous);
   }
   // Softmax per row (the + eps does not depend on T): dT = p (dp - sum dp p), p = stage 0 - eps.
   for (int64_t i = 0; i < G; ++i) {
@@ -97,9 +101,9 @@ void sinkhorn_token_backward(T* d_logits, const T* d_mixing, const std::vector<T
 
 template <class T>
 void sinkhorn_reference_forward(T* mixing, const T* logits, int64_t N, int64_t G, int64_t iterations) {
-  std::vector<T> stages;
+  std::vector<T> stages(static_cast<size_t>(2 * iterations * G * G));
   for (int64_t n = 0; n < N; ++n) {
-    sinkhorn_token_forward(stages, logits + n * G * G, G, iterations);
+    sinkhorn_token_forward(stages.data(), logits + n * G * G, G, iterations);
     std::copy(stages.end() - G * G, stages.end(), mixing + n * G * G);
   }
 }
@@ -107,10 +111,11 @@ void sinkhorn_reference_forward(T* mixing, const T* logits, int64_t N, int64_t G
 template <class T>
 void sinkhorn_reference_backward(T* d_logits, const T* d_mixing, const T* logits, int64_t N, int64_t G,
                                  int64_t iterations) {
-  std::vector<T> stages;
+  std::vector<T> stages(static_cast<size_t>(2 * iterations * G * G)), work(static_cast<size_t>(2 * G * G));
   for (int64_t n = 0; n < N; ++n) {
-    sinkhorn_token_forward(stages, logits + n * G * G, G, iterations);
-    sinkhorn_token_backward(d_logits + n * G * G, d_mixing + n * G * G, stages, G, iterations);
+    sinkhorn_token_forward(stages.data(), logits + n * G * G, G, iterations);
+    sinkhorn_token_backward(d_logits + n * G * G, d_mixing + n * G * G, stages.data(), work.data(), G,
+                            iterations);
   }
 }
 
