@@ -224,12 +224,16 @@ void print_verdict(const TrainingPlan& plan, std::ostream& out) {
     return;
   }
   out << "does not fit: " << figures << ", largest buffers:";
+  // Under expert parallelism the routed experts' rows (logical axes dispatch_rows and expert_rows) are sized
+  // by the all_to_all blocks.
+  const bool expert_parallel = plan.spec.sharding.compute("experts").degree > 1;
   bool dispatch_blocks = false;
   for (const PlanBuffer* buffer : largest_buffers(plan, 5)) {
     out << "\n  " << buffer->name << " (" << buffer_kind_name(buffer->kind) << ", " << buffer->layer << ") "
         << bytes_text(static_cast<double>(buffer->bytes));
-    dispatch_blocks = dispatch_blocks || buffer->name.find("/moe/dispatch/") != std::string::npos ||
-                      buffer->name.find("_blocks") != std::string::npos;
+    const std::string& rows = buffer->shape.axes.empty() ? std::string() : buffer->shape.axes.front();
+    dispatch_blocks =
+        dispatch_blocks || (expert_parallel && (rows == "dispatch_rows" || rows == "expert_rows"));
   }
   out << "\n";
   if (dispatch_blocks && plan.spec.config.capacity_factor <= 0.0) {

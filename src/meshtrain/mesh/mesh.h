@@ -96,6 +96,11 @@ inline MeshGroup mesh_group(const Mesh& mesh, int64_t rank, MeshAxis axis) {
 // Expert ranks too (as the reference system's expert axis): outside the routed experts they work like data
 // ranks, and the experts see every expert rank's tokens through the all-to-all dispatch.
 inline constexpr std::array kBatchMeshAxes = {MeshAxis::data, MeshAxis::fsdp, MeshAxis::expert};
+// The mesh axes whose ranks hold different tokens of a micro-batch: the batch axes (different rows) and
+// context (different tokens of the same rows), in rank order. Sums over tokens (the loss, the valid count,
+// the experts' loads) and gradients of what these ranks share add up over them.
+inline constexpr std::array kTokenMeshAxes = {MeshAxis::data, MeshAxis::fsdp, MeshAxis::context,
+                                              MeshAxis::expert};
 
 // Fills a -1 axis from `devices` and checks the product; `devices_source` says where the count came from
 // ("topology h100x8", "4 MPI ranks") for the error message.

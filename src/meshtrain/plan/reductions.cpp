@@ -2,7 +2,6 @@
 // data-parallel reduction of the gradients (all-reduce, or ZeRO-1's reduce-scatter), the global norm
 // (partial sums all-reduced over every axis gradients are split on), the clip, AdamW on the local shard,
 // and ZeRO-1's parameter all-gather (which belongs to update, aot-plan.md).
-#include <array>
 #include <cstring>
 
 #include "meshtrain/plan/passes.h"
@@ -65,16 +64,15 @@ std::vector<PlanStep> update_steps(TrainingPlan& plan) {
   const ModelSpec& spec = plan.spec;
   const Mesh& mesh = plan.mesh;
   std::vector<PlanStep> steps;
-  constexpr std::array kTokenAxes = {MeshAxis::data, MeshAxis::fsdp, MeshAxis::context, MeshAxis::expert};
   int64_t token_ranks = 1;
-  for (MeshAxis axis : kTokenAxes) token_ranks *= mesh.size(axis);
+  for (MeshAxis axis : kTokenMeshAxes) token_ranks *= mesh.size(axis);
   if (token_ranks > 1) {
     const BufferId count = add_plan_buffer(plan, PlanBuffer{"optimizer/valid_count",
                                                             BufferKind::communication,
                                                             DType::i32,
                                                             shape_of({{"count", 2}}),
                                                             {DimSharding{}}});
-    for (MeshAxis axis : kTokenAxes) {
+    for (MeshAxis axis : kTokenMeshAxes) {
       if (mesh.size(axis) > 1) {
         steps.push_back(step_of(add_collective_op(
             plan, std::string("optimizer/reduce_valid_count/") + mesh_axis_name(axis),

@@ -30,6 +30,12 @@ void set_resolved_text(Config& config, const std::string& key, const std::string
   }
 }
 
+// The expert degree every candidate keeps: the config's (mesh.expert; 1 when unset or -1). The other axes are
+// searched around it.
+int64_t searched_expert_degree(const Config& base) {
+  return std::max<int64_t>(1, base.mesh[MeshAxis::expert]);
+}
+
 }  // namespace
 
 void SearchCandidate::apply_to(Config& config) const {
@@ -79,8 +85,7 @@ ContextDegrees search_context_degrees(const Config& base, int64_t devices) {
 std::vector<SearchCandidate> search_candidates(const Config& base, int64_t devices, int64_t tensor_limit) {
   const int64_t sequences_per_device = base.per_device_batch_size * base.gradient_accumulation_steps;
   std::vector<SearchCandidate> candidates;
-  // The expert degree is the config's (mesh.expert, 1 unless set): the other axes are searched around it.
-  const int64_t expert = std::max<int64_t>(1, base.mesh[MeshAxis::expert]);
+  const int64_t expert = searched_expert_degree(base);
   if (devices % expert != 0) return candidates;
   for (int64_t context : search_context_degrees(base, devices / expert).searched) {
     for (int64_t tensor : divisors(devices / expert / context)) {
@@ -117,8 +122,7 @@ SearchResult search_training_configurations(const Config& base) {
   result.global_batch = base.per_device_batch_size * base.gradient_accumulation_steps * result.devices;
   // Tensor parallelism stays inside a host (its collectives run every layer) and splits the query heads.
   const int64_t tensor_limit = topology.devices_per_host == 0 ? result.devices : topology.devices_per_host;
-  result.contexts =
-      search_context_degrees(base, result.devices / std::max<int64_t>(1, base.mesh[MeshAxis::expert]));
+  result.contexts = search_context_degrees(base, result.devices / searched_expert_degree(base));
   result.tensor_limit = tensor_limit;
   result.query_heads = base.base_num_query_heads;
   const std::vector<SearchCandidate> candidates = search_candidates(base, result.devices, tensor_limit);

@@ -272,9 +272,7 @@ void Run::connect_mesh(TrainingPlan plan) {
     // plan_training has refused a length that does not split, on every rank alike, so this cannot throw.
     ranks_.context_layout.emplace(effective_context_reorder(config_), config_.max_target_length, context);
     ranks_.context_rank = mesh_coordinates(mesh_, ranks_.world->rank())[MeshAxis::context];
-    constexpr std::array kLossMeshAxes = {MeshAxis::data, MeshAxis::fsdp, MeshAxis::context,
-                                          MeshAxis::expert};
-    const MeshGroup loss_ranks = mesh_group(mesh_, ranks_.world->rank(), kLossMeshAxes);
+    const MeshGroup loss_ranks = mesh_group(mesh_, ranks_.world->rank(), kTokenMeshAxes);
     ranks_.loss_group =
         ranks_.world->split(static_cast<int>(loss_ranks.colour), static_cast<int>(loss_ranks.index), "loss");
   }

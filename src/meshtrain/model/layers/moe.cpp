@@ -372,14 +372,11 @@ BufferId add_moe_block(SpecBuilder& builder, const std::string& prefix, BufferId
          0.0,
          [=](const OpContext& c) { std::copy(c.i32(assigned), c.i32(assigned) + E, c.i32(batch_assigned)); },
          OpKind::memory});
-    for (MeshAxis axis : kBatchMeshAxes) {
+    for (MeshAxis axis : kTokenMeshAxes) {
       for (OpDecl& op : builder.collective(moe + "/batch_assigned/" + mesh_axis_name(axis),
                                            CollectiveKind::all_reduce, axis, batch_assigned))
         builder.forward(std::move(op));
     }
-    for (OpDecl& op : builder.collective(moe + "/batch_assigned/context", CollectiveKind::all_reduce,
-                                         MeshAxis::context, batch_assigned))
-      builder.forward(std::move(op));
     builder.forward({moe + "/balance_loss_forward",
                      {scores, batch_assigned},
                      {},
