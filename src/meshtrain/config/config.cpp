@@ -7,8 +7,10 @@
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
+#include <limits>
 #include <set>
 
+#include "meshtrain/core/engram_tables.h"
 #include "meshtrain/core/error.h"
 
 namespace meshtrain {
@@ -208,6 +210,17 @@ const std::vector<KeyEntry>& key_table() {
       plan_key(entry("topk_routing_group", &Config::topk_routing_group)),
       plan_key(entry("capacity_factor", &Config::capacity_factor)),
       entry("load_balance_loss_weight", &Config::load_balance_loss_weight),
+      plan_key(entry("engram_layers", &Config::engram_layers)),
+      plan_key(entry("engram_max_ngram_size", &Config::engram_max_ngram_size)),
+      plan_key(entry("engram_num_heads", &Config::engram_num_heads)),
+      plan_key(entry("engram_head_dim", &Config::engram_head_dim)),
+      plan_key(entry("engram_vocab_bases", &Config::engram_vocab_bases)),
+      plan_key(entry("engram_kernel_size", &Config::engram_kernel_size)),
+      entry("engram_seed", &Config::engram_seed),
+      entry("engram_learning_rate_multiplier", &Config::engram_learning_rate_multiplier),
+      entry("engram_weight_decay", &Config::engram_weight_decay),
+      plan_key(entry("mhc_expansion_rate", &Config::mhc_expansion_rate)),
+      plan_key(entry("sinkhorn_iterations", &Config::sinkhorn_iterations)),
       plan_key(entry("max_target_length", &Config::max_target_length)),
       plan_key(entry("dtype", &Config::dtype)),
       plan_key(entry("weight_dtype", &Config::weight_dtype)),
@@ -235,6 +248,7 @@ const std::vector<KeyEntry>& key_table() {
       plan_key(rule_entry("vocab")),
       plan_key(rule_entry("positions")),
       plan_key(rule_entry("experts")),
+      plan_key(rule_entry("engram_rows")),
       entry("kernels", &Config::kernels),
       entry("plan_out", &Config::plan_out),
       entry("plan_in", &Config::plan_in),
@@ -484,6 +498,94 @@ void validate_attention_and_moe_keys(const Config& c, int64_t expert_degree) {
   }
 }
 
+bool engram_layer(const Config& c, int64_t layer) {
+  return std::find(c.engram_layers.begin(), c.engram_layers.end(), layer) != c.engram_layers.end();
+}
+
+void validate_engram_and_mhc_keys(const Config& c) {
+  if (c.mhc_expansion_rate < 1) {
+    fail("config key 'mhc_expansion_rate'", "1 (a plain residual) or more residual streams",
+         text_of(c.mhc_expansion_rate), "DeepSeek's mHC uses 4");
+  }
+  if (c.mhc_expansion_rate > 1) {
+    if (c.decoder_block != DecoderBlock::deepseek) {
+      fail("config key 'mhc_expansion_rate'",
+           std::string("1 for decoder_block=") + decoder_block_name(c.decoder_block),
+           text_of(c.mhc_expansion_rate), "mHC hyper-connections are built by decoder_block=deepseek");
+    }
+    if (c.sinkhorn_iterations < 1) {
+      fail("config key 'sinkhorn_iterations'", "a positive number of Sinkhorn iterations",
+           text_of(c.sinkhorn_iterations), "mHC uses 20");
+    }
+  }
+  if (c.engram_layers.empty()) return;
+  if (c.decoder_block != DecoderBlock::deepseek) {
+    fail("config key 'engram_layers'", std::string("[] for decoder_block=") + decoder_block_name(c.decoder_block),
+         "a list of " + text_of(static_cast<int64_t>(c.engram_layers.size())) + " layers",
+         "Engram blocks are built by decoder_block=deepseek");
+  }
+  for (size_t i = 0; i < c.engram_layers.size(); ++i) {
+    const int64_t layer = c.engram_layers[i];
+    if (layer < 0 || layer >= c.base_num_decoder_layers) {
+      fail("config key 'engram_layers'",
+           "layer indices in [0, base_num_decoder_layers) = [0, " + text_of(c.base_num_decoder_layers) + ")",
+           text_of(layer), "name layers of this model (0-based)");
+    }
+    if (std::find(c.engram_layers.begin(), c.engram_layers.begin() + static_cast<std::ptrdiff_t>(i), layer) !=
+        c.engram_layers.begin() + static_cast<std::ptrdiff_t>(i)) {
+      fail("config key 'engram_layers'", "each layer at most once", "layer " + text_of(layer) + " twice",
+           "remove the repeated index");
+    }
+  }
+  if (c.engram_max_ngram_size < 2) {
+    fail("config key 'engram_max_ngram_size'", "at least 2 (orders 2..N are hashed; there are no unigrams)",
+         text_of(c.engram_max_ngram_size), "the paper and the reference use 3");
+  }
+  for (const auto& [key, value] : {std::pair<const char*, int64_t>{"engram_num_heads", c.engram_num_heads},
+                                   {"engram_head_dim", c.engram_head_dim},
+                                   {"engram_kernel_size", c.engram_kernel_size}}) {
+    if (value <= 0) {
+      fail(std::string("config key '") + key + "'", "a positive integer when engram_layers is set",
+           text_of(value));
+    }
+  }
+  const auto orders = static_cast<size_t>(c.engram_max_ngram_size - 1);
+  if (c.engram_vocab_bases.size() != orders) {
+    fail("config key 'engram_vocab_bases'",
+         text_of(static_cast<int64_t>(orders)) + " entries, one per hashed order 2..engram_max_ngram_size (" +
+             text_of(c.engram_max_ngram_size) + ")",
+         text_of(static_cast<int64_t>(c.engram_vocab_bases.size())) + " entries",
+         "e.g. engram_vocab_bases=[226240, 226240] for engram_max_ngram_size=3");
+  }
+  for (size_t order = 0; order < orders; ++order) {
+    // Each head takes a distinct prime table size above its base: a base below 2 leaves no room for a
+    // table that hashes anything apart.
+    if (c.engram_vocab_bases[order] < 2) {
+      fail("config key 'engram_vocab_bases'",
+           "at least 2 rows for each head's table of order " + text_of(static_cast<int64_t>(order + 2)),
+           text_of(c.engram_vocab_bases[order]), "use bases of the order of the compressed vocabulary or more");
+    }
+  }
+  // Row ids (hash + head offset) are int32 in the lookup: each layer's tables together fit.
+  const auto sizes = engram_table_sizes(static_cast<int64_t>(c.engram_layers.size()), c.engram_max_ngram_size,
+                                        c.engram_num_heads, c.engram_vocab_bases);
+  for (size_t layer = 0; layer < sizes.size(); ++layer) {
+    int64_t rows = 0;
+    for (const std::vector<int64_t>& order : sizes[layer])
+      for (int64_t size : order) rows += size;
+    if (rows > std::numeric_limits<int32_t>::max()) {
+      fail("config key 'engram_vocab_bases'",
+           "tables whose rows fit int32 ids: layer " + text_of(c.engram_layers[layer]) +
+               "'s heads hold at most 2147483647 rows together",
+           text_of(rows) + " rows", "use smaller bases, fewer heads or a smaller engram_max_ngram_size");
+    }
+  }
+  if (c.engram_learning_rate_multiplier < 0.0 || c.engram_weight_decay < 0.0) {
+    fail("config keys 'engram_learning_rate_multiplier' / 'engram_weight_decay'", "0 or more",
+         std::to_string(c.engram_learning_rate_multiplier) + " / " + std::to_string(c.engram_weight_decay));
+  }
+}
+
 std::string config_directory() {
   if (const char* from_environment = std::getenv("MESHTRAIN_CONFIG_DIR")) return from_environment;
   return std::string(MESHTRAIN_SOURCE_DIR) + "/configs";
@@ -551,6 +653,7 @@ Config load_config(const std::string& config_argument, const std::vector<std::st
     config.resolved.emplace_back(key.name, found->second.text);
   }
   validate_attention_and_moe_keys(config, config.mesh[MeshAxis::expert]);
+  validate_engram_and_mhc_keys(config);
   return config;
 }
 

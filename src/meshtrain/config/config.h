@@ -116,6 +116,19 @@ struct Config {
   int64_t n_routing_groups = 1, topk_routing_group = 1;
   double capacity_factor = 0.0;
   double load_balance_loss_weight = 0.0;
+  // Engram n-gram memory (shared/specs/engram.md; decoder_block=deepseek) on the layers engram_layers names
+  // (empty: off): orders 2..engram_max_ngram_size hashed by engram_num_heads heads each into tables of at
+  // least engram_vocab_bases[order - 2] rows of engram_head_dim; a ShortConv of engram_kernel_size taps.
+  // The tables are their own optimizer group: learning rate x engram_learning_rate_multiplier and weight
+  // decay engram_weight_decay (the paper: 5x, none).
+  std::vector<int64_t> engram_layers;
+  int64_t engram_max_ngram_size = 3, engram_num_heads = 8, engram_head_dim = 1280;
+  std::vector<int64_t> engram_vocab_bases;
+  int64_t engram_kernel_size = 4, engram_seed = 0;
+  double engram_learning_rate_multiplier = 5.0, engram_weight_decay = 0.0;
+  // mHC (shared/specs/mhc.md): mhc_expansion_rate residual streams (1: a plain residual), each sublayer's
+  // mixing matrix normalised by sinkhorn_iterations Sinkhorn iterations.
+  int64_t mhc_expansion_rate = 1, sinkhorn_iterations = 20;
   int64_t max_target_length = 0;
   DType dtype = DType::f32;
   DType weight_dtype = DType::f32;
@@ -179,6 +192,12 @@ inline ContextReorder effective_context_reorder(const Config& config) {
 // dividing the experts, and `expert_degree` (mesh.expert; <= 0 skips it: not yet resolved) dividing the
 // experts. load_config calls it with the requested mesh.expert, build_model_spec with the resolved one.
 void validate_attention_and_moe_keys(const Config& config, int64_t expert_degree);
+// The Engram and mHC keys' rules (before anything is allocated): layer indices inside the model and not
+// repeated, an n-gram size of at least 2, one vocabulary base per hashed order, table rows within int32,
+// positive widths, mhc_expansion_rate >= 1, and both built by decoder_block=deepseek only.
+void validate_engram_and_mhc_keys(const Config& config);
+// Whether global layer `layer` has an Engram block.
+bool engram_layer(const Config& config, int64_t layer);
 
 // Loads base.yaml, the preset or YAML named by `config_argument`, then `overrides` ("key=value").
 // `config_dir` holds base.yaml and models/; empty means config_directory().

@@ -12,6 +12,9 @@ struct Batch {
   std::vector<int32_t> positions;    // [B, S] position within its document (RoPE / learned positions)
   std::vector<int32_t> segment_ids;  // [B, S] document index within the row: attention never crosses it
   std::vector<uint8_t> loss_mask;    // [B, S] 1: the target counts in the loss
+  // Per Engram layer (engram_layers order): the n-gram hash ids of each token, [B, S, H (N - 1)], hashed in
+  // natural order before any context-parallel cut (data/engram_hash.h); empty without Engram.
+  std::vector<std::vector<int32_t>> engram_hash_ids;
 };
 
 }  // namespace meshtrain

@@ -2,6 +2,7 @@
 // batch shard / unshard built on them.
 #include "meshtrain/data/context_reorder.h"
 
+#include <algorithm>
 #include <string>
 
 #include "meshtrain/core/error.h"
@@ -60,26 +61,40 @@ void check_sequence_splits(ContextReorder reorder, int64_t sequence_length, int6
            length_text);
 }
 
-// One per-token field of [rows, in_width] -> [rows, columns.size()]: out[b, k] = values[b, columns[k]].
+// One per-token field of [rows, in_width, inner] -> [rows, columns.size(), inner]:
+// out[b, k, :] = values[b, columns[k], :] (inner: values per token, 1 but for Engram's hash ids).
 template <typename Value>
 std::vector<Value> gather_columns(const std::vector<Value>& values, int64_t rows, int64_t in_width,
-                                  const std::vector<int64_t>& columns) {
+                                  const std::vector<int64_t>& columns, int64_t inner = 1) {
   const int64_t out_width = static_cast<int64_t>(columns.size());
-  std::vector<Value> gathered(static_cast<size_t>(rows * out_width));
+  std::vector<Value> gathered(static_cast<size_t>(rows * out_width * inner));
   for (int64_t b = 0; b < rows; ++b) {
-    for (int64_t k = 0; k < out_width; ++k) gathered[b * out_width + k] = values[b * in_width + columns[k]];
+    for (int64_t k = 0; k < out_width; ++k) {
+      const auto from = values.begin() + (b * in_width + columns[k]) * inner;
+      std::copy(from, from + inner, gathered.begin() + (b * out_width + k) * inner);
+    }
   }
   return gathered;
 }
 
-// The inverse of gather_columns into `out` ([rows, out_width]): out[b, columns[k]] = values[b, k].
+// The inverse of gather_columns into `out` ([rows, out_width, inner]): out[b, columns[k], :] = values[b, k, :].
 template <typename Value>
 void scatter_columns(const std::vector<Value>& values, int64_t rows, int64_t out_width,
-                     const std::vector<int64_t>& columns, std::vector<Value>& out) {
+                     const std::vector<int64_t>& columns, std::vector<Value>& out, int64_t inner = 1) {
   const int64_t in_width = static_cast<int64_t>(columns.size());
   for (int64_t b = 0; b < rows; ++b) {
-    for (int64_t k = 0; k < in_width; ++k) out[b * out_width + columns[k]] = values[b * in_width + k];
+    for (int64_t k = 0; k < in_width; ++k) {
+      const auto from = values.begin() + (b * in_width + k) * inner;
+      std::copy(from, from + inner, out.begin() + (b * out_width + columns[k]) * inner);
+    }
   }
+}
+
+// Values per token of an Engram layer's hash ids ([B, S, inner]).
+int64_t hash_ids_per_token(const std::vector<int32_t>& hash_ids, int64_t B, int64_t S) {
+  MT_CHECK(B * S > 0 && hash_ids.size() % static_cast<size_t>(B * S) == 0,
+           "Engram hash ids must be [B, S, heads]");
+  return static_cast<int64_t>(hash_ids.size()) / (B * S);
 }
 
 // Rows of a batch whose fields are each [rows, width]; a mismatch is a bug in the caller, not user input.
@@ -179,6 +194,11 @@ Batch context_shard(const Batch& rows, const ContextLayout& layout, int64_t rank
   shard.positions = gather_columns(rows.positions, B, S, columns);      // [B, L] original positions
   shard.segment_ids = gather_columns(rows.segment_ids, B, S, columns);  // [B, L]
   shard.loss_mask = gather_columns(rows.loss_mask, B, S, columns);      // [B, L]
+  // Hashed in natural order before this cut: they travel with their tokens.
+  for (const std::vector<int32_t>& hash_ids : rows.engram_hash_ids) {
+    shard.engram_hash_ids.push_back(
+        gather_columns(hash_ids, B, S, columns, hash_ids_per_token(hash_ids, B, S)));  // [B, L, heads]
+  }
   return shard;
 }
 
@@ -204,6 +224,12 @@ Batch context_unshard(const std::vector<Batch>& shards, const ContextLayout& lay
     scatter_columns(shard.positions, B, S, columns, rows.positions);
     scatter_columns(shard.segment_ids, B, S, columns, rows.segment_ids);
     scatter_columns(shard.loss_mask, B, S, columns, rows.loss_mask);
+    rows.engram_hash_ids.resize(shard.engram_hash_ids.size());
+    for (size_t layer = 0; layer < shard.engram_hash_ids.size(); ++layer) {
+      const int64_t inner = hash_ids_per_token(shard.engram_hash_ids[layer], B, L);
+      rows.engram_hash_ids[layer].resize(cells * static_cast<size_t>(inner));  // [B, S, heads]
+      scatter_columns(shard.engram_hash_ids[layer], B, S, columns, rows.engram_hash_ids[layer], inner);
+    }
   }
   return rows;
 }

@@ -2,46 +2,11 @@
 
 #include <algorithm>
 #include <limits>
-#include <set>
 
 #include "meshtrain/core/error.h"
 #include "meshtrain/core/rng.h"
 
 namespace meshtrain {
-
-bool is_prime(int64_t n) {
-  if (n < 2) return false;
-  if (n % 2 == 0) return n == 2;
-  if (n % 3 == 0) return n == 3;
-  // Trial division by 6k +- 1: table sizes are at most a few billion, so at most ~10^4 divisions.
-  for (int64_t d = 5; d <= n / d; d += 6) {
-    if (n % d == 0 || n % (d + 2) == 0) return false;
-  }
-  return true;
-}
-
-std::vector<std::vector<std::vector<int64_t>>> engram_table_sizes(int64_t layers, int64_t max_ngram,
-                                                                  int64_t heads,
-                                                                  const std::vector<int64_t>& vocab_bases) {
-  MT_CHECK(max_ngram >= 2 && heads >= 1 && layers >= 0, "Engram table sizes: N >= 2, H >= 1");
-  MT_CHECK(static_cast<int64_t>(vocab_bases.size()) == max_ngram - 1, "one vocab base per order 2..N");
-  std::set<int64_t> seen;
-  std::vector<std::vector<std::vector<int64_t>>> sizes(static_cast<size_t>(layers));
-  for (auto& layer : sizes) {
-    for (int64_t n = 2; n <= max_ngram; ++n) {
-      int64_t start = vocab_bases[static_cast<size_t>(n - 2)] - 1;
-      std::vector<int64_t>& order = layer.emplace_back();
-      for (int64_t head = 0; head < heads; ++head) {
-        int64_t candidate = start + 1;
-        while (!is_prime(candidate) || seen.count(candidate)) ++candidate;
-        seen.insert(candidate);
-        order.push_back(candidate);
-        start = candidate;
-      }
-    }
-  }
-  return sizes;
-}
 
 std::vector<int64_t> engram_multipliers(uint64_t seed, int64_t layer_id, int64_t max_ngram,
                                         int64_t compressed_vocab) {
@@ -91,6 +56,58 @@ void engram_hash_ids(int32_t* out, const int32_t* compressed, int64_t B, int64_t
       }
     }
   }
+}
+
+int64_t EngramHashing::heads_per_token() const {
+  if (table_sizes.empty()) return 0;
+  return static_cast<int64_t>(table_sizes.front().size() * table_sizes.front().front().size());
+}
+
+void EngramHashing::add_to(Batch& rows, int64_t S) const {
+  const auto cells = static_cast<int64_t>(rows.tokens.size());
+  MT_CHECK(S > 0 && cells % S == 0, "Engram hashing: rows of S tokens");
+  const int64_t B = cells / S;
+  std::vector<int32_t> compressed_ids(rows.tokens.size());  // [B, S]
+  for (size_t i = 0; i < rows.tokens.size(); ++i) compressed_ids[i] = compressed(rows.tokens[i]);
+  rows.engram_hash_ids.assign(layers.size(), {});
+  for (size_t layer = 0; layer < layers.size(); ++layer) {
+    std::vector<int32_t>& ids = rows.engram_hash_ids[layer];
+    ids.resize(static_cast<size_t>(cells * heads_per_token()));  // [B, S, H (N - 1)]
+    engram_hash_ids(ids.data(), compressed_ids.data(), B, S, multipliers[layer], table_sizes[layer], pad_id);
+  }
+}
+
+std::vector<int32_t> EngramHashing::last_token_ids(size_t layer, const std::vector<int32_t>& history) const {
+  MT_CHECK(!history.empty(), "Engram hashing: a current token");
+  const size_t N = multipliers[layer].size();
+  // The last N tokens (pad_id before the start) as one row; its last token's ids are the answer.
+  std::vector<int32_t> window(N, pad_id);
+  const size_t kept = std::min(N, history.size());
+  std::copy(history.end() - static_cast<std::ptrdiff_t>(kept), history.end(), window.end() - static_cast<std::ptrdiff_t>(kept));
+  std::vector<int32_t> ids(N * static_cast<size_t>(heads_per_token()));
+  engram_hash_ids(ids.data(), window.data(), 1, static_cast<int64_t>(N), multipliers[layer], table_sizes[layer],
+                  pad_id);
+  return {ids.end() - heads_per_token(), ids.end()};
+}
+
+EngramHashing make_engram_hashing(const EngramHashOptions& options, const Tokenizer* tokenizer) {
+  EngramHashing hashing;
+  hashing.layers = options.layers;
+  if (tokenizer != nullptr) {
+    hashing.compressed = compress_vocabulary(*tokenizer);
+    hashing.pad_id = hashing.compressed(tokenizer->eos_id().value_or(0));
+  } else {
+    hashing.compressed.size = options.vocab_size;
+    hashing.compressed.compress.resize(static_cast<size_t>(options.vocab_size));
+    for (int32_t id = 0; id < static_cast<int32_t>(options.vocab_size); ++id) hashing.compressed.compress[id] = id;
+  }
+  hashing.table_sizes = engram_table_sizes(static_cast<int64_t>(options.layers.size()), options.max_ngram,
+                                           options.heads, options.vocab_bases);
+  for (int64_t layer : options.layers) {
+    hashing.multipliers.push_back(
+        engram_multipliers(options.seed, layer, options.max_ngram, hashing.compressed.size));
+  }
+  return hashing;
 }
 
 }  // namespace meshtrain

@@ -9,18 +9,11 @@
 #include <cstdint>
 #include <vector>
 
+#include "meshtrain/core/engram_tables.h"
+#include "meshtrain/data/batch.h"
+#include "meshtrain/data/compressed_tokenizer.h"
+
 namespace meshtrain {
-
-// The table size of every (layer, order, head), [layers][N - 1][H]: primes drawn from one `seen` set across
-// all Engram layers (in engram_layers order), then orders 2..N, then heads. Each order starts at its
-// vocab base - 1 (vocab_bases has N - 1 entries, order 2 first); each head takes the smallest prime above
-// the start that is not yet seen, and that prime becomes the start.
-std::vector<std::vector<std::vector<int64_t>>> engram_table_sizes(int64_t layers, int64_t max_ngram,
-                                                                  int64_t heads,
-                                                                  const std::vector<int64_t>& vocab_bases);
-
-// Whether n is prime (deterministic; n < 2^62).
-bool is_prime(int64_t n);
 
 // Layer `layer_id`'s N odd multipliers m_0..m_{N-1}, each below (2^63 - 1) / Vc, so x m fits int64 for every
 // compressed id x < Vc (DeepSeek's 64-bit bound). m_j = 2 r_j + 1 with r_j uniform in [0, half), half =
@@ -38,5 +31,38 @@ void engram_hash_ids(int32_t* out,               // [B, S, H (N - 1)]
                      const int32_t* compressed,  // [B, S] compressed token ids in natural order
                      int64_t B, int64_t S, const std::vector<int64_t>& multipliers,
                      const std::vector<std::vector<int64_t>>& table_sizes, int32_t pad_id);
+
+// What a run needs to hash its batches, per Engram layer in engram_layers order. Built from the config and
+// the run's tokenizer, and stored in checkpoints with the parameters (train/checkpoint.h), so a load uses the
+// checkpoint's multipliers and tables and never depends on regenerating them.
+struct EngramHashing {
+  std::vector<int64_t> layers;                                 // global layer indices (engram_layers)
+  CompressedVocabulary compressed;                             // [V] -> [0, Vc)
+  int32_t pad_id = 0;                                          // compressed id before a row's start
+  std::vector<std::vector<int64_t>> multipliers;               // [layers][N]
+  std::vector<std::vector<std::vector<int64_t>>> table_sizes;  // [layers][N - 1][H]
+
+  int64_t heads_per_token() const;  // H (N - 1): hash ids of one token in one layer
+  // Sets rows.engram_hash_ids from rows.tokens ([B, S] rows in natural order): [layers][B, S, H (N - 1)].
+  void add_to(Batch& rows, int64_t S) const;
+  // One layer's ids for the last token of `history` (compressed ids, oldest first, the last the current
+  // token; fewer than N - 1 before it read pad_id): [H (N - 1)]. Incremental decoding's hash.
+  std::vector<int32_t> last_token_ids(size_t layer, const std::vector<int32_t>& history) const;
+};
+
+// The Engram keys the hashing follows (engram_layers, engram_max_ngram_size, engram_num_heads,
+// engram_vocab_bases, engram_seed) and the model's vocab_size.
+struct EngramHashOptions {
+  std::vector<int64_t> layers;
+  int64_t max_ngram = 3, heads = 8;
+  std::vector<int64_t> vocab_bases;
+  uint64_t seed = 0;
+  int64_t vocab_size = 0;
+};
+
+// Tables and multipliers from the options, and the run's tokenizer: its compressed vocabulary, and pad_id
+// the compressed id of its end-of-text token (id 0 without one). Without a tokenizer (synthetic data) the
+// compressed vocabulary is the identity over vocab_size and pad_id 0.
+EngramHashing make_engram_hashing(const EngramHashOptions& options, const Tokenizer* tokenizer);
 
 }  // namespace meshtrain

@@ -291,6 +291,120 @@ struct KernelBackend {
                                   const int32_t* offsets,  // [E + 1]
                                   int64_t E, int64_t I, int64_t O);
 
+  // rmsnorm.h, per-stream scales (Engram, mHC): G rows of width D per token, stream g scaled by w[g].
+  void (*rmsnorm_streams_forward)(float* out,      // [N, G, D]
+                                  float* rstd,     // [N, G]
+                                  const float* x,  // [N, G, D]
+                                  const float* w,  // [G, D]
+                                  int64_t N, int64_t G, int64_t D, float eps);
+  void (*rmsnorm_streams_backward)(float* dx,          // [N, G, D]
+                                   float* dw,          // [G, D]
+                                   const float* dout,  // [N, G, D]
+                                   const float* x,     // [N, G, D]
+                                   const float* w,     // [G, D]
+                                   const float* rstd,  // [N, G]
+                                   int64_t N, int64_t G, int64_t D, bool accumulate_dx);
+
+  // Engram (shared/specs/engram.md). engram_gate.h: gate_g = sigmoid(signed sqrt(<q_g, k_g> / sqrt(D))),
+  // gated_g = gate_g v; d_q, d_k, d_v written.
+  void (*engram_gate_forward)(float* gated,    // [N, G, D]
+                              float* gate,     // [N, G]
+                              const float* q,  // [N, G, D]
+                              const float* k,  // [N, G, D]
+                              const float* v,  // [N, D]
+                              int64_t N, int64_t G, int64_t D);
+  void (*engram_gate_backward)(float* d_q,            // [N, G, D]
+                               float* d_k,            // [N, G, D]
+                               float* d_v,            // [N, D]
+                               const float* d_gated,  // [N, G, D]
+                               const float* gate,     // [N, G]
+                               const float* q,        // [N, G, D]
+                               const float* k,        // [N, G, D]
+                               const float* v,        // [N, D]
+                               int64_t N, int64_t G, int64_t D);
+  // short_conv.h: the causal depthwise convolution of dilation `dilation` over a stretch of T times, times
+  // before it read `halo` (nullptr: zeros); d_u, d_halo written, d_w accumulated. Then out = x + gated +
+  // silu(y) and its backward (d_gated, d_y written).
+  void (*short_conv_forward)(float* y,           // [B, T, C]
+                             const float* u,     // [B, T, C]
+                             const float* halo,  // [B, (K - 1) dilation, C] or nullptr
+                             const float* w,     // [K, C]
+                             int64_t B, int64_t T, int64_t C, int64_t K, int64_t dilation);
+  void (*short_conv_backward)(float* d_u,         // [B, T, C]
+                              float* d_halo,      // [B, (K - 1) dilation, C] or nullptr
+                              float* d_w,         // [K, C]
+                              const float* d_y,   // [B, T, C]
+                              const float* u,     // [B, T, C]
+                              const float* halo,  // [B, (K - 1) dilation, C] or nullptr
+                              const float* w,     // [K, C]
+                              int64_t B, int64_t T, int64_t C, int64_t K, int64_t dilation);
+  void (*short_conv_output_forward)(float* out, const float* x, const float* gated, const float* y,
+                                    int64_t count);
+  void (*short_conv_output_backward)(float* d_gated, float* d_y, const float* d_out, const float* y,
+                                     int64_t count);
+
+  // mHC (shared/specs/mhc.md). mhc_mix.h: a site's coefficients (pre, post, mixing logits) from its
+  // projection h; the collapse of the streams into the sublayer's input and the expand of its output; the
+  // streams' entry (repeat) and exit (sum). sinkhorn.h: the mixing matrix from its logits (d_logits
+  // written).
+  void (*mhc_coefficients_forward)(float* pre,              // [N, G]
+                                   float* post,             // [N, G]
+                                   float* logits,           // [N, G, G]
+                                   const float* h,          // [N, 2G + G^2]
+                                   const float* scales,     // [3]
+                                   const float* pre_beta,   // [G]
+                                   const float* post_beta,  // [G]
+                                   const float* res_beta,   // [G, G]
+                                   int64_t N, int64_t G);
+  void (*mhc_coefficients_backward)(float* d_h,             // [N, 2G + G^2] written
+                                    float* d_scales,        // [3] +=
+                                    float* d_pre_beta,      // [G] +=
+                                    float* d_post_beta,     // [G] +=
+                                    float* d_res_beta,      // [G, G] +=
+                                    const float* d_pre,     // [N, G]
+                                    const float* d_post,    // [N, G]
+                                    const float* d_logits,  // [N, G, G]
+                                    const float* h,         // [N, 2G + G^2]
+                                    const float* scales,    // [3]
+                                    const float* pre_beta,  // [G]
+                                    const float* post_beta,  // [G]
+                                    int64_t N, int64_t G);
+  void (*sinkhorn_forward)(float* mixing,        // [N, G, G]
+                           const float* logits,  // [N, G, G]
+                           int64_t N, int64_t G, int64_t iterations);
+  void (*sinkhorn_backward)(float* d_logits,        // [N, G, G]
+                            const float* d_mixing,  // [N, G, G]
+                            const float* logits,    // [N, G, G]
+                            int64_t N, int64_t G, int64_t iterations);
+  void (*mhc_collapse_forward)(float* xin,        // [N, D]
+                               const float* x,    // [N, G, D]
+                               const float* pre,  // [N, G]
+                               int64_t N, int64_t G, int64_t D);
+  void (*mhc_collapse_backward)(float* d_x,          // [N, G, D] +=
+                                float* d_pre,        // [N, G] written
+                                const float* d_xin,  // [N, D]
+                                const float* x,      // [N, G, D]
+                                const float* pre,    // [N, G]
+                                int64_t N, int64_t G, int64_t D);
+  void (*mhc_expand_forward)(float* out,           // [N, G, D]
+                             const float* x,       // [N, G, D]
+                             const float* mixing,  // [N, G, G]
+                             const float* post,    // [N, G]
+                             const float* o,       // [N, D]
+                             int64_t N, int64_t G, int64_t D);
+  void (*mhc_expand_backward)(float* d_x,           // [N, G, D] written
+                              float* d_mixing,      // [N, G, G] written
+                              float* d_post,        // [N, G] written
+                              float* d_o,           // [N, D] written
+                              const float* d_out,   // [N, G, D]
+                              const float* x,       // [N, G, D]
+                              const float* mixing,  // [N, G, G]
+                              const float* post,    // [N, G]
+                              const float* o,       // [N, D]
+                              int64_t N, int64_t G, int64_t D);
+  void (*mhc_streams_repeat)(float* out, const float* x, int64_t N, int64_t G, int64_t D);
+  void (*mhc_streams_sum)(float* out, const float* x, int64_t N, int64_t G, int64_t D, bool accumulate);
+
   // adamw.h: the fused AdamW step, and the sum of squares (in double) of the global gradient norm.
   void (*adamw_update)(float* param,       // [count]
                        const float* grad,  // [count]

@@ -1,12 +1,17 @@
 // DeepSeek-V2/V3 decoder (Hugging Face DeepseekV3ForCausalLM semantics): multi-head latent attention, and
 // feed-forward layers that are dense SwiGLU MLPs for the first first_num_dense_layers layers (every layer
-// when num_experts is 0) and mixture-of-experts blocks after them (model/layers/moe.h).
+// when num_experts is 0) and mixture-of-experts blocks after them (model/layers/moe.h). The reference
+// system's additions: an Engram block at the start of each layer engram_layers names (model/layers/engram.h),
+// and with mhc_expansion_rate > 1 the residual widened to G streams, every sublayer an mHC site
+// (model/layers/mhc.h).
 #include <cmath>
 
 #include "meshtrain/core/error.h"
 #include "meshtrain/model/families.h"
 #include "meshtrain/model/layers/attention.h"
 #include "meshtrain/model/layers/embedding.h"
+#include "meshtrain/model/layers/engram.h"
+#include "meshtrain/model/layers/mhc.h"
 #include "meshtrain/model/layers/mla.h"
 #include "meshtrain/model/layers/mlp.h"
 #include "meshtrain/model/layers/moe.h"
@@ -22,22 +27,41 @@ void build_deepseek(SpecBuilder& builder) {
   // Residual output projections start smaller so the stream's variance does not grow with depth.
   const double out_std = 0.02 / std::sqrt(2.0 * static_cast<double>(m.L));
   const EmbeddingLayer embedding = add_embedding(builder, false, d_residual);
-  BufferId residual = embedding.residual;
+  const bool mhc = m.G > 1;
+  // The residual streams and their gradient: [B, S, G, D] under mHC, else the plain residual.
+  BufferId streams = embedding.residual, d_streams = d_residual;
+  if (mhc) {
+    d_streams = builder.gradient_scratch("scratch/d_streams", stream_shape(m));
+    streams = add_mhc_entry(builder, embedding.residual, d_residual, d_streams);
+  }
+  // A sublayer on the streams: an mHC site around it, or the block itself adding its own residual.
+  const auto sublayer = [&](const std::string& site, const auto& add_block) {
+    if (!mhc) return add_block(streams, d_streams, true);
+    return add_mhc_site(builder, site, streams, d_streams,
+                        [&](BufferId xin, BufferId d_io) { return add_block(xin, d_io, false); });
+  };
+  size_t engram_index = 0;
   for (int64_t layer = 0; layer < m.L; ++layer) {
     const std::string prefix = "decoder/layers_" + std::to_string(layer);
-    if (config.attention_type == AttentionType::mla) {
-      residual = add_mla_block(builder, prefix, residual, d_residual, {family.norm, out_std});
-    } else {
-      residual = add_attention_block(builder, prefix, residual, d_residual,
-                                     {family.norm, false, true, false, out_std});
+    if (engram_layer(config, layer)) {
+      streams = add_engram_block(builder, prefix, engram_index++, streams, d_streams);
     }
-    if (moe_layer(config, layer)) {
-      residual = add_moe_block(builder, prefix, residual, d_residual, moe_options(config, out_std));
-    } else {
-      residual =
-          add_mlp_block(builder, prefix, residual, d_residual, {family.norm, family.mlp, false, out_std});
-    }
+    streams = sublayer(prefix + "/mhc_attention", [&](BufferId in, BufferId d_in, bool residual) {
+      if (config.attention_type == AttentionType::mla) {
+        return add_mla_block(builder, prefix, in, d_in, {family.norm, out_std, residual});
+      }
+      return add_attention_block(builder, prefix, in, d_in, {family.norm, false, true, false, out_std, residual});
+    });
+    streams = sublayer(prefix + "/mhc_mlp", [&](BufferId in, BufferId d_in, bool residual) {
+      if (moe_layer(config, layer)) {
+        MoeBlockOptions options = moe_options(config, out_std);
+        options.adds_residual = residual;
+        return add_moe_block(builder, prefix, in, d_in, options);
+      }
+      return add_mlp_block(builder, prefix, in, d_in, {family.norm, family.mlp, false, out_std, residual});
+    });
   }
+  const BufferId residual = mhc ? add_mhc_exit(builder, streams, d_streams, d_residual) : streams;
   const bool tied = config.logits_via_embedding;
   add_final_norm_and_loss(builder, family.norm, residual, tied ? embedding.table : kNoBuffer, d_residual);
 }

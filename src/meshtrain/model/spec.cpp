@@ -36,6 +36,7 @@ ModelDims validate_and_size(const Config& c, const ShardingLayout& sharding) {
   m.V_valid = c.vocab_size;
   const bool mla = c.attention_type == AttentionType::mla;
   validate_attention_and_moe_keys(c, sharding.mesh().size(MeshAxis::expert));
+  validate_engram_and_mhc_keys(c);
   if (mla) {
     // head_dim is not read: the attention core's head width is that of q and k (model/layers/mla.h).
     m.d = c.qk_nope_head_dim + c.qk_rope_head_dim;
@@ -91,6 +92,7 @@ ModelDims validate_and_size(const Config& c, const ShardingLayout& sharding) {
          "use a tensor degree dividing base_num_kv_heads, or a multiple of it");
   }
   m.F = sharding.local_size("mlp", m.F);
+  m.G = c.mhc_expansion_rate;
   const int64_t vocab_degree = sharding.compute("vocab").degree;
   m.V_padded = padded_vocab_size(c.vocab_size, vocab_degree);
   m.V = m.V_padded / vocab_degree;

@@ -7,11 +7,12 @@
 // declare anything, so FLOPs and bytes are per device too.
 //
 // Legend: B batch, S sequence, N tokens (= B*S), D width, H query heads, K kv heads, d head width,
-// F MLP width, V vocab (padded), P learned positions, L layers.
+// F MLP width, V vocab (padded), P learned positions, L layers, G residual streams (mHC).
 #pragma once
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -37,7 +38,7 @@ enum class BufferKind {
   communication
 };
 const char* buffer_kind_name(BufferKind kind);
-enum class ParameterInit { normal, ones, zeros };
+enum class ParameterInit { normal, ones, zeros, constant };
 
 using BufferId = int32_t;
 inline constexpr BufferId kNoBuffer = -1;
@@ -58,7 +59,12 @@ struct ParameterDecl {
   std::string component;       // for parameter-count breakdowns: "embedding", "attention", "mlp", "norm", ...
   ParameterInit init = ParameterInit::normal;
   double init_std = 0.0;
+  double init_value = 0.0;  // ParameterInit::constant
   bool weight_decay = true;  // no decay on norms, biases, embeddings
+  // An optimizer group of its own (Engram's tables): the step's learning rate times this, and this decay
+  // rate in place of adam_weight_decay when set.
+  double learning_rate_multiplier = 1.0;
+  std::optional<double> weight_decay_rate = std::nullopt;
   // Replicated over tensor but computed from tensor-split activations (QK-norm scales see only this rank's
   // heads): each rank's gradient is a partial sum, all-reduced over tensor in update.
   bool gradient_partial_over_tensor = false;
@@ -220,11 +226,21 @@ struct LayerBlock {
 
 struct ModelDims {
   int64_t B = 0, S = 0, N = 0, D = 0, H = 0, K = 0, d = 0, F = 0, L = 0;
+  int64_t G = 1;         // residual streams (mhc_expansion_rate; 1: a plain residual)
   int64_t V = 0;         // padded vocabulary rows on this device
   int64_t V_valid = 0;   // the tokenizer's vocabulary; rows at and past it are never predicted
   int64_t P = 0;         // learned position rows (gpt2)
   int64_t V_padded = 0;  // padded vocabulary over all tensor ranks (V x tensor degree of vocab)
   int64_t T = 0;         // decode spec: key / value cache rows (B = S = 1); 0 in a training spec
+};
+
+// An Engram layer (model/layers/engram.h) as the data path, the checkpoint and decoding see it.
+struct EngramLayerSpec {
+  int64_t layer = 0;                  // global layer index
+  std::vector<int64_t> table_sizes;   // [H (N - 1)] each head's table rows (distinct primes), order 2 first
+  int64_t table_rows = 0;             // sum(table_sizes): the rows a lookup may address
+  BufferId hash_ids = kNoBuffer;      // input [B, S, H (N - 1)] int32: each head's row in its own table
+  BufferId conv_history = kNoBuffer;  // decode: cache [(K - 1) N, G D], the ShortConv's last inputs
 };
 
 struct ModelSpec {
@@ -253,6 +269,8 @@ struct ModelSpec {
   // reaches (AdamW leaves it as it is), moved after each step by the load-based update instead
   // (Engine::update_selection_biases), so checkpoints and resharding treat it as every parameter.
   std::vector<BufferId> moe_selection_biases;
+  // The Engram layers, in engram_layers order (empty without Engram).
+  std::vector<EngramLayerSpec> engram;
   std::vector<OpDecl> update;         // grad norm, clip, AdamW (collectives are the plan's)
   BufferId step_counter = kNoBuffer;  // [1] int32
 

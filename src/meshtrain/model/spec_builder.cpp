@@ -58,6 +58,9 @@ BufferId SpecBuilder::parameter(const std::string& name, const Shape& shape,
   parameter.init = options.init;
   parameter.init_std = options.init_std;
   parameter.weight_decay = options.weight_decay;
+  parameter.init_value = options.init_value;
+  parameter.learning_rate_multiplier = options.learning_rate_multiplier;
+  parameter.weight_decay_rate = options.weight_decay_rate;
   spec_.parameters.push_back(parameter);
   return parameter.value;
 }
@@ -180,13 +183,15 @@ void SpecBuilder::declare_update() {
                           OpKind::optimizer});
   spec_.update.back().role = OpRole::clip;
   const float b1 = static_cast<float>(c.adam_b1), b2 = static_cast<float>(c.adam_b2),
-              eps = static_cast<float>(c.adam_eps), decay = static_cast<float>(c.adam_weight_decay);
+              eps = static_cast<float>(c.adam_eps);
   for (size_t k = 0; k < spec_.parameters.size(); ++k) {
     const ParameterDecl& parameter = spec_.parameters[k];
     const BufferId value = parameter.value, gradient = parameter.gradient, m = parameter.adam_m,
                    v = parameter.adam_v;
     const int64_t count = spec_.buffer(value).shape.elements();
     const bool weight_decay = parameter.weight_decay;
+    const auto decay = static_cast<float>(parameter.weight_decay_rate.value_or(c.adam_weight_decay));
+    const double learning_rate_multiplier = parameter.learning_rate_multiplier;
     std::vector<BufferId> touched = {value, m, v};
     if (parameter.master != kNoBuffer) touched.push_back(parameter.master);
     std::vector<BufferId> reads = touched;
@@ -196,7 +201,8 @@ void SpecBuilder::declare_update() {
          [=](const OpContext& context) {
            const UpdateState& u = *context.update;
            if (u.nonfinite) return;  // a NaN or infinity anywhere: the step leaves every parameter as it was
-           const kernels::AdamWStep adam{static_cast<float>(u.learning_rate), b1, b2, eps, decay, u.step + 1,
+           const kernels::AdamWStep adam{static_cast<float>(u.learning_rate * learning_rate_multiplier), b1, b2,
+                                         eps, decay, u.step + 1,
                                          static_cast<float>(u.gradient_scale)};
            // Sizes come from the views: under FSDP or ZeRO-1 the plan binds this op to shards.
            const TensorView shard = context.view(value);

@@ -3,6 +3,7 @@
 // (ModelDims::T > 0), the same calls declare parameter values only and drop the backward, loss and update.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -15,6 +16,10 @@ struct ParameterOptions {
   ParameterInit init = ParameterInit::normal;
   double init_std = 0.02;
   bool weight_decay = true;
+  double init_value = 0.0;  // ParameterInit::constant
+  // Its own optimizer group (ParameterDecl): learning-rate multiplier and decay rate (unset: the config's).
+  double learning_rate_multiplier = 1.0;
+  std::optional<double> weight_decay_rate = std::nullopt;
 };
 
 class SpecBuilder {
@@ -25,6 +30,11 @@ class SpecBuilder {
   BufferId input(const std::string& name, DType dtype, const Shape& shape);
   // Saved for the backward pass: one buffer per layer.
   BufferId activation(const std::string& name, const Shape& shape);
+  // An int32 buffer in place of the float one `id` declared (indices, positions, counts).
+  BufferId as_int32(BufferId id) {
+    spec_.buffers.at(static_cast<size_t>(id)).dtype = DType::i32;
+    return id;
+  }
   // Temporary: shared by every layer that declares the same name (the backward reuses one set).
   BufferId scratch(const std::string& name, const Shape& shape);
   // A backward temporary (an activation's gradient, a backward kernel's scratch): a scratch, or kNoBuffer in

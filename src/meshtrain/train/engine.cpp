@@ -341,7 +341,9 @@ void Engine::initialize_parameters() {
     float* values = parameters_.value(p).f32();
     const int64_t count = parameters_.value(p).elements();
     const PhiloxKey key = philox_key(seed, parameter.canonical_name);
-    const float constant = parameter.init == ParameterInit::ones ? 1.0f : 0.0f;
+    const float constant = parameter.init == ParameterInit::ones       ? 1.0f
+                           : parameter.init == ParameterInit::constant ? static_cast<float>(parameter.init_value)
+                                                                       : 0.0f;
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < count; ++i) {
       values[i] =
@@ -362,6 +364,31 @@ void Engine::load_batch(const Batch& batch) {
   copy_field(view(plan_.spec.positions), batch.positions, "positions", m.N);
   copy_field(view(plan_.spec.segment_ids), batch.segment_ids, "segment_ids", m.N);
   copy_field(view(plan_.spec.loss_mask), batch.loss_mask, "loss_mask", m.N);
+  // Engram: each layer's hash ids, each below its head's table size.
+  if (batch.engram_hash_ids.size() != plan_.spec.engram.size()) {
+    fail("batch field 'engram_hash_ids'",
+         std::to_string(plan_.spec.engram.size()) + " layers of hash ids (one per engram_layers entry)",
+         std::to_string(batch.engram_hash_ids.size()),
+         "hash the rows with the run's EngramHashing (data/engram_hash.h) before the context cut");
+  }
+  for (size_t layer = 0; layer < plan_.spec.engram.size(); ++layer) {
+    const EngramLayerSpec& engram = plan_.spec.engram[layer];
+    const auto heads = static_cast<int64_t>(engram.table_sizes.size());
+    const std::vector<int32_t>& ids = batch.engram_hash_ids[layer];
+    if (static_cast<int64_t>(ids.size()) != m.N * heads) {
+      fail("batch field 'engram_hash_ids' of layer " + std::to_string(engram.layer),
+           std::to_string(m.N * heads) + " values (B x S x heads)", std::to_string(ids.size()));
+    }
+    for (size_t i = 0; i < ids.size(); ++i) {
+      const int64_t rows = engram.table_sizes[i % static_cast<size_t>(heads)];
+      if (ids[i] < 0 || ids[i] >= rows) {
+        fail("batch Engram hash id " + std::to_string(i) + " of layer " + std::to_string(engram.layer),
+             "a row in [0, " + std::to_string(rows) + ")", std::to_string(ids[i]),
+             "hash with the tables of this config (engram_vocab_bases, engram_num_heads)");
+      }
+    }
+    std::memcpy(view(engram.hash_ids).data, ids.data(), ids.size() * sizeof(int32_t));
+  }
   // Kernels index tables with these: check them here, where a bad batch can still be named.
   const int64_t position_limit = m.P > 0 ? m.P : INT32_MAX;
   for (int64_t i = 0; i < m.N; ++i) {

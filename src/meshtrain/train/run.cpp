@@ -40,6 +40,16 @@ double peak_resident_bytes() {
   return static_cast<double>(usage.ru_maxrss) * 1024.0;
 }
 
+}  // namespace
+
+EngramHashOptions engram_hash_options(const Config& config) {
+  return {config.engram_layers,      config.engram_max_ngram_size,
+          config.engram_num_heads,   config.engram_vocab_bases,
+          static_cast<uint64_t>(config.engram_seed), config.vocab_size};
+}
+
+namespace {
+
 LoaderOptions loader_options(const Config& config, int32_t eos_id, bool shuffle, const RunRanks& ranks) {
   LoaderOptions options;
   options.sequence_length = config.max_target_length;
@@ -267,6 +277,7 @@ void Run::connect_mesh(TrainingPlan plan) {
   ranks_.data_rank = batch_ranks.index;
   ranks_.data_ranks = batch_ranks.size;
   ranks_.local_rows = engine_->spec().dims.B;
+  ranks_.sequence_length = config_.max_target_length;
   const int64_t context = mesh_.size(MeshAxis::context);
   if (context > 1) {
     // plan_training has refused a length that does not split, on every rank alike, so this cannot throw.
@@ -294,6 +305,10 @@ void Run::open_data() {
     ranks_.world->barrier("text dataset tokenized");
     data_config.dataset_type = DatasetType::tokens;
     train_shards_ = resolve_token_shards(data_config.dataset_path, "train");
+  }
+  if (!config_.engram_layers.empty()) {
+    engram_hashing_ = make_engram_hashing(engram_hash_options(config_), tokenizer_ ? &*tokenizer_ : nullptr);
+    ranks_.engram_hashing = &*engram_hashing_;
   }
   loader_ = make_train_loader(data_config, train_shards_, eos_id_, ranks_);
   eval_loader_ = make_eval_loader(data_config, eos_id_, ranks_);

@@ -15,6 +15,7 @@
 #include "meshtrain/comm/communicator.h"
 #include "meshtrain/config/config.h"
 #include "meshtrain/data/context_reorder.h"
+#include "meshtrain/data/engram_hash.h"
 #include "meshtrain/data/loader.h"
 #include "meshtrain/data/tokenizer.h"
 #include "meshtrain/plan/plan.h"
@@ -43,8 +44,13 @@ struct RunRanks {
   // mesh.context > 1: how each row is laid over the context ranks, and this rank's place on that axis.
   std::optional<ContextLayout> context_layout;
   int64_t context_rank = 0;
-  // This rank's part of a micro-batch the loader cut for this batch group ([B, S] rows, [B, S / C] here).
+  // Engram: the run's hashing (null without Engram), applied to natural-order rows of sequence_length.
+  const EngramHashing* engram_hashing = nullptr;
+  int64_t sequence_length = 0;
+  // This rank's part of a micro-batch the loader cut for this batch group ([B, S] rows, [B, S / C] here),
+  // with its Engram hash ids, hashed before the context cut permutes the rows.
   Batch tokens_here(Batch rows) const {
+    if (engram_hashing != nullptr) engram_hashing->add_to(rows, sequence_length);
     return context_layout ? context_shard(rows, *context_layout, context_rank) : rows;
   }
   bool lead() const { return world->rank() == 0; }  // writes run_dir, prints, checkpoints
@@ -61,6 +67,9 @@ struct RunSetup {
 // The checks and the plan of set-up's first phase: steps, the dataset, the plan (and a plan_in matching
 // it), the tokenizer.
 RunSetup prepare_run(const Config& config, int64_t world_size);
+
+// The Engram keys as the data path's hashing takes them (data/ does not read configs).
+EngramHashOptions engram_hash_options(const Config& config);
 
 // Every rank must run the same binary with the same config: a mismatch would hang or corrupt collectives.
 uint64_t run_identity(const Config& config);
@@ -130,6 +139,7 @@ class Run {
   bool lead_;
   std::vector<std::string> train_shards_;
   std::optional<Tokenizer> tokenizer_;
+  std::optional<EngramHashing> engram_hashing_;  // set by open_data when the model has Engram layers
   int32_t eos_id_ = -1;
   std::string tokenizer_identity_;
   std::optional<BatchLoader> loader_;  // set by open_data

@@ -6,15 +6,19 @@
 #include "meshtrain/kernels/cpu/column_slice.h"
 #include "meshtrain/kernels/cpu/cross_entropy.h"
 #include "meshtrain/kernels/cpu/embedding.h"
+#include "meshtrain/kernels/cpu/engram_gate.h"
 #include "meshtrain/kernels/cpu/gelu.h"
 #include "meshtrain/kernels/cpu/grouped_matmul.h"
 #include "meshtrain/kernels/cpu/layernorm.h"
 #include "meshtrain/kernels/cpu/matmul.h"
+#include "meshtrain/kernels/cpu/mhc_mix.h"
 #include "meshtrain/kernels/cpu/moe_dispatch.h"
 #include "meshtrain/kernels/cpu/moe_router.h"
 #include "meshtrain/kernels/cpu/residual.h"
 #include "meshtrain/kernels/cpu/rmsnorm.h"
 #include "meshtrain/kernels/cpu/rope.h"
+#include "meshtrain/kernels/cpu/short_conv.h"
+#include "meshtrain/kernels/cpu/sinkhorn.h"
 #include "meshtrain/kernels/cpu/swiglu.h"
 
 namespace meshtrain::kernels {
@@ -64,6 +68,24 @@ const KernelBackend& cpu_backend() {
       .moe_combine_backward = moe_combine_backward,
       .grouped_matmul_forward = grouped_matmul_forward,
       .grouped_matmul_backward = grouped_matmul_backward,
+      .rmsnorm_streams_forward = rmsnorm_streams_forward,
+      .rmsnorm_streams_backward = rmsnorm_streams_backward,
+      .engram_gate_forward = engram_gate_forward,
+      .engram_gate_backward = engram_gate_backward,
+      .short_conv_forward = short_conv_forward,
+      .short_conv_backward = short_conv_backward,
+      .short_conv_output_forward = short_conv_output_forward,
+      .short_conv_output_backward = short_conv_output_backward,
+      .mhc_coefficients_forward = mhc_coefficients_forward,
+      .mhc_coefficients_backward = mhc_coefficients_backward,
+      .sinkhorn_forward = sinkhorn_forward,
+      .sinkhorn_backward = sinkhorn_backward,
+      .mhc_collapse_forward = mhc_collapse_forward,
+      .mhc_collapse_backward = mhc_collapse_backward,
+      .mhc_expand_forward = mhc_expand_forward,
+      .mhc_expand_backward = mhc_expand_backward,
+      .mhc_streams_repeat = mhc_streams_repeat,
+      .mhc_streams_sum = mhc_streams_sum,
       .adamw_update = adamw_update,
       .sum_of_squares = sum_of_squares,
   };

@@ -42,4 +42,42 @@ void mhc_expand_backward(float* d_x, float* d_mixing, float* d_post, float* d_o,
   }
 }
 
+void mhc_coefficients_forward(float* pre, float* post, float* logits, const float* h, const float* scales,
+                              const float* pre_beta, const float* post_beta, const float* res_beta, int64_t N,
+                              int64_t G) {
+  const int64_t width = 2 * G + G * G;
+#pragma omp parallel for schedule(static) if (N * width >= kParallelMinimum)
+  for (int64_t n = 0; n < N; ++n) {
+    mhc_coefficients_reference_forward(pre + n * G, post + n * G, logits + n * G * G, h + n * width, scales,
+                                       pre_beta, post_beta, res_beta, 1, G);
+  }
+}
+
+// The parameter gradients are sums over every token: one pass in token order (a few values per token, so
+// the serial sum costs little next to the site's matmul), deterministic for any thread count.
+void mhc_coefficients_backward(float* d_h, float* d_scales, float* d_pre_beta, float* d_post_beta,
+                               float* d_res_beta, const float* d_pre, const float* d_post, const float* d_logits,
+                               const float* h, const float* scales, const float* pre_beta,
+                               const float* post_beta, int64_t N, int64_t G) {
+  mhc_coefficients_reference_backward(d_h, d_scales, d_pre_beta, d_post_beta, d_res_beta, d_pre, d_post,
+                                      d_logits, h, scales, pre_beta, post_beta, N, G);
+}
+
+void mhc_streams_repeat(float* out, const float* x, int64_t N, int64_t G, int64_t D) {
+#pragma omp parallel for schedule(static) if (N * G * D >= kParallelMinimum)
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t g = 0; g < G; ++g)
+      for (int64_t c = 0; c < D; ++c) out[(n * G + g) * D + c] = x[n * D + c];
+}
+
+void mhc_streams_sum(float* out, const float* x, int64_t N, int64_t G, int64_t D, bool accumulate) {
+#pragma omp parallel for schedule(static) if (N * G * D >= kParallelMinimum)
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t c = 0; c < D; ++c) {
+      float sum = accumulate ? out[n * D + c] : 0.0f;
+      for (int64_t g = 0; g < G; ++g) sum += x[(n * G + g) * D + c];
+      out[n * D + c] = sum;
+    }
+}
+
 }  // namespace meshtrain::kernels

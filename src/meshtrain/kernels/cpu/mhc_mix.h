@@ -6,6 +6,7 @@
 // into d_x (+=: the streams also reach the output through expand) and writes d_pre (=).
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 namespace meshtrain::kernels {
@@ -36,6 +37,96 @@ void mhc_expand_backward(float* d_x,           // [N, G, D]
                          const float* post,    // [N, G]
                          const float* o,       // [N, D]
                          int64_t N, int64_t G, int64_t D);
+
+// A site's coefficients from its projection h = RMSNorm(x) @ [pre_alpha | post_alpha | res_alpha], per token
+// (scales = {a_pre, a_post, a_res}):
+//   pre    = sigmoid(a_pre h[0..G) + pre_beta) + 1e-6
+//   post   = 2 sigmoid(a_post h[G..2G) + post_beta)
+//   logits = a_res h[2G..2G+G^2) + res_beta          (row-major [G, G]; Sinkhorn makes the mixing of them)
+// Backward: d_h written (=); d_scales [3] and the betas' gradients accumulated (+=), summed over tokens in
+// token order.
+inline constexpr double kMhcPreFloor = 1e-6;
+void mhc_coefficients_forward(float* pre,              // [N, G]
+                              float* post,             // [N, G]
+                              float* logits,           // [N, G, G]
+                              const float* h,          // [N, 2G + G^2]
+                              const float* scales,     // [3]
+                              const float* pre_beta,   // [G]
+                              const float* post_beta,  // [G]
+                              const float* res_beta,   // [G, G]
+                              int64_t N, int64_t G);
+void mhc_coefficients_backward(float* d_h,               // [N, 2G + G^2]
+                               float* d_scales,          // [3]
+                               float* d_pre_beta,        // [G]
+                               float* d_post_beta,       // [G]
+                               float* d_res_beta,        // [G, G]
+                               const float* d_pre,       // [N, G]
+                               const float* d_post,      // [N, G]
+                               const float* d_logits,    // [N, G, G]
+                               const float* h,           // [N, 2G + G^2]
+                               const float* scales,      // [3]
+                               const float* pre_beta,    // [G]
+                               const float* post_beta,   // [G]
+                               int64_t N, int64_t G);
+
+// The residual streams' entry and exit: repeat x into G streams (out written), and their sum (out written
+// or, accumulate, added to). Each is the other's backward.
+void mhc_streams_repeat(float* out,      // [N, G, D]
+                        const float* x,  // [N, D]
+                        int64_t N, int64_t G, int64_t D);
+void mhc_streams_sum(float* out,      // [N, D]
+                     const float* x,  // [N, G, D]
+                     int64_t N, int64_t G, int64_t D, bool accumulate);
+
+template <class T>
+T mhc_sigmoid(T z) {
+  return T(1) / (T(1) + std::exp(-z));
+}
+
+template <class T>
+void mhc_coefficients_reference_forward(T* pre, T* post, T* logits, const T* h, const T* scales,
+                                        const T* pre_beta, const T* post_beta, const T* res_beta, int64_t N,
+                                        int64_t G) {
+  const int64_t width = 2 * G + G * G;
+  for (int64_t n = 0; n < N; ++n) {
+    const T* row = h + n * width;
+    for (int64_t g = 0; g < G; ++g) {
+      pre[n * G + g] = mhc_sigmoid(scales[0] * row[g] + pre_beta[g]) + T(kMhcPreFloor);
+      post[n * G + g] = T(2) * mhc_sigmoid(scales[1] * row[G + g] + post_beta[g]);
+    }
+    for (int64_t i = 0; i < G * G; ++i) logits[n * G * G + i] = scales[2] * row[2 * G + i] + res_beta[i];
+  }
+}
+
+template <class T>
+void mhc_coefficients_reference_backward(T* d_h, T* d_scales, T* d_pre_beta, T* d_post_beta, T* d_res_beta,
+                                         const T* d_pre, const T* d_post, const T* d_logits, const T* h,
+                                         const T* scales, const T* pre_beta, const T* post_beta, int64_t N,
+                                         int64_t G) {
+  const int64_t width = 2 * G + G * G;
+  for (int64_t n = 0; n < N; ++n) {
+    const T* row = h + n * width;
+    T* d_row = d_h + n * width;
+    for (int64_t g = 0; g < G; ++g) {
+      const T s_pre = mhc_sigmoid(scales[0] * row[g] + pre_beta[g]);
+      const T d_z_pre = d_pre[n * G + g] * s_pre * (T(1) - s_pre);
+      d_row[g] = d_z_pre * scales[0];
+      d_scales[0] += d_z_pre * row[g];
+      d_pre_beta[g] += d_z_pre;
+      const T s_post = mhc_sigmoid(scales[1] * row[G + g] + post_beta[g]);
+      const T d_z_post = d_post[n * G + g] * T(2) * s_post * (T(1) - s_post);
+      d_row[G + g] = d_z_post * scales[1];
+      d_scales[1] += d_z_post * row[G + g];
+      d_post_beta[g] += d_z_post;
+    }
+    for (int64_t i = 0; i < G * G; ++i) {
+      const T d_logit = d_logits[n * G * G + i];
+      d_row[2 * G + i] = d_logit * scales[2];
+      d_scales[2] += d_logit * row[2 * G + i];
+      d_res_beta[i] += d_logit;
+    }
+  }
+}
 
 template <class T>
 void mhc_collapse_reference_forward(T* xin, const T* x, const T* pre, int64_t N, int64_t G, int64_t D) {

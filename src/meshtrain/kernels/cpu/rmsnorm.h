@@ -23,6 +23,21 @@ void rmsnorm_backward(float* dx,          // [N, D]
                       const float* rstd,  // [N] from the forward pass
                       int64_t N, int64_t D, bool accumulate_dx);
 
+// Per-stream scales (Engram's and mHC's norms): each of the G streams of a token is a row of width D, stream
+// g scaled by w[g]; rstd [N, G]; dw [G, D] accumulated. G = 1 is rmsnorm_forward / rmsnorm_backward.
+void rmsnorm_streams_forward(float* out,      // [N, G, D]
+                             float* rstd,     // [N, G]
+                             const float* x,  // [N, G, D]
+                             const float* w,  // [G, D]
+                             int64_t N, int64_t G, int64_t D, float eps);
+void rmsnorm_streams_backward(float* dx,          // [N, G, D]
+                              float* dw,          // [G, D]
+                              const float* dout,  // [N, G, D]
+                              const float* x,     // [N, G, D]
+                              const float* w,     // [G, D]
+                              const float* rstd,  // [N, G]
+                              int64_t N, int64_t G, int64_t D, bool accumulate_dx);
+
 template <class T>
 void rmsnorm_reference_forward(T* out,      // [N, D]
                                T* rstd,     // [N]

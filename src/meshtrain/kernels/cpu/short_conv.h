@@ -8,6 +8,7 @@
 // Gradient semantics: d_u and d_halo written (=), d_w accumulated (+=).
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 namespace meshtrain::kernels {
@@ -26,6 +27,29 @@ void short_conv_backward(float* d_u,         // [B, T, C]
                          const float* halo,  // [B, H, C] or nullptr
                          const float* w,     // [K, C]
                          int64_t B, int64_t T, int64_t C, int64_t K, int64_t dilation);
+
+// The ShortConv's end and the Engram residual (engram.md sections 5 and 6), elementwise:
+//   out = x + gated + silu(y);   backward: d_gated = d_out, d_y = d_out silu'(y) (both written).
+void short_conv_output_forward(float* out,          // [count]
+                               const float* x,      // [count] the residual stream
+                               const float* gated,  // [count]
+                               const float* y,      // [count] the convolution
+                               int64_t count);
+void short_conv_output_backward(float* d_gated,      // [count]
+                                float* d_y,          // [count]
+                                const float* d_out,  // [count]
+                                const float* y,      // [count]
+                                int64_t count);
+
+template <class Value>
+Value silu_of(Value y) {
+  return y / (Value(1) + std::exp(-y));
+}
+template <class Value>
+Value silu_slope(Value y) {
+  const Value sigmoid = Value(1) / (Value(1) + std::exp(-y));
+  return sigmoid * (Value(1) + y * (Value(1) - sigmoid));
+}
 
 // Input time `t` (may be negative: the halo) of row b, channel c; zero before the halo.
 template <class Value>

@@ -15,7 +15,9 @@ struct AttentionBlockOptions {
   bool qk_norm = true;  // Qwen3: per-head RMSNorm on q and k before RoPE
   bool rope = true;     // Qwen3: rotate-half RoPE; GPT-2 uses learned positions instead
   bool bias = false;    // GPT-2: biases on every projection
-  double out_init_std = 0.02;
+  double out_init_std = 0.02;  // false: the block is an mHC site's sublayer F (model/layers/mhc.h): it returns F(norm(x)) without
+  // adding x, and its backward turns d_residual into dL/dx in place (written, not added).
+  bool adds_residual = true;
 };
 
 // Returns residual_out [B, S, D]. The backward group reads d_residual (dL/d residual_out) and leaves

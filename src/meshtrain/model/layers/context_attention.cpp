@@ -58,11 +58,6 @@ std::vector<OpDecl> context_reduce_scatter_ops(const SpecBuilder& builder, const
   return ops;
 }
 
-BufferId int32_buffer(SpecBuilder& builder, BufferId id) {
-  builder.spec().buffers[static_cast<size_t>(id)].dtype = DType::i32;
-  return id;
-}
-
 // all_gather: this rank's L queries against the keys and values of the whole rows (C L tokens, in the
 // reordered order the ranks hold them), gathered over context with their positions and segment ids, so the
 // mask uses the original positions. The backward computes this rank's share of dK / dV for the whole rows
@@ -101,7 +96,7 @@ std::vector<OpDecl> add_all_gather_attention(SpecBuilder& builder, const std::st
   // gathers them into activations that every layer reads (kept under any remat policy, since other blocks
   // read them).
   const auto int32_activation = [&](const std::string& name, const Shape& shape) {
-    return int32_buffer(builder, builder.activation("context/" + name, shape));
+    return builder.as_int32(builder.activation("context/" + name, shape));
   };
   BufferId kv_positions = builder.find("context/kv_positions");
   BufferId kv_segment_ids = builder.find("context/kv_segment_ids");
@@ -208,8 +203,8 @@ std::vector<OpDecl> add_ring_attention(SpecBuilder& builder, const std::string& 
   const std::array<BufferId, 2> kv_blocks = {builder.scratch("scratch/ring_kv_0", kv_block),
                                              builder.scratch("scratch/ring_kv_1", kv_block)};
   const std::array<BufferId, 2> token_blocks = {
-      int32_buffer(builder, builder.scratch("scratch/ring_tokens_0", token_block)),
-      int32_buffer(builder, builder.scratch("scratch/ring_tokens_1", token_block))};
+      builder.as_int32(builder.scratch("scratch/ring_tokens_0", token_block)),
+      builder.as_int32(builder.scratch("scratch/ring_tokens_1", token_block))};
   std::vector<BufferId> inputs = {io.q, io.k, io.v, positions};
   if (segment_ids != kNoBuffer) inputs.push_back(segment_ids);
   const std::vector<BufferId> blocks = {kv_blocks[0], kv_blocks[1], token_blocks[0], token_blocks[1]};

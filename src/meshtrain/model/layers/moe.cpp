@@ -11,9 +11,7 @@ namespace meshtrain {
 namespace {
 
 BufferId int32_activation(SpecBuilder& builder, const std::string& name, const Shape& shape) {
-  const BufferId id = builder.activation(name, shape);
-  builder.spec().buffers[static_cast<size_t>(id)].dtype = DType::i32;
-  return id;
+  return builder.as_int32(builder.activation(name, shape));
 }
 
 // The shared experts: a dense SwiGLU of x [N, D] at width F_s (shared_experts x F_e) whose down projection
@@ -289,6 +287,7 @@ BufferId add_moe_block(SpecBuilder& builder, const std::string& prefix, BufferId
   const Shape rows_hidden = shape_of({{"expert_rows", expert_rows}, {"moe_mlp", F}});
   const Shape blocks_width = shape_of({{"dispatch_rows", P * block_rows}, {"embed", D}});
   const std::string moe = prefix + "/moe";
+  const BufferId residual = options.adds_residual ? residual_in : kNoBuffer;
 
   // Backward temporaries, shared by every MoE layer.
   const BufferId d_normed = builder.gradient_scratch("scratch/d_normed", width_shape);
@@ -302,7 +301,7 @@ BufferId add_moe_block(SpecBuilder& builder, const std::string& prefix, BufferId
   const BufferId d_sorted_x_up = builder.gradient_scratch("scratch/d_sorted_x_up", rows_width);
 
   const NormLayer pre_norm = add_norm(builder, prefix + "/post_self_attention_layer_norm", NormKind::rms,
-                                      residual_in, width_shape, N, D, d_normed, d_residual, true);
+                                      residual_in, width_shape, N, D, d_normed, d_residual, options.adds_residual);
   const BufferId x = pre_norm.out;
 
   // Router: logits = x @ W_gate, then scores, the chosen experts and their weights.
@@ -473,19 +472,23 @@ BufferId add_moe_block(SpecBuilder& builder, const std::string& prefix, BufferId
   // The shared experts end on the residual stream; the routed experts' weighted sum joins them.
   SharedExperts shared;
   if (options.shared_experts > 0) {
-    shared = add_shared_experts(builder, moe + "/shared_experts", x, residual_in, d_residual, d_normed,
+    shared = add_shared_experts(builder, moe + "/shared_experts", x, residual, d_residual, d_normed,
                                 options.shared_experts * F, options.out_init_std);
   }
-  const BufferId base = shared.out != kNoBuffer ? shared.out : residual_in;
+  // What the routed sum adds to: the shared experts' output (which holds the residual), else the residual
+  // (an mHC sublayer without shared experts: nothing).
+  const BufferId base = shared.out != kNoBuffer ? shared.out : residual;
   const BufferId out = builder.activation(moe + "/out", width_shape);
+  std::vector<BufferId> combine_reads = {combined_rows, weights, combined_position};
+  if (base != kNoBuffer) combine_reads.push_back(base);
   builder.forward({moe + "/combine_forward",
-                   {combined_rows, weights, combined_position, base},
+                   combine_reads,
                    {out},
                    2.0 * static_cast<double>(M * D),
                    [=](const OpContext& c) {
                      c.kernels->moe_combine_forward(c.f32(out), c.f32(combined_rows), c.f32(weights),
                                                     c.i32(combined_position), N, k, D, false);
-                     c.kernels->residual_add(c.f32(out), c.f32(base), N * D);
+                     if (base != kNoBuffer) c.kernels->residual_add(c.f32(out), c.f32(base), N * D);
                    }});
 
   // Backward, in order: combine, the experts, gather (writes d_normed), router (+ balance loss), the gate

@@ -21,4 +21,10 @@ NormLayer add_norm(SpecBuilder& builder, const std::string& prefix, NormKind kin
                    const Shape& out_shape, int64_t rows, int64_t width, BufferId d_out, BufferId d_x,
                    bool accumulate_dx);
 
+// RMSNorm with a scale per residual stream (Engram's query, key and conv norms): x [N, G, D] as G rows of
+// width D per token, stream g scaled by its own [D] row of the [G, D] scale. Same d_x semantics.
+NormLayer add_stream_norm(SpecBuilder& builder, const std::string& prefix, BufferId x, const Shape& out_shape,
+                          int64_t tokens, int64_t streams, int64_t width, BufferId d_out, BufferId d_x,
+                          bool accumulate_dx);
+
 }  // namespace meshtrain

@@ -1,0 +1,35 @@
+// Engram n-gram memory (shared/specs/engram.md) as spec ops, forward and backward side by side. At the start
+// of an Engram layer, before attention, every residual stream gets the block's output for it:
+//   h      = RMSNorm_engram(x)                     per stream, one [D] scale
+//   e      = concat_i table[hash_ids_i + offset_i] the memory read, [N, D_en]
+//   key_g  = e Wk[:, g] + bk[g];  q_g = RMSNorm_q[g](h_g);  k_g = RMSNorm_k[g](key_g)
+//   v      = e Wv + bv;           gated_g = sigmoid(signed sqrt(<q_g, k_g> / sqrt(D))) v
+//   u      = RMSNorm_c[g](gated); y = ShortConv(u) (dilation N, K taps, causal, zeros before the row)
+//   x_out  = x + gated + silu(y)
+// The hash ids are inputs: the data path hashes natural-order rows before any context-parallel reorder
+// (data/engram_hash.h), so array neighbours never stand in for time neighbours here. The table's rows are
+// split like the vocabulary (logical axis `engram_rows`): each rank reads the rows it holds (zeros
+// elsewhere) and an all-reduce sums the lookup, as the vocab-parallel embedding does.
+// Legend: B batch, S sequence, N tokens (B S), G residual streams, D width, H_e hash heads per order,
+// n the max n-gram size, Dh table row width, D_en = H_e (n - 1) Dh, K conv taps, R table rows held here.
+#pragma once
+
+#include <string>
+
+#include "meshtrain/model/layers/norm.h"
+
+namespace meshtrain {
+
+// The table sizes of every Engram layer [layers][H_e (n - 1)] (order 2 first) from the config's bases (the
+// config's checks keep each layer's rows within int32 ids).
+std::vector<std::vector<int64_t>> engram_layer_table_sizes(const Config& config);
+
+// Returns the streams after the block [B, S, G, D] (G = 1: [B, S, D]); `engram_index` is the layer's place
+// in engram_layers. The backward group reads d_streams (dL/d out) and leaves dL/d streams_in in it.
+BufferId add_engram_block(SpecBuilder& builder, const std::string& prefix, size_t engram_index,
+                          BufferId streams_in, BufferId d_streams);
+
+// The shape of the residual streams: [B, S, G, D], or [B, S, D] without mHC.
+Shape stream_shape(const ModelDims& m);
+
+}  // namespace meshtrain
