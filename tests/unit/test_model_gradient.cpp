@@ -9,6 +9,7 @@
 #include "gradcheck.h"
 #include "meshtrain/model/spec.h"
 #include "meshtrain/train/engine.h"
+#include "meshtrain/train/run.h"
 
 namespace meshtrain {
 namespace {
@@ -42,16 +43,33 @@ Config tiny_config(const std::string& preset) {
 }
 
 // For each parameter: g . u versus (L(p + e u) - L(p - e u)) / 2e, with u a random unit direction.
-void check_model_gradient(const Config& config, double bound) {
+// perturb_constants: parameters that start constant (norm scales, biases, Engram's zero conv taps, mHC's
+// betas and 0.01 scales) move off their init, so the paths a constant init silences carry signal too.
+void check_model_gradient(const Config& config, double bound, bool perturb_constants = false) {
   Engine engine(config);
   const ModelSpec& spec = engine.spec();
+  uint64_t perturbation_seed = 500;
   // Larger weights than the 0.02 init make every path carry signal (a tiny init hides attention errors).
   for (const ParameterDecl& parameter : spec.parameters) {
-    if (parameter.init != ParameterInit::normal) continue;
     const TensorView value = engine.view(parameter.value);
-    for (int64_t i = 0; i < value.elements(); ++i) value.f32()[i] *= 10.0f;
+    if (parameter.init == ParameterInit::normal) {
+      for (int64_t i = 0; i < value.elements(); ++i) value.f32()[i] *= 10.0f;
+    } else if (perturb_constants) {
+      const std::vector<double> noise =
+          testing::random_values(static_cast<size_t>(value.elements()), ++perturbation_seed);
+      for (int64_t i = 0; i < value.elements(); ++i)
+        value.f32()[i] += static_cast<float>(0.3 * noise[static_cast<size_t>(i)]);
+      // Engram's query and key norms at ~3 (tiny_engram_config).
+      const std::string& name = spec.buffer(parameter.value).name;
+      if (name.ends_with("/engram/q_norm/scale") || name.ends_with("/engram/k_norm/scale")) {
+        for (int64_t i = 0; i < value.elements(); ++i) value.f32()[i] *= 3.0f;
+      }
+    }
   }
-  const Batch batch = tiny_batch(spec.dims, 11);
+  Batch batch = tiny_batch(spec.dims, 11);
+  if (!config.engram_layers.empty()) {
+    make_engram_hashing(engram_hash_options(config), nullptr).add_to(batch, spec.dims.S);
+  }
   engine.fwd_bwd(batch);
   uint64_t seed = 100;
   for (const ParameterDecl& parameter : spec.parameters) {
@@ -66,7 +84,6 @@ void check_model_gradient(const Config& config, double bound) {
     for (int64_t i = 0; i < count; ++i) analytic += gradient[i] * direction[static_cast<size_t>(i)];
 
     const std::vector<float> saved(value.f32(), value.f32() + count);
-    const double step = 1e-2;
     const auto loss_at = [&](double scale) {
       for (int64_t i = 0; i < count; ++i) {
         value.f32()[i] =
@@ -74,6 +91,7 @@ void check_model_gradient(const Config& config, double bound) {
       }
       return engine.eval(batch).loss_sum;
     };
+    const double step = 1e-2;
     const double numeric = (loss_at(step) - loss_at(-step)) / (2.0 * step);
     std::copy(saved.begin(), saved.end(), value.f32());
     // Relative to the larger of the two, floored so near-zero directional derivatives compare absolutely.
@@ -136,6 +154,28 @@ TEST(ModelGradient, MoeWithSigmoidRoutingMatchesFiniteDifferences) {
 }
 TEST(ModelGradient, MoeWithSoftmaxRoutingAndCapacityMatchesFiniteDifferences) {
   check_model_gradient(tiny_moe_config("softmax", "1.0"), 2e-3);
+}
+
+// Engram on both layers (orders 2 and 3, 2 heads each over tables of 31.. and 37.. rows, rows of 4, a
+// 2-tap ShortConv of dilation 3 reaching across the row's first 3 tokens), without and with mHC (4 streams,
+// 20 Sinkhorn iterations) around every sublayer; `experts` > 0 makes the second layer MoE (an mHC site
+// around the MoE block). Query and key norms perturbed to ~3 keep Engram's gate scores of order 10, away
+// from the steep zero of its signed square root.
+Config tiny_engram_config(const std::string& streams, const std::string& kernel_size, const std::string& experts) {
+  return tiny_mla_config(
+      "12", {"engram_layers=[0,1]", "engram_num_heads=2", "engram_head_dim=4", "engram_vocab_bases=[31,37]",
+             "engram_kernel_size=" + kernel_size, "mhc_expansion_rate=" + streams, "num_experts=" + experts,
+             "num_experts_per_tok=2", "base_moe_mlp_dim=12", "first_num_dense_layers=1",
+             "routed_score_func=sigmoid", "norm_topk_prob=true"});
+}
+TEST(ModelGradient, EngramMatchesFiniteDifferences) {
+  check_model_gradient(tiny_engram_config("1", "2", "0"), 2e-3, true);
+}
+TEST(ModelGradient, EngramWithMhcMatchesFiniteDifferences) {
+  check_model_gradient(tiny_engram_config("4", "2", "0"), 2e-3, true);
+}
+TEST(ModelGradient, MhcAroundMoeWithPointwiseShortConvMatchesFiniteDifferences) {
+  check_model_gradient(tiny_engram_config("3", "1", "4"), 2e-3, true);
 }
 
 TEST(ModelGradient, AccumulateAddsAndEvalMatchesTraining) {

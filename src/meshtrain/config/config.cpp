@@ -298,7 +298,11 @@ void reject_unknown_key(const std::string& key, const std::string& source) {
        "did you mean '" + closest_name(key, config_key_names()) + "'?");
 }
 
-std::vector<std::string> split_list(const std::string& text) {
+// "a,b", "[a, b]" (YAML's flow form, as the presets write lists) or "[]".
+std::vector<std::string> split_list(const std::string& written) {
+  std::string text = written;
+  if (text.size() >= 2 && text.front() == '[' && text.back() == ']') text = text.substr(1, text.size() - 2);
+  std::erase(text, ' ');
   std::vector<std::string> items;
   size_t start = 0;
   while (start <= text.size()) {
