@@ -7,7 +7,8 @@
 # reduce-scatters and the gradient all-reduces over context; and the ring strategy's passes, C = 2 and 4,
 # whose trace shows each pass started before a block's compute and waited for after it), and expert
 # parallelism (a small deepseek-tiny: the all_to_all blocks of every MoE layer and the gradient all-reduces
-# over expert, dropless and with a capacity, alone and with data x ZeRO-1).
+# over expert, dropless and with a capacity, alone and with data x ZeRO-1), and Engram's ShortConv halos
+# under context parallelism.
 # Usage: collective_bytes.sh BUILD_DIR
 source "$(dirname "$0")/common.sh" "$1"
 tiny+=(enable_checkpointing=false per_device_batch_size=1 steps=2 collective_timeout_s=120)
@@ -44,6 +45,12 @@ run_deepseek() {  # run_deepseek NAME RANKS [key=value ...]
 run_deepseek ep2 2 mesh.expert=2 gradient_accumulation_steps=2
 run_deepseek ep2_dp2 4 mesh.expert=2 mesh.data=2 gradient_accumulation_steps=2 shard_optimizer_over_data=true
 run_deepseek ep4_capacity 4 mesh.expert=4 capacity_factor=1.5 remat_policy=full
+# Engram's ShortConv halos (issue 13): under dual_chunk_swap each context rank passes each chunk's last
+# (K - 1) x N = 6 inputs of the G D = 256 channels both ways, forward and backward; a plain split one way.
+engram=(engram_layers=[0,1] engram_num_heads=2 engram_head_dim=8 engram_vocab_bases=[61,67] engram_kernel_size=3
+  mhc_expansion_rate=4)
+run_deepseek engram_cp2 2 "${engram[@]}" mesh.context=2 gradient_accumulation_steps=2
+run_deepseek engram_cp2_plain 2 "${engram[@]}" mesh.context=2 context_parallel_load_balance=false
 # The overlap, by event order in a trace: ZeRO-1 + TP + GA 4, step 2 traced on rank 0.
 run overlap 4 mesh.data=2 mesh.tensor=2 gradient_accumulation_steps=4 shard_optimizer_over_data=true \
   profiler=trace profiler_steps=2
@@ -53,14 +60,14 @@ work = sys.argv[1]
 status = 0
 def steps(name):
     return [json.loads(line) for line in open(f"{work}/{name}/metrics.jsonl")]
-for name in ["dp_1", "dp_4", "dp_16", "zero1_1", "zero1_4", "zero1_16", "fsdp_1", "fsdp_4", "fsdp_16", "many", "tp", "tp4", "cp2", "cp2_dp2", "cp2_ring", "cp4_ring", "ep2", "ep2_dp2", "ep4_capacity"]:
+for name in ["dp_1", "dp_4", "dp_16", "zero1_1", "zero1_4", "zero1_16", "fsdp_1", "fsdp_4", "fsdp_16", "many", "tp", "tp4", "cp2", "cp2_dp2", "cp2_ring", "cp4_ring", "ep2", "ep2_dp2", "ep4_capacity", "engram_cp2", "engram_cp2_plain"]:
     for record in steps(name):
         moved, planned = record["collective_bytes"], record["planned_collective_bytes"]
         if moved != planned:
             print(f"FAIL {name} step {record['step']}: moved {moved} != planned {planned}")
             status = 1
     print(f"{name}: moved per step {steps(name)[-1]['collective_bytes']} = planned")
-for name in ["cp2", "cp2_dp2", "cp2_ring", "cp4_ring"]:
+for name in ["cp2", "cp2_dp2", "cp2_ring", "cp4_ring", "engram_cp2", "engram_cp2_plain"]:
     if steps(name)[-1]["collective_bytes"].get("context", 0) <= 0:
         print(f"FAIL {name}: no bytes over the context axis")
         status = 1

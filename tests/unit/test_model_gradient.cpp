@@ -161,7 +161,8 @@ TEST(ModelGradient, MoeWithSoftmaxRoutingAndCapacityMatchesFiniteDifferences) {
 // 20 Sinkhorn iterations) around every sublayer; `experts` > 0 makes the second layer MoE (an mHC site
 // around the MoE block). Query and key norms perturbed to ~3 keep Engram's gate scores of order 10, away
 // from the steep zero of its signed square root.
-Config tiny_engram_config(const std::string& streams, const std::string& kernel_size, const std::string& experts) {
+Config tiny_engram_config(const std::string& streams, const std::string& kernel_size,
+                          const std::string& experts) {
   return tiny_mla_config(
       "12", {"engram_layers=[0,1]", "engram_num_heads=2", "engram_head_dim=4", "engram_vocab_bases=[31,37]",
              "engram_kernel_size=" + kernel_size, "mhc_expansion_rate=" + streams, "num_experts=" + experts,

@@ -524,7 +524,8 @@ void validate_engram_and_mhc_keys(const Config& c) {
   }
   if (c.engram_layers.empty()) return;
   if (c.decoder_block != DecoderBlock::deepseek) {
-    fail("config key 'engram_layers'", std::string("[] for decoder_block=") + decoder_block_name(c.decoder_block),
+    fail("config key 'engram_layers'",
+         std::string("[] for decoder_block=") + decoder_block_name(c.decoder_block),
          "a list of " + text_of(static_cast<int64_t>(c.engram_layers.size())) + " layers",
          "Engram blocks are built by decoder_block=deepseek");
   }
@@ -567,7 +568,8 @@ void validate_engram_and_mhc_keys(const Config& c) {
     if (c.engram_vocab_bases[order] < 2) {
       fail("config key 'engram_vocab_bases'",
            "at least 2 rows for each head's table of order " + text_of(static_cast<int64_t>(order + 2)),
-           text_of(c.engram_vocab_bases[order]), "use bases of the order of the compressed vocabulary or more");
+           text_of(c.engram_vocab_bases[order]),
+           "use bases of the order of the compressed vocabulary or more");
     }
   }
   // Row ids (hash + head offset) are int32 in the lookup: each layer's tables together fit.

@@ -77,7 +77,8 @@ std::vector<Value> gather_columns(const std::vector<Value>& values, int64_t rows
   return gathered;
 }
 
-// The inverse of gather_columns into `out` ([rows, out_width, inner]): out[b, columns[k], :] = values[b, k, :].
+// The inverse of gather_columns into `out` ([rows, out_width, inner]): out[b, columns[k], :] = values[b, k,
+// :].
 template <typename Value>
 void scatter_columns(const std::vector<Value>& values, int64_t rows, int64_t out_width,
                      const std::vector<int64_t>& columns, std::vector<Value>& out, int64_t inner = 1) {

@@ -83,10 +83,11 @@ std::vector<int32_t> EngramHashing::last_token_ids(size_t layer, const std::vect
   // The last N tokens (pad_id before the start) as one row; its last token's ids are the answer.
   std::vector<int32_t> window(N, pad_id);
   const size_t kept = std::min(N, history.size());
-  std::copy(history.end() - static_cast<std::ptrdiff_t>(kept), history.end(), window.end() - static_cast<std::ptrdiff_t>(kept));
+  std::copy(history.end() - static_cast<std::ptrdiff_t>(kept), history.end(),
+            window.end() - static_cast<std::ptrdiff_t>(kept));
   std::vector<int32_t> ids(N * static_cast<size_t>(heads_per_token()));
-  engram_hash_ids(ids.data(), window.data(), 1, static_cast<int64_t>(N), multipliers[layer], table_sizes[layer],
-                  pad_id);
+  engram_hash_ids(ids.data(), window.data(), 1, static_cast<int64_t>(N), multipliers[layer],
+                  table_sizes[layer], pad_id);
   return {ids.end() - heads_per_token(), ids.end()};
 }
 
@@ -99,7 +100,8 @@ EngramHashing make_engram_hashing(const EngramHashOptions& options, const Tokeni
   } else {
     hashing.compressed.size = options.vocab_size;
     hashing.compressed.compress.resize(static_cast<size_t>(options.vocab_size));
-    for (int32_t id = 0; id < static_cast<int32_t>(options.vocab_size); ++id) hashing.compressed.compress[id] = id;
+    for (int32_t id = 0; id < static_cast<int32_t>(options.vocab_size); ++id)
+      hashing.compressed.compress[id] = id;
   }
   hashing.table_sizes = engram_table_sizes(static_cast<int64_t>(options.layers.size()), options.max_ngram,
                                            options.heads, options.vocab_bases);

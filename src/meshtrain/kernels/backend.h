@@ -356,17 +356,17 @@ struct KernelBackend {
                                    const float* post_beta,  // [G]
                                    const float* res_beta,   // [G, G]
                                    int64_t N, int64_t G);
-  void (*mhc_coefficients_backward)(float* d_h,             // [N, 2G + G^2] written
-                                    float* d_scales,        // [3] +=
-                                    float* d_pre_beta,      // [G] +=
-                                    float* d_post_beta,     // [G] +=
-                                    float* d_res_beta,      // [G, G] +=
-                                    const float* d_pre,     // [N, G]
-                                    const float* d_post,    // [N, G]
-                                    const float* d_logits,  // [N, G, G]
-                                    const float* h,         // [N, 2G + G^2]
-                                    const float* scales,    // [3]
-                                    const float* pre_beta,  // [G]
+  void (*mhc_coefficients_backward)(float* d_h,              // [N, 2G + G^2] written
+                                    float* d_scales,         // [3] +=
+                                    float* d_pre_beta,       // [G] +=
+                                    float* d_post_beta,      // [G] +=
+                                    float* d_res_beta,       // [G, G] +=
+                                    const float* d_pre,      // [N, G]
+                                    const float* d_post,     // [N, G]
+                                    const float* d_logits,   // [N, G, G]
+                                    const float* h,          // [N, 2G + G^2]
+                                    const float* scales,     // [3]
+                                    const float* pre_beta,   // [G]
                                     const float* post_beta,  // [G]
                                     int64_t N, int64_t G);
   void (*sinkhorn_forward)(float* mixing,        // [N, G, G]

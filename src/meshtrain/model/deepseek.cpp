@@ -50,7 +50,8 @@ void build_deepseek(SpecBuilder& builder) {
       if (config.attention_type == AttentionType::mla) {
         return add_mla_block(builder, prefix, in, d_in, {family.norm, out_std, residual});
       }
-      return add_attention_block(builder, prefix, in, d_in, {family.norm, false, true, false, out_std, residual});
+      return add_attention_block(builder, prefix, in, d_in,
+                                 {family.norm, false, true, false, out_std, residual});
     });
     streams = sublayer(prefix + "/mhc_mlp", [&](BufferId in, BufferId d_in, bool residual) {
       if (moe_layer(config, layer)) {

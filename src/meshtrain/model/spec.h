@@ -59,7 +59,7 @@ struct ParameterDecl {
   std::string component;       // for parameter-count breakdowns: "embedding", "attention", "mlp", "norm", ...
   ParameterInit init = ParameterInit::normal;
   double init_std = 0.0;
-  double init_value = 0.0;  // ParameterInit::constant
+  double init_value = 0.0;   // ParameterInit::constant
   bool weight_decay = true;  // no decay on norms, biases, embeddings
   // An optimizer group of its own (Engram's tables): the step's learning rate times this, and this decay
   // rate in place of adam_weight_decay when set.
@@ -113,11 +113,15 @@ struct TensorGroup {
 // completes every pass started since the last wait. `name` labels the pass in traces and failure messages.
 // progress() moves the passes in flight along: MPI moves a non-blocking call only inside MPI calls, so the
 // op calls it between pieces of its compute (without it the bytes move inside wait()).
+// start_reverse_pass is the same the other way round: to rank - 1, from rank + 1 (Engram's ShortConv halos
+// go both ways under dual_chunk_swap).
 struct ContextRing {
   int64_t rank = 0, size = 1;
   std::function<void(const TensorView& send, const TensorView& receive, const std::string& name)> start_pass;
   std::function<void(const std::string& name)> wait;
   std::function<void()> progress;
+  std::function<void(const TensorView& send, const TensorView& receive, const std::string& name)>
+      start_reverse_pass = {};
 };
 
 // What an op sees when it runs: pointers into the arena, the kernels to call on them, and the loss sums it

@@ -201,8 +201,12 @@ void SpecBuilder::declare_update() {
          [=](const OpContext& context) {
            const UpdateState& u = *context.update;
            if (u.nonfinite) return;  // a NaN or infinity anywhere: the step leaves every parameter as it was
-           const kernels::AdamWStep adam{static_cast<float>(u.learning_rate * learning_rate_multiplier), b1, b2,
-                                         eps, decay, u.step + 1,
+           const kernels::AdamWStep adam{static_cast<float>(u.learning_rate * learning_rate_multiplier),
+                                         b1,
+                                         b2,
+                                         eps,
+                                         decay,
+                                         u.step + 1,
                                          static_cast<float>(u.gradient_scale)};
            // Sizes come from the views: under FSDP or ZeRO-1 the plan binds this op to shards.
            const TensorView shard = context.view(value);

@@ -103,11 +103,13 @@ std::vector<PlanStep> update_steps(TrainingPlan& plan) {
     const ParameterStorage& store = plan.storage[k];
     const std::string& name = parameter.canonical_name;
     const bool is_norm = op.role == OpRole::grad_norm;
-    // Context ranks hold different tokens of the same rows, expert ranks different rows: the gradient of
-    // a parameter they share is a partial sum over them, summed here like over data (before any ZeRO-1
-    // scatter; under FSDP the fsdp shard). The routed experts split over the expert axis take every expert
-    // rank's tokens through the all-to-all, so their gradients are whole there.
-    for (MeshAxis axis : {MeshAxis::context, MeshAxis::expert}) {
+    // Context ranks hold different tokens of the same rows, expert and fsdp ranks different rows: the
+    // gradient of a parameter they share is a partial sum over them, summed here like over data (before any
+    // ZeRO-1 scatter; under FSDP the fsdp shard). The routed experts split over the expert axis take every
+    // expert rank's tokens through the all-to-all, so their gradients are whole there; a parameter FSDP
+    // shards is reduce-scattered over fsdp by its pass, but one too small to split (mHC's three scales over
+    // two fsdp ranks) stays whole on every fsdp rank and is all-reduced here.
+    for (MeshAxis axis : {MeshAxis::context, MeshAxis::expert, MeshAxis::fsdp}) {
       if (!is_norm || mesh.size(axis) == 1 ||
           plan.buffers[static_cast<size_t>(store.gradient_store)].split_over(axis))
         continue;

@@ -341,9 +341,10 @@ void Engine::initialize_parameters() {
     float* values = parameters_.value(p).f32();
     const int64_t count = parameters_.value(p).elements();
     const PhiloxKey key = philox_key(seed, parameter.canonical_name);
-    const float constant = parameter.init == ParameterInit::ones       ? 1.0f
-                           : parameter.init == ParameterInit::constant ? static_cast<float>(parameter.init_value)
-                                                                       : 0.0f;
+    const float constant = parameter.init == ParameterInit::ones ? 1.0f
+                           : parameter.init == ParameterInit::constant
+                               ? static_cast<float>(parameter.init_value)
+                               : 0.0f;
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < count; ++i) {
       values[i] =
@@ -447,7 +448,8 @@ std::optional<ContextRing> Engine::context_ring() {
   Communicator* context = &communicator(MeshAxis::context);
   const int next = (context->rank() + 1) % context->size();
   const int previous = (context->rank() + context->size() - 1) % context->size();
-  return ContextRing{coordinates_[MeshAxis::context], plan_.mesh.size(MeshAxis::context),
+  return ContextRing{coordinates_[MeshAxis::context],
+                     plan_.mesh.size(MeshAxis::context),
                      [this, context, next, previous](const TensorView& send, const TensorView& receive,
                                                      const std::string& name) {
                        const TraceScope scope(trace_, name, "collective");
@@ -461,6 +463,12 @@ std::optional<ContextRing> Engine::context_ring() {
                      },
                      [this] {
                        for (const std::unique_ptr<CollectiveRequest>& pass : ring_passes_) pass->test();
+                     },
+                     [this, context, next, previous](const TensorView& send, const TensorView& receive,
+                                                     const std::string& name) {
+                       const TraceScope scope(trace_, name, "collective");
+                       ring_passes_.push_back(context->send_start(comm_buffer(send), previous, name));
+                       ring_passes_.push_back(context->recv_start(comm_buffer(receive), next, name));
                      }};
 }
 

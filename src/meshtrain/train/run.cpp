@@ -43,9 +43,12 @@ double peak_resident_bytes() {
 }  // namespace
 
 EngramHashOptions engram_hash_options(const Config& config) {
-  return {config.engram_layers,      config.engram_max_ngram_size,
-          config.engram_num_heads,   config.engram_vocab_bases,
-          static_cast<uint64_t>(config.engram_seed), config.vocab_size};
+  return {config.engram_layers,
+          config.engram_max_ngram_size,
+          config.engram_num_heads,
+          config.engram_vocab_bases,
+          static_cast<uint64_t>(config.engram_seed),
+          config.vocab_size};
 }
 
 namespace {

@@ -56,9 +56,9 @@ void mhc_coefficients_forward(float* pre, float* post, float* logits, const floa
 // The parameter gradients are sums over every token: one pass in token order (a few values per token, so
 // the serial sum costs little next to the site's matmul), deterministic for any thread count.
 void mhc_coefficients_backward(float* d_h, float* d_scales, float* d_pre_beta, float* d_post_beta,
-                               float* d_res_beta, const float* d_pre, const float* d_post, const float* d_logits,
-                               const float* h, const float* scales, const float* pre_beta,
-                               const float* post_beta, int64_t N, int64_t G) {
+                               float* d_res_beta, const float* d_pre, const float* d_post,
+                               const float* d_logits, const float* h, const float* scales,
+                               const float* pre_beta, const float* post_beta, int64_t N, int64_t G) {
   mhc_coefficients_reference_backward(d_h, d_scales, d_pre_beta, d_post_beta, d_res_beta, d_pre, d_post,
                                       d_logits, h, scales, pre_beta, post_beta, N, G);
 }

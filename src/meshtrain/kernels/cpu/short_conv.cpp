@@ -75,12 +75,14 @@ void short_conv_backward(float* d_u, float* d_halo, float* d_w, const float* d_y
   }
 }
 
-void short_conv_output_forward(float* out, const float* x, const float* gated, const float* y, int64_t count) {
+void short_conv_output_forward(float* out, const float* x, const float* gated, const float* y,
+                               int64_t count) {
 #pragma omp parallel for schedule(static) if (count >= (1 << 14))
   for (int64_t i = 0; i < count; ++i) out[i] = x[i] + gated[i] + silu_of(y[i]);
 }
 
-void short_conv_output_backward(float* d_gated, float* d_y, const float* d_out, const float* y, int64_t count) {
+void short_conv_output_backward(float* d_gated, float* d_y, const float* d_out, const float* y,
+                                int64_t count) {
 #pragma omp parallel for schedule(static) if (count >= (1 << 14))
   for (int64_t i = 0; i < count; ++i) {
     d_gated[i] = d_out[i];

@@ -59,8 +59,9 @@ BufferId add_attention_block(SpecBuilder& builder, const std::string& prefix, Bu
   const BufferId attention_scratch =
       builder.gradient_scratch("scratch/attention_backward", shape_of({{"floats", backward_scratch_floats}}));
 
-  const NormLayer pre_norm = add_norm(builder, prefix + "/pre_self_attention_layer_norm", options.norm,
-                                      residual_in, width_shape, m.N, m.D, d_normed, d_residual, options.adds_residual);
+  const NormLayer pre_norm =
+      add_norm(builder, prefix + "/pre_self_attention_layer_norm", options.norm, residual_in, width_shape,
+               m.N, m.D, d_normed, d_residual, options.adds_residual);
   const LinearOptions projection{"attention", options.bias, 0.02, kNoBuffer};
   const auto kernel_shape = [&](const char* axis, int64_t heads) {
     return shape_of({{"embed", m.D}, {axis, heads}, {"head_dim", m.d}});
@@ -161,8 +162,9 @@ BufferId add_attention_block(SpecBuilder& builder, const std::string& prefix, Bu
 
   const LinearLayer out = add_linear(
       builder, attention + "/out", attended, shape_of({{"heads", m.H}, {"head_dim", m.d}, {"embed", m.D}}),
-      width_shape, {"attention", options.bias, options.out_init_std, options.adds_residual ? residual_in : kNoBuffer}, d_residual, d_attended,
-      false);
+      width_shape,
+      {"attention", options.bias, options.out_init_std, options.adds_residual ? residual_in : kNoBuffer},
+      d_residual, d_attended, false);
 
   std::vector<OpDecl> group = {out.backward};
   for (OpDecl& op : attention_backward) group.push_back(std::move(op));

@@ -12,10 +12,11 @@ namespace meshtrain {
 
 struct AttentionBlockOptions {
   NormKind norm = NormKind::rms;
-  bool qk_norm = true;  // Qwen3: per-head RMSNorm on q and k before RoPE
-  bool rope = true;     // Qwen3: rotate-half RoPE; GPT-2 uses learned positions instead
-  bool bias = false;    // GPT-2: biases on every projection
-  double out_init_std = 0.02;  // false: the block is an mHC site's sublayer F (model/layers/mhc.h): it returns F(norm(x)) without
+  bool qk_norm = true;         // Qwen3: per-head RMSNorm on q and k before RoPE
+  bool rope = true;            // Qwen3: rotate-half RoPE; GPT-2 uses learned positions instead
+  bool bias = false;           // GPT-2: biases on every projection
+  double out_init_std = 0.02;  // false: the block is an mHC site's sublayer F (model/layers/mhc.h): it
+                               // returns F(norm(x)) without
   // adding x, and its backward turns d_residual into dL/dx in place (written, not added).
   bool adds_residual = true;
 };

@@ -178,15 +178,6 @@ std::vector<OpDecl> add_all_gather_attention(SpecBuilder& builder, const std::st
   return backward;
 }
 
-// The plan's record of the bytes a ring op passes (the op moves them itself): `passes` times `block`.
-OpDecl ring_passes(const SpecBuilder& builder, const std::string& name, BufferId block, int64_t passes) {
-  std::vector<OpDecl> ops = builder.collective(name, CollectiveKind::send_recv, MeshAxis::context, block);
-  MT_CHECK(ops.size() == 1, "ring passes over one context rank");
-  ops[0].collective.inside_next_op = true;
-  ops[0].collective.repeats = passes;
-  return ops[0];
-}
-
 // ring: the blocks are scratch written inside the ops, which read only activations and inputs, so a remat
 // policy that recomputes the forward replays its ring as it is.
 std::vector<OpDecl> add_ring_attention(SpecBuilder& builder, const std::string& attention,
@@ -228,8 +219,8 @@ std::vector<OpDecl> add_ring_attention(SpecBuilder& builder, const std::string& 
     MT_CHECK(c.context_ring != nullptr, "ring attention '" + attention + "' without a context ring");
     return *c.context_ring;
   };
-  builder.forward(ring_passes(builder, attention + "/ring_pass_kv", kv_blocks[0], C - 1));
-  builder.forward(ring_passes(builder, attention + "/ring_pass_tokens", token_blocks[0], C - 1));
+  builder.forward(context_passes(builder, attention + "/ring_pass_kv", kv_blocks[0], C - 1));
+  builder.forward(context_passes(builder, attention + "/ring_pass_tokens", token_blocks[0], C - 1));
   builder.forward(
       {attention + "/ring_attention_forward", inputs, joined({io.attended, io.lse}, blocks), flops,
        [=](const OpContext& c) {
@@ -244,9 +235,9 @@ std::vector<OpDecl> add_ring_attention(SpecBuilder& builder, const std::string& 
       "scratch/context_attention_backward",
       shape_of({{"floats", builder.kernels().context_attention_backward_scratch_floats(B, L, H)}}));
   std::vector<OpDecl> backward = {
-      ring_passes(builder, attention + "/ring_pass_kv#backward", kv_blocks[0], C - 1),
-      ring_passes(builder, attention + "/ring_pass_tokens#backward", token_blocks[0], C - 1),
-      ring_passes(builder, attention + "/ring_pass_d_kv", d_kv_blocks[0], C)};
+      context_passes(builder, attention + "/ring_pass_kv#backward", kv_blocks[0], C - 1),
+      context_passes(builder, attention + "/ring_pass_tokens#backward", token_blocks[0], C - 1),
+      context_passes(builder, attention + "/ring_pass_d_kv", d_kv_blocks[0], C)};
   backward.push_back(
       {attention + "/ring_attention_backward", joined({io.d_attended, io.attended, io.lse}, inputs),
        joined({io.d_q, io.d_k, io.d_v, d_kv_blocks[0], d_kv_blocks[1], d_kv_step, scratch}, blocks),
@@ -371,6 +362,14 @@ void ring_attention_backward(const ContextRing& ring, const kernels::KernelBacke
   const float* own = a.d_kv_blocks[static_cast<size_t>(C % 2)].f32();
   std::memcpy(a.dk, own, static_cast<size_t>(kv_floats) * sizeof(float));
   std::memcpy(a.dv, own + kv_floats, static_cast<size_t>(kv_floats) * sizeof(float));
+}
+
+OpDecl context_passes(const SpecBuilder& builder, const std::string& name, BufferId block, int64_t passes) {
+  std::vector<OpDecl> ops = builder.collective(name, CollectiveKind::send_recv, MeshAxis::context, block);
+  MT_CHECK(ops.size() == 1, "passes between context ranks need more than one");
+  ops[0].collective.inside_next_op = true;
+  ops[0].collective.repeats = passes;
+  return ops[0];
 }
 
 }  // namespace meshtrain

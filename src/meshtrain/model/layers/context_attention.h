@@ -64,4 +64,9 @@ void ring_attention_forward(const ContextRing& ring, const kernels::KernelBacken
 void ring_attention_backward(const ContextRing& ring, const kernels::KernelBackend& kernels,
                              const RingAttentionArguments& a, const std::string& name);
 
+// The plan's record of the bytes the next op passes between context ranks itself (ring attention's blocks,
+// Engram's ShortConv halos): `passes` times `block`, a send_recv over the context axis the engine runs
+// nothing for.
+OpDecl context_passes(const SpecBuilder& builder, const std::string& name, BufferId block, int64_t passes);
+
 }  // namespace meshtrain

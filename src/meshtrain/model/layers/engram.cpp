@@ -5,19 +5,151 @@
 #include <cstring>
 #include <numeric>
 
-#include "meshtrain/core/error.h"
 #include "meshtrain/core/engram_tables.h"
+#include "meshtrain/core/error.h"
+#include "meshtrain/model/layers/context_attention.h"
 #include "meshtrain/model/layers/linear.h"
 
 namespace meshtrain {
 
+namespace {
+
+// Engram's ShortConv under context parallelism (shared/specs/engram.md section 7). A context rank's tokens
+// are `stretches` runs of consecutive natural times per row (dual_chunk_swap: chunks r and 2C-1-r; a plain
+// split: chunk r), `length` tokens each. The conv runs on each run as a row of its own, whose times before
+// the run read its halo: the last `history` inputs of the run's natural predecessor,
+//   run 0 (chunk r): chunk r - 1, the first run of rank r - 1 (zeros on rank 0): passed to the next rank;
+//   run 1 (chunk 2C-1-r): chunk 2C-2-r, the second run of rank r + 1, or on rank C - 1 its own first run:
+//   passed to the previous rank.
+// So each rank sends 2 x history x G D values per row under dual_chunk_swap (1 x under a plain split), the
+// same whatever S, and the conv is then exactly the natural-order one. The backward returns each halo's
+// gradient the same ways reversed. `send` / `receive` are [runs, B, history, G D] (one pass per run); the
+// halo is [B runs, history, G D], rows (b, run) as the kernel's.
+struct ShortConvHalos {
+  bool exchanges = false;
+  int64_t stretches = 1, length = 0, history = 0, rows = 0, width = 0;  // runs, tokens per run, H, B, G D
+  BufferId send = kNoBuffer, receive = kNoBuffer;
+
+  Shape halo_shape() const {
+    return shape_of({{"conv_rows", rows * stretches}, {"conv_history", history}, {"mhc_width", width}});
+  }
+  int64_t block() const { return rows * history * width; }      // one pass: a run's tails of every row
+  float* tail(float* values, int64_t row, int64_t run) const {  // the last `history` times of a run
+    return values + ((row * stretches + run) * length + length - history) * width;
+  }
+  TensorView pass_view(float* values) const { return {values, DType::f32, shape_of({{"halo", block()}})}; }
+
+  void exchange_halo(const OpContext& ctx, float* u, float* halo, const std::string& name) const {
+    const ContextRing& ring = *ctx.context_ring;
+    float* out = ctx.f32(send);
+    float* in = ctx.f32(receive);
+    const auto span = static_cast<size_t>(history * width);
+    for (int64_t run = 0; run < stretches; ++run)
+      for (int64_t b = 0; b < rows; ++b)
+        std::copy_n(tail(u, b, run), span, out + (run * rows + b) * history * width);
+    ring.start_pass(pass_view(out), pass_view(in), name);
+    if (stretches == 2) ring.start_reverse_pass(pass_view(out + block()), pass_view(in + block()), name);
+    ring.wait(name);
+    for (int64_t b = 0; b < rows; ++b) {
+      float* first = halo + (b * stretches) * history * width;
+      if (ring.rank == 0) {
+        std::fill_n(first, span, 0.0f);
+      } else {
+        std::copy_n(in + b * history * width, span, first);
+      }
+      if (stretches == 2) {
+        const float* second_source = ring.rank == ring.size - 1
+                                         ? out + b * history * width           // own run 0
+                                         : in + (rows + b) * history * width;  // rank r+1
+        std::copy_n(second_source, span, first + history * width);
+      }
+    }
+  }
+
+  void return_halo_gradient(const OpContext& ctx, const float* d_halo, float* d_u,
+                            const std::string& name) const {
+    const ContextRing& ring = *ctx.context_ring;
+    float* out = ctx.f32(send);
+    float* in = ctx.f32(receive);
+    const auto span = static_cast<size_t>(history * width);
+    const auto add = [span](float* into, const float* from) {
+      for (size_t i = 0; i < span; ++i) into[i] += from[i];
+    };
+    for (int64_t b = 0; b < rows; ++b) {
+      const float* first = d_halo + (b * stretches) * history * width;
+      // Rank 0's first halo was zeros, and rank C - 1's second its own: neither goes anywhere.
+      if (ring.rank == 0) {
+        std::fill_n(out + b * history * width, span, 0.0f);
+      } else {
+        std::copy_n(first, span, out + b * history * width);
+      }
+      if (stretches == 2) {
+        float* second_out = out + (rows + b) * history * width;
+        if (ring.rank == ring.size - 1) {
+          add(tail(d_u, b, 0), first + history * width);
+          std::fill_n(second_out, span, 0.0f);
+        } else {
+          std::copy_n(first + history * width, span, second_out);
+        }
+      }
+    }
+    ring.start_reverse_pass(pass_view(out), pass_view(in), name);
+    if (stretches == 2) ring.start_pass(pass_view(out + block()), pass_view(in + block()), name);
+    ring.wait(name);
+    for (int64_t run = 0; run < stretches; ++run)
+      for (int64_t b = 0; b < rows; ++b) add(tail(d_u, b, run), in + (run * rows + b) * history * width);
+  }
+};
+
+// The layout above for this spec, or none (exchanges false): one context rank, a decode step, or a
+// pointwise conv (K = 1 reads no history, and a pointwise op commutes with any reorder).
+ShortConvHalos short_conv_halos(SpecBuilder& builder, int64_t history, int64_t width) {
+  const ModelDims& m = builder.dims();
+  const Config& c = builder.spec().config;
+  ShortConvHalos halos;
+  halos.length = m.S;
+  halos.history = history;
+  halos.rows = m.B;
+  halos.width = width;
+  const int64_t C = builder.decoding() ? 1 : builder.spec().sharding.mesh().size(MeshAxis::context);
+  if (C == 1 || history == 0) return halos;
+  const ContextReorder reorder = effective_context_reorder(c);
+  if (reorder == ContextReorder::striped) {
+    fail("config key 'context_parallel_reorder'",
+         "dual_chunk_swap (or context_parallel_load_balance=false) under mesh.context > 1 with Engram's "
+         "ShortConv: each striped token's history lies on other ranks, so no halo suffices",
+         "striped", "use context_parallel_reorder=dual_chunk_swap, or engram_kernel_size=1 (no history)");
+  }
+  halos.exchanges = true;
+  halos.stretches = reorder == ContextReorder::dual_chunk_swap ? 2 : 1;
+  halos.length = m.S / halos.stretches;
+  if (halos.length < history) {
+    fail("config key 'max_target_length'",
+         "context chunks of at least the ShortConv's halo, (engram_kernel_size - 1) x engram_max_ngram_size "
+         "= " +
+             std::to_string(history) + " tokens",
+         "chunks of " + std::to_string(halos.length) + " tokens (max_target_length " +
+             std::to_string(c.max_target_length) + " over " + std::to_string(C * halos.stretches) +
+             " chunks)",
+         "raise max_target_length, or lower mesh.context or engram_kernel_size");
+  }
+  const Shape passes = shape_of({{"halo_passes", halos.stretches * halos.block()}});
+  halos.send = builder.scratch("scratch/engram_halo_send", passes);
+  halos.receive = builder.scratch("scratch/engram_halo_receive", passes);
+  return halos;
+}
+
+}  // namespace
+
 std::vector<std::vector<int64_t>> engram_layer_table_sizes(const Config& c) {
-  const auto per_order = engram_table_sizes(static_cast<int64_t>(c.engram_layers.size()),
-                                            c.engram_max_ngram_size, c.engram_num_heads, c.engram_vocab_bases);
+  const auto per_order =
+      engram_table_sizes(static_cast<int64_t>(c.engram_layers.size()), c.engram_max_ngram_size,
+                         c.engram_num_heads, c.engram_vocab_bases);
   std::vector<std::vector<int64_t>> sizes;
   for (size_t layer = 0; layer < per_order.size(); ++layer) {
     std::vector<int64_t> flat;
-    for (const std::vector<int64_t>& order : per_order[layer]) flat.insert(flat.end(), order.begin(), order.end());
+    for (const std::vector<int64_t>& order : per_order[layer])
+      flat.insert(flat.end(), order.begin(), order.end());
     sizes.push_back(std::move(flat));
   }
   return sizes;
@@ -54,7 +186,8 @@ BufferId add_engram_block(SpecBuilder& builder, const std::string& prefix, size_
   const std::vector<MeshAxis>& row_axes = spec.sharding.compute("engram_rows").axes;
   if (rows_split && (row_axes.size() != 1 || row_axes.front() != MeshAxis::tensor)) {
     fail("config key 'logical_axis_rules.engram_rows'", "[tensor] or [] (the lookup reduces over tensor)",
-         "a rule splitting the table rows over other mesh axes", "set logical_axis_rules.engram_rows=[tensor]");
+         "a rule splitting the table rows over other mesh axes",
+         "set logical_axis_rules.engram_rows=[tensor]");
   }
   const int64_t global_rows = layer.table_rows;
 
@@ -78,45 +211,45 @@ BufferId add_engram_block(SpecBuilder& builder, const std::string& prefix, size_
   const BufferId d_y = builder.gradient_scratch("scratch/d_engram_conv", per_stream);
 
   // h = RMSNorm_engram(x), one [D] scale for every stream.
-  const NormLayer pre_norm = add_norm(builder, engram + "/engram_layer_norm", NormKind::rms, streams_in, per_stream,
-                                      N * G, D, d_h, d_streams, true);
+  const NormLayer pre_norm = add_norm(builder, engram + "/engram_layer_norm", NormKind::rms, streams_in,
+                                      per_stream, N * G, D, d_h, d_streams, true);
 
   // The memory read: e [N, D_en] = the heads' rows, concatenated (head-major within a token).
-  const BufferId table =
-      builder.parameter(engram + "/multi_head_embedding/embedding",
-                        shape_of({{"engram_rows", R}, {"engram_head_dim", Dh}}),
-                        {"engram", ParameterInit::normal, 1.0 / std::sqrt(static_cast<double>(Dh)),
-                         c.engram_weight_decay > 0.0, 0.0, c.engram_learning_rate_multiplier, c.engram_weight_decay});
+  const BufferId table = builder.parameter(
+      engram + "/multi_head_embedding/embedding", shape_of({{"engram_rows", R}, {"engram_head_dim", Dh}}),
+      {"engram", ParameterInit::normal, 1.0 / std::sqrt(static_cast<double>(Dh)), c.engram_weight_decay > 0.0,
+       0.0, c.engram_learning_rate_multiplier, c.engram_weight_decay});
   const BufferId d_table = builder.gradient_of(table);
-  const BufferId rows = builder.as_int32(builder.activation(engram + "/table_rows", token_shape(m, {{"engram_heads", heads}})));
+  const BufferId rows =
+      builder.as_int32(builder.activation(engram + "/table_rows", token_shape(m, {{"engram_heads", heads}})));
   const BufferId memory = builder.activation(engram + "/memory", memory_shape);
   const auto row_offset = [=](const OpContext& ctx) {
     return rows_split && ctx.tensor ? ctx.tensor->rank * R : 0;
   };
-  builder.forward({engram + "/lookup_forward", {hash_ids, table}, {rows, memory}, 0.0, [=](const OpContext& ctx) {
-                     const int32_t* ids = ctx.i32(hash_ids);
-                     int32_t* flat = ctx.i32(rows);
-                     for (int64_t n = 0; n < N; ++n)
-                       for (int64_t i = 0; i < heads; ++i) flat[n * heads + i] = ids[n * heads + i] + offsets[i];
-                     ctx.kernels->embedding_forward(ctx.f32(memory), flat, ctx.f32(table), N * heads, R, Dh, false,
-                                                    row_offset(ctx), global_rows);
-                   }});
+  builder.forward(
+      {engram + "/lookup_forward", {hash_ids, table}, {rows, memory}, 0.0, [=](const OpContext& ctx) {
+         const int32_t* ids = ctx.i32(hash_ids);
+         int32_t* flat = ctx.i32(rows);
+         for (int64_t n = 0; n < N; ++n)
+           for (int64_t i = 0; i < heads; ++i) flat[n * heads + i] = ids[n * heads + i] + offsets[i];
+         ctx.kernels->embedding_forward(ctx.f32(memory), flat, ctx.f32(table), N * heads, R, Dh, false,
+                                        row_offset(ctx), global_rows);
+       }});
   if (rows_split) {
-    for (OpDecl& op : builder.collective(engram + "/reduce_lookup", CollectiveKind::all_reduce, MeshAxis::tensor,
-                                         memory))
+    for (OpDecl& op :
+         builder.collective(engram + "/reduce_lookup", CollectiveKind::all_reduce, MeshAxis::tensor, memory))
       builder.forward(std::move(op));
   }
 
   // Keys per stream and the shared value, from the memory (DenseGeneral with bias; fan-in init).
   const double projection_std = 1.0 / std::sqrt(static_cast<double>(D_en));
-  const LinearLayer key_projection =
-      add_linear(builder, engram + "/key_proj", memory,
-                 shape_of({{"engram_dim", D_en}, {"streams", G}, {"embed", D}}), per_stream,
-                 {"engram", true, projection_std, kNoBuffer}, d_key, d_memory, true);
-  const NormLayer k_norm = add_stream_norm(builder, engram + "/k_norm", key_projection.out, per_stream, N, G, D,
-                                           d_k, d_key, false);
-  const NormLayer q_norm = add_stream_norm(builder, engram + "/q_norm", pre_norm.out, per_stream, N, G, D, d_q,
-                                           d_h, false);
+  const LinearLayer key_projection = add_linear(
+      builder, engram + "/key_proj", memory, shape_of({{"engram_dim", D_en}, {"streams", G}, {"embed", D}}),
+      per_stream, {"engram", true, projection_std, kNoBuffer}, d_key, d_memory, true);
+  const NormLayer k_norm = add_stream_norm(builder, engram + "/k_norm", key_projection.out, per_stream, N, G,
+                                           D, d_k, d_key, false);
+  const NormLayer q_norm =
+      add_stream_norm(builder, engram + "/q_norm", pre_norm.out, per_stream, N, G, D, d_q, d_h, false);
   const LinearLayer value_projection =
       add_linear(builder, engram + "/value_proj", memory, shape_of({{"engram_dim", D_en}, {"embed", D}}),
                  value_shape, {"engram", true, projection_std, kNoBuffer}, d_v, d_memory, false);
@@ -125,7 +258,10 @@ BufferId add_engram_block(SpecBuilder& builder, const std::string& prefix, size_
   const BufferId gated = builder.activation(engram + "/gated", per_stream);
   const BufferId gate = builder.activation(engram + "/gate", token_shape(m, {{"streams", G}}));
   const BufferId q = q_norm.out, k = k_norm.out, v = value_projection.out;
-  builder.forward({engram + "/gate_forward", {q, k, v}, {gated, gate}, 2.0 * static_cast<double>(N * G * D),
+  builder.forward({engram + "/gate_forward",
+                   {q, k, v},
+                   {gated, gate},
+                   2.0 * static_cast<double>(N * G * D),
                    [=](const OpContext& ctx) {
                      ctx.kernels->engram_gate_forward(ctx.f32(gated), ctx.f32(gate), ctx.f32(q), ctx.f32(k),
                                                       ctx.f32(v), N, G, D);
@@ -140,13 +276,15 @@ BufferId add_engram_block(SpecBuilder& builder, const std::string& prefix, size_
   const BufferId d_conv_weight = builder.gradient_of(conv_weight);
   const BufferId u = conv_norm.out;
   const BufferId y = builder.activation(engram + "/short_conv/out", per_stream);
+  const ShortConvHalos conv = short_conv_halos(builder, history, GD);
+  BufferId halo = kNoBuffer;
   const double conv_flops = 2.0 * static_cast<double>(N * K * GD);
   if (builder.decoding()) {
     // One token: the taps before it read the last `history` inputs, kept across steps (zeros at position 0).
     BufferId conv_history = kNoBuffer;
     if (history > 0) {
-      conv_history = layer.conv_history =
-          builder.cache(engram + "/short_conv/history", shape_of({{"conv_history", history}, {"mhc_width", GD}}));
+      conv_history = layer.conv_history = builder.cache(
+          engram + "/short_conv/history", shape_of({{"conv_history", history}, {"mhc_width", GD}}));
     }
     const BufferId positions = spec.positions;
     std::vector<BufferId> reads = {u, conv_weight, positions}, writes = {y};
@@ -154,26 +292,46 @@ BufferId add_engram_block(SpecBuilder& builder, const std::string& prefix, size_
       reads.push_back(conv_history);
       writes.push_back(conv_history);
     }
-    builder.forward({engram + "/short_conv/decode", reads, writes, conv_flops, [=](const OpContext& ctx) {
-                       float* kept = conv_history == kNoBuffer ? nullptr : ctx.f32(conv_history);
-                       if (kept != nullptr && ctx.i32(positions)[0] == 0) std::fill_n(kept, history * GD, 0.0f);
-                       ctx.kernels->short_conv_forward(ctx.f32(y), ctx.f32(u), kept, ctx.f32(conv_weight), 1, 1, GD,
-                                                       K, dilation);
-                       if (kept != nullptr) {  // oldest out, this token's input in
-                         std::memmove(kept, kept + GD, static_cast<size_t>((history - 1) * GD) * sizeof(float));
-                         std::memcpy(kept + (history - 1) * GD, ctx.f32(u), static_cast<size_t>(GD) * sizeof(float));
-                       }
-                     }});
+    builder.forward(
+        {engram + "/short_conv/decode", reads, writes, conv_flops, [=](const OpContext& ctx) {
+           float* kept = conv_history == kNoBuffer ? nullptr : ctx.f32(conv_history);
+           if (kept != nullptr && ctx.i32(positions)[0] == 0) std::fill_n(kept, history * GD, 0.0f);
+           ctx.kernels->short_conv_forward(ctx.f32(y), ctx.f32(u), kept, ctx.f32(conv_weight), 1, 1, GD, K,
+                                           dilation);
+           if (kept != nullptr) {  // oldest out, this token's input in
+             std::memmove(kept, kept + GD, static_cast<size_t>((history - 1) * GD) * sizeof(float));
+             std::memcpy(kept + (history - 1) * GD, ctx.f32(u), static_cast<size_t>(GD) * sizeof(float));
+           }
+         }});
+  } else if (!conv.exchanges) {
+    builder.forward(
+        {engram + "/short_conv/forward", {u, conv_weight}, {y}, conv_flops, [=](const OpContext& ctx) {
+           ctx.kernels->short_conv_forward(ctx.f32(y), ctx.f32(u), nullptr, ctx.f32(conv_weight), B, S, GD, K,
+                                           dilation);
+         }});
   } else {
-    builder.forward({engram + "/short_conv/forward", {u, conv_weight}, {y}, conv_flops, [=](const OpContext& ctx) {
-                       ctx.kernels->short_conv_forward(ctx.f32(y), ctx.f32(u), nullptr, ctx.f32(conv_weight), B, S,
+    // Each stretch's halo: the last `history` inputs of its natural predecessor, from the context rank
+    // holding it (ShortConvHalos), saved for the backward (the taps' gradient reads it).
+    halo = builder.activation(engram + "/short_conv/halo", conv.halo_shape());
+    builder.forward(context_passes(builder, engram + "/short_conv/pass_halo", conv.send, 1));
+    builder.forward({engram + "/short_conv/forward",
+                     {u, conv_weight},
+                     {y, halo, conv.send, conv.receive},
+                     conv_flops,
+                     [=](const OpContext& ctx) {
+                       conv.exchange_halo(ctx, ctx.f32(u), ctx.f32(halo), engram + "/short_conv/pass_halo");
+                       ctx.kernels->short_conv_forward(ctx.f32(y), ctx.f32(u), ctx.f32(halo),
+                                                       ctx.f32(conv_weight), B * conv.stretches, conv.length,
                                                        GD, K, dilation);
                      }});
   }
 
   // x_out = x + gated + silu(y): the block's output joins every stream's residual.
   const BufferId out = builder.activation(engram + "/out", streams);
-  builder.forward({engram + "/output_forward", {streams_in, gated, y}, {out}, 3.0 * static_cast<double>(N * GD),
+  builder.forward({engram + "/output_forward",
+                   {streams_in, gated, y},
+                   {out},
+                   3.0 * static_cast<double>(N * GD),
                    [=](const OpContext& ctx) {
                      ctx.kernels->short_conv_output_forward(ctx.f32(out), ctx.f32(streams_in), ctx.f32(gated),
                                                             ctx.f32(y), N * GD);
@@ -184,32 +342,57 @@ BufferId add_engram_block(SpecBuilder& builder, const std::string& prefix, size_
   // gate, the value and key paths into d_memory, the table, the query norm and the pre-norm (adds into
   // d_streams, which the residual path already holds).
   std::vector<OpDecl> group;
-  group.push_back({engram + "/output_backward", {d_streams, y}, {d_gated, d_y}, 4.0 * static_cast<double>(N * GD),
+  group.push_back({engram + "/output_backward",
+                   {d_streams, y},
+                   {d_gated, d_y},
+                   4.0 * static_cast<double>(N * GD),
                    [=](const OpContext& ctx) {
-                     ctx.kernels->short_conv_output_backward(ctx.f32(d_gated), ctx.f32(d_y), ctx.f32(d_streams),
-                                                             ctx.f32(y), N * GD);
+                     ctx.kernels->short_conv_output_backward(ctx.f32(d_gated), ctx.f32(d_y),
+                                                             ctx.f32(d_streams), ctx.f32(y), N * GD);
                    }});
-  group.push_back({engram + "/short_conv/backward",
-                   {d_y, u, conv_weight, d_conv_weight},
-                   {d_u, d_conv_weight},
-                   2.0 * conv_flops,
-                   [=](const OpContext& ctx) {
-                     ctx.kernels->short_conv_backward(ctx.f32(d_u), nullptr, ctx.f32(d_conv_weight), ctx.f32(d_y),
-                                                      ctx.f32(u), nullptr, ctx.f32(conv_weight), B, S, GD, K,
-                                                      dilation);
-                   }});
+  if (!conv.exchanges) {
+    group.push_back({engram + "/short_conv/backward",
+                     {d_y, u, conv_weight, d_conv_weight},
+                     {d_u, d_conv_weight},
+                     2.0 * conv_flops,
+                     [=](const OpContext& ctx) {
+                       ctx.kernels->short_conv_backward(ctx.f32(d_u), nullptr, ctx.f32(d_conv_weight),
+                                                        ctx.f32(d_y), ctx.f32(u), nullptr,
+                                                        ctx.f32(conv_weight), B, S, GD, K, dilation);
+                     }});
+  } else {
+    // The halos' gradients go back to the ranks whose inputs they were, which add them to those inputs'.
+    const BufferId d_halo = builder.gradient_scratch("scratch/d_engram_halo", conv.halo_shape());
+    group.push_back(context_passes(builder, engram + "/short_conv/pass_halo_gradient", conv.send, 1));
+    group.push_back({engram + "/short_conv/backward",
+                     {d_y, u, halo, conv_weight, d_conv_weight},
+                     {d_u, d_halo, d_conv_weight, conv.send, conv.receive},
+                     2.0 * conv_flops,
+                     [=](const OpContext& ctx) {
+                       ctx.kernels->short_conv_backward(ctx.f32(d_u), ctx.f32(d_halo), ctx.f32(d_conv_weight),
+                                                        ctx.f32(d_y), ctx.f32(u), ctx.f32(halo),
+                                                        ctx.f32(conv_weight), B * conv.stretches, conv.length,
+                                                        GD, K, dilation);
+                       conv.return_halo_gradient(ctx, ctx.f32(d_halo), ctx.f32(d_u),
+                                                 engram + "/short_conv/pass_halo_gradient");
+                     }});
+  }
   group.push_back(conv_norm.backward);
-  group.push_back({engram + "/gate_backward", {d_gated, gate, q, k, v}, {d_q, d_k, d_v},
-                   4.0 * static_cast<double>(N * G * D), [=](const OpContext& ctx) {
-                     ctx.kernels->engram_gate_backward(ctx.f32(d_q), ctx.f32(d_k), ctx.f32(d_v), ctx.f32(d_gated),
-                                                       ctx.f32(gate), ctx.f32(q), ctx.f32(k), ctx.f32(v), N, G, D);
+  group.push_back({engram + "/gate_backward",
+                   {d_gated, gate, q, k, v},
+                   {d_q, d_k, d_v},
+                   4.0 * static_cast<double>(N * G * D),
+                   [=](const OpContext& ctx) {
+                     ctx.kernels->engram_gate_backward(ctx.f32(d_q), ctx.f32(d_k), ctx.f32(d_v),
+                                                       ctx.f32(d_gated), ctx.f32(gate), ctx.f32(q),
+                                                       ctx.f32(k), ctx.f32(v), N, G, D);
                    }});
   group.push_back(value_projection.backward);  // d_memory written
   group.push_back(k_norm.backward);
   group.push_back(key_projection.backward);  // d_memory added
   group.push_back({engram + "/lookup_backward", {d_memory, rows}, {d_table}, 0.0, [=](const OpContext& ctx) {
-                     ctx.kernels->embedding_backward(ctx.f32(d_table), ctx.i32(rows), ctx.f32(d_memory), N * heads,
-                                                     R, Dh, row_offset(ctx), global_rows);
+                     ctx.kernels->embedding_backward(ctx.f32(d_table), ctx.i32(rows), ctx.f32(d_memory),
+                                                     N * heads, R, Dh, row_offset(ctx), global_rows);
                    }});
   group.push_back(q_norm.backward);
   group.push_back(pre_norm.backward);

@@ -22,8 +22,8 @@ using MhcSublayer = std::function<BufferId(BufferId xin, BufferId d_io)>;
 
 // Returns the streams after the site [B, S, G, D]. The backward groups read d_streams (dL/d out) and leave
 // dL/d streams_in in it.
-BufferId add_mhc_site(SpecBuilder& builder, const std::string& prefix, BufferId streams_in, BufferId d_streams,
-                      const MhcSublayer& sublayer);
+BufferId add_mhc_site(SpecBuilder& builder, const std::string& prefix, BufferId streams_in,
+                      BufferId d_streams, const MhcSublayer& sublayer);
 
 // Entry: the embedding output [B, S, D] repeated into G streams (d_residual gets the streams' gradient sum).
 BufferId add_mhc_entry(SpecBuilder& builder, BufferId residual, BufferId d_residual, BufferId d_streams);

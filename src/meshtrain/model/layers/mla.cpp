@@ -53,8 +53,9 @@ BufferId add_mla_block(SpecBuilder& builder, const std::string& prefix, BufferId
       "scratch/mla_attention_backward", shape_of({{"floats", backward_scratch_floats}}));
   const BufferId q_rope = builder.scratch("scratch/mla_q_rope", q_rope_shape);
 
-  const NormLayer pre_norm = add_norm(builder, prefix + "/pre_self_attention_layer_norm", options.norm,
-                                      residual_in, width_shape, N, D, d_normed, d_residual, options.adds_residual);
+  const NormLayer pre_norm =
+      add_norm(builder, prefix + "/pre_self_attention_layer_norm", options.norm, residual_in, width_shape, N,
+               D, d_normed, d_residual, options.adds_residual);
   const LinearOptions projection{"attention", false, 0.02, kNoBuffer};
 
   // Queries, low-rank or direct. The q path's backward writes d_normed first; wkv_a's adds to it.
@@ -252,9 +253,11 @@ BufferId add_mla_block(SpecBuilder& builder, const std::string& prefix, BufferId
       },
       OpKind::memory};
 
-  const LinearLayer out = add_linear(
-      builder, attention + "/out", attended, shape_of({{"heads", H}, {"head_dim", v_dim}, {"embed", D}}),
-      width_shape, {"attention", false, options.out_init_std, options.adds_residual ? residual_in : kNoBuffer}, d_residual, d_attended, false);
+  const LinearLayer out =
+      add_linear(builder, attention + "/out", attended,
+                 shape_of({{"heads", H}, {"head_dim", v_dim}, {"embed", D}}), width_shape,
+                 {"attention", false, options.out_init_std, options.adds_residual ? residual_in : kNoBuffer},
+                 d_residual, d_attended, false);
 
   // Tensor parallel: heads split over tensor (wq_b / query, wkv_b column-parallel, out row-parallel), the
   // down projections and their norms replicated. The gradients that leave the heads for a replicated tensor

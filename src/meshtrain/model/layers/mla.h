@@ -42,7 +42,8 @@ namespace meshtrain {
 
 struct MlaBlockOptions {
   NormKind norm = NormKind::rms;  // the pre-norm (the low-rank norms are always RMSNorm)
-  double out_init_std = 0.02;  // false: the block is an mHC site's sublayer F (model/layers/mhc.h): it returns F(norm(x)) without
+  double out_init_std = 0.02;     // false: the block is an mHC site's sublayer F (model/layers/mhc.h): it
+                                  // returns F(norm(x)) without
   // adding x, and its backward turns d_residual into dL/dx in place (written, not added).
   bool adds_residual = true;
 };

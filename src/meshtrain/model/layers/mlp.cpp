@@ -15,8 +15,9 @@ BufferId add_mlp_block(SpecBuilder& builder, const std::string& prefix, BufferId
 
   const BufferId d_normed = builder.gradient_scratch("scratch/d_normed", width_shape);
   const BufferId d_activated = builder.gradient_scratch("scratch/d_mlp_activated", hidden_shape);
-  const NormLayer pre_norm = add_norm(builder, prefix + "/post_self_attention_layer_norm", options.norm,
-                                      residual_in, width_shape, m.N, m.D, d_normed, d_residual, options.adds_residual);
+  const NormLayer pre_norm =
+      add_norm(builder, prefix + "/post_self_attention_layer_norm", options.norm, residual_in, width_shape,
+               m.N, m.D, d_normed, d_residual, options.adds_residual);
   const std::string mlp = prefix + "/mlp";
   const LinearOptions in_projection{"mlp", options.bias, 0.02, kNoBuffer};
   std::vector<OpDecl> group;
@@ -73,7 +74,8 @@ BufferId add_mlp_block(SpecBuilder& builder, const std::string& prefix, BufferId
   }
   const LinearLayer out =
       add_linear(builder, mlp + "/wo", activated, out_kernel, width_shape,
-                 {"mlp", options.bias, options.out_init_std, options.adds_residual ? residual_in : kNoBuffer}, d_residual, d_activated, false);
+                 {"mlp", options.bias, options.out_init_std, options.adds_residual ? residual_in : kNoBuffer},
+                 d_residual, d_activated, false);
   group.push_back(out.backward);
   for (OpDecl& op : input_backward) group.push_back(std::move(op));
   // Column-parallel input projections: each tensor rank holds part of the input gradient.

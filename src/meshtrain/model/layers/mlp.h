@@ -15,7 +15,8 @@ struct MlpBlockOptions {
   NormKind norm = NormKind::rms;
   MlpKind kind = MlpKind::swiglu;
   bool bias = false;
-  double out_init_std = 0.02;  // false: the block is an mHC site's sublayer F (model/layers/mhc.h): it returns F(norm(x)) without
+  double out_init_std = 0.02;  // false: the block is an mHC site's sublayer F (model/layers/mhc.h): it
+                               // returns F(norm(x)) without
   // adding x, and its backward turns d_residual into dL/dx in place (written, not added).
   bool adds_residual = true;
 };

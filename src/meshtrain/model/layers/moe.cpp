@@ -300,8 +300,9 @@ BufferId add_moe_block(SpecBuilder& builder, const std::string& prefix, BufferId
   const BufferId d_sorted_x = builder.gradient_scratch("scratch/d_sorted_x", rows_width);
   const BufferId d_sorted_x_up = builder.gradient_scratch("scratch/d_sorted_x_up", rows_width);
 
-  const NormLayer pre_norm = add_norm(builder, prefix + "/post_self_attention_layer_norm", NormKind::rms,
-                                      residual_in, width_shape, N, D, d_normed, d_residual, options.adds_residual);
+  const NormLayer pre_norm =
+      add_norm(builder, prefix + "/post_self_attention_layer_norm", NormKind::rms, residual_in, width_shape,
+               N, D, d_normed, d_residual, options.adds_residual);
   const BufferId x = pre_norm.out;
 
   // Router: logits = x @ W_gate, then scores, the chosen experts and their weights.

@@ -35,7 +35,8 @@ struct MoeBlockOptions {
   // token order and drops the rest (their weight contributes nothing).
   double capacity_factor = 0.0;
   double balance_loss_weight = 0.0;  // [load_balance_loss_weight]; 0 none
-  double out_init_std = 0.02;        // the experts' down projections  // false: the block is an mHC site's sublayer F (model/layers/mhc.h): it returns F(norm(x)) without
+  double out_init_std = 0.02;  // the experts' down projections  // false: the block is an mHC site's sublayer
+                               // F (model/layers/mhc.h): it returns F(norm(x)) without
   // adding x, and its backward turns d_residual into dL/dx in place (written, not added).
   bool adds_residual = true;
 };

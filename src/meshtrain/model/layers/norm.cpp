@@ -60,23 +60,23 @@ NormLayer add_stream_norm(SpecBuilder& builder, const std::string& prefix, Buffe
                           bool accumulate_dx) {
   const float epsilon = static_cast<float>(builder.spec().config.normalization_layer_epsilon);
   const int64_t N = tokens, G = streams, D = width;
-  const BufferId scale = builder.parameter(prefix + "/scale", shape_of({{"streams", G}, {out_shape.axes.back(), D}}),
-                                           {"norm", ParameterInit::ones, 0.0, false});
+  const BufferId scale =
+      builder.parameter(prefix + "/scale", shape_of({{"streams", G}, {out_shape.axes.back(), D}}),
+                        {"norm", ParameterInit::ones, 0.0, false});
   const BufferId d_scale = builder.gradient_of(scale);
   const BufferId out = builder.activation(prefix + "/out", out_shape);
   const BufferId rstd = builder.activation(prefix + "/rstd", shape_of({{"rows", N * G}}));
   const double flops = 4.0 * static_cast<double>(N * G * D);
   builder.forward({prefix + "/forward", {x, scale}, {out, rstd}, flops, [=](const OpContext& c) {
-                     c.kernels->rmsnorm_streams_forward(c.f32(out), c.f32(rstd), c.f32(x), c.f32(scale), N, G, D,
-                                                        epsilon);
+                     c.kernels->rmsnorm_streams_forward(c.f32(out), c.f32(rstd), c.f32(x), c.f32(scale), N, G,
+                                                        D, epsilon);
                    }});
   std::vector<BufferId> reads = {d_out, x, scale, rstd};
   if (accumulate_dx) reads.push_back(d_x);
-  return {out,
-          {prefix + "/backward", reads, {d_x, d_scale}, 2.0 * flops, [=](const OpContext& c) {
-             c.kernels->rmsnorm_streams_backward(c.f32(d_x), c.f32(d_scale), c.f32(d_out), c.f32(x), c.f32(scale),
-                                                 c.f32(rstd), N, G, D, accumulate_dx);
-           }}};
+  return {out, {prefix + "/backward", reads, {d_x, d_scale}, 2.0 * flops, [=](const OpContext& c) {
+                  c.kernels->rmsnorm_streams_backward(c.f32(d_x), c.f32(d_scale), c.f32(d_out), c.f32(x),
+                                                      c.f32(scale), c.f32(rstd), N, G, D, accumulate_dx);
+                }}};
 }
 
 }  // namespace meshtrain
