@@ -16,6 +16,7 @@
 #include "meshtrain/core/error.h"
 #include "meshtrain/model/spec.h"
 #include "meshtrain/train/checkpoint.h"
+#include "meshtrain/train/run.h"
 #include "meshtrain/train/engine.h"
 
 namespace meshtrain {
@@ -365,6 +366,59 @@ TEST_F(CheckpointTest, MismatchedModelOrTokenizerIsRefused) {
   EXPECT_TRUE(contains(message, "tokenizer identity")) << message;
   EXPECT_TRUE(contains(message, "tok-a")) << message;
   EXPECT_EQ(error_of([&] { load_checkpoint(path, same, false, ""); }), "");  // unknown here: not checked
+}
+
+// Engram: the checkpoint holds the compressed vocabulary, the multipliers and the table sizes. A load hashes
+// with the checkpoint's multipliers (not the ones its own engram_seed draws); a compressed vocabulary or
+// tables that differ are refused, naming engram.safetensors, before the engine changes.
+TEST_F(CheckpointTest, EngramHashingTravelsWithTheCheckpoint) {
+  const std::vector<std::string> engram = {
+      "base_emb_dim=32", "base_num_query_heads=4", "base_num_kv_heads=4", "base_mlp_dim=48",
+      "base_num_decoder_layers=2", "vocab_size=100", "max_target_length=8", "per_device_batch_size=2",
+      "q_lora_rank=0", "kv_lora_rank=8", "qk_nope_head_dim=4", "qk_rope_head_dim=4", "v_head_dim=8",
+      "num_experts=0", "engram_layers=[1]", "engram_num_heads=2", "engram_head_dim=4",
+      "engram_vocab_bases=[31,37]", "mhc_expansion_rate=2"};
+  const Config config = load_config("deepseek-tiny", engram);
+  Engine engine(config);
+  fill_engine(engine, 0.25f);
+  EngramHashOptions options_a = engram_hash_options(config);
+  const EngramHashing saved = make_engram_hashing(options_a, nullptr);
+  CheckpointOptions options;
+  options.engram_hashing = &saved;
+  const std::string path = save_checkpoint(root(), engine, state_at(3), options);
+  ASSERT_TRUE(fs::exists(fs::path(path) / "engram.safetensors"));
+
+  // Another seed draws other multipliers: the load replaces them with the checkpoint's.
+  options_a.seed = 7;
+  EngramHashing run = make_engram_hashing(options_a, nullptr);
+  ASSERT_NE(run.multipliers, saved.multipliers);
+  Engine loaded(config);
+  load_checkpoint(path, loaded, false, "", &run);
+  EXPECT_EQ(run.multipliers, saved.multipliers);
+  EXPECT_EQ(run.pad_id, saved.pad_id);
+
+  // A tokenizer whose compressed map differs: refused, the engine untouched.
+  EngramHashing other = make_engram_hashing(engram_hash_options(config), nullptr);
+  other.compressed.compress[42] = 7;
+  Engine untouched(config);
+  const std::vector<char> before = buffer_bytes(untouched, untouched.spec().parameters.front().value);
+  std::string message = error_of([&] { load_checkpoint(path, untouched, false, "", &other); });
+  EXPECT_TRUE(contains(message, "engram.safetensors: tensor 'compress'")) << message;
+  EXPECT_TRUE(contains(message, "token 42 -> 42")) << message;
+  EXPECT_TRUE(contains(message, "use the tokenizer the checkpoint was trained with")) << message;
+  EXPECT_EQ(buffer_bytes(untouched, untouched.spec().parameters.front().value), before);
+
+  // Other tables (an edited size): refused naming the tensor and the config keys.
+  EngramHashing tables = make_engram_hashing(engram_hash_options(config), nullptr);
+  tables.table_sizes[0][1][0] = 53;  // was 41
+  message = error_of([&] { load_checkpoint(path, untouched, false, "", &tables); });
+  EXPECT_TRUE(contains(message, "layers_1/table_sizes")) << message;
+
+  // A checkpoint of a model without Engram has no engram.safetensors.
+  Engine dense = make_engine();
+  const std::string dense_path = save_checkpoint((dir_ / "dense").string(), dense, state_at(1), {});
+  message = error_of([&] { load_checkpoint(dense_path, untouched, true, "", &other); });
+  EXPECT_TRUE(contains(message, "engram.safetensors")) << message;
 }
 
 // The checkpoint directory is itself a tokenizer path: GPT-2's two files travel together.

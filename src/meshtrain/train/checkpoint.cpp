@@ -14,7 +14,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <map>
+#include <numeric>
+#include <optional>
 #include <set>
 #include <system_error>
 #include <utility>
@@ -36,6 +39,7 @@ using ordered_json = nlohmann::ordered_json;
 constexpr const char* kMeshtrainVersion = "0.1.0-dev";
 constexpr const char* kModelFile = "model.safetensors";
 constexpr const char* kOptimizerFile = "optimizer.safetensors";
+constexpr const char* kEngramFile = "engram.safetensors";
 constexpr const char* kMetadataFile = "metadata.json";
 constexpr const char* kMarkerFile = "COMMITTED";
 constexpr const char* kMarkerTemp = "COMMITTED.tmp";
@@ -265,6 +269,100 @@ GatheredState gather_state(const Engine& engine) {
   return gathered;
 }
 
+// engram.safetensors (see checkpoint.h): int32 and int64 tensors, written and read whole.
+void write_engram_hashing(const std::string& path, const EngramHashing& hashing,
+                          const std::map<std::string, std::string>& metadata) {
+  const int32_t pad_id = hashing.pad_id;
+  std::vector<SafetensorsTensor> tensors = {{"compress",
+                                             "I32",
+                                             {static_cast<int64_t>(hashing.compressed.compress.size())},
+                                             hashing.compressed.compress.data()},
+                                            {"pad_id", "I32", {1}, &pad_id}};
+  std::vector<std::vector<int64_t>> table_sizes;  // flattened [N - 1, H], alive until written
+  for (size_t layer = 0; layer < hashing.layers.size(); ++layer) {
+    std::vector<int64_t>& flat = table_sizes.emplace_back();
+    for (const std::vector<int64_t>& order : hashing.table_sizes[layer])
+      flat.insert(flat.end(), order.begin(), order.end());
+  }
+  for (size_t layer = 0; layer < hashing.layers.size(); ++layer) {
+    const std::string prefix = "layers_" + std::to_string(hashing.layers[layer]) + "/";
+    const std::vector<int64_t>& multipliers = hashing.multipliers[layer];
+    tensors.push_back(
+        {prefix + "multipliers", "I64", {static_cast<int64_t>(multipliers.size())}, multipliers.data()});
+    tensors.push_back({prefix + "table_sizes",
+                       "I64",
+                       {static_cast<int64_t>(hashing.table_sizes[layer].size()),
+                        static_cast<int64_t>(hashing.table_sizes[layer].front().size())},
+                       table_sizes[layer].data()});
+  }
+  write_safetensors(path, tensors, metadata);
+}
+
+// A whole integer tensor of engram.safetensors: its dtype and shape checked against what the run expects.
+template <typename Value>
+std::vector<Value> read_engram_tensor(const SafetensorsFile& file, const std::string& name, const char* dtype,
+                                      const std::vector<int64_t>& shape, const std::string& fix) {
+  const SafetensorsEntry* entry = file.find(name);
+  if (entry == nullptr) fail(file.path() + ": tensor '" + name + "'", "present", "missing", fix);
+  if (entry->dtype != dtype || entry->shape != shape) {
+    std::string expected = std::string(dtype) + " [", found = entry->dtype + " [";
+    for (int64_t d : shape) expected += std::to_string(d) + (d == shape.back() ? "" : ", ");
+    for (int64_t d : entry->shape) found += std::to_string(d) + (d == entry->shape.back() ? "" : ", ");
+    fail(file.path() + ": tensor '" + name + "'", expected + "]", found + "]", fix);
+  }
+  std::vector<Value> values(
+      entry->shape.empty() ? 1
+                           : static_cast<size_t>(std::accumulate(entry->shape.begin(), entry->shape.end(),
+                                                                 int64_t{1}, std::multiplies<>())));
+  std::memcpy(values.data(), file.data(*entry), values.size() * sizeof(Value));
+  return values;
+}
+
+// Checks the checkpoint's Engram hashing against the run's and returns it (the run then hashes with its
+// multipliers and pad id).
+EngramHashing read_engram_hashing(const fs::path& path, const EngramHashing& run) {
+  const SafetensorsFile file = SafetensorsFile::open(path.string());
+  const std::string tokenizer_fix =
+      "use the tokenizer the checkpoint was trained with (a copy is in the checkpoint directory)";
+  EngramHashing saved = run;
+  const auto vocabulary = static_cast<int64_t>(run.compressed.compress.size());
+  const std::vector<int32_t> compress =
+      read_engram_tensor<int32_t>(file, "compress", "I32", {vocabulary}, tokenizer_fix);
+  for (size_t id = 0; id < compress.size(); ++id) {
+    if (compress[id] != run.compressed.compress[id]) {
+      fail(path.string() + ": tensor 'compress'",
+           "the compressed vocabulary of this run's tokenizer (" + std::to_string(run.compressed.size) +
+               " compressed ids; token " + std::to_string(id) + " -> " +
+               std::to_string(run.compressed.compress[id]) + ")",
+           "token " + std::to_string(id) + " -> " + std::to_string(compress[id]), tokenizer_fix);
+    }
+  }
+  saved.pad_id = read_engram_tensor<int32_t>(file, "pad_id", "I32", {1}, tokenizer_fix).front();
+  for (size_t layer = 0; layer < run.layers.size(); ++layer) {
+    const std::string prefix = "layers_" + std::to_string(run.layers[layer]) + "/";
+    const std::string config_fix =
+        "load it with the Engram keys it was saved with (its metadata.json 'config')";
+    const auto orders = static_cast<int64_t>(run.table_sizes[layer].size());
+    const auto heads = static_cast<int64_t>(run.table_sizes[layer].front().size());
+    saved.multipliers[layer] =
+        read_engram_tensor<int64_t>(file, prefix + "multipliers", "I64",
+                                    {static_cast<int64_t>(run.multipliers[layer].size())}, config_fix);
+    const std::vector<int64_t> sizes =
+        read_engram_tensor<int64_t>(file, prefix + "table_sizes", "I64", {orders, heads}, config_fix);
+    for (int64_t order = 0; order < orders; ++order)
+      for (int64_t head = 0; head < heads; ++head) {
+        const int64_t expected = run.table_sizes[layer][order][head];
+        if (sizes[order * heads + head] != expected) {
+          fail(path.string() + ": tensor '" + prefix + "table_sizes'",
+               "the tables of this config (order " + std::to_string(order + 2) + ", head " +
+                   std::to_string(head) + ": " + std::to_string(expected) + " rows)",
+               std::to_string(sizes[order * heads + head]) + " rows", config_fix);
+        }
+      }
+  }
+  return saved;
+}
+
 void write_checkpoint_files(const fs::path& directory, const Engine& engine, const GatheredState& gathered,
                             const CheckpointState& state, const CheckpointOptions& options) {
   const ModelSpec& spec = engine.spec();
@@ -294,6 +392,10 @@ void write_checkpoint_files(const fs::path& directory, const Engine& engine, con
   write_safetensors((directory / kOptimizerFile).string(), moments, tensor_metadata);
 
   std::vector<std::string> files = {kModelFile, kOptimizerFile};
+  if (options.engram_hashing != nullptr) {
+    write_engram_hashing((directory / kEngramFile).string(), *options.engram_hashing, tensor_metadata);
+    files.push_back(kEngramFile);
+  }
   std::vector<std::string> tokenizer_names;
   if (!options.tokenizer_path.empty()) {
     for (const auto& [source, name] : tokenizer_files(options.tokenizer_path)) {
@@ -564,7 +666,8 @@ std::optional<std::string> latest_checkpoint(const std::string& checkpoints_dir)
 }
 
 CheckpointState load_checkpoint(const std::string& checkpoint_dir, Engine& engine, bool parameters_only,
-                                const std::string& expected_tokenizer_identity) {
+                                const std::string& expected_tokenizer_identity,
+                                EngramHashing* engram_hashing) {
   const LoadContext context = read_metadata(fs::path(checkpoint_dir));
   const std::string metadata_where = context.metadata_path.string();
   const ModelSpec& spec = engine.spec();
@@ -626,6 +729,11 @@ CheckpointState load_checkpoint(const std::string& checkpoint_dir, Engine& engin
          "the checkpoint is damaged or not a meshtrain checkpoint; use another checkpoint");
   }
 
+  std::optional<EngramHashing> saved_hashing;
+  if (engram_hashing != nullptr) {
+    verify_file(context, kEngramFile);  // lists the missing entry when the checkpoint has no Engram
+    saved_hashing = read_engram_hashing(context.directory / kEngramFile, *engram_hashing);
+  }
   // Everything is verified before the first byte of the engine changes: a failed load leaves it as it was.
   MT_CHECK(parameters_only || !spec.decoding(), "a decode engine holds no optimizer state to load");
   const ParameterStore& store = engine.parameters();
@@ -658,6 +766,7 @@ CheckpointState load_checkpoint(const std::string& checkpoint_dir, Engine& engin
   if (optimizer) {
     for (const auto& [name, id] : moments) load(*optimizer, name, id);
   }
+  if (saved_hashing) *engram_hashing = std::move(*saved_hashing);
   return state;
 }
 

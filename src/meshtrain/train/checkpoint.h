@@ -7,6 +7,9 @@
 //     model.safetensors            parameters, named as the engine names them (spec().buffer(id).name)
 //     optimizer.safetensors        "adam_m/<name>", "adam_v/<name>"
 //     tokenizer.json               copy of the run's tokenizer (or encoder.json + vocab.bpe), if any
+//     engram.safetensors           models with Engram: the compressed vocabulary ("compress" [V], "pad_id"),
+//                                  and per Engram layer its hash multipliers and table sizes
+//                                  ("layers_<i>/multipliers" [N], "layers_<i>/table_sizes" [N - 1, H])
 //     metadata.json                format version, step, resolved config, layout, mesh, rng, data cursor,
 //                                  tokenizer identity, {file: {bytes, crc32c}}, meshtrain version
 //     COMMITTED                    the commit marker: step and the size and CRC-32C of metadata.json
@@ -23,6 +26,7 @@
 #include <optional>
 #include <string>
 
+#include "meshtrain/data/engram_hash.h"
 #include "meshtrain/train/engine.h"
 
 namespace meshtrain {
@@ -39,6 +43,7 @@ struct CheckpointOptions {
   std::string tokenizer_path;      // copied into the checkpoint (empty: none, e.g. synthetic data)
   std::string tokenizer_identity;  // stored in metadata, checked on load when both sides have one
   int64_t keep_last = 0;           // max_num_checkpoints_to_keep (0: keep all)
+  const EngramHashing* engram_hashing = nullptr;  // models with Engram: what hashes their batches
 };
 
 // Every rank calls it: the sharded state is gathered into global tensors, and the lead rank writes
@@ -59,7 +64,11 @@ std::optional<std::string> latest_checkpoint(const std::string& checkpoints_dir)
 // know one. parameters_only (load_parameters_path): parameters only, moments untouched, and a fresh state
 // (step 0, empty cursor and rng) is returned. Every failure is a MeshError naming the checkpoint file (and
 // tensor), expected vs found, and a fix.
+// Models with Engram (`engram_hashing` set): the checkpoint's compressed vocabulary must equal the run's
+// (built from its tokenizer), and its table sizes the config's; the run then hashes with the checkpoint's
+// multipliers and pad id, whatever its own engram_seed would draw.
 CheckpointState load_checkpoint(const std::string& checkpoint_dir, Engine& engine, bool parameters_only,
-                                const std::string& expected_tokenizer_identity = "");
+                                const std::string& expected_tokenizer_identity = "",
+                                EngramHashing* engram_hashing = nullptr);
 
 }  // namespace meshtrain

@@ -323,14 +323,17 @@ void Run::resume_from_checkpoint() {
   if (lead_) fs::create_directories(config_.run_dir);
   checkpoints_dir_ = config_.run_dir + "/checkpoints";
   if (const std::optional<std::string> latest = latest_checkpoint(checkpoints_dir_)) {
-    state_ = load_checkpoint(*latest, *engine_, false, tokenizer_identity_);
+    state_ = load_checkpoint(*latest, *engine_, false, tokenizer_identity_,
+                             engram_hashing_ ? &*engram_hashing_ : nullptr);
     std::fprintf(console_, "resuming from %s (step %lld)\n", latest->c_str(),
                  static_cast<long long>(state_.step));
   } else if (!config_.load_full_state_path.empty()) {
-    state_ = load_checkpoint(config_.load_full_state_path, *engine_, false, tokenizer_identity_);
+    state_ = load_checkpoint(config_.load_full_state_path, *engine_, false, tokenizer_identity_,
+                             engram_hashing_ ? &*engram_hashing_ : nullptr);
     loaded_elsewhere_ = true;
   } else if (!config_.load_parameters_path.empty()) {
-    load_checkpoint(config_.load_parameters_path, *engine_, true, tokenizer_identity_);
+    load_checkpoint(config_.load_parameters_path, *engine_, true, tokenizer_identity_,
+                    engram_hashing_ ? &*engram_hashing_ : nullptr);
   }
   if (!state_.data_cursor.is_null()) loader_->restore(state_.data_cursor, "checkpoint data cursor");
   summary_.first_step = state_.step;
@@ -363,7 +366,7 @@ void Run::open_metrics_and_trace() {
 // handlers, the injected fault and the planned bytes per axis.
 void Run::prepare_steps() {
   checkpoint_options_ = {tokenizer_ ? tokenizer_->source_path() : "", tokenizer_identity_,
-                         config_.max_num_checkpoints_to_keep};
+                         config_.max_num_checkpoints_to_keep, engram_hashing_ ? &*engram_hashing_ : nullptr};
   tokens_per_step_ = static_cast<double>(loader_->global_batch_rows() * config_.max_target_length);
   step_flops_ = standard_training_flops(config_).total();
   // mfu: against this machine's measured GEMM peak, not a stated one (the `cpu` topology's 230 GFLOP/s is a

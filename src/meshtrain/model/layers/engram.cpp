@@ -181,7 +181,9 @@ BufferId add_engram_block(SpecBuilder& builder, const std::string& prefix, size_
     offsets[i] = offsets[i - 1] + static_cast<int32_t>(layer.table_sizes[i - 1]);
   // Table rows split like the vocabulary: rank r holds rows [r R, (r + 1) R) of the padded table.
   const int64_t row_degree = spec.sharding.compute("engram_rows").degree;
-  const int64_t R = (layer.table_rows + row_degree - 1) / row_degree;
+  // Padded as the vocabulary is (to a multiple of 128 and of the degree), so the global table, and with
+  // it a checkpoint, has the same shape on any mesh whose degree divides 128.
+  const int64_t R = padded_vocab_size(layer.table_rows, row_degree) / row_degree;
   const bool rows_split = row_degree > 1;
   const std::vector<MeshAxis>& row_axes = spec.sharding.compute("engram_rows").axes;
   if (rows_split && (row_axes.size() != 1 || row_axes.front() != MeshAxis::tensor)) {
