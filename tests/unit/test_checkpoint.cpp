@@ -16,8 +16,8 @@
 #include "meshtrain/core/error.h"
 #include "meshtrain/model/spec.h"
 #include "meshtrain/train/checkpoint.h"
-#include "meshtrain/train/run.h"
 #include "meshtrain/train/engine.h"
+#include "meshtrain/train/run.h"
 
 namespace meshtrain {
 namespace {
@@ -372,12 +372,25 @@ TEST_F(CheckpointTest, MismatchedModelOrTokenizerIsRefused) {
 // with the checkpoint's multipliers (not the ones its own engram_seed draws); a compressed vocabulary or
 // tables that differ are refused, naming engram.safetensors, before the engine changes.
 TEST_F(CheckpointTest, EngramHashingTravelsWithTheCheckpoint) {
-  const std::vector<std::string> engram = {
-      "base_emb_dim=32", "base_num_query_heads=4", "base_num_kv_heads=4", "base_mlp_dim=48",
-      "base_num_decoder_layers=2", "vocab_size=100", "max_target_length=8", "per_device_batch_size=2",
-      "q_lora_rank=0", "kv_lora_rank=8", "qk_nope_head_dim=4", "qk_rope_head_dim=4", "v_head_dim=8",
-      "num_experts=0", "engram_layers=[1]", "engram_num_heads=2", "engram_head_dim=4",
-      "engram_vocab_bases=[31,37]", "mhc_expansion_rate=2"};
+  const std::vector<std::string> engram = {"base_emb_dim=32",
+                                           "base_num_query_heads=4",
+                                           "base_num_kv_heads=4",
+                                           "base_mlp_dim=48",
+                                           "base_num_decoder_layers=2",
+                                           "vocab_size=100",
+                                           "max_target_length=8",
+                                           "per_device_batch_size=2",
+                                           "q_lora_rank=0",
+                                           "kv_lora_rank=8",
+                                           "qk_nope_head_dim=4",
+                                           "qk_rope_head_dim=4",
+                                           "v_head_dim=8",
+                                           "num_experts=0",
+                                           "engram_layers=[1]",
+                                           "engram_num_heads=2",
+                                           "engram_head_dim=4",
+                                           "engram_vocab_bases=[31,37]",
+                                           "mhc_expansion_rate=2"};
   const Config config = load_config("deepseek-tiny", engram);
   Engine engine(config);
   fill_engine(engine, 0.25f);

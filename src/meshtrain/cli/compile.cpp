@@ -13,6 +13,7 @@
 #include "meshtrain/cli/arguments.h"
 #include "meshtrain/core/durable_file.h"
 #include "meshtrain/core/error.h"
+#include "meshtrain/model/layers/engram.h"
 #include "meshtrain/model/layers/moe.h"
 #include "meshtrain/plan/context_attention.h"
 #include "meshtrain/plan/plan.h"
@@ -115,6 +116,31 @@ void print_header(const TrainingPlan& plan, const std::string& config_argument, 
              dtype_config_name(c.dtype).c_str(), t.memory_bandwidth / 1e9, t.intra_host_bandwidth / 1e9) +
           (t.inter_host_bandwidth > 0.0 ? format(" / %.0f GB/s between hosts", t.inter_host_bandwidth / 1e9)
                                         : std::string()));
+  const EngramCounts engram = engram_counts(plan.spec);
+  if (engram.layers > 0) {
+    // What the tables take on this device as planned: the rows it holds (split like the vocabulary) with
+    // their gradient and Adam moments (ZeRO-1's data shards of the moments where set).
+    double table_bytes = 0.0;
+    for (const PlanBuffer& buffer : plan.buffers) {
+      if (buffer.persistent && buffer.part_of < 0 &&
+          buffer.name.ends_with("/engram/multi_head_embedding/embedding"))
+        table_bytes += static_cast<double>(buffer.bytes);
+    }
+    out << row("engram",
+               format("%lld layers, %lld hash tables of %lld rows together x %lld (%lld read per token "
+                      "and layer): %s of tables with gradient and moments; forward %.4g TFLOP per "
+                      "micro-batch",
+                      static_cast<long long>(engram.layers), static_cast<long long>(engram.tables),
+                      static_cast<long long>(engram.rows), static_cast<long long>(c.engram_head_dim),
+                      static_cast<long long>(engram.rows_per_token), bytes_text(table_bytes).c_str(),
+                      engram.forward_flops / 1e12));
+  }
+  if (c.mhc_expansion_rate > 1) {
+    out << row("mhc", format("%lld residual streams, %lld sites, %lld Sinkhorn iterations",
+                             static_cast<long long>(c.mhc_expansion_rate),
+                             static_cast<long long>(2 * c.base_num_decoder_layers),
+                             static_cast<long long>(c.sinkhorn_iterations)));
+  }
   out << row("threads", format("%lld per rank", static_cast<long long>(plan.threads)));
   out << row("plan", format("identity %s, %zu kernel%s planned in %.1f ms", plan.identity.hash.c_str(),
                             plan.kernels.size(), plan.kernels.size() == 1 ? "" : "s", plan_seconds * 1e3));

@@ -4,6 +4,7 @@
 #include <map>
 
 #include "meshtrain/cli/arguments.h"
+#include "meshtrain/model/layers/engram.h"
 #include "meshtrain/model/spec.h"
 
 namespace meshtrain {
@@ -23,16 +24,59 @@ int run_info(const std::vector<std::string>& arguments, std::ostream& out) {
     by_component[parameter.component] += spec.buffer(parameter.value).shape.elements();
   }
   out << "parameters: " << spec.parameter_count() << "\n";
-  if (config.num_experts > 0) {
-    // A token passes num_experts_per_tok of each MoE layer's routed experts; every other tensor it uses.
+  const EngramCounts engram = engram_counts(spec);
+  if (config.num_experts > 0 || engram.layers > 0) {
+    // A token passes num_experts_per_tok of each MoE layer's routed experts and reads H (N - 1) rows of
+    // each Engram layer's tables; every other tensor it uses whole.
     int64_t activated = 0;
     for (const ParameterDecl& parameter : spec.parameters) {
       const int64_t count = spec.buffer(parameter.value).shape.elements();
       const bool routed = parameter.canonical_name.find("/moe/routed_experts/") != std::string::npos;
-      activated += routed ? count / config.num_experts * config.num_experts_per_tok : count;
+      if (is_engram_table(parameter)) {
+        activated += engram.rows_per_token * config.engram_head_dim;
+      } else {
+        activated += routed ? count / config.num_experts * config.num_experts_per_tok : count;
+      }
     }
-    out << "activated parameters per token: " << activated << " (" << config.num_experts_per_tok << " of "
-        << config.num_experts << " routed experts in each of " << spec.moe_layers.size() << " MoE layers)\n";
+    out << "activated parameters per token: " << activated << " (";
+    if (config.num_experts > 0) {
+      out << config.num_experts_per_tok << " of " << config.num_experts << " routed experts in each of "
+          << spec.moe_layers.size() << " MoE layers" << (engram.layers > 0 ? "; " : "");
+    }
+    if (engram.layers > 0) out << engram.rows_per_token << " table rows of each Engram layer";
+    out << ")\n";
+  }
+  if (engram.layers > 0) {
+    // The tables with what training keeps beside them: gradient and both Adam moments (and a float32
+    // master copy when weights are stored narrower).
+    int64_t table_bytes = 0;
+    for (const ParameterDecl& parameter : spec.parameters) {
+      if (!is_engram_table(parameter)) continue;
+      for (BufferId id :
+           {parameter.value, parameter.gradient, parameter.adam_m, parameter.adam_v, parameter.master}) {
+        if (id != kNoBuffer)
+          table_bytes +=
+              spec.buffer(id).shape.elements() * static_cast<int64_t>(dtype_bytes(spec.buffer(id).dtype));
+      }
+    }
+    std::string layers;
+    for (const EngramLayerSpec& layer : spec.engram)
+      layers += (layers.empty() ? "" : ", ") + std::to_string(layer.layer);
+    char text[400];
+    std::snprintf(
+        text, sizeof text,
+        "engram: %lld layers (%s), %lld hash tables of %lld rows together x %lld: %lld table parameters "
+        "(rows padded to 128), %.2f GiB with gradient and Adam moments; forward %.4f TFLOPs per step "
+        "(engram.md section 8)\n",
+        static_cast<long long>(engram.layers), layers.c_str(), static_cast<long long>(engram.tables),
+        static_cast<long long>(engram.rows), static_cast<long long>(config.engram_head_dim),
+        static_cast<long long>(engram.table_parameters), static_cast<double>(table_bytes) / (1 << 30),
+        engram.forward_flops * static_cast<double>(config.gradient_accumulation_steps) / 1e12);
+    out << text;
+  }
+  if (m.G > 1) {
+    out << "mhc: " << m.G << " residual streams, " << 2 * m.L << " sites (attention and MLP of every layer), "
+        << config.sinkhorn_iterations << " Sinkhorn iterations\n";
   }
   for (const auto& [component, count] : by_component) {
     char line[96];

@@ -22,6 +22,7 @@ const std::map<std::string, std::vector<MeshAxis>>& allowed_axes() {
       {"vocab", {MeshAxis::tensor}},
       {"positions", {MeshAxis::fsdp}},
       {"experts", {MeshAxis::expert}},
+      {"engram_rows", {MeshAxis::tensor}},  // Engram's tables, split like the vocabulary
   };
   return allowed;
 }

@@ -264,8 +264,29 @@ StandardFlops standard_training_flops(const Config& c) {
     const double router = 2 * B * S * emb * static_cast<double>(c.num_experts);
     feed_forward = (L - moe_layers) * ffn + moe_layers * (experts_per_token * expert + router);
   }
-  return {3 * (feed_forward + L * (qkv + projection) + unembedding) * accumulation,
-          3 * L * attention * accumulation};
+  // Engram (shared/specs/engram.md section 8) on each layer it names: the key and value projections and the
+  // ShortConv are learnable; the gate's q . k is a product of activations, counted with attention. mHC
+  // (mhc.md) at both sites of every layer: the coefficient projection, and the collapse and expand mixes.
+  const double G = static_cast<double>(c.mhc_expansion_rate);
+  double engram_learnable = 0.0, engram_products = 0.0;
+  if (!c.engram_layers.empty()) {
+    const double layers = static_cast<double>(c.engram_layers.size());
+    const double engram_dim =
+        static_cast<double>(c.engram_num_heads * (c.engram_max_ngram_size - 1) * c.engram_head_dim);
+    const double taps = static_cast<double>(c.engram_kernel_size);
+    engram_learnable = layers * (2 * B * S * engram_dim * G * emb + 2 * B * S * engram_dim * emb +
+                                 2 * B * S * taps * G * emb);
+    engram_products = layers * 2 * B * S * G * emb;
+  }
+  double mhc_learnable = 0.0, mhc_products = 0.0;
+  if (c.mhc_expansion_rate > 1) {
+    const double sites = 2 * L;
+    mhc_learnable = sites * 2 * B * S * (G * emb) * (2 * G + G * G);
+    mhc_products = sites * (2 * B * S * G * emb + 2 * B * S * G * (G + 1) * emb);
+  }
+  return {3 * (feed_forward + L * (qkv + projection) + unembedding + engram_learnable + mhc_learnable) *
+              accumulation,
+          3 * (L * attention + engram_products + mhc_products) * accumulation};
 }
 
 void RoutingSums::add(const RoutingSums& other) {

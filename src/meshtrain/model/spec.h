@@ -296,7 +296,8 @@ ModelSpec build_decode_spec(const Config& config, const Mesh& mesh, int64_t cach
 // Vocabulary rows allocated for a tokenizer vocabulary: a multiple of 128 and of the tensor degree.
 int64_t padded_vocab_size(int64_t vocab_size, int64_t tensor_degree = 1);
 
-// Standard training FLOPs per device per step (shared/specs/training-step.md), learnable and attention parts.
+// Standard training FLOPs per device per step (shared/specs/training-step.md), learnable and attention parts
+// (the attention part: products of two activations, attention's and Engram's gate and mHC's mixes).
 struct StandardFlops {
   double learnable = 0.0, attention = 0.0;
   double total() const { return learnable + attention; }

@@ -155,6 +155,30 @@ std::vector<std::vector<int64_t>> engram_layer_table_sizes(const Config& c) {
   return sizes;
 }
 
+bool is_engram_table(const ParameterDecl& parameter) {
+  return parameter.canonical_name.ends_with("/engram/multi_head_embedding/embedding");
+}
+
+EngramCounts engram_counts(const ModelSpec& spec) {
+  const Config& c = spec.config;
+  const ModelDims& m = spec.dims;
+  EngramCounts counts;
+  counts.layers = static_cast<int64_t>(spec.engram.size());
+  if (counts.layers == 0) return counts;
+  counts.rows_per_token = c.engram_num_heads * (c.engram_max_ngram_size - 1);
+  counts.tables = counts.layers * counts.rows_per_token;
+  for (const EngramLayerSpec& layer : spec.engram) counts.rows += layer.table_rows;
+  for (const ParameterDecl& parameter : spec.parameters) {
+    if (is_engram_table(parameter)) counts.table_parameters += spec.buffer(parameter.value).shape.elements();
+  }
+  const auto N = static_cast<double>(m.N), G = static_cast<double>(m.G), D = static_cast<double>(m.D);
+  const double D_en = static_cast<double>(counts.rows_per_token * c.engram_head_dim);
+  const double K = static_cast<double>(c.engram_kernel_size);
+  counts.forward_flops = static_cast<double>(counts.layers) *
+                         (2 * N * D_en * G * D + 2 * N * D_en * D + 2 * N * K * G * D + 2 * N * G * D);
+  return counts;
+}
+
 Shape stream_shape(const ModelDims& m) {
   return m.G > 1 ? token_shape(m, {{"streams", m.G}, {"embed", m.D}}) : token_shape(m, {{"embed", m.D}});
 }
@@ -185,13 +209,7 @@ BufferId add_engram_block(SpecBuilder& builder, const std::string& prefix, size_
   // it a checkpoint, has the same shape on any mesh whose degree divides 128.
   const int64_t R = padded_vocab_size(layer.table_rows, row_degree) / row_degree;
   const bool rows_split = row_degree > 1;
-  const std::vector<MeshAxis>& row_axes = spec.sharding.compute("engram_rows").axes;
-  if (rows_split && (row_axes.size() != 1 || row_axes.front() != MeshAxis::tensor)) {
-    fail("config key 'logical_axis_rules.engram_rows'", "[tensor] or [] (the lookup reduces over tensor)",
-         "a rule splitting the table rows over other mesh axes",
-         "set logical_axis_rules.engram_rows=[tensor]");
-  }
-  const int64_t global_rows = layer.table_rows;
+  const int64_t global_rows = R * row_degree;  // ids are below table_rows; the padding is never read
 
   const Shape streams = stream_shape(m);
   const Shape per_stream = token_shape(m, {{"streams", G}, {"embed", D}});

@@ -29,6 +29,20 @@ std::vector<std::vector<int64_t>> engram_layer_table_sizes(const Config& config)
 BufferId add_engram_block(SpecBuilder& builder, const std::string& prefix, size_t engram_index,
                           BufferId streams_in, BufferId d_streams);
 
+// What `info` and `compile` report of a spec's Engram layers (per device, as the spec's sizes are).
+struct EngramCounts {
+  int64_t layers = 0, tables = 0;  // tables: H_e (n - 1) per layer
+  int64_t rows = 0;                // every table's rows (primes), all layers, before padding
+  int64_t rows_per_token = 0;      // table rows one token reads in each layer: H_e (n - 1)
+  int64_t table_parameters = 0;    // allocated here (rows padded, split over engram_rows' mesh axes)
+  // shared/specs/engram.md section 8, forward, one micro-batch: key 2 N D_en G D, value 2 N D_en D,
+  // conv 2 N K G D, gate dot 2 N G D per layer (a training step: x 3).
+  double forward_flops = 0.0;
+};
+EngramCounts engram_counts(const ModelSpec& spec);
+// Whether a parameter is an Engram table (its own optimizer group).
+bool is_engram_table(const ParameterDecl& parameter);
+
 // The shape of the residual streams: [B, S, G, D], or [B, S, D] without mHC.
 Shape stream_shape(const ModelDims& m);
 
