@@ -20,6 +20,7 @@
 #include "meshtrain/model/spec.h"
 #include "meshtrain/train/checkpoint.h"
 #include "meshtrain/train/engine.h"
+#include "meshtrain/train/run.h"
 
 namespace meshtrain {
 namespace {
@@ -90,6 +91,9 @@ std::vector<float> engine_logits(Engine& engine, const std::vector<int32_t>& tok
   for (int64_t s = 0; s < kLength; ++s) batch.positions.push_back(static_cast<int32_t>(s));
   batch.segment_ids.assign(kLength, 0);
   batch.loss_mask.assign(kLength, 1);
+  if (!spec.config.engram_layers.empty()) {
+    make_engram_hashing(engram_hash_options(spec.config), nullptr).add_to(batch, kLength);
+  }
   engine.eval(batch);
   const bool tied = spec.config.logits_via_embedding;
   const std::string unembedding_name = tied ? "token_embedder/embedding" : "decoder/logits_dense/kernel";
@@ -188,6 +192,25 @@ TEST(IncrementalDecoder, MlaMatchesFullForward) {
         6);
     testing::report_error(std::string("deepseek mla ") + q_lora_rank, error, kBound);
     EXPECT_LT(error, kBound);
+  }
+}
+
+TEST(IncrementalDecoder, EngramAndMhcMatchFullForward) {
+  // Engram on both layers: each step hashes its token with the N - 1 compressed ids before it, and the
+  // ShortConv (4 taps, dilation 3) reads its last 9 inputs from the decode caches; mHC's 4 streams, and a
+  // pointwise conv (K = 1: no history). Position 0's history is empty (the caches restart there).
+  for (const char* streams_and_taps : {"mhc_expansion_rate=4", "mhc_expansion_rate=1"}) {
+    for (const char* taps : {"engram_kernel_size=4", "engram_kernel_size=1"}) {
+      const double error = max_decoder_error(
+          tiny_config("deepseek-tiny",
+                      {"base_num_kv_heads=4", "q_lora_rank=0", "kv_lora_rank=10", "qk_nope_head_dim=6",
+                       "qk_rope_head_dim=4", "v_head_dim=8", "num_experts=0", "engram_layers=[0,1]",
+                       "engram_num_heads=2", "engram_head_dim=4", "engram_vocab_bases=[31,37]",
+                       streams_and_taps, taps}),
+          6);
+      testing::report_error(std::string("engram ") + streams_and_taps + " " + taps, error, kBound);
+      EXPECT_LT(error, kBound);
+    }
   }
 }
 

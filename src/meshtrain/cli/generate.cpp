@@ -228,8 +228,11 @@ int run_generate(const std::vector<std::string>& arguments, std::ostream& out) {
             " or shorten the prompt");
   }
   // The decode plan holds parameter values and caches only; the checkpoint's parameters replace its init.
-  IncrementalDecoder decoder(config, capacity);
-  load_checkpoint(checkpoint_dir, decoder.engine(), /*parameters_only=*/true, tokenizer.identity());
+  // Engram: the decoder hashes with the checkpoint's compressed vocabulary and multipliers (checked
+  // against this tokenizer's).
+  IncrementalDecoder decoder(config, capacity, &tokenizer);
+  load_checkpoint(checkpoint_dir, decoder.engine(), /*parameters_only=*/true, tokenizer.identity(),
+                  decoder.engram_hashing());
   std::vector<float> logits;
   for (int32_t token : prompt) logits = decoder.step(token);
 

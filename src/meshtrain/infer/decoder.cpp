@@ -10,6 +10,7 @@
 #include "meshtrain/core/rng.h"
 #include "meshtrain/model/families.h"
 #include "meshtrain/plan/decode.h"
+#include "meshtrain/train/run.h"
 
 namespace meshtrain {
 namespace {
@@ -40,8 +41,11 @@ TrainingPlan checked_decode_plan(const Config& config, int64_t max_length) {
 
 }  // namespace
 
-IncrementalDecoder::IncrementalDecoder(const Config& config, int64_t max_length)
-    : engine_(checked_decode_plan(config, max_length)), max_length_(max_length) {}
+IncrementalDecoder::IncrementalDecoder(const Config& config, int64_t max_length, const Tokenizer* tokenizer)
+    : engine_(checked_decode_plan(config, max_length)), max_length_(max_length) {
+  if (!config.engram_layers.empty())
+    engram_hashing_ = make_engram_hashing(engram_hash_options(config), tokenizer);
+}
 
 std::vector<float> IncrementalDecoder::step(int32_t token) {
   const ModelDims& m = engine_.spec().dims;
@@ -56,7 +60,16 @@ std::vector<float> IncrementalDecoder::step(int32_t token) {
              ? "gpt2's learned positions end at max_position_embeddings"
              : "create the decoder with a larger max_length, or reset() it");
   }
-  const float* logits = engine_.decode(token, static_cast<int32_t>(length_)).f32();
+  // Engram: this token's hash ids from the compressed ids before it (pad_id before the sequence's start).
+  std::vector<std::vector<int32_t>> hash_ids;
+  if (engram_hashing_) {
+    const size_t window = engram_hashing_->multipliers.front().size();  // N
+    compressed_history_.push_back(engram_hashing_->compressed(token));
+    if (compressed_history_.size() > window) compressed_history_.erase(compressed_history_.begin());
+    for (size_t layer = 0; layer < engram_hashing_->layers.size(); ++layer)
+      hash_ids.push_back(engram_hashing_->last_token_ids(layer, compressed_history_));
+  }
+  const float* logits = engine_.decode(token, static_cast<int32_t>(length_), hash_ids).f32();
   ++length_;
   return std::vector<float>(logits, logits + m.V_valid);
 }

@@ -6,8 +6,11 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
+#include "meshtrain/data/engram_hash.h"
+#include "meshtrain/data/tokenizer.h"
 #include "meshtrain/train/engine.h"
 
 namespace meshtrain {
@@ -19,23 +22,35 @@ class IncrementalDecoder {
  public:
   // Plans and allocates the decode program of `config` for up to `max_length` tokens; its parameters start
   // from the config's init (load a checkpoint into engine(), or copy into parameters()). For gpt2
-  // `max_length` may not exceed the learned position table (P rows): a MeshError says so.
-  IncrementalDecoder(const Config& config, int64_t max_length);
+  // `max_length` may not exceed the learned position table (P rows): a MeshError says so. A model with
+  // Engram hashes each fed token with the compressed vocabulary of `tokenizer` (none: the identity, as
+  // training on synthetic data) and the config's multipliers, until a checkpoint's replace them
+  // (engram_hashing(): pass it to load_checkpoint).
+  IncrementalDecoder(const Config& config, int64_t max_length, const Tokenizer* tokenizer = nullptr);
 
   // Feeds one token at position length() and returns the logits of the next token [V_valid].
   // A token outside [0, V_valid) or a full cache is a MeshError.
   std::vector<float> step(int32_t token);
-  // Forgets every fed token (the cache memory is kept).
-  void reset() { length_ = 0; }
+  // Forgets every fed token (the cache memory is kept; Engram's ShortConv history restarts at position 0).
+  void reset() {
+    length_ = 0;
+    compressed_history_.clear();
+  }
   int64_t length() const { return length_; }
   int64_t max_length() const { return max_length_; }
   Engine& engine() { return engine_; }
   ParameterStore& parameters() { return engine_.parameters(); }
+  // null without Engram layers.
+  EngramHashing* engram_hashing() { return engram_hashing_ ? &*engram_hashing_ : nullptr; }
 
  private:
   Engine engine_;  // runs the decode plan
   int64_t max_length_ = 0;
   int64_t length_ = 0;  // tokens fed so far = position of the next one
+  // Engram: each fed token's n-gram hash ids need the N - 1 compressed ids before it, kept here (the
+  // ShortConv keeps its last (K - 1) N inputs in the decode program's caches).
+  std::optional<EngramHashing> engram_hashing_;
+  std::vector<int32_t> compressed_history_;  // at most N, oldest first, the last one the newest token
 };
 
 struct SamplingOptions {

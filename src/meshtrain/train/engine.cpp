@@ -541,9 +541,16 @@ LossSums Engine::eval(const Batch& batch) {
   return run(KernelName::eval);
 }
 
-TensorView Engine::decode(int32_t token, int32_t position) {
+TensorView Engine::decode(int32_t token, int32_t position,
+                          const std::vector<std::vector<int32_t>>& engram_hash_ids) {
   view(plan_.spec.tokens).i32()[0] = token;
   view(plan_.spec.positions).i32()[0] = position;
+  MT_CHECK(engram_hash_ids.size() == plan_.spec.engram.size(), "one row of hash ids per Engram layer");
+  for (size_t layer = 0; layer < engram_hash_ids.size(); ++layer) {
+    const TensorView ids = view(plan_.spec.engram[layer].hash_ids);
+    MT_CHECK(static_cast<int64_t>(engram_hash_ids[layer].size()) == ids.elements(), "hash ids of one token");
+    std::copy(engram_hash_ids[layer].begin(), engram_hash_ids[layer].end(), ids.i32());
+  }
   run(KernelName::decode);
   return view(plan_.spec.logits);
 }

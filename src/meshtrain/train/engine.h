@@ -59,8 +59,10 @@ class Engine {
   UpdateResult update(int64_t valid_count, double learning_rate, int64_t step);
   LossSums eval(const Batch& batch);  // forward and loss only
   // A decode plan's step (plan/decode.h): `token` at `position` (both checked by the caller) joins the
-  // caches; returns the next token's logits [1, V], valid until the next call.
-  TensorView decode(int32_t token, int32_t position);
+  // caches; returns the next token's logits [1, V], valid until the next call. Models with Engram: the
+  // token's hash ids per Engram layer ([H (N - 1)] each, data/engram_hash.h's last_token_ids).
+  TensorView decode(int32_t token, int32_t position,
+                    const std::vector<std::vector<int32_t>>& engram_hash_ids = {});
 
   const ModelSpec& spec() const { return plan_.spec; }
   // The parameters' stored values (this rank's shards under FSDP), by index or checkpoint name.
