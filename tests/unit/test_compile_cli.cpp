@@ -530,5 +530,49 @@ TEST_F(CompileCli, ContextParallelBadInputNamesTheKeysTheValuesAndTheFix) {
   // The search skips such degrees instead (SearchSkipsInvalidMeshesAndSaysWhenNothingFits).
 }
 
+// Engram under context parallelism: the ShortConv's halo passes are planned at 2 x halo x G D float32
+// values per rank and row (dual_chunk_swap: one pass each way; a plain split: one), forward and backward,
+// whatever the sequence length; and the tables' rows split over tensor, so tables larger than one device
+// plan to fit on eight.
+TEST_F(CompileCli, EngramHalosArePlannedIndependentOfTheSequenceLength) {
+  const auto halo_bytes = [](const std::string& length, const std::string& balance) {
+    const TrainingPlan plan =
+        fresh_plan("deepseek-custom-tiny",
+                   {"max_target_length=" + length, "mesh.context=2", "per_device_batch_size=2",
+                    "context_parallel_load_balance=" + balance, "dataset_type=synthetic", "tokenizer_path="},
+                   {KernelName::fwd_bwd});
+    double bytes = 0.0;
+    for (const PlanOp& op : plan.kernel(KernelName::fwd_bwd).ops) {
+      if (op.op->name.find("/short_conv/pass_halo") != std::string::npos) bytes += op.collective_bytes;
+    }
+    return bytes;
+  };
+  // deepseek-custom-tiny: Engram on 2 layers, K 4, N 3 (halo 9), G 4 x D 384. Each rank holds 2 x 2 rows
+  // (per_device_batch_size x devices: the batch is not split over context). One pass sends a run's tails.
+  const double layers = 2, G_D = 4 * 384, halo = 9, rows_per_rank = 2 * 2;
+  const double per_pass = rows_per_rank * halo * G_D * 4;  // float32
+  // dual_chunk_swap: two passes in the forward and two in the backward; a plain split: one and one.
+  EXPECT_EQ(halo_bytes("128", "true"), layers * 2 * 2 * per_pass);
+  EXPECT_EQ(halo_bytes("512", "true"), halo_bytes("128", "true"));
+  EXPECT_EQ(halo_bytes("128", "false"), layers * 2 * per_pass);
+
+  const std::string text = run({"deepseek-custom", "mesh.tensor=8", "topology=h100x8"});
+  EXPECT_NE(text.find("engram             2 layers, 32 hash tables of 7246888 rows together x 512"),
+            std::string::npos)
+      << text;
+  const TrainingPlan whole = fresh_plan("deepseek-custom", {}, {KernelName::update});
+  const TrainingPlan split =
+      fresh_plan("deepseek-custom", {"mesh.tensor=8", "topology=h100x8"}, {KernelName::update});
+  const auto table_bytes = [](const TrainingPlan& plan) {
+    double bytes = 0.0;
+    for (const PlanBuffer& buffer : plan.buffers)
+      if (buffer.persistent && buffer.name.ends_with("/engram/multi_head_embedding/embedding"))
+        bytes += static_cast<double>(buffer.bytes);
+    return bytes;
+  };
+  EXPECT_GT(table_bytes(whole), whole.device_memory_bytes);  // 55 GiB of tables on a 23.5 GiB device
+  EXPECT_EQ(table_bytes(split), table_bytes(whole) / 8);
+}
+
 }  // namespace
 }  // namespace meshtrain

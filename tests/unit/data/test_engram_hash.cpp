@@ -8,6 +8,7 @@
 #include <numeric>
 #include <vector>
 
+#include "meshtrain/data/context_reorder.h"
 #include "meshtrain/data/engram_hash.h"
 
 namespace meshtrain {
@@ -75,6 +76,55 @@ TEST(EngramHash, HashIdsMatchAnIndependentComputation) {
   std::vector<int32_t> both(2 * 4 * 4, -9);
   engram_hash_ids(both.data(), rows.data(), 2, 4, {1000003, 999983, 1000033}, {{11, 13}, {17, 19}}, -1);
   EXPECT_EQ(std::vector<int32_t>(both.begin() + 16, both.end()), ids);
+}
+
+// The data path hashes natural-order rows before the context cut: every context rank's hash ids are those
+// of its tokens' natural positions (under dual_chunk_swap and striped, C 2 and 4), and unsharding gives the
+// rows back. Hashing a rank's permuted tokens instead (the reference system's bug) differs at chunk seams.
+TEST(EngramHash, HashIdsTravelWithTheirTokensThroughTheContextCut) {
+  EngramHashOptions options;
+  options.layers = {1, 4};
+  options.max_ngram = 3;
+  options.heads = 2;
+  options.vocab_bases = {31, 37};
+  options.vocab_size = 50;
+  const EngramHashing hashing = make_engram_hashing(options, nullptr);
+  const int64_t B = 2, S = 16, heads = hashing.heads_per_token();
+  Batch rows;
+  for (int64_t i = 0; i < B * S; ++i) {
+    rows.tokens.push_back(static_cast<int32_t>((i * 7 + i / 3) % 50));
+    rows.targets.push_back(0);
+    rows.positions.push_back(static_cast<int32_t>(i % S));
+    rows.segment_ids.push_back(0);
+    rows.loss_mask.push_back(1);
+  }
+  hashing.add_to(rows, S);
+  for (ContextReorder reorder : {ContextReorder::dual_chunk_swap, ContextReorder::striped}) {
+    for (int64_t C : {2, 4}) {
+      const ContextLayout layout(reorder, S, C);
+      std::vector<Batch> shards;
+      bool permuted_hash_differs = false;
+      for (int64_t rank = 0; rank < C; ++rank) {
+        shards.push_back(context_shard(rows, layout, rank));
+        const std::vector<int64_t> sources = layout.rank_sources(rank);
+        for (size_t layer = 0; layer < hashing.layers.size(); ++layer) {
+          const std::vector<int32_t>& ids = shards.back().engram_hash_ids[layer];
+          for (int64_t b = 0; b < B; ++b)
+            for (size_t k = 0; k < sources.size(); ++k)
+              for (int64_t h = 0; h < heads; ++h)
+                ASSERT_EQ(
+                    ids[(b * static_cast<int64_t>(sources.size()) + static_cast<int64_t>(k)) * heads + h],
+                    rows.engram_hash_ids[layer][(b * S + sources[k]) * heads + h]);
+        }
+        Batch permuted = shards.back();  // the rank's tokens hashed as if array neighbours were time ones
+        hashing.add_to(permuted, layout.rank_length());
+        permuted_hash_differs =
+            permuted_hash_differs || permuted.engram_hash_ids != shards.back().engram_hash_ids;
+      }
+      EXPECT_TRUE(permuted_hash_differs) << "the test would not see hashing after the cut";
+      EXPECT_EQ(context_unshard(shards, layout).engram_hash_ids, rows.engram_hash_ids);
+    }
+  }
 }
 
 }  // namespace
