@@ -232,6 +232,47 @@ TEST(Config, BadMoeAndMlaValuesNameTheKeyTheValuesAndTheFix) {
   }
 }
 
+// Engram and mHC keys (issue 13's bad input), refused when the config loads: the key, expected vs found,
+// and the fix.
+TEST(Config, BadEngramAndMhcValuesNameTheKeyTheValuesAndTheFix) {
+  const auto error_with = [](const std::vector<std::string>& overrides) {
+    return error_of([&] { load_config("deepseek-custom-tiny", overrides); });
+  };
+  ASSERT_EQ(error_with({}), "");
+  const Config custom = load_config("deepseek-custom-tiny", {"engram_layers=[4, 1]"});
+  EXPECT_EQ(custom.engram_layers, (std::vector<int64_t>{4, 1}));  // YAML's flow list on the command line
+  struct Case {
+    std::vector<std::string> overrides;
+    std::vector<std::string> expected;  // pieces of the message
+  };
+  const std::vector<Case> cases = {
+      {{"engram_layers=[1,6]"}, {"'engram_layers'", "[0, base_num_decoder_layers) = [0, 6)", "found 6"}},
+      {{"engram_layers=[-1]"}, {"'engram_layers'", "[0, 6)", "found -1"}},
+      {{"engram_layers=[1,1]"}, {"'engram_layers'", "each layer at most once", "remove the repeated"}},
+      {{"engram_max_ngram_size=1"}, {"'engram_max_ngram_size'", "at least 2", "found 1"}},
+      {{"engram_max_ngram_size=4"}, {"'engram_vocab_bases'", "3 entries", "2 entries"}},
+      {{"engram_vocab_bases=[16384,1]"}, {"'engram_vocab_bases'", "at least 2 rows", "order 3", "found 1"}},
+      {{"engram_vocab_bases=[1200000000,1200000000]"}, {"'engram_vocab_bases'", "fit int32", "rows"}},
+      {{"engram_num_heads=0"}, {"'engram_num_heads'", "a positive integer", "found 0"}},
+      {{"engram_kernel_size=0"}, {"'engram_kernel_size'", "a positive integer", "found 0"}},
+      {{"mhc_expansion_rate=0"}, {"'mhc_expansion_rate'", "1 (a plain residual) or more", "found 0"}},
+      {{"sinkhorn_iterations=0"}, {"'sinkhorn_iterations'", "a positive number", "found 0"}},
+      {{"engram_learning_rate_multiplier=-1"}, {"'engram_learning_rate_multiplier'", "0 or more"}},
+  };
+  for (const Case& test : cases) {
+    const std::string message = error_with(test.overrides);
+    SCOPED_TRACE(test.overrides.front());
+    ASSERT_NE(message, "");
+    for (const std::string& piece : test.expected)
+      EXPECT_NE(message.find(piece), std::string::npos) << message;
+  }
+  // Built by decoder_block=deepseek only.
+  const std::string qwen3 = error_of([] { load_config("qwen3-tiny", {"engram_layers=[0]"}); });
+  EXPECT_NE(qwen3.find("Engram blocks are built by decoder_block=deepseek"), std::string::npos) << qwen3;
+  const std::string gpt2 = error_of([] { load_config("gpt2-124m", {"mhc_expansion_rate=4"}); });
+  EXPECT_NE(gpt2.find("mHC hyper-connections are built by decoder_block=deepseek"), std::string::npos) << gpt2;
+}
+
 TEST(Config, UnknownKeySuggestsTheClosest) {
   const std::string message = error_of([] { load_config("qwen3-tiny", {"per_device_batchsize=2"}); });
   EXPECT_NE(message.find("per_device_batchsize"), std::string::npos) << message;
