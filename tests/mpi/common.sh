@@ -11,3 +11,24 @@ python3() { /usr/bin/python3 "$@"; }
 tiny=(base_emb_dim=64 base_num_query_heads=4 base_num_kv_heads=2 head_dim=16 base_mlp_dim=128
   base_num_decoder_layers=2 vocab_size=256 max_target_length=32 dataset_type=synthetic tokenizer_path=
   dataset_path= eval_dataset_path= eval_interval=0)
+
+# Packed short documents in $work/packed: one file per document of 3..7 letters (a fixed formula), a
+# byte-level tokenizer with no merges (vocab 256 bytes + EOS), so every letter is one token and each
+# document plus its EOS is 4..8 tokens.
+prepare_packed_documents() {
+  python3 - "$work/documents" <<'PY'
+import os, sys
+os.mkdir(sys.argv[1])
+for i in range(1000):
+    text = "".join(chr(97 + (i * 13 + j * 7 + i * j) % 26) for j in range(3 + (i * 7 + i // 5) % 5))
+    open(os.path.join(sys.argv[1], f"{i:04d}.txt"), "w").write(text)
+PY
+  "$meshtrain" prepare --out "$work/packed" --vocab-size 257 --corpus "$work/documents" \
+    >"$work/prepare.log" 2>&1 || { echo "FAIL: prepare"; cat "$work/prepare.log"; exit 1; }
+  python3 - "$work/packed/prepare.json" <<'PY'
+import json, sys
+split = json.load(open(sys.argv[1]))["train"]
+assert split["document_tokens"] == split["text_bytes"], split  # one token per letter
+print(f"packed documents: {split['documents']} of 3..7 tokens, {split['tokens']} tokens with EOS")
+PY
+}

@@ -17,16 +17,8 @@
 # Usage: engram_equivalence.sh BUILD_DIR
 source "$(dirname "$0")/common.sh" "$1"
 
-# Packed short documents, as equivalence.sh makes them: a byte-level tokenizer (257 ids), one token per letter.
-python3 - "$work/documents" <<'PY'
-import os, sys
-os.mkdir(sys.argv[1])
-for i in range(1000):
-    text = "".join(chr(97 + (i * 13 + j * 7 + i * j) % 26) for j in range(3 + (i * 7 + i // 5) % 5))
-    open(os.path.join(sys.argv[1], f"{i:04d}.txt"), "w").write(text)
-PY
-"$meshtrain" prepare --out "$work/packed" --vocab-size 257 --corpus "$work/documents" \
-  >"$work/prepare.log" 2>&1 || { echo "FAIL: prepare"; cat "$work/prepare.log"; exit 1; }
+# Packed short documents (common.sh): a byte-level tokenizer (257 ids), one token per letter.
+prepare_packed_documents
 
 keys=(base_emb_dim=64 base_num_query_heads=4 base_num_kv_heads=4 base_mlp_dim=128 base_num_decoder_layers=2
   max_target_length=96 kv_lora_rank=24 qk_nope_head_dim=12 qk_rope_head_dim=8 v_head_dim=16 q_lora_rank=16

@@ -40,25 +40,9 @@ compare() {  # compare NAME BASELINE: losses, eval losses, grad norms and final 
   python3 "$(dirname "$0")/compare_runs.py" "$work/$2" "$work/$1" "$1"
 }
 
-# Packed short documents: one file per document of 3..7 letters (a fixed formula), a byte-level tokenizer
-# with no merges (vocab 256 bytes + EOS), so every letter is one token and each document plus its EOS is
-# 4..8 tokens. The loader packs them into windows of 32 (segment ids and positions restart after every
-# EOS, the target after an EOS is masked); eval reads the validation split (5% of the documents).
-python3 - "$work/documents" <<'PY'
-import os, sys
-os.mkdir(sys.argv[1])
-for i in range(1000):
-    text = "".join(chr(97 + (i * 13 + j * 7 + i * j) % 26) for j in range(3 + (i * 7 + i // 5) % 5))
-    open(os.path.join(sys.argv[1], f"{i:04d}.txt"), "w").write(text)
-PY
-"$meshtrain" prepare --out "$work/packed" --vocab-size 257 --corpus "$work/documents" \
-  >"$work/prepare.log" 2>&1 || { echo "FAIL: prepare"; cat "$work/prepare.log"; exit 1; }
-python3 - "$work/packed/prepare.json" <<'PY'
-import json, sys
-split = json.load(open(sys.argv[1]))["train"]
-assert split["document_tokens"] == split["text_bytes"], split  # one token per letter
-print(f"packed documents: {split['documents']} of 3..7 tokens, {split['tokens']} tokens with EOS")
-PY
+# Packed short documents (common.sh): the loader packs them into windows of 32 (segment ids and positions
+# restart after every EOS, the target after an EOS is masked); eval reads the validation split (5% of them).
+prepare_packed_documents
 packed=(dataset_type=tokens dataset_path="$work/packed" eval_dataset_path="$work/packed"
   tokenizer_path="$work/packed/tokenizer.json" vocab_size=257 eval_interval=5 eval_steps=1)
 gpt2=(base_num_kv_heads=4 max_position_embeddings=32)  # GPT-2: MHA, one learned position per token
