@@ -8,6 +8,7 @@
 # Expert meshes (issue 12): a mixture-of-experts model saved under expert 2 x data 2 (ZeRO-1) loads under
 # expert 4 (one routed expert a rank), one process, expert 2 x tensor 2 and data 2 (experts whole on every
 # rank), the same way.
+# Engram and mHC (issue 13): context 2 x tensor 2 -> one process -> tensor 2 -> context 2 x data 2 (ZeRO-1).
 # 8 rows per step everywhere: per_device_batch_size x ranks.
 # Usage: resharding.sh BUILD_DIR
 source "$(dirname "$0")/common.sh" "$1"
@@ -89,4 +90,10 @@ keys=(base_emb_dim=64 base_num_query_heads=4 base_num_kv_heads=4 base_mlp_dim=12
   collective_timeout_s=120)
 reshard expert "4 2 mesh.expert=2 mesh.data=2 shard_optimizer_over_data=true" "4 2 mesh.expert=4" \
   "1 8" "4 2 mesh.expert=2 mesh.tensor=2" "2 4 mesh.data=2"
+# Engram and mHC meshes (issue 13): the tables' rows split over tensor, the ShortConv's halos over context;
+# the checkpoint's engram.safetensors (multipliers, table sizes, compressed vocabulary) travels along.
+keys+=(engram_layers=[0,1] engram_num_heads=2 engram_head_dim=8 engram_vocab_bases=[61,67] engram_kernel_size=3
+  mhc_expansion_rate=4)
+reshard engram "4 2 mesh.context=2 mesh.tensor=2" "1 8" "2 4 mesh.tensor=2" \
+  "4 2 mesh.context=2 mesh.data=2 shard_optimizer_over_data=true"
 exit $status
