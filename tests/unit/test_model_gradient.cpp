@@ -179,6 +179,49 @@ TEST(ModelGradient, MhcAroundMoeWithPointwiseShortConvMatchesFiniteDifferences) 
   check_model_gradient(tiny_engram_config("3", "1", "4"), 2e-3, true);
 }
 
+// The tables' optimizer group: Adam's first step moves every entry by its learning rate times the sign of
+// its gradient (m / sqrt(v) = g / |g|), so a table entry with a gradient moves by exactly
+// engram_learning_rate_multiplier x lr and without decay, while a decayed kernel moves by lr (1 + decay w).
+TEST(ModelGradient, EngramTablesHaveTheirOwnOptimizerGroup) {
+  for (const std::string decay : {"0.0", "0.5"}) {
+    Config config = tiny_engram_config("1", "2", "0");
+    config.engram_weight_decay = std::stod(decay);
+    config.adam_eps = 1e-30;  // the first step's m / sqrt(v) is then exactly the gradient's sign
+    Engine engine(config);
+    const ModelSpec& spec = engine.spec();
+    Batch batch = tiny_batch(spec.dims, 3);
+    make_engram_hashing(engram_hash_options(config), nullptr).add_to(batch, spec.dims.S);
+    std::vector<std::vector<float>> before;
+    for (const ParameterDecl& parameter : spec.parameters) {
+      const TensorView value = engine.view(parameter.value);
+      before.emplace_back(value.f32(), value.f32() + value.elements());
+    }
+    const LossSums sums = engine.fwd_bwd(batch);
+    const double lr = 1e-3;
+    engine.update(sums.valid_count, lr, 0);
+    int64_t checked_tables = 0, checked_kernels = 0;
+    for (size_t p = 0; p < spec.parameters.size(); ++p) {
+      const ParameterDecl& parameter = spec.parameters[p];
+      const bool table = parameter.canonical_name.ends_with("/engram/multi_head_embedding/embedding");
+      const bool kernel = parameter.canonical_name.ends_with("/engram/value_proj/kernel");
+      if (!table && !kernel) continue;
+      const float* after = engine.view(parameter.value).f32();
+      const float* moment = engine.view(parameter.adam_m).f32();
+      for (size_t i = 0; i < before[p].size(); ++i) {
+        if (moment[i] == 0.0f) continue;  // a row no token read
+        const double sign = moment[i] > 0.0f ? 1.0 : -1.0, w = before[p][i];
+        const double expected = table ? w * (1.0 - 5.0 * lr * config.engram_weight_decay) - 5.0 * lr * sign
+                                      : w * (1.0 - lr * config.adam_weight_decay) - lr * sign;
+        ASSERT_NEAR(after[i], expected, 1e-6)
+            << parameter.canonical_name << " entry " << i << " decay " << decay;
+        (table ? checked_tables : checked_kernels) += 1;
+      }
+    }
+    EXPECT_GT(checked_tables, 0);
+    EXPECT_GT(checked_kernels, 0);
+  }
+}
+
 TEST(ModelGradient, AccumulateAddsAndEvalMatchesTraining) {
   Engine engine(tiny_config("qwen3-tiny"));
   const Batch batch = tiny_batch(engine.spec().dims, 5);
