@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -17,6 +18,7 @@
 #include "meshtrain/plan/decode.h"
 #include "meshtrain/plan/plan.h"
 #include "meshtrain/train/engine.h"
+#include "meshtrain/train/run.h"
 
 namespace meshtrain {
 namespace {
@@ -119,6 +121,24 @@ const KernelBackend& counting_backend() {
     MT_COUNTED(moe_combine_backward);
     MT_COUNTED(grouped_matmul_forward);
     MT_COUNTED(grouped_matmul_backward);
+    MT_COUNTED(rmsnorm_streams_forward);
+    MT_COUNTED(rmsnorm_streams_backward);
+    MT_COUNTED(engram_gate_forward);
+    MT_COUNTED(engram_gate_backward);
+    MT_COUNTED(short_conv_forward);
+    MT_COUNTED(short_conv_backward);
+    MT_COUNTED(short_conv_output_forward);
+    MT_COUNTED(short_conv_output_backward);
+    MT_COUNTED(mhc_coefficients_forward);
+    MT_COUNTED(mhc_coefficients_backward);
+    MT_COUNTED(sinkhorn_forward);
+    MT_COUNTED(sinkhorn_backward);
+    MT_COUNTED(mhc_collapse_forward);
+    MT_COUNTED(mhc_collapse_backward);
+    MT_COUNTED(mhc_expand_forward);
+    MT_COUNTED(mhc_expand_backward);
+    MT_COUNTED(mhc_streams_repeat);
+    MT_COUNTED(mhc_streams_sum);
     MT_COUNTED(adamw_update);
     MT_COUNTED(sum_of_squares);
 #undef MT_COUNTED
@@ -134,11 +154,16 @@ Config tiny_config(const std::string& preset) {
       "max_target_length=8", "per_device_batch_size=2",   "init_weights_seed=3"};
   overrides.push_back(preset == "qwen3-tiny" ? "base_num_kv_heads=2" : "base_num_kv_heads=4");
   if (preset == "gpt2-124m") overrides.push_back("max_position_embeddings=16");
-  if (preset == "deepseek-tiny") {
+  if (preset.starts_with("deepseek")) {
     for (const char* mla :
          {"q_lora_rank=12", "kv_lora_rank=10", "qk_nope_head_dim=6", "qk_rope_head_dim=4", "v_head_dim=8",
           "load_balance_loss_weight=0.01"})  // the preset's experts, with the balance loss's kernels too
       overrides.push_back(mla);
+  }
+  if (preset == "deepseek-custom-tiny") {  // the preset's Engram (both layers here) and mHC, small tables
+    for (const char* engram :
+         {"engram_layers=[0,1]", "engram_num_heads=2", "engram_head_dim=4", "engram_vocab_bases=[31,37]"})
+      overrides.push_back(engram);
   }
   return load_config(preset, overrides);
 }
@@ -168,7 +193,12 @@ void run_through_counting_backend(const std::string& preset) {
   plan.spec.kernels = &counting_backend();
   Engine counted(std::move(plan));
   Engine plain(config);
-  const Batch batch = tiny_batch(counted.spec().dims);
+  Batch batch = tiny_batch(counted.spec().dims);
+  std::optional<EngramHashing> hashing;
+  if (!config.engram_layers.empty()) {
+    hashing = make_engram_hashing(engram_hash_options(config), nullptr);
+    hashing->add_to(batch, counted.spec().dims.S);
+  }
   const LossSums counted_sums = counted.fwd_bwd(batch, true);
   const LossSums plain_sums = plain.fwd_bwd(batch, true);
   EXPECT_EQ(counted_sums.loss_sum, plain_sums.loss_sum);
@@ -178,7 +208,10 @@ void run_through_counting_backend(const std::string& preset) {
   TrainingPlan decode_plan = plan_decode(config, 4);
   decode_plan.spec.kernels = &counting_backend();
   Engine decoder(std::move(decode_plan));
-  decoder.decode(1, 0);
+  std::vector<std::vector<int32_t>> hash_ids;
+  for (size_t layer = 0; hashing && layer < hashing->layers.size(); ++layer)
+    hash_ids.push_back(hashing->last_token_ids(layer, {1}));
+  decoder.decode(1, 0, hash_ids);
 }
 
 TEST(KernelBackend, ModelReachesEveryKernelThroughTheTable) {
@@ -187,9 +220,10 @@ TEST(KernelBackend, ModelReachesEveryKernelThroughTheTable) {
   build_model_spec(tiny_config("qwen3-tiny"), Mesh{}, counting_backend());
   EXPECT_GT(calls()["attention_backward_scratch_floats"], 0);
   EXPECT_GT(calls()["cross_entropy_scratch_floats"], 0);
-  run_through_counting_backend("qwen3-tiny");     // rmsnorm, rope, swiglu
-  run_through_counting_backend("gpt2-124m");      // layernorm, gelu, learned positions
-  run_through_counting_backend("deepseek-tiny");  // multi-head latent attention, mixture of experts
+  run_through_counting_backend("qwen3-tiny");            // rmsnorm, rope, swiglu
+  run_through_counting_backend("gpt2-124m");             // layernorm, gelu, learned positions
+  run_through_counting_backend("deepseek-tiny");         // multi-head latent attention, mixture of experts
+  run_through_counting_backend("deepseek-custom-tiny");  // Engram, mHC
   // Context parallelism: the spec of a mesh.context=2 plan sizes its scratch through the table; its two
   // attention kernels run only in a multi-process run (tests/mpi/equivalence.sh, the context cases), so
   // this one-process test counts them as reached without calling them.

@@ -39,6 +39,14 @@ TEST(PlanIdentity, KeysComeFromTheConfigTableInPlanFileOrder) {
                                              "n_routing_groups",
                                              "topk_routing_group",
                                              "capacity_factor",
+                                             "engram_layers",
+                                             "engram_max_ngram_size",
+                                             "engram_num_heads",
+                                             "engram_head_dim",
+                                             "engram_vocab_bases",
+                                             "engram_kernel_size",
+                                             "mhc_expansion_rate",
+                                             "sinkhorn_iterations",
                                              "max_target_length",
                                              "dtype",
                                              "weight_dtype",
@@ -60,7 +68,8 @@ TEST(PlanIdentity, KeysComeFromTheConfigTableInPlanFileOrder) {
                                              "logical_axis_rules.mlp",
                                              "logical_axis_rules.vocab",
                                              "logical_axis_rules.positions",
-                                             "logical_axis_rules.experts"};
+                                             "logical_axis_rules.experts",
+                                             "logical_axis_rules.engram_rows"};
   EXPECT_EQ(plan_key_names(), expected);
   const TrainingPlan plan = testing::tiny_plan({"mesh.data=2"});
   std::vector<std::string> keys;
