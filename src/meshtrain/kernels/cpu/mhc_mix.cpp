@@ -1,5 +1,5 @@
-// mHC mix kernels (semantics in mhc_mix.h): the per-token reference in float, tokens in parallel (each
-// token's sums in a fixed order, so results do not depend on the thread count).
+// mHC mix kernels (semantics in mhc_mix.h): tokens in parallel, each token's sums in a fixed order, so results
+// do not depend on the thread count.
 #include "meshtrain/kernels/cpu/mhc_mix.h"
 
 namespace meshtrain::kernels {
@@ -7,18 +7,41 @@ namespace {
 constexpr int64_t kParallelMinimum = 1 << 14;
 }  // namespace
 
+// The per-token loops keep D innermost and contiguous (the references' stream loops, reordered), so they
+// vectorise; each output element sums its terms in the references' order.
 void mhc_collapse_forward(float* xin, const float* x, const float* pre, int64_t N, int64_t G, int64_t D) {
 #pragma omp parallel for schedule(static) if (N * G * D >= kParallelMinimum)
-  for (int64_t n = 0; n < N; ++n)
-    mhc_collapse_reference_forward(xin + n * D, x + n * G * D, pre + n * G, 1, G, D);
+  for (int64_t n = 0; n < N; ++n) {
+    float* __restrict out = xin + n * D;
+    const float* streams = x + n * G * D;
+    const float* weights = pre + n * G;
+    for (int64_t c = 0; c < D; ++c) out[c] = 0.0f;
+    for (int64_t g = 0; g < G; ++g) {
+      const float* __restrict stream = streams + g * D;
+      const float weight = weights[g];
+#pragma omp simd
+      for (int64_t c = 0; c < D; ++c) out[c] += weight * stream[c];
+    }
+  }
 }
 
 void mhc_collapse_backward(float* d_x, float* d_pre, const float* d_xin, const float* x, const float* pre,
                            int64_t N, int64_t G, int64_t D) {
 #pragma omp parallel for schedule(static) if (N * G * D >= kParallelMinimum)
   for (int64_t n = 0; n < N; ++n) {
-    mhc_collapse_reference_backward(d_x + n * G * D, d_pre + n * G, d_xin + n * D, x + n * G * D, pre + n * G,
-                                    1, G, D);
+    const float* __restrict grad = d_xin + n * D;
+    for (int64_t g = 0; g < G; ++g) {
+      float* __restrict d_stream = d_x + (n * G + g) * D;
+      const float* __restrict stream = x + (n * G + g) * D;
+      const float weight = pre[n * G + g];
+      float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+      for (int64_t c = 0; c < D; ++c) {
+        d_stream[c] += weight * grad[c];
+        dot += grad[c] * stream[c];
+      }
+      d_pre[n * G + g] = dot;
+    }
   }
 }
 
@@ -26,8 +49,20 @@ void mhc_expand_forward(float* out, const float* x, const float* mixing, const f
                         int64_t N, int64_t G, int64_t D) {
 #pragma omp parallel for schedule(static) if (N * G * D >= kParallelMinimum)
   for (int64_t n = 0; n < N; ++n) {
-    mhc_expand_reference_forward(out + n * G * D, x + n * G * D, mixing + n * G * G, post + n * G, o + n * D,
-                                 1, G, D);
+    const float* __restrict branch = o + n * D;
+    const float* matrix = mixing + n * G * G;
+    for (int64_t m = 0; m < G; ++m) {
+      float* __restrict row = out + (n * G + m) * D;
+      const float scale = post[n * G + m];
+#pragma omp simd
+      for (int64_t c = 0; c < D; ++c) row[c] = scale * branch[c];
+      for (int64_t k = 0; k < G; ++k) {
+        const float* __restrict stream = x + (n * G + k) * D;
+        const float weight = matrix[k * G + m];
+#pragma omp simd
+        for (int64_t c = 0; c < D; ++c) row[c] += weight * stream[c];
+      }
+    }
   }
 }
 
@@ -36,9 +71,38 @@ void mhc_expand_backward(float* d_x, float* d_mixing, float* d_post, float* d_o,
                          int64_t G, int64_t D) {
 #pragma omp parallel for schedule(static) if (N * G * D >= kParallelMinimum)
   for (int64_t n = 0; n < N; ++n) {
-    mhc_expand_reference_backward(d_x + n * G * D, d_mixing + n * G * G, d_post + n * G, d_o + n * D,
-                                  d_out + n * G * D, x + n * G * D, mixing + n * G * G, post + n * G,
-                                  o + n * D, 1, G, D);
+    const float* grads = d_out + n * G * D;
+    const float* __restrict branch = o + n * D;
+    const float* matrix = mixing + n * G * G;
+    float* __restrict d_branch = d_o + n * D;
+    for (int64_t c = 0; c < D; ++c) d_branch[c] = 0.0f;
+    for (int64_t m = 0; m < G; ++m) {
+      const float* __restrict grad = grads + m * D;
+      const float scale = post[n * G + m];
+      float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+      for (int64_t c = 0; c < D; ++c) {
+        d_branch[c] += scale * grad[c];
+        dot += branch[c] * grad[c];
+      }
+      d_post[n * G + m] = dot;
+    }
+    for (int64_t k = 0; k < G; ++k) {
+      float* __restrict d_stream = d_x + (n * G + k) * D;
+      const float* __restrict stream = x + (n * G + k) * D;
+      for (int64_t c = 0; c < D; ++c) d_stream[c] = 0.0f;
+      for (int64_t m = 0; m < G; ++m) {
+        const float* __restrict grad = grads + m * D;
+        const float weight = matrix[k * G + m];
+        float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+        for (int64_t c = 0; c < D; ++c) {
+          d_stream[c] += weight * grad[c];
+          dot += stream[c] * grad[c];
+        }
+        d_mixing[(n * G + k) * G + m] = dot;
+      }
+    }
   }
 }
 
