@@ -5,6 +5,7 @@
 
 #include "meshtrain/cli/arguments.h"
 #include "meshtrain/model/layers/engram.h"
+#include "meshtrain/model/segments.h"
 #include "meshtrain/model/spec.h"
 
 namespace meshtrain {
@@ -19,6 +20,7 @@ int run_info(const std::vector<std::string>& arguments, std::ostream& out) {
       << " layers, width " << m.D << ", " << m.H << " query / " << m.K << " kv heads x " << m.d << ", mlp "
       << m.F << ", vocab " << m.V_valid << " (" << m.V << " rows allocated), "
       << (config.logits_via_embedding ? "tied" : "untied") << " unembedding\n";
+  out << "segments: " << segments_text(decoder_segments(config)) << "\n";
   std::map<std::string, int64_t> by_component;
   for (const ParameterDecl& parameter : spec.parameters) {
     by_component[parameter.component] += spec.buffer(parameter.value).shape.elements();
