@@ -8,6 +8,7 @@
 #include <cmath>
 #include <filesystem>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
 
@@ -482,6 +483,17 @@ TEST_F(GenerateRun, GreedyMatchesTheDecoderFromRunDirCheckpointsDirOrStep) {
   EXPECT_EQ(generate({"--checkpoint=" + checkpoint_, "--prompt=the cat", "--max-new-tokens=8", "--top-k=1",
                       "--temperature=2"}),
             expected);
+}
+
+// --output ids: the same greedy continuation as ids, for comparing with other implementations by id.
+TEST_F(GenerateRun, OutputIdsGivesTheGreedyTokens) {
+  const std::string line = generate({"--checkpoint", checkpoint_, "--prompt", "the cat", "--max-new-tokens",
+                                     "6", "--temperature", "0", "--output", "ids"});
+  const nlohmann::json ids = nlohmann::json::parse(line);
+  EXPECT_EQ(ids["prompt"].get<std::vector<int32_t>>(), tokenizer_->encode("the cat"));
+  EXPECT_EQ("the cat" + tokenizer_->decode(ids["generated"].get<std::vector<int32_t>>()) + "\n",
+            greedy("the cat", 6));
+  EXPECT_THROW(generate({"--checkpoint", checkpoint_, "--prompt", "x", "--output", "tokens"}), MeshError);
 }
 
 TEST_F(GenerateRun, SeedReproducesAndChangesTheText) {

@@ -28,7 +28,7 @@ namespace fs = std::filesystem;
 
 constexpr const char* kUsage =
     "meshtrain generate --checkpoint DIR --prompt TEXT [--max-new-tokens N] [--temperature T] [--top-k K] "
-    "[--top-p P] [--seed S]";
+    "[--top-p P] [--seed S] [--output text|ids]";
 
 struct GenerateArguments {
   std::string checkpoint;
@@ -36,6 +36,7 @@ struct GenerateArguments {
   int64_t max_new_tokens = 100;
   SamplingOptions sampling;
   uint64_t seed = 0;
+  bool ids = false;  // --output ids: token ids as JSON, for comparing with other implementations by id
 };
 
 int64_t parse_integer(const std::string& flag, const std::string& text, int64_t minimum) {
@@ -57,8 +58,9 @@ double parse_number(const std::string& flag, const std::string& text) {
 }
 
 GenerateArguments parse_arguments(const std::vector<std::string>& arguments) {
-  static const std::vector<std::string> flags = {
-      "--checkpoint", "--prompt", "--max-new-tokens", "--temperature", "--top-k", "--top-p", "--seed"};
+  static const std::vector<std::string> flags = {"--checkpoint",  "--prompt", "--max-new-tokens",
+                                                 "--temperature", "--top-k",  "--top-p",
+                                                 "--seed",        "--output"};
   std::map<std::string, std::string> values;
   for (size_t i = 0; i < arguments.size(); ++i) {
     const std::string& word = arguments[i];
@@ -111,6 +113,10 @@ GenerateArguments parse_arguments(const std::vector<std::string>& arguments) {
   }
   if (const std::string* value = found("--seed")) {
     parsed.seed = static_cast<uint64_t>(parse_integer("--seed", *value, 0));
+  }
+  if (const std::string* value = found("--output")) {
+    if (*value != "text" && *value != "ids") fail("--output", "text or ids", "'" + *value + "'", kUsage);
+    parsed.ids = *value == "ids";
   }
   // The prompt is checked last so flag typos are reported before "no prompt".
   if (!parsed.prompt) fail("meshtrain generate --prompt", "the text to continue", "none given", kUsage);
@@ -236,8 +242,19 @@ int run_generate(const std::vector<std::string>& arguments, std::ostream& out) {
   std::vector<float> logits;
   for (int32_t token : prompt) logits = decoder.step(token);
 
-  out << *parsed.prompt << std::flush;
   const std::optional<int32_t> eos = tokenizer.eos_id();
+  if (parsed.ids) {  // {"prompt": [...], "generated": [...]}: the ids fed and the ids sampled (EOS ends it)
+    std::vector<int32_t> generated;
+    for (int64_t step = 0; step < parsed.max_new_tokens; ++step) {
+      const int32_t token = sample_token(logits, parsed.sampling, parsed.seed, static_cast<uint64_t>(step));
+      if (eos && token == *eos) break;
+      generated.push_back(token);
+      if (step + 1 < parsed.max_new_tokens) logits = decoder.step(token);
+    }
+    out << nlohmann::json{{"prompt", prompt}, {"generated", generated}}.dump() << "\n" << std::flush;
+    return 0;
+  }
+  out << *parsed.prompt << std::flush;
   std::string pending;  // decoded bytes not yet written: the start of a character still being completed
   for (int64_t step = 0; step < parsed.max_new_tokens; ++step) {
     const int32_t token = sample_token(logits, parsed.sampling, parsed.seed, static_cast<uint64_t>(step));

@@ -1,5 +1,7 @@
 // `meshtrain generate --checkpoint DIR --prompt TEXT [--max-new-tokens N --temperature T --top-k K --top-p P
-// --seed S]`: samples a continuation of a prompt from a trained checkpoint, on the CPU, with a KV cache.
+// --seed S --output text|ids]`: samples a continuation of a prompt from a trained checkpoint, on the CPU,
+// with a KV cache. --output ids writes one JSON line {"prompt": [ids], "generated": [ids]} instead of the
+// text.
 #pragma once
 
 #include <ostream>
