@@ -122,8 +122,7 @@ void print_header(const TrainingPlan& plan, const std::string& config_argument, 
     // their gradient and Adam moments (ZeRO-1's data shards of the moments where set).
     double table_bytes = 0.0;
     for (const PlanBuffer& buffer : plan.buffers) {
-      if (buffer.persistent && buffer.part_of < 0 &&
-          buffer.name.ends_with("/engram/multi_head_embedding/embedding"))
+      if (buffer.persistent && buffer.part_of < 0 && is_engram_table(buffer.name))
         table_bytes += static_cast<double>(buffer.bytes);
     }
     out << row("engram",

@@ -305,15 +305,11 @@ std::vector<Value> read_engram_tensor(const SafetensorsFile& file, const std::st
   const SafetensorsEntry* entry = file.find(name);
   if (entry == nullptr) fail(file.path() + ": tensor '" + name + "'", "present", "missing", fix);
   if (entry->dtype != dtype || entry->shape != shape) {
-    std::string expected = std::string(dtype) + " [", found = entry->dtype + " [";
-    for (int64_t d : shape) expected += std::to_string(d) + (d == shape.back() ? "" : ", ");
-    for (int64_t d : entry->shape) found += std::to_string(d) + (d == entry->shape.back() ? "" : ", ");
-    fail(file.path() + ": tensor '" + name + "'", expected + "]", found + "]", fix);
+    fail(file.path() + ": tensor '" + name + "'", std::string(dtype) + " " + dims_text(shape),
+         entry->dtype + " " + dims_text(entry->shape), fix);
   }
-  std::vector<Value> values(
-      entry->shape.empty() ? 1
-                           : static_cast<size_t>(std::accumulate(entry->shape.begin(), entry->shape.end(),
-                                                                 int64_t{1}, std::multiplies<>())));
+  std::vector<Value> values(static_cast<size_t>(
+      std::accumulate(entry->shape.begin(), entry->shape.end(), int64_t{1}, std::multiplies<>())));
   std::memcpy(values.data(), file.data(*entry), values.size() * sizeof(Value));
   return values;
 }

@@ -26,10 +26,10 @@ namespace {
 // gradient the same ways reversed. `send` / `receive` are [runs, B, history, G D] (one pass per run); the
 // halo is [B runs, history, G D], rows (b, run) as the kernel's.
 struct ShortConvHalos {
-  bool exchanges = false;
   int64_t stretches = 1, length = 0, history = 0, rows = 0, width = 0;  // runs, tokens per run, H, B, G D
-  BufferId send = kNoBuffer, receive = kNoBuffer;
+  BufferId send = kNoBuffer, receive = kNoBuffer;                       // kNoBuffer: no exchange
 
+  bool exchanges() const { return send != kNoBuffer; }
   Shape halo_shape() const {
     return shape_of({{"conv_rows", rows * stretches}, {"conv_history", history}, {"mhc_width", width}});
   }
@@ -101,7 +101,7 @@ struct ShortConvHalos {
   }
 };
 
-// The layout above for this spec, or none (exchanges false): one context rank, a decode step, or a
+// The layout above for this spec, or none (exchanges() false): one context rank, a decode step, or a
 // pointwise conv (K = 1 reads no history, and a pointwise op commutes with any reorder).
 ShortConvHalos short_conv_halos(SpecBuilder& builder, int64_t history, int64_t width) {
   const ModelDims& m = builder.dims();
@@ -120,7 +120,6 @@ ShortConvHalos short_conv_halos(SpecBuilder& builder, int64_t history, int64_t w
          "ShortConv: each striped token's history lies on other ranks, so no halo suffices",
          "striped", "use context_parallel_reorder=dual_chunk_swap, or engram_kernel_size=1 (no history)");
   }
-  halos.exchanges = true;
   halos.stretches = reorder == ContextReorder::dual_chunk_swap ? 2 : 1;
   halos.length = m.S / halos.stretches;
   if (halos.length < history) {
@@ -155,8 +154,12 @@ std::vector<std::vector<int64_t>> engram_layer_table_sizes(const Config& c) {
   return sizes;
 }
 
+bool is_engram_table(const std::string& name) {
+  return name.ends_with("/engram/multi_head_embedding/embedding");
+}
+
 bool is_engram_table(const ParameterDecl& parameter) {
-  return parameter.canonical_name.ends_with("/engram/multi_head_embedding/embedding");
+  return is_engram_table(parameter.canonical_name);
 }
 
 EngramCounts engram_counts(const ModelSpec& spec) {
@@ -323,7 +326,7 @@ BufferId add_engram_block(SpecBuilder& builder, const std::string& prefix, size_
              std::memcpy(kept + (history - 1) * GD, ctx.f32(u), static_cast<size_t>(GD) * sizeof(float));
            }
          }});
-  } else if (!conv.exchanges) {
+  } else if (!conv.exchanges()) {
     builder.forward(
         {engram + "/short_conv/forward", {u, conv_weight}, {y}, conv_flops, [=](const OpContext& ctx) {
            ctx.kernels->short_conv_forward(ctx.f32(y), ctx.f32(u), nullptr, ctx.f32(conv_weight), B, S, GD, K,
@@ -370,7 +373,7 @@ BufferId add_engram_block(SpecBuilder& builder, const std::string& prefix, size_
                      ctx.kernels->short_conv_output_backward(ctx.f32(d_gated), ctx.f32(d_y),
                                                              ctx.f32(d_streams), ctx.f32(y), N * GD);
                    }});
-  if (!conv.exchanges) {
+  if (!conv.exchanges()) {
     group.push_back({engram + "/short_conv/backward",
                      {d_y, u, conv_weight, d_conv_weight},
                      {d_u, d_conv_weight},

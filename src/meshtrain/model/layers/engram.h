@@ -40,7 +40,9 @@ struct EngramCounts {
   double forward_flops = 0.0;
 };
 EngramCounts engram_counts(const ModelSpec& spec);
-// Whether a parameter is an Engram table (its own optimizer group).
+// Whether a parameter is an Engram table (its own optimizer group); by name, also the plan's buffers that
+// hold it (its gradient, moments and shards: "grad/...", "fsdp_shard/...", ...).
+bool is_engram_table(const std::string& name);
 bool is_engram_table(const ParameterDecl& parameter);
 
 // The shape of the residual streams: [B, S, G, D], or [B, S, D] without mHC.
