@@ -1,5 +1,6 @@
-// Tests for the safetensors reader and writer: round trips, dtype conversion, and one test per malformed
-// input the reader must reject with a MeshError that names the file and the problem.
+// Tests for the safetensors reader and writers: round trips, strided reads, dtype conversion both ways, files
+// written in pieces, and one test per malformed input the reader must reject with a MeshError that names the
+// file and the problem.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/resource.h>
@@ -13,9 +14,11 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "error_text.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/io/safetensors.h"
 
@@ -553,6 +556,304 @@ TEST_F(SafetensorsTest, WriteRejectsBadTensorListBeforeCreatingTheFile) {
   expect_write_error({{"x", "F32", {-1}, &value}}, "non-negative dimensions");
   expect_write_error({{"__metadata__", "F32", {1}, &value}}, "reserved");
   expect_write_error({{"bad\xff", "F32", {1}, &value}}, "valid UTF-8");
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Strided block reads
+
+TEST_F(SafetensorsTest, ReadF32BlocksMatchesTheWholeReadInEveryDtype) {
+  // A stacked [X, L, Y] = [3, 4, 5] tensor of small integers (exact in every dtype), each layer read alone.
+  constexpr int64_t X = 3, L = 4, Y = 5, kCount = X * L * Y;
+  std::vector<float> f32(kCount);
+  std::vector<uint16_t> bf16(kCount), f16(kCount);
+  std::vector<double> f64(kCount);
+  for (int64_t i = 0; i < kCount; ++i) {
+    f32[i] = static_cast<float>(i) - 30.0f;
+    bf16[i] = bf16_bits(f32[i]);
+    f64[i] = f32[i];
+  }
+  // Halves of integers below 2048: sign, exponent 15 + floor(log2 |v|), the rest of |v| in the mantissa.
+  for (int64_t i = 0; i < kCount; ++i) {
+    const auto magnitude = static_cast<uint32_t>(std::fabs(f32[i]));
+    uint16_t bits = f32[i] < 0 ? 0x8000 : 0;
+    if (magnitude != 0) {
+      const int top = std::bit_width(magnitude) - 1;
+      bits = static_cast<uint16_t>(bits | ((top + 15) << 10) | ((magnitude << (10 - top)) & 0x3ff));
+    }
+    f16[i] = bits;
+  }
+  const std::string file = path("stacked.safetensors");
+  const std::vector<int64_t> shape = {X, L, Y};
+  write_safetensors(file,
+                    {{"f32", "F32", shape, f32.data()},
+                     {"bf16", "BF16", shape, bf16.data()},
+                     {"f16", "F16", shape, f16.data()},
+                     {"f64", "F64", shape, f64.data()}},
+                    {});
+  const SafetensorsFile st = SafetensorsFile::open(file);
+  for (const std::string name : {"f32", "bf16", "f16", "f64"}) {
+    std::vector<float> whole(kCount);
+    st.read_f32(name, shape, whole.data());
+    EXPECT_EQ(whole, f32) << name;
+    for (int64_t l = 0; l < L; ++l) {
+      std::vector<float> layer(X * Y, -1.0f);
+      st.read_f32_blocks(name, shape, l * Y, X, Y, L * Y, layer.data());
+      for (int64_t x = 0; x < X; ++x) {
+        for (int64_t y = 0; y < Y; ++y) EXPECT_EQ(layer[x * Y + y], whole[(x * L + l) * Y + y]) << name;
+      }
+    }
+    std::vector<float> rows(2 * L * Y);  // back-to-back runs: rows 1 and 2
+    st.read_f32_blocks(name, shape, L * Y, 2, L * Y, L * Y, rows.data());
+    EXPECT_TRUE(std::equal(rows.begin(), rows.end(), whole.begin() + L * Y)) << name;
+  }
+  std::vector<float> out(X * Y);
+  // Runs past the end are the caller's bug; the name and shape are checked as read_f32 checks them.
+  EXPECT_THROW(st.read_f32_blocks("f32", shape, 1, X, Y, L * Y * X, out.data()), std::logic_error);
+  EXPECT_THROW(st.read_f32_blocks("f32", shape, kCount - Y + 1, 1, Y, Y, out.data()), std::logic_error);
+  std::string message = testing::error_of([&] { st.read_f32_blocks("nope", shape, 0, 1, Y, Y, out.data()); });
+  EXPECT_TRUE(contains(message, file) && contains(message, "'nope'") && contains(message, "no such tensor"))
+      << message;
+  message = testing::error_of([&] { st.read_f32_blocks("f32", {X, Y, L}, 0, 1, Y, Y, out.data()); });
+  EXPECT_TRUE(contains(message, "'f32'") && contains(message, "shape [3, 5, 4]")) << message;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// SafetensorsWriter: a file in pieces
+
+using SafetensorsWriterTest = SafetensorsTest;
+
+// Writes float32 values given by their bits into a one-tensor file of `dtype` and returns the 16-bit codes.
+std::vector<uint16_t> written_halves(const std::string& file, const std::string& dtype,
+                                     const std::vector<uint32_t>& float_bits) {
+  std::vector<float> values;
+  for (uint32_t bits : float_bits) values.push_back(std::bit_cast<float>(bits));
+  const auto count = static_cast<int64_t>(values.size());
+  SafetensorsWriter writer(file, {{"h", dtype, {count}}}, {});
+  writer.write_f32("h", 0, 1, count, count, values.data());
+  writer.commit();
+  const SafetensorsFile st = SafetensorsFile::open(file);
+  std::vector<uint16_t> codes(values.size());
+  std::memcpy(codes.data(), st.data(*st.find("h")), codes.size() * 2);
+  return codes;
+}
+
+TEST_F(SafetensorsWriterTest, WritesBf16RoundedToNearestEvenBitExact) {
+  // float32 bits -> bf16 bits, by hand.
+  const std::vector<std::pair<uint32_t, uint16_t>> cases = {
+      {0x3F800000, 0x3F80},  // 1.0
+      {0x3F808000, 0x3F80},  // tie: stays on the even 0x3F80
+      {0x3F818000, 0x3F82},  // tie: 0x3F81 is odd, goes up to even
+      {0x3F808001, 0x3F81},  // just past half: rounds up
+      {0x3F807FFF, 0x3F80},  // just below half: rounds down
+      {0xBF808001, 0xBF81},  // negative
+      {0x00012345, 0x0001},  // float subnormal
+      {0x00018000, 0x0002},  // subnormal tie to even
+      {0x7F7FFFFF, 0x7F80},  // FLT_MAX rounds past the largest bf16 to inf
+      {0x7F800000, 0x7F80},  // inf
+      {0xFF800000, 0xFF80},  // -inf
+      {0x7FC00000, 0x7FC0},  // quiet NaN
+      {0x7F800001, 0x7FC0},  // signalling NaN with a low payload: stays NaN (plain rounding would give inf)
+      {0xFFFFFFFF, 0xFFFF},  // NaN with every bit set: no carry out
+  };
+  std::vector<uint32_t> inputs;
+  for (const auto& [in, out] : cases) inputs.push_back(in);
+  const std::string file = path("bf16.safetensors");
+  const std::vector<uint16_t> codes = written_halves(file, "BF16", inputs);
+  for (size_t i = 0; i < cases.size(); ++i) {
+    EXPECT_EQ(codes[i], cases[i].second) << std::hex << "float bits 0x" << cases[i].first;
+  }
+  // And back: bf16 is the top half of a float32, so every code reads as exactly that float.
+  std::vector<float> back(cases.size());
+  SafetensorsFile::open(file).read_f32("h", {static_cast<int64_t>(cases.size())}, back.data());
+  for (size_t i = 0; i < cases.size(); ++i) {
+    EXPECT_EQ(std::bit_cast<uint32_t>(back[i]), uint32_t{cases[i].second} << 16) << i;
+  }
+}
+
+TEST_F(SafetensorsWriterTest, WritesF16RoundedToNearestEvenWithOverflowAndSubnormalsBitExact) {
+  const float inf = std::numeric_limits<float>::infinity();
+  // float32 value -> f16 bits -> the float that code reads back as, by hand.
+  struct Case {
+    uint32_t in;
+    uint16_t code;
+    float back;
+  };
+  const std::vector<Case> cases = {
+      {0x3F800000, 0x3C00, 1.0f},
+      {0x3F801000, 0x3C00, 1.0f},             // 1 + 2^-11: tie, stays even
+      {0x3F803000, 0x3C02, 1.0f + 0x1p-9f},   // 1 + 3 * 2^-11: tie, 0x3C01 is odd, goes up
+      {0x3F801001, 0x3C01, 1.0f + 0x1p-10f},  // just past half: rounds up
+      {0x3EAAAAAB, 0x3555, 0.333251953125f},  // 1/3
+      {0x477FE000, 0x7BFF, 65504.0f},         // largest half
+      {0x477FEFFF, 0x7BFF, 65504.0f},         // just below 65520 still rounds down
+      {0x477FF000, 0x7C00, inf},              // 65520: the tie goes up, to inf
+      {0x49742400, 0x7C00, inf},              // 1e6 overflows
+      {0xC788B800, 0xFC00, -inf},             // -70000
+      {0x7F800000, 0x7C00, inf},              // inf
+      {0xFF800000, 0xFC00, -inf},             // -inf
+      {0x38800000, 0x0400, 0x1p-14f},         // smallest normal
+      {0x387FE000, 0x0400, 0x1p-14f},         // 1023.5 x 2^-24: tie to even carries into the normals
+      {0x38000000, 0x0200, 0x1p-15f},         // subnormal 512 x 2^-24
+      {0x33800000, 0x0001, 0x1p-24f},         // smallest subnormal
+      {0x33C00000, 0x0002, 0x1p-23f},         // 1.5 x 2^-24: tie, 1 is odd, goes up
+      {0x34200000, 0x0002, 0x1p-23f},         // 2.5 x 2^-24: tie, stays on the even 2
+      {0x33400000, 0x0001, 0x1p-24f},         // 0.75 x 2^-24 rounds up
+      {0x33000000, 0x0000, 0.0f},             // 2^-25: tie, rounds to the even 0
+      {0x2EDBE6FF, 0x0000, 0.0f},             // 1e-10 underflows
+      {0xB3800000, 0x8001, -0x1p-24f},        // negative subnormal
+      {0x80000000, 0x8000, -0.0f},            // -0
+      {0x7FC00000, 0x7E00, std::nanf("")},    // quiet NaN
+      {0x7F800001, 0x7E00, std::nanf("")},    // signalling NaN stays NaN
+  };
+  std::vector<uint32_t> inputs;
+  for (const Case& c : cases) inputs.push_back(c.in);
+  const std::string file = path("f16.safetensors");
+  const std::vector<uint16_t> codes = written_halves(file, "F16", inputs);
+  std::vector<float> back(cases.size());
+  SafetensorsFile::open(file).read_f32("h", {static_cast<int64_t>(cases.size())}, back.data());
+  for (size_t i = 0; i < cases.size(); ++i) {
+    EXPECT_EQ(codes[i], cases[i].code) << std::hex << "float bits 0x" << cases[i].in;
+    if (std::isnan(cases[i].back)) {
+      EXPECT_TRUE(std::isnan(back[i])) << i;
+    } else {
+      EXPECT_EQ(std::bit_cast<uint32_t>(back[i]), std::bit_cast<uint32_t>(cases[i].back)) << i;
+    }
+  }
+}
+
+TEST_F(SafetensorsWriterTest, FileWrittenInScatteredPiecesEqualsWriteSafetensorsByteForByte) {
+  constexpr int64_t X = 3, L = 4, Y = 5;
+  std::vector<float> stacked(X * L * Y);
+  for (size_t i = 0; i < stacked.size(); ++i) stacked[i] = static_cast<float>(i) * 0.25f - 7.0f;
+  const std::vector<float> small = {1.0f, -2.0f, 0.5f, 3.0f, 6.0f, -0.75f};
+  std::vector<uint16_t> small_bf16;
+  for (float value : small) small_bf16.push_back(bf16_bits(value));  // exact in bf16
+  const std::vector<uint16_t> small_f16 = {0x3C00, 0xC000, 0x3800, 0x4200, 0x4600, 0xBA00};
+  const std::vector<double> small_f64(small.begin(), small.end());
+  const std::vector<int32_t> ids = {4, -1, 7, 2147483647};
+  const std::map<std::string, std::string> metadata = {{"format", "pt"}};
+
+  const std::string whole = path("whole.safetensors");
+  write_safetensors(whole,
+                    {{"stacked", "F32", {X, L, Y}, stacked.data()},
+                     {"bf16", "BF16", {2, 3}, small_bf16.data()},
+                     {"empty", "F32", {0, 4}, nullptr},
+                     {"f16", "F16", {6}, small_f16.data()},
+                     {"ids", "I32", {4}, ids.data()},
+                     {"f64", "F64", {6}, small_f64.data()}},
+                    metadata);
+
+  const std::string pieces = path("pieces.safetensors");
+  SafetensorsWriter writer(pieces,
+                           {{"stacked", "F32", {X, L, Y}},
+                            {"bf16", "BF16", {2, 3}},
+                            {"empty", "F32", {0, 4}},
+                            {"f16", "F16", {6}},
+                            {"ids", "I32", {4}},
+                            {"f64", "F64", {6}}},
+                           metadata);
+  writer.write_raw("ids", ids.data());
+  for (int64_t l = L - 1; l >= 0; --l) {  // one layer at a time, last first
+    std::vector<float> layer(X * Y);
+    for (int64_t x = 0; x < X; ++x) {
+      for (int64_t y = 0; y < Y; ++y) layer[x * Y + y] = stacked[(x * L + l) * Y + y];
+    }
+    writer.write_f32("stacked", l * Y, X, Y, L * Y, layer.data());
+  }
+  writer.write_f32("bf16", 3, 1, 3, 3, small.data() + 3);  // second row, then the first
+  writer.write_f32("bf16", 0, 1, 3, 3, small.data());
+  writer.write_f32("f16", 1, 3, 1, 2, std::vector<float>{small[1], small[3], small[5]}.data());  // odd, even
+  writer.write_f32("f16", 0, 3, 1, 2, std::vector<float>{small[0], small[2], small[4]}.data());
+  writer.write_f32("f64", 0, 2, 3, 3, small.data());
+  writer.commit();
+
+  const auto bytes_of = [](const std::string& file) {
+    std::ifstream in(file, std::ios::binary);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  };
+  EXPECT_EQ(bytes_of(pieces), bytes_of(whole));
+  EXPECT_FALSE(bytes_of(whole).empty());
+}
+
+TEST_F(SafetensorsWriterTest, ConvertsTensorsLargerThanItsBufferInChunks) {
+  const int64_t count = (int64_t{5} << 20) / 2 + 3;  // more than one 4 MiB buffer of bf16, not a multiple
+  std::vector<float> values(count);
+  // Exact in bf16, with a period (251) that does not divide the chunk, so a misplaced chunk would show.
+  for (int64_t i = 0; i < count; ++i) values[i] = static_cast<float>(i % 251);
+  const std::string file = path("large.safetensors");
+  SafetensorsWriter writer(file, {{"w", "BF16", {count}}}, {});
+  writer.write_f32("w", 0, 1, count, count, values.data());
+  writer.commit();
+  std::vector<float> back(count);
+  SafetensorsFile::open(file).read_f32("w", {count}, back.data());
+  EXPECT_EQ(back, values);
+}
+
+TEST_F(SafetensorsWriterTest, CommitRefusesMissingOrRepeatedWritesNamingTheTensor) {
+  const std::vector<float> values(20, 1.0f);
+  const std::string file = path("partial.safetensors");
+  {
+    SafetensorsWriter writer(file, {{"done", "F32", {4}}, {"layers.w", "BF16", {3, 4, 5}}}, {});
+    writer.write_f32("done", 0, 1, 4, 4, values.data());
+    writer.write_f32("layers.w", 0, 3, 5, 20, values.data());  // layer 0 only
+    writer.write_f32("layers.w", 5, 3, 5, 20, values.data());  // layer 1
+    const std::string message = testing::error_of([&] { writer.commit(); });
+    EXPECT_TRUE(contains(message, file) && contains(message, "'layers.w'")) << message;
+    EXPECT_TRUE(contains(message, "30 of 60 elements written")) << message;
+  }
+  EXPECT_FALSE(fs::exists(file));
+  {
+    SafetensorsWriter writer(file, {{"w", "F32", {2, 2}}}, {});
+    writer.write_f32("w", 0, 2, 2, 2, values.data());
+    writer.write_f32("w", 2, 1, 2, 2, values.data());  // row 1 again
+    const std::string message = testing::error_of([&] { writer.commit(); });
+    EXPECT_TRUE(contains(message, "'w'") && contains(message, "6 of 4 elements written") &&
+                contains(message, "more than once"))
+        << message;
+  }
+  EXPECT_FALSE(fs::exists(file));
+}
+
+TEST_F(SafetensorsWriterTest, AbandonedWriterLeavesNothingAndKeepsAnEarlierFile) {
+  const std::vector<float> values = {1.0f, 2.0f};
+  const std::string fresh = path("fresh.safetensors");
+  {
+    SafetensorsWriter writer(fresh, {{"w", "F32", {2}}}, {});
+    writer.write_f32("w", 0, 1, 2, 2, values.data());
+  }
+  EXPECT_TRUE(fs::is_empty(dir_)) << "no file and no temporary left";
+
+  const std::string earlier = path("earlier.safetensors");
+  write_safetensors(earlier, {{"w", "F32", {2}, values.data()}}, {});
+  {
+    SafetensorsWriter writer(earlier, {{"w", "F32", {2}}}, {});
+    const std::vector<float> other = {5.0f, 6.0f};
+    writer.write_f32("w", 0, 1, 2, 2, other.data());
+  }
+  std::vector<float> out(2);
+  SafetensorsFile::open(earlier).read_f32("w", {2}, out.data());
+  EXPECT_EQ(out, values);
+}
+
+TEST_F(SafetensorsWriterTest, RejectsWritesThatDoNotFitTheLayout) {
+  const std::vector<float> values(8, 1.0f);
+  const std::vector<int32_t> ids = {1, 2};
+  const std::string file = path("misuse.safetensors");
+  SafetensorsWriter writer(file, {{"w", "F32", {2, 4}}, {"ids", "I32", {2}}}, {});
+  std::string message = testing::error_of([&] { writer.write_f32("ids", 0, 1, 2, 2, values.data()); });
+  EXPECT_TRUE(contains(message, file) && contains(message, "'ids'") && contains(message, "dtype I32") &&
+              contains(message, "write_raw"))
+      << message;
+  message = testing::error_of([&] { writer.write_raw("bias", ids.data()); });
+  EXPECT_TRUE(contains(message, file) && contains(message, "'bias'") && contains(message, "no such tensor"))
+      << message;
+  EXPECT_THROW(writer.write_f32("w", 5, 1, 4, 4, values.data()), std::logic_error);  // past the end
+  EXPECT_THROW(writer.write_f32("w", 0, 2, 4, 2, values.data()), std::logic_error);  // runs overlap
+  writer.write_raw("ids", ids.data());
+  writer.write_f32("w", 0, 2, 4, 4, values.data());
+  writer.commit();
+  EXPECT_THROW(writer.write_raw("ids", ids.data()), std::logic_error);  // after commit
+  EXPECT_EQ(SafetensorsFile::open(file).entries().size(), 2u);
 }
 
 }  // namespace

@@ -28,7 +28,7 @@ namespace fs = std::filesystem;
 
 constexpr const char* kUsage =
     "meshtrain generate --checkpoint DIR --prompt TEXT [--max-new-tokens N] [--temperature T] [--top-k K] "
-    "[--top-p P] [--seed S] [--output text|ids]";
+    "[--top-p P] [--seed S] [--output text|ids|logits]";
 
 struct GenerateArguments {
   std::string checkpoint;
@@ -36,7 +36,9 @@ struct GenerateArguments {
   int64_t max_new_tokens = 100;
   SamplingOptions sampling;
   uint64_t seed = 0;
-  bool ids = false;  // --output ids: token ids as JSON, for comparing with other implementations by id
+  // --output ids: token ids as one JSON line, for comparing with other implementations by id; logits: the
+  // same with the next-token logits after every fed token.
+  enum class Output { text, ids, logits } output = Output::text;
 };
 
 int64_t parse_integer(const std::string& flag, const std::string& text, int64_t minimum) {
@@ -115,8 +117,15 @@ GenerateArguments parse_arguments(const std::vector<std::string>& arguments) {
     parsed.seed = static_cast<uint64_t>(parse_integer("--seed", *value, 0));
   }
   if (const std::string* value = found("--output")) {
-    if (*value != "text" && *value != "ids") fail("--output", "text or ids", "'" + *value + "'", kUsage);
-    parsed.ids = *value == "ids";
+    if (*value == "text") {
+      parsed.output = GenerateArguments::Output::text;
+    } else if (*value == "ids") {
+      parsed.output = GenerateArguments::Output::ids;
+    } else if (*value == "logits") {
+      parsed.output = GenerateArguments::Output::logits;
+    } else {
+      fail("--output", "text, ids or logits", "'" + *value + "'", kUsage);
+    }
   }
   // The prompt is checked last so flag typos are reported before "no prompt".
   if (!parsed.prompt) fail("meshtrain generate --prompt", "the text to continue", "none given", kUsage);
@@ -127,64 +136,13 @@ GenerateArguments parse_arguments(const std::vector<std::string>& arguments) {
   return parsed;
 }
 
-// A step_<N>/ directory (it holds metadata.json) is used as given; otherwise the newest committed checkpoint
-// in DIR or in DIR/checkpoints (a run_dir).
-std::string resolve_checkpoint(const std::string& path) {
-  std::error_code error;
-  if (!fs::is_directory(path, error)) {
-    fail("--checkpoint " + path, "a checkpoint directory, or a run_dir / checkpoints directory",
-         fs::exists(path, error) ? "not a directory" : "no such directory");
-  }
-  if (fs::is_regular_file(fs::path(path) / "metadata.json", error)) return path;
-  for (const fs::path& candidate : {fs::path(path), fs::path(path) / "checkpoints"}) {
-    if (!fs::is_directory(candidate, error)) continue;
-    if (const std::optional<std::string> latest = latest_checkpoint(candidate.string())) return *latest;
-  }
-  fail("--checkpoint " + path,
-       "a committed checkpoint (step_<N>/ holding COMMITTED) in it or in its checkpoints/", "none",
-       "train with checkpointing on (checkpoint_period > 0), or pass a step_<N> directory; incomplete saves "
-       "(step_<N>.tmp-*) are never used");
-}
-
-// The model config the checkpoint was trained with: its resolved keys as overrides of base.yaml (not of the
-// preset, so a checkpoint stays loadable when presets change). Batch and sequence shrink to one token, as
-// the decode plan runs them.
-Config checkpoint_config(const std::string& checkpoint_dir) {
-  const fs::path metadata_path = fs::path(checkpoint_dir) / "metadata.json";
-  std::ifstream file(metadata_path);
-  if (!file) fail(metadata_path.string(), "a readable metadata.json", "cannot open it");
-  std::stringstream text;
-  text << file.rdbuf();
-  nlohmann::json metadata;
-  try {
-    metadata = nlohmann::json::parse(text.str());
-  } catch (const nlohmann::json::exception& e) {
-    fail(metadata_path.string(), "valid JSON", e.what(), "the checkpoint is damaged; use another one");
-  }
-  if (!metadata.is_object() || !metadata.contains("config") || !metadata["config"].is_object()) {
-    fail(metadata_path.string(), "a \"config\" object of key -> value text", "none",
-         "the checkpoint is damaged or not a meshtrain checkpoint");
-  }
-  // Single-process generation: the decode plan is one device whatever mesh the run trained on.
+// The model config the checkpoint was trained with. Batch and sequence shrink to one token, as the decode
+// plan runs them; single-process generation: the decode plan is one device whatever mesh the run trained on.
+Config decode_config(const std::string& checkpoint_dir) {
   std::map<std::string, std::string> replaced = {
       {"per_device_batch_size", "1"}, {"max_target_length", "1"}, {"gradient_accumulation_steps", "1"}};
   for (MeshAxis axis : kMeshAxes) replaced[std::string("mesh.") + mesh_axis_name(axis)] = "1";
-  std::vector<std::string> overrides;
-  std::string model_name;
-  for (const auto& [key, value] : metadata["config"].items()) {
-    const std::string value_text = value.is_string() ? value.get<std::string>() : value.dump();
-    if (key == "model_name") {
-      model_name = value_text;  // set below: as an override it would make load_config read the preset
-      continue;
-    }
-    // Empty values (empty lists such as profiler_steps) keep base.yaml's default; none shapes the model.
-    if (value_text.empty() || replaced.contains(key)) continue;
-    overrides.push_back(key + "=" + value_text);
-  }
-  for (const auto& [key, value] : replaced) overrides.push_back(key + "=" + value);
-  Config config = load_config("", overrides);
-  config.model_name = model_name;
-  return config;
+  return checkpoint_config(checkpoint_dir, replaced);
 }
 
 // Bytes of `text` up to the last whole UTF-8 character: a character whose bytes span two tokens is held back
@@ -207,7 +165,7 @@ size_t complete_utf8_length(const std::string& text) {
 
 int run_generate(const std::vector<std::string>& arguments, std::ostream& out) {
   const GenerateArguments parsed = parse_arguments(arguments);
-  const std::string checkpoint_dir = resolve_checkpoint(parsed.checkpoint);
+  const std::string checkpoint_dir = resolve_checkpoint_directory(parsed.checkpoint, "--checkpoint");
 
   std::error_code error;
   const fs::path directory(checkpoint_dir);
@@ -216,7 +174,7 @@ int run_generate(const std::vector<std::string>& arguments, std::ostream& out) {
          "the run had no tokenizer (synthetic data?): generate needs a checkpoint of a run on text");
   }
   const Tokenizer tokenizer = Tokenizer::load(checkpoint_dir);
-  const Config config = checkpoint_config(checkpoint_dir);
+  const Config config = decode_config(checkpoint_dir);
 
   const std::vector<int32_t> prompt = tokenizer.encode(*parsed.prompt);
   MT_CHECK(!prompt.empty(), "a non-empty prompt encodes to at least one token");
@@ -239,19 +197,31 @@ int run_generate(const std::vector<std::string>& arguments, std::ostream& out) {
   IncrementalDecoder decoder(config, capacity, &tokenizer);
   load_checkpoint(checkpoint_dir, decoder.engine(), /*parameters_only=*/true, tokenizer.identity(),
                   decoder.engram_hashing());
+  const bool keep_logits = parsed.output == GenerateArguments::Output::logits;
+  std::vector<std::vector<float>> fed_logits;  // --output logits: after each fed token
   std::vector<float> logits;
-  for (int32_t token : prompt) logits = decoder.step(token);
+  for (int32_t token : prompt) {
+    logits = decoder.step(token);
+    if (keep_logits) fed_logits.push_back(logits);
+  }
 
   const std::optional<int32_t> eos = tokenizer.eos_id();
-  if (parsed.ids) {  // {"prompt": [...], "generated": [...]}: the ids fed and the ids sampled (EOS ends it)
+  if (parsed.output != GenerateArguments::Output::text) {
+    // {"prompt": [...], "generated": [...]}: the ids fed and the ids sampled (EOS ends it); with logits, the
+    // vocabulary's logits [V_valid] after each fed token.
     std::vector<int32_t> generated;
     for (int64_t step = 0; step < parsed.max_new_tokens; ++step) {
       const int32_t token = sample_token(logits, parsed.sampling, parsed.seed, static_cast<uint64_t>(step));
       if (eos && token == *eos) break;
       generated.push_back(token);
-      if (step + 1 < parsed.max_new_tokens) logits = decoder.step(token);
+      if (step + 1 < parsed.max_new_tokens) {
+        logits = decoder.step(token);
+        if (keep_logits) fed_logits.push_back(logits);
+      }
     }
-    out << nlohmann::json{{"prompt", prompt}, {"generated", generated}}.dump() << "\n" << std::flush;
+    nlohmann::json line = {{"prompt", prompt}, {"generated", generated}};
+    if (keep_logits) line["logits"] = fed_logits;
+    out << line.dump() << "\n" << std::flush;
     return 0;
   }
   out << *parsed.prompt << std::flush;

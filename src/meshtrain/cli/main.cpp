@@ -5,6 +5,7 @@
 
 #include "meshtrain/cli/compile.h"
 #include "meshtrain/cli/generate.h"
+#include "meshtrain/cli/hf_interchange.h"
 #include "meshtrain/cli/info.h"
 #include "meshtrain/cli/prepare.h"
 #include "meshtrain/cli/tokenize.h"
@@ -22,10 +23,16 @@ void print_usage(std::ostream& out) {
          "  compile <config> [topology=NAME mesh.X=N kernels=K,.. plan_out=STEM ...] [--explain | --search]\n"
          "                                  ahead-of-time plan: cost, memory, fit per kernel\n"
          "  generate --checkpoint DIR --prompt TEXT [--max-new-tokens N --temperature T --top-k K --top-p P "
-         "--seed S]\n"
+         "--seed S --output text|ids|logits]\n"
          "  prepare [--out DIR] [--vocab-size N] [--corpus PATH]  tokenizer + token shards (default: the "
          "KJV)\n"
          "  tokenize --tokenizer PATH [--decode]  stdin text -> JSON ids on stdout (or the reverse)\n"
+         "  import-hf DIR --out CKPT [--config PRESET|YAML] [key=value ...]  a Hugging Face model folder -> "
+         "a\n"
+         "                                  checkpoint (parameters) to train on with load_parameters_path\n"
+         "  export-hf CKPT --out DIR [--dtype float32|bfloat16|float16] [--max-shard-size 5GB]\n"
+         "                                  a checkpoint -> a Hugging Face folder (transformers, vLLM, "
+         "llama.cpp)\n"
          "a config is a preset name (configs/models/*.yaml) or a YAML path; key=value overrides follow.\n";
 }
 
@@ -45,9 +52,11 @@ int main(int argc, char** argv) {
     if (words[0] == "generate") return meshtrain::run_generate(arguments, std::cout);
     if (words[0] == "tokenize") return meshtrain::run_tokenize(arguments, std::cin, std::cout);
     if (words[0] == "prepare") return meshtrain::run_prepare(arguments, std::cout);
+    if (words[0] == "import-hf") return meshtrain::run_import_hf(arguments, std::cout);
+    if (words[0] == "export-hf") return meshtrain::run_export_hf(arguments, std::cout);
     std::cerr << "meshtrain: unknown command '" << words[0] << "' (did you mean '"
-              << meshtrain::closest_name(words[0],
-                                         {"train", "info", "compile", "generate", "tokenize", "prepare"})
+              << meshtrain::closest_name(words[0], {"train", "info", "compile", "generate", "tokenize",
+                                                    "prepare", "import-hf", "export-hf"})
               << "'?)\n";
     print_usage(std::cerr);
     return 2;

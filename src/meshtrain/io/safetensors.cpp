@@ -97,6 +97,8 @@ uint64_t shape_bytes(const std::vector<int64_t>& shape, size_t element_bytes, co
 }
 
 int64_t element_count(const std::vector<int64_t>& shape) {
+  // A zero anywhere makes the product 0 even where the other dimensions' product would overflow.
+  if (std::find(shape.begin(), shape.end(), 0) != shape.end()) return 0;
   int64_t count = 1;
   for (int64_t dim : shape) count *= dim;  // validated by shape_bytes when the file was opened
   return count;
@@ -124,6 +126,81 @@ float f16_to_float(uint16_t bits) {
   }
   if (exponent == 31) return std::bit_cast<float>(sign | 0x7f800000u | (mantissa << 13));  // inf / NaN
   return std::bit_cast<float>(sign | ((exponent + 112) << 23) | (mantissa << 13));         // rebias 15 -> 127
+}
+
+uint16_t float_to_bf16(float value) {
+  const uint32_t bits = std::bit_cast<uint32_t>(value);
+  // Rounding a NaN could carry its payload into the exponent (a signalling NaN would become inf): keep the
+  // sign and the top payload bits and set the quiet bit instead.
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x0040u);
+  // Round to nearest even: add just under half an ulp, plus one more when the lowest kept bit is odd.
+  return static_cast<uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+}
+
+uint16_t float_to_f16(float value) {
+  const uint32_t bits = std::bit_cast<uint32_t>(value);
+  const auto sign = static_cast<uint16_t>((bits >> 16) & 0x8000u);
+  const uint32_t magnitude = bits & 0x7fffffffu;
+  if (magnitude > 0x7f800000u) {  // NaN: quiet, with the top payload bits
+    return static_cast<uint16_t>(sign | 0x7e00u | ((magnitude >> 13) & 0x3ffu));
+  }
+  // 65520 (largest half 65504 plus half its ulp) and above round to inf; the tie goes up since 65504 is odd.
+  if (magnitude >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);
+  if (magnitude >= 0x38800000u) {  // normal in half (>= 2^-14): rebias 127 -> 15, round 23 -> 10 bits
+    const uint32_t rounded = magnitude + 0xfffu + ((magnitude >> 13) & 1u);
+    return static_cast<uint16_t>(sign | ((rounded - (uint32_t{112} << 23)) >> 13));
+  }
+  // Subnormal in half: the value in units of 2^-24 is mantissa * 2^(exponent - 126), rounded to nearest even.
+  // A carry out of the top gives 0x400, the smallest normal, which is the right encoding.
+  const uint32_t exponent = magnitude >> 23;
+  if (exponent < 102) return sign;  // below 2^-25: rounds to zero (float subnormals included)
+  const uint32_t mantissa = (magnitude & 0x7fffffu) | 0x800000u;
+  const uint32_t shift = 126 - exponent;  // 14..24
+  uint32_t units = mantissa >> shift;
+  const uint32_t rest = mantissa & ((1u << shift) - 1);
+  const uint32_t half = 1u << (shift - 1);
+  if (rest > half || (rest == half && (units & 1u) != 0)) ++units;
+  return static_cast<uint16_t>(sign | units);
+}
+
+// `count` float32 values as `dtype` (F32, F64, BF16 or F16) into `out`.
+void encode_f32(const std::string& dtype, const float* in, int64_t count, std::byte* out) {
+  if (dtype == "F32") {
+    std::memcpy(out, in, static_cast<size_t>(count) * sizeof(float));
+  } else if (dtype == "F64") {
+    for (int64_t i = 0; i < count; ++i) {
+      const auto value = static_cast<double>(in[i]);
+      std::memcpy(out + i * 8, &value, 8);
+    }
+  } else {
+    const bool bf16 = dtype == "BF16";
+    MT_CHECK(bf16 || dtype == "F16", "unhandled dtype " + dtype);
+    for (int64_t i = 0; i < count; ++i) {
+      const uint16_t half = bf16 ? float_to_bf16(in[i]) : float_to_f16(in[i]);
+      std::memcpy(out + i * 2, &half, 2);
+    }
+  }
+}
+
+// Checks that `blocks` runs of `block` elements, run b starting at element start + b * stride, lie inside a
+// tensor of `count` elements (`where` names it); returns the number of elements the runs hold. Callers pass
+// geometry they computed, so a bad one is a bug, not a user error.
+int64_t checked_runs(const std::string& where, int64_t count, int64_t start, int64_t blocks, int64_t block,
+                     int64_t stride) {
+  const auto geometry = [&] {
+    return where + ": start " + std::to_string(start) + ", " + std::to_string(blocks) + " runs of " +
+           std::to_string(block) + " every " + std::to_string(stride) + " elements, in a tensor of " +
+           std::to_string(count) + " elements";
+  };
+  MT_CHECK(start >= 0 && blocks >= 0 && block >= 0 && stride >= 0, geometry());
+  int64_t total = 0;
+  MT_CHECK(!__builtin_mul_overflow(blocks, block, &total), geometry());
+  if (total == 0) return 0;
+  int64_t end = 0;  // one past the last run's last element
+  const bool overflow = __builtin_mul_overflow(blocks - 1, stride, &end) ||
+                        __builtin_add_overflow(end, start, &end) || __builtin_add_overflow(end, block, &end);
+  MT_CHECK(!overflow && end <= count, geometry());
+  return total;
 }
 
 // Records duplicate keys while nlohmann parses (its DOM silently keeps the last of duplicate keys), and
@@ -411,27 +488,46 @@ const SafetensorsEntry& SafetensorsFile::checked_entry(
 
 void SafetensorsFile::read_f32(const std::string& name, const std::vector<int64_t>& expected_shape,
                                float* out) const {
+  // The count comes from the file's validated shape (the expected one may be anything until compared).
+  const int64_t count =
+      element_count(checked_entry(name, expected_shape, {"F32", "BF16", "F16", "F64"}).shape);
+  read_f32_blocks(name, expected_shape, 0, 1, count, count, out);
+}
+
+void SafetensorsFile::read_f32_blocks(const std::string& name, const std::vector<int64_t>& expected_shape,
+                                      int64_t start, int64_t blocks, int64_t block, int64_t stride,
+                                      float* out) const {
   const SafetensorsEntry& entry = checked_entry(name, expected_shape, {"F32", "BF16", "F16", "F64"});
-  const int64_t count = element_count(entry.shape);
-  MT_CHECK(out != nullptr || count == 0, "read_f32 into a null buffer");
+  const int64_t total =
+      checked_runs(tensor_where(path_, name), element_count(entry.shape), start, blocks, block, stride);
+  MT_CHECK(out != nullptr || total == 0, "read_f32_blocks into a null buffer");
+  if (total == 0) return;
+  if (stride == block) {  // back-to-back runs: one run
+    block = total;
+    blocks = 1;
+  }
   const std::byte* src = data(entry);
-  if (entry.dtype == "F32") {
-    if (count > 0) std::memcpy(out, src, static_cast<size_t>(count) * sizeof(float));
-  } else if (entry.dtype == "BF16") {
-    for (int64_t i = 0; i < count; ++i) out[i] = bf16_to_float(load<uint16_t>(src, i));
-  } else if (entry.dtype == "F16") {
-    for (int64_t i = 0; i < count; ++i) out[i] = f16_to_float(load<uint16_t>(src, i));
-  } else {
-    MT_CHECK(entry.dtype == "F64", "unhandled dtype " + entry.dtype);
-    for (int64_t i = 0; i < count; ++i) {
-      const double value = load<double>(src, i);
-      // Converting a finite double beyond float range is undefined behaviour; it would be garbage weights
-      // anyway.
-      if (std::isfinite(value) && std::fabs(value) > FLT_MAX) {
-        fail(tensor_where(path_, name), "F64 values within float32 range (|x| <= 3.4e38)",
-             to_text(value) + " at element " + std::to_string(i));
+  for (int64_t b = 0; b < blocks; ++b) {
+    const int64_t first = start + b * stride;
+    float* dst = out + b * block;
+    if (entry.dtype == "F32") {
+      std::memcpy(dst, src + first * 4, static_cast<size_t>(block) * sizeof(float));
+    } else if (entry.dtype == "BF16") {
+      for (int64_t i = 0; i < block; ++i) dst[i] = bf16_to_float(load<uint16_t>(src, first + i));
+    } else if (entry.dtype == "F16") {
+      for (int64_t i = 0; i < block; ++i) dst[i] = f16_to_float(load<uint16_t>(src, first + i));
+    } else {
+      MT_CHECK(entry.dtype == "F64", "unhandled dtype " + entry.dtype);
+      for (int64_t i = 0; i < block; ++i) {
+        const double value = load<double>(src, first + i);
+        // Converting a finite double beyond float range is undefined behaviour; it would be garbage weights
+        // anyway.
+        if (std::isfinite(value) && std::fabs(value) > FLT_MAX) {
+          fail(tensor_where(path_, name), "F64 values within float32 range (|x| <= 3.4e38)",
+               to_text(value) + " at element " + std::to_string(first + i));
+        }
+        dst[i] = static_cast<float>(value);
       }
-      out[i] = static_cast<float>(value);
     }
   }
 }
@@ -457,43 +553,48 @@ void SafetensorsFile::read_i32(const std::string& name, const std::vector<int64_
 }
 
 // ---------------------------------------------------------------------------------------------------------------
-// Writer
+// Writers
 
-void write_safetensors(const std::string& path, const std::vector<SafetensorsTensor>& tensors,
-                       const std::map<std::string, std::string>& metadata) {
+uint64_t safetensors_tensor_bytes(const std::string& path, const SafetensorsTensorSpec& tensor) {
+  const std::string where = tensor_where(path, tensor.name);
+  if (tensor.name == "__metadata__") {
+    fail(where, "a tensor name other than the reserved '__metadata__'", "'__metadata__'");
+  }
+  const size_t element_bytes = safetensors_dtype_bytes(tensor.dtype);
+  if (element_bytes == 0) fail(where, std::string("dtype ") + kKnownDtypes, "dtype '" + tensor.dtype + "'");
+  for (int64_t dim : tensor.shape) {
+    if (dim < 0) fail(where, "non-negative dimensions", "shape " + shape_text(tensor.shape));
+  }
+  return shape_bytes(tensor.shape, element_bytes, where);
+}
+
+SafetensorsWriter::SafetensorsWriter(std::string path, std::vector<SafetensorsTensorSpec> tensors,
+                                     const std::map<std::string, std::string>& metadata)
+    : path_(std::move(path)) {
   // Everything that can be wrong with the inputs is checked before the file is created.
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
-  std::set<std::string> names;
-  std::vector<uint64_t> sizes;
   uint64_t offset = 0;
-  for (const SafetensorsTensor& tensor : tensors) {
-    const std::string where = tensor_where(path, tensor.name);
-    if (tensor.name == "__metadata__") {
-      fail(where, "a tensor name other than the reserved '__metadata__'", "'__metadata__'");
+  for (SafetensorsTensorSpec& tensor : tensors) {
+    const uint64_t bytes = safetensors_tensor_bytes(path_, tensor);
+    if (!index_.emplace(tensor.name, entries_.size()).second) {
+      fail(tensor_where(path_, tensor.name), "unique tensor names", "the name twice in the tensor list");
     }
-    if (!names.insert(tensor.name).second)
-      fail(where, "unique tensor names", "the name twice in the tensor list");
-    const size_t element_bytes = safetensors_dtype_bytes(tensor.dtype);
-    if (element_bytes == 0) fail(where, std::string("dtype ") + kKnownDtypes, "dtype '" + tensor.dtype + "'");
-    for (int64_t dim : tensor.shape) {
-      if (dim < 0) fail(where, "non-negative dimensions", "shape " + shape_text(tensor.shape));
-    }
-    const uint64_t bytes = shape_bytes(tensor.shape, element_bytes, where);
-    MT_CHECK(tensor.data != nullptr || bytes == 0, "tensor '" + tensor.name + "' has no data pointer");
     if (bytes > std::numeric_limits<uint64_t>::max() - offset) {
-      fail(path, "a total size that fits in 64 bits", "tensors summing past 2^64 bytes");
+      fail(path_, "a total size that fits in 64 bits", "tensors summing past 2^64 bytes");
     }
     header[tensor.name] = {
         {"dtype", tensor.dtype}, {"shape", tensor.shape}, {"data_offsets", {offset, offset + bytes}}};
-    sizes.push_back(bytes);
+    entries_.push_back(SafetensorsEntry{std::move(tensor.name), std::move(tensor.dtype),
+                                        std::move(tensor.shape), offset, offset + bytes});
     offset += bytes;
   }
+  written_.assign(entries_.size(), 0);
   std::string header_text;
   try {
     header_text = header.dump();
   } catch (const nlohmann::json::exception& error) {
-    fail(path, "tensor names and metadata that are valid UTF-8", error.what());
+    fail(path_, "tensor names and metadata that are valid UTF-8", error.what());
   }
   // Padding keeps the data section 8-byte aligned in memory maps, as other writers do.
   header_text.append((8 - header_text.size() % 8) % 8, ' ');
@@ -501,11 +602,117 @@ void write_safetensors(const std::string& path, const std::vector<SafetensorsTen
   std::string prefix(sizeof(header_bytes), '\0');
   std::memcpy(prefix.data(), &header_bytes, sizeof(header_bytes));
   header_text.insert(0, prefix);
+  data_start_ = header_text.size();
 
-  DurableFile file(path);
-  file.append(header_text);
-  for (size_t i = 0; i < tensors.size(); ++i) file.append(tensors[i].data, sizes[i]);
-  file.commit();
+  file_ = std::make_unique<DurableFile>(path_);
+  file_->write_at(header_text.data(), header_text.size(), 0);
+}
+
+SafetensorsWriter::SafetensorsWriter(SafetensorsWriter&& other) noexcept = default;
+SafetensorsWriter& SafetensorsWriter::operator=(SafetensorsWriter&& other) noexcept = default;
+SafetensorsWriter::~SafetensorsWriter() = default;  // DurableFile's destructor removes an uncommitted file
+
+const SafetensorsEntry* SafetensorsWriter::find(const std::string& name) const {
+  const auto it = index_.find(name);
+  return it == index_.end() ? nullptr : &entries_[it->second];
+}
+
+size_t SafetensorsWriter::checked_index(const std::string& name) const {
+  MT_CHECK(file_ != nullptr, "write to " + path_ + " after commit");
+  const auto it = index_.find(name);
+  if (it == index_.end()) {
+    fail(tensor_where(path_, name),
+         "one of the " + std::to_string(entries_.size()) + " tensors the file was laid out with",
+         "no such tensor", "declare every tensor when making the writer");
+  }
+  return it->second;
+}
+
+void SafetensorsWriter::write_bytes(const void* data, size_t size, uint64_t offset) {
+  if (size > 0) file_->write_at(data, size, data_start_ + offset);
+}
+
+void SafetensorsWriter::write_f32(const std::string& name, int64_t start, int64_t blocks, int64_t block,
+                                  int64_t stride, const float* data) {
+  const size_t index = checked_index(name);
+  const SafetensorsEntry& entry = entries_[index];
+  const std::string where = tensor_where(path_, name);
+  if (entry.dtype != "F32" && entry.dtype != "BF16" && entry.dtype != "F16" && entry.dtype != "F64") {
+    fail(where, "a tensor of dtype F32, BF16, F16 or F64 to write float32 values into",
+         "dtype " + entry.dtype, "write it whole in its own dtype with write_raw");
+  }
+  const int64_t total = checked_runs(where, element_count(entry.shape), start, blocks, block, stride);
+  // Runs that overlap each other would write some elements twice; the count could not tell.
+  MT_CHECK(blocks <= 1 || stride >= block, where + ": write_f32 runs overlap (stride < block)");
+  MT_CHECK(data != nullptr || total == 0, where + ": write_f32 from a null buffer");
+  written_[index] += total;
+  if (total == 0) return;
+  if (stride == block) {  // back-to-back runs: one run
+    block = total;
+    blocks = 1;
+  }
+  const uint64_t element_bytes = safetensors_dtype_bytes(entry.dtype);
+  const auto offset_of = [&](int64_t element) {  // byte offset in the data section
+    return entry.begin + static_cast<uint64_t>(element) * element_bytes;
+  };
+  if (entry.dtype == "F32") {  // already in the file's form: no buffer needed
+    for (int64_t b = 0; b < blocks; ++b) {
+      write_bytes(data + b * block, static_cast<size_t>(block) * sizeof(float),
+                  offset_of(start + b * stride));
+    }
+    return;
+  }
+  // Conversion goes through a buffer of at most kBufferBytes, never a copy of the whole tensor.
+  constexpr uint64_t kBufferBytes = uint64_t{4} << 20;
+  const int64_t chunk = std::min(static_cast<int64_t>(kBufferBytes / element_bytes), block);
+  std::vector<std::byte> buffer(static_cast<size_t>(chunk) * element_bytes);
+  for (int64_t b = 0; b < blocks; ++b) {
+    for (int64_t done = 0; done < block; done += chunk) {
+      const int64_t count = std::min(chunk, block - done);
+      encode_f32(entry.dtype, data + b * block + done, count, buffer.data());
+      write_bytes(buffer.data(), static_cast<size_t>(count) * element_bytes,
+                  offset_of(start + b * stride + done));
+    }
+  }
+}
+
+void SafetensorsWriter::write_raw(const std::string& name, const void* data) {
+  const size_t index = checked_index(name);
+  const SafetensorsEntry& entry = entries_[index];
+  const uint64_t bytes = entry.end - entry.begin;
+  MT_CHECK(data != nullptr || bytes == 0, tensor_where(path_, name) + ": write_raw from a null buffer");
+  write_bytes(data, bytes, entry.begin);
+  written_[index] += element_count(entry.shape);
+}
+
+void SafetensorsWriter::check_complete() const {
+  for (size_t i = 0; i < entries_.size(); ++i) {
+    const int64_t count = element_count(entries_[i].shape);
+    if (written_[i] != count) {
+      fail(tensor_where(path_, entries_[i].name),
+           "all " + std::to_string(count) + " elements written before commit",
+           std::to_string(written_[i]) + " of " + std::to_string(count) + " elements written" +
+               (written_[i] > count ? " (some more than once)" : ""),
+           "write every element of every tensor exactly once; nothing was published");
+    }
+  }
+}
+
+void SafetensorsWriter::commit() {
+  MT_CHECK(file_ != nullptr, path_ + " committed twice");
+  check_complete();
+  file_->commit();
+  file_.reset();
+}
+
+void write_safetensors(const std::string& path, const std::vector<SafetensorsTensor>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  std::vector<SafetensorsTensorSpec> specs;
+  specs.reserve(tensors.size());
+  for (const SafetensorsTensor& tensor : tensors) specs.push_back({tensor.name, tensor.dtype, tensor.shape});
+  SafetensorsWriter writer(path, std::move(specs), metadata);
+  for (const SafetensorsTensor& tensor : tensors) writer.write_raw(tensor.name, tensor.data);
+  writer.commit();
 }
 
 }  // namespace meshtrain

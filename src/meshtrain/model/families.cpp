@@ -8,7 +8,7 @@ namespace {
 
 const std::array<DecoderFamily, kDecoderBlocks.size()> kFamilies = {{
     {DecoderBlock::qwen3, build_qwen3, PositionKind::rotary, NormKind::rms, MlpKind::swiglu, false, true},
-    {DecoderBlock::gpt2, build_gpt2, PositionKind::learned, NormKind::layer, MlpKind::gelu, true, false},
+    {DecoderBlock::gpt2, build_gpt2, PositionKind::learned, NormKind::layer, MlpKind::gelu, true, true},
     {DecoderBlock::deepseek, build_deepseek, PositionKind::rotary, NormKind::rms, MlpKind::swiglu, false,
      true},
 }};

@@ -59,6 +59,36 @@ constexpr StackedName kRoutedExperts[] = {{"moe/routed_experts/wi_0", "gate_proj
 
 const std::string kLayerPrefix = "decoder/layers_";
 
+// GPT-2 (GPT2LMHeadModel, whose tensors sit under "transformer."): engine suffix -> Hugging Face suffix
+// (after "transformer.h.N."). Conv1D weights are [in, out] like the engine's kernels; the attention's query,
+// key and value are one fused c_attn tensor (kGpt2Fused).
+constexpr LayerName kGpt2LayerNames[] = {
+    {"pre_self_attention_layer_norm/scale", "ln_1.weight", false},
+    {"pre_self_attention_layer_norm/bias", "ln_1.bias", false},
+    {"self_attention/out/kernel", "attn.c_proj.weight", false},
+    {"self_attention/out/bias", "attn.c_proj.bias", false},
+    {"post_self_attention_layer_norm/scale", "ln_2.weight", false},
+    {"post_self_attention_layer_norm/bias", "ln_2.bias", false},
+    {"mlp/wi/kernel", "mlp.c_fc.weight", false},
+    {"mlp/wi/bias", "mlp.c_fc.bias", false},
+    {"mlp/wo/kernel", "mlp.c_proj.weight", false},
+    {"mlp/wo/bias", "mlp.c_proj.bias", false},
+};
+// Engine suffix -> (fused file suffix, which third of its columns).
+struct FusedName {
+  const char* engine;
+  const char* hf;
+  int64_t block;
+};
+constexpr FusedName kGpt2Fused[] = {
+    {"self_attention/query/kernel", "attn.c_attn.weight", 0},
+    {"self_attention/key/kernel", "attn.c_attn.weight", 1},
+    {"self_attention/value/kernel", "attn.c_attn.weight", 2},
+    {"self_attention/query/bias", "attn.c_attn.bias", 0},
+    {"self_attention/key/bias", "attn.c_attn.bias", 1},
+    {"self_attention/value/bias", "attn.c_attn.bias", 2},
+};
+
 // "decoder/layers_12/self_attention/out/kernel" -> {"12", "self_attention/out/kernel"}; {"", name}
 // outside the layers.
 std::pair<std::string, std::string> split_layer(const std::string& engine_name) {
@@ -124,6 +154,17 @@ int64_t engine_element(const HfTensorMapping& entry, int64_t row, int64_t col) {
   return entry.engine_offset + (entry.transpose ? col * entry.engine_out + out : out * entry.hf_cols + col);
 }
 
+int64_t file_element(const HfTensorMapping& entry, int64_t row, int64_t col) {
+  const int64_t columns = entry.hf_total_cols > 0 ? entry.hf_total_cols : entry.hf_cols;
+  return row * columns + entry.hf_col_begin + col;
+}
+
+std::vector<int64_t> file_shape(const HfTensorMapping& entry) {
+  const int64_t columns = entry.hf_total_cols > 0 ? entry.hf_total_cols : entry.hf_cols;
+  if (entry.hf_rows == 0) return {columns};
+  return {entry.hf_rows, columns};
+}
+
 std::string hugging_face_name(const std::string& engine_name) {
   return hf_name_of(engine_name);
 }
@@ -138,10 +179,74 @@ std::vector<int64_t> hf_rope_column_order(int64_t rope_dim) {
   return order;
 }
 
+namespace {
+
+// GPT-2's entries: every tensor in the file's [in, out] order, the fused c_attn as three column blocks.
+std::vector<HfTensorMapping> gpt2_mapping(const ModelSpec& spec) {
+  std::vector<HfTensorMapping> mapping;
+  for (const ParameterDecl& parameter : spec.parameters) {
+    const BufferDecl& buffer = spec.buffer(parameter.value);
+    const int64_t elements = buffer.shape.elements();
+    HfTensorMapping entry;
+    entry.parameter = parameter.value;
+    if (buffer.name == "token_embedder/embedding") {
+      entry.hf_name = "transformer.wte.weight";
+      entry.hf_rows = spec.dims.V_valid;  // the file holds the tokenizer's rows, not the padding
+      entry.hf_cols = spec.dims.D;
+    } else if (buffer.name == "position_embedder/embedding") {
+      entry.hf_name = "transformer.wpe.weight";
+      entry.hf_rows = buffer.shape.dims.front();
+      entry.hf_cols = spec.dims.D;
+    } else if (buffer.name == "decoder/decoder_norm/scale" || buffer.name == "decoder/decoder_norm/bias") {
+      entry.hf_name = buffer.name.ends_with("scale") ? "transformer.ln_f.weight" : "transformer.ln_f.bias";
+      entry.hf_cols = elements;
+    } else {
+      const auto [layer, rest] = split_layer(buffer.name);
+      MT_CHECK(!layer.empty(), "no Hugging Face GPT-2 name for parameter " + buffer.name);
+      const std::string hf_prefix = "transformer.h." + layer + ".";
+      const bool bias = rest.ends_with("/bias");
+      const FusedName* fused = nullptr;
+      for (const FusedName& name : kGpt2Fused) {
+        if (rest == name.engine) fused = &name;
+      }
+      if (fused != nullptr) {
+        entry.hf_name = hf_prefix + fused->hf;
+        const int64_t width = bias ? elements : elements / buffer.shape.dims.front();  // this block's columns
+        entry.hf_rows = bias ? 0 : buffer.shape.dims.front();
+        entry.hf_cols = width;
+        entry.hf_col_begin = fused->block * width;
+        entry.hf_total_cols = 3 * width;
+      } else {
+        const LayerName* name = nullptr;
+        for (const LayerName& candidate : kGpt2LayerNames) {
+          if (rest == candidate.engine) name = &candidate;
+        }
+        MT_CHECK(name != nullptr, "no Hugging Face GPT-2 name for parameter " + buffer.name);
+        entry.hf_name = hf_prefix + name->hf;
+        if (buffer.shape.dims.size() == 1) {
+          entry.hf_cols = elements;
+        } else {
+          // Kernels [in..., out...]: the attention output's input is its [H, d] heads.
+          const bool input_is_heads = rest == "self_attention/out/kernel";
+          const int64_t in =
+              input_is_heads ? buffer.shape.dims[0] * buffer.shape.dims[1] : buffer.shape.dims[0];
+          entry.hf_rows = in;
+          entry.hf_cols = elements / in;
+        }
+      }
+    }
+    mapping.push_back(std::move(entry));
+  }
+  return mapping;
+}
+
+}  // namespace
+
 std::vector<HfTensorMapping> hf_mapping(const ModelSpec& spec) {
   MT_CHECK(family_of(spec.config).hugging_face_mapping,
            "the Hugging Face mapping covers the families whose row sets hugging_face_mapping");
   const Config& c = spec.config;
+  if (c.decoder_block == DecoderBlock::gpt2) return gpt2_mapping(spec);
   const bool mla = c.attention_type == AttentionType::mla;
   std::vector<HfTensorMapping> mapping;
   for (const ParameterDecl& parameter : spec.parameters) {
@@ -216,20 +321,21 @@ void load_hf_weights(const SafetensorsFile& file, const ModelSpec& spec,
     }
   }
   for (const HfTensorMapping& entry : mapping) {
-    const std::vector<int64_t> hf_shape = entry.hf_rows == 0
-                                              ? std::vector<int64_t>{entry.hf_cols}
-                                              : std::vector<int64_t>{entry.hf_rows, entry.hf_cols};
+    const std::vector<int64_t> shape = file_shape(entry);
     float* destination = parameter_data(entry.parameter);
-    if (!entry.transpose && entry.engine_row.empty()) {
-      file.read_f32(entry.hf_name, hf_shape, destination + entry.engine_offset);
+    if (!entry.transpose && entry.engine_row.empty() && entry.hf_total_cols == 0) {
+      file.read_f32(entry.hf_name, shape, destination + entry.engine_offset);
       continue;
     }
+    int64_t count = 1;
+    for (int64_t size : shape) count *= size;
+    std::vector<float> staged(static_cast<size_t>(count));
+    file.read_f32(entry.hf_name, shape, staged.data());
     const int64_t rows = std::max<int64_t>(entry.hf_rows, 1);
-    std::vector<float> staged(static_cast<size_t>(rows * entry.hf_cols));
-    file.read_f32(entry.hf_name, hf_shape, staged.data());
     for (int64_t row = 0; row < rows; ++row) {
       for (int64_t col = 0; col < entry.hf_cols; ++col) {
-        destination[engine_element(entry, row, col)] = staged[static_cast<size_t>(row * entry.hf_cols + col)];
+        destination[engine_element(entry, row, col)] =
+            staged[static_cast<size_t>(file_element(entry, row, col))];
       }
     }
   }

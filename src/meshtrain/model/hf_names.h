@@ -1,11 +1,12 @@
 // Hugging Face tensor names <-> the engine's parameter names (shared/specs/layers-and-checkpoints.md), for
 // the families whose row sets hugging_face_mapping: Qwen3 and Qwen3-MoE (decoder_block=qwen3, num_experts
-// > 0), and DeepSeek-V3 (decoder_block=deepseek: multi-head latent attention, dense and MoE feed-forward).
-// Hugging Face stores linear weights [out, in]; the engine stores kernels [in, out], so those transpose. A
-// mixture-of-experts layer's routed experts are one tensor per expert in the file
-// (mlp.experts.{e}.gate_proj.weight [F_e, D], ...) and one stacked tensor in the engine
-// (moe/routed_experts/wi_0 [E, D, F_e], ...): each file tensor maps onto slice e of the stacked one.
-// The interchange issue extends this table into full import/export.
+// > 0), DeepSeek-V3 (decoder_block=deepseek: multi-head latent attention, dense and MoE feed-forward) and
+// GPT-2. Hugging Face stores linear weights [out, in]; the engine stores kernels [in, out], so those
+// transpose (GPT-2's Conv1D weights are already [in, out]). A mixture-of-experts layer's routed experts are
+// one tensor per expert in the file (mlp.experts.{e}.gate_proj.weight [F_e, D], ...) and one stacked tensor
+// in the engine (moe/routed_experts/wi_0 [E, D, F_e], ...): each file tensor maps onto slice e of the
+// stacked one. GPT-2's fused attn.c_attn ([D, 3D] and its bias [3D]) is the engine's query, key and value
+// side by side: three entries, each a block of the file tensor's columns.
 #pragma once
 
 #include <functional>
@@ -17,13 +18,17 @@
 
 namespace meshtrain {
 
-// One file tensor and where its elements live in an engine parameter.
+// A block of one file tensor and where its elements live in an engine parameter.
 struct HfTensorMapping {
   std::string hf_name;             // "model.layers.0.self_attn.q_proj.weight"
   BufferId parameter = kNoBuffer;  // the engine's parameter value buffer
   bool transpose = false;          // [out, in] in the file, [in, out] in the engine
-  int64_t hf_rows = 0;             // the file's shape: [hf_rows, hf_cols] (or [hf_cols] when hf_rows == 0)
+  int64_t hf_rows = 0;             // the block: [hf_rows, hf_cols] (or [hf_cols] when hf_rows == 0)
   int64_t hf_cols = 0;
+  // The block's first column in the file tensor and the file tensor's columns: a block of a fused tensor
+  // (GPT-2's c_attn: query, key and value columns side by side); 0, 0: the block is the whole tensor.
+  int64_t hf_col_begin = 0;
+  int64_t hf_total_cols = 0;
   // Where the tensor starts in the parameter (elements): e * D * F_e for expert e's slice of a stacked
   // [E, D, F_e] / [E, F_e, D] parameter, else 0.
   int64_t engine_offset = 0;
@@ -38,9 +43,13 @@ struct HfTensorMapping {
   bool differentiable = true;
 };
 
-// The engine element (offset into the parameter's float storage) that holds the file tensor's element
-// [row, col] (row 0 for a 1-D tensor).
+// The engine element (offset into the parameter's float storage) that holds the block's element [row, col]
+// (row 0 for a 1-D tensor).
 int64_t engine_element(const HfTensorMapping& entry, int64_t row, int64_t col);
+// The file tensor's element (offset in its row-major storage) of the block's element [row, col].
+int64_t file_element(const HfTensorMapping& entry, int64_t row, int64_t col);
+// The file tensor's shape: [hf_rows, columns] or [columns].
+std::vector<int64_t> file_shape(const HfTensorMapping& entry);
 
 // The Hugging Face tensor name of an engine parameter ("decoder/layers_0/self_attention/wkv_a/kernel" ->
 // "model.layers.0.self_attn.kv_a_proj_with_mqa.weight"), for the parameters that are one file tensor

@@ -359,6 +359,10 @@ EngramHashing read_engram_hashing(const fs::path& path, const EngramHashing& run
   return saved;
 }
 
+void finish_checkpoint_files(const fs::path& directory, const Config& config, const CheckpointModel& model,
+                             const CheckpointState& state, const CheckpointOptions& options,
+                             std::vector<std::string> files, const ordered_json& extra);
+
 void write_checkpoint_files(const fs::path& directory, const Engine& engine, const GatheredState& gathered,
                             const CheckpointState& state, const CheckpointOptions& options) {
   const ModelSpec& spec = engine.spec();
@@ -392,6 +396,13 @@ void write_checkpoint_files(const fs::path& directory, const Engine& engine, con
     write_engram_hashing((directory / kEngramFile).string(), *options.engram_hashing, tensor_metadata);
     files.push_back(kEngramFile);
   }
+  finish_checkpoint_files(directory, spec.config, {spec.dims.V, spec.parameter_count()}, state, options,
+                          std::move(files), ordered_json::object());
+}
+
+void finish_checkpoint_files(const fs::path& directory, const Config& config, const CheckpointModel& model,
+                             const CheckpointState& state, const CheckpointOptions& options,
+                             std::vector<std::string> files, const ordered_json& extra) {
   std::vector<std::string> tokenizer_names;
   if (!options.tokenizer_path.empty()) {
     for (const auto& [source, name] : tokenizer_files(options.tokenizer_path)) {
@@ -401,15 +412,14 @@ void write_checkpoint_files(const fs::path& directory, const Engine& engine, con
     }
   }
 
-  const Config& config = spec.config;
   ordered_json metadata = ordered_json::object();
   metadata["format_version"] = kCheckpointFormatVersion;
   metadata["meshtrain_version"] = kMeshtrainVersion;
   metadata["step"] = state.step;
   metadata["model"] = {{"decoder_block", decoder_block_name(config.decoder_block)},
                        {"vocab_size", config.vocab_size},
-                       {"padded_vocab_size", spec.dims.V},
-                       {"parameter_count", spec.parameter_count()}};
+                       {"padded_vocab_size", model.padded_vocab_size},
+                       {"parameter_count", model.parameter_count}};
   // The layout the tensors were saved in: loading into the other layout converts (a later issue).
   metadata["scan_layers"] = config.scan_layers;
   metadata["param_scan_axis"] = config.param_scan_axis;
@@ -421,6 +431,7 @@ void write_checkpoint_files(const fs::path& directory, const Engine& engine, con
   metadata["rng"] = state.rng;
   metadata["data_cursor"] = state.data_cursor;
   metadata["tokenizer"] = {{"identity", options.tokenizer_identity}, {"files", tokenizer_names}};
+  for (const auto& [key, value] : extra.items()) metadata[key] = value;
   ordered_json sums = ordered_json::object();
   for (const std::string& name : files) {
     const FileSum sum = checksum_file(directory / name);
@@ -706,6 +717,12 @@ CheckpointState load_checkpoint(const std::string& checkpoint_dir, Engine& engin
       layout_hint += "; converting between scan_layers layouts is not supported yet";
     }
 
+    if (!parameters_only && m.value("parameters_only", false)) {
+      fail(
+          metadata_where, "a full training state (parameters and Adam moments)",
+          "parameters only (" + m.value("/source/kind"_json_pointer, std::string("no optimizer state")) + ")",
+          "start from it with load_parameters_path=" + checkpoint_dir + " (a fresh optimizer and step 0)");
+    }
     const json& files = m.at("files");
     for (const auto& [name, entry] : files.items()) {
       if (parameters_only && name == kOptimizerFile) continue;  // not read: not worth checksumming
@@ -764,6 +781,109 @@ CheckpointState load_checkpoint(const std::string& checkpoint_dir, Engine& engin
   }
   if (saved_hashing) *engram_hashing = std::move(*saved_hashing);
   return state;
+}
+
+ParameterCheckpointWriter::ParameterCheckpointWriter(const std::string& path)
+    : final_(path), temp_(path + kTempTag + std::to_string(::getpid())) {
+  std::error_code error;
+  if (fs::exists(final_, error)) {
+    fail(path, "a new checkpoint directory", "it already exists",
+         "choose another --out, or remove the existing directory first");
+  }
+  if (!final_.parent_path().empty()) fs::create_directories(final_.parent_path(), error);
+  fs::remove_all(temp_, error);  // a leftover of an earlier failed write by a process with our pid
+  if (!fs::create_directory(temp_, error) || error) {
+    fail(temp_.string(), "a new directory for the checkpoint", error ? error.message() : "it already exists",
+         "check the permissions and free space of " + final_.parent_path().string());
+  }
+}
+
+ParameterCheckpointWriter::~ParameterCheckpointWriter() {
+  if (committed_) return;
+  std::error_code ignored;
+  fs::remove_all(temp_, ignored);
+}
+
+std::string ParameterCheckpointWriter::model_path() const {
+  return (temp_ / kModelFile).string();
+}
+
+void ParameterCheckpointWriter::commit(const Config& config, const CheckpointModel& model,
+                                       const CheckpointOptions& options, const nlohmann::ordered_json& source,
+                                       const std::vector<std::pair<std::string, std::string>>& extra_files) {
+  std::vector<std::string> files = {kModelFile};
+  for (const auto& [name, content] : extra_files) {
+    write_file_atomically((temp_ / name).string(), content);
+    files.push_back(name);
+  }
+  ordered_json extra = {{"parameters_only", true}, {"source", source}};
+  finish_checkpoint_files(temp_, config, model, CheckpointState{}, options, std::move(files), extra);
+  if (::rename(temp_.c_str(), final_.c_str()) != 0) {
+    fail(final_.string(), "the finished checkpoint renamed into place", "rename failed: " + os_error(errno),
+         "check that nothing else created " + final_.string() + " meanwhile");
+  }
+  fsync_directory(final_.parent_path().empty() ? "." : final_.parent_path().string());
+  committed_ = true;
+}
+
+Config checkpoint_config(const std::string& checkpoint_dir,
+                         const std::map<std::string, std::string>& replaced) {
+  const fs::path metadata_path = fs::path(checkpoint_dir) / kMetadataFile;
+  json metadata;
+  try {
+    metadata = json::parse(read_whole_file(metadata_path, "checkpoint metadata file"));
+  } catch (const json::exception& e) {
+    fail(metadata_path.string(), "valid JSON", e.what(), "the checkpoint is damaged; use another one");
+  }
+  if (!metadata.is_object() || !metadata.contains("config") || !metadata["config"].is_object()) {
+    fail(metadata_path.string(), "a \"config\" object of key -> value text", "none",
+         "the checkpoint is damaged or not a meshtrain checkpoint");
+  }
+  std::vector<std::string> overrides;
+  std::string model_name;
+  for (const auto& [key, value] : metadata["config"].items()) {
+    const std::string value_text = value.is_string() ? value.get<std::string>() : value.dump();
+    if (key == "model_name") {
+      model_name = value_text;  // set below: as an override it would make load_config read the preset
+      continue;
+    }
+    // Empty values (empty lists such as profiler_steps) keep base.yaml's default; none shapes the model.
+    if (value_text.empty() || replaced.contains(key)) continue;
+    overrides.push_back(key + "=" + value_text);
+  }
+  for (const auto& [key, value] : replaced) overrides.push_back(key + "=" + value);
+  Config config = load_config("", overrides);
+  config.model_name = model_name;
+  return config;
+}
+
+std::string resolve_checkpoint_directory(const std::string& path, const std::string& flag) {
+  std::error_code error;
+  if (!fs::is_directory(path, error)) {
+    fail(flag + " " + path, "a checkpoint directory, or a run_dir / checkpoints directory",
+         fs::exists(path, error) ? "not a directory" : "no such directory");
+  }
+  if (fs::is_regular_file(fs::path(path) / kMetadataFile, error)) return path;
+  for (const fs::path& candidate : {fs::path(path), fs::path(path) / "checkpoints"}) {
+    if (!fs::is_directory(candidate, error)) continue;
+    if (const std::optional<std::string> latest = latest_checkpoint(candidate.string())) return *latest;
+  }
+  fail(flag + " " + path, "a committed checkpoint (step_<N>/ holding COMMITTED) in it or in its checkpoints/",
+       "none",
+       "train with checkpointing on (checkpoint_period > 0), or pass a step_<N> directory; incomplete saves "
+       "(step_<N>.tmp-*) are never used");
+}
+
+nlohmann::json verify_checkpoint_files(const std::string& checkpoint_dir,
+                                       const std::vector<std::string>& names) {
+  const LoadContext context = read_metadata(fs::path(checkpoint_dir));
+  try {
+    for (const std::string& name : names) verify_file(context, name);
+  } catch (const json::exception& e) {
+    fail(context.metadata_path.string(), "a metadata.json written by meshtrain", e.what(),
+         "the checkpoint is damaged or not a meshtrain checkpoint; use another checkpoint");
+  }
+  return context.metadata;
 }
 
 }  // namespace meshtrain

@@ -22,9 +22,13 @@
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "meshtrain/data/engram_hash.h"
 #include "meshtrain/train/engine.h"
@@ -70,5 +74,49 @@ std::optional<std::string> latest_checkpoint(const std::string& checkpoints_dir)
 CheckpointState load_checkpoint(const std::string& checkpoint_dir, Engine& engine, bool parameters_only,
                                 const std::string& expected_tokenizer_identity = "",
                                 EngramHashing* engram_hashing = nullptr);
+
+// What metadata.json says of the model, for a writer that has a spec but no engine.
+struct CheckpointModel {
+  int64_t padded_vocab_size = 0;
+  int64_t parameter_count = 0;
+};
+
+// A checkpoint written without an engine (import-hf): parameters only (no optimizer state), step 0. The
+// caller writes model.safetensors at model_path() (the engine's names, global shapes, float32); commit()
+// copies the tokenizer, writes metadata.json ("parameters_only": true, and `source` saying where the
+// weights came from) and the marker, all inside <path>.tmp-<pid>/, then renames that to `path`, which
+// must not exist. Destroyed without commit, it removes the temporary directory: nothing half-written is
+// left looking complete.
+class ParameterCheckpointWriter {
+ public:
+  explicit ParameterCheckpointWriter(const std::string& path);
+  ~ParameterCheckpointWriter();
+  ParameterCheckpointWriter(const ParameterCheckpointWriter&) = delete;
+  ParameterCheckpointWriter& operator=(const ParameterCheckpointWriter&) = delete;
+
+  std::string model_path() const;
+  // `extra_files`: (name, content) written beside the weights and checksummed like them.
+  void commit(const Config& config, const CheckpointModel& model, const CheckpointOptions& options,
+              const nlohmann::ordered_json& source,
+              const std::vector<std::pair<std::string, std::string>>& extra_files = {});
+
+ private:
+  std::filesystem::path final_, temp_;
+  bool committed_ = false;
+};
+
+// The config a checkpoint was saved with: its metadata.json's resolved keys as overrides of base.yaml (not
+// of the preset, so a checkpoint stays loadable when presets change), with `replaced` keys set instead.
+Config checkpoint_config(const std::string& checkpoint_dir,
+                         const std::map<std::string, std::string>& replaced);
+
+// The checkpoint a path names: a directory holding metadata.json as given, else the newest committed
+// checkpoint in it or in its checkpoints/ (a run_dir). `flag` names the argument in errors.
+std::string resolve_checkpoint_directory(const std::string& path, const std::string& flag);
+
+// Verifies a committed checkpoint without an engine (export-hf): the marker, metadata.json against it, and
+// the size and CRC-32C of each of `files`. Returns metadata.json.
+nlohmann::json verify_checkpoint_files(const std::string& checkpoint_dir,
+                                       const std::vector<std::string>& files);
 
 }  // namespace meshtrain

@@ -76,7 +76,11 @@ std::optional<Tokenizer> load_run_tokenizer(const Config& config) {
          "run `meshtrain prepare` and pass tokenizer_path=data/kjv/tokenizer.json");
   }
   Tokenizer tokenizer = Tokenizer::load(config.tokenizer_path);
-  if (tokenizer.vocab_size() != config.vocab_size) {
+  // A model may have more rows than its tokenizer has ids (Hugging Face's Qwen3: 151,936 rows for 151,669
+  // ids): the extra rows are never fed, and their logits train like any other. Engram compresses the
+  // tokenizer's vocabulary, which must then be the model's.
+  const bool fewer_ids_allowed = config.engram_layers.empty() && tokenizer.vocab_size() < config.vocab_size;
+  if (tokenizer.vocab_size() != config.vocab_size && !fewer_ids_allowed) {
     fail("config key 'vocab_size'",
          "the tokenizer's vocabulary size " + std::to_string(tokenizer.vocab_size()) + " (" +
              tokenizer.source_path() + ")",

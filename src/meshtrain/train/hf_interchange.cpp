@@ -1,0 +1,505 @@
+// Hugging Face import and export (hf_interchange.h): config.json through model/hf_config, tensor names and
+// layouts through model/hf_names, weights through io/safetensors_folder, checkpoints through
+// train/checkpoint. A model is described by its one-device spec (global shapes, nothing allocated).
+#include "meshtrain/train/hf_interchange.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+#include "meshtrain/core/durable_file.h"
+#include "meshtrain/core/error.h"
+#include "meshtrain/data/tokenizer.h"
+#include "meshtrain/io/safetensors.h"
+#include "meshtrain/io/safetensors_folder.h"
+#include "meshtrain/mesh/mesh.h"
+#include "meshtrain/model/families.h"
+#include "meshtrain/model/hf_config.h"
+#include "meshtrain/model/hf_names.h"
+#include "meshtrain/model/spec.h"
+#include "meshtrain/train/checkpoint.h"
+
+namespace meshtrain {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using ordered_json = nlohmann::ordered_json;
+
+std::string read_text(const fs::path& path, const std::string& what, const std::string& hint) {
+  std::ifstream file(path, std::ios::binary);
+  if (!file) fail(path.string(), what, "no such file (or not readable)", hint);
+  std::stringstream text;
+  text << file.rdbuf();
+  return text.str();
+}
+
+std::string dims_text(const std::vector<int64_t>& dims) {
+  std::string text = "[";
+  for (size_t i = 0; i < dims.size(); ++i) text += (i ? ", " : "") + std::to_string(dims[i]);
+  return text + "]";
+}
+
+int64_t product(const std::vector<int64_t>& dims) {
+  int64_t count = 1;
+  for (int64_t size : dims) count *= size;
+  return count;
+}
+
+// The one-device spec of a config: every parameter at its global shape, no arena.
+ModelSpec global_spec(Config config) {
+  for (MeshAxis axis : kMeshAxes) config.mesh[axis] = 1;
+  return build_model_spec(config);
+}
+
+// The entries of the mapping grouped by file tensor, in first-appearance order, and how many entries
+// share each engine parameter (the routed experts' slices; one otherwise): an entry's span in the engine
+// parameter is its share of the parameter's elements.
+struct FileTensorPlan {
+  std::string hf_name;
+  std::vector<int64_t> shape;
+  std::vector<const HfTensorMapping*> entries;
+};
+
+std::vector<FileTensorPlan> file_tensor_plans(const std::vector<HfTensorMapping>& mapping) {
+  std::vector<FileTensorPlan> plans;
+  std::map<std::string, size_t> index;
+  for (const HfTensorMapping& entry : mapping) {
+    const auto [it, added] = index.emplace(entry.hf_name, plans.size());
+    if (added) plans.push_back({entry.hf_name, file_shape(entry), {}});
+    plans[it->second].entries.push_back(&entry);
+  }
+  return plans;
+}
+
+std::map<BufferId, int64_t> entries_per_parameter(const std::vector<HfTensorMapping>& mapping) {
+  std::map<BufferId, int64_t> count;
+  for (const HfTensorMapping& entry : mapping) ++count[entry.parameter];
+  return count;
+}
+
+// Elements of the engine parameter an entry covers: [engine_offset, engine_offset + span). The embedding's
+// and unembedding's span is the whole (padded) parameter, so its padding rows are written too (as zeros).
+int64_t entry_span(const ModelSpec& spec, const HfTensorMapping& entry,
+                   const std::map<BufferId, int64_t>& shares) {
+  return spec.buffer(entry.parameter).shape.elements() / shares.at(entry.parameter);
+}
+
+// Every engine parameter must come from the file: a config Hugging Face cannot express (Engram, mHC) is
+// refused before anything is read.
+void require_full_mapping(const ModelSpec& spec, const std::vector<HfTensorMapping>& mapping,
+                          const std::string& where) {
+  std::set<BufferId> mapped;
+  for (const HfTensorMapping& entry : mapping) mapped.insert(entry.parameter);
+  for (const ParameterDecl& parameter : spec.parameters) {
+    if (!mapped.contains(parameter.value)) {
+      fail(where,
+           "a model every parameter of which Hugging Face's " +
+               std::string(decoder_block_name(spec.config.decoder_block)) + " format holds",
+           "parameter '" + spec.buffer(parameter.value).name + "' has no Hugging Face tensor",
+           "Engram layers and mHC (mhc_expansion_rate > 1) have no Hugging Face form; import or export a "
+           "model "
+           "without them");
+    }
+  }
+}
+
+// Hugging Face tensors that are not weights: GPT-2's causal-mask buffers (older transformers saved them),
+// rotary inverse frequencies (older Llama-style checkpoints).
+bool is_ignored_buffer(const std::string& name) {
+  return name.ends_with(".attn.bias") || name.ends_with(".attn.masked_bias") ||
+         name.ends_with("rotary_emb.inv_freq");
+}
+
+// The folder's name for a mapped tensor: GPT-2 checkpoints saved from GPT2Model (openai-community/gpt2)
+// lack GPT2LMHeadModel's "transformer." prefix.
+std::string folder_name(const SafetensorsFolder& folder, const std::string& hf_name) {
+  if (folder.find(hf_name).entry != nullptr) return hf_name;
+  const std::string prefix = "transformer.";
+  if (hf_name.starts_with(prefix) && folder.find(hf_name.substr(prefix.size())).entry != nullptr)
+    return hf_name.substr(prefix.size());
+  return hf_name;
+}
+
+const std::set<std::string> kConvertibleDtypes = {"F32", "BF16", "F16", "F64"};
+
+// The imported folder's config.json, kept in the checkpoint: export-hf takes its special token ids.
+constexpr const char* kImportedConfigFile = "hf_config.json";
+
+// config.yaml beside an imported checkpoint's weights: the model's keys as a config to train on.
+std::string training_config_yaml(const Config& config, const HfModelConfig& mapped,
+                                 const fs::path& checkpoint, bool has_tokenizer) {
+  std::string yaml =
+      "# The model meshtrain import-hf read from a Hugging Face folder. Continue pre-training with\n"
+      "#   meshtrain train " +
+      (checkpoint / "config.yaml").string() + " load_parameters_path=" + checkpoint.string() +
+      " dataset_path=YOUR_TEXT run_dir=YOUR_RUN\n"
+      "# and hand the result back with meshtrain export-hf YOUR_RUN --out FOLDER.\n";
+  yaml += "model_name: " + mapped.preset + "\n";
+  std::set<std::string> written;
+  for (const std::string& override_text : mapped.overrides) {
+    const std::string key = override_text.substr(0, override_text.find('='));
+    if (!written.insert(key).second) continue;
+    const auto value = std::find_if(config.resolved.begin(), config.resolved.end(),
+                                    [&](const auto& entry) { return entry.first == key; });
+    // Empty values (empty lists) are base.yaml's defaults already.
+    if (value != config.resolved.end() && !value->second.empty()) yaml += key + ": " + value->second + "\n";
+  }
+  if (has_tokenizer) yaml += "tokenizer_path: " + (checkpoint / "tokenizer.json").string() + "\n";
+  yaml +=
+      "dataset_type: text   # dataset_path: text files (empty: the King James Bible)\n"
+      "dataset_path: \"\"\neval_dataset_path: \"\"\n";
+  return yaml;
+}
+
+std::string tensor_where(const SafetensorsFolder& folder, const std::string& name) {
+  const SafetensorsLocation found = folder.find(name);
+  const std::string file = found.file != nullptr ? found.file->path() : folder.directory();
+  return file + ": tensor '" + name + "'";
+}
+
+}  // namespace
+
+HfImportSummary import_hugging_face(const HfImportOptions& options, std::ostream& log) {
+  const fs::path directory(options.hf_directory);
+  std::error_code error;
+  if (!fs::is_directory(directory, error)) {
+    fail(options.hf_directory, "a Hugging Face model folder (config.json and safetensors weights)",
+         fs::exists(directory, error) ? "not a directory" : "no such directory");
+  }
+  const fs::path config_path = directory / "config.json";
+  if (!fs::is_regular_file(config_path, error)) {
+    fail(config_path.string(), "a Hugging Face config.json", "no such file",
+         "a Hugging Face model folder holds config.json beside its weights");
+  }
+  const HfModelConfig mapped = read_hf_config(config_path.string());
+
+  // One layer of overrides: the mapped keys, the folder's tokenizer, then the user's, a later value of a key
+  // replacing an earlier one (load_config refuses a key given twice in one layer).
+  std::vector<std::string> overrides;
+  const auto set_override = [&](const std::string& text) {
+    const std::string key = text.substr(0, text.find('='));
+    std::erase_if(overrides, [&](const std::string& o) { return o.substr(0, o.find('=')) == key; });
+    overrides.push_back(text);
+  };
+  for (const std::string& text : mapped.overrides) set_override(text);
+  const bool has_tokenizer = fs::is_regular_file(directory / "tokenizer.json", error);
+  if (has_tokenizer) set_override("tokenizer_path=" + (directory / "tokenizer.json").string());
+  for (const std::string& text : options.overrides) set_override(text);
+  const Config config = load_config(options.config.empty() ? mapped.preset : options.config, overrides);
+  const ModelSpec spec = global_spec(config);
+  const std::vector<HfTensorMapping> mapping = hf_mapping(spec);
+  require_full_mapping(spec, mapping, config_path.string());
+
+  std::optional<Tokenizer> tokenizer;
+  if (has_tokenizer) {
+    tokenizer = Tokenizer::load((directory / "tokenizer.json").string());
+    if (tokenizer->vocab_size() > config.vocab_size) {
+      fail((directory / "tokenizer.json").string(),
+           "at most vocab_size " + std::to_string(config.vocab_size) + " ids (config.json)",
+           std::to_string(tokenizer->vocab_size()) + " ids",
+           "the tokenizer does not belong to this model: use the model's own tokenizer.json");
+    }
+  }
+
+  log << "import-hf: " << options.hf_directory << " (" << mapped.model_type << ", "
+      << (mapped.weight_dtype.empty() ? "dtype not stated" : mapped.weight_dtype) << ") -> " << options.out
+      << "\n";
+  const SafetensorsFolder folder = SafetensorsFolder::open(options.hf_directory);
+
+  // Everything is checked before the first byte is written.
+  const std::vector<FileTensorPlan> plans = file_tensor_plans(mapping);
+  std::set<std::string> consumed;
+  for (const FileTensorPlan& plan : plans) {
+    const std::string name = folder_name(folder, plan.hf_name);
+    const SafetensorsLocation found = folder.find(name);
+    if (found.entry == nullptr) {
+      fail(folder.directory() + ": tensor '" + plan.hf_name + "'",
+           "the tensor (config.json's " + mapped.model_type + " model has it)", "missing from the weights",
+           plan.hf_name == "lm_head.weight"
+               ? "an untied model needs lm_head.weight; if the model shares it with the embedding, its "
+                 "config.json should say tie_word_embeddings: true"
+               : "the weights do not belong to this config.json (check num_hidden_layers and the layer "
+                 "kinds)");
+    }
+    if (found.entry->shape != plan.shape) {
+      fail(found.file->path() + ": tensor '" + name + "'",
+           "shape " + dims_text(plan.shape) + " (as config.json builds it)",
+           "shape " + dims_text(found.entry->shape),
+           "the weights do not match config.json: check its sizes (hidden_size, intermediate_size, heads, "
+           "vocab_size)");
+    }
+    if (!kConvertibleDtypes.contains(found.entry->dtype)) {
+      fail(found.file->path() + ": tensor '" + name + "'", "dtype F32, BF16, F16 or F64",
+           "dtype " + found.entry->dtype,
+           found.entry->dtype.starts_with("F8")
+               ? "a quantized (FP8) checkpoint: dequantize it to bfloat16 first"
+               : "convert the checkpoint to float32 or bfloat16 first");
+    }
+    consumed.insert(name);
+  }
+  const bool tied = config.logits_via_embedding;
+  std::optional<std::string> tied_head;
+  for (const std::string& name : folder.tensor_names()) {
+    if (consumed.contains(name) || is_ignored_buffer(name)) continue;
+    if (tied && name == "lm_head.weight") {
+      tied_head = name;  // some savers write the tied head too: it must equal the embedding
+      continue;
+    }
+    fail(tensor_where(folder, name), "only tensors of config.json's " + mapped.model_type + " model",
+         "an extra tensor",
+         "the weights do not belong to this config.json (more layers, biases or experts than it says?)");
+  }
+  if (tied_head) {
+    const std::string embedding = folder_name(
+        folder, mapped.model_type == "gpt2" ? "transformer.wte.weight" : "model.embed_tokens.weight");
+    const SafetensorsLocation head = folder.find(*tied_head), table = folder.find(embedding);
+    if (table.entry == nullptr || head.entry->shape != table.entry->shape) {
+      fail(tensor_where(folder, *tied_head), "the shape of " + embedding + " (tie_word_embeddings: true)",
+           "shape " + dims_text(head.entry->shape), "set tie_word_embeddings: false in config.json");
+    }
+    std::vector<float> a(static_cast<size_t>(product(head.entry->shape))), b(a.size());
+    head.file->read_f32(*tied_head, head.entry->shape, a.data());
+    table.file->read_f32(embedding, table.entry->shape, b.data());
+    if (a != b) {
+      fail(tensor_where(folder, *tied_head),
+           "equal to " + embedding + " (config.json: tie_word_embeddings true)", "different values",
+           "set tie_word_embeddings: false in config.json: the model has its own head");
+    }
+  }
+
+  ParameterCheckpointWriter checkpoint(options.out);
+  std::vector<SafetensorsTensorSpec> tensors;
+  for (const ParameterDecl& parameter : spec.parameters) {
+    const BufferDecl& buffer = spec.buffer(parameter.value);
+    tensors.push_back({buffer.name, "F32", buffer.shape.dims});
+  }
+  SafetensorsWriter weights(checkpoint.model_path(), tensors, {{"format", "pt"}, {"source", "hugging_face"}});
+  const std::map<BufferId, int64_t> shares = entries_per_parameter(mapping);
+  HfImportSummary summary;
+  std::vector<float> file_values, engine_values;
+  for (const FileTensorPlan& plan : plans) {
+    const std::string name = folder_name(folder, plan.hf_name);
+    const SafetensorsLocation found = folder.find(name);
+    file_values.assign(static_cast<size_t>(product(plan.shape)), 0.0f);
+    found.file->read_f32(name, plan.shape, file_values.data());
+    for (const HfTensorMapping* entry : plan.entries) {
+      const int64_t span = entry_span(spec, *entry, shares);
+      engine_values.assign(static_cast<size_t>(span), 0.0f);
+      const int64_t rows = std::max<int64_t>(entry->hf_rows, 1);
+      for (int64_t row = 0; row < rows; ++row) {
+        for (int64_t col = 0; col < entry->hf_cols; ++col) {
+          const int64_t at = engine_element(*entry, row, col) - entry->engine_offset;
+          MT_CHECK(at >= 0 && at < span, "a mapping entry stays inside its span of " + plan.hf_name);
+          engine_values[static_cast<size_t>(at)] =
+              file_values[static_cast<size_t>(file_element(*entry, row, col))];
+        }
+      }
+      weights.write_f32(spec.buffer(entry->parameter).name, entry->engine_offset, 1, span, span,
+                        engine_values.data());
+      summary.parameters += span;
+    }
+    ++summary.file_tensors;
+  }
+  weights.commit();
+  CheckpointOptions checkpoint_options;
+  if (tokenizer) {
+    checkpoint_options.tokenizer_path = (directory / "tokenizer.json").string();
+    checkpoint_options.tokenizer_identity = tokenizer->identity();
+  }
+  const ordered_json source = {{"kind", "imported from Hugging Face"},
+                               {"directory", fs::absolute(directory).lexically_normal().string()},
+                               {"model_type", mapped.model_type},
+                               {"dtype", mapped.weight_dtype}};
+  const fs::path final_path = fs::absolute(options.out).lexically_normal();
+  checkpoint.commit(config, {spec.dims.V, spec.parameter_count()}, checkpoint_options, source,
+                    {{kImportedConfigFile, read_text(config_path, "config.json", "")},
+                     {"config.yaml", training_config_yaml(config, mapped, final_path, has_tokenizer)}});
+  log << "import-hf: " << summary.file_tensors << " tensors, " << spec.parameter_count() << " parameters"
+      << (tokenizer ? ", tokenizer.json" : ", no tokenizer.json (generate needs one)") << "\n";
+  summary.config = config;
+  return summary;
+}
+
+namespace {
+
+// The tokenizer files of a checkpoint as a Hugging Face folder holds them, with the tokenizer_config.json
+// AutoTokenizer reads.
+void write_tokenizer_files(const fs::path& checkpoint, const fs::path& out, const ordered_json& hf_config) {
+  std::error_code error;
+  const auto copy = [&](const char* from, const char* to) {
+    write_file_atomically((out / to).string(), read_text(checkpoint / from, "a tokenizer file", ""));
+  };
+  std::string tokenizer_class;
+  if (fs::is_regular_file(checkpoint / "tokenizer.json", error)) {
+    copy("tokenizer.json", "tokenizer.json");
+    tokenizer_class = "PreTrainedTokenizerFast";
+  } else if (fs::is_regular_file(checkpoint / "encoder.json", error)) {
+    copy("encoder.json", "vocab.json");  // GPT-2's original files under the names transformers reads
+    copy("vocab.bpe", "merges.txt");
+    tokenizer_class = "GPT2Tokenizer";
+  } else {
+    return;  // a run on synthetic tokens: no tokenizer to hand on
+  }
+  const Tokenizer tokenizer = Tokenizer::load(checkpoint.string());
+  ordered_json tokenizer_config = {{"tokenizer_class", tokenizer_class},
+                                   {"model_max_length", hf_config.value("max_position_embeddings", 2048)},
+                                   {"clean_up_tokenization_spaces", false}};
+  if (const std::optional<int32_t> eos = tokenizer.eos_id()) {
+    tokenizer_config["eos_token"] = tokenizer.token_string(*eos);
+    tokenizer_config["bos_token"] = tokenizer.token_string(*eos);
+  }
+  write_file_atomically((out / "tokenizer_config.json").string(), tokenizer_config.dump(2) + "\n");
+}
+
+std::string safetensors_dtype(const std::string& dtype) {
+  if (dtype == "float32") return "F32";
+  if (dtype == "bfloat16") return "BF16";
+  if (dtype == "float16") return "F16";
+  fail("--dtype", "float32, bfloat16 or float16", "'" + dtype + "'", "e.g. --dtype bfloat16");
+}
+
+}  // namespace
+
+void export_hugging_face(const HfExportOptions& options, std::ostream& log) {
+  const std::string file_dtype = safetensors_dtype(options.dtype);
+  const std::string checkpoint_dir = resolve_checkpoint_directory(options.checkpoint, "export-hf");
+  const json metadata = verify_checkpoint_files(checkpoint_dir, {"model.safetensors"});
+  std::map<std::string, std::string> one_device;
+  for (MeshAxis axis : kMeshAxes) one_device[std::string("mesh.") + mesh_axis_name(axis)] = "1";
+  const Config config = checkpoint_config(checkpoint_dir, one_device);
+  const ModelSpec spec = global_spec(config);
+  if (!family_of(config).hugging_face_mapping) {
+    fail(checkpoint_dir, "a model of a family Hugging Face has (qwen3, gpt2, deepseek)",
+         std::string("decoder_block ") + decoder_block_name(config.decoder_block), "");
+  }
+  const std::vector<HfTensorMapping> mapping = hf_mapping(spec);
+  require_full_mapping(spec, mapping, checkpoint_dir + "/metadata.json: config");
+  HfSpecialTokens special;
+  std::error_code tokenizer_error;
+  const fs::path imported_config = fs::path(checkpoint_dir) / kImportedConfigFile;
+  if (fs::is_regular_file(imported_config, tokenizer_error)) {
+    // A model imported from Hugging Face keeps its own special token ids (Qwen3's eos is <|im_end|>).
+    const json original = json::parse(read_text(imported_config, "the imported config.json", ""));
+    if (original.contains("bos_token_id") && original["bos_token_id"].is_number_integer())
+      special.bos_token_id = original["bos_token_id"].get<int64_t>();
+    if (original.contains("eos_token_id") && original["eos_token_id"].is_number_integer())
+      special.eos_token_id = original["eos_token_id"].get<int64_t>();
+  } else if (fs::is_regular_file(fs::path(checkpoint_dir) / "tokenizer.json", tokenizer_error) ||
+             fs::is_regular_file(fs::path(checkpoint_dir) / "encoder.json", tokenizer_error)) {
+    if (const std::optional<int32_t> eos = Tokenizer::load(checkpoint_dir).eos_id()) {
+      special.bos_token_id = *eos;  // GPT-2 and the trained tokenizers use <|endoftext|> for both
+      special.eos_token_id = *eos;
+    }
+  }
+  const ordered_json hf_config = hf_config_from_meshtrain(config, options.dtype, special);
+
+  const fs::path model_path = fs::path(checkpoint_dir) / "model.safetensors";
+  const SafetensorsFile model = SafetensorsFile::open(model_path.string());
+  for (const ParameterDecl& parameter : spec.parameters) {
+    const BufferDecl& buffer = spec.buffer(parameter.value);
+    const SafetensorsEntry* entry = model.find(buffer.name);
+    if (entry == nullptr || entry->shape != buffer.shape.dims) {
+      fail(model_path.string() + ": tensor '" + buffer.name + "'",
+           "shape " + dims_text(buffer.shape.dims) + " (as the checkpoint's config builds it)",
+           entry == nullptr ? "missing" : "shape " + dims_text(entry->shape),
+           "the checkpoint is damaged or was written by another meshtrain version");
+    }
+  }
+
+  const fs::path out(options.out);
+  std::error_code error;
+  if (fs::exists(out, error)) {
+    fail(options.out, "a new folder for the Hugging Face model", "it already exists",
+         "choose another --out, or remove the existing folder first");
+  }
+  const fs::path temp = options.out + ".tmp-" + std::to_string(::getpid());
+  fs::remove_all(temp, error);
+  if (!out.parent_path().empty()) fs::create_directories(out.parent_path(), error);
+  if (!fs::create_directory(temp, error) || error) {
+    fail(temp.string(), "a new folder for the export", error ? error.message() : "it already exists",
+         "check the permissions and free space of the output's parent folder");
+  }
+  // Removes the temporary folder unless the export completed.
+  struct RemoveUnlessDone {
+    fs::path path;
+    bool done = false;
+    ~RemoveUnlessDone() {
+      std::error_code ignored;
+      if (!done) fs::remove_all(path, ignored);
+    }
+  } cleanup{temp};
+
+  log << "export-hf: " << checkpoint_dir << " -> " << options.out << " (" << options.dtype << ")\n";
+  const std::vector<FileTensorPlan> plans = file_tensor_plans(mapping);
+  std::vector<SafetensorsTensorSpec> tensors;
+  for (const FileTensorPlan& plan : plans) tensors.push_back({plan.hf_name, file_dtype, plan.shape});
+  SafetensorsFolderWriter weights(temp.string(), tensors, {{"format", "pt"}}, options.max_shard_bytes);
+  const std::map<BufferId, int64_t> shares = entries_per_parameter(mapping);
+  std::vector<float> file_values, engine_values;
+  for (const FileTensorPlan& plan : plans) {
+    file_values.assign(static_cast<size_t>(product(plan.shape)), 0.0f);
+    for (const HfTensorMapping* entry : plan.entries) {
+      const BufferDecl& buffer = spec.buffer(entry->parameter);
+      const int64_t span = entry_span(spec, *entry, shares);
+      engine_values.resize(static_cast<size_t>(span));
+      model.read_f32_blocks(buffer.name, buffer.shape.dims, entry->engine_offset, 1, span, span,
+                            engine_values.data());
+      const int64_t rows = std::max<int64_t>(entry->hf_rows, 1);
+      for (int64_t row = 0; row < rows; ++row) {
+        for (int64_t col = 0; col < entry->hf_cols; ++col) {
+          file_values[static_cast<size_t>(file_element(*entry, row, col))] =
+              engine_values[static_cast<size_t>(engine_element(*entry, row, col) - entry->engine_offset)];
+        }
+      }
+    }
+    const int64_t count = product(plan.shape);
+    weights.write_f32(plan.hf_name, 0, 1, count, count, file_values.data());
+  }
+  weights.commit();
+  write_file_atomically((temp / "config.json").string(), hf_config.dump(2) + "\n");
+  ordered_json generation = {{"_from_model_config", true}};
+  if (hf_config.contains("bos_token_id")) generation["bos_token_id"] = hf_config["bos_token_id"];
+  if (hf_config.contains("eos_token_id")) generation["eos_token_id"] = hf_config["eos_token_id"];
+  write_file_atomically((temp / "generation_config.json").string(), generation.dump(2) + "\n");
+  write_tokenizer_files(checkpoint_dir, temp, hf_config);
+  fsync_directory(temp.string());
+  if (::rename(temp.c_str(), out.c_str()) != 0) {
+    fail(options.out, "the finished export renamed into place", "rename failed",
+         "check that nothing else created " + options.out + " meanwhile");
+  }
+  cleanup.done = true;
+  fsync_directory(out.parent_path().empty() ? "." : out.parent_path().string());
+  log << "export-hf: " << plans.size() << " tensors, " << spec.parameter_count() << " parameters"
+      << (metadata.contains("step") ? ", step " + metadata["step"].dump() : "") << "\n";
+}
+
+uint64_t parse_byte_size(const std::string& flag, const std::string& text) {
+  static const std::vector<std::pair<std::string, double>> kUnits = {
+      {"GiB", 1073741824.0}, {"MiB", 1048576.0}, {"KiB", 1024.0}, {"GB", 1e9},
+      {"MB", 1e6},           {"KB", 1e3},        {"kB", 1e3},     {"B", 1.0}};
+  double scale = 1.0;
+  std::string number = text;
+  for (const auto& [unit, factor] : kUnits) {
+    if (text.size() > unit.size() && text.ends_with(unit)) {
+      scale = factor;
+      number = text.substr(0, text.size() - unit.size());
+      break;
+    }
+  }
+  char* end = nullptr;
+  const double value = std::strtod(number.c_str(), &end);
+  if (number.empty() || end != number.c_str() + number.size() || !(value > 0.0) || !std::isfinite(value)) {
+    fail(flag, "a positive size such as 5GB, 500MB or 2GiB", "'" + text + "'", "e.g. " + flag + " 5GB");
+  }
+  return static_cast<uint64_t>(value * scale);
+}
+
+}  // namespace meshtrain

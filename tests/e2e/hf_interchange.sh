@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Hugging Face interchange through the command line, as the README's "continue pre-training from a Hugging
+# Face model" runs it: every folder of tests/reference/hf_interchange (models made by transformers itself,
+# make_fixture.py) imports, and greedy `generate --output ids` gives transformers' own tokens id for id; a
+# Qwen3 import trains a few steps on a text file with the config.yaml import-hf wrote, exports, and the
+# export (imported again) generates exactly what the trained checkpoint generates; then bad input exits 1
+# naming the file and leaves nothing behind.
+# Usage: hf_interchange.sh BUILD_DIR
+set -euo pipefail
+meshtrain="$1/meshtrain"
+fixtures=$(cd "$(dirname "$0")/../reference/hf_interchange" && pwd)
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+python=/usr/bin/python3
+index="$fixtures/golden_index.json"
+prompt=$($python -c 'import json,sys; print(json.load(open(sys.argv[1]))["prompt"])' "$index")
+
+for variant in $($python -c 'import json,sys; print(" ".join(v["dir"] for v in json.load(open(sys.argv[1]))["variants"]))' "$index"); do
+  "$meshtrain" import-hf "$fixtures/$variant" --out "$work/$variant" >"$work/$variant.import.log"
+  "$meshtrain" generate --checkpoint "$work/$variant" --prompt "$prompt" --max-new-tokens 8 --temperature 0 \
+    --output ids >"$work/$variant.ids.json"
+  $python - "$index" "$variant" "$work/$variant.ids.json" <<'PY'
+import json, sys
+index = json.load(open(sys.argv[1]))
+golden = next(v for v in index["variants"] if v["dir"] == sys.argv[2])["golden"]
+line = json.load(open(sys.argv[3]))
+ok = line["prompt"] == golden["prompt_ids"] and line["generated"] == golden["generated_ids"]
+print(f"{sys.argv[2]}: prompt {line['prompt']} generated {line['generated']} "
+      f"(transformers: {golden['generated_ids']}) {'PASS' if ok else 'FAIL'}")
+sys.exit(0 if ok else 1)
+PY
+done
+
+# Continue pre-training from the import, export the result, and check the export is the trained model.
+ckpt="$work/qwen3_tied"
+grep -q "^base_emb_dim:" "$ckpt/config.yaml"
+printf 'In the beginning God created the heaven and the earth. And the earth was without form, and void.\n%.0s' \
+  $(seq 40) >"$work/corpus.txt"
+"$meshtrain" train "$ckpt/config.yaml" load_parameters_path="$ckpt" dataset_path="$work/corpus.txt" \
+  run_dir="$work/run" steps=3 checkpoint_period=3 per_device_batch_size=2 max_target_length=16 eval_interval=0 \
+  >"$work/train.log"
+test -f "$work/run/checkpoints/step_00000003/COMMITTED"
+"$meshtrain" export-hf "$work/run" --out "$work/exported" --dtype float32 >"$work/export.log"
+for file in config.json generation_config.json model.safetensors tokenizer.json tokenizer_config.json; do
+  test -f "$work/exported/$file" || { echo "FAIL: export lacks $file"; exit 1; }
+done
+"$meshtrain" import-hf "$work/exported" --out "$work/reimported" >/dev/null
+"$meshtrain" generate --checkpoint "$work/run" --prompt "$prompt" --max-new-tokens 8 --temperature 0 \
+  --output logits >"$work/trained.json"
+"$meshtrain" generate --checkpoint "$work/reimported" --prompt "$prompt" --max-new-tokens 8 --temperature 0 \
+  --output logits >"$work/reimported.json"
+cmp "$work/trained.json" "$work/reimported.json" || { echo "FAIL: the export is not the trained model"; exit 1; }
+cmp -s "$work/trained.json" <("$meshtrain" generate --checkpoint "$ckpt" --prompt "$prompt" --max-new-tokens 8 \
+  --temperature 0 --output logits) && { echo "FAIL: training changed nothing"; exit 1; }
+echo "trained 3 steps on an import, exported, re-imported: identical logits and tokens PASS"
+
+# Bad input: a clear error, exit 1, nothing half-written left.
+expect_error() {  # expect_error TEXT COMMAND...
+  local text="$1"; shift
+  if "$@" >"$work/out.log" 2>&1; then echo "FAIL: '$*' succeeded"; exit 1; fi
+  grep -q -- "$text" "$work/out.log" || { echo "FAIL: '$*' did not name '$text':"; cat "$work/out.log"; exit 1; }
+}
+expect_error "config.json" "$meshtrain" import-hf "$work/run" --out "$work/bad"
+expect_error "already exists" "$meshtrain" export-hf "$work/run" --out "$work/exported"
+expect_error "--out" "$meshtrain" import-hf "$fixtures/gpt2"
+expect_error "float8" "$meshtrain" export-hf "$work/run" --out "$work/bad" --dtype float8
+test ! -e "$work/bad"
+ls "$work" | grep -q "tmp-" && { echo "FAIL: a temporary folder was left behind"; exit 1; }
+echo "bad input PASS"

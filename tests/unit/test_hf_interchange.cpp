@@ -1,0 +1,259 @@
+// Hugging Face interchange against models made and run by transformers itself
+// (tests/reference/hf_interchange/, with make_fixture.py): each folder imports into a checkpoint whose
+// training forward gives transformers' logits and loss, whose decoder gives transformers' greedy tokens, and
+// which exports back to the same tensors; then the bad inputs: each names the file and tensor.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "error_text.h"
+#include "golden_files.h"
+#include "gradcheck.h"
+#include "meshtrain/infer/decoder.h"
+#include "meshtrain/io/safetensors_folder.h"
+#include "meshtrain/kernels/cpu/cross_entropy.h"
+#include "meshtrain/train/checkpoint.h"
+#include "meshtrain/train/engine.h"
+#include "meshtrain/train/hf_interchange.h"
+
+namespace meshtrain {
+namespace {
+
+namespace fs = std::filesystem;
+const fs::path kFixture = fs::path(MESHTRAIN_SOURCE_DIR) / "tests/reference/hf_interchange";
+
+bool contains(const std::string& text, const std::string& needle) {
+  return text.find(needle) != std::string::npos;
+}
+
+class Scratch {
+ public:
+  Scratch() {
+    path_ = fs::temp_directory_path() / ("meshtrain_hf_" + std::to_string(::getpid()) + "_" +
+                                         ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(path_);
+    fs::create_directories(path_);
+  }
+  ~Scratch() { fs::remove_all(path_); }
+  fs::path operator/(const std::string& name) const { return path_ / name; }
+
+ private:
+  fs::path path_;
+};
+
+std::vector<std::string> fixture_variants() {
+  std::ifstream file(kFixture / "golden_index.json");
+  std::vector<std::string> variants;
+  if (!file) return variants;
+  const nlohmann::json index = nlohmann::json::parse(file);
+  for (const nlohmann::json& variant : index.at("variants"))
+    variants.push_back(variant.at("dir").get<std::string>());
+  return variants;
+}
+
+std::vector<int64_t> read_ids(const SafetensorsFile& file, const std::string& name) {
+  const SafetensorsEntry* entry = file.find(name);
+  EXPECT_NE(entry, nullptr) << name;
+  std::vector<int32_t> ids(static_cast<size_t>(entry->shape.empty() ? 1 : entry->shape[0]) *
+                           static_cast<size_t>(entry->shape.size() > 1 ? entry->shape[1] : 1));
+  file.read_i32(name, entry->shape, ids.data());
+  return {ids.begin(), ids.end()};
+}
+
+// Logits [N, V_valid] of the last training kernel from its final hidden state.
+std::vector<float> training_logits(const Engine& engine, int64_t N) {
+  const ModelSpec& spec = engine.spec();
+  const ModelDims& m = spec.dims;
+  const bool tied = spec.config.logits_via_embedding;
+  BufferId unembedding = spec.parameters.front().value;
+  for (const ParameterDecl& parameter : spec.parameters) {
+    const std::string& name = spec.buffer(parameter.value).name;
+    if (tied ? name == "token_embedder/embedding" : name == "decoder/logits_dense/kernel")
+      unembedding = parameter.value;
+  }
+  std::vector<float> logits(static_cast<size_t>(N * m.V));
+  kernels::unembed_logits(logits.data(), engine.view(spec.final_hidden).f32(), engine.view(unembedding).f32(),
+                          tied ? kernels::UnembedLayout::table_VD : kernels::UnembedLayout::kernel_DV, N, m.D,
+                          m.V, m.V_valid);
+  std::vector<float> valid;  // drop the padding columns (-inf)
+  for (int64_t n = 0; n < N; ++n)
+    valid.insert(valid.end(), logits.begin() + n * m.V, logits.begin() + n * m.V + m.V_valid);
+  return valid;
+}
+
+void check_variant(const std::string& variant) {
+  SCOPED_TRACE(variant);
+  const fs::path folder = kFixture / variant;
+  const SafetensorsFile golden = SafetensorsFile::open((folder / "golden.safetensors").string());
+  Scratch scratch;
+  std::ostringstream log;
+  import_hugging_face({folder.string(), (scratch / "imported").string(), "", {}}, log);
+
+  // The training forward: transformers' logits and loss on the golden sequence.
+  const std::vector<int64_t> shape = golden.find("sequence")->shape;
+  const int64_t B = shape[0], S = shape[1] - 1, N = B * S;
+  const std::vector<int64_t> sequence = read_ids(golden, "sequence");
+  Config config = checkpoint_config(
+      (scratch / "imported").string(),
+      {{"per_device_batch_size", std::to_string(B)}, {"max_target_length", std::to_string(S)}});
+  Engine engine(config);
+  load_checkpoint((scratch / "imported").string(), engine, /*parameters_only=*/true);
+  Batch batch;
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t s = 0; s < S; ++s) {
+      batch.tokens.push_back(static_cast<int32_t>(sequence[static_cast<size_t>(b * (S + 1) + s)]));
+      batch.targets.push_back(static_cast<int32_t>(sequence[static_cast<size_t>(b * (S + 1) + s + 1)]));
+      batch.positions.push_back(static_cast<int32_t>(s));
+    }
+  }
+  batch.segment_ids.assign(static_cast<size_t>(N), 0);
+  batch.loss_mask.assign(static_cast<size_t>(N), 1);
+  const LossSums sums = engine.eval(batch);
+  const double loss = sums.loss_sum / static_cast<double>(sums.valid_count);
+  const double expected_loss = testing::read_all(golden, "loss")[0];
+  // float32 against float32 in another summation order.
+  const double loss_error = std::fabs(loss - expected_loss) / expected_loss;
+  testing::report_error(variant + " loss", loss_error, 1e-5);
+  EXPECT_LT(loss_error, 1e-5);
+  const double logits_error =
+      testing::relative_error(training_logits(engine, N), testing::read_all(golden, "logits"));
+  testing::report_error(variant + " logits", logits_error, 1e-5);
+  EXPECT_LT(logits_error, 1e-5);
+
+  // Greedy decoding through the decode plan: transformers' tokens, id for id.
+  const std::vector<int64_t> prompt = read_ids(golden, "prompt_ids");
+  const std::vector<int64_t> expected = read_ids(golden, "generated_ids");
+  const Tokenizer tokenizer = Tokenizer::load((scratch / "imported").string());
+  Config decode = checkpoint_config((scratch / "imported").string(),
+                                    {{"per_device_batch_size", "1"}, {"max_target_length", "1"}});
+  IncrementalDecoder decoder(decode, static_cast<int64_t>(prompt.size() + expected.size()), &tokenizer);
+  load_checkpoint((scratch / "imported").string(), decoder.engine(), true, tokenizer.identity());
+  std::vector<float> logits, fed_logits;  // after each fed token: transformers' generation_logits
+  for (int64_t token : prompt) {
+    logits = decoder.step(static_cast<int32_t>(token));
+    fed_logits.insert(fed_logits.end(), logits.begin(), logits.end());
+  }
+  std::vector<int64_t> generated;
+  for (size_t step = 0; step < expected.size(); ++step) {
+    const int32_t token = sample_token(logits, {0.0, 0, 1.0}, 0, step);
+    generated.push_back(token);
+    if (step + 1 < expected.size()) {
+      logits = decoder.step(token);
+      fed_logits.insert(fed_logits.end(), logits.begin(), logits.end());
+    }
+  }
+  EXPECT_EQ(generated, expected);
+  const double decode_error =
+      testing::relative_error(fed_logits, testing::read_all(golden, "generation_logits"));
+  testing::report_error(variant + " decode logits", decode_error, 1e-5);
+  EXPECT_LT(decode_error, 1e-5);
+
+  // Export: the same tensors as the folder (float32 of whatever dtype it stored), and re-importing the
+  // export gives the same checkpoint tensors bit for bit.
+  export_hugging_face(
+      {(scratch / "imported").string(), (scratch / "exported").string(), "float32", 5000000000}, log);
+  const SafetensorsFolder original = SafetensorsFolder::open(folder.string());
+  const SafetensorsFolder exported = SafetensorsFolder::open((scratch / "exported").string());
+  for (const std::string& name : exported.tensor_names()) {
+    std::string source = name;
+    if (original.find(source).entry == nullptr && name.starts_with("transformer."))
+      source = name.substr(std::string("transformer.").size());
+    const auto from = original.find(source), to = exported.find(name);
+    ASSERT_NE(from.entry, nullptr) << name;
+    EXPECT_EQ(to.entry->dtype, "F32");
+    ASSERT_EQ(from.entry->shape, to.entry->shape) << name;
+    int64_t count = 1;
+    for (int64_t size : to.entry->shape) count *= size;
+    std::vector<float> a(static_cast<size_t>(count)), b(a.size());
+    from.file->read_f32(source, from.entry->shape, a.data());
+    to.file->read_f32(name, to.entry->shape, b.data());
+    EXPECT_EQ(a, b) << name;
+  }
+  import_hugging_face({(scratch / "exported").string(), (scratch / "reimported").string(), "", {}}, log);
+  const SafetensorsFile first = SafetensorsFile::open((scratch / "imported/model.safetensors").string());
+  const SafetensorsFile second = SafetensorsFile::open((scratch / "reimported/model.safetensors").string());
+  ASSERT_EQ(first.entries().size(), second.entries().size());
+  for (const SafetensorsEntry& entry : first.entries()) {
+    ASSERT_NE(second.find(entry.name), nullptr) << entry.name;
+    EXPECT_EQ(testing::read_all(first, entry.name), testing::read_all(second, entry.name)) << entry.name;
+  }
+}
+
+TEST(HfInterchange, EveryFixtureMatchesTransformers) {
+  const std::vector<std::string> variants = fixture_variants();
+  ASSERT_FALSE(variants.empty()) << "tests/reference/hf_interchange/golden_index.json lists no variant";
+  for (const std::string& variant : variants) check_variant(variant);
+}
+
+// A copy of a fixture folder to damage.
+fs::path copy_variant(const Scratch& scratch, const std::string& variant) {
+  const fs::path copy = scratch / variant;
+  fs::copy(kFixture / variant, copy, fs::copy_options::recursive);
+  return copy;
+}
+
+void write_json(const fs::path& path, const nlohmann::json& value) {
+  std::ofstream(path) << value.dump(2);
+}
+
+TEST(HfInterchange, BadFoldersNameTheFileAndTensorAndLeaveNothing) {
+  const std::vector<std::string> variants = fixture_variants();
+  ASSERT_FALSE(variants.empty());
+  Scratch scratch;
+  std::ostringstream log;
+  const auto import_error = [&](const fs::path& folder) {
+    const std::string out = (scratch / "out").string();
+    const std::string message = testing::error_of([&] {
+      import_hugging_face({folder.string(), out, "", {}}, log);
+    });
+    EXPECT_FALSE(fs::exists(out)) << "a failed import left " << out;
+    for (const fs::directory_entry& entry : fs::directory_iterator(scratch / ""))
+      EXPECT_FALSE(contains(entry.path().filename().string(), "out.tmp")) << entry.path();
+    return message;
+  };
+
+  // An unsupported model_type.
+  fs::path folder = copy_variant(scratch, "qwen3_tied");
+  nlohmann::json config = nlohmann::json::parse(std::ifstream(folder / "config.json"));
+  config["model_type"] = "llama";
+  write_json(folder / "config.json", config);
+  std::string message = import_error(folder);
+  EXPECT_TRUE(contains(message, "config.json") && contains(message, "llama")) << message;
+
+  // A config that disagrees with the tensors: one layer fewer leaves layer 1's tensors extra; a wider
+  // MLP mis-shapes every MLP tensor.
+  config["model_type"] = "qwen3";
+  config["num_hidden_layers"] = config["num_hidden_layers"].get<int64_t>() - 1;
+  write_json(folder / "config.json", config);
+  message = import_error(folder);
+  EXPECT_TRUE(contains(message, "extra tensor") && contains(message, "model.layers.")) << message;
+  config["num_hidden_layers"] = config["num_hidden_layers"].get<int64_t>() + 1;
+  config["intermediate_size"] = config["intermediate_size"].get<int64_t>() + 8;
+  write_json(folder / "config.json", config);
+  message = import_error(folder);
+  EXPECT_TRUE(contains(message, "mlp.") && contains(message, "shape")) << message;
+
+  // A sharded folder whose index names a shard that is not there, and a truncated shard.
+  for (const std::string& variant : variants) {
+    if (!fs::exists(kFixture / variant / "model.safetensors.index.json")) continue;
+    folder = copy_variant(scratch, variant);
+    const nlohmann::json index =
+        nlohmann::json::parse(std::ifstream(folder / "model.safetensors.index.json"));
+    const std::string shard = index.at("weight_map").begin().value().get<std::string>();
+    fs::rename(folder / shard, scratch / "moved_shard");
+    message = import_error(folder);
+    EXPECT_TRUE(contains(message, shard)) << message;
+    fs::rename(scratch / "moved_shard", folder / shard);
+    fs::resize_file(folder / shard, fs::file_size(folder / shard) / 2);
+    message = import_error(folder);
+    EXPECT_TRUE(contains(message, shard)) << message;
+    break;
+  }
+}
+
+}  // namespace
+}  // namespace meshtrain
