@@ -34,9 +34,12 @@ done
 # Continue pre-training from the import, export the result, and check the export is the trained model.
 ckpt="$work/qwen3_tied"
 grep -q "^base_emb_dim:" "$ckpt/config.yaml"
-printf 'In the beginning God created the heaven and the earth. And the earth was without form, and void.\n%.0s' \
-  $(seq 40) >"$work/corpus.txt"
-"$meshtrain" train "$ckpt/config.yaml" load_parameters_path="$ckpt" dataset_path="$work/corpus.txt" \
+mkdir "$work/texts"  # the user's text: two files (one is held out for validation)
+for part in 1 2; do
+  printf 'In the beginning God created the heaven and the earth. And the earth was without form, and void.\n%.0s' \
+    $(seq 40) >"$work/texts/part$part.txt"
+done
+"$meshtrain" train "$ckpt/config.yaml" load_parameters_path="$ckpt" dataset_path="$work/texts" \
   run_dir="$work/run" steps=3 checkpoint_period=3 per_device_batch_size=2 max_target_length=16 eval_interval=0 \
   >"$work/train.log"
 test -f "$work/run/checkpoints/step_00000003/COMMITTED"

@@ -12,7 +12,7 @@ Per variant (see README.md for the exact commands and output formats it assumes)
      compared with transformers: prompt ids, greedy ids, logits at every fed position, loss
   c. meshtrain export-hf WORK/<v>/imported --out WORK/<v>/exported [--dtype bfloat16]
      loaded back with AutoModelForCausalLM / AutoTokenizer: state dict, config, tokenizer, logits, greedy ids
-  d. train then export: a stub (train_then_export) for the lead to complete.
+  d. train 3 steps from the import (its config.yaml), export the run, and judge the trained model the same way.
 
 Prints one line per check (PASS/FAIL, the measured value and the bound) and exits 1 on any failure.
 --self-test replaces meshtrain by a stand-in built on transformers (so the comparison code runs without the
@@ -421,18 +421,48 @@ def check_export(report, v, mesh, ref, ref_tok, hf_prompt, hf_generated, checkpo
     report.add(name, f"{label}: greedy ids", gen == hf_generated, f"{gen}")
 
 
-def train_then_export(report, v, mesh, work):
-    """STUB for the lead: train a few steps from the imported checkpoint, export, and compare.
+TRAIN_TEXT = ("In the beginning God created the heaven and the earth. And the earth was without form, and void; "
+              "and darkness was upon the face of the deep.\n") * 40
 
-    Intended: `meshtrain train <config pointing at WORK/<v>/imported> steps=N ...`, then
-    `meshtrain export-hf <the trained checkpoint> --out WORK/<v>/trained_exported`; load it with
-    AutoModelForCausalLM.from_pretrained (no missing / unexpected tensors), check that the weights moved from
-    the imported ones (and by the expected few-step amount), and that `meshtrain generate --output logits` on
-    the trained checkpoint matches transformers on the exported folder within LOGITS_REL. Not available yet
-    (the train-from-imported-checkpoint command line is not fixed), so it reports SKIP and never fails."""
-    if not report.quiet:
-        print(f"SKIP  {v['name']:27s} {'train then export':37s} not implemented yet (stub: train_then_export)",
-              flush=True)
+
+def train_then_export(report, v, mesh, ref, tok, hf_prompt, work):
+    """Continue pre-training from the import (the README's commands), export, and judge the trained model
+    with transformers: `meshtrain train <imported>/config.yaml load_parameters_path=<imported> ...` for 3
+    steps on a small text, `export-hf` of the run, from_pretrained of the export (no missing / unexpected
+    tensors, weights moved from the source), and meshtrain's logits and greedy ids of the trained checkpoint
+    against transformers on the exported folder."""
+    name = v["name"]
+    if not isinstance(mesh, Meshtrain) or isinstance(mesh, StandIn):
+        if not report.quiet:
+            print(f"SKIP  {name:27s} {'train then export':37s} needs the real binary", flush=True)
+        return
+    imported = os.path.join(work, "imported")
+    texts = os.path.join(work, "texts")
+    os.makedirs(texts, exist_ok=True)
+    for part in (1, 2):  # a text dataset holds one file out for validation
+        with open(os.path.join(texts, f"part{part}.txt"), "w") as f:
+            f.write(TRAIN_TEXT)
+    run = os.path.join(work, "run")
+    rc, _, err = mesh.run(["train", os.path.join(imported, "config.yaml"), "load_parameters_path=" + imported,
+                           "dataset_path=" + texts, "run_dir=" + run, "steps=3", "checkpoint_period=3",
+                           "per_device_batch_size=2", "max_target_length=16", "eval_interval=0"])
+    if not report.add(name, "train 3 steps: exit status", rc == 0, f"rc {rc}" + (f": {err.strip()[-300:]}" if rc else "")):
+        return
+    out = os.path.join(work, "trained_exported")
+    rc, _, err = mesh.export_hf(run, out)
+    if not report.add(name, "trained export: exit status", rc == 0, f"rc {rc}" + (f": {err.strip()[-300:]}" if rc else "")):
+        return
+    trained, info = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32, attn_implementation="eager",
+                                                         output_loading_info=True)
+    trained.eval()
+    for key in ("eos_token_id", "bos_token_id", "pad_token_id"):
+        setattr(trained.generation_config, key, None)
+    problems = {k: val for k, val in info.items() if val}
+    report.add(name, "trained export: loads cleanly", not problems, str(problems) or "no missing / unexpected tensors")
+    before, after = float_state(ref), float_state(trained)
+    moved = max(float((after[k] - before[k]).abs().max()) for k in after if k in before)
+    report.add(name, "trained export: weights moved", moved > 0.0, f"largest change {fmt(moved)}")
+    check_generate(report, v, mesh, trained, hf_prompt, greedy(trained, hf_prompt), run, label="trained")
 
 
 def check_variant(report, v, mesh, work):
@@ -456,7 +486,7 @@ def check_variant(report, v, mesh, work):
     if name in BF16_EXPORT:
         check_export(report, v, mesh, ref, tok, hf_prompt, hf_generated, imported,
                      os.path.join(vwork, "exported_bf16"), "bfloat16")
-    train_then_export(report, v, mesh, vwork)
+    train_then_export(report, v, mesh, ref, tok, hf_prompt, vwork)
 
 
 def run_all(mesh, work, variants, quiet=False):
