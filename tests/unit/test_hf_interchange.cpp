@@ -7,6 +7,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -236,6 +237,52 @@ TEST(HfInterchange, BadFoldersNameTheFileAndTensorAndLeaveNothing) {
   write_json(folder / "config.json", config);
   message = import_error(folder);
   EXPECT_TRUE(contains(message, "mlp.") && contains(message, "shape")) << message;
+
+  // A dtype the engine cannot convert (an int8 tensor, as a quantized checkpoint has), and a tied model
+  // whose file holds an lm_head.weight that is not its embedding.
+  fs::remove_all(folder);
+  folder = copy_variant(scratch, "qwen3_tied");
+  const auto rewrite = [&](const std::function<void(std::vector<SafetensorsTensor>&,
+                                                    std::vector<std::vector<char>>&)>& change) {
+    const fs::path path = folder / "model.safetensors";
+    std::vector<SafetensorsTensor> tensors;
+    std::vector<std::vector<char>> bytes;
+    {
+      const SafetensorsFile file = SafetensorsFile::open(path.string());
+      for (const SafetensorsEntry& entry : file.entries()) {
+        bytes.emplace_back(reinterpret_cast<const char*>(file.data(entry)),
+                           reinterpret_cast<const char*>(file.data(entry)) + (entry.end - entry.begin));
+        tensors.push_back({entry.name, entry.dtype, entry.shape, nullptr});
+      }
+    }
+    change(tensors, bytes);
+    for (size_t i = 0; i < tensors.size(); ++i) tensors[i].data = bytes[i].data();
+    fs::remove(path);
+    write_safetensors(path.string(), tensors, {{"format", "pt"}});
+  };
+  rewrite([](std::vector<SafetensorsTensor>& tensors, std::vector<std::vector<char>>& bytes) {
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      if (tensors[i].name != "model.norm.weight") continue;
+      tensors[i].dtype = "I8";
+      bytes[i].resize(bytes[i].size() / 4);
+    }
+  });
+  message = import_error(folder);
+  EXPECT_TRUE(contains(message, "model.norm.weight") && contains(message, "I8")) << message;
+  fs::remove_all(folder);
+  folder = copy_variant(scratch, "qwen3_tied");
+  rewrite([](std::vector<SafetensorsTensor>& tensors, std::vector<std::vector<char>>& bytes) {
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      if (tensors[i].name != "model.embed_tokens.weight") continue;
+      tensors.push_back({"lm_head.weight", tensors[i].dtype, tensors[i].shape, nullptr});
+      std::vector<char> head = bytes[i];
+      head[0] = static_cast<char>(head[0] ^ 0x10);  // one element differs from the embedding
+      bytes.push_back(std::move(head));
+      return;
+    }
+  });
+  message = import_error(folder);
+  EXPECT_TRUE(contains(message, "lm_head.weight") && contains(message, "tie_word_embeddings")) << message;
 
   // A sharded folder whose index names a shard that is not there, and a truncated shard.
   for (const std::string& variant : variants) {
