@@ -284,6 +284,14 @@ TEST(HfInterchange, BadFoldersNameTheFileAndTensorAndLeaveNothing) {
   message = import_error(folder);
   EXPECT_TRUE(contains(message, "lm_head.weight") && contains(message, "tie_word_embeddings")) << message;
 
+  // A model Hugging Face has no form for (mHC) is refused by its key before any tensor is read.
+  message = testing::error_of([&] {
+    import_hugging_face(
+        {(kFixture / "deepseek_v3").string(), (scratch / "out").string(), "", {"mhc_expansion_rate=4"}}, log);
+  });
+  EXPECT_TRUE(contains(message, "mhc_expansion_rate")) << message;
+  EXPECT_FALSE(fs::exists(scratch / "out"));
+
   // A sharded folder whose index names a shard that is not there, and a truncated shard.
   for (const std::string& variant : variants) {
     if (!fs::exists(kFixture / variant / "model.safetensors.index.json")) continue;

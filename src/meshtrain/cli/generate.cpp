@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -224,6 +225,12 @@ int run_generate(const std::vector<std::string>& arguments, std::ostream& out) {
     out << line.dump() << "\n" << std::flush;
     return 0;
   }
+  // Text: ids past the tokenizer's (a model with more rows than ids, as Hugging Face's Qwen3) have no text.
+  const auto text_ids_only = [&](std::vector<float>& row) {
+    for (size_t id = static_cast<size_t>(tokenizer.vocab_size()); id < row.size(); ++id)
+      row[id] = -std::numeric_limits<float>::infinity();
+  };
+  text_ids_only(logits);
   out << *parsed.prompt << std::flush;
   std::string pending;  // decoded bytes not yet written: the start of a character still being completed
   for (int64_t step = 0; step < parsed.max_new_tokens; ++step) {
@@ -236,7 +243,10 @@ int run_generate(const std::vector<std::string>& arguments, std::ostream& out) {
     out.write(pending.data(), static_cast<std::streamsize>(printable));
     out.flush();
     pending.erase(0, printable);
-    if (step + 1 < parsed.max_new_tokens) logits = decoder.step(token);
+    if (step + 1 < parsed.max_new_tokens) {
+      logits = decoder.step(token);
+      text_ids_only(logits);
+    }
   }
   out << pending << "\n" << std::flush;
   return 0;

@@ -447,8 +447,8 @@ void import_deepseek_v3(const HfObject& hf, Overrides& out) {
     hf.refuse("moe_layer_freq", "1 (every layer after first_k_dense_replace a mixture of experts)",
               *hf.find("moe_layer_freq"));
   }
-  // num_nextn_predict_layers (multi-token prediction) is not read: those modules sit after the
-  // num_hidden_layers layers, and the weight import skips them as transformers' causal LM does.
+  // num_nextn_predict_layers (multi-token prediction) is not read here: those modules sit after the
+  // num_hidden_layers layers, and the weight import skips their tensors as transformers' causal LM does.
   const int64_t qk_nope = hf.required_positive("qk_nope_head_dim", type);
   const int64_t qk_rope = hf.required_positive("qk_rope_head_dim", type);
   const Json* q_rank = hf.find("q_lora_rank");
@@ -651,6 +651,11 @@ nlohmann::ordered_json export_deepseek(const Config& c) {
     if (c.routed_score_func != RoutedScoreFunc::sigmoid) {
       refuse_export("routed_score_func", "sigmoid", routed_score_func_name(c.routed_score_func), why);
     }
+    if (!c.routed_bias) {
+      refuse_export("routed_bias", "true", "false",
+                    "DeepseekV3ForCausalLM always holds an e_score_correction_bias per MoE layer, which this "
+                    "model does not have");
+    }
     // transformers scores a group by its two best experts (torch.topk(2)), so a group needs two.
     if (c.n_routing_groups > 1 && c.num_experts / c.n_routing_groups < 2) {
       refuse_export(
@@ -677,7 +682,7 @@ nlohmann::ordered_json export_deepseek(const Config& c) {
   hf["routed_scaling_factor"] = c.routed_scaling_factor;
   hf["norm_topk_prob"] = c.norm_topk_prob;
   // DeepSeek's own names for what transformers' class always does: vLLM and llama.cpp read them (llama.cpp
-  // assumes softmax scoring without them). routed_bias=false exports as an all-zero e_score_correction_bias.
+  // assumes softmax scoring without them).
   hf["topk_method"] = "noaux_tc";
   hf["scoring_func"] = "sigmoid";
   hf["moe_layer_freq"] = 1;
@@ -726,7 +731,8 @@ nlohmann::ordered_json export_gpt2(const Config& c) {
   hf["n_head"] = c.base_num_query_heads;
   hf["n_layer"] = c.base_num_decoder_layers;
   // null is GPT-2's own way of saying 4 n_embd (what transformers' configs for it write).
-  hf["n_inner"] = c.base_mlp_dim == 4 * c.base_emb_dim ? nlohmann::ordered_json() : nlohmann::ordered_json(c.base_mlp_dim);
+  hf["n_inner"] = c.base_mlp_dim == 4 * c.base_emb_dim ? nlohmann::ordered_json()
+                                                       : nlohmann::ordered_json(c.base_mlp_dim);
   hf["n_positions"] = c.max_position_embeddings;
   hf["n_ctx"] = c.max_position_embeddings;  // the name of OpenAI's original configs
   hf["vocab_size"] = c.vocab_size;
@@ -837,6 +843,10 @@ nlohmann::ordered_json hf_config_from_meshtrain(const Config& c, const std::stri
       break;
   }
   add_common_tail(hf, dtype, tokens);
+  if (c.decoder_block != DecoderBlock::gpt2 && tokens.max_position_embeddings &&
+      *tokens.max_position_embeddings > c.max_target_length) {
+    hf["max_position_embeddings"] = *tokens.max_position_embeddings;
+  }
   return hf;
 }
 

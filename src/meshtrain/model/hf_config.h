@@ -43,6 +43,9 @@ HfModelConfig read_hf_config(const std::string& path);
 // Token ids export-hf writes when it knows them (from the checkpoint's tokenizer); the Config has none.
 struct HfSpecialTokens {
   std::optional<int64_t> bos_token_id, eos_token_id;
+  // A model imported from Hugging Face: its own max_position_embeddings, exported when larger than the
+  // context meshtrain trained it at (RoPE models; GPT-2's is its position table).
+  std::optional<int64_t> max_position_embeddings = std::nullopt;
 };
 
 // The config.json of `config`'s model for transformers' from_pretrained (4.x and 5.x), vLLM and llama.cpp's

@@ -6,7 +6,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -92,23 +94,12 @@ int64_t entry_span(const ModelSpec& spec, const HfTensorMapping& entry,
   return spec.buffer(entry.parameter).shape.elements() / shares.at(entry.parameter);
 }
 
-// Every engine parameter must come from the file: a config Hugging Face cannot express (Engram, mHC) is
-// refused before anything is read.
-void require_full_mapping(const ModelSpec& spec, const std::vector<HfTensorMapping>& mapping,
-                          const std::string& where) {
-  std::set<BufferId> mapped;
-  for (const HfTensorMapping& entry : mapping) mapped.insert(entry.parameter);
-  for (const ParameterDecl& parameter : spec.parameters) {
-    if (!mapped.contains(parameter.value)) {
-      fail(where,
-           "a model every parameter of which Hugging Face's " +
-               std::string(decoder_block_name(spec.config.decoder_block)) + " format holds",
-           "parameter '" + spec.buffer(parameter.value).name + "' has no Hugging Face tensor",
-           "Engram layers and mHC (mhc_expansion_rate > 1) have no Hugging Face form; import or export a "
-           "model "
-           "without them");
-    }
-  }
+// A path given with a trailing slash names the same directory: "out/" -> "out" (the temporary sibling
+// "<out>.tmp-<pid>" must not fall inside it).
+std::string directory_path(const std::string& path) {
+  fs::path normal = fs::path(path).lexically_normal();
+  if (!normal.has_filename() && normal.has_parent_path()) normal = normal.parent_path();
+  return normal.string();
 }
 
 // Hugging Face tensors that are not weights: GPT-2's causal-mask buffers (older transformers saved them),
@@ -133,29 +124,51 @@ const std::set<std::string> kConvertibleDtypes = {"F32", "BF16", "F16", "F64"};
 // The imported folder's config.json, kept in the checkpoint: export-hf takes its special token ids.
 constexpr const char* kImportedConfigFile = "hf_config.json";
 
-// config.yaml beside an imported checkpoint's weights: the model's keys as a config to train on.
-std::string training_config_yaml(const Config& config, const HfModelConfig& mapped,
-                                 const fs::path& checkpoint, bool has_tokenizer) {
+// A config value as YAML: numbers, booleans and lists as they are, anything else quoted (a path may hold
+// ": " or " #").
+std::string yaml_value(const std::string& value) {
+  if (value == "true" || value == "false" || value.starts_with("[")) return value;
+  char* end = nullptr;
+  std::strtod(value.c_str(), &end);
+  if (!value.empty() && end == value.c_str() + value.size()) return value;
+  return json(value).dump();
+}
+
+// config.yaml beside an imported checkpoint's weights: the model's keys (and every key=value of the import)
+// as a config to train on, with what continued pre-training wants in place of the preset's from-scratch
+// run keys unless the import set them.
+std::string training_config_yaml(const Config& config, const std::vector<std::string>& overrides,
+                                 const fs::path& checkpoint, bool has_tokenizer,
+                                 std::optional<int64_t> context) {
   std::string yaml =
       "# The model meshtrain import-hf read from a Hugging Face folder. Continue pre-training with\n"
       "#   meshtrain train " +
       (checkpoint / "config.yaml").string() + " load_parameters_path=" + checkpoint.string() +
       " dataset_path=YOUR_TEXT run_dir=YOUR_RUN\n"
       "# and hand the result back with meshtrain export-hf YOUR_RUN --out FOLDER.\n";
-  yaml += "model_name: " + mapped.preset + "\n";
+  if (!config.model_name.empty()) yaml += "model_name: " + config.model_name + "\n";
   std::set<std::string> written;
-  for (const std::string& override_text : mapped.overrides) {
-    const std::string key = override_text.substr(0, override_text.find('='));
-    if (!written.insert(key).second) continue;
+  const auto write = [&](const std::string& key, const std::string& value, const std::string& comment) {
+    if (!written.insert(key).second) return;
+    yaml += key + ": " + yaml_value(value) + (comment.empty() ? "" : "  # " + comment) + "\n";
+  };
+  for (const std::string& text : overrides) {
+    const std::string key = text.substr(0, text.find('='));
+    if (key == "tokenizer_path") continue;  // the checkpoint's own copy, below
     const auto value = std::find_if(config.resolved.begin(), config.resolved.end(),
                                     [&](const auto& entry) { return entry.first == key; });
     // Empty values (empty lists) are base.yaml's defaults already.
-    if (value != config.resolved.end() && !value->second.empty()) yaml += key + ": " + value->second + "\n";
+    if (value != config.resolved.end() && !value->second.empty()) write(key, value->second, "");
   }
-  if (has_tokenizer) yaml += "tokenizer_path: " + (checkpoint / "tokenizer.json").string() + "\n";
-  yaml +=
-      "dataset_type: text   # dataset_path: text files (empty: the King James Bible)\n"
-      "dataset_path: \"\"\neval_dataset_path: \"\"\n";
+  if (has_tokenizer) write("tokenizer_path", (checkpoint / "tokenizer.json").string(), "");
+  write("learning_rate", "3.0e-5", "continued pre-training: far below a from-scratch rate");
+  if (context && config.decoder_block != DecoderBlock::gpt2) {
+    write("max_target_length", std::to_string(std::min<int64_t>(*context, 2048)),
+          "the model's context is " + std::to_string(*context));
+  }
+  write("dataset_type", "text", "dataset_path: text files (empty: the King James Bible)");
+  write("dataset_path", "", "");
+  write("eval_dataset_path", "", "");
   return yaml;
 }
 
@@ -194,9 +207,15 @@ HfImportSummary import_hugging_face(const HfImportOptions& options, std::ostream
   if (has_tokenizer) set_override("tokenizer_path=" + (directory / "tokenizer.json").string());
   for (const std::string& text : options.overrides) set_override(text);
   const Config config = load_config(options.config.empty() ? mapped.preset : options.config, overrides);
+  // What Hugging Face has no form for (Engram, mHC, ...) is refused by the config mapping, naming the key.
+  (void)hf_config_from_meshtrain(config, "float32");
   const ModelSpec spec = global_spec(config);
   const std::vector<HfTensorMapping> mapping = hf_mapping(spec);
-  require_full_mapping(spec, mapping, config_path.string());
+  const std::string out = directory_path(options.out);
+  if (fs::exists(out, error)) {
+    fail(out, "a new checkpoint directory", "it already exists",
+         "choose another --out, or remove the existing directory first");
+  }
 
   std::optional<Tokenizer> tokenizer;
   if (has_tokenizer) {
@@ -247,8 +266,23 @@ HfImportSummary import_hugging_face(const HfImportOptions& options, std::ostream
   }
   const bool tied = config.logits_via_embedding;
   std::optional<std::string> tied_head;
+  // DeepSeek-V3's multi-token-prediction modules are layers num_hidden_layers.. (transformers' causal LM
+  // does not load them either).
+  const json hf_json = json::parse(read_text(config_path, "config.json", ""));
+  const int64_t first_extra_layer = config.base_num_decoder_layers;
+  const int64_t prediction_layers = mapped.model_type == "deepseek_v3" &&
+                                            hf_json.contains("num_nextn_predict_layers") &&
+                                            hf_json["num_nextn_predict_layers"].is_number_integer()
+                                        ? hf_json["num_nextn_predict_layers"].get<int64_t>()
+                                        : 0;
+  const auto prediction_module = [&](const std::string& name) {
+    for (int64_t k = first_extra_layer; k < first_extra_layer + prediction_layers; ++k) {
+      if (name.starts_with("model.layers." + std::to_string(k) + ".")) return true;
+    }
+    return false;
+  };
   for (const std::string& name : folder.tensor_names()) {
-    if (consumed.contains(name) || is_ignored_buffer(name)) continue;
+    if (consumed.contains(name) || is_ignored_buffer(name) || prediction_module(name)) continue;
     if (tied && name == "lm_head.weight") {
       tied_head = name;  // some savers write the tied head too: it must equal the embedding
       continue;
@@ -275,7 +309,7 @@ HfImportSummary import_hugging_face(const HfImportOptions& options, std::ostream
     }
   }
 
-  ParameterCheckpointWriter checkpoint(options.out);
+  ParameterCheckpointWriter checkpoint(out);
   std::vector<SafetensorsTensorSpec> tensors;
   for (const ParameterDecl& parameter : spec.parameters) {
     const BufferDecl& buffer = spec.buffer(parameter.value);
@@ -318,10 +352,16 @@ HfImportSummary import_hugging_face(const HfImportOptions& options, std::ostream
                                {"directory", fs::absolute(directory).lexically_normal().string()},
                                {"model_type", mapped.model_type},
                                {"dtype", mapped.weight_dtype}};
-  const fs::path final_path = fs::absolute(options.out).lexically_normal();
-  checkpoint.commit(config, {spec.dims.V, spec.parameter_count()}, checkpoint_options, source,
-                    {{kImportedConfigFile, read_text(config_path, "config.json", "")},
-                     {"config.yaml", training_config_yaml(config, mapped, final_path, has_tokenizer)}});
+  const fs::path final_path = fs::absolute(out).lexically_normal();
+  checkpoint.commit(
+      config, {spec.dims.V, spec.parameter_count()}, checkpoint_options, source,
+      {{kImportedConfigFile, read_text(config_path, "config.json", "")},
+       {"config.yaml",
+        training_config_yaml(config, overrides, final_path, has_tokenizer,
+                             hf_json.contains("max_position_embeddings") &&
+                                     hf_json["max_position_embeddings"].is_number_integer()
+                                 ? std::optional<int64_t>(hf_json["max_position_embeddings"].get<int64_t>())
+                                 : std::nullopt)}});
   log << "import-hf: " << summary.file_tensors << " tensors, " << spec.parameter_count() << " parameters"
       << (tokenizer ? ", tokenizer.json" : ", no tokenizer.json (generate needs one)") << "\n";
   summary.config = config;
@@ -349,13 +389,23 @@ void write_tokenizer_files(const fs::path& checkpoint, const fs::path& out, cons
     return;  // a run on synthetic tokens: no tokenizer to hand on
   }
   const Tokenizer tokenizer = Tokenizer::load(checkpoint.string());
+  // GPT-2 names its context n_positions.
+  const int64_t context =
+      hf_config.value("max_position_embeddings", hf_config.value("n_positions", int64_t{2048}));
   ordered_json tokenizer_config = {{"tokenizer_class", tokenizer_class},
-                                   {"model_max_length", hf_config.value("max_position_embeddings", 2048)},
+                                   {"model_max_length", context},
                                    {"clean_up_tokenization_spaces", false}};
-  if (const std::optional<int32_t> eos = tokenizer.eos_id()) {
-    tokenizer_config["eos_token"] = tokenizer.token_string(*eos);
-    tokenizer_config["bos_token"] = tokenizer.token_string(*eos);
-  }
+  // The special tokens config.json names (an imported model's own), else <|endoftext|>.
+  const auto token_of = [&](const char* key) -> std::optional<std::string> {
+    if (hf_config.contains(key) && hf_config[key].is_number_integer()) {
+      const int64_t id = hf_config[key].get<int64_t>();
+      if (id >= 0 && id < tokenizer.vocab_size()) return tokenizer.token_string(static_cast<int32_t>(id));
+    }
+    if (const std::optional<int32_t> eos = tokenizer.eos_id()) return tokenizer.token_string(*eos);
+    return std::nullopt;
+  };
+  if (const std::optional<std::string> eos = token_of("eos_token_id")) tokenizer_config["eos_token"] = *eos;
+  if (const std::optional<std::string> bos = token_of("bos_token_id")) tokenizer_config["bos_token"] = *bos;
   write_file_atomically((out / "tokenizer_config.json").string(), tokenizer_config.dump(2) + "\n");
 }
 
@@ -371,23 +421,40 @@ std::string safetensors_dtype(const std::string& dtype) {
 void export_hugging_face(const HfExportOptions& options, std::ostream& log) {
   const std::string file_dtype = safetensors_dtype(options.dtype);
   const std::string checkpoint_dir = resolve_checkpoint_directory(options.checkpoint, "export-hf");
-  const json metadata = verify_checkpoint_files(checkpoint_dir, {"model.safetensors"});
+  const std::string out_text = directory_path(options.out);
+  const fs::path out(out_text);
+  std::error_code error;
+  if (fs::exists(out, error)) {
+    fail(out_text, "a new folder for the Hugging Face model", "it already exists",
+         "choose another --out, or remove the existing folder first");
+  }
+  // Every file the export reads is checked against metadata.json first.
+  std::vector<std::string> read_files = {"model.safetensors"};
+  for (const char* name : {kImportedConfigFile, "tokenizer.json", "encoder.json", "vocab.bpe"}) {
+    if (fs::exists(fs::path(checkpoint_dir) / name, error)) read_files.push_back(name);
+  }
+  const json metadata = verify_checkpoint_files(checkpoint_dir, read_files);
   std::map<std::string, std::string> one_device;
   for (MeshAxis axis : kMeshAxes) one_device[std::string("mesh.") + mesh_axis_name(axis)] = "1";
   const Config config = checkpoint_config(checkpoint_dir, one_device);
   const ModelSpec spec = global_spec(config);
-  if (!family_of(config).hugging_face_mapping) {
-    fail(checkpoint_dir, "a model of a family Hugging Face has (qwen3, gpt2, deepseek)",
-         std::string("decoder_block ") + decoder_block_name(config.decoder_block), "");
-  }
-  const std::vector<HfTensorMapping> mapping = hf_mapping(spec);
-  require_full_mapping(spec, mapping, checkpoint_dir + "/metadata.json: config");
   HfSpecialTokens special;
+  std::optional<int64_t> original_context;
   std::error_code tokenizer_error;
   const fs::path imported_config = fs::path(checkpoint_dir) / kImportedConfigFile;
   if (fs::is_regular_file(imported_config, tokenizer_error)) {
-    // A model imported from Hugging Face keeps its own special token ids (Qwen3's eos is <|im_end|>).
-    const json original = json::parse(read_text(imported_config, "the imported config.json", ""));
+    // A model imported from Hugging Face keeps its own special token ids (Qwen3's eos is <|im_end|>) and
+    // context length.
+    json original;
+    try {
+      original = json::parse(read_text(imported_config, "the imported config.json", ""));
+    } catch (const json::exception& e) {
+      fail(imported_config.string(), "the config.json import-hf copied (valid JSON)", e.what(),
+           "the checkpoint is damaged; import the model again");
+    }
+    if (original.contains("max_position_embeddings") &&
+        original["max_position_embeddings"].is_number_integer())
+      original_context = original["max_position_embeddings"].get<int64_t>();
     if (original.contains("bos_token_id") && original["bos_token_id"].is_number_integer())
       special.bos_token_id = original["bos_token_id"].get<int64_t>();
     if (original.contains("eos_token_id") && original["eos_token_id"].is_number_integer())
@@ -399,7 +466,10 @@ void export_hugging_face(const HfExportOptions& options, std::ostream& log) {
       special.eos_token_id = *eos;
     }
   }
+  special.max_position_embeddings = original_context;
+  // First: it refuses what Hugging Face has no form for (Engram, mHC, ...), naming the key.
   const ordered_json hf_config = hf_config_from_meshtrain(config, options.dtype, special);
+  const std::vector<HfTensorMapping> mapping = hf_mapping(spec);
 
   const fs::path model_path = fs::path(checkpoint_dir) / "model.safetensors";
   const SafetensorsFile model = SafetensorsFile::open(model_path.string());
@@ -414,13 +484,7 @@ void export_hugging_face(const HfExportOptions& options, std::ostream& log) {
     }
   }
 
-  const fs::path out(options.out);
-  std::error_code error;
-  if (fs::exists(out, error)) {
-    fail(options.out, "a new folder for the Hugging Face model", "it already exists",
-         "choose another --out, or remove the existing folder first");
-  }
-  const fs::path temp = options.out + ".tmp-" + std::to_string(::getpid());
+  const fs::path temp = out_text + ".tmp-" + std::to_string(::getpid());
   fs::remove_all(temp, error);
   if (!out.parent_path().empty()) fs::create_directories(out.parent_path(), error);
   if (!fs::create_directory(temp, error) || error) {
@@ -437,7 +501,7 @@ void export_hugging_face(const HfExportOptions& options, std::ostream& log) {
     }
   } cleanup{temp};
 
-  log << "export-hf: " << checkpoint_dir << " -> " << options.out << " (" << options.dtype << ")\n";
+  log << "export-hf: " << checkpoint_dir << " -> " << out_text << " (" << options.dtype << ")\n";
   const std::vector<FileTensorPlan> plans = file_tensor_plans(mapping);
   std::vector<SafetensorsTensorSpec> tensors;
   for (const FileTensorPlan& plan : plans) tensors.push_back({plan.hf_name, file_dtype, plan.shape});
@@ -472,8 +536,9 @@ void export_hugging_face(const HfExportOptions& options, std::ostream& log) {
   write_tokenizer_files(checkpoint_dir, temp, hf_config);
   fsync_directory(temp.string());
   if (::rename(temp.c_str(), out.c_str()) != 0) {
-    fail(options.out, "the finished export renamed into place", "rename failed",
-         "check that nothing else created " + options.out + " meanwhile");
+    fail(out_text, "the finished export renamed into place",
+         std::string("rename failed: ") + std::strerror(errno),
+         "check that nothing else created " + out_text + " meanwhile");
   }
   cleanup.done = true;
   fsync_directory(out.parent_path().empty() ? "." : out.parent_path().string());
@@ -496,10 +561,12 @@ uint64_t parse_byte_size(const std::string& flag, const std::string& text) {
   }
   char* end = nullptr;
   const double value = std::strtod(number.c_str(), &end);
-  if (number.empty() || end != number.c_str() + number.size() || !(value > 0.0) || !std::isfinite(value)) {
-    fail(flag, "a positive size such as 5GB, 500MB or 2GiB", "'" + text + "'", "e.g. " + flag + " 5GB");
+  const double bytes = value * scale;
+  if (number.empty() || end != number.c_str() + number.size() || !(bytes >= 1.0) || !(bytes < 1.8e19)) {
+    fail(flag, "a size of at least one byte such as 5GB, 500MB or 2GiB", "'" + text + "'",
+         "e.g. " + flag + " 5GB");
   }
-  return static_cast<uint64_t>(value * scale);
+  return static_cast<uint64_t>(bytes);
 }
 
 }  // namespace meshtrain

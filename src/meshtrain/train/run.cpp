@@ -82,7 +82,8 @@ std::optional<Tokenizer> load_run_tokenizer(const Config& config) {
   const bool fewer_ids_allowed = config.engram_layers.empty() && tokenizer.vocab_size() < config.vocab_size;
   if (tokenizer.vocab_size() != config.vocab_size && !fewer_ids_allowed) {
     fail("config key 'vocab_size'",
-         "the tokenizer's vocabulary size " + std::to_string(tokenizer.vocab_size()) + " (" +
+         std::string(config.engram_layers.empty() ? "at least" : "exactly (Engram compresses it)") +
+             " the tokenizer's vocabulary size " + std::to_string(tokenizer.vocab_size()) + " (" +
              tokenizer.source_path() + ")",
          std::to_string(config.vocab_size), "set vocab_size=" + std::to_string(tokenizer.vocab_size()));
   }
