@@ -227,7 +227,7 @@ const std::vector<KeyEntry>& key_table() {
       plan_key(entry("grad_dtype", &Config::grad_dtype)),
       plan_key(entry("mu_dtype", &Config::mu_dtype)),
       plan_key(entry("remat_policy", &Config::remat_policy, kRematPolicyNames)),
-      entry("scan_layers", &Config::scan_layers),
+      plan_key(entry("scan_layers", &Config::scan_layers)),
       entry("param_scan_axis", &Config::param_scan_axis),
       plan_key(entry("per_device_batch_size", &Config::per_device_batch_size)),
       plan_key(entry("gradient_accumulation_steps", &Config::gradient_accumulation_steps)),
@@ -592,6 +592,18 @@ void validate_engram_and_mhc_keys(const Config& c) {
   }
 }
 
+void Config::set(const std::string& key, const std::string& value) {
+  for (const KeyEntry& entry : key_table()) {
+    if (entry.name != key) continue;
+    entry.assign(*this, key, RawValue{split_list(value), value, "checkpoint"});
+    for (auto& [name, text] : resolved) {
+      if (name == key) text = value;
+    }
+    return;
+  }
+  MT_CHECK(false, "no config key " + key);
+}
+
 std::string config_directory() {
   if (const char* from_environment = std::getenv("MESHTRAIN_CONFIG_DIR")) return from_environment;
   return std::string(MESHTRAIN_SOURCE_DIR) + "/configs";
@@ -645,10 +657,13 @@ Config load_config(const std::string& config_argument, const std::vector<std::st
   layers.push_back(command_line);
 
   RawConfig merged;
-  for (const RawConfig& layer : layers) {
-    for (const auto& [key, value] : layer) merged[key] = value;
-  }
   Config config;
+  for (size_t i = 0; i < layers.size(); ++i) {
+    for (const auto& [key, value] : layers[i]) {
+      merged[key] = value;
+      if (i > 0) config.given.insert(key);
+    }
+  }
   for (const KeyEntry& key : key_table()) {
     const auto found = merged.find(key.name);
     if (found == merged.end()) {
@@ -660,6 +675,11 @@ Config load_config(const std::string& config_argument, const std::vector<std::st
   }
   validate_attention_and_moe_keys(config, config.mesh[MeshAxis::expert]);
   validate_engram_and_mhc_keys(config);
+  if (config.param_scan_axis < 0) {
+    fail("config key 'param_scan_axis'", "0 or more (where a stacked tensor's layer axis goes)",
+         std::to_string(config.param_scan_axis),
+         "use 0 for the layer axis first, or 1 (the default) for after the first dim");
+  }
   return config;
 }
 

@@ -6,6 +6,7 @@
 #include <array>
 #include <cstdint>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -179,6 +180,11 @@ struct Config {
 
   // Resolved key -> value text, in table order: printed at start, stored in checkpoints.
   std::vector<std::pair<std::string, std::string>> resolved;
+  // Keys the preset, the YAML file or an override set (the others keep base.yaml's default): a run adopts
+  // a checkpoint's scan_layers only when the user left it unset.
+  std::set<std::string> given;
+  // Sets `key` to `value` after loading (as an override would), in the fields and in `resolved`.
+  void set(const std::string& key, const std::string& value);
 };
 
 // The reorder the input pipeline applies before cutting rows over mesh.context: context_parallel_reorder,

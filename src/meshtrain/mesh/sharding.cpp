@@ -157,7 +157,9 @@ TensorSharding ShardingLayout::storage_layout(const Shape& local_shape, bool ove
     if (degree == 1) return;
     for (int pass = prefer_rules ? 0 : 1; pass < 2; ++pass) {
       for (size_t i = 0; i < rank; ++i) {
-        if (tensor_sharded(i) || layout.local.dims[i] % degree != 0 || (pass == 0 && !ruled(i, axis)))
+        // A stacked parameter's layer axis is never split: each layer's block stays whole on every rank.
+        if (tensor_sharded(i) || local_shape.axes[i] == "layers" || layout.local.dims[i] % degree != 0 ||
+            (pass == 0 && !ruled(i, axis)))
           continue;
         layout.dims[i].axes.push_back(axis);
         layout.dims[i].degree *= degree;

@@ -48,6 +48,10 @@ struct BufferDecl {
   BufferKind kind;
   DType dtype;
   Shape shape;
+  // A layer's value or gradient inside a stacked parameter (scan_layers): no storage of its own, it views
+  // block `stack_index` of the layer axis of `stack` (outermost in memory, so every block is contiguous).
+  BufferId stack = -1;
+  int64_t stack_index = 0;
 };
 
 // A trainable tensor and the buffers that follow it. `master` exists only when weights are stored in a
@@ -68,6 +72,19 @@ struct ParameterDecl {
   // Replicated over tensor but computed from tensor-split activations (QK-norm scales see only this rank's
   // heads): each rank's gradient is a partial sum, all-reduced over tensor in update.
   bool gradient_partial_over_tensor = false;
+  // A scan group's parameter stored stacked (scan_layers): value, gradient and moments are [layers, ...],
+  // and `members` are the layers' slices in layer order, each with its per-layer canonical name (its init
+  // stream) and norm slot. Empty: a parameter of its own.
+  struct Member {
+    BufferId value = kNoBuffer, gradient = kNoBuffer;  // views of block i of value / gradient
+    std::string canonical_name;
+    int32_t norm_slot = 0;
+  };
+  std::vector<Member> members;
+  // Where its squared gradient norm goes in UpdateState::norm_slots (stacked: the members' slots): the
+  // per-layer layout's parameter order, so both layouts sum the same partial norms in the same order.
+  int32_t norm_slot = 0;
+  bool stacked() const { return !members.empty(); }
 };
 
 // Routing statistics of the MoE layers over kernel calls, per MoE layer in layer order (ModelSpec::
@@ -95,6 +112,15 @@ struct UpdateState {
   double learning_rate = 0.0;
   int64_t step = 0;             // 0-based; Adam's bias correction uses step + 1
   double sum_of_squares = 0.0;  // of the summed (not yet token-averaged) gradients
+  // Each per-layer parameter's squared norm (ParameterDecl::norm_slot), added into sum_of_squares in slot
+  // order by fold_norm_slots() before the norm is reduced or used: a sum independent of the layout.
+  std::vector<double> norm_slots;
+  void fold_norm_slots() {
+    for (double& slot : norm_slots) {
+      sum_of_squares += slot;
+      slot = 0.0;
+    }
+  }
   double raw_grad_norm = 0.0, grad_norm = 0.0, gradient_scale = 0.0;  // set by the clip op
   bool nonfinite = false;  // set by the clip op: the AdamW ops then leave every parameter unchanged
 };
@@ -276,6 +302,7 @@ struct ModelSpec {
   // The Engram layers, in engram_layers order (empty without Engram).
   std::vector<EngramLayerSpec> engram;
   std::vector<OpDecl> update;         // grad norm, clip, AdamW (collectives are the plan's)
+  int32_t norm_slots = 0;             // UpdateState::norm_slots entries: one per per-layer parameter
   BufferId step_counter = kNoBuffer;  // [1] int32
 
   const BufferDecl& buffer(BufferId id) const { return buffers.at(static_cast<size_t>(id)); }

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "meshtrain/core/error.h"
+#include "meshtrain/model/scan.h"
 
 namespace meshtrain {
 
@@ -51,8 +52,9 @@ BufferId SpecBuilder::parameter(const std::string& name, const Shape& shape,
   ParameterDecl parameter;
   const Config& c = spec_.config;
   parameter.value = add({name, BufferKind::parameter, c.weight_dtype, shape});
-  // What training adds to a value: nothing a decode spec may allocate.
-  if (!decoding()) declare_training_state(parameter, name, shape);
+  // What training adds to a value: nothing a decode spec may allocate. The moments come in finish(), once
+  // the layout (stacked or per layer) is known.
+  if (!decoding()) parameter.gradient = add({"grad/" + name, BufferKind::gradient, c.grad_dtype, shape});
   parameter.canonical_name = name;
   parameter.component = options.component;
   parameter.init = options.init;
@@ -65,10 +67,10 @@ BufferId SpecBuilder::parameter(const std::string& name, const Shape& shape,
   return parameter.value;
 }
 
-void SpecBuilder::declare_training_state(ParameterDecl& parameter, const std::string& name,
-                                         const Shape& shape) {
+void SpecBuilder::declare_moments(ParameterDecl& parameter) {
   const Config& c = spec_.config;
-  parameter.gradient = add({"grad/" + name, BufferKind::gradient, c.grad_dtype, shape});
+  const std::string& name = spec_.buffer(parameter.value).name;
+  const Shape shape = spec_.buffer(parameter.value).shape;
   parameter.adam_m = add({"adam_m/" + name, BufferKind::optimizer_state, c.mu_dtype, shape});
   parameter.adam_v = add({"adam_v/" + name, BufferKind::optimizer_state, c.mu_dtype, shape});
   if (c.weight_dtype != c.mu_dtype) {
@@ -120,7 +122,10 @@ void SpecBuilder::finish() {
   }
   backward_groups_.clear();
   spec_.blocks = std::move(blocks_);
-  if (!decoding()) declare_update();
+  stack_scan_groups(spec_);
+  if (decoding()) return;
+  for (ParameterDecl& parameter : spec_.parameters) declare_moments(parameter);
+  declare_update();
 }
 
 // The update kernel's ops: the step counter, the global gradient norm, the clip, then AdamW per parameter.
@@ -143,16 +148,26 @@ void SpecBuilder::declare_update() {
     const ParameterDecl& parameter = spec_.parameters[k];
     const BufferId gradient = parameter.gradient;
     const int64_t count = spec_.buffer(gradient).shape.elements();
-    // Sizes come from the views: under FSDP or ZeRO-1 the plan binds these ops to shards.
+    // Each layer's squared norm into its own slot (a stacked gradient, and any shard of it, is its layers'
+    // blocks one after another). Sizes come from the views: under FSDP or ZeRO-1 the plan binds these ops
+    // to shards.
+    std::vector<int32_t> slots = {parameter.norm_slot};
+    if (parameter.stacked()) {
+      slots.clear();
+      for (const ParameterDecl::Member& member : parameter.members) slots.push_back(member.norm_slot);
+    }
     spec_.update.push_back({"optimizer/grad_norm/" + parameter.canonical_name,
                             {gradient},
                             {},
                             2.0 * static_cast<double>(count),
                             [=](const OpContext& context) {
                               const TensorView view = context.view(gradient);
-                              context.update->sum_of_squares +=
-                                  context.share *
-                                  context.kernels->sum_of_squares(view.f32(), view.elements());
+                              const int64_t block = view.elements() / static_cast<int64_t>(slots.size());
+                              for (size_t i = 0; i < slots.size(); ++i) {
+                                context.update->norm_slots.at(static_cast<size_t>(slots[i])) +=
+                                    context.share * context.kernels->sum_of_squares(
+                                                        view.f32() + static_cast<int64_t>(i) * block, block);
+                              }
                             },
                             OpKind::optimizer});
     spec_.update.back().role = OpRole::grad_norm;
@@ -165,6 +180,7 @@ void SpecBuilder::declare_update() {
                           0.0,
                           [=](const OpContext& context) {
                             UpdateState& u = *context.update;
+                            u.fold_norm_slots();
                             // With no valid target the gradient is zero: the step still decays weights and
                             // advances the moments.
                             const double token_scale = u.global_valid_count > 0

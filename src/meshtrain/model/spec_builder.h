@@ -61,7 +61,8 @@ class SpecBuilder {
   // `shard` is the other side of a gather or scatter.
   std::vector<OpDecl> collective(const std::string& name, CollectiveKind kind, MeshAxis axis, BufferId buffer,
                                  BufferId shard = kNoBuffer, int64_t group = 0) const;
-  // Appends the layer groups in reverse order after the loss's backward, and declares the update ops.
+  // Appends the layer groups in reverse order after the loss's backward, stacks the scan groups
+  // (scan_layers, model/scan.h), and declares the moments and the update ops.
   void finish();
 
   ModelSpec& spec() { return spec_; }
@@ -70,8 +71,8 @@ class SpecBuilder {
 
  private:
   BufferId add(BufferDecl buffer);
-  // A parameter's gradient, Adam moments and (lower-precision weights) master copy.
-  void declare_training_state(ParameterDecl& parameter, const std::string& name, const Shape& shape);
+  // A parameter's Adam moments and (lower-precision weights) master copy, at its value's shape.
+  void declare_moments(ParameterDecl& parameter);
   void declare_update();
   ModelSpec& spec_;
   std::vector<std::vector<OpDecl>> backward_groups_;

@@ -19,40 +19,57 @@ std::vector<PlanStep> insert_fsdp(TrainingPlan& plan, const std::vector<std::vec
       const ParameterDecl& parameter = spec.parameters[k];
       const ParameterStorage& store = plan.storage[k];
       if (!store.gathered) continue;
-      const std::string& name = parameter.canonical_name;
+      // What is gathered as one: the parameter, or each layer of a stacked one (its block of the shard).
+      struct Unit {
+        std::string name;
+        BufferId value, gradient;
+        PlanBufferId value_store, gradient_store;
+      };
+      std::vector<Unit> units;
+      if (!parameter.stacked()) {
+        units.push_back({parameter.canonical_name, parameter.value, parameter.gradient, store.value_store,
+                         store.gradient_store});
+      }
+      for (size_t i = 0; i < parameter.members.size(); ++i) {
+        const ParameterDecl::Member& member = parameter.members[i];
+        units.push_back({member.canonical_name, member.value, member.gradient, store.member_value_stores[i],
+                         member.gradient == kNoBuffer ? -1 : store.member_gradient_stores[i]});
+      }
       const int32_t index = static_cast<int32_t>(k);
-      size_t first_read = ops.size(), first_write = ops.size(), last_write = 0;
-      for (size_t i = 0; i < ops.size(); ++i) {
-        if (first_read == ops.size() && contains(ops[i]->reads, parameter.value)) first_read = i;
-        if (contains(ops[i]->writes, parameter.gradient)) {
-          first_write = std::min(first_write, i);
-          last_write = i;
+      for (const Unit& unit : units) {
+        size_t first_read = ops.size(), first_write = ops.size(), last_write = 0;
+        for (size_t i = 0; i < ops.size(); ++i) {
+          if (first_read == ops.size() && contains(ops[i]->reads, unit.value)) first_read = i;
+          if (contains(ops[i]->writes, unit.gradient)) {
+            first_write = std::min(first_write, i);
+            last_write = i;
+          }
         }
-      }
-      const int64_t outer = shard_outer(plan.buffers[static_cast<size_t>(store.value_store)], MeshAxis::fsdp,
-                                        spec.buffer(parameter.value).shape);
-      if (first_read < ops.size()) {
-        before[first_read].push_back(add_collective_op(
-            plan, "fsdp/gather/" + name + (p == 0 ? "" : "#backward"), OpRole::fsdp_gather, index,
-            CollectiveKind::all_gather, MeshAxis::fsdp, parameter.value, store.value_store, outer));
-      }
-      if (with_gradients && first_write < ops.size()) {
-        const BufferId full = parameter.gradient;
-        OpDecl zero{"fsdp/zero/" + name,
-                    {},
-                    {full},
-                    0.0,
-                    [full](const OpContext& context) {
-                      const TensorView view = context.view(full);
-                      std::memset(view.data, 0, view.bytes());
-                    },
-                    OpKind::memory};
-        zero.role = OpRole::fsdp_zero;
-        zero.parameter = index;
-        before[first_write].push_back(add_plan_op(plan, std::move(zero)));
-        after[last_write].push_back(add_collective_op(
-            plan, "fsdp/reduce_scatter/" + name, OpRole::fsdp_reduce_scatter, index,
-            CollectiveKind::reduce_scatter, MeshAxis::fsdp, full, store.gradient_store, outer, true));
+        const int64_t outer = shard_outer(plan.buffers[static_cast<size_t>(unit.value_store)], MeshAxis::fsdp,
+                                          spec.buffer(unit.value).shape);
+        if (first_read < ops.size()) {
+          before[first_read].push_back(add_collective_op(
+              plan, "fsdp/gather/" + unit.name + (p == 0 ? "" : "#backward"), OpRole::fsdp_gather, index,
+              CollectiveKind::all_gather, MeshAxis::fsdp, unit.value, unit.value_store, outer));
+        }
+        if (with_gradients && first_write < ops.size()) {
+          const BufferId full = unit.gradient;
+          OpDecl zero{"fsdp/zero/" + unit.name,
+                      {},
+                      {full},
+                      0.0,
+                      [full](const OpContext& context) {
+                        const TensorView view = context.view(full);
+                        std::memset(view.data, 0, view.bytes());
+                      },
+                      OpKind::memory};
+          zero.role = OpRole::fsdp_zero;
+          zero.parameter = index;
+          before[first_write].push_back(add_plan_op(plan, std::move(zero)));
+          after[last_write].push_back(add_collective_op(
+              plan, "fsdp/reduce_scatter/" + unit.name, OpRole::fsdp_reduce_scatter, index,
+              CollectiveKind::reduce_scatter, MeshAxis::fsdp, full, unit.gradient_store, outer, true));
+        }
       }
     }
     for (size_t i = 0; i < ops.size(); ++i) {

@@ -39,7 +39,8 @@ OverlapSchedule plan_overlap(const TrainingPlan& plan) {
       size_t last = kernel->ops.size();
       for (size_t i = 0; i < kernel->ops.size(); ++i) {
         for (const auto& binding : kernel->ops[i].buffers) {
-          if (binding.second == store) last = i;
+          // A stacked gradient is written through its layers' views.
+          if (view_owner(plan, binding.second) == store) last = i;
         }
       }
       if (last < kernel->ops.size()) ready[last].push_back(u);

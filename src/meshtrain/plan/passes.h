@@ -46,6 +46,9 @@ int64_t shard_outer(const PlanBuffer& store, MeshAxis axis, const Shape& full);
 // storage.cpp: every spec buffer at its per-device size, parameter storage (FSDP shards, ZeRO-1 data
 // shards) and the persistent region's offsets: fills plan.buffers, plan.storage, plan.persistent_bytes.
 void plan_storage(TrainingPlan& plan);
+// storage.cpp: the buffer a stacked parameter's layer view (or a view of its shard) lives in; `id` itself
+// otherwise (ZeRO-1's data-rank slots included).
+PlanBufferId view_owner(const TrainingPlan& plan, PlanBufferId id);
 
 // remat.cpp: the backward op order of the spec under its remat policy, each block's recomputed forward ops
 // first.

@@ -50,7 +50,12 @@ struct PlanBuffer {
   size_t bytes = 0;
   bool persistent = false;    // lives across kernels (the arguments): one offset in the arena
   size_t offset = 0;          // persistent buffers: arena offset
-  PlanBufferId part_of = -1;  // a shard viewed inside another buffer (ZeRO-1's slice of a parameter)
+  // A view inside another (persistent) buffer, `part_offset` bytes in: a layer's block of a stacked
+  // parameter or of its FSDP shard; or (data_rank_slot) ZeRO-1's shard of a parameter, at this data rank's
+  // slot (part_offset + data coordinate x bytes).
+  PlanBufferId part_of = -1;
+  size_t part_offset = 0;
+  bool data_rank_slot = false;
   std::string layer;          // "decoder/layers_3", "token_embedder", ... for --explain
 
   // Whether any dim is split over `axis` (else every rank of that axis holds the same values).
@@ -111,6 +116,9 @@ struct ParameterStorage {
   bool gathered = false;  // FSDP: the spec's value and gradient are per-layer temporaries
   PlanBufferId value_data_shard = -1, gradient_data_shard = -1;
   int64_t data_outer = 1;  // ZeRO-1: > 1 when the data shard is strided in the parameter
+  // A stacked parameter: where each member's value and gradient persist (views of the stores' blocks),
+  // parallel to ParameterDecl::members.
+  std::vector<PlanBufferId> member_value_stores, member_gradient_stores;
 };
 
 // When the data-axis gradient reductions of update may start early, during the last micro-batch's backward

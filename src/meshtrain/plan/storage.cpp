@@ -14,6 +14,13 @@ void plan_storage(TrainingPlan& plan) {
     buffer.persistent = decl.kind == BufferKind::parameter || decl.kind == BufferKind::gradient ||
                         decl.kind == BufferKind::optimizer_state || decl.kind == BufferKind::step_counter ||
                         decl.kind == BufferKind::cache || decl.kind == BufferKind::input;
+    if (decl.stack != kNoBuffer) {
+      // A layer's block of a stacked parameter: a view, placed with its stack below.
+      buffer.part_of = decl.stack;
+      buffer.part_offset = static_cast<size_t>(decl.stack_index) * static_cast<size_t>(buffer.shape.elements()) *
+                           dtype_bytes(buffer.dtype);
+      buffer.persistent = false;
+    }
     if (decl.kind == BufferKind::optimizer_state) {
       const TensorSharding layout =
           sharding.storage_layout(decl.shape, spec.config.shard_optimizer_over_data);
@@ -23,7 +30,7 @@ void plan_storage(TrainingPlan& plan) {
     add_plan_buffer(plan, std::move(buffer));
   }
   for (const ParameterDecl& parameter : spec.parameters) {
-    ParameterStorage store{parameter.value, parameter.gradient, false, -1, -1, 1};
+    ParameterStorage store{parameter.value, parameter.gradient, false, -1, -1, 1, {}, {}};
     const BufferDecl& value = spec.buffer(parameter.value);
     const TensorSharding fsdp = sharding.storage_layout(value.shape, false);
     if (fsdp.local.elements() != value.shape.elements()) {
@@ -39,6 +46,31 @@ void plan_storage(TrainingPlan& plan) {
         (id == parameter.value ? store.value_store : store.gradient_store) = shard_id;
       }
     }
+    for (size_t i = 0; i < parameter.members.size(); ++i) {
+      const ParameterDecl::Member& member = parameter.members[i];
+      if (!store.gathered) {
+        store.member_value_stores.push_back(member.value);
+        store.member_gradient_stores.push_back(member.gradient);
+        continue;
+      }
+      // FSDP: each layer gathers its own block of the stacked shard, as the per-layer layout gathers the
+      // layer's own shard (the layer axis is never split, so the block is the layer's shard).
+      const TensorSharding member_fsdp = sharding.storage_layout(spec.buffer(member.value).shape, false);
+      for (BufferId id : {member.value, member.gradient}) {
+        if (id == kNoBuffer) continue;
+        PlanBuffer& full = plan.buffers[static_cast<size_t>(id)];
+        full.kind = BufferKind::communication;
+        full.part_of = -1;
+        full.part_offset = 0;
+        const bool is_value = id == member.value;
+        PlanBuffer shard{"fsdp_shard/" + full.name, is_value ? BufferKind::parameter : BufferKind::gradient,
+                         full.dtype, member_fsdp.local, member_fsdp.dims};
+        shard.part_of = is_value ? store.value_store : store.gradient_store;
+        shard.part_offset = i * static_cast<size_t>(member_fsdp.local.elements()) * dtype_bytes(full.dtype);
+        (is_value ? store.member_value_stores : store.member_gradient_stores)
+            .push_back(add_plan_buffer(plan, shard));
+      }
+    }
     if (spec.config.shard_optimizer_over_data && mesh.size(MeshAxis::data) > 1) {
       const TensorSharding zero1 = sharding.storage_layout(value.shape, true);
       if (zero1.local.elements() * mesh.size(MeshAxis::data) == fsdp.local.elements()) {
@@ -52,7 +84,10 @@ void plan_storage(TrainingPlan& plan) {
         PlanBuffer value_shard{"data_shard/" + value_store.name,
                                store.data_outer == 1 ? BufferKind::parameter : BufferKind::communication,
                                value_store.dtype, zero1.local, zero1.dims};
-        if (store.data_outer == 1) value_shard.part_of = store.value_store;
+        if (store.data_outer == 1) {
+          value_shard.part_of = store.value_store;
+          value_shard.data_rank_slot = true;
+        }
         store.value_data_shard = add_plan_buffer(plan, std::move(value_shard));
         // A contiguous gradient shard persists, so its reduce-scatter can start during the last micro-batch's
         // backward; a strided one goes through a staging buffer in update.
@@ -77,8 +112,14 @@ void plan_storage(TrainingPlan& plan) {
   }
   plan.persistent_bytes = offset;
   for (PlanBuffer& buffer : plan.buffers) {
-    if (buffer.part_of >= 0) buffer.offset = plan.buffers[static_cast<size_t>(buffer.part_of)].offset;
+    if (buffer.part_of >= 0)
+      buffer.offset = plan.buffers[static_cast<size_t>(buffer.part_of)].offset + buffer.part_offset;
   }
+}
+
+PlanBufferId view_owner(const TrainingPlan& plan, PlanBufferId id) {
+  const PlanBuffer& buffer = plan.buffers[static_cast<size_t>(id)];
+  return buffer.part_of >= 0 && !buffer.data_rank_slot ? buffer.part_of : id;
 }
 
 }  // namespace meshtrain

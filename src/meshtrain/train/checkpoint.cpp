@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <numeric>
@@ -27,6 +28,7 @@
 #include "meshtrain/core/durable_file.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/io/safetensors.h"
+#include "meshtrain/train/checkpoint_layout.h"
 
 namespace meshtrain {
 namespace {
@@ -269,6 +271,41 @@ GatheredState gather_state(const Engine& engine) {
   return gathered;
 }
 
+// The moments' name prefixes, in file order ("" is the value, in model.safetensors).
+const std::vector<std::string> kMomentPrefixes = {"adam_m/", "adam_v/"};
+
+BufferId tensor_of(const ParameterDecl& parameter, const std::string& prefix) {
+  return prefix.empty() ? parameter.value : prefix == "adam_m/" ? parameter.adam_m : parameter.adam_v;
+}
+
+// One per-layer tensor (or a whole other parameter) as the engine holds it: `offset` elements into the
+// global tensor of its parameter's value or moment.
+struct TensorPiece {
+  std::string canonical;      // with the moment's prefix
+  std::vector<int64_t> dims;  // global
+  int64_t offset = 0;
+};
+
+std::vector<TensorPiece> pieces_of(const Engine& engine, size_t p, const std::string& prefix) {
+  const ParameterDecl& parameter = engine.parameters().decl(p);
+  const std::vector<int64_t> dims = engine.global_shape(parameter.value);
+  if (!parameter.stacked()) return {{prefix + engine.parameters().name(p), dims, 0}};
+  // A stacked parameter [layers, rest...]: layer i is the i-th block of rest's size.
+  const std::vector<int64_t> rest(dims.begin() + 1, dims.end());
+  int64_t block = 1;
+  for (int64_t size : rest) block *= size;
+  std::vector<TensorPiece> pieces;
+  for (size_t i = 0; i < parameter.members.size(); ++i)
+    pieces.push_back({prefix + parameter.members[i].canonical_name, rest, static_cast<int64_t>(i) * block});
+  return pieces;
+}
+
+// The layout this engine saves in: its own scan_layers and param_scan_axis.
+CheckpointLayout own_layout(const Engine& engine) {
+  const Config& config = engine.spec().config;
+  return CheckpointLayout(config, config.scan_layers, config.param_scan_axis);
+}
+
 // engram.safetensors (see checkpoint.h): int32 and int64 tensors, written and read whole.
 void write_engram_hashing(const std::string& path, const EngramHashing& hashing,
                           const std::map<std::string, std::string>& metadata) {
@@ -369,18 +406,28 @@ void write_checkpoint_files(const fs::path& directory, const Engine& engine, con
   std::vector<SafetensorsTensor> parameters, moments;
   const ParameterStore& store = engine.parameters();
   const size_t count = store.size();
-  for (size_t p = 0; p < count; ++p) {
-    const BufferId value = store.decl(p).value;
-    parameters.push_back({store.name(p), dtype_safetensors_name(spec.buffer(value).dtype),
-                          engine.global_shape(value), gathered.tensors[p].data()});
-  }
-  for (size_t moment = 0; moment < 2; ++moment) {
+  const CheckpointLayout layout = own_layout(engine);
+  // A stacked tensor is written with its layer axis where param_scan_axis puts it.
+  std::vector<std::vector<float>> reordered;
+  reordered.reserve(3 * count);
+  for (size_t moment = 0; moment < 3; ++moment) {
+    const std::string prefix = moment == 0 ? "" : kMomentPrefixes[moment - 1];
     for (size_t p = 0; p < count; ++p) {
       const ParameterDecl& parameter = store.decl(p);
-      const BufferId id = moment == 0 ? parameter.adam_m : parameter.adam_v;
-      moments.push_back({(moment == 0 ? "adam_m/" : "adam_v/") + store.name(p),
-                         dtype_safetensors_name(spec.buffer(id).dtype), engine.global_shape(id),
-                         gathered.tensors[(moment + 1) * count + p].data()});
+      const BufferId id = tensor_of(parameter, prefix);
+      const std::vector<float>& tensor = gathered.tensors[moment * count + p];
+      SafetensorsTensor entry{prefix + store.name(p), dtype_safetensors_name(spec.buffer(id).dtype),
+                              engine.global_shape(id), tensor.data()};
+      if (parameter.stacked()) {
+        const TensorPiece first = pieces_of(engine, p, prefix).front();
+        const CheckpointTensorPlace place = layout.place(first.canonical, first.dims);
+        MT_CHECK(place.name == entry.name, "stacked tensor " + entry.name + " placed as " + place.name);
+        reordered.push_back(stack_in_checkpoint_order(tensor, static_cast<int64_t>(parameter.members.size()),
+                                                      first.dims, place.axis));
+        entry.shape = place.dims;
+        entry.data = reordered.back().data();
+      }
+      (moment == 0 ? parameters : moments).push_back(entry);
     }
   }
   const std::map<std::string, std::string> tensor_metadata = {{"format", "pt"},
@@ -548,19 +595,17 @@ std::string config_difference(const json& saved_config, const Config& config) {
   return text;
 }
 
-// Checks that `file` holds exactly the engine's tensors (names as given) with the same shapes.
-void verify_tensors(const SafetensorsFile& file,
-                    const std::vector<std::pair<std::string, BufferId>>& expected, const Engine& engine,
+// Checks that `file` holds exactly the tensors the run reads (name -> shape, in the checkpoint's layout).
+void verify_tensors(const SafetensorsFile& file, const std::map<std::string, std::vector<int64_t>>& expected,
                     const std::string& hint) {
   std::set<std::string> names;
-  for (const auto& [name, id] : expected) {
+  for (const auto& [name, dims] : expected) {
     names.insert(name);
     const SafetensorsEntry* entry = file.find(name);
     if (entry == nullptr) {
       fail(tensor_where(file.path(), name), "the tensor (this run's model has it)",
            "missing from the checkpoint", hint);
     }
-    const std::vector<int64_t> dims = engine.global_shape(id);
     if (entry->shape != dims) {
       fail(tensor_where(file.path(), name), "shape " + dims_text(dims) + " (as this run's config builds it)",
            "shape " + dims_text(entry->shape), hint);
@@ -713,9 +758,6 @@ CheckpointState load_checkpoint(const std::string& checkpoint_dir, Engine& engin
               "with (its metadata.json 'config')"
             : "the checkpoint was saved from a different model (" + difference +
                   "); load it with the config it was saved with (its metadata.json 'config')";
-    if (m.at("scan_layers").get<bool>() != spec.config.scan_layers) {
-      layout_hint += "; converting between scan_layers layouts is not supported yet";
-    }
 
     if (!parameters_only && m.value("parameters_only", false)) {
       fail(
@@ -738,7 +780,7 @@ CheckpointState load_checkpoint(const std::string& checkpoint_dir, Engine& engin
       state.rng = m.at("rng");
     }
   } catch (const json::exception& e) {
-    fail(metadata_where, "a metadata.json written by meshtrain (format version 1)", e.what(),
+    fail(metadata_where, "a metadata.json written by meshtrain (format version 1 or 2)", e.what(),
          "the checkpoint is damaged or not a meshtrain checkpoint; use another checkpoint");
   }
 
@@ -750,34 +792,45 @@ CheckpointState load_checkpoint(const std::string& checkpoint_dir, Engine& engin
   // Everything is verified before the first byte of the engine changes: a failed load leaves it as it was.
   MT_CHECK(parameters_only || !spec.decoding(), "a decode engine holds no optimizer state to load");
   const ParameterStore& store = engine.parameters();
-  std::vector<std::pair<std::string, BufferId>> parameters, moments;
-  for (size_t p = 0; p < store.size(); ++p) {
-    MT_CHECK(store.value(p).dtype == DType::f32, "checkpoint loading reads float32 buffers");
-    parameters.emplace_back(store.name(p), store.decl(p).value);
+  // Every tensor the run reads, where the checkpoint's layout (stacked or per layer) keeps it.
+  const CheckpointLayout saved = CheckpointLayout::saved(context.metadata, spec.config);
+  std::map<std::string, std::vector<int64_t>> model_tensors, moment_tensors;
+  for (size_t moment = 0; moment < (parameters_only ? 1 : 3); ++moment) {
+    const std::string prefix = moment == 0 ? "" : kMomentPrefixes[moment - 1];
+    for (size_t p = 0; p < store.size(); ++p) {
+      MT_CHECK(store.value(p).dtype == DType::f32, "checkpoint loading reads float32 buffers");
+      for (const TensorPiece& piece : pieces_of(engine, p, prefix)) {
+        const CheckpointTensorPlace place = saved.place(piece.canonical, piece.dims);
+        (moment == 0 ? model_tensors : moment_tensors)[place.name] = place.dims;
+      }
+    }
   }
-  for (size_t p = 0; p < store.size(); ++p)
-    moments.emplace_back("adam_m/" + store.name(p), store.decl(p).adam_m);
-  for (size_t p = 0; p < store.size(); ++p)
-    moments.emplace_back("adam_v/" + store.name(p), store.decl(p).adam_v);
+  if (saved.stacked() != spec.config.scan_layers) {
+    layout_hint += std::string("; the checkpoint is stored ") + (saved.stacked() ? "stacked" : "per layer") +
+                   " and converted to this run's layout";
+  }
   const SafetensorsFile model = SafetensorsFile::open((context.directory / kModelFile).string());
-  verify_tensors(model, parameters, engine, layout_hint);
+  verify_tensors(model, model_tensors, layout_hint);
   std::optional<SafetensorsFile> optimizer;
   if (!parameters_only) {
     optimizer.emplace(SafetensorsFile::open((context.directory / kOptimizerFile).string()));
-    verify_tensors(*optimizer, moments, engine, layout_hint);
+    verify_tensors(*optimizer, moment_tensors, layout_hint);
   }
-  // Whole tensors are read and each rank keeps its shard: a checkpoint loads on any mesh.
-  const auto load = [&](const SafetensorsFile& file, const std::string& name, BufferId id) {
-    const std::vector<int64_t> dims = engine.global_shape(id);
-    int64_t count = 1;
-    for (int64_t size : dims) count *= size;
-    std::vector<float> global(static_cast<size_t>(count));
-    file.read_f32(name, dims, global.data());
-    engine.scatter_global(id, global.data());
-  };
-  for (const auto& [name, id] : parameters) load(model, name, id);
-  if (optimizer) {
-    for (const auto& [name, id] : moments) load(*optimizer, name, id);
+  // Whole tensors are assembled (a stacked one from its layers) and each rank keeps its shard: a checkpoint
+  // loads on any mesh and into either layout.
+  for (size_t moment = 0; moment < (parameters_only ? 1 : 3); ++moment) {
+    const std::string prefix = moment == 0 ? "" : kMomentPrefixes[moment - 1];
+    for (size_t p = 0; p < store.size(); ++p) {
+      const BufferId id = tensor_of(store.decl(p), prefix);
+      int64_t count = 1;
+      for (int64_t size : engine.global_shape(id)) count *= size;
+      std::vector<float> global(static_cast<size_t>(count));
+      for (const TensorPiece& piece : pieces_of(engine, p, prefix)) {
+        CheckpointLayout::read(moment == 0 ? model : *optimizer, saved.place(piece.canonical, piece.dims),
+                               global.data() + piece.offset);
+      }
+      engine.scatter_global(id, global.data());
+    }
   }
   if (saved_hashing) *engram_hashing = std::move(*saved_hashing);
   return state;
@@ -824,6 +877,40 @@ void ParameterCheckpointWriter::commit(const Config& config, const CheckpointMod
   }
   fsync_directory(final_.parent_path().empty() ? "." : final_.parent_path().string());
   committed_ = true;
+}
+
+std::string run_start_checkpoint(const Config& config) {
+  if (const std::optional<std::string> latest = latest_checkpoint(config.run_dir + "/checkpoints"))
+    return *latest;
+  if (!config.load_full_state_path.empty()) return config.load_full_state_path;
+  return config.load_parameters_path;
+}
+
+std::string adopt_checkpoint_layout(Config& config) {
+  const std::string checkpoint = run_start_checkpoint(config);
+  if (checkpoint.empty() || config.given.contains("scan_layers")) return "";
+  json metadata;
+  try {
+    std::ifstream file(fs::path(checkpoint) / kMetadataFile);
+    if (!file) return "";
+    metadata = json::parse(file);
+    if (!metadata.contains("scan_layers") || !metadata["scan_layers"].is_boolean()) return "";
+  } catch (const json::exception&) {
+    return "";
+  }
+  const bool stacked = metadata["scan_layers"].get<bool>();
+  std::string line;
+  if (stacked != config.scan_layers) {
+    config.set("scan_layers", stacked ? "true" : "false");
+    line = std::string("scan_layers=") + (stacked ? "true" : "false");
+  }
+  if (stacked && !config.given.contains("param_scan_axis") && metadata.contains("param_scan_axis") &&
+      metadata["param_scan_axis"].is_number_integer() &&
+      metadata["param_scan_axis"].get<int64_t>() != config.param_scan_axis) {
+    config.set("param_scan_axis", std::to_string(metadata["param_scan_axis"].get<int64_t>()));
+    line += (line.empty() ? "" : " ") + std::string("param_scan_axis=") + std::to_string(config.param_scan_axis);
+  }
+  return line.empty() ? "" : line + " (unset here) adopted from " + checkpoint;
 }
 
 Config checkpoint_config(const std::string& checkpoint_dir,

@@ -4,7 +4,9 @@
 //
 // Layout of <checkpoints_dir>:
 //   step_00000042/                 a committed checkpoint (the only kind latest_checkpoint returns)
-//     model.safetensors            parameters, named as the engine names them (spec().buffer(id).name)
+//     model.safetensors            parameters, named as the engine names them (spec().buffer(id).name): per
+//                                  layer, or stacked per scan group with the layer axis at param_scan_axis
+//                                  (scan_layers; train/checkpoint_layout.h); loading converts either way
 //     optimizer.safetensors        "adam_m/<name>", "adam_v/<name>"
 //     tokenizer.json               copy of the run's tokenizer (or encoder.json + vocab.bpe), if any
 //     engram.safetensors           models with Engram: the compressed vocabulary ("compress" [V], "pad_id"),
@@ -35,7 +37,8 @@
 
 namespace meshtrain {
 
-inline constexpr int64_t kCheckpointFormatVersion = 1;
+// 2: the stacked layout (scan_layers) exists; format 1 checkpoints are per layer and keep loading.
+inline constexpr int64_t kCheckpointFormatVersion = 2;
 
 struct CheckpointState {
   int64_t step = 0;            // optimizer steps completed
@@ -109,6 +112,14 @@ class ParameterCheckpointWriter {
 // of the preset, so a checkpoint stays loadable when presets change), with `replaced` keys set instead.
 Config checkpoint_config(const std::string& checkpoint_dir,
                          const std::map<std::string, std::string>& replaced);
+
+// The checkpoint a run starts from, as the run picks it: the newest committed one in
+// <run_dir>/checkpoints, else load_full_state_path, else load_parameters_path; "" for none.
+std::string run_start_checkpoint(const Config& config);
+// scan_layers and param_scan_axis that the user left unset (Config::given) take the values the checkpoint
+// the run starts from was saved with, so a stacked checkpoint resumes stacked. Returns a line saying what
+// was adopted ("" when nothing was). An unreadable checkpoint adopts nothing: its load reports it.
+std::string adopt_checkpoint_layout(Config& config);
 
 // The checkpoint a path names: a directory holding metadata.json as given, else the newest committed
 // checkpoint in it or in its checkpoints/ (a run_dir). `flag` names the argument in errors.

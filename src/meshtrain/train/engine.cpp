@@ -93,7 +93,7 @@ class PlannedOpContext : public OpContext {
       const PlanBuffer& buffer = engine_.plan_.buffers[static_cast<size_t>(op_->buffers[i].second)];
       // ZeRO-1's shard of a parameter is this data rank's contiguous slot of it.
       const size_t slot =
-          buffer.part_of >= 0 ? static_cast<size_t>(engine_.coordinates_[MeshAxis::data]) * buffer.bytes : 0;
+          buffer.data_rank_slot ? static_cast<size_t>(engine_.coordinates_[MeshAxis::data]) * buffer.bytes : 0;
       return {engine_.arena_.at(op_->offsets[i] + slot), buffer.dtype, buffer.shape};
     }
     MT_CHECK(false, "op '" + op_->op->name + "' touches '" +
@@ -192,6 +192,7 @@ void Engine::run_collective(const PlanOp& op, const OpContext& context, UpdateSt
     return;
   }
   if (op.op->role == OpRole::reduce_grad_norm) {
+    update->fold_norm_slots();
     comm.all_reduce(comm_buffer(&update->sum_of_squares, 1), ReduceOp::sum, name);
     return;
   }
@@ -268,7 +269,11 @@ TensorView Engine::view(BufferId id) const {
 
 PlanBufferId Engine::stored_buffer(BufferId id) const {
   for (size_t p = 0; p < plan_.spec.parameters.size(); ++p) {
-    if (plan_.spec.parameters[p].value == id) return plan_.storage[p].value_store;
+    const ParameterDecl& parameter = plan_.spec.parameters[p];
+    if (parameter.value == id) return plan_.storage[p].value_store;
+    for (size_t i = 0; i < parameter.members.size(); ++i) {
+      if (parameter.members[i].value == id) return plan_.storage[p].member_value_stores[i];
+    }
   }
   return id;  // moments persist in their own (storage-layout) buffers
 }
@@ -340,17 +345,26 @@ void Engine::initialize_parameters() {
     const GlobalIndex index = global_index(plan_.storage[p].value_store, parameter.value);
     float* values = parameters_.value(p).f32();
     const int64_t count = parameters_.value(p).elements();
-    const PhiloxKey key = philox_key(seed, parameter.canonical_name);
+    // A stacked parameter's layers each draw from their own per-layer stream, as in the per-layer layout:
+    // element g of the stack is element g % per_layer of layer g / per_layer (the layer axis is outermost).
+    std::vector<PhiloxKey> keys;
+    for (const ParameterDecl::Member& member : parameter.members) keys.push_back(philox_key(seed, member.canonical_name));
+    if (keys.empty()) keys.push_back(philox_key(seed, parameter.canonical_name));
+    int64_t per_layer = 1;
+    for (int64_t size : global_shape(parameter.value)) per_layer *= size;
+    per_layer /= static_cast<int64_t>(keys.size());
     const float constant = parameter.init == ParameterInit::ones ? 1.0f
                            : parameter.init == ParameterInit::constant
                                ? static_cast<float>(parameter.init_value)
                                : 0.0f;
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < count; ++i) {
-      values[i] =
-          parameter.init == ParameterInit::normal
-              ? static_cast<float>(parameter.init_std * normal_at(key, static_cast<uint64_t>(index(i))))
-              : constant;
+      const int64_t global = index(i);
+      values[i] = parameter.init == ParameterInit::normal
+                      ? static_cast<float>(parameter.init_std *
+                                           normal_at(keys[static_cast<size_t>(global / per_layer)],
+                                                     static_cast<uint64_t>(global % per_layer)))
+                      : constant;
     }
     if (plan_.spec.decoding()) continue;  // no moments
     std::memset(view(parameter.adam_m).data, 0, view(parameter.adam_m).bytes());
@@ -560,6 +574,7 @@ UpdateResult Engine::update(int64_t valid_count, double learning_rate, int64_t s
   state.global_valid_count = valid_count;  // the plan's all-reduces make it global
   state.learning_rate = learning_rate;
   state.step = step;
+  state.norm_slots.assign(static_cast<size_t>(plan_.spec.norm_slots), 0.0);
   run(KernelName::update, &state);
   return {state.raw_grad_norm, state.grad_norm, state.nonfinite};
 }

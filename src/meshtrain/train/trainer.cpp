@@ -6,6 +6,7 @@
 
 #include "meshtrain/comm/communicator.h"
 #include "meshtrain/core/error.h"
+#include "meshtrain/train/checkpoint.h"
 #include "meshtrain/train/run.h"
 
 namespace meshtrain {
@@ -21,7 +22,10 @@ TrainingSummary train_on_ranks(const Config& config, RunSetup setup, std::FILE* 
 
 }  // namespace
 
-TrainingSummary run_training(const Config& config, std::FILE* console, const RunControl& control) {
+TrainingSummary run_training(const Config& given_config, std::FILE* console, const RunControl& control) {
+  // A checkpoint the run starts from decides the layout the user left unset.
+  Config config = given_config;
+  const std::string adopted = adopt_checkpoint_layout(config);
   // One process, or every rank of an mpirun job.
   RunRanks ranks;
   ranks.world = make_world_communicator(config.collective_timeout_s);
@@ -30,6 +34,7 @@ TrainingSummary run_training(const Config& config, std::FILE* console, const Run
   run_setup_on_all_ranks(*ranks.world, [&] {
     ranks.world->require_same_on_all_ranks(run_identity(config), "the meshtrain binary and resolved config");
   });
+  if (!adopted.empty() && ranks.world->rank() == 0) std::fprintf(console, "%s\n", adopted.c_str());
   try {
     return train_on_ranks(config, std::move(setup), console, control, ranks);
   } catch (const MeshError& error) {

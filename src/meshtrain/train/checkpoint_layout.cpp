@@ -1,0 +1,72 @@
+#include "meshtrain/train/checkpoint_layout.h"
+
+#include <algorithm>
+#include <cstring>
+#include <optional>
+
+#include "meshtrain/core/error.h"
+
+namespace meshtrain {
+namespace {
+
+int64_t product(std::vector<int64_t>::const_iterator begin, std::vector<int64_t>::const_iterator end) {
+  int64_t count = 1;
+  for (auto it = begin; it != end; ++it) count *= *it;
+  return count;
+}
+
+}  // namespace
+
+CheckpointLayout::CheckpointLayout(const Config& model, bool stacked, int64_t scan_axis)
+    : segments_(decoder_segments(model)), stacked_(stacked), scan_axis_(scan_axis) {}
+
+CheckpointLayout CheckpointLayout::saved(const nlohmann::json& metadata, const Config& model) {
+  return CheckpointLayout(model, metadata.value("scan_layers", false), metadata.value("param_scan_axis", 1));
+}
+
+CheckpointTensorPlace CheckpointLayout::place(const std::string& name, const std::vector<int64_t>& dims) const {
+  CheckpointTensorPlace whole{name, dims, -1, 0};
+  if (!stacked_) return whole;
+  const size_t decoder = name.find("decoder/layers_");
+  if (decoder == std::string::npos) return whole;
+  const std::optional<std::pair<int64_t, std::string>> split = split_per_layer_name(name.substr(decoder));
+  if (!split) return whole;
+  const std::optional<ScanPlace> scan = scan_place(segments_, split->first);
+  if (!scan) return whole;  // a single layer keeps its per-layer names
+  CheckpointTensorPlace place;
+  place.name = name.substr(0, decoder) + stacked_name(scan->group, split->second);
+  place.axis = std::min<int64_t>(scan_axis_, static_cast<int64_t>(dims.size()));
+  place.dims = dims;
+  place.dims.insert(place.dims.begin() + place.axis, scan->count);
+  place.index = scan->index;
+  return place;
+}
+
+void CheckpointLayout::read(const SafetensorsFile& file, const CheckpointTensorPlace& place, float* out) {
+  if (place.index < 0) {
+    file.read_f32(place.name, place.dims, out);
+    return;
+  }
+  // Layer `index` of [outer..., count, inner...]: `outer` runs of `inner` elements, count * inner apart.
+  const auto axis = place.dims.begin() + place.axis;
+  const int64_t outer = product(place.dims.begin(), axis), inner = product(axis + 1, place.dims.end());
+  file.read_f32_blocks(place.name, place.dims, place.index * inner, outer, inner, *axis * inner, out);
+}
+
+std::vector<float> stack_in_checkpoint_order(const std::vector<float>& stack, int64_t layers,
+                                             const std::vector<int64_t>& rest, int64_t axis) {
+  const auto at = rest.begin() + std::min<int64_t>(axis, static_cast<int64_t>(rest.size()));
+  const int64_t outer = product(rest.begin(), at), inner = product(at, rest.end());
+  MT_CHECK(static_cast<int64_t>(stack.size()) == layers * outer * inner, "a stacked tensor of another shape");
+  std::vector<float> ordered(stack.size());
+  // stack [layers][outer][inner] -> file [outer][layers][inner]
+  for (int64_t layer = 0; layer < layers; ++layer) {
+    for (int64_t o = 0; o < outer; ++o) {
+      std::memcpy(ordered.data() + (o * layers + layer) * inner, stack.data() + (layer * outer + o) * inner,
+                  static_cast<size_t>(inner) * sizeof(float));
+    }
+  }
+  return ordered;
+}
+
+}  // namespace meshtrain
