@@ -3,7 +3,9 @@
 # committed format-1 checkpoint (tests/reference/checkpoint_v1/, made by make_fixture.sh beside it: a tiny
 # Qwen3, and a DeepSeek-style model with MLA, MoE, Engram and mHC) loads as a full state into its run's
 # config and trains its third step with the loss its own run had at step 3 (1e-6 relative: the same state
-# and batch, on any machine only the kernels' rounding differs).
+# and batch, on any machine only the kernels' rounding differs). Each loads a second time into a stacked run
+# (scan_layers=true, issue 14: the per-layer tensors stacked on load), whose step-3 loss must equal the
+# per-layer load's bitwise.
 # Usage: checkpoint_v1.sh BUILD_DIR
 set -euo pipefail
 meshtrain="$1/meshtrain"
@@ -12,17 +14,25 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 status=0
 for model in qwen3 deepseek; do
-  "$meshtrain" train "$fixtures/$model/config.yaml" load_full_state_path="$fixtures/$model/step_00000002" \
-    run_dir="$work/$model" >"$work/$model.log" 2>&1 || { echo "FAIL: $model"; cat "$work/$model.log"; exit 1; }
-  /usr/bin/python3 - "$fixtures/$model/metrics.jsonl" "$work/$model/metrics.jsonl" "$model" <<'PY' || status=1
+  for layout in per_layer stacked; do
+    scan=false
+    [ "$layout" = stacked ] && scan=true
+    "$meshtrain" train "$fixtures/$model/config.yaml" load_full_state_path="$fixtures/$model/step_00000002" \
+      scan_layers=$scan run_dir="$work/${model}_$layout" >"$work/${model}_$layout.log" 2>&1 ||
+      { echo "FAIL: $model $layout"; cat "$work/${model}_$layout.log"; exit 1; }
+  done
+  /usr/bin/python3 - "$fixtures/$model/metrics.jsonl" "$work/${model}_per_layer/metrics.jsonl" \
+    "$work/${model}_stacked/metrics.jsonl" "$model" <<'PY' || status=1
 import json, sys
 saved = {r["step"]: r["loss"] for r in map(json.loads, open(sys.argv[1]))}
 resumed = {r["step"]: r["loss"] for r in map(json.loads, open(sys.argv[2]))}
-assert sorted(resumed) == [3], sorted(resumed)
+stacked = {r["step"]: r["loss"] for r in map(json.loads, open(sys.argv[3]))}
+assert sorted(resumed) == [3] and sorted(stacked) == [3], (sorted(resumed), sorted(stacked))
 difference = abs(resumed[3] - saved[3]) / abs(saved[3])
-print(f"{sys.argv[3]}: format-1 checkpoint of step 2 loaded; step 3 loss {resumed[3]:.9f} against "
-      f"{saved[3]:.9f} when it was written ({difference:.1e}, bound 1e-6)")
-sys.exit(0 if difference <= 1e-6 else 1)
+print(f"{sys.argv[4]}: format-1 checkpoint of step 2 loaded; step 3 loss {resumed[3]:.9f} against "
+      f"{saved[3]:.9f} when it was written ({difference:.1e}, bound 1e-6); loaded stacked: "
+      f"{stacked[3]:.9f} ({'bitwise equal' if stacked[3] == resumed[3] else 'DIFFERENT'})")
+sys.exit(0 if difference <= 1e-6 and stacked[3] == resumed[3] else 1)
 PY
 done
 exit $status

@@ -56,6 +56,18 @@ cmp "$work/trained.json" "$work/reimported.json" || { echo "FAIL: the export is 
 cmp -s "$work/trained.json" <("$meshtrain" generate --checkpoint "$ckpt" --prompt "$prompt" --max-new-tokens 8 \
   --temperature 0 --output logits) && { echo "FAIL: training changed nothing"; exit 1; }
 echo "trained 3 steps on an import, exported, re-imported: identical logits and tokens PASS"
+# The same with stacked layers (scan_layers=true: the per-layer import stacked on load): the stacked run
+# generates (through a stacked decode spec) and exports exactly what the per-layer run does.
+"$meshtrain" train "$ckpt/config.yaml" load_parameters_path="$ckpt" dataset_path="$work/texts" \
+  run_dir="$work/run_stacked" steps=3 checkpoint_period=3 per_device_batch_size=2 max_target_length=16 \
+  eval_interval=0 scan_layers=true >"$work/train_stacked.log"
+"$meshtrain" generate --checkpoint "$work/run_stacked" --prompt "$prompt" --max-new-tokens 8 --temperature 0 \
+  --output logits >"$work/trained_stacked.json"
+cmp "$work/trained.json" "$work/trained_stacked.json" || { echo "FAIL: stacked training differs"; exit 1; }
+"$meshtrain" export-hf "$work/run_stacked" --out "$work/exported_stacked" --dtype float32 >/dev/null
+cmp "$work/exported/model.safetensors" "$work/exported_stacked/model.safetensors" ||
+  { echo "FAIL: the stacked run exports other weights"; exit 1; }
+echo "the same with scan_layers=true: identical logits, tokens and exported weights PASS"
 
 # Bad input: a clear error, exit 1, nothing half-written left.
 expect_error() {  # expect_error TEXT COMMAND...

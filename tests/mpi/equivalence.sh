@@ -103,18 +103,30 @@ context_cases() {  # context_cases STRATEGY [key=value ...]: the context cases, 
 }
 context_cases all_gather
 context_cases ring
+# Stacked layers (issue 14: scan_layers=true, FSDP gathering each layer's block of the stacked shard, ZeRO-1
+# slicing the stacked tensors): the same losses as the one process, and bitwise the per-layer run's on the
+# same mesh.
+check fsdp2_stacked single 2 4 mesh.fsdp=2 scan_layers=true
+check zero1_dp2_tp2_stacked single 4 2 mesh.data=2 mesh.tensor=2 shard_optimizer_over_data=true scan_layers=true
+check all_gather_cp2_fsdp2_stacked single 4 2 mesh.context=2 mesh.fsdp=2 context_parallel_strategy=all_gather \
+  scan_layers=true
 
 status=0
 for pair in "${cases[@]}"; do
   read -r name baseline <<<"$pair"
   compare "$name" "$baseline" || status=1
 done
-# The same layout twice: bitwise-equal losses.
-python3 - "$work/dp2/metrics.jsonl" "$work/dp2_again/metrics.jsonl" <<'PY' || status=1
+# The same layout twice, and the stacked runs against the per-layer ones: bitwise-equal losses.
+for pair in "dp2 dp2_again" "fsdp2 fsdp2_stacked" "zero1_dp2_tp2 zero1_dp2_tp2_stacked" \
+  "all_gather_cp2_fsdp2 all_gather_cp2_fsdp2_stacked"; do
+  read -r first second <<<"$pair"
+  python3 - "$work/$first/metrics.jsonl" "$work/$second/metrics.jsonl" "$first" "$second" <<'PY' || status=1
 import json, sys
 a = [json.loads(line)["loss"] for line in open(sys.argv[1])]
 b = [json.loads(line)["loss"] for line in open(sys.argv[2])]
-print("dp2 twice: losses bitwise equal" if a == b else f"FAIL: dp2 twice differs: {a} vs {b}")
+print(f"{sys.argv[3]} and {sys.argv[4]}: losses bitwise equal" if a == b
+      else f"FAIL: {sys.argv[3]} and {sys.argv[4]} differ: {a} vs {b}")
 sys.exit(0 if a == b else 1)
 PY
+done
 exit $status

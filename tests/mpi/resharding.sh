@@ -9,6 +9,9 @@
 # expert 4 (one routed expert a rank), one process, expert 2 x tensor 2 and data 2 (experts whole on every
 # rank), the same way.
 # Engram and mHC (issue 13): context 2 x tensor 2 -> one process -> tensor 2 -> context 2 x data 2 (ZeRO-1).
+# Layouts (issue 14): the same chains between stacked (scan_layers=true, the layer axis at param_scan_axis)
+# and per-layer checkpoints on different meshes; each save equals, byte for byte, the first save of the
+# same layout.
 # 8 rows per step everywhere: per_device_batch_size x ranks.
 # Usage: resharding.sh BUILD_DIR
 source "$(dirname "$0")/common.sh" "$1"
@@ -49,15 +52,23 @@ reshard() {
   local name=$1 i previous="" runs=()
   shift
   local meshes=("$@")
+  local -A first_of_layout=()
   for i in "${!meshes[@]}"; do
     local run="$work/${name}_$i" load=()
     [ -n "$previous" ] && load=(load_full_state_path="$previous/checkpoints/step_00000003")
     # shellcheck disable=SC2086  # the mesh's words are separate arguments
     train ${meshes[$i]} steps=3 "${load[@]}" run_dir="$run"
-    if [ -n "$previous" ]; then
-      cmp "$work/${name}_0/checkpoints/step_00000003/model.safetensors" "$run/checkpoints/step_00000003/model.safetensors"
-      cmp "$work/${name}_0/checkpoints/step_00000003/optimizer.safetensors" \
+    # The checkpoint layout this mesh saves in: its scan_layers / param_scan_axis words (none: per layer).
+    local layout
+    layout=$(tr ' ' '\n' <<<"${meshes[$i]}" | grep -E '^(scan_layers|param_scan_axis)=' | tr '\n' ' ' || true)
+    layout=${layout:-per_layer}
+    local same=${first_of_layout[$layout]:-}
+    if [ -n "$same" ]; then
+      cmp "$same/checkpoints/step_00000003/model.safetensors" "$run/checkpoints/step_00000003/model.safetensors"
+      cmp "$same/checkpoints/step_00000003/optimizer.safetensors" \
         "$run/checkpoints/step_00000003/optimizer.safetensors"
+    else
+      first_of_layout[$layout]=$run
     fi
     previous=$run
     runs+=("$run")
@@ -78,6 +89,9 @@ reshard() {
 
 reshard dense "4 2 mesh.data=2 mesh.fsdp=2 shard_optimizer_over_data=true" "2 4 mesh.fsdp=2" "1 8" \
   "4 2 mesh.data=4" "4 2 mesh.data=2 mesh.tensor=2" "4 2 mesh.data=4"
+reshard dense_layouts "4 2 mesh.data=2 mesh.fsdp=2 shard_optimizer_over_data=true scan_layers=true" \
+  "2 4 mesh.tensor=2 scan_layers=false" "1 8 scan_layers=true param_scan_axis=0" \
+  "4 2 mesh.fsdp=4 scan_layers=true" "2 4 mesh.data=2 scan_layers=false" "1 8 scan_layers=true"
 # Context meshes: every row's 32 tokens cut over 2 (or 4) ranks.
 reshard context "4 2 mesh.context=2 mesh.data=2 shard_optimizer_over_data=true" "4 2 mesh.context=4" \
   "1 8" "4 2 mesh.context=2 mesh.tensor=2" "4 2 mesh.context=2 mesh.data=2 shard_optimizer_over_data=true"
@@ -90,6 +104,8 @@ keys=(base_emb_dim=64 base_num_query_heads=4 base_num_kv_heads=4 base_mlp_dim=12
   collective_timeout_s=120)
 reshard expert "4 2 mesh.expert=2 mesh.data=2 shard_optimizer_over_data=true" "4 2 mesh.expert=4" \
   "1 8" "4 2 mesh.expert=2 mesh.tensor=2" "2 4 mesh.data=2"
+reshard expert_layouts "4 2 mesh.expert=2 mesh.data=2 shard_optimizer_over_data=true scan_layers=true" \
+  "1 8 scan_layers=false" "4 2 mesh.expert=4 scan_layers=true" "2 4 mesh.fsdp=2 scan_layers=false"
 # Engram and mHC meshes (issue 13): the tables' rows split over tensor, the ShortConv's halos over context;
 # the checkpoint's engram.safetensors (multipliers, table sizes, compressed vocabulary) travels along.
 keys+=(engram_layers=[0,1] engram_num_heads=2 engram_head_dim=8 engram_vocab_bases=[61,67] engram_kernel_size=3

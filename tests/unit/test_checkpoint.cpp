@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "meshtrain/core/error.h"
+#include "meshtrain/io/safetensors.h"
 #include "meshtrain/model/spec.h"
 #include "meshtrain/train/checkpoint.h"
 #include "meshtrain/train/engine.h"
@@ -137,7 +138,7 @@ TEST_F(CheckpointTest, RoundTripIsBitwiseExact) {
   EXPECT_EQ(entries(), std::vector<std::string>{step_dir(12)});
 
   const nlohmann::json metadata = nlohmann::json::parse(std::ifstream(fs::path(path) / "metadata.json"));
-  EXPECT_EQ(metadata.at("format_version"), 1);
+  EXPECT_EQ(metadata.at("format_version"), kCheckpointFormatVersion);
   EXPECT_EQ(metadata.at("step"), 12);
   EXPECT_EQ(metadata.at("scan_layers"), false);
   EXPECT_EQ(metadata.at("param_scan_axis"), 1);
@@ -170,6 +171,129 @@ TEST_F(CheckpointTest, RoundTripIsBitwiseExact) {
     EXPECT_EQ(buffer_bytes(fresh, p.adam_m), buffer_bytes(untouched, p.adam_m));
     EXPECT_EQ(buffer_bytes(fresh, p.adam_v), buffer_bytes(untouched, p.adam_v));
   }
+}
+
+// A layer's value or moment as `engine` holds it: its own tensor, or its block of a stacked one.
+std::vector<char> layer_bytes(const Engine& engine, const std::string& canonical, int moment) {
+  for (const ParameterDecl& parameter : engine.spec().parameters) {
+    const BufferId whole = moment == 0 ? parameter.value : moment == 1 ? parameter.adam_m : parameter.adam_v;
+    if (!parameter.stacked()) {
+      if (parameter.canonical_name == canonical) return buffer_bytes(engine, whole);
+      continue;
+    }
+    for (size_t i = 0; i < parameter.members.size(); ++i) {
+      if (parameter.members[i].canonical_name != canonical) continue;
+      const std::vector<char> all = buffer_bytes(engine, whole);
+      const size_t block = all.size() / parameter.members.size();
+      return {all.begin() + static_cast<std::ptrdiff_t>(i * block),
+              all.begin() + static_cast<std::ptrdiff_t>((i + 1) * block)};
+    }
+  }
+  ADD_FAILURE() << "no tensor " << canonical;
+  return {};
+}
+
+// Every per-layer tensor of `per_layer` (the canonical names) equal in `other`, moments too.
+void expect_same_layers(const Engine& per_layer, const Engine& other, const std::string& what) {
+  for (const ParameterDecl& parameter : per_layer.spec().parameters) {
+    for (int moment = 0; moment < 3; ++moment) {
+      EXPECT_EQ(layer_bytes(per_layer, parameter.canonical_name, 0 + moment),
+                layer_bytes(other, parameter.canonical_name, moment))
+          << parameter.canonical_name << " moment " << moment << ": " << what;
+    }
+  }
+}
+
+// layers-and-checkpoints.md: a stacked checkpoint loads into a per-layer run and back, whatever either's
+// param_scan_axis; the stacked file keeps the layer axis at param_scan_axis.
+TEST_F(CheckpointTest, LayoutsConvertBothWays) {
+  // Three layers unless `extra` says otherwise.
+  const auto engine_with = [&](const std::vector<std::string>& extra) {
+    std::vector<std::string> keys;
+    for (const std::string& key : tiny_overrides()) {
+      if (!key.starts_with("base_num_decoder_layers=")) keys.push_back(key);
+    }
+    keys.insert(keys.end(), extra.begin(), extra.end());
+    if (std::none_of(extra.begin(), extra.end(),
+                     [](const std::string& key) { return key.starts_with("base_num_decoder_layers="); }))
+      keys.push_back("base_num_decoder_layers=3");
+    return Engine(load_config("qwen3-tiny", keys));
+  };
+  Engine per_layer = engine_with({});
+  fill_engine(per_layer, 0.25f);
+  const std::string per_layer_path = save_checkpoint(root(), per_layer, state_at(1), {});
+  for (const std::string axis : {"0", "1", "3"}) {
+    Engine stacked = engine_with({"scan_layers=true", "param_scan_axis=" + axis});
+    fill_engine(stacked, -1.0f);
+    load_checkpoint(per_layer_path, stacked, false);
+    expect_same_layers(per_layer, stacked, "per layer -> stacked at axis " + axis);
+
+    const std::string stacked_path =
+        save_checkpoint((dir_ / ("stacked_" + axis)).string(), stacked, state_at(2), {});
+    const nlohmann::json metadata =
+        nlohmann::json::parse(std::ifstream(fs::path(stacked_path) / "metadata.json"));
+    EXPECT_EQ(metadata.at("scan_layers"), true);
+    EXPECT_EQ(metadata.at("param_scan_axis"), std::stoi(axis));
+    const SafetensorsFile file =
+        SafetensorsFile::open((fs::path(stacked_path) / "model.safetensors").string());
+    const SafetensorsEntry* wo = file.find("decoder/layers/mlp/wo/kernel");  // [F, D] per layer
+    ASSERT_NE(wo, nullptr);
+    const std::vector<std::vector<int64_t>> expected = {{3, 48, 32}, {48, 3, 32}, {48, 32, 3}};
+    EXPECT_EQ(wo->shape, expected[static_cast<size_t>(std::min(std::stoi(axis), 2))]) << axis;
+    EXPECT_EQ(file.find("decoder/layers_0/mlp/wo/kernel"), nullptr);
+    const SafetensorsEntry* norm = file.find("decoder/layers/pre_self_attention_layer_norm/scale");
+    ASSERT_NE(norm, nullptr);
+    const std::vector<int64_t> norm_shape =
+        axis == "0" ? std::vector<int64_t>{3, 32} : std::vector<int64_t>{32, 3};
+    EXPECT_EQ(norm->shape, norm_shape);
+
+    Engine back = engine_with({});
+    fill_engine(back, 7.0f);
+    load_checkpoint(stacked_path, back, false);
+    EXPECT_TRUE(same_state(per_layer, back, true)) << "stacked at axis " << axis << " -> per layer";
+    Engine other_axis = engine_with({"scan_layers=true", "param_scan_axis=2"});
+    load_checkpoint(stacked_path, other_axis, false);
+    expect_same_layers(per_layer, other_axis, "stacked at " + axis + " -> stacked at 2");
+  }
+  // A stacked checkpoint of another depth: the stacked tensor named with both shapes.
+  Engine deeper = engine_with({"base_num_decoder_layers=4"});
+  Engine stacked = engine_with({"scan_layers=true"});
+  const std::string stacked_path = save_checkpoint((dir_ / "three").string(), stacked, state_at(3), {});
+  const std::string message = error_of([&] { load_checkpoint(stacked_path, deeper, true); });
+  EXPECT_TRUE(contains(message, "model.safetensors: tensor 'decoder/layers/")) << message;
+  EXPECT_TRUE(contains(message, "3, ")) << message;
+  EXPECT_TRUE(contains(message, "4, ")) << message;
+  EXPECT_TRUE(contains(message, "base_num_decoder_layers 3 in the checkpoint, 4 here")) << message;
+}
+
+// An unset scan_layers takes the checkpoint's; one the user set is kept (and the load converts).
+TEST_F(CheckpointTest, AnUnsetScanLayersAdoptsTheCheckpoints) {
+  std::vector<std::string> overrides = tiny_overrides();
+  overrides.push_back("scan_layers=true");
+  overrides.push_back("param_scan_axis=0");
+  Engine stacked(load_config("qwen3-tiny", overrides));
+  const std::string path = save_checkpoint(root(), stacked, state_at(4), {});
+  Config unset = load_config("qwen3-tiny", tiny_overrides());
+  unset.run_dir = (dir_ / "run").string();
+  unset.load_full_state_path = path;
+  const std::string line = adopt_checkpoint_layout(unset);
+  EXPECT_TRUE(unset.scan_layers);
+  EXPECT_EQ(unset.param_scan_axis, 0);
+  EXPECT_TRUE(contains(line, "scan_layers=true param_scan_axis=0 (unset here) adopted from " + path)) << line;
+  bool resolved = false;
+  for (const auto& [key, value] : unset.resolved)
+    resolved = resolved || (key == "scan_layers" && value == "true");
+  EXPECT_TRUE(resolved);
+
+  std::vector<std::string> given = tiny_overrides();
+  given.push_back("scan_layers=false");
+  Config set = load_config("qwen3-tiny", given);
+  set.load_full_state_path = path;
+  EXPECT_EQ(adopt_checkpoint_layout(set), "");
+  EXPECT_FALSE(set.scan_layers);
+  Engine per_layer(set);
+  load_checkpoint(path, per_layer, false);
+  expect_same_layers(per_layer, stacked, "stacked -> a run that set scan_layers=false");
 }
 
 TEST_F(CheckpointTest, ResavingTheSameStepReplacesIt) {

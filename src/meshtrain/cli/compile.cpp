@@ -15,6 +15,7 @@
 #include "meshtrain/core/error.h"
 #include "meshtrain/model/layers/engram.h"
 #include "meshtrain/model/layers/moe.h"
+#include "meshtrain/model/segments.h"
 #include "meshtrain/plan/context_attention.h"
 #include "meshtrain/plan/plan.h"
 #include "meshtrain/plan/search.h"
@@ -91,6 +92,12 @@ void print_header(const TrainingPlan& plan, const std::string& config_argument, 
              static_cast<long long>(c.base_num_query_heads), static_cast<long long>(c.base_num_kv_heads),
              static_cast<long long>(c.head_dim), static_cast<long long>(c.base_mlp_dim),
              static_cast<long long>(c.vocab_size), c.logits_via_embedding ? "tied" : "untied"));
+  out << row("layers",
+             segments_text(decoder_segments(c)) +
+                 (c.scan_layers ? ": each group stored stacked (scan_layers; checkpoints put the layer "
+                                  "axis at param_scan_axis " +
+                                      std::to_string(c.param_scan_axis) + ")"
+                                : ": stored per layer"));
   out << row("dtypes", "compute " + dtype_config_name(c.dtype) + ", weights " +
                            dtype_config_name(c.weight_dtype) + ", gradients " +
                            dtype_config_name(c.grad_dtype) + ", moments " + dtype_config_name(c.mu_dtype) +

@@ -23,7 +23,8 @@ BufferId add_buffer(ModelSpec& spec, BufferDecl buffer) {
 std::string layers_text(const std::set<int64_t>& layers) {
   std::string text;
   for (int64_t layer : layers)
-    text += (text.empty() ? "" : ", ") + (layer < 0 ? std::string("ops outside the layers") : std::to_string(layer));
+    text += (text.empty() ? "" : ", ") +
+            (layer < 0 ? std::string("ops outside the layers") : std::to_string(layer));
   return text;
 }
 
@@ -66,12 +67,12 @@ void stack_scan_groups(ModelSpec& spec) {
       Shape shape = head_value.shape;
       shape.dims.insert(shape.dims.begin(), segment.count);
       shape.axes.insert(shape.axes.begin(), "layers");
-      stacked.value = add_buffer(spec, {stacked.canonical_name, BufferKind::parameter, head_value.dtype, shape});
-      stacked.gradient =
-          head.gradient == kNoBuffer
-              ? kNoBuffer
-              : add_buffer(spec, {"grad/" + stacked.canonical_name, BufferKind::gradient,
-                                  spec.buffer(head.gradient).dtype, shape});
+      stacked.value =
+          add_buffer(spec, {stacked.canonical_name, BufferKind::parameter, head_value.dtype, shape});
+      stacked.gradient = head.gradient == kNoBuffer
+                             ? kNoBuffer
+                             : add_buffer(spec, {"grad/" + stacked.canonical_name, BufferKind::gradient,
+                                                 spec.buffer(head.gradient).dtype, shape});
       for (int64_t i = 0; i < segment.count; ++i) {
         const int64_t layer = segment.first + i;
         const std::vector<size_t>& own = of_layer[layer];
@@ -80,8 +81,8 @@ void stack_scan_groups(ModelSpec& spec) {
                      " of one scan group declare different parameters");
         const ParameterDecl& member = spec.parameters[own[j]];
         const BufferDecl& value = spec.buffer(member.value);
-        MT_CHECK(split_per_layer_name(member.canonical_name)->second == rest && value.shape == head_value.shape &&
-                     value.dtype == head_value.dtype,
+        MT_CHECK(split_per_layer_name(member.canonical_name)->second == rest &&
+                     value.shape == head_value.shape && value.dtype == head_value.dtype,
                  "scan group member " + member.canonical_name + " differs from " + head.canonical_name);
         std::set<int64_t> used_by = users[member.value];
         used_by.erase(layer);

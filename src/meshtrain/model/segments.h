@@ -44,7 +44,8 @@ struct ScanPlace {
 std::optional<ScanPlace> scan_place(const std::vector<LayerSegment>& segments, int64_t layer);
 
 // Per-layer parameter names: "decoder/layers_<global index>/<module>/<param>" (the canonical names, which
-// name the init streams and checkpoints of the per-layer layout). Stacked: "decoder/<group>/<module>/<param>".
+// name the init streams and checkpoints of the per-layer layout). Stacked:
+// "decoder/<group>/<module>/<param>".
 std::string per_layer_name(int64_t layer, const std::string& rest);
 std::string stacked_name(const std::string& group, const std::string& rest);
 // "decoder/layers_5/mlp/wi/kernel" -> {5, "mlp/wi/kernel"}; nullopt for a name outside the decoder layers.

@@ -48,15 +48,15 @@ struct PlanBuffer {
   Shape shape;                        // per device
   std::vector<DimSharding> sharding;  // mesh axes of each dim
   size_t bytes = 0;
-  bool persistent = false;    // lives across kernels (the arguments): one offset in the arena
-  size_t offset = 0;          // persistent buffers: arena offset
+  bool persistent = false;  // lives across kernels (the arguments): one offset in the arena
+  size_t offset = 0;        // persistent buffers: arena offset
   // A view inside another (persistent) buffer, `part_offset` bytes in: a layer's block of a stacked
   // parameter or of its FSDP shard; or (data_rank_slot) ZeRO-1's shard of a parameter, at this data rank's
   // slot (part_offset + data coordinate x bytes).
   PlanBufferId part_of = -1;
   size_t part_offset = 0;
   bool data_rank_slot = false;
-  std::string layer;          // "decoder/layers_3", "token_embedder", ... for --explain
+  std::string layer;  // "decoder/layers_3", "token_embedder", ... for --explain
 
   // Whether any dim is split over `axis` (else every rank of that axis holds the same values).
   bool split_over(MeshAxis axis) const {

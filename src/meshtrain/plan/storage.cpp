@@ -17,8 +17,8 @@ void plan_storage(TrainingPlan& plan) {
     if (decl.stack != kNoBuffer) {
       // A layer's block of a stacked parameter: a view, placed with its stack below.
       buffer.part_of = decl.stack;
-      buffer.part_offset = static_cast<size_t>(decl.stack_index) * static_cast<size_t>(buffer.shape.elements()) *
-                           dtype_bytes(buffer.dtype);
+      buffer.part_offset = static_cast<size_t>(decl.stack_index) *
+                           static_cast<size_t>(buffer.shape.elements()) * dtype_bytes(buffer.dtype);
       buffer.persistent = false;
     }
     if (decl.kind == BufferKind::optimizer_state) {

@@ -908,7 +908,8 @@ std::string adopt_checkpoint_layout(Config& config) {
       metadata["param_scan_axis"].is_number_integer() &&
       metadata["param_scan_axis"].get<int64_t>() != config.param_scan_axis) {
     config.set("param_scan_axis", std::to_string(metadata["param_scan_axis"].get<int64_t>()));
-    line += (line.empty() ? "" : " ") + std::string("param_scan_axis=") + std::to_string(config.param_scan_axis);
+    line +=
+        (line.empty() ? "" : " ") + std::string("param_scan_axis=") + std::to_string(config.param_scan_axis);
   }
   return line.empty() ? "" : line + " (unset here) adopted from " + checkpoint;
 }

@@ -24,7 +24,8 @@ CheckpointLayout CheckpointLayout::saved(const nlohmann::json& metadata, const C
   return CheckpointLayout(model, metadata.value("scan_layers", false), metadata.value("param_scan_axis", 1));
 }
 
-CheckpointTensorPlace CheckpointLayout::place(const std::string& name, const std::vector<int64_t>& dims) const {
+CheckpointTensorPlace CheckpointLayout::place(const std::string& name,
+                                              const std::vector<int64_t>& dims) const {
   CheckpointTensorPlace whole{name, dims, -1, 0};
   if (!stacked_) return whole;
   const size_t decoder = name.find("decoder/layers_");

@@ -92,8 +92,9 @@ class PlannedOpContext : public OpContext {
       if (op_->buffers[i].first != id) continue;
       const PlanBuffer& buffer = engine_.plan_.buffers[static_cast<size_t>(op_->buffers[i].second)];
       // ZeRO-1's shard of a parameter is this data rank's contiguous slot of it.
-      const size_t slot =
-          buffer.data_rank_slot ? static_cast<size_t>(engine_.coordinates_[MeshAxis::data]) * buffer.bytes : 0;
+      const size_t slot = buffer.data_rank_slot
+                              ? static_cast<size_t>(engine_.coordinates_[MeshAxis::data]) * buffer.bytes
+                              : 0;
       return {engine_.arena_.at(op_->offsets[i] + slot), buffer.dtype, buffer.shape};
     }
     MT_CHECK(false, "op '" + op_->op->name + "' touches '" +
@@ -250,7 +251,9 @@ void Engine::run_collective(const PlanOp& op, const OpContext& context, UpdateSt
 
 TensorView Engine::view(BufferId id) const {
   const PlanBuffer& buffer = plan_.buffers.at(static_cast<size_t>(id));
-  if (buffer.persistent) return {arena_.at(buffer.offset), buffer.dtype, buffer.shape};
+  // A view inside a persistent buffer (a layer's block of a stacked parameter) has its offset too.
+  if (buffer.persistent || (buffer.part_of >= 0 && !buffer.data_rank_slot))
+    return {arena_.at(buffer.offset), buffer.dtype, buffer.shape};
   MT_CHECK(last_kernel_ != nullptr, "temporary '" + buffer.name + "' viewed before any kernel ran");
   const std::vector<PlanValue>& values = last_kernel_->values;
   const PlanValue* last = nullptr;
@@ -348,7 +351,8 @@ void Engine::initialize_parameters() {
     // A stacked parameter's layers each draw from their own per-layer stream, as in the per-layer layout:
     // element g of the stack is element g % per_layer of layer g / per_layer (the layer axis is outermost).
     std::vector<PhiloxKey> keys;
-    for (const ParameterDecl::Member& member : parameter.members) keys.push_back(philox_key(seed, member.canonical_name));
+    for (const ParameterDecl::Member& member : parameter.members)
+      keys.push_back(philox_key(seed, member.canonical_name));
     if (keys.empty()) keys.push_back(philox_key(seed, parameter.canonical_name));
     int64_t per_layer = 1;
     for (int64_t size : global_shape(parameter.value)) per_layer *= size;

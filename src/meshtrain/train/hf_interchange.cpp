@@ -27,6 +27,7 @@
 #include "meshtrain/model/hf_names.h"
 #include "meshtrain/model/spec.h"
 #include "meshtrain/train/checkpoint.h"
+#include "meshtrain/train/checkpoint_layout.h"
 
 namespace meshtrain {
 namespace {
@@ -55,9 +56,11 @@ int64_t product(const std::vector<int64_t>& dims) {
   return count;
 }
 
-// The one-device spec of a config: every parameter at its global shape, no arena.
+// The one-device spec of a config: every parameter at its global shape, no arena, each layer's own tensors
+// (Hugging Face names layers one by one; a stacked checkpoint is read through its CheckpointLayout).
 ModelSpec global_spec(Config config) {
   for (MeshAxis axis : kMeshAxes) config.mesh[axis] = 1;
+  config.scan_layers = false;
   return build_model_spec(config);
 }
 
@@ -353,8 +356,11 @@ HfImportSummary import_hugging_face(const HfImportOptions& options, std::ostream
                                {"model_type", mapped.model_type},
                                {"dtype", mapped.weight_dtype}};
   const fs::path final_path = fs::absolute(out).lexically_normal();
+  // The weights are written per layer, as Hugging Face names them (a run with scan_layers=true converts).
+  Config per_layer = config;
+  per_layer.set("scan_layers", "false");
   checkpoint.commit(
-      config, {spec.dims.V, spec.parameter_count()}, checkpoint_options, source,
+      per_layer, {spec.dims.V, spec.parameter_count()}, checkpoint_options, source,
       {{kImportedConfigFile, read_text(config_path, "config.json", "")},
        {"config.yaml",
         training_config_yaml(config, overrides, final_path, has_tokenizer,
@@ -473,16 +479,35 @@ void export_hugging_face(const HfExportOptions& options, std::ostream& log) {
 
   const fs::path model_path = fs::path(checkpoint_dir) / "model.safetensors";
   const SafetensorsFile model = SafetensorsFile::open(model_path.string());
+  // Stacked (scan_layers) or per layer, as the checkpoint was saved.
+  const CheckpointLayout layout = CheckpointLayout::saved(metadata, config);
   for (const ParameterDecl& parameter : spec.parameters) {
     const BufferDecl& buffer = spec.buffer(parameter.value);
-    const SafetensorsEntry* entry = model.find(buffer.name);
-    if (entry == nullptr || entry->shape != buffer.shape.dims) {
-      fail(model_path.string() + ": tensor '" + buffer.name + "'",
-           "shape " + dims_text(buffer.shape.dims) + " (as the checkpoint's config builds it)",
+    const CheckpointTensorPlace place = layout.place(buffer.name, buffer.shape.dims);
+    const SafetensorsEntry* entry = model.find(place.name);
+    if (entry == nullptr || entry->shape != place.dims) {
+      fail(model_path.string() + ": tensor '" + place.name + "'",
+           "shape " + dims_text(place.dims) + " (as the checkpoint's config builds it)",
            entry == nullptr ? "missing" : "shape " + dims_text(entry->shape),
            "the checkpoint is damaged or was written by another meshtrain version");
     }
   }
+  // `span` elements of a parameter from `offset` on; a layer of a stacked tensor is read whole once.
+  std::string layer_name;
+  std::vector<float> layer_values;
+  const auto read_span = [&](const BufferDecl& buffer, int64_t offset, int64_t span, float* destination) {
+    const CheckpointTensorPlace place = layout.place(buffer.name, buffer.shape.dims);
+    if (place.index < 0) {
+      model.read_f32_blocks(place.name, place.dims, offset, 1, span, span, destination);
+      return;
+    }
+    if (layer_name != buffer.name) {
+      layer_values.resize(static_cast<size_t>(buffer.shape.elements()));
+      CheckpointLayout::read(model, place, layer_values.data());
+      layer_name = buffer.name;
+    }
+    std::copy_n(layer_values.begin() + offset, span, destination);
+  };
 
   const fs::path temp = out_text + ".tmp-" + std::to_string(::getpid());
   fs::remove_all(temp, error);
@@ -514,8 +539,7 @@ void export_hugging_face(const HfExportOptions& options, std::ostream& log) {
       const BufferDecl& buffer = spec.buffer(entry->parameter);
       const int64_t span = entry_span(spec, *entry, shares);
       engine_values.resize(static_cast<size_t>(span));
-      model.read_f32_blocks(buffer.name, buffer.shape.dims, entry->engine_offset, 1, span, span,
-                            engine_values.data());
+      read_span(buffer, entry->engine_offset, span, engine_values.data());
       const int64_t rows = std::max<int64_t>(entry->hf_rows, 1);
       for (int64_t row = 0; row < rows; ++row) {
         for (int64_t col = 0; col < entry->hf_cols; ++col) {
