@@ -43,7 +43,7 @@ void check_variant(const std::string& variant) {
   const int64_t B = token_shape[0], S = token_shape[1], N = B * S;
   Engine engine(config_from_hf(kGoldenDir + variant + "/config.json", B, S));
   const ModelSpec& spec = engine.spec();
-  load_hf_qwen3(weights, spec, [&](BufferId id) { return engine.view(id).f32(); });
+  load_hf_weights(weights, spec, [&](BufferId id) { return engine.view(id).f32(); });
 
   const Batch batch = golden_batch(golden);
   engine.set_poison_temporaries(true);
@@ -70,7 +70,7 @@ void check_variant(const std::string& variant) {
 
   // The engine's gradients are of the loss SUM (the step divides by the global count); the golden's of the
   // mean.
-  for (const HfTensorMapping& entry : qwen3_hf_mapping(spec)) {
+  for (const HfTensorMapping& entry : hf_mapping(spec)) {
     const std::vector<float> expected = read_all(golden, "grad." + entry.hf_name);
     const float* gradient = engine.view(engine.spec().parameters.at(0).gradient).f32();
     for (const ParameterDecl& parameter : spec.parameters) {

@@ -8,7 +8,6 @@
 
 #include <cstring>
 #include <map>
-#include <random>
 #include <set>
 
 #include "meshtrain/config/config.h"
@@ -22,6 +21,7 @@
 #include "meshtrain/train/checkpoint_layout.h"
 #include "meshtrain/train/engine.h"
 #include "meshtrain/train/run.h"
+#include "tiny_batch.h"
 
 namespace meshtrain {
 namespace {
@@ -239,6 +239,35 @@ TEST(Scan, ASharedParameterInsideAGroupIsRefused) {
   }
 }
 
+// No family has a 0-d parameter; one declared by hand stacks like any other ([] -> [L]), and its checkpoint
+// tensor is [L] whatever param_scan_axis says.
+TEST(Scan, ZeroAndOneDimensionalParametersStack) {
+  ModelSpec spec;
+  spec.config = scanned(qwen3({"base_num_decoder_layers=2"}), true);
+  spec.kernels = &kernels::kernel_backend_for_device("cpu");
+  spec.sharding = ShardingLayout(spec.config.logical_axis_rules, Mesh{});
+  spec.dims.B = spec.dims.S = spec.dims.N = 1;
+  SpecBuilder builder(spec);
+  ParameterOptions options;
+  options.component = "mlp";
+  for (int layer = 0; layer < 2; ++layer) {
+    const std::string prefix = "decoder/layers_" + std::to_string(layer) + "/mlp/";
+    const BufferId gate = builder.parameter(prefix + "gate", Shape{}, options);
+    const BufferId scale = builder.parameter(prefix + "scale", shape_of({{"embed", 4}}), options);
+    builder.forward({prefix + "forward", {gate, scale}, {}, 0.0, nullptr});
+  }
+  builder.finish();
+  const std::map<std::string, Shape> shapes = parameter_shapes(spec);
+  ASSERT_EQ(shapes.size(), 2u);
+  EXPECT_EQ(shapes.at("decoder/layers/mlp/gate").dims, (std::vector<int64_t>{2}));
+  EXPECT_EQ(shapes.at("decoder/layers/mlp/scale").dims, (std::vector<int64_t>{2, 4}));
+  EXPECT_EQ(spec.buffer(spec.parameters[0].adam_v).shape.dims, (std::vector<int64_t>{2}));
+  const CheckpointLayout layout(spec.config, true, 1);
+  EXPECT_EQ(layout.place("decoder/layers_1/mlp/gate", {}).dims, (std::vector<int64_t>{2}));
+  EXPECT_EQ(layout.place("decoder/layers_1/mlp/scale", {4}).dims, (std::vector<int64_t>{4, 2}));
+  EXPECT_EQ(layout.place("decoder/layers_1/mlp/gate", {}).index, 1);
+}
+
 TEST(Scan, TheLayerAxisIsReplicatedAndFsdpGathersEachLayer) {
   PlanRequest request;
   request.config = scanned(qwen3({"mesh.fsdp=2", "mesh.data=1"}), true);
@@ -292,21 +321,9 @@ TEST(Scan, CheckpointPlacesPutTheLayerAxisAtParamScanAxis) {
   EXPECT_EQ(stack_in_checkpoint_order(stack, 2, {2, 3}, 0), stack);
 }
 
-// Two packed documents per row, some targets masked.
+// The tests' packed batch, with Engram's hash ids for a model that has Engram layers.
 Batch batch_of(const Config& config, const ModelDims& m, uint64_t seed) {
-  std::mt19937 generator(static_cast<uint32_t>(seed));
-  std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(m.V_valid - 1));
-  Batch batch;
-  for (int64_t b = 0; b < m.B; ++b) {
-    const int64_t split = m.S / 2 + b;
-    for (int64_t s = 0; s < m.S; ++s) {
-      batch.tokens.push_back(token(generator));
-      batch.targets.push_back(token(generator));
-      batch.positions.push_back(static_cast<int32_t>(s < split ? s : s - split));
-      batch.segment_ids.push_back(s < split ? 0 : 1);
-      batch.loss_mask.push_back(s % 5 == 3 ? 0 : 1);
-    }
-  }
+  Batch batch = testing::tiny_batch(m, seed);
   if (!config.engram_layers.empty())
     make_engram_hashing(engram_hash_options(config), nullptr).add_to(batch, m.S);
   return batch;
@@ -360,6 +377,9 @@ void expect_layouts_train_alike(const Config& config) {
   }
 }
 
+TEST(Scan, Qwen3WithRecomputationLayoutsTrainBitwiseAlike) {
+  expect_layouts_train_alike(qwen3({"remat_policy=full"}));
+}
 TEST(Scan, Qwen3LayoutsTrainBitwiseAlike) {
   expect_layouts_train_alike(qwen3({"gradient_clipping_threshold=0.5"}));
 }

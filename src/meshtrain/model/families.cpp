@@ -7,10 +7,9 @@ namespace meshtrain {
 namespace {
 
 const std::array<DecoderFamily, kDecoderBlocks.size()> kFamilies = {{
-    {DecoderBlock::qwen3, build_qwen3, PositionKind::rotary, NormKind::rms, MlpKind::swiglu, false, true},
-    {DecoderBlock::gpt2, build_gpt2, PositionKind::learned, NormKind::layer, MlpKind::gelu, true, true},
-    {DecoderBlock::deepseek, build_deepseek, PositionKind::rotary, NormKind::rms, MlpKind::swiglu, false,
-     true},
+    {DecoderBlock::qwen3, build_qwen3, PositionKind::rotary, NormKind::rms, MlpKind::swiglu, false},
+    {DecoderBlock::gpt2, build_gpt2, PositionKind::learned, NormKind::layer, MlpKind::gelu, true},
+    {DecoderBlock::deepseek, build_deepseek, PositionKind::rotary, NormKind::rms, MlpKind::swiglu, false},
 }};
 
 }  // namespace

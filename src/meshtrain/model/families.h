@@ -22,8 +22,7 @@ struct DecoderFamily {
   PositionKind positions = PositionKind::rotary;
   NormKind norm = NormKind::rms;
   MlpKind mlp = MlpKind::swiglu;
-  bool always_tied = false;           // the unembedding is the embedding table (logits_via_embedding=true)
-  bool hugging_face_mapping = false;  // model/hf_names.h maps its parameters to Hugging Face tensor names
+  bool always_tied = false;  // the unembedding is the embedding table (logits_via_embedding=true)
 
   // Matmuls reading the MLP input (the standard FLOP count): SwiGLU has gate and up, GELU one.
   int64_t mlp_input_matmuls() const { return mlp == MlpKind::swiglu ? 2 : 1; }

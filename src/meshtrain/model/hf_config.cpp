@@ -798,6 +798,9 @@ HfModelConfig hf_config_to_meshtrain(const nlohmann::json& json, const std::stri
   }
   result.overrides = out.lines();
   result.overrides.insert(result.overrides.end(), run_keys.begin(), run_keys.end());
+  if (type == "deepseek_v3") result.prediction_layers = hf.int_or("num_nextn_predict_layers", 0);
+  if (hf.has_value("max_position_embeddings"))
+    result.max_position_embeddings = hf.int_or("max_position_embeddings", 0);
   return result;
 }
 

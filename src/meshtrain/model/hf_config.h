@@ -27,6 +27,11 @@ struct HfModelConfig {
   // What the file says the weights are (dtype, else torch_dtype): "float32", "bfloat16", "float16" or
   // "float64"; "" when it says nothing. Informational: the safetensors header is the authority.
   std::string weight_dtype;
+  // What the import needs beyond the engine's keys: DeepSeek-V3's multi-token-prediction layers
+  // (num_nextn_predict_layers: layers num_hidden_layers.. in the weights, which the import skips as
+  // transformers' causal LM does), and the context length the model was trained for.
+  int64_t prediction_layers = 0;
+  std::optional<int64_t> max_position_embeddings;
 };
 
 // The keys the import always sets (shared/specs/config-keys.md's model shape plus the attention, MoE,

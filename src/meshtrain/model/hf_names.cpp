@@ -6,7 +6,6 @@
 #include <utility>
 
 #include "meshtrain/core/error.h"
-#include "meshtrain/model/families.h"
 
 namespace meshtrain {
 namespace {
@@ -154,6 +153,37 @@ int64_t engine_element(const HfTensorMapping& entry, int64_t row, int64_t col) {
   return entry.engine_offset + (entry.transpose ? col * entry.engine_out + out : out * entry.hf_cols + col);
 }
 
+namespace {
+
+// Calls copy(engine index, file index) for every element of the block, the engine index relative to
+// engine_begin (checked against the span).
+template <class Copy>
+void for_each_block_element(const HfTensorMapping& entry, int64_t engine_begin, int64_t engine_span,
+                            const Copy& copy) {
+  const int64_t rows = std::max<int64_t>(entry.hf_rows, 1);
+  for (int64_t row = 0; row < rows; ++row) {
+    for (int64_t col = 0; col < entry.hf_cols; ++col) {
+      const int64_t at = engine_element(entry, row, col) - engine_begin;
+      MT_CHECK(at >= 0 && at < engine_span, "a mapping entry stays inside its span of " + entry.hf_name);
+      copy(static_cast<size_t>(at), static_cast<size_t>(file_element(entry, row, col)));
+    }
+  }
+}
+
+}  // namespace
+
+void hf_block_to_engine(const HfTensorMapping& entry, const float* file, float* engine, int64_t engine_begin,
+                        int64_t engine_span) {
+  for_each_block_element(entry, engine_begin, engine_span,
+                         [&](size_t to, size_t from) { engine[to] = file[from]; });
+}
+
+void hf_block_to_file(const HfTensorMapping& entry, const float* engine, int64_t engine_begin,
+                      int64_t engine_span, float* file) {
+  for_each_block_element(entry, engine_begin, engine_span,
+                         [&](size_t from, size_t to) { file[to] = engine[from]; });
+}
+
 int64_t file_element(const HfTensorMapping& entry, int64_t row, int64_t col) {
   const int64_t columns = entry.hf_total_cols > 0 ? entry.hf_total_cols : entry.hf_cols;
   return row * columns + entry.hf_col_begin + col;
@@ -243,8 +273,6 @@ std::vector<HfTensorMapping> gpt2_mapping(const ModelSpec& spec) {
 }  // namespace
 
 std::vector<HfTensorMapping> hf_mapping(const ModelSpec& spec) {
-  MT_CHECK(family_of(spec.config).hugging_face_mapping,
-           "the Hugging Face mapping covers the families whose row sets hugging_face_mapping");
   const Config& c = spec.config;
   if (c.decoder_block == DecoderBlock::gpt2) return gpt2_mapping(spec);
   const bool mla = c.attention_type == AttentionType::mla;
@@ -331,13 +359,7 @@ void load_hf_weights(const SafetensorsFile& file, const ModelSpec& spec,
     for (int64_t size : shape) count *= size;
     std::vector<float> staged(static_cast<size_t>(count));
     file.read_f32(entry.hf_name, shape, staged.data());
-    const int64_t rows = std::max<int64_t>(entry.hf_rows, 1);
-    for (int64_t row = 0; row < rows; ++row) {
-      for (int64_t col = 0; col < entry.hf_cols; ++col) {
-        destination[engine_element(entry, row, col)] =
-            staged[static_cast<size_t>(file_element(entry, row, col))];
-      }
-    }
+    hf_block_to_engine(entry, staged.data(), destination, 0, spec.buffer(entry.parameter).shape.elements());
   }
 }
 

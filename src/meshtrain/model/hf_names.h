@@ -1,5 +1,5 @@
 // Hugging Face tensor names <-> the engine's parameter names (shared/specs/layers-and-checkpoints.md), for
-// the families whose row sets hugging_face_mapping: Qwen3 and Qwen3-MoE (decoder_block=qwen3, num_experts
+// every family: Qwen3 and Qwen3-MoE (decoder_block=qwen3, num_experts
 // > 0), DeepSeek-V3 (decoder_block=deepseek: multi-head latent attention, dense and MoE feed-forward) and
 // GPT-2. Hugging Face stores linear weights [out, in]; the engine stores kernels [in, out], so those
 // transpose (GPT-2's Conv1D weights are already [in, out]). A mixture-of-experts layer's routed experts are
@@ -50,6 +50,12 @@ int64_t engine_element(const HfTensorMapping& entry, int64_t row, int64_t col);
 int64_t file_element(const HfTensorMapping& entry, int64_t row, int64_t col);
 // The file tensor's shape: [hf_rows, columns] or [columns].
 std::vector<int64_t> file_shape(const HfTensorMapping& entry);
+// Copies the block's elements between the file tensor's row-major storage and `engine`, which holds the
+// parameter's elements [engine_begin, engine_begin + engine_span): into the engine, or out to the file.
+void hf_block_to_engine(const HfTensorMapping& entry, const float* file, float* engine, int64_t engine_begin,
+                        int64_t engine_span);
+void hf_block_to_file(const HfTensorMapping& entry, const float* engine, int64_t engine_begin,
+                      int64_t engine_span, float* file);
 
 // The Hugging Face tensor name of an engine parameter ("decoder/layers_0/self_attention/wkv_a/kernel" ->
 // "model.layers.0.self_attn.kv_a_proj_with_mqa.weight"), for the parameters that are one file tensor
@@ -66,7 +72,8 @@ std::string hugging_face_name(const std::string& engine_name);
 std::vector<int64_t> hf_rope_column_order(int64_t rope_dim);
 
 // One entry per file tensor of the spec's model (one per engine parameter, E per stacked routed-expert
-// parameter), in the spec's parameter order. The family must set hugging_face_mapping.
+// parameter), in the spec's parameter order, of a per-layer spec (scan_layers=false: Hugging Face names
+// layers one by one).
 std::vector<HfTensorMapping> hf_mapping(const ModelSpec& spec);
 
 // Loads Hugging Face weights into the parameters (`parameter_data` returns a parameter's float32 storage).
@@ -74,14 +81,5 @@ std::vector<HfTensorMapping> hf_mapping(const ModelSpec& spec);
 // (vocabulary padded to a multiple of 128) are left as they are.
 void load_hf_weights(const SafetensorsFile& file, const ModelSpec& spec,
                      const std::function<float*(BufferId)>& parameter_data);
-
-// The names the Qwen3 golden test and the family test use: hf_mapping and load_hf_weights.
-inline std::vector<HfTensorMapping> qwen3_hf_mapping(const ModelSpec& spec) {
-  return hf_mapping(spec);
-}
-inline void load_hf_qwen3(const SafetensorsFile& file, const ModelSpec& spec,
-                          const std::function<float*(BufferId)>& parameter_data) {
-  load_hf_weights(file, spec, parameter_data);
-}
 
 }  // namespace meshtrain

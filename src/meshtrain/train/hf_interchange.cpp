@@ -22,12 +22,12 @@
 #include "meshtrain/io/safetensors.h"
 #include "meshtrain/io/safetensors_folder.h"
 #include "meshtrain/mesh/mesh.h"
-#include "meshtrain/model/families.h"
 #include "meshtrain/model/hf_config.h"
 #include "meshtrain/model/hf_names.h"
 #include "meshtrain/model/spec.h"
 #include "meshtrain/train/checkpoint.h"
 #include "meshtrain/train/checkpoint_layout.h"
+#include "meshtrain/train/run.h"
 
 namespace meshtrain {
 namespace {
@@ -175,6 +175,14 @@ std::string training_config_yaml(const Config& config, const std::vector<std::st
   return yaml;
 }
 
+// Between tensors: a SIGINT / SIGTERM ends the conversion as an error, so the temporary output is removed.
+void stop_if_signalled(const std::string& out) {
+  if (const int signal_number = stop_signal_received()) {
+    fail(out, "the conversion to finish", "stopped by signal " + std::to_string(signal_number),
+         "run the command again; nothing was written at " + out);
+  }
+}
+
 std::string tensor_where(const SafetensorsFolder& folder, const std::string& name) {
   const SafetensorsLocation found = folder.find(name);
   const std::string file = found.file != nullptr ? found.file->path() : folder.directory();
@@ -184,6 +192,7 @@ std::string tensor_where(const SafetensorsFolder& folder, const std::string& nam
 }  // namespace
 
 HfImportSummary import_hugging_face(const HfImportOptions& options, std::ostream& log) {
+  const StopSignals stop_signals;
   const fs::path directory(options.hf_directory);
   std::error_code error;
   if (!fs::is_directory(directory, error)) {
@@ -271,13 +280,8 @@ HfImportSummary import_hugging_face(const HfImportOptions& options, std::ostream
   std::optional<std::string> tied_head;
   // DeepSeek-V3's multi-token-prediction modules are layers num_hidden_layers.. (transformers' causal LM
   // does not load them either).
-  const json hf_json = json::parse(read_text(config_path, "config.json", ""));
   const int64_t first_extra_layer = config.base_num_decoder_layers;
-  const int64_t prediction_layers = mapped.model_type == "deepseek_v3" &&
-                                            hf_json.contains("num_nextn_predict_layers") &&
-                                            hf_json["num_nextn_predict_layers"].is_number_integer()
-                                        ? hf_json["num_nextn_predict_layers"].get<int64_t>()
-                                        : 0;
+  const int64_t prediction_layers = mapped.prediction_layers;
   const auto prediction_module = [&](const std::string& name) {
     for (int64_t k = first_extra_layer; k < first_extra_layer + prediction_layers; ++k) {
       if (name.starts_with("model.layers." + std::to_string(k) + ".")) return true;
@@ -302,10 +306,17 @@ HfImportSummary import_hugging_face(const HfImportOptions& options, std::ostream
       fail(tensor_where(folder, *tied_head), "the shape of " + embedding + " (tie_word_embeddings: true)",
            "shape " + dims_text(head.entry->shape), "set tie_word_embeddings: false in config.json");
     }
-    std::vector<float> a(static_cast<size_t>(product(head.entry->shape))), b(a.size());
-    head.file->read_f32(*tied_head, head.entry->shape, a.data());
-    table.file->read_f32(embedding, table.entry->shape, b.data());
-    if (a != b) {
+    // Compared a bounded piece at a time (the table is the largest tensor of most models).
+    const int64_t count = product(head.entry->shape), piece = std::min<int64_t>(count, int64_t{1} << 20);
+    std::vector<float> a(static_cast<size_t>(piece)), b(a.size());
+    bool equal = true;
+    for (int64_t start = 0; start < count && equal; start += piece) {
+      const int64_t span = std::min(piece, count - start);
+      head.file->read_f32_blocks(*tied_head, head.entry->shape, start, 1, span, span, a.data());
+      table.file->read_f32_blocks(embedding, table.entry->shape, start, 1, span, span, b.data());
+      equal = std::equal(a.begin(), a.begin() + span, b.begin());
+    }
+    if (!equal) {
       fail(tensor_where(folder, *tied_head),
            "equal to " + embedding + " (config.json: tie_word_embeddings true)", "different values",
            "set tie_word_embeddings: false in config.json: the model has its own head");
@@ -323,6 +334,7 @@ HfImportSummary import_hugging_face(const HfImportOptions& options, std::ostream
   HfImportSummary summary;
   std::vector<float> file_values, engine_values;
   for (const FileTensorPlan& plan : plans) {
+    stop_if_signalled(out);
     const std::string name = folder_name(folder, plan.hf_name);
     const SafetensorsLocation found = folder.find(name);
     file_values.assign(static_cast<size_t>(product(plan.shape)), 0.0f);
@@ -330,15 +342,7 @@ HfImportSummary import_hugging_face(const HfImportOptions& options, std::ostream
     for (const HfTensorMapping* entry : plan.entries) {
       const int64_t span = entry_span(spec, *entry, shares);
       engine_values.assign(static_cast<size_t>(span), 0.0f);
-      const int64_t rows = std::max<int64_t>(entry->hf_rows, 1);
-      for (int64_t row = 0; row < rows; ++row) {
-        for (int64_t col = 0; col < entry->hf_cols; ++col) {
-          const int64_t at = engine_element(*entry, row, col) - entry->engine_offset;
-          MT_CHECK(at >= 0 && at < span, "a mapping entry stays inside its span of " + plan.hf_name);
-          engine_values[static_cast<size_t>(at)] =
-              file_values[static_cast<size_t>(file_element(*entry, row, col))];
-        }
-      }
+      hf_block_to_engine(*entry, file_values.data(), engine_values.data(), entry->engine_offset, span);
       weights.write_f32(spec.buffer(entry->parameter).name, entry->engine_offset, 1, span, span,
                         engine_values.data());
       summary.parameters += span;
@@ -359,15 +363,10 @@ HfImportSummary import_hugging_face(const HfImportOptions& options, std::ostream
   // The weights are written per layer, as Hugging Face names them (a run with scan_layers=true converts).
   Config per_layer = config;
   per_layer.set("scan_layers", "false");
-  checkpoint.commit(
-      per_layer, {spec.dims.V, spec.parameter_count()}, checkpoint_options, source,
-      {{kImportedConfigFile, read_text(config_path, "config.json", "")},
-       {"config.yaml",
-        training_config_yaml(config, overrides, final_path, has_tokenizer,
-                             hf_json.contains("max_position_embeddings") &&
-                                     hf_json["max_position_embeddings"].is_number_integer()
-                                 ? std::optional<int64_t>(hf_json["max_position_embeddings"].get<int64_t>())
-                                 : std::nullopt)}});
+  checkpoint.commit(per_layer, {spec.dims.V, spec.parameter_count()}, checkpoint_options, source,
+                    {{kImportedConfigFile, read_text(config_path, "config.json", "")},
+                     {"config.yaml", training_config_yaml(config, overrides, final_path, has_tokenizer,
+                                                          mapped.max_position_embeddings)}});
   log << "import-hf: " << summary.file_tensors << " tensors, " << spec.parameter_count() << " parameters"
       << (tokenizer ? ", tokenizer.json" : ", no tokenizer.json (generate needs one)") << "\n";
   summary.config = config;
@@ -425,6 +424,7 @@ std::string safetensors_dtype(const std::string& dtype) {
 }  // namespace
 
 void export_hugging_face(const HfExportOptions& options, std::ostream& log) {
+  const StopSignals stop_signals;
   const std::string file_dtype = safetensors_dtype(options.dtype);
   const std::string checkpoint_dir = resolve_checkpoint_directory(options.checkpoint, "export-hf");
   const std::string out_text = directory_path(options.out);
@@ -534,19 +534,14 @@ void export_hugging_face(const HfExportOptions& options, std::ostream& log) {
   const std::map<BufferId, int64_t> shares = entries_per_parameter(mapping);
   std::vector<float> file_values, engine_values;
   for (const FileTensorPlan& plan : plans) {
+    stop_if_signalled(out_text);
     file_values.assign(static_cast<size_t>(product(plan.shape)), 0.0f);
     for (const HfTensorMapping* entry : plan.entries) {
       const BufferDecl& buffer = spec.buffer(entry->parameter);
       const int64_t span = entry_span(spec, *entry, shares);
       engine_values.resize(static_cast<size_t>(span));
       read_span(buffer, entry->engine_offset, span, engine_values.data());
-      const int64_t rows = std::max<int64_t>(entry->hf_rows, 1);
-      for (int64_t row = 0; row < rows; ++row) {
-        for (int64_t col = 0; col < entry->hf_cols; ++col) {
-          file_values[static_cast<size_t>(file_element(*entry, row, col))] =
-              engine_values[static_cast<size_t>(engine_element(*entry, row, col) - entry->engine_offset)];
-        }
-      }
+      hf_block_to_file(*entry, engine_values.data(), entry->engine_offset, span, file_values.data());
     }
     const int64_t count = product(plan.shape);
     weights.write_f32(plan.hf_name, 0, 1, count, count, file_values.data());

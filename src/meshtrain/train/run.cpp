@@ -253,6 +253,10 @@ StopSignals::StopSignals() {
   previous_terminate_ = std::signal(SIGTERM, request_stop);
 }
 
+int stop_signal_received() {
+  return stop_signal.load();
+}
+
 StopSignals::~StopSignals() {
   std::signal(SIGINT, previous_interrupt_);
   std::signal(SIGTERM, previous_terminate_);

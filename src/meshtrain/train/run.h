@@ -85,7 +85,9 @@ struct InjectedFault {
   }
 };
 
-// Restores the SIGINT / SIGTERM handlers it replaced when the run ends.
+// While it lives, SIGINT / SIGTERM only record the signal (stop_signal_received()) so the work in progress
+// can end cleanly (a run saves, a conversion removes its temporary output); restores the handlers it
+// replaced when it ends.
 class StopSignals {
  public:
   StopSignals();
@@ -97,6 +99,8 @@ class StopSignals {
   void (*previous_interrupt_)(int);
   void (*previous_terminate_)(int);
 };
+// The signal a live StopSignals recorded, or 0.
+int stop_signal_received();
 
 // What one call of Run::step() did.
 enum class StepOutcome {

@@ -53,6 +53,7 @@ TEST(PlanIdentity, KeysComeFromTheConfigTableInPlanFileOrder) {
                                              "grad_dtype",
                                              "mu_dtype",
                                              "remat_policy",
+                                             "scan_layers",
                                              "per_device_batch_size",
                                              "gradient_accumulation_steps",
                                              "shard_optimizer_over_data",
