@@ -12,6 +12,27 @@
 #include "meshtrain/core/error.h"
 
 namespace meshtrain {
+
+std::string read_file_text(const std::string& path, const std::string& what, const std::string& hint) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) fail(path, "a readable " + what, std::strerror(errno), hint);
+  std::string bytes;
+  char buffer[1 << 16];
+  while (true) {
+    const ssize_t got = ::read(fd, buffer, sizeof(buffer));
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) {
+      const int err = errno;
+      ::close(fd);
+      fail(path, "a readable " + what, std::string("read failed: ") + std::strerror(err), hint);
+    }
+    if (got == 0) break;
+    bytes.append(buffer, static_cast<size_t>(got));
+  }
+  ::close(fd);
+  return bytes;
+}
+
 namespace {
 
 // The fix for the usual reasons a write fails half-way.

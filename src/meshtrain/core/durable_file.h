@@ -1,6 +1,6 @@
 // Durable, atomic file writes: a reader (or a crash) sees the old file or the whole new one, never a part.
 // Every file meshtrain writes for later reading (plans, shards, tokenizers, checkpoints, run files) goes
-// here.
+// here; and the one whole-file read (every byte, or an error naming the file).
 #pragma once
 
 #include <cstddef>
@@ -9,6 +9,10 @@
 #include <string_view>
 
 namespace meshtrain {
+
+// Every byte of `path`; an unreadable file is a MeshError "PATH: expected a readable WHAT, found <the OS's
+// reason> (fix: HINT)".
+std::string read_file_text(const std::string& path, const std::string& what, const std::string& hint = "");
 
 // A file written under a temporary name beside its final path (path + ".tmp." + pid, so two writers of one
 // path never share it) and published by commit(): fsync, rename over the path, fsync of the directory.

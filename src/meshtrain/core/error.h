@@ -40,6 +40,11 @@ struct AlreadyReported {
                                         const std::string& detail);
 
 // The candidate closest to `word` by edit distance (for "did you mean" hints).
+// Where a tensor of a file is, for errors: "FILE: tensor 'NAME'".
+inline std::string tensor_where(const std::string& file, const std::string& tensor) {
+  return file + ": tensor '" + tensor + "'";
+}
+
 std::string closest_name(const std::string& word, const std::vector<std::string>& candidates);
 
 template <class T>

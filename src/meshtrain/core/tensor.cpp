@@ -10,6 +10,12 @@ int64_t Shape::elements() const {
   return count;
 }
 
+std::string dims_text(const std::vector<int64_t>& dims) {
+  std::string text = "[";
+  for (size_t i = 0; i < dims.size(); ++i) text += (i ? ", " : "") + std::to_string(dims[i]);
+  return text + "]";
+}
+
 std::string Shape::to_string() const {
   std::string text = "[";
   for (size_t i = 0; i < dims.size(); ++i) {

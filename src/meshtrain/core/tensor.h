@@ -20,6 +20,9 @@ struct Shape {
   bool operator==(const Shape& other) const = default;
 };
 
+// Sizes as a file or message shows them: "[1024, 16, 128]".
+std::string dims_text(const std::vector<int64_t>& dims);
+
 // A shape from (axis name, size) pairs: shape_of({{"embed", 64}, {"mlp", 96}}).
 Shape shape_of(std::initializer_list<std::pair<std::string, int64_t>> named_dims);
 

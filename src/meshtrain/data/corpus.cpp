@@ -15,6 +15,7 @@
 #include <fstream>
 #include <system_error>
 
+#include "meshtrain/core/durable_file.h"
 #include "meshtrain/core/error.h"
 
 namespace meshtrain {
@@ -103,11 +104,7 @@ void check_text(const std::string& path, const std::string& text) {
 }
 
 std::string read_text_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in)
-    fail(path, "a readable text file", std::system_category().message(errno), "check the file's permissions");
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad()) fail(path, "a readable text file", "a read error", "check the file and the disk");
+  const std::string text = read_file_text(path, "text file", "check the file's permissions and the disk");
   if (text.empty()) fail(path, "a non-empty text file", "an empty file", "remove it or give it some text");
   check_text(path, text);
   return text;

@@ -9,6 +9,7 @@
 #include <system_error>
 #include <utility>
 
+#include "meshtrain/core/durable_file.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/data/tokenizer.h"
 #include "meshtrain/data/tokenizer_impl.h"
@@ -24,20 +25,6 @@ constexpr const char* kPathExpected =
 constexpr const char* kHint =
     "use a byte-level BPE tokenizer (as GPT-2, Llama 3 and Qwen2/3 have), or train one with `meshtrain "
     "prepare`";
-
-std::string read_whole_file(const std::string& path) {
-  std::FILE* file = std::fopen(path.c_str(), "rb");
-  if (file == nullptr) fail(path, "a readable tokenizer file", std::system_category().message(errno));
-  std::string text;
-  char buffer[1 << 16];
-  size_t got = 0;
-  while ((got = std::fread(buffer, 1, sizeof(buffer), file)) > 0) text.append(buffer, got);
-  const bool failed = std::ferror(file) != 0;
-  const int error = errno;
-  std::fclose(file);
-  if (failed) fail(path, "a readable tokenizer file", std::system_category().message(error));
-  return text;
-}
 
 std::string json_text(const json& value) {
   std::string text = value.dump(-1, ' ', false, json::error_handler_t::replace);
@@ -491,7 +478,7 @@ void read_added_tokens(const json& node, const std::string& where, BpeModel& mod
 }  // namespace
 
 BpeModel load_hugging_face(const std::string& path) {
-  const std::string text = read_whole_file(path);
+  const std::string text = read_file_text(path, "tokenizer file");
   TokenizerFileReader reader(false);
   read_document(path, text, reader, "a JSON document (a Hugging Face tokenizer.json)");
   const json& root = reader.rest;
@@ -556,7 +543,7 @@ BpeModel load_hugging_face(const std::string& path) {
 // GPT-2's original files: encoder.json ({token: id}) and vocab.bpe ("#version" line, then "a b" merges).
 // No added tokens: "<|endoftext|>" in text is encoded like any other text, as GPT-2's encoder does.
 BpeModel load_gpt2(const std::string& encoder_path, const std::string& merges_path) {
-  const std::string text = read_whole_file(encoder_path);
+  const std::string text = read_file_text(encoder_path, "tokenizer file");
   TokenizerFileReader reader(true);
   const std::string expected = "a JSON object {\"token\": id, ...} (GPT-2's encoder.json)";
   read_document(encoder_path, text, reader, expected);
@@ -566,7 +553,7 @@ BpeModel load_gpt2(const std::string& encoder_path, const std::string& merges_pa
   TokenIndex index(reader.vocab);
   read_vocab(reader.vocab, encoder_path, model, index);
 
-  const std::string merges_text = read_whole_file(merges_path);
+  const std::string merges_text = read_file_text(merges_path, "tokenizer file");
   std::vector<std::pair<std::string, std::string>> merges;
   std::vector<size_t> line_numbers;
   size_t line_number = 0;

@@ -19,6 +19,7 @@
 
 #include "meshtrain/core/durable_file.h"
 #include "meshtrain/core/error.h"
+#include "meshtrain/core/tensor.h"
 
 namespace meshtrain {
 namespace {
@@ -39,16 +40,6 @@ constexpr const char* kKnownDtypes =
 
 std::string os_error(int err) {
   return std::system_category().message(err);
-}
-
-std::string shape_text(const std::vector<int64_t>& shape) {
-  std::string text = "[";
-  for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
-  return text + "]";
-}
-
-std::string tensor_where(const std::string& path, const std::string& name) {
-  return path + ": tensor '" + name + "'";
 }
 
 // A JSON value as it appears in the file, shortened so a huge value cannot flood the message.
@@ -87,11 +78,11 @@ uint64_t shape_bytes(const std::vector<int64_t>& shape, size_t element_bytes, co
     if (!checked_mul(elements, static_cast<uint64_t>(dim), elements) ||
         elements > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
       fail(where, "a shape whose element count fits in 64 bits",
-           "shape " + shape_text(shape) + " (overflows)");
+           "shape " + dims_text(shape) + " (overflows)");
     }
   }
   if (!checked_mul(elements, element_bytes, bytes)) {
-    fail(where, "a tensor whose byte size fits in 64 bits", "shape " + shape_text(shape) + " (overflows)");
+    fail(where, "a tensor whose byte size fits in 64 bits", "shape " + dims_text(shape) + " (overflows)");
   }
   return bytes;
 }
@@ -425,7 +416,7 @@ void SafetensorsFile::validate_header(const char* header, uint64_t header_bytes)
     }
     if (entry.end - entry.begin != expected_bytes) {
       fail(where,
-           std::to_string(expected_bytes) + " bytes (shape " + shape_text(entry.shape) + " x " +
+           std::to_string(expected_bytes) + " bytes (shape " + dims_text(entry.shape) + " x " +
                std::to_string(element_bytes) + "-byte " + entry.dtype + ")",
            std::to_string(entry.end - entry.begin) + " bytes at data_offsets " + range);
     }
@@ -469,11 +460,11 @@ const SafetensorsEntry& SafetensorsFile::checked_entry(
   const SafetensorsEntry* entry = find(name);
   if (entry == nullptr) {
     std::string found = "no such tensor among the file's " + std::to_string(entries_.size()) + " tensors";
-    fail(where, "a tensor of shape " + shape_text(expected_shape), found,
+    fail(where, "a tensor of shape " + dims_text(expected_shape), found,
          "check that the checkpoint matches the model configuration");
   }
   if (entry->shape != expected_shape) {
-    fail(where, "shape " + shape_text(expected_shape), "shape " + shape_text(entry->shape),
+    fail(where, "shape " + dims_text(expected_shape), "shape " + dims_text(entry->shape),
          "check that the checkpoint matches the model configuration");
   }
   if (std::find(accepted_dtypes.begin(), accepted_dtypes.end(), entry->dtype) == accepted_dtypes.end()) {
@@ -563,7 +554,7 @@ uint64_t safetensors_tensor_bytes(const std::string& path, const SafetensorsTens
   const size_t element_bytes = safetensors_dtype_bytes(tensor.dtype);
   if (element_bytes == 0) fail(where, std::string("dtype ") + kKnownDtypes, "dtype '" + tensor.dtype + "'");
   for (int64_t dim : tensor.shape) {
-    if (dim < 0) fail(where, "non-negative dimensions", "shape " + shape_text(tensor.shape));
+    if (dim < 0) fail(where, "non-negative dimensions", "shape " + dims_text(tensor.shape));
   }
   return shape_bytes(tensor.shape, element_bytes, where);
 }

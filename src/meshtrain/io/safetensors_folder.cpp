@@ -21,10 +21,6 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-std::string tensor_where(const std::string& path, const std::string& name) {
-  return path + ": tensor '" + name + "'";
-}
-
 std::string join_path(const std::string& directory, const std::string& name) {
   return (fs::path(directory) / name).string();
 }
@@ -66,15 +62,6 @@ bool is_shard_name(const std::string& name) {
     if (digit ? !(name[i] >= '0' && name[i] <= '9') : name[i] != example[i]) return false;
   }
   return true;
-}
-
-std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail(path, "a readable index file", std::string("open failed: ") + std::strerror(errno));
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad()) fail(path, "a readable index file", std::string("read failed: ") + std::strerror(errno));
-  return text.str();
 }
 
 // metadata.total_size as a byte count. transformers writes an integer; a whole number written as a float is
@@ -125,7 +112,7 @@ SafetensorsFolder SafetensorsFolder::open(const std::string& directory) {
       "an index of the form {\"metadata\": {\"total_size\": N}, \"weight_map\": {tensor: shard file}}";
   json index;
   try {
-    index = json::parse(read_text(index_path));
+    index = json::parse(read_file_text(index_path, "index file"));
   } catch (const json::exception& parse_error) {
     fail(index_path, shape_hint + " in valid JSON", parse_error.what(), "re-download or re-save the model");
   }

@@ -11,6 +11,7 @@
 #include <sstream>
 #include <utility>
 
+#include "meshtrain/core/durable_file.h"
 #include "meshtrain/core/error.h"
 
 namespace meshtrain {
@@ -805,13 +806,10 @@ HfModelConfig hf_config_to_meshtrain(const nlohmann::json& json, const std::stri
 }
 
 HfModelConfig read_hf_config(const std::string& path) {
-  std::ifstream file(path);
-  if (!file) fail(path, "a readable Hugging Face config.json", "no such file or it cannot be read");
-  std::stringstream text;
-  text << file.rdbuf();
+  const std::string text = read_file_text(path, "Hugging Face config.json");
   Json json;
   try {
-    json = Json::parse(text.str());
+    json = Json::parse(text);
   } catch (const Json::parse_error& error) {
     fail(path, "valid JSON", error.what());
   }

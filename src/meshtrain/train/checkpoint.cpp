@@ -109,23 +109,6 @@ class Fd {
   int fd_;
 };
 
-std::string read_whole_file(const fs::path& path, const std::string& what) {
-  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (fd.get() < 0) fail(path.string(), "a readable " + what, "open failed: " + os_error(errno));
-  std::string bytes;
-  char buffer[1 << 16];
-  while (true) {
-    const ssize_t got = ::read(fd.get(), buffer, sizeof(buffer));
-    if (got < 0) {
-      if (errno == EINTR) continue;
-      fail(path.string(), "a readable " + what, "read failed: " + os_error(errno));
-    }
-    if (got == 0) break;
-    bytes.append(buffer, static_cast<size_t>(got));
-  }
-  return bytes;
-}
-
 struct FileSum {
   uint64_t bytes = 0;
   uint32_t crc32c = 0;
@@ -240,16 +223,6 @@ std::vector<std::pair<fs::path, std::string>> tokenizer_files(const std::string&
   fail(tokenizer_path,
        "a tokenizer.json file, or a folder holding tokenizer.json or encoder.json + vocab.bpe",
        fs::exists(source, error) ? "neither" : "no such file or folder", "check config key 'tokenizer_path'");
-}
-
-std::string tensor_where(const fs::path& file, const std::string& name) {
-  return file.string() + ": tensor '" + name + "'";
-}
-
-std::string dims_text(const std::vector<int64_t>& dims) {
-  std::string text = "[";
-  for (size_t i = 0; i < dims.size(); ++i) text += (i ? ", " : "") + std::to_string(dims[i]);
-  return text + "]";
 }
 
 // Writes every file of the checkpoint into `directory` and commits it there (marker last).
@@ -453,7 +426,7 @@ void finish_checkpoint_files(const fs::path& directory, const Config& config, co
   std::vector<std::string> tokenizer_names;
   if (!options.tokenizer_path.empty()) {
     for (const auto& [source, name] : tokenizer_files(options.tokenizer_path)) {
-      write_file_atomically((directory / name).string(), read_whole_file(source, "tokenizer file"));
+      write_file_atomically((directory / name).string(), read_file_text(source.string(), "tokenizer file"));
       files.push_back(name);
       tokenizer_names.push_back(name);
     }
@@ -634,7 +607,7 @@ LoadContext read_metadata(const fs::path& directory) {
   LoadContext context{directory, json(), directory / kMetadataFile};
   json marker;
   try {
-    marker = json::parse(read_whole_file(marker_path, "commit marker"));
+    marker = json::parse(read_file_text(marker_path.string(), "commit marker"));
     const uint64_t bytes = marker.at("metadata_bytes").get<uint64_t>();
     const uint32_t crc = marker.at("metadata_crc32c").get<uint32_t>();
     std::error_code exists_error;
@@ -642,7 +615,7 @@ LoadContext read_metadata(const fs::path& directory) {
       fail(context.metadata_path.string(), "the checkpoint's metadata file", "no such file",
            "the checkpoint was damaged after it was written; " + hint_other);
     }
-    const std::string text = read_whole_file(context.metadata_path, "checkpoint metadata file");
+    const std::string text = read_file_text(context.metadata_path.string(), "checkpoint metadata file");
     if (text.size() != bytes || crc32c(text.data(), text.size()) != crc) {
       fail(context.metadata_path.string(),
            std::to_string(bytes) + " bytes with CRC-32C " + std::to_string(crc) + " (recorded in COMMITTED)",
@@ -919,7 +892,7 @@ Config checkpoint_config(const std::string& checkpoint_dir,
   const fs::path metadata_path = fs::path(checkpoint_dir) / kMetadataFile;
   json metadata;
   try {
-    metadata = json::parse(read_whole_file(metadata_path, "checkpoint metadata file"));
+    metadata = json::parse(read_file_text(metadata_path.string(), "checkpoint metadata file"));
   } catch (const json::exception& e) {
     fail(metadata_path.string(), "valid JSON", e.what(), "the checkpoint is damaged; use another one");
   }

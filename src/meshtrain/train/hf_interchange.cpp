@@ -36,20 +36,6 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 using ordered_json = nlohmann::ordered_json;
 
-std::string read_text(const fs::path& path, const std::string& what, const std::string& hint) {
-  std::ifstream file(path, std::ios::binary);
-  if (!file) fail(path.string(), what, "no such file (or not readable)", hint);
-  std::stringstream text;
-  text << file.rdbuf();
-  return text.str();
-}
-
-std::string dims_text(const std::vector<int64_t>& dims) {
-  std::string text = "[";
-  for (size_t i = 0; i < dims.size(); ++i) text += (i ? ", " : "") + std::to_string(dims[i]);
-  return text + "]";
-}
-
 int64_t product(const std::vector<int64_t>& dims) {
   int64_t count = 1;
   for (int64_t size : dims) count *= size;
@@ -364,7 +350,7 @@ HfImportSummary import_hugging_face(const HfImportOptions& options, std::ostream
   Config per_layer = config;
   per_layer.set("scan_layers", "false");
   checkpoint.commit(per_layer, {spec.dims.V, spec.parameter_count()}, checkpoint_options, source,
-                    {{kImportedConfigFile, read_text(config_path, "config.json", "")},
+                    {{kImportedConfigFile, read_file_text(config_path.string(), "config.json")},
                      {"config.yaml", training_config_yaml(config, overrides, final_path, has_tokenizer,
                                                           mapped.max_position_embeddings)}});
   log << "import-hf: " << summary.file_tensors << " tensors, " << spec.parameter_count() << " parameters"
@@ -380,7 +366,8 @@ namespace {
 void write_tokenizer_files(const fs::path& checkpoint, const fs::path& out, const ordered_json& hf_config) {
   std::error_code error;
   const auto copy = [&](const char* from, const char* to) {
-    write_file_atomically((out / to).string(), read_text(checkpoint / from, "a tokenizer file", ""));
+    write_file_atomically((out / to).string(),
+                          read_file_text((checkpoint / from).string(), "tokenizer file"));
   };
   std::string tokenizer_class;
   if (fs::is_regular_file(checkpoint / "tokenizer.json", error)) {
@@ -453,7 +440,7 @@ void export_hugging_face(const HfExportOptions& options, std::ostream& log) {
     // context length.
     json original;
     try {
-      original = json::parse(read_text(imported_config, "the imported config.json", ""));
+      original = json::parse(read_file_text(imported_config.string(), "copy of the imported config.json"));
     } catch (const json::exception& e) {
       fail(imported_config.string(), "the config.json import-hf copied (valid JSON)", e.what(),
            "the checkpoint is damaged; import the model again");
