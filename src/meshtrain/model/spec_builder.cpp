@@ -69,7 +69,7 @@ BufferId SpecBuilder::parameter(const std::string& name, const Shape& shape,
 
 void SpecBuilder::declare_moments(ParameterDecl& parameter) {
   const Config& c = spec_.config;
-  const std::string& name = spec_.buffer(parameter.value).name;
+  const std::string name = spec_.buffer(parameter.value).name;  // a copy: add() grows the buffer list
   const Shape shape = spec_.buffer(parameter.value).shape;
   parameter.adam_m = add({"adam_m/" + name, BufferKind::optimizer_state, c.mu_dtype, shape});
   parameter.adam_v = add({"adam_v/" + name, BufferKind::optimizer_state, c.mu_dtype, shape});
