@@ -215,15 +215,26 @@ TEST(Scan, NothingToStackIsANoOp) {
             parameter_shapes(build_model_spec(config)));
 }
 
-TEST(Scan, ASharedParameterInsideAGroupIsRefused) {
+// An empty two-layer spec with scan_layers on, for parameters and ops declared by hand.
+ModelSpec hand_built_spec() {
   ModelSpec spec;
   spec.config = scanned(qwen3({"base_num_decoder_layers=2"}), true);
   spec.kernels = &kernels::kernel_backend_for_device("cpu");
   spec.sharding = ShardingLayout(spec.config.logical_axis_rules, Mesh{});
   spec.dims.B = spec.dims.S = spec.dims.N = 1;
-  SpecBuilder builder(spec);
+  return spec;
+}
+
+ParameterOptions mlp_options() {
   ParameterOptions options;
   options.component = "mlp";
+  return options;
+}
+
+TEST(Scan, ASharedParameterInsideAGroupIsRefused) {
+  ModelSpec spec = hand_built_spec();
+  SpecBuilder builder(spec);
+  const ParameterOptions options = mlp_options();
   const BufferId first = builder.parameter("decoder/layers_0/mlp/scale", shape_of({{"embed", 4}}), options);
   const BufferId second = builder.parameter("decoder/layers_1/mlp/scale", shape_of({{"embed", 4}}), options);
   builder.forward({"decoder/layers_0/mlp/forward", {first}, {}, 0.0, nullptr});
@@ -242,14 +253,9 @@ TEST(Scan, ASharedParameterInsideAGroupIsRefused) {
 // No family has a 0-d parameter; one declared by hand stacks like any other ([] -> [L]), and its checkpoint
 // tensor is [L] whatever param_scan_axis says.
 TEST(Scan, ZeroAndOneDimensionalParametersStack) {
-  ModelSpec spec;
-  spec.config = scanned(qwen3({"base_num_decoder_layers=2"}), true);
-  spec.kernels = &kernels::kernel_backend_for_device("cpu");
-  spec.sharding = ShardingLayout(spec.config.logical_axis_rules, Mesh{});
-  spec.dims.B = spec.dims.S = spec.dims.N = 1;
+  ModelSpec spec = hand_built_spec();
   SpecBuilder builder(spec);
-  ParameterOptions options;
-  options.component = "mlp";
+  const ParameterOptions options = mlp_options();
   for (int layer = 0; layer < 2; ++layer) {
     const std::string prefix = "decoder/layers_" + std::to_string(layer) + "/mlp/";
     const BufferId gate = builder.parameter(prefix + "gate", Shape{}, options);
