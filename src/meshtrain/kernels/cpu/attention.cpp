@@ -28,11 +28,15 @@
 //   that provably see every key skip the per-element mask, everything else is masked per element. Correct
 //   for arbitrary positions, and for sorted positions the causal upper triangle is skipped.
 //
-// The register blocks use GCC/Clang vector extensions (a 16-float vector; the compiler splits it into
-// halves or quarters on targets without AVX-512) because at -O2 GCC keeps accumulators written as float
-// arrays in `omp simd` loops in memory. The first version of this file used dot products with `omp simd`
-// reductions and ran at 28 GFLOP/s on one Zen 5 core; this one runs at about 135. Vectors never cross a
-// function boundary (that would change the ABI between targets and trip -Wpsabi).
+// The register blocks use GCC/Clang vector extensions (one vector = one register of the target: 16 floats
+// with AVX-512, 8 with AVX2) because at -O2 GCC keeps accumulators written as float arrays in `omp simd`
+// loops in memory. The first version of this file used dot products with `omp simd` reductions and ran at 28
+// GFLOP/s on one Zen 5 core; this one runs at about 135. The blocks are sized to the register file (32
+// vector registers with AVX-512, 16 with AVX2): a block written for AVX-512 compiled for AVX2 became twice
+// the registers there are and ran at 3 GFLOP/s on a Zen 3 core, no faster than the plain reference. Which
+// lanes a block covers never changes an element's chain of operations, so results do not depend on the
+// target's vector width. Vectors never cross a function boundary (that would change the ABI between targets
+// and trip -Wpsabi).
 #include "meshtrain/kernels/cpu/attention.h"
 
 #include <omp.h>
@@ -51,14 +55,24 @@ namespace {
 // Tokens per query tile and per key tile, and the lane count of a row of scores. 64 x 64 scores are 16 KiB;
 // with the packed tiles below everything a pair touches stays in L2.
 constexpr int64_t kTile = 64;
-constexpr int64_t kLanes = 16;                    // floats per Vec
-constexpr int64_t kVecsPerTile = kTile / kLanes;  // a row of scores is 4 Vecs
+// kLanes: floats per Vec (one register). kScoreVecs: Vecs of a score row one register block covers (4 rows x
+// kScoreVecs accumulators); kUpdateVecs: Vecs of a head-width row one rank-update block covers (4 rows x
+// kUpdateVecs). Both leave room for the operands in the register file.
+#if defined(__AVX512F__)
+constexpr int64_t kLanes = 16;
+constexpr int kScoreVecs = 4, kUpdateVecs = 4;  // 16 accumulators + 4 operands of 32 registers
+#else
+constexpr int64_t kLanes = 8;
+constexpr int kScoreVecs = 2, kUpdateVecs = 2;  // 8 accumulators + 2 operands + a broadcast of 16
+#endif
+constexpr int64_t kVecsPerTile = kTile / kLanes;  // a row of scores is 4 (AVX-512) or 8 Vecs
+static_assert(kVecsPerTile % kScoreVecs == 0);
 // Head-width columns packed at once: heads up to 256 wide are packed once per tile and reused for every
 // pair; wider heads are repacked per pair in 256-column slices (slower, same results).
 constexpr int64_t kPackWidth = 256;
 constexpr float kNegativeInfinity = -std::numeric_limits<float>::infinity();
 
-typedef float Vec __attribute__((vector_size(64)));
+typedef float Vec __attribute__((vector_size(kLanes * sizeof(float))));
 
 // Unaligned load / store of 16 floats through memcpy (both compilers emit one vector move); by reference so
 // no Vec is passed by value.
@@ -73,8 +87,8 @@ inline void store(float* p, const Vec& value) {
 // operand per FMA), which makes the register blocks load-bound: 1.5x slower on Zen 5 with AVX-512. An
 // empty asm that "modifies" the value cannot be re-read from memory. Only where a Vec fits one register.
 inline void pin_register(Vec& value) {
-#if defined(__AVX512F__) && defined(__GNUC__)
-  __asm__("" : "+v"(value));
+#if (defined(__AVX512F__) || defined(__AVX__)) && defined(__GNUC__)
+  __asm__("" : "+v"(value));  // a zmm (AVX-512) or ymm (AVX2) register: Vec is exactly one
 #else
   (void)value;
 #endif
@@ -139,24 +153,26 @@ const float* pack(PackedTile& packed, const float* rows, int64_t stride, int64_t
 }
 
 // out[r * kTile + lane] (= or, when accumulate, +=) sum_{c < width} x_r[c] * packed[c * kTile + lane] for
-// r < R, x_r = x + r * x_stride: R x kTile accumulators in registers, one broadcast per row and column.
+// r < R, x_r = x + r * x_stride and the lanes of Vecs [v0, v0 + kScoreVecs) of the row: R x kScoreVecs
+// accumulators in registers, one broadcast per row and column.
 template <int R>
 void score_rows(float* out, const float* x, int64_t x_stride, const float* packed, int64_t width,
-                bool accumulate) {
-  Vec acc[R][kVecsPerTile];
+                bool accumulate, int v0) {
+  Vec acc[R][kScoreVecs];
+  const int64_t lane0 = v0 * kLanes;
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r) {
 #pragma GCC unroll 4
-    for (int v = 0; v < kVecsPerTile; ++v) {
+    for (int v = 0; v < kScoreVecs; ++v) {
       acc[r][v] = Vec{};
-      if (accumulate) load(acc[r][v], out + r * kTile + v * kLanes);
+      if (accumulate) load(acc[r][v], out + r * kTile + lane0 + v * kLanes);
     }
   }
   for (int64_t c = 0; c < width; ++c) {
-    const float* column = packed + c * kTile;
-    Vec lanes[kVecsPerTile];
+    const float* column = packed + c * kTile + lane0;
+    Vec lanes[kScoreVecs];
 #pragma GCC unroll 4
-    for (int v = 0; v < kVecsPerTile; ++v) {
+    for (int v = 0; v < kScoreVecs; ++v) {
       load(lanes[v], column + v * kLanes);
       pin_register(lanes[v]);
     }
@@ -164,13 +180,13 @@ void score_rows(float* out, const float* x, int64_t x_stride, const float* packe
     for (int r = 0; r < R; ++r) {
       const float scalar = x[r * x_stride + c];
 #pragma GCC unroll 4
-      for (int v = 0; v < kVecsPerTile; ++v) acc[r][v] += scalar * lanes[v];
+      for (int v = 0; v < kScoreVecs; ++v) acc[r][v] += scalar * lanes[v];
     }
   }
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r) {
 #pragma GCC unroll 4
-    for (int v = 0; v < kVecsPerTile; ++v) store(out + r * kTile + v * kLanes, acc[r][v]);
+    for (int v = 0; v < kScoreVecs; ++v) store(out + r * kTile + lane0 + v * kLanes, acc[r][v]);
   }
 }
 
@@ -184,10 +200,13 @@ void score_tile(float* raw, const float* x, int64_t x_stride, int64_t x_count, P
     const float* columns = pack(packed, cols, col_stride, col_count, c0, c1);
     int64_t r = 0;
     for (; r + 4 <= x_count; r += 4) {
-      score_rows<4>(raw + r * kTile, x + r * x_stride + c0, x_stride, columns, c1 - c0, c0 > 0);
+      for (int v0 = 0; v0 < kVecsPerTile; v0 += kScoreVecs)
+        score_rows<4>(raw + r * kTile, x + r * x_stride + c0, x_stride, columns, c1 - c0, c0 > 0, v0);
     }
-    for (; r < x_count; ++r)
-      score_rows<1>(raw + r * kTile, x + r * x_stride + c0, x_stride, columns, c1 - c0, c0 > 0);
+    for (; r < x_count; ++r) {
+      for (int v0 = 0; v0 < kVecsPerTile; v0 += kScoreVecs)
+        score_rows<1>(raw + r * kTile, x + r * x_stride + c0, x_stride, columns, c1 - c0, c0 > 0, v0);
+    }
   }
 }
 
@@ -228,8 +247,8 @@ template <int R>
 void rank_update(float* y, int64_t y_stride, const float* coef, int64_t t_stride, int64_t r_stride,
                  const float* x, int64_t x_stride, int64_t n, int64_t d) {
   int64_t c0 = 0;
-  for (; c0 + 4 * kLanes <= d; c0 += 4 * kLanes) {
-    rank_update_block<R, 4>(y + c0, y_stride, coef, t_stride, r_stride, x + c0, x_stride, n);
+  for (; c0 + kUpdateVecs * kLanes <= d; c0 += kUpdateVecs * kLanes) {
+    rank_update_block<R, kUpdateVecs>(y + c0, y_stride, coef, t_stride, r_stride, x + c0, x_stride, n);
   }
   for (; c0 + kLanes <= d; c0 += kLanes) {
     rank_update_block<R, 1>(y + c0, y_stride, coef, t_stride, r_stride, x + c0, x_stride, n);
