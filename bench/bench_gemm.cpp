@@ -503,8 +503,9 @@ void run_all(const Context& ctx, const std::vector<std::string>& filters) {
   dnnl::stream strm(eng);
   const bool with_bf16 = bf16_matmul_available(eng);
   if (!with_bf16)
-    std::printf("# bf16 matmul unsupported by this oneDNN on this CPU (no AVX512-BF16 / AMX / AVX512 core): "
-                "bf16 rows skipped\n");
+    std::printf(
+        "# bf16 matmul unsupported by this oneDNN on this CPU (no AVX512-BF16 / AMX / AVX512 core): "
+        "bf16 rows skipped\n");
   for (const auto& s : kShapes) {
     if (selected(s, filters)) run_shape(ctx, s, eng, strm, with_bf16);
   }
