@@ -6,6 +6,7 @@
 
 #include "error_text.h"
 #include "meshtrain/cli/info.h"
+#include "meshtrain/core/cpu_features.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/model/spec.h"
 #include "meshtrain/train/engine.h"
@@ -91,7 +92,14 @@ TEST(ModelSpec, ShapeErrorsNameTheKey) {
 
 TEST(ModelSpec, BfloatRunIsRefusedBeforeAllocation) {
   const std::string message = error_of([] { Engine engine(load_config("qwen3-32b", {"dtype=bfloat16"})); });
-  EXPECT_NE(message.find("float32"), std::string::npos) << message;
+  EXPECT_NE(message.find("'dtype'"), std::string::npos) << message;
+  EXPECT_NE(message.find("dtype=float32"), std::string::npos) << message;
+  // On a CPU without bf16 instructions the error says what the machine has.
+  const CpuFeatures& cpu = cpu_features();
+  if (!cpu.avx512_bf16 && !cpu.amx_bf16) {
+    EXPECT_NE(message.find("AVX512-BF16"), std::string::npos) << message;
+    EXPECT_NE(message.find(cpu.describe()), std::string::npos) << message;
+  }
 }
 
 TEST(ModelSpec, VocabularyIsPaddedToMultipleOf128) {
