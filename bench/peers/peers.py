@@ -37,6 +37,8 @@ N_MATMUL = 123_532_032
 L_LAYERS, D_MODEL = 12, 768
 DEFAULT_PEAK_GFLOPS = 460.0
 DISTURBED_PCT = 10.0  # others' share of all CPUs above which a run counts as disturbed
+# Debian's PyTorch 1.13 ("pytorch") and PyTorch 2.x from PyPI in a virtual environment, one peer per mode.
+TORCH_PEERS = ["pytorch", "torch2-eager", "torch2-compile", "torch2-bf16"]
 
 LLMC_RE = re.compile(r"^step (\d+): train loss ([-+0-9.eEnaif]+) \(took ([0-9.eE+-]+) ms\)")
 TORCH_RE = re.compile(r"^step (\d+): loss ([-+0-9.eEnaif]+) time_ms ([0-9.eE+-]+)")
@@ -218,7 +220,7 @@ def cmd_table(args):
           f"OpenBLAS AVX-512 sgemm on square 512..2048). Medians over the timed steps (first step skipped).")
     print("* = other processes used > 10% of the CPUs during that run (figures disturbed).")
     print()
-    hdr = (f"{'pass':<14} {'B x T':<7} {'system':<10} {'status':<8} {'n':>2} {'tokens/s':>9} "
+    hdr = (f"{'pass':<14} {'B x T':<7} {'system':<14} {'status':<8} {'n':>2} {'tokens/s':>9} "
            f"{'min..max':>15} {'GFLOP/s':>8} {'MFU':>6} {'others':>7} {'loss first->last':>18}")
     print(hdr)
     print("-" * len(hdr))
@@ -232,10 +234,10 @@ def cmd_table(args):
         oth_s = "" if oth is None else f"{oth:.0f}%" + ("*" if oth > DISTURBED_PCT else " ")
         st = r["status"] if len(r["status"]) <= 8 else r["status"][:8]
         if s is None:
-            print(f"{r['pass']:<14} {shape:<7} {r['peer']:<10} {st:<8} {'-':>2} {'-':>9} {'-':>15} {'-':>8} "
+            print(f"{r['pass']:<14} {shape:<7} {r['peer']:<14} {st:<8} {'-':>2} {'-':>9} {'-':>15} {'-':>8} "
                   f"{'-':>6} {oth_s:>7}  {r.get('note', '')}")
             continue
-        print(f"{r['pass']:<14} {shape:<7} {r['peer']:<10} {st:<8} {s['n']:>2} {s['tps']:>9.1f} "
+        print(f"{r['pass']:<14} {shape:<7} {r['peer']:<14} {st:<8} {s['n']:>2} {s['tps']:>9.1f} "
               f"{s['lo']:>7.1f}..{s['hi']:<7.1f} {s['gflops']:>8.1f} {s['mfu'] * 100:>5.1f}% {oth_s:>7} "
               f"{s['loss0']:>8.3f}->{s['lossN']:<8.3f}")
     print()
@@ -248,7 +250,9 @@ def cmd_table(args):
     for p, b, t in seen:
         m = summ.get((p, b, t, "meshtrain"))
         parts = []
-        for peer in ("llm.c", "pytorch"):
+        for peer in ["llm.c"] + TORCH_PEERS:
+            if (p, b, t, peer) not in summ:
+                continue
             o = summ.get((p, b, t, peer))
             if m and o and o["tps"] > 0:
                 parts.append(f"meshtrain/{peer} = {m['tps'] / o['tps']:.2f}x")
@@ -265,7 +269,7 @@ def main():
     r = sub.add_parser("run")
     r.add_argument("--results", required=True)
     r.add_argument("--pass", dest="pass_name", required=True)
-    r.add_argument("--peer", required=True, choices=["meshtrain", "llm.c", "pytorch"])
+    r.add_argument("--peer", required=True, choices=["meshtrain", "llm.c"] + TORCH_PEERS)
     r.add_argument("--batch", type=int, required=True)
     r.add_argument("--seq", type=int, required=True)
     r.add_argument("--log", required=True)

@@ -9,7 +9,10 @@
 #   --build DIR         meshtrain build directory (default <repo>/build); the binary is not rebuilt
 #   --out DIR           logs and results (default /tmp/meshtrain_peers/<date-time>)
 #   --threads N         OMP_NUM_THREADS for every peer (default 2)
-#   --peers "LIST"      subset of "meshtrain llm.c pytorch" (default all three)
+#   --peers "LIST"      subset of "meshtrain llm.c pytorch torch2" (default all four)
+#   --torch2-python PY  the python of a virtual environment with PyTorch 2.x from PyPI, outside the repository
+#                       (python3 -m venv ~/torch2 && ~/torch2/bin/pip install torch); peer "torch2" runs it
+#                       three ways: eager fp32, torch.compile fp32, and bf16 autocast (skipped if absent)
 #   --coretype-unset    add a second pass with OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE removed
 #   --only-coretype-unset  run only that second pass
 #   --peak-gflops G     the peak the MFU column divides by (default 460, see README)
@@ -29,7 +32,8 @@ shapes="4x64 8x256"
 build="$repo/build"
 out=""
 threads=2
-peers="meshtrain llm.c pytorch"
+peers="meshtrain llm.c pytorch torch2"
+torch2_python=""
 pass_inherited=1
 pass_unset=0
 peak=460
@@ -46,13 +50,14 @@ while [ $# -gt 0 ]; do
     --out) out=$2; shift 2 ;;
     --threads) threads=$2; shift 2 ;;
     --peers) peers=$2; shift 2 ;;
+    --torch2-python) torch2_python=$2; shift 2 ;;
     --coretype-unset) pass_unset=1; shift ;;
     --only-coretype-unset) pass_unset=1; pass_inherited=0; shift ;;
     --peak-gflops) peak=$2; shift 2 ;;
     --quiet-wait) quiet_wait=$2; shift 2 ;;
     --timeout) timeout_s=$2; shift 2 ;;
     --retries) retries=$2; shift 2 ;;
-    -h|--help) sed -n '2,22p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,25p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "run_peers.sh: unknown argument '$1' (see --help)" >&2; exit 0 ;;
   esac
 done
@@ -203,6 +208,22 @@ run_pass() {  # pass-name env-prefix...
           LD_LIBRARY_PATH="/usr/lib/x86_64-linux-gnu/openblas-openmp${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
           "$syspy" "$here/torch_gpt2.py" --batch "$b" --seq "$t" --steps "$steps" --threads "$threads"
       fi
+    fi
+    # PyTorch 2.x from PyPI (its own oneDNN / MKL), eager, torch.compile and bf16 autocast
+    if has_peer torch2; then
+      for mode in eager compile bf16-autocast; do
+        name=torch2-${mode%-autocast}
+        if [ -z "$torch2_python" ] || ! "$torch2_python" -c 'import torch' 2>/dev/null; then
+          helper run --results "$results" --pass "$pass" --peer "$name" --batch "$b" --seq "$t" --log /dev/null \
+            --status missing --note "no PyTorch 2.x: pass --torch2-python VENV/bin/python (pip install torch)"
+        else
+          helper run "${runopts[@]}" --pass "$pass" --peer "$name" --batch "$b" --seq "$t" \
+            --log "$out/${name}_${pass}_${shape}.log" -- \
+            env "${envp[@]}" OMP_NUM_THREADS="$threads" \
+            "$torch2_python" "$here/torch_gpt2.py" --batch "$b" --seq "$t" --steps "$steps" \
+            --threads "$threads" --mode "$mode"
+        fi
+      done
     fi
   done
 }

@@ -10,7 +10,10 @@ the timed region.
 
 Timed per step: zero_grad + forward + loss + backward + clip + optimizer step (perf_counter).
 Prints one line per step:   step N: loss X time_ms Y
-Usage: torch_gpt2.py --batch B --seq T --steps N [--threads K] [--seed S]
+Usage: torch_gpt2.py --batch B --seq T --steps N [--threads K] [--seed S] [--mode eager|compile|bf16-autocast]
+  --mode compile        the model under torch.compile (PyTorch >= 2.0; the first step includes compilation)
+  --mode bf16-autocast  forward and loss under torch.autocast("cpu", dtype=torch.bfloat16): matmuls in bf16,
+                        fp32 master weights and optimizer, as a PyTorch user trains bf16 on a CPU
 Run it with Debian's /usr/bin/python3 (python3-torch imports only there), OMP_NUM_THREADS set, and
 LD_LIBRARY_PATH=/usr/lib/x86_64-linux-gnu/openblas-openmp so libblas.so.3 is OpenBLAS's OpenMP build.
 """
@@ -144,6 +147,7 @@ def main():
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "0") or 0))
     ap.add_argument("--seed", type=int, default=1337)
+    ap.add_argument("--mode", choices=["eager", "compile", "bf16-autocast"], default="eager")
     args = ap.parse_args()
 
     if args.threads > 0:
@@ -152,9 +156,16 @@ def main():
     model = GPT()
     model.train()
     opt, opt_kind = make_optimizer(model)
+    forward = model
+    if args.mode == "compile":
+        if not hasattr(torch, "compile"):
+            print(f"error: torch {torch.__version__} has no torch.compile (PyTorch >= 2.0 needed)", flush=True)
+            return 2
+        forward = torch.compile(model)
+    autocast_bf16 = args.mode == "bf16-autocast"
     n_params = sum(p.numel() for p in model.parameters())
     print(f"torch {torch.__version__} threads {torch.get_num_threads()} sdpa {HAS_SDPA} adamw {opt_kind} "
-          f"params {n_params} B {args.batch} T {args.seq} "
+          f"params {n_params} B {args.batch} T {args.seq} mode {args.mode} "
           f"cpu_capability {cpu_capability()} blas {blas_hint()}", flush=True)
 
     g = torch.Generator().manual_seed(args.seed + 1)
@@ -163,7 +174,8 @@ def main():
         x, y = data[:, :-1].contiguous(), data[:, 1:].contiguous()
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        loss = model(x, y)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast_bf16):
+            loss = forward(x, y)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
