@@ -100,6 +100,11 @@ TEST(ModelSpec, BfloatRunIsRefusedBeforeAllocation) {
     EXPECT_NE(message.find("AVX512-BF16"), std::string::npos) << message;
     EXPECT_NE(message.find(cpu.describe()), std::string::npos) << message;
   }
+  // bf16 storage needs no bf16 instructions: its refusal names its own key and not the CPU.
+  const std::string storage =
+      error_of([] { Engine engine(load_config("qwen3-32b", {"mu_dtype=bfloat16"})); });
+  EXPECT_NE(storage.find("'mu_dtype'"), std::string::npos) << storage;
+  EXPECT_EQ(storage.find("AVX512-BF16"), std::string::npos) << storage;
 }
 
 TEST(ModelSpec, VocabularyIsPaddedToMultipleOf128) {

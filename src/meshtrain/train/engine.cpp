@@ -19,19 +19,17 @@ namespace meshtrain {
 // every layout.
 void check_plan_runs_here(const TrainingPlan& plan, int64_t world) {
   const Config& c = plan.spec.config;
-  const CpuFeatures& cpu = cpu_features();
+  // bf16 compute (`dtype`; the storage dtypes need no instructions) without bf16 instructions would be
+  // emulated (oneDNN 2.6 has no bf16 matmul on AVX2 CPUs), so say what this machine has, whatever the engine
+  // grows later.
+  if (const CpuFeatures& cpu = cpu_features(); c.dtype == DType::bf16 && !cpu.avx512_bf16 && !cpu.amx_bf16) {
+    fail("config key 'dtype'", "a CPU with AVX512-BF16 or AMX-BF16 instructions for bfloat16", cpu.describe(),
+         "set dtype=float32 on this machine (its float32 GEMM is its fastest); meshtrain compile still plans "
+         "bfloat16 for other machines");
+  }
   for (const auto& [key, dtype] :
        {std::pair{"dtype", c.dtype}, std::pair{"weight_dtype", c.weight_dtype},
         std::pair{"grad_dtype", c.grad_dtype}, std::pair{"mu_dtype", c.mu_dtype}}) {
-    // Without bf16 instructions a bf16 matmul would be emulated (oneDNN 2.6 has none on AVX2 CPUs), so
-    // say what this machine has, whatever the engine grows later.
-    if (dtype == DType::bf16 && !cpu.avx512_bf16 && !cpu.amx_bf16) {
-      fail(std::string("config key '") + key + "'",
-           "a CPU with AVX512-BF16 or AMX-BF16 instructions for bfloat16", cpu.describe(),
-           std::string("set ") + key +
-               "=float32 on this machine (its float32 GEMM is its fastest); meshtrain compile still plans "
-               "bfloat16 for other machines");
-    }
     if (dtype != DType::f32) {
       fail(std::string("config key '") + key + "'", "float32 for a run on the CPU kernels",
            dtype_config_name(dtype),
