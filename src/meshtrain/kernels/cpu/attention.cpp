@@ -74,8 +74,8 @@ constexpr float kNegativeInfinity = -std::numeric_limits<float>::infinity();
 
 typedef float Vec __attribute__((vector_size(kLanes * sizeof(float))));
 
-// Unaligned load / store of 16 floats through memcpy (both compilers emit one vector move); by reference so
-// no Vec is passed by value.
+// Unaligned load / store of one Vec (kLanes floats) through memcpy (both compilers emit one vector move); by
+// reference so no Vec is passed by value.
 inline void load(Vec& value, const float* p) {
   std::memcpy(&value, p, sizeof(Vec));
 }
@@ -87,7 +87,7 @@ inline void store(float* p, const Vec& value) {
 // operand per FMA), which makes the register blocks load-bound: 1.5x slower on Zen 5 with AVX-512. An
 // empty asm that "modifies" the value cannot be re-read from memory. Only where a Vec fits one register.
 inline void pin_register(Vec& value) {
-#if (defined(__AVX512F__) || defined(__AVX__)) && defined(__GNUC__)
+#if defined(__AVX__) && defined(__GNUC__)
   __asm__("" : "+v"(value));  // a zmm (AVX-512) or ymm (AVX2) register: Vec is exactly one
 #else
   (void)value;
