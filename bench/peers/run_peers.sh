@@ -149,6 +149,16 @@ build_llmc_shape() {  # B T -> prints the binary path, or returns 1
   echo "$work/$name"
 }
 
+# ---------------------------------------------------------------- PyTorch: which ones import (once)
+torch_note=""
+if has_peer pytorch && ! "$syspy" -c 'import torch' 2>/dev/null; then
+  torch_note="$syspy cannot import torch (apt-get install python3-torch)"
+fi
+torch2_note=""
+if has_peer torch2 && { [ -z "$torch2_python" ] || ! "$torch2_python" -c 'import torch' 2>/dev/null; }; then
+  torch2_note="no PyTorch 2.x: pass --torch2-python VENV/bin/python (pip install torch)"
+fi
+
 # ---------------------------------------------------------------- one pass
 run_pass() {  # pass-name env-prefix...
   local pass=$1; shift
@@ -198,9 +208,9 @@ run_pass() {  # pass-name env-prefix...
     fi
     # PyTorch
     if has_peer pytorch; then
-      if ! "$syspy" -c 'import torch' 2>/dev/null; then
+      if [ -n "$torch_note" ]; then
         helper run --results "$results" --pass "$pass" --peer pytorch --batch "$b" --seq "$t" --log /dev/null \
-          --status missing --note "$syspy cannot import torch (apt-get install python3-torch)"
+          --status missing --note "$torch_note"
       else
         helper run "${runopts[@]}" --pass "$pass" --peer pytorch --batch "$b" --seq "$t" \
           --log "$out/pytorch_${pass}_${shape}.log" -- \
@@ -213,9 +223,9 @@ run_pass() {  # pass-name env-prefix...
     if has_peer torch2; then
       for mode in eager compile bf16-autocast; do
         name=torch2-${mode%-autocast}
-        if [ -z "$torch2_python" ] || ! "$torch2_python" -c 'import torch' 2>/dev/null; then
+        if [ -n "$torch2_note" ]; then
           helper run --results "$results" --pass "$pass" --peer "$name" --batch "$b" --seq "$t" --log /dev/null \
-            --status missing --note "no PyTorch 2.x: pass --torch2-python VENV/bin/python (pip install torch)"
+            --status missing --note "$torch2_note"
         else
           helper run "${runopts[@]}" --pass "$pass" --peer "$name" --batch "$b" --seq "$t" \
             --log "$out/${name}_${pass}_${shape}.log" -- \

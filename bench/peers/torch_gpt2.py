@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Minimal nanoGPT-style GPT-2 124M training loop in PyTorch fp32, for the peer benchmark.
+"""Minimal nanoGPT-style GPT-2 124M training loop in PyTorch (fp32, or bf16 autocast), for the peer benchmark.
 
 Model: 12 layers, width 768, 12 heads, learned positions (1024), LayerNorm (eps 1e-5), GELU (tanh), biases,
 tied embedding / unembedding, vocab padded to 50304 as nanoGPT does, no dropout. Causal attention uses
@@ -14,8 +14,9 @@ Usage: torch_gpt2.py --batch B --seq T --steps N [--threads K] [--seed S] [--mod
   --mode compile        the model under torch.compile (PyTorch >= 2.0; the first step includes compilation)
   --mode bf16-autocast  forward and loss under torch.autocast("cpu", dtype=torch.bfloat16): matmuls in bf16,
                         fp32 master weights and optimizer, as a PyTorch user trains bf16 on a CPU
-Run it with Debian's /usr/bin/python3 (python3-torch imports only there), OMP_NUM_THREADS set, and
-LD_LIBRARY_PATH=/usr/lib/x86_64-linux-gnu/openblas-openmp so libblas.so.3 is OpenBLAS's OpenMP build.
+Run it with Debian's /usr/bin/python3 (python3-torch 1.13 imports only there), OMP_NUM_THREADS set, and
+LD_LIBRARY_PATH=/usr/lib/x86_64-linux-gnu/openblas-openmp so libblas.so.3 is OpenBLAS's OpenMP build; or with
+the python of a virtual environment holding PyTorch 2.x from PyPI (its own bundled BLAS), as run_peers.sh does.
 """
 import argparse
 import math
