@@ -423,6 +423,52 @@ TEST_F(CompileCli, SearchRanksFittingConfigurationsByStepTime) {
       << output;
 }
 
+// --memory-budget=SIZE keeps exactly the candidates whose arena is within it, in the same order.
+TEST_F(CompileCli, SearchKeepsWhatFitsAMemoryBudget) {
+  const std::vector<std::string> overrides = {"topology=cpu", "mesh.data=2", "per_device_batch_size=4"};
+  const Config config = load_config("qwen3-tiny", overrides);
+  const SearchResult unbounded = search_training_configurations(config);
+  ASSERT_GT(unbounded.fitting.size(), 2u);
+  // A budget one byte under the fastest candidate's arena drops it and every other candidate that large.
+  const size_t budget = unbounded.fitting.front().arena_bytes - 1;
+  const SearchResult bounded = search_training_configurations(config, static_cast<double>(budget));
+  EXPECT_EQ(bounded.memory_budget_bytes, static_cast<double>(budget));
+  EXPECT_EQ(bounded.memory_limit_bytes(), static_cast<double>(budget));
+  std::vector<std::string> expected;
+  for (const FittingCandidate& fit : unbounded.fitting) {
+    if (fit.arena_bytes <= budget) expected.push_back(fit.candidate.overrides());
+  }
+  std::vector<std::string> kept;
+  for (const FittingCandidate& fit : bounded.fitting) kept.push_back(fit.candidate.overrides());
+  ASSERT_FALSE(kept.empty());
+  EXPECT_LT(kept.size(), unbounded.fitting.size());
+  EXPECT_EQ(kept, expected);
+
+  const std::string output = run({"qwen3-tiny", overrides[0], overrides[1], overrides[2], "--search",
+                                  "--memory-budget=" + std::to_string(budget)});
+  EXPECT_TRUE(contains(output, " per device (memory budget ")) << output;
+  EXPECT_TRUE(contains(output, std::to_string(kept.size()) + " fit;")) << output;
+  EXPECT_TRUE(contains(output, "best: meshtrain compile <config> topology=cpu " + kept.front())) << output;
+  // A budget nothing fits names the budget, not the device.
+  const std::string none =
+      run({"qwen3-tiny", overrides[0], overrides[1], overrides[2], "--search", "--memory-budget=1MiB"});
+  EXPECT_TRUE(contains(none, "no configuration fits: the smallest arena is ")) << none;
+  EXPECT_TRUE(contains(none, "of 0.00 GiB (the memory budget)")) << none;
+
+  // Bad budgets: above the device's memory, without --search, without a value, not a size.
+  const std::string above = error_of({"qwen3-tiny", "--search", "--memory-budget=100000GiB"});
+  EXPECT_TRUE(contains(above, "meshtrain compile --memory-budget")) << above;
+  EXPECT_TRUE(contains(above, "topology 'cpu'")) << above;
+  EXPECT_TRUE(contains(above, "100000.00 GiB")) << above;
+  const std::string alone = error_of({"qwen3-tiny", "--memory-budget=8GiB"});
+  EXPECT_TRUE(contains(alone, "together with --search")) << alone;
+  const std::string bare = error_of({"qwen3-tiny", "--search", "--memory-budget", "8GiB"});
+  EXPECT_TRUE(contains(bare, "--memory-budget=SIZE")) << bare;
+  const std::string words = error_of({"qwen3-tiny", "--search", "--memory-budget=lots"});
+  EXPECT_TRUE(contains(words, "a size of at least one byte")) << words;
+  EXPECT_TRUE(contains(words, "'lots'")) << words;
+}
+
 TEST_F(CompileCli, SearchSkipsInvalidMeshesAndSaysWhenNothingFits) {
   // qwen3-0.6b: 16 query / 8 kv heads; on 8 devices tensor in {1, 2, 4, 8} all divide both, so use a model
   // whose kv heads a tensor degree the query heads allow does not divide: qwen3-tiny (6 / 2) with tensor 3.

@@ -379,8 +379,9 @@ void write_plan_files(const TrainingPlan& plan, const std::string& stem, std::os
 
 void print_search(const SearchResult& result, std::ostream& out) {
   out << "meshtrain compile --search: " << result.topology << ", " << result.devices << " devices, "
-      << gib(result.device_memory_bytes) << " per device, global batch " << result.global_batch
-      << " sequences per step\n";
+      << gib(result.device_memory_bytes) << " per device";
+  if (result.memory_budget_bytes > 0.0) out << " (memory budget " << gib(result.memory_budget_bytes) << ")";
+  out << ", global batch " << result.global_batch << " sequences per step\n";
   std::string remat_policies;
   for (const char* policy : kRematPolicyNames)
     remat_policies += (remat_policies.empty() ? "" : ", ") + std::string(policy);
@@ -413,7 +414,8 @@ void print_search(const SearchResult& result, std::ostream& out) {
     out << "no configuration fits";
     if (result.smallest_arena_bytes > 0) {
       out << ": the smallest arena is " << gib(static_cast<double>(result.smallest_arena_bytes)) << " of "
-          << gib(result.device_memory_bytes);
+          << gib(result.memory_limit_bytes())
+          << (result.memory_budget_bytes > 0.0 ? " (the memory budget)" : "");
     }
     out << "\n";
     return;
@@ -443,19 +445,34 @@ void print_search(const SearchResult& result, std::ostream& out) {
 int run_compile(const std::vector<std::string>& arguments, std::ostream& out) {
   const ConfigArguments parsed = parse_config_arguments("compile", arguments);
   bool explain = false, search = false;
+  double memory_budget_bytes = 0.0;  // --search only: the most one device's arena may use
+  const std::string budget_flag = "--memory-budget";
   for (const std::string& flag : parsed.flags) {
     if (flag == "--explain") {
       explain = true;
     } else if (flag == "--search") {
       search = true;
+    } else if (flag.starts_with(budget_flag + "=")) {
+      memory_budget_bytes =
+          static_cast<double>(parse_byte_size(budget_flag, flag.substr(budget_flag.size() + 1)));
+    } else if (flag == budget_flag) {
+      fail("meshtrain compile " + budget_flag, "a size joined to it by '=', such as --memory-budget=12GiB",
+           "no value", "write --memory-budget=SIZE (per device, e.g. 12GiB or 8GB)");
     } else {
-      fail("meshtrain compile", "the flags --explain or --search (and key=value overrides)", "'" + flag + "'",
-           "did you mean '" + closest_name(flag, {"--explain", "--search"}) + "'?");
+      fail("meshtrain compile",
+           "the flags --explain, --search or --memory-budget=SIZE (and key=value overrides)",
+           "'" + flag + "'",
+           "did you mean '" + closest_name(flag, {"--explain", "--search", budget_flag}) + "'?");
     }
+  }
+  if (memory_budget_bytes > 0.0 && !search) {
+    fail("meshtrain compile " + budget_flag, "it together with --search (the search ranks what fits it)",
+         "it without --search", "add --search, or drop --memory-budget to plan one configuration");
   }
   if (search) {
     if (explain) fail("meshtrain compile", "--explain or --search, not both", "both");
-    const SearchResult result = search_training_configurations(load_config(parsed.config, parsed.overrides));
+    const SearchResult result =
+        search_training_configurations(load_config(parsed.config, parsed.overrides), memory_budget_bytes);
     print_search(result, out);
     return 0;
   }

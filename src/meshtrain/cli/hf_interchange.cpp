@@ -6,6 +6,7 @@
 #include <map>
 #include <optional>
 
+#include "meshtrain/cli/arguments.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/train/hf_interchange.h"
 

@@ -36,6 +36,13 @@ int64_t searched_expert_degree(const Config& base) {
   return std::max<int64_t>(1, base.mesh[MeshAxis::expert]);
 }
 
+// "11.77 GiB", for errors.
+std::string gib_text(double bytes) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.2f GiB", bytes / (1024.0 * 1024.0 * 1024.0));
+  return text;
+}
+
 }  // namespace
 
 void SearchCandidate::apply_to(Config& config) const {
@@ -108,7 +115,7 @@ std::vector<SearchCandidate> search_candidates(const Config& base, int64_t devic
   return candidates;
 }
 
-SearchResult search_training_configurations(const Config& base) {
+SearchResult search_training_configurations(const Config& base, double memory_budget_bytes) {
   const Clock::time_point start = Clock::now();
   if (!base.plan_out.empty()) {
     fail("config key 'plan_out'", "no plan files with --search (it plans many configurations)",
@@ -119,6 +126,14 @@ SearchResult search_training_configurations(const Config& base) {
   result.topology = topology.name;
   result.devices = resolve_devices(base, topology, 0).count;
   result.device_memory_bytes = topology.device_memory_bytes(result.devices);
+  if (memory_budget_bytes > result.device_memory_bytes) {
+    fail("meshtrain compile --memory-budget",
+         "at most the memory of one device of topology '" + topology.name + "' (" +
+             gib_text(result.device_memory_bytes) + " for " + std::to_string(result.devices) + " devices)",
+         gib_text(memory_budget_bytes),
+         "give a smaller budget, or a topology whose devices have that much memory");
+  }
+  result.memory_budget_bytes = memory_budget_bytes;
   result.global_batch = base.per_device_batch_size * base.gradient_accumulation_steps * result.devices;
   // Tensor parallelism stays inside a host (its collectives run every layer) and splits the query heads.
   const int64_t tensor_limit = topology.devices_per_host == 0 ? result.devices : topology.devices_per_host;
@@ -138,6 +153,7 @@ SearchResult search_training_configurations(const Config& base) {
     std::exception_ptr error;    // anything but a MeshError: rethrown after the loop
   };
   std::vector<Outcome> outcomes(candidates.size());
+  const double memory_limit = result.memory_limit_bytes();
   const auto plan_candidate = [&](const SearchCandidate& candidate, Outcome& outcome) {
     PlanRequest request;
     request.config = base;
@@ -152,7 +168,7 @@ SearchResult search_training_configurations(const Config& base) {
     }
     outcome.valid = true;
     outcome.arena_bytes = plan.arena_bytes;
-    outcome.fits = plan.fits();
+    outcome.fits = static_cast<double>(plan.arena_bytes) <= memory_limit;
     outcome.step_seconds = plan.kernel(KernelName::fwd_bwd).seconds +
                            static_cast<double>(candidate.gradient_accumulation_steps - 1) *
                                plan.kernel(KernelName::fwd_bwd_accum).seconds +

@@ -53,7 +53,12 @@ struct SearchResult {
   ContextDegrees contexts;                // mesh.context values searched and skipped
   int64_t tensor_limit = 1;  // tensor degrees searched: <= devices per host, dividing query heads
   int64_t query_heads = 0;
-  double device_memory_bytes = 0.0;
+  double device_memory_bytes = 0.0;  // the topology's, per device
+  double memory_budget_bytes = 0.0;  // the user's per-device budget (--memory-budget); 0: none
+  // What a candidate's arena must not exceed: the budget where one is given, else the device's memory.
+  double memory_limit_bytes() const {
+    return memory_budget_bytes > 0.0 ? memory_budget_bytes : device_memory_bytes;
+  }
   int64_t planned = 0;                    // candidates handed to plan_training
   int64_t invalid = 0;                    // rejected by it (mesh, sharding or model checks)
   std::string first_invalid_reason;       // the first rejection's message
@@ -70,7 +75,8 @@ struct SearchResult {
 std::vector<SearchCandidate> search_candidates(const Config& base, int64_t devices, int64_t tensor_limit);
 
 // Plans every candidate (fwd_bwd, fwd_bwd_accum, update) applied to `base`, in parallel, and ranks those
-// that fit its topology.
-SearchResult search_training_configurations(const Config& base);
+// that fit its topology: whose arena is within the device's memory, or within `memory_budget_bytes` per
+// device when that is > 0 (a budget above the device's memory is an error naming both).
+SearchResult search_training_configurations(const Config& base, double memory_budget_bytes = 0.0);
 
 }  // namespace meshtrain

@@ -552,27 +552,4 @@ void export_hugging_face(const HfExportOptions& options, std::ostream& log) {
       << (metadata.contains("step") ? ", step " + metadata["step"].dump() : "") << "\n";
 }
 
-uint64_t parse_byte_size(const std::string& flag, const std::string& text) {
-  static const std::vector<std::pair<std::string, double>> kUnits = {
-      {"GiB", 1073741824.0}, {"MiB", 1048576.0}, {"KiB", 1024.0}, {"GB", 1e9},
-      {"MB", 1e6},           {"KB", 1e3},        {"kB", 1e3},     {"B", 1.0}};
-  double scale = 1.0;
-  std::string number = text;
-  for (const auto& [unit, factor] : kUnits) {
-    if (text.size() > unit.size() && text.ends_with(unit)) {
-      scale = factor;
-      number = text.substr(0, text.size() - unit.size());
-      break;
-    }
-  }
-  char* end = nullptr;
-  const double value = std::strtod(number.c_str(), &end);
-  const double bytes = value * scale;
-  if (number.empty() || end != number.c_str() + number.size() || !(bytes >= 1.0) || !(bytes < 1.8e19)) {
-    fail(flag, "a size of at least one byte such as 5GB, 500MB or 2GiB", "'" + text + "'",
-         "e.g. " + flag + " 5GB");
-  }
-  return static_cast<uint64_t>(bytes);
-}
-
 }  // namespace meshtrain

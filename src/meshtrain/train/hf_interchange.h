@@ -47,7 +47,4 @@ struct HfExportOptions {
 // checkpoint's tokenizer with a tokenizer_config.json. The checkpoint's files are verified first.
 void export_hugging_face(const HfExportOptions& options, std::ostream& log);
 
-// "5GB", "500MB", "1.5GiB", "123" (bytes) -> bytes; `flag` names the flag for errors.
-uint64_t parse_byte_size(const std::string& flag, const std::string& text);
-
 }  // namespace meshtrain
