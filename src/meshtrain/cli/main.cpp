@@ -7,6 +7,7 @@
 #include "meshtrain/cli/generate.h"
 #include "meshtrain/cli/hf_interchange.h"
 #include "meshtrain/cli/info.h"
+#include "meshtrain/cli/measure_machine.h"
 #include "meshtrain/cli/prepare.h"
 #include "meshtrain/cli/tokenize.h"
 #include "meshtrain/cli/train.h"
@@ -34,6 +35,8 @@ void print_usage(std::ostream& out) {
          "  export-hf CKPT --out DIR [--dtype float32|bfloat16|float16] [--max-shard-size 5GB]\n"
          "                                  a checkpoint -> a Hugging Face folder (transformers, vLLM, "
          "llama.cpp)\n"
+         "  measure-machine [--out FILE] [--name NAME]  this machine's GEMM peak and memory bandwidth as a\n"
+         "                                  topology entry: plan this machine with topologies_path=FILE\n"
          "a config is a preset name (configs/models/*.yaml) or a YAML path; key=value overrides follow.\n";
 }
 
@@ -55,9 +58,10 @@ int main(int argc, char** argv) {
     if (words[0] == "prepare") return meshtrain::run_prepare(arguments, std::cout);
     if (words[0] == "import-hf") return meshtrain::run_import_hf(arguments, std::cout);
     if (words[0] == "export-hf") return meshtrain::run_export_hf(arguments, std::cout);
+    if (words[0] == "measure-machine") return meshtrain::run_measure_machine(arguments, std::cout);
     std::cerr << "meshtrain: unknown command '" << words[0] << "' (did you mean '"
               << meshtrain::closest_name(words[0], {"train", "info", "compile", "generate", "tokenize",
-                                                    "prepare", "import-hf", "export-hf"})
+                                                    "prepare", "import-hf", "export-hf", "measure-machine"})
               << "'?)\n";
     print_usage(std::cerr);
     return 2;

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <vector>
 
 #include "meshtrain/core/cpu_features.h"
@@ -22,6 +23,10 @@ namespace meshtrain {
 namespace {
 
 namespace fs = std::filesystem;
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
 
 double measure_gemm_peak() {
   constexpr int64_t n = 1024;
@@ -39,8 +44,7 @@ double measure_gemm_peak() {
   for (int i = 0; i < kCalls; ++i) {
     const auto start = std::chrono::steady_clock::now();
     call();
-    best_seconds = std::min(best_seconds,
-                            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    best_seconds = std::min(best_seconds, seconds_since(start));
   }
   return 2.0 * static_cast<double>(n * n * n) / best_seconds;
 }
@@ -105,6 +109,30 @@ MachineReport measure_machine() {
   } catch (const std::exception&) {
   }
   return report;
+}
+
+double measure_memory_bandwidth() {
+  // 128 MiB per array: far beyond the last-level cache of the CPUs here (32 MiB on Zen 3 / 4), so every pass
+  // streams from DRAM. Each thread first touches the part it later streams (pages land on its node).
+  constexpr int64_t kFloats = int64_t{32} << 20;
+  constexpr int kPasses = 5;
+  std::unique_ptr<float[]> source(new float[kFloats]), destination(new float[kFloats]);
+  float* src = source.get();
+  float* dst = destination.get();
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < kFloats; ++i) {
+    src[i] = static_cast<float>(i & 1023);
+    dst[i] = 0.0f;
+  }
+  double best_seconds = 1e30;
+  for (int pass = 0; pass < kPasses; ++pass) {
+    const float scale = 1.0f + 0.001f * static_cast<float>(pass);
+    const auto start = std::chrono::steady_clock::now();
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < kFloats; ++i) dst[i] = src[i] * scale;
+    best_seconds = std::min(best_seconds, seconds_since(start));
+  }
+  return 2.0 * static_cast<double>(kFloats) * sizeof(float) / best_seconds;
 }
 
 }  // namespace meshtrain

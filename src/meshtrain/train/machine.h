@@ -25,4 +25,8 @@ struct MachineReport {
 // lower a figure, so the highest one is the machine's. Nothing is cached when that folder is not writable.
 MachineReport measure_machine();
 
+// Memory bandwidth as the plan counts it (bytes read + bytes written, the plan's `bytes accessed`): best of a
+// few passes of dst = src x scale over two 128 MiB float32 arrays, on the current OpenMP thread count.
+double measure_memory_bandwidth();
+
 }  // namespace meshtrain

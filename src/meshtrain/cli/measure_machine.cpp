@@ -1,0 +1,118 @@
+#include "meshtrain/cli/measure_machine.h"
+
+#include <cctype>
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <map>
+
+#include "meshtrain/core/durable_file.h"
+#include "meshtrain/core/error.h"
+#include "meshtrain/plan/topology.h"
+#include "meshtrain/train/machine.h"
+
+namespace meshtrain {
+namespace {
+
+constexpr const char* kUsage = "meshtrain measure-machine [--out FILE] [--name NAME]";
+
+std::string fixed(double value, int digits) {
+  char text[64];
+  std::snprintf(text, sizeof text, "%.*f", digits, value);
+  return text;
+}
+
+std::string utc_now() {
+  const std::time_t now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
+  std::tm parts{};
+  gmtime_r(&now, &parts);
+  char text[32];
+  std::strftime(text, sizeof text, "%Y-%m-%d %H:%M UTC", &parts);
+  return text;
+}
+
+// A fixed catalog name: letters, digits, '-' and '_', not ending in 'N' (that would make it a family).
+void check_entry_name(const std::string& name) {
+  bool valid = !name.empty() && name.back() != 'N';
+  for (char c : name) valid = valid && (std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_');
+  if (!valid) {
+    fail("meshtrain measure-machine --name",
+         "a topology name of letters, digits, '-' and '_' that does not end in 'N' (a family's mark)",
+         "'" + name + "'", "e.g. --name cpu (replaces the built-in entry) or --name my-epyc");
+  }
+}
+
+// The entry: the built-in `cpu` entry with this machine's measured float32 peak and memory bandwidth.
+std::string catalog_text(const std::string& name, const Topology& stated, const MachineReport& machine,
+                         double bandwidth) {
+  const std::string peak = fixed(machine.gemm_peak_flops / 1e12, 4);
+  std::string text;
+  text += "# Written by `meshtrain measure-machine` on " + utc_now() + ".\n";
+  text += "# " + machine.cpu + "\n# matmuls: " + machine.gemm + ", " + std::to_string(machine.threads) +
+          " thread(s)\n";
+  text += "# float32 GEMM peak " + fixed(machine.gemm_peak_flops / 1e9, 1) + " GFLOP/s (" +
+          machine.peak_source + "); memory " + fixed(bandwidth / 1e9, 1) +
+          " GB/s measured (bytes read + written, as the plan counts them).\n";
+  text += "# bfloat16 peak and the link are the built-in entry's stated figures (not measured here).\n";
+  text += "# Use: meshtrain compile MODEL topologies_path=THIS_FILE" +
+          (name == stated.name ? std::string() : " topology=" + name) +
+          (name == stated.name ? "  (this entry replaces the built-in '" + stated.name + "')" : "") + "\n";
+  text += name + ":\n";
+  text += "  device_kind: " + stated.device_kind + "\n";
+  text += "  num_devices: 0\n";
+  text += std::string("  host_memory_shared: ") + (stated.host_memory_shared ? "true" : "false") + "\n";
+  text += "  memory_gb: this_machine\n";
+  text += "  host_cores: this_machine\n";
+  text += "  peak_tflops: {float32: " + peak + ", bfloat16: " + fixed(stated.peak_flops_bfloat16 / 1e12, 4) +
+          "}\n";
+  text += "  memory_bandwidth_gbs: " + fixed(bandwidth / 1e9, 2) + "\n";
+  text += "  intra_host_link_gbs: " + fixed(stated.intra_host_bandwidth / 1e9, 2) + "\n";
+  return text;
+}
+
+}  // namespace
+
+int run_measure_machine(const std::vector<std::string>& arguments, std::ostream& out) {
+  std::map<std::string, std::string> flags;
+  for (size_t i = 0; i < arguments.size(); ++i) {
+    const std::string& word = arguments[i];
+    const size_t equals = word.find('=');
+    const std::string flag = word.substr(0, equals);
+    if (flag != "--out" && flag != "--name") {
+      fail("meshtrain measure-machine argument '" + word + "'", "--out FILE or --name NAME",
+           "an unknown argument", "usage: " + std::string(kUsage));
+    }
+    if (equals == std::string::npos && i + 1 == arguments.size())
+      fail("meshtrain measure-machine " + flag, "a value after it", "nothing", kUsage);
+    const std::string value = equals == std::string::npos ? arguments[++i] : word.substr(equals + 1);
+    if (!flags.emplace(flag, value).second)
+      fail("meshtrain measure-machine " + flag, "the flag once", "given twice", "keep one of the two");
+  }
+  const std::string name = flags.contains("--name") ? flags["--name"] : "cpu";
+  check_entry_name(name);
+  if (flags.contains("--out")) {  // checked before the measurement, which takes a second
+    const std::filesystem::path parent = std::filesystem::path(flags["--out"]).parent_path();
+    if (flags["--out"].empty() || (!parent.empty() && !std::filesystem::is_directory(parent))) {
+      fail("meshtrain measure-machine --out", "a file path in an existing folder", "'" + flags["--out"] + "'",
+           "create the folder first, or name a file in the current one");
+    }
+  }
+  const Topology stated = load_topology("cpu");
+  const MachineReport machine = measure_machine();
+  const double bandwidth = measure_memory_bandwidth();
+  const std::string text = catalog_text(name, stated, machine, bandwidth);
+  if (!flags.contains("--out")) {
+    out << text;
+    return 0;
+  }
+  const std::string& path = flags["--out"];
+  write_file_atomically(path, text);
+  out << "measure-machine: float32 GEMM peak " << fixed(machine.gemm_peak_flops / 1e9, 1) << " GFLOP/s ("
+      << machine.threads << " threads), memory " << fixed(bandwidth / 1e9, 1) << " GB/s; wrote topology '"
+      << name << "' to " << path << "\n  plan this machine: meshtrain compile MODEL topologies_path=" << path
+      << (name == stated.name ? "" : " topology=" + name) << "\n";
+  return 0;
+}
+
+}  // namespace meshtrain

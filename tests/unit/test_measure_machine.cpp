@@ -1,0 +1,113 @@
+// cli/measure_machine: the entry it writes is a valid catalog that plans with this machine's measured
+// figures; a renamed entry leaves the built-in `cpu` as stated; bad flags name the flag.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "error_text.h"
+#include "meshtrain/cli/measure_machine.h"
+#include "meshtrain/config/config.h"
+#include "meshtrain/plan/plan.h"
+#include "meshtrain/plan/topology.h"
+
+namespace meshtrain {
+namespace {
+
+namespace fs = std::filesystem;
+
+bool contains(const std::string& text, const std::string& needle) {
+  return text.find(needle) != std::string::npos;
+}
+
+std::string error_of(const std::vector<std::string>& arguments) {
+  return testing::error_of([&] {
+    std::ostringstream out;
+    run_measure_machine(arguments, out);
+  });
+}
+
+class MeasureMachine : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    folder_ = fs::temp_directory_path() / ("meshtrain_measure_" + std::to_string(::getpid()));
+    fs::remove_all(folder_);
+    fs::create_directories(folder_);
+  }
+  void TearDown() override { fs::remove_all(folder_); }
+  fs::path folder_;
+};
+
+TEST_F(MeasureMachine, WritesACatalogThatPlansThisMachine) {
+  std::ostringstream out;
+  ASSERT_EQ(run_measure_machine({}, out), 0);
+  const std::string text = out.str();
+  const fs::path file = folder_ / "this_machine.yaml";
+  std::ofstream(file) << text;
+  // The comment's GFLOP/s and GB/s are the entry's figures (rounded to 0.1 when printed).
+  std::smatch match;
+  ASSERT_TRUE(std::regex_search(text, match, std::regex("GEMM peak ([0-9.]+) GFLOP/s"))) << text;
+  const double peak_gflops = std::stod(match[1]);
+  ASSERT_TRUE(std::regex_search(text, match, std::regex("memory ([0-9.]+) GB/s measured"))) << text;
+  const double bandwidth_gbs = std::stod(match[1]);
+
+  const Topology stated = load_topology("cpu");
+  const Topology measured = load_topology("cpu", file.string());
+  EXPECT_GT(measured.peak_flops_float32, 1e9);
+  EXPECT_NEAR(measured.peak_flops_float32 / 1e9, peak_gflops, 0.1);
+  EXPECT_GT(measured.memory_bandwidth, 1e8);
+  EXPECT_NEAR(measured.memory_bandwidth / 1e9, bandwidth_gbs, 0.06);
+  // Everything not measured is the built-in entry's.
+  EXPECT_EQ(measured.peak_flops_bfloat16, stated.peak_flops_bfloat16);
+  EXPECT_EQ(measured.memory_bytes, stated.memory_bytes);
+  EXPECT_EQ(measured.host_cores, stated.host_cores);
+  EXPECT_EQ(measured.host_memory_shared, stated.host_memory_shared);
+  EXPECT_EQ(measured.intra_host_bandwidth, stated.intra_host_bandwidth);
+
+  // A plan given the file uses the measured figures.
+  PlanRequest request;
+  request.config = load_config("qwen3-tiny", {"topologies_path=" + file.string()});
+  request.kernels = {KernelName::fwd_bwd};
+  const TrainingPlan plan = plan_training(request);
+  EXPECT_EQ(plan.topology.peak_flops_float32, measured.peak_flops_float32);
+  EXPECT_EQ(plan.topology.memory_bandwidth, measured.memory_bandwidth);
+}
+
+TEST_F(MeasureMachine, ARenamedEntryLeavesTheBuiltInCpuAsStated) {
+  const fs::path file = folder_ / "epyc.yaml";
+  std::ostringstream out;
+  ASSERT_EQ(run_measure_machine({"--out", file.string(), "--name=my-epyc"}, out), 0);
+  EXPECT_TRUE(contains(out.str(), "wrote topology 'my-epyc' to " + file.string())) << out.str();
+  EXPECT_TRUE(contains(out.str(), "topologies_path=" + file.string() + " topology=my-epyc")) << out.str();
+  const Topology renamed = load_topology("my-epyc", file.string());
+  EXPECT_EQ(renamed.device_kind, "cpu");
+  EXPECT_GT(renamed.peak_flops_float32, 1e9);
+  EXPECT_EQ(load_topology("cpu", file.string()).peak_flops_float32, load_topology("cpu").peak_flops_float32);
+}
+
+TEST_F(MeasureMachine, BadFlagsNameTheFlag) {
+  const std::string unknown = error_of({"--output", "x.yaml"});
+  EXPECT_TRUE(contains(unknown, "measure-machine argument '--output'")) << unknown;
+  EXPECT_TRUE(contains(unknown, "--out FILE or --name NAME")) << unknown;
+  const std::string no_value = error_of({"--out"});
+  EXPECT_TRUE(contains(no_value, "measure-machine --out: expected a value after it")) << no_value;
+  const std::string twice = error_of({"--name", "a", "--name=b"});
+  EXPECT_TRUE(contains(twice, "given twice")) << twice;
+  for (const char* name : {"h100xN", "", "my epyc"}) {
+    const std::string bad = error_of({"--name", name});
+    EXPECT_TRUE(contains(bad, "measure-machine --name")) << bad;
+    EXPECT_TRUE(contains(bad, "'" + std::string(name) + "'")) << bad;
+  }
+  const std::string folder = error_of({"--out", (folder_ / "missing" / "x.yaml").string()});
+  EXPECT_TRUE(contains(folder, "measure-machine --out: expected a file path in an existing folder"))
+      << folder;
+  EXPECT_FALSE(fs::exists(folder_ / "missing"));
+}
+
+}  // namespace
+}  // namespace meshtrain
