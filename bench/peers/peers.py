@@ -112,10 +112,11 @@ def wait_for_quiet(limit_s, threshold=15.0):
 
 
 def run_once(cmd, log, timeout):
-    """Runs cmd with output to log. Returns (status, rc, wall_s, cpu_s of cmd and children, others_pct)."""
+    """Runs cmd with output to log. Returns (status, rc, wall_s, cpu_s of cmd and children, others_pct,
+    peak resident set in GiB of cmd or the largest of its waited-for children)."""
     b0, _ = cpu_times()
     w0 = time.monotonic()
-    status, rc, ru_cpu = "ok", None, 0.0
+    status, rc, ru_cpu, peak_rss = "ok", None, 0.0, None
     try:
         with open(log, "wb") as logf:
             p = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
@@ -137,13 +138,14 @@ def run_once(cmd, log, timeout):
                 time.sleep(0.2)
             rc = os.waitstatus_to_exitcode(st)
             ru_cpu = ru.ru_utime + ru.ru_stime
+            peak_rss = ru.ru_maxrss / 2**20  # KiB on Linux
     except OSError as e:
         status = f"failed to start: {e}"
     wall = time.monotonic() - w0
     b1, _ = cpu_times()
     busy_s = (b1 - b0) / os.sysconf("SC_CLK_TCK")
     others = max(0.0, busy_s - ru_cpu) / max(1e-9, wall * (os.cpu_count() or 1)) * 100.0
-    return status, rc, wall, ru_cpu, others
+    return status, rc, wall, ru_cpu, others, peak_rss
 
 
 def cmd_run(args):
@@ -169,7 +171,7 @@ def cmd_run(args):
         print(f"-- {args.peer} {args.batch}x{args.seq}" + (f" (try {attempt + 1})" if attempt else "")
               + f", load average {load:.2f}", flush=True)
         started = time.strftime("%Y-%m-%d %H:%M:%S")
-        status, rc, wall, cpu, others = run_once(cmd, log, args.timeout)
+        status, rc, wall, cpu, others, peak_rss = run_once(cmd, log, args.timeout)
         steps = parse_steps(args.peer, log, args.metrics)
         if status == "ok" and rc != 0:
             status = f"exit {rc}"
@@ -177,6 +179,7 @@ def cmd_run(args):
             status = "no timed steps"
         r = dict(rec, log=log, started=started, load_avg=round(load, 2), status=status, rc=rc,
                  wall_s=round(wall, 2), cpu_s=round(cpu, 2), others_pct=round(others, 1),
+                 peak_rss_gib=None if peak_rss is None else round(peak_rss, 3),
                  steps=[[s, round(dt, 6), l] for s, dt, l in steps])
         shown = ", ".join(f"{dt:.2f}" for _, dt, _ in steps)
         print(f"   {status}; wall {wall:.0f} s, others {others:.0f}% of CPUs; step s: [{shown}]", flush=True)
@@ -216,12 +219,12 @@ def cmd_table(args):
           f"(llm.c / nanoGPT count): " + ", ".join(
               f"{b}x{t}: {flops_per_step(b, t) / 1e9:.1f} GFLOP" for b, t in
               sorted({(r['batch'], r['seq']) for r in recs})))
-    print(f"MFU = those FLOPs / step time / {peak:.0f} GFLOP/s (2-thread fp32 GEMM peak of this machine: "
-          f"OpenBLAS AVX-512 sgemm on square 512..2048). Medians over the timed steps (first step skipped).")
+    print(f"MFU = those FLOPs / step time / {peak:.0f} GFLOP/s (--peak-gflops: this machine's measured 2-thread "
+          f"fp32 GEMM peak). Medians over the timed steps (first step skipped). RSS: peak resident set.")
     print("* = other processes used > 10% of the CPUs during that run (figures disturbed).")
     print()
     hdr = (f"{'pass':<14} {'B x T':<7} {'system':<14} {'status':<8} {'n':>2} {'tokens/s':>9} "
-           f"{'min..max':>15} {'GFLOP/s':>8} {'MFU':>6} {'others':>7} {'loss first->last':>18}")
+           f"{'min..max':>15} {'GFLOP/s':>8} {'MFU':>6} {'RSS GiB':>7} {'others':>7} {'loss first->last':>18}")
     print(hdr)
     print("-" * len(hdr))
     summ = {}
@@ -233,12 +236,14 @@ def cmd_table(args):
         oth = r.get("others_pct")
         oth_s = "" if oth is None else f"{oth:.0f}%" + ("*" if oth > DISTURBED_PCT else " ")
         st = r["status"] if len(r["status"]) <= 8 else r["status"][:8]
+        rss = r.get("peak_rss_gib")
+        rss_s = "-" if rss is None else f"{rss:.2f}"
         if s is None:
             print(f"{r['pass']:<14} {shape:<7} {r['peer']:<14} {st:<8} {'-':>2} {'-':>9} {'-':>15} {'-':>8} "
-                  f"{'-':>6} {oth_s:>7}  {r.get('note', '')}")
+                  f"{'-':>6} {rss_s:>7} {oth_s:>7}  {r.get('note', '')}")
             continue
         print(f"{r['pass']:<14} {shape:<7} {r['peer']:<14} {st:<8} {s['n']:>2} {s['tps']:>9.1f} "
-              f"{s['lo']:>7.1f}..{s['hi']:<7.1f} {s['gflops']:>8.1f} {s['mfu'] * 100:>5.1f}% {oth_s:>7} "
+              f"{s['lo']:>7.1f}..{s['hi']:<7.1f} {s['gflops']:>8.1f} {s['mfu'] * 100:>5.1f}% {rss_s:>7} {oth_s:>7} "
               f"{s['loss0']:>8.3f}->{s['lossN']:<8.3f}")
     print()
     print("ratios of median tokens/s (meshtrain / peer):")

@@ -13,6 +13,8 @@
 #   --torch2-python PY  the python of a virtual environment with PyTorch 2.x from PyPI, outside the repository
 #                       (python3 -m venv ~/torch2 && ~/torch2/bin/pip install torch); peer "torch2" runs it
 #                       three ways: eager fp32, torch.compile fp32, and bf16 autocast (skipped if absent)
+#   --torch2-modes "M.." a subset of "eager compile bf16-autocast" (default all three; bf16 autocast on a CPU
+#                       without bf16 instructions takes minutes per step)
 #   --coretype-unset    add a second pass with OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE removed
 #   --only-coretype-unset  run only that second pass
 #   --peak-gflops G     the peak the MFU column divides by (default 460, see README)
@@ -34,6 +36,7 @@ out=""
 threads=2
 peers="meshtrain llm.c pytorch torch2"
 torch2_python=""
+torch2_modes="eager compile bf16-autocast"
 pass_inherited=1
 pass_unset=0
 peak=460
@@ -51,6 +54,7 @@ while [ $# -gt 0 ]; do
     --threads) threads=$2; shift 2 ;;
     --peers) peers=$2; shift 2 ;;
     --torch2-python) torch2_python=$2; shift 2 ;;
+    --torch2-modes) torch2_modes=$2; shift 2 ;;
     --coretype-unset) pass_unset=1; shift ;;
     --only-coretype-unset) pass_unset=1; pass_inherited=0; shift ;;
     --peak-gflops) peak=$2; shift 2 ;;
@@ -221,7 +225,7 @@ run_pass() {  # pass-name env-prefix...
     fi
     # PyTorch 2.x from PyPI (its own oneDNN / MKL), eager, torch.compile and bf16 autocast
     if has_peer torch2; then
-      for mode in eager compile bf16-autocast; do
+      for mode in $torch2_modes; do
         name=torch2-${mode%-autocast}
         if [ -n "$torch2_note" ]; then
           helper run --results "$results" --pass "$pass" --peer "$name" --batch "$b" --seq "$t" --log /dev/null \
