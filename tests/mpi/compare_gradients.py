@@ -10,15 +10,13 @@
 # amplifies: measured up to 6e-5 (mHC's alpha_scales under tensor=2); a wrong reduction is O(1) (FSDP's
 # unreduced alpha_scales read 0.46).
 # Usage: compare_gradients.py BASELINE_RUN_DIR RUN_DIR NAME
-import json, struct, sys
+import json, os, sys
 import numpy as np
-def tensors(run):
-    with open(f"{run}/checkpoints/step_00000001/optimizer.safetensors", "rb") as file:
-        size = struct.unpack("<Q", file.read(8))[0]
-        header = json.loads(file.read(size))
-        data = file.read()
-    return {name[len("adam_m/"):]: np.frombuffer(data[e["data_offsets"][0]:e["data_offsets"][1]], np.float32)
-            for name, e in header.items() if name.startswith("adam_m/")}
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import checkpoint_tensors
+def tensors(run):  # the first moments of the step-1 checkpoint, per layer
+    moments = checkpoint_tensors.tensors(f"{run}/checkpoints/step_00000001", moments=True)
+    return {name[len("adam_m/"):]: t.ravel() for name, t in moments.items() if name.startswith("adam_m/")}
 def first_step(run):
     return json.loads(open(f"{run}/metrics.jsonl").readline())
 a, b = tensors(sys.argv[1]), tensors(sys.argv[2])

@@ -1,35 +1,16 @@
 #!/usr/bin/env python3
 # A multi-rank run against its one-process baseline (equivalence.sh, deepseek_equivalence.sh): 20 steps'
 # losses within 1e-5 relative, eval losses (eval_interval > 0) at the same steps within 1e-5, the final
-# checkpoint's parameters within 1e-3 of each tensor's largest magnitude (a stacked checkpoint compared
-# layer by layer); prints the worst figures and exits 1 when a bound is passed.
+# checkpoint's parameters within 1e-3 of each tensor's largest magnitude (layer by layer, any format); prints the worst figures and exits 1 when a bound is passed.
 # Usage: compare_runs.py BASELINE_RUN_DIR RUN_DIR NAME
-import json, struct, sys
+import json, os, sys
 import numpy as np
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import checkpoint_tensors
 def metrics(run):
     return [json.loads(line) for line in open(f"{run}/metrics.jsonl")]
 def parameters(run):  # the final checkpoint's model tensors (global shapes on every mesh), per layer
-    checkpoint = f"{run}/checkpoints/step_00000020"
-    with open(f"{checkpoint}/model.safetensors", "rb") as file:
-        size = struct.unpack("<Q", file.read(8))[0]
-        header = json.loads(file.read(size))
-        data = file.read()
-    tensors = {name: np.frombuffer(data[e["data_offsets"][0]:e["data_offsets"][1]], np.float32).reshape(e["shape"])
-               for name, e in header.items() if name != "__metadata__"}
-    metadata = json.load(open(f"{checkpoint}/metadata.json"))
-    if not metadata.get("scan_layers", False):
-        return {name: tensor.ravel() for name, tensor in tensors.items()}
-    # A stacked checkpoint (scan_layers): each "decoder/layers/<rest>" [.., L at param_scan_axis, ..] as the
-    # per-layer "decoder/layers_<i>/<rest>" (a one-group decoder: the layers of these tests' models).
-    per_layer = {}
-    for name, tensor in tensors.items():
-        if not name.startswith("decoder/layers/"):
-            per_layer[name] = tensor.ravel()
-            continue
-        axis = min(metadata["param_scan_axis"], tensor.ndim - 1)
-        for i in range(tensor.shape[axis]):
-            per_layer[name.replace("decoder/layers/", f"decoder/layers_{i}/", 1)] = np.take(tensor, i, axis).ravel()
-    return per_layer
+    return {name: t.ravel() for name, t in checkpoint_tensors.tensors(f"{run}/checkpoints/step_00000020").items()}
 a, b = metrics(sys.argv[1]), metrics(sys.argv[2])
 assert len(a) == len(b) == 20, (len(a), len(b))
 loss = max(abs(x["loss"] - y["loss"]) / abs(x["loss"]) for x, y in zip(a, b))

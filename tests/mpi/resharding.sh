@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Checkpoints hold global tensors, so a state saved on one mesh loads on any other (issue 5): 4 ranks
 # (data 2 x fsdp 2, ZeRO-1) -> 2 ranks (fsdp 2) -> 1 process -> 4 ranks (data 4) -> TP 2 x DP 2 -> DP 4,
-# each conversion bitwise (the converted checkpoint's tensor files equal the source's byte for byte), and
+# each conversion bitwise (the converted checkpoint's tensors equal the source's, checkpoint_tensors.py), and
 # training continues on each new mesh with the losses of the run that never changed mesh (1e-5 relative).
 # Context meshes (issue 11): a state saved under context 2 x data 2 (ZeRO-1) loads under context 4, one
 # process, context 2 x tensor 2 and back under context 2 x data 2, the same way.
@@ -10,8 +10,8 @@
 # rank), the same way.
 # Engram and mHC (issue 13): context 2 x tensor 2 -> one process -> tensor 2 -> context 2 x data 2 (ZeRO-1).
 # Layouts (issue 14): the same chains between stacked (scan_layers=true, the layer axis at param_scan_axis)
-# and per-layer checkpoints on different meshes; each save equals, byte for byte, the first save of the
-# same layout.
+# and per-layer checkpoints on different meshes; each save holds, bitwise, the tensors of the first save of
+# the same layout.
 # 8 rows per step everywhere: per_device_batch_size x ranks.
 # Usage: resharding.sh BUILD_DIR
 source "$(dirname "$0")/common.sh" "$1"
@@ -45,8 +45,9 @@ PY
 }
 
 # reshard NAME "RANKS BATCH [key=value ...]" ...: 3 steps on the first mesh; each next mesh loads the
-# previous one's checkpoint and saves it again, which must equal the first one's bitwise. Then every run
-# trains on to step 5 on its own mesh, and each must match the first mesh's losses.
+# previous one's checkpoint and saves it again, whose tensors must equal those of the first save of its
+# layout bitwise. Then every run trains on to step 5 on its own mesh, and each must match the first mesh's
+# losses.
 status=0
 reshard() {
   local name=$1 i previous="" runs=()
@@ -64,9 +65,8 @@ reshard() {
     layout=${layout:-per_layer}
     local same=${first_of_layout[$layout]:-}
     if [ -n "$same" ]; then
-      cmp "$same/checkpoints/step_00000003/model.safetensors" "$run/checkpoints/step_00000003/model.safetensors"
-      cmp "$same/checkpoints/step_00000003/optimizer.safetensors" \
-        "$run/checkpoints/step_00000003/optimizer.safetensors"
+      python3 "$(dirname "$0")/checkpoint_tensors.py" --same "$same/checkpoints/step_00000003" \
+        "$run/checkpoints/step_00000003" || { echo "FAIL: $name save $i differs from $same's"; exit 1; }
     else
       first_of_layout[$layout]=$run
     fi

@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "meshtrain/core/durable_file.h"
 #include "meshtrain/core/error.h"
-#include "meshtrain/io/safetensors.h"
 #include "meshtrain/model/spec.h"
 #include "meshtrain/train/checkpoint.h"
 #include "meshtrain/train/engine.h"
@@ -132,9 +132,10 @@ TEST_F(CheckpointTest, RoundTripIsBitwiseExact) {
   EXPECT_EQ(path, (fs::path(root()) / step_dir(12)).string());
   EXPECT_EQ(latest_checkpoint(root()), path);
   for (const char* file :
-       {"model.safetensors", "optimizer.safetensors", "tokenizer.json", "metadata.json", "COMMITTED"}) {
+       {"index.json", "shards/rank_00000.safetensors", "tokenizer.json", "metadata.json", "COMMITTED"}) {
     EXPECT_TRUE(fs::is_regular_file(fs::path(path) / file)) << file;
   }
+  EXPECT_FALSE(fs::exists(fs::path(path) / "shards/rank_00000.json"));  // merged into index.json
   EXPECT_EQ(entries(), std::vector<std::string>{step_dir(12)});
 
   const nlohmann::json metadata = nlohmann::json::parse(std::ifstream(fs::path(path) / "metadata.json"));
@@ -146,6 +147,9 @@ TEST_F(CheckpointTest, RoundTripIsBitwiseExact) {
   EXPECT_EQ(metadata.at("config").at("base_emb_dim"), "32");
   EXPECT_EQ(metadata.at("tokenizer").at("identity"), "tok-v1");
   EXPECT_TRUE(metadata.at("files").contains("tokenizer.json"));
+  EXPECT_TRUE(metadata.at("files").contains("index.json"));
+  EXPECT_FALSE(
+      metadata.at("files").contains("shards/rank_00000.safetensors"));  // its chunks carry their CRCs
   EXPECT_TRUE(metadata.contains("meshtrain_version"));
 
   Engine loaded = make_engine();
@@ -205,7 +209,8 @@ void expect_same_layers(const Engine& per_layer, const Engine& other, const std:
 }
 
 // layers-and-checkpoints.md: a stacked checkpoint loads into a per-layer run and back, whatever either's
-// param_scan_axis; the stacked file keeps the layer axis at param_scan_axis.
+// param_scan_axis; the stacked tensors keep the layer axis at param_scan_axis (format 2's single file is
+// tests/reference/checkpoint_v2's fixture).
 TEST_F(CheckpointTest, LayoutsConvertBothWays) {
   // Three layers unless `extra` says otherwise.
   const auto engine_with = [&](const std::vector<std::string>& extra) {
@@ -234,18 +239,19 @@ TEST_F(CheckpointTest, LayoutsConvertBothWays) {
         nlohmann::json::parse(std::ifstream(fs::path(stacked_path) / "metadata.json"));
     EXPECT_EQ(metadata.at("scan_layers"), true);
     EXPECT_EQ(metadata.at("param_scan_axis"), std::stoi(axis));
-    const SafetensorsFile file =
-        SafetensorsFile::open((fs::path(stacked_path) / "model.safetensors").string());
-    const SafetensorsEntry* wo = file.find("decoder/layers/mlp/wo/kernel");  // [F, D] per layer
-    ASSERT_NE(wo, nullptr);
+    // The stacked run's checkpoint keeps its layout: one tensor per scan group, the layer axis at
+    // param_scan_axis (each rank's chunk a box of it).
+    const nlohmann::json index = nlohmann::json::parse(std::ifstream(fs::path(stacked_path) / "index.json"));
+    const nlohmann::json& tensors = index.at("tensors");
+    ASSERT_TRUE(tensors.contains("decoder/layers/mlp/wo/kernel"));  // [F, D] per layer
     const std::vector<std::vector<int64_t>> expected = {{3, 48, 32}, {48, 3, 32}, {48, 32, 3}};
-    EXPECT_EQ(wo->shape, expected[static_cast<size_t>(std::min(std::stoi(axis), 2))]) << axis;
-    EXPECT_EQ(file.find("decoder/layers_0/mlp/wo/kernel"), nullptr);
-    const SafetensorsEntry* norm = file.find("decoder/layers/pre_self_attention_layer_norm/scale");
-    ASSERT_NE(norm, nullptr);
+    EXPECT_EQ(tensors.at("decoder/layers/mlp/wo/kernel").at("dims"),
+              expected[static_cast<size_t>(std::min(std::stoi(axis), 2))])
+        << axis;
+    EXPECT_FALSE(tensors.contains("decoder/layers_0/mlp/wo/kernel"));
     const std::vector<int64_t> norm_shape =
         axis == "0" ? std::vector<int64_t>{3, 32} : std::vector<int64_t>{32, 3};
-    EXPECT_EQ(norm->shape, norm_shape);
+    EXPECT_EQ(tensors.at("adam_m/decoder/layers/pre_self_attention_layer_norm/scale").at("dims"), norm_shape);
 
     Engine back = engine_with({});
     fill_engine(back, 7.0f);
@@ -260,7 +266,7 @@ TEST_F(CheckpointTest, LayoutsConvertBothWays) {
   Engine stacked = engine_with({"scan_layers=true"});
   const std::string stacked_path = save_checkpoint((dir_ / "three").string(), stacked, state_at(3), {});
   const std::string message = error_of([&] { load_checkpoint(stacked_path, deeper, true); });
-  EXPECT_TRUE(contains(message, "model.safetensors: tensor 'decoder/layers/")) << message;
+  EXPECT_TRUE(contains(message, "index.json: tensor 'decoder/layers/")) << message;
   EXPECT_TRUE(contains(message, "3, ")) << message;
   EXPECT_TRUE(contains(message, "4, ")) << message;
   EXPECT_TRUE(contains(message, "base_num_decoder_layers 3 in the checkpoint, 4 here")) << message;
@@ -313,7 +319,7 @@ TEST_F(CheckpointTest, KillAtEachPhaseNeverLeavesACompleteLookingPartialCheckpoi
   // Built before fork: the child only writes files (no OpenMP after fork).
   Engine engine = make_engine();
   for (const std::string phase :
-       {"tensors_half_written", "metadata_written", "before_commit", "after_commit"}) {
+       {"shard_half_written", "metadata_written", "before_commit", "after_commit"}) {
     SCOPED_TRACE(phase);
     fs::remove_all(root());
     fill_engine(engine, 1.0f);
@@ -349,7 +355,8 @@ TEST_F(CheckpointTest, KillAtEachPhaseNeverLeavesACompleteLookingPartialCheckpoi
       EXPECT_TRUE(contains(names[1], step_dir(2) + ".tmp-")) << names[1];
       const fs::path debris = fs::path(root()) / names[1];
       EXPECT_FALSE(fs::exists(debris / "COMMITTED"));
-      EXPECT_EQ(fs::exists(debris / "optimizer.safetensors"), phase != "tensors_half_written");
+      EXPECT_TRUE(fs::exists(debris / "shards/rank_00000.safetensors"));
+      EXPECT_EQ(fs::exists(debris / "index.json"), phase != "shard_half_written");
       EXPECT_EQ(fs::exists(debris / "COMMITTED.tmp"), phase == "before_commit");
     }
     Engine loaded = make_engine();
@@ -370,12 +377,12 @@ TEST_F(CheckpointTest, KillAtEachPhaseNeverLeavesACompleteLookingPartialCheckpoi
 TEST_F(CheckpointTest, FullDiskFailsClearlyAndKeepsThePreviousCheckpoint) {
   Engine engine = make_engine();
   fill_engine(engine, 1.0f);
-  const uint64_t model_bytes = [&] {
+  const uint64_t shard_bytes = [&] {
     save_checkpoint((dir_ / "probe").string(), engine, state_at(0), {});
-    return fs::file_size(dir_ / "probe" / step_dir(0) / "model.safetensors");
+    return fs::file_size(dir_ / "probe" / step_dir(0) / "shards/rank_00000.safetensors");
   }();
-  // A limit below the model file, and one the model file fits under but the (twice as large) optimizer not.
-  for (const rlim_t limit : {static_cast<rlim_t>(model_bytes / 2), static_cast<rlim_t>(model_bytes + 4096)}) {
+  // A limit that stops the shard half way, and one just under its whole size.
+  for (const rlim_t limit : {static_cast<rlim_t>(shard_bytes / 2), static_cast<rlim_t>(shard_bytes - 4)}) {
     SCOPED_TRACE(limit);
     fs::remove_all(root());
     int pipe_fds[2];
@@ -413,7 +420,7 @@ TEST_F(CheckpointTest, FullDiskFailsClearlyAndKeepsThePreviousCheckpoint) {
     ASSERT_EQ(::waitpid(child, &status, 0), child);
     ASSERT_TRUE(WIFEXITED(status));
     EXPECT_EQ(WEXITSTATUS(status), 0);
-    EXPECT_TRUE(contains(message, ".safetensors")) << message;
+    EXPECT_TRUE(contains(message, "shards/rank_00000.safetensors")) << message;
     EXPECT_TRUE(contains(message, "File too large")) << message;
     EXPECT_TRUE(contains(message, "was not saved")) << message;
     EXPECT_EQ(entries(), std::vector<std::string>{step_dir(1)});
@@ -430,32 +437,48 @@ TEST_F(CheckpointTest, CorruptionIsReportedWithTheFile) {
   Engine engine = make_engine();
   fill_engine(engine, 1.0f);
   const fs::path path = save_checkpoint(root(), engine, state_at(5), {});
-  const fs::path model = path / "model.safetensors";
-  const fs::path pristine = dir_ / "pristine.safetensors";
-  fs::copy_file(model, pristine);
+  const fs::path shard = path / "shards/rank_00000.safetensors";
+  const fs::path pristine = dir_ / "pristine.bin";
+  fs::copy_file(shard, pristine);
   Engine target = make_engine();
   const std::string load_path = path.string();
   const auto load = [&] { load_checkpoint(load_path, target, false); };
 
-  {  // one flipped byte in the tensor data
-    std::fstream file(model, std::ios::in | std::ios::out | std::ios::binary);
+  {  // one flipped byte in the tensor data: the chunk's CRC-32C names the tensor
+    std::fstream file(shard, std::ios::in | std::ios::out | std::ios::binary);
     file.seekg(-100, std::ios::end);
     const char byte = static_cast<char>(file.get());
     file.seekp(-100, std::ios::end);
     file.put(static_cast<char>(byte ^ 0x10));
   }
   std::string message = error_of(load);
-  EXPECT_TRUE(contains(message, "model.safetensors")) << message;
+  EXPECT_TRUE(contains(message, "shards/rank_00000.safetensors")) << message;
   EXPECT_TRUE(contains(message, "CRC-32C")) << message;
+  EXPECT_TRUE(contains(message, "for the chunk of tensor 'adam_v/")) << message;  // the last bytes
 
-  fs::copy_file(pristine, model, fs::copy_options::overwrite_existing);
-  fs::resize_file(model, fs::file_size(model) - 10);
+  fs::copy_file(pristine, shard, fs::copy_options::overwrite_existing);
+  fs::resize_file(shard, fs::file_size(shard) - 10);
   message = error_of(load);
-  EXPECT_TRUE(contains(message, "model.safetensors")) << message;
+  EXPECT_TRUE(contains(message, "shards/rank_00000.safetensors")) << message;
   EXPECT_TRUE(contains(message, "truncated")) << message;
 
-  fs::copy_file(pristine, model, fs::copy_options::overwrite_existing);
+  fs::remove(shard);  // a missing chunk file
+  message = error_of(load);
+  EXPECT_TRUE(contains(message, "shards/rank_00000.safetensors: expected the shard file index.json lists"))
+      << message;
+
+  fs::copy_file(pristine, shard, fs::copy_options::overwrite_existing);
   EXPECT_EQ(error_of(load), "");  // restored: loads again
+
+  {  // index.json is checksummed by metadata.json
+    const std::string index = (path / "index.json").string();
+    std::string text = read_file_text(index, "index");
+    text[text.size() / 2] ^= 0x01;
+    std::ofstream(index, std::ios::binary | std::ios::trunc) << text;
+    message = error_of(load);
+    EXPECT_TRUE(contains(message, "index.json")) << message;
+    EXPECT_TRUE(contains(message, "CRC-32C")) << message;
+  }
 
   fs::remove(path / "metadata.json");
   message = error_of(load);
@@ -475,7 +498,7 @@ TEST_F(CheckpointTest, MismatchedModelOrTokenizerIsRefused) {
 
   Engine narrower = make_engine("16");
   std::string message = error_of([&] { load_checkpoint(path, narrower, true); });
-  EXPECT_TRUE(contains(message, "model.safetensors: tensor '")) << message;
+  EXPECT_TRUE(contains(message, "index.json: tensor '")) << message;
   EXPECT_TRUE(contains(message, "shape [")) << message;
   EXPECT_TRUE(contains(message, "base_emb_dim 32 in the checkpoint, 16 here")) << message;
 

@@ -320,11 +320,6 @@ TEST(Scan, CheckpointPlacesPutTheLayerAxisAtParamScanAxis) {
   EXPECT_EQ(stacked.place("token_embedder/embedding", {128, 32}).name, "token_embedder/embedding");
   EXPECT_EQ(CheckpointLayout(config, false, 1).place("decoder/layers_3/mlp/wo/kernel", {48, 32}).name,
             "decoder/layers_3/mlp/wo/kernel");
-  // The engine's [layers, rest] order written with the layer axis at 1 of [2, 3]: [2, L=2, 3].
-  const std::vector<float> stack = {0, 1, 2, 3, 4, 5, 10, 11, 12, 13, 14, 15};
-  EXPECT_EQ(stack_in_checkpoint_order(stack, 2, {2, 3}, 1),
-            (std::vector<float>{0, 1, 2, 10, 11, 12, 3, 4, 5, 13, 14, 15}));
-  EXPECT_EQ(stack_in_checkpoint_order(stack, 2, {2, 3}, 0), stack);
 }
 
 // The tests' packed batch, with Engram's hash ids for a model that has Engram layers.

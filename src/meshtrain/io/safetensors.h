@@ -126,6 +126,7 @@ class SafetensorsWriter {
   const std::string& path() const { return path_; }
   const std::vector<SafetensorsEntry>& entries() const { return entries_; }  // in file order
   const SafetensorsEntry* find(const std::string& name) const;               // nullptr if absent
+  uint64_t data_start() const { return data_start_; }  // file offset of the data section (entries' begin)
 
  private:
   size_t checked_index(const std::string& name) const;

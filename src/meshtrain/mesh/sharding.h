@@ -33,6 +33,9 @@ class GlobalIndex {
   GlobalIndex(const Shape& local, const std::vector<DimSharding>& sharding,
               const std::vector<int64_t>& global_dims, const Mesh& mesh, const MeshCoordinates& coordinates);
   int64_t operator()(int64_t local_flat) const;
+  // The local tensor is the box of the global one that starts at offsets() and spans local_dims().
+  const std::vector<int64_t>& offsets() const { return offsets_; }
+  const std::vector<int64_t>& local_dims() const { return local_dims_; }
 
  private:
   std::vector<int64_t> local_dims_, offsets_, global_strides_;

@@ -29,6 +29,7 @@
 #include "meshtrain/core/error.h"
 #include "meshtrain/io/safetensors.h"
 #include "meshtrain/train/checkpoint_layout.h"
+#include "meshtrain/train/sharded_checkpoint.h"
 
 namespace meshtrain {
 namespace {
@@ -51,7 +52,7 @@ constexpr const char* kDeletingTag = ".deleting-";
 // Crash-consistency tests need the process to die at exact points of a save, which no signal sent from
 // outside can hit reliably. MESHTRAIN_CHECKPOINT_FAULT=<phase> makes the saving process SIGKILL itself
 // there (no handlers, no cleanup: what a power cut or OOM kill leaves). Phases, in save order:
-//   tensors_half_written  model.safetensors written, then truncated to half its bytes; optimizer not written
+//   shard_half_written    the rank's shard file written, then truncated to half its bytes; no index.json
 //   metadata_written      every file and metadata.json written in step_X.tmp-<pid>/; no marker
 //   before_commit         COMMITTED.tmp written and fsynced, not yet renamed to COMMITTED
 //   after_commit          step_X/ published (renamed, fsynced); old checkpoints and debris not yet pruned
@@ -226,24 +227,6 @@ std::vector<std::pair<fs::path, std::string>> tokenizer_files(const std::string&
 }
 
 // Writes every file of the checkpoint into `directory` and commits it there (marker last).
-// The global tensors of every parameter and moment, gathered from all ranks (a collective).
-struct GatheredState {
-  std::vector<std::vector<float>> tensors;  // model tensors, then adam_m, then adam_v, in spec order
-};
-
-GatheredState gather_state(const Engine& engine) {
-  MT_CHECK(!engine.spec().decoding(), "a decode engine holds no optimizer state to save");
-  GatheredState gathered;
-  const ParameterStore& store = engine.parameters();
-  for (size_t p = 0; p < store.size(); ++p)
-    gathered.tensors.push_back(engine.gather_global(store.decl(p).value));
-  for (size_t p = 0; p < store.size(); ++p)
-    gathered.tensors.push_back(engine.gather_global(store.decl(p).adam_m));
-  for (size_t p = 0; p < store.size(); ++p)
-    gathered.tensors.push_back(engine.gather_global(store.decl(p).adam_v));
-  return gathered;
-}
-
 // The moments' name prefixes, in file order ("" is the value, in model.safetensors).
 const std::vector<std::string> kMomentPrefixes = {"adam_m/", "adam_v/"};
 
@@ -373,51 +356,52 @@ void finish_checkpoint_files(const fs::path& directory, const Config& config, co
                              const CheckpointState& state, const CheckpointOptions& options,
                              std::vector<std::string> files, const ordered_json& extra);
 
-void write_checkpoint_files(const fs::path& directory, const Engine& engine, const GatheredState& gathered,
-                            const CheckpointState& state, const CheckpointOptions& options) {
-  const ModelSpec& spec = engine.spec();
-  std::vector<SafetensorsTensor> parameters, moments;
-  const ParameterStore& store = engine.parameters();
-  const size_t count = store.size();
-  const CheckpointLayout layout = own_layout(engine);
-  // A stacked tensor is written with its layer axis where param_scan_axis puts it.
-  std::vector<std::vector<float>> reordered;
-  reordered.reserve(3 * count);
-  for (size_t moment = 0; moment < 3; ++moment) {
-    const std::string prefix = moment == 0 ? "" : kMomentPrefixes[moment - 1];
-    for (size_t p = 0; p < count; ++p) {
-      const ParameterDecl& parameter = store.decl(p);
-      const BufferId id = tensor_of(parameter, prefix);
-      const std::vector<float>& tensor = gathered.tensors[moment * count + p];
-      SafetensorsTensor entry{prefix + store.name(p), dtype_safetensors_name(spec.buffer(id).dtype),
-                              engine.global_shape(id), tensor.data()};
-      if (parameter.stacked()) {
-        const TensorPiece first = pieces_of(engine, p, prefix).front();
-        const CheckpointTensorPlace place = layout.place(first.canonical, first.dims);
-        MT_CHECK(place.name == entry.name, "stacked tensor " + entry.name + " placed as " + place.name);
-        reordered.push_back(stack_in_checkpoint_order(tensor, static_cast<int64_t>(parameter.members.size()),
-                                                      first.dims, place.axis));
-        entry.shape = place.dims;
-        entry.data = reordered.back().data();
-      }
-      (moment == 0 ? parameters : moments).push_back(entry);
-    }
-  }
-  const std::map<std::string, std::string> tensor_metadata = {{"format", "pt"},
-                                                              {"step", std::to_string(state.step)}};
-
-  const fs::path model_path = directory / kModelFile;
-  write_safetensors(model_path.string(), parameters, tensor_metadata);
-  fault_point("tensors_half_written", model_path);
-  write_safetensors((directory / kOptimizerFile).string(), moments, tensor_metadata);
-
-  std::vector<std::string> files = {kModelFile, kOptimizerFile};
+// The lead rank, once every rank's shard is on disk: the index, Engram's tables, metadata and the marker.
+void finish_sharded_checkpoint(const fs::path& directory, const Engine& engine, int world_size,
+                               const CheckpointState& state, const CheckpointOptions& options) {
+  write_shard_index(directory, world_size);
+  std::vector<std::string> files = {kShardIndexFile};
   if (options.engram_hashing != nullptr) {
-    write_engram_hashing((directory / kEngramFile).string(), *options.engram_hashing, tensor_metadata);
+    write_engram_hashing((directory / kEngramFile).string(), *options.engram_hashing,
+                         {{"format", "pt"}, {"step", std::to_string(state.step)}});
     files.push_back(kEngramFile);
   }
-  finish_checkpoint_files(directory, spec.config, {spec.dims.V, spec.parameter_count()}, state, options,
-                          std::move(files), ordered_json::object());
+  const ModelSpec& spec = engine.spec();
+  finish_checkpoint_files(directory, spec.config, {spec.dims.V_padded, engine.global_parameter_count()},
+                          state, options, std::move(files), ordered_json::object());
+}
+
+// After each phase of a save every rank learns whether any rank failed; if one did, every rank throws (the
+// failing ranks their own error, the others one naming the lowest failing rank), after the lead removed the
+// temporary directory, so a failed save leaves nothing and never looks complete.
+void agree_on_save_phase(Communicator* world, std::exception_ptr error, bool lead, const fs::path& temp,
+                         int64_t step, const std::string& phase) {
+  int64_t failed_rank = error ? 0 : -1;
+  if (world != nullptr && world->size() > 1) {
+    // max of (size - rank) over the failing ranks: the lowest failing rank; 0: none failed.
+    std::vector<int64_t> flag = {error ? world->size() - world->rank() : 0};
+    world->all_reduce(comm_buffer(flag), ReduceOp::max, "checkpoint/" + phase);
+    failed_rank = flag.front() == 0 ? -1 : world->size() - flag.front();
+  }
+  if (failed_rank < 0) return;
+  std::error_code ignored;
+  if (lead) fs::remove_all(temp, ignored);
+  const std::string not_saved = "; checkpoint step " + std::to_string(step) +
+                                " was not saved (its partial directory was removed; earlier checkpoints "
+                                "are intact)";
+  if (!error) {
+    fail(temp.string(), "every rank to write its part of the checkpoint",
+         "rank " + std::to_string(failed_rank) + " failed (" + phase + "; that rank prints why)" + not_saved,
+         "see rank " + std::to_string(failed_rank) + "'s message");
+  }
+  try {
+    std::rethrow_exception(error);
+  } catch (const MeshError& mesh_error) {
+    const ErrorContext& c = mesh_error.context();
+    fail(c.where, c.expected, c.found + not_saved, c.hint);
+  } catch (const std::exception& other) {
+    fail(temp.string(), "to write the checkpoint", other.what() + not_saved);
+  }
 }
 
 void finish_checkpoint_files(const fs::path& directory, const Config& config, const CheckpointModel& model,
@@ -631,6 +615,124 @@ LoadContext read_metadata(const fs::path& directory) {
   return context;
 }
 
+int64_t element_count(std::vector<int64_t>::const_iterator begin, std::vector<int64_t>::const_iterator end) {
+  return std::accumulate(begin, end, int64_t{1}, std::multiplies<>());
+}
+
+// `values` with `value` inserted at `axis`.
+std::vector<int64_t> inserted(std::vector<int64_t> values, int64_t axis, int64_t value) {
+  values.insert(values.begin() + axis, value);
+  return values;
+}
+
+// The chunks this rank saves (format 3): for every parameter value and moment it holds the saving replica
+// of, its box in the run's own layout (a stacked parameter as one stacked tensor, the layer axis at
+// param_scan_axis).
+std::vector<ShardChunk> rank_chunks(const Engine& engine) {
+  const CheckpointLayout layout = own_layout(engine);
+  const ParameterStore& store = engine.parameters();
+  std::vector<ShardChunk> chunks;
+  for (size_t moment = 0; moment < 3; ++moment) {
+    const std::string prefix = moment == 0 ? "" : kMomentPrefixes[moment - 1];
+    for (size_t p = 0; p < store.size(); ++p) {
+      const ParameterDecl& parameter = store.decl(p);
+      const Engine::LocalShard shard = engine.local_shard(tensor_of(parameter, prefix));
+      if (!shard.saving_replica) continue;
+      const TensorPiece first = pieces_of(engine, p, prefix).front();
+      const CheckpointTensorPlace place = layout.place(first.canonical, first.dims);
+      ShardChunk chunk{place.name, place.dims, shard.offsets, shard.dims, shard.data};
+      if (parameter.stacked()) {
+        MT_CHECK(place.index == 0 && place.name == prefix + store.name(p),
+                 "stacked tensor " + prefix + store.name(p) + " placed as " + place.name);
+        // This rank's [layers, rest...] as the box [rest before the axis, layers, rest from the axis on].
+        const std::vector<int64_t> rest_start(shard.offsets.begin() + 1, shard.offsets.end());
+        const std::vector<int64_t> rest_dims(shard.dims.begin() + 1, shard.dims.end());
+        chunk.start = inserted(rest_start, place.axis, shard.offsets.front());
+        chunk.dims = inserted(rest_dims, place.axis, shard.dims.front());
+        chunk.layers = shard.dims.front();
+        chunk.outer = element_count(rest_dims.begin(), rest_dims.begin() + place.axis);
+        chunk.inner = element_count(rest_dims.begin() + place.axis, rest_dims.end());
+      } else {
+        MT_CHECK(place.index < 0, "a per-layer parameter placed in a stack: " + place.name);
+        chunk.inner = element_count(shard.dims.begin(), shard.dims.end());
+      }
+      chunks.push_back(std::move(chunk));
+    }
+  }
+  return chunks;
+}
+
+// Format 3: every rank reads the boxes of its own shards from the chunks that overlap them, through the
+// layout the checkpoint was saved in. The tensor set and shapes are checked before the engine changes; a
+// chunk whose CRC-32C fails is found while reading, and the load then stops with the engine partly
+// overwritten (callers stop).
+void load_sharded(const LoadContext& context, Engine& engine, bool parameters_only,
+                  const std::string& layout_hint) {
+  const ShardedCheckpoint checkpoint(context.directory);
+  const std::string index_path = (context.directory / kShardIndexFile).string();
+  const CheckpointLayout saved = CheckpointLayout::saved(context.metadata, engine.spec().config);
+  const ParameterStore& store = engine.parameters();
+  struct BoxRead {
+    std::string tensor;
+    std::vector<int64_t> start, dims;
+    float* data = nullptr;
+  };
+  std::vector<BoxRead> reads;
+  std::map<std::string, std::vector<int64_t>> expected;  // what the reads need
+  std::set<std::string> model_tensors;                   // every tensor of this model, moments included
+  for (size_t moment = 0; moment < 3; ++moment) {
+    const std::string prefix = moment == 0 ? "" : kMomentPrefixes[moment - 1];
+    for (size_t p = 0; p < store.size(); ++p) {
+      MT_CHECK(store.value(p).dtype == DType::f32, "checkpoint loading reads float32 buffers");
+      const std::vector<TensorPiece> pieces = pieces_of(engine, p, prefix);
+      for (const TensorPiece& piece : pieces)
+        model_tensors.insert(saved.place(piece.canonical, piece.dims).name);
+      if (moment > 0 && parameters_only) continue;
+      const Engine::LocalShard shard = engine.local_shard(tensor_of(store.decl(p), prefix));
+      // The box of one per-layer piece (or the whole tensor) in the checkpoint's coordinates.
+      const auto read = [&](const TensorPiece& piece, std::vector<int64_t> start, std::vector<int64_t> dims,
+                            float* data) {
+        const CheckpointTensorPlace place = saved.place(piece.canonical, piece.dims);
+        expected[place.name] = place.dims;
+        if (place.index >= 0) {  // one layer of a stacked tensor: a box one deep on its layer axis
+          start = inserted(std::move(start), place.axis, place.index);
+          dims = inserted(std::move(dims), place.axis, 1);
+        }
+        reads.push_back({place.name, std::move(start), std::move(dims), data});
+      };
+      if (!store.decl(p).stacked()) {
+        read(pieces.front(), shard.offsets, shard.dims, shard.data);
+        continue;
+      }
+      // A stacked parameter [layers, rest...] (the layer axis may be split): each local layer on its own.
+      const std::vector<int64_t> rest_start(shard.offsets.begin() + 1, shard.offsets.end());
+      const std::vector<int64_t> rest_dims(shard.dims.begin() + 1, shard.dims.end());
+      const int64_t layer_elements = element_count(rest_dims.begin(), rest_dims.end());
+      for (int64_t layer = 0; layer < shard.dims.front(); ++layer) {
+        read(pieces[static_cast<size_t>(shard.offsets.front() + layer)], rest_start, rest_dims,
+             shard.data + layer * layer_elements);
+      }
+    }
+  }
+  for (const auto& [name, dims] : expected) {
+    const auto found = checkpoint.tensors().find(name);
+    if (found == checkpoint.tensors().end()) {
+      fail(tensor_where(index_path, name), "the tensor (this run's model has it)",
+           "missing from the checkpoint", layout_hint);
+    }
+    if (found->second != dims) {
+      fail(tensor_where(index_path, name), "shape " + dims_text(dims) + " (as this run's config builds it)",
+           "shape " + dims_text(found->second), layout_hint);
+    }
+  }
+  for (const auto& [name, dims] : checkpoint.tensors()) {
+    if (!model_tensors.count(name))
+      fail(tensor_where(index_path, name), "only tensors of this run's model", "an extra tensor",
+           layout_hint);
+  }
+  for (const BoxRead& read : reads) checkpoint.read_box(read.tensor, read.start, read.dims, read.data);
+}
+
 }  // namespace
 
 std::string save_checkpoint(const std::string& checkpoints_dir, const Engine& engine,
@@ -640,34 +742,55 @@ std::string save_checkpoint(const std::string& checkpoints_dir, const Engine& en
     fail("config key 'max_num_checkpoints_to_keep'", "0 (keep all) or a positive count",
          std::to_string(options.keep_last));
   }
-  // Every rank takes part in gathering the sharded state; the lead rank alone writes it.
-  const GatheredState gathered = gather_state(engine);
-  if (!engine.lead()) return "";
+  MT_CHECK(!engine.spec().decoding(), "a decode engine holds no optimizer state to save");
+  Communicator* world = engine.world();
+  const int world_size = world != nullptr ? world->size() : 1;
+  const int rank = world != nullptr ? world->rank() : 0;
+  const bool lead = engine.lead();
+  // The lead's pid names the temporary directory, and every rank learns it.
+  std::vector<int64_t> lead_pid = {lead ? static_cast<int64_t>(::getpid()) : 0};
+  if (world_size > 1) world->all_reduce(comm_buffer(lead_pid), ReduceOp::max, "checkpoint/directory");
   const fs::path root(checkpoints_dir);
-  std::error_code error;
-  fs::create_directories(root, error);
-  if (error) fail(checkpoints_dir, "a checkpoints directory that can be created", error.message());
   const fs::path final_path = root / step_directory_name(state.step);
-  const fs::path temp = final_path.string() + kTempTag + std::to_string(::getpid());
-  fs::remove_all(temp, error);  // a leftover of an earlier failed save by a process with our pid
-  if (!fs::create_directory(temp, error) || error) {
-    fail(temp.string(), "a new directory for the checkpoint", error ? error.message() : "it already exists",
-         "check the permissions and free space of the checkpoints directory");
-  }
-  try {
-    write_checkpoint_files(temp, engine, gathered, state, options);
-    publish(temp, final_path);
-  } catch (const std::exception& e) {
-    std::error_code ignored;
-    fs::remove_all(temp, ignored);
-    const std::string not_saved = "; checkpoint step " + std::to_string(state.step) +
-                                  " was not saved (its partial directory was removed; earlier checkpoints "
-                                  "are intact)";
-    if (const auto* mesh_error = dynamic_cast<const MeshError*>(&e)) {
-      const ErrorContext& c = mesh_error->context();
-      fail(c.where, c.expected, c.found + not_saved, c.hint);
+  const fs::path temp = final_path.string() + kTempTag + std::to_string(lead_pid.front());
+
+  // 1. The lead makes the directory.
+  std::exception_ptr error;
+  if (lead) {
+    try {
+      std::error_code create_error;
+      fs::create_directories(root, create_error);
+      if (create_error)
+        fail(checkpoints_dir, "a checkpoints directory that can be created", create_error.message());
+      fs::remove_all(temp, create_error);  // a leftover of an earlier failed save by a process with our pid
+      if (!fs::create_directory(temp, create_error) || create_error ||
+          !fs::create_directory(temp / fs::path(rank_shard_file(0)).parent_path(), create_error)) {
+        fail(temp.string(), "a new directory for the checkpoint",
+             create_error ? create_error.message() : "it already exists",
+             "check the permissions and free space of the checkpoints directory");
+      }
+    } catch (const std::exception&) {
+      error = std::current_exception();
     }
-    fail(temp.string(), "to write the checkpoint", e.what() + not_saved);
+  }
+  agree_on_save_phase(world, error, lead, temp, state.step, "creating the directory");
+
+  // 2. Every rank writes the elements it saves, all at once.
+  try {
+    write_rank_shard(temp, rank, rank_chunks(engine));
+    fault_point("shard_half_written", temp / rank_shard_file(rank));
+  } catch (const std::exception&) {
+    error = std::current_exception();
+  }
+  agree_on_save_phase(world, error, lead, temp, state.step, "writing its shard");
+
+  // 3. The lead indexes the shards, writes metadata and the marker, and publishes the directory.
+  if (!lead) return "";
+  try {
+    finish_sharded_checkpoint(temp, engine, world_size, state, options);
+    publish(temp, final_path);
+  } catch (const std::exception&) {
+    agree_on_save_phase(nullptr, std::current_exception(), true, temp, state.step, "committing");
   }
   fsync_directory(
       root);  // makes the rename durable; if this fails, step_X/ exists but may not survive a crash
@@ -698,6 +821,7 @@ CheckpointState load_checkpoint(const std::string& checkpoint_dir, Engine& engin
   const ModelSpec& spec = engine.spec();
   CheckpointState state;
   std::string saved_identity, layout_hint;
+  bool sharded = false;  // format 3's index.json and per-rank shards, else model/optimizer.safetensors
   try {
     const json& m = context.metadata;
     const int64_t version = m.at("format_version").get<int64_t>();
@@ -739,13 +863,14 @@ CheckpointState load_checkpoint(const std::string& checkpoint_dir, Engine& engin
           "start from it with load_parameters_path=" + checkpoint_dir + " (a fresh optimizer and step 0)");
     }
     const json& files = m.at("files");
+    sharded = files.contains(kShardIndexFile);
     for (const auto& [name, entry] : files.items()) {
       if (parameters_only && name == kOptimizerFile) continue;  // not read: not worth checksumming
       verify_file(context, name);
     }
     // Files the load reads must be listed (verify_file reports the missing entry).
-    if (!files.contains(kModelFile)) verify_file(context, kModelFile);
-    if (!parameters_only && !files.contains(kOptimizerFile)) verify_file(context, kOptimizerFile);
+    if (!sharded && !files.contains(kModelFile)) verify_file(context, kModelFile);
+    if (!sharded && !parameters_only && !files.contains(kOptimizerFile)) verify_file(context, kOptimizerFile);
 
     if (!parameters_only) {
       state.step = m.at("step").get<int64_t>();
@@ -753,7 +878,7 @@ CheckpointState load_checkpoint(const std::string& checkpoint_dir, Engine& engin
       state.rng = m.at("rng");
     }
   } catch (const json::exception& e) {
-    fail(metadata_where, "a metadata.json written by meshtrain (format version 1 or 2)", e.what(),
+    fail(metadata_where, "a metadata.json written by meshtrain (format version 1 to 3)", e.what(),
          "the checkpoint is damaged or not a meshtrain checkpoint; use another checkpoint");
   }
 
@@ -764,6 +889,11 @@ CheckpointState load_checkpoint(const std::string& checkpoint_dir, Engine& engin
   }
   // Everything is verified before the first byte of the engine changes: a failed load leaves it as it was.
   MT_CHECK(parameters_only || !spec.decoding(), "a decode engine holds no optimizer state to load");
+  if (sharded) {
+    load_sharded(context, engine, parameters_only, layout_hint);
+    if (saved_hashing) *engram_hashing = std::move(*saved_hashing);
+    return state;
+  }
   const ParameterStore& store = engine.parameters();
   // Every tensor the run reads, where the checkpoint's layout (stacked or per layer) keeps it.
   const CheckpointLayout saved = CheckpointLayout::saved(context.metadata, spec.config);

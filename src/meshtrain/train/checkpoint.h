@@ -1,26 +1,35 @@
 // Checkpoints (shared/specs/layers-and-checkpoints.md, "Checkpoints"): one directory per step holding the
-// parameters and Adam moments as safetensors with GLOBAL logical shapes, a copy of the tokenizer, a
-// metadata.json, and a commit marker written last, so an interrupted save never looks complete.
+// parameters and Adam moments with GLOBAL logical shapes, a copy of the tokenizer, a metadata.json, and a
+// commit marker written last, so an interrupted save never looks complete.
 //
 // Layout of <checkpoints_dir>:
 //   step_00000042/                 a committed checkpoint (the only kind latest_checkpoint returns)
-//     model.safetensors            parameters, named as the engine names them (spec().buffer(id).name): per
-//                                  layer, or stacked per scan group with the layer axis at param_scan_axis
-//                                  (scan_layers; train/checkpoint_layout.h); loading converts either way
-//     optimizer.safetensors        "adam_m/<name>", "adam_v/<name>"
+//     shards/rank_00000.bin ...    format 3 (what train saves): each rank's chunks of the parameters and
+//     index.json                   moments ("adam_m/<name>", "adam_v/<name>"), and the index from every
+//                                  tensor (per layer, by canonical name) to its chunks
+//                                  (train/sharded_checkpoint.h)
+//     model.safetensors            formats 1 and 2, and import-hf's parameter checkpoints: parameters named
+//     as
+//                                  the engine names them (per layer, or stacked per scan group with the layer
+//                                  axis at param_scan_axis; train/checkpoint_layout.h); loading converts
+//     optimizer.safetensors        formats 1 and 2: "adam_m/<name>", "adam_v/<name>"
 //     tokenizer.json               copy of the run's tokenizer (or encoder.json + vocab.bpe), if any
 //     engram.safetensors           models with Engram: the compressed vocabulary ("compress" [V], "pad_id"),
 //                                  and per Engram layer its hash multipliers and table sizes
 //                                  ("layers_<i>/multipliers" [N], "layers_<i>/table_sizes" [N - 1, H])
 //     metadata.json                format version, step, resolved config, layout, mesh, rng, data cursor,
-//                                  tokenizer identity, {file: {bytes, crc32c}}, meshtrain version
+//                                  tokenizer identity, {file: {bytes, crc32c}} (index.json, not the shards:
+//                                  each chunk has its own CRC-32C), meshtrain version
 //     COMMITTED                    the commit marker: step and the size and CRC-32C of metadata.json
 //   step_00000043.tmp-<pid>/       a save in progress (or debris of a crashed one): never loaded
 //
-// Commit protocol: every file is written and fsynced inside step_X.tmp-<pid>/; then COMMITTED.tmp is
-// written, fsynced and renamed to COMMITTED, and the directory fsynced; then the directory is renamed to
-// step_X/ and checkpoints_dir fsynced. That rename is the commit point: a checkpoint is complete iff its
-// directory is named exactly step_<8+ digits> AND it holds COMMITTED. One writer per checkpoints_dir.
+// Commit protocol: the lead rank makes step_X.tmp-<pid>/ (its pid); every rank writes and fsyncs its shard
+// there, and the ranks agree that all of them did (a failure on any rank removes the directory on every
+// rank's behalf and fails the save everywhere); then the lead writes index.json and metadata.json, writes
+// COMMITTED.tmp, fsyncs and renames it to COMMITTED, fsyncs the directory, renames it to step_X/ and fsyncs
+// checkpoints_dir. That rename is the commit point: a checkpoint is complete iff its directory is named
+// exactly step_<8+ digits> AND it holds COMMITTED. One job writes to a checkpoints_dir; its ranks must see
+// one filesystem there (one host, or a shared filesystem across hosts).
 #pragma once
 
 #include <cstdint>
@@ -37,8 +46,9 @@
 
 namespace meshtrain {
 
-// 2: the stacked layout (scan_layers) exists; format 1 checkpoints are per layer and keep loading.
-inline constexpr int64_t kCheckpointFormatVersion = 2;
+// 3: distributed (index.json + per-rank shards; a metadata.json without index.json holds model.safetensors,
+// as import-hf writes); 2: the stacked layout (scan_layers); 1: per layer. All three keep loading.
+inline constexpr int64_t kCheckpointFormatVersion = 3;
 
 struct CheckpointState {
   int64_t step = 0;            // optimizer steps completed
@@ -53,27 +63,28 @@ struct CheckpointOptions {
   const EngramHashing* engram_hashing = nullptr;  // models with Engram: what hashes their batches
 };
 
-// Every rank calls it: the sharded state is gathered into global tensors, and the lead rank writes
-// <checkpoints_dir>/step_<%08d step>/ by the protocol above (replacing an existing checkpoint of the
-// same step atomically), then deletes the oldest committed checkpoints beyond keep_last and removes debris
-// of earlier crashed saves. A failed save (full disk, ...) throws MeshError naming the file, removes its
-// partial directory and leaves earlier checkpoints untouched. Returns the path of the new checkpoint ("" on
-// the other ranks).
+// Every rank calls it: each writes the elements it holds the saving replica of (nothing is gathered), and
+// the lead rank commits <checkpoints_dir>/step_<%08d step>/ by the protocol above (replacing an existing
+// checkpoint of the same step atomically), then deletes the oldest committed checkpoints beyond keep_last
+// and removes debris of earlier crashed saves. A failed save (full disk, ...) on any rank throws MeshError
+// on every rank (naming the file on the rank that failed), removes the partial directory and leaves earlier
+// checkpoints untouched. Returns the path of the new checkpoint ("" on the other ranks).
 std::string save_checkpoint(const std::string& checkpoints_dir, const Engine& engine,
                             const CheckpointState& state, const CheckpointOptions& options);
 
 // The committed checkpoint with the highest step, or nullopt (in-progress / incomplete ones are ignored).
 std::optional<std::string> latest_checkpoint(const std::string& checkpoints_dir);
 
-// Loads into the engine after verifying everything first (so a failed load leaves the engine untouched):
-// the commit marker, metadata format version, per-file sizes and CRC-32C, that the checkpoint's tensors are
-// exactly the engine's parameters with the same shapes, vocab_size, and tokenizer identity when both sides
-// know one. parameters_only (load_parameters_path): parameters only, moments untouched, and a fresh state
-// (step 0, empty cursor and rng) is returned. Every failure is a MeshError naming the checkpoint file (and
-// tensor), expected vs found, and a fix.
-// Models with Engram (`engram_hashing` set): the checkpoint's compressed vocabulary must equal the run's
-// (built from its tokenizer), and its table sizes the config's; the run then hashes with the checkpoint's
-// multipliers and pad id, whatever its own engram_seed would draw.
+// Loads into the engine after verifying first: the commit marker, metadata format version, per-file sizes
+// and CRC-32C, that the checkpoint's tensors are exactly the engine's parameters with the same shapes,
+// vocab_size, and tokenizer identity when both sides know one; a failure there leaves the engine untouched.
+// Format 3: each rank reads only the chunks that overlap its own shards, checking each chunk's CRC-32C as
+// it reads (a corrupted chunk stops the load with the engine partly overwritten). parameters_only
+// (load_parameters_path): parameters only, moments untouched, and a fresh state (step 0, empty cursor and
+// rng) is returned. Every failure is a MeshError naming the checkpoint file (and tensor), expected vs found,
+// and a fix. Models with Engram (`engram_hashing` set): the checkpoint's compressed vocabulary must equal the
+// run's (built from its tokenizer), and its table sizes the config's; the run then hashes with the
+// checkpoint's multipliers and pad id, whatever its own engram_seed would draw.
 CheckpointState load_checkpoint(const std::string& checkpoint_dir, Engine& engine, bool parameters_only,
                                 const std::string& expected_tokenizer_identity = "",
                                 EngramHashing* engram_hashing = nullptr);

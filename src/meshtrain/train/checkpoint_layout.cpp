@@ -54,20 +54,4 @@ void CheckpointLayout::read(const SafetensorsFile& file, const CheckpointTensorP
   file.read_f32_blocks(place.name, place.dims, place.index * inner, outer, inner, *axis * inner, out);
 }
 
-std::vector<float> stack_in_checkpoint_order(const std::vector<float>& stack, int64_t layers,
-                                             const std::vector<int64_t>& rest, int64_t axis) {
-  const auto at = rest.begin() + std::min<int64_t>(axis, static_cast<int64_t>(rest.size()));
-  const int64_t outer = product(rest.begin(), at), inner = product(at, rest.end());
-  MT_CHECK(static_cast<int64_t>(stack.size()) == layers * outer * inner, "a stacked tensor of another shape");
-  std::vector<float> ordered(stack.size());
-  // stack [layers][outer][inner] -> file [outer][layers][inner]
-  for (int64_t layer = 0; layer < layers; ++layer) {
-    for (int64_t o = 0; o < outer; ++o) {
-      std::memcpy(ordered.data() + (o * layers + layer) * inner, stack.data() + (layer * outer + o) * inner,
-                  static_cast<size_t>(inner) * sizeof(float));
-    }
-  }
-  return ordered;
-}
-
 }  // namespace meshtrain

@@ -44,9 +44,4 @@ class CheckpointLayout {
   int64_t scan_axis_ = 1;
 };
 
-// A stacked parameter as the engine holds it ([layers, rest...], the layer axis outermost) reordered as a
-// checkpoint stores it (the layer axis at min(axis, rest's rank)).
-std::vector<float> stack_in_checkpoint_order(const std::vector<float>& stack, int64_t layers,
-                                             const std::vector<int64_t>& rest, int64_t axis);
-
 }  // namespace meshtrain

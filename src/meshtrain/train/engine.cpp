@@ -299,27 +299,19 @@ std::vector<int64_t> Engine::global_shape(BufferId id) const {
   return global_dims(plan_, plan_.spec.buffer(id).shape);
 }
 
-// Each global element is written by the first replica that holds it (coordinate 0 on every axis the buffer
-// is not split over), the others contribute zeros, and one sum over the world assembles the tensor.
-std::vector<float> Engine::gather_global(BufferId id) const {
+Engine::LocalShard Engine::local_shard(BufferId id) const {
   const PlanBufferId stored = stored_buffer(id);
   const PlanBuffer& buffer = plan_.buffers[static_cast<size_t>(stored)];
-  int64_t count = 1;
-  for (int64_t size : global_shape(id)) count *= size;
-  std::vector<float> global(static_cast<size_t>(count), 0.0f);
-  bool first_replica = coordinates_[MeshAxis::tensor] % kv_replicas(plan_, id) == 0;  // replicated kv heads
+  const GlobalIndex index = global_index(stored, id);
+  LocalShard shard;
+  shard.data = reinterpret_cast<float*>(arena_.at(buffer.offset));
+  shard.offsets = index.offsets();
+  shard.dims = index.local_dims();
+  shard.saving_replica = coordinates_[MeshAxis::tensor] % kv_replicas(plan_, id) == 0;  // replicated kv heads
   for (MeshAxis axis : kMeshAxes) {
-    first_replica = first_replica && (buffer.split_over(axis) || coordinates_[axis] == 0);
+    shard.saving_replica = shard.saving_replica && (buffer.split_over(axis) || coordinates_[axis] == 0);
   }
-  if (first_replica) {
-    const GlobalIndex index = global_index(stored, id);
-    const float* local = reinterpret_cast<const float*>(arena_.at(buffer.offset));
-    for (int64_t i = 0; i < buffer.shape.elements(); ++i) global[static_cast<size_t>(index(i))] = local[i];
-  }
-  if (ranks_.world && ranks_.world->size() > 1) {
-    ranks_.world->all_reduce(comm_buffer(global), ReduceOp::sum, "checkpoint/gather " + buffer.name);
-  }
-  return global;
+  return shard;
 }
 
 void Engine::update_selection_biases(const std::vector<double>& expert_load, double rate) {
@@ -339,6 +331,16 @@ void Engine::update_selection_biases(const std::vector<double>& expert_load, dou
       local[i] += static_cast<float>(rate * static_cast<double>((gap > 0.0) - (gap < 0.0)));
     }
   }
+}
+
+int64_t Engine::global_parameter_count() const {
+  int64_t count = 0;
+  for (const ParameterDecl& parameter : plan_.spec.parameters) {
+    int64_t elements = 1;
+    for (int64_t size : global_shape(parameter.value)) elements *= size;
+    count += elements;
+  }
+  return count;
 }
 
 void Engine::scatter_global(BufferId id, const float* global) {

@@ -76,16 +76,29 @@ class Engine {
   // Tests: fill the temporary region with NaN before every kernel, so an op that reads what it did not
   // declare (or what no earlier op wrote) shows up in the results.
   void set_poison_temporaries(bool poison) { poison_temporaries_ = poison; }
-  // Checkpoints hold global (unsharded) tensors, so they load on any mesh. For a parameter's value or Adam
-  // moment (by its spec id): the global shape; the whole tensor gathered from every rank (a collective:
-  // every rank calls it, in the same order); and setting this rank's elements from a whole tensor.
-  std::vector<int64_t> global_shape(BufferId id) const;
   // After a step: each MoE layer's selection bias moves by rate * sign(mean load - load) per expert, from
   // `expert_load` [moe layers, E] counted over the whole global batch (RoutingSums, summed over ranks), so
   // every rank moves its shard of the same global bias alike.
   void update_selection_biases(const std::vector<double>& expert_load, double rate);
-  std::vector<float> gather_global(BufferId id) const;
+  // Checkpoints hold global (unsharded) tensors, so they load on any mesh. For a parameter's value or Adam
+  // moment (by its spec id): the global shape, and setting this rank's elements from a whole tensor
+  // (single-file checkpoints).
+  std::vector<int64_t> global_shape(BufferId id) const;
   void scatter_global(BufferId id, const float* global);
+  // Elements of every parameter at its global shape (spec().parameter_count() counts this device's compute
+  // shapes, which tensor parallelism splits).
+  int64_t global_parameter_count() const;
+  // This rank's part of a parameter's value or moment: the box of the global tensor it holds, row-major at
+  // `data`, and whether this rank is the one replica that saves it (coordinate 0 on every mesh axis the
+  // buffer is not split over, and the first of replicated kv heads). Distributed checkpoints write and read
+  // these boxes directly, without gathering.
+  struct LocalShard {
+    float* data = nullptr;
+    std::vector<int64_t> offsets, dims;  // into the global shape, per dim
+    bool saving_replica = false;
+  };
+  LocalShard local_shard(BufferId id) const;
+  Communicator* world() const { return ranks_.world; }                      // null: one process
   bool lead() const { return !ranks_.world || ranks_.world->rank() == 0; }  // the rank that writes files
   // Payload bytes per rank the kernels moved since the last reset, per mesh axis of more than one rank
   // (aot-plan.md definitions; comparable with the plan's collective bytes).

@@ -13,6 +13,7 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -28,6 +29,7 @@
 #include "meshtrain/train/checkpoint.h"
 #include "meshtrain/train/checkpoint_layout.h"
 #include "meshtrain/train/run.h"
+#include "meshtrain/train/sharded_checkpoint.h"
 
 namespace meshtrain {
 namespace {
@@ -422,7 +424,9 @@ void export_hugging_face(const HfExportOptions& options, std::ostream& log) {
          "choose another --out, or remove the existing folder first");
   }
   // Every file the export reads is checked against metadata.json first.
-  std::vector<std::string> read_files = {"model.safetensors"};
+  // A distributed checkpoint (format 3: index.json and per-rank shards) or one model.safetensors.
+  const bool sharded = fs::exists(fs::path(checkpoint_dir) / kShardIndexFile, error);
+  std::vector<std::string> read_files = {sharded ? kShardIndexFile : "model.safetensors"};
   for (const char* name : {kImportedConfigFile, "tokenizer.json", "encoder.json", "vocab.bpe"}) {
     if (fs::exists(fs::path(checkpoint_dir) / name, error)) read_files.push_back(name);
   }
@@ -464,33 +468,55 @@ void export_hugging_face(const HfExportOptions& options, std::ostream& log) {
   const ordered_json hf_config = hf_config_from_meshtrain(config, options.dtype, special);
   const std::vector<HfTensorMapping> mapping = hf_mapping(spec);
 
-  const fs::path model_path = fs::path(checkpoint_dir) / "model.safetensors";
-  const SafetensorsFile model = SafetensorsFile::open(model_path.string());
-  // Stacked (scan_layers) or per layer, as the checkpoint was saved.
+  // Stacked (scan_layers) or per layer, as the checkpoint was saved; one file, or per-rank shards (format 3).
   const CheckpointLayout layout = CheckpointLayout::saved(metadata, config);
+  const fs::path model_path = fs::path(checkpoint_dir) / (sharded ? kShardIndexFile : "model.safetensors");
+  std::optional<SafetensorsFile> model;
+  std::optional<ShardedCheckpoint> shards;
+  if (sharded) {
+    shards.emplace(fs::path(checkpoint_dir));
+  } else {
+    model.emplace(SafetensorsFile::open(model_path.string()));
+  }
   for (const ParameterDecl& parameter : spec.parameters) {
     const BufferDecl& buffer = spec.buffer(parameter.value);
     const CheckpointTensorPlace place = layout.place(buffer.name, buffer.shape.dims);
-    const SafetensorsEntry* entry = model.find(place.name);
-    if (entry == nullptr || entry->shape != place.dims) {
+    std::optional<std::vector<int64_t>> found;
+    if (sharded) {
+      if (const auto entry = shards->tensors().find(place.name); entry != shards->tensors().end())
+        found = entry->second;
+    } else if (const SafetensorsEntry* entry = model->find(place.name)) {
+      found = entry->shape;
+    }
+    if (!found || *found != place.dims) {
       fail(model_path.string() + ": tensor '" + place.name + "'",
            "shape " + dims_text(place.dims) + " (as the checkpoint's config builds it)",
-           entry == nullptr ? "missing" : "shape " + dims_text(entry->shape),
+           !found ? "missing" : "shape " + dims_text(*found),
            "the checkpoint is damaged or was written by another meshtrain version");
     }
   }
-  // `span` elements of a parameter from `offset` on; a layer of a stacked tensor is read whole once.
+  // `span` elements of a parameter from `offset` on; a layer of a stacked tensor, and any tensor of a
+  // sharded checkpoint, is read whole once.
   std::string layer_name;
   std::vector<float> layer_values;
   const auto read_span = [&](const BufferDecl& buffer, int64_t offset, int64_t span, float* destination) {
     const CheckpointTensorPlace place = layout.place(buffer.name, buffer.shape.dims);
-    if (place.index < 0) {
-      model.read_f32_blocks(place.name, place.dims, offset, 1, span, span, destination);
+    if (!sharded && place.index < 0) {
+      model->read_f32_blocks(place.name, place.dims, offset, 1, span, span, destination);
       return;
     }
     if (layer_name != buffer.name) {
       layer_values.resize(static_cast<size_t>(buffer.shape.elements()));
-      CheckpointLayout::read(model, place, layer_values.data());
+      if (!sharded) {
+        CheckpointLayout::read(*model, place, layer_values.data());
+      } else {  // the layer's box: the whole tensor, or one deep on a stacked tensor's layer axis
+        std::vector<int64_t> start(place.dims.size(), 0), dims = place.dims;
+        if (place.index >= 0) {
+          start[static_cast<size_t>(place.axis)] = place.index;
+          dims[static_cast<size_t>(place.axis)] = 1;
+        }
+        shards->read_box(place.name, start, dims, layer_values.data());
+      }
       layer_name = buffer.name;
     }
     std::copy_n(layer_values.begin() + offset, span, destination);

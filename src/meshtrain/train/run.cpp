@@ -4,6 +4,7 @@
 #include <sys/resource.h>
 
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <csignal>
 #include <filesystem>
@@ -403,8 +404,19 @@ void Run::save(int64_t step) {
   state_.data_cursor = loader_->cursor();
   state_.rng = {{"init_weights_seed", config_.init_weights_seed},
                 {"data_shuffle_seed", config_.data_shuffle_seed}};
+  const auto start = std::chrono::steady_clock::now();
   summary_.last_checkpoint = save_checkpoint(checkpoints_dir_, *engine_, state_, checkpoint_options_);
   ranks_.world->barrier("checkpoint saved");  // no rank resumes (or looks for it) before it is committed
+  if (!summary_.last_checkpoint.empty()) {
+    // Parameters and both Adam moments, float32, one replica of each element whatever the mesh.
+    const double gib = 3.0 * 4.0 * static_cast<double>(engine_->global_parameter_count()) / (1u << 30);
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    char line[160];
+    std::snprintf(line, sizeof line,
+                  "checkpoint step %lld: %.2f GiB from %d rank(s) in %.2f s (%.2f GiB/s), ",
+                  static_cast<long long>(step), gib, ranks_.world->size(), seconds, gib / seconds);
+    progress_->message(line + summary_.last_checkpoint);
+  }
 }
 
 // This rank's loss sums over the step's micro-batches (gradients accumulated in the engine).
