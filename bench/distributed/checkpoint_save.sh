@@ -6,7 +6,7 @@
 # step without saving (peak RSS of a load, against a fresh run's). With OTHER_BINARY, a build from before
 # distributed checkpoints saves the same way for comparison (its save gathered every tensor on each rank).
 # Synthetic tokens. Always exits 0.
-# usage: bench/distributed/checkpoint_save.sh [BUILD_DIR] [MODEL] [OTHER_BINARY]   (default build qwen3-0.6b)
+# usage: bench/distributed/checkpoint_save.sh [BUILD_DIR] [MODEL] [OTHER_BUILD_DIR]   (default build qwen3-0.6b)
 set -u
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 build=${1:-$here/../../build}
@@ -47,8 +47,8 @@ for ranks in 1 2 4; do
   run "save_${ranks}" "$build/meshtrain" "$ranks" steps=1 mesh.fsdp="$ranks"
   report "save_${ranks}" "$ranks"
 done
-if [ -n "$other" ]; then  # 1 rank only: each of its ranks would hold the whole state three times
-  run other_save_1 "$other" 1 steps=1
+if [ -n "$other" ]; then  # 1 rank only: a gathering save holds the whole state on every rank
+  run other_save_1 "$other/meshtrain" 1 steps=1
   report other_save_1 1
 fi
 run fresh "$build/meshtrain" 1 steps=1 enable_checkpointing=false
