@@ -1,0 +1,127 @@
+#!/usr/bin/env bash
+# The bad-input catalogue (issue 16): one case per kind of user-facing error, by category (config, mesh,
+# data, tokenizer, checkpoint, plan, command line). Each must end with exit status 1 or 2 (an error, never a
+# signal or an internal error's 3), print "meshtrain: error: ", and name the file, key or flag to fix, with
+# what was expected. A case that passes prints nothing; the summary counts the cases per category.
+# Usage: bad_inputs.sh BUILD_DIR
+set -uo pipefail
+meshtrain="$(cd "$1" && pwd)/meshtrain"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+cd "$work" || exit 1
+model=(dataset_type=synthetic tokenizer_path= dataset_path= eval_dataset_path= eval_interval=0
+  max_target_length=16 base_emb_dim=32 base_num_query_heads=4 base_num_kv_heads=2 head_dim=8 base_mlp_dim=48
+  base_num_decoder_layers=2 vocab_size=64)
+tiny=("${model[@]}" per_device_batch_size=2 steps=1)
+resume=("${model[@]}" per_device_batch_size=2 steps=2)  # from the fixture's step 1
+status=0
+declare -A cases=()
+
+# expect CATEGORY "NEEDLE" ["NEEDLE" ...] -- COMMAND...: the command fails cleanly and says every needle.
+expect() {
+  local category=$1 needles=()
+  shift
+  while [ "$1" != "--" ]; do needles+=("$1"); shift; done
+  shift
+  local output rc
+  output=$("$@" </dev/null 2>&1)
+  rc=$?
+  cases[$category]=$((${cases[$category]:-0} + 1))
+  local problem=""
+  [ "$rc" -eq 1 ] || [ "$rc" -eq 2 ] || problem="exit status $rc (expected 1 or 2)"
+  grep -q "meshtrain: error: " <<<"$output" || problem+="${problem:+; }no 'meshtrain: error: ' line"
+  for needle in "${needles[@]}"; do
+    grep -qF -- "$needle" <<<"$output" || problem+="${problem:+; }missing '$needle'"
+  done
+  if [ -n "$problem" ]; then
+    echo "FAIL [$category] $*: $problem"
+    echo "$output" | tail -3 | sed 's/^/    /'
+    status=1
+  fi
+}
+
+# --- fixtures: a committed checkpoint, a plan of another batch, broken files -----------------------------
+"$meshtrain" train qwen3-tiny "${tiny[@]}" run_dir="$work/run" >"$work/run.log" 2>&1 ||
+  { echo "FAIL: fixture run"; cat "$work/run.log"; exit 1; }
+checkpoint="$work/run/checkpoints/step_00000001"
+"$meshtrain" compile qwen3-tiny "${model[@]}" per_device_batch_size=4 plan_out="$work/plan4" >/dev/null 2>&1 ||
+  { echo "FAIL: fixture plan"; exit 1; }
+mkdir "$work/documents" && for i in 1 2 3 4 5 6; do echo "in the beginning $i" >"$work/documents/$i.txt"; done
+"$meshtrain" prepare --out "$work/prepared" --vocab-size 257 --corpus "$work/documents" >/dev/null 2>&1 ||
+  { echo "FAIL: fixture prepare"; exit 1; }
+printf 'steps: [1,\n' >"$work/broken.yaml"
+printf '{"model": {"type": "BPE", "vocab": ' >"$work/tokenizer.json"
+head -c 1000 /dev/urandom >"$work/noise.tokens"
+corrupt() {  # corrupt NAME: a copy of the checkpoint with one flipped byte in its shard
+  cp -r "$checkpoint" "$work/$1"
+  local shard="$work/$1/shards/rank_00000.safetensors"
+  printf '\x7f' | dd of="$shard" bs=1 seek=$(($(stat -c %s "$shard") - 100)) conv=notrunc status=none
+}
+corrupt flipped
+cp -r "$checkpoint" "$work/truncated" && truncate -s -10 "$work/truncated/shards/rank_00000.safetensors"
+cp -r "$checkpoint" "$work/unmarked" && rm "$work/unmarked/COMMITTED"
+cp -r "$checkpoint" "$work/chunkless" && rm "$work/chunkless/shards/rank_00000.safetensors"
+
+# --- config ----------------------------------------------------------------------------------------------
+expect config "config key 'stepz'" "did you mean 'steps'" -- "$meshtrain" train qwen3-tiny "${tiny[@]}" stepz=3
+expect config "config key 'steps'" "expected an integer" -- "$meshtrain" train qwen3-tiny "${model[@]}" steps=abc
+expect config "config key 'remat_policy'" "none, minimal or full" -- \
+  "$meshtrain" train qwen3-tiny "${tiny[@]}" remat_policy=sometimes
+expect config "config key 'dtype'" -- "$meshtrain" train qwen3-tiny "${tiny[@]}" dtype=bfloat16
+expect config "$work/none.yaml" "no such file" -- "$meshtrain" train "$work/none.yaml"
+expect config "$work/broken.yaml" "YAML" -- "$meshtrain" train "$work/broken.yaml"
+expect config "meshtrain train" "a preset name" -- "$meshtrain" train
+# --- mesh ------------------------------------------------------------------------------------------------
+expect mesh "config key 'mesh'" "product of 1" -- "$meshtrain" train qwen3-tiny "${tiny[@]}" mesh.fsdp=3
+expect mesh "config key 'base_num_query_heads'" "tensor degree 8" -- \
+  "$meshtrain" compile qwen3-tiny "${tiny[@]}" topology=h100x8 mesh.tensor=8
+expect mesh "config key 'topology'" "h100xN" -- "$meshtrain" compile qwen3-tiny topology=h1000x8
+# --- data ------------------------------------------------------------------------------------------------
+expect data "$work/none.tokens" "nothing readable" -- \
+  "$meshtrain" train qwen3-tiny dataset_type=tokens dataset_path="$work/none.tokens" tokenizer_path= \
+  eval_dataset_path= eval_interval=0 steps=1
+expect data "$work/noise.tokens" -- \
+  "$meshtrain" train qwen3-tiny dataset_type=tokens dataset_path="$work/noise.tokens" \
+  tokenizer_path="$work/prepared/tokenizer.json" eval_dataset_path= eval_interval=0 steps=1
+expect data "config key 'dataset_type'" -- "$meshtrain" train qwen3-tiny "${tiny[@]}" dataset_type=parquet
+# --- tokenizer -------------------------------------------------------------------------------------------
+expect tokenizer "$work/none.json" "tokenizer.json" -- "$meshtrain" tokenize --tokenizer "$work/none.json"
+expect tokenizer "$work/tokenizer.json" -- "$meshtrain" tokenize --tokenizer "$work/tokenizer.json"
+expect tokenizer "$work/tokenizer.json" -- \
+  "$meshtrain" train qwen3-tiny dataset_type=text tokenizer_path="$work/tokenizer.json" eval_dataset_path= \
+  eval_interval=0 steps=1
+# --- checkpoint ------------------------------------------------------------------------------------------
+expect checkpoint "$work/none" "no such directory" -- \
+  "$meshtrain" train qwen3-tiny "${tiny[@]}" load_full_state_path="$work/none" run_dir="$work/r1"
+expect checkpoint "shards/rank_00000.safetensors" "CRC-32C" "corrupted" -- \
+  "$meshtrain" train qwen3-tiny "${resume[@]}" load_full_state_path="$work/flipped" run_dir="$work/r2"
+expect checkpoint "shards/rank_00000.safetensors" "truncated" -- \
+  "$meshtrain" train qwen3-tiny "${resume[@]}" load_full_state_path="$work/truncated" run_dir="$work/r3"
+expect checkpoint "COMMITTED" "commit marker" -- \
+  "$meshtrain" train qwen3-tiny "${resume[@]}" load_full_state_path="$work/unmarked" run_dir="$work/r4"
+expect checkpoint "shards/rank_00000.safetensors" "the shard file index.json lists" -- \
+  "$meshtrain" train qwen3-tiny "${resume[@]}" load_full_state_path="$work/chunkless" run_dir="$work/r5"
+expect checkpoint "index.json: tensor '" "base_emb_dim 32 in the checkpoint, 64 here" -- \
+  "$meshtrain" train qwen3-tiny "${resume[@]/base_emb_dim=32/base_emb_dim=64}" load_full_state_path="$checkpoint" \
+  run_dir="$work/r6"
+expect checkpoint "--checkpoint $work/none" -- "$meshtrain" generate --checkpoint "$work/none" --prompt hi
+expect checkpoint "export-hf" -- "$meshtrain" export-hf "$work/none" --out "$work/exported"
+# --- plan ------------------------------------------------------------------------------------------------
+expect plan "$work/none_fwd_bwd.json" "meshtrain compile" -- \
+  "$meshtrain" train qwen3-tiny "${tiny[@]}" plan_in="$work/none" run_dir="$work/r7"
+expect plan "$work/plan4_fwd_bwd.json" -- \
+  "$meshtrain" train qwen3-tiny "${tiny[@]}" plan_in="$work/plan4" run_dir="$work/r8"
+expect plan "config key 'kernels'" "did you mean 'update'" -- "$meshtrain" compile qwen3-tiny kernels=fwd_bwd,updat
+# --- command line ----------------------------------------------------------------------------------------
+expect command "--memory-budget" "a size of at least one byte" -- \
+  "$meshtrain" compile qwen3-tiny --search --memory-budget=lots
+expect command "--memory-budget" "together with --search" -- "$meshtrain" compile qwen3-tiny --memory-budget=8GiB
+expect command "measure-machine --name" -- "$meshtrain" measure-machine --name h100xN
+expect command "meshtrain compile" "--explain" -- "$meshtrain" compile qwen3-tiny --explian
+
+summary=""
+for category in config mesh data tokenizer checkpoint plan command; do
+  summary+="${summary:+, }$category ${cases[$category]:-0}"
+done
+echo "bad inputs: $summary cases$([ $status -eq 0 ] && echo ', each a clean error naming what to fix')"
+exit $status
