@@ -249,11 +249,11 @@ struct KernelOps {
   }
   void matmul_forward(float* out, const float* x, const float* w, const float* bias, int64_t N, int64_t I,
                       int64_t O) const {
-    k.matmul_forward(out, x, w, bias, N, I, O);
+    k.matmul_forward(out, x, w, bias, N, I, O, nullptr);
   }
   void matmul_backward(float* dx, float* dw, float* dbias, const float* dout, const float* x, const float* w,
                        int64_t N, int64_t I, int64_t O, bool accumulate_dx) const {
-    k.matmul_backward(dx, dw, dbias, dout, x, w, N, I, O, accumulate_dx);
+    k.matmul_backward(dx, dw, dbias, dout, x, w, N, I, O, accumulate_dx, nullptr);
   }
   void rmsnorm_forward(float* out, float* rstd, const float* x, const float* w, int64_t N, int64_t D,
                        float eps) const {

@@ -27,6 +27,7 @@
 #include <thread>
 
 #include "meshtrain/comm/communicator.h"
+#include "meshtrain/core/dtype.h"
 #include "meshtrain/core/error.h"
 
 namespace meshtrain {
@@ -53,32 +54,17 @@ std::string ranks_text(const std::vector<int>& ranks) {
 }
 
 // bf16 reductions: widen to f32, reduce, round to nearest even (NaN stays NaN).
-float bf16_to_float(uint16_t value) {
-  const uint32_t bits = static_cast<uint32_t>(value) << 16;
-  float result;
-  std::memcpy(&result, &bits, sizeof(result));
-  return result;
-}
-
-uint16_t float_to_bf16(float value) {
-  uint32_t bits;
-  std::memcpy(&bits, &value, sizeof(bits));
-  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40u);
-  bits += 0x7fffu + ((bits >> 16) & 1u);
-  return static_cast<uint16_t>(bits >> 16);
-}
-
 void bf16_sum(void* input, void* input_output, int* count, MPI_Datatype* /*type*/) {
   const auto* in = static_cast<const uint16_t*>(input);
   auto* inout = static_cast<uint16_t*>(input_output);
-  for (int i = 0; i < *count; ++i) inout[i] = float_to_bf16(bf16_to_float(in[i]) + bf16_to_float(inout[i]));
+  for (int i = 0; i < *count; ++i) inout[i] = bfloat16_from_float(float_from_bfloat16(in[i]) + float_from_bfloat16(inout[i]));
 }
 
 void bf16_max(void* input, void* input_output, int* count, MPI_Datatype* /*type*/) {
   const auto* in = static_cast<const uint16_t*>(input);
   auto* inout = static_cast<uint16_t*>(input_output);
   for (int i = 0; i < *count; ++i) {
-    if (bf16_to_float(in[i]) > bf16_to_float(inout[i])) inout[i] = in[i];
+    if (float_from_bfloat16(in[i]) > float_from_bfloat16(inout[i])) inout[i] = in[i];
   }
 }
 

@@ -52,4 +52,24 @@ DType dtype_from_config(const std::string& key, const std::string& value) {
   fail("config key '" + key + "'", "float32 or bfloat16", "'" + value + "'");
 }
 
+void round_to_bfloat16(const float* in, int64_t rows, int64_t cols, int64_t ld_in, uint16_t* out) {
+  // Whole rows per thread when there are enough of them; a single wide row (a bias, one token) is split.
+  if (rows >= 8) {
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* source = in + r * ld_in;
+      uint16_t* target = out + r * cols;
+#pragma omp simd
+      for (int64_t c = 0; c < cols; ++c) target[c] = bfloat16_from_float(source[c]);
+    }
+    return;
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* source = in + r * ld_in;
+    uint16_t* target = out + r * cols;
+#pragma omp parallel for simd schedule(static)
+    for (int64_t c = 0; c < cols; ++c) target[c] = bfloat16_from_float(source[c]);
+  }
+}
+
 }  // namespace meshtrain

@@ -102,10 +102,6 @@ T load(const std::byte* src, int64_t index) {
   return value;
 }
 
-float bf16_to_float(uint16_t bits) {
-  return std::bit_cast<float>(static_cast<uint32_t>(bits) << 16);
-}
-
 float f16_to_float(uint16_t bits) {
   const uint32_t sign = static_cast<uint32_t>(bits & 0x8000u) << 16;
   const uint32_t exponent = (bits >> 10) & 0x1fu;
@@ -117,15 +113,6 @@ float f16_to_float(uint16_t bits) {
   }
   if (exponent == 31) return std::bit_cast<float>(sign | 0x7f800000u | (mantissa << 13));  // inf / NaN
   return std::bit_cast<float>(sign | ((exponent + 112) << 23) | (mantissa << 13));         // rebias 15 -> 127
-}
-
-uint16_t float_to_bf16(float value) {
-  const uint32_t bits = std::bit_cast<uint32_t>(value);
-  // Rounding a NaN could carry its payload into the exponent (a signalling NaN would become inf): keep the
-  // sign and the top payload bits and set the quiet bit instead.
-  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x0040u);
-  // Round to nearest even: add just under half an ulp, plus one more when the lowest kept bit is odd.
-  return static_cast<uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
 }
 
 uint16_t float_to_f16(float value) {
@@ -167,7 +154,7 @@ void encode_f32(const std::string& dtype, const float* in, int64_t count, std::b
     const bool bf16 = dtype == "BF16";
     MT_CHECK(bf16 || dtype == "F16", "unhandled dtype " + dtype);
     for (int64_t i = 0; i < count; ++i) {
-      const uint16_t half = bf16 ? float_to_bf16(in[i]) : float_to_f16(in[i]);
+      const uint16_t half = bf16 ? bfloat16_from_float(in[i]) : float_to_f16(in[i]);
       std::memcpy(out + i * 2, &half, 2);
     }
   }
@@ -504,7 +491,7 @@ void SafetensorsFile::read_f32_blocks(const std::string& name, const std::vector
     if (entry.dtype == "F32") {
       std::memcpy(dst, src + first * 4, static_cast<size_t>(block) * sizeof(float));
     } else if (entry.dtype == "BF16") {
-      for (int64_t i = 0; i < block; ++i) dst[i] = bf16_to_float(load<uint16_t>(src, first + i));
+      for (int64_t i = 0; i < block; ++i) dst[i] = float_from_bfloat16(load<uint16_t>(src, first + i));
     } else if (entry.dtype == "F16") {
       for (int64_t i = 0; i < block; ++i) dst[i] = f16_to_float(load<uint16_t>(src, first + i));
     } else {

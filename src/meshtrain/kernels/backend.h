@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <string>
 
+#include "meshtrain/core/dtype.h"
 #include "meshtrain/kernels/arguments.h"
 
 namespace meshtrain::kernels {
@@ -23,19 +24,27 @@ namespace meshtrain::kernels {
 struct KernelBackend {
   const char* name;  // "cpu"
 
-  // matmul.h: out = x @ w + bias; dx = (or +=) dout @ w^T, dw += x^T @ dout, dbias += column sums.
+  // The dtype this backend stores activations, caches and kernel scratch in when the config's compute dtype
+  // is `compute`: cpu keeps float32 and runs dtype=bfloat16 as bf16 inputs to every dense matmul (below).
+  DType (*activation_dtype)(DType compute);
+
+  // matmul.h: out = x @ w + bias; dx = (or +=) dout @ w^T, dw += x^T @ dout, dbias += column sums. With
+  // bf16_inputs (dtype=bfloat16) the GEMMs take x, w and dout rounded to bf16 there, accumulating in f32.
   void (*matmul_forward)(float* out,         // [N, O]
                          const float* x,     // [N, I]
                          const float* w,     // [I, O]
                          const float* bias,  // [O] or nullptr
-                         int64_t N, int64_t I, int64_t O);
+                         int64_t N, int64_t I, int64_t O,
+                         uint16_t* bf16_inputs);  // [matmul_bf16_scratch_elements(N, I, O)] or nullptr
   void (*matmul_backward)(float* dx,          // [N, I] or nullptr
                           float* dw,          // [I, O] or nullptr
                           float* dbias,       // [O] or nullptr
                           const float* dout,  // [N, O]
                           const float* x,     // [N, I]
                           const float* w,     // [I, O]
-                          int64_t N, int64_t I, int64_t O, bool accumulate_dx);
+                          int64_t N, int64_t I, int64_t O, bool accumulate_dx,
+                          uint16_t* bf16_inputs);  // [matmul_bf16_scratch_elements(N, I, O)] or nullptr
+  int64_t (*matmul_bf16_scratch_elements)(int64_t N, int64_t I, int64_t O);
 
   // residual.h: out += x.
   void (*residual_add)(float* out,      // [count]
@@ -66,8 +75,10 @@ struct KernelBackend {
                                             int64_t N, int64_t D, int64_t V, int64_t vocab_valid,
                                             int64_t chunk_tokens,  // C
                                             float* scratch,        // [cross_entropy_scratch_floats(C, V)]
-                                            const VocabParallel* vocab_parallel);  // nullptr: one rank
+                                            const VocabParallel* vocab_parallel,  // nullptr: one rank
+                                            uint16_t* bf16_inputs);  // bf16 GEMM inputs, or nullptr (f32)
   int64_t (*cross_entropy_scratch_floats)(int64_t chunk_tokens, int64_t V);
+  int64_t (*cross_entropy_bf16_scratch_elements)(int64_t chunk_tokens, int64_t D, int64_t V);
   void (*unembed_logits)(float* out,      // [N, V]
                          const float* h,  // [N, D]
                          const float* w,  // [D, V] kernel_DV or [V, D] table_VD

@@ -105,6 +105,13 @@ ModelDims validate_and_size(const Config& c, const ShardingLayout& sharding) {
 
 }  // namespace
 
+uint16_t* OpContext::bf16(BufferId id) const {
+  if (id == kNoBuffer) return nullptr;
+  const TensorView bits = view(id);
+  MT_CHECK(bits.dtype == DType::bf16, "tensor is not bfloat16");
+  return static_cast<uint16_t*>(bits.data);
+}
+
 uint8_t* OpContext::u8(BufferId id) const {
   const TensorView bytes = view(id);
   MT_CHECK(bytes.dtype == DType::u8, "tensor is not uint8");

@@ -159,6 +159,8 @@ class OpContext {
   float* f32(BufferId id) const { return view(id).f32(); }
   int32_t* i32(BufferId id) const { return view(id).i32(); }
   uint8_t* u8(BufferId id) const;
+  // bfloat16 bits; nullptr for kNoBuffer (a bf16 scratch a float32 run does not declare).
+  uint16_t* bf16(BufferId id) const;
   // The ops' only way to their kernels (the spec's backend, set by the engine).
   const kernels::KernelBackend* kernels = nullptr;
   LossSums* loss_sums = nullptr;

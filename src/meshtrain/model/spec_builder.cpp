@@ -20,12 +20,12 @@ BufferId SpecBuilder::input(const std::string& name, DType dtype, const Shape& s
 }
 
 BufferId SpecBuilder::activation(const std::string& name, const Shape& shape) {
-  return add({name, BufferKind::activation, spec_.config.dtype, shape});
+  return add({name, BufferKind::activation, storage_dtype(), shape});
 }
 
 BufferId SpecBuilder::cache(const std::string& name, const Shape& shape) {
   MT_CHECK(decoding(), "cache '" + name + "' declared in a training spec");
-  return add({name, BufferKind::cache, spec_.config.dtype, shape});
+  return add({name, BufferKind::cache, storage_dtype(), shape});
 }
 
 BufferId SpecBuilder::find(const std::string& name) const {
@@ -44,8 +44,16 @@ BufferId SpecBuilder::scratch(const std::string& name, const Shape& shape) {
       return static_cast<BufferId>(i);
     }
   }
-  return add({name, BufferKind::scratch, spec_.config.dtype, shape});
+  return add({name, BufferKind::scratch, storage_dtype(), shape});
 }
+
+BufferId SpecBuilder::bf16_inputs_scratch(const std::string& name, int64_t elements) {
+  if (spec_.config.dtype != DType::bf16) return kNoBuffer;
+  MT_CHECK(find(name) == kNoBuffer, "bf16 scratch declared twice: " + name);
+  return add({name, BufferKind::scratch, DType::bf16, shape_of({{"bf16_elements", elements}})});
+}
+
+DType SpecBuilder::storage_dtype() const { return spec_.kernels->activation_dtype(spec_.config.dtype); }
 
 BufferId SpecBuilder::parameter(const std::string& name, const Shape& shape,
                                 const ParameterOptions& options) {

@@ -15,25 +15,25 @@
 
 namespace meshtrain {
 
-// The CPU kernels run float32 (other dtypes can be planned by meshtrain compile but not run here yet), on
-// every layout.
+// The CPU kernels store float32 and compute float32, or (dtype=bfloat16) round the inputs of every dense
+// matmul to bf16; weights, gradients and moments stay float32. Other layouts are planned, not run, here.
 void check_plan_runs_here(const TrainingPlan& plan, int64_t world) {
   const Config& c = plan.spec.config;
-  // bf16 compute (`dtype`; the storage dtypes need no instructions) without bf16 instructions would be
-  // emulated (oneDNN 2.6 has no bf16 matmul on AVX2 CPUs), so say what this machine has, whatever the engine
-  // grows later.
+  // bf16 compute without bf16 instructions would be emulated (oneDNN 2.6 has no bf16 matmul on AVX2 CPUs),
+  // so say what this machine has.
   if (const CpuFeatures& cpu = cpu_features(); c.dtype == DType::bf16 && !cpu.avx512_bf16 && !cpu.amx_bf16) {
     fail("config key 'dtype'", "a CPU with AVX512-BF16 or AMX-BF16 instructions for bfloat16", cpu.describe(),
          "set dtype=float32 on this machine (its float32 GEMM is its fastest); meshtrain compile still plans "
          "bfloat16 for other machines");
   }
-  for (const auto& [key, dtype] :
-       {std::pair{"dtype", c.dtype}, std::pair{"weight_dtype", c.weight_dtype},
-        std::pair{"grad_dtype", c.grad_dtype}, std::pair{"mu_dtype", c.mu_dtype}}) {
+  for (const auto& [key, dtype] : {std::pair{"weight_dtype", c.weight_dtype}, std::pair{"grad_dtype", c.grad_dtype},
+                                   std::pair{"mu_dtype", c.mu_dtype}}) {
     if (dtype != DType::f32) {
       fail(std::string("config key '") + key + "'", "float32 for a run on the CPU kernels",
            dtype_config_name(dtype),
-           std::string("set ") + key + "=float32 (meshtrain compile plans other dtypes)");
+           std::string("set ") + key +
+               "=float32: the CPU kernels keep weights, gradients and moments in float32 (dtype=bfloat16 rounds "
+               "the matmul inputs); meshtrain compile plans other storage dtypes");
     }
   }
   if (plan.mesh.devices() != world) {

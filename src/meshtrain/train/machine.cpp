@@ -13,6 +13,7 @@
 
 #include "meshtrain/core/cpu_features.h"
 #include "meshtrain/core/crc32c.h"
+#include "meshtrain/core/dtype.h"
 #include "meshtrain/core/durable_file.h"
 #include "meshtrain/core/error.h"
 // The machine report times and names the host GEMM itself, so it is cpu-specific by nature and reads
@@ -28,7 +29,8 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-double measure_gemm_peak() {
+// A square GEMM (n = 1024, best of 40 calls) in float32, or with bfloat16 inputs (f32 accumulation).
+double measure_gemm_peak(bool bf16) {
   constexpr int64_t n = 1024;
   constexpr int kCalls = 40;
   std::vector<float> a(n * n), b(n * n), c(n * n);
@@ -36,8 +38,17 @@ double measure_gemm_peak() {
     a[i] = static_cast<float>(i % 7) * 0.25f - 0.75f;
     b[i] = static_cast<float>(i % 5) * 0.5f - 1.0f;
   }
+  std::vector<uint16_t> a_bf16(bf16 ? a.size() : 0), b_bf16(bf16 ? b.size() : 0);
+  if (bf16) {
+    round_to_bfloat16(a.data(), n, n, n, a_bf16.data());
+    round_to_bfloat16(b.data(), n, n, n, b_bf16.data());
+  }
   const auto call = [&] {
-    kernels::gemm(false, false, n, n, n, a.data(), n, b.data(), n, false, c.data(), n);
+    if (bf16) {
+      kernels::gemm_bf16(false, false, n, n, n, a_bf16.data(), n, b_bf16.data(), n, false, c.data(), n);
+    } else {
+      kernels::gemm(false, false, n, n, n, a.data(), n, b.data(), n, false, c.data(), n);
+    }
   };
   call();  // warm-up: page faults, oneDNN's first-call set-up
   double best_seconds = 1e30;
@@ -60,10 +71,16 @@ fs::path cache_folder() {
 }  // namespace
 
 std::string MachineReport::describe() const {
-  char peak[64];
-  std::snprintf(peak, sizeof peak, "%.0f GFLOP/s", gemm_peak_flops / 1e9);
-  return "machine: " + cpu + "; " + std::to_string(threads) + " thread(s); matmuls: " + gemm +
-         "; float32 GEMM peak " + peak + " (" + peak_source + ")";
+  char peak[160];
+  std::snprintf(peak, sizeof peak, "float32 GEMM peak %.0f GFLOP/s", gemm_peak_flops / 1e9);
+  std::string text = "machine: " + cpu + "; " + std::to_string(threads) + " thread(s); matmuls: " + gemm + "; " +
+                     peak;
+  if (gemm_bf16_peak_flops > 0.0) {
+    std::snprintf(peak, sizeof peak, ", bf16 %.0f GFLOP/s (%.2fx)", gemm_bf16_peak_flops / 1e9,
+                  gemm_bf16_peak_flops / gemm_peak_flops);
+    text += peak;
+  }
+  return text + " (" + peak_source + ")";
 }
 
 nlohmann::json MachineReport::to_json() const {
@@ -72,22 +89,18 @@ nlohmann::json MachineReport::to_json() const {
           {"gemm_warning", gemm_warning},
           {"threads", threads},
           {"gemm_peak_flops", gemm_peak_flops},
+          {"gemm_bf16_peak_flops", gemm_bf16_peak_flops},
           {"gemm_peak_source", peak_source}};
 }
 
-MachineReport measure_machine() {
-  MachineReport report;
-  const kernels::GemmBackend& backend = kernels::gemm_backend();
-  report.cpu = cpu_features().describe();
-  report.gemm = backend.describe();
-  report.gemm_warning = backend.warning;
-  report.threads = omp_get_max_threads();
-  report.gemm_peak_flops = measure_gemm_peak();
-  report.peak_source = "measured now";
+namespace {
 
+// The best of `measured` and the figure cached under `key` (and the cache updated when `measured` is
+// better); `source` says which it is.
+double best_measured(const std::string& key, double measured, std::string& source) {
+  source = "measured now";
   const fs::path folder = cache_folder();
-  if (folder.empty()) return report;
-  const std::string key = report.cpu + "|" + report.gemm + "|" + std::to_string(report.threads);
+  if (folder.empty()) return measured;
   char name[64];
   std::snprintf(name, sizeof name, "gemm_peak_%08x.json", crc32c(key.data(), key.size()));
   const fs::path file = folder / name;
@@ -96,17 +109,32 @@ MachineReport measure_machine() {
     const nlohmann::json saved = nlohmann::json::parse(in, nullptr, false);
     if (saved.is_object() && saved.value("key", "") == key) cached = saved.value("gemm_peak_flops", 0.0);
   }
-  if (cached >= report.gemm_peak_flops) {
-    report.gemm_peak_flops = cached;
-    report.peak_source = "best measured on this machine, " + file.string();
-    return report;
+  if (cached >= measured) {
+    source = "best measured on this machine, " + file.string();
+    return cached;
   }
   try {  // a better figure replaces the cached one; a cache that cannot be written is not an error
     fs::create_directories(folder);
-    write_file_atomically(
-        file.string(),
-        nlohmann::json{{"key", key}, {"gemm_peak_flops", report.gemm_peak_flops}}.dump() + "\n");
+    write_file_atomically(file.string(), nlohmann::json{{"key", key}, {"gemm_peak_flops", measured}}.dump() + "\n");
   } catch (const std::exception&) {
+  }
+  return measured;
+}
+
+}  // namespace
+
+MachineReport measure_machine(bool with_bf16) {
+  MachineReport report;
+  const kernels::GemmBackend& backend = kernels::gemm_backend();
+  report.cpu = cpu_features().describe();
+  report.gemm = backend.describe();
+  report.gemm_warning = backend.warning;
+  report.threads = omp_get_max_threads();
+  const std::string key = report.cpu + "|" + report.gemm + "|" + std::to_string(report.threads);
+  report.gemm_peak_flops = best_measured(key, measure_gemm_peak(false), report.peak_source);
+  if (with_bf16) {
+    std::string bf16_source;
+    report.gemm_bf16_peak_flops = best_measured(key + "|bf16", measure_gemm_peak(true), bf16_source);
   }
   return report;
 }

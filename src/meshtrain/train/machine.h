@@ -14,16 +14,17 @@ struct MachineReport {
   std::string gemm_warning;      // non-empty when matmuls run slower than this CPU allows
   int threads = 1;               // OpenMP threads of this process
   double gemm_peak_flops = 0.0;  // float32 GEMM FLOP/s on `threads` threads, best measured on this machine
+  double gemm_bf16_peak_flops = 0.0;  // the same with bfloat16 inputs (0: not measured)
   std::string peak_source;       // "measured now" or the cache file that held a higher earlier measurement
   std::string describe() const;  // one line for the console
   nlohmann::json to_json() const;
 };
 
 // Measures a square float32 GEMM (n = 1024, best of 40 calls, about 0.2 s) on the current OpenMP thread
-// count. The best figure ever measured for this CPU, backend and thread count is kept in
+// count, and with with_bf16 the same GEMM with bfloat16 inputs. The best figure ever measured for this CPU, backend and thread count is kept in
 // $XDG_CACHE_HOME/meshtrain (or ~/.cache/meshtrain): a measurement disturbed by other processes can only
 // lower a figure, so the highest one is the machine's. Nothing is cached when that folder is not writable.
-MachineReport measure_machine();
+MachineReport measure_machine(bool with_bf16 = false);
 
 // Memory bandwidth as the plan counts it (bytes read + bytes written, the plan's `bytes accessed`): best of a
 // few passes of dst = src x scale over two 128 MiB float32 arrays, on the current OpenMP thread count.

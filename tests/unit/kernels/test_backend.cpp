@@ -62,7 +62,7 @@ TEST(KernelBackend, CpuEntriesAreTheCpuFunctions) {
     for (float& value : *values) value = normal(generator);
   }
   kernels::matmul_forward(direct.data(), x.data(), w.data(), bias.data(), N, I, O);
-  cpu.matmul_forward(through_table.data(), x.data(), w.data(), bias.data(), N, I, O);
+  cpu.matmul_forward(through_table.data(), x.data(), w.data(), bias.data(), N, I, O, nullptr);
   EXPECT_EQ(std::memcmp(direct.data(), through_table.data(), direct.size() * sizeof(float)), 0);
 }
 
@@ -81,13 +81,16 @@ const KernelBackend& counting_backend() {
     ++calls()[#entry];                                 \
     return kernels::cpu_backend().entry(arguments...); \
   }
+    MT_COUNTED(activation_dtype);
     MT_COUNTED(matmul_forward);
     MT_COUNTED(matmul_backward);
+    MT_COUNTED(matmul_bf16_scratch_elements);
     MT_COUNTED(residual_add);
     MT_COUNTED(embedding_forward);
     MT_COUNTED(embedding_backward);
     MT_COUNTED(unembed_cross_entropy);
     MT_COUNTED(cross_entropy_scratch_floats);
+    MT_COUNTED(cross_entropy_bf16_scratch_elements);
     MT_COUNTED(unembed_logits);
     MT_COUNTED(rmsnorm_forward);
     MT_COUNTED(rmsnorm_backward);
@@ -220,6 +223,13 @@ TEST(KernelBackend, ModelReachesEveryKernelThroughTheTable) {
   build_model_spec(tiny_config("qwen3-tiny"), Mesh{}, counting_backend());
   EXPECT_GT(calls()["attention_backward_scratch_floats"], 0);
   EXPECT_GT(calls()["cross_entropy_scratch_floats"], 0);
+  EXPECT_GT(calls()["activation_dtype"], 0);
+  // bf16 compute sizes the matmuls' rounded-input scratch through the table too.
+  Config bf16 = tiny_config("qwen3-tiny");
+  bf16.dtype = DType::bf16;
+  build_model_spec(bf16, Mesh{}, counting_backend());
+  EXPECT_GT(calls()["matmul_bf16_scratch_elements"], 0);
+  EXPECT_GT(calls()["cross_entropy_bf16_scratch_elements"], 0);
   run_through_counting_backend("qwen3-tiny");            // rmsnorm, rope, swiglu
   run_through_counting_backend("gpt2-124m");             // layernorm, gelu, learned positions
   run_through_counting_backend("deepseek-tiny");         // multi-head latent attention, mixture of experts

@@ -22,19 +22,28 @@
 #include "meshtrain/kernels/cpu/swiglu.h"
 
 namespace meshtrain::kernels {
+namespace {
+
+// The cpu kernels read and write float32; bf16 compute rounds the inputs of the dense matmuls only.
+DType float32_activations(DType /*compute*/) { return DType::f32; }
+
+}  // namespace
 
 const KernelBackend& cpu_backend() {
   // Designated initialisers in declaration order; tests/unit/kernels/test_backend.cpp checks that no entry
   // is left null.
   static const KernelBackend table{
       .name = "cpu",
+      .activation_dtype = float32_activations,
       .matmul_forward = matmul_forward,
       .matmul_backward = matmul_backward,
+      .matmul_bf16_scratch_elements = matmul_bf16_scratch_elements,
       .residual_add = residual_add,
       .embedding_forward = embedding_forward,
       .embedding_backward = embedding_backward,
       .unembed_cross_entropy = unembed_cross_entropy,
       .cross_entropy_scratch_floats = cross_entropy_scratch_floats,
+      .cross_entropy_bf16_scratch_elements = cross_entropy_bf16_scratch_elements,
       .unembed_logits = unembed_logits,
       .rmsnorm_forward = rmsnorm_forward,
       .rmsnorm_backward = rmsnorm_backward,

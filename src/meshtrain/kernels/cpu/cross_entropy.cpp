@@ -3,6 +3,7 @@
 #include <cstring>
 #include <memory>
 #include <new>
+#include <type_traits>
 
 #include "meshtrain/kernels/cpu/fast_math.h"
 #include "meshtrain/kernels/cpu/gemm.h"
@@ -10,15 +11,28 @@
 namespace meshtrain::kernels {
 namespace {
 
-// logits [rows, vocab_valid] (leading dimension ld_out) = h [rows, D] @ W[:, :vocab_valid].
-// Padding columns are never computed: they do not take part in the softmax.
-void chunk_logits(float* logits, int64_t ld_out, const float* h, const float* w, UnembedLayout layout,
-                  int64_t rows, int64_t D, int64_t V, int64_t vocab_valid) {
-  if (layout == UnembedLayout::kernel_DV) {
-    gemm(false, false, rows, vocab_valid, D, h, D, w, V, false, logits, ld_out);
+// logits [rows, vocab_valid] (leading dimension ld_out) = h [rows, D] @ W[:, :vocab_valid], float32 or
+// bfloat16 inputs (In). Padding columns are never computed: they do not take part in the softmax.
+template <class In>
+void chunk_logits(float* logits, int64_t ld_out, const In* h, const In* w, UnembedLayout layout, int64_t rows,
+                  int64_t D, int64_t V, int64_t vocab_valid) {
+  const bool transpose_w = layout != UnembedLayout::kernel_DV;
+  const int64_t ldw = transpose_w ? D : V;
+  if constexpr (std::is_same_v<In, uint16_t>) {
+    gemm_bf16(false, transpose_w, rows, vocab_valid, D, h, D, w, ldw, false, logits, ld_out);
   } else {
-    gemm(false, true, rows, vocab_valid, D, h, D, w, D, false, logits, ld_out);
+    gemm(false, transpose_w, rows, vocab_valid, D, h, D, w, ldw, false, logits, ld_out);
   }
+}
+
+// C (+)= op(A) op(B) in float32 or, when the inputs are bfloat16 bits, with bf16 inputs.
+void product(bool transpose_a, bool transpose_b, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
+             const float* B, int64_t ldb, bool accumulate, float* C, int64_t ldc) {
+  gemm(transpose_a, transpose_b, M, N, K, A, lda, B, ldb, accumulate, C, ldc);
+}
+void product(bool transpose_a, bool transpose_b, int64_t M, int64_t N, int64_t K, const uint16_t* A,
+             int64_t lda, const uint16_t* B, int64_t ldb, bool accumulate, float* C, int64_t ldc) {
+  gemm_bf16(transpose_a, transpose_b, M, N, K, A, lda, B, ldb, accumulate, C, ldc);
 }
 
 // Row helpers of the softmax, written with GCC/Clang vector extensions (16 floats, split by the compiler on
@@ -71,6 +85,28 @@ double exponentiate_and_sum(float* row, int64_t count, float shift) {
   return total + tail;
 }
 
+// One chunk's gradients from its dlogits [rows, local_valid]: dh rows written, dw accumulated.
+template <class In>
+void backward_chunk(float* dh, float* dw, const In* h_chunk, const In* w, const In* dlogits,
+                    UnembedLayout layout, int64_t start, int64_t rows, int64_t D, int64_t V,
+                    int64_t local_valid) {
+  const bool kernel_dv = layout == UnembedLayout::kernel_DV;
+  if (dh != nullptr) {
+    // kernel_DV: dh [rows, D] = dlogits [rows, vv] @ W[:, :vv]^T; table_VD: dlogits @ E[:vv, :]
+    product(false, kernel_dv, rows, D, local_valid, dlogits, local_valid, w, kernel_dv ? V : D, false,
+            dh + start * D, D);
+  }
+  if (dw != nullptr) {
+    if (kernel_dv) {
+      // dW[:, :vv] += h_chunk^T [D, rows] @ dlogits [rows, vv]
+      product(true, false, D, local_valid, rows, h_chunk, D, dlogits, local_valid, true, dw, V);
+    } else {
+      // dE[:vv, :] += dlogits^T [vv, rows] @ h_chunk [rows, D]
+      product(true, false, local_valid, D, rows, dlogits, local_valid, h_chunk, D, true, dw, D);
+    }
+  }
+}
+
 }  // namespace
 
 int64_t cross_entropy_scratch_floats(int64_t chunk_tokens, int64_t V) {
@@ -80,11 +116,15 @@ int64_t cross_entropy_scratch_floats(int64_t chunk_tokens, int64_t V) {
   return chunk_tokens * V + 2 * chunk_tokens + chunk_tokens + 4 * chunk_tokens + 1;
 }
 
+int64_t cross_entropy_bf16_scratch_elements(int64_t chunk_tokens, int64_t D, int64_t V) {
+  return D * V + chunk_tokens * D + chunk_tokens * V;
+}
+
 CrossEntropySums unembed_cross_entropy(float* dh, float* dw, const float* h, const float* w,
                                        UnembedLayout layout, const int32_t* targets, const uint8_t* loss_mask,
                                        int64_t N, int64_t D, int64_t V, int64_t vocab_valid,
                                        int64_t chunk_tokens, float* scratch,
-                                       const VocabParallel* vocab_parallel) {
+                                       const VocabParallel* vocab_parallel, uint16_t* bf16_inputs) {
   MT_CHECK(N >= 0 && D >= 1 && V >= 1 && chunk_tokens >= 1, "N >= 0, D >= 1, V >= 1, chunk_tokens >= 1");
   const bool parallel = vocab_parallel != nullptr;
   if (parallel) {
@@ -126,11 +166,31 @@ CrossEntropySums unembed_cross_entropy(float* dh, float* dw, const float* h, con
     statistics = ::new (place) double[static_cast<size_t>(2 * chunk_tokens)];
   }
 
+  // bf16 inputs: W rounded once for every chunk, then each chunk's h and dlogits.
+  uint16_t* w_bf16 = nullptr;        // layout of w, [D, V] or [V, D]
+  uint16_t* h_chunk_bf16 = nullptr;  // [C, D]
+  uint16_t* dlogits_bf16 = nullptr;  // [C, local_valid]
+  if (bf16_inputs != nullptr && N > 0 && local_valid > 0) {
+    w_bf16 = bf16_inputs;
+    h_chunk_bf16 = bf16_inputs + D * V;
+    dlogits_bf16 = h_chunk_bf16 + chunk_tokens * D;
+    if (layout == UnembedLayout::kernel_DV) {
+      round_to_bfloat16(w, D, V, V, w_bf16);
+    } else {
+      round_to_bfloat16(w, V, D, D, w_bf16);
+    }
+  }
+
   for (int64_t start = 0; start < N; start += chunk_tokens) {
     const int64_t rows = std::min(chunk_tokens, N - start);
     const float* h_chunk = h + start * D;
     if (local_valid > 0) {
-      chunk_logits(logits, local_valid, h_chunk, w, layout, rows, D, V, local_valid);
+      if (w_bf16 != nullptr) {
+        round_to_bfloat16(h_chunk, rows, D, D, h_chunk_bf16);
+        chunk_logits(logits, local_valid, h_chunk_bf16, w_bf16, layout, rows, D, V, local_valid);
+      } else {
+        chunk_logits(logits, local_valid, h_chunk, w, layout, rows, D, V, local_valid);
+      }
     }
 
     if (!parallel) {
@@ -218,24 +278,11 @@ CrossEntropySums unembed_cross_entropy(float* dh, float* dw, const float* h, con
       if (dh != nullptr) std::fill(dh + start * D, dh + (start + rows) * D, 0.0f);
       continue;
     }
-    if (dh != nullptr) {
-      float* dh_chunk = dh + start * D;
-      if (layout == UnembedLayout::kernel_DV) {
-        // dh [rows, D] = dlogits [rows, vv] @ W[:, :vv]^T
-        gemm(false, true, rows, D, local_valid, logits, local_valid, w, V, false, dh_chunk, D);
-      } else {
-        // dh [rows, D] = dlogits [rows, vv] @ E[:vv, :]
-        gemm(false, false, rows, D, local_valid, logits, local_valid, w, D, false, dh_chunk, D);
-      }
-    }
-    if (dw != nullptr) {
-      if (layout == UnembedLayout::kernel_DV) {
-        // dW[:, :vv] += h_chunk^T [D, rows] @ dlogits [rows, vv]
-        gemm(true, false, D, local_valid, rows, h_chunk, D, logits, local_valid, true, dw, V);
-      } else {
-        // dE[:vv, :] += dlogits^T [vv, rows] @ h_chunk [rows, D]
-        gemm(true, false, local_valid, D, rows, logits, local_valid, h_chunk, D, true, dw, D);
-      }
+    if (want_gradients && w_bf16 != nullptr) {
+      round_to_bfloat16(logits, rows, local_valid, local_valid, dlogits_bf16);
+      backward_chunk(dh, dw, h_chunk_bf16, w_bf16, dlogits_bf16, layout, start, rows, D, V, local_valid);
+    } else if (want_gradients) {
+      backward_chunk(dh, dw, h_chunk, w, logits, layout, start, rows, D, V, local_valid);
     }
   }
   return sums;
@@ -246,7 +293,7 @@ void unembed_logits(float* out, const float* h, const float* w, UnembedLayout la
   MT_CHECK(N >= 0 && D >= 1, "N >= 0, D >= 1");
   MT_CHECK(vocab_valid >= 1 && vocab_valid <= V, "vocab_valid must be in [1, V]");
   if (N == 0) return;
-  chunk_logits(out, V, h, w, layout, N, D, V, vocab_valid);
+  chunk_logits<float>(out, V, h, w, layout, N, D, V, vocab_valid);
   // Padding columns can never be sampled.
   for (int64_t n = 0; n < N; ++n) {
     std::fill(out + n * V + vocab_valid, out + (n + 1) * V, -std::numeric_limits<float>::infinity());

@@ -45,7 +45,13 @@ CrossEntropySums unembed_cross_entropy(
     int64_t N, int64_t D, int64_t V, int64_t vocab_valid,
     int64_t chunk_tokens,  // C: rows of logits held at a time
     float* scratch,        // [cross_entropy_scratch_floats(C, V)]
-    const VocabParallel* vocab_parallel = nullptr);
+    const VocabParallel* vocab_parallel = nullptr,
+    uint16_t* bf16_inputs = nullptr);  // [cross_entropy_bf16_scratch_elements(C, D, V)] or nullptr
+
+// dtype=bfloat16: the GEMMs of unembed_cross_entropy take bf16 inputs (W rounded once per call, each chunk's
+// h and dlogits per chunk) with float32 accumulation; logits, softmax, loss and gradients stay float32. Its
+// bfloat16 elements of scratch: W [D, V], a chunk of h [C, D] and of dlogits [C, V].
+int64_t cross_entropy_bf16_scratch_elements(int64_t chunk_tokens, int64_t D, int64_t V);
 
 // Floats of scratch unembed_cross_entropy needs: one chunk of logits [C, V], C per-row losses in double, and
 // the vocab-parallel per-row statistics (C float maxima, 2 * C doubles plus one float to align them). The

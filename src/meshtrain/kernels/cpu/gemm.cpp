@@ -29,7 +29,7 @@ namespace {
           X(dnnl_primitive_attr_destroy) X(dnnl_post_ops_create) X(dnnl_post_ops_destroy)                   \
               X(dnnl_post_ops_append_sum) X(dnnl_primitive_attr_set_post_ops) X(dnnl_primitive_desc_create) \
                   X(dnnl_primitive_desc_destroy) X(dnnl_primitive_create) X(dnnl_memory_create)             \
-                      X(dnnl_memory_destroy) X(dnnl_primitive_execute)
+                      X(dnnl_memory_destroy) X(dnnl_primitive_execute) X(dnnl_primitive_desc_query)
 
 struct OneDnn {
 #define MESHTRAIN_DECLARE(name) decltype(&::name) name = nullptr;
@@ -37,8 +37,10 @@ struct OneDnn {
 #undef MESHTRAIN_DECLARE
   dnnl_engine_t engine = nullptr;
   dnnl_stream_t stream = nullptr;
-  // One matmul primitive per (M, N, K, lda, ldb, ldc, accumulate), created on first use.
-  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool>, dnnl_primitive_t> matmuls;
+  // One matmul primitive per (input type, M, N, K, lda, ldb, ldc, accumulate), created on first use.
+  std::map<std::tuple<dnnl_data_type_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool>,
+           dnnl_primitive_t>
+      matmuls;
   std::mutex matmul_mutex;  // guards the cache and the stream (tests call kernels from several threads)
 };
 
@@ -102,46 +104,73 @@ OneDnn* load_onednn(std::string& why) {
 }
 
 OneDnn* g_onednn = nullptr;
+bool g_onednn_bf16 = false;  // oneDNN's bf16 matmul runs and agrees with the reference
 
-// out = op(A) op(B) through oneDNN's matmul primitive (strides describe the transposes; no copies).
-void onednn_matmul(OneDnn& dnn, bool transpose_a, bool transpose_b, int64_t M, int64_t N, int64_t K,
-                   const float* A, int64_t lda, const float* B, int64_t ldb, bool accumulate, float* C,
-                   int64_t ldc) {
-  std::lock_guard<std::mutex> lock(dnn.matmul_mutex);
-  const auto key =
-      std::make_tuple(M, N, K, transpose_a ? -lda : lda, transpose_b ? -ldb : ldb, ldc, accumulate);
-  dnnl_memory_desc_t src{}, weights{}, dst{};
+// The matmul primitive for these inputs (f32 or bf16; the output is f32), created on first use; nullptr when
+// oneDNN has no implementation (bf16 on a CPU without bf16 instructions). `implementation`, when given, gets
+// oneDNN's name for the kernel it chose.
+dnnl_primitive_t onednn_matmul_primitive(OneDnn& dnn, dnnl_data_type_t input_type, bool transpose_a,
+                                         bool transpose_b, int64_t M, int64_t N, int64_t K, int64_t lda,
+                                         int64_t ldb, bool accumulate, int64_t ldc, dnnl_memory_desc_t* descs,
+                                         std::string* implementation = nullptr) {
+  const auto key = std::make_tuple(input_type, M, N, K, transpose_a ? -lda : lda, transpose_b ? -ldb : ldb, ldc,
+                                   accumulate);
+  dnnl_memory_desc_t& src = descs[0];
+  dnnl_memory_desc_t& weights = descs[1];
+  dnnl_memory_desc_t& dst = descs[2];
   const dnnl_dims_t src_dims = {M, K}, weight_dims = {K, N}, dst_dims = {M, N};
   const dnnl_dims_t src_strides = {transpose_a ? 1 : lda, transpose_a ? lda : 1};
   const dnnl_dims_t weight_strides = {transpose_b ? 1 : ldb, transpose_b ? ldb : 1};
   const dnnl_dims_t dst_strides = {ldc, 1};
-  check_onednn(dnn.dnnl_memory_desc_init_by_strides(&src, 2, src_dims, dnnl_f32, src_strides), "src desc");
-  check_onednn(dnn.dnnl_memory_desc_init_by_strides(&weights, 2, weight_dims, dnnl_f32, weight_strides),
+  check_onednn(dnn.dnnl_memory_desc_init_by_strides(&src, 2, src_dims, input_type, src_strides), "src desc");
+  check_onednn(dnn.dnnl_memory_desc_init_by_strides(&weights, 2, weight_dims, input_type, weight_strides),
                "weights desc");
   check_onednn(dnn.dnnl_memory_desc_init_by_strides(&dst, 2, dst_dims, dnnl_f32, dst_strides), "dst desc");
-  dnnl_primitive_t& primitive = dnn.matmuls[key];
-  if (primitive == nullptr) {
-    dnnl_matmul_desc_t desc{};
-    check_onednn(dnn.dnnl_matmul_desc_init(&desc, &src, &weights, nullptr, &dst), "matmul desc");
-    dnnl_primitive_attr_t attr = nullptr;
-    check_onednn(dnn.dnnl_primitive_attr_create(&attr), "attr");
-    if (accumulate) {  // C += : a sum post-op
-      dnnl_post_ops_t post_ops = nullptr;
-      check_onednn(dnn.dnnl_post_ops_create(&post_ops), "post ops");
-      check_onednn(dnn.dnnl_post_ops_append_sum(post_ops, 1.0f), "sum post op");
-      check_onednn(dnn.dnnl_primitive_attr_set_post_ops(attr, post_ops), "set post ops");
-      dnn.dnnl_post_ops_destroy(post_ops);
-    }
-    dnnl_primitive_desc_t primitive_desc = nullptr;
-    check_onednn(dnn.dnnl_primitive_desc_create(&primitive_desc, &desc, attr, dnn.engine, nullptr),
-                 "matmul primitive desc");
-    dnn.dnnl_primitive_attr_destroy(attr);
-    check_onednn(dnn.dnnl_primitive_create(&primitive, primitive_desc), "matmul primitive");
-    dnn.dnnl_primitive_desc_destroy(primitive_desc);
+  const auto cached = dnn.matmuls.find(key);
+  if (cached != dnn.matmuls.end() && implementation == nullptr) return cached->second;
+  dnnl_matmul_desc_t desc{};
+  check_onednn(dnn.dnnl_matmul_desc_init(&desc, &src, &weights, nullptr, &dst), "matmul desc");
+  dnnl_primitive_attr_t attr = nullptr;
+  check_onednn(dnn.dnnl_primitive_attr_create(&attr), "attr");
+  if (accumulate) {  // C += : a sum post-op
+    dnnl_post_ops_t post_ops = nullptr;
+    check_onednn(dnn.dnnl_post_ops_create(&post_ops), "post ops");
+    check_onednn(dnn.dnnl_post_ops_append_sum(post_ops, 1.0f), "sum post op");
+    check_onednn(dnn.dnnl_primitive_attr_set_post_ops(attr, post_ops), "set post ops");
+    dnn.dnnl_post_ops_destroy(post_ops);
   }
+  dnnl_primitive_desc_t primitive_desc = nullptr;
+  const dnnl_status_t status = dnn.dnnl_primitive_desc_create(&primitive_desc, &desc, attr, dnn.engine, nullptr);
+  dnn.dnnl_primitive_attr_destroy(attr);
+  if (status == dnnl_unimplemented) return nullptr;
+  check_onednn(status, "matmul primitive desc");
+  if (implementation != nullptr) {
+    const char* name = nullptr;
+    check_onednn(dnn.dnnl_primitive_desc_query(primitive_desc, dnnl_query_impl_info_str, 0, &name), "impl");
+    *implementation = name != nullptr ? name : "unnamed";
+  }
+  dnnl_primitive_t& primitive = dnn.matmuls[key];
+  if (primitive == nullptr) check_onednn(dnn.dnnl_primitive_create(&primitive, primitive_desc), "matmul primitive");
+  dnn.dnnl_primitive_desc_destroy(primitive_desc);
+  return primitive;
+}
+
+// out = op(A) op(B) through oneDNN's matmul primitive (strides describe the transposes; no copies). A and B
+// are float or bfloat16 bits as input_type says.
+void onednn_matmul(OneDnn& dnn, dnnl_data_type_t input_type, bool transpose_a, bool transpose_b, int64_t M,
+                   int64_t N, int64_t K, const void* A, int64_t lda, const void* B, int64_t ldb, bool accumulate,
+                   float* C, int64_t ldc) {
+  std::lock_guard<std::mutex> lock(dnn.matmul_mutex);
+  dnnl_memory_desc_t descs[3] = {};
+  dnnl_primitive_t primitive = onednn_matmul_primitive(dnn, input_type, transpose_a, transpose_b, M, N, K, lda,
+                                                       ldb, accumulate, ldc, descs);
+  MT_CHECK(primitive != nullptr, "oneDNN has no matmul for these inputs on this CPU");
+  const dnnl_memory_desc_t& src = descs[0];
+  const dnnl_memory_desc_t& weights = descs[1];
+  const dnnl_memory_desc_t& dst = descs[2];
   dnnl_memory_t memories[3] = {};
-  check_onednn(dnn.dnnl_memory_create(&memories[0], &src, dnn.engine, const_cast<float*>(A)), "src memory");
-  check_onednn(dnn.dnnl_memory_create(&memories[1], &weights, dnn.engine, const_cast<float*>(B)),
+  check_onednn(dnn.dnnl_memory_create(&memories[0], &src, dnn.engine, const_cast<void*>(A)), "src memory");
+  check_onednn(dnn.dnnl_memory_create(&memories[1], &weights, dnn.engine, const_cast<void*>(B)),
                "weights memory");
   check_onednn(dnn.dnnl_memory_create(&memories[2], &dst, dnn.engine, C), "dst memory");
   const dnnl_exec_arg_t arguments[3] = {
@@ -158,7 +187,7 @@ void onednn_gemm(OneDnn& dnn, bool transpose_a, bool transpose_b, int64_t M, int
                  const float* A, int64_t lda, const float* B, int64_t ldb, bool accumulate, float* C,
                  int64_t ldc) {
   if (transpose_b && !transpose_a) {
-    onednn_matmul(dnn, transpose_a, transpose_b, M, N, K, A, lda, B, ldb, accumulate, C, ldc);
+    onednn_matmul(dnn, dnnl_f32, transpose_a, transpose_b, M, N, K, A, lda, B, ldb, accumulate, C, ldc);
     return;
   }
   check_onednn(dnn.dnnl_sgemm(transpose_a ? 'T' : 'N', transpose_b ? 'T' : 'N', M, N, K, 1.0f, A, lda, B, ldb,
@@ -166,33 +195,53 @@ void onednn_gemm(OneDnn& dnn, bool transpose_a, bool transpose_b, int64_t M, int
                "sgemm");
 }
 
+template <class In>
 void reference_gemm_threaded(bool transpose_a, bool transpose_b, int64_t M, int64_t N, int64_t K,
-                             const float* A, int64_t lda, const float* B, int64_t ldb, bool accumulate,
-                             float* C, int64_t ldc) {
+                             const In* A, int64_t lda, const In* B, int64_t ldb, bool accumulate, float* C,
+                             int64_t ldc) {
   constexpr int64_t kRowsPerTask = 4;
   const int64_t tasks = (M + kRowsPerTask - 1) / kRowsPerTask;
 #pragma omp parallel for schedule(static)
   for (int64_t task = 0; task < tasks; ++task) {
     const int64_t begin = task * kRowsPerTask;
-    gemm_reference_rows(transpose_a, transpose_b, N, K, A, lda, B, ldb, accumulate, C, ldc, begin,
-                        std::min(M, begin + kRowsPerTask));
+    gemm_reference_rows<float, In>(transpose_a, transpose_b, N, K, A, lda, B, ldb, accumulate, C, ldc, begin,
+                                   std::min(M, begin + kRowsPerTask));
   }
 }
 
-// A small product with exact small-integer sums, through every layout: a library that computes wrong
-// results on this CPU is not used.
-bool onednn_agrees_with_reference(OneDnn& dnn) {
+// A small product with exact small-integer sums (exact in bfloat16 too), through every layout: a library that
+// computes wrong results on this CPU is not used. With bf16, through the bf16 matmul primitive (whose kernel
+// name goes to `bf16_implementation`); false when it has none.
+bool onednn_agrees_with_reference(OneDnn& dnn, bool bf16, std::string* bf16_implementation = nullptr) {
   constexpr int64_t M = 19, N = 23, K = 37;
   std::vector<float> a(M * K), b(K * N), expected(M * N), found(M * N);
   for (int64_t i = 0; i < M * K; ++i) a[i] = static_cast<float>((i * 7) % 11) - 5.0f;
   for (int64_t i = 0; i < K * N; ++i) b[i] = static_cast<float>((i * 5) % 13) - 6.0f;
+  std::vector<uint16_t> a_bf16(a.size()), b_bf16(b.size());
+  round_to_bfloat16(a.data(), 1, M * K, M * K, a_bf16.data());
+  round_to_bfloat16(b.data(), 1, K * N, K * N, b_bf16.data());
+  if (bf16) {
+    dnnl_memory_desc_t descs[3] = {};
+    if (onednn_matmul_primitive(dnn, dnnl_bf16, false, true, 256, 768, 768, 768, 768, false, 768, descs,
+                                bf16_implementation) == nullptr) {
+      return false;
+    }
+  }
   for (const bool ta : {false, true}) {
     for (const bool tb : {false, true}) {
       for (const bool accumulate : {false, true}) {
         const int64_t lda = ta ? M : K, ldb = tb ? K : N;
         for (int64_t i = 0; i < M * N; ++i) expected[i] = found[i] = static_cast<float>(i % 3);
         gemm_reference(ta, tb, M, N, K, a.data(), lda, b.data(), ldb, accumulate, expected.data(), N);
-        onednn_gemm(dnn, ta, tb, M, N, K, a.data(), lda, b.data(), ldb, accumulate, found.data(), N);
+        if (bf16) {
+          dnnl_memory_desc_t descs[3] = {};
+          if (onednn_matmul_primitive(dnn, dnnl_bf16, ta, tb, M, N, K, lda, ldb, accumulate, N, descs) == nullptr)
+            return false;
+          onednn_matmul(dnn, dnnl_bf16, ta, tb, M, N, K, a_bf16.data(), lda, b_bf16.data(), ldb, accumulate,
+                        found.data(), N);
+        } else {
+          onednn_gemm(dnn, ta, tb, M, N, K, a.data(), lda, b.data(), ldb, accumulate, found.data(), N);
+        }
         if (expected != found) return false;
       }
     }
@@ -213,12 +262,12 @@ GemmBackend choose_backend() {
   }
   if (request == "reference") {
     backend = {"reference", "plain C++", "compiler target " + cpu.widest_float_isa(),
-               kReferenceWarning + " (MESHTRAIN_GEMM_BACKEND=reference)"};
+               kReferenceWarning + " (MESHTRAIN_GEMM_BACKEND=reference)", "reference"};
     return backend;
   }
   std::string why;
   OneDnn* dnn = load_onednn(why);
-  if (dnn != nullptr && !onednn_agrees_with_reference(*dnn)) {
+  if (dnn != nullptr && !onednn_agrees_with_reference(*dnn, false)) {
     why = "oneDNN's result differs from the reference GEMM on this CPU";
     dnn = nullptr;
   }
@@ -227,9 +276,12 @@ GemmBackend choose_backend() {
       fail("MESHTRAIN_GEMM_BACKEND=onednn", "oneDNN loaded and correct", why,
            "install libdnnl2 (scripts/setup.sh does), or unset MESHTRAIN_GEMM_BACKEND");
     return {"reference", "plain C++", "compiler target " + cpu.widest_float_isa(),
-            why + ": " + kReferenceWarning + "; install libdnnl2 (scripts/setup.sh does)"};
+            why + ": " + kReferenceWarning + "; install libdnnl2 (scripts/setup.sh does)", "reference"};
   }
   g_onednn = dnn;
+  // bf16 inputs: oneDNN's kernel for them when it has one that agrees with the reference.
+  g_onednn_bf16 = onednn_agrees_with_reference(*dnn, true, &backend.bf16_isa);
+  if (!g_onednn_bf16) backend.bf16_isa = "reference (oneDNN has no bf16 matmul for this CPU)";
   const dnnl_version_t* version = dnn->dnnl_version();
   const dnnl_cpu_isa_t isa = dnn->dnnl_get_effective_cpu_isa();
   backend.name = "onednn";
@@ -256,7 +308,7 @@ GemmBackend choose_backend() {
 }  // namespace
 
 std::string GemmBackend::describe() const {
-  if (name == "onednn") return version + " (sgemm + matmul primitive), isa " + isa;
+  if (name == "onednn") return version + " (sgemm + matmul primitive), isa " + isa + ", bf16 " + bf16_isa;
   return "reference GEMM (" + version + ", " + isa + ")";
 }
 
@@ -281,6 +333,23 @@ void gemm(bool transpose_a, bool transpose_b, int64_t M, int64_t N, int64_t K, c
   gemm_backend();
   if (g_onednn != nullptr) {
     onednn_gemm(*g_onednn, transpose_a, transpose_b, M, N, K, A, lda, B, ldb, accumulate, C, ldc);
+  } else {
+    reference_gemm_threaded(transpose_a, transpose_b, M, N, K, A, lda, B, ldb, accumulate, C, ldc);
+  }
+}
+
+void gemm_bf16(bool transpose_a, bool transpose_b, int64_t M, int64_t N, int64_t K, const uint16_t* A,
+               int64_t lda, const uint16_t* B, int64_t ldb, bool accumulate, float* C, int64_t ldc) {
+  if (M == 0 || N == 0) return;
+  if (K == 0) {
+    if (!accumulate) {
+      for (int64_t m = 0; m < M; ++m) std::fill(C + m * ldc, C + m * ldc + N, 0.0f);
+    }
+    return;
+  }
+  gemm_backend();
+  if (g_onednn != nullptr && g_onednn_bf16) {
+    onednn_matmul(*g_onednn, dnnl_bf16, transpose_a, transpose_b, M, N, K, A, lda, B, ldb, accumulate, C, ldc);
   } else {
     reference_gemm_threaded(transpose_a, transpose_b, M, N, K, A, lda, B, ldb, accumulate, C, ldc);
   }

@@ -8,10 +8,17 @@
 // its own CPUID reading (core/cpu_features.h) and its result against the reference on a small product.
 // Without oneDNN the matmuls run gemm_reference on all threads, with a warning saying so.
 // MESHTRAIN_GEMM_BACKEND=reference forces the reference; MESHTRAIN_ONEDNN_LIBRARY names another library file.
+//
+// gemm_bf16 is the same product with A and B in bfloat16 (already rounded, see round_to_bfloat16), each
+// product and sum in float32, C in float32: oneDNN's matmul primitive with bf16 inputs (AMX or AVX512-BF16
+// kernels where the CPU has them), else the reference on the widened values.
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <type_traits>
+
+#include "meshtrain/core/dtype.h"
 
 namespace meshtrain::kernels {
 
@@ -20,6 +27,7 @@ struct GemmBackend {
   std::string version;  // "oneDNN 2.6.3", or the reason there is none
   std::string isa;      // the instruction set its kernels use: "avx512_core_bf16", "avx2", ...
   std::string warning;  // non-empty when matmuls run slower than this CPU allows, with the reason and the fix
+  std::string bf16_isa;  // what gemm_bf16 runs: oneDNN's kernel ("brg:avx512_core_amx_bf16"), or "reference"
   std::string describe() const;  // "oneDNN 2.6.3 (sgemm + matmul primitive), isa avx512_core_bf16"
 };
 
@@ -30,10 +38,25 @@ const GemmBackend& gemm_backend();
 void gemm(bool transpose_a, bool transpose_b, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
           const float* B, int64_t ldb, bool accumulate, float* C, int64_t ldc);
 
-// The plain reference: rows [row_begin, row_end) of C, each accumulated in T over k in order.
-template <class T>
-void gemm_reference_rows(bool transpose_a, bool transpose_b, int64_t N, int64_t K, const T* A, int64_t lda,
-                         const T* B, int64_t ldb, bool accumulate, T* C, int64_t ldc, int64_t row_begin,
+// C = op(A) op(B) (or +=) with bfloat16 inputs and float32 accumulation and output.
+void gemm_bf16(bool transpose_a, bool transpose_b, int64_t M, int64_t N, int64_t K, const uint16_t* A,
+               int64_t lda, const uint16_t* B, int64_t ldb, bool accumulate, float* C, int64_t ldc);
+
+// An input element as the accumulator type: bfloat16 bits widen exactly to float.
+template <class T, class In>
+T widened(In value) {
+  if constexpr (std::is_same_v<In, uint16_t>) {
+    return static_cast<T>(float_from_bfloat16(value));
+  } else {
+    return static_cast<T>(value);
+  }
+}
+
+// The plain reference: rows [row_begin, row_end) of C, each accumulated in T over k in order. In is T, or
+// uint16_t for bfloat16 inputs.
+template <class T, class In = T>
+void gemm_reference_rows(bool transpose_a, bool transpose_b, int64_t N, int64_t K, const In* A, int64_t lda,
+                         const In* B, int64_t ldb, bool accumulate, T* C, int64_t ldc, int64_t row_begin,
                          int64_t row_end) {
   for (int64_t m = row_begin; m < row_end; ++m) {
     T* row = C + m * ldc;
@@ -44,22 +67,22 @@ void gemm_reference_rows(bool transpose_a, bool transpose_b, int64_t N, int64_t 
       for (int64_t n = 0; n < N; ++n) {
         T sum = T(0);
         for (int64_t k = 0; k < K; ++k)
-          sum += (transpose_a ? A[k * lda + m] : A[m * lda + k]) * B[n * ldb + k];
+          sum += widened<T>(transpose_a ? A[k * lda + m] : A[m * lda + k]) * widened<T>(B[n * ldb + k]);
         row[n] += sum;
       }
     } else {  // B stored [K, N]: rows of B scaled into the output row (contiguous, vectorises)
       for (int64_t k = 0; k < K; ++k) {
-        const T a = transpose_a ? A[k * lda + m] : A[m * lda + k];
-        const T* b = B + k * ldb;
-        for (int64_t n = 0; n < N; ++n) row[n] += a * b[n];
+        const T a = widened<T>(transpose_a ? A[k * lda + m] : A[m * lda + k]);
+        const In* b = B + k * ldb;
+        for (int64_t n = 0; n < N; ++n) row[n] += a * widened<T>(b[n]);
       }
     }
   }
 }
 
-template <class T>
-void gemm_reference(bool transpose_a, bool transpose_b, int64_t M, int64_t N, int64_t K, const T* A,
-                    int64_t lda, const T* B, int64_t ldb, bool accumulate, T* C, int64_t ldc) {
+template <class T, class In = T>
+void gemm_reference(bool transpose_a, bool transpose_b, int64_t M, int64_t N, int64_t K, const In* A,
+                    int64_t lda, const In* B, int64_t ldb, bool accumulate, T* C, int64_t ldc) {
   gemm_reference_rows(transpose_a, transpose_b, N, K, A, lda, B, ldb, accumulate, C, ldc, 0, M);
 }
 

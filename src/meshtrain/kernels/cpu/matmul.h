@@ -1,5 +1,10 @@
 // Dense projection y = x @ w (+ bias) used by every linear layer; weights are stored [in, out] ("kernel"
 // layout of the reference system). Legend: N tokens, I input width, O output width.
+//
+// With bf16_inputs (dtype=bfloat16): x, w and dout are rounded to bfloat16 into that scratch
+// ([matmul_bf16_scratch_elements(N, I, O)] bfloat16 bits) and the GEMMs take bf16 inputs with float32
+// accumulation (gemm_bf16); every output and gradient stays float32. The reference for that mode is the
+// float32 reference on inputs rounded the same way.
 #pragma once
 
 #include <cstdint>
@@ -11,7 +16,8 @@ void matmul_forward(float* out,         // [N, O]
                     const float* x,     // [N, I]
                     const float* w,     // [I, O]
                     const float* bias,  // [O] or nullptr
-                    int64_t N, int64_t I, int64_t O);
+                    int64_t N, int64_t I, int64_t O,
+                    uint16_t* bf16_inputs = nullptr);  // [matmul_bf16_scratch_elements(N, I, O)] or nullptr
 
 // dx = dout @ w^T (+= when accumulate_dx); dw += x^T @ dout; dbias += column sums of dout.
 // dx, dw and dbias may each be nullptr to skip that gradient.
@@ -21,7 +27,11 @@ void matmul_backward(float* dx,          // [N, I] or nullptr
                      const float* dout,  // [N, O]
                      const float* x,     // [N, I]
                      const float* w,     // [I, O]
-                     int64_t N, int64_t I, int64_t O, bool accumulate_dx);
+                     int64_t N, int64_t I, int64_t O, bool accumulate_dx,
+                     uint16_t* bf16_inputs = nullptr);  // [matmul_bf16_scratch_elements(N, I, O)] or nullptr
+
+// bfloat16 elements of scratch a bf16 matmul needs: its x, w and dout rounded ([N, I] + [I, O] + [N, O]).
+int64_t matmul_bf16_scratch_elements(int64_t N, int64_t I, int64_t O);
 
 template <class T>
 void matmul_reference_forward(T* out,         // [N, O]

@@ -115,6 +115,8 @@ void add_final_norm_and_loss(SpecBuilder& builder, NormKind norm, BufferId resid
   const BufferId logits_scratch = builder.scratch(
       "scratch/cross_entropy",
       shape_of({{"floats", builder.kernels().cross_entropy_scratch_floats(chunk_tokens, V)}}));
+  const BufferId bf16_inputs = builder.bf16_inputs_scratch(
+      "scratch/cross_entropy_bf16_inputs", builder.kernels().cross_entropy_bf16_scratch_elements(chunk_tokens, D, V));
   const BufferId hidden = final_norm.out, targets = spec.targets, loss_mask = spec.loss_mask;
   const double flops = 2.0 * static_cast<double>(N * D * V);
   // Vocab-parallel cross-entropy: ranks exchange per-token max, sum of exponentials and target logit.
@@ -129,10 +131,12 @@ void add_final_norm_and_loss(SpecBuilder& builder, NormKind norm, BufferId resid
     for (OpDecl& op : reduce_stats) op.collective.inside_next_op = true;
   }
   const auto loss_op = [=](bool with_gradient) {
+    std::vector<BufferId> writes = with_gradient ? std::vector<BufferId>{d_hidden, d_unembedding, logits_scratch}
+                                                 : std::vector<BufferId>{logits_scratch};
+    if (bf16_inputs != kNoBuffer) writes.push_back(bf16_inputs);
     return OpDecl{with_gradient ? "loss/forward_backward" : "loss/forward",
                   {hidden, unembedding, targets, loss_mask},
-                  with_gradient ? std::vector<BufferId>{d_hidden, d_unembedding, logits_scratch}
-                                : std::vector<BufferId>{logits_scratch},
+                  writes,
                   with_gradient ? 3.0 * flops : flops,
                   [=](const OpContext& c) {
                     std::optional<kernels::VocabParallel> vocab_parallel;
@@ -144,7 +148,8 @@ void add_final_norm_and_loss(SpecBuilder& builder, NormKind norm, BufferId resid
                         with_gradient ? c.f32(d_hidden) : nullptr,
                         with_gradient ? c.f32(d_unembedding) : nullptr, c.f32(hidden), c.f32(unembedding),
                         layout, c.i32(targets), c.u8(loss_mask), N, D, V, V_valid, chunk_tokens,
-                        c.f32(logits_scratch), vocab_parallel ? &*vocab_parallel : nullptr);
+                        c.f32(logits_scratch), vocab_parallel ? &*vocab_parallel : nullptr,
+                        c.bf16(bf16_inputs));
                     c.loss_sums->loss_sum += sums.loss_sum;
                     c.loss_sums->valid_count += sums.valid_count;
                   },

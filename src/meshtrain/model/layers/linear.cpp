@@ -26,6 +26,10 @@ LinearLayer add_linear(SpecBuilder& builder, const std::string& prefix, BufferId
     d_bias = builder.gradient_of(bias);
   }
   const BufferId out = builder.activation(prefix + "/out", out_shape);
+  // dtype=bfloat16: x, W (and in the backward dout) rounded to bf16 for the GEMMs; written by each op, so
+  // it lives only while its op runs.
+  const BufferId bf16_inputs =
+      builder.bf16_inputs_scratch(prefix + "/bf16_inputs", builder.kernels().matmul_bf16_scratch_elements(N, I, O));
   const BufferId residual_in = options.residual_in;
   const double flops = 2.0 * static_cast<double>(N * I * O);
   // Row-parallel (input features split over tensor, as o and down projections): each rank holds a partial
@@ -38,10 +42,12 @@ LinearLayer add_linear(SpecBuilder& builder, const std::string& prefix, BufferId
   std::vector<BufferId> reads = {x, kernel};
   if (!row_parallel && bias != kNoBuffer) reads.push_back(bias);
   if (!row_parallel && residual_in != kNoBuffer) reads.push_back(residual_in);
-  OpDecl forward{prefix + "/forward", reads, {out}, flops, [=](const OpContext& c) {
+  std::vector<BufferId> forward_writes = {out};
+  if (bf16_inputs != kNoBuffer) forward_writes.push_back(bf16_inputs);
+  OpDecl forward{prefix + "/forward", reads, forward_writes, flops, [=](const OpContext& c) {
                    c.kernels->matmul_forward(c.f32(out), c.f32(x), c.f32(kernel),
                                              bias == kNoBuffer || row_parallel ? nullptr : c.f32(bias), N, I,
-                                             O);
+                                             O, c.bf16(bf16_inputs));
                    if (residual_in != kNoBuffer && !row_parallel)
                      c.kernels->residual_add(c.f32(out), c.f32(residual_in), N * O);
                  }};
@@ -76,11 +82,13 @@ LinearLayer add_linear(SpecBuilder& builder, const std::string& prefix, BufferId
   if (d_x != kNoBuffer) writes.push_back(d_x);
   if (d_x != kNoBuffer && accumulate_dx) backward_reads.push_back(d_x);
   if (d_bias != kNoBuffer) writes.push_back(d_bias);
+  if (bf16_inputs != kNoBuffer) writes.push_back(bf16_inputs);
   LinearLayer layer{out, kernel, {}};
   layer.backward = {prefix + "/backward", backward_reads, writes, 2.0 * flops, [=](const OpContext& c) {
                       c.kernels->matmul_backward(d_x == kNoBuffer ? nullptr : c.f32(d_x), c.f32(d_kernel),
                                                  d_bias == kNoBuffer ? nullptr : c.f32(d_bias), c.f32(d_out),
-                                                 c.f32(x), c.f32(kernel), N, I, O, accumulate_dx);
+                                                 c.f32(x), c.f32(kernel), N, I, O, accumulate_dx,
+                                                 c.bf16(bf16_inputs));
                     }};
   layer.backward.kind = OpKind::matmul;
   return layer;
