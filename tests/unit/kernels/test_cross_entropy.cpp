@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "gradcheck.h"
+#include "meshtrain/core/dtype.h"
 #include "meshtrain/kernels/cpu/cross_entropy.h"
 
 namespace meshtrain::kernels {
@@ -191,6 +192,75 @@ TEST(CrossEntropy, FastMatchesReferenceAtLargeVocabAndSpread) {
       EXPECT_LT(dh_error, bound) << name;
       EXPECT_LT(dw_error, bound) << name;
       EXPECT_EQ(problem.fast(nullptr, nullptr, chunk).loss_sum, sums.loss_sum) << name;
+    }
+  }
+}
+
+// bf16 inputs (dtype=bfloat16): the loss is the reference's on h and W rounded to bf16 (float32 sums: the
+// float32 bound). The gradients' GEMMs also round dlogits to bf16 (relative error <= 2^-9 per element), so
+// each gradient element may differ from the reference's by up to 2^-9 times the sum of the magnitudes of
+// the terms it adds; the test allows twice that plus the float32 bound, element by element.
+TEST(CrossEntropy, Bf16InputsMatchTheReferenceOnRoundedInputs) {
+  for (UnembedLayout layout : kLayouts) {
+    Problem problem(37, 16, 50, 45, layout, 61);
+    problem.drop_tokens(5, 2);
+    for (double& value : problem.h) value = float_from_bfloat16(bfloat16_from_float(static_cast<float>(value)));
+    for (double& value : problem.w) value = float_from_bfloat16(bfloat16_from_float(static_cast<float>(value)));
+    const int64_t N = problem.N, D = problem.D, V = problem.V, valid = problem.vocab_valid;
+    const auto weight = [&](int64_t d, int64_t v) {
+      return problem.w[static_cast<size_t>(layout == UnembedLayout::kernel_DV ? d * V + v : v * D + d)];
+    };
+    std::vector<double> ref_dh(problem.h.size(), 0.0), ref_dw(problem.w.size(), 0.0);
+    const CrossEntropySums ref = problem.reference(&ref_dh, &ref_dw);
+    // dlogits in double: softmax over the valid columns minus the target's one-hot, zero for dropped rows.
+    std::vector<double> dlogits(static_cast<size_t>(N * valid), 0.0);
+    for (int64_t n = 0; n < N; ++n) {
+      if (!problem.mask.empty() && problem.mask[n] == 0) continue;
+      double peak = -1e300, total = 0.0;
+      std::vector<double> row(static_cast<size_t>(valid));
+      for (int64_t v = 0; v < valid; ++v) {
+        for (int64_t d = 0; d < D; ++d) row[v] += problem.h[n * D + d] * weight(d, v);
+        peak = std::max(peak, row[v]);
+      }
+      for (double& value : row) total += (value = std::exp(value - peak));
+      for (int64_t v = 0; v < valid; ++v) dlogits[n * valid + v] = row[v] / total - (v == problem.targets[n]);
+    }
+    for (int64_t chunk : {8, 64}) {
+      const std::string name = std::string(layout_name(layout)) + " chunk " + std::to_string(chunk);
+      const std::vector<float> h = to_float(problem.h), w = to_float(problem.w);
+      std::vector<float> scratch(static_cast<size_t>(cross_entropy_scratch_floats(chunk, V)));
+      std::vector<uint16_t> bf16(static_cast<size_t>(cross_entropy_bf16_scratch_elements(chunk, D, V)));
+      std::vector<float> dh(h.size(), 123.0f), dw(w.size(), 0.0f);
+      const CrossEntropySums sums =
+          unembed_cross_entropy(dh.data(), dw.data(), h.data(), w.data(), layout, problem.targets.data(),
+                                problem.mask_ptr(), N, D, V, valid, chunk, scratch.data(), nullptr, bf16.data());
+      EXPECT_EQ(sums.valid_count, ref.valid_count) << name;
+      EXPECT_LT(std::fabs(sums.loss_sum - ref.loss_sum) / std::fabs(ref.loss_sum), 1e-5) << name;
+      const double rounding = 2.0 * 0x1p-9;
+      double worst = 0.0;  // the largest error as a fraction of its element's allowance
+      for (int64_t n = 0; n < N; ++n) {
+        for (int64_t d = 0; d < D; ++d) {
+          double terms = 0.0;
+          for (int64_t v = 0; v < valid; ++v) terms += std::fabs(dlogits[n * valid + v] * weight(d, v));
+          const double allowed = rounding * terms + 1e-5 * (std::fabs(ref_dh[n * D + d]) + 1e-3);
+          worst = std::max(worst, std::fabs(dh[n * D + d] - ref_dh[n * D + d]) / allowed);
+        }
+      }
+      for (int64_t d = 0; d < D; ++d) {
+        for (int64_t v = 0; v < V; ++v) {
+          const size_t index = static_cast<size_t>(layout == UnembedLayout::kernel_DV ? d * V + v : v * D + d);
+          if (v >= valid) {
+            EXPECT_EQ(dw[index], 0.0f) << name << ": a padding column's gradient";
+            continue;
+          }
+          double terms = 0.0;
+          for (int64_t n = 0; n < N; ++n) terms += std::fabs(problem.h[n * D + d] * dlogits[n * valid + v]);
+          const double allowed = rounding * terms + 1e-5 * (std::fabs(ref_dw[index]) + 1e-3);
+          worst = std::max(worst, std::fabs(dw[index] - ref_dw[index]) / allowed);
+        }
+      }
+      EXPECT_LT(worst, 1.0) << name;
+      report_error("bf16 cross-entropy gradients, error / allowance " + name, worst, 1.0);
     }
   }
 }

@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <array>
+#include <bit>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -114,6 +116,79 @@ TEST(Gemm, EveryLayoutMatchesTheReference) {
       }
     }
   }
+}
+
+// bfloat16 rounding is to nearest even, NaN stays a quiet NaN, overflow goes to infinity, and the bulk
+// conversion (whole rows per thread, or one wide row split) agrees with the scalar one.
+TEST(Gemm, Bfloat16RoundsToNearestEven) {
+  using meshtrain::bfloat16_from_float;
+  using meshtrain::float_from_bfloat16;
+  EXPECT_EQ(bfloat16_from_float(1.0f), 0x3f80);
+  EXPECT_EQ(bfloat16_from_float(1.0f + 0x1p-8f), 0x3f80);        // halfway, kept bit even: down
+  EXPECT_EQ(bfloat16_from_float(1.0f + 3 * 0x1p-8f), 0x3f82);    // halfway, kept bit odd: up
+  EXPECT_EQ(bfloat16_from_float(1.0f + 0x1p-8f + 0x1p-20f), 0x3f81);  // above halfway: up
+  EXPECT_EQ(bfloat16_from_float(-2.5f), 0xc020);
+  EXPECT_EQ(bfloat16_from_float(3.4028235e38f), 0x7f80);  // the largest float rounds to infinity
+  EXPECT_EQ(bfloat16_from_float(-INFINITY), 0xff80);
+  EXPECT_TRUE(std::isnan(float_from_bfloat16(bfloat16_from_float(NAN))));
+  EXPECT_TRUE(std::isnan(float_from_bfloat16(bfloat16_from_float(std::bit_cast<float>(0x7f800001u)))));
+  EXPECT_EQ(float_from_bfloat16(0x3f81), 1.0f + 0x1p-7f);
+  for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{1, 1000}, {3, 17}, {40, 33}}) {
+    const int64_t ld = cols + 4;
+    const std::vector<float> in = to_float(random_values(rows * ld, 7));
+    std::vector<uint16_t> out(rows * cols, 0xffff);
+    meshtrain::round_to_bfloat16(in.data(), rows, cols, ld, out.data());
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < cols; ++c)
+        ASSERT_EQ(out[r * cols + c], bfloat16_from_float(in[r * ld + c])) << rows << "x" << cols;
+    }
+  }
+}
+
+// gemm_bf16 against the double reference on the same bf16 values, in every layout: the products of two bf16
+// values are exact in float32, so only the float32 sums round (the float32 GEMM's bound). And its result is
+// not the float32 GEMM's on the unrounded inputs: the inputs were rounded.
+TEST(Gemm, Bf16InputsMatchTheReferenceOnTheRoundedValues) {
+  const std::array<std::array<int64_t, 3>, 4> sizes = {{{1, 1, 1}, {37, 53, 29}, {256, 96, 700}, {130, 7, 3}}};
+  uint64_t seed = 500;
+  double worst_vs_float32 = 0.0;
+  for (const auto& [M, N, K] : sizes) {
+    for (const bool ta : {false, true}) {
+      for (const bool tb : {false, true}) {
+        for (const bool accumulate : {false, true}) {
+          const int64_t lda = (ta ? M : K) + 3, ldb = (tb ? K : N) + 5, ldc = N + 2;
+          const std::vector<float> a = to_float(random_values((ta ? K : M) * lda, ++seed));
+          const std::vector<float> b = to_float(random_values((tb ? N : K) * ldb, ++seed));
+          std::vector<uint16_t> a_bf16(a.size()), b_bf16(b.size());
+          meshtrain::round_to_bfloat16(a.data(), 1, static_cast<int64_t>(a.size()), 0, a_bf16.data());
+          meshtrain::round_to_bfloat16(b.data(), 1, static_cast<int64_t>(b.size()), 0, b_bf16.data());
+          std::vector<float> c = to_float(random_values(M * ldc, ++seed)), c_float32 = c;
+          std::vector<double> expected = to_double(c);
+          gemm_reference(ta, tb, M, N, K, a_bf16.data(), lda, b_bf16.data(), ldb, accumulate, expected.data(),
+                         ldc);
+          meshtrain::kernels::gemm_bf16(ta, tb, M, N, K, a_bf16.data(), lda, b_bf16.data(), ldb, accumulate,
+                                        c.data(), ldc);
+          gemm(ta, tb, M, N, K, a.data(), lda, b.data(), ldb, accumulate, c_float32.data(), ldc);
+          double worst = 0.0, scale = 1e-30, from_float32 = 0.0;
+          for (int64_t m = 0; m < M; ++m) {
+            for (int64_t n = 0; n < ldc; ++n) {
+              const double e = expected[m * ldc + n];
+              scale = std::max(scale, std::abs(e));
+              worst = std::max(worst, std::abs(c[m * ldc + n] - e));
+              from_float32 = std::max(from_float32, std::abs(c[m * ldc + n] - double{c_float32[m * ldc + n]}));
+            }
+          }
+          EXPECT_LT(worst / scale, 1e-5)
+              << M << "x" << N << "x" << K << " ta " << ta << " tb " << tb << " accumulate " << accumulate;
+          if (K > 1) worst_vs_float32 = std::max(worst_vs_float32, from_float32 / scale);
+        }
+      }
+    }
+  }
+  // bf16 keeps 8 significant bits: the inputs' rounding moves the results by about 2^-9 of their scale.
+  EXPECT_GT(worst_vs_float32, 1e-4);
+  std::printf("  gemm_bf16 vs float32 GEMM on unrounded inputs: %.2e of the scale (%s)\n", worst_vs_float32,
+              gemm_backend().bf16_isa.c_str());
 }
 
 std::string run_and_capture(const std::string& environment, const std::string& arguments, int& status) {

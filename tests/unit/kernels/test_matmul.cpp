@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "gradcheck.h"
+#include "meshtrain/core/dtype.h"
 #include "meshtrain/kernels/cpu/matmul.h"
 
 namespace {
@@ -98,6 +99,48 @@ TEST(Matmul, FastMatchesReferenceOddSizes) {
 
 TEST(Matmul, FastMatchesReferenceLarge) {
   check_fast_against_reference(256, 512, 384, 200);
+}
+
+// bf16 inputs (dtype=bfloat16): the kernel equals the double reference on x, w and dout rounded to bf16
+// (float32 sums: the float32 bound), writes and accumulates like the float32 kernel, and differs from it.
+TEST(Matmul, Bf16InputsMatchTheReferenceOnRoundedInputs) {
+  const int64_t N = 37, I = 53, O = 29;
+  const double bound = 1e-5;
+  const auto rounded = [](const std::vector<float>& values) {
+    std::vector<double> result(values.size());
+    for (size_t i = 0; i < values.size(); ++i)
+      result[i] = meshtrain::float_from_bfloat16(meshtrain::bfloat16_from_float(values[i]));
+    return result;
+  };
+  const std::vector<float> x = to_float(random_values(N * I, 41)), w = to_float(random_values(I * O, 42)),
+                           bias = to_float(random_values(O, 43)), dout = to_float(random_values(N * O, 44));
+  const std::vector<double> xr = rounded(x), wr = rounded(w), doutr = rounded(dout), biasd = to_double(bias);
+  std::vector<uint16_t> scratch(static_cast<size_t>(meshtrain::kernels::matmul_bf16_scratch_elements(N, I, O)));
+
+  std::vector<double> out_ref(N * O);
+  matmul_reference_forward(out_ref.data(), xr.data(), wr.data(), biasd.data(), N, I, O);
+  std::vector<float> out(N * O, std::numeric_limits<float>::quiet_NaN()), out_float32(N * O);
+  matmul_forward(out.data(), x.data(), w.data(), bias.data(), N, I, O, scratch.data());
+  expect_close("bf16 matmul forward", out, out_ref, bound);
+  matmul_forward(out_float32.data(), x.data(), w.data(), bias.data(), N, I, O);
+  EXPECT_NE(out, out_float32);
+
+  std::vector<double> dx_ref(N * I), dw_ref(I * O, 0.0), dbias_ref(O, 0.0);
+  matmul_reference_backward(dx_ref.data(), dw_ref.data(), dbias_ref.data(), doutr.data(), xr.data(), wr.data(), N,
+                            I, O, false);
+  std::vector<float> dx(N * I, std::numeric_limits<float>::quiet_NaN()), dw(I * O, 0.0f), dbias(O, 0.0f);
+  matmul_backward(dx.data(), dw.data(), dbias.data(), dout.data(), x.data(), w.data(), N, I, O, false,
+                  scratch.data());
+  expect_close("bf16 matmul dx (written)", dx, dx_ref, bound);
+  expect_close("bf16 matmul dw", dw, dw_ref, bound);
+  // The bias gradient is a float32 column sum of the unrounded dout.
+  std::vector<double> dbias_float32(O, 0.0);
+  matmul_reference_backward(static_cast<double*>(nullptr), static_cast<double*>(nullptr), dbias_float32.data(),
+                            to_double(dout).data(), xr.data(), wr.data(), N, I, O, false);
+  expect_close("bf16 matmul dbias", dbias, dbias_float32, bound);
+  matmul_backward(dx.data(), dw.data(), nullptr, dout.data(), x.data(), w.data(), N, I, O, true, scratch.data());
+  expect_close("bf16 matmul dx (accumulated twice)", dx, scaled(dx_ref, 2.0), bound);
+  expect_close("bf16 matmul dw (accumulated twice)", dw, scaled(dw_ref, 2.0), bound);
 }
 
 TEST(Matmul, NullGradientsAreSkipped) {
