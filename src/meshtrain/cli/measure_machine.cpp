@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <map>
 
+#include "meshtrain/core/cpu_features.h"
 #include "meshtrain/core/durable_file.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/plan/topology.h"
@@ -54,7 +55,14 @@ std::string catalog_text(const std::string& name, const Topology& stated, const 
   text += "# float32 GEMM peak " + fixed(machine.gemm_peak_flops / 1e9, 1) + " GFLOP/s (" +
           machine.peak_source + "); memory " + fixed(bandwidth / 1e9, 1) +
           " GB/s measured (bytes read + written, as the plan counts them).\n";
-  text += "# bfloat16 peak and the link are the built-in entry's stated figures (not measured here).\n";
+  const bool bf16_measured = machine.gemm_bf16_peak_flops > 0.0;
+  if (bf16_measured) {
+    text += "# bfloat16 GEMM peak (bf16 inputs, float32 accumulation) " + fixed(machine.gemm_bf16_peak_flops / 1e9, 1) +
+            " GFLOP/s measured; the link is the built-in entry's stated figure.\n";
+  } else {
+    text += "# bfloat16 peak (this CPU has no bf16 instructions) and the link are the built-in entry's stated "
+            "figures (not measured here).\n";
+  }
   text += "# Use: meshtrain compile MODEL topologies_path=THIS_FILE" +
           (name == stated.name ? std::string() : " topology=" + name) +
           (name == stated.name ? "  (this entry replaces the built-in '" + stated.name + "')" : "") + "\n";
@@ -64,8 +72,8 @@ std::string catalog_text(const std::string& name, const Topology& stated, const 
   text += std::string("  host_memory_shared: ") + (stated.host_memory_shared ? "true" : "false") + "\n";
   text += "  memory_gb: this_machine\n";
   text += "  host_cores: this_machine\n";
-  text += "  peak_tflops: {float32: " + peak + ", bfloat16: " + fixed(stated.peak_flops_bfloat16 / 1e12, 4) +
-          "}\n";
+  const double bf16_peak = bf16_measured ? machine.gemm_bf16_peak_flops : stated.peak_flops_bfloat16;
+  text += "  peak_tflops: {float32: " + peak + ", bfloat16: " + fixed(bf16_peak / 1e12, 4) + "}\n";
   text += "  memory_bandwidth_gbs: " + fixed(bandwidth / 1e9, 2) + "\n";
   text += "  intra_host_link_gbs: " + fixed(stated.intra_host_bandwidth / 1e9, 2) + "\n";
   return text;
@@ -99,7 +107,7 @@ int run_measure_machine(const std::vector<std::string>& arguments, std::ostream&
     }
   }
   const Topology stated = load_topology("cpu");
-  const MachineReport machine = measure_machine();
+  const MachineReport machine = measure_machine(cpu_features().avx512_bf16 || cpu_features().amx_bf16);
   const double bandwidth = measure_memory_bandwidth();
   const std::string text = catalog_text(name, stated, machine, bandwidth);
   if (!flags.contains("--out")) {
