@@ -9,7 +9,7 @@
         its children, and `others_pct`, the share of all CPUs that OTHER processes used meanwhile
         (/proc/stat busy time minus CMD's own rusage). While others_pct > 10 it runs again, up to
         --retries more times (LOG.try2, ...), and records the least disturbed try. Never fails.
-  peers.py table --results FILE [--peak-gflops G]
+  peers.py table --results FILE [--peak-gflops G] [--bf16-peak-gflops G]
         Prints medians, spreads, MFU and the meshtrain / peer ratios.
 
 Per-step times come from:
@@ -39,6 +39,8 @@ DEFAULT_PEAK_GFLOPS = 460.0
 DISTURBED_PCT = 10.0  # others' share of all CPUs above which a run counts as disturbed
 # Debian's PyTorch 1.13 ("pytorch") and PyTorch 2.x from PyPI in a virtual environment, one peer per mode.
 TORCH_PEERS = ["pytorch", "torch2-eager", "torch2-compile", "torch2-bf16"]
+# The bf16 runs: their MFU is against the bf16 GEMM peak, and they are compared with each other.
+BF16_PEERS = ["meshtrain-bf16", "torch2-bf16"]
 
 LLMC_RE = re.compile(r"^step (\d+): train loss ([-+0-9.eEnaif]+) \(took ([0-9.eE+-]+) ms\)")
 TORCH_RE = re.compile(r"^step (\d+): loss ([-+0-9.eEnaif]+) time_ms ([0-9.eE+-]+)")
@@ -68,7 +70,7 @@ def busy_pct(seconds=1.0):
 def parse_steps(peer, log_path, metrics_path):
     """Returns a list of (step, seconds, loss) in the order printed."""
     steps = []
-    if peer == "meshtrain":
+    if peer.startswith("meshtrain"):
         if metrics_path and os.path.exists(metrics_path):
             with open(metrics_path) as f:
                 for line in f:
@@ -215,12 +217,14 @@ def cmd_table(args):
             if line:
                 recs.append(json.loads(line))
     peak = args.peak_gflops
+    bf16_peak = args.bf16_peak_gflops or 2.0 * peak
     print(f"FLOPs per step = 6 x {N_MATMUL:,} x tokens + 12 x {L_LAYERS} x {D_MODEL} x T x tokens "
           f"(llm.c / nanoGPT count): " + ", ".join(
               f"{b}x{t}: {flops_per_step(b, t) / 1e9:.1f} GFLOP" for b, t in
               sorted({(r['batch'], r['seq']) for r in recs})))
     print(f"MFU = those FLOPs / step time / {peak:.0f} GFLOP/s (--peak-gflops: this machine's measured 2-thread "
-          f"fp32 GEMM peak). Medians over the timed steps (first step skipped). RSS: peak resident set.")
+          f"fp32 GEMM peak; bf16 rows: / {bf16_peak:.0f}, --bf16-peak-gflops). Medians over the timed steps (first "
+          f"step skipped). RSS: peak resident set.")
     print("* = other processes used > 10% of the CPUs during that run (figures disturbed).")
     print()
     hdr = (f"{'pass':<14} {'B x T':<7} {'system':<14} {'status':<8} {'n':>2} {'tokens/s':>9} "
@@ -229,7 +233,7 @@ def cmd_table(args):
     print("-" * len(hdr))
     summ = {}
     for r in recs:
-        s = summarize(r, peak) if r["status"] in ("ok", "timeout", "no timed steps") or r.get("steps") else None
+        s = summarize(r, bf16_peak if r["peer"] in BF16_PEERS else peak) if r["status"] in ("ok", "timeout", "no timed steps") or r.get("steps") else None
         key = (r["pass"], r["batch"], r["seq"], r["peer"])
         summ[key] = s
         shape = f"{r['batch']}x{r['seq']}"
@@ -255,14 +259,19 @@ def cmd_table(args):
     for p, b, t in seen:
         m = summ.get((p, b, t, "meshtrain"))
         parts = []
-        for peer in ["llm.c"] + TORCH_PEERS:
-            if (p, b, t, peer) not in summ:
+        mb = summ.get((p, b, t, "meshtrain-bf16"))
+        pairs = [("meshtrain", m, peer) for peer in ["llm.c"] + TORCH_PEERS if peer != "torch2-bf16"]
+        pairs += [("meshtrain-bf16", mb, peer) for peer in ["torch2-bf16", "meshtrain"]]
+        if (p, b, t, "meshtrain-bf16") not in summ:
+            pairs.append(("meshtrain", m, "torch2-bf16"))
+        for name, mine, peer in pairs:
+            if (p, b, t, peer) not in summ or (p, b, t, name) not in summ:
                 continue
             o = summ.get((p, b, t, peer))
-            if m and o and o["tps"] > 0:
-                parts.append(f"meshtrain/{peer} = {m['tps'] / o['tps']:.2f}x")
+            if mine and o and o["tps"] > 0:
+                parts.append(f"{name}/{peer} = {mine['tps'] / o['tps']:.2f}x")
             else:
-                parts.append(f"meshtrain/{peer} = n/a")
+                parts.append(f"{name}/{peer} = n/a")
         print(f"  {p:<14} {b}x{t:<5} " + "   ".join(parts))
     return 0
 
@@ -274,7 +283,7 @@ def main():
     r = sub.add_parser("run")
     r.add_argument("--results", required=True)
     r.add_argument("--pass", dest="pass_name", required=True)
-    r.add_argument("--peer", required=True, choices=["meshtrain", "llm.c"] + TORCH_PEERS)
+    r.add_argument("--peer", required=True, choices=["meshtrain", "meshtrain-bf16", "llm.c"] + TORCH_PEERS)
     r.add_argument("--batch", type=int, required=True)
     r.add_argument("--seq", type=int, required=True)
     r.add_argument("--log", required=True)
@@ -292,6 +301,7 @@ def main():
     t = sub.add_parser("table")
     t.add_argument("--results", required=True)
     t.add_argument("--peak-gflops", type=float, default=DEFAULT_PEAK_GFLOPS)
+    t.add_argument("--bf16-peak-gflops", type=float, default=0.0, help="bf16 rows' MFU peak (default 2x)")
     args = ap.parse_args()
     try:
         return {"busy": cmd_busy, "run": cmd_run, "table": cmd_table}[args.sub](args)

@@ -9,7 +9,8 @@
 #   --build DIR         meshtrain build directory (default <repo>/build); the binary is not rebuilt
 #   --out DIR           logs and results (default /tmp/meshtrain_peers/<date-time>)
 #   --threads N         OMP_NUM_THREADS for every peer (default 2)
-#   --peers "LIST"      subset of "meshtrain llm.c pytorch torch2" (default all four)
+#   --peers "LIST"      subset of "meshtrain meshtrain-bf16 llm.c pytorch torch2" (default all five;
+#                       meshtrain-bf16 is dtype=bfloat16, run where the CPU has AVX512-BF16 or AMX-BF16)
 #   --torch2-python PY  the python of a virtual environment with PyTorch 2.x from PyPI, outside the repository
 #                       (python3 -m venv ~/torch2 && ~/torch2/bin/pip install torch); peer "torch2" runs it
 #                       three ways: eager fp32, torch.compile fp32, and bf16 autocast (skipped if absent)
@@ -18,6 +19,8 @@
 #   --coretype-unset    add a second pass with OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE removed
 #   --only-coretype-unset  run only that second pass
 #   --peak-gflops G     the peak the MFU column divides by (default 460, see README)
+#   --bf16-peak-gflops G  the same for the bf16 rows (default: meshtrain's measured bf16 GEMM peak when its
+#                       bf16 run printed one, else 2x --peak-gflops)
 #   --quiet-wait S      before each run wait up to S s for the machine to be < 15% busy (default 60)
 #   --retries R         run again (up to R times) when other processes took > 10% of the CPUs meanwhile,
 #                       and keep the least disturbed try (default 1)
@@ -34,12 +37,13 @@ shapes="4x64 8x256"
 build="$repo/build"
 out=""
 threads=2
-peers="meshtrain llm.c pytorch torch2"
+peers="meshtrain meshtrain-bf16 llm.c pytorch torch2"
 torch2_python=""
 torch2_modes="eager compile bf16-autocast"
 pass_inherited=1
 pass_unset=0
 peak=460
+bf16_peak=""
 quiet_wait=60
 timeout_s=1800
 retries=1
@@ -58,6 +62,7 @@ while [ $# -gt 0 ]; do
     --coretype-unset) pass_unset=1; shift ;;
     --only-coretype-unset) pass_unset=1; pass_inherited=0; shift ;;
     --peak-gflops) peak=$2; shift 2 ;;
+    --bf16-peak-gflops) bf16_peak=$2; shift 2 ;;
     --quiet-wait) quiet_wait=$2; shift 2 ;;
     --timeout) timeout_s=$2; shift 2 ;;
     --retries) retries=$2; shift 2 ;;
@@ -192,6 +197,22 @@ run_pass() {  # pass-name env-prefix...
         grep -m1 "^machine:" "$out/meshtrain_${pass}_${shape}.log" | sed 's/^/   meshtrain /' | tee -a "$summary" || true
       fi
     fi
+    # meshtrain in bf16 (bf16 matmul inputs, f32 accumulation), where the CPU has bf16 instructions
+    if has_peer meshtrain-bf16; then
+      local rdb="$out/meshtrain-bf16_${pass}_${shape}"
+      rm -rf "$rdb"
+      if ! grep -q -E -w "avx512_bf16|amx_bf16" /proc/cpuinfo; then
+        helper run --results "$results" --pass "$pass" --peer meshtrain-bf16 --batch "$b" --seq "$t" \
+          --log /dev/null --status missing --note "this CPU has no AVX512-BF16 or AMX-BF16"
+      elif [ -x "$build/meshtrain" ]; then
+        helper run "${runopts[@]}" --pass "$pass" --peer meshtrain-bf16 --batch "$b" --seq "$t" \
+          --log "$out/meshtrain-bf16_${pass}_${shape}.log" --metrics "$rdb/metrics.jsonl" --clean "$rdb" -- \
+          env "${envp[@]}" OMP_NUM_THREADS="$threads" "$build/meshtrain" train gpt2-124m dataset_type=synthetic \
+          per_device_batch_size="$b" max_target_length="$t" steps="$steps" enable_checkpointing=false \
+          dtype=bfloat16 run_dir="$rdb"
+        grep -m1 "^machine:" "$out/meshtrain-bf16_${pass}_${shape}.log" | sed 's/^/   meshtrain-bf16 /' | tee -a "$summary" || true
+      fi
+    fi
     # llm.c
     if has_peer llm.c; then
       local exe=""
@@ -253,7 +274,10 @@ fi
   echo
   echo "# uptime at end: $(uptime)"
   echo
-  helper table --results "$results" --peak-gflops "$peak"
+  if [ -z "$bf16_peak" ]; then  # meshtrain's own measurement: "bf16 1487 GFLOP/s"
+    bf16_peak=$(grep -h -o -E "bf16 [0-9]+ GFLOP/s" "$out"/meshtrain-bf16_*.log 2>/dev/null | head -1 | awk '{print $2}')
+  fi
+  helper table --results "$results" --peak-gflops "$peak" ${bf16_peak:+--bf16-peak-gflops "$bf16_peak"}
 } | tee -a "$summary"
 echo "(results: $results, logs: $out)"
 exit 0
