@@ -6,8 +6,9 @@
 //
 // Environment: MESHTRAIN_BENCH_SECONDS (default 0.3, timing window per measurement), MESHTRAIN_BENCH_RETRIES
 // (default 2: re-measure when other processes took >10% of the CPUs), MESHTRAIN_BENCH_NO_REFERENCE=1 (skip
-// the references), OMP_NUM_THREADS (threads of the fast kernels; the references are plain single-threaded
-// loops). Never fails: it prints a table and exits 0.
+// the references), MESHTRAIN_BENCH_DTYPE=bfloat16 (the matmuls and the fused loss with bf16 inputs, as
+// dtype=bfloat16 runs them), OMP_NUM_THREADS (threads of the fast kernels; the references are plain
+// single-threaded loops). Never fails: it prints a table and exits 0.
 #include <omp.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -199,6 +200,11 @@ std::string dims(std::initializer_list<int64_t> values) {
 
 constexpr double kGiga = 1e9;
 
+bool bench_bf16() {
+  const char* dtype = std::getenv("MESHTRAIN_BENCH_DTYPE");
+  return dtype != nullptr && std::string(dtype) == "bfloat16";
+}
+
 void add_matmul(std::vector<Case>& cases, const Model& m, const std::string& what, int64_t I, int64_t O,
                 int per_step) {
   const int64_t N = m.N();
@@ -213,10 +219,16 @@ void add_matmul(std::vector<Case>& cases, const Model& m, const std::string& wha
   const double reference_flops = 2.0 * static_cast<double>(reference_rows * I * O) / kGiga;
   const std::string shape = dims({N, I, O});
   const std::string note = reference_rows < N ? "ref on " + std::to_string(reference_rows) + " rows" : "";
-  cases.push_back({"matmul " + what, "fwd", shape, "GFLOP/s", flops, per_step,
+  // MESHTRAIN_BENCH_DTYPE=bfloat16: bf16 inputs (rounded in the call, as dtype=bfloat16 runs them).
+  const bool bf16 = bench_bf16();
+  auto scratch = share(std::vector<uint16_t>(bf16 ? k::matmul_bf16_scratch_elements(N, I, O) : 0));
+  uint16_t* bf16_inputs = bf16 ? scratch->data() : nullptr;
+  const std::string kernel = bf16 ? "matmul bf16 " + what : "matmul " + what;
+  cases.push_back({kernel, "fwd", shape, "GFLOP/s", flops, per_step,
                    [=] {
+                     (void)scratch;
                      k::matmul_forward(out->data(), x->data(), w->data(), has_bias ? bias->data() : nullptr,
-                                       N, I, O);
+                                       N, I, O, bf16_inputs);
                    },
                    reference_flops,
                    [=] {
@@ -224,10 +236,11 @@ void add_matmul(std::vector<Case>& cases, const Model& m, const std::string& wha
                                                  has_bias ? bias->data() : nullptr, reference_rows, I, O);
                    },
                    note});
-  cases.push_back({"matmul " + what, "bwd", shape, "GFLOP/s", 2.0 * flops, per_step,
+  cases.push_back({kernel, "bwd", shape, "GFLOP/s", 2.0 * flops, per_step,
                    [=] {
+                     (void)scratch;
                      k::matmul_backward(dx->data(), dw->data(), has_bias ? dbias->data() : nullptr,
-                                        dout->data(), x->data(), w->data(), N, I, O, false);
+                                        dout->data(), x->data(), w->data(), N, I, O, false, bf16_inputs);
                    },
                    2.0 * reference_flops,
                    [=] {
@@ -447,10 +460,16 @@ std::vector<Case> model_cases(const Model& m) {
     const std::string note = "ref on " + std::to_string(reference_tokens) + " tokens";
     const k::UnembedLayout layout = k::UnembedLayout::table_VD;
     const int64_t Vv = m.V_valid;
-    cases.push_back({"cross_entropy", "loss only", shape, "GFLOP/s", gemm, 0,
+    const bool bf16 = bench_bf16();
+    auto bf16_scratch = share(std::vector<uint16_t>(bf16 ? k::cross_entropy_bf16_scratch_elements(C, D, V) : 0));
+    uint16_t* bf16_inputs = bf16 ? bf16_scratch->data() : nullptr;
+    const std::string kernel = bf16 ? "cross_entropy bf16" : "cross_entropy";
+    cases.push_back({kernel, "loss only", shape, "GFLOP/s", gemm, 0,
                      [=] {
+                       (void)bf16_scratch;
                        k::unembed_cross_entropy(nullptr, nullptr, h->data(), table->data(), layout,
-                                                targets->data(), nullptr, N, D, V, Vv, C, scratch->data());
+                                                targets->data(), nullptr, N, D, V, Vv, C, scratch->data(),
+                                                nullptr, bf16_inputs);
                      },
                      reference_gemm,
                      [=] {
@@ -459,10 +478,12 @@ std::vector<Case> model_cases(const Model& m) {
                                                                  reference_tokens, D, V, Vv);
                      },
                      note});
-    cases.push_back({"cross_entropy", "fwd+bwd", shape, "GFLOP/s", 3.0 * gemm, 1,
+    cases.push_back({kernel, "fwd+bwd", shape, "GFLOP/s", 3.0 * gemm, 1,
                      [=] {
+                       (void)bf16_scratch;
                        k::unembed_cross_entropy(dh->data(), dtable->data(), h->data(), table->data(), layout,
-                                                targets->data(), nullptr, N, D, V, Vv, C, scratch->data());
+                                                targets->data(), nullptr, N, D, V, Vv, C, scratch->data(),
+                                                nullptr, bf16_inputs);
                      },
                      3.0 * reference_gemm,
                      [=] {
