@@ -461,23 +461,23 @@ std::vector<Case> model_cases(const Model& m) {
     const k::UnembedLayout layout = k::UnembedLayout::table_VD;
     const int64_t Vv = m.V_valid;
     const bool bf16 = bench_bf16();
-    auto bf16_scratch = share(std::vector<uint16_t>(bf16 ? k::cross_entropy_bf16_scratch_elements(C, D, V) : 0));
+    auto bf16_scratch =
+        share(std::vector<uint16_t>(bf16 ? k::cross_entropy_bf16_scratch_elements(C, D, V) : 0));
     uint16_t* bf16_inputs = bf16 ? bf16_scratch->data() : nullptr;
     const std::string kernel = bf16 ? "cross_entropy bf16" : "cross_entropy";
-    cases.push_back({kernel, "loss only", shape, "GFLOP/s", gemm, 0,
-                     [=] {
-                       (void)bf16_scratch;
-                       k::unembed_cross_entropy(nullptr, nullptr, h->data(), table->data(), layout,
-                                                targets->data(), nullptr, N, D, V, Vv, C, scratch->data(),
-                                                nullptr, bf16_inputs);
-                     },
-                     reference_gemm,
-                     [=] {
-                       k::unembed_cross_entropy_reference<float>(nullptr, nullptr, h->data(), table->data(),
-                                                                 layout, targets->data(), nullptr,
-                                                                 reference_tokens, D, V, Vv);
-                     },
-                     note});
+    cases.push_back(
+        {kernel, "loss only", shape, "GFLOP/s", gemm, 0,
+         [=] {
+           (void)bf16_scratch;
+           k::unembed_cross_entropy(nullptr, nullptr, h->data(), table->data(), layout, targets->data(),
+                                    nullptr, N, D, V, Vv, C, scratch->data(), nullptr, bf16_inputs);
+         },
+         reference_gemm,
+         [=] {
+           k::unembed_cross_entropy_reference<float>(nullptr, nullptr, h->data(), table->data(), layout,
+                                                     targets->data(), nullptr, reference_tokens, D, V, Vv);
+         },
+         note});
     cases.push_back({kernel, "fwd+bwd", shape, "GFLOP/s", 3.0 * gemm, 1,
                      [=] {
                        (void)bf16_scratch;

@@ -67,8 +67,8 @@ TEST_F(MeasureMachine, WritesACatalogThatPlansThisMachine) {
   // The bf16 peak is measured where the CPU has bf16 instructions; everything not measured is the built-in
   // entry's.
   if (cpu_features().avx512_bf16 || cpu_features().amx_bf16) {
-    EXPECT_NEAR(measured.peak_flops_bfloat16 / 1e9, number_after("bfloat16 GEMM peak (bf16 inputs, float32 accumulation) "),
-                0.1);
+    EXPECT_NEAR(measured.peak_flops_bfloat16 / 1e9,
+                number_after("bfloat16 GEMM peak (bf16 inputs, float32 accumulation) "), 0.1);
   } else {
     EXPECT_EQ(measured.peak_flops_bfloat16, stated.peak_flops_bfloat16);
   }

@@ -125,6 +125,14 @@ TEST_F(ShardedIndex, DamagedIndexesNameTheFile) {
   message = error_opening();
   EXPECT_TRUE(contains(message, "chunks covering its 35 elements, found 21 elements in chunks")) << message;
 
+  // The right element count, but two chunks share column 3 and column 6 of rows 0-2 is nobody's.
+  json overlapping = index_;
+  overlapping["tensors"]["w"]["chunks"][1]["start"] = {0, 3};
+  write_index(overlapping);
+  message = error_opening();
+  EXPECT_TRUE(contains(message, "expected chunks that do not overlap")) << message;
+  EXPECT_TRUE(contains(message, "[0, 0] of [3, 4] and at [0, 3] of [3, 3] share elements")) << message;
+
   json elsewhere = index_;
   elsewhere["files"]["../../etc/passwd"] = {{"bytes", 4}};
   write_index(elsewhere);

@@ -57,11 +57,13 @@ std::string catalog_text(const std::string& name, const Topology& stated, const 
           " GB/s measured (bytes read + written, as the plan counts them).\n";
   const bool bf16_measured = machine.gemm_bf16_peak_flops > 0.0;
   if (bf16_measured) {
-    text += "# bfloat16 GEMM peak (bf16 inputs, float32 accumulation) " + fixed(machine.gemm_bf16_peak_flops / 1e9, 1) +
+    text += "# bfloat16 GEMM peak (bf16 inputs, float32 accumulation) " +
+            fixed(machine.gemm_bf16_peak_flops / 1e9, 1) +
             " GFLOP/s measured; the link is the built-in entry's stated figure.\n";
   } else {
-    text += "# bfloat16 peak (this CPU has no bf16 instructions) and the link are the built-in entry's stated "
-            "figures (not measured here).\n";
+    text +=
+        "# bfloat16 peak (this CPU has no bf16 instructions) and the link are the built-in entry's stated "
+        "figures (not measured here).\n";
   }
   text += "# Use: meshtrain compile MODEL topologies_path=THIS_FILE" +
           (name == stated.name ? std::string() : " topology=" + name) +

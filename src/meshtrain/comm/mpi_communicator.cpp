@@ -57,7 +57,8 @@ std::string ranks_text(const std::vector<int>& ranks) {
 void bf16_sum(void* input, void* input_output, int* count, MPI_Datatype* /*type*/) {
   const auto* in = static_cast<const uint16_t*>(input);
   auto* inout = static_cast<uint16_t*>(input_output);
-  for (int i = 0; i < *count; ++i) inout[i] = bfloat16_from_float(float_from_bfloat16(in[i]) + float_from_bfloat16(inout[i]));
+  for (int i = 0; i < *count; ++i)
+    inout[i] = bfloat16_from_float(float_from_bfloat16(in[i]) + float_from_bfloat16(inout[i]));
 }
 
 void bf16_max(void* input, void* input_output, int* count, MPI_Datatype* /*type*/) {

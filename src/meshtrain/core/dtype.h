@@ -17,7 +17,9 @@ std::string dtype_safetensors_name(DType dtype);  // "F32", "BF16", "I32", "U8"
 DType dtype_from_config(const std::string& key, const std::string& value);
 
 // bfloat16 as its 16 bits: the top half of a float32.
-inline float float_from_bfloat16(uint16_t bits) { return std::bit_cast<float>(static_cast<uint32_t>(bits) << 16); }
+inline float float_from_bfloat16(uint16_t bits) {
+  return std::bit_cast<float>(static_cast<uint32_t>(bits) << 16);
+}
 
 // Round to nearest even. Rounding a NaN could carry its payload into the exponent (a signalling NaN would
 // become inf): keep the sign and the top payload bits and set the quiet bit instead.

@@ -36,12 +36,12 @@ struct KernelBackend {
                          const float* bias,  // [O] or nullptr
                          int64_t N, int64_t I, int64_t O,
                          uint16_t* bf16_inputs);  // [matmul_bf16_scratch_elements(N, I, O)] or nullptr
-  void (*matmul_backward)(float* dx,          // [N, I] or nullptr
-                          float* dw,          // [I, O] or nullptr
-                          float* dbias,       // [O] or nullptr
-                          const float* dout,  // [N, O]
-                          const float* x,     // [N, I]
-                          const float* w,     // [I, O]
+  void (*matmul_backward)(float* dx,              // [N, I] or nullptr
+                          float* dw,              // [I, O] or nullptr
+                          float* dbias,           // [O] or nullptr
+                          const float* dout,      // [N, O]
+                          const float* x,         // [N, I]
+                          const float* w,         // [I, O]
                           int64_t N, int64_t I, int64_t O, bool accumulate_dx,
                           uint16_t* bf16_inputs);  // [matmul_bf16_scratch_elements(N, I, O)] or nullptr
   int64_t (*matmul_bf16_scratch_elements)(int64_t N, int64_t I, int64_t O);

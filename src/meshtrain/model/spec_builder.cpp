@@ -53,7 +53,9 @@ BufferId SpecBuilder::bf16_inputs_scratch(const std::string& name, int64_t eleme
   return add({name, BufferKind::scratch, DType::bf16, shape_of({{"bf16_elements", elements}})});
 }
 
-DType SpecBuilder::storage_dtype() const { return spec_.kernels->activation_dtype(spec_.config.dtype); }
+DType SpecBuilder::storage_dtype() const {
+  return spec_.kernels->activation_dtype(spec_.config.dtype);
+}
 
 BufferId SpecBuilder::parameter(const std::string& name, const Shape& shape,
                                 const ParameterOptions& options) {

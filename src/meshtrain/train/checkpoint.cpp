@@ -784,14 +784,19 @@ std::string save_checkpoint(const std::string& checkpoints_dir, const Engine& en
   }
   agree_on_save_phase(world, error, lead, temp, state.step, "writing its shard");
 
-  // 3. The lead indexes the shards, writes metadata and the marker, and publishes the directory.
-  if (!lead) return "";
-  try {
-    finish_sharded_checkpoint(temp, engine, world_size, state, options);
-    publish(temp, final_path);
-  } catch (const std::exception&) {
-    agree_on_save_phase(nullptr, std::current_exception(), true, temp, state.step, "committing");
+  // 3. The lead indexes the shards, writes metadata and the marker, and publishes the directory; every rank
+  // learns whether that worked (without it, a lead that failed here would leave the others waiting for it in
+  // the run's next collective until collective_timeout_s).
+  if (lead) {
+    try {
+      finish_sharded_checkpoint(temp, engine, world_size, state, options);
+      publish(temp, final_path);
+    } catch (const std::exception&) {
+      error = std::current_exception();
+    }
   }
+  agree_on_save_phase(world, error, lead, temp, state.step, "committing");
+  if (!lead) return "";
   fsync_directory(
       root);  // makes the rename durable; if this fails, step_X/ exists but may not survive a crash
   fault_point("after_commit");

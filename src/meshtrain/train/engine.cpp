@@ -26,13 +26,15 @@ void check_plan_runs_here(const TrainingPlan& plan, int64_t world) {
          "set dtype=float32 on this machine (its float32 GEMM is its fastest); meshtrain compile still plans "
          "bfloat16 for other machines");
   }
-  for (const auto& [key, dtype] : {std::pair{"weight_dtype", c.weight_dtype}, std::pair{"grad_dtype", c.grad_dtype},
-                                   std::pair{"mu_dtype", c.mu_dtype}}) {
+  for (const auto& [key, dtype] :
+       {std::pair{"weight_dtype", c.weight_dtype}, std::pair{"grad_dtype", c.grad_dtype},
+        std::pair{"mu_dtype", c.mu_dtype}}) {
     if (dtype != DType::f32) {
       fail(std::string("config key '") + key + "'", "float32 for a run on the CPU kernels",
            dtype_config_name(dtype),
            std::string("set ") + key +
-               "=float32: the CPU kernels keep weights, gradients and moments in float32 (dtype=bfloat16 rounds "
+               "=float32: the CPU kernels keep weights, gradients and moments in float32 (dtype=bfloat16 "
+               "rounds "
                "the matmul inputs); meshtrain compile plans other storage dtypes");
     }
   }

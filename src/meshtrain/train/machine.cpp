@@ -73,8 +73,8 @@ fs::path cache_folder() {
 std::string MachineReport::describe() const {
   char peak[160];
   std::snprintf(peak, sizeof peak, "float32 GEMM peak %.0f GFLOP/s", gemm_peak_flops / 1e9);
-  std::string text = "machine: " + cpu + "; " + std::to_string(threads) + " thread(s); matmuls: " + gemm + "; " +
-                     peak;
+  std::string text =
+      "machine: " + cpu + "; " + std::to_string(threads) + " thread(s); matmuls: " + gemm + "; " + peak;
   if (gemm_bf16_peak_flops > 0.0) {
     std::snprintf(peak, sizeof peak, ", bf16 %.0f GFLOP/s (%.2fx)", gemm_bf16_peak_flops / 1e9,
                   gemm_bf16_peak_flops / gemm_peak_flops);
@@ -115,7 +115,8 @@ double best_measured(const std::string& key, double measured, std::string& sourc
   }
   try {  // a better figure replaces the cached one; a cache that cannot be written is not an error
     fs::create_directories(folder);
-    write_file_atomically(file.string(), nlohmann::json{{"key", key}, {"gemm_peak_flops", measured}}.dump() + "\n");
+    write_file_atomically(file.string(),
+                          nlohmann::json{{"key", key}, {"gemm_peak_flops", measured}}.dump() + "\n");
   } catch (const std::exception&) {
   }
   return measured;

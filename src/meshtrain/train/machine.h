@@ -21,9 +21,10 @@ struct MachineReport {
 };
 
 // Measures a square float32 GEMM (n = 1024, best of 40 calls, about 0.2 s) on the current OpenMP thread
-// count, and with with_bf16 the same GEMM with bfloat16 inputs. The best figure ever measured for this CPU, backend and thread count is kept in
-// $XDG_CACHE_HOME/meshtrain (or ~/.cache/meshtrain): a measurement disturbed by other processes can only
-// lower a figure, so the highest one is the machine's. Nothing is cached when that folder is not writable.
+// count, and with with_bf16 the same GEMM with bfloat16 inputs. The best figure ever measured for this CPU,
+// backend and thread count is kept in $XDG_CACHE_HOME/meshtrain (or ~/.cache/meshtrain): a measurement
+// disturbed by other processes can only lower a figure, so the highest one is the machine's. Nothing is
+// cached when that folder is not writable.
 MachineReport measure_machine(bool with_bf16 = false);
 
 // Memory bandwidth as the plan counts it (bytes read + bytes written, the plan's `bytes accessed`): best of a

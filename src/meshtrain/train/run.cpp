@@ -358,10 +358,11 @@ void Run::write_run_files() {
   machine_ = measure_machine(bf16);
   std::fprintf(console_, "%s\n", machine_->describe().c_str());
   if (bf16 && machine_->gemm_bf16_peak_flops <= machine_->gemm_peak_flops) {
-    std::fprintf(console_,
-                 "meshtrain: warning: this machine's bf16 GEMM (%.0f GFLOP/s) is not faster than its float32 GEMM "
-                 "(%.0f GFLOP/s): dtype=bfloat16 runs, but dtype=float32 trains at least as fast here\n",
-                 machine_->gemm_bf16_peak_flops / 1e9, machine_->gemm_peak_flops / 1e9);
+    std::fprintf(
+        console_,
+        "meshtrain: warning: this machine's bf16 GEMM (%.0f GFLOP/s) is not faster than its float32 GEMM "
+        "(%.0f GFLOP/s): dtype=bfloat16 runs, but dtype=float32 trains at least as fast here\n",
+        machine_->gemm_bf16_peak_flops / 1e9, machine_->gemm_peak_flops / 1e9);
   }
   write_resolved_config(config_, config_.run_dir);
   write_file_atomically(config_.run_dir + "/machine.json", machine_->to_json().dump(2) + "\n");
@@ -389,7 +390,7 @@ void Run::prepare_steps() {
   // mfu: against this machine's measured GEMM peak, not a stated one (the `cpu` topology's 230 GFLOP/s is a
   // Zen 4 at AVX2 width; a Zen 5 or a Xeon with two AVX-512 units reaches twice that).
   // dtype=bfloat16: against the bf16 GEMM's measured peak.
-  peak_flops_ = !machine_                        ? engine_->plan().topology.peak_flops(config_.dtype)
+  peak_flops_ = !machine_                      ? engine_->plan().topology.peak_flops(config_.dtype)
                 : config_.dtype == DType::bf16 ? machine_->gemm_bf16_peak_flops
                                                : machine_->gemm_peak_flops;
   progress_.emplace(config_.steps, state_.step, console_);

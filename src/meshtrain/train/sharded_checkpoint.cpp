@@ -174,6 +174,24 @@ ShardedCheckpoint::ShardedCheckpoint(const fs::path& checkpoint) : directory_(ch
         covered += volume(chunk.dims);
         chunks_[name].push_back(std::move(chunk));
       }
+      // Inside the dims, pairwise disjoint and as many elements as the tensor: every element exactly once
+      // (a count alone would let two overlapping chunks hide a gap).
+      const std::vector<Chunk>& chunks = chunks_[name];
+      for (size_t a = 0; a < chunks.size(); ++a) {
+        for (size_t b = a + 1; b < chunks.size(); ++b) {
+          bool overlap = true;
+          for (size_t d = 0; overlap && d < dims.size(); ++d) {
+            overlap = chunks[a].start[d] < chunks[b].start[d] + chunks[b].dims[d] &&
+                      chunks[b].start[d] < chunks[a].start[d] + chunks[a].dims[d];
+          }
+          if (overlap) {
+            fail(where + ": tensor '" + name + "'", "chunks that do not overlap",
+                 "chunks at " + dims_text(chunks[a].start) + " of " + dims_text(chunks[a].dims) + " and at " +
+                     dims_text(chunks[b].start) + " of " + dims_text(chunks[b].dims) + " share elements",
+                 kEarlierCheckpoint);
+          }
+        }
+      }
       if (covered != volume(dims)) {
         fail(where + ": tensor '" + name + "'",
              "chunks covering its " + std::to_string(volume(dims)) + " elements",
@@ -191,7 +209,14 @@ int ShardedCheckpoint::descriptor(const std::string& file) const {
   if (open) return open->fd;
   const fs::path path = directory_ / file;
   auto opened = std::make_unique<OpenFile>();
-  opened->fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  do {
+    opened->fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  } while (opened->fd < 0 && errno == EINTR);
+  if (opened->fd < 0 && (errno == EMFILE || errno == ENFILE)) {
+    // Not damage: this process holds one descriptor per shard file it reads from.
+    fail(path.string(), "a free file descriptor to open a shard file", std::strerror(errno),
+         "raise the open-file limit (ulimit -n; " + std::to_string(open_.size()) + " shard files are open)");
+  }
   if (opened->fd < 0) {
     fail(path.string(), "the shard file index.json lists", std::strerror(errno), kEarlierCheckpoint);
   }
@@ -236,6 +261,7 @@ void ShardedCheckpoint::read_box(const std::string& name, const std::vector<int6
       for (size_t done = 0; done < bytes;) {
         const ssize_t got = ::pread(fd, reinterpret_cast<char*>(buffer.data()) + done, bytes - done,
                                     static_cast<off_t>(at + done));
+        if (got < 0 && errno == EINTR) continue;  // a signal arrived before any byte: read again
         if (got <= 0) {
           fail((directory_ / chunk.file).string(), "a readable shard file",
                got == 0 ? "an early end of file" : std::strerror(errno), kEarlierCheckpoint);

@@ -204,8 +204,10 @@ TEST(CrossEntropy, Bf16InputsMatchTheReferenceOnRoundedInputs) {
   for (UnembedLayout layout : kLayouts) {
     Problem problem(37, 16, 50, 45, layout, 61);
     problem.drop_tokens(5, 2);
-    for (double& value : problem.h) value = float_from_bfloat16(bfloat16_from_float(static_cast<float>(value)));
-    for (double& value : problem.w) value = float_from_bfloat16(bfloat16_from_float(static_cast<float>(value)));
+    for (double& value : problem.h)
+      value = float_from_bfloat16(bfloat16_from_float(static_cast<float>(value)));
+    for (double& value : problem.w)
+      value = float_from_bfloat16(bfloat16_from_float(static_cast<float>(value)));
     const int64_t N = problem.N, D = problem.D, V = problem.V, valid = problem.vocab_valid;
     const auto weight = [&](int64_t d, int64_t v) {
       return problem.w[static_cast<size_t>(layout == UnembedLayout::kernel_DV ? d * V + v : v * D + d)];
@@ -231,9 +233,9 @@ TEST(CrossEntropy, Bf16InputsMatchTheReferenceOnRoundedInputs) {
       std::vector<float> scratch(static_cast<size_t>(cross_entropy_scratch_floats(chunk, V)));
       std::vector<uint16_t> bf16(static_cast<size_t>(cross_entropy_bf16_scratch_elements(chunk, D, V)));
       std::vector<float> dh(h.size(), 123.0f), dw(w.size(), 0.0f);
-      const CrossEntropySums sums =
-          unembed_cross_entropy(dh.data(), dw.data(), h.data(), w.data(), layout, problem.targets.data(),
-                                problem.mask_ptr(), N, D, V, valid, chunk, scratch.data(), nullptr, bf16.data());
+      const CrossEntropySums sums = unembed_cross_entropy(dh.data(), dw.data(), h.data(), w.data(), layout,
+                                                          problem.targets.data(), problem.mask_ptr(), N, D, V,
+                                                          valid, chunk, scratch.data(), nullptr, bf16.data());
       EXPECT_EQ(sums.valid_count, ref.valid_count) << name;
       EXPECT_LT(std::fabs(sums.loss_sum - ref.loss_sum) / std::fabs(ref.loss_sum), 1e-5) << name;
       const double rounding = 2.0 * 0x1p-9;
@@ -248,7 +250,8 @@ TEST(CrossEntropy, Bf16InputsMatchTheReferenceOnRoundedInputs) {
       }
       for (int64_t d = 0; d < D; ++d) {
         for (int64_t v = 0; v < V; ++v) {
-          const size_t index = static_cast<size_t>(layout == UnembedLayout::kernel_DV ? d * V + v : v * D + d);
+          const size_t index =
+              static_cast<size_t>(layout == UnembedLayout::kernel_DV ? d * V + v : v * D + d);
           if (v >= valid) {
             EXPECT_EQ(dw[index], 0.0f) << name << ": a padding column's gradient";
             continue;

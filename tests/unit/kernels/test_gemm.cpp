@@ -124,8 +124,8 @@ TEST(Gemm, Bfloat16RoundsToNearestEven) {
   using meshtrain::bfloat16_from_float;
   using meshtrain::float_from_bfloat16;
   EXPECT_EQ(bfloat16_from_float(1.0f), 0x3f80);
-  EXPECT_EQ(bfloat16_from_float(1.0f + 0x1p-8f), 0x3f80);        // halfway, kept bit even: down
-  EXPECT_EQ(bfloat16_from_float(1.0f + 3 * 0x1p-8f), 0x3f82);    // halfway, kept bit odd: up
+  EXPECT_EQ(bfloat16_from_float(1.0f + 0x1p-8f), 0x3f80);             // halfway, kept bit even: down
+  EXPECT_EQ(bfloat16_from_float(1.0f + 3 * 0x1p-8f), 0x3f82);         // halfway, kept bit odd: up
   EXPECT_EQ(bfloat16_from_float(1.0f + 0x1p-8f + 0x1p-20f), 0x3f81);  // above halfway: up
   EXPECT_EQ(bfloat16_from_float(-2.5f), 0xc020);
   EXPECT_EQ(bfloat16_from_float(3.4028235e38f), 0x7f80);  // the largest float rounds to infinity
@@ -149,7 +149,8 @@ TEST(Gemm, Bfloat16RoundsToNearestEven) {
 // values are exact in float32, so only the float32 sums round (the float32 GEMM's bound). And its result is
 // not the float32 GEMM's on the unrounded inputs: the inputs were rounded.
 TEST(Gemm, Bf16InputsMatchTheReferenceOnTheRoundedValues) {
-  const std::array<std::array<int64_t, 3>, 4> sizes = {{{1, 1, 1}, {37, 53, 29}, {256, 96, 700}, {130, 7, 3}}};
+  const std::array<std::array<int64_t, 3>, 4> sizes = {
+      {{1, 1, 1}, {37, 53, 29}, {256, 96, 700}, {130, 7, 3}}};
   uint64_t seed = 500;
   double worst_vs_float32 = 0.0;
   for (const auto& [M, N, K] : sizes) {
@@ -175,7 +176,8 @@ TEST(Gemm, Bf16InputsMatchTheReferenceOnTheRoundedValues) {
               const double e = expected[m * ldc + n];
               scale = std::max(scale, std::abs(e));
               worst = std::max(worst, std::abs(c[m * ldc + n] - e));
-              from_float32 = std::max(from_float32, std::abs(c[m * ldc + n] - double{c_float32[m * ldc + n]}));
+              from_float32 =
+                  std::max(from_float32, std::abs(c[m * ldc + n] - double{c_float32[m * ldc + n]}));
             }
           }
           EXPECT_LT(worst / scale, 1e-5)

@@ -115,7 +115,8 @@ TEST(Matmul, Bf16InputsMatchTheReferenceOnRoundedInputs) {
   const std::vector<float> x = to_float(random_values(N * I, 41)), w = to_float(random_values(I * O, 42)),
                            bias = to_float(random_values(O, 43)), dout = to_float(random_values(N * O, 44));
   const std::vector<double> xr = rounded(x), wr = rounded(w), doutr = rounded(dout), biasd = to_double(bias);
-  std::vector<uint16_t> scratch(static_cast<size_t>(meshtrain::kernels::matmul_bf16_scratch_elements(N, I, O)));
+  std::vector<uint16_t> scratch(
+      static_cast<size_t>(meshtrain::kernels::matmul_bf16_scratch_elements(N, I, O)));
 
   std::vector<double> out_ref(N * O);
   matmul_reference_forward(out_ref.data(), xr.data(), wr.data(), biasd.data(), N, I, O);
@@ -126,8 +127,8 @@ TEST(Matmul, Bf16InputsMatchTheReferenceOnRoundedInputs) {
   EXPECT_NE(out, out_float32);
 
   std::vector<double> dx_ref(N * I), dw_ref(I * O, 0.0), dbias_ref(O, 0.0);
-  matmul_reference_backward(dx_ref.data(), dw_ref.data(), dbias_ref.data(), doutr.data(), xr.data(), wr.data(), N,
-                            I, O, false);
+  matmul_reference_backward(dx_ref.data(), dw_ref.data(), dbias_ref.data(), doutr.data(), xr.data(),
+                            wr.data(), N, I, O, false);
   std::vector<float> dx(N * I, std::numeric_limits<float>::quiet_NaN()), dw(I * O, 0.0f), dbias(O, 0.0f);
   matmul_backward(dx.data(), dw.data(), dbias.data(), dout.data(), x.data(), w.data(), N, I, O, false,
                   scratch.data());
@@ -135,10 +136,12 @@ TEST(Matmul, Bf16InputsMatchTheReferenceOnRoundedInputs) {
   expect_close("bf16 matmul dw", dw, dw_ref, bound);
   // The bias gradient is a float32 column sum of the unrounded dout.
   std::vector<double> dbias_float32(O, 0.0);
-  matmul_reference_backward(static_cast<double*>(nullptr), static_cast<double*>(nullptr), dbias_float32.data(),
-                            to_double(dout).data(), xr.data(), wr.data(), N, I, O, false);
+  matmul_reference_backward(static_cast<double*>(nullptr), static_cast<double*>(nullptr),
+                            dbias_float32.data(), to_double(dout).data(), xr.data(), wr.data(), N, I, O,
+                            false);
   expect_close("bf16 matmul dbias", dbias, dbias_float32, bound);
-  matmul_backward(dx.data(), dw.data(), nullptr, dout.data(), x.data(), w.data(), N, I, O, true, scratch.data());
+  matmul_backward(dx.data(), dw.data(), nullptr, dout.data(), x.data(), w.data(), N, I, O, true,
+                  scratch.data());
   expect_close("bf16 matmul dx (accumulated twice)", dx, scaled(dx_ref, 2.0), bound);
   expect_close("bf16 matmul dw (accumulated twice)", dw, scaled(dw_ref, 2.0), bound);
 }

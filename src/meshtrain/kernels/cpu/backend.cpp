@@ -25,7 +25,9 @@ namespace meshtrain::kernels {
 namespace {
 
 // The cpu kernels read and write float32; bf16 compute rounds the inputs of the dense matmuls only.
-DType float32_activations(DType /*compute*/) { return DType::f32; }
+DType float32_activations(DType /*compute*/) {
+  return DType::f32;
+}
 
 }  // namespace
 

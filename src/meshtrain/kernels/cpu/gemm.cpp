@@ -21,14 +21,15 @@ namespace {
 
 // The oneDNN C functions the engine calls, looked up in the library loaded at run time. The header gives
 // their exact types; the soname (libdnnl.so.2) pins the 2.x interface the header describes.
-#define MESHTRAIN_ONEDNN_FUNCTIONS(X)                                                                       \
-  X(dnnl_version)                                                                                           \
-  X(dnnl_get_effective_cpu_isa)                                                                             \
-  X(dnnl_sgemm) X(dnnl_engine_create) X(dnnl_stream_create) X(dnnl_stream_wait)                             \
-      X(dnnl_memory_desc_init_by_strides) X(dnnl_matmul_desc_init) X(dnnl_primitive_attr_create)            \
-          X(dnnl_primitive_attr_destroy) X(dnnl_post_ops_create) X(dnnl_post_ops_destroy)                   \
-              X(dnnl_post_ops_append_sum) X(dnnl_primitive_attr_set_post_ops) X(dnnl_primitive_desc_create) \
-                  X(dnnl_primitive_desc_destroy) X(dnnl_primitive_create) X(dnnl_memory_create)             \
+#define MESHTRAIN_ONEDNN_FUNCTIONS(X)                                                                 \
+  X(dnnl_version)                                                                                     \
+  X(dnnl_get_effective_cpu_isa)                                                                       \
+  X(dnnl_sgemm)                                                                                       \
+  X(dnnl_engine_create) X(dnnl_stream_create) X(dnnl_stream_wait) X(dnnl_memory_desc_init_by_strides) \
+      X(dnnl_matmul_desc_init) X(dnnl_primitive_attr_create) X(dnnl_primitive_attr_destroy)           \
+          X(dnnl_post_ops_create) X(dnnl_post_ops_destroy) X(dnnl_post_ops_append_sum)                \
+              X(dnnl_primitive_attr_set_post_ops) X(dnnl_primitive_desc_create)                       \
+                  X(dnnl_primitive_desc_destroy) X(dnnl_primitive_create) X(dnnl_memory_create)       \
                       X(dnnl_memory_destroy) X(dnnl_primitive_execute) X(dnnl_primitive_desc_query)
 
 struct OneDnn {
@@ -113,8 +114,8 @@ dnnl_primitive_t onednn_matmul_primitive(OneDnn& dnn, dnnl_data_type_t input_typ
                                          bool transpose_b, int64_t M, int64_t N, int64_t K, int64_t lda,
                                          int64_t ldb, bool accumulate, int64_t ldc, dnnl_memory_desc_t* descs,
                                          std::string* implementation = nullptr) {
-  const auto key = std::make_tuple(input_type, M, N, K, transpose_a ? -lda : lda, transpose_b ? -ldb : ldb, ldc,
-                                   accumulate);
+  const auto key = std::make_tuple(input_type, M, N, K, transpose_a ? -lda : lda, transpose_b ? -ldb : ldb,
+                                   ldc, accumulate);
   dnnl_memory_desc_t& src = descs[0];
   dnnl_memory_desc_t& weights = descs[1];
   dnnl_memory_desc_t& dst = descs[2];
@@ -140,7 +141,8 @@ dnnl_primitive_t onednn_matmul_primitive(OneDnn& dnn, dnnl_data_type_t input_typ
     dnn.dnnl_post_ops_destroy(post_ops);
   }
   dnnl_primitive_desc_t primitive_desc = nullptr;
-  const dnnl_status_t status = dnn.dnnl_primitive_desc_create(&primitive_desc, &desc, attr, dnn.engine, nullptr);
+  const dnnl_status_t status =
+      dnn.dnnl_primitive_desc_create(&primitive_desc, &desc, attr, dnn.engine, nullptr);
   dnn.dnnl_primitive_attr_destroy(attr);
   if (status == dnnl_unimplemented) return nullptr;
   check_onednn(status, "matmul primitive desc");
@@ -150,7 +152,8 @@ dnnl_primitive_t onednn_matmul_primitive(OneDnn& dnn, dnnl_data_type_t input_typ
     *implementation = name != nullptr ? name : "unnamed";
   }
   dnnl_primitive_t& primitive = dnn.matmuls[key];
-  if (primitive == nullptr) check_onednn(dnn.dnnl_primitive_create(&primitive, primitive_desc), "matmul primitive");
+  if (primitive == nullptr)
+    check_onednn(dnn.dnnl_primitive_create(&primitive, primitive_desc), "matmul primitive");
   dnn.dnnl_primitive_desc_destroy(primitive_desc);
   return primitive;
 }
@@ -158,12 +161,12 @@ dnnl_primitive_t onednn_matmul_primitive(OneDnn& dnn, dnnl_data_type_t input_typ
 // out = op(A) op(B) through oneDNN's matmul primitive (strides describe the transposes; no copies). A and B
 // are float or bfloat16 bits as input_type says.
 void onednn_matmul(OneDnn& dnn, dnnl_data_type_t input_type, bool transpose_a, bool transpose_b, int64_t M,
-                   int64_t N, int64_t K, const void* A, int64_t lda, const void* B, int64_t ldb, bool accumulate,
-                   float* C, int64_t ldc) {
+                   int64_t N, int64_t K, const void* A, int64_t lda, const void* B, int64_t ldb,
+                   bool accumulate, float* C, int64_t ldc) {
   std::lock_guard<std::mutex> lock(dnn.matmul_mutex);
   dnnl_memory_desc_t descs[3] = {};
-  dnnl_primitive_t primitive = onednn_matmul_primitive(dnn, input_type, transpose_a, transpose_b, M, N, K, lda,
-                                                       ldb, accumulate, ldc, descs);
+  dnnl_primitive_t primitive = onednn_matmul_primitive(dnn, input_type, transpose_a, transpose_b, M, N, K,
+                                                       lda, ldb, accumulate, ldc, descs);
   MT_CHECK(primitive != nullptr, "oneDNN has no matmul for these inputs on this CPU");
   const dnnl_memory_desc_t& src = descs[0];
   const dnnl_memory_desc_t& weights = descs[1];
@@ -196,9 +199,8 @@ void onednn_gemm(OneDnn& dnn, bool transpose_a, bool transpose_b, int64_t M, int
 }
 
 template <class In>
-void reference_gemm_threaded(bool transpose_a, bool transpose_b, int64_t M, int64_t N, int64_t K,
-                             const In* A, int64_t lda, const In* B, int64_t ldb, bool accumulate, float* C,
-                             int64_t ldc) {
+void reference_gemm_threaded(bool transpose_a, bool transpose_b, int64_t M, int64_t N, int64_t K, const In* A,
+                             int64_t lda, const In* B, int64_t ldb, bool accumulate, float* C, int64_t ldc) {
   constexpr int64_t kRowsPerTask = 4;
   const int64_t tasks = (M + kRowsPerTask - 1) / kRowsPerTask;
 #pragma omp parallel for schedule(static)
@@ -235,7 +237,8 @@ bool onednn_agrees_with_reference(OneDnn& dnn, bool bf16, std::string* bf16_impl
         gemm_reference(ta, tb, M, N, K, a.data(), lda, b.data(), ldb, accumulate, expected.data(), N);
         if (bf16) {
           dnnl_memory_desc_t descs[3] = {};
-          if (onednn_matmul_primitive(dnn, dnnl_bf16, ta, tb, M, N, K, lda, ldb, accumulate, N, descs) == nullptr)
+          if (onednn_matmul_primitive(dnn, dnnl_bf16, ta, tb, M, N, K, lda, ldb, accumulate, N, descs) ==
+              nullptr)
             return false;
           onednn_matmul(dnn, dnnl_bf16, ta, tb, M, N, K, a_bf16.data(), lda, b_bf16.data(), ldb, accumulate,
                         found.data(), N);
@@ -349,7 +352,8 @@ void gemm_bf16(bool transpose_a, bool transpose_b, int64_t M, int64_t N, int64_t
   }
   gemm_backend();
   if (g_onednn != nullptr && g_onednn_bf16) {
-    onednn_matmul(*g_onednn, dnnl_bf16, transpose_a, transpose_b, M, N, K, A, lda, B, ldb, accumulate, C, ldc);
+    onednn_matmul(*g_onednn, dnnl_bf16, transpose_a, transpose_b, M, N, K, A, lda, B, ldb, accumulate, C,
+                  ldc);
   } else {
     reference_gemm_threaded(transpose_a, transpose_b, M, N, K, A, lda, B, ldb, accumulate, C, ldc);
   }

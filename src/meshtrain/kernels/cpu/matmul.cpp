@@ -13,7 +13,9 @@ constexpr int64_t kColumnBlock = 32;
 
 }  // namespace
 
-int64_t matmul_bf16_scratch_elements(int64_t N, int64_t I, int64_t O) { return N * I + I * O + N * O; }
+int64_t matmul_bf16_scratch_elements(int64_t N, int64_t I, int64_t O) {
+  return N * I + I * O + N * O;
+}
 
 void matmul_forward(float* out, const float* x, const float* w, const float* bias, int64_t N, int64_t I,
                     int64_t O, uint16_t* bf16_inputs) {
@@ -26,8 +28,8 @@ void matmul_forward(float* out, const float* x, const float* w, const float* bia
   }
   if (I == 0) return;
   if (bf16_inputs != nullptr) {
-    uint16_t* x_bf16 = bf16_inputs;           // [N, I]
-    uint16_t* w_bf16 = bf16_inputs + N * I;   // [I, O]
+    uint16_t* x_bf16 = bf16_inputs;          // [N, I]
+    uint16_t* w_bf16 = bf16_inputs + N * I;  // [I, O]
     round_to_bfloat16(x, N, I, I, x_bf16);
     round_to_bfloat16(w, I, O, O, w_bf16);
     gemm_bf16(false, false, N, O, I, x_bf16, I, w_bf16, O, bias != nullptr, out, O);
@@ -58,9 +60,9 @@ void matmul_backward(float* dx, float* dw, float* dbias, const float* dout, cons
     return;
   }
   if (bf16_inputs != nullptr) {
-    uint16_t* dout_bf16 = bf16_inputs;                // [N, O]
-    uint16_t* w_bf16 = bf16_inputs + N * O;           // [I, O]
-    uint16_t* x_bf16 = bf16_inputs + N * O + I * O;   // [N, I]
+    uint16_t* dout_bf16 = bf16_inputs;               // [N, O]
+    uint16_t* w_bf16 = bf16_inputs + N * O;          // [I, O]
+    uint16_t* x_bf16 = bf16_inputs + N * O + I * O;  // [N, I]
     round_to_bfloat16(dout, N, O, O, dout_bf16);
     if (dx != nullptr) {
       round_to_bfloat16(w, I, O, O, w_bf16);

@@ -115,8 +115,9 @@ void add_final_norm_and_loss(SpecBuilder& builder, NormKind norm, BufferId resid
   const BufferId logits_scratch = builder.scratch(
       "scratch/cross_entropy",
       shape_of({{"floats", builder.kernels().cross_entropy_scratch_floats(chunk_tokens, V)}}));
-  const BufferId bf16_inputs = builder.bf16_inputs_scratch(
-      "scratch/cross_entropy_bf16_inputs", builder.kernels().cross_entropy_bf16_scratch_elements(chunk_tokens, D, V));
+  const BufferId bf16_inputs =
+      builder.bf16_inputs_scratch("scratch/cross_entropy_bf16_inputs",
+                                  builder.kernels().cross_entropy_bf16_scratch_elements(chunk_tokens, D, V));
   const BufferId hidden = final_norm.out, targets = spec.targets, loss_mask = spec.loss_mask;
   const double flops = 2.0 * static_cast<double>(N * D * V);
   // Vocab-parallel cross-entropy: ranks exchange per-token max, sum of exponentials and target logit.
@@ -131,8 +132,9 @@ void add_final_norm_and_loss(SpecBuilder& builder, NormKind norm, BufferId resid
     for (OpDecl& op : reduce_stats) op.collective.inside_next_op = true;
   }
   const auto loss_op = [=](bool with_gradient) {
-    std::vector<BufferId> writes = with_gradient ? std::vector<BufferId>{d_hidden, d_unembedding, logits_scratch}
-                                                 : std::vector<BufferId>{logits_scratch};
+    std::vector<BufferId> writes = with_gradient
+                                       ? std::vector<BufferId>{d_hidden, d_unembedding, logits_scratch}
+                                       : std::vector<BufferId>{logits_scratch};
     if (bf16_inputs != kNoBuffer) writes.push_back(bf16_inputs);
     return OpDecl{with_gradient ? "loss/forward_backward" : "loss/forward",
                   {hidden, unembedding, targets, loss_mask},

@@ -28,8 +28,8 @@ LinearLayer add_linear(SpecBuilder& builder, const std::string& prefix, BufferId
   const BufferId out = builder.activation(prefix + "/out", out_shape);
   // dtype=bfloat16: x, W (and in the backward dout) rounded to bf16 for the GEMMs; written by each op, so
   // it lives only while its op runs.
-  const BufferId bf16_inputs =
-      builder.bf16_inputs_scratch(prefix + "/bf16_inputs", builder.kernels().matmul_bf16_scratch_elements(N, I, O));
+  const BufferId bf16_inputs = builder.bf16_inputs_scratch(
+      prefix + "/bf16_inputs", builder.kernels().matmul_bf16_scratch_elements(N, I, O));
   const BufferId residual_in = options.residual_in;
   const double flops = 2.0 * static_cast<double>(N * I * O);
   // Row-parallel (input features split over tensor, as o and down projections): each rank holds a partial
