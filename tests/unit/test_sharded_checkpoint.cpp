@@ -109,6 +109,22 @@ TEST_F(ShardedIndex, ReadsABoxFromTheChunksThatOverlapIt) {
   float scalar = 0.0f;
   fresh.read_box("s", {}, {}, &scalar);
   EXPECT_EQ(scalar, 2.5f);
+
+  // Several boxes at once (a stacked tensor's layers): rows 0, 1 and 4, each a box one row deep; every chunk
+  // is read once, though the first two chunks hold two of the boxes each.
+  const ShardedCheckpoint batched(dir_);
+  std::vector<std::vector<float>> rows(3, std::vector<float>(7, -1.0f));
+  const std::vector<int64_t> row_index = {0, 1, 4};
+  std::vector<ShardedCheckpoint::Box> row_boxes;
+  for (size_t i = 0; i < rows.size(); ++i) row_boxes.push_back({{row_index[i], 0}, {1, 7}, rows[i].data()});
+  batched.read_boxes("w", row_boxes);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    for (int64_t c = 0; c < 7; ++c)
+      EXPECT_EQ(rows[i][static_cast<size_t>(c)],
+                10.0f * static_cast<float>(row_index[i]) + static_cast<float>(c))
+          << "row " << row_index[i] << " column " << c;
+  }
+  EXPECT_EQ(batched.bytes_read(), chunk_bytes_[0] + chunk_bytes_[1] + chunk_bytes_[2]);
 }
 
 TEST_F(ShardedIndex, DamagedIndexesNameTheFile) {

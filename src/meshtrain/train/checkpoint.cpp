@@ -730,7 +730,15 @@ void load_sharded(const LoadContext& context, Engine& engine, bool parameters_on
       fail(tensor_where(index_path, name), "only tensors of this run's model", "an extra tensor",
            layout_hint);
   }
-  for (const BoxRead& read : reads) checkpoint.read_box(read.tensor, read.start, read.dims, read.data);
+  // The boxes of one tensor together (a stacked tensor's layers are consecutive): each chunk is read once.
+  for (size_t first = 0; first < reads.size();) {
+    std::vector<ShardedCheckpoint::Box> boxes;
+    size_t next = first;
+    for (; next < reads.size() && reads[next].tensor == reads[first].tensor; ++next)
+      boxes.push_back({reads[next].start, reads[next].dims, reads[next].data});
+    checkpoint.read_boxes(reads[first].tensor, boxes);
+    first = next;
+  }
 }
 
 }  // namespace

@@ -234,18 +234,32 @@ int ShardedCheckpoint::descriptor(const std::string& file) const {
 
 void ShardedCheckpoint::read_box(const std::string& name, const std::vector<int64_t>& start,
                                  const std::vector<int64_t>& dims, float* out) const {
+  read_boxes(name, {{start, dims, out}});
+}
+
+void ShardedCheckpoint::read_boxes(const std::string& name, const std::vector<Box>& boxes) const {
   const auto found = chunks_.find(name);
-  MT_CHECK(found != chunks_.end() && start.size() == dims.size() && dims.size() == dims_.at(name).size(),
-           "a box of a tensor the checkpoint has: " + name);
-  const size_t rank = dims.size();
-  std::vector<float> buffer;
-  for (const Chunk& chunk : found->second) {
+  MT_CHECK(found != chunks_.end(), "a box of a tensor the checkpoint has: " + name);
+  const size_t rank = dims_.at(name).size();
+  for (const Box& box : boxes) {
+    MT_CHECK(box.start.size() == rank && box.dims.size() == rank, "a box of tensor " + name + "'s rank");
+  }
+  const auto overlap = [rank](const Chunk& chunk, const Box& box) {
     bool overlaps = true;
     for (size_t d = 0; d < rank && overlaps; ++d)
-      overlaps = chunk.start[d] < start[d] + dims[d] && start[d] < chunk.start[d] + chunk.dims[d];
-    if (!overlaps) continue;
-    // The chunk is read row by row (a row: its last dim; a 0-d tensor is one row of one element), as many
-    // rows at a time as the buffer holds; the rows inside the box are copied out.
+      overlaps = chunk.start[d] < box.start[d] + box.dims[d] && box.start[d] < chunk.start[d] + chunk.dims[d];
+    return overlaps;
+  };
+  std::vector<float> buffer;
+  std::vector<const Box*> wanting;  // the boxes that overlap the current chunk
+  for (const Chunk& chunk : found->second) {
+    wanting.clear();
+    for (const Box& box : boxes) {
+      if (overlap(chunk, box)) wanting.push_back(&box);
+    }
+    if (wanting.empty()) continue;
+    // The chunk is read once, row by row (a row: its last dim; a 0-d tensor is one row of one element), as
+    // many rows at a time as the buffer holds; each row's part inside each box is copied out.
     const int64_t row = rank == 0 ? 1 : chunk.dims.back();
     const int64_t rows = volume(chunk.dims) / row;
     const int64_t rows_per_read =
@@ -271,21 +285,23 @@ void ShardedCheckpoint::read_box(const std::string& name, const std::vector<int6
       crc = crc32c(buffer.data(), bytes, crc);
       bytes_read_ += bytes;
       for (int64_t r = 0; r < count; ++r) {
-        // Copies the part of this row inside the box: every leading coordinate inside, the last dim clipped.
-        bool inside = true;
-        int64_t target = 0;  // flat offset in the box of the row's first element, leading dims only
-        for (size_t d = 0; d + 1 < rank; ++d) {
-          const int64_t global = chunk.start[d] + coordinate[d];
-          inside = inside && global >= start[d] && global < start[d] + dims[d];
-          target = target * dims[d] + (global - start[d]);
-        }
-        if (inside) {
+        for (const Box* box : wanting) {
+          // This row's part inside the box: every leading coordinate inside, the last dim clipped.
+          bool inside = true;
+          int64_t target = 0;  // flat offset in the box of the row's first element, leading dims only
+          for (size_t d = 0; d + 1 < rank; ++d) {
+            const int64_t global = chunk.start[d] + coordinate[d];
+            inside = inside && global >= box->start[d] && global < box->start[d] + box->dims[d];
+            target = target * box->dims[d] + (global - box->start[d]);
+          }
+          if (!inside) continue;
           const int64_t last_start = rank == 0 ? 0 : chunk.start.back();
-          const int64_t box_start = rank == 0 ? 0 : start.back();
-          const int64_t box_size = rank == 0 ? 1 : dims.back();
+          const int64_t box_start = rank == 0 ? 0 : box->start.back();
+          const int64_t box_size = rank == 0 ? 1 : box->dims.back();
           const int64_t lo = std::max(last_start, box_start);
           const int64_t hi = std::min(last_start + row, box_start + box_size);
-          std::memcpy(out + target * box_size + (lo - box_start), buffer.data() + r * row + (lo - last_start),
+          std::memcpy(box->out + target * box_size + (lo - box_start),
+                      buffer.data() + r * row + (lo - last_start),
                       static_cast<size_t>(hi - lo) * sizeof(float));
         }
         for (size_t d = rank - (rank > 0 ? 1 : 0); d-- > 0;) {  // next row: odometer over the leading dims

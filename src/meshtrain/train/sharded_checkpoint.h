@@ -68,6 +68,13 @@ class ShardedCheckpoint {
   // A missing or truncated shard file, or a chunk whose CRC differs, is a MeshError naming the file.
   void read_box(const std::string& name, const std::vector<int64_t>& start, const std::vector<int64_t>& dims,
                 float* out) const;
+  // Several boxes of one tensor at once (the layers of a stacked tensor): each overlapping chunk is read
+  // once for all of them.
+  struct Box {
+    std::vector<int64_t> start, dims;
+    float* out = nullptr;  // row-major [dims]
+  };
+  void read_boxes(const std::string& name, const std::vector<Box>& boxes) const;
   // Bytes read from shard files so far (tests: a rank reads only the chunks it needs).
   uint64_t bytes_read() const { return bytes_read_; }
 
