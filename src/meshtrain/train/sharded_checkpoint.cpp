@@ -57,16 +57,34 @@ void write_rank_shard(const fs::path& checkpoint, int rank, const std::vector<Sh
   json listed = json::array();
   for (const ShardChunk& chunk : chunks) {
     // Engine order [layers][outer][inner] into the file's [outer][layers][inner], and the CRC-32C of the
-    // bytes as the file holds them.
-    const size_t run_bytes = static_cast<size_t>(chunk.inner) * sizeof(float);
-    for (int64_t layer = 0; layer < chunk.layers; ++layer) {
-      shard.write_f32(chunk.tensor, layer * chunk.inner, chunk.outer, chunk.inner, chunk.layers * chunk.inner,
-                      chunk.data + layer * chunk.outer * chunk.inner);
-    }
+    // bytes as the file holds them. With more than one layer and outer row the order changes: whole outer
+    // rows are reordered through a buffer of about kShardReadBufferBytes and written as one run each time
+    // (writing each layer's runs in place would be `outer` writes of `inner` floats per layer: 4 bytes each
+    // for a stacked norm scale).
     uint32_t crc = 0;
-    for (int64_t o = 0; o < chunk.outer; ++o)
-      for (int64_t layer = 0; layer < chunk.layers; ++layer)
-        crc = crc32c(chunk.data + (layer * chunk.outer + o) * chunk.inner, run_bytes, crc);
+    const int64_t total = volume(chunk.dims);
+    if (chunk.layers == 1 || chunk.outer == 1) {
+      shard.write_f32(chunk.tensor, 0, 1, total, total, chunk.data);
+      crc = crc32c(chunk.data, static_cast<size_t>(total) * sizeof(float), crc);
+    } else {
+      const int64_t per_outer = chunk.layers * chunk.inner;  // one outer row in file order
+      const int64_t outer_per_write =
+          std::max<int64_t>(1, static_cast<int64_t>(kShardReadBufferBytes / sizeof(float)) / per_outer);
+      std::vector<float> reordered(static_cast<size_t>(std::min(chunk.outer, outer_per_write) * per_outer));
+      for (int64_t first = 0; first < chunk.outer; first += outer_per_write) {
+        const int64_t count = std::min(outer_per_write, chunk.outer - first);
+        for (int64_t o = 0; o < count; ++o) {
+          for (int64_t layer = 0; layer < chunk.layers; ++layer) {
+            std::memcpy(reordered.data() + (o * chunk.layers + layer) * chunk.inner,
+                        chunk.data + (layer * chunk.outer + first + o) * chunk.inner,
+                        static_cast<size_t>(chunk.inner) * sizeof(float));
+          }
+        }
+        shard.write_f32(chunk.tensor, first * per_outer, 1, count * per_outer, count * per_outer,
+                        reordered.data());
+        crc = crc32c(reordered.data(), static_cast<size_t>(count * per_outer) * sizeof(float), crc);
+      }
+    }
     listed.push_back({{"tensor", chunk.tensor},
                       {"tensor_dims", chunk.tensor_dims},
                       {"offset", shard.data_start() + shard.find(chunk.tensor)->begin},
