@@ -426,9 +426,10 @@ struct KernelBackend {
                            int64_t count);
 };
 
-// The backend whose kernels run ops on devices of `device_kind` (a topology's, e.g. "cpu", "h100"). Every
-// kind gets cpu today: GPU topologies are planned (priced) but their ops run, and their scratch is sized, by
-// the cpu kernels until kernels/cuda/ fills a table; the GPU kinds then map to it here.
+// The backend whose kernels run ops on devices of `device_kind` (a topology's, e.g. "cpu", "h100"). GPU
+// kinds are planned today with the cpu kernels (their scratch sized by them) but with activations stored in
+// the compute dtype and no bf16 rounding scratch, as a GPU backend runs them; kernels/cuda/ will fill that
+// table with its own kernels.
 const KernelBackend& kernel_backend_for_device(const std::string& device_kind);
 
 }  // namespace meshtrain::kernels

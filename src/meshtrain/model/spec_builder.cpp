@@ -48,7 +48,9 @@ BufferId SpecBuilder::scratch(const std::string& name, const Shape& shape) {
 }
 
 BufferId SpecBuilder::bf16_inputs_scratch(const std::string& name, int64_t elements) {
-  if (spec_.config.dtype != DType::bf16) return kNoBuffer;
+  // None when computing in float32, when the backend needs none, and in a decode spec: one token's
+  // matmuls would round all of W per token for a product of one row (decoding computes in float32).
+  if (spec_.config.dtype != DType::bf16 || elements == 0 || decoding()) return kNoBuffer;
   MT_CHECK(find(name) == kNoBuffer, "bf16 scratch declared twice: " + name);
   return add({name, BufferKind::scratch, DType::bf16, shape_of({{"bf16_elements", elements}})});
 }

@@ -38,7 +38,7 @@ class SpecBuilder {
   // Temporary: shared by every layer that declares the same name (the backward reuses one set).
   BufferId scratch(const std::string& name, const Shape& shape);
   // dtype=bfloat16: a kernel's scratch for its inputs rounded to bf16 (`elements` of them, 2 bytes each),
-  // written by every op that uses it; kNoBuffer when the run computes in float32.
+  // written by every op that uses it; kNoBuffer in float32, for 0 elements, and in a decode spec.
   BufferId bf16_inputs_scratch(const std::string& name, int64_t elements);
   // What activations, caches and scratch are stored in: the backend's choice for the compute dtype.
   DType storage_dtype() const;

@@ -21,7 +21,10 @@ void check_plan_runs_here(const TrainingPlan& plan, int64_t world) {
   const Config& c = plan.spec.config;
   // bf16 compute without bf16 instructions would be emulated (oneDNN 2.6 has no bf16 matmul on AVX2 CPUs),
   // so say what this machine has.
-  if (const CpuFeatures& cpu = cpu_features(); c.dtype == DType::bf16 && !cpu.avx512_bf16 && !cpu.amx_bf16) {
+  // A decode spec computes in float32 whatever the dtype (SpecBuilder::bf16_inputs_scratch), so a
+  // checkpoint trained in bf16 samples anywhere.
+  if (const CpuFeatures& cpu = cpu_features();
+      c.dtype == DType::bf16 && !plan.spec.decoding() && !cpu.avx512_bf16 && !cpu.amx_bf16) {
     fail("config key 'dtype'", "a CPU with AVX512-BF16 or AMX-BF16 instructions for bfloat16", cpu.describe(),
          "set dtype=float32 on this machine (its float32 GEMM is its fastest); meshtrain compile still plans "
          "bfloat16 for other machines");

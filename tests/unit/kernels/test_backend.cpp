@@ -44,9 +44,17 @@ TEST(KernelBackend, CpuTableHasEveryEntry) {
 }
 
 TEST(KernelBackend, EveryDeviceKindRunsCpuToday) {
-  for (const std::string kind : {"cpu", "h100", "v5p"}) {
-    EXPECT_EQ(&kernels::kernel_backend_for_device(kind), &kernels::cpu_backend()) << kind;
+  EXPECT_EQ(&kernels::kernel_backend_for_device("cpu"), &kernels::cpu_backend());
+  // Accelerator kinds: the cpu kernels, but stored as an accelerator backend stores them.
+  for (const std::string kind : {"h100", "v5p"}) {
+    const KernelBackend& planning = kernels::kernel_backend_for_device(kind);
+    EXPECT_EQ(planning.matmul_forward, kernels::cpu_backend().matmul_forward) << kind;
+    EXPECT_EQ(planning.attention_backward, kernels::cpu_backend().attention_backward) << kind;
+    EXPECT_EQ(planning.activation_dtype(DType::bf16), DType::bf16) << kind;
+    EXPECT_EQ(planning.matmul_bf16_scratch_elements(8, 4, 2), 0) << kind;
+    EXPECT_EQ(planning.cross_entropy_bf16_scratch_elements(8, 4, 2), 0) << kind;
   }
+  EXPECT_EQ(kernels::cpu_backend().activation_dtype(DType::bf16), DType::f32);
 }
 
 TEST(KernelBackend, CpuEntriesAreTheCpuFunctions) {

@@ -164,24 +164,32 @@ TEST(Gemm, Bf16InputsMatchTheReferenceOnTheRoundedValues) {
           meshtrain::round_to_bfloat16(a.data(), 1, static_cast<int64_t>(a.size()), 0, a_bf16.data());
           meshtrain::round_to_bfloat16(b.data(), 1, static_cast<int64_t>(b.size()), 0, b_bf16.data());
           std::vector<float> c = to_float(random_values(M * ldc, ++seed)), c_float32 = c;
-          std::vector<double> expected = to_double(c);
+          std::vector<double> expected = to_double(c), expected_float32 = expected;
+          const std::vector<double> a_double = to_double(a), b_double = to_double(b);
+          gemm_reference(ta, tb, M, N, K, a_double.data(), lda, b_double.data(), ldb, accumulate,
+                         expected_float32.data(), ldc);
           gemm_reference(ta, tb, M, N, K, a_bf16.data(), lda, b_bf16.data(), ldb, accumulate, expected.data(),
                          ldc);
           meshtrain::kernels::gemm_bf16(ta, tb, M, N, K, a_bf16.data(), lda, b_bf16.data(), ldb, accumulate,
                                         c.data(), ldc);
           gemm(ta, tb, M, N, K, a.data(), lda, b.data(), ldb, accumulate, c_float32.data(), ldc);
-          double worst = 0.0, scale = 1e-30, from_float32 = 0.0;
+          // The float32 GEMM of the same shape right after it (a primitive cache keyed without the input
+          // type would run it in bf16) is still the float32 reference's.
+          double worst = 0.0, scale = 1e-30, from_float32 = 0.0, worst_float32 = 0.0;
           for (int64_t m = 0; m < M; ++m) {
             for (int64_t n = 0; n < ldc; ++n) {
               const double e = expected[m * ldc + n];
               scale = std::max(scale, std::abs(e));
               worst = std::max(worst, std::abs(c[m * ldc + n] - e));
+              worst_float32 =
+                  std::max(worst_float32, std::abs(c_float32[m * ldc + n] - expected_float32[m * ldc + n]));
               from_float32 =
                   std::max(from_float32, std::abs(c[m * ldc + n] - double{c_float32[m * ldc + n]}));
             }
           }
           EXPECT_LT(worst / scale, 1e-5)
               << M << "x" << N << "x" << K << " ta " << ta << " tb " << tb << " accumulate " << accumulate;
+          EXPECT_LT(worst_float32 / scale, 1e-5) << M << "x" << N << "x" << K << " float32 after bf16";
           if (K > 1) worst_vs_float32 = std::max(worst_vs_float32, from_float32 / scale);
         }
       }

@@ -125,6 +125,12 @@ TEST(Matmul, Bf16InputsMatchTheReferenceOnRoundedInputs) {
   expect_close("bf16 matmul forward", out, out_ref, bound);
   matmul_forward(out_float32.data(), x.data(), w.data(), bias.data(), N, I, O);
   EXPECT_NE(out, out_float32);
+  std::vector<double> out_nobias_ref(N * O);
+  matmul_reference_forward(out_nobias_ref.data(), xr.data(), wr.data(), static_cast<const double*>(nullptr),
+                           N, I, O);
+  std::fill(out.begin(), out.end(), std::numeric_limits<float>::quiet_NaN());
+  matmul_forward(out.data(), x.data(), w.data(), nullptr, N, I, O, scratch.data());
+  expect_close("bf16 matmul forward without bias", out, out_nobias_ref, bound);
 
   std::vector<double> dx_ref(N * I), dw_ref(I * O, 0.0), dbias_ref(O, 0.0);
   matmul_reference_backward(dx_ref.data(), dw_ref.data(), dbias_ref.data(), doutr.data(), xr.data(),

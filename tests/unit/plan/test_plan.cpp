@@ -14,6 +14,7 @@
 #include "meshtrain/config/config.h"
 #include "meshtrain/core/cpu_features.h"
 #include "meshtrain/core/error.h"
+#include "meshtrain/plan/decode.h"
 #include "meshtrain/plan/plan.h"
 #include "meshtrain/train/engine.h"
 #include "tiny_plan.h"
@@ -343,6 +344,29 @@ TEST(Plan, Bf16ComputeRunsThePlan) {
     EXPECT_NEAR(with_bf16.losses[step], with_f32.losses[step], 1e-2 * with_f32.losses[step]) << step;
     EXPECT_NE(with_bf16.losses[step], with_f32.losses[step]) << step << ": bf16 rounding changes the loss";
   }
+}
+
+// An accelerator topology is planned as its backend will store it: bf16 activations, no rounding scratch;
+// and a decode spec computes in float32 (no rounding of W for every token).
+TEST(Plan, Bf16OnAcceleratorsStoresBf16ActivationsAndDecodesInFloat32) {
+  const TrainingPlan f32 = plan_for("qwen3-tiny", tiny({"topology=h100x8", "mesh.data=8"}));
+  const TrainingPlan bf16 =
+      plan_for("qwen3-tiny", tiny({"topology=h100x8", "mesh.data=8", "dtype=bfloat16"}));
+  size_t f32_activations = 0, bf16_activations = 0;
+  for (const PlanBuffer& buffer : f32.buffers) {
+    if (buffer.kind == BufferKind::activation) f32_activations += buffer.bytes;
+  }
+  for (const PlanBuffer& buffer : bf16.buffers) {
+    if (buffer.kind == BufferKind::activation) {
+      EXPECT_EQ(buffer.dtype, DType::bf16) << buffer.name;
+      bf16_activations += buffer.bytes;
+    }
+    EXPECT_FALSE(buffer.name.ends_with("bf16_inputs")) << buffer.name;
+  }
+  EXPECT_GT(f32_activations, 0u);
+  EXPECT_EQ(2 * bf16_activations, f32_activations);
+  const TrainingPlan decode = plan_decode(load_config("qwen3-tiny", tiny({"dtype=bfloat16"})), 4);
+  for (const BufferDecl& buffer : decode.spec.buffers) EXPECT_NE(buffer.dtype, DType::bf16) << buffer.name;
 }
 
 TEST(Plan, LiveRunsRefuseWhatThisProcessCannotRun) {

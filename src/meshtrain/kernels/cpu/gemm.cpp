@@ -21,16 +21,17 @@ namespace {
 
 // The oneDNN C functions the engine calls, looked up in the library loaded at run time. The header gives
 // their exact types; the soname (libdnnl.so.2) pins the 2.x interface the header describes.
-#define MESHTRAIN_ONEDNN_FUNCTIONS(X)                                                                 \
-  X(dnnl_version)                                                                                     \
-  X(dnnl_get_effective_cpu_isa)                                                                       \
-  X(dnnl_sgemm)                                                                                       \
-  X(dnnl_engine_create) X(dnnl_stream_create) X(dnnl_stream_wait) X(dnnl_memory_desc_init_by_strides) \
-      X(dnnl_matmul_desc_init) X(dnnl_primitive_attr_create) X(dnnl_primitive_attr_destroy)           \
-          X(dnnl_post_ops_create) X(dnnl_post_ops_destroy) X(dnnl_post_ops_append_sum)                \
-              X(dnnl_primitive_attr_set_post_ops) X(dnnl_primitive_desc_create)                       \
-                  X(dnnl_primitive_desc_destroy) X(dnnl_primitive_create) X(dnnl_memory_create)       \
-                      X(dnnl_memory_destroy) X(dnnl_primitive_execute) X(dnnl_primitive_desc_query)
+#define MESHTRAIN_ONEDNN_FUNCTIONS(X)                                                                    \
+  X(dnnl_version)                                                                                        \
+  X(dnnl_get_effective_cpu_isa)                                                                          \
+  X(dnnl_sgemm)                                                                                          \
+  X(dnnl_engine_create)                                                                                  \
+  X(dnnl_stream_create) X(dnnl_stream_wait) X(dnnl_memory_desc_init_by_strides) X(dnnl_matmul_desc_init) \
+      X(dnnl_primitive_attr_create) X(dnnl_primitive_attr_destroy) X(dnnl_post_ops_create)               \
+          X(dnnl_post_ops_destroy) X(dnnl_post_ops_append_sum) X(dnnl_primitive_attr_set_post_ops)       \
+              X(dnnl_primitive_desc_create) X(dnnl_primitive_desc_destroy) X(dnnl_primitive_create)      \
+                  X(dnnl_memory_create) X(dnnl_memory_destroy) X(dnnl_primitive_execute)                 \
+                      X(dnnl_primitive_desc_query)
 
 struct OneDnn {
 #define MESHTRAIN_DECLARE(name) decltype(&::name) name = nullptr;
@@ -159,15 +160,15 @@ dnnl_primitive_t onednn_matmul_primitive(OneDnn& dnn, dnnl_data_type_t input_typ
 }
 
 // out = op(A) op(B) through oneDNN's matmul primitive (strides describe the transposes; no copies). A and B
-// are float or bfloat16 bits as input_type says.
-void onednn_matmul(OneDnn& dnn, dnnl_data_type_t input_type, bool transpose_a, bool transpose_b, int64_t M,
+// are float or bfloat16 bits as input_type says. False (nothing written) when oneDNN has no implementation.
+bool onednn_matmul(OneDnn& dnn, dnnl_data_type_t input_type, bool transpose_a, bool transpose_b, int64_t M,
                    int64_t N, int64_t K, const void* A, int64_t lda, const void* B, int64_t ldb,
                    bool accumulate, float* C, int64_t ldc) {
   std::lock_guard<std::mutex> lock(dnn.matmul_mutex);
   dnnl_memory_desc_t descs[3] = {};
   dnnl_primitive_t primitive = onednn_matmul_primitive(dnn, input_type, transpose_a, transpose_b, M, N, K,
                                                        lda, ldb, accumulate, ldc, descs);
-  MT_CHECK(primitive != nullptr, "oneDNN has no matmul for these inputs on this CPU");
+  if (primitive == nullptr) return false;  // no implementation for these inputs here: the caller falls back
   const dnnl_memory_desc_t& src = descs[0];
   const dnnl_memory_desc_t& weights = descs[1];
   const dnnl_memory_desc_t& dst = descs[2];
@@ -181,6 +182,7 @@ void onednn_matmul(OneDnn& dnn, dnnl_data_type_t input_type, bool transpose_a, b
   check_onednn(dnn.dnnl_primitive_execute(primitive, dnn.stream, 3, arguments), "matmul execute");
   check_onednn(dnn.dnnl_stream_wait(dnn.stream), "stream wait");
   for (dnnl_memory_t memory : memories) dnn.dnnl_memory_destroy(memory);
+  return true;
 }
 
 // oneDNN's two entry points differ by layout (bench/run_gemm.sh, 2 threads, AMD Zen 5): dnnl_sgemm reaches
@@ -190,7 +192,9 @@ void onednn_gemm(OneDnn& dnn, bool transpose_a, bool transpose_b, int64_t M, int
                  const float* A, int64_t lda, const float* B, int64_t ldb, bool accumulate, float* C,
                  int64_t ldc) {
   if (transpose_b && !transpose_a) {
-    onednn_matmul(dnn, dnnl_f32, transpose_a, transpose_b, M, N, K, A, lda, B, ldb, accumulate, C, ldc);
+    MT_CHECK(
+        onednn_matmul(dnn, dnnl_f32, transpose_a, transpose_b, M, N, K, A, lda, B, ldb, accumulate, C, ldc),
+        "oneDNN has a float32 matmul for every shape");
     return;
   }
   check_onednn(dnn.dnnl_sgemm(transpose_a ? 'T' : 'N', transpose_b ? 'T' : 'N', M, N, K, 1.0f, A, lda, B, ldb,
@@ -236,12 +240,9 @@ bool onednn_agrees_with_reference(OneDnn& dnn, bool bf16, std::string* bf16_impl
         for (int64_t i = 0; i < M * N; ++i) expected[i] = found[i] = static_cast<float>(i % 3);
         gemm_reference(ta, tb, M, N, K, a.data(), lda, b.data(), ldb, accumulate, expected.data(), N);
         if (bf16) {
-          dnnl_memory_desc_t descs[3] = {};
-          if (onednn_matmul_primitive(dnn, dnnl_bf16, ta, tb, M, N, K, lda, ldb, accumulate, N, descs) ==
-              nullptr)
+          if (!onednn_matmul(dnn, dnnl_bf16, ta, tb, M, N, K, a_bf16.data(), lda, b_bf16.data(), ldb,
+                             accumulate, found.data(), N))
             return false;
-          onednn_matmul(dnn, dnnl_bf16, ta, tb, M, N, K, a_bf16.data(), lda, b_bf16.data(), ldb, accumulate,
-                        found.data(), N);
         } else {
           onednn_gemm(dnn, ta, tb, M, N, K, a.data(), lda, b.data(), ldb, accumulate, found.data(), N);
         }
@@ -351,10 +352,10 @@ void gemm_bf16(bool transpose_a, bool transpose_b, int64_t M, int64_t N, int64_t
     return;
   }
   gemm_backend();
-  if (g_onednn != nullptr && g_onednn_bf16) {
-    onednn_matmul(*g_onednn, dnnl_bf16, transpose_a, transpose_b, M, N, K, A, lda, B, ldb, accumulate, C,
-                  ldc);
-  } else {
+  // oneDNN, unless it has no bf16 matmul for this CPU or (after its check passed) for this shape.
+  if (g_onednn == nullptr || !g_onednn_bf16 ||
+      !onednn_matmul(*g_onednn, dnnl_bf16, transpose_a, transpose_b, M, N, K, A, lda, B, ldb, accumulate, C,
+                     ldc)) {
     reference_gemm_threaded(transpose_a, transpose_b, M, N, K, A, lda, B, ldb, accumulate, C, ldc);
   }
 }
