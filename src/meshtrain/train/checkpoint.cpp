@@ -20,6 +20,7 @@
 #include <numeric>
 #include <optional>
 #include <set>
+#include <sstream>
 #include <system_error>
 #include <utility>
 #include <vector>
@@ -50,16 +51,27 @@ constexpr const char* kTempTag = ".tmp-";
 constexpr const char* kDeletingTag = ".deleting-";
 
 // Crash-consistency tests need the process to die at exact points of a save, which no signal sent from
-// outside can hit reliably. MESHTRAIN_CHECKPOINT_FAULT=<phase> makes the saving process SIGKILL itself
-// there (no handlers, no cleanup: what a power cut or OOM kill leaves). Phases, in save order:
+// outside can hit reliably. MESHTRAIN_CHECKPOINT_FAULT=<phase>[:<rank>[:<step>]] makes the saving process
+// SIGKILL itself there (no handlers, no cleanup: what a power cut or OOM kill leaves): every rank, or only
+// world rank <rank>, at every save or only at the save of <step>. Phases, in save order (the last three on
+// the lead, rank 0):
 //   shard_half_written    the rank's shard file written, then truncated to half its bytes; no index.json
 //   metadata_written      every file and metadata.json written in step_X.tmp-<pid>/; no marker
 //   before_commit         COMMITTED.tmp written and fsynced, not yet renamed to COMMITTED
 //   after_commit          step_X/ published (renamed, fsynced); old checkpoints and debris not yet pruned
 // `half_written`: a file to truncate to half its bytes first (what a kill in the middle of writing leaves).
-void fault_point(const char* phase, const std::filesystem::path& half_written = {}) {
+void fault_point(const char* phase, int rank, int64_t step, const std::filesystem::path& half_written = {}) {
   const char* requested = std::getenv("MESHTRAIN_CHECKPOINT_FAULT");
-  if (requested == nullptr || std::strcmp(requested, phase) != 0) return;
+  if (requested == nullptr) return;
+  std::istringstream fields(requested);
+  std::string name, at_rank, at_step;
+  std::getline(fields, name, ':');
+  std::getline(fields, at_rank, ':');
+  std::getline(fields, at_step, ':');
+  if (name != phase || (!at_rank.empty() && std::stoi(at_rank) != rank) ||
+      (!at_step.empty() && std::stoll(at_step) != step)) {
+    return;
+  }
   if (!half_written.empty()) {
     std::error_code error;
     std::filesystem::resize_file(half_written, std::filesystem::file_size(half_written, error) / 2, error);
@@ -444,14 +456,14 @@ void finish_checkpoint_files(const fs::path& directory, const Config& config, co
   metadata["files"] = std::move(sums);
   const std::string metadata_text = metadata.dump(2) + "\n";
   write_file_atomically((directory / kMetadataFile).string(), metadata_text);
-  fault_point("metadata_written");
+  fault_point("metadata_written", 0, state.step);
 
   // The marker pins metadata.json (which the per-file checksums do not cover) and the step.
   const json marker = {{"step", state.step},
                        {"metadata_bytes", metadata_text.size()},
                        {"metadata_crc32c", crc32c(metadata_text.data(), metadata_text.size())}};
   write_file_atomically((directory / kMarkerTemp).string(), marker.dump() + "\n");
-  fault_point("before_commit");
+  fault_point("before_commit", 0, state.step);
   if (::rename((directory / kMarkerTemp).c_str(), (directory / kMarkerFile).c_str()) != 0) {
     fail((directory / kMarkerFile).string(), "the commit marker renamed into place",
          "rename failed: " + os_error(errno));
@@ -786,7 +798,7 @@ std::string save_checkpoint(const std::string& checkpoints_dir, const Engine& en
   // 2. Every rank writes the elements it saves, all at once.
   try {
     write_rank_shard(temp, rank, rank_chunks(engine));
-    fault_point("shard_half_written", temp / rank_shard_file(rank));
+    fault_point("shard_half_written", rank, state.step, temp / rank_shard_file(rank));
   } catch (const std::exception&) {
     error = std::current_exception();
   }
@@ -807,7 +819,7 @@ std::string save_checkpoint(const std::string& checkpoints_dir, const Engine& en
   if (!lead) return "";
   fsync_directory(
       root);  // makes the rename durable; if this fails, step_X/ exists but may not survive a crash
-  fault_point("after_commit");
+  fault_point("after_commit", 0, state.step);
   try {
     prune(root, options.keep_last, final_path);
   } catch (const MeshError& e) {

@@ -458,6 +458,8 @@ StepOutcome Run::step(const RunControl& control) {
   if (fault_.at("stall", step + 1, rank))
     std::this_thread::sleep_for(std::chrono::duration<double>(fault_.seconds));
   LossSums local = run_micro_batches(rank);
+  // Dies between the backward pass and the step's reductions: the other ranks are inside the step.
+  if (fault_.at("kill", step + 1, rank)) std::raise(SIGKILL);
   if (fault_.at("nan_loss", step + 1, rank)) local.loss_sum = std::numeric_limits<double>::quiet_NaN();
   // Every rank sees a non-finite loss of any rank before the optimizer step, and which rank it was.
   const bool bad_here = !std::isfinite(local.loss_sum);

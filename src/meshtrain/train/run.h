@@ -74,8 +74,9 @@ EngramHashOptions engram_hash_options(const Config& config);
 // Every rank must run the same binary with the same config: a mismatch would hang or corrupt collectives.
 uint64_t run_identity(const Config& config);
 
-// Test-only fault injection, MESHTRAIN_FAULT=KIND:STEP:RANK[:SECONDS] (KIND nan_loss, nan_gradient or
-// stall): the failure tests of distributed runs make one rank misbehave at one step.
+// Test-only fault injection, MESHTRAIN_FAULT=KIND:STEP:RANK[:SECONDS] (KIND nan_loss, nan_gradient, stall,
+// or kill: SIGKILL after the step's backward pass): the failure tests of distributed runs make one rank
+// misbehave at one step.
 struct InjectedFault {
   std::string kind;
   int64_t step = -1, rank = -1;

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# One rank of a 2-rank FSDP run killed (SIGKILL: no handler, no cleanup) in the middle of a step and at each
+# phase of a distributed save (issue 16, item 3): the job ends, the newest committed checkpoint is the one
+# the phase allows (a half-written save never counts), and resuming from it reproduces the uninterrupted
+# run's losses bit for bit (the same mesh, so the same sums in the same order).
+# Usage: rank_faults.sh BUILD_DIR
+source "$(dirname "$0")/common.sh" "$1"
+keys=("${tiny[@]}" mesh.fsdp=2 per_device_batch_size=2 learning_rate=1e-2 steps=6 checkpoint_period=2
+  enable_checkpointing=true max_num_checkpoints_to_keep=0 collective_timeout_s=60)
+status=0
+fail() { echo "FAIL: $*"; status=1; }
+
+train() {  # train RUN_DIR [env ...]: the 2-rank run; its exit status
+  local run_dir=$1
+  shift
+  env "$@" timeout -k 5 300 "${mpirun[@]}" -np 2 -x MESHTRAIN_FAULT -x MESHTRAIN_CHECKPOINT_FAULT "$meshtrain" \
+    train qwen3-tiny "${keys[@]}" run_dir="$run_dir" >>"$run_dir.log" 2>&1
+}
+
+newest_committed() {  # newest_committed RUN_DIR: the step of the newest step_N/ holding COMMITTED, or none
+  local newest=none marker
+  for marker in "$1"/checkpoints/step_*/COMMITTED; do
+    [ -e "$marker" ] || continue
+    newest=$((10#$(basename "$(dirname "$marker")" | sed 's/^step_//')))
+  done
+  echo "$newest"
+}
+
+losses() { python3 -c 'import json,sys; print(" ".join(repr(json.loads(l)["loss"]) for l in open(sys.argv[1]) if l.strip()))' "$1"; }
+
+train "$work/base" MESHTRAIN_FAULT= MESHTRAIN_CHECKPOINT_FAULT= || { fail "the uninterrupted run"; cat "$work/base.log"; exit 1; }
+base_losses=$(losses "$work/base/metrics.jsonl")
+
+# case NAME EXPECTED_NEWEST ENV...: killed by ENV, then resumed with no fault.
+case_of() {
+  local name=$1 expected=$2 rc=0 start
+  shift 2
+  start=$(date +%s)
+  train "$work/$name" "$@" MESHTRAIN_FAULT="${MESHTRAIN_FAULT_CASE:-}" || rc=$?
+  # mpirun ends the job when a rank dies (its status then 128 + 9); the 300 s guard is only against a hang.
+  if [ "$rc" -eq 0 ]; then
+    fail "$name: the job finished although a rank was killed"
+  elif [ $(($(date +%s) - start)) -ge 300 ]; then
+    fail "$name: the job did not end by itself (the 300 s guard ended it)"
+  fi
+  local newest
+  newest=$(newest_committed "$work/$name")
+  [ "$newest" = "$expected" ] || fail "$name: newest committed checkpoint $newest, expected $expected"
+  if ! train "$work/$name" MESHTRAIN_FAULT= MESHTRAIN_CHECKPOINT_FAULT=; then
+    fail "$name: the resume failed"
+    tail -5 "$work/$name.log"
+    return
+  fi
+  grep -q "resuming from .*step_0*$expected" "$work/$name.log" || fail "$name: did not resume from step $expected"
+  local resumed
+  resumed=$(losses "$work/$name/metrics.jsonl")
+  [ "$resumed" = "$base_losses" ] || fail "$name: losses after the resume differ: $resumed vs $base_losses"
+  echo "$name: job ended (status $rc), newest committed step $newest, resumed to the uninterrupted losses"
+}
+
+MESHTRAIN_FAULT_CASE=kill:5:1 case_of mid_step 4 MESHTRAIN_CHECKPOINT_FAULT=
+case_of shard_half_written 2 MESHTRAIN_CHECKPOINT_FAULT=shard_half_written:1:4
+case_of metadata_written 2 MESHTRAIN_CHECKPOINT_FAULT=metadata_written:0:4
+case_of before_commit 2 MESHTRAIN_CHECKPOINT_FAULT=before_commit:0:4
+case_of after_commit 4 MESHTRAIN_CHECKPOINT_FAULT=after_commit:0:4
+exit $status
