@@ -63,4 +63,26 @@ case_of shard_half_written 2 MESHTRAIN_CHECKPOINT_FAULT=shard_half_written:1:4
 case_of metadata_written 2 MESHTRAIN_CHECKPOINT_FAULT=metadata_written:0:4
 case_of before_commit 2 MESHTRAIN_CHECKPOINT_FAULT=before_commit:0:4
 case_of after_commit 4 MESHTRAIN_CHECKPOINT_FAULT=after_commit:0:4
+# A disk that fills on one rank during a save: a run stopped after its step-2 checkpoint (rank 1 killed in
+# step 3) is resumed with rank 1's file-size limit (RLIMIT_FSIZE, SIGXFSZ ignored: writes fail with EFBIG as
+# a full disk fails them with ENOSPC) below its shard. Every rank fails the step-4 save naming rank 1's
+# file, step 2 stays the newest, and resuming without the limit reproduces the uninterrupted losses.
+train "$work/disk_full" MESHTRAIN_FAULT=kill:3:1 MESHTRAIN_CHECKPOINT_FAULT= && fail "disk_full: the kill in step 3"
+shard_kib=$(( $(stat -c %s "$work/disk_full/checkpoints/step_00000002/shards/rank_00001.safetensors") / 1024 ))
+rc=0
+timeout -k 5 300 "${mpirun[@]}" -np 2 bash -c \
+  'if [ "$OMPI_COMM_WORLD_RANK" = 1 ]; then trap "" XFSZ; ulimit -f "$1"; fi; shift; exec "$@"' _ \
+  $((shard_kib / 2)) "$meshtrain" train qwen3-tiny "${keys[@]}" run_dir="$work/disk_full" \
+  >>"$work/disk_full.log" 2>&1 || rc=$?
+[ "$rc" -ne 0 ] || fail "disk_full: the run went on although rank 1 could not write its shard"
+grep -q "rank_00001.safetensors" "$work/disk_full.log" || fail "disk_full: no message naming rank 1's shard"
+grep -q "ulimit -f" "$work/disk_full.log" || fail "disk_full: the message does not say what to fix"
+[ "$(newest_committed "$work/disk_full")" = 2 ] || fail "disk_full: newest committed checkpoint is not step 2"
+if ! train "$work/disk_full" MESHTRAIN_FAULT= MESHTRAIN_CHECKPOINT_FAULT=; then
+  fail "disk_full: the resume failed"
+elif [ "$(losses "$work/disk_full/metrics.jsonl")" != "$base_losses" ]; then
+  fail "disk_full: losses after the resume differ"
+else
+  echo "disk_full: the save failed on every rank (status $rc) naming rank 1's shard; resumed to the uninterrupted losses"
+fi
 exit $status
