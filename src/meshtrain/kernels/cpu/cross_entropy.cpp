@@ -3,27 +3,12 @@
 #include <cstring>
 #include <memory>
 #include <new>
-#include <type_traits>
 
 #include "meshtrain/kernels/cpu/fast_math.h"
 #include "meshtrain/kernels/cpu/gemm.h"
 
 namespace meshtrain::kernels {
 namespace {
-
-// logits [rows, vocab_valid] (leading dimension ld_out) = h [rows, D] @ W[:, :vocab_valid], float32 or
-// bfloat16 inputs (In). Padding columns are never computed: they do not take part in the softmax.
-template <class In>
-void chunk_logits(float* logits, int64_t ld_out, const In* h, const In* w, UnembedLayout layout, int64_t rows,
-                  int64_t D, int64_t V, int64_t vocab_valid) {
-  const bool transpose_w = layout != UnembedLayout::kernel_DV;
-  const int64_t ldw = transpose_w ? D : V;
-  if constexpr (std::is_same_v<In, uint16_t>) {
-    gemm_bf16(false, transpose_w, rows, vocab_valid, D, h, D, w, ldw, false, logits, ld_out);
-  } else {
-    gemm(false, transpose_w, rows, vocab_valid, D, h, D, w, ldw, false, logits, ld_out);
-  }
-}
 
 // C (+)= op(A) op(B) in float32 or, when the inputs are bfloat16 bits, with bf16 inputs.
 void product(bool transpose_a, bool transpose_b, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
@@ -33,6 +18,15 @@ void product(bool transpose_a, bool transpose_b, int64_t M, int64_t N, int64_t K
 void product(bool transpose_a, bool transpose_b, int64_t M, int64_t N, int64_t K, const uint16_t* A,
              int64_t lda, const uint16_t* B, int64_t ldb, bool accumulate, float* C, int64_t ldc) {
   gemm_bf16(transpose_a, transpose_b, M, N, K, A, lda, B, ldb, accumulate, C, ldc);
+}
+
+// logits [rows, vocab_valid] (leading dimension ld_out) = h [rows, D] @ W[:, :vocab_valid], float32 or
+// bfloat16 inputs (In). Padding columns are never computed: they do not take part in the softmax.
+template <class In>
+void chunk_logits(float* logits, int64_t ld_out, const In* h, const In* w, UnembedLayout layout, int64_t rows,
+                  int64_t D, int64_t V, int64_t vocab_valid) {
+  const bool transpose_w = layout != UnembedLayout::kernel_DV;
+  product(false, transpose_w, rows, vocab_valid, D, h, D, w, transpose_w ? D : V, false, logits, ld_out);
 }
 
 // Row helpers of the softmax, written with GCC/Clang vector extensions (16 floats, split by the compiler on
