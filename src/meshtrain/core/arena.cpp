@@ -1,25 +1,22 @@
 #include "meshtrain/core/arena.h"
 
-#include <cstdlib>
-#include <cstring>
-#include <new>
-
 #include "meshtrain/core/error.h"
 
 namespace meshtrain {
 
-Arena::Arena(size_t bytes) : bytes_(align_up(bytes == 0 ? kArenaAlignment : bytes)) {
-  void* memory = std::aligned_alloc(kArenaAlignment, bytes_);
-  if (memory == nullptr) {
-    fail("arena", std::to_string(bytes_) + " bytes of host memory", "the allocation failed",
+Arena::Arena(size_t bytes, const ArenaMemory& memory)
+    : base_(nullptr, Free{memory.release}), bytes_(align_up(bytes == 0 ? kArenaAlignment : bytes)) {
+  MT_CHECK(memory.allocate != nullptr && memory.release != nullptr, "an arena without an allocator");
+  void* pointer = memory.allocate(bytes_);
+  if (pointer == nullptr) {
+    fail("arena", std::to_string(bytes_) + " bytes of " + memory.where, "the allocation failed",
          "reduce per_device_batch_size or max_target_length, or use a smaller model");
   }
-  std::memset(memory, 0, bytes_);
-  base_.reset(static_cast<std::byte*>(memory));
+  base_.reset(static_cast<std::byte*>(pointer));
 }
 
 void Arena::Free::operator()(std::byte* pointer) const {
-  std::free(pointer);
+  release(pointer);
 }
 
 }  // namespace meshtrain

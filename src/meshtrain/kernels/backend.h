@@ -1,6 +1,6 @@
-// The backend seam: one table of kernel entry points per backend (`cpu` today, `cuda` next). Model ops call
-// kernels only through the table their OpContext carries, and the spec builder sizes kernel scratch with the
-// table's queries, so a new backend is a new folder beside kernels/cpu/ that fills the same table, not
+// The backend seam: one table of kernel entry points per backend (`cpu`, and `cuda` where built). Model ops
+// call kernels only through the table their OpContext carries, and the spec builder sizes kernel scratch with
+// the table's queries, so a new backend is a new folder beside kernels/cpu/ that fills the same table, not
 // edits throughout the model and engine.
 //
 // A backend plugs in as kernels/<name>/backend.cpp defining `const KernelBackend& <name>_backend()`, plus one
@@ -13,6 +13,7 @@
 // experts, k experts per token, M = N k assignments, R_moe = offsets[E] kept (sorted) assignment rows.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
@@ -22,7 +23,22 @@
 namespace meshtrain::kernels {
 
 struct KernelBackend {
-  const char* name;  // "cpu"
+  const char* name;  // "cpu", "cuda"
+
+  // The device and its memory. device_check: why this process cannot run the backend's kernels ("" when it
+  // can: cpu always; cuda when built with CUDA and a GPU is visible). device_description: the device in
+  // words with its memory, for logs and errors. The arena the engine hands every op lives in
+  // memory_allocate's memory (zeroed; nullptr when it does not fit). memory_on_host: the engine and ops may
+  // read and write it in place (cpu); otherwise every host access goes through memory_copy_in / _out
+  // (copy_out has finished when it returns) and memory_fill.
+  std::string (*device_check)();
+  std::string (*device_description)();
+  bool (*memory_on_host)();
+  void* (*memory_allocate)(size_t bytes);
+  void (*memory_free)(void* base);
+  void (*memory_copy_in)(void* device, const void* host, size_t bytes);
+  void (*memory_copy_out)(void* host, const void* device, size_t bytes);
+  void (*memory_fill)(void* device, uint8_t byte, size_t bytes);
 
   // The dtype this backend stores activations, caches and kernel scratch in when the config's compute dtype
   // is `compute`: cpu keeps float32 and runs dtype=bfloat16 as bf16 inputs to every dense matmul (below).
@@ -426,10 +442,15 @@ struct KernelBackend {
                            int64_t count);
 };
 
-// The backend whose kernels run ops on devices of `device_kind` (a topology's, e.g. "cpu", "h100"). GPU
-// kinds are planned today with the cpu kernels (their scratch sized by them) but with activations stored in
-// the compute dtype and no bf16 rounding scratch, as a GPU backend runs them; kernels/cuda/ will fill that
-// table with its own kernels.
+// The backend whose kernels run ops on devices of `device_kind` (a topology's, e.g. "cpu", "h100"). NVIDIA
+// kinds (a100, h100, h200, b200) get the cuda table: its kernels where this build has CUDA, else the cpu
+// functions in their slots (planning only: device_check says why it cannot run); its scratch sizes and
+// activation dtype are the cpu kernels' in both builds, so a plan does not depend on the build. Other
+// accelerator kinds are planned with the cpu kernels but stored as their backend will store them:
+// activations in the compute dtype, no bf16 rounding scratch.
 const KernelBackend& kernel_backend_for_device(const std::string& device_kind);
+
+// Device kinds the cuda backend runs.
+bool nvidia_device_kind(const std::string& device_kind);
 
 }  // namespace meshtrain::kernels

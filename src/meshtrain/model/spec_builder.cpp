@@ -152,7 +152,8 @@ void SpecBuilder::declare_update() {
                           {counter},
                           0.0,
                           [=](const OpContext& context) {
-                            context.i32(counter)[0] = static_cast<int32_t>(context.update->step + 1);
+                            const auto step = static_cast<int32_t>(context.update->step + 1);
+                            context.kernels->memory_copy_in(context.i32(counter), &step, sizeof step);
                           },
                           OpKind::optimizer});
   spec_.update.back().role = OpRole::step_counter;

@@ -763,6 +763,7 @@ std::string save_checkpoint(const std::string& checkpoints_dir, const Engine& en
          std::to_string(options.keep_last));
   }
   MT_CHECK(!engine.spec().decoding(), "a decode engine holds no optimizer state to save");
+  engine.persistent_to_host();  // a device arena's state, read through local_shard
   Communicator* world = engine.world();
   const int world_size = world != nullptr ? world->size() : 1;
   const int rank = world != nullptr ? world->rank() : 0;
@@ -838,9 +839,11 @@ std::optional<std::string> latest_checkpoint(const std::string& checkpoints_dir)
   return committed.back().path.string();
 }
 
-CheckpointState load_checkpoint(const std::string& checkpoint_dir, Engine& engine, bool parameters_only,
-                                const std::string& expected_tokenizer_identity,
-                                EngramHashing* engram_hashing) {
+namespace {
+
+CheckpointState load_into_host_state(const std::string& checkpoint_dir, Engine& engine, bool parameters_only,
+                                     const std::string& expected_tokenizer_identity,
+                                     EngramHashing* engram_hashing) {
   const LoadContext context = read_metadata(fs::path(checkpoint_dir));
   const std::string metadata_where = context.metadata_path.string();
   const ModelSpec& spec = engine.spec();
@@ -961,6 +964,19 @@ CheckpointState load_checkpoint(const std::string& checkpoint_dir, Engine& engin
     }
   }
   if (saved_hashing) *engram_hashing = std::move(*saved_hashing);
+  return state;
+}
+
+}  // namespace
+
+// A device arena's state is read into its host copy and moved to the device once the load succeeded.
+CheckpointState load_checkpoint(const std::string& checkpoint_dir, Engine& engine, bool parameters_only,
+                                const std::string& expected_tokenizer_identity,
+                                EngramHashing* engram_hashing) {
+  engine.persistent_to_host();
+  CheckpointState state = load_into_host_state(checkpoint_dir, engine, parameters_only,
+                                               expected_tokenizer_identity, engram_hashing);
+  engine.persistent_to_device();
   return state;
 }
 

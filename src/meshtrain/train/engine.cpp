@@ -16,15 +16,51 @@
 namespace meshtrain {
 
 // The CPU kernels store float32 and compute float32, or (dtype=bfloat16) round the inputs of every dense
-// matmul to bf16; weights, gradients and moments stay float32. Other layouts are planned, not run, here.
+// matmul to bf16; weights, gradients and moments stay float32. The cuda kernels do the same on an NVIDIA GPU
+// for the dense decoders. Other layouts are planned, not run, here.
 void check_plan_runs_here(const TrainingPlan& plan, int64_t world) {
   const Config& c = plan.spec.config;
+  const std::string& kind = plan.topology.device_kind;
+  const bool on_gpu = kernels::nvidia_device_kind(kind);
+  if (const std::string why = plan.spec.kernels->device_check(); kind == "cpu" && !why.empty()) {
+    fail("config key 'topology'", "kernels that run on this machine", why, "use topology=cpu");
+  }
+  if (kind != "cpu" && !on_gpu) {
+    fail(
+        "config key 'topology'", "a cpu or NVIDIA GPU topology (a100xN, h100xN, h200xN, b200xN) for a run",
+        "'" + plan.topology.name + "' (device kind " + kind + ")",
+        "use topology=cpu, or an NVIDIA topology on a GPU machine; meshtrain compile plans other topologies");
+  }
+  if (on_gpu) {
+    // What the cuda kernels do not cover yet: each named with its key, before anything is allocated.
+    const auto not_on_gpu = [&](const std::string& key, const std::string& found, const std::string& fix) {
+      fail("config key '" + key + "'", "what the cuda backend runs today (a dense Qwen3 or GPT-2 decoder)",
+           found, fix + ", or set topology=cpu; meshtrain compile plans it for GPUs");
+    };
+    if (world > 1 || plan.mesh.devices() > 1) {
+      not_on_gpu("mesh", plan.mesh.to_string() + " over " + std::to_string(world) + " process(es)",
+                 "train on one GPU (every mesh axis 1) until the NCCL communicator lands");
+    }
+    if (c.num_experts > 0) not_on_gpu("num_experts", std::to_string(c.num_experts), "set num_experts=0");
+    if (!c.engram_layers.empty()) not_on_gpu("engram_layers", "Engram layers", "set engram_layers=[]");
+    if (c.mhc_expansion_rate > 1) {
+      not_on_gpu("mhc_expansion_rate", std::to_string(c.mhc_expansion_rate), "set mhc_expansion_rate=1");
+    }
+    if (c.attention_type != AttentionType::global) {
+      not_on_gpu("attention_type", attention_type_name(c.attention_type), "set attention_type=global");
+    }
+    if (const std::string why = plan.spec.kernels->device_check(); !why.empty()) {
+      fail("config key 'topology'",
+           "an NVIDIA GPU this process can use for topology '" + plan.topology.name + "'", why,
+           "train on a machine with an NVIDIA GPU and its driver (nvidia-smi lists it), or set topology=cpu");
+    }
+  }
   // bf16 compute without bf16 instructions would be emulated (oneDNN 2.6 has no bf16 matmul on AVX2 CPUs),
   // so say what this machine has.
   // A decode spec computes in float32 whatever the dtype (SpecBuilder::bf16_inputs_scratch), so a
   // checkpoint trained in bf16 samples anywhere.
   if (const CpuFeatures& cpu = cpu_features();
-      c.dtype == DType::bf16 && !plan.spec.decoding() && !cpu.avx512_bf16 && !cpu.amx_bf16) {
+      kind == "cpu" && c.dtype == DType::bf16 && !plan.spec.decoding() && !cpu.avx512_bf16 && !cpu.amx_bf16) {
     fail("config key 'dtype'", "a CPU with AVX512-BF16 or AMX-BF16 instructions for bfloat16", cpu.describe(),
          "set dtype=float32 on this machine (its float32 GEMM is its fastest); meshtrain compile still plans "
          "bfloat16 for other machines");
@@ -33,22 +69,16 @@ void check_plan_runs_here(const TrainingPlan& plan, int64_t world) {
        {std::pair{"weight_dtype", c.weight_dtype}, std::pair{"grad_dtype", c.grad_dtype},
         std::pair{"mu_dtype", c.mu_dtype}}) {
     if (dtype != DType::f32) {
-      fail(std::string("config key '") + key + "'", "float32 for a run on the CPU kernels",
-           dtype_config_name(dtype),
+      fail(std::string("config key '") + key + "'", "float32 for a live run", dtype_config_name(dtype),
            std::string("set ") + key +
-               "=float32: the CPU kernels keep weights, gradients and moments in float32 (dtype=bfloat16 "
-               "rounds "
-               "the matmul inputs); meshtrain compile plans other storage dtypes");
+               "=float32: the cpu and cuda kernels keep weights, gradients and moments in float32 "
+               "(dtype=bfloat16 rounds the matmul inputs); meshtrain compile plans other storage dtypes");
     }
   }
   if (plan.mesh.devices() != world) {
     fail("config key 'mesh'", "a mesh of " + std::to_string(world) + " device(s), one per process",
          plan.mesh.to_string(),
          "launch with mpirun -np " + std::to_string(plan.mesh.devices()) + ", or change mesh.*");
-  }
-  if (plan.topology.device_kind != "cpu") {
-    fail("config key 'topology'", "a cpu topology for a run on this machine", "'" + plan.topology.name + "'",
-         "use topology=cpu to train here; meshtrain compile plans other topologies");
   }
   if (!plan.fits()) {
     constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
@@ -85,13 +115,15 @@ TrainingPlan plan_for_one_process(const Config& config) {
 }
 
 template <class T>
-void copy_field(const TensorView& destination, const std::vector<T>& source, const char* field,
-                int64_t expected) {
+void check_field(const std::vector<T>& source, const char* field, int64_t expected) {
   if (static_cast<int64_t>(source.size()) != expected) {
     fail(std::string("batch field '") + field + "'", std::to_string(expected) + " values (B x S)",
          std::to_string(source.size()));
   }
-  std::memcpy(destination.data, source.data(), source.size() * sizeof(T));
+}
+
+ArenaMemory arena_memory(const kernels::KernelBackend& backend) {
+  return {backend.memory_allocate, backend.memory_free, backend.device_description()};
 }
 
 }  // namespace
@@ -125,7 +157,9 @@ class PlannedOpContext : public OpContext {
 Engine::Engine(const Config& config) : Engine(plan_for_one_process(config)) {}
 
 Engine::Engine(TrainingPlan plan, EngineRanks ranks)
-    : plan_(require_runnable(std::move(plan), ranks)), arena_(plan_.arena_bytes), ranks_(ranks) {
+    : plan_(require_runnable(std::move(plan), ranks)),
+      arena_(plan_.arena_bytes, arena_memory(*plan_.spec.kernels)),
+      ranks_(ranks) {
   coordinates_ = mesh_coordinates(plan_.mesh, ranks_.world ? ranks_.world->rank() : 0);
   if (plan_.mesh.size(MeshAxis::tensor) > plan_.spec.config.base_num_kv_heads) {
     // The tensor ranks that hold the same kv head (consecutive ones) sum its gradient.
@@ -309,7 +343,7 @@ Engine::LocalShard Engine::local_shard(BufferId id) const {
   const PlanBuffer& buffer = plan_.buffers[static_cast<size_t>(stored)];
   const GlobalIndex index = global_index(stored, id);
   LocalShard shard;
-  shard.data = reinterpret_cast<float*>(arena_.at(buffer.offset));
+  shard.data = reinterpret_cast<float*>(host_address(buffer.offset));
   shard.offsets = index.offsets();
   shard.dims = index.local_dims();
   shard.saving_replica = coordinates_[MeshAxis::tensor] % kv_replicas(plan_, id) == 0;  // replicated kv heads
@@ -330,6 +364,7 @@ void Engine::update_selection_biases(const std::vector<double>& expert_load, dou
     const PlanBufferId stored = stored_buffer(biases[layer]);
     const PlanBuffer& buffer = plan_.buffers[static_cast<size_t>(stored)];
     const GlobalIndex index = global_index(stored, biases[layer]);
+    MT_CHECK(backend().memory_on_host(), "selection biases on a device arena");  // MoE runs on cpu only
     float* local = reinterpret_cast<float*>(arena_.at(buffer.offset));
     for (int64_t i = 0; i < buffer.shape.elements(); ++i) {
       const double gap = mean - load[index(i)];  // under-loaded experts (gap > 0) are chosen more
@@ -352,8 +387,42 @@ void Engine::scatter_global(BufferId id, const float* global) {
   const PlanBufferId stored = stored_buffer(id);
   const PlanBuffer& buffer = plan_.buffers[static_cast<size_t>(stored)];
   const GlobalIndex index = global_index(stored, id);
-  float* local = reinterpret_cast<float*>(arena_.at(buffer.offset));
+  float* local = reinterpret_cast<float*>(host_address(buffer.offset));
   for (int64_t i = 0; i < buffer.shape.elements(); ++i) local[i] = global[index(i)];
+}
+
+std::byte* Engine::host_address(size_t offset) const {
+  if (backend().memory_on_host()) return arena_.at(offset);
+  MT_CHECK(host_persistent_.size() == plan_.persistent_bytes && offset < plan_.persistent_bytes,
+           "a host access to a device arena outside persistent_to_host / persistent_to_device");
+  return host_persistent_.data() + offset;
+}
+
+void Engine::persistent_to_host() const {
+  if (backend().memory_on_host()) return;
+  host_persistent_.resize(plan_.persistent_bytes);
+  backend().memory_copy_out(host_persistent_.data(), arena_.at(0), plan_.persistent_bytes);
+}
+
+void Engine::persistent_to_device() {
+  if (backend().memory_on_host()) return;
+  MT_CHECK(host_persistent_.size() == plan_.persistent_bytes,
+           "persistent_to_device before persistent_to_host");
+  backend().memory_copy_in(arena_.at(0), host_persistent_.data(), plan_.persistent_bytes);
+  host_persistent_ = {};  // the device holds the state again
+}
+
+void Engine::copy_in(const TensorView& to, const void* from, size_t bytes) {
+  MT_CHECK(bytes <= to.bytes(), "a copy larger than its buffer");
+  backend().memory_copy_in(to.data, from, bytes);
+}
+
+std::vector<float> Engine::read(BufferId id) const {
+  const TensorView values = view(id);
+  MT_CHECK(values.dtype == DType::f32, "read() of a buffer that is not float32");
+  std::vector<float> host(static_cast<size_t>(values.elements()));
+  backend().memory_copy_out(host.data(), values.data, values.bytes());
+  return host;
 }
 
 // Each element takes the value of its index in the global tensor, so any mesh starts from the same weights.
@@ -362,8 +431,10 @@ void Engine::initialize_parameters() {
   for (size_t p = 0; p < plan_.spec.parameters.size(); ++p) {
     const ParameterDecl& parameter = plan_.spec.parameters[p];
     const GlobalIndex index = global_index(plan_.storage[p].value_store, parameter.value);
-    float* values = parameters_.value(p).f32();
     const int64_t count = parameters_.value(p).elements();
+    // A device arena is filled from a host copy, one parameter at a time.
+    std::vector<float> staged(backend().memory_on_host() ? 0 : static_cast<size_t>(count));
+    float* values = staged.empty() ? parameters_.value(p).f32() : staged.data();
     // A stacked parameter's layers each draw from their own per-layer stream, as in the per-layer layout:
     // element g of the stack is element g % per_layer of layer g / per_layer (the layer axis is outermost).
     std::vector<PhiloxKey> keys;
@@ -386,19 +457,20 @@ void Engine::initialize_parameters() {
                                                      static_cast<uint64_t>(global % per_layer)))
                       : constant;
     }
+    if (!staged.empty()) copy_in(parameters_.value(p), staged.data(), staged.size() * sizeof(float));
     if (plan_.spec.decoding()) continue;  // no moments
-    std::memset(view(parameter.adam_m).data, 0, view(parameter.adam_m).bytes());
-    std::memset(view(parameter.adam_v).data, 0, view(parameter.adam_v).bytes());
+    backend().memory_fill(view(parameter.adam_m).data, 0, view(parameter.adam_m).bytes());
+    backend().memory_fill(view(parameter.adam_v).data, 0, view(parameter.adam_v).bytes());
   }
 }
 
 void Engine::load_batch(const Batch& batch) {
   const ModelDims& m = plan_.spec.dims;
-  copy_field(view(plan_.spec.tokens), batch.tokens, "tokens", m.N);
-  copy_field(view(plan_.spec.targets), batch.targets, "targets", m.N);
-  copy_field(view(plan_.spec.positions), batch.positions, "positions", m.N);
-  copy_field(view(plan_.spec.segment_ids), batch.segment_ids, "segment_ids", m.N);
-  copy_field(view(plan_.spec.loss_mask), batch.loss_mask, "loss_mask", m.N);
+  check_field(batch.tokens, "tokens", m.N);
+  check_field(batch.targets, "targets", m.N);
+  check_field(batch.positions, "positions", m.N);
+  check_field(batch.segment_ids, "segment_ids", m.N);
+  check_field(batch.loss_mask, "loss_mask", m.N);
   // Engram: each layer's hash ids, each below its head's table size.
   if (batch.engram_hash_ids.size() != plan_.spec.engram.size()) {
     fail("batch field 'engram_hash_ids'",
@@ -422,7 +494,7 @@ void Engine::load_batch(const Batch& batch) {
              "hash with the tables of this config (engram_vocab_bases, engram_num_heads)");
       }
     }
-    std::memcpy(view(engram.hash_ids).data, ids.data(), ids.size() * sizeof(int32_t));
+    copy_in(view(engram.hash_ids), ids.data(), ids.size() * sizeof(int32_t));
   }
   // Kernels index tables with these: check them here, where a bad batch can still be named.
   const int64_t position_limit = m.P > 0 ? m.P : INT32_MAX;
@@ -441,6 +513,12 @@ void Engine::load_batch(const Batch& batch) {
            std::to_string(batch.positions[at]));
     }
   }
+  copy_in(view(plan_.spec.tokens), batch.tokens.data(), batch.tokens.size() * sizeof(int32_t));
+  copy_in(view(plan_.spec.targets), batch.targets.data(), batch.targets.size() * sizeof(int32_t));
+  copy_in(view(plan_.spec.positions), batch.positions.data(), batch.positions.size() * sizeof(int32_t));
+  copy_in(view(plan_.spec.segment_ids), batch.segment_ids.data(), batch.segment_ids.size() * sizeof(int32_t));
+  copy_in(view(plan_.spec.loss_mask), batch.loss_mask.data(),
+          batch.loss_mask.size() * sizeof(batch.loss_mask.front()));
 }
 
 // Starts the ready reductions a bucket at a time (each tensor its own non-blocking call); drives progress of
@@ -508,10 +586,9 @@ std::optional<ContextRing> Engine::context_ring() {
 
 LossSums Engine::run(KernelName name, UpdateState* update) {
   const KernelPlan& kernel = plan_.kernel(name);
-  if (poison_temporaries_) {
-    float* temporaries = reinterpret_cast<float*>(arena_.at(plan_.persistent_bytes));
-    std::fill(temporaries, temporaries + (plan_.arena_bytes - plan_.persistent_bytes) / sizeof(float),
-              std::numeric_limits<float>::quiet_NaN());
+  if (poison_temporaries_) {  // all-ones bytes: every float32 a NaN
+    backend().memory_fill(arena_.at(plan_.persistent_bytes), 0xff,
+                          plan_.arena_bytes - plan_.persistent_bytes);
   }
   LossSums sums;
   const size_t moe_layers = plan_.spec.moe_layers.size();
@@ -548,7 +625,8 @@ LossSums Engine::run(KernelName name, UpdateState* update) {
       }
     }
     if (i == 0 && nan_gradient_pending_ && name != KernelName::update && name != KernelName::eval) {
-      view(plan_.storage.front().gradient_store).f32()[0] = std::numeric_limits<float>::quiet_NaN();
+      const float nan = std::numeric_limits<float>::quiet_NaN();
+      copy_in(view(plan_.storage.front().gradient_store), &nan, sizeof nan);
       nan_gradient_pending_ = false;
     }
     if (overlapping) start_ready_collectives(name, i, i + 1 == kernel.ops.size());

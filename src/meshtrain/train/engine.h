@@ -28,8 +28,10 @@ struct UpdateResult {
   bool nonfinite = false;      // a gradient was NaN or infinite on some rank: parameters were left unchanged
 };
 
-// A plan this engine can run on `world` processes: float32, no context parallelism, a cpu topology, one
-// device per process, and an arena within the device's memory. A MeshError naming the key otherwise.
+// A plan this engine can run on `world` processes: one device per process, float32 storage, an arena
+// within the device's memory, and a device kind whose backend runs here: cpu, or an NVIDIA GPU topology
+// (h100xN, h200xN, ...) where this build has CUDA and a GPU is visible, for what the cuda kernels cover
+// (one process; no mixture of experts, MLA, Engram or mHC yet). A MeshError naming the key otherwise.
 void check_plan_runs_here(const TrainingPlan& plan, int64_t world);
 
 // The ranks a live run spans: the world and one communicator per mesh axis (null members: one process).
@@ -69,9 +71,20 @@ class Engine {
   const ParameterStore& parameters() const { return parameters_; }
   ParameterStore& parameters() { return parameters_; }
   const TrainingPlan& plan() const { return plan_; }
+  // The kernels and memory this engine runs on (the plan's backend: cpu, or cuda on a GPU).
+  const kernels::KernelBackend& backend() const { return *plan_.spec.kernels; }
+  // A device arena is not host-addressable: checkpoints read and write a host copy of the persistent
+  // region (parameters, moments) through local_shard / scatter_global, brought over by these two (no-ops
+  // when the arena is host memory). Savers call persistent_to_host first; loaders call it first and
+  // persistent_to_device last.
+  void persistent_to_host() const;
+  void persistent_to_device();
   // A persistent buffer (parameters, gradients, optimizer state, batch), or a temporary's last value in
-  // the kernel that ran last when nothing after it reused its memory (checked).
+  // the kernel that ran last when nothing after it reused its memory (checked). Its data is device memory
+  // under a device backend: read it with read().
   TensorView view(BufferId id) const;
+  // view(id)'s values copied to the host as float32 (a float32 buffer).
+  std::vector<float> read(BufferId id) const;
   size_t arena_bytes() const { return arena_.bytes(); }
   // Tests: fill the temporary region with NaN before every kernel, so an op that reads what it did not
   // declare (or what no earlier op wrote) shows up in the results.
@@ -123,10 +136,13 @@ class Engine {
   Communicator& communicator(MeshAxis axis) const;
   std::optional<ContextRing> context_ring();
   PlanBufferId stored_buffer(BufferId id) const;  // where a parameter's value or moment persists
+  std::byte* host_address(size_t offset) const;    // a persistent byte, in the arena or its host copy
+  void copy_in(const TensorView& to, const void* from, size_t bytes);
   GlobalIndex global_index(PlanBufferId stored, BufferId id) const;
 
   TrainingPlan plan_;
   Arena arena_;
+  mutable std::vector<std::byte> host_persistent_;  // device arenas: the persistent region's host copy
   ParameterStore parameters_;  // views into arena_
   TraceRecorder* trace_ = nullptr;
   const KernelPlan* last_kernel_ = nullptr;

@@ -355,9 +355,21 @@ void Run::resume_from_checkpoint() {
 void Run::write_run_files() {
   if (!lead_) return;
   const bool bf16 = config_.dtype == DType::bf16;
-  machine_ = measure_machine(bf16);
-  std::fprintf(console_, "%s\n", machine_->describe().c_str());
-  if (bf16 && machine_->gemm_bf16_peak_flops <= machine_->gemm_peak_flops) {
+  const TrainingPlan& plan = engine_->plan();
+  if (plan.topology.device_kind != "cpu") {
+    // A GPU: mfu is against the topology's stated peak; the device is named with its memory after the
+    // arena was taken (total - free = the arena + the CUDA context and library workspaces).
+    constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+    std::fprintf(console_,
+                 "device: %s; kernels %s; arena %.3f GiB as planned; mfu against %s's stated %.0f TFLOP/s\n",
+                 engine_->backend().device_description().c_str(), engine_->backend().name,
+                 static_cast<double>(plan.arena_bytes) / kGiB, plan.topology.name.c_str(),
+                 plan.topology.peak_flops(config_.dtype) / 1e12);
+  } else {
+    machine_ = measure_machine(bf16);
+    std::fprintf(console_, "%s\n", machine_->describe().c_str());
+  }
+  if (machine_ && bf16 && machine_->gemm_bf16_peak_flops <= machine_->gemm_peak_flops) {
     std::fprintf(
         console_,
         "meshtrain: warning: this machine's bf16 GEMM (%.0f GFLOP/s) is not faster than its float32 GEMM "
@@ -365,7 +377,7 @@ void Run::write_run_files() {
         machine_->gemm_bf16_peak_flops / 1e9, machine_->gemm_peak_flops / 1e9);
   }
   write_resolved_config(config_, config_.run_dir);
-  write_file_atomically(config_.run_dir + "/machine.json", machine_->to_json().dump(2) + "\n");
+  if (machine_) write_file_atomically(config_.run_dir + "/machine.json", machine_->to_json().dump(2) + "\n");
   // The plan this run executes, in the format of meshtrain compile's plan_out (byte for byte the same).
   for (KernelName kernel : kKernelNames) {
     write_file_atomically(plan_file_path(config_.run_dir + "/plan", kernel),

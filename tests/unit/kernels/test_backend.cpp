@@ -43,10 +43,28 @@ TEST(KernelBackend, CpuTableHasEveryEntry) {
   for (size_t i = 0; i < kSlots; ++i) EXPECT_NE(slots[i], 0u) << "slot " << i << " is null";
 }
 
-TEST(KernelBackend, EveryDeviceKindRunsCpuToday) {
+TEST(KernelBackend, DeviceKindsChooseTheirTables) {
   EXPECT_EQ(&kernels::kernel_backend_for_device("cpu"), &kernels::cpu_backend());
-  // Accelerator kinds: the cpu kernels, but stored as an accelerator backend stores them.
-  for (const std::string kind : {"h100", "v5p"}) {
+  // NVIDIA kinds: the cuda table (its kernels where built, else the cpu functions for planning), sized as
+  // the cpu kernels are whatever the build, so a plan does not depend on the build.
+  const KernelBackend& cpu = kernels::cpu_backend();
+  for (const std::string kind : {"a100", "h100", "h200", "b200"}) {
+    const KernelBackend& nvidia = kernels::kernel_backend_for_device(kind);
+    EXPECT_TRUE(kernels::nvidia_device_kind(kind));
+    EXPECT_STRNE(nvidia.name, "cpu") << kind;
+    EXPECT_EQ(nvidia.activation_dtype, cpu.activation_dtype) << kind;
+    EXPECT_EQ(nvidia.matmul_bf16_scratch_elements, cpu.matmul_bf16_scratch_elements) << kind;
+    EXPECT_EQ(nvidia.cross_entropy_scratch_floats, cpu.cross_entropy_scratch_floats) << kind;
+    EXPECT_EQ(nvidia.cross_entropy_bf16_scratch_elements, cpu.cross_entropy_bf16_scratch_elements) << kind;
+    EXPECT_EQ(nvidia.attention_backward_scratch_floats, cpu.attention_backward_scratch_floats) << kind;
+    if (std::string(nvidia.name) == "cuda") {
+      EXPECT_FALSE(nvidia.memory_on_host()) << kind;
+    }
+  }
+  // Other accelerator kinds: the cpu kernels, but stored as an accelerator backend stores them.
+  for (const std::string kind : {"v5p", "mi300x"}) {
+    EXPECT_FALSE(kernels::nvidia_device_kind(kind));
+    EXPECT_NE(kernels::kernel_backend_for_device(kind).device_check(), "") << kind << " runs nowhere";
     const KernelBackend& planning = kernels::kernel_backend_for_device(kind);
     EXPECT_EQ(planning.matmul_forward, kernels::cpu_backend().matmul_forward) << kind;
     EXPECT_EQ(planning.attention_backward, kernels::cpu_backend().attention_backward) << kind;
@@ -89,6 +107,14 @@ const KernelBackend& counting_backend() {
     ++calls()[#entry];                                 \
     return kernels::cpu_backend().entry(arguments...); \
   }
+    MT_COUNTED(device_check);
+    MT_COUNTED(device_description);
+    MT_COUNTED(memory_on_host);
+    MT_COUNTED(memory_allocate);
+    MT_COUNTED(memory_free);
+    MT_COUNTED(memory_copy_in);
+    MT_COUNTED(memory_copy_out);
+    MT_COUNTED(memory_fill);
     MT_COUNTED(activation_dtype);
     MT_COUNTED(matmul_forward);
     MT_COUNTED(matmul_backward);
@@ -215,6 +241,9 @@ void run_through_counting_backend(const std::string& preset) {
   EXPECT_EQ(counted_sums.loss_sum, plain_sums.loss_sum);
   EXPECT_EQ(counted.update(counted_sums.valid_count, 1e-3, 0).grad_norm,
             plain.update(plain_sums.valid_count, 1e-3, 0).grad_norm);
+  // Values leave the arena through the backend's copies (a device arena is not host memory).
+  const BufferId first = counted.spec().parameters.front().value;
+  EXPECT_EQ(counted.read(first), plain.read(first));
 
   TrainingPlan decode_plan = plan_decode(config, 4);
   decode_plan.spec.kernels = &counting_backend();

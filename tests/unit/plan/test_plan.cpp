@@ -14,6 +14,7 @@
 #include "meshtrain/config/config.h"
 #include "meshtrain/core/cpu_features.h"
 #include "meshtrain/core/error.h"
+#include "meshtrain/kernels/backend.h"
 #include "meshtrain/plan/decode.h"
 #include "meshtrain/plan/plan.h"
 #include "meshtrain/train/engine.h"
@@ -346,12 +347,12 @@ TEST(Plan, Bf16ComputeRunsThePlan) {
   }
 }
 
-// An accelerator topology is planned as its backend will store it: bf16 activations, no rounding scratch;
-// and a decode spec computes in float32 (no rounding of W for every token).
+// A TPU topology (no backend here) is planned as its backend will store it: bf16 activations, no rounding
+// scratch; and a decode spec computes in float32 (no rounding of W for every token).
 TEST(Plan, Bf16OnAcceleratorsStoresBf16ActivationsAndDecodesInFloat32) {
-  const TrainingPlan f32 = plan_for("qwen3-tiny", tiny({"topology=h100x8", "mesh.data=8"}));
+  const TrainingPlan f32 = plan_for("qwen3-tiny", tiny({"topology=v5p-16", "mesh.data=8"}));
   const TrainingPlan bf16 =
-      plan_for("qwen3-tiny", tiny({"topology=h100x8", "mesh.data=8", "dtype=bfloat16"}));
+      plan_for("qwen3-tiny", tiny({"topology=v5p-16", "mesh.data=8", "dtype=bfloat16"}));
   size_t f32_activations = 0, bf16_activations = 0;
   for (const PlanBuffer& buffer : f32.buffers) {
     if (buffer.kind == BufferKind::activation) f32_activations += buffer.bytes;
@@ -369,6 +370,26 @@ TEST(Plan, Bf16OnAcceleratorsStoresBf16ActivationsAndDecodesInFloat32) {
   for (const BufferDecl& buffer : decode.spec.buffers) EXPECT_NE(buffer.dtype, DType::bf16) << buffer.name;
 }
 
+// An NVIDIA topology is planned as the cuda kernels run it (float32 activations; dtype=bfloat16 rounds the
+// dense matmuls' inputs into planned scratch, as on the cpu), with or without CUDA in this build: its
+// memory is the cpu plan's.
+TEST(Plan, NvidiaTopologiesArePlannedAsTheCudaKernelsRunThem) {
+  for (const char* dtype : {"dtype=float32", "dtype=bfloat16"}) {
+    const TrainingPlan gpu = plan_for("qwen3-tiny", tiny({"topology=h200x1", dtype}));
+    const TrainingPlan cpu = plan_for("qwen3-tiny", tiny({dtype}));
+    EXPECT_EQ(gpu.arena_bytes, cpu.arena_bytes) << dtype;
+    EXPECT_EQ(gpu.persistent_bytes, cpu.persistent_bytes) << dtype;
+    bool rounding_scratch = false;
+    for (const PlanBuffer& buffer : gpu.buffers) {
+      if (buffer.kind == BufferKind::activation) {
+        EXPECT_EQ(buffer.dtype, DType::f32) << buffer.name;
+      }
+      rounding_scratch = rounding_scratch || buffer.name.ends_with("bf16_inputs");
+    }
+    EXPECT_EQ(rounding_scratch, std::string(dtype) == "dtype=bfloat16") << dtype;
+  }
+}
+
 TEST(Plan, LiveRunsRefuseWhatThisProcessCannotRun) {
   EXPECT_NE(error_of([] { Engine engine(load_config("qwen3-tiny", tiny({"mesh.data=2"}))); }).find("mesh"),
             std::string::npos);
@@ -378,6 +399,24 @@ TEST(Plan, LiveRunsRefuseWhatThisProcessCannotRun) {
         error_of([] { Engine engine(load_config("qwen3-tiny", tiny({"dtype=bfloat16"}))); }).find("dtype"),
         std::string::npos);
   }
+  // A topology no backend here runs, and an NVIDIA one without CUDA in this build or a visible GPU, are
+  // refused naming the key and why.
+  EXPECT_NE(
+      error_of([] { Engine engine(load_config("qwen3-tiny", tiny({"topology=v5p-8"}))); }).find("topology"),
+      std::string::npos);
+  if (const std::string why = kernels::kernel_backend_for_device("h200").device_check(); !why.empty()) {
+    const std::string no_gpu =
+        error_of([] { Engine engine(load_config("qwen3-tiny", tiny({"topology=h200x1"}))); });
+    EXPECT_NE(no_gpu.find("'topology'"), std::string::npos) << no_gpu;
+    EXPECT_NE(no_gpu.find(why), std::string::npos) << no_gpu;
+  }
+  // What the cuda kernels do not cover yet is refused on an NVIDIA topology on any machine, naming the key.
+  const std::string moe = error_of([] { Engine engine(load_config("deepseek-tiny", {"topology=h200x1"})); });
+  EXPECT_NE(moe.find("'num_experts'"), std::string::npos) << moe;
+  const std::string mesh = error_of([] {
+    Engine engine(load_config("qwen3-tiny", tiny({"topology=h200x2", "mesh.data=2"})));
+  });
+  EXPECT_NE(mesh.find("'mesh'"), std::string::npos) << mesh;
   // A plan larger than this machine is refused before anything is allocated, with the breakdown.
   const std::string too_big =
       error_of([] { Engine engine(load_config("qwen3-32b", {"per_device_batch_size=64"})); });

@@ -11,6 +11,7 @@
 #include "meshtrain/kernels/cpu/grouped_matmul.h"
 #include "meshtrain/kernels/cpu/layernorm.h"
 #include "meshtrain/kernels/cpu/matmul.h"
+#include "meshtrain/kernels/cpu/memory.h"
 #include "meshtrain/kernels/cpu/mhc_mix.h"
 #include "meshtrain/kernels/cpu/moe_dispatch.h"
 #include "meshtrain/kernels/cpu/moe_router.h"
@@ -36,6 +37,14 @@ const KernelBackend& cpu_backend() {
   // is left null.
   static const KernelBackend table{
       .name = "cpu",
+      .device_check = host_device_check,
+      .device_description = host_device_description,
+      .memory_on_host = host_memory_on_host,
+      .memory_allocate = host_memory_allocate,
+      .memory_free = host_memory_free,
+      .memory_copy_in = host_memory_copy_in,
+      .memory_copy_out = host_memory_copy_out,
+      .memory_fill = host_memory_fill,
       .activation_dtype = float32_activations,
       .matmul_forward = matmul_forward,
       .matmul_backward = matmul_backward,

@@ -21,18 +21,18 @@ namespace {
 
 // The oneDNN C functions the engine calls, looked up in the library loaded at run time. The header gives
 // their exact types; the soname (libdnnl.so.2) pins the 2.x interface the header describes.
-#define MESHTRAIN_ONEDNN_FUNCTIONS(X)                                                               \
-  X(dnnl_version)                                                                                   \
-  X(dnnl_get_effective_cpu_isa)                                                                     \
-  X(dnnl_sgemm)                                                                                     \
-  X(dnnl_engine_create)                                                                             \
-  X(dnnl_stream_create)                                                                             \
-  X(dnnl_stream_wait) X(dnnl_memory_desc_init_by_strides) X(dnnl_matmul_desc_init)                  \
-      X(dnnl_primitive_attr_create) X(dnnl_primitive_attr_destroy) X(dnnl_post_ops_create)          \
-          X(dnnl_post_ops_destroy) X(dnnl_post_ops_append_sum) X(dnnl_primitive_attr_set_post_ops)  \
-              X(dnnl_primitive_desc_create) X(dnnl_primitive_desc_destroy) X(dnnl_primitive_create) \
-                  X(dnnl_memory_create) X(dnnl_memory_destroy) X(dnnl_primitive_execute)            \
-                      X(dnnl_primitive_desc_query)
+#define MESHTRAIN_ONEDNN_FUNCTIONS(X)                                                                   \
+  X(dnnl_version)                                                                                       \
+  X(dnnl_get_effective_cpu_isa)                                                                         \
+  X(dnnl_sgemm)                                                                                         \
+  X(dnnl_engine_create)                                                                                 \
+  X(dnnl_stream_create)                                                                                 \
+  X(dnnl_stream_wait)                                                                                   \
+  X(dnnl_memory_desc_init_by_strides) X(dnnl_matmul_desc_init) X(dnnl_primitive_attr_create)            \
+      X(dnnl_primitive_attr_destroy) X(dnnl_post_ops_create) X(dnnl_post_ops_destroy)                   \
+          X(dnnl_post_ops_append_sum) X(dnnl_primitive_attr_set_post_ops) X(dnnl_primitive_desc_create) \
+              X(dnnl_primitive_desc_destroy) X(dnnl_primitive_create) X(dnnl_memory_create)             \
+                  X(dnnl_memory_destroy) X(dnnl_primitive_execute) X(dnnl_primitive_desc_query)
 
 struct OneDnn {
 #define MESHTRAIN_DECLARE(name) decltype(&::name) name = nullptr;

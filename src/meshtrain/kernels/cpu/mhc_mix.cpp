@@ -1,5 +1,5 @@
-// mHC mix kernels (semantics in mhc_mix.h): tokens in parallel, each token's sums in a fixed order, so results
-// do not depend on the thread count.
+// mHC mix kernels (semantics in mhc_mix.h): tokens in parallel, each token's sums in a fixed order, so
+// results do not depend on the thread count.
 #include "meshtrain/kernels/cpu/mhc_mix.h"
 
 namespace meshtrain::kernels {

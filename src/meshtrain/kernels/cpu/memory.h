@@ -1,0 +1,20 @@
+// Host memory for the cpu backend's arena: the memory entries of the kernel table (kernels/backend.h). The
+// arena is ordinary host memory, so the engine and ops also read and write it in place.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace meshtrain::kernels {
+
+std::string host_device_check();           // "": the cpu kernels run everywhere
+std::string host_device_description();     // "host memory"
+bool host_memory_on_host();                // true
+void* host_memory_allocate(size_t bytes);  // zeroed, 64-byte aligned; nullptr when the allocation fails
+void host_memory_free(void* base);
+void host_memory_copy_in(void* device, const void* host, size_t bytes);
+void host_memory_copy_out(void* host, const void* device, size_t bytes);
+void host_memory_fill(void* device, uint8_t byte, size_t bytes);
+
+}  // namespace meshtrain::kernels

@@ -1,0 +1,16 @@
+// The cuda backend's kernel table (kernels/backend.h): the functions of the headers in this folder. Built
+// only where CMake found nvcc (MESHTRAIN_CUDA); kernels/backend.cpp fills its sizing entries (scratch sizes,
+// activation dtype) from the cpu table, whose formulas these kernels take their scratch by.
+#pragma once
+
+#include "meshtrain/kernels/backend.h"
+
+namespace meshtrain::kernels::cuda {
+
+// The run entries of the dense decoder (Qwen3, GPT-2): matmul, attention, fused loss, norms, RoPE,
+// SwiGLU / GELU, embedding, residual, column slices, AdamW. The entries of mixture-of-experts, MLA's
+// context attention, Engram, mHC and decoding are null: engine.cpp refuses such a model on this backend
+// before anything runs.
+const KernelBackend& cuda_backend();
+
+}  // namespace meshtrain::kernels::cuda

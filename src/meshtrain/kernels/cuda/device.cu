@@ -1,0 +1,100 @@
+#include "meshtrain/kernels/cuda/device.h"
+
+#include <mutex>
+
+#include "meshtrain/core/error.h"
+
+namespace meshtrain::kernels::cuda {
+
+void check(cudaError_t status, const char* call, const char* file, int line) {
+  if (status == cudaSuccess) return;
+  fail(std::string("CUDA (") + file + ":" + std::to_string(line) + ")", std::string(call) + " to succeed",
+       std::string(cudaGetErrorName(status)) + ": " + cudaGetErrorString(status),
+       "check the driver with nvidia-smi; an out-of-memory error means the plan does not fit this device "
+       "(meshtrain compile --explain shows its buffers)");
+}
+
+cudaStream_t stream() {
+  static cudaStream_t created = [] {
+    cudaStream_t made = nullptr;
+    MT_CUDA(cudaSetDevice(0));
+    MT_CUDA(cudaStreamCreateWithFlags(&made, cudaStreamNonBlocking));
+    return made;
+  }();
+  return created;
+}
+
+void synchronize() {
+  MT_CUDA(cudaStreamSynchronize(stream()));
+}
+
+std::string device_check() {
+  int count = 0;
+  const cudaError_t status = cudaGetDeviceCount(&count);
+  if (status != cudaSuccess) {
+    return std::string("no usable CUDA driver or GPU (cudaGetDeviceCount: ") + cudaGetErrorName(status) +
+           ", " + cudaGetErrorString(status) + ")";
+  }
+  if (count == 0) return "no CUDA GPU is visible to this process (cudaGetDeviceCount: 0)";
+  return "";
+}
+
+std::string device_description() {
+  const std::string why = device_check();
+  if (!why.empty()) return "no GPU: " + why;
+  cudaDeviceProp properties{};
+  MT_CUDA(cudaGetDeviceProperties(&properties, 0));
+  size_t free_bytes = 0, total_bytes = 0;
+  memory_info(&free_bytes, &total_bytes);
+  constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+  return std::string(properties.name) + " (sm_" + std::to_string(properties.major) +
+         std::to_string(properties.minor) + ", " + to_text(static_cast<double>(total_bytes) / kGiB) +
+         " GiB, " + to_text(static_cast<double>(free_bytes) / kGiB) + " GiB free)";
+}
+
+bool memory_on_host() {
+  return false;
+}
+
+void* memory_allocate(size_t bytes) {
+  stream();  // selects the device
+  void* base = nullptr;
+  if (cudaMalloc(&base, bytes) != cudaSuccess) {
+    static_cast<void>(cudaGetLastError());  // clear the sticky out-of-memory state; the caller reports it
+    return nullptr;
+  }
+  MT_CUDA(cudaMemsetAsync(base, 0, bytes, stream()));
+  synchronize();
+  return base;
+}
+
+void memory_free(void* base) {
+  if (base == nullptr) return;
+  static_cast<void>(cudaStreamSynchronize(stream()));
+  static_cast<void>(cudaFree(base));
+}
+
+void memory_copy_in(void* device, const void* host, size_t bytes) {
+  if (bytes == 0) return;
+  // Synchronous with respect to the host buffer: it may be reused as soon as this returns.
+  MT_CUDA(cudaMemcpyAsync(device, host, bytes, cudaMemcpyHostToDevice, stream()));
+  synchronize();
+}
+
+void memory_copy_out(void* host, const void* device, size_t bytes) {
+  if (bytes == 0) return;
+  MT_CUDA(cudaMemcpyAsync(host, device, bytes, cudaMemcpyDeviceToHost, stream()));
+  synchronize();
+}
+
+void memory_fill(void* device, uint8_t byte, size_t bytes) {
+  if (bytes == 0) return;
+  MT_CUDA(cudaMemsetAsync(device, byte, bytes, stream()));
+}
+
+void memory_info(size_t* free_bytes, size_t* total_bytes) {
+  stream();
+  MT_CUDA(cudaMemGetInfo(free_bytes, total_bytes));
+}
+
+}  // namespace meshtrain::kernels::cuda

@@ -1,0 +1,48 @@
+// The CUDA device of this process: the one stream every kernel, copy and cuBLASLt call runs on (so ops run
+// in the engine's order without further synchronisation), error checks that name the failed call, launch
+// sizes, and the memory entries of the kernel table (kernels/backend.h). Included by the .cu files and the
+// table only: nothing outside kernels/cuda/ sees a CUDA type.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace meshtrain::kernels::cuda {
+
+// The stream of this process's device work (created on first use, on device 0).
+cudaStream_t stream();
+
+// A failed CUDA call as an error naming the call, the file and line, and CUDA's own message.
+void check(cudaError_t status, const char* call, const char* file, int line);
+
+// Waits for every queued kernel and copy (the host reads results only after this or a memory_copy_out).
+void synchronize();
+
+// Blocks of `threads` covering `count` items (at least one block).
+inline unsigned blocks_for(int64_t count, int threads) {
+  const int64_t blocks = (count + threads - 1) / threads;
+  return static_cast<unsigned>(blocks < 1 ? 1 : blocks);
+}
+
+// Table entries (kernels/backend.h).
+std::string device_check();
+std::string device_description();
+bool memory_on_host();                // false
+void* memory_allocate(size_t bytes);  // cudaMalloc, zeroed; nullptr when it does not fit
+void memory_free(void* base);
+void memory_copy_in(void* device, const void* host, size_t bytes);
+void memory_copy_out(void* host, const void* device, size_t bytes);
+void memory_fill(void* device, uint8_t byte, size_t bytes);
+
+// The device's free and total memory now (cudaMemGetInfo), for the plan check and the peak report.
+void memory_info(size_t* free_bytes, size_t* total_bytes);
+
+}  // namespace meshtrain::kernels::cuda
+
+#define MT_CUDA(call) ::meshtrain::kernels::cuda::check((call), #call, __FILE__, __LINE__)
+// After a kernel launch: an invalid configuration or a missing kernel image is named with the kernel.
+#define MT_CUDA_LAUNCHED(kernel) \
+  ::meshtrain::kernels::cuda::check(cudaGetLastError(), kernel, __FILE__, __LINE__)

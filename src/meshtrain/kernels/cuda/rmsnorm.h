@@ -1,0 +1,22 @@
+// RMSNorm forward and backward on the GPU. Semantics as kernels/cpu/rmsnorm.h.
+// Every pointer is device memory (the arena); kernels run on the stream of device.h, in call order.
+#pragma once
+
+#include <cstdint>
+
+namespace meshtrain::kernels::cuda {
+
+void rmsnorm_forward(float* out,      // [N, D]
+                     float* rstd,     // [N]
+                     const float* x,  // [N, D]
+                     const float* w,  // [D]
+                     int64_t N, int64_t D, float eps);
+void rmsnorm_backward(float* dx,          // [N, D]
+                      float* dw,          // [D]
+                      const float* dout,  // [N, D]
+                      const float* x,     // [N, D]
+                      const float* w,     // [D]
+                      const float* rstd,  // [N]
+                      int64_t N, int64_t D, bool accumulate_dx);
+
+}  // namespace meshtrain::kernels::cuda
