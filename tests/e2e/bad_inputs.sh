@@ -83,6 +83,12 @@ expect mesh "config key 'mesh'" "product of 1" -- "$meshtrain" train qwen3-tiny 
 expect mesh "config key 'base_num_query_heads'" "tensor degree 8" -- \
   "$meshtrain" compile qwen3-tiny "${tiny[@]}" topology=h100x8 mesh.tensor=8
 expect mesh "config key 'topology'" "h100xN" -- "$meshtrain" compile qwen3-tiny topology=h1000x8
+# A GPU run: what the cuda kernels do not run yet, whatever the machine; no GPU here (CI), or no CUDA build.
+expect mesh "config key 'num_experts'" "topology=cpu" -- "$meshtrain" train deepseek-tiny topology=h200x1 steps=1 \
+  dataset_type=synthetic tokenizer_path= dataset_path= eval_dataset_path=
+if ! command -v nvidia-smi >/dev/null || ! nvidia-smi -L >/dev/null 2>&1; then
+  expect mesh "config key 'topology'" "NVIDIA GPU" -- "$meshtrain" train qwen3-tiny "${tiny[@]}" topology=h200x1
+fi
 # --- data ------------------------------------------------------------------------------------------------
 expect data "$work/none.tokens" "nothing readable" -- \
   "$meshtrain" train qwen3-tiny dataset_type=tokens dataset_path="$work/none.tokens" tokenizer_path= \

@@ -1,7 +1,8 @@
-// Column slices on the GPU (column_slice.h; semantics of kernels/cpu/column_slice.h): W columns of each source
-// row copied to `repeat` destination rows (or zeros), and the transpose summing those rows back in t order.
-// Legend: R source rows, W columns copied, repeat destination rows per source row, t < repeat; a stride is a
-// row's width in floats and every pointer points at the first copied column of its tensor's first row.
+// Column slices on the GPU (column_slice.h; semantics of kernels/cpu/column_slice.h): W columns of each
+// source row copied to `repeat` destination rows (or zeros), and the transpose summing those rows back in t
+// order. Legend: R source rows, W columns copied, repeat destination rows per source row, t < repeat; a
+// stride is a row's width in floats and every pointer points at the first copied column of its tensor's first
+// row.
 #include <algorithm>
 #include <cstdint>
 
@@ -46,8 +47,8 @@ __global__ void forward_kernel(float* out,      // [R * repeat rows of out_strid
   }
 }
 
-// dx[r dx_stride + j] = dout[(r repeat) dout_stride + j] + ... + dout[(r repeat + repeat - 1) dout_stride + j],
-// added in t order from the first row (as the cpu kernel: bitwise equal); zeros when repeat is 0.
+// dx[r dx_stride + j] = dout[(r repeat) dout_stride + j] + ... + dout[(r repeat + repeat - 1) dout_stride +
+// j], added in t order from the first row (as the cpu kernel: bitwise equal); zeros when repeat is 0.
 __global__ void backward_kernel(float* dx,          // [R rows of dx_stride], W columns written
                                 const float* dout,  // [R * repeat rows of dout_stride], W columns read
                                 int64_t R, int64_t W, int64_t repeat, int64_t dx_stride,
@@ -66,8 +67,8 @@ __global__ void backward_kernel(float* dx,          // [R rows of dx_stride], W 
 
 }  // namespace
 
-void column_slice_forward(float* out, const float* x, int64_t R, int64_t W, int64_t repeat, int64_t out_stride,
-                          int64_t x_stride) {
+void column_slice_forward(float* out, const float* x, int64_t R, int64_t W, int64_t repeat,
+                          int64_t out_stride, int64_t x_stride) {
   if (R <= 0 || W <= 0 || repeat <= 0) return;
   const Launch launch = launch_for(R, W);
   forward_kernel<<<launch.grid, launch.block, 0, stream()>>>(out, x, R, W, repeat, out_stride, x_stride);

@@ -29,8 +29,7 @@ __global__ void rotate_kernel(float* out,                // [N, H, d]
     const double position = static_cast<double>(positions[n]);
     for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
       // As rope_angle in kernels/cpu/rope.h: position * theta^(-2i/d), in double.
-      const double angle =
-          position * pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(d));
+      const double angle = position * pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(d));
       double sine = 0.0, cosine = 0.0;
       sincos(angle, &sine, &cosine);
       const float c = static_cast<float>(cosine), s = sign * static_cast<float>(sine);
@@ -44,8 +43,8 @@ __global__ void rotate_kernel(float* out,                // [N, H, d]
   }
 }
 
-void rotate(float* out, const float* x, const int32_t* positions, int64_t N, int64_t H, int64_t d, float theta,
-            float sign) {
+void rotate(float* out, const float* x, const int32_t* positions, int64_t N, int64_t H, int64_t d,
+            float theta, float sign) {
   MT_CHECK(d % 2 == 0, "rope head width " + to_text(d) + " is odd");
   const int64_t half = d / 2;
   if (N <= 0 || H <= 0 || half <= 0) return;

@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# The device checks of the cuda backend, in one go on a machine with an NVIDIA GPU (a few minutes on an H200):
+#   1. every CUDA kernel against the cpu kernel of the same name (meshtrain_gpu_tests);
+#   2. qwen3-tiny, 20 steps on the GPU in float32, against the cpu run's losses, grad norms and final
+#      parameters with the bounds of tests/mpi/equivalence.sh (tests/mpi/compare_runs.py);
+#   3. gpt2-124m and qwen3-0.6b tokens/s and MFU (against the topology's stated peak) in float32 and bfloat16,
+#      and the device memory in use (nvidia-smi, sampled) against the planned arena.
+# Its input is tests/gpu/bundle.sh's .gpu-bundle.tar.xz, made on a build machine (the GPU machine needs only
+# the NVIDIA driver, the CUDA 13 runtime with cuBLAS, and python3 with numpy).
+# Usage: tests/gpu/run.sh BUNDLE [OUT_DIR]     (OUT_DIR: $OUT, else ./gpu-results)
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+bundle=$(realpath "$1")
+out=${2:-${OUT:-gpu-results}}
+mkdir -p "$out"
+out=$(realpath "$out")
+b=$(mktemp -d)
+tar -C "$b" -xJf "$bundle"
+export LD_LIBRARY_PATH="$b/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# CUDA's runtime and cuBLAS where this machine keeps them (the toolkit, or the pip wheels' folders).
+for library in libcudart.so.13 libcublasLt.so.13 libcublas.so.13; do
+  if ldd "$b/lib/libmeshtrain_kernels_cuda.so" | grep -q "$library => not found"; then
+    found=$(find /usr/local/cuda*/ /usr/lib /opt /usr/local/lib -name "$library*" 2>/dev/null | head -1)
+    [ -n "$found" ] && export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$(dirname "$found")"
+  fi
+done
+summary="$out/summary.txt"
+say() { echo "$*" | tee -a "$summary"; }
+say "# meshtrain GPU checks $(date -u '+%Y-%m-%d %H:%M UTC')"
+say "gpu: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1)"
+ldd "$b/lib/libmeshtrain_kernels_cuda.so" | grep -E "cublas|cudart" | tee -a "$summary"
+
+# 1. Kernels.
+timeout 300 "$b/bin/meshtrain_gpu_tests" --gtest_brief=1 >"$out/kernels.log" 2>&1
+say "kernels: exit $? ($(grep -cE '^\[       OK|^\[  PASSED' "$out/kernels.log") ok lines; failures below)"
+grep -E "FAILED|Failure|error" "$out/kernels.log" | head -40 | tee -a "$summary"
+grep -E "^\[  (PASSED|FAILED|SKIPPED)" "$out/kernels.log" | tee -a "$summary"
+
+# 2. qwen3-tiny on the GPU against the cpu baseline.
+source "$here/tiny.sh"
+run_dir=$(mktemp -d)/qwen3_tiny_gpu
+timeout 300 "$b/bin/meshtrain" train qwen3-tiny "${tiny[@]}" topology=h200x1 run_dir="$run_dir" \
+  >"$out/qwen3_tiny_gpu.log" 2>&1
+say "qwen3-tiny on the GPU: exit $?"
+grep -E "device:|error" "$out/qwen3_tiny_gpu.log" | head -5 | tee -a "$summary"
+python3 "$here/../mpi/compare_runs.py" "$b/reference/qwen3_tiny_cpu" "$run_dir" "qwen3-tiny gpu vs cpu" 2>&1 |
+  tail -3 | tee -a "$summary"
+cp "$run_dir/metrics.jsonl" "$out/qwen3_tiny_gpu_metrics.jsonl" 2>/dev/null
+
+# 3. Speed and memory.
+speed() {  # speed NAME MODEL STEPS key=value...
+  local name=$1 model=$2 steps=$3 run_dir
+  shift 3
+  run_dir=$(mktemp -d)/$name
+  nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 100 >"$out/$name.memory" 2>/dev/null &
+  local sampler=$!
+  timeout 240 "$b/bin/meshtrain" train "$model" topology=h200x1 dataset_type=synthetic tokenizer_path= \
+    dataset_path= eval_dataset_path= eval_interval=0 enable_checkpointing=false steps="$steps" \
+    run_dir="$run_dir" "$@" >"$out/$name.log" 2>&1
+  local status=$?
+  kill "$sampler" 2>/dev/null
+  wait "$sampler" 2>/dev/null
+  python3 - "$name" "$out/$name.log" "$out/$name.memory" "$status" "$run_dir/metrics.jsonl" <<'PY' | tee -a "$summary"
+import json, os, re, statistics, sys
+name, log, memory, status, metrics = sys.argv[1:6]
+text = open(log).read()
+line = f"{name}: exit {status}"
+rows = [json.loads(l) for l in open(metrics)][1:] if os.path.exists(metrics) else []  # step 1 warms up
+if rows:
+    line += (f", {len(rows)} timed steps: median {statistics.median(r['tokens_per_s'] for r in rows):,.0f} tokens/s,"
+             f" mfu {100 * statistics.median(r['mfu'] for r in rows):.1f}%,"
+             f" step {statistics.median(r['step_time_s'] for r in rows):.3f} s, last loss {rows[-1]['loss']:.4f}")
+arena = re.search(r"arena ([0-9.]+) GiB as planned", text)
+if arena:
+    line += f"; arena {float(arena.group(1)):.3f} GiB planned"
+used = [int(x) for x in open(memory).read().split() if x.isdigit()]
+if used:
+    line += f", device memory in use at most {max(used) / 1024:.3f} GiB (nvidia-smi)"
+if status != "0":
+    line += " | " + " ".join(text.strip().splitlines()[-2:])
+print(line)
+PY
+}
+speed gpt2_f32 gpt2-124m 12 per_device_batch_size=16 max_target_length=1024 dtype=float32
+speed gpt2_bf16 gpt2-124m 12 per_device_batch_size=16 max_target_length=1024 dtype=bfloat16
+speed qwen3_0.6b_f32 qwen3-0.6b 8 per_device_batch_size=8 max_target_length=1024 dtype=float32
+speed qwen3_0.6b_bf16 qwen3-0.6b 8 per_device_batch_size=8 max_target_length=1024 dtype=bfloat16
+say "done $(date -u '+%H:%M:%S UTC')"
