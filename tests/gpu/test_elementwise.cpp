@@ -4,6 +4,7 @@
 // on gpu_test.h's metric |gpu - expected| / (1 + |expected|), each justified where defined.
 #include <algorithm>
 #include <cstdint>
+#include <iterator>
 #include <limits>
 #include <random>
 #include <string>

@@ -1,7 +1,7 @@
-// Causal grouped-query attention in float32, flash-attention-2 style: a forward with an online softmax over key
-// tiles staged in shared memory, and a deterministic backward (no atomics) that recomputes P from q, k and lse.
-// Legend: B batch, S sequence, H query heads, K kv heads (H divisible by K), d head width (1..256), D the
-// width bucket d is zero-padded to in shared memory (32, 64, 128, 256), Br / Bc query / key tile rows.
+// Causal grouped-query attention in float32, flash-attention-2 style: a forward with an online softmax over
+// key tiles staged in shared memory, and a deterministic backward (no atomics) that recomputes P from q, k
+// and lse. Legend: B batch, S sequence, H query heads, K kv heads (H divisible by K), d head width (1..256),
+// D the width bucket d is zero-padded to in shared memory (32, 64, 128, 256), Br / Bc query / key tile rows.
 //
 // Every block has 256 threads as a 16 x 16 grid, tx = thread % 16, ty = thread / 16. A score tile [Br, Bc]
 // is held as Br / 16 x Bc / 16 values per thread: query rows ty + 16 m, key columns tx + 16 n (the 16 threads
@@ -12,13 +12,12 @@
 // Masking follows kernels/cpu/attention.h: query i sees key j iff segment_ids[b, j] == segment_ids[b, i]
 // (when given) and positions[b, j] <= positions[b, i]. A (query tile, key tile) pair is skipped only when
 // the tiles' position and segment bounds prove every pair masked (token order in memory is free).
-#include "meshtrain/kernels/cuda/attention.h"
-
 #include <climits>
 #include <cmath>
 #include <string>
 
 #include "meshtrain/core/error.h"
+#include "meshtrain/kernels/cuda/attention.h"
 #include "meshtrain/kernels/cuda/device.h"
 
 namespace meshtrain::kernels::cuda {
@@ -107,10 +106,10 @@ __global__ void __launch_bounds__(kThreads)
                    int S, int H, int K, int d, float scale) {
   constexpr int M = Br / kSide, N = Bc / kSide, X = D / kSide, P = D + 1, PB = Bc + 1;
   extern __shared__ float shared[];
-  float* q_tile = shared;                                   // [Br, D + 1]
-  float* k_tile = q_tile + Br * P;                          // [Bc, D + 1]
-  float* v_tile = k_tile + Bc * P;                          // [Bc, D + 1]
-  float* probs = v_tile + Bc * P;                           // [Br, Bc + 1]
+  float* q_tile = shared;                                        // [Br, D + 1]
+  float* k_tile = q_tile + Br * P;                               // [Bc, D + 1]
+  float* v_tile = k_tile + Bc * P;                               // [Bc, D + 1]
+  float* probs = v_tile + Bc * P;                                // [Br, Bc + 1]
   int* key_positions = reinterpret_cast<int*>(probs + Br * PB);  // [Bc]
   int* key_segments = key_positions + Bc;                        // [Bc]
 
@@ -120,7 +119,7 @@ __global__ void __launch_bounds__(kThreads)
   const int g = h / (H / K);
   const int i0 = tile * Br, rows = min(Br, S - i0);
   const int64_t q_stride = static_cast<int64_t>(H) * d, kv_stride = static_cast<int64_t>(K) * d;
-  const int32_t* sequence_positions = positions + static_cast<int64_t>(b) * S;                       // [S]
+  const int32_t* sequence_positions = positions + static_cast<int64_t>(b) * S;                         // [S]
   const int32_t* sequence_segments = segment_ids == nullptr ? nullptr : segment_ids + int64_t{b} * S;  // [S]
   const float* q_rows = q + ((static_cast<int64_t>(b) * S + i0) * H + h) * d;  // row i at + i * q_stride
   const float* k_rows = k + (static_cast<int64_t>(b) * S * K + g) * d;         // row j at + j * kv_stride
@@ -227,7 +226,7 @@ __global__ void __launch_bounds__(kThreads)
 
   // row_sum == 0 only for a query that sees no key (never in self-attention): out 0, lse -inf.
   float* out_rows = out + ((static_cast<int64_t>(b) * S + i0) * H + h) * d;  // row i at + i * q_stride
-  float* lse_row = lse + (static_cast<int64_t>(b) * H + h) * S + i0;        // [rows]
+  float* lse_row = lse + (static_cast<int64_t>(b) * H + h) * S + i0;         // [rows]
 #pragma unroll
   for (int m = 0; m < M; ++m) {
     const int r = ty + kSide * m;
@@ -325,14 +324,14 @@ __global__ void __launch_bounds__(kThreads)
                 int S, int H, int K, int d, float scale) {
   constexpr int M = Br / kSide, N = Bc / kSide, X = D / kSide, P = D + 1, PB = Bc + 1;
   extern __shared__ float shared[];
-  float* k_tile = shared;                                // [Bc, D + 1]
-  float* v_tile = k_tile + Bc * P;                       // [Bc, D + 1]
-  float* q_tile = v_tile + Bc * P;                       // [Br, D + 1]
-  float* dout_tile = q_tile + Br * P;                    // [Br, D + 1]
-  float* probs = dout_tile + Br * P;                     // [Br, Bc + 1]
-  float* dscores = probs + Br * PB;                      // [Br, Bc + 1]
-  float* query_lse = dscores + Br * PB;                  // [Br]
-  float* query_dot = query_lse + Br;                     // [Br]
+  float* k_tile = shared;                                         // [Bc, D + 1]
+  float* v_tile = k_tile + Bc * P;                                // [Bc, D + 1]
+  float* q_tile = v_tile + Bc * P;                                // [Br, D + 1]
+  float* dout_tile = q_tile + Br * P;                             // [Br, D + 1]
+  float* probs = dout_tile + Br * P;                              // [Br, Bc + 1]
+  float* dscores = probs + Br * PB;                               // [Br, Bc + 1]
+  float* query_lse = dscores + Br * PB;                           // [Br]
+  float* query_dot = query_lse + Br;                              // [Br]
   int* query_positions = reinterpret_cast<int*>(query_dot + Br);  // [Br]
   int* query_segments = query_positions + Br;                     // [Br]
 
@@ -342,7 +341,7 @@ __global__ void __launch_bounds__(kThreads)
   const int group = H / K;
   const int j0 = tile * Bc, cols = min(Bc, S - j0);
   const int64_t q_stride = static_cast<int64_t>(H) * d, kv_stride = static_cast<int64_t>(K) * d;
-  const int32_t* sequence_positions = positions + static_cast<int64_t>(b) * S;                       // [S]
+  const int32_t* sequence_positions = positions + static_cast<int64_t>(b) * S;                         // [S]
   const int32_t* sequence_segments = segment_ids == nullptr ? nullptr : segment_ids + int64_t{b} * S;  // [S]
   const int64_t kv_offset = ((static_cast<int64_t>(b) * S + j0) * K + g) * d;  // key row j0, kv head g
 
@@ -370,8 +369,8 @@ __global__ void __launch_bounds__(kThreads)
 
   const int query_tiles = (S + Br - 1) / Br;
   for (int h = g * group; h < (g + 1) * group; ++h) {
-    const float* head_lse = lse + (static_cast<int64_t>(b) * H + h) * S;          // [S]
-    const float* head_dot = row_dot + (static_cast<int64_t>(b) * H + h) * S;      // [S]
+    const float* head_lse = lse + (static_cast<int64_t>(b) * H + h) * S;      // [S]
+    const float* head_dot = row_dot + (static_cast<int64_t>(b) * H + h) * S;  // [S]
     for (int query_tile = 0; query_tile < query_tiles; ++query_tile) {
       const int i0 = query_tile * Br, rows = min(Br, S - i0);
       if (fully_masked(tile_bounds(sequence_positions, sequence_segments, i0, rows), key_bounds)) continue;
@@ -471,11 +470,11 @@ __global__ void __launch_bounds__(kThreads)
               int S, int H, int K, int d, float scale) {
   constexpr int M = Br / kSide, N = Bc / kSide, X = D / kSide, P = D + 1, PB = Bc + 1;
   extern __shared__ float shared[];
-  float* q_tile = shared;                                       // [Br, D + 1]
-  float* dout_tile = q_tile + Br * P;                           // [Br, D + 1]
-  float* k_tile = dout_tile + Br * P;                           // [Bc, D + 1]
-  float* v_tile = k_tile + Bc * P;                              // [Bc, D + 1]
-  float* dscores = v_tile + Bc * P;                             // [Br, Bc + 1]
+  float* q_tile = shared;                                          // [Br, D + 1]
+  float* dout_tile = q_tile + Br * P;                              // [Br, D + 1]
+  float* k_tile = dout_tile + Br * P;                              // [Bc, D + 1]
+  float* v_tile = k_tile + Bc * P;                                 // [Bc, D + 1]
+  float* dscores = v_tile + Bc * P;                                // [Br, Bc + 1]
   int* key_positions = reinterpret_cast<int*>(dscores + Br * PB);  // [Bc]
   int* key_segments = key_positions + Bc;                          // [Bc]
 
@@ -485,7 +484,7 @@ __global__ void __launch_bounds__(kThreads)
   const int g = h / (H / K);
   const int i0 = tile * Br, rows = min(Br, S - i0);
   const int64_t q_stride = static_cast<int64_t>(H) * d, kv_stride = static_cast<int64_t>(K) * d;
-  const int32_t* sequence_positions = positions + static_cast<int64_t>(b) * S;                       // [S]
+  const int32_t* sequence_positions = positions + static_cast<int64_t>(b) * S;                         // [S]
   const int32_t* sequence_segments = segment_ids == nullptr ? nullptr : segment_ids + int64_t{b} * S;  // [S]
   const int64_t q_offset = ((static_cast<int64_t>(b) * S + i0) * H + h) * d;  // query row i0, head h
   const float* k_rows = k + (static_cast<int64_t>(b) * S * K + g) * d;        // row j at + j * kv_stride
@@ -590,9 +589,8 @@ void allow_shared_memory(Kernel kernel, size_t bytes) {
 
 void check_shape(int64_t B, int64_t S, int64_t H, int64_t K, int64_t d) {
   MT_CHECK(K > 0 && H % K == 0, "query heads must be a multiple of kv heads");
-  MT_CHECK(d >= 1 && d <= kMaxWidth,
-           "the CUDA attention kernels take head widths 1.." + std::to_string(kMaxWidth) + ", not " +
-               std::to_string(d));
+  MT_CHECK(d >= 1 && d <= kMaxWidth, "the CUDA attention kernels take head widths 1.." +
+                                         std::to_string(kMaxWidth) + ", not " + std::to_string(d));
   MT_CHECK(B <= 65535 && H <= 65535, "batch and heads index grid dimensions (at most 65535)");
   MT_CHECK(S <= INT_MAX / 2, "sequence length fits an int");
 }
@@ -605,17 +603,19 @@ void forward_launch(float* out, float* lse, const float* q, const float* k, cons
   constexpr size_t bytes = forward_shared_bytes<D, Br, Bc>();
   static const bool allowed = (allow_shared_memory(forward_kernel<D, Br, Bc>, bytes), true);
   static_cast<void>(allowed);
-  const dim3 grid(static_cast<unsigned>((S + Br - 1) / Br), static_cast<unsigned>(H), static_cast<unsigned>(B));
+  const dim3 grid(static_cast<unsigned>((S + Br - 1) / Br), static_cast<unsigned>(H),
+                  static_cast<unsigned>(B));
   forward_kernel<D, Br, Bc><<<grid, kThreads, bytes, stream()>>>(
-      out, lse, q, k, v, positions, segment_ids, static_cast<int>(S), static_cast<int>(H), static_cast<int>(K),
-      static_cast<int>(d), 1.0f / std::sqrt(static_cast<float>(d)));
+      out, lse, q, k, v, positions, segment_ids, static_cast<int>(S), static_cast<int>(H),
+      static_cast<int>(K), static_cast<int>(d), 1.0f / std::sqrt(static_cast<float>(d)));
   MT_CUDA_LAUNCHED("attention_forward");
 }
 
 template <int D>
-void backward_launch(float* dq, float* dk, float* dv, const float* dout, const float* lse, const float* row_dot,
-                     const float* q, const float* k, const float* v, const int32_t* positions,
-                     const int32_t* segment_ids, int64_t B, int64_t S, int64_t H, int64_t K, int64_t d) {
+void backward_launch(float* dq, float* dk, float* dv, const float* dout, const float* lse,
+                     const float* row_dot, const float* q, const float* k, const float* v,
+                     const int32_t* positions, const int32_t* segment_ids, int64_t B, int64_t S, int64_t H,
+                     int64_t K, int64_t d) {
   constexpr int Br = Tiles<D>::backward_rows, Bc = Tiles<D>::backward_cols;
   constexpr size_t dkdv_bytes = dkdv_shared_bytes<D, Br, Bc>(), dq_bytes = dq_shared_bytes<D, Br, Bc>();
   static const bool allowed = (allow_shared_memory(dkdv_kernel<D, Br, Bc>, dkdv_bytes),
@@ -628,7 +628,8 @@ void backward_launch(float* dq, float* dk, float* dv, const float* dout, const f
       dk, dv, dout, lse, row_dot, q, k, v, positions, segment_ids, static_cast<int>(S), static_cast<int>(H),
       static_cast<int>(K), static_cast<int>(d), scale);
   MT_CUDA_LAUNCHED("attention_backward (dk, dv)");
-  const dim3 dq_grid(static_cast<unsigned>((S + Br - 1) / Br), static_cast<unsigned>(H), static_cast<unsigned>(B));
+  const dim3 dq_grid(static_cast<unsigned>((S + Br - 1) / Br), static_cast<unsigned>(H),
+                     static_cast<unsigned>(B));
   dq_kernel<D, Br, Bc><<<dq_grid, kThreads, dq_bytes, stream()>>>(
       dq, dout, lse, row_dot, q, k, v, positions, segment_ids, static_cast<int>(S), static_cast<int>(H),
       static_cast<int>(K), static_cast<int>(d), scale);
@@ -653,10 +654,10 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
   }
 }
 
-void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* out, const float* lse,
-                        const float* q, const float* k, const float* v, const int32_t* positions,
-                        const int32_t* segment_ids, int64_t B, int64_t S, int64_t H, int64_t K, int64_t d,
-                        float* scratch) {
+void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* out,
+                        const float* lse, const float* q, const float* k, const float* v,
+                        const int32_t* positions, const int32_t* segment_ids, int64_t B, int64_t S, int64_t H,
+                        int64_t K, int64_t d, float* scratch) {
   check_shape(B, S, H, K, d);
   if (B == 0 || S == 0 || H == 0) return;
   // scratch [B, H, S] = rowsum(dout * out), the D_i of the softmax backward.

@@ -18,46 +18,42 @@
 namespace meshtrain::kernels::cuda {
 
 const KernelBackend& cuda_backend() {
-  // Designated initialisers in declaration order; entries not named are null (see backend.h).
-  static const KernelBackend table{
-      .name = "cuda",
-      .device_check = device_check,
-      .device_description = device_description,
-      .memory_on_host = memory_on_host,
-      .memory_allocate = memory_allocate,
-      .memory_free = memory_free,
-      .memory_copy_in = memory_copy_in,
-      .memory_copy_out = memory_copy_out,
-      .memory_fill = memory_fill,
-      .activation_dtype = nullptr,  // sizing: kernels/backend.cpp
-      .matmul_forward = matmul_forward,
-      .matmul_backward = matmul_backward,
-      .matmul_bf16_scratch_elements = nullptr,
-      .residual_add = residual_add,
-      .embedding_forward = embedding_forward,
-      .embedding_backward = embedding_backward,
-      .unembed_cross_entropy = unembed_cross_entropy,
-      .cross_entropy_scratch_floats = nullptr,
-      .cross_entropy_bf16_scratch_elements = nullptr,
-      .unembed_logits = unembed_logits,
-      .rmsnorm_forward = rmsnorm_forward,
-      .rmsnorm_backward = rmsnorm_backward,
-      .layernorm_forward = layernorm_forward,
-      .layernorm_backward = layernorm_backward,
-      .swiglu_forward = swiglu_forward,
-      .swiglu_backward = swiglu_backward,
-      .gelu_forward = gelu_forward,
-      .gelu_backward = gelu_backward,
-      .rope_forward = rope_forward,
-      .rope_backward = rope_backward,
-      .column_slice_forward = column_slice_forward,
-      .column_slice_backward = column_slice_backward,
-      .attention_forward = attention_forward,
-      .attention_backward = attention_backward,
-      .attention_backward_scratch_floats = nullptr,
-      .adamw_update = adamw_update,
-      .sum_of_squares = sum_of_squares,
-  };
+  static const KernelBackend table = [] {
+    KernelBackend cuda{};  // entries not set here stay null (see backend.h); sizing: kernels/backend.cpp
+    cuda.name = "cuda";
+    cuda.device_check = device_check;
+    cuda.device_description = device_description;
+    cuda.memory_on_host = memory_on_host;
+    cuda.memory_allocate = memory_allocate;
+    cuda.memory_free = memory_free;
+    cuda.memory_copy_in = memory_copy_in;
+    cuda.memory_copy_out = memory_copy_out;
+    cuda.memory_fill = memory_fill;
+    cuda.matmul_forward = matmul_forward;
+    cuda.matmul_backward = matmul_backward;
+    cuda.residual_add = residual_add;
+    cuda.embedding_forward = embedding_forward;
+    cuda.embedding_backward = embedding_backward;
+    cuda.unembed_cross_entropy = unembed_cross_entropy;
+    cuda.unembed_logits = unembed_logits;
+    cuda.rmsnorm_forward = rmsnorm_forward;
+    cuda.rmsnorm_backward = rmsnorm_backward;
+    cuda.layernorm_forward = layernorm_forward;
+    cuda.layernorm_backward = layernorm_backward;
+    cuda.swiglu_forward = swiglu_forward;
+    cuda.swiglu_backward = swiglu_backward;
+    cuda.gelu_forward = gelu_forward;
+    cuda.gelu_backward = gelu_backward;
+    cuda.rope_forward = rope_forward;
+    cuda.rope_backward = rope_backward;
+    cuda.column_slice_forward = column_slice_forward;
+    cuda.column_slice_backward = column_slice_backward;
+    cuda.attention_forward = attention_forward;
+    cuda.attention_backward = attention_backward;
+    cuda.adamw_update = adamw_update;
+    cuda.sum_of_squares = sum_of_squares;
+    return cuda;
+  }();
   return table;
 }
 

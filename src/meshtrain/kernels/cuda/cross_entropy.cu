@@ -1,7 +1,7 @@
-// Fused unembedding + softmax cross-entropy on the GPU, a chunk of C tokens at a time (GEMMs through gemm.h,
-// one block per row for the softmax), and plain logits for decoding. Semantics as
-// kernels/cpu/cross_entropy.h. Legend: N tokens, D width, V vocab (padded), C chunk of tokens (chunk_tokens),
-// vv = vocab_valid, L the chunk logits' row width (V for kernel_DV, vv for table_VD).
+// Fused unembedding + softmax cross-entropy on the GPU, C tokens at a time (GEMMs through gemm.h, one block
+// per row for the softmax), and plain logits for decoding. Semantics as kernels/cpu/cross_entropy.h.
+// Legend: N tokens, D width, V vocab (padded), C chunk of tokens (chunk_tokens), vv = vocab_valid,
+// L the row width of a chunk's logits (V for kernel_DV, vv for table_VD).
 #include <algorithm>
 #include <climits>
 #include <cmath>

@@ -3,6 +3,7 @@
 // Legend: M, N output rows and columns, K the reduced dimension.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 namespace meshtrain::kernels::cuda {
@@ -16,6 +17,10 @@ void gemm_f32(float* c, const float* a, const float* b, int64_t M, int64_t N, in
               bool transposed_b, bool accumulate);
 void gemm_bf16(float* c, const uint16_t* a, const uint16_t* b, int64_t M, int64_t N, int64_t K,
                bool transposed_a, bool transposed_b, bool accumulate);
+
+// Bytes of the one cuBLASLt workspace every GEMM shares (device memory beside the arena, allocated at the
+// first GEMM and kept for the process).
+size_t gemm_workspace_bytes();
 
 // out[i] = in[i] rounded to bf16, nearest even (NaN stays a NaN), as the cpu kernels round.
 void round_to_bf16(uint16_t* out, const float* in, int64_t count);
