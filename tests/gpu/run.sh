@@ -86,3 +86,6 @@ speed gpt2_bf16 gpt2-124m 12 per_device_batch_size=16 max_target_length=1024 dty
 speed qwen3_0.6b_f32 qwen3-0.6b 8 per_device_batch_size=8 max_target_length=1024 dtype=float32
 speed qwen3_0.6b_bf16 qwen3-0.6b 8 per_device_batch_size=8 max_target_length=1024 dtype=bfloat16
 say "done $(date -u '+%H:%M:%S UTC')"
+# Everything but the summary as one archive (a device machine hands back few files).
+(cd "$out" && find . -maxdepth 1 -type f ! -name summary.txt ! -name logs.tar.gz -printf '%P\n' |
+  tar -czf logs.tar.gz -T - --remove-files)

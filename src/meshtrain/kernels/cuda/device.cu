@@ -1,8 +1,7 @@
-#include "meshtrain/kernels/cuda/device.h"
-
 #include <mutex>
 
 #include "meshtrain/core/error.h"
+#include "meshtrain/kernels/cuda/device.h"
 
 namespace meshtrain::kernels::cuda {
 
