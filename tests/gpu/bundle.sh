@@ -2,8 +2,12 @@
 # Makes what tests/gpu/run.sh needs on a GPU machine that has the CUDA runtime but none of meshtrain's Debian
 # libraries: a Release build with the CUDA backend for any x86-64-v3 host (build-gpu/), its shared libraries
 # and the Debian ones it links (yaml-cpp, ICU, PCRE2, OpenMPI, ...), and the cpu baseline runs the GPU runs
-# are compared with, packed as .gpu-bundle.tar.xz (git-ignored) in the repository root.
-# Usage: tests/gpu/bundle.sh            then, on the GPU machine: tests/gpu/run.sh .gpu-bundle.tar.xz
+# are compared with, packed as .gpu-bundle.tar.xz (git-ignored) in the repository root. With LLMC=FILE (llm.c's
+# train_gpt2cu, built from a public checkout kept outside the project with `make train_gpt2cu USE_CUDNN=0
+# NO_MULTI_GPU=1 NO_USE_MPI=1 GPU_COMPUTE_CAPABILITY=90`), the peer and random GPT-2 token files in its
+# format go in too.
+# Usage: [LLMC=path/to/train_gpt2cu] tests/gpu/bundle.sh    then, on the GPU machine:
+#        tests/gpu/run.sh .gpu-bundle.tar.xz
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -25,6 +29,22 @@ ldd build-gpu/meshtrain build-gpu/meshtrain_gpu_tests build-gpu/libmeshtrain_*.s
 source tests/gpu/tiny.sh
 build/meshtrain train qwen3-tiny "${tiny[@]}" run_dir="$stage/reference/qwen3_tiny_cpu" >"$stage/reference/qwen3_tiny_cpu.log" 2>&1 ||
   { cat "$stage/reference/qwen3_tiny_cpu.log"; exit 1; }
+if [ -n "${LLMC:-}" ]; then
+  mkdir -p "$stage/llmc"
+  cp "$LLMC" "$stage/llmc/train_gpt2cu"
+  # Token files as llm.c's data loader reads them: int32 header[256] (magic 20240520, version 1, count), then
+  # uint16 tokens, uniform over GPT-2's 50,257 ids (the values do not matter for speed).
+  /usr/bin/python3 - "$stage/llmc" <<'PY'
+import sys
+import numpy as np
+for name, count in (("train.bin", 1 << 20), ("val.bin", 1 << 16)):
+    header = np.zeros(256, np.int32)
+    header[:3] = (20240520, 1, count)
+    tokens = np.random.default_rng(len(name)).integers(0, 50257, count, dtype=np.uint16)
+    with open(f"{sys.argv[1]}/{name}", "wb") as out:
+        out.write(header.tobytes() + tokens.tobytes())
+PY
+fi
 tar -C "$stage" -cJf "$root/.gpu-bundle.tar.xz" .
 grep -qx '/.gpu-bundle.tar.xz' .git/info/exclude 2>/dev/null || echo '/.gpu-bundle.tar.xz' >>.git/info/exclude
 grep -qx '/build-gpu/' .git/info/exclude 2>/dev/null || echo '/build-gpu/' >>.git/info/exclude

@@ -4,7 +4,9 @@
 #   2. qwen3-tiny, 20 steps on the GPU in float32, against the cpu run's losses, grad norms and final
 #      parameters with the bounds of tests/mpi/equivalence.sh (tests/mpi/compare_runs.py);
 #   3. gpt2-124m and qwen3-0.6b tokens/s and MFU (against the topology's stated peak) in float32 and bfloat16,
-#      and the device memory in use (nvidia-smi, sampled) against the planned arena.
+#      and the device memory in use (nvidia-smi, sampled) against the planned arena;
+#   4. where the bundle has it, llm.c's train_gpt2cu (bf16, its own kernels, no cuDNN) on GPT-2 124M at the
+#      same batch, the peer of the bf16 speed.
 # Its input is tests/gpu/bundle.sh's .gpu-bundle.tar.xz, made on a build machine (the GPU machine needs only
 # the NVIDIA driver, the CUDA 13 runtime with cuBLAS, and python3 with numpy).
 # Usage: tests/gpu/run.sh BUNDLE [OUT_DIR]     (OUT_DIR: $OUT, else ./gpu-results)
@@ -85,6 +87,24 @@ speed gpt2_f32 gpt2-124m 12 per_device_batch_size=16 max_target_length=1024 dtyp
 speed gpt2_bf16 gpt2-124m 12 per_device_batch_size=16 max_target_length=1024 dtype=bfloat16
 speed qwen3_0.6b_f32 qwen3-0.6b 8 per_device_batch_size=8 max_target_length=1024 dtype=float32
 speed qwen3_0.6b_bf16 qwen3-0.6b 8 per_device_batch_size=8 max_target_length=1024 dtype=bfloat16
+if [ -x "$b/llmc/train_gpt2cu" ]; then
+  (cd "$b/llmc" && timeout 240 ./train_gpt2cu -i train.bin -j val.bin -e d12 -b 16 -t 1024 -d 16384 -x 12 \
+    -v 1000 -s 0 -h 0 -o "" >"$out/llmc.log" 2>&1)
+  status=$?
+  python3 - "$out/llmc.log" "$status" <<'PY' | tee -a "$summary"
+import re, statistics, sys
+text = open(sys.argv[1]).read()
+ms = [float(m) for m in re.findall(r"\| ([0-9.]+) ms \|", text)][1:]  # step 1 warms up
+mfu = [float(m) for m in re.findall(r"([0-9.]+)% bf16 MFU", text)][1:]
+line = f"llm.c train_gpt2cu gpt2-124m 16x1024 bf16: exit {sys.argv[2]}"
+if ms:
+    line += (f", {len(ms)} timed steps: median {16 * 1024 / (statistics.median(ms) / 1e3):,.0f} tokens/s,"
+             f" step {statistics.median(ms) / 1e3:.3f} s, its own MFU {statistics.median(mfu):.1f}%")
+else:
+    line += " | " + " ".join(text.strip().splitlines()[-3:])
+print(line)
+PY
+fi
 say "done $(date -u '+%H:%M:%S UTC')"
 # Everything but the summary as one archive (a device machine hands back few files).
 (cd "$out" && find . -maxdepth 1 -type f ! -name summary.txt ! -name logs.tar.gz -printf '%P\n' |

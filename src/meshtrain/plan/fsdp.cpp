@@ -1,7 +1,6 @@
 // FSDP pass: gathers each sharded parameter before its first use in each phase (forward, then backward: the
 // full copy is freed in between), zeroes its full gradient before the backward's first write, and
 // reduce-scatters it into the persistent shard after the last.
-#include <cstring>
 #include <map>
 
 #include "meshtrain/plan/passes.h"
@@ -60,7 +59,7 @@ std::vector<PlanStep> insert_fsdp(TrainingPlan& plan, const std::vector<std::vec
                       0.0,
                       [full](const OpContext& context) {
                         const TensorView view = context.view(full);
-                        std::memset(view.data, 0, view.bytes());
+                        context.kernels->memory_fill(view.data, 0, view.bytes());
                       },
                       OpKind::memory};
           zero.role = OpRole::fsdp_zero;

@@ -53,7 +53,7 @@ const OpDecl* add_zero_gradients_op(TrainingPlan& plan) {
   zero.run = [gradient_stores](const OpContext& context) {
     for (BufferId id : gradient_stores) {
       const TensorView gradient = context.view(id);
-      std::memset(gradient.data, 0, gradient.bytes());
+      context.kernels->memory_fill(gradient.data, 0, gradient.bytes());
     }
   };
   zero.role = OpRole::zero_gradients;

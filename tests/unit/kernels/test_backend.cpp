@@ -1,15 +1,19 @@
 // The backend seam (kernels/backend.h): the cpu table is complete and is the cpu functions, and a model
 // reaches every kernel through the table its spec carries (a counting backend sees each entry called).
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <optional>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "meshtrain/core/error.h"
 #include "meshtrain/kernels/backend.h"
 #include "meshtrain/kernels/cpu/backend.h"
 #include "meshtrain/kernels/cpu/matmul.h"
@@ -17,6 +21,7 @@
 #include "meshtrain/model/spec.h"
 #include "meshtrain/plan/decode.h"
 #include "meshtrain/plan/plan.h"
+#include "meshtrain/train/checkpoint.h"
 #include "meshtrain/train/engine.h"
 #include "meshtrain/train/run.h"
 
@@ -24,6 +29,7 @@ namespace meshtrain {
 namespace {
 
 using kernels::KernelBackend;
+namespace fs = std::filesystem;
 
 // The table is a name followed by function pointers, all pointer-sized: its slots can be read as words, so
 // an entry added to the struct is checked here without editing this test.
@@ -285,6 +291,128 @@ TEST(KernelBackend, ModelReachesEveryKernelThroughTheTable) {
   }
   EXPECT_EQ(calls().size(), kSlots - 1) << "every entry but the name is counted";
   for (const auto& [entry, count] : calls()) EXPECT_GT(count, 0) << entry << " was never called";
+}
+
+// A device arena, simulated: the cpu kernels over memory the host cannot touch (PROT_NONE) except inside
+// a kernel entry or a memory copy of the table. Any other host access (the engine or an op reading or
+// writing arena memory directly) is a segmentation fault here, as it is on a GPU.
+struct GuardedArena {
+  void* base = nullptr;
+  size_t bytes = 0;
+};
+GuardedArena& guarded_arena() {
+  static GuardedArena arena;
+  return arena;
+}
+// Opens the arena to the host for the scope of one table entry.
+class ArenaOpen {
+ public:
+  ArenaOpen() { protect(PROT_READ | PROT_WRITE); }
+  ~ArenaOpen() { protect(PROT_NONE); }
+  ArenaOpen(const ArenaOpen&) = delete;
+  ArenaOpen& operator=(const ArenaOpen&) = delete;
+
+ private:
+  static void protect(int mode) {
+    if (guarded_arena().base != nullptr) ::mprotect(guarded_arena().base, guarded_arena().bytes, mode);
+  }
+};
+
+const KernelBackend& guarded_backend() {
+  static const KernelBackend table = [] {
+    KernelBackend guarded = kernels::cpu_backend();
+    guarded.name = "guarded";
+    guarded.memory_on_host = [] { return false; };
+    guarded.memory_allocate = [](size_t bytes) -> void* {
+      MT_CHECK(guarded_arena().base == nullptr, "one guarded arena at a time");
+      const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+      const size_t rounded = (bytes + page - 1) / page * page;
+      void* base = ::mmap(nullptr, rounded, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);  // zeroed
+      if (base == MAP_FAILED) return nullptr;
+      guarded_arena() = {base, rounded};
+      return base;
+    };
+    guarded.memory_free = [](void* base) {
+      ::munmap(base, guarded_arena().bytes);
+      guarded_arena() = {};
+    };
+#define MT_GUARDED(entry)                              \
+  guarded.entry = [](auto... arguments) {              \
+    const ArenaOpen open;                              \
+    return kernels::cpu_backend().entry(arguments...); \
+  }
+    MT_GUARDED(memory_copy_in);
+    MT_GUARDED(memory_copy_out);
+    MT_GUARDED(memory_fill);
+    MT_GUARDED(matmul_forward);
+    MT_GUARDED(matmul_backward);
+    MT_GUARDED(residual_add);
+    MT_GUARDED(embedding_forward);
+    MT_GUARDED(embedding_backward);
+    MT_GUARDED(unembed_cross_entropy);
+    MT_GUARDED(unembed_logits);
+    MT_GUARDED(rmsnorm_forward);
+    MT_GUARDED(rmsnorm_backward);
+    MT_GUARDED(layernorm_forward);
+    MT_GUARDED(layernorm_backward);
+    MT_GUARDED(swiglu_forward);
+    MT_GUARDED(swiglu_backward);
+    MT_GUARDED(gelu_forward);
+    MT_GUARDED(gelu_backward);
+    MT_GUARDED(rope_forward);
+    MT_GUARDED(rope_backward);
+    MT_GUARDED(column_slice_forward);
+    MT_GUARDED(column_slice_backward);
+    MT_GUARDED(attention_forward);
+    MT_GUARDED(attention_backward);
+    MT_GUARDED(adamw_update);
+    MT_GUARDED(sum_of_squares);
+#undef MT_GUARDED
+    return guarded;
+  }();
+  return table;
+}
+
+// What the cuda backend runs (the dense decoders), over an arena the host cannot touch: training steps,
+// eval and a checkpoint round trip reach the arena only through the table, and give bitwise the losses,
+// gradients and parameters of the host-memory engine.
+TEST(KernelBackend, DenseTrainingTouchesADeviceArenaOnlyThroughTheTable) {
+  for (const std::string preset : {"qwen3-tiny", "gpt2-124m"}) {
+    const Config config = tiny_config(preset);
+    PlanRequest request;
+    request.config = config;
+    request.devices = 1;
+    TrainingPlan plan = plan_training(request);
+    plan.spec.kernels = &guarded_backend();
+    Engine plain(config);
+    const fs::path dir = fs::temp_directory_path() / ("meshtrain_guarded_" + std::to_string(::getpid()));
+    {
+      Engine guarded(std::move(plan));
+      const Batch batch = tiny_batch(guarded.spec().dims);
+      for (int64_t step = 0; step < 2; ++step) {
+        const LossSums a = guarded.fwd_bwd(batch), b = plain.fwd_bwd(batch);
+        EXPECT_EQ(a.loss_sum, b.loss_sum) << preset;
+        const LossSums a2 = guarded.fwd_bwd_accum(batch, true), b2 = plain.fwd_bwd_accum(batch, true);
+        EXPECT_EQ(a2.loss_sum, b2.loss_sum) << preset;
+        EXPECT_EQ(guarded.update(a.valid_count + a2.valid_count, 1e-2, step).grad_norm,
+                  plain.update(b.valid_count + b2.valid_count, 1e-2, step).grad_norm)
+            << preset;
+      }
+      EXPECT_EQ(guarded.eval(batch).loss_sum, plain.eval(batch).loss_sum) << preset;
+      save_checkpoint(dir.string(), guarded, {2, {}, {}}, {});
+    }
+    // Loaded into a fresh guarded engine, the state trains on as the host engine does.
+    TrainingPlan again = plan_training(request);
+    again.spec.kernels = &guarded_backend();
+    Engine loaded(std::move(again));
+    EXPECT_EQ(load_checkpoint(dir.string() + "/step_00000002", loaded, false).step, 2);
+    const Batch batch = tiny_batch(loaded.spec().dims);
+    EXPECT_EQ(loaded.fwd_bwd(batch).loss_sum, plain.fwd_bwd(batch).loss_sum) << preset;
+    for (const ParameterDecl& parameter : loaded.spec().parameters) {
+      EXPECT_EQ(loaded.read(parameter.gradient), plain.read(parameter.gradient)) << preset;
+    }
+    fs::remove_all(dir);
+  }
 }
 
 }  // namespace
