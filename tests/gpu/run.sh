@@ -39,12 +39,26 @@ grep -E "FAILED|Failure|error" "$out/kernels.log" | head -40 | tee -a "$summary"
 grep -E "^\[  (PASSED|FAILED|SKIPPED)" "$out/kernels.log" | tee -a "$summary"
 
 # 2. qwen3-tiny on the GPU against the cpu baseline.
+# Its device memory (an arena of 2 MB) is what any run holds besides its arena: the CUDA context, the
+# kernels' modules and cuBLASLt's workspace.
 source "$here/tiny.sh"
 run_dir=$(mktemp -d)/qwen3_tiny_gpu
+nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 100 >"$out/qwen3_tiny_gpu.memory" 2>/dev/null &
+sampler=$!
 timeout 300 "$b/bin/meshtrain" train qwen3-tiny "${tiny[@]}" topology=h200x1 run_dir="$run_dir" \
   >"$out/qwen3_tiny_gpu.log" 2>&1
 say "qwen3-tiny on the GPU: exit $?"
+kill "$sampler" 2>/dev/null
+wait "$sampler" 2>/dev/null
+overhead_mib=$(sort -n "$out/qwen3_tiny_gpu.memory" | tail -1)
+say "device memory of a run besides its arena (qwen3-tiny, 2 MB arena): ${overhead_mib:-?} MiB"
 grep -E "device:|error" "$out/qwen3_tiny_gpu.log" | head -5 | tee -a "$summary"
+python3 - "$b/reference/qwen3_tiny_cpu/metrics.jsonl" "$run_dir/metrics.jsonl" <<'PY' | tee -a "$summary"
+import json, sys
+a, b = ([json.loads(l) for l in open(path)] for path in sys.argv[1:3])
+print(f"step 1 (same weights, same batch: the kernels alone): loss {abs(a[0]['loss'] - b[0]['loss']) / a[0]['loss']:.2e}, "
+      f"raw grad norm {abs(a[0]['raw_grad_norm'] - b[0]['raw_grad_norm']) / a[0]['raw_grad_norm']:.2e} relative")
+PY
 python3 "$here/../mpi/compare_runs.py" "$b/reference/qwen3_tiny_cpu" "$run_dir" "qwen3-tiny gpu vs cpu" 2>&1 |
   tail -3 | tee -a "$summary"
 cp "$run_dir/metrics.jsonl" "$out/qwen3_tiny_gpu_metrics.jsonl" 2>/dev/null
@@ -78,18 +92,33 @@ if arena:
 used = [int(x) for x in open(memory).read().split() if x.isdigit()]
 if used:
     line += f", device memory in use at most {max(used) / 1024:.3f} GiB (nvidia-smi)"
+    overhead = os.environ.get("overhead_mib", "")
+    if arena and overhead.isdigit():
+        line += f", {(max(used) - int(overhead)) / 1024:.3f} GiB besides the run overhead"
 if status != "0":
     line += " | " + " ".join(text.strip().splitlines()[-2:])
 print(line)
 PY
 }
+export overhead_mib
 speed gpt2_f32 gpt2-124m 12 per_device_batch_size=16 max_target_length=1024 dtype=float32
 speed gpt2_bf16 gpt2-124m 12 per_device_batch_size=16 max_target_length=1024 dtype=bfloat16
 speed qwen3_0.6b_f32 qwen3-0.6b 8 per_device_batch_size=8 max_target_length=1024 dtype=float32
 speed qwen3_0.6b_bf16 qwen3-0.6b 8 per_device_batch_size=8 max_target_length=1024 dtype=bfloat16
+# Where a step's time goes: step 3 traced with the device synchronised after every op.
+for dtype in float32 bfloat16; do
+  trace_dir=$(mktemp -d)/gpt2_trace_$dtype
+  timeout 120 "$b/bin/meshtrain" train gpt2-124m topology=h200x1 dataset_type=synthetic tokenizer_path= \
+    dataset_path= eval_dataset_path= eval_interval=0 enable_checkpointing=false steps=3 per_device_batch_size=16 \
+    max_target_length=1024 dtype=$dtype profiler=trace "profiler_steps=[3]" run_dir="$trace_dir" \
+    >"$out/gpt2_trace_$dtype.log" 2>&1
+  cp "$trace_dir/trace_step3.json" "$out/gpt2_trace_$dtype.json" 2>/dev/null
+done
+python3 "$here/../../bench/trace_split.py" "float32=$out/gpt2_trace_float32.json" \
+  "bfloat16=$out/gpt2_trace_bfloat16.json" 2>&1 | head -40 | tee -a "$summary"
 if [ -x "$b/llmc/train_gpt2cu" ]; then
   (cd "$b/llmc" && timeout 240 ./train_gpt2cu -i train.bin -j val.bin -e d12 -b 16 -t 1024 -d 16384 -x 12 \
-    -v 1000 -s 0 -h 0 -o "" >"$out/llmc.log" 2>&1)
+    -v 1000 -s 0 -h 0 -o "$b/llmc/log" >"$out/llmc.log" 2>&1)
   status=$?
   python3 - "$out/llmc.log" "$status" <<'PY' | tee -a "$summary"
 import re, statistics, sys

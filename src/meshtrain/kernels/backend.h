@@ -30,7 +30,8 @@ struct KernelBackend {
   // words with its memory, for logs and errors. The arena the engine hands every op lives in
   // memory_allocate's memory (zeroed; nullptr when it does not fit). memory_on_host: the engine and ops may
   // read and write it in place (cpu); otherwise every host access goes through memory_copy_in / _out
-  // (copy_out has finished when it returns) and memory_fill.
+  // (copy_out has finished when it returns) and memory_fill. device_synchronize waits for every kernel
+  // queued so far (a no-op where kernels run synchronously, as on the cpu).
   std::string (*device_check)();
   std::string (*device_description)();
   bool (*memory_on_host)();
@@ -39,6 +40,7 @@ struct KernelBackend {
   void (*memory_copy_in)(void* device, const void* host, size_t bytes);
   void (*memory_copy_out)(void* host, const void* device, size_t bytes);
   void (*memory_fill)(void* device, uint8_t byte, size_t bytes);
+  void (*device_synchronize)();
 
   // The dtype this backend stores activations, caches and kernel scratch in when the config's compute dtype
   // is `compute`: cpu keeps float32 and runs dtype=bfloat16 as bf16 inputs to every dense matmul (below).

@@ -623,6 +623,8 @@ LossSums Engine::run(KernelName name, UpdateState* update) {
         MT_CHECK(op.op->run != nullptr, "op '" + op.op->name + "' has nothing to run");
         op.op->run(context);
       }
+      // A traced op on a device: its event lasts until its kernels are done, not just queued.
+      if (trace_ && trace_->active() && !backend().memory_on_host()) backend().device_synchronize();
     }
     if (i == 0 && nan_gradient_pending_ && name != KernelName::update && name != KernelName::eval) {
       const float nan = std::numeric_limits<float>::quiet_NaN();
@@ -631,6 +633,7 @@ LossSums Engine::run(KernelName name, UpdateState* update) {
     }
     if (overlapping) start_ready_collectives(name, i, i + 1 == kernel.ops.size());
   }
+  backend().device_synchronize();  // a kernel's time (the step's) ends when the device is done
   last_kernel_ = &kernel;
   return sums;
 }

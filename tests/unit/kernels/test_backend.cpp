@@ -121,6 +121,7 @@ const KernelBackend& counting_backend() {
     MT_COUNTED(memory_copy_in);
     MT_COUNTED(memory_copy_out);
     MT_COUNTED(memory_fill);
+    MT_COUNTED(device_synchronize);
     MT_COUNTED(activation_dtype);
     MT_COUNTED(matmul_forward);
     MT_COUNTED(matmul_backward);

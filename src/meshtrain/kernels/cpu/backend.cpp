@@ -45,6 +45,7 @@ const KernelBackend& cpu_backend() {
       .memory_copy_in = host_memory_copy_in,
       .memory_copy_out = host_memory_copy_out,
       .memory_fill = host_memory_fill,
+      .device_synchronize = host_device_synchronize,
       .activation_dtype = float32_activations,
       .matmul_forward = matmul_forward,
       .matmul_backward = matmul_backward,

@@ -41,4 +41,6 @@ void host_memory_fill(void* device, uint8_t byte, size_t bytes) {
   if (bytes > 0) std::memset(device, byte, bytes);
 }
 
+void host_device_synchronize() {}
+
 }  // namespace meshtrain::kernels

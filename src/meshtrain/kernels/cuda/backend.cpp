@@ -29,6 +29,7 @@ const KernelBackend& cuda_backend() {
     cuda.memory_copy_in = memory_copy_in;
     cuda.memory_copy_out = memory_copy_out;
     cuda.memory_fill = memory_fill;
+    cuda.device_synchronize = synchronize;
     cuda.matmul_forward = matmul_forward;
     cuda.matmul_backward = matmul_backward;
     cuda.residual_add = residual_add;
