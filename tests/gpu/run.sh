@@ -124,11 +124,10 @@ if [ -x "$b/llmc/train_gpt2cu" ]; then
 import re, statistics, sys
 text = open(sys.argv[1]).read()
 ms = [float(m) for m in re.findall(r"\| ([0-9.]+) ms \|", text)][1:]  # step 1 warms up
-mfu = [float(m) for m in re.findall(r"([0-9.]+)% bf16 MFU", text)][1:]
 line = f"llm.c train_gpt2cu gpt2-124m 16x1024 bf16: exit {sys.argv[2]}"
 if ms:
     line += (f", {len(ms)} timed steps: median {16 * 1024 / (statistics.median(ms) / 1e3):,.0f} tokens/s,"
-             f" step {statistics.median(ms) / 1e3:.3f} s, its own MFU {statistics.median(mfu):.1f}%")
+             f" step {statistics.median(ms) / 1e3:.3f} s")
 else:
     line += " | " + " ".join(text.strip().splitlines()[-3:])
 print(line)
