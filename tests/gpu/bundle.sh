@@ -2,7 +2,7 @@
 # Makes what tests/gpu/run.sh needs on a GPU machine that has the CUDA runtime but none of meshtrain's Debian
 # libraries: a Release build with the CUDA backend for any x86-64-v3 host (build-gpu/), its shared libraries
 # and the Debian ones it links (yaml-cpp, ICU, PCRE2, OpenMPI, ...), and the cpu baseline runs the GPU runs
-# are compared with, packed as .gpu-bundle.tar.xz (git-ignored) in the repository root. With LLMC=FILE (llm.c's
+# are compared with, packed as .gpu-bundle.tar.xz (ignored by git) in the repository root. With LLMC=FILE (llm.c's
 # train_gpt2cu, built from a public checkout kept outside the project with `make train_gpt2cu USE_CUDNN=0
 # NO_MULTI_GPU=1 NO_USE_MPI=1 GPU_COMPUTE_CAPABILITY=90`), the peer and random GPT-2 token files in its
 # format go in too.
@@ -46,6 +46,4 @@ for name, count in (("train.bin", 1 << 20), ("val.bin", 1 << 16)):
 PY
 fi
 tar -C "$stage" -cJf "$root/.gpu-bundle.tar.xz" .
-grep -qx '/.gpu-bundle.tar.xz' .git/info/exclude 2>/dev/null || echo '/.gpu-bundle.tar.xz' >>.git/info/exclude
-grep -qx '/build-gpu/' .git/info/exclude 2>/dev/null || echo '/build-gpu/' >>.git/info/exclude
 ls -la "$root/.gpu-bundle.tar.xz"
