@@ -4,15 +4,7 @@
 # (shared-memory tiles; racecheck took over 75 s for all of CudaAttention.* on an H200), then Nsight Compute's time of every kernel of one gpt2-124m bf16 step,
 # summed per kernel name. Needs a Firecracker-kind machine (ncu and compute-sanitizer work there).
 # Usage: tests/gpu/inspect.sh BUNDLE [OUT_DIR]     (the bundle of tests/gpu/bundle.sh)
-set -uo pipefail
-here=$(cd "$(dirname "$0")" && pwd)
-bundle=$(realpath "$1")
-out=${2:-${OUT:-gpu-results}}
-mkdir -p "$out"
-out=$(realpath "$out")
-b=$(mktemp -d)
-tar -C "$b" -xJf "$bundle"
-export LD_LIBRARY_PATH="$b/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+source "$(dirname "$0")/unpack.sh" "$@"
 summary="$out/inspect.txt"
 say() { echo "$*" | tee -a "$summary"; }
 sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)

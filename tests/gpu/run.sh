@@ -10,22 +10,7 @@
 # Its input is tests/gpu/bundle.sh's .gpu-bundle.tar.xz, made on a build machine (the GPU machine needs only
 # the NVIDIA driver, the CUDA 13 runtime with cuBLAS, and python3 with numpy).
 # Usage: tests/gpu/run.sh BUNDLE [OUT_DIR]     (OUT_DIR: $OUT, else ./gpu-results)
-set -uo pipefail
-here=$(cd "$(dirname "$0")" && pwd)
-bundle=$(realpath "$1")
-out=${2:-${OUT:-gpu-results}}
-mkdir -p "$out"
-out=$(realpath "$out")
-b=$(mktemp -d)
-tar -C "$b" -xJf "$bundle"
-export LD_LIBRARY_PATH="$b/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-# CUDA's runtime and cuBLAS where this machine keeps them (the toolkit, or the pip wheels' folders).
-for library in libcudart.so.13 libcublasLt.so.13 libcublas.so.13; do
-  if ldd "$b/lib/libmeshtrain_kernels_cuda.so" | grep -q "$library => not found"; then
-    found=$(find /usr/local/cuda*/ /usr/lib /opt /usr/local/lib -name "$library*" 2>/dev/null | head -1)
-    [ -n "$found" ] && export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$(dirname "$found")"
-  fi
-done
+source "$(dirname "$0")/unpack.sh" "$@"
 summary="$out/summary.txt"
 say() { echo "$*" | tee -a "$summary"; }
 say "# meshtrain GPU checks $(date -u '+%Y-%m-%d %H:%M UTC')"
