@@ -1,4 +1,5 @@
-#include <mutex>
+// The device layer of device.h: the process's stream, CUDA error reports, device queries and the arena's
+// device memory (one cudaMalloc, zeroed).
 
 #include "meshtrain/core/error.h"
 #include "meshtrain/kernels/cuda/device.h"
