@@ -1,10 +1,11 @@
 // The choice of kernel backend by device kind: the one place a new backend is named.
 #include "meshtrain/kernels/backend.h"
 
+#include <dlfcn.h>
+
+#include <filesystem>
+
 #include "meshtrain/kernels/cpu/backend.h"
-#ifdef MESHTRAIN_WITH_CUDA
-#include "meshtrain/kernels/cuda/backend.h"
-#endif
 
 namespace meshtrain::kernels {
 
@@ -40,26 +41,60 @@ const KernelBackend& accelerator_planning_backend() {
   return table;
 }
 
-#ifndef MESHTRAIN_WITH_CUDA
-std::string cuda_not_built() {
-  return "this meshtrain was built without CUDA (CMake found no nvcc, or MESHTRAIN_CUDA=OFF): rebuild where "
-         "the CUDA toolkit is installed to train on NVIDIA GPUs";
+// Why the cuda table cannot run here, when it cannot be loaded at all.
+std::string& cuda_unavailable() {
+  static std::string why;
+  return why;
 }
-#endif
+std::string cuda_unavailable_check() {
+  return cuda_unavailable();
+}
 
-// NVIDIA GPUs: the cuda kernels where built. The CUDA kernels store float32 activations and take the cpu
-// kernels' scratch (dtype=bfloat16 rounds every dense matmul's inputs into the same planned scratch), so
-// the sizing entries are the cpu table's in both builds and a plan does not depend on the build.
+// The cuda kernels' table from libmeshtrain_kernels_cuda.so beside this library, loaded on first use (a cpu
+// run never maps the CUDA runtime and cuBLASLt); null with cuda_unavailable() saying why.
+const KernelBackend* load_cuda_backend() {
+#ifdef MESHTRAIN_WITH_CUDA
+  Dl_info self{};
+  if (dladdr(reinterpret_cast<void*>(&kernel_backend_for_device), &self) == 0 || self.dli_fname == nullptr) {
+    cuda_unavailable() = "the cuda backend's library could not be located (dladdr failed)";
+    return nullptr;
+  }
+  const std::string path =
+      (std::filesystem::path(self.dli_fname).parent_path() / "libmeshtrain_kernels_cuda.so").string();
+  void* library = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);  // kept loaded for the process's life
+  if (library == nullptr) {
+    cuda_unavailable() = std::string("the cuda backend could not be loaded (") + dlerror() +
+                         "): install the CUDA runtime and cuBLAS it was built with";
+    return nullptr;
+  }
+  using Entry = const KernelBackend* (*)();
+  const auto entry = reinterpret_cast<Entry>(dlsym(library, "meshtrain_cuda_backend"));
+  if (entry == nullptr) {
+    cuda_unavailable() = path + " has no meshtrain_cuda_backend: a library of another build";
+    return nullptr;
+  }
+  return entry();
+#else
+  cuda_unavailable() =
+      "this meshtrain was built without CUDA (CMake found no nvcc, or MESHTRAIN_CUDA=OFF): rebuild where the "
+      "CUDA toolkit is installed to train on NVIDIA GPUs";
+  return nullptr;
+#endif
+}
+
+// NVIDIA GPUs: the cuda kernels where built and loadable. The CUDA kernels store float32 activations and take
+// the cpu kernels' scratch (dtype=bfloat16 rounds every dense matmul's inputs into the same planned scratch),
+// so the sizing entries are the cpu table's in every case and a plan does not depend on the build.
 const KernelBackend& nvidia_backend() {
   static const KernelBackend table = [] {
     const KernelBackend& cpu = cpu_backend();
-#ifdef MESHTRAIN_WITH_CUDA
-    KernelBackend nvidia = cuda::cuda_backend();
-#else
-    KernelBackend nvidia = cpu;  // slots filled for planning; device_check refuses a run
-    nvidia.name = "cuda (not built)";
-    nvidia.device_check = cuda_not_built;
-#endif
+    KernelBackend nvidia = cpu;  // without the cuda kernels: the cpu functions in the slots, for planning
+    if (const KernelBackend* cuda = load_cuda_backend()) {
+      nvidia = *cuda;
+    } else {
+      nvidia.name = "cuda (not loaded)";
+      nvidia.device_check = cuda_unavailable_check;
+    }
     nvidia.activation_dtype = cpu.activation_dtype;
     nvidia.matmul_bf16_scratch_elements = cpu.matmul_bf16_scratch_elements;
     nvidia.cross_entropy_scratch_floats = cpu.cross_entropy_scratch_floats;

@@ -59,3 +59,7 @@ const KernelBackend& cuda_backend() {
 }
 
 }  // namespace meshtrain::kernels::cuda
+
+extern "C" const meshtrain::kernels::KernelBackend* meshtrain_cuda_backend() {
+  return &meshtrain::kernels::cuda::cuda_backend();
+}

@@ -14,3 +14,7 @@ namespace meshtrain::kernels::cuda {
 const KernelBackend& cuda_backend();
 
 }  // namespace meshtrain::kernels::cuda
+
+// The entry point kernels/backend.cpp finds with dlsym: the library is loaded only when an NVIDIA topology
+// is asked for, so a cpu run never maps the CUDA runtime and cuBLASLt (about 200 MB of resident memory).
+extern "C" const meshtrain::kernels::KernelBackend* meshtrain_cuda_backend();
