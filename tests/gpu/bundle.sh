@@ -27,7 +27,7 @@ ldd build-gpu/meshtrain build-gpu/meshtrain_gpu_tests build-gpu/libmeshtrain_*.s
   xargs -r cp -L -t "$stage/lib/"
 # The cpu baseline of the equivalence check: qwen3-tiny as tests/mpi/equivalence.sh trains it, 20 steps.
 source tests/gpu/tiny.sh
-build/meshtrain train qwen3-tiny "${tiny[@]}" run_dir="$stage/reference/qwen3_tiny_cpu" >"$stage/reference/qwen3_tiny_cpu.log" 2>&1 ||
+build-gpu/meshtrain train qwen3-tiny "${tiny[@]}" run_dir="$stage/reference/qwen3_tiny_cpu" >"$stage/reference/qwen3_tiny_cpu.log" 2>&1 ||
   { cat "$stage/reference/qwen3_tiny_cpu.log"; exit 1; }
 if [ -n "${LLMC:-}" ]; then
   mkdir -p "$stage/llmc"
