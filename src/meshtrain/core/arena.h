@@ -17,8 +17,8 @@ inline size_t align_up(size_t bytes, size_t alignment = kArenaAlignment) {
 
 // Where an arena's memory comes from.
 struct ArenaMemory {
-  void* (*allocate)(size_t bytes) =
-      nullptr;  // aligned to kArenaAlignment, zeroed; nullptr when it does not fit
+  // Aligned to kArenaAlignment and zeroed; nullptr when it does not fit.
+  void* (*allocate)(size_t bytes) = nullptr;
   void (*release)(void* base) = nullptr;
   std::string where;  // the memory in words, for the error when the allocation fails
 };

@@ -22,15 +22,6 @@ void check_plan_runs_here(const TrainingPlan& plan, int64_t world) {
   const Config& c = plan.spec.config;
   const std::string& kind = plan.topology.device_kind;
   const bool on_gpu = kernels::nvidia_device_kind(kind);
-  if (const std::string why = plan.spec.kernels->device_check(); kind == "cpu" && !why.empty()) {
-    fail("config key 'topology'", "kernels that run on this machine", why, "use topology=cpu");
-  }
-  if (kind != "cpu" && !on_gpu) {
-    fail(
-        "config key 'topology'", "a cpu or NVIDIA GPU topology (a100xN, h100xN, h200xN, b200xN) for a run",
-        "'" + plan.topology.name + "' (device kind " + kind + ")",
-        "use topology=cpu, or an NVIDIA topology on a GPU machine; meshtrain compile plans other topologies");
-  }
   if (on_gpu) {
     // What the cuda kernels do not cover yet: each named with its key, before anything is allocated.
     const auto not_on_gpu = [&](const std::string& key, const std::string& found, const std::string& fix) {
@@ -49,11 +40,16 @@ void check_plan_runs_here(const TrainingPlan& plan, int64_t world) {
     if (c.attention_type != AttentionType::global) {
       not_on_gpu("attention_type", attention_type_name(c.attention_type), "set attention_type=global");
     }
-    if (const std::string why = plan.spec.kernels->device_check(); !why.empty()) {
-      fail("config key 'topology'",
-           "an NVIDIA GPU this process can use for topology '" + plan.topology.name + "'", why,
-           "train on a machine with an NVIDIA GPU and its driver (nvidia-smi lists it), or set topology=cpu");
-    }
+  }
+  // Whether this process can run the backend's kernels at all: a topology without a backend here (TPU,
+  // MI300X), a build without CUDA, no GPU; each table says why.
+  if (const std::string why = plan.spec.kernels->device_check(); !why.empty()) {
+    fail("config key 'topology'",
+         "kernels this process can run for topology '" + plan.topology.name + "' (device kind " + kind + ")",
+         why,
+         "set topology=cpu, or an NVIDIA topology (a100xN, h100xN, h200xN, b200xN) on a machine with an "
+         "NVIDIA "
+         "GPU and its driver (nvidia-smi lists it); meshtrain compile plans every topology");
   }
   // bf16 compute without bf16 instructions would be emulated (oneDNN 2.6 has no bf16 matmul on AVX2 CPUs),
   // so say what this machine has.
@@ -357,6 +353,7 @@ void Engine::update_selection_biases(const std::vector<double>& expert_load, dou
   const std::vector<BufferId>& biases = plan_.spec.moe_selection_biases;
   const auto E = static_cast<size_t>(plan_.spec.moe_experts);
   MT_CHECK(expert_load.size() == biases.size() * E, "expert loads of another model");
+  MT_CHECK(backend().memory_on_host(), "selection biases on a device arena");  // MoE runs on cpu only
   for (size_t layer = 0; layer < biases.size(); ++layer) {
     if (biases[layer] == kNoBuffer) continue;
     const double* load = expert_load.data() + layer * E;
@@ -364,7 +361,6 @@ void Engine::update_selection_biases(const std::vector<double>& expert_load, dou
     const PlanBufferId stored = stored_buffer(biases[layer]);
     const PlanBuffer& buffer = plan_.buffers[static_cast<size_t>(stored)];
     const GlobalIndex index = global_index(stored, biases[layer]);
-    MT_CHECK(backend().memory_on_host(), "selection biases on a device arena");  // MoE runs on cpu only
     float* local = reinterpret_cast<float*>(arena_.at(buffer.offset));
     for (int64_t i = 0; i < buffer.shape.elements(); ++i) {
       const double gap = mean - load[index(i)];  // under-loaded experts (gap > 0) are chosen more
@@ -624,7 +620,7 @@ LossSums Engine::run(KernelName name, UpdateState* update) {
         op.op->run(context);
       }
       // A traced op on a device: its event lasts until its kernels are done, not just queued.
-      if (trace_ && trace_->active() && !backend().memory_on_host()) backend().device_synchronize();
+      if (trace_ && trace_->active()) backend().device_synchronize();
     }
     if (i == 0 && nan_gradient_pending_ && name != KernelName::update && name != KernelName::eval) {
       const float nan = std::numeric_limits<float>::quiet_NaN();
