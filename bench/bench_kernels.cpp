@@ -153,8 +153,8 @@ struct Model {
   int64_t B, S, D, H, K, d, F, V, V_valid, layers;
   bool gpt2;  // LayerNorm, GELU, biases, learned positions; else RMSNorm, SwiGLU, RoPE, q/k norms
   int64_t N() const { return B * S; }
-  // Rows of logits per chunk, as model/layers/embedding.cpp sizes it.
-  int64_t chunk() const { return std::clamp<int64_t>((int64_t{1} << 22) / V, 1, N()); }
+  // Rows of logits per chunk, as the model sizes it.
+  int64_t chunk() const { return k::cross_entropy_chunk_tokens(N(), V); }
 };
 
 // One row of the table. `work` is per call, in GFLOP (unit GFLOP/s) or GB (unit GB/s). The reference, when
