@@ -3,6 +3,11 @@
 and share of the step, largest first, for one or several traces side by side.
 
   python3 bench/trace_split.py RUN_DIR/trace_stepN.json [LABEL=]OTHER_TRACE ...
+  python3 bench/trace_split.py before=A1.json,A2.json,A3.json after=B1.json,B2.json,B3.json
+
+A column given as several traces joined by commas (runs of the same step) shows each op's minimum over them:
+on a shared machine other processes only ever add time, so the minimum of interleaved runs is the figure
+least disturbed by them; the step is then the sum of those minima.
 
 A trace comes from `meshtrain train ... profiler=trace profiler_steps=N` (train/trace.h). Layer indices are
 dropped from the names (decoder/layers_3/mlp/wi/forward -> mlp/wi/forward), so each row is one op of every
@@ -39,7 +44,10 @@ def main(arguments):
     columns = []
     for argument in arguments:
         label, _, path = argument.rpartition("=") if "=" in argument else (argument, "", argument)
-        columns.append((label or path, op_times(path)))
+        runs = [op_times(one) for one in path.split(",")]
+        names = {name for times in runs for name in times}
+        columns.append((label or path, {name: min(times.get(name, float("inf")) for times in runs)
+                                        for name in names}))
     totals = [sum(times.values()) for _, times in columns]
     names = sorted({name for _, times in columns for name in times},
                    key=lambda name: -max(times.get(name, 0.0) for _, times in columns))

@@ -58,29 +58,21 @@ float row_maximum(const float* row, int64_t count) {
 
 // row[v] = exp(row[v] - shift) for v < count; returns their sum, accumulated in double: 16 lanes (two vectors
 // of 8) over the full blocks of 16, the tail in order, then the lanes in order. A fixed order, so the sum
-// depends only on the row. One pass over the row: it is exponentiated and summed kSumBlock floats at a time,
-// so the sum reads what the exponentials just wrote from L1 instead of the whole row (200 KB for GPT-2's
-// vocabulary) a second time from L2.
-constexpr int64_t kSumBlock = 1024;  // floats: 4 KiB
-static_assert(kSumBlock % kLanes == 0);
+// depends only on the row.
 double exponentiate_and_sum(float* row, int64_t count, float shift) {
-  Doubles low = {}, high = {};
-  double tail = 0.0;
-  for (int64_t begin = 0; begin < count; begin += kSumBlock) {
-    const int64_t end = std::min(count, begin + kSumBlock);
 #pragma omp simd
-    for (int64_t v = begin; v < end; ++v) row[v] = exp_approx(row[v] - shift);
-    int64_t v = begin;
-    for (; v + kLanes <= end; v += kLanes) {
-      HalfFloats first, second;
-      std::memcpy(&first, row + v, sizeof first);
-      std::memcpy(&second, row + v + kLanes / 2, sizeof second);
-      low += __builtin_convertvector(first, Doubles);
-      high += __builtin_convertvector(second, Doubles);
-    }
-    // Only the row's last block has a tail (every other block is a multiple of kLanes long).
-    for (; v < end; ++v) tail += static_cast<double>(row[v]);
+  for (int64_t v = 0; v < count; ++v) row[v] = exp_approx(row[v] - shift);
+  Doubles low = {}, high = {};
+  int64_t v = 0;
+  for (; v + kLanes <= count; v += kLanes) {
+    HalfFloats first, second;
+    std::memcpy(&first, row + v, sizeof first);
+    std::memcpy(&second, row + v + kLanes / 2, sizeof second);
+    low += __builtin_convertvector(first, Doubles);
+    high += __builtin_convertvector(second, Doubles);
   }
+  double tail = 0.0;
+  for (; v < count; ++v) tail += static_cast<double>(row[v]);
   double total = 0.0;
   for (int64_t lane = 0; lane < kLanes / 2; ++lane) total += low[lane];
   for (int64_t lane = 0; lane < kLanes / 2; ++lane) total += high[lane];
