@@ -764,6 +764,10 @@ std::string save_checkpoint(const std::string& checkpoints_dir, const Engine& en
   }
   MT_CHECK(!engine.spec().decoding(), "a decode engine holds no optimizer state to save");
   engine.persistent_to_host();  // a device arena's state, read through local_shard
+  struct ReleaseHostCopy {      // ... and freed when the save ends, however it ends
+    const Engine& engine;
+    ~ReleaseHostCopy() { engine.release_host_copy(); }
+  } release_host_copy{engine};
   Communicator* world = engine.world();
   const int world_size = world != nullptr ? world->size() : 1;
   const int rank = world != nullptr ? world->rank() : 0;

@@ -405,7 +405,12 @@ void Engine::persistent_to_device() {
   MT_CHECK(host_persistent_.size() == plan_.persistent_bytes,
            "persistent_to_device before persistent_to_host");
   backend().memory_copy_in(arena_.at(0), host_persistent_.data(), plan_.persistent_bytes);
-  host_persistent_ = {};  // the device holds the state again
+  release_host_copy();  // the device holds the state again
+}
+
+void Engine::release_host_copy() const {
+  // Swapped with an empty vector: `= {}` would keep the capacity (the initializer-list assignment).
+  std::vector<std::byte>().swap(host_persistent_);
 }
 
 void Engine::copy_in(const TensorView& to, const void* from, size_t bytes) {

@@ -79,6 +79,11 @@ class Engine {
   // persistent_to_device last.
   void persistent_to_host() const;
   void persistent_to_device();
+  // Frees the host copy once a save has read it (persistent_to_device frees it after a load), so a GPU
+  // run does not hold a second copy of its parameters and moments in host memory between checkpoints.
+  void release_host_copy() const;
+  // Host bytes the copy holds now: 0 outside a save or load, and always with a host arena.
+  size_t host_copy_bytes() const { return host_persistent_.capacity(); }
   // A persistent buffer (parameters, gradients, optimizer state, batch), or a temporary's last value in
   // the kernel that ran last when nothing after it reused its memory (checked). Its data is device memory
   // under a device backend: read it with read().
@@ -136,14 +141,14 @@ class Engine {
   Communicator& communicator(MeshAxis axis) const;
   std::optional<ContextRing> context_ring();
   PlanBufferId stored_buffer(BufferId id) const;  // where a parameter's value or moment persists
-  std::byte* host_address(size_t offset) const;    // a persistent byte, in the arena or its host copy
+  std::byte* host_address(size_t offset) const;   // a persistent byte, in the arena or its host copy
   void copy_in(const TensorView& to, const void* from, size_t bytes);
   GlobalIndex global_index(PlanBufferId stored, BufferId id) const;
 
   TrainingPlan plan_;
   Arena arena_;
   mutable std::vector<std::byte> host_persistent_;  // device arenas: the persistent region's host copy
-  ParameterStore parameters_;  // views into arena_
+  ParameterStore parameters_;                       // views into arena_
   TraceRecorder* trace_ = nullptr;
   const KernelPlan* last_kernel_ = nullptr;
   bool poison_temporaries_ = false;

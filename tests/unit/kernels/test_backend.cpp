@@ -401,12 +401,14 @@ TEST(KernelBackend, DenseTrainingTouchesADeviceArenaOnlyThroughTheTable) {
       }
       EXPECT_EQ(guarded.eval(batch).loss_sum, plain.eval(batch).loss_sum) << preset;
       save_checkpoint(dir.string(), guarded, {2, {}, {}}, {});
+      EXPECT_EQ(guarded.host_copy_bytes(), 0u) << preset << ": the save's host copy outlived it";
     }
     // Loaded into a fresh guarded engine, the state trains on as the host engine does.
     TrainingPlan again = plan_training(request);
     again.spec.kernels = &guarded_backend();
     Engine loaded(std::move(again));
     EXPECT_EQ(load_checkpoint(dir.string() + "/step_00000002", loaded, false).step, 2);
+    EXPECT_EQ(loaded.host_copy_bytes(), 0u) << preset << ": the load's host copy outlived it";
     const Batch batch = tiny_batch(loaded.spec().dims);
     EXPECT_EQ(loaded.fwd_bwd(batch).loss_sum, plain.fwd_bwd(batch).loss_sum) << preset;
     for (const ParameterDecl& parameter : loaded.spec().parameters) {
