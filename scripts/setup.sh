@@ -22,6 +22,7 @@ test_packages=(
   libgtest-dev libgmock-dev
   python3 python3-venv    # the test scripts' checks and the TensorBoard reader's venv
   python3-numpy           # mpi.equivalence compares checkpoint tensors with numpy
+  iproute2                # mpi.across_hosts: two hosts as network namespaces joined by a veth (ip netns)
 )
 bench_packages=(
   libopenblas-openmp-dev libblis-openmp-dev  # bench/run_gemm.sh: the BLAS libraries compared with oneDNN
