@@ -41,6 +41,7 @@ ip netns add "$ns_b"
 ip link add "$veth_a" netns "$ns_a" type veth peer name "$veth_b" netns "$ns_b"
 ip -n "$ns_a" addr add "$host_a/24" dev "$veth_a"
 ip -n "$ns_b" addr add "$host_b/24" dev "$veth_b"
+# lo too: two ranks of one host reach each other at the host's own address, which the kernel routes via lo.
 for end in "$ns_a $veth_a" "$ns_b $veth_b"; do
   read -r ns dev <<<"$end"
   ip -n "$ns" link set lo up
@@ -144,7 +145,8 @@ base_losses=$(losses "$work/base/metrics.jsonl")
 
 # Host B's ranks' output reaches mpirun through B's daemon, over the link: once it is down, only files
 # written on B hold what they say (--output-filename: a file per rank, written by the rank's own daemon).
-train_across "$work/cut" "$timeout_s" --output-filename "$work/cut_output" &
+# (stderr: the shell's own line about the launcher the test kills below)
+train_across "$work/cut" "$timeout_s" --output-filename "$work/cut_output" 2>/dev/null &
 launcher=$!
 # The cut follows the step-2 checkpoint's commit (the marker appears with the renamed step directory); the
 # run has 38 steps to go then. Polled, not slept: the link goes down at a known point however loaded the
