@@ -38,7 +38,8 @@ cleanup() {  # every process still in the namespaces (the launcher, see below), 
 trap cleanup EXIT
 ip netns add "$ns_a" 2>"$work/netns.err" || skip "ip netns add failed: $(cat "$work/netns.err")"
 ip netns add "$ns_b"
-ip link add "$veth_a" netns "$ns_a" type veth peer name "$veth_b" netns "$ns_b"
+ip link add "$veth_a" netns "$ns_a" type veth peer name "$veth_b" netns "$ns_b" 2>"$work/veth.err" ||
+  skip "no veth pair: $(cat "$work/veth.err")"
 ip -n "$ns_a" addr add "$host_a/24" dev "$veth_a"
 ip -n "$ns_b" addr add "$host_b/24" dev "$veth_b"
 # lo too: two ranks of one host reach each other at the host's own address, which the kernel routes via lo.
