@@ -59,9 +59,11 @@ exec ip netns exec $ns_b unshare --uts /bin/sh -c "hostname meshtrain-host-b && 
 EOF
 chmod +x "$work/rsh_agent"
 printf '%s slots=2\n%s slots=2\n' "$host_a" "$host_b" >"$work/hosts"
+# Session directories under $work (orte_tmpdir_base): the launcher the cut leaves behind is killed, which
+# leaves its session directory, and $work goes at exit.
 across=(ip netns exec "$ns_a" mpirun --allow-run-as-root --bind-to none --hostfile "$work/hosts"
   --mca plm_rsh_agent "$work/rsh_agent" --mca btl tcp,self --mca btl_tcp_if_include "$subnet"
-  --mca oob_tcp_if_include "$subnet")
+  --mca oob_tcp_if_include "$subnet" --mca orte_tmpdir_base "$work")
 
 veth_bytes() {  # veth_bytes: bytes sent by A and by B on the veth so far
   echo "$(ip netns exec "$ns_a" cat "/sys/class/net/$veth_a/statistics/tx_bytes")" \
