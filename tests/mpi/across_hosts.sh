@@ -179,13 +179,15 @@ else
 fi
 # Open MPI's launcher learns that host B's daemon is gone only when TCP gives up retransmitting to it
 # (net.ipv4.tcp_retries2: about 15 minutes by default), so mpirun and B's orted outlive the ranks; the
-# test ends them.
+# test ends them. (Lowering tcp_retries2 does not do: TCP then gives up on the ranks' own connections
+# before the collective timeout and Open MPI ends them with its own message, naming no collective. A new
+# namespace starts with the kernel's default, 15, whatever the machine's own namespace has.)
 for pid in $(ip netns pids "$ns_a") $(ip netns pids "$ns_b"); do
   echo "still running after the ranks ended: $(cat "/proc/$pid/comm" 2>/dev/null) (pid $pid); ended by the test"
   kill -9 "$pid" 2>/dev/null || true
 done
 wait "$launcher" && fail "the cut run exited 0"
-grep -rh "meshtrain: error" "$work/cut.log" "$work/cut_output" | sort -u
+grep -rh "meshtrain: error" "$work/cut.log" "$work/cut_output" | sort -u || true  # none: the check below says so
 # Each host's ranks name the collective, the step (2, after its checkpoint, or later) and the other host's
 # ranks.
 python3 - "$work/cut.log" "$work/cut_output" <<'PY' || status=1
