@@ -49,6 +49,23 @@ for end in "$ns_a $veth_a" "$ns_b $veth_b"; do
   ip -n "$ns" link set "$dev" up
 done
 
+# wait_for_link: until a TCP connection from each host reaches the other (refused on port 9, where nothing
+# listens: the SYN got there), at most 30 s. A launch right after the link came back up once failed to start
+# B's daemon ("unable to complete a TCP connection" from B to A; during the cut B's neighbour entry for A
+# is FAILED and connections fail with "No route to host"); each launch after the link (re)appears waits
+# for a working path first.
+wait_for_link() {
+  local start=$SECONDS from to
+  for from in "$ns_a $host_b" "$ns_b $host_a"; do
+    read -r ns to <<<"$from"
+    until [[ "$(timeout 2 ip netns exec "$ns" bash -c "exec 3<>/dev/tcp/$to/9" 2>&1)" == *"Connection refused"* ]]; do
+      [ $((SECONDS - start)) -lt 30 ] || { echo "FAIL: no TCP path from $ns to $to 30 s after the link came up"; exit 1; }
+      sleep 0.1
+    done
+  done
+}
+wait_for_link
+
 # Open MPI's rsh launcher runs `AGENT HOST COMMAND...` as it would run ssh; the agent starts the daemon in
 # host B's namespace with B's own hostname (a UTS namespace), so Open MPI's messages name the host.
 cat >"$work/rsh_agent" <<EOF
@@ -210,6 +227,7 @@ print("both hosts' ranks named the collective, the step and the other host's ran
 PY
 
 ip -n "$ns_a" link set "$veth_a" up
+wait_for_link
 newest=none
 for marker in "$work"/cut/checkpoints/step_*/COMMITTED; do
   newest=$((10#$(basename "$(dirname "$marker")" | sed 's/^step_//')))
