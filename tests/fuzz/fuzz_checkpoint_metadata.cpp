@@ -1,8 +1,11 @@
 // A checkpoint's metadata.json (train/checkpoint.h) on arbitrary bytes, in a checkpoint directory whose
-// commit marker matches it (so every input gets past the marker to the metadata's own checks): loaded into a
-// tiny Qwen3 engine (full state, then parameters only), as a resume or load_parameters_path reads it, and its
-// config rebuilt, as export-hf does.
+// commit marker matches it (so every input gets past the marker to the metadata's own checks) and which holds
+// the index and shard of the seed's checkpoint (fixtures/tiny_step1/, so an input listing them with their
+// sizes and checksums, as the seed does, gets past the file checks to the load): loaded into a tiny Qwen3
+// engine (full state, then parameters only), as a resume or load_parameters_path reads it, and its config
+// rebuilt, as export-hf does.
 #include <cstdint>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
@@ -25,27 +28,33 @@ meshtrain::Engine& tiny_engine() {
   return engine;
 }
 
+constexpr const char* kCheckpoint = "step_00000001";
+
 }  // namespace
 
-// Loads the engine before fuzzing starts, so its time is not counted against the first input's timeout.
+// Makes the engine and copies the checkpoint's other files before fuzzing starts, so their time is not
+// counted against the first input's timeout.
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
   tiny_engine();
+  std::filesystem::copy(MESHTRAIN_FUZZ_FIXTURES "/tiny_step1",
+                        meshtrain::fuzz::scratch_directory() / kCheckpoint,
+                        std::filesystem::copy_options::recursive);
   return 0;
 }
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace meshtrain;
   const std::string_view metadata(reinterpret_cast<const char*>(data), size);
-  fuzz::write_scratch_file("step_00000001/metadata.json", metadata);
+  fuzz::write_scratch_file(std::string(kCheckpoint) + "/metadata.json", metadata);
   const nlohmann::json marker = {
       {"step", 1}, {"metadata_bytes", size}, {"metadata_crc32c", crc32c(metadata.data(), metadata.size())}};
-  fuzz::write_scratch_file("step_00000001/COMMITTED", marker.dump() + "\n");
-  const std::string checkpoint = (fuzz::scratch_directory() / "step_00000001").string();
+  fuzz::write_scratch_file(std::string(kCheckpoint) + "/COMMITTED", marker.dump() + "\n");
+  const std::string checkpoint = (fuzz::scratch_directory() / kCheckpoint).string();
   for (const bool parameters_only : {false, true}) {
     try {
       load_checkpoint(checkpoint, tiny_engine(), parameters_only);
     } catch (const MeshError&) {
-      // A rejected metadata.json (or a file it lists, absent here) is the expected outcome.
+      // A rejected metadata.json (or a file it lists that is absent or differs) is the expected outcome.
     }
   }
   try {

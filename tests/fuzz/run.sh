@@ -21,6 +21,8 @@ if [ ${#targets[@]} -eq 0 ]; then
   done
 fi
 
+# UBSan's reports with the stack that led there (the build makes every report abort).
+export UBSAN_OPTIONS="print_stacktrace=1${UBSAN_OPTIONS:+:$UBSAN_OPTIONS}"
 failed=()
 for target in "${targets[@]}"; do
   binary="$build/tests/fuzz/$target"
