@@ -284,6 +284,22 @@ TEST(Config, UnknownPresetSuggestsTheClosest) {
   EXPECT_NE(message.find("did you mean 'qwen3-0.6b'"), std::string::npos) << message;
 }
 
+// Found by tests/fuzz/fuzz_config: a name longer than a file name can be made std::filesystem throw
+// (ENAMETOOLONG) instead of the error naming the preset or file.
+TEST(Config, OverlongPresetOrFileNameIsAnErrorNamingIt) {
+  const std::string long_name(300, 'q');
+  const std::string preset = error_of([&] { load_config(long_name, {}); });
+  EXPECT_NE(preset.find("config '" + long_name + "'"), std::string::npos) << preset;
+  EXPECT_NE(preset.find("no preset of that name (File name too long)"), std::string::npos) << preset;
+  const std::string path = write_temp("meshtrain_long_preset.yaml", "model_name: " + long_name + "\n");
+  EXPECT_NE(error_of([&] { load_config(path, {}); }).find("no preset of that name"), std::string::npos);
+  const std::string file = "/tmp/" + long_name + ".yaml";
+  const std::string message = error_of([&] { load_config(file, {}); });
+  EXPECT_NE(message.find(file + ": expected a readable YAML config file, found File name too long"),
+            std::string::npos)
+      << message;
+}
+
 TEST(Config, SameKeyTwiceWithDifferentValuesIsAnError) {
   EXPECT_NE(error_of([] {
               load_config("qwen3-tiny", {"steps=3", "steps=4"});

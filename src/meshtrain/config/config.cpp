@@ -9,6 +9,7 @@
 #include <functional>
 #include <limits>
 #include <set>
+#include <system_error>
 
 #include "meshtrain/core/engram_tables.h"
 #include "meshtrain/core/error.h"
@@ -349,7 +350,12 @@ void flatten_yaml(const YAML::Node& node, const std::string& prefix, const std::
 }
 
 RawConfig read_yaml_layer(const std::string& path) {
-  if (!fs::is_regular_file(path)) fail(path, "a readable YAML config file", "no such file");
+  // The error_code form: a path the OS refuses (a name too long, a folder without permission) is the user's
+  // to fix, not a std::filesystem exception.
+  std::error_code path_error;
+  if (!fs::is_regular_file(path, path_error)) {
+    fail(path, "a readable YAML config file", path_error ? path_error.message() : "no such file");
+  }
   YAML::Node root;
   try {
     root = YAML::LoadFile(path);
@@ -389,11 +395,13 @@ bool is_yaml_path(const std::string& argument) {
 
 std::string preset_path(const std::string& dir, const std::string& name, const std::string& what) {
   const std::string path = dir + "/models/" + name + ".yaml";
-  if (!fs::is_regular_file(path)) {
+  std::error_code error;  // a name the OS refuses (longer than a file name can be) is no preset either
+  if (!fs::is_regular_file(path, error)) {
     const std::vector<std::string> presets = preset_names(dir);
     std::string listing;
     for (const std::string& preset : presets) listing += (listing.empty() ? "" : ", ") + preset;
-    fail(what + " '" + name + "'", "a preset name (" + listing + ") or a YAML path", "no preset of that name",
+    fail(what + " '" + name + "'", "a preset name (" + listing + ") or a YAML path",
+         error ? "no preset of that name (" + error.message() + ")" : "no preset of that name",
          "did you mean '" + closest_name(name, presets) + "'?");
   }
   return path;
