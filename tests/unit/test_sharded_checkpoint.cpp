@@ -6,6 +6,8 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -170,6 +172,49 @@ TEST_F(ShardedIndex, DamagedIndexesNameTheFile) {
   message = testing::error_of([&] { checkpoint.read_box("w", {0, 0}, {5, 7}, out.data()); });
   EXPECT_TRUE(contains(message, "shards/rank_00000.safetensors: expected CRC-32C")) << message;
   EXPECT_TRUE(contains(message, "chunk of tensor 'w' at byte 0")) << message;
+}
+
+// Found by tests/fuzz/fuzz_checkpoint_index: a float where the index has an integer was converted with
+// undefined behaviour (3.3e107 into an int64_t), and starts, sizes and offsets near 2^63 overflowed the
+// checks meant to reject them. Each is now an error naming the index and the tensor.
+TEST_F(ShardedIndex, NumbersOutsideTheirRangeAreDamageNamingTheTensor) {
+  const auto message_with = [&](const std::function<void(json&)>& damage) {
+    json damaged = index_;
+    damage(damaged);
+    write_index(damaged);
+    return error_opening();
+  };
+  const int64_t max = std::numeric_limits<int64_t>::max();
+  std::string message =
+      message_with([](json& index) { index["tensors"]["w"]["chunks"][1]["start"][1] = 3.3e107; });
+  EXPECT_TRUE(contains(message, "index.json: tensor 'w': expected chunk start as an integer from 0 to"))
+      << message;
+  EXPECT_TRUE(contains(message, "found 3.3e+107 (number)")) << message;
+  message = message_with([](json& index) { index["tensors"]["w"]["dims"][0] = -5; });
+  EXPECT_TRUE(contains(message, "expected dims as an integer from 0")) << message;
+  message = message_with([](json& index) { index["tensors"]["w"]["chunks"][0]["crc32c"] = 1ull << 32; });
+  EXPECT_TRUE(contains(message, "expected chunk crc32c as an integer from 0 to 4294967295")) << message;
+  message = message_with([](json& index) { index["files"][name(0)]["bytes"] = "12"; });
+  EXPECT_TRUE(contains(message, "index.json: file 'shards/rank_00000.safetensors': expected bytes"))
+      << message;
+  // A start near 2^63 plus the chunk's size wrapped around and passed as inside the tensor.
+  message = message_with([&](json& index) {
+    json chunk = index["tensors"]["w"]["chunks"][0];
+    chunk["start"] = {0, max};
+    chunk["dims"] = {1, 3};
+    index["tensors"]["w"] = {{"dims", {1, max}}, {"chunks", json::array({chunk})}};
+  });
+  EXPECT_TRUE(contains(message, "index.json: tensor 'w': expected chunks inside its dims")) << message;
+  // An offset whose byte count wrapped past 2^64 and passed as inside the file.
+  message =
+      message_with([](json& index) { index["tensors"]["w"]["chunks"][1]["offset"] = ~uint64_t{0} - 3; });
+  EXPECT_TRUE(contains(message, "inside a listed shard file")) << message;
+  // Dims whose product does not fit in 64 bits.
+  message = message_with([](json& index) { index["tensors"]["w"]["dims"] = {1ll << 40, 1ll << 40}; });
+  EXPECT_TRUE(contains(message, "index.json: tensor 'w': expected a tensor of at most 2^63 - 1 elements"))
+      << message;
+  write_index(index_);
+  EXPECT_EQ(error_opening(), "");
 }
 
 }  // namespace

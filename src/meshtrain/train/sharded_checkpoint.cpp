@@ -8,11 +8,13 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "meshtrain/core/crc32c.h"
 #include "meshtrain/core/durable_file.h"
 #include "meshtrain/core/error.h"
+#include "meshtrain/core/json_number.h"
 #include "meshtrain/core/tensor.h"
 #include "meshtrain/io/safetensors.h"
 
@@ -36,6 +38,28 @@ std::string rank_stem(int rank) {
 int64_t volume(const std::vector<int64_t>& dims) {
   int64_t count = 1;
   for (int64_t size : dims) count *= size;
+  return count;
+}
+
+// The non-negative integers of an index field ("dims", "start"), each checked (json_number.h).
+std::vector<int64_t> index_dims(const json& values, const std::string& where, const std::string& what) {
+  if (!values.is_array()) fail(where, what + " as a list of integers", values.dump(), kEarlierCheckpoint);
+  std::vector<int64_t> dims;
+  for (const json& value : values) {
+    dims.push_back(
+        json_integer(value, 0, std::numeric_limits<int64_t>::max(), where, what, kEarlierCheckpoint));
+  }
+  return dims;
+}
+
+// Elements of a tensor of `dims` read from an index; more than 2^63 - 1 is damage.
+int64_t index_volume(const std::vector<int64_t>& dims, const std::string& where) {
+  int64_t count = 1;
+  for (int64_t size : dims) {
+    if (__builtin_mul_overflow(count, size, &count)) {
+      fail(where, "a tensor of at most 2^63 - 1 elements", "dims " + dims_text(dims), kEarlierCheckpoint);
+    }
+  }
   return count;
 }
 
@@ -168,28 +192,36 @@ ShardedCheckpoint::ShardedCheckpoint(const fs::path& checkpoint) : directory_(ch
       if (!valid) {
         fail(where, "shard files named shards/rank_NNNNN.safetensors", "'" + file + "'", kEarlierCheckpoint);
       }
-      file_bytes_[file] = entry.at("bytes").get<uint64_t>();
+      file_bytes_[file] = json_unsigned(entry.at("bytes"), std::numeric_limits<uint64_t>::max(),
+                                        where + ": file '" + file + "'", "bytes", kEarlierCheckpoint);
     }
     for (const auto& [name, tensor] : index.at("tensors").items()) {
-      const auto dims = tensor.at("dims").get<std::vector<int64_t>>();
-      int64_t covered = 0;
+      const std::string tensor_where = where + ": tensor '" + name + "'";
+      const std::vector<int64_t> dims = index_dims(tensor.at("dims"), tensor_where, "dims");
+      const int64_t elements = index_volume(dims, tensor_where);
       for (const json& entry : tensor.at("chunks")) {
-        Chunk chunk{entry.at("file").get<std::string>(), entry.at("offset").get<uint64_t>(),
-                    entry.at("start").get<std::vector<int64_t>>(),
-                    entry.at("dims").get<std::vector<int64_t>>(), entry.at("crc32c").get<uint32_t>()};
+        Chunk chunk{
+            entry.at("file").get<std::string>(),
+            json_unsigned(entry.at("offset"), std::numeric_limits<uint64_t>::max(), tensor_where,
+                          "chunk offset", kEarlierCheckpoint),
+            index_dims(entry.at("start"), tensor_where, "chunk start"),
+            index_dims(entry.at("dims"), tensor_where, "chunk dims"),
+            static_cast<uint32_t>(json_unsigned(entry.at("crc32c"), std::numeric_limits<uint32_t>::max(),
+                                                tensor_where, "chunk crc32c", kEarlierCheckpoint))};
+        // Written so that nothing overflows: every start and size is at most 2^63 - 1.
         bool inside = chunk.start.size() == dims.size() && chunk.dims.size() == dims.size();
         for (size_t d = 0; inside && d < dims.size(); ++d)
-          inside = chunk.start[d] >= 0 && chunk.dims[d] > 0 && chunk.start[d] + chunk.dims[d] <= dims[d];
+          inside =
+              chunk.dims[d] > 0 && chunk.start[d] <= dims[d] && chunk.dims[d] <= dims[d] - chunk.start[d];
         const auto file = file_bytes_.find(chunk.file);
-        if (!inside || file == file_bytes_.end() ||
-            chunk.offset + static_cast<uint64_t>(volume(chunk.dims)) * sizeof(float) > file->second) {
-          fail(where + ": tensor '" + name + "'",
-               "chunks inside its dims " + dims_text(dims) + " and inside a listed shard file",
+        // Inside the tensor, the chunk has at most its elements, so its volume does not overflow.
+        if (!inside || file == file_bytes_.end() || chunk.offset > file->second ||
+            static_cast<uint64_t>(volume(chunk.dims)) > (file->second - chunk.offset) / sizeof(float)) {
+          fail(tensor_where, "chunks inside its dims " + dims_text(dims) + " and inside a listed shard file",
                "a chunk at " + dims_text(chunk.start) + " of " + dims_text(chunk.dims) + " in '" +
                    chunk.file + "'",
                kEarlierCheckpoint);
         }
-        covered += volume(chunk.dims);
         chunks_[name].push_back(std::move(chunk));
       }
       // Inside the dims, pairwise disjoint and as many elements as the tensor: every element exactly once
@@ -203,16 +235,18 @@ ShardedCheckpoint::ShardedCheckpoint(const fs::path& checkpoint) : directory_(ch
                       chunks[b].start[d] < chunks[a].start[d] + chunks[a].dims[d];
           }
           if (overlap) {
-            fail(where + ": tensor '" + name + "'", "chunks that do not overlap",
+            fail(tensor_where, "chunks that do not overlap",
                  "chunks at " + dims_text(chunks[a].start) + " of " + dims_text(chunks[a].dims) + " and at " +
                      dims_text(chunks[b].start) + " of " + dims_text(chunks[b].dims) + " share elements",
                  kEarlierCheckpoint);
           }
         }
       }
-      if (covered != volume(dims)) {
-        fail(where + ": tensor '" + name + "'",
-             "chunks covering its " + std::to_string(volume(dims)) + " elements",
+      // Disjoint chunks inside the tensor add up to at most its elements: the sum does not overflow.
+      int64_t covered = 0;
+      for (const Chunk& chunk : chunks) covered += volume(chunk.dims);
+      if (covered != elements) {
+        fail(tensor_where, "chunks covering its " + std::to_string(elements) + " elements",
              std::to_string(covered) + " elements in chunks", kEarlierCheckpoint);
       }
       dims_[name] = dims;
