@@ -9,10 +9,12 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "meshtrain/core/crc32c.h"
 #include "meshtrain/core/durable_file.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/model/spec.h"
@@ -513,6 +515,45 @@ TEST_F(CheckpointTest, MismatchedModelOrTokenizerIsRefused) {
   EXPECT_TRUE(contains(message, "tokenizer identity")) << message;
   EXPECT_TRUE(contains(message, "tok-a")) << message;
   EXPECT_EQ(error_of([&] { load_checkpoint(path, same, false, ""); }), "");  // unknown here: not checked
+}
+
+// Found by tests/fuzz/fuzz_checkpoint_metadata: a metadata.json whose marker matches it but whose layout keys
+// are wrong (a string scan_layers, a negative param_scan_axis) escaped as a json exception or inserted the
+// layer axis before a tensor's first dim (undefined behaviour), and a float where an integer belongs was
+// converted with undefined behaviour. Each is now an error naming metadata.json, before the engine changes.
+TEST_F(CheckpointTest, MetadataValuesOfTheWrongTypeOrRangeNameTheFile) {
+  Engine saved = make_engine();
+  fill_engine(saved, 0.5f);
+  const fs::path path = save_checkpoint(root(), saved, state_at(3), {});
+  const std::string pristine = read_file_text((path / "metadata.json").string(), "metadata");
+  // metadata.json changed by `edit`, with a commit marker that matches it.
+  const auto load_with = [&](const std::function<void(nlohmann::json&)>& edit) {
+    nlohmann::json metadata = nlohmann::json::parse(pristine);
+    edit(metadata);
+    const std::string text = metadata.dump(2) + "\n";
+    std::ofstream(path / "metadata.json", std::ios::binary | std::ios::trunc) << text;
+    const nlohmann::json marker = {
+        {"step", 3}, {"metadata_bytes", text.size()}, {"metadata_crc32c", crc32c(text.data(), text.size())}};
+    std::ofstream(path / "COMMITTED", std::ios::trunc) << marker.dump() << "\n";
+    Engine loaded = make_engine();
+    return error_of([&] { load_checkpoint(path.string(), loaded, false); });
+  };
+  const std::string where = (path / "metadata.json").string() + ": expected ";
+  std::string message = load_with([](nlohmann::json& m) { m["scan_layers"] = "yes"; });
+  EXPECT_TRUE(contains(message, where + "scan_layers as true or false, found \"yes\"")) << message;
+  message = load_with([](nlohmann::json& m) {
+    m["scan_layers"] = true;
+    m["param_scan_axis"] = -3;
+  });
+  EXPECT_TRUE(contains(message, where + "param_scan_axis as an integer from 0 to")) << message;
+  message = load_with([](nlohmann::json& m) { m["step"] = 1e300; });
+  EXPECT_TRUE(contains(message, where + "step as an integer from 0 to")) << message;
+  message = load_with([](nlohmann::json& m) { m["format_version"] = 2.5; });
+  EXPECT_TRUE(contains(message, where + "format_version as an integer")) << message;
+  message = load_with([](nlohmann::json& m) { m["files"]["index.json"]["crc32c"] = -1; });
+  EXPECT_TRUE(contains(message, "metadata.json: files: index.json: expected crc32c as an integer"))
+      << message;
+  EXPECT_EQ(load_with([](nlohmann::json&) {}), "");
 }
 
 // Engram: the checkpoint holds the compressed vocabulary, the multipliers and the table sizes. A load hashes

@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <map>
 #include <numeric>
 #include <optional>
@@ -28,6 +29,7 @@
 #include "meshtrain/core/crc32c.h"
 #include "meshtrain/core/durable_file.h"
 #include "meshtrain/core/error.h"
+#include "meshtrain/core/json_number.h"
 #include "meshtrain/io/safetensors.h"
 #include "meshtrain/train/checkpoint_layout.h"
 #include "meshtrain/train/sharded_checkpoint.h"
@@ -509,8 +511,11 @@ void verify_file(const LoadContext& context, const std::string& name) {
     fail(context.metadata_path.string(), "a 'files' entry for " + name, "none",
          "the checkpoint is incomplete or not written by meshtrain; use another checkpoint");
   }
-  const uint64_t expected_bytes = files.at(name).at("bytes").get<uint64_t>();
-  const uint32_t expected_crc = files.at(name).at("crc32c").get<uint32_t>();
+  const std::string entry_where = context.metadata_path.string() + ": files: " + name;
+  const uint64_t expected_bytes =
+      json_unsigned(files.at(name).at("bytes"), std::numeric_limits<uint64_t>::max(), entry_where, "bytes");
+  const auto expected_crc = static_cast<uint32_t>(json_unsigned(
+      files.at(name).at("crc32c"), std::numeric_limits<uint32_t>::max(), entry_where, "crc32c"));
   std::error_code error;
   if (!fs::is_regular_file(path, error)) {
     fail(path.string(), "the checkpoint file listed in metadata.json", "no such file",
@@ -604,8 +609,11 @@ LoadContext read_metadata(const fs::path& directory) {
   json marker;
   try {
     marker = json::parse(read_file_text(marker_path.string(), "commit marker"));
-    const uint64_t bytes = marker.at("metadata_bytes").get<uint64_t>();
-    const uint32_t crc = marker.at("metadata_crc32c").get<uint32_t>();
+    const uint64_t bytes = json_unsigned(marker.at("metadata_bytes"), std::numeric_limits<uint64_t>::max(),
+                                         marker_path.string(), "metadata_bytes", hint_other);
+    const auto crc = static_cast<uint32_t>(
+        json_unsigned(marker.at("metadata_crc32c"), std::numeric_limits<uint32_t>::max(),
+                      marker_path.string(), "metadata_crc32c", hint_other));
     std::error_code exists_error;
     if (!fs::is_regular_file(context.metadata_path, exists_error)) {
       fail(context.metadata_path.string(), "the checkpoint's metadata file", "no such file",
@@ -682,7 +690,8 @@ void load_sharded(const LoadContext& context, Engine& engine, bool parameters_on
                   const std::string& layout_hint) {
   const ShardedCheckpoint checkpoint(context.directory);
   const std::string index_path = (context.directory / kShardIndexFile).string();
-  const CheckpointLayout saved = CheckpointLayout::saved(context.metadata, engine.spec().config);
+  const CheckpointLayout saved =
+      CheckpointLayout::saved(context.metadata, engine.spec().config, context.metadata_path.string());
   const ParameterStore& store = engine.parameters();
   struct BoxRead {
     std::string tensor;
@@ -856,7 +865,9 @@ CheckpointState load_into_host_state(const std::string& checkpoint_dir, Engine& 
   bool sharded = false;  // format 3's index.json and per-rank shards, else model/optimizer.safetensors
   try {
     const json& m = context.metadata;
-    const int64_t version = m.at("format_version").get<int64_t>();
+    const int64_t version =
+        json_integer(m.at("format_version"), std::numeric_limits<int64_t>::min(),
+                     std::numeric_limits<int64_t>::max(), metadata_where, "format_version");
     if (version > kCheckpointFormatVersion) {
       fail(metadata_where, "checkpoint format version <= " + std::to_string(kCheckpointFormatVersion),
            "format version " + std::to_string(version) + " (written by a newer meshtrain)",
@@ -865,7 +876,9 @@ CheckpointState load_into_host_state(const std::string& checkpoint_dir, Engine& 
     }
     if (version < 1) fail(metadata_where, "checkpoint format version >= 1", std::to_string(version));
 
-    const int64_t saved_vocab = m.at("model").at("vocab_size").get<int64_t>();
+    const int64_t saved_vocab =
+        json_integer(m.at("model").at("vocab_size"), 0, std::numeric_limits<int64_t>::max(),
+                     metadata_where + ": model", "vocab_size");
     if (saved_vocab != spec.config.vocab_size) {
       fail(metadata_where + ": vocab_size",
            std::to_string(spec.config.vocab_size) + " (this run's vocab_size)", std::to_string(saved_vocab),
@@ -905,7 +918,7 @@ CheckpointState load_into_host_state(const std::string& checkpoint_dir, Engine& 
     if (!sharded && !parameters_only && !files.contains(kOptimizerFile)) verify_file(context, kOptimizerFile);
 
     if (!parameters_only) {
-      state.step = m.at("step").get<int64_t>();
+      state.step = json_integer(m.at("step"), 0, std::numeric_limits<int64_t>::max(), metadata_where, "step");
       state.data_cursor = m.at("data_cursor");
       state.rng = m.at("rng");
     }
@@ -928,7 +941,7 @@ CheckpointState load_into_host_state(const std::string& checkpoint_dir, Engine& 
   }
   const ParameterStore& store = engine.parameters();
   // Every tensor the run reads, where the checkpoint's layout (stacked or per layer) keeps it.
-  const CheckpointLayout saved = CheckpointLayout::saved(context.metadata, spec.config);
+  const CheckpointLayout saved = CheckpointLayout::saved(context.metadata, spec.config, metadata_where);
   std::map<std::string, std::vector<int64_t>> model_tensors, moment_tensors;
   for (size_t moment = 0; moment < (parameters_only ? 1 : 3); ++moment) {
     const std::string prefix = moment == 0 ? "" : kMomentPrefixes[moment - 1];
@@ -1052,8 +1065,11 @@ std::string adopt_checkpoint_layout(Config& config) {
     config.set("scan_layers", stacked ? "true" : "false");
     line = std::string("scan_layers=") + (stacked ? "true" : "false");
   }
+  // A negative axis is not adopted: the load reports it.
   if (stacked && !config.given.contains("param_scan_axis") && metadata.contains("param_scan_axis") &&
-      metadata["param_scan_axis"].is_number_integer() &&
+      metadata["param_scan_axis"].is_number_unsigned() &&
+      metadata["param_scan_axis"].get<uint64_t>() <=
+          static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) &&
       metadata["param_scan_axis"].get<int64_t>() != config.param_scan_axis) {
     config.set("param_scan_axis", std::to_string(metadata["param_scan_axis"].get<int64_t>()));
     line +=

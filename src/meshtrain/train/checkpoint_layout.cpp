@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <optional>
 
 #include "meshtrain/core/error.h"
+#include "meshtrain/core/json_number.h"
 
 namespace meshtrain {
 namespace {
@@ -20,8 +22,22 @@ int64_t product(std::vector<int64_t>::const_iterator begin, std::vector<int64_t>
 CheckpointLayout::CheckpointLayout(const Config& model, bool stacked, int64_t scan_axis)
     : segments_(decoder_segments(model)), stacked_(stacked), scan_axis_(scan_axis) {}
 
-CheckpointLayout CheckpointLayout::saved(const nlohmann::json& metadata, const Config& model) {
-  return CheckpointLayout(model, metadata.value("scan_layers", false), metadata.value("param_scan_axis", 1));
+CheckpointLayout CheckpointLayout::saved(const nlohmann::json& metadata, const Config& model,
+                                         const std::string& metadata_path) {
+  const std::string hint = "the checkpoint is damaged or not a meshtrain checkpoint; use another checkpoint";
+  bool stacked = false;
+  int64_t scan_axis = 1;
+  if (metadata.is_object() && metadata.contains("scan_layers")) {
+    const nlohmann::json& value = metadata.at("scan_layers");
+    if (!value.is_boolean()) fail(metadata_path, "scan_layers as true or false", value.dump(), hint);
+    stacked = value.get<bool>();
+  }
+  if (metadata.is_object() && metadata.contains("param_scan_axis")) {
+    // An axis below 0 would place a stacked tensor's layer axis before its first dim.
+    scan_axis = json_integer(metadata.at("param_scan_axis"), 0, std::numeric_limits<int64_t>::max(),
+                             metadata_path, "param_scan_axis", hint);
+  }
+  return CheckpointLayout(model, stacked, scan_axis);
 }
 
 CheckpointTensorPlace CheckpointLayout::place(const std::string& name,

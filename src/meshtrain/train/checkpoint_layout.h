@@ -28,8 +28,11 @@ class CheckpointLayout {
  public:
   // The layout of a model (its segments) saved stacked or per layer.
   CheckpointLayout(const Config& model, bool stacked, int64_t scan_axis);
-  // What a checkpoint's metadata.json records (scan_layers, param_scan_axis; format 1 wrote per layer).
-  static CheckpointLayout saved(const nlohmann::json& metadata, const Config& model);
+  // What a checkpoint's metadata.json records (scan_layers, param_scan_axis; format 1 wrote neither: per
+  // layer). A scan_layers that is not true or false, or a param_scan_axis that is not an integer >= 0, fails
+  // naming `metadata_path`.
+  static CheckpointLayout saved(const nlohmann::json& metadata, const Config& model,
+                                const std::string& metadata_path);
 
   bool stacked() const { return stacked_; }
   // `name`: a canonical name (a layer's "decoder/layers_3/...", or "token_embedder/embedding"), optionally

@@ -469,7 +469,8 @@ void export_hugging_face(const HfExportOptions& options, std::ostream& log) {
   const std::vector<HfTensorMapping> mapping = hf_mapping(spec);
 
   // Stacked (scan_layers) or per layer, as the checkpoint was saved; one file, or per-rank shards (format 3).
-  const CheckpointLayout layout = CheckpointLayout::saved(metadata, config);
+  const CheckpointLayout layout =
+      CheckpointLayout::saved(metadata, config, (fs::path(checkpoint_dir) / "metadata.json").string());
   const fs::path model_path = fs::path(checkpoint_dir) / (sharded ? kShardIndexFile : "model.safetensors");
   std::optional<SafetensorsFile> model;
   std::optional<ShardedCheckpoint> shards;
