@@ -354,7 +354,8 @@ RawConfig read_yaml_layer(const std::string& path) {
   // to fix, not a std::filesystem exception.
   std::error_code path_error;
   if (!fs::is_regular_file(path, path_error)) {
-    fail(path, "a readable YAML config file", path_error ? path_error.message() : "no such file");
+    const bool refused = path_error && path_error != std::errc::no_such_file_or_directory;
+    fail(path, "a readable YAML config file", refused ? path_error.message() : "no such file");
   }
   YAML::Node root;
   try {
