@@ -37,6 +37,10 @@ cleanup() {  # every process still in the namespaces (the launcher, see below), 
 }
 trap cleanup EXIT
 ip netns add "$ns_a" 2>"$work/netns.err" || skip "ip netns add failed: $(cat "$work/netns.err")"
+# Entering a namespace remounts / as a slave, which fails where / is no mount point (a chroot, such as
+# scripts/check-fresh.sh's root): the namespace exists there but cannot be used.
+ip netns exec "$ns_a" true 2>"$work/netns.err" ||
+  skip "ip netns exec failed (/ is not a mount point here, e.g. inside a chroot): $(cat "$work/netns.err")"
 ip netns add "$ns_b"
 ip link add "$veth_a" netns "$ns_a" type veth peer name "$veth_b" netns "$ns_b" 2>"$work/veth.err" ||
   skip "no veth pair: $(cat "$work/veth.err")"
