@@ -270,7 +270,8 @@ TEST(Config, BadEngramAndMhcValuesNameTheKeyTheValuesAndTheFix) {
   const std::string qwen3 = error_of([] { load_config("qwen3-tiny", {"engram_layers=[0]"}); });
   EXPECT_NE(qwen3.find("Engram blocks are built by decoder_block=deepseek"), std::string::npos) << qwen3;
   const std::string gpt2 = error_of([] { load_config("gpt2-124m", {"mhc_expansion_rate=4"}); });
-  EXPECT_NE(gpt2.find("mHC hyper-connections are built by decoder_block=deepseek"), std::string::npos) << gpt2;
+  EXPECT_NE(gpt2.find("mHC hyper-connections are built by decoder_block=deepseek"), std::string::npos)
+      << gpt2;
 }
 
 TEST(Config, UnknownKeySuggestsTheClosest) {
@@ -298,6 +299,26 @@ TEST(Config, OverlongPresetOrFileNameIsAnErrorNamingIt) {
   EXPECT_NE(message.find(file + ": expected a readable YAML config file, found File name too long"),
             std::string::npos)
       << message;
+}
+
+// Found by tests/fuzz/fuzz_config: a list holding a mapping ("[1, : ]") or a key that is itself a sequence
+// escaped as a yaml-cpp exception and terminated the process.
+TEST(Config, NestedListElementOrNonScalarKeyIsAnErrorNamingIt) {
+  const std::string list =
+      write_temp("meshtrain_nested_list.yaml", "model_name: qwen3-tiny\nsteps: [1, : ]\n");
+  const std::string message = error_of([&] { load_config(list, {}); });
+  EXPECT_NE(message.find("config key 'steps' at " + list + ":2"), std::string::npos) << message;
+  EXPECT_NE(message.find("a nested sequence or mapping in the list"), std::string::npos) << message;
+  const std::string key =
+      write_temp("meshtrain_sequence_key.yaml", "model_name: qwen3-tiny\n? [a, b]\n: 3\n");
+  const std::string key_message = error_of([&] { load_config(key, {}); });
+  EXPECT_NE(key_message.find("a config key at " + key + ":2"), std::string::npos) << key_message;
+  // A missing file or preset keeps the plain wording (not the OS's "No such file or directory").
+  EXPECT_NE(
+      error_of([] { load_config("/tmp/meshtrain_no_such_config.yaml", {}); }).find("found no such file"),
+      std::string::npos);
+  EXPECT_NE(error_of([] { load_config("qwen3-0.6", {}); }).find("found no preset of that name (fix:"),
+            std::string::npos);
 }
 
 TEST(Config, SameKeyTwiceWithDifferentValuesIsAnError) {

@@ -322,8 +322,10 @@ std::vector<std::string> split_list(const std::string& written) {
 void flatten_yaml(const YAML::Node& node, const std::string& prefix, const std::string& path,
                   RawConfig& out) {
   for (const auto& item : node) {
-    const std::string key = prefix + item.first.as<std::string>();
     const std::string source = path + ":" + std::to_string(item.first.Mark().line + 1);
+    if (!item.first.IsScalar())
+      fail("a config key at " + source, "a plain name", "a YAML sequence or mapping");
+    const std::string key = prefix + item.first.as<std::string>();
     const YAML::Node& value = item.second;
     if (value.IsMap()) {
       flatten_yaml(value, key + ".", path, out);
@@ -331,7 +333,13 @@ void flatten_yaml(const YAML::Node& node, const std::string& prefix, const std::
     }
     RawValue raw{{}, "", source};
     if (value.IsSequence()) {
-      for (const auto& element : value) raw.items.push_back(element.as<std::string>());
+      for (const auto& element : value) {
+        if (!element.IsScalar()) {
+          fail("config key '" + key + "' at " + source, "a list of plain values ([a, b])",
+               "a nested sequence or mapping in the list");
+        }
+        raw.items.push_back(element.as<std::string>());
+      }
       for (size_t i = 0; i < raw.items.size(); ++i) raw.text += (i ? "," : "") + raw.items[i];
     } else if (value.IsScalar()) {
       raw.text = value.as<std::string>();
@@ -402,7 +410,9 @@ std::string preset_path(const std::string& dir, const std::string& name, const s
     std::string listing;
     for (const std::string& preset : presets) listing += (listing.empty() ? "" : ", ") + preset;
     fail(what + " '" + name + "'", "a preset name (" + listing + ") or a YAML path",
-         error ? "no preset of that name (" + error.message() + ")" : "no preset of that name",
+         error && error != std::errc::no_such_file_or_directory
+             ? "no preset of that name (" + error.message() + ")"
+             : "no preset of that name",
          "did you mean '" + closest_name(name, presets) + "'?");
   }
   return path;
