@@ -55,25 +55,6 @@ inline float sigmoid_approx(float x) {
   return 1.0f / (1.0f + exp_approx(-x));
 }
 
-// tanh(x) for float. Cephes tanhf: an odd degree-11 polynomial for |x| < 0.625 (no cancellation near 0),
-// 1 - 2 / (exp(2|x|) + 1) with the sign of x above. Both branches are evaluated and one is picked with an
-// integer mask (a `?:` here became a branch GCC could not vectorise). Within 1.3 ulp of tanh (test);
-// saturates to exactly +-1 for |x| > 9.1.
-inline float tanh_approx(float x) {
-  const float a = std::fabs(x);
-  const float z = x * x;
-  float p = -5.70498872745e-3f;
-  p = p * z + 2.06390887954e-2f;
-  p = p * z - 5.37397155531e-2f;
-  p = p * z + 1.33314422036e-1f;
-  p = p * z - 3.33332819422e-1f;
-  const float small = p * z * x + x;
-  const float large = std::copysign(1.0f - 2.0f / (exp_approx(2.0f * a) + 1.0f), x);
-  const int32_t use_small = -static_cast<int32_t>(a < 0.625f);
-  return std::bit_cast<float>((std::bit_cast<int32_t>(small) & use_small) |
-                              (std::bit_cast<int32_t>(large) & ~use_small));
-}
-
 // sin(a) and cos(a) for double, |a| < 2^31. Cody-Waite reduction by pi/2 in two parts with fused
 // multiply-adds (the first product is exact inside the fma; the second part's own error is ~1e-33 |a|), then
 // fdlibm's degree-13 / degree-14 minimax polynomials on [-pi/4, pi/4]. Within about 1e-16 of libm for the

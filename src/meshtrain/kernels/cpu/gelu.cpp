@@ -17,7 +17,7 @@ constexpr float kCubic = 0.044715f;
 
 // sigmoid(2u) with u = sqrt(2/pi) (x + 0.044715 x^3), which is 0.5 (1 + tanh(u)): gelu(x) = x s and
 // gelu'(x) = s + 2 x s (1 - s) sqrt(2/pi) (1 + 3 0.044715 x^2), since 1 - tanh(u)^2 = 4 s (1 - s). One
-// exponential and one division per value, where tanh_approx evaluates a polynomial and an exponential and
+// exponential and one division per value, where a tanh evaluates a polynomial and an exponential and
 // picks one (1.25x faster forward and backward on Zen 4, bench_kernels). The exponent is capped at 80 so that
 // s stays a normal float (about 1.8e-35) for very negative x instead of a subnormal, which is slow on some
 // CPUs.
