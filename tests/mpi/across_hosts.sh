@@ -155,7 +155,6 @@ train_across() {  # train_across RUN_DIR TIMEOUT_S [mpirun option ...]: the 4-ra
   "${across[@]}" -np 4 --map-by node "$@" "$meshtrain" train qwen3-tiny "${cut_keys[@]}" \
     collective_timeout_s="$timeout" run_dir="$run_dir" >>"$run_dir.log" 2>&1
 }
-losses() { python3 -c 'import json,sys; print(" ".join(repr(json.loads(l)["loss"]) for l in open(sys.argv[1]) if l.strip()))' "$1"; }
 ranks_left() {  # ranks_left: the meshtrain processes still in either namespace
   local ns pid
   for ns in "$ns_a" "$ns_b"; do
@@ -232,10 +231,7 @@ PY
 
 ip -n "$ns_a" link set "$veth_a" up
 wait_for_link
-newest=none
-for marker in "$work"/cut/checkpoints/step_*/COMMITTED; do
-  newest=$((10#$(basename "$(dirname "$marker")" | sed 's/^step_//')))
-done
+newest=$(newest_committed "$work/cut")
 if ! train_across "$work/cut" 120; then
   fail "the resume failed"
   cat "$work/cut.log"

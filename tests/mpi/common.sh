@@ -32,3 +32,14 @@ assert split["document_tokens"] == split["text_bytes"], split  # one token per l
 print(f"packed documents: {split['documents']} of 3..7 tokens, {split['tokens']} tokens with EOS")
 PY
 }
+
+# What the fault tests compare: a run's losses in order (exact reprs) and its newest committed checkpoint.
+losses() { python3 -c 'import json,sys; print(" ".join(repr(json.loads(l)["loss"]) for l in open(sys.argv[1]) if l.strip()))' "$1"; }
+newest_committed() {  # newest_committed RUN_DIR: the step of the newest step_N/ holding COMMITTED, or none
+  local newest=none marker
+  for marker in "$1"/checkpoints/step_*/COMMITTED; do
+    [ -e "$marker" ] || continue
+    newest=$((10#$(basename "$(dirname "$marker")" | sed 's/^step_//')))
+  done
+  echo "$newest"
+}

@@ -17,17 +17,6 @@ train() {  # train RUN_DIR [env ...]: the 2-rank run; its exit status
     train qwen3-tiny "${keys[@]}" run_dir="$run_dir" >>"$run_dir.log" 2>&1
 }
 
-newest_committed() {  # newest_committed RUN_DIR: the step of the newest step_N/ holding COMMITTED, or none
-  local newest=none marker
-  for marker in "$1"/checkpoints/step_*/COMMITTED; do
-    [ -e "$marker" ] || continue
-    newest=$((10#$(basename "$(dirname "$marker")" | sed 's/^step_//')))
-  done
-  echo "$newest"
-}
-
-losses() { python3 -c 'import json,sys; print(" ".join(repr(json.loads(l)["loss"]) for l in open(sys.argv[1]) if l.strip()))' "$1"; }
-
 train "$work/base" MESHTRAIN_FAULT= MESHTRAIN_CHECKPOINT_FAULT= || { fail "the uninterrupted run"; cat "$work/base.log"; exit 1; }
 base_losses=$(losses "$work/base/metrics.jsonl")
 
