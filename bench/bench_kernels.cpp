@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "meshtrain/core/cpu_features.h"
+#include "meshtrain/core/dtype.h"
 #include "meshtrain/kernels/cpu/adamw.h"
 #include "meshtrain/kernels/cpu/attention.h"
 #include "meshtrain/kernels/cpu/cross_entropy.h"
@@ -221,7 +222,7 @@ void add_matmul(std::vector<Case>& cases, const Model& m, const std::string& wha
   const std::string note = reference_rows < N ? "ref on " + std::to_string(reference_rows) + " rows" : "";
   // MESHTRAIN_BENCH_DTYPE=bfloat16: bf16 inputs (rounded in the call, as dtype=bfloat16 runs them).
   const bool bf16 = bench_bf16();
-  auto scratch = share(std::vector<uint16_t>(bf16 ? k::matmul_bf16_scratch_elements(N, I, O) : 0));
+  auto scratch = share(std::vector<uint16_t>(bf16 ? k::matmul_bf16_scratch_elements(N, I, O, false) : 0));
   uint16_t* bf16_inputs = bf16 ? scratch->data() : nullptr;
   const std::string kernel = bf16 ? "matmul bf16 " + what : "matmul " + what;
   cases.push_back({kernel, "fwd", shape, "GFLOP/s", flops, per_step,
@@ -249,6 +250,25 @@ void add_matmul(std::vector<Case>& cases, const Model& m, const std::string& wha
                                                   false);
                    },
                    note});
+  if (!bf16) return;
+  // The same product with x stored in bf16 by its producer (a norm's output, the MLP's gated hidden): only
+  // w and dout are rounded in the call. The difference to the rows above is the rounding of x.
+  auto x_bf16 = share(std::vector<uint16_t>(static_cast<size_t>(N * I)));
+  meshtrain::round_to_bfloat16(x->data(), N, I, I, x_bf16->data());
+  const std::string stored = kernel + " x stored bf16";
+  cases.push_back({stored, "fwd", shape, "GFLOP/s", flops, per_step,
+                   [=] {
+                     k::matmul_forward_bf16_x(out->data(), x_bf16->data(), w->data(),
+                                              has_bias ? bias->data() : nullptr, N, I, O, scratch->data());
+                   },
+                   0.0, nullptr, "no reference (bitwise the row above: Matmul test)"});
+  cases.push_back({stored, "bwd", shape, "GFLOP/s", 2.0 * flops, per_step,
+                   [=] {
+                     k::matmul_backward_bf16_x(dx->data(), dw->data(), has_bias ? dbias->data() : nullptr,
+                                               dout->data(), x_bf16->data(), w->data(), N, I, O, false,
+                                               scratch->data());
+                   },
+                   0.0, nullptr, "no reference (bitwise the row above: Matmul test)"});
 }
 
 std::vector<Case> model_cases(const Model& m) {

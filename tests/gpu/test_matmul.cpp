@@ -430,7 +430,7 @@ MatmulCase make_case(const MatmulShape& shape, bool bf16, uint32_t seed) {
 }
 
 int64_t scratch_elements(const MatmulCase& c) {
-  return kernels::matmul_bf16_scratch_elements(c.shape.N, c.shape.I, c.shape.O);
+  return kernels::matmul_bf16_scratch_elements(c.shape.N, c.shape.I, c.shape.O, false);
 }
 
 void check_forward(const MatmulCase& c, bool with_bias) {
@@ -564,7 +564,7 @@ TEST(CudaMatmul, Deterministic) {
   const DeviceBuffer<float> x_gpu(x), w_gpu(w), bias_gpu(bias), dout_gpu(dout);
   for (const bool bf16 : {false, true}) {
     const std::string what = bf16 ? "bf16 matmul" : "float32 matmul";
-    const DeviceBuffer<uint16_t> scratch(elements(kernels::matmul_bf16_scratch_elements(N, I, O)));
+    const DeviceBuffer<uint16_t> scratch(elements(kernels::matmul_bf16_scratch_elements(N, I, O, false)));
     std::vector<float> first[4];
     for (int run = 0; run < 2; ++run) {
       const DeviceBuffer<float> out(elements(N * O)), dx(elements(N * I)), dw(elements(I * O)),

@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "meshtrain/core/dtype.h"
+
 namespace meshtrain::testing {
 
 // Deterministic test data: uniform in [low, high).
@@ -83,6 +85,16 @@ inline void expect_close(const std::string& what, const std::vector<float>& fast
   const double error = relative_error(fast, reference);
   report_error(what, error, bound);
   EXPECT_LT(error, bound) << what;
+}
+
+// A producer's bf16 output (dtype=bfloat16, an activation only matmuls read) is bitwise its float32 output
+// rounded to nearest even: same arithmetic, one rounding as it is written.
+inline void expect_bf16_of(const std::string& what, const std::vector<uint16_t>& bits,
+                           const std::vector<float>& values) {
+  ASSERT_EQ(bits.size(), values.size()) << what;
+  size_t mismatches = 0;
+  for (size_t i = 0; i < values.size(); ++i) mismatches += bits[i] != bfloat16_from_float(values[i]);
+  EXPECT_EQ(mismatches, 0u) << what << ": values that are not the float32 output rounded";
 }
 
 inline void expect_gradient(const std::string& what, const std::vector<double>& analytic,

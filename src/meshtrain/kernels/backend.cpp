@@ -18,7 +18,7 @@ namespace {
 DType compute_dtype_activations(DType compute) {
   return compute;
 }
-int64_t no_matmul_bf16_scratch(int64_t, int64_t, int64_t) {
+int64_t no_matmul_bf16_scratch(int64_t, int64_t, int64_t, bool) {
   return 0;
 }
 int64_t no_cross_entropy_bf16_scratch(int64_t, int64_t, int64_t) {
@@ -34,6 +34,7 @@ const KernelBackend& accelerator_planning_backend() {
     planning.name = "cpu (planning an accelerator)";
     planning.device_check = planning_only;
     planning.activation_dtype = compute_dtype_activations;
+    planning.matmul_input_dtype = compute_dtype_activations;
     planning.matmul_bf16_scratch_elements = no_matmul_bf16_scratch;
     planning.cross_entropy_bf16_scratch_elements = no_cross_entropy_bf16_scratch;
     return planning;
@@ -96,6 +97,8 @@ const KernelBackend& nvidia_backend() {
       nvidia.device_check = cuda_unavailable_check;
     }
     nvidia.activation_dtype = cpu.activation_dtype;
+    // The cuda kernels have no bf16-output producers yet: every activation stays float32 there.
+    nvidia.matmul_input_dtype = cpu.activation_dtype;
     nvidia.matmul_bf16_scratch_elements = cpu.matmul_bf16_scratch_elements;
     nvidia.cross_entropy_scratch_floats = cpu.cross_entropy_scratch_floats;
     nvidia.cross_entropy_bf16_scratch_elements = cpu.cross_entropy_bf16_scratch_elements;

@@ -46,23 +46,46 @@ struct KernelBackend {
   // is `compute`: cpu keeps float32 and runs dtype=bfloat16 as bf16 inputs to every dense matmul (below).
   DType (*activation_dtype)(DType compute);
 
+  // The dtype of an activation that only dense matmuls read (a norm's output before the projections, the
+  // MLP's gated hidden) when the compute dtype is `compute`. cpu: bf16 under dtype=bfloat16, written rounded
+  // by its producer (the *_forward_bf16 entries) and read by the matmuls as their bf16 input
+  // (matmul_*_bf16_x), instead of each matmul rounding a float32 copy in the forward and again in the
+  // backward. A backend without those entries returns activation_dtype(compute).
+  DType (*matmul_input_dtype)(DType compute);
+
   // matmul.h: out = x @ w + bias; dx = (or +=) dout @ w^T, dw += x^T @ dout, dbias += column sums. With
-  // bf16_inputs (dtype=bfloat16) the GEMMs take x, w and dout rounded to bf16 there, accumulating in f32.
+  // bf16_inputs (dtype=bfloat16) the GEMMs take x, w and dout rounded to bf16 there, accumulating in f32;
+  // the _bf16_x entries take x already rounded (matmul_input_dtype).
   void (*matmul_forward)(float* out,         // [N, O]
                          const float* x,     // [N, I]
                          const float* w,     // [I, O]
                          const float* bias,  // [O] or nullptr
                          int64_t N, int64_t I, int64_t O,
-                         uint16_t* bf16_inputs);  // [matmul_bf16_scratch_elements(N, I, O)] or nullptr
-  void (*matmul_backward)(float* dx,              // [N, I] or nullptr
-                          float* dw,              // [I, O] or nullptr
-                          float* dbias,           // [O] or nullptr
-                          const float* dout,      // [N, O]
-                          const float* x,         // [N, I]
-                          const float* w,         // [I, O]
-                          int64_t N, int64_t I, int64_t O, bool accumulate_dx,
-                          uint16_t* bf16_inputs);  // [matmul_bf16_scratch_elements(N, I, O)] or nullptr
-  int64_t (*matmul_bf16_scratch_elements)(int64_t N, int64_t I, int64_t O);
+                         uint16_t* bf16_inputs);  // [matmul_bf16_scratch_elements(N, I, O, false)] or nullptr
+  void (*matmul_forward_bf16_x)(float* out,       // [N, O]
+                                const uint16_t* x,  // [N, I] bfloat16
+                                const float* w,     // [I, O]
+                                const float* bias,  // [O] or nullptr
+                                int64_t N, int64_t I, int64_t O,
+                                uint16_t* bf16_inputs);  // [matmul_bf16_scratch_elements(N, I, O, true)]
+  void (*matmul_backward)(
+      float* dx,          // [N, I] or nullptr
+      float* dw,          // [I, O] or nullptr
+      float* dbias,       // [O] or nullptr
+      const float* dout,  // [N, O]
+      const float* x,     // [N, I]
+      const float* w,     // [I, O]
+      int64_t N, int64_t I, int64_t O, bool accumulate_dx,
+      uint16_t* bf16_inputs);                   // [matmul_bf16_scratch_elements(N, I, O, false)] or nullptr
+  void (*matmul_backward_bf16_x)(float* dx,     // [N, I] or nullptr
+                                 float* dw,     // [I, O] or nullptr
+                                 float* dbias,  // [O] or nullptr
+                                 const float* dout,  // [N, O]
+                                 const uint16_t* x,  // [N, I] bfloat16
+                                 const float* w,     // [I, O]
+                                 int64_t N, int64_t I, int64_t O, bool accumulate_dx,
+                                 uint16_t* bf16_inputs);  // [matmul_bf16_scratch_elements(N, I, O, true)]
+  int64_t (*matmul_bf16_scratch_elements)(int64_t N, int64_t I, int64_t O, bool x_is_bf16);
 
   // residual.h: out += x.
   void (*residual_add)(float* out,      // [count]
@@ -102,12 +125,18 @@ struct KernelBackend {
                          const float* w,  // [D, V] kernel_DV or [V, D] table_VD
                          UnembedLayout layout, int64_t N, int64_t D, int64_t V, int64_t vocab_valid);
 
-  // rmsnorm.h: saves rstd; dx = (or +=) dL/dx, dw += dL/dw.
+  // rmsnorm.h: saves rstd; dx = (or +=) dL/dx, dw += dL/dw. The _bf16 forwards of this and the next three
+  // write out rounded to bf16 (matmul_input_dtype).
   void (*rmsnorm_forward)(float* out,      // [N, D]
                           float* rstd,     // [N]
                           const float* x,  // [N, D]
                           const float* w,  // [D]
                           int64_t N, int64_t D, float eps);
+  void (*rmsnorm_forward_bf16)(uint16_t* out,   // [N, D] bfloat16
+                               float* rstd,     // [N]
+                               const float* x,  // [N, D]
+                               const float* w,  // [D]
+                               int64_t N, int64_t D, float eps);
   void (*rmsnorm_backward)(float* dx,          // [N, D]
                            float* dw,          // [D]
                            const float* dout,  // [N, D]
@@ -124,6 +153,13 @@ struct KernelBackend {
                             const float* w,  // [D]
                             const float* b,  // [D]
                             int64_t N, int64_t D, float eps);
+  void (*layernorm_forward_bf16)(uint16_t* out,   // [N, D] bfloat16
+                                 float* mean,     // [N]
+                                 float* rstd,     // [N]
+                                 const float* x,  // [N, D]
+                                 const float* w,  // [D]
+                                 const float* b,  // [D]
+                                 int64_t N, int64_t D, float eps);
   void (*layernorm_backward)(float* dx,          // [N, D]
                              float* dw,          // [D]
                              float* db,          // [D]
@@ -139,6 +175,10 @@ struct KernelBackend {
                          const float* gate,  // [count]
                          const float* up,    // [count]
                          int64_t count);
+  void (*swiglu_forward_bf16)(uint16_t* out,      // [count] bfloat16
+                              const float* gate,  // [count]
+                              const float* up,    // [count]
+                              int64_t count);
   void (*swiglu_backward)(float* dgate,       // [count]
                           float* dup,         // [count]
                           const float* dout,  // [count]
@@ -150,6 +190,9 @@ struct KernelBackend {
   void (*gelu_forward)(float* out,      // [count]
                        const float* x,  // [count]
                        int64_t count);
+  void (*gelu_forward_bf16)(uint16_t* out,   // [count] bfloat16
+                            const float* x,  // [count]
+                            int64_t count);
   void (*gelu_backward)(float* dx,          // [count]
                         const float* dout,  // [count]
                         const float* x,     // [count]

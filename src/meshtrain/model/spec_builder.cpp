@@ -23,6 +23,12 @@ BufferId SpecBuilder::activation(const std::string& name, const Shape& shape) {
   return add({name, BufferKind::activation, storage_dtype(), shape});
 }
 
+BufferId SpecBuilder::matmul_input(const std::string& name, const Shape& shape) {
+  // A decode spec computes in float32 (no rounded inputs), so its activations keep the storage dtype.
+  const DType dtype = decoding() ? storage_dtype() : spec_.kernels->matmul_input_dtype(spec_.config.dtype);
+  return add({name, BufferKind::activation, dtype, shape});
+}
+
 BufferId SpecBuilder::cache(const std::string& name, const Shape& shape) {
   MT_CHECK(decoding(), "cache '" + name + "' declared in a training spec");
   return add({name, BufferKind::cache, storage_dtype(), shape});

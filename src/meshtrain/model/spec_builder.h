@@ -30,6 +30,10 @@ class SpecBuilder {
   BufferId input(const std::string& name, DType dtype, const Shape& shape);
   // Saved for the backward pass: one buffer per layer.
   BufferId activation(const std::string& name, const Shape& shape);
+  // An activation that only dense matmuls (add_linear) read: stored in the backend's matmul_input_dtype,
+  // so under dtype=bfloat16 on the cpu its producer writes it rounded to bf16 once and the matmuls take it
+  // as their bf16 input (the producer checks the buffer's dtype to pick its kernel).
+  BufferId matmul_input(const std::string& name, const Shape& shape);
   // An int32 buffer in place of the float one `id` declared (indices, positions, counts).
   BufferId as_int32(BufferId id) {
     spec_.buffers.at(static_cast<size_t>(id)).dtype = DType::i32;

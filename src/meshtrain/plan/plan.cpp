@@ -177,7 +177,9 @@ TrainingPlan plan_training(const PlanRequest& request) {
   plan.identity = plan_identity(config, plan.mesh, plan.topology, plan.threads);
   plan.device_memory_bytes = plan.topology.device_memory_bytes(devices.count);
   const bool decoding = request.decode_cache_length > 0;
-  const kernels::KernelBackend& backend = kernels::kernel_backend_for_device(plan.topology.device_kind);
+  const kernels::KernelBackend& backend = request.backend != nullptr
+                                              ? *request.backend
+                                              : kernels::kernel_backend_for_device(plan.topology.device_kind);
   if (!decoding && plan.mesh.size(MeshAxis::context) > 1) {
     // The run cuts every row over context with this layout: a length it cannot split is refused here,
     // on every rank alike and before anything is allocated (throws MeshError naming the keys).

@@ -162,6 +162,9 @@ struct PlanRequest {
   std::vector<KernelName> kernels = {kKernelNames.begin(), kKernelNames.end()};
   // > 0: plan the decode spec over caches of this many rows instead (plan_decode); `kernels` is ignored.
   int64_t decode_cache_length = 0;
+  // The kernel table to build and run the spec with; nullptr: the topology's device kind's
+  // (kernel_backend_for_device). Tests pass a variant of a table to compare two ways of storing a run.
+  const kernels::KernelBackend* backend = nullptr;
 };
 
 // The one planning function. Validates mesh, sharding and model (clear errors), builds the per-device

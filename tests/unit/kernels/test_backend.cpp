@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "meshtrain/core/cpu_features.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/kernels/backend.h"
 #include "meshtrain/kernels/cpu/backend.h"
@@ -59,6 +60,8 @@ TEST(KernelBackend, DeviceKindsChooseTheirTables) {
     EXPECT_TRUE(kernels::nvidia_device_kind(kind));
     EXPECT_STRNE(nvidia.name, "cpu") << kind;
     EXPECT_EQ(nvidia.activation_dtype, cpu.activation_dtype) << kind;
+    // No cuda producer writes a bf16 matmul input yet: every activation stays float32 there.
+    EXPECT_EQ(nvidia.matmul_input_dtype(DType::bf16), DType::f32) << kind;
     EXPECT_EQ(nvidia.matmul_bf16_scratch_elements, cpu.matmul_bf16_scratch_elements) << kind;
     EXPECT_EQ(nvidia.cross_entropy_scratch_floats, cpu.cross_entropy_scratch_floats) << kind;
     EXPECT_EQ(nvidia.cross_entropy_bf16_scratch_elements, cpu.cross_entropy_bf16_scratch_elements) << kind;
@@ -75,10 +78,13 @@ TEST(KernelBackend, DeviceKindsChooseTheirTables) {
     EXPECT_EQ(planning.matmul_forward, kernels::cpu_backend().matmul_forward) << kind;
     EXPECT_EQ(planning.attention_backward, kernels::cpu_backend().attention_backward) << kind;
     EXPECT_EQ(planning.activation_dtype(DType::bf16), DType::bf16) << kind;
-    EXPECT_EQ(planning.matmul_bf16_scratch_elements(8, 4, 2), 0) << kind;
+    EXPECT_EQ(planning.matmul_input_dtype(DType::bf16), DType::bf16) << kind;
+    EXPECT_EQ(planning.matmul_bf16_scratch_elements(8, 4, 2, false), 0) << kind;
     EXPECT_EQ(planning.cross_entropy_bf16_scratch_elements(8, 4, 2), 0) << kind;
   }
   EXPECT_EQ(kernels::cpu_backend().activation_dtype(DType::bf16), DType::f32);
+  EXPECT_EQ(kernels::cpu_backend().matmul_input_dtype(DType::bf16), DType::bf16);
+  EXPECT_EQ(kernels::cpu_backend().matmul_input_dtype(DType::f32), DType::f32);
 }
 
 TEST(KernelBackend, CpuEntriesAreTheCpuFunctions) {
@@ -123,8 +129,11 @@ const KernelBackend& counting_backend() {
     MT_COUNTED(memory_fill);
     MT_COUNTED(device_synchronize);
     MT_COUNTED(activation_dtype);
+    MT_COUNTED(matmul_input_dtype);
     MT_COUNTED(matmul_forward);
+    MT_COUNTED(matmul_forward_bf16_x);
     MT_COUNTED(matmul_backward);
+    MT_COUNTED(matmul_backward_bf16_x);
     MT_COUNTED(matmul_bf16_scratch_elements);
     MT_COUNTED(residual_add);
     MT_COUNTED(embedding_forward);
@@ -134,12 +143,16 @@ const KernelBackend& counting_backend() {
     MT_COUNTED(cross_entropy_bf16_scratch_elements);
     MT_COUNTED(unembed_logits);
     MT_COUNTED(rmsnorm_forward);
+    MT_COUNTED(rmsnorm_forward_bf16);
     MT_COUNTED(rmsnorm_backward);
     MT_COUNTED(layernorm_forward);
+    MT_COUNTED(layernorm_forward_bf16);
     MT_COUNTED(layernorm_backward);
     MT_COUNTED(swiglu_forward);
+    MT_COUNTED(swiglu_forward_bf16);
     MT_COUNTED(swiglu_backward);
     MT_COUNTED(gelu_forward);
+    MT_COUNTED(gelu_forward_bf16);
     MT_COUNTED(gelu_backward);
     MT_COUNTED(rope_forward);
     MT_COUNTED(rope_backward);
@@ -228,8 +241,9 @@ Batch tiny_batch(const ModelDims& m) {
 
 // One training step and one decode step of `preset` with the counting backend in the plans; the losses
 // equal those of the plain (cpu) engine.
-void run_through_counting_backend(const std::string& preset) {
-  const Config config = tiny_config(preset);
+void run_through_counting_backend(const std::string& preset, DType dtype = DType::f32) {
+  Config config = tiny_config(preset);
+  config.dtype = dtype;
   PlanRequest request;
   request.config = config;
   request.devices = 1;
@@ -278,6 +292,20 @@ TEST(KernelBackend, ModelReachesEveryKernelThroughTheTable) {
   run_through_counting_backend("gpt2-124m");             // layernorm, gelu, learned positions
   run_through_counting_backend("deepseek-tiny");         // multi-head latent attention, mixture of experts
   run_through_counting_backend("deepseek-custom-tiny");  // Engram, mHC
+  // bf16 compute: the producers that store a matmul's bf16 input, and the matmuls that read it. They run
+  // only on a CPU with bf16 instructions (elsewhere dtype=bfloat16 is refused; Plan.Bf16ComputeRunsThePlan).
+  const std::vector<std::string> bf16_only = {"rmsnorm_forward_bf16",  "layernorm_forward_bf16",
+                                              "swiglu_forward_bf16",   "gelu_forward_bf16",
+                                              "matmul_forward_bf16_x", "matmul_backward_bf16_x"};
+  if (cpu_features().avx512_bf16 || cpu_features().amx_bf16) {
+    run_through_counting_backend("qwen3-tiny", DType::bf16);  // rmsnorm, swiglu
+    run_through_counting_backend("gpt2-124m", DType::bf16);   // layernorm, gelu
+  } else {
+    for (const std::string& entry : bf16_only) {
+      EXPECT_EQ(calls().count(entry), 0u) << entry;
+      calls()[entry] = 1;
+    }
+  }
   // Context parallelism: the spec of a mesh.context=2 plan sizes its scratch through the table; its two
   // attention kernels run only in a multi-process run (tests/mpi/equivalence.sh, the context cases), so
   // this one-process test counts them as reached without calling them.

@@ -72,4 +72,17 @@ TEST(Gelu, LargeInputsSaturate) {
                                {1.0f, -1.0f, 0.5f, 2.0f, 1.0f, -0.5f, 1.0f});
 }
 
+// dtype=bfloat16: the bf16-output forward writes the float32 forward's values rounded (above the parallel
+// threshold, and the saturated ends).
+TEST(Gelu, Bf16OutputIsTheFloat32OutputRounded) {
+  std::vector<float> x = to_float(random_values(20000, 105, -6.0, 6.0));
+  for (float extreme : {-1e4f, -50.0f, 0.0f, 50.0f, 1e4f}) x.push_back(extreme);
+  const int64_t count = static_cast<int64_t>(x.size());
+  std::vector<float> out(count);
+  std::vector<uint16_t> out_bf16(count);
+  gelu_forward(out.data(), x.data(), count);
+  meshtrain::kernels::gelu_forward_bf16(out_bf16.data(), x.data(), count);
+  meshtrain::testing::expect_bf16_of("gelu bf16 out", out_bf16, out);
+}
+
 }  // namespace

@@ -84,4 +84,21 @@ TEST(LayerNorm, FastMatchesReference) {
   expect_close("layernorm db (accumulated twice)", db, scaled(db_ref, 2.0), bound);
 }
 
+// dtype=bfloat16: the bf16-output forward writes the float32 forward's values rounded, and the same
+// statistics.
+TEST(LayerNorm, Bf16OutputIsTheFloat32OutputRounded) {
+  const int64_t N = 33, D = 70;
+  const std::vector<float> x = to_float(random_values(N * D, 15, -0.5, 1.5)),
+                           w = to_float(random_values(D, 16, 0.5, 1.5)), b = to_float(random_values(D, 17));
+  std::vector<float> out(N * D), mean(N), rstd(N);
+  std::vector<float> mean_bf16(N, std::numeric_limits<float>::quiet_NaN()), rstd_bf16 = mean_bf16;
+  std::vector<uint16_t> out_bf16(N * D);
+  layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, D, 1e-5f);
+  meshtrain::kernels::layernorm_forward_bf16(out_bf16.data(), mean_bf16.data(), rstd_bf16.data(), x.data(),
+                                             w.data(), b.data(), N, D, 1e-5f);
+  meshtrain::testing::expect_bf16_of("layernorm bf16 out", out_bf16, out);
+  EXPECT_EQ(mean_bf16, mean);
+  EXPECT_EQ(rstd_bf16, rstd);
+}
+
 }  // namespace

@@ -116,7 +116,7 @@ TEST(Matmul, Bf16InputsMatchTheReferenceOnRoundedInputs) {
                            bias = to_float(random_values(O, 43)), dout = to_float(random_values(N * O, 44));
   const std::vector<double> xr = rounded(x), wr = rounded(w), doutr = rounded(dout), biasd = to_double(bias);
   std::vector<uint16_t> scratch(
-      static_cast<size_t>(meshtrain::kernels::matmul_bf16_scratch_elements(N, I, O)));
+      static_cast<size_t>(meshtrain::kernels::matmul_bf16_scratch_elements(N, I, O, false)));
 
   std::vector<double> out_ref(N * O);
   matmul_reference_forward(out_ref.data(), xr.data(), wr.data(), biasd.data(), N, I, O);
@@ -150,6 +150,41 @@ TEST(Matmul, Bf16InputsMatchTheReferenceOnRoundedInputs) {
                   scratch.data());
   expect_close("bf16 matmul dx (accumulated twice)", dx, scaled(dx_ref, 2.0), bound);
   expect_close("bf16 matmul dw (accumulated twice)", dw, scaled(dw_ref, 2.0), bound);
+}
+
+// x rounded by its producer (matmul_input_dtype): the _bf16_x kernels give bitwise what the float32-x kernels
+// give after rounding x themselves, forward and backward, written and accumulated, with and without dx.
+TEST(Matmul, Bf16InputFromItsProducerGivesTheSameBits) {
+  const int64_t N = 37, I = 53, O = 29;
+  const std::vector<float> x = to_float(random_values(N * I, 51)), w = to_float(random_values(I * O, 52)),
+                           bias = to_float(random_values(O, 53)), dout = to_float(random_values(N * O, 54));
+  std::vector<uint16_t> x_bf16(N * I);
+  for (size_t i = 0; i < x.size(); ++i) x_bf16[i] = meshtrain::bfloat16_from_float(x[i]);
+  using meshtrain::kernels::matmul_bf16_scratch_elements;
+  EXPECT_EQ(matmul_bf16_scratch_elements(N, I, O, true), I * O + N * O);
+  std::vector<uint16_t> scratch(static_cast<size_t>(matmul_bf16_scratch_elements(N, I, O, false)));
+  std::vector<uint16_t> scratch_x(static_cast<size_t>(matmul_bf16_scratch_elements(N, I, O, true)));
+
+  std::vector<float> out(N * O), out_x(N * O, std::numeric_limits<float>::quiet_NaN());
+  matmul_forward(out.data(), x.data(), w.data(), bias.data(), N, I, O, scratch.data());
+  meshtrain::kernels::matmul_forward_bf16_x(out_x.data(), x_bf16.data(), w.data(), bias.data(), N, I, O,
+                                            scratch_x.data());
+  EXPECT_EQ(out_x, out);
+
+  for (bool with_dx : {true, false}) {
+    std::vector<float> dx(N * I, 0.5f), dw(I * O, 0.25f), dbias(O, 0.0f);
+    std::vector<float> dx_x = dx, dw_x = dw, dbias_x = dbias;
+    for (bool accumulate : {false, true}) {
+      matmul_backward(with_dx ? dx.data() : nullptr, dw.data(), dbias.data(), dout.data(), x.data(), w.data(),
+                      N, I, O, accumulate, scratch.data());
+      meshtrain::kernels::matmul_backward_bf16_x(with_dx ? dx_x.data() : nullptr, dw_x.data(), dbias_x.data(),
+                                                 dout.data(), x_bf16.data(), w.data(), N, I, O, accumulate,
+                                                 scratch_x.data());
+      EXPECT_EQ(dx_x, dx) << "with dx " << with_dx << ", accumulate " << accumulate;
+      EXPECT_EQ(dw_x, dw) << "with dx " << with_dx << ", accumulate " << accumulate;
+      EXPECT_EQ(dbias_x, dbias) << "with dx " << with_dx << ", accumulate " << accumulate;
+    }
+  }
 }
 
 TEST(Matmul, NullGradientsAreSkipped) {

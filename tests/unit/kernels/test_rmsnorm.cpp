@@ -74,4 +74,18 @@ TEST(RmsNorm, FastMatchesReference) {
   expect_close("rmsnorm dw (accumulated twice)", dw, scaled(dw_ref, 2.0), bound);
 }
 
+// dtype=bfloat16: the bf16-output forward writes the float32 forward's values rounded, and the same rstd.
+TEST(RmsNorm, Bf16OutputIsTheFloat32OutputRounded) {
+  const int64_t N = 33, D = 70;
+  const std::vector<float> x = to_float(random_values(N * D, 14, -3.0, 3.0)),
+                           w = to_float(random_values(D, 15, 0.5, 1.5));
+  std::vector<float> out(N * D), rstd(N), rstd_bf16(N, std::numeric_limits<float>::quiet_NaN());
+  std::vector<uint16_t> out_bf16(N * D);
+  rmsnorm_forward(out.data(), rstd.data(), x.data(), w.data(), N, D, 1e-6f);
+  meshtrain::kernels::rmsnorm_forward_bf16(out_bf16.data(), rstd_bf16.data(), x.data(), w.data(), N, D,
+                                           1e-6f);
+  meshtrain::testing::expect_bf16_of("rmsnorm bf16 out", out_bf16, out);
+  EXPECT_EQ(rstd_bf16, rstd);
+}
+
 }  // namespace

@@ -71,4 +71,21 @@ TEST(SwiGlu, ExtremeGatesStayFinite) {
       {0.5f, -1.5f, 2.0f, 1.0f, -0.25f, 0.75f, 1.0f}, {1.0f, 1.0f, -1.0f, 0.5f, 2.0f, -1.0f, 1.0f});
 }
 
+// dtype=bfloat16: the bf16-output forward writes the float32 forward's values rounded (above the parallel
+// threshold, and saturated gates).
+TEST(SwiGlu, Bf16OutputIsTheFloat32OutputRounded) {
+  std::vector<float> gate = to_float(random_values(20000, 94, -6.0, 6.0)),
+                     up = to_float(random_values(20000, 95));
+  for (float extreme : {-1e4f, -100.0f, 100.0f, 1e4f}) {
+    gate.push_back(extreme);
+    up.push_back(0.5f);
+  }
+  const int64_t count = static_cast<int64_t>(gate.size());
+  std::vector<float> out(count);
+  std::vector<uint16_t> out_bf16(count);
+  swiglu_forward(out.data(), gate.data(), up.data(), count);
+  meshtrain::kernels::swiglu_forward_bf16(out_bf16.data(), gate.data(), up.data(), count);
+  meshtrain::testing::expect_bf16_of("swiglu bf16 out", out_bf16, out);
+}
+
 }  // namespace

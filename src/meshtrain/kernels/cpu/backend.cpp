@@ -25,9 +25,13 @@
 namespace meshtrain::kernels {
 namespace {
 
-// The cpu kernels read and write float32; bf16 compute rounds the inputs of the dense matmuls only.
+// The cpu kernels read and write float32; bf16 compute rounds the inputs of the dense matmuls only, and an
+// activation only those matmuls read is stored rounded.
 DType float32_activations(DType /*compute*/) {
   return DType::f32;
+}
+DType compute_dtype_matmul_inputs(DType compute) {
+  return compute;
 }
 
 }  // namespace
@@ -47,8 +51,11 @@ const KernelBackend& cpu_backend() {
       .memory_fill = host_memory_fill,
       .device_synchronize = host_device_synchronize,
       .activation_dtype = float32_activations,
+      .matmul_input_dtype = compute_dtype_matmul_inputs,
       .matmul_forward = matmul_forward,
+      .matmul_forward_bf16_x = matmul_forward_bf16_x,
       .matmul_backward = matmul_backward,
+      .matmul_backward_bf16_x = matmul_backward_bf16_x,
       .matmul_bf16_scratch_elements = matmul_bf16_scratch_elements,
       .residual_add = residual_add,
       .embedding_forward = embedding_forward,
@@ -58,12 +65,16 @@ const KernelBackend& cpu_backend() {
       .cross_entropy_bf16_scratch_elements = cross_entropy_bf16_scratch_elements,
       .unembed_logits = unembed_logits,
       .rmsnorm_forward = rmsnorm_forward,
+      .rmsnorm_forward_bf16 = rmsnorm_forward_bf16,
       .rmsnorm_backward = rmsnorm_backward,
       .layernorm_forward = layernorm_forward,
+      .layernorm_forward_bf16 = layernorm_forward_bf16,
       .layernorm_backward = layernorm_backward,
       .swiglu_forward = swiglu_forward,
+      .swiglu_forward_bf16 = swiglu_forward_bf16,
       .swiglu_backward = swiglu_backward,
       .gelu_forward = gelu_forward,
+      .gelu_forward_bf16 = gelu_forward_bf16,
       .gelu_backward = gelu_backward,
       .rope_forward = rope_forward,
       .rope_backward = rope_backward,

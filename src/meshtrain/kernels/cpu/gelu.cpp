@@ -4,6 +4,7 @@
 #include <numbers>
 
 #include "meshtrain/kernels/cpu/fast_math.h"
+#include "meshtrain/kernels/cpu/store.h"
 
 namespace meshtrain::kernels {
 namespace {
@@ -27,11 +28,21 @@ inline float gelu_sigmoid(float x) {
   return 1.0f / (1.0f + exp_approx(capped));
 }
 
+// gelu_forward into float32 or bfloat16 values (store.h).
+template <class Out>
+void gelu_values(Out* out, const float* x, int64_t count) {
+#pragma omp parallel for simd schedule(static) if (count >= kParallelMinimum)
+  for (int64_t i = 0; i < count; ++i) store(out + i, x[i] * gelu_sigmoid(x[i]));
+}
+
 }  // namespace
 
 void gelu_forward(float* out, const float* x, int64_t count) {
-#pragma omp parallel for simd schedule(static) if (count >= kParallelMinimum)
-  for (int64_t i = 0; i < count; ++i) out[i] = x[i] * gelu_sigmoid(x[i]);
+  gelu_values(out, x, count);
+}
+
+void gelu_forward_bf16(uint16_t* out, const float* x, int64_t count) {
+  gelu_values(out, x, count);
 }
 
 void gelu_backward(float* dx, const float* dout, const float* x, int64_t count) {

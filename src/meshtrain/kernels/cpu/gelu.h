@@ -12,6 +12,12 @@ void gelu_forward(float* out,      // [count]
                   const float* x,  // [count]
                   int64_t count);
 
+// The same with out rounded to bfloat16 as it is written (bitwise gelu_forward's out rounded): the MLP's
+// down projection reads it as its bf16 input under dtype=bfloat16.
+void gelu_forward_bf16(uint16_t* out,   // [count] bfloat16 bits
+                       const float* x,  // [count]
+                       int64_t count);
+
 // dx = dout * gelu'(x), written (=).
 void gelu_backward(float* dx,          // [count]
                    const float* dout,  // [count]

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "meshtrain/kernels/cpu/store.h"
+
 namespace meshtrain::kernels {
 namespace {
 
@@ -10,14 +12,14 @@ namespace {
 // order, which keeps the result deterministic without per-thread scratch.
 constexpr int64_t kColumnBlock = 32;
 
-}  // namespace
-
-void layernorm_forward(float* out, float* mean, float* rstd, const float* x, const float* w, const float* b,
-                       int64_t N, int64_t D, float eps) {
+// layernorm_forward into float32 or bfloat16 rows (store.h): the same arithmetic for both.
+template <class Out>
+void layernorm_rows(Out* out, float* mean, float* rstd, const float* x, const float* w, const float* b,
+                    int64_t N, int64_t D, float eps) {
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
     const float* row = x + n * D;
-    float* target = out + n * D;
+    Out* target = out + n * D;
     float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
     for (int64_t j = 0; j < D; ++j) sum += row[j];
@@ -29,8 +31,20 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* x, con
     const float r = 1.0f / std::sqrt(sum_squares / static_cast<float>(D) + eps);
     mean[n] = m;
     rstd[n] = r;
-    for (int64_t j = 0; j < D; ++j) target[j] = (row[j] - m) * r * w[j] + b[j];
+    for (int64_t j = 0; j < D; ++j) store(target + j, (row[j] - m) * r * w[j] + b[j]);
   }
+}
+
+}  // namespace
+
+void layernorm_forward(float* out, float* mean, float* rstd, const float* x, const float* w, const float* b,
+                       int64_t N, int64_t D, float eps) {
+  layernorm_rows(out, mean, rstd, x, w, b, N, D, eps);
+}
+
+void layernorm_forward_bf16(uint16_t* out, float* mean, float* rstd, const float* x, const float* w,
+                            const float* b, int64_t N, int64_t D, float eps) {
+  layernorm_rows(out, mean, rstd, x, w, b, N, D, eps);
 }
 
 void layernorm_backward(float* dx, float* dw, float* db, const float* dout, const float* x, const float* w,

@@ -2,9 +2,11 @@
 // layout of the reference system). Legend: N tokens, I input width, O output width.
 //
 // With bf16_inputs (dtype=bfloat16): x, w and dout are rounded to bfloat16 into that scratch
-// ([matmul_bf16_scratch_elements(N, I, O)] bfloat16 bits) and the GEMMs take bf16 inputs with float32
+// ([matmul_bf16_scratch_elements(N, I, O, false)] bfloat16 bits) and the GEMMs take bf16 inputs with float32
 // accumulation (gemm_bf16); every output and gradient stays float32. The reference for that mode is the
-// float32 reference on inputs rounded the same way.
+// float32 reference on inputs rounded the same way. The *_bf16_x variants take x already in bfloat16 (its
+// producer wrote it rounded: a norm's or an MLP gate's output, which only matmuls read) and round only w
+// and dout; given the same rounded x they give bitwise the results of the float32-x calls.
 #pragma once
 
 #include <cstdint>
@@ -12,26 +14,47 @@
 namespace meshtrain::kernels {
 
 // out = x @ w + bias, through the GEMM seam (gemm.h).
-void matmul_forward(float* out,         // [N, O]
-                    const float* x,     // [N, I]
-                    const float* w,     // [I, O]
-                    const float* bias,  // [O] or nullptr
-                    int64_t N, int64_t I, int64_t O,
-                    uint16_t* bf16_inputs = nullptr);  // [matmul_bf16_scratch_elements(N, I, O)] or nullptr
+void matmul_forward(
+    float* out,         // [N, O]
+    const float* x,     // [N, I]
+    const float* w,     // [I, O]
+    const float* bias,  // [O] or nullptr
+    int64_t N, int64_t I, int64_t O,
+    uint16_t* bf16_inputs = nullptr);  // [matmul_bf16_scratch_elements(N, I, O, false)] or nullptr
 
 // dx = dout @ w^T (+= when accumulate_dx); dw += x^T @ dout; dbias += column sums of dout.
 // dx, dw and dbias may each be nullptr to skip that gradient.
-void matmul_backward(float* dx,          // [N, I] or nullptr
-                     float* dw,          // [I, O] or nullptr
-                     float* dbias,       // [O] or nullptr
-                     const float* dout,  // [N, O]
-                     const float* x,     // [N, I]
-                     const float* w,     // [I, O]
-                     int64_t N, int64_t I, int64_t O, bool accumulate_dx,
-                     uint16_t* bf16_inputs = nullptr);  // [matmul_bf16_scratch_elements(N, I, O)] or nullptr
+void matmul_backward(
+    float* dx,          // [N, I] or nullptr
+    float* dw,          // [I, O] or nullptr
+    float* dbias,       // [O] or nullptr
+    const float* dout,  // [N, O]
+    const float* x,     // [N, I]
+    const float* w,     // [I, O]
+    int64_t N, int64_t I, int64_t O, bool accumulate_dx,
+    uint16_t* bf16_inputs = nullptr);  // [matmul_bf16_scratch_elements(N, I, O, false)] or nullptr
 
-// bfloat16 elements of scratch a bf16 matmul needs: its x, w and dout rounded ([N, I] + [I, O] + [N, O]).
-int64_t matmul_bf16_scratch_elements(int64_t N, int64_t I, int64_t O);
+// out = x @ w + bias with x in bfloat16; bf16_inputs holds w rounded.
+void matmul_forward_bf16_x(float* out,         // [N, O]
+                           const uint16_t* x,  // [N, I] bfloat16 bits
+                           const float* w,     // [I, O]
+                           const float* bias,  // [O] or nullptr
+                           int64_t N, int64_t I, int64_t O,
+                           uint16_t* bf16_inputs);  // [matmul_bf16_scratch_elements(N, I, O, true)]
+
+// matmul_backward with x in bfloat16; bf16_inputs holds dout and w rounded.
+void matmul_backward_bf16_x(float* dx,          // [N, I] or nullptr
+                            float* dw,          // [I, O] or nullptr
+                            float* dbias,       // [O] or nullptr
+                            const float* dout,  // [N, O]
+                            const uint16_t* x,  // [N, I] bfloat16 bits
+                            const float* w,     // [I, O]
+                            int64_t N, int64_t I, int64_t O, bool accumulate_dx,
+                            uint16_t* bf16_inputs);  // [matmul_bf16_scratch_elements(N, I, O, true)]
+
+// bfloat16 elements of scratch a bf16 matmul needs: its x (unless x_is_bf16), w and dout rounded
+// ([N, I] + [I, O] + [N, O]).
+int64_t matmul_bf16_scratch_elements(int64_t N, int64_t I, int64_t O, bool x_is_bf16);
 
 template <class T>
 void matmul_reference_forward(T* out,         // [N, O]

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "meshtrain/kernels/cpu/store.h"
+
 namespace meshtrain::kernels {
 namespace {
 
@@ -10,11 +12,34 @@ namespace {
 // which keeps dw deterministic without per-thread scratch.
 constexpr int64_t kColumnBlock = 32;
 
+// rmsnorm_streams_forward into float32 or bfloat16 rows (store.h): the same arithmetic for both.
+template <class Out>
+void rmsnorm_rows(Out* out, float* rstd, const float* x, const float* w, int64_t N, int64_t G, int64_t D,
+                  float eps) {
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N * G; ++n) {
+    const float* row = x + n * D;
+    const float* scale = w + (n % G) * D;
+    Out* target = out + n * D;
+    float sum_squares = 0.0f;
+#pragma omp simd reduction(+ : sum_squares)
+    for (int64_t j = 0; j < D; ++j) sum_squares += row[j] * row[j];
+    const float r = 1.0f / std::sqrt(sum_squares / static_cast<float>(D) + eps);
+    rstd[n] = r;
+    for (int64_t j = 0; j < D; ++j) store(target + j, scale[j] * (row[j] * r));
+  }
+}
+
 }  // namespace
 
 void rmsnorm_forward(float* out, float* rstd, const float* x, const float* w, int64_t N, int64_t D,
                      float eps) {
-  rmsnorm_streams_forward(out, rstd, x, w, N, 1, D, eps);
+  rmsnorm_rows(out, rstd, x, w, N, 1, D, eps);
+}
+
+void rmsnorm_forward_bf16(uint16_t* out, float* rstd, const float* x, const float* w, int64_t N, int64_t D,
+                          float eps) {
+  rmsnorm_rows(out, rstd, x, w, N, 1, D, eps);
 }
 
 void rmsnorm_backward(float* dx, float* dw, const float* dout, const float* x, const float* w,
@@ -24,18 +49,7 @@ void rmsnorm_backward(float* dx, float* dw, const float* dout, const float* x, c
 
 void rmsnorm_streams_forward(float* out, float* rstd, const float* x, const float* w, int64_t N, int64_t G,
                              int64_t D, float eps) {
-#pragma omp parallel for schedule(static)
-  for (int64_t n = 0; n < N * G; ++n) {
-    const float* row = x + n * D;
-    const float* scale = w + (n % G) * D;
-    float* target = out + n * D;
-    float sum_squares = 0.0f;
-#pragma omp simd reduction(+ : sum_squares)
-    for (int64_t j = 0; j < D; ++j) sum_squares += row[j] * row[j];
-    const float r = 1.0f / std::sqrt(sum_squares / static_cast<float>(D) + eps);
-    rstd[n] = r;
-    for (int64_t j = 0; j < D; ++j) target[j] = scale[j] * (row[j] * r);
-  }
+  rmsnorm_rows(out, rstd, x, w, N, G, D, eps);
 }
 
 void rmsnorm_streams_backward(float* dx, float* dw, const float* dout, const float* x, const float* w,

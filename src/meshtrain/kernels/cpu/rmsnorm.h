@@ -14,6 +14,14 @@ void rmsnorm_forward(float* out,      // [N, D]
                      const float* w,  // [D]
                      int64_t N, int64_t D, float eps);
 
+// The same with out rounded to bfloat16 (nearest even) as it is written: bitwise rmsnorm_forward's out
+// rounded, for an output only dense matmuls read (their bf16 input) under dtype=bfloat16.
+void rmsnorm_forward_bf16(uint16_t* out,   // [N, D] bfloat16 bits
+                          float* rstd,     // [N]
+                          const float* x,  // [N, D]
+                          const float* w,  // [D]
+                          int64_t N, int64_t D, float eps);
+
 // dx = (or += when accumulate_dx) dL/dx; dw += dL/dw.
 void rmsnorm_backward(float* dx,          // [N, D]
                       float* dw,          // [D]

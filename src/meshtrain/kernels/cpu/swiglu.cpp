@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "meshtrain/kernels/cpu/fast_math.h"
+#include "meshtrain/kernels/cpu/store.h"
 
 namespace meshtrain::kernels {
 namespace {
@@ -10,16 +11,26 @@ namespace {
 // Below this many values a parallel region costs more than it saves.
 constexpr int64_t kParallelMinimum = 1 << 14;
 
-}  // namespace
-
-void swiglu_forward(float* out, const float* gate, const float* up, int64_t count) {
+// swiglu_forward into float32 or bfloat16 values (store.h).
+template <class Out>
+void swiglu_values(Out* out, const float* gate, const float* up, int64_t count) {
 #pragma omp parallel for simd schedule(static) if (count >= kParallelMinimum)
   for (int64_t i = 0; i < count; ++i) {
     const float g = gate[i];
     // sigmoid_approx saturates: exactly 1 for g > 87, tiny and positive for g < -88 (no inf, no NaN).
     const float sigmoid = sigmoid_approx(g);
-    out[i] = g * sigmoid * up[i];
+    store(out + i, g * sigmoid * up[i]);
   }
+}
+
+}  // namespace
+
+void swiglu_forward(float* out, const float* gate, const float* up, int64_t count) {
+  swiglu_values(out, gate, up, count);
+}
+
+void swiglu_forward_bf16(uint16_t* out, const float* gate, const float* up, int64_t count) {
+  swiglu_values(out, gate, up, count);
 }
 
 void swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate, const float* up,

@@ -12,6 +12,13 @@ void swiglu_forward(float* out,         // [count]
                     const float* up,    // [count]
                     int64_t count);
 
+// The same with out rounded to bfloat16 as it is written (bitwise swiglu_forward's out rounded): the MLP's
+// down projection reads it as its bf16 input under dtype=bfloat16.
+void swiglu_forward_bf16(uint16_t* out,      // [count] bfloat16 bits
+                         const float* gate,  // [count]
+                         const float* up,    // [count]
+                         int64_t count);
+
 // dgate = dout * up * silu'(gate), dup = dout * silu(gate); both written (=).
 void swiglu_backward(float* dgate,       // [count]
                      float* dup,         // [count]

@@ -61,7 +61,7 @@ BufferId add_attention_block(SpecBuilder& builder, const std::string& prefix, Bu
 
   const NormLayer pre_norm =
       add_norm(builder, prefix + "/pre_self_attention_layer_norm", options.norm, residual_in, width_shape,
-               m.N, m.D, d_normed, d_residual, options.adds_residual);
+               m.N, m.D, d_normed, d_residual, options.adds_residual, NormReaders::matmuls_only);
   const LinearOptions projection{"attention", options.bias, 0.02, kNoBuffer};
   const auto kernel_shape = [&](const char* axis, int64_t heads) {
     return shape_of({{"embed", m.D}, {axis, heads}, {"head_dim", m.d}});

@@ -27,9 +27,11 @@ LinearLayer add_linear(SpecBuilder& builder, const std::string& prefix, BufferId
   }
   const BufferId out = builder.activation(prefix + "/out", out_shape);
   // dtype=bfloat16: x, W (and in the backward dout) rounded to bf16 for the GEMMs; written by each op, so
-  // it lives only while its op runs.
+  // it lives only while its op runs. An x its producer stored in bf16 (SpecBuilder::matmul_input) is read
+  // as it is, and only W and dout are rounded.
+  const bool x_is_bf16 = builder.spec().buffer(x).dtype == DType::bf16;
   const BufferId bf16_inputs = builder.bf16_inputs_scratch(
-      prefix + "/bf16_inputs", builder.kernels().matmul_bf16_scratch_elements(N, I, O));
+      prefix + "/bf16_inputs", builder.kernels().matmul_bf16_scratch_elements(N, I, O, x_is_bf16));
   const BufferId residual_in = options.residual_in;
   const double flops = 2.0 * static_cast<double>(N * I * O);
   // Row-parallel (input features split over tensor, as o and down projections): each rank holds a partial
@@ -45,9 +47,14 @@ LinearLayer add_linear(SpecBuilder& builder, const std::string& prefix, BufferId
   std::vector<BufferId> forward_writes = {out};
   if (bf16_inputs != kNoBuffer) forward_writes.push_back(bf16_inputs);
   OpDecl forward{prefix + "/forward", reads, forward_writes, flops, [=](const OpContext& c) {
-                   c.kernels->matmul_forward(c.f32(out), c.f32(x), c.f32(kernel),
-                                             bias == kNoBuffer || row_parallel ? nullptr : c.f32(bias), N, I,
-                                             O, c.bf16(bf16_inputs));
+                   const float* add_bias = bias == kNoBuffer || row_parallel ? nullptr : c.f32(bias);
+                   if (x_is_bf16) {
+                     c.kernels->matmul_forward_bf16_x(c.f32(out), c.bf16(x), c.f32(kernel), add_bias, N, I, O,
+                                                      c.bf16(bf16_inputs));
+                   } else {
+                     c.kernels->matmul_forward(c.f32(out), c.f32(x), c.f32(kernel), add_bias, N, I, O,
+                                               c.bf16(bf16_inputs));
+                   }
                    if (residual_in != kNoBuffer && !row_parallel)
                      c.kernels->residual_add(c.f32(out), c.f32(residual_in), N * O);
                  }};
@@ -84,12 +91,18 @@ LinearLayer add_linear(SpecBuilder& builder, const std::string& prefix, BufferId
   if (d_bias != kNoBuffer) writes.push_back(d_bias);
   if (bf16_inputs != kNoBuffer) writes.push_back(bf16_inputs);
   LinearLayer layer{out, kernel, {}};
-  layer.backward = {prefix + "/backward", backward_reads, writes, 2.0 * flops, [=](const OpContext& c) {
-                      c.kernels->matmul_backward(d_x == kNoBuffer ? nullptr : c.f32(d_x), c.f32(d_kernel),
-                                                 d_bias == kNoBuffer ? nullptr : c.f32(d_bias), c.f32(d_out),
-                                                 c.f32(x), c.f32(kernel), N, I, O, accumulate_dx,
-                                                 c.bf16(bf16_inputs));
-                    }};
+  layer.backward = {
+      prefix + "/backward", backward_reads, writes, 2.0 * flops, [=](const OpContext& c) {
+        float* dx = d_x == kNoBuffer ? nullptr : c.f32(d_x);
+        float* dbias = d_bias == kNoBuffer ? nullptr : c.f32(d_bias);
+        if (x_is_bf16) {
+          c.kernels->matmul_backward_bf16_x(dx, c.f32(d_kernel), dbias, c.f32(d_out), c.bf16(x),
+                                            c.f32(kernel), N, I, O, accumulate_dx, c.bf16(bf16_inputs));
+        } else {
+          c.kernels->matmul_backward(dx, c.f32(d_kernel), dbias, c.f32(d_out), c.f32(x), c.f32(kernel), N, I,
+                                     O, accumulate_dx, c.bf16(bf16_inputs));
+        }
+      }};
   layer.backward.kind = OpKind::matmul;
   return layer;
 }

@@ -55,7 +55,7 @@ BufferId add_mla_block(SpecBuilder& builder, const std::string& prefix, BufferId
 
   const NormLayer pre_norm =
       add_norm(builder, prefix + "/pre_self_attention_layer_norm", options.norm, residual_in, width_shape, N,
-               D, d_normed, d_residual, options.adds_residual);
+               D, d_normed, d_residual, options.adds_residual, NormReaders::matmuls_only);
   const LinearOptions projection{"attention", false, 0.02, kNoBuffer};
 
   // Queries, low-rank or direct. The q path's backward writes d_normed first; wkv_a's adds to it.
@@ -69,7 +69,7 @@ BufferId add_mla_block(SpecBuilder& builder, const std::string& prefix, BufferId
         add_linear(builder, attention + "/wq_a", pre_norm.out, shape_of({{"embed", D}, {"q_lora", r_q}}),
                    q_a_shape, projection, d_q_a, d_normed, false);
     const NormLayer q_norm = add_norm(builder, attention + "/q_norm", NormKind::rms, wq_a.out, q_a_shape, N,
-                                      r_q, d_q_a_normed, d_q_a, false);
+                                      r_q, d_q_a_normed, d_q_a, false, NormReaders::matmuls_only);
     const LinearLayer wq_b = add_linear(builder, attention + "/wq_b", q_norm.out,
                                         shape_of({{"q_lora", r_q}, {"heads", H}, {"head_dim", dq}}), q_shape,
                                         projection, d_q, d_q_a_normed, false);
@@ -137,7 +137,7 @@ BufferId add_mla_block(SpecBuilder& builder, const std::string& prefix, BufferId
         ctx.kernels->column_slice_forward(rows + r_kv, ctx.f32(d_k_rope), N, rope, 1, r_kv + rope, rope);
       }};
   const NormLayer kv_norm = add_norm(builder, attention + "/kv_norm", NormKind::rms, c_kv, c_kv_shape, N,
-                                     r_kv, d_c_kv_normed, d_c_kv, false);
+                                     r_kv, d_c_kv_normed, d_c_kv, false, NormReaders::matmuls_only);
   const LinearLayer wkv_b = add_linear(builder, attention + "/wkv_b", kv_norm.out,
                                        shape_of({{"kv_lora", r_kv}, {"heads", H}, {"head_dim", kv_b_width}}),
                                        kv_b_shape, projection, d_kv_b, d_c_kv_normed, false);

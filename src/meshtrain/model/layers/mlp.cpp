@@ -4,6 +4,34 @@
 
 namespace meshtrain {
 
+GatedActivation add_swiglu(SpecBuilder& builder, const std::string& name, BufferId gate_out, BufferId up_out,
+                           const Shape& hidden_shape, BufferId d_activated, BufferId d_gate, BufferId d_up) {
+  const BufferId activated = builder.matmul_input(name + "/activated", hidden_shape);
+  const bool activated_bf16 = builder.spec().buffer(activated).dtype == DType::bf16;
+  const int64_t count = hidden_shape.elements();
+  builder.forward({name + "/swiglu_forward",
+                   {gate_out, up_out},
+                   {activated},
+                   4.0 * static_cast<double>(count),
+                   [=](const OpContext& c) {
+                     if (activated_bf16) {
+                       c.kernels->swiglu_forward_bf16(c.bf16(activated), c.f32(gate_out), c.f32(up_out),
+                                                      count);
+                     } else {
+                       c.kernels->swiglu_forward(c.f32(activated), c.f32(gate_out), c.f32(up_out), count);
+                     }
+                   }});
+  return {activated,
+          {name + "/swiglu_backward",
+           {d_activated, gate_out, up_out},
+           {d_gate, d_up},
+           8.0 * static_cast<double>(count),
+           [=](const OpContext& c) {
+             c.kernels->swiglu_backward(c.f32(d_gate), c.f32(d_up), c.f32(d_activated), c.f32(gate_out),
+                                        c.f32(up_out), count);
+           }}};
+}
+
 BufferId add_mlp_block(SpecBuilder& builder, const std::string& prefix, BufferId residual_in,
                        BufferId d_residual, const MlpBlockOptions& options) {
   const ModelDims& m = builder.dims();
@@ -17,7 +45,7 @@ BufferId add_mlp_block(SpecBuilder& builder, const std::string& prefix, BufferId
   const BufferId d_activated = builder.gradient_scratch("scratch/d_mlp_activated", hidden_shape);
   const NormLayer pre_norm =
       add_norm(builder, prefix + "/post_self_attention_layer_norm", options.norm, residual_in, width_shape,
-               m.N, m.D, d_normed, d_residual, options.adds_residual);
+               m.N, m.D, d_normed, d_residual, options.adds_residual, NormReaders::matmuls_only);
   const std::string mlp = prefix + "/mlp";
   const LinearOptions in_projection{"mlp", options.bias, 0.02, kNoBuffer};
   std::vector<OpDecl> group;
@@ -31,37 +59,29 @@ BufferId add_mlp_block(SpecBuilder& builder, const std::string& prefix, BufferId
                                         in_projection, d_gate, d_normed, false);
     const LinearLayer up = add_linear(builder, mlp + "/wi_1", pre_norm.out, in_kernel, hidden_shape,
                                       in_projection, d_up, d_normed, true);
-    activated = builder.activation(mlp + "/activated", hidden_shape);
-    const BufferId gate_out = gate.out, up_out = up.out;
-    builder.forward({mlp + "/swiglu_forward",
-                     {gate_out, up_out},
-                     {activated},
-                     4.0 * static_cast<double>(count),
-                     [=](const OpContext& c) {
-                       c.kernels->swiglu_forward(c.f32(activated), c.f32(gate_out), c.f32(up_out), count);
-                     }});
-    input_backward = {{mlp + "/swiglu_backward",
-                       {d_activated, gate_out, up_out},
-                       {d_gate, d_up},
-                       8.0 * static_cast<double>(count),
-                       [=](const OpContext& c) {
-                         c.kernels->swiglu_backward(c.f32(d_gate), c.f32(d_up), c.f32(d_activated),
-                                                    c.f32(gate_out), c.f32(up_out), count);
-                       }},
-                      gate.backward,
-                      up.backward};
+    GatedActivation swiglu =
+        add_swiglu(builder, mlp, gate.out, up.out, hidden_shape, d_activated, d_gate, d_up);
+    activated = swiglu.out;
+    input_backward = {std::move(swiglu.backward), gate.backward, up.backward};
   } else {
     const BufferId d_hidden = builder.gradient_scratch("scratch/d_mlp_hidden", hidden_shape);
     const LinearLayer hidden = add_linear(builder, mlp + "/wi", pre_norm.out, in_kernel, hidden_shape,
                                           in_projection, d_hidden, d_normed, false);
-    activated = builder.activation(mlp + "/activated", hidden_shape);
+    // The down projection is the only reader of the activated values (the backward reads hidden_out).
+    activated = builder.matmul_input(mlp + "/activated", hidden_shape);
+    const bool activated_bf16 = builder.spec().buffer(activated).dtype == DType::bf16;
     const BufferId hidden_out = hidden.out;
-    builder.forward(
-        {mlp + "/gelu_forward",
-         {hidden_out},
-         {activated},
-         8.0 * static_cast<double>(count),
-         [=](const OpContext& c) { c.kernels->gelu_forward(c.f32(activated), c.f32(hidden_out), count); }});
+    builder.forward({mlp + "/gelu_forward",
+                     {hidden_out},
+                     {activated},
+                     8.0 * static_cast<double>(count),
+                     [=](const OpContext& c) {
+                       if (activated_bf16) {
+                         c.kernels->gelu_forward_bf16(c.bf16(activated), c.f32(hidden_out), count);
+                       } else {
+                         c.kernels->gelu_forward(c.f32(activated), c.f32(hidden_out), count);
+                       }
+                     }});
     input_backward = {{mlp + "/gelu_backward",
                        {d_activated, hidden_out},
                        {d_hidden},

@@ -21,6 +21,17 @@ struct MlpBlockOptions {
   bool adds_residual = true;
 };
 
+// activated = silu(gate_out) * up_out (the dense MLP's and the shared experts' gate), stored as
+// SpecBuilder::matmul_input since the down projection is its only reader. The forward op goes to the
+// builder; the backward op writes d_gate and d_up from d_activated (it reads gate_out and up_out, never
+// activated). Ops `name`/swiglu_forward and `name`/swiglu_backward, the output `name`/activated.
+struct GatedActivation {
+  BufferId out = kNoBuffer;  // [B, S, F]
+  OpDecl backward;
+};
+GatedActivation add_swiglu(SpecBuilder& builder, const std::string& name, BufferId gate_out, BufferId up_out,
+                           const Shape& hidden_shape, BufferId d_activated, BufferId d_gate, BufferId d_up);
+
 // Returns residual_out [B, S, D]; the backward group turns d_residual into dL/d residual_in in place.
 BufferId add_mlp_block(SpecBuilder& builder, const std::string& prefix, BufferId residual_in,
                        BufferId d_residual, const MlpBlockOptions& options);

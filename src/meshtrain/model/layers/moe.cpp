@@ -5,6 +5,7 @@
 
 #include "meshtrain/core/error.h"
 #include "meshtrain/model/layers/linear.h"
+#include "meshtrain/model/layers/mlp.h"
 #include "meshtrain/model/layers/norm.h"
 
 namespace meshtrain {
@@ -37,30 +38,11 @@ SharedExperts add_shared_experts(SpecBuilder& builder, const std::string& name, 
       add_linear(builder, name + "/wi_0", x, in_kernel, hidden_shape, in_projection, d_gate, d_x, true);
   const LinearLayer up =
       add_linear(builder, name + "/wi_1", x, in_kernel, hidden_shape, in_projection, d_up, d_x, true);
-  const BufferId activated = builder.activation(name + "/activated", hidden_shape);
-  const BufferId gate_out = gate.out, up_out = up.out;
-  const int64_t count = m.N * width;
-  builder.forward({name + "/swiglu_forward",
-                   {gate_out, up_out},
-                   {activated},
-                   4.0 * static_cast<double>(count),
-                   [=](const OpContext& c) {
-                     c.kernels->swiglu_forward(c.f32(activated), c.f32(gate_out), c.f32(up_out), count);
-                   }});
-  const LinearLayer down = add_linear(builder, name + "/wo", activated, out_kernel, width_shape,
+  GatedActivation swiglu =
+      add_swiglu(builder, name, gate.out, up.out, hidden_shape, d_activated, d_gate, d_up);
+  const LinearLayer down = add_linear(builder, name + "/wo", swiglu.out, out_kernel, width_shape,
                                       {"moe", false, out_init_std, residual_in}, d_out, d_activated, false);
-  return {down.out,
-          {down.backward,
-           {name + "/swiglu_backward",
-            {d_activated, gate_out, up_out},
-            {d_gate, d_up},
-            8.0 * static_cast<double>(count),
-            [=](const OpContext& c) {
-              c.kernels->swiglu_backward(c.f32(d_gate), c.f32(d_up), c.f32(d_activated), c.f32(gate_out),
-                                         c.f32(up_out), count);
-            }},
-           gate.backward,
-           up.backward}};
+  return {down.out, {down.backward, std::move(swiglu.backward), gate.backward, up.backward}};
 }
 
 // Expert parallelism's buffers of one MoE layer (P expert ranks of E_l experts, blocks of B_c rows): the

@@ -4,13 +4,15 @@ namespace meshtrain {
 
 NormLayer add_norm(SpecBuilder& builder, const std::string& prefix, NormKind kind, BufferId x,
                    const Shape& out_shape, int64_t rows, int64_t width, BufferId d_out, BufferId d_x,
-                   bool accumulate_dx) {
+                   bool accumulate_dx, NormReaders readers) {
   const float epsilon = static_cast<float>(builder.spec().config.normalization_layer_epsilon);
   const std::string width_axis = out_shape.axes.back();
   const BufferId scale = builder.parameter(prefix + "/scale", shape_of({{width_axis, width}}),
                                            {"norm", ParameterInit::ones, 0.0, false});
   const BufferId d_scale = builder.gradient_of(scale);
-  const BufferId out = builder.activation(prefix + "/out", out_shape);
+  const BufferId out = readers == NormReaders::matmuls_only ? builder.matmul_input(prefix + "/out", out_shape)
+                                                            : builder.activation(prefix + "/out", out_shape);
+  const bool out_bf16 = builder.spec().buffer(out).dtype == DType::bf16;
   const BufferId rstd = builder.activation(prefix + "/rstd", shape_of({{"rows", rows}}));
   const double flops = 4.0 * static_cast<double>(rows * width);
   NormLayer layer{out, {}};
@@ -22,8 +24,13 @@ NormLayer add_norm(SpecBuilder& builder, const std::string& prefix, NormKind kin
 
   if (kind == NormKind::rms) {
     builder.forward({prefix + "/forward", {x, scale}, {out, rstd}, flops, [=](const OpContext& c) {
-                       c.kernels->rmsnorm_forward(c.f32(out), c.f32(rstd), c.f32(x), c.f32(scale), rows,
-                                                  width, epsilon);
+                       if (out_bf16) {
+                         c.kernels->rmsnorm_forward_bf16(c.bf16(out), c.f32(rstd), c.f32(x), c.f32(scale),
+                                                         rows, width, epsilon);
+                       } else {
+                         c.kernels->rmsnorm_forward(c.f32(out), c.f32(rstd), c.f32(x), c.f32(scale), rows,
+                                                    width, epsilon);
+                       }
                      }});
     layer.backward = {prefix + "/backward",
                       backward_reads({d_out, x, scale, rstd}),
@@ -40,8 +47,13 @@ NormLayer add_norm(SpecBuilder& builder, const std::string& prefix, NormKind kin
   const BufferId d_bias = builder.gradient_of(bias);
   const BufferId mean = builder.activation(prefix + "/mean", shape_of({{"rows", rows}}));
   builder.forward({prefix + "/forward", {x, scale, bias}, {out, mean, rstd}, flops, [=](const OpContext& c) {
-                     c.kernels->layernorm_forward(c.f32(out), c.f32(mean), c.f32(rstd), c.f32(x),
-                                                  c.f32(scale), c.f32(bias), rows, width, epsilon);
+                     if (out_bf16) {
+                       c.kernels->layernorm_forward_bf16(c.bf16(out), c.f32(mean), c.f32(rstd), c.f32(x),
+                                                         c.f32(scale), c.f32(bias), rows, width, epsilon);
+                     } else {
+                       c.kernels->layernorm_forward(c.f32(out), c.f32(mean), c.f32(rstd), c.f32(x),
+                                                    c.f32(scale), c.f32(bias), rows, width, epsilon);
+                     }
                    }});
   layer.backward = {prefix + "/backward",
                     backward_reads({d_out, x, scale, mean, rstd}),
