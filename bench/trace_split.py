@@ -9,7 +9,7 @@ A column given as several traces joined by commas (runs of the same step) shows 
 on a shared machine other processes only ever add time, so the minimum of interleaved runs is the figure
 least disturbed by them; the step is then the sum of those minima.
 
-A trace comes from `meshtrain train ... profiler=trace profiler_steps=N` (train/trace.h). Layer indices are
+A trace comes from `meshtrain train ... profiler=trace profiler_steps=N` (metrics/trace.h). Layer indices are
 dropped from the names (decoder/layers_3/mlp/wi/forward -> mlp/wi/forward), so each row is one op of every
 layer together, and the optimizer's per-tensor ops are summed per kind (optimizer/adamw, optimizer/grad_norm);
 rows under 0.2% of the step in every trace are summed into one. The step is the sum of all op events (the

@@ -5,8 +5,8 @@
 #include <vector>
 
 #include "fuzz_files.h"
+#include "meshtrain/checkpoint/sharded_checkpoint.h"
 #include "meshtrain/core/error.h"
-#include "meshtrain/train/sharded_checkpoint.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace meshtrain;

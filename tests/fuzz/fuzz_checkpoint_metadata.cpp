@@ -11,11 +11,11 @@
 #include <string_view>
 
 #include "fuzz_files.h"
+#include "meshtrain/checkpoint/checkpoint.h"
 #include "meshtrain/config/config.h"
 #include "meshtrain/core/crc32c.h"
 #include "meshtrain/core/error.h"
-#include "meshtrain/train/checkpoint.h"
-#include "meshtrain/train/engine.h"
+#include "meshtrain/runtime/engine.h"
 
 namespace {
 

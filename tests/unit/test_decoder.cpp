@@ -13,14 +13,14 @@
 #include <sstream>
 
 #include "gradcheck.h"
+#include "meshtrain/checkpoint/checkpoint.h"
 #include "meshtrain/cli/generate.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/data/tokenizer.h"
 #include "meshtrain/infer/decoder.h"
 #include "meshtrain/kernels/cpu/cross_entropy.h"
 #include "meshtrain/model/spec.h"
-#include "meshtrain/train/checkpoint.h"
-#include "meshtrain/train/engine.h"
+#include "meshtrain/runtime/engine.h"
 #include "meshtrain/train/run.h"
 
 namespace meshtrain {

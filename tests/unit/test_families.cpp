@@ -8,8 +8,8 @@
 
 #include "error_text.h"
 #include "meshtrain/config/config.h"
+#include "meshtrain/interchange/hf_names.h"
 #include "meshtrain/model/families.h"
-#include "meshtrain/model/hf_names.h"
 #include "meshtrain/model/spec.h"
 
 namespace meshtrain {

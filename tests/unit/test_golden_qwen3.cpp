@@ -8,10 +8,10 @@
 
 #include "golden_files.h"
 #include "gradcheck.h"
+#include "meshtrain/interchange/hf_names.h"
 #include "meshtrain/io/safetensors.h"
 #include "meshtrain/kernels/cpu/cross_entropy.h"
-#include "meshtrain/model/hf_names.h"
-#include "meshtrain/train/engine.h"
+#include "meshtrain/runtime/engine.h"
 
 namespace meshtrain {
 namespace {

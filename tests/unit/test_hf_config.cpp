@@ -14,7 +14,7 @@
 
 #include "error_text.h"
 #include "meshtrain/config/config.h"
-#include "meshtrain/model/hf_config.h"
+#include "meshtrain/interchange/hf_config.h"
 #include "meshtrain/model/spec.h"
 
 namespace meshtrain {

@@ -14,12 +14,12 @@
 #include "error_text.h"
 #include "golden_files.h"
 #include "gradcheck.h"
+#include "meshtrain/checkpoint/checkpoint.h"
 #include "meshtrain/infer/decoder.h"
+#include "meshtrain/interchange/hf_interchange.h"
 #include "meshtrain/io/safetensors_folder.h"
 #include "meshtrain/kernels/cpu/cross_entropy.h"
-#include "meshtrain/train/checkpoint.h"
-#include "meshtrain/train/engine.h"
-#include "meshtrain/train/hf_interchange.h"
+#include "meshtrain/runtime/engine.h"
 
 namespace meshtrain {
 namespace {

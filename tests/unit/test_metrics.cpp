@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "meshtrain/train/metrics.h"
+#include "meshtrain/metrics/metrics.h"
 
 namespace meshtrain {
 namespace {

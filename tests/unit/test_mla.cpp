@@ -10,8 +10,8 @@
 #include "error_text.h"
 #include "gradcheck.h"
 #include "meshtrain/config/config.h"
+#include "meshtrain/interchange/hf_names.h"
 #include "meshtrain/kernels/cpu/rope.h"
-#include "meshtrain/model/hf_names.h"
 #include "meshtrain/model/spec.h"
 
 namespace meshtrain {

@@ -8,7 +8,7 @@
 
 #include "gradcheck.h"
 #include "meshtrain/model/spec.h"
-#include "meshtrain/train/engine.h"
+#include "meshtrain/runtime/engine.h"
 #include "meshtrain/train/run.h"
 #include "tiny_batch.h"
 

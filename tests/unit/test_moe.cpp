@@ -6,7 +6,7 @@
 #include <random>
 
 #include "meshtrain/model/spec.h"
-#include "meshtrain/train/engine.h"
+#include "meshtrain/runtime/engine.h"
 
 namespace meshtrain {
 namespace {

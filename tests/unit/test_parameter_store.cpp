@@ -8,7 +8,7 @@
 #include "meshtrain/core/error.h"
 #include "meshtrain/model/parameter_store.h"
 #include "meshtrain/plan/decode.h"
-#include "meshtrain/train/engine.h"
+#include "meshtrain/runtime/engine.h"
 
 namespace meshtrain {
 namespace {

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "meshtrain/train/progress.h"
+#include "meshtrain/metrics/progress.h"
 
 namespace meshtrain {
 namespace {

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "meshtrain/core/error.h"
-#include "meshtrain/train/engine.h"
+#include "meshtrain/runtime/engine.h"
 #include "meshtrain/train/run.h"
 
 namespace meshtrain {

@@ -10,6 +10,7 @@
 #include <map>
 #include <set>
 
+#include "meshtrain/checkpoint/checkpoint_layout.h"
 #include "meshtrain/config/config.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/data/engram_hash.h"
@@ -18,8 +19,7 @@
 #include "meshtrain/model/spec.h"
 #include "meshtrain/model/spec_builder.h"
 #include "meshtrain/plan/plan.h"
-#include "meshtrain/train/checkpoint_layout.h"
-#include "meshtrain/train/engine.h"
+#include "meshtrain/runtime/engine.h"
 #include "meshtrain/train/run.h"
 #include "tiny_batch.h"
 

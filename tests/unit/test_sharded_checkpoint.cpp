@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "error_text.h"
+#include "meshtrain/checkpoint/sharded_checkpoint.h"
 #include "meshtrain/core/crc32c.h"
-#include "meshtrain/train/sharded_checkpoint.h"
 
 namespace meshtrain {
 namespace {

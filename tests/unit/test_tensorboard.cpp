@@ -17,7 +17,7 @@
 
 #include "meshtrain/core/crc32c.h"
 #include "meshtrain/core/error.h"
-#include "meshtrain/train/tensorboard.h"
+#include "meshtrain/metrics/tensorboard.h"
 
 namespace meshtrain {
 namespace {
@@ -296,7 +296,8 @@ TEST(TensorBoard, UnusableDirectoryNamesIt) {
 // The official reader: tensorboard's strict record reader + Event proto, then EventAccumulator.
 TEST(TensorBoard, OfficialReaderParsesFile) {
   // The virtual environment of `scripts/setup.sh tests`, else the python3 on PATH.
-  const std::string python = std::filesystem::exists(MESHTRAIN_TEST_PYTHON) ? MESHTRAIN_TEST_PYTHON : "python3";
+  const std::string python =
+      std::filesystem::exists(MESHTRAIN_TEST_PYTHON) ? MESHTRAIN_TEST_PYTHON : "python3";
   if (std::system(("'" + python + "' -c 'import tensorboard' >/dev/null 2>&1").c_str()) != 0) {
     GTEST_SKIP()
         << python

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "meshtrain/core/error.h"
-#include "meshtrain/train/trace.h"
+#include "meshtrain/metrics/trace.h"
 
 namespace meshtrain {
 namespace {

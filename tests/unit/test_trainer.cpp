@@ -15,11 +15,11 @@
 #include <thread>
 
 #include "gradcheck.h"
+#include "meshtrain/checkpoint/checkpoint.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/data/loader.h"
 #include "meshtrain/model/spec.h"
-#include "meshtrain/train/checkpoint.h"
-#include "meshtrain/train/engine.h"
+#include "meshtrain/runtime/engine.h"
 #include "meshtrain/train/trainer.h"
 
 extern char** environ;

@@ -14,13 +14,13 @@
 #include <optional>
 #include <sstream>
 
+#include "meshtrain/checkpoint/checkpoint.h"
 #include "meshtrain/config/config.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/data/tokenizer.h"
 #include "meshtrain/infer/decoder.h"
 #include "meshtrain/mesh/mesh.h"
 #include "meshtrain/model/families.h"
-#include "meshtrain/train/checkpoint.h"
 
 namespace meshtrain {
 namespace {

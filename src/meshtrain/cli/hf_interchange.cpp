@@ -8,7 +8,7 @@
 
 #include "meshtrain/cli/arguments.h"
 #include "meshtrain/core/error.h"
-#include "meshtrain/train/hf_interchange.h"
+#include "meshtrain/interchange/hf_interchange.h"
 
 namespace meshtrain {
 namespace {

@@ -6,11 +6,12 @@
 #include <limits>
 #include <string>
 
+#include "meshtrain/checkpoint/checkpoint.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/core/rng.h"
 #include "meshtrain/model/families.h"
 #include "meshtrain/plan/decode.h"
-#include "meshtrain/train/run.h"
+#include "meshtrain/runtime/engram_inputs.h"
 
 namespace meshtrain {
 namespace {

@@ -11,7 +11,7 @@
 
 #include "meshtrain/data/engram_hash.h"
 #include "meshtrain/data/tokenizer.h"
-#include "meshtrain/train/engine.h"
+#include "meshtrain/runtime/engine.h"
 
 namespace meshtrain {
 

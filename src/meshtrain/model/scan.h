@@ -4,7 +4,7 @@
 // so the math is the same in both layouts. Also numbers every per-layer parameter's norm slot.
 //
 // The layer axis is outermost in memory (so a layer's block, and its block of any shard, is contiguous);
-// checkpoints store it at min(param_scan_axis, rank) (train/checkpoint.h converts). Single layers (an
+// checkpoints store it at min(param_scan_axis, rank) (checkpoint/checkpoint.h converts). Single layers (an
 // Engram layer), tied and other parameters outside the decoder layers stay as they are; a model with
 // nothing to stack is left unchanged. A parameter of a group that another layer's ops also use is refused.
 #pragma once

@@ -3,7 +3,6 @@
 
 #include <sys/resource.h>
 
-#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <csignal>
@@ -26,11 +25,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::atomic<int> stop_signal{0};
-extern "C" void request_stop(int signal_number) {
-  stop_signal.store(signal_number);
-}
-
 double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
@@ -42,15 +36,6 @@ double peak_resident_bytes() {
 }
 
 }  // namespace
-
-EngramHashOptions engram_hash_options(const Config& config) {
-  return {config.engram_layers,
-          config.engram_max_ngram_size,
-          config.engram_num_heads,
-          config.engram_vocab_bases,
-          static_cast<uint64_t>(config.engram_seed),
-          config.vocab_size};
-}
 
 namespace {
 
@@ -246,21 +231,6 @@ RunSetup prepare_run(const Config& config, int64_t world_size) {
   }
   setup.tokenizer = load_run_tokenizer(config);
   return setup;
-}
-
-StopSignals::StopSignals() {
-  stop_signal.store(0);
-  previous_interrupt_ = std::signal(SIGINT, request_stop);
-  previous_terminate_ = std::signal(SIGTERM, request_stop);
-}
-
-int stop_signal_received() {
-  return stop_signal.load();
-}
-
-StopSignals::~StopSignals() {
-  std::signal(SIGINT, previous_interrupt_);
-  std::signal(SIGTERM, previous_terminate_);
 }
 
 Run::Run(const Config& config, RunSetup setup, std::FILE* console, RunRanks& ranks)
@@ -556,7 +526,7 @@ StepOutcome Run::step(const RunControl& control) {
   if (!last && config_.checkpoint_period > 0 && (step + 1) % config_.checkpoint_period == 0) save(step + 1);
   ++step_;
   // A signal reaches the ranks at different moments: they stop together, at the same step.
-  const bool stop = ranks_.world->any_rank_true(stop_signal.load() != 0, "step/stop_signal");
+  const bool stop = ranks_.world->any_rank_true(stop_signal_received() != 0, "step/stop_signal");
   if (stop || step + 1 == control.stop_after_step) {
     summary_.interrupted = true;
     return StepOutcome::stopped;
@@ -570,8 +540,8 @@ TrainingSummary Run::finish() {
   // With steps equal to a loaded state's step nothing trains and the state is saved into this run: that
   // converts a checkpoint to this run's mesh.
   if (step_ > state_.step || summary_.interrupted || loaded_elsewhere_) save(step_);
-  if (summary_.interrupted && stop_signal.load() != 0) {
-    std::fprintf(console_, "stopped by signal %d after step %lld; saved %s\n", stop_signal.load(),
+  if (summary_.interrupted && stop_signal_received() != 0) {
+    std::fprintf(console_, "stopped by signal %d after step %lld; saved %s\n", stop_signal_received(),
                  static_cast<long long>(step_), summary_.last_checkpoint.c_str());
   }
   return summary_;

@@ -12,19 +12,21 @@
 #include <string>
 #include <vector>
 
+#include "meshtrain/checkpoint/checkpoint.h"
 #include "meshtrain/comm/communicator.h"
 #include "meshtrain/config/config.h"
+#include "meshtrain/core/stop_signals.h"
 #include "meshtrain/data/context_reorder.h"
 #include "meshtrain/data/engram_hash.h"
 #include "meshtrain/data/loader.h"
 #include "meshtrain/data/tokenizer.h"
+#include "meshtrain/metrics/metrics.h"
+#include "meshtrain/metrics/progress.h"
+#include "meshtrain/metrics/trace.h"
 #include "meshtrain/plan/plan.h"
-#include "meshtrain/train/checkpoint.h"
-#include "meshtrain/train/engine.h"
+#include "meshtrain/runtime/engine.h"
+#include "meshtrain/runtime/engram_inputs.h"
 #include "meshtrain/train/machine.h"
-#include "meshtrain/train/metrics.h"
-#include "meshtrain/train/progress.h"
-#include "meshtrain/train/trace.h"
 #include "meshtrain/train/trainer.h"
 
 namespace meshtrain {
@@ -68,9 +70,6 @@ struct RunSetup {
 // it), the tokenizer.
 RunSetup prepare_run(const Config& config, int64_t world_size);
 
-// The Engram keys as the data path's hashing takes them (data/ does not read configs).
-EngramHashOptions engram_hash_options(const Config& config);
-
 // Every rank must run the same binary with the same config: a mismatch would hang or corrupt collectives.
 uint64_t run_identity(const Config& config);
 
@@ -85,23 +84,6 @@ struct InjectedFault {
     return kind == what && step == now && rank == this_rank;
   }
 };
-
-// While it lives, SIGINT / SIGTERM only record the signal (stop_signal_received()) so the work in progress
-// can end cleanly (a run saves, a conversion removes its temporary output); restores the handlers it
-// replaced when it ends.
-class StopSignals {
- public:
-  StopSignals();
-  ~StopSignals();
-  StopSignals(const StopSignals&) = delete;
-  StopSignals& operator=(const StopSignals&) = delete;
-
- private:
-  void (*previous_interrupt_)(int);
-  void (*previous_terminate_)(int);
-};
-// The signal a live StopSignals recorded, or 0.
-int stop_signal_received();
 
 // What one call of Run::step() did.
 enum class StepOutcome {

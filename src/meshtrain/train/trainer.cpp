@@ -4,9 +4,9 @@
 #include <cstdio>
 #include <utility>
 
+#include "meshtrain/checkpoint/checkpoint.h"
 #include "meshtrain/comm/communicator.h"
 #include "meshtrain/core/error.h"
-#include "meshtrain/train/checkpoint.h"
 #include "meshtrain/train/run.h"
 
 namespace meshtrain {

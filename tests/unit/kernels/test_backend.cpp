@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "meshtrain/checkpoint/checkpoint.h"
 #include "meshtrain/core/cpu_features.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/kernels/backend.h"
@@ -22,8 +23,7 @@
 #include "meshtrain/model/spec.h"
 #include "meshtrain/plan/decode.h"
 #include "meshtrain/plan/plan.h"
-#include "meshtrain/train/checkpoint.h"
-#include "meshtrain/train/engine.h"
+#include "meshtrain/runtime/engine.h"
 #include "meshtrain/train/run.h"
 
 namespace meshtrain {

@@ -18,7 +18,7 @@
 #include "meshtrain/kernels/cpu/backend.h"
 #include "meshtrain/plan/decode.h"
 #include "meshtrain/plan/plan.h"
-#include "meshtrain/train/engine.h"
+#include "meshtrain/runtime/engine.h"
 #include "tiny_plan.h"
 
 namespace meshtrain {

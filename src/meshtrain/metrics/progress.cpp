@@ -1,5 +1,5 @@
 // Progress bar drawing, the plain-line fallback for logs, and the ETA's moving average.
-#include "meshtrain/train/progress.h"
+#include "meshtrain/metrics/progress.h"
 
 #include <sys/ioctl.h>
 #include <unistd.h>

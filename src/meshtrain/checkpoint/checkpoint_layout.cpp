@@ -1,4 +1,4 @@
-#include "meshtrain/train/checkpoint_layout.h"
+#include "meshtrain/checkpoint/checkpoint_layout.h"
 
 #include <algorithm>
 #include <cstring>

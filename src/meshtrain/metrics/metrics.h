@@ -9,7 +9,7 @@
 #include <string>
 #include <string_view>
 
-#include "meshtrain/train/tensorboard.h"
+#include "meshtrain/metrics/tensorboard.h"
 
 namespace meshtrain {
 

@@ -2,7 +2,7 @@
 // exporter per decoder_block. The defaults assumed for absent keys are transformers' class defaults
 // (checked against 4.51.3, 4.57.1 and 5.25.0); sizes and counts have no default here, since a default taken
 // from DeepSeek-V3 or Qwen3-8B would build a model the weights do not fit.
-#include "meshtrain/model/hf_config.h"
+#include "meshtrain/interchange/hf_config.h"
 
 #include <charconv>
 #include <cstdint>

@@ -42,7 +42,7 @@
 #include <vector>
 
 #include "meshtrain/data/engram_hash.h"
-#include "meshtrain/train/engine.h"
+#include "meshtrain/runtime/engine.h"
 
 namespace meshtrain {
 

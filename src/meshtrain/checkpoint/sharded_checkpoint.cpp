@@ -1,4 +1,4 @@
-#include "meshtrain/train/sharded_checkpoint.h"
+#include "meshtrain/checkpoint/sharded_checkpoint.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>

@@ -1,6 +1,6 @@
 // metrics.jsonl writer with TensorBoard mirroring, and the truncation that keeps a resumed run's log free
 // of duplicate steps.
-#include "meshtrain/train/metrics.h"
+#include "meshtrain/metrics/metrics.h"
 
 #include <cerrno>
 #include <cmath>

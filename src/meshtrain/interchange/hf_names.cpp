@@ -1,5 +1,5 @@
 // The Hugging Face name table and loader (hf_names.h).
-#include "meshtrain/model/hf_names.h"
+#include "meshtrain/interchange/hf_names.h"
 
 #include <algorithm>
 #include <set>

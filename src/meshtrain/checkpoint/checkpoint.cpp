@@ -1,7 +1,7 @@
 // Saving, finding and loading checkpoints: the commit protocol, retention and crash-debris cleanup, and the
 // verification (marker, format version, checksums, tensor names and shapes) done before a load touches the
 // engine.
-#include "meshtrain/train/checkpoint.h"
+#include "meshtrain/checkpoint/checkpoint.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -26,13 +26,13 @@
 #include <utility>
 #include <vector>
 
+#include "meshtrain/checkpoint/checkpoint_layout.h"
+#include "meshtrain/checkpoint/sharded_checkpoint.h"
 #include "meshtrain/core/crc32c.h"
 #include "meshtrain/core/durable_file.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/core/json_number.h"
 #include "meshtrain/io/safetensors.h"
-#include "meshtrain/train/checkpoint_layout.h"
-#include "meshtrain/train/sharded_checkpoint.h"
 
 namespace meshtrain {
 namespace {

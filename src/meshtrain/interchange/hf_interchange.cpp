@@ -1,7 +1,7 @@
 // Hugging Face import and export (hf_interchange.h): config.json through model/hf_config, tensor names and
 // layouts through model/hf_names, weights through io/safetensors_folder, checkpoints through
 // train/checkpoint. A model is described by its one-device spec (global shapes, nothing allocated).
-#include "meshtrain/train/hf_interchange.h"
+#include "meshtrain/interchange/hf_interchange.h"
 
 #include <unistd.h>
 
@@ -17,19 +17,19 @@
 #include <set>
 #include <sstream>
 
+#include "meshtrain/checkpoint/checkpoint.h"
+#include "meshtrain/checkpoint/checkpoint_layout.h"
+#include "meshtrain/checkpoint/sharded_checkpoint.h"
 #include "meshtrain/core/durable_file.h"
 #include "meshtrain/core/error.h"
+#include "meshtrain/core/stop_signals.h"
 #include "meshtrain/data/tokenizer.h"
+#include "meshtrain/interchange/hf_config.h"
+#include "meshtrain/interchange/hf_names.h"
 #include "meshtrain/io/safetensors.h"
 #include "meshtrain/io/safetensors_folder.h"
 #include "meshtrain/mesh/mesh.h"
-#include "meshtrain/model/hf_config.h"
-#include "meshtrain/model/hf_names.h"
 #include "meshtrain/model/spec.h"
-#include "meshtrain/train/checkpoint.h"
-#include "meshtrain/train/checkpoint_layout.h"
-#include "meshtrain/train/run.h"
-#include "meshtrain/train/sharded_checkpoint.h"
 
 namespace meshtrain {
 namespace {

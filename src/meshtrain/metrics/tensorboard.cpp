@@ -1,6 +1,6 @@
 // TensorBoard event-file writer: TFRecord framing with masked CRC-32C, and the Event / Summary protobuf
 // messages encoded by hand (field numbers from tensorflow/core/util/event.proto and summary.proto).
-#include "meshtrain/train/tensorboard.h"
+#include "meshtrain/metrics/tensorboard.h"
 
 #include <unistd.h>
 

@@ -1,5 +1,5 @@
 // Trace recording and the Chrome trace-event JSON it is written as.
-#include "meshtrain/train/trace.h"
+#include "meshtrain/metrics/trace.h"
 
 #include <algorithm>
 #include <cstdio>

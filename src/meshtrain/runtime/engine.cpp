@@ -1,4 +1,4 @@
-#include "meshtrain/train/engine.h"
+#include "meshtrain/runtime/engine.h"
 
 #include <omp.h>
 
@@ -11,7 +11,7 @@
 #include "meshtrain/core/cpu_features.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/core/rng.h"
-#include "meshtrain/train/trace.h"
+#include "meshtrain/metrics/trace.h"
 
 namespace meshtrain {
 
