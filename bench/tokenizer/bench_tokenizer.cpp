@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "meshtrain/core/error.h"
-#include "meshtrain/data/tokenizer.h"
+#include "meshtrain/data/tokenizer/tokenizer.h"
 
 namespace {
 

@@ -1,4 +1,4 @@
-// The distributed checkpoint's index.json (train/sharded_checkpoint.h) on arbitrary bytes, optionally
+// The distributed checkpoint's index.json (checkpoint/sharded_checkpoint.h) on arbitrary bytes, optionally
 // followed (after fuzz::kFileSeparator) by the bytes of shards/rank_00000.safetensors: the index is checked,
 // then every tensor it lists is read whole from its chunks, as a one-process load reads it.
 #include <cstdint>

@@ -1,4 +1,4 @@
-// A checkpoint's metadata.json (train/checkpoint.h) on arbitrary bytes, in a checkpoint directory whose
+// A checkpoint's metadata.json (checkpoint/checkpoint.h) on arbitrary bytes, in a checkpoint directory whose
 // commit marker matches it (so every input gets past the marker to the metadata's own checks) and which holds
 // the index and shard of the seed's checkpoint (fixtures/tiny_step1/, so an input listing them with their
 // sizes and checksums, as the seed does, gets past the file checks to the load): loaded into a tiny Qwen3

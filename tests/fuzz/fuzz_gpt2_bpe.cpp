@@ -1,12 +1,13 @@
-// GPT-2's original tokenizer files (data/tokenizer.h) on arbitrary bytes: the input is encoder.json, then
-// after fuzz::kFileSeparator vocab.bpe; a tokenizer that loads then encodes and decodes a short text.
+// GPT-2's original tokenizer files (data/tokenizer/tokenizer.h) on arbitrary bytes: the input is
+// encoder.json, then after fuzz::kFileSeparator vocab.bpe; a tokenizer that loads then encodes and decodes a
+// short text.
 #include <cstdint>
 #include <string_view>
 #include <vector>
 
 #include "fuzz_files.h"
 #include "meshtrain/core/error.h"
-#include "meshtrain/data/tokenizer.h"
+#include "meshtrain/data/tokenizer/tokenizer.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace meshtrain;

@@ -1,7 +1,7 @@
-// Tokenizer decode (data/tokenizer.h) of arbitrary ids with the real Qwen3 and GPT-2 tokenizers: the input
-// is a list of little-endian int32 ids, decoded as they are (mostly undefined ids: a MeshError) and folded
-// into [0, vocab_size + 1] (mostly defined ones). Each id's token_string is asked for too, and whatever GPT-2
-// decodes must come back from its encode.
+// Tokenizer decode (data/tokenizer/tokenizer.h) of arbitrary ids with the real Qwen3 and GPT-2 tokenizers:
+// the input is a list of little-endian int32 ids, decoded as they are (mostly undefined ids: a MeshError) and
+// folded into [0, vocab_size + 1] (mostly defined ones). Each id's token_string is asked for too, and
+// whatever GPT-2 decodes must come back from its encode.
 #include <cstdint>
 #include <cstring>
 #include <string>

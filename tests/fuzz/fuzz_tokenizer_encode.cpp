@@ -1,6 +1,6 @@
-// Tokenizer encode (data/tokenizer.h) of arbitrary bytes with the real Qwen3 and GPT-2 tokenizers, checking
-// the round trips the tokenizers promise: GPT-2 gives back every byte string, Qwen3 (which normalises to NFC)
-// every string of bytes below 0xCC (characters below U+0300, which NFC leaves alone).
+// Tokenizer encode (data/tokenizer/tokenizer.h) of arbitrary bytes with the real Qwen3 and GPT-2 tokenizers,
+// checking the round trips the tokenizers promise: GPT-2 gives back every byte string, Qwen3 (which
+// normalises to NFC) every string of bytes below 0xCC (characters below U+0300, which NFC leaves alone).
 #include <algorithm>
 #include <cstdint>
 #include <string_view>

@@ -1,11 +1,11 @@
-// The tokenizer.json loader (data/tokenizer.h) on arbitrary bytes; a tokenizer that loads then encodes and
-// decodes a short text mixing ASCII, accents, an emoji, invalid UTF-8 and an added token's text.
+// The tokenizer.json loader (data/tokenizer/tokenizer.h) on arbitrary bytes; a tokenizer that loads then
+// encodes and decodes a short text mixing ASCII, accents, an emoji, invalid UTF-8 and an added token's text.
 #include <cstdint>
 #include <string_view>
 
 #include "fuzz_files.h"
 #include "meshtrain/core/error.h"
-#include "meshtrain/data/tokenizer.h"
+#include "meshtrain/data/tokenizer/tokenizer.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace meshtrain;

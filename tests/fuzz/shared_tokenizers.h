@@ -7,7 +7,7 @@
 #include <memory>
 
 #include "fuzz_files.h"
-#include "meshtrain/data/tokenizer.h"
+#include "meshtrain/data/tokenizer/tokenizer.h"
 
 namespace meshtrain::fuzz {
 

@@ -16,7 +16,7 @@
 #include "meshtrain/checkpoint/checkpoint.h"
 #include "meshtrain/cli/generate.h"
 #include "meshtrain/core/error.h"
-#include "meshtrain/data/tokenizer.h"
+#include "meshtrain/data/tokenizer/tokenizer.h"
 #include "meshtrain/infer/decoder.h"
 #include "meshtrain/kernels/cpu/cross_entropy.h"
 #include "meshtrain/model/spec.h"

@@ -25,9 +25,9 @@
 
 #include "gradcheck.h"
 #include "meshtrain/core/engram_tables.h"
-#include "meshtrain/data/compressed_tokenizer.h"
 #include "meshtrain/data/engram_hash.h"
-#include "meshtrain/data/tokenizer.h"
+#include "meshtrain/data/tokenizer/compressed_tokenizer.h"
+#include "meshtrain/data/tokenizer/tokenizer.h"
 #include "meshtrain/io/safetensors.h"
 #include "meshtrain/kernels/backend.h"
 #include "meshtrain/kernels/cpu/embedding.h"

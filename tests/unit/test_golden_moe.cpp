@@ -2,7 +2,7 @@
 // attention, a dense first layer, then sigmoid routing with the selection bias and 4 groups keeping 2, one
 // shared expert) and a tiny Qwen3-MoE (softmax routing, top-2 normalised) against float64 PyTorch
 // re-expressions of Hugging Face's modeling code (tests/reference/deepseek_golden/make_golden.py), loaded
-// through the Hugging Face mapping (model/hf_names.h: per-expert file tensors onto the stacked experts,
+// through the Hugging Face mapping (interchange/hf_names.h: per-expert file tensors onto the stacked experts,
 // interleaved rotary columns permuted).
 #include <gtest/gtest.h>
 

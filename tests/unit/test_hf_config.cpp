@@ -1,4 +1,4 @@
-// Hugging Face config.json <-> meshtrain config keys (model/hf_config.h): each family from the files
+// Hugging Face config.json <-> meshtrain config keys (interchange/hf_config.h): each family from the files
 // transformers' save_pretrained writes (4.51.3, 4.57.1 and 5.25.0, pasted verbatim), key by key; every
 // refusal's message; and config -> config.json -> config for each preset family.
 #include <gtest/gtest.h>

@@ -15,7 +15,7 @@
 #include "meshtrain/data/loader.h"
 #include "meshtrain/data/prepare.h"
 #include "meshtrain/data/shards.h"
-#include "meshtrain/data/tokenizer.h"
+#include "meshtrain/data/tokenizer/tokenizer.h"
 
 namespace meshtrain {
 namespace {

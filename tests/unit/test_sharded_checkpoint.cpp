@@ -1,4 +1,4 @@
-// train/sharded_checkpoint: a box of a tensor read from an index of chunks laid out as different meshes
+// checkpoint/sharded_checkpoint: a box of a tensor read from an index of chunks laid out as different meshes
 // would save them (rows split, columns split, both), only from the chunks that overlap it; and damaged
 // indexes refused with the file named.
 #include <gtest/gtest.h>

@@ -7,11 +7,11 @@
 //     shards/rank_00000.bin ...    format 3 (what train saves): each rank's chunks of the parameters and
 //     index.json                   moments ("adam_m/<name>", "adam_v/<name>"), and the index from every
 //                                  tensor (per layer, by canonical name) to its chunks
-//                                  (train/sharded_checkpoint.h)
+//                                  (checkpoint/sharded_checkpoint.h)
 //     model.safetensors            formats 1 and 2, and import-hf's parameter checkpoints: parameters named
 //     as
 //                                  the engine names them (per layer, or stacked per scan group with the layer
-//                                  axis at param_scan_axis; train/checkpoint_layout.h); loading converts
+//                                  axis at param_scan_axis; checkpoint/checkpoint_layout.h); loading converts
 //     optimizer.safetensors        formats 1 and 2: "adam_m/<name>", "adam_v/<name>"
 //     tokenizer.json               copy of the run's tokenizer (or encoder.json + vocab.bpe), if any
 //     engram.safetensors           models with Engram: the compressed vocabulary ("compress" [V], "pad_id"),

@@ -1,8 +1,8 @@
 // Distributed checkpoints (checkpoint format 3): every rank writes the elements it is the saving replica of
 // (Engine::local_shard: one replica per element) to its own file, all ranks at once, and the lead rank then
 // writes one index from global tensors to chunks. Tensors keep the names and global shapes of the run's
-// layout (train/checkpoint_layout.h: per layer, or stacked with the layer axis at param_scan_axis); a chunk
-// is one rank's box of one tensor. Any mesh, in either layout, reads any other's by boxes.
+// layout (checkpoint/checkpoint_layout.h: per layer, or stacked with the layer axis at param_scan_axis); a
+// chunk is one rank's box of one tensor. Any mesh, in either layout, reads any other's by boxes.
 //
 // In a checkpoint directory (checkpoint.h has the rest and the commit protocol):
 //   shards/rank_00003.safetensors   rank 3's chunks, one safetensors tensor each (named as the global tensor,

@@ -17,7 +17,7 @@
 #include "meshtrain/checkpoint/checkpoint.h"
 #include "meshtrain/config/config.h"
 #include "meshtrain/core/error.h"
-#include "meshtrain/data/tokenizer.h"
+#include "meshtrain/data/tokenizer/tokenizer.h"
 #include "meshtrain/infer/decoder.h"
 #include "meshtrain/mesh/mesh.h"
 #include "meshtrain/model/families.h"

@@ -1,4 +1,4 @@
-// `meshtrain import-hf` and `meshtrain export-hf`: flags around train/hf_interchange.h.
+// `meshtrain import-hf` and `meshtrain export-hf`: flags around interchange/hf_interchange.h.
 //   meshtrain import-hf DIR --out CKPT [--config PRESET|YAML] [key=value ...]
 //   meshtrain export-hf CKPT --out DIR [--dtype float32|bfloat16|float16] [--max-shard-size 5GB]
 #pragma once

@@ -7,7 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "meshtrain/core/error.h"
-#include "meshtrain/data/tokenizer.h"
+#include "meshtrain/data/tokenizer/tokenizer.h"
 
 namespace meshtrain {
 namespace {

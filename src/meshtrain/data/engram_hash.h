@@ -11,7 +11,7 @@
 
 #include "meshtrain/core/engram_tables.h"
 #include "meshtrain/data/batch.h"
-#include "meshtrain/data/compressed_tokenizer.h"
+#include "meshtrain/data/tokenizer/compressed_tokenizer.h"
 
 namespace meshtrain {
 
@@ -33,8 +33,8 @@ void engram_hash_ids(int32_t* out,               // [B, S, H (N - 1)]
                      const std::vector<std::vector<int64_t>>& table_sizes, int32_t pad_id);
 
 // What a run needs to hash its batches, per Engram layer in engram_layers order. Built from the config and
-// the run's tokenizer, and stored in checkpoints with the parameters (train/checkpoint.h), so a load uses the
-// checkpoint's multipliers and tables and never depends on regenerating them.
+// the run's tokenizer, and stored in checkpoints with the parameters (checkpoint/checkpoint.h), so a load
+// uses the checkpoint's multipliers and tables and never depends on regenerating them.
 struct EngramHashing {
   std::vector<int64_t> layers;                                 // global layer indices (engram_layers)
   CompressedVocabulary compressed;                             // [V] -> [0, Vc)

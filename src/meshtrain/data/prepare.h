@@ -10,7 +10,7 @@
 
 #include "meshtrain/data/corpus.h"
 #include "meshtrain/data/shards.h"
-#include "meshtrain/data/tokenizer.h"
+#include "meshtrain/data/tokenizer/tokenizer.h"
 
 namespace meshtrain {
 

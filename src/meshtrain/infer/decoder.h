@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "meshtrain/data/engram_hash.h"
-#include "meshtrain/data/tokenizer.h"
+#include "meshtrain/data/tokenizer/tokenizer.h"
 #include "meshtrain/runtime/engine.h"
 
 namespace meshtrain {

@@ -434,7 +434,7 @@ void import_deepseek_v3(const HfObject& hf, Overrides& out) {
   }
   require_swiglu_activation(hf);
   hf.require_bool("attention_bias", false, false, "meshtrain's MLA projections have no biases");
-  // The weight import permutes the rotary columns from the interleaved layout (model/hf_names.h).
+  // The weight import permutes the rotary columns from the interleaved layout (interchange/hf_names.h).
   hf.require_bool("rope_interleave", true, true, "the importer converts interleaved rotary columns");
   // DeepSeek's own config.json (trust_remote_code) names the routing; transformers' class always does this.
   if (hf.string_or("scoring_func", "sigmoid") != "sigmoid") {

@@ -1,6 +1,6 @@
-// Hugging Face import and export (hf_interchange.h): config.json through model/hf_config, tensor names and
-// layouts through model/hf_names, weights through io/safetensors_folder, checkpoints through
-// train/checkpoint. A model is described by its one-device spec (global shapes, nothing allocated).
+// Hugging Face import and export (hf_interchange.h): config.json through interchange/hf_config, tensor names
+// and layouts through interchange/hf_names, weights through io/safetensors_folder, checkpoints through
+// checkpoint/checkpoint. A model is described by its one-device spec (global shapes, nothing allocated).
 #include "meshtrain/interchange/hf_interchange.h"
 
 #include <unistd.h>
@@ -23,7 +23,7 @@
 #include "meshtrain/core/durable_file.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/core/stop_signals.h"
-#include "meshtrain/data/tokenizer.h"
+#include "meshtrain/data/tokenizer/tokenizer.h"
 #include "meshtrain/interchange/hf_config.h"
 #include "meshtrain/interchange/hf_names.h"
 #include "meshtrain/io/safetensors.h"

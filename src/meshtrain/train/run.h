@@ -19,7 +19,7 @@
 #include "meshtrain/data/context_reorder.h"
 #include "meshtrain/data/engram_hash.h"
 #include "meshtrain/data/loader.h"
-#include "meshtrain/data/tokenizer.h"
+#include "meshtrain/data/tokenizer/tokenizer.h"
 #include "meshtrain/metrics/metrics.h"
 #include "meshtrain/metrics/progress.h"
 #include "meshtrain/metrics/trace.h"

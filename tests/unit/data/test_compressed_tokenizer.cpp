@@ -1,7 +1,7 @@
-// data/compressed_tokenizer: the normaliser on hand cases, and the compressed vocabularies of the real Qwen3
-// and GPT-2 tokenizers (../shared/assets) against Hugging Face `tokenizers` building them as DeepSeek's
-// Engram reference does (tests/reference/engram_golden/make_compressed.py): Vc, an FNV-1a 64 of the whole map
-// and the compressed id of sampled and Unicode-normalised ids.
+// data/tokenizer/compressed_tokenizer: the normaliser on hand cases, and the compressed vocabularies of the
+// real Qwen3 and GPT-2 tokenizers (../shared/assets) against Hugging Face `tokenizers` building them as
+// DeepSeek's Engram reference does (tests/reference/engram_golden/make_compressed.py): Vc, an FNV-1a 64 of
+// the whole map and the compressed id of sampled and Unicode-normalised ids.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -10,7 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "meshtrain/data/compressed_tokenizer.h"
+#include "meshtrain/data/tokenizer/compressed_tokenizer.h"
 
 namespace meshtrain {
 namespace {

@@ -19,8 +19,8 @@
 #include <utility>
 
 #include "meshtrain/core/error.h"
-#include "meshtrain/data/tokenizer.h"
-#include "meshtrain/data/tokenizer_impl.h"
+#include "meshtrain/data/tokenizer/tokenizer.h"
+#include "meshtrain/data/tokenizer/tokenizer_impl.h"
 
 namespace meshtrain {
 

@@ -11,7 +11,7 @@
 #include <string_view>
 #include <vector>
 
-#include "meshtrain/data/tokenizer.h"
+#include "meshtrain/data/tokenizer/tokenizer.h"
 
 namespace meshtrain {
 

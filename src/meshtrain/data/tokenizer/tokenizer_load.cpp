@@ -11,8 +11,8 @@
 
 #include "meshtrain/core/durable_file.h"
 #include "meshtrain/core/error.h"
-#include "meshtrain/data/tokenizer.h"
-#include "meshtrain/data/tokenizer_impl.h"
+#include "meshtrain/data/tokenizer/tokenizer.h"
+#include "meshtrain/data/tokenizer/tokenizer_impl.h"
 
 namespace meshtrain {
 namespace tokenizer_detail {

@@ -1,4 +1,4 @@
-#include "meshtrain/data/compressed_tokenizer.h"
+#include "meshtrain/data/tokenizer/compressed_tokenizer.h"
 
 #include <unicode/uchar.h>
 #include <unicode/unorm2.h>
@@ -8,7 +8,7 @@
 #include <unordered_map>
 
 #include "meshtrain/core/error.h"
-#include "meshtrain/data/tokenizer_impl.h"
+#include "meshtrain/data/tokenizer/tokenizer_impl.h"
 
 namespace meshtrain {
 namespace {

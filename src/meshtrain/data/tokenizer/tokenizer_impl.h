@@ -9,7 +9,7 @@
 #include <string_view>
 #include <vector>
 
-#include "meshtrain/data/tokenizer.h"
+#include "meshtrain/data/tokenizer/tokenizer.h"
 
 namespace meshtrain::tokenizer_detail {
 
