@@ -295,11 +295,13 @@ std::vector<Case> model_cases(const Model& m) {
     const double bytes = 4.0 * static_cast<double>(N * D) / kGiga;
     cases.push_back(
         {"embedding", "fwd", dims({N, V, D}), "GB/s", 2.0 * bytes, 1,
-         [=] { k::embedding_forward(out->data(), ids->data(), table->data(), N, V, D, false); }, 2.0 * bytes,
+         [=] { k::embedding_forward(out->data(), ids->data(), table->data(), N, V, D, false, 0, -1); },
+         2.0 * bytes,
          [=] { k::embedding_reference_forward(out->data(), ids->data(), table->data(), N, V, D, false); }});
     cases.push_back(
         {"embedding", "bwd", dims({N, V, D}), "GB/s", 3.0 * bytes, 1,
-         [=] { k::embedding_backward(dtable->data(), ids->data(), dout->data(), N, V, D); }, 3.0 * bytes,
+         [=] { k::embedding_backward(dtable->data(), ids->data(), dout->data(), N, V, D, 0, -1); },
+         3.0 * bytes,
          [=] { k::embedding_reference_backward(dtable->data(), ids->data(), dout->data(), N, V, D); }});
   }
 
@@ -523,7 +525,7 @@ std::vector<Case> model_cases(const Model& m) {
                        [=] {
                          k::unembed_cross_entropy(dh->data(), dtable->data(), h->data(), table->data(),
                                                   layout, targets->data(), nullptr, N, D, V, Vv, big,
-                                                  big_scratch->data());
+                                                  big_scratch->data(), nullptr, nullptr);
                        },
                        0.0, nullptr, "not in ms/step"});
     }

@@ -1,5 +1,6 @@
-// Argument and result types of the kernel ops that every backend shares (the cpu headers, the backend table
-// in backend.h, and the model ops that call through it), so that a caller needs no backend's header.
+// Argument and result types of the kernel ops that every backend shares (the kernels' signatures in
+// signatures.h, the backend table in backend.h, and the model ops that call through it), so that a caller
+// needs no backend's header.
 #pragma once
 
 #include <algorithm>

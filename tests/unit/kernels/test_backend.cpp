@@ -99,7 +99,7 @@ TEST(KernelBackend, CpuEntriesAreTheCpuFunctions) {
   for (std::vector<float>* values : {&x, &w, &bias}) {
     for (float& value : *values) value = normal(generator);
   }
-  kernels::matmul_forward(direct.data(), x.data(), w.data(), bias.data(), N, I, O);
+  kernels::matmul_forward(direct.data(), x.data(), w.data(), bias.data(), N, I, O, nullptr);
   cpu.matmul_forward(through_table.data(), x.data(), w.data(), bias.data(), N, I, O, nullptr);
   EXPECT_EQ(std::memcmp(direct.data(), through_table.data(), direct.size() * sizeof(float)), 0);
 }

@@ -78,7 +78,7 @@ struct Problem {
     std::vector<float> scratch(static_cast<size_t>(cross_entropy_scratch_floats(chunk_tokens, V)));
     return unembed_cross_entropy(dh ? dh->data() : nullptr, dw ? dw->data() : nullptr, h_float.data(),
                                  w_float.data(), layout, targets.data(), mask_ptr(), N, D, V, vocab_valid,
-                                 chunk_tokens, scratch.data());
+                                 chunk_tokens, scratch.data(), nullptr, nullptr);
   }
 };
 
@@ -430,7 +430,7 @@ std::vector<ShardRun> run_vocab_shards(const Problem& problem, int64_t ranks, in
       run.sums = unembed_cross_entropy(gradients ? run.dh.data() : nullptr,
                                        gradients ? run.dw.data() : nullptr, h.data(), weights[rank].data(),
                                        problem.layout, problem.targets.data(), problem.mask_ptr(), problem.N,
-                                       D, V, problem.vocab_valid, chunk, scratch.data(), &parallel);
+                                       D, V, problem.vocab_valid, chunk, scratch.data(), &parallel, nullptr);
     });
   }
   for (std::thread& thread : threads) thread.join();
@@ -552,7 +552,7 @@ TEST(CrossEntropy, VocabParallelChecksTargetsAgainstGlobalVocab) {
   parallel.all_reduce_sum = [](double*, int64_t) {};
   const auto run = [&](const VocabParallel* option) {
     return unembed_cross_entropy(nullptr, nullptr, h.data(), w.data(), problem.layout, problem.targets.data(),
-                                 nullptr, 4, 8, 12, 20, 4, scratch.data(), option);
+                                 nullptr, 4, 8, 12, 20, 4, scratch.data(), option, nullptr);
   };
   problem.targets = {0, 19, 12, 5};
   EXPECT_NO_THROW(run(&parallel));

@@ -62,21 +62,21 @@ TEST(Embedding, FastMatchesReference) {
   std::vector<double> out_ref(N * D);
   embedding_reference_forward(out_ref.data(), ids.data(), tabled.data(), N, R, D, false);
   std::vector<float> out(N * D, std::numeric_limits<float>::quiet_NaN());
-  embedding_forward(out.data(), ids.data(), table.data(), N, R, D, false);
+  embedding_forward(out.data(), ids.data(), table.data(), N, R, D, false, 0, -1);
   expect_close("embedding forward (written)", out, out_ref, bound);
 
   std::vector<double> out_acc_ref = to_double(base);
   embedding_reference_forward(out_acc_ref.data(), ids.data(), tabled.data(), N, R, D, true);
   std::vector<float> out_acc = base;
-  embedding_forward(out_acc.data(), ids.data(), table.data(), N, R, D, true);
+  embedding_forward(out_acc.data(), ids.data(), table.data(), N, R, D, true, 0, -1);
   expect_close("embedding forward (accumulated)", out_acc, out_acc_ref, bound);
 
   std::vector<double> dtable_ref(R * D, 0.0);
   embedding_reference_backward(dtable_ref.data(), ids.data(), doutd.data(), N, R, D);
   std::vector<float> dtable(R * D, 0.0f);
-  embedding_backward(dtable.data(), ids.data(), dout.data(), N, R, D);
+  embedding_backward(dtable.data(), ids.data(), dout.data(), N, R, D, 0, -1);
   expect_close("embedding dtable", dtable, dtable_ref, bound);
-  embedding_backward(dtable.data(), ids.data(), dout.data(), N, R, D);
+  embedding_backward(dtable.data(), ids.data(), dout.data(), N, R, D, 0, -1);
   for (double& value : dtable_ref) value *= 2.0;
   expect_close("embedding dtable (accumulated twice)", dtable, dtable_ref, bound);
 }
@@ -86,7 +86,7 @@ TEST(Embedding, RepeatedIdsAccumulate) {
   const std::vector<int32_t> ids = {2, 0, 2, 2};
   const std::vector<float> dout = {1, 2, 3, 10, 20, 30, 100, 200, 300, 1000, 2000, 3000};
   std::vector<float> dtable(R * D, 0.5f);
-  embedding_backward(dtable.data(), ids.data(), dout.data(), N, R, D);
+  embedding_backward(dtable.data(), ids.data(), dout.data(), N, R, D, 0, -1);
   // Row 0 gets token 1; row 1 is untouched; row 2 gets tokens 0, 2 and 3: 1 + 100 + 1000 = 1101, etc.
   // All sums are exact in float.
   const std::vector<float> expected = {10.5f, 20.5f, 30.5f, 0.5f, 0.5f, 0.5f, 1101.5f, 2202.5f, 3303.5f};
@@ -99,8 +99,9 @@ TEST(Embedding, OutOfRangeIdIsAnInternalError) {
   std::vector<float> out(2 * D), dtable(R * D, 0.0f);
   for (int32_t bad : {3, -1}) {
     const std::vector<int32_t> ids = {0, bad};
-    EXPECT_THROW(embedding_forward(out.data(), ids.data(), table.data(), 2, R, D, false), std::logic_error);
-    EXPECT_THROW(embedding_backward(dtable.data(), ids.data(), out.data(), 2, R, D), std::logic_error);
+    EXPECT_THROW(embedding_forward(out.data(), ids.data(), table.data(), 2, R, D, false, 0, -1),
+                 std::logic_error);
+    EXPECT_THROW(embedding_backward(dtable.data(), ids.data(), out.data(), 2, R, D, 0, -1), std::logic_error);
   }
 }
 
@@ -115,8 +116,8 @@ TEST(Embedding, VocabShardsSumToFullLookupAndSplitTheGradient) {
                            dout = to_float(random_values(N * D, 52)),
                            base = to_float(random_values(N * D, 53));
   std::vector<float> full(N * D), full_dtable(R * D, 0.0f);
-  embedding_forward(full.data(), ids.data(), table.data(), N, R, D, false);
-  embedding_backward(full_dtable.data(), ids.data(), dout.data(), N, R, D);
+  embedding_forward(full.data(), ids.data(), table.data(), N, R, D, false, 0, -1);
+  embedding_backward(full_dtable.data(), ids.data(), dout.data(), N, R, D, 0, -1);
   for (int64_t ranks : {2, 3}) {
     const int64_t rows = R / ranks;
     std::vector<float> summed(N * D, 0.0f);
@@ -183,7 +184,8 @@ TEST(Embedding, VocabShardIdsAreCheckedAgainstTheGlobalTable) {
   }
   // global_rows defaults to vocab_offset + R: rank 0 must pass it, or ids of the other ranks are errors.
   const std::vector<int32_t> ids = {0, 4};
-  EXPECT_THROW(embedding_forward(out.data(), ids.data(), table.data(), 2, R, D, false, 0), std::logic_error);
+  EXPECT_THROW(embedding_forward(out.data(), ids.data(), table.data(), 2, R, D, false, 0, -1),
+               std::logic_error);
   EXPECT_NO_THROW(embedding_forward(out.data(), ids.data(), table.data(), 2, R, D, false, 0, 6));
   // The shard must lie inside the global table.
   EXPECT_THROW(embedding_forward(out.data(), ids.data(), table.data(), 2, R, D, false, 4, 6),

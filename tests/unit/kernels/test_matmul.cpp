@@ -71,23 +71,25 @@ void check_fast_against_reference(int64_t N, int64_t I, int64_t O, uint64_t seed
                            N, I, O);
   // NaN-filled outputs prove the forward writes rather than accumulates.
   std::vector<float> out(N * O, std::numeric_limits<float>::quiet_NaN());
-  matmul_forward(out.data(), x.data(), w.data(), bias.data(), N, I, O);
+  matmul_forward(out.data(), x.data(), w.data(), bias.data(), N, I, O, nullptr);
   expect_close("matmul " + size + " forward with bias", out, out_ref, bound);
   std::fill(out.begin(), out.end(), std::numeric_limits<float>::quiet_NaN());
-  matmul_forward(out.data(), x.data(), w.data(), nullptr, N, I, O);
+  matmul_forward(out.data(), x.data(), w.data(), nullptr, N, I, O, nullptr);
   expect_close("matmul " + size + " forward without bias", out, out_nobias_ref, bound);
 
   std::vector<double> dx_ref(N * I), dw_ref(I * O, 0.0), dbias_ref(O, 0.0);
   matmul_reference_backward(dx_ref.data(), dw_ref.data(), dbias_ref.data(), doutd.data(), xd.data(),
                             wd.data(), N, I, O, false);
   std::vector<float> dx(N * I, std::numeric_limits<float>::quiet_NaN()), dw(I * O, 0.0f), dbias(O, 0.0f);
-  matmul_backward(dx.data(), dw.data(), dbias.data(), dout.data(), x.data(), w.data(), N, I, O, false);
+  matmul_backward(dx.data(), dw.data(), dbias.data(), dout.data(), x.data(), w.data(), N, I, O, false,
+                  nullptr);
   expect_close("matmul " + size + " dx (written)", dx, dx_ref, bound);
   expect_close("matmul " + size + " dw", dw, dw_ref, bound);
   expect_close("matmul " + size + " dbias", dbias, dbias_ref, bound);
 
   // A second call accumulates into every gradient, so each must be exactly twice the reference.
-  matmul_backward(dx.data(), dw.data(), dbias.data(), dout.data(), x.data(), w.data(), N, I, O, true);
+  matmul_backward(dx.data(), dw.data(), dbias.data(), dout.data(), x.data(), w.data(), N, I, O, true,
+                  nullptr);
   expect_close("matmul " + size + " dx (accumulated twice)", dx, scaled(dx_ref, 2.0), bound);
   expect_close("matmul " + size + " dw (accumulated twice)", dw, scaled(dw_ref, 2.0), bound);
   expect_close("matmul " + size + " dbias (accumulated twice)", dbias, scaled(dbias_ref, 2.0), bound);
@@ -123,7 +125,7 @@ TEST(Matmul, Bf16InputsMatchTheReferenceOnRoundedInputs) {
   std::vector<float> out(N * O, std::numeric_limits<float>::quiet_NaN()), out_float32(N * O);
   matmul_forward(out.data(), x.data(), w.data(), bias.data(), N, I, O, scratch.data());
   expect_close("bf16 matmul forward", out, out_ref, bound);
-  matmul_forward(out_float32.data(), x.data(), w.data(), bias.data(), N, I, O);
+  matmul_forward(out_float32.data(), x.data(), w.data(), bias.data(), N, I, O, nullptr);
   EXPECT_NE(out, out_float32);
   std::vector<double> out_nobias_ref(N * O);
   matmul_reference_forward(out_nobias_ref.data(), xr.data(), wr.data(), static_cast<const double*>(nullptr),
@@ -196,7 +198,7 @@ TEST(Matmul, NullGradientsAreSkipped) {
   matmul_reference_backward(static_cast<double*>(nullptr), dw_ref.data(), static_cast<double*>(nullptr),
                             doutd.data(), xd.data(), wd.data(), N, I, O, false);
   std::vector<float> dw(I * O, 0.0f);
-  matmul_backward(nullptr, dw.data(), nullptr, dout.data(), x.data(), w.data(), N, I, O, false);
+  matmul_backward(nullptr, dw.data(), nullptr, dout.data(), x.data(), w.data(), N, I, O, false, nullptr);
   expect_close("matmul dw with dx and dbias skipped", dw, dw_ref, 1e-5);
 }
 
@@ -205,11 +207,11 @@ TEST(Matmul, EmptyReductionGivesBias) {
   const int64_t N = 3, O = 4;
   const std::vector<float> bias = {1.0f, -2.0f, 0.5f, 3.0f};
   std::vector<float> out(N * O, std::numeric_limits<float>::quiet_NaN());
-  matmul_forward(out.data(), nullptr, nullptr, bias.data(), N, 0, O);
+  matmul_forward(out.data(), nullptr, nullptr, bias.data(), N, 0, O, nullptr);
   for (int64_t n = 0; n < N; ++n) {
     for (int64_t o = 0; o < O; ++o) EXPECT_EQ(out[n * O + o], bias[o]);
   }
-  matmul_forward(out.data(), nullptr, nullptr, nullptr, N, 0, O);
+  matmul_forward(out.data(), nullptr, nullptr, nullptr, N, 0, O, nullptr);
   for (float value : out) EXPECT_EQ(value, 0.0f);
 }
 

@@ -7,6 +7,7 @@
 
 #include "meshtrain/core/error.h"
 #include "meshtrain/kernels/arguments.h"  // AdamWStep
+#include "meshtrain/kernels/signatures.h"
 
 namespace meshtrain::kernels {
 
@@ -14,19 +15,12 @@ namespace meshtrain::kernels {
 // biases, embeddings):
 // g = grad*scale; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; mhat = m/(1-b1^t); vhat = v/(1-b2^t);
 // param -= lr * (mhat / (sqrt(vhat) + eps) + wd * param)      (equals PyTorch AdamW and optax.adamw)
-void adamw_update(float* param,       // [count] updated in place
-                  const float* grad,  // [count] raw (unscaled) gradient
-                  float* m,           // [count] first moment, updated
-                  float* v,           // [count] second moment, updated
-                  int64_t count, const AdamWStep& step, bool apply_weight_decay);
+AdamWUpdate adamw_update;
 
 // Plain reference of adamw_update, literally the formula above; templated so tests can run it in double.
 template <class T>
-void adamw_reference_update(T* param,       // [count]
-                            const T* grad,  // [count]
-                            T* m,           // [count]
-                            T* v,           // [count]
-                            int64_t count, const AdamWStep& step, bool apply_weight_decay) {
+void adamw_reference_update(T* param, const T* grad, T* m, T* v, int64_t count, const AdamWStep& step,
+                            bool apply_weight_decay) {
   MT_CHECK(step.step >= 1, "the step is 1-based");
   const double t = static_cast<double>(step.step);
   const T bias_correction1 = static_cast<T>(1.0 - std::pow(static_cast<double>(step.beta1), t));
@@ -46,7 +40,6 @@ void adamw_reference_update(T* param,       // [count]
 }
 
 // Sum of squares accumulated in double (global gradient norm); deterministic for a fixed thread count.
-double sum_of_squares(const float* values,  // [count]
-                      int64_t count);
+SumOfSquares sum_of_squares;
 
 }  // namespace meshtrain::kernels

@@ -294,16 +294,7 @@ void zero_rows(float* rows, int64_t stride, int64_t count, int64_t d) {
   for (int64_t row = 0; row < count; ++row) std::fill_n(rows + row * stride, d, 0.0f);
 }
 
-// The query set and the key / value set of the kernels: self-attention passes the same positions and
-// segment ids for both (Sq = Skv = S); context parallelism passes a rank's queries and the gathered (or one
-// ring block of) keys and values.
-struct TokenSets {
-  const int32_t* q_positions;     // [B, Sq]
-  const int32_t* q_segment_ids;   // [B, Sq] or nullptr
-  const int32_t* kv_positions;    // [B, Skv]
-  const int32_t* kv_segment_ids;  // [B, Skv] or nullptr
-  int64_t Sq, Skv;
-};
+using attention_detail::TokenSets;
 
 // One (batch, query head) slice and its kv head: base pointers at token 0 and row strides.
 struct HeadView {

@@ -17,28 +17,24 @@
 #include <cstdint>
 #include <limits>
 
+#include "meshtrain/kernels/signatures.h"
+
 namespace meshtrain::kernels {
 
 // out [B,S,H,d]; lse [B,H,S] = log-sum-exp of the scaled, masked scores of each query (kept for backward);
 // q [B,S,H,d]; k, v [B,S,K,d]; positions [B,S]; segment_ids [B,S] or nullptr. Writes out and lse.
 // Needs no scratch. Parallel over (batch, head, query tile); results do not depend on the thread count.
-void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
-                       const int32_t* positions, const int32_t* segment_ids, int64_t B, int64_t S, int64_t H,
-                       int64_t K, int64_t d);
+AttentionForward attention_forward;
 
 // Writes (=) dq [B,S,H,d], dk [B,S,K,d], dv [B,S,K,d] given dout [B,S,H,d] and the forward's out [B,S,H,d]
 // and lse [B,H,S]; other inputs as in attention_forward.
 // scratch [attention_backward_scratch_floats(...)] floats, owned by the caller (holds rowsum(dout * out)).
 // Deterministic without atomics, and bitwise independent of the thread count (see attention.cpp).
-void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* out,
-                        const float* lse, const float* q, const float* k, const float* v,
-                        const int32_t* positions, const int32_t* segment_ids, int64_t B, int64_t S, int64_t H,
-                        int64_t K, int64_t d, float* scratch);
+AttentionBackward attention_backward;
 
 // Floats of scratch attention_backward needs: B*H*S (max_threads is accepted for the arena's uniform
 // sizing call and does not change the answer).
-int64_t attention_backward_scratch_floats(int64_t B, int64_t S, int64_t H, int64_t K, int64_t d,
-                                          int max_threads);
+AttentionBackwardScratchFloats attention_backward_scratch_floats;
 
 // attention_forward needs none: returns 0 (kept so the arena sizes every op the same way).
 int64_t attention_forward_scratch_floats(int64_t B, int64_t S, int64_t H, int64_t K, int64_t d,
@@ -49,8 +45,7 @@ int64_t attention_forward_scratch_floats(int64_t B, int64_t S, int64_t H, int64_
 // [0, position]: the causal attention_forward of the last query of a sequence, with earlier rows' keys and
 // values kept from earlier calls. Plain single-query loop, forward only (no lse, no backward: nothing
 // trains through decoding); softmax shifted by its maximum; scores [position + 1] floats of scratch.
-void attention_decode(float* out, float* key_cache, float* value_cache, float* scores, const float* q,
-                      const float* k, const float* v, int64_t position, int64_t H, int64_t K, int64_t d);
+AttentionDecode attention_decode;
 
 // Attention of a query set over a key / value set (context parallelism). Query token i of sequence b sees
 // key token j iff kv_segment_ids[b, j] == q_segment_ids[b, i] and kv_positions[b, j] <= q_positions[b, i]:
@@ -75,10 +70,7 @@ void attention_decode(float* out, float* key_cache, float* value_cache, float* s
 // next (so it is exact: lse' = log(exp(lse) + exp(lse_block)), out' = (exp(lse) out + exp(lse_block)
 // out_block) / exp(lse'), as context_attention_reference_merge computes it).
 // Needs no scratch; parallel over (batch, head, query tile); results do not depend on the thread count.
-void context_attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
-                               const int32_t* q_positions, const int32_t* q_segment_ids,
-                               const int32_t* kv_positions, const int32_t* kv_segment_ids, int64_t B,
-                               int64_t Sq, int64_t Skv, int64_t H, int64_t K, int64_t d, bool accumulate);
+ContextAttentionForward context_attention_forward;
 
 // Backward of context_attention_forward over this key / value set, given the FINAL out [B,Sq,H,d] and
 // lse [B,H,Sq] (over every key the queries see, e.g. after the last ring block) and dout [B,Sq,H,d]:
@@ -92,15 +84,10 @@ void context_attention_forward(float* out, float* lse, const float* q, const flo
 // the caller reduce-scatters them over the context axis.
 // scratch [context_attention_backward_scratch_floats(B, Sq, H)] floats (holds D). Deterministic without
 // atomics, bitwise independent of the thread count.
-void context_attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* out,
-                                const float* lse, const float* q, const float* k, const float* v,
-                                const int32_t* q_positions, const int32_t* q_segment_ids,
-                                const int32_t* kv_positions, const int32_t* kv_segment_ids, int64_t B,
-                                int64_t Sq, int64_t Skv, int64_t H, int64_t K, int64_t d, bool accumulate,
-                                float* scratch);
+ContextAttentionBackward context_attention_backward;
 
 // Floats of scratch context_attention_backward needs: B*H*Sq.
-int64_t context_attention_backward_scratch_floats(int64_t B, int64_t Sq, int64_t H);
+ContextAttentionBackwardScratchFloats context_attention_backward_scratch_floats;
 
 namespace attention_detail {
 
@@ -111,6 +98,22 @@ inline bool visible(const int32_t* q_positions, const int32_t* q_segment_ids, in
   if (q_segment_ids != nullptr && kv_segment_ids[j] != q_segment_ids[i]) return false;
   return kv_positions[j] <= q_positions[i];
 }
+
+// The query set and the key / value set of the kernels and the references: self-attention passes the same
+// positions and segment ids for both (Sq = Skv = S); context parallelism passes a rank's queries and the
+// gathered (or one ring block of) keys and values.
+struct TokenSets {
+  const int32_t* q_positions;     // [B, Sq]
+  const int32_t* q_segment_ids;   // [B, Sq] or nullptr
+  const int32_t* kv_positions;    // [B, Skv]
+  const int32_t* kv_segment_ids;  // [B, Skv] or nullptr
+  int64_t Sq, Skv;
+
+  // The references' mask: may query i see key j, both of sequence b?
+  bool sees(int64_t b, int64_t i, int64_t j) const {
+    return visible(q_positions, q_segment_ids, b * Sq + i, kv_positions, kv_segment_ids, b * Skv + j);
+  }
+};
 
 template <class T>
 T dot(const T* a, const T* b, int64_t d) {
@@ -149,15 +152,11 @@ void context_attention_reference_forward(T* out, T* lse, const T* q, const T* k,
                                          const int32_t* kv_positions, const int32_t* kv_segment_ids,
                                          int64_t B, int64_t Sq, int64_t Skv, int64_t H, int64_t K,
                                          int64_t d) {
+  const attention_detail::TokenSets sets{q_positions, q_segment_ids, kv_positions, kv_segment_ids, Sq, Skv};
   using attention_detail::dot;
-  using attention_detail::visible;
   const T scale = T(1) / std::sqrt(static_cast<T>(d));
   const int64_t group = H / K;
   for (int64_t b = 0; b < B; ++b) {
-    const int32_t* q_pos = q_positions + b * Sq;
-    const int32_t* q_seg = q_segment_ids == nullptr ? nullptr : q_segment_ids + b * Sq;
-    const int32_t* kv_pos = kv_positions + b * Skv;
-    const int32_t* kv_seg = kv_segment_ids == nullptr ? nullptr : kv_segment_ids + b * Skv;
     for (int64_t h = 0; h < H; ++h) {
       const int64_t g = h / group;
       for (int64_t i = 0; i < Sq; ++i) {
@@ -165,13 +164,13 @@ void context_attention_reference_forward(T* out, T* lse, const T* q, const T* k,
         T* oi = out + ((b * Sq + i) * H + h) * d;
         T row_max = -std::numeric_limits<T>::infinity();
         for (int64_t j = 0; j < Skv; ++j) {
-          if (!visible(q_pos, q_seg, i, kv_pos, kv_seg, j)) continue;
+          if (!sets.sees(b, i, j)) continue;
           row_max = std::max(row_max, scale * dot(qi, k + ((b * Skv + j) * K + g) * d, d));
         }
         T sum = T(0);
         for (int64_t c = 0; c < d; ++c) oi[c] = T(0);
         for (int64_t j = 0; j < Skv; ++j) {
-          if (!visible(q_pos, q_seg, i, kv_pos, kv_seg, j)) continue;
+          if (!sets.sees(b, i, j)) continue;
           const T p = std::exp(scale * dot(qi, k + ((b * Skv + j) * K + g) * d, d) - row_max);
           sum += p;
           const T* vj = v + ((b * Skv + j) * K + g) * d;
@@ -222,17 +221,13 @@ void context_attention_reference_backward(T* dq, T* dk, T* dv, const T* dout, co
                                           const int32_t* q_segment_ids, const int32_t* kv_positions,
                                           const int32_t* kv_segment_ids, int64_t B, int64_t Sq, int64_t Skv,
                                           int64_t H, int64_t K, int64_t d) {
+  const attention_detail::TokenSets sets{q_positions, q_segment_ids, kv_positions, kv_segment_ids, Sq, Skv};
   using attention_detail::dot;
-  using attention_detail::visible;
   const T scale = T(1) / std::sqrt(static_cast<T>(d));
   const int64_t group = H / K;
   for (int64_t index = 0; index < B * Sq * H * d; ++index) dq[index] = T(0);
   for (int64_t index = 0; index < B * Skv * K * d; ++index) dk[index] = dv[index] = T(0);
   for (int64_t b = 0; b < B; ++b) {
-    const int32_t* q_pos = q_positions + b * Sq;
-    const int32_t* q_seg = q_segment_ids == nullptr ? nullptr : q_segment_ids + b * Sq;
-    const int32_t* kv_pos = kv_positions + b * Skv;
-    const int32_t* kv_seg = kv_segment_ids == nullptr ? nullptr : kv_segment_ids + b * Skv;
     for (int64_t h = 0; h < H; ++h) {
       const int64_t g = h / group;
       for (int64_t i = 0; i < Sq; ++i) {
@@ -240,7 +235,7 @@ void context_attention_reference_backward(T* dq, T* dk, T* dv, const T* dout, co
         const T row_dot = dot(dout + row, out + row, d);
         const T row_lse = lse[(b * H + h) * Sq + i];
         for (int64_t j = 0; j < Skv; ++j) {
-          if (!visible(q_pos, q_seg, i, kv_pos, kv_seg, j)) continue;
+          if (!sets.sees(b, i, j)) continue;
           const int64_t kv_row = ((b * Skv + j) * K + g) * d;
           const T p = std::exp(scale * dot(q + row, k + kv_row, d) - row_lse);
           const T ds = p * (dot(dout + row, v + kv_row, d) - row_dot);

@@ -9,19 +9,17 @@
 
 #include <cstdint>
 
+#include "meshtrain/kernels/signatures.h"
+
 namespace meshtrain::kernels {
 
 // For r < R, t < repeat, j < W: out[(r * repeat + t) * out_stride + j] = x[r * x_stride + j];
 // x == nullptr writes zeros instead. Other columns of out are left as they are.
-void column_slice_forward(float* out,      // [R * repeat rows of out_stride], W columns written
-                          const float* x,  // [R rows of x_stride], W columns read, or nullptr
-                          int64_t R, int64_t W, int64_t repeat, int64_t out_stride, int64_t x_stride);
+ColumnSliceForward column_slice_forward;
 
 // The transpose: dx[r * dx_stride + j] = sum over t < repeat of dout[(r * repeat + t) * dout_stride + j]
 // (written, summed in t order). Other columns of dx are left as they are.
-void column_slice_backward(float* dx,          // [R rows of dx_stride], W columns written
-                           const float* dout,  // [R * repeat rows of dout_stride], W columns read
-                           int64_t R, int64_t W, int64_t repeat, int64_t dx_stride, int64_t dout_stride);
+ColumnSliceBackward column_slice_backward;
 
 template <class T>
 void column_slice_reference_forward(T* out, const T* x, int64_t R, int64_t W, int64_t repeat,

@@ -13,6 +13,7 @@
 
 #include "meshtrain/core/error.h"
 #include "meshtrain/kernels/arguments.h"  // UnembedLayout, CrossEntropySums, VocabParallel
+#include "meshtrain/kernels/signatures.h"
 
 namespace meshtrain::kernels {
 
@@ -34,48 +35,28 @@ namespace meshtrain::kernels {
 // every rank, and so is loss_sum when all_reduce_sum gives every rank bitwise the same values; dh is this
 // rank's PARTIAL sum dlogits @ W_local^T (the caller all-reduces dh over the tensor ranks); dw is this
 // rank's slice, accumulated locally. scratch is the same size as without the option.
-CrossEntropySums unembed_cross_entropy(
-    float* dh,       // [N, D] WRITTEN (=), or nullptr
-    float* dw,       // layout of w, ACCUMULATED (+=), or nullptr
-    const float* h,  // [N, D]
-    const float* w,  // [D, V] kernel_DV or [V, D] table_VD
-    UnembedLayout layout,
-    const int32_t* targets,    // [N] global ids
-    const uint8_t* loss_mask,  // [N] 1 = counts, 0 = ignored; nullptr = all
-    int64_t N, int64_t D, int64_t V, int64_t vocab_valid,
-    int64_t chunk_tokens,  // C: rows of logits held at a time
-    float* scratch,        // [cross_entropy_scratch_floats(C, V)]
-    const VocabParallel* vocab_parallel = nullptr,
-    uint16_t* bf16_inputs = nullptr);  // [cross_entropy_bf16_scratch_elements(C, D, V)] or nullptr
+UnembedCrossEntropy unembed_cross_entropy;
 
 // dtype=bfloat16: the GEMMs of unembed_cross_entropy take bf16 inputs (W rounded once per call, each chunk's
 // h and dlogits per chunk) with float32 accumulation; logits, softmax, loss and gradients stay float32. Its
 // bfloat16 elements of scratch: W [D, V], a chunk of h [C, D] and of dlogits [C, V].
-int64_t cross_entropy_bf16_scratch_elements(int64_t chunk_tokens, int64_t D, int64_t V);
+CrossEntropyBf16ScratchElements cross_entropy_bf16_scratch_elements;
 
 // Floats of scratch unembed_cross_entropy needs: one chunk of logits [C, V], C per-row losses in double, and
 // the vocab-parallel per-row statistics (C float maxima, 2 * C doubles plus one float to align them). The
 // same size with or without vocab_parallel.
-int64_t cross_entropy_scratch_floats(int64_t chunk_tokens, int64_t V);
+CrossEntropyScratchFloats cross_entropy_scratch_floats;
 
 // Logits for sampling/eval of one or a few rows: out = h @ W (layout as above); padding columns
 // (>= vocab_valid) are set to -inf so they can never be sampled.
-void unembed_logits(float* out,      // [N, V]
-                    const float* h,  // [N, D]
-                    const float* w,  // [D, V] kernel_DV or [V, D] table_VD
-                    UnembedLayout layout, int64_t N, int64_t D, int64_t V, int64_t vocab_valid);
+UnembedLogits unembed_logits;
 
 // Plain reference materialising all logits [N, V]; same semantics as unembed_cross_entropy (mask, padding,
 // layouts, dh written, dw accumulated). Templated so tests can run it in double.
 template <class T>
-CrossEntropySums unembed_cross_entropy_reference(T* dh,       // [N, D] or nullptr
-                                                 T* dw,       // layout of w, or nullptr
-                                                 const T* h,  // [N, D]
-                                                 const T* w,  // [D, V] or [V, D]
-                                                 UnembedLayout layout,
-                                                 const int32_t* targets,    // [N]
-                                                 const uint8_t* loss_mask,  // [N] or nullptr
-                                                 int64_t N, int64_t D, int64_t V, int64_t vocab_valid) {
+CrossEntropySums unembed_cross_entropy_reference(T* dh, T* dw, const T* h, const T* w, UnembedLayout layout,
+                                                 const int32_t* targets, const uint8_t* loss_mask, int64_t N,
+                                                 int64_t D, int64_t V, int64_t vocab_valid) {
   MT_CHECK(vocab_valid >= 1 && vocab_valid <= V, "vocab_valid must be in [1, V]");
   // Index of weight (d, v) in either layout.
   const auto weight_index = [&](int64_t d, int64_t v) {

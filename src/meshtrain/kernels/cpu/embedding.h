@@ -6,6 +6,8 @@
 
 #include <cstdint>
 
+#include "meshtrain/kernels/signatures.h"
+
 namespace meshtrain::kernels {
 
 // out[n, :] = table[ids[n] - vocab_offset, :], or += when accumulate (GPT-2 adds learned positions onto the
@@ -14,26 +16,17 @@ namespace meshtrain::kernels {
 // Vocab-parallel: an id outside [vocab_offset, vocab_offset + R) gives a zero row (written mode) or leaves
 // out[n] unchanged (accumulate), so summing the written outputs of all ranks gives the full lookup. Rank
 // r of t passes vocab_offset = r * R and global_rows = t * R (also rank 0: otherwise ids >= R are errors).
-void embedding_forward(float* out,          // [N, D]
-                       const int32_t* ids,  // [N]
-                       const float* table,  // [R, D]
-                       int64_t N, int64_t R, int64_t D, bool accumulate, int64_t vocab_offset = 0,
-                       int64_t global_rows = -1);
+EmbeddingForward embedding_forward;
 
 // dtable[ids[n] - vocab_offset, :] += dout[n, :] (scatter-add) for the ids this rank holds; other ids add
 // nothing. Parallel over columns with tokens in order, so repeated ids sum in the same order on every run.
 // Ids are checked as in embedding_forward.
-void embedding_backward(float* dtable,       // [R, D]
-                        const int32_t* ids,  // [N]
-                        const float* dout,   // [N, D]
-                        int64_t N, int64_t R, int64_t D, int64_t vocab_offset = 0, int64_t global_rows = -1);
+EmbeddingBackward embedding_backward;
 
 // References: same semantics, no id checks.
 template <class T>
-void embedding_reference_forward(T* out,              // [N, D]
-                                 const int32_t* ids,  // [N]
-                                 const T* table,      // [R, D]
-                                 int64_t N, int64_t R, int64_t D, bool accumulate, int64_t vocab_offset = 0) {
+void embedding_reference_forward(T* out, const int32_t* ids, const T* table, int64_t N, int64_t R, int64_t D,
+                                 bool accumulate, int64_t vocab_offset = 0) {
   for (int64_t n = 0; n < N; ++n) {
     const int64_t row = ids[n] - vocab_offset;
     const bool here = row >= 0 && row < R;
@@ -45,10 +38,8 @@ void embedding_reference_forward(T* out,              // [N, D]
 }
 
 template <class T>
-void embedding_reference_backward(T* dtable,           // [R, D]
-                                  const int32_t* ids,  // [N]
-                                  const T* dout,       // [N, D]
-                                  int64_t N, int64_t R, int64_t D, int64_t vocab_offset = 0) {
+void embedding_reference_backward(T* dtable, const int32_t* ids, const T* dout, int64_t N, int64_t R,
+                                  int64_t D, int64_t vocab_offset = 0) {
   for (int64_t n = 0; n < N; ++n) {
     const int64_t row = ids[n] - vocab_offset;
     if (row < 0 || row >= R) continue;

@@ -11,26 +11,15 @@
 #include <cmath>
 #include <cstdint>
 
+#include "meshtrain/kernels/signatures.h"
+
 namespace meshtrain::kernels {
 
 inline constexpr double kEngramGateFloor = 1e-6;
 
-void engram_gate_forward(float* gated,    // [N, G, D]
-                         float* gate,     // [N, G] saved for the backward
-                         const float* q,  // [N, G, D]
-                         const float* k,  // [N, G, D]
-                         const float* v,  // [N, D]
-                         int64_t N, int64_t G, int64_t D);
+EngramGateForward engram_gate_forward;
 
-void engram_gate_backward(float* d_q,            // [N, G, D]
-                          float* d_k,            // [N, G, D]
-                          float* d_v,            // [N, D]
-                          const float* d_gated,  // [N, G, D]
-                          const float* gate,     // [N, G]
-                          const float* q,        // [N, G, D]
-                          const float* k,        // [N, G, D]
-                          const float* v,        // [N, D]
-                          int64_t N, int64_t G, int64_t D);
+EngramGateBackward engram_gate_backward;
 
 // One stream's score and gate.
 template <class T>

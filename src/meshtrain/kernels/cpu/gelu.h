@@ -6,28 +6,21 @@
 #include <cstdint>
 #include <numbers>
 
+#include "meshtrain/kernels/signatures.h"
+
 namespace meshtrain::kernels {
 
-void gelu_forward(float* out,      // [count]
-                  const float* x,  // [count]
-                  int64_t count);
+GeluForward gelu_forward;
 
 // The same with out rounded to bfloat16 as it is written (bitwise gelu_forward's out rounded): the MLP's
 // down projection reads it as its bf16 input under dtype=bfloat16.
-void gelu_forward_bf16(uint16_t* out,   // [count] bfloat16 bits
-                       const float* x,  // [count]
-                       int64_t count);
+GeluForwardBf16 gelu_forward_bf16;
 
 // dx = dout * gelu'(x), written (=).
-void gelu_backward(float* dx,          // [count]
-                   const float* dout,  // [count]
-                   const float* x,     // [count]
-                   int64_t count);
+GeluBackward gelu_backward;
 
 template <class T>
-void gelu_reference_forward(T* out,      // [count]
-                            const T* x,  // [count]
-                            int64_t count) {
+void gelu_reference_forward(T* out, const T* x, int64_t count) {
   const T k = std::sqrt(T(2) / std::numbers::pi_v<T>), c = T(0.044715);
   for (int64_t i = 0; i < count; ++i) {
     const T v = x[i];
@@ -37,10 +30,7 @@ void gelu_reference_forward(T* out,      // [count]
 
 // With t = tanh(k (x + c x^3)): gelu'(x) = 0.5 (1 + t) + 0.5 x (1 - t^2) k (1 + 3 c x^2).
 template <class T>
-void gelu_reference_backward(T* dx,          // [count]
-                             const T* dout,  // [count]
-                             const T* x,     // [count]
-                             int64_t count) {
+void gelu_reference_backward(T* dx, const T* dout, const T* x, int64_t count) {
   const T k = std::sqrt(T(2) / std::numbers::pi_v<T>), c = T(0.044715);
   for (int64_t i = 0; i < count; ++i) {
     const T v = x[i];

@@ -5,32 +5,21 @@
 
 #include <cstdint>
 
+#include "meshtrain/kernels/signatures.h"
+
 namespace meshtrain::kernels {
 
 // out rows [offsets[e], offsets[e + 1]) = x rows [offsets[e], offsets[e + 1]) @ w[e], through the GEMM seam
 // (gemm.h), one product per non-empty segment. offsets[0] = 0 and offsets ascend.
-void grouped_matmul_forward(float* out,              // [R, O]
-                            const float* x,          // [R, I]
-                            const float* w,          // [E, I, O]
-                            const int32_t* offsets,  // [E + 1]
-                            int64_t E, int64_t I, int64_t O);
+GroupedMatmulForward grouped_matmul_forward;
 
 // d_x = d_out @ w[e]^T per segment (written); d_w[e] += x^T @ d_out per segment (an expert with no rows
 // keeps its d_w). Either may be nullptr to skip it.
-void grouped_matmul_backward(float* d_x,              // [R, I] or nullptr
-                             float* d_w,              // [E, I, O] or nullptr
-                             const float* d_out,      // [R, O]
-                             const float* x,          // [R, I]
-                             const float* w,          // [E, I, O]
-                             const int32_t* offsets,  // [E + 1]
-                             int64_t E, int64_t I, int64_t O);
+GroupedMatmulBackward grouped_matmul_backward;
 
 template <class T>
-void grouped_matmul_reference_forward(T* out,                  // [R, O]
-                                      const T* x,              // [R, I]
-                                      const T* w,              // [E, I, O]
-                                      const int32_t* offsets,  // [E + 1]
-                                      int64_t E, int64_t I, int64_t O) {
+void grouped_matmul_reference_forward(T* out, const T* x, const T* w, const int32_t* offsets, int64_t E,
+                                      int64_t I, int64_t O) {
   for (int64_t e = 0; e < E; ++e) {
     const T* we = w + e * I * O;
     for (int64_t r = offsets[e]; r < offsets[e + 1]; ++r) {
@@ -44,13 +33,8 @@ void grouped_matmul_reference_forward(T* out,                  // [R, O]
 }
 
 template <class T>
-void grouped_matmul_reference_backward(T* d_x,                  // [R, I] or nullptr
-                                       T* d_w,                  // [E, I, O] or nullptr
-                                       const T* d_out,          // [R, O]
-                                       const T* x,              // [R, I]
-                                       const T* w,              // [E, I, O]
-                                       const int32_t* offsets,  // [E + 1]
-                                       int64_t E, int64_t I, int64_t O) {
+void grouped_matmul_reference_backward(T* d_x, T* d_w, const T* d_out, const T* x, const T* w,
+                                       const int32_t* offsets, int64_t E, int64_t I, int64_t O) {
   for (int64_t e = 0; e < E; ++e) {
     const T* we = w + e * I * O;
     for (int64_t r = offsets[e]; r < offsets[e + 1]; ++r) {

@@ -5,46 +5,23 @@
 #include <cmath>
 #include <cstdint>
 
+#include "meshtrain/kernels/signatures.h"
+
 namespace meshtrain::kernels {
 
 // Saves mean[n] and rstd[n] = 1 / sqrt(var(x[n]) + eps) (biased variance) for the backward pass.
-void layernorm_forward(float* out,      // [N, D]
-                       float* mean,     // [N]
-                       float* rstd,     // [N]
-                       const float* x,  // [N, D]
-                       const float* w,  // [D]
-                       const float* b,  // [D]
-                       int64_t N, int64_t D, float eps);
+LayernormForward layernorm_forward;
 
 // The same with out rounded to bfloat16 (nearest even) as it is written: bitwise layernorm_forward's out
 // rounded, for an output only dense matmuls read (their bf16 input) under dtype=bfloat16.
-void layernorm_forward_bf16(uint16_t* out,   // [N, D] bfloat16 bits
-                            float* mean,     // [N]
-                            float* rstd,     // [N]
-                            const float* x,  // [N, D]
-                            const float* w,  // [D]
-                            const float* b,  // [D]
-                            int64_t N, int64_t D, float eps);
+LayernormForwardBf16 layernorm_forward_bf16;
 
 // dx = (or += when accumulate_dx) dL/dx; dw += dL/dw; db += dL/db.
-void layernorm_backward(float* dx,          // [N, D]
-                        float* dw,          // [D]
-                        float* db,          // [D]
-                        const float* dout,  // [N, D]
-                        const float* x,     // [N, D]
-                        const float* w,     // [D]
-                        const float* mean,  // [N] from the forward pass
-                        const float* rstd,  // [N] from the forward pass
-                        int64_t N, int64_t D, bool accumulate_dx);
+LayernormBackward layernorm_backward;
 
 template <class T>
-void layernorm_reference_forward(T* out,      // [N, D]
-                                 T* mean,     // [N]
-                                 T* rstd,     // [N]
-                                 const T* x,  // [N, D]
-                                 const T* w,  // [D]
-                                 const T* b,  // [D]
-                                 int64_t N, int64_t D, T eps) {
+void layernorm_reference_forward(T* out, T* mean, T* rstd, const T* x, const T* w, const T* b, int64_t N,
+                                 int64_t D, T eps) {
   for (int64_t n = 0; n < N; ++n) {
     const T* row = x + n * D;
     T sum = T(0);
@@ -61,15 +38,8 @@ void layernorm_reference_forward(T* out,      // [N, D]
 
 // With xhat = (x - mean) * r and g = w * dout: dx = r * (g - mean(g) - xhat * mean(g * xhat)).
 template <class T>
-void layernorm_reference_backward(T* dx,          // [N, D]
-                                  T* dw,          // [D]
-                                  T* db,          // [D]
-                                  const T* dout,  // [N, D]
-                                  const T* x,     // [N, D]
-                                  const T* w,     // [D]
-                                  const T* mean,  // [N]
-                                  const T* rstd,  // [N]
-                                  int64_t N, int64_t D, bool accumulate_dx) {
+void layernorm_reference_backward(T* dx, T* dw, T* db, const T* dout, const T* x, const T* w, const T* mean,
+                                  const T* rstd, int64_t N, int64_t D, bool accumulate_dx) {
   for (int64_t n = 0; n < N; ++n) {
     const T* row = x + n * D;
     const T* grad = dout + n * D;

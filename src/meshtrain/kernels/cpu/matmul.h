@@ -11,57 +11,30 @@
 
 #include <cstdint>
 
+#include "meshtrain/kernels/signatures.h"
+
 namespace meshtrain::kernels {
 
 // out = x @ w + bias, through the GEMM seam (gemm.h).
-void matmul_forward(
-    float* out,         // [N, O]
-    const float* x,     // [N, I]
-    const float* w,     // [I, O]
-    const float* bias,  // [O] or nullptr
-    int64_t N, int64_t I, int64_t O,
-    uint16_t* bf16_inputs = nullptr);  // [matmul_bf16_scratch_elements(N, I, O, false)] or nullptr
+MatmulForward matmul_forward;
 
 // dx = dout @ w^T (+= when accumulate_dx); dw += x^T @ dout; dbias += column sums of dout.
 // dx, dw and dbias may each be nullptr to skip that gradient.
-void matmul_backward(
-    float* dx,          // [N, I] or nullptr
-    float* dw,          // [I, O] or nullptr
-    float* dbias,       // [O] or nullptr
-    const float* dout,  // [N, O]
-    const float* x,     // [N, I]
-    const float* w,     // [I, O]
-    int64_t N, int64_t I, int64_t O, bool accumulate_dx,
-    uint16_t* bf16_inputs = nullptr);  // [matmul_bf16_scratch_elements(N, I, O, false)] or nullptr
+MatmulBackward matmul_backward;
 
 // out = x @ w + bias with x in bfloat16; bf16_inputs holds w rounded.
-void matmul_forward_bf16_x(float* out,         // [N, O]
-                           const uint16_t* x,  // [N, I] bfloat16 bits
-                           const float* w,     // [I, O]
-                           const float* bias,  // [O] or nullptr
-                           int64_t N, int64_t I, int64_t O,
-                           uint16_t* bf16_inputs);  // [matmul_bf16_scratch_elements(N, I, O, true)]
+MatmulForwardBf16X matmul_forward_bf16_x;
 
 // matmul_backward with x in bfloat16; bf16_inputs holds dout and w rounded.
-void matmul_backward_bf16_x(float* dx,          // [N, I] or nullptr
-                            float* dw,          // [I, O] or nullptr
-                            float* dbias,       // [O] or nullptr
-                            const float* dout,  // [N, O]
-                            const uint16_t* x,  // [N, I] bfloat16 bits
-                            const float* w,     // [I, O]
-                            int64_t N, int64_t I, int64_t O, bool accumulate_dx,
-                            uint16_t* bf16_inputs);  // [matmul_bf16_scratch_elements(N, I, O, true)]
+MatmulBackwardBf16X matmul_backward_bf16_x;
 
 // bfloat16 elements of scratch a bf16 matmul needs: its x (unless x_is_bf16), w and dout rounded
 // ([N, I] + [I, O] + [N, O]).
-int64_t matmul_bf16_scratch_elements(int64_t N, int64_t I, int64_t O, bool x_is_bf16);
+MatmulBf16ScratchElements matmul_bf16_scratch_elements;
 
 template <class T>
-void matmul_reference_forward(T* out,         // [N, O]
-                              const T* x,     // [N, I]
-                              const T* w,     // [I, O]
-                              const T* bias,  // [O] or nullptr
-                              int64_t N, int64_t I, int64_t O) {
+void matmul_reference_forward(T* out, const T* x, const T* w, const T* bias, int64_t N, int64_t I,
+                              int64_t O) {
   // Loops ordered so the innermost one walks rows contiguously.
   for (int64_t n = 0; n < N; ++n) {
     T* row = out + n * O;
@@ -73,13 +46,8 @@ void matmul_reference_forward(T* out,         // [N, O]
 }
 
 template <class T>
-void matmul_reference_backward(T* dx,          // [N, I] or nullptr
-                               T* dw,          // [I, O] or nullptr
-                               T* dbias,       // [O] or nullptr
-                               const T* dout,  // [N, O]
-                               const T* x,     // [N, I]
-                               const T* w,     // [I, O]
-                               int64_t N, int64_t I, int64_t O, bool accumulate_dx) {
+void matmul_reference_backward(T* dx, T* dw, T* dbias, const T* dout, const T* x, const T* w, int64_t N,
+                               int64_t I, int64_t O, bool accumulate_dx) {
   if (dx != nullptr) {
     for (int64_t n = 0; n < N; ++n) {
       for (int64_t i = 0; i < I; ++i) {

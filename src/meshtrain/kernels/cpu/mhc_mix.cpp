@@ -4,7 +4,22 @@
 
 namespace meshtrain::kernels {
 namespace {
+
 constexpr int64_t kParallelMinimum = 1 << 14;
+
+// The step every mix backward takes per (stream, gradient row) pair: accumulate += weight * grad, and the
+// returned <other, grad>, in one pass over grad.
+float add_scaled_and_dot(float* __restrict accumulate, float weight, const float* __restrict grad,
+                         const float* __restrict other, int64_t D) {
+  float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+  for (int64_t c = 0; c < D; ++c) {
+    accumulate[c] += weight * grad[c];
+    dot += other[c] * grad[c];
+  }
+  return dot;
+}
+
 }  // namespace
 
 // The per-token loops keep D innermost and contiguous (the references' stream loops, reordered), so they
@@ -29,18 +44,10 @@ void mhc_collapse_backward(float* d_x, float* d_pre, const float* d_xin, const f
                            int64_t N, int64_t G, int64_t D) {
 #pragma omp parallel for schedule(static) if (N * G * D >= kParallelMinimum)
   for (int64_t n = 0; n < N; ++n) {
-    const float* __restrict grad = d_xin + n * D;
+    const float* grad = d_xin + n * D;
     for (int64_t g = 0; g < G; ++g) {
-      float* __restrict d_stream = d_x + (n * G + g) * D;
-      const float* __restrict stream = x + (n * G + g) * D;
-      const float weight = pre[n * G + g];
-      float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-      for (int64_t c = 0; c < D; ++c) {
-        d_stream[c] += weight * grad[c];
-        dot += grad[c] * stream[c];
-      }
-      d_pre[n * G + g] = dot;
+      d_pre[n * G + g] =
+          add_scaled_and_dot(d_x + (n * G + g) * D, pre[n * G + g], grad, x + (n * G + g) * D, D);
     }
   }
 }
@@ -77,30 +84,15 @@ void mhc_expand_backward(float* d_x, float* d_mixing, float* d_post, float* d_o,
     float* __restrict d_branch = d_o + n * D;
     for (int64_t c = 0; c < D; ++c) d_branch[c] = 0.0f;
     for (int64_t m = 0; m < G; ++m) {
-      const float* __restrict grad = grads + m * D;
-      const float scale = post[n * G + m];
-      float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-      for (int64_t c = 0; c < D; ++c) {
-        d_branch[c] += scale * grad[c];
-        dot += branch[c] * grad[c];
-      }
-      d_post[n * G + m] = dot;
+      d_post[n * G + m] = add_scaled_and_dot(d_branch, post[n * G + m], grads + m * D, branch, D);
     }
     for (int64_t k = 0; k < G; ++k) {
-      float* __restrict d_stream = d_x + (n * G + k) * D;
-      const float* __restrict stream = x + (n * G + k) * D;
+      float* d_stream = d_x + (n * G + k) * D;
+      const float* stream = x + (n * G + k) * D;
       for (int64_t c = 0; c < D; ++c) d_stream[c] = 0.0f;
       for (int64_t m = 0; m < G; ++m) {
-        const float* __restrict grad = grads + m * D;
-        const float weight = matrix[k * G + m];
-        float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-        for (int64_t c = 0; c < D; ++c) {
-          d_stream[c] += weight * grad[c];
-          dot += stream[c] * grad[c];
-        }
-        d_mixing[(n * G + k) * G + m] = dot;
+        d_mixing[(n * G + k) * G + m] =
+            add_scaled_and_dot(d_stream, matrix[k * G + m], grads + m * D, stream, D);
       }
     }
   }

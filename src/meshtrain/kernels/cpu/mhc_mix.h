@@ -9,34 +9,14 @@
 #include <cmath>
 #include <cstdint>
 
+#include "meshtrain/kernels/signatures.h"
+
 namespace meshtrain::kernels {
 
-void mhc_collapse_forward(float* xin,        // [N, D]
-                          const float* x,    // [N, G, D]
-                          const float* pre,  // [N, G]
-                          int64_t N, int64_t G, int64_t D);
-void mhc_collapse_backward(float* d_x,          // [N, G, D] +=
-                           float* d_pre,        // [N, G]
-                           const float* d_xin,  // [N, D]
-                           const float* x,      // [N, G, D]
-                           const float* pre,    // [N, G]
-                           int64_t N, int64_t G, int64_t D);
-void mhc_expand_forward(float* out,           // [N, G, D]
-                        const float* x,       // [N, G, D]
-                        const float* mixing,  // [N, G, G]
-                        const float* post,    // [N, G]
-                        const float* o,       // [N, D]
-                        int64_t N, int64_t G, int64_t D);
-void mhc_expand_backward(float* d_x,           // [N, G, D]
-                         float* d_mixing,      // [N, G, G]
-                         float* d_post,        // [N, G]
-                         float* d_o,           // [N, D]
-                         const float* d_out,   // [N, G, D]
-                         const float* x,       // [N, G, D]
-                         const float* mixing,  // [N, G, G]
-                         const float* post,    // [N, G]
-                         const float* o,       // [N, D]
-                         int64_t N, int64_t G, int64_t D);
+MhcCollapseForward mhc_collapse_forward;
+MhcCollapseBackward mhc_collapse_backward;
+MhcExpandForward mhc_expand_forward;
+MhcExpandBackward mhc_expand_backward;
 
 // A site's coefficients from its projection h = RMSNorm(x) @ [pre_alpha | post_alpha | res_alpha], per token
 // (scales = {a_pre, a_post, a_res}):
@@ -46,37 +26,13 @@ void mhc_expand_backward(float* d_x,           // [N, G, D]
 // Backward: d_h written (=); d_scales [3] and the betas' gradients accumulated (+=), summed over tokens in
 // token order.
 inline constexpr double kMhcPreFloor = 1e-6;
-void mhc_coefficients_forward(float* pre,              // [N, G]
-                              float* post,             // [N, G]
-                              float* logits,           // [N, G, G]
-                              const float* h,          // [N, 2G + G^2]
-                              const float* scales,     // [3]
-                              const float* pre_beta,   // [G]
-                              const float* post_beta,  // [G]
-                              const float* res_beta,   // [G, G]
-                              int64_t N, int64_t G);
-void mhc_coefficients_backward(float* d_h,              // [N, 2G + G^2]
-                               float* d_scales,         // [3]
-                               float* d_pre_beta,       // [G]
-                               float* d_post_beta,      // [G]
-                               float* d_res_beta,       // [G, G]
-                               const float* d_pre,      // [N, G]
-                               const float* d_post,     // [N, G]
-                               const float* d_logits,   // [N, G, G]
-                               const float* h,          // [N, 2G + G^2]
-                               const float* scales,     // [3]
-                               const float* pre_beta,   // [G]
-                               const float* post_beta,  // [G]
-                               int64_t N, int64_t G);
+MhcCoefficientsForward mhc_coefficients_forward;
+MhcCoefficientsBackward mhc_coefficients_backward;
 
 // The residual streams' entry and exit: repeat x into G streams (out written), and their sum (out written
 // or, accumulate, added to). Each is the other's backward.
-void mhc_streams_repeat(float* out,      // [N, G, D]
-                        const float* x,  // [N, D]
-                        int64_t N, int64_t G, int64_t D);
-void mhc_streams_sum(float* out,      // [N, D]
-                     const float* x,  // [N, G, D]
-                     int64_t N, int64_t G, int64_t D, bool accumulate);
+MhcStreamsRepeat mhc_streams_repeat;
+MhcStreamsSum mhc_streams_sum;
 
 template <class T>
 T mhc_sigmoid(T z) {

@@ -14,6 +14,25 @@ namespace {
 // Below this many values a parallel region costs more than it saves.
 constexpr int64_t kParallelMinimum = 1 << 14;
 
+// out row t = (or +=) the sum over token t's kept slots s, in slot order, of weight[t, s] * rows row
+// position[t k + s], weight 1 where weights is nullptr: the combine, and the gather's transpose.
+void sum_token_slots(float* out, const float* rows, const float* weights, const int32_t* position, int64_t N,
+                     int64_t k, int64_t D, bool accumulate) {
+#pragma omp parallel for schedule(static) if (N * D >= kParallelMinimum)
+  for (int64_t t = 0; t < N; ++t) {
+    float* row_out = out + t * D;
+    if (!accumulate) std::fill(row_out, row_out + D, 0.0f);
+    for (int64_t s = 0; s < k; ++s) {
+      const int32_t row = position[t * k + s];
+      if (row < 0) continue;
+      const float weight = weights == nullptr ? 1.0f : weights[t * k + s];
+      const float* in = rows + row * D;
+#pragma omp simd
+      for (int64_t c = 0; c < D; ++c) row_out[c] += weight * in[c];
+    }
+  }
+}
+
 }  // namespace
 
 int64_t moe_route_plan(int32_t* counts, int32_t* offsets, int32_t* sorted, int32_t* position,
@@ -118,35 +137,12 @@ void moe_receive_plan(int32_t* local_offsets, int32_t* local_sorted, int32_t* re
 
 void moe_gather_backward(float* d_x, const float* d_sorted_x, const int32_t* position, int64_t N, int64_t k,
                          int64_t D, bool accumulate) {
-#pragma omp parallel for schedule(static) if (N * D >= kParallelMinimum)
-  for (int64_t t = 0; t < N; ++t) {
-    float* out = d_x + t * D;
-    if (!accumulate) std::fill(out, out + D, 0.0f);
-    for (int64_t s = 0; s < k; ++s) {
-      const int32_t row = position[t * k + s];
-      if (row < 0) continue;
-      const float* in = d_sorted_x + row * D;
-#pragma omp simd
-      for (int64_t c = 0; c < D; ++c) out[c] += in[c];
-    }
-  }
+  sum_token_slots(d_x, d_sorted_x, nullptr, position, N, k, D, accumulate);
 }
 
 void moe_combine_forward(float* out, const float* y_sorted, const float* weights, const int32_t* position,
                          int64_t N, int64_t k, int64_t D, bool accumulate) {
-#pragma omp parallel for schedule(static) if (N * D >= kParallelMinimum)
-  for (int64_t t = 0; t < N; ++t) {
-    float* row_out = out + t * D;
-    if (!accumulate) std::fill(row_out, row_out + D, 0.0f);
-    for (int64_t s = 0; s < k; ++s) {
-      const int32_t row = position[t * k + s];
-      if (row < 0) continue;
-      const float weight = weights[t * k + s];
-      const float* in = y_sorted + row * D;
-#pragma omp simd
-      for (int64_t c = 0; c < D; ++c) row_out[c] += weight * in[c];
-    }
-  }
+  sum_token_slots(out, y_sorted, weights, position, N, k, D, accumulate);
 }
 
 void moe_combine_backward(float* d_y_sorted, float* d_weights, const float* d_out, const float* y_sorted,

@@ -15,6 +15,7 @@
 #include <cstdint>
 
 #include "meshtrain/kernels/arguments.h"
+#include "meshtrain/kernels/signatures.h"
 
 namespace meshtrain::kernels {
 
@@ -24,43 +25,21 @@ namespace meshtrain::kernels {
 // dropped) and, when given, assigned (assignments per expert before dropping: the balance loss's counts).
 // Returns the number of dropped assignments, M - R. O(M + E) and serial, so this one function is also its
 // own plain reference (the tests check it against std::stable_sort).
-int64_t moe_route_plan(int32_t* counts,        // [E]
-                       int32_t* offsets,       // [E + 1]
-                       int32_t* sorted,        // [M]
-                       int32_t* position,      // [M]
-                       int32_t* assigned,      // [E] or nullptr
-                       const int32_t* chosen,  // [N, k] expert ids in [0, E)
-                       int64_t N, int64_t k, int64_t E, int64_t capacity);
+MoeRoutePlan moe_route_plan;
 
 // sorted_x row i = x row sorted[i] / k, for i < R; a zero row where sorted[i] < 0 (the padding of an
 // expert-parallel block).
-void moe_gather_forward(float* sorted_x,        // [R, D]
-                        const float* x,         // [N, D]
-                        const int32_t* sorted,  // [M]
-                        int64_t R, int64_t k, int64_t D);
+MoeGatherForward moe_gather_forward;
 
 // d_x row t = (or +=) sum over token t's kept slots s of d_sorted_x row position[t k + s].
-void moe_gather_backward(float* d_x,               // [N, D]
-                         const float* d_sorted_x,  // [R, D]
-                         const int32_t* position,  // [M]
-                         int64_t N, int64_t k, int64_t D, bool accumulate);
+MoeGatherBackward moe_gather_backward;
 
 // out row t = (or +=) sum over kept slots s of weights[t, s] * y_sorted row position[t k + s].
-void moe_combine_forward(float* out,               // [N, D]
-                         const float* y_sorted,    // [R, D]
-                         const float* weights,     // [N, k]
-                         const int32_t* position,  // [M]
-                         int64_t N, int64_t k, int64_t D, bool accumulate);
+MoeCombineForward moe_combine_forward;
 
 // d_y_sorted row position[t k + s] = weights[t, s] d_out row t; d_weights[t, s] = d_out row t . y_sorted
 // row position[t k + s] (0 when dropped). Both written.
-void moe_combine_backward(float* d_y_sorted,        // [R, D]
-                          float* d_weights,         // [N, k]
-                          const float* d_out,       // [N, D]
-                          const float* y_sorted,    // [R, D]
-                          const float* weights,     // [N, k]
-                          const int32_t* position,  // [M]
-                          int64_t N, int64_t k, int64_t D);
+MoeCombineBackward moe_combine_backward;
 
 // Expert parallelism: the routed experts split over P expert ranks, rank j holding experts [j E_l,
 // (j + 1) E_l), E_l = E / P. Each pair of ranks exchanges one block of B_c rows (all_to_all over the expert
@@ -71,39 +50,26 @@ void moe_combine_backward(float* d_y_sorted,        // [R, D]
 // Token side: send_sorted (each block row's assignment, -1 padding), send_position (each assignment's block
 // row, -1 when dropped) and send_counts (rows per expert rank and its local expert), from the routing plan.
 // Serial O(M + P B_c): its own reference.
-void moe_dispatch_plan(int32_t* send_sorted,    // [P B_c]
-                       int32_t* send_position,  // [M]
-                       int32_t* send_counts,    // [P, E_l]
-                       const int32_t* offsets,  // [E + 1]
-                       const int32_t* sorted,   // [M]
-                       int64_t M, int64_t E, int64_t P, int64_t block_rows);
+MoeDispatchPlan moe_dispatch_plan;
 
 // Expert side: from the counts each token rank sent (received_counts row i: rank i's rows per local expert,
 // as its block lays them out), the grouped matmuls' order (expert-major, then by sending rank, then as
 // sent): local_offsets (prefix sums per local expert; R_l = local_offsets[E_l]), local_sorted (each local
 // row's received row, -1 past R_l) and received_position (each received row's local row, -1 padding).
 // Serial O(P B_c): its own reference.
-void moe_receive_plan(int32_t* local_offsets,          // [E_l + 1]
-                      int32_t* local_sorted,           // [P B_c]
-                      int32_t* received_position,      // [P B_c]
-                      const int32_t* received_counts,  // [P, E_l]
-                      int64_t P, int64_t E_local, int64_t block_rows);
+MoeReceivePlan moe_receive_plan;
 
 template <class T>
-void moe_gather_reference_forward(T* sorted_x,            // [R, D]
-                                  const T* x,             // [N, D]
-                                  const int32_t* sorted,  // [M]
-                                  int64_t R, int64_t k, int64_t D) {
+void moe_gather_reference_forward(T* sorted_x, const T* x, const int32_t* sorted, int64_t R, int64_t k,
+                                  int64_t D) {
   for (int64_t i = 0; i < R; ++i) {
     for (int64_t c = 0; c < D; ++c) sorted_x[i * D + c] = sorted[i] < 0 ? T(0) : x[(sorted[i] / k) * D + c];
   }
 }
 
 template <class T>
-void moe_gather_reference_backward(T* d_x,                   // [N, D]
-                                   const T* d_sorted_x,      // [R, D]
-                                   const int32_t* position,  // [M]
-                                   int64_t N, int64_t k, int64_t D, bool accumulate) {
+void moe_gather_reference_backward(T* d_x, const T* d_sorted_x, const int32_t* position, int64_t N, int64_t k,
+                                   int64_t D, bool accumulate) {
   for (int64_t t = 0; t < N; ++t) {
     for (int64_t c = 0; c < D; ++c) {
       T sum = accumulate ? d_x[t * D + c] : T(0);
@@ -117,10 +83,7 @@ void moe_gather_reference_backward(T* d_x,                   // [N, D]
 }
 
 template <class T>
-void moe_combine_reference_forward(T* out,                   // [N, D]
-                                   const T* y_sorted,        // [R, D]
-                                   const T* weights,         // [N, k]
-                                   const int32_t* position,  // [M]
+void moe_combine_reference_forward(T* out, const T* y_sorted, const T* weights, const int32_t* position,
                                    int64_t N, int64_t k, int64_t D, bool accumulate) {
   for (int64_t t = 0; t < N; ++t) {
     for (int64_t c = 0; c < D; ++c) {
@@ -135,13 +98,9 @@ void moe_combine_reference_forward(T* out,                   // [N, D]
 }
 
 template <class T>
-void moe_combine_reference_backward(T* d_y_sorted,            // [R, D]
-                                    T* d_weights,             // [N, k]
-                                    const T* d_out,           // [N, D]
-                                    const T* y_sorted,        // [R, D]
-                                    const T* weights,         // [N, k]
-                                    const int32_t* position,  // [M]
-                                    int64_t N, int64_t k, int64_t D) {
+void moe_combine_reference_backward(T* d_y_sorted, T* d_weights, const T* d_out, const T* y_sorted,
+                                    const T* weights, const int32_t* position, int64_t N, int64_t k,
+                                    int64_t D) {
   for (int64_t t = 0; t < N; ++t) {
     for (int64_t s = 0; s < k; ++s) {
       const int32_t row = position[t * k + s];

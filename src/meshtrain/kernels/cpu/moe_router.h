@@ -42,6 +42,7 @@
 
 #include "meshtrain/core/error.h"
 #include "meshtrain/kernels/arguments.h"
+#include "meshtrain/kernels/signatures.h"
 
 namespace meshtrain::kernels {
 
@@ -63,41 +64,23 @@ inline void moe_router_check(int64_t E, const MoeRouting& routing) {
 }
 
 // chosen, weights and scores written (=). selection_bias only orders the experts.
-void moe_router_forward(int32_t* chosen,              // [N, k]
-                        float* weights,               // [N, k]
-                        float* scores,                // [N, E] (saved for the backward)
-                        const float* logits,          // [N, E]
-                        const float* selection_bias,  // [E] or nullptr
-                        int64_t N, int64_t E, const MoeRouting& routing);
+MoeRouterForward moe_router_forward;
 
 // d_logits written (=) from d_weights through the normalisation and the score function.
-void moe_router_backward(float* d_logits,         // [N, E]
-                         const float* d_weights,  // [N, k]
-                         const float* scores,     // [N, E] from the forward
-                         const int32_t* chosen,   // [N, k] from the forward
-                         int64_t N, int64_t E, const MoeRouting& routing);
+MoeRouterBackward moe_router_backward;
 
 // L_bal (above), accumulated in double. counts: assignments per expert before capacity dropping
 // (moe_route_plan's `assigned`), over these tokens or over a larger set the loss is defined on.
-double moe_balance_loss_forward(const float* scores,    // [N, E]
-                                const int32_t* counts,  // [E]
-                                int64_t N, int64_t E, RouterScore score_function, float weight);
+MoeBalanceLossForward moe_balance_loss_forward;
 
 // d_logits += d_loss * dL_bal / d_logits (f_e constant).
-void moe_balance_loss_backward(float* d_logits,        // [N, E]
-                               const float* scores,    // [N, E]
-                               const int32_t* counts,  // [E]
-                               int64_t N, int64_t E, RouterScore score_function, float weight, float d_loss);
+MoeBalanceLossBackward moe_balance_loss_backward;
 
 // The plain reference: materialises the choice scores and sorts them (std::stable_sort), so it shares no
 // selection code with the fast kernel.
 template <class T>
-void moe_router_reference_forward(int32_t* chosen,          // [N, k]
-                                  T* weights,               // [N, k]
-                                  T* scores,                // [N, E]
-                                  const T* logits,          // [N, E]
-                                  const T* selection_bias,  // [E] or nullptr
-                                  int64_t N, int64_t E, const MoeRouting& routing) {
+void moe_router_reference_forward(int32_t* chosen, T* weights, T* scores, const T* logits,
+                                  const T* selection_bias, int64_t N, int64_t E, const MoeRouting& routing) {
   moe_router_check(E, routing);
   const int64_t k = routing.top_k, G = routing.groups, group_size = E / G;
   std::vector<T> choice(E);
@@ -149,10 +132,7 @@ void moe_router_reference_forward(int32_t* chosen,          // [N, k]
 // With w_j = c s_j / D, D = sum_i s_i + eps (normalised): ds_j = c (dw_j / D - sum_i dw_i s_i / D^2);
 // otherwise ds_j = c dw_j. Then softmax: dlogit_e = s_e (ds_e - sum_f s_f ds_f); sigmoid: ds_e s_e (1 - s_e).
 template <class T>
-void moe_router_reference_backward(T* d_logits,            // [N, E]
-                                   const T* d_weights,     // [N, k]
-                                   const T* scores,        // [N, E]
-                                   const int32_t* chosen,  // [N, k]
+void moe_router_reference_backward(T* d_logits, const T* d_weights, const T* scores, const int32_t* chosen,
                                    int64_t N, int64_t E, const MoeRouting& routing) {
   moe_router_check(E, routing);
   const int64_t k = routing.top_k;
@@ -186,9 +166,8 @@ void moe_router_reference_backward(T* d_logits,            // [N, E]
 }
 
 template <class T>
-T moe_balance_loss_reference_forward(const T* scores,        // [N, E]
-                                     const int32_t* counts,  // [E]
-                                     int64_t N, int64_t E, RouterScore score_function, T weight) {
+T moe_balance_loss_reference_forward(const T* scores, const int32_t* counts, int64_t N, int64_t E,
+                                     RouterScore score_function, T weight) {
   int64_t total = 0;
   for (int64_t e = 0; e < E; ++e) total += counts[e];
   if (N == 0 || total == 0) return T(0);
@@ -205,11 +184,8 @@ T moe_balance_loss_reference_forward(const T* scores,        // [N, E]
 // a_e = dL/dq_{t,e} = d_loss weight E f_e / N. Softmax: dlogit_e += s_e (a_e - sum_f s_f a_f). Sigmoid, with
 // q = s / Z: ds_j = (a_j - sum_e a_e q_e) / Z and dlogit_j += ds_j s_j (1 - s_j).
 template <class T>
-void moe_balance_loss_reference_backward(T* d_logits,            // [N, E]
-                                         const T* scores,        // [N, E]
-                                         const int32_t* counts,  // [E]
-                                         int64_t N, int64_t E, RouterScore score_function, T weight,
-                                         T d_loss) {
+void moe_balance_loss_reference_backward(T* d_logits, const T* scores, const int32_t* counts, int64_t N,
+                                         int64_t E, RouterScore score_function, T weight, T d_loss) {
   int64_t total = 0;
   for (int64_t e = 0; e < E; ++e) total += counts[e];
   if (N == 0 || total == 0) return;

@@ -4,10 +4,12 @@
 
 #include <cstdint>
 
+#include "meshtrain/kernels/signatures.h"
+
 namespace meshtrain::kernels {
 
 // out [count] += x [count]
-void residual_add(float* out, const float* x, int64_t count);
+ResidualAdd residual_add;
 
 template <class T>
 void residual_reference_add(T* out, const T* x, int64_t count) {

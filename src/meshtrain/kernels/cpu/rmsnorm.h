@@ -5,53 +5,27 @@
 #include <cmath>
 #include <cstdint>
 
+#include "meshtrain/kernels/signatures.h"
+
 namespace meshtrain::kernels {
 
 // Saves rstd[n] = 1 / sqrt(mean(x[n]^2) + eps) for the backward pass.
-void rmsnorm_forward(float* out,      // [N, D]
-                     float* rstd,     // [N]
-                     const float* x,  // [N, D]
-                     const float* w,  // [D]
-                     int64_t N, int64_t D, float eps);
+RmsnormForward rmsnorm_forward;
 
 // The same with out rounded to bfloat16 (nearest even) as it is written: bitwise rmsnorm_forward's out
 // rounded, for an output only dense matmuls read (their bf16 input) under dtype=bfloat16.
-void rmsnorm_forward_bf16(uint16_t* out,   // [N, D] bfloat16 bits
-                          float* rstd,     // [N]
-                          const float* x,  // [N, D]
-                          const float* w,  // [D]
-                          int64_t N, int64_t D, float eps);
+RmsnormForwardBf16 rmsnorm_forward_bf16;
 
 // dx = (or += when accumulate_dx) dL/dx; dw += dL/dw.
-void rmsnorm_backward(float* dx,          // [N, D]
-                      float* dw,          // [D]
-                      const float* dout,  // [N, D]
-                      const float* x,     // [N, D]
-                      const float* w,     // [D]
-                      const float* rstd,  // [N] from the forward pass
-                      int64_t N, int64_t D, bool accumulate_dx);
+RmsnormBackward rmsnorm_backward;
 
 // Per-stream scales (Engram's and mHC's norms): each of the G streams of a token is a row of width D, stream
 // g scaled by w[g]; rstd [N, G]; dw [G, D] accumulated. G = 1 is rmsnorm_forward / rmsnorm_backward.
-void rmsnorm_streams_forward(float* out,      // [N, G, D]
-                             float* rstd,     // [N, G]
-                             const float* x,  // [N, G, D]
-                             const float* w,  // [G, D]
-                             int64_t N, int64_t G, int64_t D, float eps);
-void rmsnorm_streams_backward(float* dx,          // [N, G, D]
-                              float* dw,          // [G, D]
-                              const float* dout,  // [N, G, D]
-                              const float* x,     // [N, G, D]
-                              const float* w,     // [G, D]
-                              const float* rstd,  // [N, G]
-                              int64_t N, int64_t G, int64_t D, bool accumulate_dx);
+RmsnormStreamsForward rmsnorm_streams_forward;
+RmsnormStreamsBackward rmsnorm_streams_backward;
 
 template <class T>
-void rmsnorm_reference_forward(T* out,      // [N, D]
-                               T* rstd,     // [N]
-                               const T* x,  // [N, D]
-                               const T* w,  // [D]
-                               int64_t N, int64_t D, T eps) {
+void rmsnorm_reference_forward(T* out, T* rstd, const T* x, const T* w, int64_t N, int64_t D, T eps) {
   for (int64_t n = 0; n < N; ++n) {
     const T* row = x + n * D;
     T sum_squares = T(0);
@@ -64,13 +38,8 @@ void rmsnorm_reference_forward(T* out,      // [N, D]
 
 // With xhat = x * r: dx = r * (w * dout - xhat * mean(w * dout * xhat)), dw += dout * xhat.
 template <class T>
-void rmsnorm_reference_backward(T* dx,          // [N, D]
-                                T* dw,          // [D]
-                                const T* dout,  // [N, D]
-                                const T* x,     // [N, D]
-                                const T* w,     // [D]
-                                const T* rstd,  // [N]
-                                int64_t N, int64_t D, bool accumulate_dx) {
+void rmsnorm_reference_backward(T* dx, T* dw, const T* dout, const T* x, const T* w, const T* rstd, int64_t N,
+                                int64_t D, bool accumulate_dx) {
   for (int64_t n = 0; n < N; ++n) {
     const T* row = x + n * D;
     const T* grad = dout + n * D;

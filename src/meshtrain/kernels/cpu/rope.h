@@ -5,6 +5,8 @@
 #include <cmath>
 #include <cstdint>
 
+#include "meshtrain/kernels/signatures.h"
+
 namespace meshtrain::kernels {
 
 // For i < d/2, a = positions[n] * theta^(-2i/d):
@@ -12,16 +14,10 @@ namespace meshtrain::kernels {
 // Angles are computed in double (only cos/sin are rounded to float) so large positions stay accurate; the
 // fast kernels take theta^(-2i/d) once per call and evaluate cos/sin with a vectorised double polynomial. out
 // may alias x. d must be even.
-void rope_forward(float* out,                // [N, H, d]
-                  const float* x,            // [N, H, d]
-                  const int32_t* positions,  // [N]
-                  int64_t N, int64_t H, int64_t d, float theta);
+RopeForward rope_forward;
 
 // dx = rotation of dout by -a (the transpose of the forward rotation). dx may alias dout.
-void rope_backward(float* dx,                 // [N, H, d]
-                   const float* dout,         // [N, H, d]
-                   const int32_t* positions,  // [N]
-                   int64_t N, int64_t H, int64_t d, float theta);
+RopeBackward rope_backward;
 
 // Frequency of pair i, theta^(-2i/d), in double. The fast kernels compute it once per call and pair.
 inline double rope_inverse_frequency(int64_t i, int64_t d, double theta) {
@@ -33,11 +29,11 @@ inline double rope_angle(int32_t position, int64_t i, int64_t d, double theta) {
   return static_cast<double>(position) * rope_inverse_frequency(i, d, theta);
 }
 
+// The references rotate as the fast kernels do: by a (sign +1: the forward) or by -a (sign -1: the
+// transpose, the backward).
 template <class T>
-void rope_reference_forward(T* out,                    // [N, H, d]
-                            const T* x,                // [N, H, d]
-                            const int32_t* positions,  // [N]
-                            int64_t N, int64_t H, int64_t d, T theta) {
+void rope_reference_rotate(T* out, const T* x, const int32_t* positions, int64_t N, int64_t H, int64_t d,
+                           T theta, T sign) {
   const int64_t half = d / 2;
   for (int64_t n = 0; n < N; ++n) {
     for (int64_t h = 0; h < H; ++h) {
@@ -45,7 +41,7 @@ void rope_reference_forward(T* out,                    // [N, H, d]
       T* target = out + (n * H + h) * d;
       for (int64_t i = 0; i < half; ++i) {
         const double angle = rope_angle(positions[n], i, d, static_cast<double>(theta));
-        const T c = static_cast<T>(std::cos(angle)), s = static_cast<T>(std::sin(angle));
+        const T c = static_cast<T>(std::cos(angle)), s = sign * static_cast<T>(std::sin(angle));
         const T first = source[i], second = source[i + half];
         target[i] = first * c - second * s;
         target[i + half] = second * c + first * s;
@@ -55,24 +51,15 @@ void rope_reference_forward(T* out,                    // [N, H, d]
 }
 
 template <class T>
-void rope_reference_backward(T* dx,                     // [N, H, d]
-                             const T* dout,             // [N, H, d]
-                             const int32_t* positions,  // [N]
-                             int64_t N, int64_t H, int64_t d, T theta) {
-  const int64_t half = d / 2;
-  for (int64_t n = 0; n < N; ++n) {
-    for (int64_t h = 0; h < H; ++h) {
-      const T* source = dout + (n * H + h) * d;
-      T* target = dx + (n * H + h) * d;
-      for (int64_t i = 0; i < half; ++i) {
-        const double angle = rope_angle(positions[n], i, d, static_cast<double>(theta));
-        const T c = static_cast<T>(std::cos(angle)), s = static_cast<T>(std::sin(angle));
-        const T first = source[i], second = source[i + half];
-        target[i] = first * c + second * s;
-        target[i + half] = second * c - first * s;
-      }
-    }
-  }
+void rope_reference_forward(T* out, const T* x, const int32_t* positions, int64_t N, int64_t H, int64_t d,
+                            T theta) {
+  rope_reference_rotate(out, x, positions, N, H, d, theta, T(1));
+}
+
+template <class T>
+void rope_reference_backward(T* dx, const T* dout, const int32_t* positions, int64_t N, int64_t H, int64_t d,
+                             T theta) {
+  rope_reference_rotate(dx, dout, positions, N, H, d, theta, T(-1));
 }
 
 }  // namespace meshtrain::kernels

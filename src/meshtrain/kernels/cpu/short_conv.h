@@ -11,35 +11,18 @@
 #include <cmath>
 #include <cstdint>
 
+#include "meshtrain/kernels/signatures.h"
+
 namespace meshtrain::kernels {
 
-void short_conv_forward(float* y,           // [B, T, C]
-                        const float* u,     // [B, T, C]
-                        const float* halo,  // [B, H, C] or nullptr (zeros)
-                        const float* w,     // [K, C]
-                        int64_t B, int64_t T, int64_t C, int64_t K, int64_t dilation);
+ShortConvForward short_conv_forward;
 
-void short_conv_backward(float* d_u,         // [B, T, C]
-                         float* d_halo,      // [B, H, C] or nullptr
-                         float* d_w,         // [K, C]
-                         const float* d_y,   // [B, T, C]
-                         const float* u,     // [B, T, C]
-                         const float* halo,  // [B, H, C] or nullptr
-                         const float* w,     // [K, C]
-                         int64_t B, int64_t T, int64_t C, int64_t K, int64_t dilation);
+ShortConvBackward short_conv_backward;
 
 // The ShortConv's end and the Engram residual (engram.md sections 5 and 6), elementwise:
 //   out = x + gated + silu(y);   backward: d_gated = d_out, d_y = d_out silu'(y) (both written).
-void short_conv_output_forward(float* out,          // [count]
-                               const float* x,      // [count] the residual stream
-                               const float* gated,  // [count]
-                               const float* y,      // [count] the convolution
-                               int64_t count);
-void short_conv_output_backward(float* d_gated,      // [count]
-                                float* d_y,          // [count]
-                                const float* d_out,  // [count]
-                                const float* y,      // [count]
-                                int64_t count);
+ShortConvOutputForward short_conv_output_forward;
+ShortConvOutputBackward short_conv_output_backward;
 
 template <class Value>
 Value silu_of(Value y) {

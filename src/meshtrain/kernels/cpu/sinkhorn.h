@@ -12,6 +12,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "meshtrain/kernels/signatures.h"
+
 namespace meshtrain::kernels {
 
 inline constexpr double kSinkhornEpsilon = 1e-6;
@@ -19,14 +21,9 @@ inline constexpr double kSinkhornEpsilon = 1e-6;
 // mHC's G 4 with 20 needs 640).
 inline constexpr int64_t kSinkhornMaxStageValues = 4096;
 
-void sinkhorn_forward(float* mixing,        // [N, G, G]
-                      const float* logits,  // [N, G, G]
-                      int64_t N, int64_t G, int64_t iterations);
+SinkhornForward sinkhorn_forward;
 
-void sinkhorn_backward(float* d_logits,        // [N, G, G]
-                       const float* d_mixing,  // [N, G, G]
-                       const float* logits,    // [N, G, G]
-                       int64_t N, int64_t G, int64_t iterations);
+SinkhornBackward sinkhorn_backward;
 
 // One token's forward, keeping every stage in `stages` [2 iterations, G, G]: stage 0 = softmax + eps, then
 // one matrix per normalisation (column, then row / column pairs). The kernels and the references share it,

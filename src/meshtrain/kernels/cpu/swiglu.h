@@ -5,33 +5,21 @@
 #include <cmath>
 #include <cstdint>
 
+#include "meshtrain/kernels/signatures.h"
+
 namespace meshtrain::kernels {
 
-void swiglu_forward(float* out,         // [count]
-                    const float* gate,  // [count]
-                    const float* up,    // [count]
-                    int64_t count);
+SwigluForward swiglu_forward;
 
 // The same with out rounded to bfloat16 as it is written (bitwise swiglu_forward's out rounded): the MLP's
 // down projection reads it as its bf16 input under dtype=bfloat16.
-void swiglu_forward_bf16(uint16_t* out,      // [count] bfloat16 bits
-                         const float* gate,  // [count]
-                         const float* up,    // [count]
-                         int64_t count);
+SwigluForwardBf16 swiglu_forward_bf16;
 
 // dgate = dout * up * silu'(gate), dup = dout * silu(gate); both written (=).
-void swiglu_backward(float* dgate,       // [count]
-                     float* dup,         // [count]
-                     const float* dout,  // [count]
-                     const float* gate,  // [count]
-                     const float* up,    // [count]
-                     int64_t count);
+SwigluBackward swiglu_backward;
 
 template <class T>
-void swiglu_reference_forward(T* out,         // [count]
-                              const T* gate,  // [count]
-                              const T* up,    // [count]
-                              int64_t count) {
+void swiglu_reference_forward(T* out, const T* gate, const T* up, int64_t count) {
   for (int64_t i = 0; i < count; ++i) {
     const T sigmoid = T(1) / (T(1) + std::exp(-gate[i]));
     out[i] = gate[i] * sigmoid * up[i];
@@ -40,12 +28,7 @@ void swiglu_reference_forward(T* out,         // [count]
 
 // silu'(g) = sigmoid(g) * (1 + g * (1 - sigmoid(g))).
 template <class T>
-void swiglu_reference_backward(T* dgate,       // [count]
-                               T* dup,         // [count]
-                               const T* dout,  // [count]
-                               const T* gate,  // [count]
-                               const T* up,    // [count]
-                               int64_t count) {
+void swiglu_reference_backward(T* dgate, T* dup, const T* dout, const T* gate, const T* up, int64_t count) {
   for (int64_t i = 0; i < count; ++i) {
     const T g = gate[i], u = up[i], d = dout[i];
     const T sigmoid = T(1) / (T(1) + std::exp(-g));
