@@ -1,7 +1,6 @@
 // The fused AdamW step and the gradient's sum of squares (global norm) on the GPU (adamw.h; semantics of
 // kernels/cpu/adamw.h): elementwise float32 in the cpu kernel's operation order, and a two-pass double sum.
 // Legend: count elements of one tensor (any shape, flattened); param, grad, m, v, values [count].
-#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
@@ -11,10 +10,6 @@
 
 namespace meshtrain::kernels::cuda {
 namespace {
-
-constexpr int kThreads = 256;
-// Blocks of one AdamW launch (a grid-stride loop covers the rest): about two waves of a full H100 / H200.
-constexpr int64_t kMaxBlocks = 2048;
 
 // The sum of squares: always kSumBlocks blocks of kSumThreads threads (whatever count is), thread t of
 // block b summing elements b kSumThreads + t + k kSumBlocks kSumThreads in k order, each block's sum by a
@@ -112,8 +107,7 @@ void adamw_update(float* param, const float* grad, float* m, float* v, int64_t c
   c.inverse_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bias_correction2));
   c.eps = step.epsilon;
   c.decay = apply_weight_decay ? step.learning_rate * step.weight_decay : 0.0f;
-  const unsigned blocks = blocks_for(std::min(count, kMaxBlocks * kThreads), kThreads);
-  update_kernel<<<blocks, kThreads, 0, stream()>>>(param, grad, m, v, count, c);
+  update_kernel<<<elementwise_blocks(count), kElementwiseThreads, 0, stream()>>>(param, grad, m, v, count, c);
   MT_CUDA_LAUNCHED("adamw update_kernel");
 }
 

@@ -5,15 +5,11 @@
 #include <cstdint>
 
 #include "meshtrain/kernels/arguments.h"
+#include "meshtrain/kernels/signatures.h"
 
 namespace meshtrain::kernels::cuda {
 
-void adamw_update(float* param,       // [count]
-                  const float* grad,  // [count]
-                  float* m,           // [count]
-                  float* v,           // [count]
-                  int64_t count, const AdamWStep& step, bool apply_weight_decay);
-double sum_of_squares(const float* values,  // [count]
-                      int64_t count);
+AdamWUpdate adamw_update;
+SumOfSquares sum_of_squares;
 
 }  // namespace meshtrain::kernels::cuda

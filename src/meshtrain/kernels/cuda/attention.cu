@@ -2,6 +2,8 @@
 // key tiles staged in shared memory, and a deterministic backward (no atomics) that recomputes P from q, k
 // and lse. Legend: B batch, S sequence, H query heads, K kv heads (H divisible by K), d head width (1..256),
 // D the width bucket d is zero-padded to in shared memory (32, 64, 128, 256), Br / Bc query / key tile rows.
+// Shapes (attention.h's): q, out, dout, dq [B, S, H, d]; k, v, dk, dv [B, S, K, d]; lse, row_dot [B, H, S];
+// positions, segment_ids [B, S] (segment_ids nullptr: one segment).
 //
 // Every block has 256 threads as a 16 x 16 grid, tx = thread % 16, ty = thread / 16. A score tile [Br, Bc]
 // is held as Br / 16 x Bc / 16 values per thread: query rows ty + 16 m, key columns tx + 16 n (the 16 threads
@@ -87,6 +89,71 @@ __device__ float row_max16(float value) {
   return value;
 }
 
+// Where a block of the forward and dq kernels works: one block per (query tile, query head, batch), later
+// query tiles first (they see more keys).
+struct QueryTileBlock {
+  int tx, ty;                         // this thread's column and row in the 16 x 16 grid
+  int h, b, g;                        // query head, batch, kv head
+  int i0, rows;                       // the tile's first query row and its number of rows
+  int64_t q_stride, kv_stride;        // floats from one token to the next in q (H d) and in k, v (K d)
+  int64_t q_offset, kv_offset;        // q row i0 of head h; k / v row 0 of this sequence's kv head g
+  const int32_t* sequence_positions;  // [S] of this sequence
+  const int32_t* sequence_segments;   // [S] of this sequence, or nullptr
+};
+
+template <int Br>
+__device__ QueryTileBlock query_tile_block(const int32_t* positions, const int32_t* segment_ids, int S, int H,
+                                           int K, int d) {
+  QueryTileBlock block;
+  block.tx = static_cast<int>(threadIdx.x) % kSide;
+  block.ty = static_cast<int>(threadIdx.x) / kSide;
+  const int tile = static_cast<int>(gridDim.x - 1 - blockIdx.x);
+  block.h = static_cast<int>(blockIdx.y);
+  block.b = static_cast<int>(blockIdx.z);
+  block.g = block.h / (H / K);
+  block.i0 = tile * Br;
+  block.rows = min(Br, S - block.i0);
+  block.q_stride = static_cast<int64_t>(H) * d;
+  block.kv_stride = static_cast<int64_t>(K) * d;
+  block.q_offset = ((static_cast<int64_t>(block.b) * S + block.i0) * H + block.h) * d;
+  block.kv_offset = (static_cast<int64_t>(block.b) * S * K + block.g) * d;
+  block.sequence_positions = positions + static_cast<int64_t>(block.b) * S;
+  block.sequence_segments = segment_ids == nullptr ? nullptr : segment_ids + int64_t{block.b} * S;
+  return block;
+}
+
+// This thread's query rows ty + 16 m of a tile of `rows` rows from i0: whether each is a real row, and its
+// position and segment (a padding row's position INT_MIN sees no key).
+template <int M>
+__device__ void load_query_rows(bool (&valid)[M], int (&position)[M], int (&segment)[M],
+                                const int32_t* sequence_positions, const int32_t* sequence_segments, int i0,
+                                int rows, int ty) {
+#pragma unroll
+  for (int m = 0; m < M; ++m) {
+    const int r = ty + kSide * m;
+    valid[m] = r < rows;
+    position[m] = valid[m] ? sequence_positions[i0 + r] : INT_MIN;
+    segment[m] = valid[m] && sequence_segments != nullptr ? sequence_segments[i0 + r] : 0;
+  }
+}
+
+// The forward's and dq's staging of key tile [j0, j0 + cols): its k and v rows into shared tiles, and its
+// keys' positions and segments (padding columns are masked by c < cols).
+template <int D, int Bc>
+__device__ void stage_key_tile(float* __restrict__ k_tile,  // [Bc, D + 1] shared
+                               float* __restrict__ v_tile,  // [Bc, D + 1] shared
+                               int* key_positions,          // [Bc] shared
+                               int* key_segments,           // [Bc] shared
+                               const float* k_rows, const float* v_rows, int64_t kv_stride, int j0, int cols,
+                               int d, const int32_t* sequence_positions, const int32_t* sequence_segments) {
+  load_tile<D, Bc>(k_tile, k_rows + j0 * kv_stride, kv_stride, cols, d);
+  load_tile<D, Bc>(v_tile, v_rows + j0 * kv_stride, kv_stride, cols, d);
+  for (int c = static_cast<int>(threadIdx.x); c < Bc; c += kThreads) {
+    key_positions[c] = c < cols ? sequence_positions[j0 + c] : 0;
+    key_segments[c] = c < cols && sequence_segments != nullptr ? sequence_segments[j0 + c] : 0;
+  }
+}
+
 // Shared memory of the forward: q tile, k tile, v tile, probabilities, key positions and segments.
 template <int D, int Br, int Bc>
 constexpr size_t forward_shared_bytes() {
@@ -96,14 +163,10 @@ constexpr size_t forward_shared_bytes() {
 // One block per (query tile, query head, batch): grid (query tiles, H, B), later query tiles first.
 template <int D, int Br, int Bc>
 __global__ void __launch_bounds__(kThreads)
-    forward_kernel(float* __restrict__ out,                  // [B, S, H, d]
-                   float* __restrict__ lse,                  // [B, H, S]
-                   const float* __restrict__ q,              // [B, S, H, d]
-                   const float* __restrict__ k,              // [B, S, K, d]
-                   const float* __restrict__ v,              // [B, S, K, d]
-                   const int32_t* __restrict__ positions,    // [B, S]
-                   const int32_t* __restrict__ segment_ids,  // [B, S] or nullptr
-                   int S, int H, int K, int d, float scale) {
+    forward_kernel(float* __restrict__ out, float* __restrict__ lse, const float* __restrict__ q,
+                   const float* __restrict__ k, const float* __restrict__ v,
+                   const int32_t* __restrict__ positions, const int32_t* __restrict__ segment_ids, int S,
+                   int H, int K, int d, float scale) {
   constexpr int M = Br / kSide, N = Bc / kSide, X = D / kSide, P = D + 1, PB = Bc + 1;
   extern __shared__ float shared[];
   float* q_tile = shared;                                        // [Br, D + 1]
@@ -113,28 +176,16 @@ __global__ void __launch_bounds__(kThreads)
   int* key_positions = reinterpret_cast<int*>(probs + Br * PB);  // [Bc]
   int* key_segments = key_positions + Bc;                        // [Bc]
 
-  const int tx = static_cast<int>(threadIdx.x) % kSide, ty = static_cast<int>(threadIdx.x) / kSide;
-  const int tile = static_cast<int>(gridDim.x - 1 - blockIdx.x);
-  const int h = static_cast<int>(blockIdx.y), b = static_cast<int>(blockIdx.z);
-  const int g = h / (H / K);
-  const int i0 = tile * Br, rows = min(Br, S - i0);
-  const int64_t q_stride = static_cast<int64_t>(H) * d, kv_stride = static_cast<int64_t>(K) * d;
-  const int32_t* sequence_positions = positions + static_cast<int64_t>(b) * S;                         // [S]
-  const int32_t* sequence_segments = segment_ids == nullptr ? nullptr : segment_ids + int64_t{b} * S;  // [S]
-  const float* q_rows = q + ((static_cast<int64_t>(b) * S + i0) * H + h) * d;  // row i at + i * q_stride
-  const float* k_rows = k + (static_cast<int64_t>(b) * S * K + g) * d;         // row j at + j * kv_stride
-  const float* v_rows = v + (static_cast<int64_t>(b) * S * K + g) * d;         // row j at + j * kv_stride
+  const auto [tx, ty, h, b, g, i0, rows, q_stride, kv_stride, q_offset, kv_offset, sequence_positions,
+              sequence_segments] = query_tile_block<Br>(positions, segment_ids, S, H, K, d);
+  const float* k_rows = k + kv_offset;  // row j at + j * kv_stride
+  const float* v_rows = v + kv_offset;  // row j at + j * kv_stride
 
-  load_tile<D, Br>(q_tile, q_rows, q_stride, rows, d);
+  load_tile<D, Br>(q_tile, q + q_offset, q_stride, rows, d);
   bool row_valid[M];
   int row_position[M], row_segment[M];
-#pragma unroll
-  for (int m = 0; m < M; ++m) {
-    const int r = ty + kSide * m;
-    row_valid[m] = r < rows;
-    row_position[m] = row_valid[m] ? sequence_positions[i0 + r] : INT_MIN;
-    row_segment[m] = row_valid[m] && sequence_segments != nullptr ? sequence_segments[i0 + r] : 0;
-  }
+  load_query_rows<M>(row_valid, row_position, row_segment, sequence_positions, sequence_segments, i0, rows,
+                     ty);
   const Bounds query_bounds = tile_bounds(sequence_positions, sequence_segments, i0, rows);
 
   float accumulator[M][X];
@@ -152,12 +203,8 @@ __global__ void __launch_bounds__(kThreads)
     const int j0 = key_tile * Bc, cols = min(Bc, S - j0);
     if (fully_masked(query_bounds, tile_bounds(sequence_positions, sequence_segments, j0, cols))) continue;
     __syncthreads();  // the previous tile's reads of k_tile, v_tile, probs and key positions are done
-    load_tile<D, Bc>(k_tile, k_rows + j0 * kv_stride, kv_stride, cols, d);
-    load_tile<D, Bc>(v_tile, v_rows + j0 * kv_stride, kv_stride, cols, d);
-    for (int c = static_cast<int>(threadIdx.x); c < Bc; c += kThreads) {
-      key_positions[c] = c < cols ? sequence_positions[j0 + c] : 0;
-      key_segments[c] = c < cols && sequence_segments != nullptr ? sequence_segments[j0 + c] : 0;
-    }
+    stage_key_tile<D, Bc>(k_tile, v_tile, key_positions, key_segments, k_rows, v_rows, kv_stride, j0, cols, d,
+                          sequence_positions, sequence_segments);
     __syncthreads();  // tiles (and, the first time, q_tile) loaded
 
     float scores[M][N];
@@ -225,8 +272,8 @@ __global__ void __launch_bounds__(kThreads)
   }
 
   // row_sum == 0 only for a query that sees no key (never in self-attention): out 0, lse -inf.
-  float* out_rows = out + ((static_cast<int64_t>(b) * S + i0) * H + h) * d;  // row i at + i * q_stride
-  float* lse_row = lse + (static_cast<int64_t>(b) * H + h) * S + i0;         // [rows]
+  float* out_rows = out + q_offset;                                   // row i at + i * q_stride
+  float* lse_row = lse + (static_cast<int64_t>(b) * H + h) * S + i0;  // [rows]
 #pragma unroll
   for (int m = 0; m < M; ++m) {
     const int r = ty + kSide * m;
@@ -311,17 +358,11 @@ constexpr size_t dkdv_shared_bytes() {
 // query heads in order and, for each, over the query tiles in order (a fixed summation order: deterministic).
 template <int D, int Br, int Bc>
 __global__ void __launch_bounds__(kThreads)
-    dkdv_kernel(float* __restrict__ dk,                   // [B, S, K, d]
-                float* __restrict__ dv,                   // [B, S, K, d]
-                const float* __restrict__ dout,           // [B, S, H, d]
-                const float* __restrict__ lse,            // [B, H, S]
-                const float* __restrict__ row_dot,        // [B, H, S]
-                const float* __restrict__ q,              // [B, S, H, d]
-                const float* __restrict__ k,              // [B, S, K, d]
-                const float* __restrict__ v,              // [B, S, K, d]
-                const int32_t* __restrict__ positions,    // [B, S]
-                const int32_t* __restrict__ segment_ids,  // [B, S] or nullptr
-                int S, int H, int K, int d, float scale) {
+    dkdv_kernel(float* __restrict__ dk, float* __restrict__ dv, const float* __restrict__ dout,
+                const float* __restrict__ lse, const float* __restrict__ row_dot, const float* __restrict__ q,
+                const float* __restrict__ k, const float* __restrict__ v,
+                const int32_t* __restrict__ positions, const int32_t* __restrict__ segment_ids, int S, int H,
+                int K, int d, float scale) {
   constexpr int M = Br / kSide, N = Bc / kSide, X = D / kSide, P = D + 1, PB = Bc + 1;
   extern __shared__ float shared[];
   float* k_tile = shared;                                         // [Bc, D + 1]
@@ -458,16 +499,10 @@ constexpr size_t dq_shared_bytes() {
 // first, looping over the key tiles in order (deterministic).
 template <int D, int Br, int Bc>
 __global__ void __launch_bounds__(kThreads)
-    dq_kernel(float* __restrict__ dq,                   // [B, S, H, d]
-              const float* __restrict__ dout,           // [B, S, H, d]
-              const float* __restrict__ lse,            // [B, H, S]
-              const float* __restrict__ row_dot,        // [B, H, S]
-              const float* __restrict__ q,              // [B, S, H, d]
-              const float* __restrict__ k,              // [B, S, K, d]
-              const float* __restrict__ v,              // [B, S, K, d]
-              const int32_t* __restrict__ positions,    // [B, S]
-              const int32_t* __restrict__ segment_ids,  // [B, S] or nullptr
-              int S, int H, int K, int d, float scale) {
+    dq_kernel(float* __restrict__ dq, const float* __restrict__ dout, const float* __restrict__ lse,
+              const float* __restrict__ row_dot, const float* __restrict__ q, const float* __restrict__ k,
+              const float* __restrict__ v, const int32_t* __restrict__ positions,
+              const int32_t* __restrict__ segment_ids, int S, int H, int K, int d, float scale) {
   constexpr int M = Br / kSide, N = Bc / kSide, X = D / kSide, P = D + 1, PB = Bc + 1;
   extern __shared__ float shared[];
   float* q_tile = shared;                                          // [Br, D + 1]
@@ -478,31 +513,23 @@ __global__ void __launch_bounds__(kThreads)
   int* key_positions = reinterpret_cast<int*>(dscores + Br * PB);  // [Bc]
   int* key_segments = key_positions + Bc;                          // [Bc]
 
-  const int tx = static_cast<int>(threadIdx.x) % kSide, ty = static_cast<int>(threadIdx.x) / kSide;
-  const int tile = static_cast<int>(gridDim.x - 1 - blockIdx.x);
-  const int h = static_cast<int>(blockIdx.y), b = static_cast<int>(blockIdx.z);
-  const int g = h / (H / K);
-  const int i0 = tile * Br, rows = min(Br, S - i0);
-  const int64_t q_stride = static_cast<int64_t>(H) * d, kv_stride = static_cast<int64_t>(K) * d;
-  const int32_t* sequence_positions = positions + static_cast<int64_t>(b) * S;                         // [S]
-  const int32_t* sequence_segments = segment_ids == nullptr ? nullptr : segment_ids + int64_t{b} * S;  // [S]
-  const int64_t q_offset = ((static_cast<int64_t>(b) * S + i0) * H + h) * d;  // query row i0, head h
-  const float* k_rows = k + (static_cast<int64_t>(b) * S * K + g) * d;        // row j at + j * kv_stride
-  const float* v_rows = v + (static_cast<int64_t>(b) * S * K + g) * d;        // row j at + j * kv_stride
-  const float* head_lse = lse + (static_cast<int64_t>(b) * H + h) * S;        // [S]
-  const float* head_dot = row_dot + (static_cast<int64_t>(b) * H + h) * S;    // [S]
+  const auto [tx, ty, h, b, g, i0, rows, q_stride, kv_stride, q_offset, kv_offset, sequence_positions,
+              sequence_segments] = query_tile_block<Br>(positions, segment_ids, S, H, K, d);
+  const float* k_rows = k + kv_offset;                                      // row j at + j * kv_stride
+  const float* v_rows = v + kv_offset;                                      // row j at + j * kv_stride
+  const float* head_lse = lse + (static_cast<int64_t>(b) * H + h) * S;      // [S]
+  const float* head_dot = row_dot + (static_cast<int64_t>(b) * H + h) * S;  // [S]
 
   load_tile<D, Br>(q_tile, q + q_offset, q_stride, rows, d);
   load_tile<D, Br>(dout_tile, dout + q_offset, q_stride, rows, d);
   bool row_valid[M];
   int row_position[M], row_segment[M];
+  load_query_rows<M>(row_valid, row_position, row_segment, sequence_positions, sequence_segments, i0, rows,
+                     ty);
   float row_lse[M], row_dot_value[M];
 #pragma unroll
   for (int m = 0; m < M; ++m) {
     const int r = ty + kSide * m;
-    row_valid[m] = r < rows;
-    row_position[m] = row_valid[m] ? sequence_positions[i0 + r] : INT_MIN;
-    row_segment[m] = row_valid[m] && sequence_segments != nullptr ? sequence_segments[i0 + r] : 0;
     row_lse[m] = row_valid[m] ? head_lse[i0 + r] : 0.0f;
     row_dot_value[m] = row_valid[m] ? head_dot[i0 + r] : 0.0f;
   }
@@ -520,12 +547,8 @@ __global__ void __launch_bounds__(kThreads)
     const int j0 = key_tile * Bc, cols = min(Bc, S - j0);
     if (fully_masked(query_bounds, tile_bounds(sequence_positions, sequence_segments, j0, cols))) continue;
     __syncthreads();  // the previous tile's reads of k_tile, v_tile, dscores and key positions are done
-    load_tile<D, Bc>(k_tile, k_rows + j0 * kv_stride, kv_stride, cols, d);
-    load_tile<D, Bc>(v_tile, v_rows + j0 * kv_stride, kv_stride, cols, d);
-    for (int c = static_cast<int>(threadIdx.x); c < Bc; c += kThreads) {
-      key_positions[c] = c < cols ? sequence_positions[j0 + c] : 0;
-      key_segments[c] = c < cols && sequence_segments != nullptr ? sequence_segments[j0 + c] : 0;
-    }
+    stage_key_tile<D, Bc>(k_tile, v_tile, key_positions, key_segments, k_rows, v_rows, kv_stride, j0, cols, d,
+                          sequence_positions, sequence_segments);
     __syncthreads();  // key tiles (and, the first time, q_tile and dout_tile) loaded
 
     float scores[M][N], dprobs[M][N];

@@ -6,27 +6,11 @@
 
 #include <cstdint>
 
+#include "meshtrain/kernels/signatures.h"
+
 namespace meshtrain::kernels::cuda {
 
-void attention_forward(float* out,                  // [B, S, H, d]
-                       float* lse,                  // [B, H, S]
-                       const float* q,              // [B, S, H, d]
-                       const float* k,              // [B, S, K, d]
-                       const float* v,              // [B, S, K, d]
-                       const int32_t* positions,    // [B, S]
-                       const int32_t* segment_ids,  // [B, S] or nullptr
-                       int64_t B, int64_t S, int64_t H, int64_t K, int64_t d);
-void attention_backward(float* dq,                   // [B, S, H, d]
-                        float* dk,                   // [B, S, K, d]
-                        float* dv,                   // [B, S, K, d]
-                        const float* dout,           // [B, S, H, d]
-                        const float* out,            // [B, S, H, d]
-                        const float* lse,            // [B, H, S]
-                        const float* q,              // [B, S, H, d]
-                        const float* k,              // [B, S, K, d]
-                        const float* v,              // [B, S, K, d]
-                        const int32_t* positions,    // [B, S]
-                        const int32_t* segment_ids,  // [B, S] or nullptr
-                        int64_t B, int64_t S, int64_t H, int64_t K, int64_t d, float* scratch);
+AttentionForward attention_forward;
+AttentionBackward attention_backward;
 
 }  // namespace meshtrain::kernels::cuda

@@ -4,13 +4,11 @@
 
 #include <cstdint>
 
+#include "meshtrain/kernels/signatures.h"
+
 namespace meshtrain::kernels::cuda {
 
-void column_slice_forward(float* out,      // [R * repeat, out_stride]
-                          const float* x,  // [R, x_stride] or nullptr
-                          int64_t R, int64_t W, int64_t repeat, int64_t out_stride, int64_t x_stride);
-void column_slice_backward(float* dx,          // [R, dx_stride]
-                           const float* dout,  // [R * repeat, dout_stride]
-                           int64_t R, int64_t W, int64_t repeat, int64_t dx_stride, int64_t dout_stride);
+ColumnSliceForward column_slice_forward;
+ColumnSliceBackward column_slice_backward;
 
 }  // namespace meshtrain::kernels::cuda

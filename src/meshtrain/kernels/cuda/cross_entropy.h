@@ -6,24 +6,11 @@
 #include <cstdint>
 
 #include "meshtrain/kernels/arguments.h"
+#include "meshtrain/kernels/signatures.h"
 
 namespace meshtrain::kernels::cuda {
 
-CrossEntropySums unembed_cross_entropy(float* dh,       // [N, D] or nullptr
-                                       float* dw,       // layout of w, or nullptr
-                                       const float* h,  // [N, D]
-                                       const float* w,  // [D, V] kernel_DV or [V, D] table_VD
-                                       UnembedLayout layout,
-                                       const int32_t* targets,    // [N]
-                                       const uint8_t* loss_mask,  // [N] or nullptr
-                                       int64_t N, int64_t D, int64_t V, int64_t vocab_valid,
-                                       int64_t chunk_tokens,  // C
-                                       float* scratch,        // [cross_entropy_scratch_floats(C, V)]
-                                       const VocabParallel* vocab_parallel,  // nullptr: one rank
-                                       uint16_t* bf16_inputs);
-void unembed_logits(float* out,      // [N, V]
-                    const float* h,  // [N, D]
-                    const float* w,  // [D, V] kernel_DV or [V, D] table_VD
-                    UnembedLayout layout, int64_t N, int64_t D, int64_t V, int64_t vocab_valid);
+UnembedCrossEntropy unembed_cross_entropy;
+UnembedLogits unembed_logits;
 
 }  // namespace meshtrain::kernels::cuda

@@ -6,12 +6,18 @@
 
 namespace meshtrain::kernels::cuda {
 
+void fail_call(const char* library, const char* call, const char* file, int line, const std::string& status,
+               const char* hint) {
+  fail(std::string(library) + " (" + file + ":" + std::to_string(line) + ")",
+       std::string(call) + " to succeed", status, hint);
+}
+
 void check(cudaError_t status, const char* call, const char* file, int line) {
   if (status == cudaSuccess) return;
-  fail(std::string("CUDA (") + file + ":" + std::to_string(line) + ")", std::string(call) + " to succeed",
-       std::string(cudaGetErrorName(status)) + ": " + cudaGetErrorString(status),
-       "check the driver with nvidia-smi; an out-of-memory error means the plan does not fit this device "
-       "(meshtrain compile --explain shows its buffers)");
+  fail_call(
+      "CUDA", call, file, line, std::string(cudaGetErrorName(status)) + ": " + cudaGetErrorString(status),
+      "check the driver with nvidia-smi; an out-of-memory error means the plan does not fit this device "
+      "(meshtrain compile --explain shows its buffers)");
 }
 
 cudaStream_t stream() {

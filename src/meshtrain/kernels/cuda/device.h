@@ -6,6 +6,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -18,6 +19,11 @@ cudaStream_t stream();
 // A failed CUDA call as an error naming the call, the file and line, and CUDA's own message.
 void check(cudaError_t status, const char* call, const char* file, int line);
 
+// The error of a failed call of the CUDA runtime or of a CUDA library (`library`: "CUDA", "cuBLASLt"): the
+// call, the file and line, the library's status in words and what to check.
+[[noreturn]] void fail_call(const char* library, const char* call, const char* file, int line,
+                            const std::string& status, const char* hint);
+
 // Waits for every queued kernel and copy (the host reads results only after this or a memory_copy_out).
 void synchronize();
 
@@ -25,6 +31,15 @@ void synchronize();
 inline unsigned blocks_for(int64_t count, int threads) {
   const int64_t blocks = (count + threads - 1) / threads;
   return static_cast<unsigned>(blocks < 1 ? 1 : blocks);
+}
+
+// The launch of an elementwise kernel, a grid-stride loop over `count` items: kElementwiseThreads threads a
+// block and at most kElementwiseMaxBlocks blocks (about two waves of a full H100 / H200); the loop covers the
+// rest.
+constexpr int kElementwiseThreads = 256;
+constexpr int64_t kElementwiseMaxBlocks = 2048;
+inline unsigned elementwise_blocks(int64_t count) {
+  return blocks_for(std::min(count, kElementwiseMaxBlocks * kElementwiseThreads), kElementwiseThreads);
 }
 
 // Table entries (kernels/backend.h).

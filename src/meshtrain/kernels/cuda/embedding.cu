@@ -1,7 +1,6 @@
 // Embedding lookup and its scatter-add gradient on the GPU (embedding.h; semantics of
 // kernels/cpu/embedding.h), vocab-parallel: this rank holds global rows [vocab_offset, vocab_offset + R).
 // Legend: N tokens, R table rows held here, D width; ids [N]; out, dout [N, D]; table, dtable [R, D].
-#include <algorithm>
 #include <cstdint>
 
 #include "meshtrain/core/error.h"
@@ -10,10 +9,6 @@
 
 namespace meshtrain::kernels::cuda {
 namespace {
-
-constexpr int kThreads = 256;
-// Blocks of one forward launch (a grid-stride loop covers the rest): about two waves of a full H100 / H200.
-constexpr int64_t kMaxBlocks = 2048;
 
 // The backward: a block owns kColumnThreads columns (one per thread) of the table rows in one bucket
 // (row % kBuckets == blockIdx.y). It walks all N tokens in order, kTile ids at a time staged in shared
@@ -89,8 +84,8 @@ void embedding_forward(float* out, const int32_t* ids, const float* table, int64
                        bool accumulate, int64_t vocab_offset, int64_t global_rows) {
   check_rows(R, D, vocab_offset, global_rows);
   if (N <= 0 || D <= 0) return;
-  const unsigned blocks = blocks_for(std::min(N * D, kMaxBlocks * kThreads), kThreads);
-  forward_kernel<<<blocks, kThreads, 0, stream()>>>(out, ids, table, N, R, D, accumulate, vocab_offset);
+  forward_kernel<<<elementwise_blocks(N * D), kElementwiseThreads, 0, stream()>>>(out, ids, table, N, R, D,
+                                                                                  accumulate, vocab_offset);
   MT_CUDA_LAUNCHED("embedding forward_kernel");
 }
 

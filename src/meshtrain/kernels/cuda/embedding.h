@@ -4,16 +4,11 @@
 
 #include <cstdint>
 
+#include "meshtrain/kernels/signatures.h"
+
 namespace meshtrain::kernels::cuda {
 
-void embedding_forward(float* out,          // [N, D]
-                       const int32_t* ids,  // [N]
-                       const float* table,  // [R, D]
-                       int64_t N, int64_t R, int64_t D, bool accumulate, int64_t vocab_offset,
-                       int64_t global_rows);
-void embedding_backward(float* dtable,       // [R, D]
-                        const int32_t* ids,  // [N]
-                        const float* dout,   // [N, D]
-                        int64_t N, int64_t R, int64_t D, int64_t vocab_offset, int64_t global_rows);
+EmbeddingForward embedding_forward;
+EmbeddingBackward embedding_backward;
 
 }  // namespace meshtrain::kernels::cuda

@@ -1,7 +1,6 @@
 // Tanh-approximated GELU on the GPU (gelu.h; semantics of kernels/cpu/gelu.h):
 // out = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) and dx = dout * gelu'(x).
 // Legend: count elements (N tokens times F MLP width); every array holds count floats.
-#include <algorithm>
 #include <cstdint>
 
 #include "meshtrain/kernels/cuda/device.h"
@@ -10,21 +9,11 @@
 namespace meshtrain::kernels::cuda {
 namespace {
 
-constexpr int kThreads = 256;
-// Blocks of one launch (a grid-stride loop covers the rest): about two waves of a full H100 / H200.
-constexpr int64_t kMaxBlocks = 2048;
-
 // The cpu kernel's constants: sqrt(2 / pi) rounded once to float, and the cubic coefficient.
 constexpr float kScale = static_cast<float>(0.79788456080286535588);
 constexpr float kCubic = 0.044715f;
 
-unsigned blocks(int64_t count) {
-  return blocks_for(std::min(count, kMaxBlocks * kThreads), kThreads);
-}
-
-__global__ void forward_kernel(float* out,      // [count]
-                               const float* x,  // [count]
-                               int64_t count) {
+__global__ void forward_kernel(float* out, const float* x, int64_t count) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += stride) {
     const float v = x[i];
@@ -34,10 +23,7 @@ __global__ void forward_kernel(float* out,      // [count]
 
 // With t = tanh(kScale (x + kCubic x^3)): gelu'(x) = 0.5 (1 + t) + 0.5 x (1 - t^2) kScale (1 + 3 kCubic x^2).
 // x is read before dx is written, so dx may share dout's or x's storage.
-__global__ void backward_kernel(float* dx,          // [count]
-                                const float* dout,  // [count]
-                                const float* x,     // [count]
-                                int64_t count) {
+__global__ void backward_kernel(float* dx, const float* dout, const float* x, int64_t count) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += stride) {
     const float v = x[i];
@@ -52,13 +38,13 @@ __global__ void backward_kernel(float* dx,          // [count]
 
 void gelu_forward(float* out, const float* x, int64_t count) {
   if (count <= 0) return;
-  forward_kernel<<<blocks(count), kThreads, 0, stream()>>>(out, x, count);
+  forward_kernel<<<elementwise_blocks(count), kElementwiseThreads, 0, stream()>>>(out, x, count);
   MT_CUDA_LAUNCHED("gelu forward_kernel");
 }
 
 void gelu_backward(float* dx, const float* dout, const float* x, int64_t count) {
   if (count <= 0) return;
-  backward_kernel<<<blocks(count), kThreads, 0, stream()>>>(dx, dout, x, count);
+  backward_kernel<<<elementwise_blocks(count), kElementwiseThreads, 0, stream()>>>(dx, dout, x, count);
   MT_CUDA_LAUNCHED("gelu backward_kernel");
 }
 

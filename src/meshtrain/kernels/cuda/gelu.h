@@ -4,14 +4,11 @@
 
 #include <cstdint>
 
+#include "meshtrain/kernels/signatures.h"
+
 namespace meshtrain::kernels::cuda {
 
-void gelu_forward(float* out,      // [count]
-                  const float* x,  // [count]
-                  int64_t count);
-void gelu_backward(float* dx,          // [count]
-                   const float* dout,  // [count]
-                   const float* x,     // [count]
-                   int64_t count);
+GeluForward gelu_forward;
+GeluBackward gelu_backward;
 
 }  // namespace meshtrain::kernels::cuda

@@ -35,16 +35,13 @@ namespace {
 // the one stream, so they take turns with it. This is the library workspace the plan lists beside the arena.
 constexpr size_t kWorkspaceBytes = size_t{32} << 20;
 
-constexpr int kRoundThreads = 256;
-// Blocks of one rounding launch (a grid-stride loop covers the rest): about two waves of a full H100 / H200.
-constexpr int64_t kRoundMaxBlocks = 2048;
-
 void check_cublas(cublasStatus_t status, const char* call, const char* file, int line) {
   if (status == CUBLAS_STATUS_SUCCESS) return;
-  fail(std::string("cuBLASLt (") + file + ":" + std::to_string(line) + ")", std::string(call) + " to succeed",
-       std::string(cublasLtGetStatusName(status)) + ": " + cublasLtGetStatusString(status),
-       "check the driver and the CUDA toolkit's cuBLAS with nvidia-smi; CUBLAS_STATUS_NOT_SUPPORTED names a "
-       "shape or alignment cuBLASLt has no kernel for (a bug in meshtrain: report it)");
+  fail_call(
+      "cuBLASLt", call, file, line,
+      std::string(cublasLtGetStatusName(status)) + ": " + cublasLtGetStatusString(status),
+      "check the driver and the CUDA toolkit's cuBLAS with nvidia-smi; CUBLAS_STATUS_NOT_SUPPORTED names "
+      "a shape or alignment cuBLASLt has no kernel for (a bug in meshtrain: report it)");
 }
 
 #define MT_CUBLAS(call) check_cublas((call), #call, __FILE__, __LINE__)
@@ -236,9 +233,7 @@ void gemm_bf16(float* c, const uint16_t* a, const uint16_t* b, int64_t M, int64_
 
 void round_to_bf16(uint16_t* out, const float* in, int64_t count) {
   if (count <= 0) return;
-  const unsigned blocks = blocks_for(
-      count < kRoundMaxBlocks * kRoundThreads ? count : kRoundMaxBlocks * kRoundThreads, kRoundThreads);
-  round_kernel<<<blocks, kRoundThreads, 0, stream()>>>(out, in, count);
+  round_kernel<<<elementwise_blocks(count), kElementwiseThreads, 0, stream()>>>(out, in, count);
   MT_CUDA_LAUNCHED("gemm round_kernel (round_to_bf16)");
 }
 

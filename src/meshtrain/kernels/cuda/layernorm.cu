@@ -15,13 +15,8 @@ namespace {
 // One block per row, two passes as the cpu (E[x^2] - mean^2 cancels when |mean| >> std): mean = sum(x) / D,
 // rstd = 1 / sqrt(sum((x - mean)^2) / D + eps) (correctly rounded sqrt and division), then
 // out = (x - mean) rstd w + b.
-__global__ void forward_kernel(float* out,      // [N, D]
-                               float* mean,     // [N]
-                               float* rstd,     // [N]
-                               const float* x,  // [N, D]
-                               const float* w,  // [D]
-                               const float* b,  // [D]
-                               int64_t N, int64_t D, float eps) {
+__global__ void forward_kernel(float* out, float* mean, float* rstd, const float* x, const float* w,
+                               const float* b, int64_t N, int64_t D, float eps) {
   __shared__ float shared[32];
   for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
     const float* row = x + n * D;
@@ -33,9 +28,7 @@ __global__ void forward_kernel(float* out,      // [N, D]
       const float centered = row[j] - m;
       sum_squares += centered * centered;
     }
-    sum_squares = block_sum(sum_squares, shared);
-    const float r =
-        __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(sum_squares, static_cast<float>(D)), eps)));
+    const float r = inverse_root_mean(block_sum(sum_squares, shared), D, eps);
     if (threadIdx.x == 0) {
       mean[n] = m;
       rstd[n] = r;
@@ -49,13 +42,9 @@ __global__ void forward_kernel(float* out,      // [N, D]
 // sum(g xhat) / D; dx = rstd (g - mean_g - xhat mean_g_xhat), written or added. Each thread reads dout[j]
 // and x[j] before it writes dx[j] (the row sums are complete before any write), so dx may share dout's
 // storage when not accumulating.
-__global__ void backward_dx_kernel(float* dx,          // [N, D]
-                                   const float* dout,  // [N, D]
-                                   const float* x,     // [N, D]
-                                   const float* w,     // [D]
-                                   const float* mean,  // [N]
-                                   const float* rstd,  // [N]
-                                   int64_t N, int64_t D, bool accumulate_dx) {
+__global__ void backward_dx_kernel(float* dx, const float* dout, const float* x, const float* w,
+                                   const float* mean, const float* rstd, int64_t N, int64_t D,
+                                   bool accumulate_dx) {
   __shared__ float shared[32];
   const float inv_d = 1.0f / static_cast<float>(D);
   for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
@@ -80,13 +69,9 @@ __global__ void backward_dx_kernel(float* dx,          // [N, D]
 
 // Block (kColumns, kRowLanes), grid.x = ceil(D / kColumns): dw[j] += sum over n of dout[n, j] (x[n, j] -
 // mean[n]) rstd[n] and db[j] += sum over n of dout[n, j], each column summed in the fixed order above.
-__global__ void __launch_bounds__(kColumnThreads) backward_dw_db_kernel(float* dw,          // [D]
-                                                                        float* db,          // [D]
-                                                                        const float* dout,  // [N, D]
-                                                                        const float* x,     // [N, D]
-                                                                        const float* mean,  // [N]
-                                                                        const float* rstd,  // [N]
-                                                                        int64_t N, int64_t D) {
+__global__ void __launch_bounds__(kColumnThreads)
+    backward_dw_db_kernel(float* dw, float* db, const float* dout, const float* x, const float* mean,
+                          const float* rstd, int64_t N, int64_t D) {
   __shared__ float partial_w[kRowLanes][kColumns];
   __shared__ float partial_b[kRowLanes][kColumns];
   const int64_t j = static_cast<int64_t>(blockIdx.x) * kColumns + threadIdx.x;

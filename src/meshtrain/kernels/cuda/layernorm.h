@@ -4,23 +4,11 @@
 
 #include <cstdint>
 
+#include "meshtrain/kernels/signatures.h"
+
 namespace meshtrain::kernels::cuda {
 
-void layernorm_forward(float* out,      // [N, D]
-                       float* mean,     // [N]
-                       float* rstd,     // [N]
-                       const float* x,  // [N, D]
-                       const float* w,  // [D]
-                       const float* b,  // [D]
-                       int64_t N, int64_t D, float eps);
-void layernorm_backward(float* dx,          // [N, D]
-                        float* dw,          // [D]
-                        float* db,          // [D]
-                        const float* dout,  // [N, D]
-                        const float* x,     // [N, D]
-                        const float* w,     // [D]
-                        const float* mean,  // [N]
-                        const float* rstd,  // [N]
-                        int64_t N, int64_t D, bool accumulate_dx);
+LayernormForward layernorm_forward;
+LayernormBackward layernorm_backward;
 
 }  // namespace meshtrain::kernels::cuda

@@ -1,7 +1,6 @@
 // Dense matmul on the GPU (matmul.h; semantics of kernels/cpu/matmul.h): out = x @ w + bias and its
 // backward, GEMMs through gemm.h (cuBLASLt), the bias broadcast and the bias gradient's column sums here.
 // Legend: N tokens, I input width, O output width.
-#include <algorithm>
 #include <cstdint>
 
 #include "meshtrain/kernels/cuda/device.h"
@@ -10,10 +9,6 @@
 
 namespace meshtrain::kernels::cuda {
 namespace {
-
-constexpr int kBroadcastThreads = 256;
-// Blocks of one broadcast launch (a grid-stride loop covers the rest): about two waves of a full H100 / H200.
-constexpr int64_t kBroadcastMaxBlocks = 2048;
 
 // Column sums: a block of kSumColumns x kSumRowGroups threads owns kSumColumns adjacent columns (a warp reads
 // 32 consecutive floats of a row). Thread (column, group) sums rows group, group + kSumRowGroups, ... in
@@ -56,9 +51,7 @@ __global__ void column_sums_kernel(float* dbias,       // [O]
 void broadcast_bias(float* out,         // [N, O]
                     const float* bias,  // [O]
                     int64_t N, int64_t O) {
-  const unsigned blocks =
-      blocks_for(std::min(N * O, kBroadcastMaxBlocks * kBroadcastThreads), kBroadcastThreads);
-  broadcast_bias_kernel<<<blocks, kBroadcastThreads, 0, stream()>>>(out, bias, N, O);
+  broadcast_bias_kernel<<<elementwise_blocks(N * O), kElementwiseThreads, 0, stream()>>>(out, bias, N, O);
   MT_CUDA_LAUNCHED("matmul broadcast_bias_kernel");
 }
 

@@ -6,19 +6,11 @@
 
 #include <cstdint>
 
+#include "meshtrain/kernels/signatures.h"
+
 namespace meshtrain::kernels::cuda {
 
-void matmul_forward(float* out,         // [N, O]
-                    const float* x,     // [N, I]
-                    const float* w,     // [I, O]
-                    const float* bias,  // [O] or nullptr
-                    int64_t N, int64_t I, int64_t O, uint16_t* bf16_inputs);
-void matmul_backward(float* dx,          // [N, I] or nullptr
-                     float* dw,          // [I, O] or nullptr
-                     float* dbias,       // [O] or nullptr
-                     const float* dout,  // [N, O]
-                     const float* x,     // [N, I]
-                     const float* w,     // [I, O]
-                     int64_t N, int64_t I, int64_t O, bool accumulate_dx, uint16_t* bf16_inputs);
+MatmulForward matmul_forward;
+MatmulBackward matmul_backward;
 
 }  // namespace meshtrain::kernels::cuda

@@ -1,6 +1,5 @@
 // Residual add on the GPU (residual.h; semantics of kernels/cpu/residual.h): out += x, elementwise.
 // Legend: count elements; both arrays hold count floats.
-#include <algorithm>
 #include <cstdint>
 
 #include "meshtrain/kernels/cuda/device.h"
@@ -9,14 +8,8 @@
 namespace meshtrain::kernels::cuda {
 namespace {
 
-constexpr int kThreads = 256;
-// Blocks of one launch (a grid-stride loop covers the rest): about two waves of a full H100 / H200.
-constexpr int64_t kMaxBlocks = 2048;
-
 // Each element is read and written by one thread, so x may alias out (out doubles).
-__global__ void add_kernel(float* out,      // [count]
-                           const float* x,  // [count]
-                           int64_t count) {
+__global__ void add_kernel(float* out, const float* x, int64_t count) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += stride) {
     out[i] += x[i];
@@ -27,8 +20,7 @@ __global__ void add_kernel(float* out,      // [count]
 
 void residual_add(float* out, const float* x, int64_t count) {
   if (count <= 0) return;
-  const unsigned blocks = blocks_for(std::min(count, kMaxBlocks * kThreads), kThreads);
-  add_kernel<<<blocks, kThreads, 0, stream()>>>(out, x, count);
+  add_kernel<<<elementwise_blocks(count), kElementwiseThreads, 0, stream()>>>(out, x, count);
   MT_CUDA_LAUNCHED("residual add_kernel");
 }
 

@@ -4,10 +4,10 @@
 
 #include <cstdint>
 
+#include "meshtrain/kernels/signatures.h"
+
 namespace meshtrain::kernels::cuda {
 
-void residual_add(float* out,      // [count]
-                  const float* x,  // [count]
-                  int64_t count);
+ResidualAdd residual_add;
 
 }  // namespace meshtrain::kernels::cuda

@@ -13,19 +13,14 @@ namespace {
 
 // One block per row: rstd = 1 / sqrt(sum(x^2) / D + eps) (correctly rounded sqrt and division, as the cpu's
 // std::sqrt and /), out = w * (x * rstd) in the cpu's order.
-__global__ void forward_kernel(float* out,      // [N, D]
-                               float* rstd,     // [N]
-                               const float* x,  // [N, D]
-                               const float* w,  // [D]
-                               int64_t N, int64_t D, float eps) {
+__global__ void forward_kernel(float* out, float* rstd, const float* x, const float* w, int64_t N, int64_t D,
+                               float eps) {
   __shared__ float shared[32];
   for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
     const float* row = x + n * D;
     float sum_squares = 0.0f;
     for (int64_t j = threadIdx.x; j < D; j += blockDim.x) sum_squares += row[j] * row[j];
-    sum_squares = block_sum(sum_squares, shared);
-    const float r =
-        __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(sum_squares, static_cast<float>(D)), eps)));
+    const float r = inverse_root_mean(block_sum(sum_squares, shared), D, eps);
     if (threadIdx.x == 0) rstd[n] = r;
     float* target = out + n * D;
     for (int64_t j = threadIdx.x; j < D; j += blockDim.x) target[j] = __fmul_rn(w[j], __fmul_rn(row[j], r));
@@ -35,12 +30,8 @@ __global__ void forward_kernel(float* out,      // [N, D]
 // One block per row: projection = sum(w * dout * x); dx = r w dout - x r^3 projection / D, written or added.
 // Each thread reads dout[j] and x[j] before it writes dx[j] (and the row sum is complete before any write),
 // so dx may share dout's storage when not accumulating.
-__global__ void backward_dx_kernel(float* dx,          // [N, D]
-                                   const float* dout,  // [N, D]
-                                   const float* x,     // [N, D]
-                                   const float* w,     // [D]
-                                   const float* rstd,  // [N]
-                                   int64_t N, int64_t D, bool accumulate_dx) {
+__global__ void backward_dx_kernel(float* dx, const float* dout, const float* x, const float* w,
+                                   const float* rstd, int64_t N, int64_t D, bool accumulate_dx) {
   __shared__ float shared[32];
   for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
     const float* row = x + n * D;
@@ -60,11 +51,9 @@ __global__ void backward_dx_kernel(float* dx,          // [N, D]
 
 // Block (kColumns, kRowLanes), grid.x = ceil(D / kColumns): dw[j] += sum over n of dout[n, j] x[n, j]
 // rstd[n], each column summed by its kRowLanes lanes in the fixed order above.
-__global__ void __launch_bounds__(kColumnThreads) backward_dw_kernel(float* dw,          // [D]
-                                                                     const float* dout,  // [N, D]
-                                                                     const float* x,     // [N, D]
-                                                                     const float* rstd,  // [N]
-                                                                     int64_t N, int64_t D) {
+__global__ void __launch_bounds__(kColumnThreads)
+    backward_dw_kernel(float* dw, const float* dout, const float* x, const float* rstd, int64_t N,
+                       int64_t D) {
   __shared__ float partial[kRowLanes][kColumns];
   const int64_t j = static_cast<int64_t>(blockIdx.x) * kColumns + threadIdx.x;
   float sum = 0.0f;

@@ -4,19 +4,11 @@
 
 #include <cstdint>
 
+#include "meshtrain/kernels/signatures.h"
+
 namespace meshtrain::kernels::cuda {
 
-void rmsnorm_forward(float* out,      // [N, D]
-                     float* rstd,     // [N]
-                     const float* x,  // [N, D]
-                     const float* w,  // [D]
-                     int64_t N, int64_t D, float eps);
-void rmsnorm_backward(float* dx,          // [N, D]
-                      float* dw,          // [D]
-                      const float* dout,  // [N, D]
-                      const float* x,     // [N, D]
-                      const float* w,     // [D]
-                      const float* rstd,  // [N]
-                      int64_t N, int64_t D, bool accumulate_dx);
+RmsnormForward rmsnorm_forward;
+RmsnormBackward rmsnorm_backward;
 
 }  // namespace meshtrain::kernels::cuda

@@ -4,15 +4,11 @@
 
 #include <cstdint>
 
+#include "meshtrain/kernels/signatures.h"
+
 namespace meshtrain::kernels::cuda {
 
-void rope_forward(float* out,                // [N, H, d]
-                  const float* x,            // [N, H, d]
-                  const int32_t* positions,  // [N]
-                  int64_t N, int64_t H, int64_t d, float theta);
-void rope_backward(float* dx,                 // [N, H, d]
-                   const float* dout,         // [N, H, d]
-                   const int32_t* positions,  // [N]
-                   int64_t N, int64_t H, int64_t d, float theta);
+RopeForward rope_forward;
+RopeBackward rope_backward;
 
 }  // namespace meshtrain::kernels::cuda

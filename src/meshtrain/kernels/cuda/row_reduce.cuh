@@ -43,6 +43,12 @@ __device__ float block_sum(float value, float* shared) {
   return result;
 }
 
+// 1 / sqrt(sum_squares / D + eps), each step correctly rounded as the cpu's /, + and std::sqrt: the rstd
+// both norms save.
+__device__ float inverse_root_mean(float sum_squares, int64_t D, float eps) {
+  return __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(sum_squares, static_cast<float>(D)), eps)));
+}
+
 unsigned row_blocks(int64_t N) {
   return static_cast<unsigned>(std::min(N, kMaxRowBlocks));
 }

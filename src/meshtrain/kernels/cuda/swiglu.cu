@@ -1,6 +1,5 @@
 // SwiGLU on the GPU (swiglu.h; semantics of kernels/cpu/swiglu.h): out = silu(gate) * up and its gradients.
 // Legend: count elements (N tokens times F MLP width); every array holds count floats.
-#include <algorithm>
 #include <cstdint>
 
 #include "meshtrain/kernels/cuda/device.h"
@@ -9,23 +8,12 @@
 namespace meshtrain::kernels::cuda {
 namespace {
 
-constexpr int kThreads = 256;
-// Blocks of one launch (a grid-stride loop covers the rest): about two waves of a full H100 / H200.
-constexpr int64_t kMaxBlocks = 2048;
-
-unsigned blocks(int64_t count) {
-  return blocks_for(std::min(count, kMaxBlocks * kThreads), kThreads);
-}
-
 // sigmoid(g) = 1 / (1 + e^-g) with accurate expf and division: 0 (not NaN) for g < -88.7, where e^-g is inf.
 __device__ float sigmoid(float g) {
   return 1.0f / (1.0f + expf(-g));
 }
 
-__global__ void forward_kernel(float* out,         // [count]
-                               const float* gate,  // [count]
-                               const float* up,    // [count]
-                               int64_t count) {
+__global__ void forward_kernel(float* out, const float* gate, const float* up, int64_t count) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += stride) {
     const float g = gate[i];
@@ -35,12 +23,8 @@ __global__ void forward_kernel(float* out,         // [count]
 
 // dgate = dout * up * sigmoid(g) * (1 + g (1 - sigmoid(g))), dup = dout * g * sigmoid(g). Every read of an
 // element comes before its writes, so a gradient may share an input's storage element for element.
-__global__ void backward_kernel(float* dgate,       // [count]
-                                float* dup,         // [count]
-                                const float* dout,  // [count]
-                                const float* gate,  // [count]
-                                const float* up,    // [count]
-                                int64_t count) {
+__global__ void backward_kernel(float* dgate, float* dup, const float* dout, const float* gate,
+                                const float* up, int64_t count) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += stride) {
     const float g = gate[i], u = up[i], d = dout[i];
@@ -54,14 +38,15 @@ __global__ void backward_kernel(float* dgate,       // [count]
 
 void swiglu_forward(float* out, const float* gate, const float* up, int64_t count) {
   if (count <= 0) return;
-  forward_kernel<<<blocks(count), kThreads, 0, stream()>>>(out, gate, up, count);
+  forward_kernel<<<elementwise_blocks(count), kElementwiseThreads, 0, stream()>>>(out, gate, up, count);
   MT_CUDA_LAUNCHED("swiglu forward_kernel");
 }
 
 void swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate, const float* up,
                      int64_t count) {
   if (count <= 0) return;
-  backward_kernel<<<blocks(count), kThreads, 0, stream()>>>(dgate, dup, dout, gate, up, count);
+  backward_kernel<<<elementwise_blocks(count), kElementwiseThreads, 0, stream()>>>(dgate, dup, dout, gate, up,
+                                                                                   count);
   MT_CUDA_LAUNCHED("swiglu backward_kernel");
 }
 

@@ -4,17 +4,11 @@
 
 #include <cstdint>
 
+#include "meshtrain/kernels/signatures.h"
+
 namespace meshtrain::kernels::cuda {
 
-void swiglu_forward(float* out,         // [count]
-                    const float* gate,  // [count]
-                    const float* up,    // [count]
-                    int64_t count);
-void swiglu_backward(float* dgate,       // [count]
-                     float* dup,         // [count]
-                     const float* dout,  // [count]
-                     const float* gate,  // [count]
-                     const float* up,    // [count]
-                     int64_t count);
+SwigluForward swiglu_forward;
+SwigluBackward swiglu_backward;
 
 }  // namespace meshtrain::kernels::cuda
