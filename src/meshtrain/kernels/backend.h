@@ -12,8 +12,8 @@
 // holds pointers of that type and the cpu and cuda headers declare their functions with it
 // (`RmsnormForward rmsnorm_forward;` is an ordinary declaration of a function of that type). Plain types
 // rather than one X-macro list that generates the table and the declarations: a reader finds every
-// signature, with its argument shapes, as ordinary C++ in one file, and the compiler names the entry whose
-// function does not match.
+// signature, with its argument shapes, as ordinary C++ in one file, and a definition that drifts from its
+// type fails the build naming the function.
 #pragma once
 
 #include <cstddef>

@@ -2,13 +2,13 @@
 // shape of every pointer argument. The table (backend.h) holds pointers of these types, and each backend's
 // headers (cpu/<op>.h, cuda/<op>.h) declare their functions by them (`RmsnormForward rmsnorm_forward;`), so
 // a signature changed here is changed for every backend, and a definition that drifts from it is a compile
-// or link error. What each kernel computes (what is written, what accumulates) is documented once, in the
-// cpu header of its op, which every backend matches.
+// or link error. What each kernel computes is summed up per op here and documented in full in the cpu
+// header of the op, which every backend matches.
 // Legend: N tokens, B batch, S sequence, D width, H query heads, K kv heads, d head width, I / O matmul input
 // / output width, R embedding rows held here, V vocab (padded, per rank), C cross-entropy chunk of tokens, T
 // decode cache rows, count elements of an elementwise op; for the mixture-of-experts entries E routed
 // experts, k experts per token, M = N k assignments, R_moe = offsets[E] kept (sorted) assignment rows; for
-// Engram and mHC G streams.
+// Engram and mHC G streams, and for short_conv B rows, T times, C channels, K taps.
 #pragma once
 
 #include <cstdint>

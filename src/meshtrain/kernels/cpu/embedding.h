@@ -12,7 +12,7 @@ namespace meshtrain::kernels {
 
 // out[n, :] = table[ids[n] - vocab_offset, :], or += when accumulate (GPT-2 adds learned positions onto the
 // token embedding). Every id must lie in [0, global_rows); global_rows < 0 means vocab_offset + R (the
-// whole table is here: with the defaults, every id must lie in [0, R)).
+// whole table is here: with vocab_offset 0 and global_rows -1, every id must lie in [0, R)).
 // Vocab-parallel: an id outside [vocab_offset, vocab_offset + R) gives a zero row (written mode) or leaves
 // out[n] unchanged (accumulate), so summing the written outputs of all ranks gives the full lookup. Rank
 // r of t passes vocab_offset = r * R and global_rows = t * R (also rank 0: otherwise ids >= R are errors).
