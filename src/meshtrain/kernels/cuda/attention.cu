@@ -122,18 +122,19 @@ __device__ QueryTileBlock query_tile_block(const int32_t* positions, const int32
   return block;
 }
 
-// This thread's query rows ty + 16 m of a tile of `rows` rows from i0: whether each is a real row, and its
-// position and segment (a padding row's position INT_MIN sees no key).
+// This thread's tokens lane + 16 m of a tile of `count` tokens from `first` (query rows: lane ty; key
+// columns: lane tx): whether each is a real token, and its position and segment. A padding token gets
+// `padding_position`: INT_MIN for a query (it sees no key), INT_MAX for a key (no query sees it).
 template <int M>
-__device__ void load_query_rows(bool (&valid)[M], int (&position)[M], int (&segment)[M],
-                                const int32_t* sequence_positions, const int32_t* sequence_segments, int i0,
-                                int rows, int ty) {
+__device__ void load_tile_tokens(bool (&valid)[M], int (&position)[M], int (&segment)[M],
+                                 const int32_t* sequence_positions, const int32_t* sequence_segments,
+                                 int first, int count, int lane, int padding_position) {
 #pragma unroll
   for (int m = 0; m < M; ++m) {
-    const int r = ty + kSide * m;
-    valid[m] = r < rows;
-    position[m] = valid[m] ? sequence_positions[i0 + r] : INT_MIN;
-    segment[m] = valid[m] && sequence_segments != nullptr ? sequence_segments[i0 + r] : 0;
+    const int t = lane + kSide * m;
+    valid[m] = t < count;
+    position[m] = valid[m] ? sequence_positions[first + t] : padding_position;
+    segment[m] = valid[m] && sequence_segments != nullptr ? sequence_segments[first + t] : 0;
   }
 }
 
@@ -184,8 +185,8 @@ __global__ void __launch_bounds__(kThreads)
   load_tile<D, Br>(q_tile, q + q_offset, q_stride, rows, d);
   bool row_valid[M];
   int row_position[M], row_segment[M];
-  load_query_rows<M>(row_valid, row_position, row_segment, sequence_positions, sequence_segments, i0, rows,
-                     ty);
+  load_tile_tokens<M>(row_valid, row_position, row_segment, sequence_positions, sequence_segments, i0, rows,
+                      ty, INT_MIN);
   const Bounds query_bounds = tile_bounds(sequence_positions, sequence_segments, i0, rows);
 
   float accumulator[M][X];
@@ -391,13 +392,8 @@ __global__ void __launch_bounds__(kThreads)
   // This thread's key columns of the score layout.
   bool key_valid[N];
   int key_position[N], key_segment[N];
-#pragma unroll
-  for (int n = 0; n < N; ++n) {
-    const int c = tx + kSide * n;
-    key_valid[n] = c < cols;
-    key_position[n] = key_valid[n] ? sequence_positions[j0 + c] : INT_MAX;
-    key_segment[n] = key_valid[n] && sequence_segments != nullptr ? sequence_segments[j0 + c] : 0;
-  }
+  load_tile_tokens<N>(key_valid, key_position, key_segment, sequence_positions, sequence_segments, j0, cols,
+                      tx, INT_MAX);
   const Bounds key_bounds = tile_bounds(sequence_positions, sequence_segments, j0, cols);
 
   // Output layout: key rows ty + 16 n, columns tx + 16 x.
@@ -524,8 +520,8 @@ __global__ void __launch_bounds__(kThreads)
   load_tile<D, Br>(dout_tile, dout + q_offset, q_stride, rows, d);
   bool row_valid[M];
   int row_position[M], row_segment[M];
-  load_query_rows<M>(row_valid, row_position, row_segment, sequence_positions, sequence_segments, i0, rows,
-                     ty);
+  load_tile_tokens<M>(row_valid, row_position, row_segment, sequence_positions, sequence_segments, i0, rows,
+                      ty, INT_MIN);
   float row_lse[M], row_dot_value[M];
 #pragma unroll
   for (int m = 0; m < M; ++m) {
