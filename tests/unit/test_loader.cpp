@@ -13,6 +13,8 @@
 #include "meshtrain/core/rng.h"
 #include "meshtrain/data/loader.h"
 #include "meshtrain/data/shards.h"
+#include "meshtrain/data/sources.h"
+#include "meshtrain/data/token_windows.h"
 
 namespace meshtrain {
 namespace {
@@ -68,6 +70,14 @@ LoaderOptions options(int64_t sequence, int64_t rows, int64_t ranks = 1, int64_t
   return o;
 }
 
+BatchLoader shard_loader(const std::vector<std::string>& shards, const LoaderOptions& o) {
+  return BatchLoader(TokenWindows::open(shards, o), o);
+}
+
+BatchLoader synthetic_loader(const LoaderOptions& o) {
+  return BatchLoader(open_synthetic_rows(o), o);
+}
+
 // One row (all five fields) of a batch, for comparing rows across layouts.
 struct Row {
   std::vector<int32_t> tokens, targets, positions, segments;
@@ -99,9 +109,9 @@ TEST_F(LoaderTest, SameSeedSameBatchesDifferentSeedDifferent) {
   for (bool packing : {true, false}) {
     LoaderOptions o = options(16, 4);
     o.packing = packing;
-    BatchLoader a = BatchLoader::from_shards({file}, o), b = BatchLoader::from_shards({file}, o);
+    BatchLoader a = shard_loader({file}, o), b = shard_loader({file}, o);
     o.seed = 2;
-    BatchLoader c = BatchLoader::from_shards({file}, o);
+    BatchLoader c = shard_loader({file}, o);
     int differing = 0;
     for (int step = 0; step < 20; ++step) {  // crosses epochs
       EXPECT_TRUE(same(a.global_batch(), b.global_batch())) << "step " << step;
@@ -116,18 +126,18 @@ TEST_F(LoaderTest, EachEpochVisitsEveryWindowOnce) {
   const std::string file = corpus_shard();
   LoaderOptions o = options(16, 1);
   o.shuffle = false;
-  BatchLoader ordered = BatchLoader::from_shards({file}, o);
-  const uint64_t windows = ordered.windows_per_epoch();
+  BatchLoader ordered = shard_loader({file}, o);
+  const uint64_t windows = ordered.rows().rows_per_epoch();
   ASSERT_GT(windows, 50u);
   std::vector<Row> in_order;
   for (uint64_t i = 0; i < windows; ++i, ordered.advance())
     in_order.push_back(rows_of(ordered.global_batch(), 16)[0]);
   EXPECT_TRUE(same(ordered.global_batch(), [&] {  // wraps around to window 0
-    BatchLoader fresh = BatchLoader::from_shards({file}, o);
+    BatchLoader fresh = shard_loader({file}, o);
     return fresh.global_batch();
   }()));
   o.shuffle = true;
-  BatchLoader shuffled = BatchLoader::from_shards({file}, o);
+  BatchLoader shuffled = shard_loader({file}, o);
   for (int epoch = 0; epoch < 2; ++epoch) {
     std::vector<Row> seen;
     for (uint64_t i = 0; i < windows; ++i, shuffled.advance())
@@ -145,10 +155,10 @@ TEST_F(LoaderTest, ResumeFromCursorGivesIdenticalBatches) {
   for (bool packing : {true, false}) {
     LoaderOptions o = options(12, 3, 2, 2);
     o.packing = packing;
-    BatchLoader original = BatchLoader::from_shards({file}, o);
+    BatchLoader original = shard_loader({file}, o);
     for (int step = 0; step < 37; ++step) original.advance();
     const std::string saved = original.cursor().dump();
-    BatchLoader resumed = BatchLoader::from_shards({file}, o);
+    BatchLoader resumed = shard_loader({file}, o);
     resumed.restore(nlohmann::json::parse(saved));
     EXPECT_EQ(resumed.step(), 37);
     for (int step = 0; step < 10; ++step) {
@@ -165,10 +175,10 @@ TEST_F(LoaderTest, ResumeFromCursorGivesIdenticalBatches) {
 TEST_F(LoaderTest, SplitInvariant) {
   const std::string file = corpus_shard();
   const int64_t b = 2, sequence = 10;
-  BatchLoader one = BatchLoader::from_shards({file}, options(sequence, 4 * b));  // R 1, GA 1, 4b rows
-  BatchLoader accumulated = BatchLoader::from_shards({file}, options(sequence, b, 1, 4));  // R 1, GA 4
-  BatchLoader mixed = BatchLoader::from_shards({file}, options(sequence, b, 2, 2));        // R 2, GA 2
-  BatchLoader wide = BatchLoader::from_shards({file}, options(sequence, 1, 4, 2));         // R 4, GA 2, B 1
+  BatchLoader one = shard_loader({file}, options(sequence, 4 * b));            // R 1, GA 1, 4b rows
+  BatchLoader accumulated = shard_loader({file}, options(sequence, b, 1, 4));  // R 1, GA 4
+  BatchLoader mixed = shard_loader({file}, options(sequence, b, 2, 2));        // R 2, GA 2
+  BatchLoader wide = shard_loader({file}, options(sequence, 1, 4, 2));         // R 4, GA 2, B 1
   for (int step = 0; step < 30; ++step) {
     const std::vector<Row> reference = rows_of(one.micro_batch(0, 0), sequence);
     ASSERT_EQ(reference.size(), 8u);
@@ -198,9 +208,9 @@ TEST_F(LoaderTest, PackingSemantics) {
       shard("packed.tokens", {5, 6, 7, 0, 8, 9, 0, 10, 11, 12, 13, 0, 14, 15, 16, 17, 18, 19, 20, 21, 0});
   LoaderOptions o = options(6, 1);
   o.shuffle = false;
-  BatchLoader loader = BatchLoader::from_shards({file}, o);
-  EXPECT_EQ(loader.windows_per_epoch(), 3u);  // (21 - 1) / 6
-  Batch batch = loader.global_batch();        // window tokens [0, 7): 5 6 7 0 8 9 0
+  BatchLoader loader = shard_loader({file}, o);
+  EXPECT_EQ(loader.rows().rows_per_epoch(), 3u);  // (21 - 1) / 6
+  Batch batch = loader.global_batch();            // window tokens [0, 7): 5 6 7 0 8 9 0
   EXPECT_EQ(batch.tokens, (std::vector<int32_t>{5, 6, 7, 0, 8, 9}));
   EXPECT_EQ(batch.targets, (std::vector<int32_t>{6, 7, 0, 8, 9, 0}));
   EXPECT_EQ(batch.segment_ids, (std::vector<int32_t>{0, 0, 0, 0, 1, 1}));
@@ -232,8 +242,8 @@ TEST_F(LoaderTest, NoPackingPadsEachDocument) {
   LoaderOptions o = options(4, 1);
   o.packing = false;
   o.shuffle = false;
-  BatchLoader loader = BatchLoader::from_shards({shard("docs.tokens", tokens)}, o);
-  EXPECT_EQ(loader.windows_per_epoch(), 1u + 3u + 1u);
+  BatchLoader loader = shard_loader({shard("docs.tokens", tokens)}, o);
+  EXPECT_EQ(loader.rows().rows_per_epoch(), 1u + 3u + 1u);
   Batch batch = loader.global_batch();
   EXPECT_EQ(batch.tokens, (std::vector<int32_t>{5, 6, 7, 0}));
   EXPECT_EQ(batch.targets, (std::vector<int32_t>{6, 7, 0, 0}));
@@ -272,9 +282,9 @@ TEST_F(LoaderTest, ShardsConcatenate) {
   for (bool packing : {true, false}) {
     LoaderOptions o = options(5, 3);
     o.packing = packing;
-    BatchLoader single = BatchLoader::from_shards({whole}, o);
-    BatchLoader split = BatchLoader::from_shards({first, second, third}, o);
-    EXPECT_EQ(split.token_count(), 50u);
+    BatchLoader single = shard_loader({whole}, o);
+    BatchLoader split = shard_loader({first, second, third}, o);
+    EXPECT_EQ(TokenWindows::open({first, second, third}, o)->token_count(), 50u);
     for (int step = 0; step < 12; ++step, single.advance(), split.advance()) {
       EXPECT_TRUE(same(single.global_batch(), split.global_batch()));
     }
@@ -291,12 +301,12 @@ TEST_F(LoaderTest, SyntheticIsReproducibleAndSplitIndependent) {
   LoaderOptions o = options(32, 8);
   o.vocab_size = 1000;
   o.seed = 5;
-  BatchLoader a = BatchLoader::synthetic(o), b = BatchLoader::synthetic(o);
+  BatchLoader a = synthetic_loader(o), b = synthetic_loader(o);
   LoaderOptions split = o;
   split.per_device_batch_size = 2;
   split.data_ranks = 2;
   split.gradient_accumulation_steps = 2;
-  BatchLoader c = BatchLoader::synthetic(split);
+  BatchLoader c = synthetic_loader(split);
   for (int step = 0; step < 5; ++step) {
     const Batch batch = a.global_batch();
     EXPECT_TRUE(same(batch, b.global_batch()));
@@ -322,19 +332,18 @@ TEST_F(LoaderTest, SyntheticIsReproducibleAndSplitIndependent) {
     EXPECT_NE(a.global_batch().tokens, next_step.tokens);
   }
   // Resume.
-  BatchLoader resumed = BatchLoader::synthetic(o);
+  BatchLoader resumed = synthetic_loader(o);
   resumed.restore(a.cursor());
   EXPECT_TRUE(same(resumed.global_batch(), a.global_batch()));
   // Different seed, different tokens.
   o.seed = 6;
-  EXPECT_NE(BatchLoader::synthetic(o).global_batch().tokens,
-            BatchLoader::synthetic(split).global_batch().tokens);
+  EXPECT_NE(synthetic_loader(o).global_batch().tokens, synthetic_loader(split).global_batch().tokens);
 }
 
 TEST_F(LoaderTest, OutOfVocabularyIdNamesShardAndId) {
   const std::string file = shard("big.tokens", {1, 2, 3, 150, 4, 0});
   try {
-    BatchLoader::from_shards({file}, options(2, 1));  // vocab_size 100
+    shard_loader({file}, options(2, 1));  // vocab_size 100
     FAIL();
   } catch (const MeshError& error) {
     const std::string message = error.what();
@@ -346,14 +355,14 @@ TEST_F(LoaderTest, OutOfVocabularyIdNamesShardAndId) {
 
 TEST_F(LoaderTest, BadSettingsAreErrors) {
   const std::string file = shard("tiny.tokens", {1, 2, 3, 0});
-  EXPECT_THROW(BatchLoader::from_shards({file}, options(8, 1)), MeshError);  // 4 tokens < S + 1
+  EXPECT_THROW(shard_loader({file}, options(8, 1)), MeshError);  // 4 tokens < S + 1
   LoaderOptions o = options(2, 1);
   o.eos_id = -1;
-  EXPECT_THROW(BatchLoader::from_shards({file}, o), MeshError);
+  EXPECT_THROW(shard_loader({file}, o), MeshError);
   o = options(0, 1);
-  EXPECT_THROW(BatchLoader::synthetic(o), MeshError);
+  EXPECT_THROW(synthetic_loader(o), MeshError);
   o = options(2, 0);
-  EXPECT_THROW(BatchLoader::synthetic(o), MeshError);
+  EXPECT_THROW(synthetic_loader(o), MeshError);
 }
 
 TEST_F(LoaderTest, CursorFromAnotherDatasetIsRejected) {
@@ -361,10 +370,10 @@ TEST_F(LoaderTest, CursorFromAnotherDatasetIsRejected) {
   const std::string other = corpus_shard("other.tokens", 8);
   std::vector<int32_t> changed_tokens(2000, 3);
   const std::string changed = shard("changed.tokens", changed_tokens);
-  BatchLoader loader = BatchLoader::from_shards({file}, options(8, 2));
+  BatchLoader loader = shard_loader({file}, options(8, 2));
   loader.advance();
   const nlohmann::json cursor = loader.cursor();
-  BatchLoader different = BatchLoader::from_shards({changed}, options(8, 2));
+  BatchLoader different = shard_loader({changed}, options(8, 2));
   try {
     different.restore(cursor, "ckpt/state.json");
     FAIL();
@@ -372,27 +381,27 @@ TEST_F(LoaderTest, CursorFromAnotherDatasetIsRejected) {
     EXPECT_EQ(error.context().where, "ckpt/state.json");
     EXPECT_NE(std::string(error.what()).find("token_count"), std::string::npos) << error.what();
   }
-  BatchLoader reseeded = BatchLoader::from_shards({file}, options(8, 2, 1, 1, 99));
+  BatchLoader reseeded = shard_loader({file}, options(8, 2, 1, 1, 99));
   EXPECT_THROW(reseeded.restore(cursor), MeshError);
   LoaderOptions unpacked = options(8, 2);
   unpacked.packing = false;
-  BatchLoader unpacked_loader = BatchLoader::from_shards({file}, unpacked);
+  BatchLoader unpacked_loader = shard_loader({file}, unpacked);
   EXPECT_THROW(unpacked_loader.restore(cursor), MeshError);
   // Same token count, different content: the shard checksums catch it.
-  BatchLoader same_size = BatchLoader::from_shards({other}, options(8, 2));
+  BatchLoader same_size = shard_loader({other}, options(8, 2));
   nlohmann::json forged = cursor;
-  forged["token_count"] = same_size.token_count();
+  forged["token_count"] = TokenWindows::open({other}, options(8, 2))->token_count();
   EXPECT_THROW(same_size.restore(forged), MeshError);
-  BatchLoader synthetic = BatchLoader::synthetic(options(8, 2));
+  BatchLoader synthetic = synthetic_loader(options(8, 2));
   EXPECT_THROW(synthetic.restore(cursor), MeshError);
   EXPECT_THROW(loader.restore(nlohmann::json{{"step", 3}}), MeshError);
   nlohmann::json broken = cursor;
   broken.erase("windows_consumed");
   EXPECT_THROW(loader.restore(broken), MeshError);
   // A changed batch size is allowed: the window stream continues where it was.
-  BatchLoader bigger = BatchLoader::from_shards({file}, options(8, 4));
+  BatchLoader bigger = shard_loader({file}, options(8, 4));
   bigger.restore(cursor);
-  BatchLoader reference = BatchLoader::from_shards({file}, options(8, 2));
+  BatchLoader reference = shard_loader({file}, options(8, 2));
   reference.advance();
   EXPECT_EQ(rows_of(reference.global_batch(), 8), [&] {
     std::vector<Row> rows = rows_of(bigger.global_batch(), 8);
@@ -405,7 +414,7 @@ TEST_F(LoaderTest, EvalLoaderRestarts) {
   const std::string file = corpus_shard();
   LoaderOptions o = options(16, 2, 1, 2);
   o.shuffle = false;
-  BatchLoader eval = BatchLoader::from_shards({file}, o);
+  BatchLoader eval = shard_loader({file}, o);
   std::vector<Batch> first;
   for (int step = 0; step < 3; ++step, eval.advance()) first.push_back(eval.micro_batch(0, 1));
   eval.reset();

@@ -18,6 +18,7 @@
 #include "meshtrain/checkpoint/checkpoint.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/data/loader.h"
+#include "meshtrain/data/sources.h"
 #include "meshtrain/model/spec.h"
 #include "meshtrain/runtime/engine.h"
 #include "meshtrain/train/trainer.h"
@@ -82,7 +83,7 @@ TEST(TrainingStep, AccumulationOverFourMicroBatchesEqualsOneLargeBatch) {
     options.per_device_batch_size = c.per_device_batch_size;
     options.gradient_accumulation_steps = c.gradient_accumulation_steps;
     options.vocab_size = c.vocab_size;
-    return BatchLoader::synthetic(options);
+    return BatchLoader(open_synthetic_rows(options), options);
   };
   Engine accumulated(small), single(large);
   BatchLoader small_loader = loader_for(small), large_loader = loader_for(large);
@@ -137,7 +138,7 @@ TEST(TrainingStep, NoValidTargetsGivesZeroGradientNotNan) {
   options.sequence_length = 16;
   options.per_device_batch_size = 2;
   options.vocab_size = 100;
-  Batch batch = BatchLoader::synthetic(options).micro_batch(0, 0);
+  Batch batch = BatchLoader(open_synthetic_rows(options), options).micro_batch(0, 0);
   std::fill(batch.loss_mask.begin(), batch.loss_mask.end(), 0);
   const LossSums sums = engine.fwd_bwd(batch);
   EXPECT_EQ(sums.valid_count, 0);

@@ -3,6 +3,7 @@
 
 #include <sys/resource.h>
 
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <csignal>
@@ -16,8 +17,7 @@
 #include "meshtrain/core/crc32c.h"
 #include "meshtrain/core/durable_file.h"
 #include "meshtrain/core/error.h"
-#include "meshtrain/data/prepare.h"
-#include "meshtrain/data/shards.h"
+#include "meshtrain/data/sources.h"
 #include "meshtrain/train/schedule.h"
 
 namespace meshtrain {
@@ -53,10 +53,7 @@ LoaderOptions loader_options(const Config& config, int32_t eos_id, bool shuffle,
   return options;
 }
 
-std::optional<Tokenizer> load_run_tokenizer(const Config& config) {
-  // Random ids from the seed need no vocabulary file: a synthetic run reads no file at all (the presets'
-  // tokenizer_path and dataset_path are for the KJV main job).
-  if (config.dataset_type == DatasetType::synthetic) return std::nullopt;
+Tokenizer load_run_tokenizer(const Config& config) {
   if (config.tokenizer_path.empty()) {
     fail("config key 'tokenizer_path'", "the tokenizer the data was made with", "nothing",
          "run `meshtrain prepare` and pass tokenizer_path=data/kjv/tokenizer.json");
@@ -76,49 +73,46 @@ std::optional<Tokenizer> load_run_tokenizer(const Config& config) {
   return tokenizer;
 }
 
-// The train shards, resolved before anything else is loaded: a missing dataset is the first thing to report.
-// dataset_type=text has none yet: its corpus is tokenized after the tokenizer is loaded.
-std::vector<std::string> train_shards(const Config& config) {
-  if (config.dataset_type != DatasetType::tokens) return {};
+// The data source of each dataset_type: the one place the data keys become a source. The rest of the run
+// sees only the DataSource interface.
+std::unique_ptr<DataSource> text_files_source(const Config& config) {
+  // Tokenized into run_dir/data at every start (the run's tokenizer may differ from the last one's).
+  return std::make_unique<TextFilesSource>(config.dataset_path, config.run_dir + "/data");
+}
+
+std::unique_ptr<DataSource> token_shards_source(const Config& config) {
   if (config.dataset_path.empty()) {
     fail("config key 'dataset_path'", "a .tokens shard or a folder from `meshtrain prepare`", "nothing",
          "run ./scripts/train.sh once, or `meshtrain prepare --out data/kjv`");
   }
-  return resolve_token_shards(config.dataset_path, "train");
+  return std::make_unique<TokenShardsSource>(
+      config.dataset_path, config.eval_dataset_path.empty() ? config.dataset_path : config.eval_dataset_path);
 }
 
-// dataset_type=text: the corpus (dataset_path's text files, or the King James Bible when empty) tokenized
-// with the run's tokenizer into run_dir/data/{train,validation}.tokens, rebuilt at every start. For large
-// corpora `meshtrain prepare` once and dataset_type=tokens is the better path.
-std::string tokenize_text_dataset(const Config& config, const Tokenizer& tokenizer, int32_t eos_id) {
-  if (eos_id < 0) {
-    fail(tokenizer.source_path(), "a tokenizer with an end-of-text token (<|endoftext|>)", "none",
-         "dataset_type=text packs documents with EOS between them");
-  }
-  const Corpus corpus = load_corpus(config.dataset_path, 0.05);
-  const std::string dir = config.run_dir + "/data";
-  fs::create_directories(dir);
-  tokenize_corpus(corpus, tokenizer, eos_id, dir);
-  return dir;
+std::unique_ptr<DataSource> synthetic_source(const Config& /*config*/) {
+  return std::make_unique<SyntheticSource>();
 }
 
-BatchLoader make_train_loader(const Config& config, const std::vector<std::string>& shards, int32_t eos_id,
-                              const RunRanks& ranks) {
-  if (config.dataset_type == DatasetType::synthetic)
-    return BatchLoader::synthetic(loader_options(config, eos_id, true, ranks));
-  return BatchLoader::from_shards(shards, loader_options(config, eos_id, true, ranks));
-}
+struct DatasetSourceEntry {
+  DatasetType type;
+  std::unique_ptr<DataSource> (*open)(const Config& config);
+};
+constexpr std::array<DatasetSourceEntry, kDatasetTypes.size()> kDatasetSources = {{
+    {DatasetType::text, text_files_source},
+    {DatasetType::tokens, token_shards_source},
+    {DatasetType::synthetic, synthetic_source},
+}};
+static_assert(
+    [] {
+      for (size_t i = 0; i < kDatasetSources.size(); ++i)
+        if (kDatasetSources[i].type != kDatasetTypes[i]) return false;
+      return true;
+    }(),
+    "kDatasetSources follows kDatasetTypes' order");
 
-std::optional<BatchLoader> make_eval_loader(const Config& config, int32_t eos_id, const RunRanks& ranks) {
-  if (config.eval_interval <= 0 || config.eval_steps <= 0) return std::nullopt;
-  if (config.dataset_type == DatasetType::synthetic) {
-    LoaderOptions options = loader_options(config, eos_id, false, ranks);
-    options.seed += 0x5EED;  // held-out synthetic rows
-    return BatchLoader::synthetic(options);
-  }
-  const std::string path = config.eval_dataset_path.empty() ? config.dataset_path : config.eval_dataset_path;
-  return BatchLoader::from_shards(resolve_token_shards(path, "validation"),
-                                  loader_options(config, eos_id, false, ranks));
+// Made before anything else is loaded: a missing dataset is the first thing to report.
+std::unique_ptr<DataSource> open_data_source(const Config& config) {
+  return kDatasetSources[static_cast<size_t>(config.dataset_type)].open(config);
 }
 
 // Loss sums of every rank's tokens: data x fsdp x expert ranks hold different rows, context ranks different
@@ -216,7 +210,7 @@ RunSetup prepare_run(const Config& config, int64_t world_size) {
   if (config.steps <= 0)
     fail("config key 'steps'", "a positive number of optimizer steps", std::to_string(config.steps));
   RunSetup setup;
-  setup.train_shards = train_shards(config);  // a missing dataset is the first thing to report
+  setup.data = open_data_source(config);  // a missing dataset is the first thing to report
   PlanRequest request;
   request.config = config;
   request.devices = world_size;
@@ -229,7 +223,9 @@ RunSetup prepare_run(const Config& config, int64_t world_size) {
     if (config.eval_interval > 0) used_kernels.push_back(KernelName::eval);
     for (KernelName kernel : used_kernels) verify_plan_file(setup.plan, kernel, config.plan_in);
   }
-  setup.tokenizer = load_run_tokenizer(config);
+  // Synthetic ids need no vocabulary file: such a run reads no file at all (the presets' tokenizer_path and
+  // dataset_path are for the KJV main job).
+  if (setup.data->needs_tokenizer()) setup.tokenizer = load_run_tokenizer(config);
   return setup;
 }
 
@@ -240,7 +236,7 @@ Run::Run(const Config& config, RunSetup setup, std::FILE* console, RunRanks& ran
       quiet_(nullptr, &std::fclose),
       console_(console),
       lead_(ranks.lead()),
-      train_shards_(std::move(setup.train_shards)),
+      data_(std::move(setup.data)),
       tokenizer_(std::move(setup.tokenizer)) {
   connect_mesh(std::move(setup.plan));
   open_data();
@@ -277,24 +273,24 @@ void Run::connect_mesh(TrainingPlan plan) {
   }
 }
 
-// The train and eval loaders (dataset_type=text: the corpus tokenized into run_dir/data first).
+// The train and eval loaders over the data source (one that needs preparing, such as text files to
+// tokenize, is prepared by the lead rank while the others wait).
 void Run::open_data() {
-  eos_id_ = tokenizer_ && tokenizer_->eos_id() ? *tokenizer_->eos_id() : -1;
-  Config data_config = config_;
-  if (config_.dataset_type == DatasetType::text) {
-    // The lead rank tokenizes; the others wait for its shards.
-    data_config.dataset_path = data_config.eval_dataset_path =
-        lead_ ? tokenize_text_dataset(config_, *tokenizer_, eos_id_) : config_.run_dir + "/data";
-    ranks_.world->barrier("text dataset tokenized");
-    data_config.dataset_type = DatasetType::tokens;
-    train_shards_ = resolve_token_shards(data_config.dataset_path, "train");
+  if (data_->needs_preparing()) {
+    if (lead_) data_->prepare(tokenizer_ ? &*tokenizer_ : nullptr);
+    ranks_.world->barrier("data source prepared");
   }
   if (!config_.engram_layers.empty()) {
     engram_hashing_ = make_engram_hashing(engram_hash_options(config_), tokenizer_ ? &*tokenizer_ : nullptr);
     ranks_.engram_hashing = &*engram_hashing_;
   }
-  loader_ = make_train_loader(data_config, train_shards_, eos_id_, ranks_);
-  eval_loader_ = make_eval_loader(data_config, eos_id_, ranks_);
+  const int32_t eos_id = tokenizer_ && tokenizer_->eos_id() ? *tokenizer_->eos_id() : -1;
+  const LoaderOptions train = loader_options(config_, eos_id, true, ranks_);
+  loader_.emplace(data_->open(Split::train, train), train);
+  if (config_.eval_interval > 0 && config_.eval_steps > 0) {
+    const LoaderOptions eval = loader_options(config_, eos_id, false, ranks_);
+    eval_loader_.emplace(data_->open(Split::validation, eval), eval);
+  }
   tokenizer_identity_ = tokenizer_ ? tokenizer_->identity() : "";
 }
 

@@ -19,6 +19,7 @@
 #include "meshtrain/data/context_reorder.h"
 #include "meshtrain/data/engram_hash.h"
 #include "meshtrain/data/loader.h"
+#include "meshtrain/data/source.h"
 #include "meshtrain/data/tokenizer/tokenizer.h"
 #include "meshtrain/metrics/metrics.h"
 #include "meshtrain/metrics/progress.h"
@@ -61,13 +62,13 @@ struct RunRanks {
 // What set-up finds before any rank talks to another: every rank computes it alike, so its errors are
 // printed by every rank (run_setup_on_all_ranks).
 struct RunSetup {
-  std::vector<std::string> train_shards;
+  std::unique_ptr<DataSource> data;  // the dataset_type's source (its train split resolved)
   TrainingPlan plan;
   std::optional<Tokenizer> tokenizer;
 };
 
-// The checks and the plan of set-up's first phase: steps, the dataset, the plan (and a plan_in matching
-// it), the tokenizer.
+// The checks and the plan of set-up's first phase: steps, the data source, the plan (and a plan_in
+// matching it), the tokenizer.
 RunSetup prepare_run(const Config& config, int64_t world_size);
 
 // Every rank must run the same binary with the same config: a mismatch would hang or corrupt collectives.
@@ -124,10 +125,9 @@ class Run {
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> quiet_;  // the console of ranks other than the lead
   std::FILE* console_;
   bool lead_;
-  std::vector<std::string> train_shards_;
+  std::unique_ptr<DataSource> data_;
   std::optional<Tokenizer> tokenizer_;
   std::optional<EngramHashing> engram_hashing_;  // set by open_data when the model has Engram layers
-  int32_t eos_id_ = -1;
   std::string tokenizer_identity_;
   std::optional<BatchLoader> loader_;  // set by open_data
   std::optional<BatchLoader> eval_loader_;

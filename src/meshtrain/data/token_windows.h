@@ -1,0 +1,81 @@
+// Token shards as rows: the shards' stream cut into fixed windows and shuffled per epoch with Philox.
+//
+// Windows. A window is S + 1 consecutive tokens; inputs are window[0, S), targets window[1, S + 1).
+//  - packing = true: the shards are one concatenated stream (documents each followed by EOS) cut into
+//    windows at stride S (neighbours share one token), so W = (N - 1) / S windows; a trailing remainder
+//    is dropped. Inside a window the segment id starts at 0 and goes up by one after every EOS input,
+//    positions restart at 0 after every EOS (and at the window start, even in mid-document), and the
+//    target whose input is EOS (the first token of the next document) is masked out.
+//  - packing = false: every document (its tokens and its EOS) gets its own windows at stride S, so no
+//    window crosses a document boundary. A short last window is padded with EOS inputs and targets,
+//    loss_mask 0, segment id 1 (real tokens are segment 0, so no real token attends padding) and
+//    positions continuing from the real ones. Documents of a lone EOS give no window.
+//  Positions are thus always < S.
+// Order. shuffle = true: epoch e visits all W windows in a Fisher-Yates permutation drawn with Philox from
+// (data_shuffle_seed, e); shuffle = false (eval): stream order. Row r of the stream is window r mod W of
+// epoch r / W.
+// Cursor fields: windows_consumed (the position), packing, shuffle, token_count, windows_per_epoch and the
+// shard checksums; a cursor from other shards, another packing or order is rejected.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "meshtrain/data/shards.h"
+#include "meshtrain/data/source.h"
+
+namespace meshtrain {
+
+class TokenWindows final : public RowSource {
+ public:
+  // The shards, concatenated in the given order. Every id must be < vocab_size (else a MeshError naming
+  // the shard and the id); the stream must hold at least one window.
+  static std::unique_ptr<TokenWindows> open(const std::vector<std::string>& shard_paths,
+                                            const LoaderOptions& options);
+
+  const char* kind() const override { return "tokens"; }
+  uint64_t seed() const override { return seed_; }
+  int64_t sequence_length() const override { return sequence_length_; }
+  uint64_t rows_per_epoch() const override { return packing_ ? packed_windows_ : spans_.size(); }
+  void select(int64_t step, uint64_t first_row, uint64_t rows) override;
+  void fill_row(uint64_t row, int64_t out_row, Batch& batch) const override;
+  void write_cursor(nlohmann::json& cursor, uint64_t rows_consumed) const override;
+  std::optional<uint64_t> read_cursor(const nlohmann::json& cursor, const std::string& where) const override;
+
+  uint64_t token_count() const { return token_count_; }
+
+ private:
+  TokenWindows() = default;
+  void read_tokens(uint64_t start, size_t count, int32_t* out) const;
+  const std::vector<uint64_t>& permutation(uint64_t epoch);
+  std::vector<uint32_t> shard_checksums() const;
+
+  struct Span {
+    uint64_t start = 0;   // first token in the stream
+    uint32_t length = 0;  // tokens in the window, at most S + 1
+  };
+
+  int64_t sequence_length_ = 0;
+  uint64_t seed_ = 0;
+  bool packing_ = true, shuffle_ = true;
+  int32_t eos_id_ = -1;
+
+  std::vector<TokenShard> shards_;
+  std::vector<uint64_t> shard_offsets_;  // [shards + 1] first stream token of each shard, then the total
+  uint64_t token_count_ = 0;
+  uint64_t packed_windows_ = 0;  // packing: W
+  std::vector<Span> spans_;      // packing = false: [W] the per-document windows
+
+  std::vector<uint64_t> selected_windows_;    // [G] window ids of the selected global batch
+  uint64_t cached_epoch_ = ~uint64_t{0};      // the epoch whose permutation is cached
+  std::vector<uint64_t> cached_permutation_;  // [W]
+};
+
+// Shards for a dataset path: a .tokens file as is; a folder holding `<split>.tokens` (what meshtrain prepare
+// writes; split is "train" or "validation") gives that file; any other folder gives all *.tokens files in
+// it, recursively, sorted by path. Nothing found is a MeshError naming the path.
+std::vector<std::string> resolve_token_shards(const std::string& path, const std::string& split);
+
+}  // namespace meshtrain
