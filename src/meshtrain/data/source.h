@@ -16,9 +16,10 @@
 
 #include "meshtrain/core/error.h"
 #include "meshtrain/data/batch.h"
-#include "meshtrain/data/tokenizer/tokenizer.h"
 
 namespace meshtrain {
+
+class Tokenizer;
 
 // What opening a split's rows and batching them needs: the row geometry, the order, the vocabulary and the
 // batch layout (B, R, GA).

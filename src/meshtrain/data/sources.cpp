@@ -1,4 +1,5 @@
-// The datasets (token shards, text files, synthetic) and the synthetic rows; the rules are in sources.h.
+// The datasets (token shards, text files, synthetic), the synthetic rows and the checks of LoaderOptions that
+// every split makes first; the rules are in sources.h and source.h.
 #include "meshtrain/data/sources.h"
 
 #include <filesystem>
@@ -8,6 +9,7 @@
 #include "meshtrain/data/corpus.h"
 #include "meshtrain/data/prepare.h"
 #include "meshtrain/data/token_windows.h"
+#include "meshtrain/data/tokenizer/tokenizer.h"
 
 namespace meshtrain {
 namespace {

@@ -76,7 +76,7 @@ Tokenizer load_run_tokenizer(const Config& config) {
 // The data source of each dataset_type: the one place the data keys become a source. The rest of the run
 // sees only the DataSource interface.
 std::unique_ptr<DataSource> text_files_source(const Config& config) {
-  // Tokenized into run_dir/data at every start (the run's tokenizer may differ from the last one's).
+  // Tokenized with the run's tokenizer into run_dir/data, rebuilt at every start.
   return std::make_unique<TextFilesSource>(config.dataset_path, config.run_dir + "/data");
 }
 
