@@ -14,12 +14,8 @@
 #include "meshtrain/core/error.h"
 #include "meshtrain/data/prepare.h"
 #include "meshtrain/data/shards.h"
-<<<<<<< HEAD
-#include "meshtrain/data/tokenizer/tokenizer.h"
-=======
 #include "meshtrain/data/token_windows.h"
 #include "meshtrain/data/tokenizer/tokenizer.h"
->>>>>>> 0ab6475 (data/: a data-source interface (DataSource: a dataset's splits; RowSource: one split's packed rows with a resumable position). Token shards (TokenWindows, token_windows.*), text files (tokenized by prepare() into run_dir/data) and synthetic rows are its implementations; BatchLoader is the batch layout, step and cursor over any RowSource. train/run.cpp maps dataset_type to a source in one table and no longer branches on it. Rows and cursors unchanged (test_data_sources pins digests and cursors recorded from the old loader))
 
 namespace meshtrain {
 namespace {
