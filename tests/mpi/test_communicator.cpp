@@ -1,5 +1,6 @@
 // Multi-process tests of the MPI communicator, run under mpirun (any number of ranks; CI runs 2 and 4):
-// every call's values and byte counters, splits and the mesh sub-communicators, non-blocking overlap.
+// every call's values and byte counters, splits and the mesh sub-communicators, non-blocking overlap, and the
+// engine's executor of send_recv ops (runtime/transfers.h).
 // With --stall RANK it is instead the failure case that tests/mpi/stall_timeout.sh drives: RANK sleeps
 // past the collective timeout and the others must name it and end the job.
 #include <chrono>
@@ -14,6 +15,7 @@
 
 #include "meshtrain/comm/communicator.h"
 #include "meshtrain/core/error.h"
+#include "meshtrain/runtime/transfers.h"
 
 namespace meshtrain {
 namespace {
@@ -186,6 +188,40 @@ void test_send_recv(Communicator& world) {
   world.barrier("test/barrier");
   check_counter(world, CommCall::barrier, 1, 0.0, "barrier");
   check(world.stats().total_calls() == 1, "reset_stats clears every counter");
+}
+
+// The engine's send_recv executor: a ring shift each way, completed only where its memory is touched, the
+// bytes sent counted like every collective; and one-sided transfers (a pipeline's first and last stages).
+void test_transfers(Communicator& world) {
+  const int n = world.size(), r = world.rank();
+  const auto view_of = [](std::vector<float>& values) {
+    return TensorView{values.data(), DType::f32, shape_of({{"values", static_cast<int64_t>(values.size())}})};
+  };
+  for (const int64_t offset : {1, -1}) {
+    world.reset_stats();
+    std::vector<float> outgoing = {static_cast<float>(r), 0.25f, 0.5f}, incoming(3, -1.0f);
+    std::vector<float> unrelated(3, 0.0f);
+    Transfers transfers;
+    transfers.start(world, offset, view_of(outgoing), view_of(incoming), "test/transfer");
+    transfers.wait_touching(view_of(unrelated), nullptr);
+    check(!transfers.empty(), "a transfer stays in flight while no op touches its memory");
+    transfers.wait_touching(TensorView{incoming.data() + 1, DType::f32, shape_of({{"values", 1}})}, nullptr);
+    check(transfers.empty(), "touching part of the received buffer waits for the transfer");
+    const int from = static_cast<int>((r - offset + n) % n);
+    check(incoming[0] == static_cast<float>(from) && incoming[1] == 0.25f && incoming[2] == 0.5f,
+          "transfer from the rank " + std::to_string(offset) + " back");
+    check_counter(world, CommCall::send, 1, 12.0, "transfer bytes sent");
+    check(world.stats().total_bytes() == 12.0, "a transfer counts the bytes it sends");
+  }
+  // A chain: rank 0 only sends, the last rank only receives, the others both.
+  world.reset_stats();
+  std::vector<float> outgoing(2, static_cast<float>(r)), incoming(2, -1.0f);
+  Transfers chain;
+  const TensorView none;
+  chain.start(world, 1, r + 1 < n ? view_of(outgoing) : none, r > 0 ? view_of(incoming) : none, "test/chain");
+  chain.wait_all(nullptr);
+  check(r == 0 ? incoming[0] == -1.0f : incoming[0] == static_cast<float>(r - 1), "one-sided transfers");
+  check_counter(world, CommCall::send, r + 1 < n ? 1 : 0, r + 1 < n ? 8.0 : 0.0, "one-sided bytes sent");
 }
 
 void test_flags_and_hashes(Communicator& world) {
@@ -361,6 +397,7 @@ int run_all_tests() {
       {"reduce_scatter", test_reduce_scatter},
       {"all_to_all", test_all_to_all},
       {"send_recv", test_send_recv},
+      {"transfers", test_transfers},
       {"flags_and_hashes", test_flags_and_hashes},
       {"split", test_split},
       {"mesh", test_mesh},

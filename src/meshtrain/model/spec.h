@@ -199,6 +199,9 @@ struct CollectiveDecl {
   bool inside_next_op = false;
   // send_recv: the buffer is passed this many times (a ring's steps); bytes are per pass times repeats.
   int64_t repeats = 1;
+  // send_recv: `buffer` goes to the rank this far along the axis (modulo its size) and `shard` comes from
+  // the rank as far back; either may be kNoBuffer (a pipeline's first stage receives nothing).
+  int64_t peer_offset = 1;
 };
 
 // What an op is for, where the planner or the engine treats it specially (op names are for people, plan

@@ -44,11 +44,12 @@ void cost_kernel(const TrainingPlan& plan, KernelPlan& kernel) {
     if (spec_elements > 0.0) op.flops *= bound_elements / spec_elements;
     if (op.op->kind == OpKind::collective) {
       const CollectiveDecl& c = op.op->collective;
-      op.collective_bytes =
-          collective_payload_bytes(c.kind,
-                                   static_cast<double>(plan.buffers[static_cast<size_t>(c.buffer)].bytes),
-                                   static_cast<double>(c.group)) *
-          static_cast<double>(c.repeats);
+      // A send_recv that only receives sends nothing.
+      const double full_bytes = c.buffer == kNoBuffer
+                                    ? 0.0
+                                    : static_cast<double>(plan.buffers[static_cast<size_t>(c.buffer)].bytes);
+      op.collective_bytes = collective_payload_bytes(c.kind, full_bytes, static_cast<double>(c.group)) *
+                            static_cast<double>(c.repeats);
       op.seconds = op.collective_bytes / topology.link_bandwidth(c.group, plan.mesh.stride(c.axis));
       kernel.collective_bytes[mesh_axis_name(c.axis)] += op.collective_bytes;
     } else {

@@ -1,5 +1,6 @@
 // The planner as a pipeline of passes (passes.h): storage, then per kernel its op order (remat, FSDP,
-// reductions and update), liveness, the allocator and cost; then the overlap schedule.
+// reductions and update), liveness, the allocator and cost; then the overlap schedule and the step's
+// program (program.h).
 #include "meshtrain/plan/plan.h"
 
 #include <omp.h>
@@ -202,6 +203,7 @@ TrainingPlan plan_training(const PlanRequest& request) {
   for (const KernelPlan& kernel : plan.kernels) largest_temps = std::max(largest_temps, kernel.memory.temps);
   plan.arena_bytes = plan.persistent_bytes + largest_temps;
   plan.overlap = plan_overlap(plan);
+  if (!decoding) plan.program = plan_step_program(config.gradient_accumulation_steps);
   return plan;
 }
 

@@ -3,7 +3,8 @@
 // per mesh axis, predicted time), every buffer with its kind, per-device shape, mesh axes and live ranges,
 // arena offsets from a liveness-based allocator, and the memory figures. `meshtrain compile` and the live
 // engine call the same plan_training(); the engine allocates exactly plan.arena_bytes and runs each kernel's
-// op order, binding every buffer an op touches to the planned offset.
+// op order, binding every buffer an op touches to the planned offset, in the order of the step's program
+// (plan/program.h).
 #pragma once
 
 #include <array>
@@ -16,6 +17,7 @@
 
 #include "meshtrain/mesh/sharding.h"
 #include "meshtrain/model/spec.h"
+#include "meshtrain/plan/program.h"
 #include "meshtrain/plan/topology.h"
 
 namespace meshtrain {
@@ -140,6 +142,7 @@ struct TrainingPlan {
   std::deque<OpDecl> plan_ops;            // the plan's own ops (gathers, scatters, zeroing); stable addresses
   std::vector<KernelPlan> kernels;        // in kKernelNames order, those requested
   OverlapSchedule overlap;                // empty without a data axis or an update kernel
+  StepProgram program;  // the kernels a step and an eval batch run, in order (empty: decode)
   size_t persistent_bytes = 0;
   size_t arena_bytes = 0;  // persistent + the largest temporary region over the planned kernels
   double device_memory_bytes = 0.0;

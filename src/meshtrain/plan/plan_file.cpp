@@ -1,5 +1,5 @@
-// Plan files: one kernel's plan as deterministic JSON, and the check that a plan file matches this run's
-// plan (the first differing key or section named, never a silent re-plan).
+// Plan files: one kernel's plan (and the step's program) as deterministic JSON, and the check that a plan
+// file matches this run's plan (the first differing key or section named, never a silent re-plan).
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -24,6 +24,17 @@ json shape_json(const PlanBuffer& buffer) {
     dims.push_back({{"axis", buffer.shape.axes[i]}, {"size", buffer.shape.dims[i]}, {"mesh", axes}});
   }
   return dims;
+}
+
+json program_json(const std::vector<ProgramEntry>& entries) {
+  json list = json::array();
+  for (const ProgramEntry& entry : entries) {
+    list.push_back({{"kernel", kernel_name(entry.kernel)},
+                    {"micro_batch", entry.micro_batch},
+                    {"chunk", entry.chunk},
+                    {"last_backward", entry.last_backward}});
+  }
+  return list;
 }
 
 }  // namespace
@@ -104,6 +115,10 @@ std::string serialize_kernel_plan(const TrainingPlan& plan, KernelName name) {
     ops.push_back(entry);
   }
   out["ops"] = ops;
+  // The step's program (the same in every kernel's file): where this kernel runs in a step.
+  out["program"] = {{"gradients", program_json(plan.program.gradients)},
+                    {"update", program_json(plan.program.update)},
+                    {"eval", program_json(plan.program.eval)}};
   return out.dump(1) + "\n";
 }
 
@@ -146,7 +161,7 @@ void verify_plan_file(const TrainingPlan& plan, KernelName kernel, const std::st
     }
   }
   std::string field = "contents";
-  for (const char* section : {"topology", "memory", "cost", "buffers", "ops"}) {
+  for (const char* section : {"topology", "memory", "cost", "buffers", "ops", "program"}) {
     if (found.value(section, json()) != wanted[section]) {
       field = section;
       break;

@@ -189,6 +189,7 @@ Engine::~Engine() {
   if (std::uncaught_exceptions() > 0) {
     for (auto& entry : in_flight_) static_cast<void>(entry.second.release());
     for (auto& pass : ring_passes_) static_cast<void>(pass.release());
+    transfers_.release_unwaited();
   }
 }
 
@@ -241,6 +242,11 @@ void Engine::run_collective(const PlanOp& op, const OpContext& context, UpdateSt
     comm.all_reduce(comm_buffer(&update->sum_of_squares, 1), ReduceOp::sum, name);
     return;
   }
+  if (c.kind == CollectiveKind::send_recv) {  // non-blocking: waited for before its memory is touched again
+    const auto view_or_none = [&](BufferId id) { return id == kNoBuffer ? TensorView{} : context.view(id); };
+    transfers_.start(comm, c.peer_offset, view_or_none(c.buffer), view_or_none(c.shard), name);
+    return;
+  }
   const TensorView full = context.view(c.buffer);
   const int64_t n = c.group;
   const auto permute = [&](const float* from, float* to, bool to_rank_major) {
@@ -287,10 +293,9 @@ void Engine::run_collective(const PlanOp& op, const OpContext& context, UpdateSt
     case CollectiveKind::all_to_all:  // blocks of the full (send) buffer out, the shard's blocks in
       comm.all_to_all(comm_buffer(full), comm_buffer(context.view(c.shard)), name);
       return;
-    case CollectiveKind::send_recv:
+    case CollectiveKind::send_recv:  // started above
       break;
   }
-  MT_CHECK(false, "collective '" + name + "' has no executor yet");
 }
 
 TensorView Engine::view(BufferId id) const {
@@ -613,6 +618,10 @@ LossSums Engine::run(KernelName name, UpdateState* update) {
                              : op.recompute                    ? "recompute"
                                                                : "op");
       context.set_op(&op);
+      // An op touching memory a send_recv sends from or receives into waits for that transfer first.
+      if (!transfers_.empty()) {
+        for (const auto& binding : op.buffers) transfers_.wait_touching(context.view(binding.first), trace_);
+      }
       context.share = op.share;
       context.recomputing = op.recompute;
       if (name == KernelName::update && in_flight_.count(i)) {
@@ -627,16 +636,47 @@ LossSums Engine::run(KernelName name, UpdateState* update) {
       // A traced op on a device: its event lasts until its kernels are done, not just queued.
       if (trace_ && trace_->active()) backend().device_synchronize();
     }
-    if (i == 0 && nan_gradient_pending_ && name != KernelName::update && name != KernelName::eval) {
+    if (i == 0 && nan_gradient_pending_ && overlapping) {
       const float nan = std::numeric_limits<float>::quiet_NaN();
       copy_in(view(plan_.storage.front().gradient_store), &nan, sizeof nan);
       nan_gradient_pending_ = false;
     }
     if (overlapping) start_ready_collectives(name, i, i + 1 == kernel.ops.size());
+    transfers_.progress();
   }
+  transfers_.wait_all(trace_);     // a kernel ends with no transfer in flight
   backend().device_synchronize();  // a kernel's time (the step's) ends when the device is done
   last_kernel_ = &kernel;
   return sums;
+}
+
+ProgramResult Engine::run_program(const std::vector<ProgramEntry>& entries, const ProgramInputs& inputs) {
+  ProgramResult result;
+  const auto add = [&result](const LossSums& sums) {
+    result.sums.loss_sum += sums.loss_sum;
+    result.sums.valid_count += sums.valid_count;
+    result.sums.routing.add(sums.routing);
+  };
+  for (const ProgramEntry& entry : entries) {
+    MT_CHECK(entry.chunk == 0, "a program entry of a layer chunk: the engine runs whole-model kernels only");
+    switch (entry.kernel) {
+      case KernelName::fwd_bwd:
+        add(fwd_bwd(inputs.micro_batch(entry.micro_batch), entry.last_backward));
+        break;
+      case KernelName::fwd_bwd_accum:
+        add(fwd_bwd_accum(inputs.micro_batch(entry.micro_batch), entry.last_backward));
+        break;
+      case KernelName::eval:
+        add(eval(inputs.micro_batch(entry.micro_batch)));
+        break;
+      case KernelName::update:
+        result.update = update(inputs.valid_count, inputs.learning_rate, inputs.step);
+        break;
+      case KernelName::decode:
+        MT_CHECK(false, "decode in a step's program");
+    }
+  }
+  return result;
 }
 
 LossSums Engine::fwd_bwd(const Batch& batch, bool last) {

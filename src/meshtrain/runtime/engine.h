@@ -1,11 +1,12 @@
 // The live engine: plans the run with the same plan_training() as `meshtrain compile`, allocates exactly
-// the planned arena, initialises parameters from the counter-based RNG, and runs the kernels of
-// shared/specs/training-step.md (fwd_bwd, fwd_bwd_accum, update, eval) in the planned op order, each op
-// seeing its buffers at their planned offsets. A decode plan (plan/decode.h) runs the same way: its one
-// kernel, decode, over an arena of parameter values, caches and scratch.
+// the planned arena, initialises parameters from the counter-based RNG, and runs the step's planned program
+// (plan/program.h): the kernels of shared/specs/training-step.md (fwd_bwd, fwd_bwd_accum, update, eval), each
+// in the planned op order, each op seeing its buffers at their planned offsets. A decode plan (plan/decode.h)
+// runs the same way: its one kernel, decode, over an arena of parameter values, caches and scratch.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -17,6 +18,7 @@
 #include "meshtrain/model/parameter_store.h"
 #include "meshtrain/model/spec.h"
 #include "meshtrain/plan/plan.h"
+#include "meshtrain/runtime/transfers.h"
 
 namespace meshtrain {
 
@@ -26,6 +28,22 @@ struct UpdateResult {
   double raw_grad_norm = 0.0;  // of the token-averaged gradient, before clipping
   double grad_norm = 0.0;      // after clipping
   bool nonfinite = false;      // a gradient was NaN or infinite on some rank: parameters were left unchanged
+};
+
+// The Batch of one micro-batch of the step (ProgramEntry::micro_batch), asked for when its entry runs.
+using MicroBatchSource = std::function<Batch(int64_t micro_batch)>;
+
+// What a program's entries read: their micro-batches, and the update's arguments (Engine::update).
+struct ProgramInputs {
+  MicroBatchSource micro_batch;  // for entries that read a batch
+  int64_t valid_count = 0;       // this rank's valid-token count over the step's micro-batches
+  double learning_rate = 0.0;
+  int64_t step = 0;
+};
+
+struct ProgramResult {
+  LossSums sums;        // added over the entries, in their order
+  UpdateResult update;  // the update entry's
 };
 
 // A plan this engine can run on `world` processes: one device per process, float32 storage, an arena
@@ -50,9 +68,13 @@ class Engine {
   ~Engine();
   Engine(Engine&&) = default;
 
-  // First micro-batch: WRITES the gradients; later ones ADD into them. On the last micro-batch of a step
-  // (`last`), the data-axis gradient reductions of update start, bucketed and non-blocking, as soon as their
-  // gradients are final, and update waits for them (training-step.md's overlap).
+  // Runs a phase of the plan's program (plan().program.gradients, .update or .eval) in its order: each
+  // kernel on its micro-batch's Batch; the entry marked last_backward starts the data-axis reductions.
+  ProgramResult run_program(const std::vector<ProgramEntry>& entries, const ProgramInputs& inputs);
+  // The kernels one at a time (what run_program calls, and tests). First micro-batch: WRITES the gradients;
+  // later ones ADD into them. On the last micro-batch of a step (`last`), the data-axis gradient reductions
+  // of update start, bucketed and non-blocking, as soon as their gradients are final, and update waits for
+  // them (training-step.md's overlap).
   LossSums fwd_bwd(const Batch& batch, bool last = false);
   LossSums fwd_bwd_accum(const Batch& batch, bool last = false);
   // Reduces gradients over the data axis, sums the valid-token counts of the ranks (`valid_count` is this
@@ -125,7 +147,8 @@ class Engine {
   // A step that will not reach update (a non-finite loss): waits for the reductions its last micro-batch
   // started, so nothing reuses their buffers while they are in flight.
   void abandon_step();
-  // Test hook (MESHTRAIN_FAULT=nan_gradient): the next fwd_bwd / fwd_bwd_accum leaves a NaN in a gradient.
+  // Test hook (MESHTRAIN_FAULT=nan_gradient): the next last backward (fwd_bwd / fwd_bwd_accum with `last`)
+  // leaves a NaN in a gradient.
   void inject_nan_gradient() { nan_gradient_pending_ = true; }
   // Re-initialises every parameter from (init_weights_seed, canonical name, element index); zeroes moments.
   void initialize_parameters();
@@ -157,6 +180,7 @@ class Engine {
   std::optional<TensorGroup> tensor_group_;  // tensor > 1: the vocab-parallel loss's mid-kernel reductions
   std::unique_ptr<Communicator> kv_replica_group_;  // tensor > kv heads: the ranks holding the same kv head
   std::vector<std::unique_ptr<CollectiveRequest>> ring_passes_;  // ring attention's, not yet waited for
+  Transfers transfers_;                                          // send_recv ops' transfers in flight
   std::vector<size_t> bucket_;  // update op indices ready (plan_.overlap), not yet started
   size_t bucket_bytes_ = 0;
   std::map<size_t, std::unique_ptr<CollectiveRequest>> in_flight_;  // update op index -> started reduction

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <numeric>
 #include <sstream>
 #include <thread>
@@ -157,13 +158,19 @@ nlohmann::json routing_metrics(const ModelSpec& spec, const LossSums& sums) {
   return layers;
 }
 
+// This rank's part of each micro-batch of the loader's current step.
+MicroBatchSource micro_batches(BatchLoader& loader, const RunRanks& ranks) {
+  return [&loader, &ranks](int64_t micro) {
+    return ranks.tokens_here(loader.micro_batch(static_cast<int>(ranks.data_rank), static_cast<int>(micro)));
+  };
+}
+
 // Mean loss over eval_steps batches of the held-out split, always from its beginning.
 double evaluate(Engine& engine, BatchLoader& loader, int64_t eval_steps, const RunRanks& ranks) {
   loader.reset();
   LossSums total;
   for (int64_t i = 0; i < eval_steps; ++i) {
-    const LossSums sums =
-        engine.eval(ranks.tokens_here(loader.micro_batch(static_cast<int>(ranks.data_rank), 0)));
+    const LossSums sums = engine.run_program(engine.plan().program.eval, {micro_batches(loader, ranks)}).sums;
     total.loss_sum += sums.loss_sum;
     total.valid_count += sums.valid_count;
     loader.advance();
@@ -218,9 +225,12 @@ RunSetup prepare_run(const Config& config, int64_t world_size) {
   check_plan_runs_here(setup.plan, world_size);  // the mesh's product must be the number of ranks
   // The kernels this run uses: a plan_in from meshtrain compile must match each of them exactly.
   if (!config.plan_in.empty()) {
-    std::vector<KernelName> used_kernels = {KernelName::fwd_bwd, KernelName::update};
-    if (config.gradient_accumulation_steps > 1) used_kernels.push_back(KernelName::fwd_bwd_accum);
-    if (config.eval_interval > 0) used_kernels.push_back(KernelName::eval);
+    const StepProgram& program = setup.plan.program;
+    std::vector<KernelName> used_kernels = program_kernels(program.gradients);
+    for (KernelName kernel : program_kernels(program.update)) used_kernels.push_back(kernel);
+    if (config.eval_interval > 0) {
+      for (KernelName kernel : program_kernels(program.eval)) used_kernels.push_back(kernel);
+    }
     for (KernelName kernel : used_kernels) verify_plan_file(setup.plan, kernel, config.plan_in);
   }
   // Synthetic ids need no vocabulary file: such a run reads no file at all (the presets' tokenizer_path and
@@ -374,13 +384,15 @@ void Run::prepare_steps() {
   progress_.emplace(config_.steps, state_.step, console_);
   signals_.emplace();
   fault_ = injected_fault();
-  // A step runs fwd_bwd, GA - 1 x fwd_bwd_accum and update.
+  // Each kernel's bytes times its entries in the step's program.
+  std::map<KernelName, double> entries;
+  for (const std::vector<ProgramEntry>* phase :
+       {&engine_->plan().program.gradients, &engine_->plan().program.update}) {
+    for (const ProgramEntry& entry : *phase) entries[entry.kernel] += 1.0;
+  }
   planned_step_bytes_ = nlohmann::json::object();
   for (const KernelPlan& kernel : engine_->plan().kernels) {
-    const double repeats = kernel.kernel == KernelName::fwd_bwd_accum
-                               ? static_cast<double>(config_.gradient_accumulation_steps - 1)
-                           : kernel.kernel == KernelName::eval ? 0.0
-                                                               : 1.0;
+    const double repeats = entries[kernel.kernel];
     for (const auto& [axis, bytes] : kernel.collective_bytes) {
       if (repeats > 0.0) planned_step_bytes_[axis] = planned_step_bytes_.value(axis, 0.0) + repeats * bytes;
     }
@@ -408,21 +420,11 @@ void Run::save(int64_t step) {
   }
 }
 
-// This rank's loss sums over the step's micro-batches (gradients accumulated in the engine).
+// This rank's loss sums over the step's micro-batches: the program's gradients phase (gradients accumulated
+// in the engine).
 LossSums Run::run_micro_batches(int64_t rank) {
-  LossSums local;
-  for (int64_t micro = 0; micro < config_.gradient_accumulation_steps; ++micro) {
-    const Batch batch =
-        ranks_.tokens_here(loader_->micro_batch(static_cast<int>(ranks_.data_rank), static_cast<int>(micro)));
-    const bool last = micro + 1 == config_.gradient_accumulation_steps;
-    if (last && fault_.at("nan_gradient", step_ + 1, rank)) engine_->inject_nan_gradient();
-    const LossSums micro_sums =
-        micro == 0 ? engine_->fwd_bwd(batch, last) : engine_->fwd_bwd_accum(batch, last);
-    local.loss_sum += micro_sums.loss_sum;
-    local.valid_count += micro_sums.valid_count;
-    local.routing.add(micro_sums.routing);
-  }
-  return local;
+  if (fault_.at("nan_gradient", step_ + 1, rank)) engine_->inject_nan_gradient();
+  return engine_->run_program(engine_->plan().program.gradients, {micro_batches(*loader_, ranks_)}).sums;
 }
 
 StepOutcome Run::step(const RunControl& control) {
@@ -469,7 +471,9 @@ StepOutcome Run::step(const RunControl& control) {
     return StepOutcome::skipped;
   }
   const double learning_rate = learning_rate_at(config_, step);
-  const UpdateResult update = engine.update(local.valid_count, learning_rate, step);
+  const ProgramInputs update_inputs{
+      .micro_batch = nullptr, .valid_count = local.valid_count, .learning_rate = learning_rate, .step = step};
+  const UpdateResult update = engine.run_program(engine.plan().program.update, update_inputs).update;
   if (update.nonfinite) {  // a non-finite gradient: the update left every parameter unchanged
     if (!config_.skip_nonfinite_steps) {
       save(step);
