@@ -1,4 +1,5 @@
-// The family table: one row per DecoderBlock, each consistent with the spec its builder declares.
+// The family table: one row per DecoderBlock, each consistent with the spec its builder declares; and each
+// builder's layer chunks (a contiguous range of layers, with or without the embedding and the head).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -9,6 +10,7 @@
 #include "error_text.h"
 #include "meshtrain/config/config.h"
 #include "meshtrain/interchange/hf_names.h"
+#include "meshtrain/kernels/backend.h"
 #include "meshtrain/model/families.h"
 #include "meshtrain/model/spec.h"
 
@@ -101,6 +103,97 @@ TEST(Families, TheHuggingFaceMappingCoversEveryFamily) {
     std::set<BufferId> mapped;
     for (const HfTensorMapping& entry : hf_mapping(spec)) mapped.insert(entry.parameter);
     EXPECT_EQ(mapped.size(), spec.parameters.size());
+  }
+}
+
+// Layer chunks (a pipeline stage's part of the model): every parameter's canonical name, stacked layers
+// member by member.
+std::vector<std::string> canonical_names(const ModelSpec& spec) {
+  std::vector<std::string> names;
+  for (const ParameterDecl& parameter : spec.parameters) {
+    if (parameter.members.empty()) names.push_back(parameter.canonical_name);
+    for (const ParameterDecl::Member& member : parameter.members) names.push_back(member.canonical_name);
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+// The decoder layer a canonical name belongs to, or -1 (the embedding, the final norm, the unembedding).
+int64_t layer_of(const std::string& name) {
+  const std::string prefix = "decoder/layers_";
+  if (!name.starts_with(prefix)) return -1;
+  return std::stoll(name.substr(prefix.size(), name.find('/', prefix.size()) - prefix.size()));
+}
+
+bool embedding_name(const std::string& name) {
+  return name.starts_with("token_embedder/") || name.starts_with("position_embedder/");
+}
+
+TEST(Families, AChunkHoldsExactlyItsLayersAndTheEmbeddingAndHeadItAsksFor) {
+  const std::vector<std::pair<DecoderBlock, std::vector<std::string>>> models = {
+      {DecoderBlock::qwen3, {"logits_via_embedding=false"}},
+      {DecoderBlock::qwen3, {"logits_via_embedding=true"}},
+      {DecoderBlock::gpt2, {}},
+      {DecoderBlock::deepseek,
+       {"num_experts=4", "num_experts_per_tok=2", "base_moe_mlp_dim=32", "first_num_dense_layers=1",
+        "engram_layers=[0,1]", "engram_num_heads=2", "engram_head_dim=8", "engram_vocab_bases=[61,67]",
+        "engram_kernel_size=3", "mhc_expansion_rate=4"}}};
+  for (const auto& [block, overrides] : models) {
+    const Config config = family_config(block, overrides);
+    SCOPED_TRACE(decoder_block_name(block) + (config.logits_via_embedding ? std::string(" tied") : ""));
+    const Mesh one_device;
+    const kernels::KernelBackend& cpu = kernels::kernel_backend_for_device("cpu");
+    const ModelSpec whole = build_model_spec(config);
+    const std::vector<std::string> all = canonical_names(whole);
+    ASSERT_EQ(whole.chunk.last_layer, 1);
+    // The first and last chunks of two stages, and both layers with neither end.
+    const std::vector<LayerChunk> chunks = {{0, 0, true, false}, {1, 1, false, true}, {0, 1, false, false}};
+    std::vector<std::string> joined;
+    for (size_t c = 0; c < chunks.size(); ++c) {
+      const LayerChunk& chunk = chunks[c];
+      const ModelSpec spec = build_model_spec(config, one_device, cpu, chunk);
+      std::vector<std::string> expected;
+      for (const std::string& name : all) {
+        const int64_t layer = layer_of(name);
+        const bool wanted = layer >= 0             ? layer >= chunk.first_layer && layer <= chunk.last_layer
+                            : embedding_name(name) ? chunk.with_embedding
+                                                   : chunk.with_head;
+        if (wanted) expected.push_back(name);
+      }
+      // A tied head holds the embedding table too (the first and last pipeline chunks each hold it).
+      if (chunk.with_head && !chunk.with_embedding && config.logits_via_embedding)
+        expected.push_back("token_embedder/embedding");
+      std::sort(expected.begin(), expected.end());
+      const std::vector<std::string> names = canonical_names(spec);
+      EXPECT_EQ(names, expected) << chunk.first_layer << ".." << chunk.last_layer;
+      EXPECT_EQ(!spec.loss_forward.empty(), chunk.with_head);
+      const bool reads_input =
+          std::any_of(spec.buffers.begin(), spec.buffers.end(),
+                      [](const BufferDecl& buffer) { return buffer.name == "chunk/input"; });
+      EXPECT_EQ(reads_input, !chunk.with_embedding);
+      if (c < 2) joined.insert(joined.end(), names.begin(), names.end());
+    }
+    // The first and last chunks together are the whole model (a tied table held by both).
+    std::sort(joined.begin(), joined.end());
+    joined.erase(std::unique(joined.begin(), joined.end()), joined.end());
+    EXPECT_EQ(joined, all);
+  }
+}
+
+TEST(Families, TheDefaultChunkIsTheWholeModelAndOthersAreChecked) {
+  const Config config = family_config(DecoderBlock::qwen3);
+  const ModelSpec whole = build_model_spec(config);
+  const ModelSpec chunked = build_model_spec(config, Mesh{}, kernels::kernel_backend_for_device("cpu"),
+                                             LayerChunk{0, 1, true, true});
+  ASSERT_EQ(whole.buffers.size(), chunked.buffers.size());
+  for (size_t i = 0; i < whole.buffers.size(); ++i) EXPECT_EQ(whole.buffers[i].name, chunked.buffers[i].name);
+  ASSERT_EQ(whole.loss_backward.size(), chunked.loss_backward.size());
+  for (size_t i = 0; i < whole.loss_backward.size(); ++i)
+    EXPECT_EQ(whole.loss_backward[i].name, chunked.loss_backward[i].name);
+  for (const LayerChunk& outside : {LayerChunk{1, 0, true, true}, LayerChunk{0, 2, true, true}}) {
+    const std::string error = error_of(
+        [&] { build_model_spec(config, Mesh{}, kernels::kernel_backend_for_device("cpu"), outside); });
+    EXPECT_NE(error.find("layer chunk"), std::string::npos) << error;
   }
 }
 

@@ -4,6 +4,7 @@
 // system's additions: an Engram block at the start of each layer engram_layers names (model/layers/engram.h),
 // and with mhc_expansion_rate > 1 the residual widened to G streams, every sublayer an mHC site
 // (model/layers/mhc.h).
+#include <algorithm>
 #include <cmath>
 
 #include "meshtrain/core/error.h"
@@ -26,22 +27,29 @@ void build_deepseek(SpecBuilder& builder) {
       builder.gradient_scratch("scratch/d_residual", token_shape(m, {{"embed", m.D}}));
   // Residual output projections start smaller so the stream's variance does not grow with depth.
   const double out_std = 0.02 / std::sqrt(2.0 * static_cast<double>(m.L));
-  const EmbeddingLayer embedding = add_embedding(builder, false, d_residual);
+  const LayerChunk& chunk = builder.spec().chunk;
+  const EmbeddingLayer embedding =
+      chunk.with_embedding ? add_embedding(builder, false, d_residual) : EmbeddingLayer{};
   const bool mhc = m.G > 1;
   // The residual streams and their gradient: [B, S, G, D] under mHC, else the plain residual.
   BufferId streams = embedding.residual, d_streams = d_residual;
   if (mhc) {
     d_streams = builder.gradient_scratch("scratch/d_streams", stream_shape(m));
-    streams = add_mhc_entry(builder, embedding.residual, d_residual, d_streams);
+    if (chunk.with_embedding) streams = add_mhc_entry(builder, embedding.residual, d_residual, d_streams);
   }
+  if (!chunk.with_embedding)
+    streams = add_chunk_input(builder, mhc ? stream_shape(m) : token_shape(m, {{"embed", m.D}}));
   // A sublayer on the streams: an mHC site around it, or the block itself adding its own residual.
   const auto sublayer = [&](const std::string& site, const auto& add_block) {
     if (!mhc) return add_block(streams, d_streams, true);
     return add_mhc_site(builder, site, streams, d_streams,
                         [&](BufferId xin, BufferId d_io) { return add_block(xin, d_io, false); });
   };
-  size_t engram_index = 0;
-  for (int64_t layer = 0; layer < m.L; ++layer) {
+  // Engram layers are numbered in engram_layers order (ascending), those before the chunk included.
+  size_t engram_index =
+      static_cast<size_t>(std::count_if(config.engram_layers.begin(), config.engram_layers.end(),
+                                        [&](int64_t layer) { return layer < chunk.first_layer; }));
+  for (int64_t layer = chunk.first_layer; layer <= chunk.last_layer; ++layer) {
     const std::string prefix = "decoder/layers_" + std::to_string(layer);
     if (engram_layer(config, layer)) {
       streams = add_engram_block(builder, prefix, engram_index++, streams, d_streams);
@@ -62,9 +70,11 @@ void build_deepseek(SpecBuilder& builder) {
       return add_mlp_block(builder, prefix, in, d_in, {family.norm, family.mlp, false, out_std, residual});
     });
   }
+  if (!chunk.with_head) return;
   const BufferId residual = mhc ? add_mhc_exit(builder, streams, d_streams, d_residual) : streams;
   const bool tied = config.logits_via_embedding;
-  add_final_norm_and_loss(builder, family.norm, residual, tied ? embedding.table : kNoBuffer, d_residual);
+  add_final_norm_and_loss(builder, family.norm, residual,
+                          tied ? tied_unembedding(builder, embedding) : kNoBuffer, d_residual);
 }
 
 }  // namespace meshtrain

@@ -24,4 +24,17 @@ const DecoderFamily& family_of(const Config& config) {
   return family_of(config.decoder_block);
 }
 
+BufferId add_chunk_input(SpecBuilder& builder, const Shape& shape) {
+  return builder.input("chunk/input", builder.storage_dtype(), shape);
+}
+
+EmbeddingLayer add_chunk_start(SpecBuilder& builder, bool learned_positions, BufferId d_residual) {
+  if (builder.spec().chunk.with_embedding) return add_embedding(builder, learned_positions, d_residual);
+  return {add_chunk_input(builder, token_shape(builder.dims(), {{"embed", builder.dims().D}})), kNoBuffer};
+}
+
+BufferId tied_unembedding(SpecBuilder& builder, const EmbeddingLayer& embedding) {
+  return embedding.table != kNoBuffer ? embedding.table : add_embedding_table(builder);
+}
+
 }  // namespace meshtrain

@@ -4,6 +4,7 @@
 #pragma once
 
 #include "meshtrain/config/config.h"
+#include "meshtrain/model/layers/embedding.h"
 #include "meshtrain/model/layers/mlp.h"
 #include "meshtrain/model/layers/norm.h"
 #include "meshtrain/model/spec_builder.h"
@@ -31,6 +32,15 @@ struct DecoderFamily {
 // The row of `block`, and of the config's decoder_block.
 const DecoderFamily& family_of(DecoderBlock block);
 const DecoderFamily& family_of(const Config& config);
+
+// Each builder declares the layers of the spec's chunk (ModelSpec::chunk), with the embedding and the head
+// where the chunk holds them. A chunk without the embedding starts from the previous pipeline stage's
+// activation: an input named "chunk/input" of `shape` (the residual, or under mHC its streams).
+BufferId add_chunk_input(SpecBuilder& builder, const Shape& shape);
+// The residual entering the chunk's first layer: the embedding's output, or the chunk's input (no table).
+EmbeddingLayer add_chunk_start(SpecBuilder& builder, bool learned_positions, BufferId d_residual);
+// A tied head's unembedding: the embedding table, declared again in a chunk without the embedding.
+BufferId tied_unembedding(SpecBuilder& builder, const EmbeddingLayer& embedding);
 
 // Qwen3: pre-norm RMSNorm, per-head QK-norm before RoPE, GQA, SwiGLU, tied or untied unembedding.
 void build_qwen3(SpecBuilder& builder);

@@ -20,9 +20,10 @@ void build_qwen3(SpecBuilder& builder) {
       builder.gradient_scratch("scratch/d_residual", token_shape(m, {{"embed", m.D}}));
   // Residual output projections start smaller so the stream's variance does not grow with depth.
   const double out_std = 0.02 / std::sqrt(2.0 * static_cast<double>(m.L));
-  const EmbeddingLayer embedding = add_embedding(builder, !rope, d_residual);
+  const LayerChunk& chunk = builder.spec().chunk;
+  const EmbeddingLayer embedding = add_chunk_start(builder, !rope, d_residual);
   BufferId residual = embedding.residual;
-  for (int64_t layer = 0; layer < m.L; ++layer) {
+  for (int64_t layer = chunk.first_layer; layer <= chunk.last_layer; ++layer) {
     const std::string prefix = "decoder/layers_" + std::to_string(layer);
     residual =
         add_attention_block(builder, prefix, residual, d_residual, {family.norm, true, rope, false, out_std});
@@ -34,8 +35,10 @@ void build_qwen3(SpecBuilder& builder) {
           add_mlp_block(builder, prefix, residual, d_residual, {family.norm, family.mlp, false, out_std});
     }
   }
+  if (!chunk.with_head) return;
   const bool tied = builder.spec().config.logits_via_embedding;
-  add_final_norm_and_loss(builder, family.norm, residual, tied ? embedding.table : kNoBuffer, d_residual);
+  add_final_norm_and_loss(builder, family.norm, residual,
+                          tied ? tied_unembedding(builder, embedding) : kNoBuffer, d_residual);
 }
 
 }  // namespace meshtrain

@@ -195,14 +195,26 @@ ModelSpec build_model_spec(const Config& config) {
 
 namespace {
 
+// The chunk with its last layer resolved; a range outside the model's layers is an error naming it.
+LayerChunk resolve_chunk(LayerChunk chunk, int64_t layers) {
+  if (chunk.last_layer < 0) chunk.last_layer = layers - 1;
+  if (chunk.first_layer < 0 || chunk.first_layer > chunk.last_layer || chunk.last_layer >= layers) {
+    fail("layer chunk [" + std::to_string(chunk.first_layer) + ", " + std::to_string(chunk.last_layer) + "]",
+         "a range of the model's layers 0 .. " + std::to_string(layers - 1), "a range outside them",
+         "cut the model within base_num_decoder_layers");
+  }
+  return chunk;
+}
+
 // A training spec (cache_length 0) or a decode spec: the same layer functions declare both.
 ModelSpec build_spec(const Config& config, const Mesh& mesh, int64_t cache_length,
-                     const kernels::KernelBackend& backend) {
+                     const kernels::KernelBackend& backend, const LayerChunk& chunk) {
   ModelSpec spec;
   spec.config = config;
   spec.kernels = &backend;
   spec.sharding = ShardingLayout(config.logical_axis_rules, mesh);
   spec.dims = validate_and_size(config, spec.sharding);
+  spec.chunk = resolve_chunk(chunk, spec.dims.L);
   if (cache_length > 0) {
     spec.dims.B = spec.dims.S = spec.dims.N = 1;
     spec.dims.T = cache_length;
@@ -223,14 +235,15 @@ ModelSpec build_spec(const Config& config, const Mesh& mesh, int64_t cache_lengt
 
 }  // namespace
 
-ModelSpec build_model_spec(const Config& config, const Mesh& mesh, const kernels::KernelBackend& backend) {
-  return build_spec(config, mesh, 0, backend);
+ModelSpec build_model_spec(const Config& config, const Mesh& mesh, const kernels::KernelBackend& backend,
+                           const LayerChunk& chunk) {
+  return build_spec(config, mesh, 0, backend, chunk);
 }
 
 ModelSpec build_decode_spec(const Config& config, const Mesh& mesh, int64_t cache_length,
                             const kernels::KernelBackend& backend) {
   MT_CHECK(cache_length > 0, "a decode spec needs a cache of at least one row");
-  return build_spec(config, mesh, cache_length, backend);
+  return build_spec(config, mesh, cache_length, backend, {});
 }
 
 StandardFlops standard_training_flops(const Config& c) {

@@ -278,8 +278,19 @@ struct EngramLayerSpec {
   BufferId conv_history = kNoBuffer;  // decode: cache [(K - 1) N, G D], the ShortConv's last inputs
 };
 
+// A contiguous range of decoder layers, with or without the embedding before them and the final norm,
+// unembedding and loss after them: a pipeline stage's chunk (shared/specs/pipeline.md). The default is the
+// whole model.
+struct LayerChunk {
+  int64_t first_layer = 0;
+  int64_t last_layer = -1;  // inclusive; -1: the model's last
+  bool with_embedding = true;
+  bool with_head = true;  // the final norm, the unembedding and the loss
+};
+
 struct ModelSpec {
   Config config;
+  LayerChunk chunk;  // the layers it holds (last_layer resolved)
   // The backend its ops run on (the engine hands it to them) and its kernel scratch is sized for.
   const kernels::KernelBackend* kernels = nullptr;
   ShardingLayout sharding;
@@ -318,8 +329,10 @@ struct ModelSpec {
 };
 
 // Validates the config (before anything is allocated) and builds the spec of its decoder_block at the
-// per-device sizes of `mesh`, for the kernels of `backend`; the one-argument form is one cpu device.
-ModelSpec build_model_spec(const Config& config, const Mesh& mesh, const kernels::KernelBackend& backend);
+// per-device sizes of `mesh`, for the kernels of `backend`; the one-argument form is one cpu device. `chunk`:
+// only those layers (a chunk without the embedding reads its residual stream from an input, "chunk/input").
+ModelSpec build_model_spec(const Config& config, const Mesh& mesh, const kernels::KernelBackend& backend,
+                           const LayerChunk& chunk = {});
 ModelSpec build_model_spec(const Config& config);
 // The decode spec of the same layers: one token (B = S = 1) attending over caches of `cache_length` rows.
 ModelSpec build_decode_spec(const Config& config, const Mesh& mesh, int64_t cache_length,

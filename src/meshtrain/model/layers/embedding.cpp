@@ -5,12 +5,17 @@
 
 namespace meshtrain {
 
+BufferId add_embedding_table(SpecBuilder& builder) {
+  const ModelDims& m = builder.dims();
+  return builder.parameter("token_embedder/embedding", shape_of({{"vocab", m.V}, {"embed", m.D}}),
+                           {"embedding", ParameterInit::normal, 0.02, false});
+}
+
 EmbeddingLayer add_embedding(SpecBuilder& builder, bool learned_positions, BufferId d_residual) {
   const ModelDims& m = builder.dims();
   const ModelSpec& spec = builder.spec();
   const int64_t N = m.N, V = m.V, D = m.D, P = m.P;
-  const BufferId table = builder.parameter("token_embedder/embedding", shape_of({{"vocab", V}, {"embed", D}}),
-                                           {"embedding", ParameterInit::normal, 0.02, false});
+  const BufferId table = add_embedding_table(builder);
   const BufferId d_table = builder.gradient_of(table);
   const BufferId residual = builder.activation("token_embedder/out", token_shape(m, {{"embed", D}}));
   const BufferId tokens = spec.tokens, positions = spec.positions;

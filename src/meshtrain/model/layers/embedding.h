@@ -13,6 +13,9 @@ struct EmbeddingLayer {
 };
 
 EmbeddingLayer add_embedding(SpecBuilder& builder, bool learned_positions, BufferId d_residual);
+// The token embedding table [V, D] as a parameter: add_embedding's, and a tied head's in a chunk without
+// the embedding (shared/specs/pipeline.md: the first and last chunks each hold it).
+BufferId add_embedding_table(SpecBuilder& builder);
 
 // Final norm, then loss = sum of cross-entropy over masked targets (the step divides by the global count).
 // The unembedding is the embedding table when `tied_table` is set, else its own [D, V] kernel. A decode spec
