@@ -33,6 +33,7 @@
 #include "meshtrain/core/error.h"
 #include "meshtrain/core/json_number.h"
 #include "meshtrain/io/safetensors.h"
+#include "meshtrain/optim/optimizer.h"
 
 namespace meshtrain {
 namespace {
@@ -241,11 +242,18 @@ std::vector<std::pair<fs::path, std::string>> tokenizer_files(const std::string&
 }
 
 // Writes every file of the checkpoint into `directory` and commits it there (marker last).
-// The moments' name prefixes, in file order ("" is the value, in model.safetensors).
-const std::vector<std::string> kMomentPrefixes = {"adam_m/", "adam_v/"};
+// The tensors a checkpoint holds per parameter by name prefix, in file order: "" its value (in
+// model.safetensors), then its optimizer moments ("adam_m/", "adam_v/": optim/optimizer.h).
+std::vector<std::string> tensor_prefixes() {
+  std::vector<std::string> prefixes = {""};
+  for (const std::string& moment : optimizer_moment_names()) prefixes.push_back(moment + "/");
+  return prefixes;
+}
 
-BufferId tensor_of(const ParameterDecl& parameter, const std::string& prefix) {
-  return prefix.empty() ? parameter.value : prefix == "adam_m/" ? parameter.adam_m : parameter.adam_v;
+// Tensor `tensor` (an index into tensor_prefixes()) of parameter `p`: its value or a moment, by spec id.
+BufferId tensor_of(const Engine& engine, size_t p, size_t tensor) {
+  return tensor == 0 ? engine.parameters().decl(p).value
+                     : engine.plan().optimizer.state(p).moments.at(tensor - 1);
 }
 
 // One per-layer tensor (or a whole other parameter) as the engine holds it: `offset` elements into the
@@ -652,11 +660,12 @@ std::vector<ShardChunk> rank_chunks(const Engine& engine) {
   const CheckpointLayout layout = own_layout(engine);
   const ParameterStore& store = engine.parameters();
   std::vector<ShardChunk> chunks;
-  for (size_t moment = 0; moment < 3; ++moment) {
-    const std::string prefix = moment == 0 ? "" : kMomentPrefixes[moment - 1];
+  const std::vector<std::string> prefixes = tensor_prefixes();
+  for (size_t tensor = 0; tensor < prefixes.size(); ++tensor) {
+    const std::string& prefix = prefixes[tensor];
     for (size_t p = 0; p < store.size(); ++p) {
       const ParameterDecl& parameter = store.decl(p);
-      const Engine::LocalShard shard = engine.local_shard(tensor_of(parameter, prefix));
+      const Engine::LocalShard shard = engine.local_shard(tensor_of(engine, p, tensor));
       if (!shard.saving_replica) continue;
       const TensorPiece first = pieces_of(engine, p, prefix).front();
       const CheckpointTensorPlace place = layout.place(first.canonical, first.dims);
@@ -701,15 +710,16 @@ void load_sharded(const LoadContext& context, Engine& engine, bool parameters_on
   std::vector<BoxRead> reads;
   std::map<std::string, std::vector<int64_t>> expected;  // what the reads need
   std::set<std::string> model_tensors;                   // every tensor of this model, moments included
-  for (size_t moment = 0; moment < 3; ++moment) {
-    const std::string prefix = moment == 0 ? "" : kMomentPrefixes[moment - 1];
+  const std::vector<std::string> prefixes = tensor_prefixes();
+  for (size_t tensor = 0; tensor < prefixes.size(); ++tensor) {
+    const std::string& prefix = prefixes[tensor];
     for (size_t p = 0; p < store.size(); ++p) {
       MT_CHECK(store.value(p).dtype == DType::f32, "checkpoint loading reads float32 buffers");
       const std::vector<TensorPiece> pieces = pieces_of(engine, p, prefix);
       for (const TensorPiece& piece : pieces)
         model_tensors.insert(saved.place(piece.canonical, piece.dims).name);
-      if (moment > 0 && parameters_only) continue;
-      const Engine::LocalShard shard = engine.local_shard(tensor_of(store.decl(p), prefix));
+      if (tensor > 0 && parameters_only) continue;
+      const Engine::LocalShard shard = engine.local_shard(tensor_of(engine, p, tensor));
       // The box of one per-layer piece (or the whole tensor) in the checkpoint's coordinates.
       const auto read = [&](const TensorPiece& piece, std::vector<int64_t> start, std::vector<int64_t> dims,
                             float* data) {
@@ -943,13 +953,15 @@ CheckpointState load_into_host_state(const std::string& checkpoint_dir, Engine& 
   // Every tensor the run reads, where the checkpoint's layout (stacked or per layer) keeps it.
   const CheckpointLayout saved = CheckpointLayout::saved(context.metadata, spec.config, metadata_where);
   std::map<std::string, std::vector<int64_t>> model_tensors, moment_tensors;
-  for (size_t moment = 0; moment < (parameters_only ? 1 : 3); ++moment) {
-    const std::string prefix = moment == 0 ? "" : kMomentPrefixes[moment - 1];
+  const std::vector<std::string> prefixes = tensor_prefixes();
+  const size_t tensors = parameters_only ? 1 : prefixes.size();
+  for (size_t tensor = 0; tensor < tensors; ++tensor) {
+    const std::string& prefix = prefixes[tensor];
     for (size_t p = 0; p < store.size(); ++p) {
       MT_CHECK(store.value(p).dtype == DType::f32, "checkpoint loading reads float32 buffers");
       for (const TensorPiece& piece : pieces_of(engine, p, prefix)) {
         const CheckpointTensorPlace place = saved.place(piece.canonical, piece.dims);
-        (moment == 0 ? model_tensors : moment_tensors)[place.name] = place.dims;
+        (tensor == 0 ? model_tensors : moment_tensors)[place.name] = place.dims;
       }
     }
   }
@@ -966,15 +978,15 @@ CheckpointState load_into_host_state(const std::string& checkpoint_dir, Engine& 
   }
   // Whole tensors are assembled (a stacked one from its layers) and each rank keeps its shard: a checkpoint
   // loads on any mesh and into either layout.
-  for (size_t moment = 0; moment < (parameters_only ? 1 : 3); ++moment) {
-    const std::string prefix = moment == 0 ? "" : kMomentPrefixes[moment - 1];
+  for (size_t tensor = 0; tensor < tensors; ++tensor) {
+    const std::string& prefix = prefixes[tensor];
     for (size_t p = 0; p < store.size(); ++p) {
-      const BufferId id = tensor_of(store.decl(p), prefix);
+      const BufferId id = tensor_of(engine, p, tensor);
       int64_t count = 1;
       for (int64_t size : engine.global_shape(id)) count *= size;
       std::vector<float> global(static_cast<size_t>(count));
       for (const TensorPiece& piece : pieces_of(engine, p, prefix)) {
-        CheckpointLayout::read(moment == 0 ? model : *optimizer, saved.place(piece.canonical, piece.dims),
+        CheckpointLayout::read(tensor == 0 ? model : *optimizer, saved.place(piece.canonical, piece.dims),
                                global.data() + piece.offset);
       }
       engine.scatter_global(id, global.data());

@@ -2,18 +2,21 @@
 
 #include <cstdio>
 #include <map>
+#include <vector>
 
 #include "meshtrain/cli/arguments.h"
 #include "meshtrain/model/layers/engram.h"
 #include "meshtrain/model/segments.h"
 #include "meshtrain/model/spec.h"
+#include "meshtrain/optim/optimizer.h"
 
 namespace meshtrain {
 
 int run_info(const std::vector<std::string>& arguments, std::ostream& out) {
   const ConfigArguments parsed = parse_config_arguments("info", arguments);
   const Config config = load_config(parsed.config, parsed.overrides);
-  const ModelSpec spec = build_model_spec(config);  // declares buffers only: nothing is allocated
+  ModelSpec spec = build_model_spec(config);  // declares buffers only: nothing is allocated
+  const OptimizerDecl optimizer = apply_optimizer(spec, config);
   const ModelDims& m = spec.dims;
 
   out << "model " << config.model_name << " (" << decoder_block_name(config.decoder_block) << "): " << m.L
@@ -52,14 +55,16 @@ int run_info(const std::vector<std::string>& arguments, std::ostream& out) {
     // The tables with what training keeps beside them: gradient and both Adam moments (and a float32
     // master copy when weights are stored narrower).
     int64_t table_bytes = 0;
-    for (const ParameterDecl& parameter : spec.parameters) {
+    for (size_t p = 0; p < spec.parameters.size(); ++p) {
+      const ParameterDecl& parameter = spec.parameters[p];
       if (!is_engram_table(parameter)) continue;
-      for (BufferId id :
-           {parameter.value, parameter.gradient, parameter.adam_m, parameter.adam_v, parameter.master}) {
-        if (id != kNoBuffer)
-          table_bytes +=
-              spec.buffer(id).shape.elements() * static_cast<int64_t>(dtype_bytes(spec.buffer(id).dtype));
-      }
+      const ParameterState& state = optimizer.state(p);
+      std::vector<BufferId> ids = {parameter.value, parameter.gradient};
+      ids.insert(ids.end(), state.moments.begin(), state.moments.end());
+      if (state.master != kNoBuffer) ids.push_back(state.master);
+      for (BufferId id : ids)
+        table_bytes +=
+            spec.buffer(id).shape.elements() * static_cast<int64_t>(dtype_bytes(spec.buffer(id).dtype));
     }
     std::string layers;
     for (const EngramLayerSpec& layer : spec.engram)

@@ -13,7 +13,8 @@
 
 namespace meshtrain {
 
-// Runs before the moments are declared (SpecBuilder::finish). Without scan_layers only numbers the slots.
+// The last step of building a spec (SpecBuilder::finish), before the optimizer pass declares its state at
+// the stacked shapes. Without scan_layers only numbers the slots.
 void stack_scan_groups(ModelSpec& spec);
 
 }  // namespace meshtrain

@@ -1,7 +1,8 @@
-// The model as a spec: every parameter, gradient, optimizer moment, input, saved activation and scratch
-// buffer is declared once with a shape of logical axes, and the forward and backward passes are explicit
-// op lists over those buffers. Allocation, parameter counts, FLOPs, checkpoint names and (later) the memory
-// plan and sharding all read this one description.
+// The model as a spec: every parameter, gradient, input, saved activation and scratch buffer is declared
+// once with a shape of logical axes, and the forward and backward passes are explicit op lists over those
+// buffers; the optimizer pass (optim/) adds its state and update ops to a training spec. Allocation,
+// parameter counts, FLOPs, checkpoint names and (later) the memory plan and sharding all read this one
+// description.
 //
 // Every size is per device: the sharding pass (mesh/sharding.h) divides the logical sizes before the layers
 // declare anything, so FLOPs and bytes are per device too.
@@ -12,7 +13,6 @@
 
 #include <cstdint>
 #include <functional>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -24,8 +24,8 @@
 namespace meshtrain {
 
 // communication: a parameter gathered for use, or a gradient before it is reduce-scattered (the plan's);
-// step_counter: the optimizer's step, kept apart from the moments; cache: a decode step's key / value rows,
-// kept across steps.
+// optimizer_state, step_counter: declared by the optimizer pass (optim/optimizer.h), the step kept apart
+// from the moments; cache: a decode step's key / value rows, kept across steps.
 enum class BufferKind {
   parameter,
   gradient,
@@ -54,25 +54,27 @@ struct BufferDecl {
   int64_t stack_index = 0;
 };
 
-// A trainable tensor and the buffers that follow it. `master` exists only when weights are stored in a
-// lower precision than the optimizer's (weight_dtype != mu_dtype). A decode spec declares the value only.
+// What a parameter is, for the optimizer's rules (optim/groups.h: which roles decay): a linear map's
+// weights (dense, expert, convolution and unembedding kernels), an additive bias (linear, norm and mHC
+// biases, MoE selection biases), a multiplicative scale (norm and mHC scales), or a lookup table (token and
+// position embeddings, Engram's tables).
+enum class ParameterRole { matrix, bias, scale, embedding };
+
+// A trainable tensor and its gradient (a decode spec declares the value only). What an optimizer keeps
+// beside it (moments, a master copy) is the optimizer pass's (optim/optimizer.h), not the spec's.
 struct ParameterDecl {
-  BufferId value = kNoBuffer, gradient = kNoBuffer, adam_m = kNoBuffer, adam_v = kNoBuffer,
-           master = kNoBuffer;
+  BufferId value = kNoBuffer, gradient = kNoBuffer;
   std::string canonical_name;  // init stream name: independent of sharding and layer layout
   std::string component;       // for parameter-count breakdowns: "embedding", "attention", "mlp", "norm", ...
   ParameterInit init = ParameterInit::normal;
   double init_std = 0.0;
-  double init_value = 0.0;   // ParameterInit::constant
-  bool weight_decay = true;  // no decay on norms, biases, embeddings
-  // An optimizer group of its own (Engram's tables): the step's learning rate times this, and this decay
-  // rate in place of adam_weight_decay when set.
-  double learning_rate_multiplier = 1.0;
-  std::optional<double> weight_decay_rate = std::nullopt;
+  double init_value = 0.0;  // ParameterInit::constant
+  ParameterRole role = ParameterRole::matrix;
   // Replicated over tensor but computed from tensor-split activations (QK-norm scales see only this rank's
   // heads): each rank's gradient is a partial sum, all-reduced over tensor in update.
   bool gradient_partial_over_tensor = false;
-  // A scan group's parameter stored stacked (scan_layers): value, gradient and moments are [layers, ...],
+  // A scan group's parameter stored stacked (scan_layers): value and gradient (and so the optimizer's
+  // moments) are [layers, ...],
   // and `members` are the layers' slices in layer order, each with its per-layer canonical name (its init
   // stream) and norm slot. Empty: a parameter of its own.
   struct Member {
@@ -106,7 +108,8 @@ struct LossSums {
   RoutingSums routing;
 };
 
-// What the update kernel's ops share: the step's arguments and the norm they compute together.
+// What the update kernel's ops (optim/optimizer.h) share: the step's arguments and the norm they compute
+// together.
 struct UpdateState {
   int64_t global_valid_count = 0;
   double learning_rate = 0.0;
@@ -317,14 +320,12 @@ struct ModelSpec {
   std::vector<BufferId> moe_selection_biases;
   // The Engram layers, in engram_layers order (empty without Engram).
   std::vector<EngramLayerSpec> engram;
-  std::vector<OpDecl> update;         // grad norm, clip, AdamW (collectives are the plan's)
-  int32_t norm_slots = 0;             // UpdateState::norm_slots entries: one per per-layer parameter
-  BufferId step_counter = kNoBuffer;  // [1] int32
+  int32_t norm_slots = 0;  // UpdateState::norm_slots entries: one per per-layer parameter
 
   const BufferDecl& buffer(BufferId id) const { return buffers.at(static_cast<size_t>(id)); }
   int64_t parameter_count() const;
-  // A decode spec: forward ops only (no gradients, moments, loss, backward or update), batch inputs tokens
-  // and positions only.
+  // A decode spec: forward ops only (no gradients, loss or backward; no optimizer is applied to it), batch
+  // inputs tokens and positions only.
   bool decoding() const { return dims.T > 0; }
 };
 

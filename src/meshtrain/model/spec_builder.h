@@ -1,9 +1,8 @@
 // Declares buffers and ops into a ModelSpec. Layer files call it in forward order; each layer hands back
 // its backward ops as one group, and the groups run in reverse order after the loss. Building a decode spec
-// (ModelDims::T > 0), the same calls declare parameter values only and drop the backward, loss and update.
+// (ModelDims::T > 0), the same calls declare parameter values only and drop the backward and loss.
 #pragma once
 
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -15,11 +14,8 @@ struct ParameterOptions {
   std::string component;  // "embedding", "attention", "mlp", "norm", "unembedding"
   ParameterInit init = ParameterInit::normal;
   double init_std = 0.02;
-  bool weight_decay = true;
-  double init_value = 0.0;  // ParameterInit::constant
-  // Its own optimizer group (ParameterDecl): learning-rate multiplier and decay rate (unset: the config's).
-  double learning_rate_multiplier = 1.0;
-  std::optional<double> weight_decay_rate = std::nullopt;
+  ParameterRole role = ParameterRole::matrix;  // what the optimizer's groups and decay mask see
+  double init_value = 0.0;                     // ParameterInit::constant
 };
 
 class SpecBuilder {
@@ -55,7 +51,7 @@ class SpecBuilder {
   BufferId find(const std::string& name) const;
   // Decode: kept across steps (a layer's key / value rows).
   BufferId cache(const std::string& name, const Shape& shape);
-  // A trainable tensor with its gradient and Adam moments (decode: the value only); returns the value's id.
+  // A trainable tensor with its gradient (decode: the value only); returns the value's id.
   BufferId parameter(const std::string& name, const Shape& shape, const ParameterOptions& options);
   // kNoBuffer in a decode spec.
   BufferId gradient_of(BufferId parameter_value) const;
@@ -70,8 +66,8 @@ class SpecBuilder {
   // `shard` is the other side of a gather or scatter.
   std::vector<OpDecl> collective(const std::string& name, CollectiveKind kind, MeshAxis axis, BufferId buffer,
                                  BufferId shard = kNoBuffer, int64_t group = 0) const;
-  // Appends the layer groups in reverse order after the loss's backward, stacks the scan groups
-  // (scan_layers, model/scan.h), and declares the moments and the update ops.
+  // Appends the layer groups in reverse order after the loss's backward and stacks the scan groups
+  // (scan_layers, model/scan.h).
   void finish();
 
   ModelSpec& spec() { return spec_; }
@@ -80,9 +76,6 @@ class SpecBuilder {
 
  private:
   BufferId add(BufferDecl buffer);
-  // A parameter's Adam moments and (lower-precision weights) master copy, at its value's shape.
-  void declare_moments(ParameterDecl& parameter);
-  void declare_update();
   ModelSpec& spec_;
   std::vector<std::vector<OpDecl>> backward_groups_;
   std::vector<LayerBlock> blocks_;  // backward ranges filled in by finish()

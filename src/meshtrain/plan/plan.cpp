@@ -1,6 +1,6 @@
-// The planner as a pipeline of passes (passes.h): storage, then per kernel its op order (remat, FSDP,
-// reductions and update), liveness, the allocator and cost; then the overlap schedule and the step's
-// program (program.h).
+// The planner as a pipeline of passes: the optimizer's over a training spec (optim/optimizer.h), then
+// (passes.h) storage, per kernel its op order (remat, FSDP, reductions and update), liveness, the allocator
+// and cost; then the overlap schedule and the step's program (program.h).
 #include "meshtrain/plan/plan.h"
 
 #include <omp.h>
@@ -189,6 +189,7 @@ TrainingPlan plan_training(const PlanRequest& request) {
   }
   plan.spec = decoding ? build_decode_spec(config, plan.mesh, request.decode_cache_length, backend)
                        : build_model_spec(config, plan.mesh, backend);
+  if (!decoding) plan.optimizer = apply_optimizer(plan.spec, config);
   plan_storage(plan);
   if (decoding) {
     plan.kernels.push_back(plan_kernel(plan, KernelName::decode));

@@ -17,6 +17,7 @@
 
 #include "meshtrain/mesh/sharding.h"
 #include "meshtrain/model/spec.h"
+#include "meshtrain/optim/optimizer.h"
 #include "meshtrain/plan/program.h"
 #include "meshtrain/plan/topology.h"
 
@@ -133,6 +134,8 @@ struct OverlapSchedule {
 
 struct TrainingPlan {
   ModelSpec spec;  // per-device spec (its ops are what PlanOp::op points at)
+  // The optimizer pass's state table and update ops (PlanOp::op points at those too); empty when decoding.
+  OptimizerDecl optimizer;
   Topology topology;
   Mesh mesh;
   int64_t threads = 1;  // compute threads per rank (scratch sizes depend on it)
@@ -171,7 +174,7 @@ struct PlanRequest {
 };
 
 // The one planning function. Validates mesh, sharding and model (clear errors), builds the per-device
-// spec, and plans the requested kernels.
+// spec, applies the optimizer to it (training), and plans the requested kernels.
 TrainingPlan plan_training(const PlanRequest& request);
 
 // The unsharded sizes of a buffer declared at per-device compute shape `local` (kv heads replicated over

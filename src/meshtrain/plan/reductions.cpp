@@ -80,7 +80,7 @@ std::vector<PlanStep> update_steps(TrainingPlan& plan) {
       }
     }
   }
-  for (const OpDecl& op : spec.update) {
+  for (const OpDecl& op : plan.optimizer.update) {
     if (op.parameter < 0) {
       if (op.role == OpRole::clip && !norm_axes(plan).empty()) {
         // 8 bytes: the engine sends the squared norm as one double.

@@ -464,9 +464,9 @@ void Engine::initialize_parameters() {
                       : constant;
     }
     if (!staged.empty()) copy_in(parameters_.value(p), staged.data(), staged.size() * sizeof(float));
-    if (plan_.spec.decoding()) continue;  // no moments
-    backend().memory_fill(view(parameter.adam_m).data, 0, view(parameter.adam_m).bytes());
-    backend().memory_fill(view(parameter.adam_v).data, 0, view(parameter.adam_v).bytes());
+    if (plan_.spec.decoding()) continue;  // no optimizer state
+    for (BufferId moment : plan_.optimizer.state(p).moments)
+      backend().memory_fill(view(moment).data, 0, view(moment).bytes());
   }
 }
 

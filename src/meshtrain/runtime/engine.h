@@ -120,8 +120,8 @@ class Engine {
   // `expert_load` [moe layers, E] counted over the whole global batch (RoutingSums, summed over ranks), so
   // every rank moves its shard of the same global bias alike.
   void update_selection_biases(const std::vector<double>& expert_load, double rate);
-  // Checkpoints hold global (unsharded) tensors, so they load on any mesh. For a parameter's value or Adam
-  // moment (by its spec id): the global shape, and setting this rank's elements from a whole tensor
+  // Checkpoints hold global (unsharded) tensors, so they load on any mesh. For a parameter's value or
+  // optimizer moment (by its spec id): the global shape, and setting this rank's elements from a whole tensor
   // (single-file checkpoints).
   std::vector<int64_t> global_shape(BufferId id) const;
   void scatter_global(BufferId id, const float* global);

@@ -8,7 +8,7 @@ namespace meshtrain {
 BufferId add_embedding_table(SpecBuilder& builder) {
   const ModelDims& m = builder.dims();
   return builder.parameter("token_embedder/embedding", shape_of({{"vocab", m.V}, {"embed", m.D}}),
-                           {"embedding", ParameterInit::normal, 0.02, false});
+                           {"embedding", ParameterInit::normal, 0.02, ParameterRole::embedding});
 }
 
 EmbeddingLayer add_embedding(SpecBuilder& builder, bool learned_positions, BufferId d_residual) {
@@ -23,7 +23,7 @@ EmbeddingLayer add_embedding(SpecBuilder& builder, bool learned_positions, Buffe
   if (learned_positions) {
     position_table =
         builder.parameter("position_embedder/embedding", shape_of({{"positions", P}, {"embed", D}}),
-                          {"embedding", ParameterInit::normal, 0.01, false});
+                          {"embedding", ParameterInit::normal, 0.01, ParameterRole::embedding});
     d_position_table = builder.gradient_of(position_table);
   }
   std::vector<BufferId> reads = {tokens, positions, table}, backward_writes = {d_table};
@@ -106,7 +106,7 @@ void add_final_norm_and_loss(SpecBuilder& builder, NormKind norm, BufferId resid
   auto layout = kernels::UnembedLayout::table_VD;
   if (tied_table == kNoBuffer) {
     unembedding = builder.parameter("decoder/logits_dense/kernel", shape_of({{"embed", D}, {"vocab", V}}),
-                                    {"unembedding", ParameterInit::normal, 0.02, true});
+                                    {"unembedding", ParameterInit::normal, 0.02, ParameterRole::matrix});
     layout = kernels::UnembedLayout::kernel_DV;
   }
   if (builder.decoding()) {

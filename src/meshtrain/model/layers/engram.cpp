@@ -240,8 +240,7 @@ BufferId add_engram_block(SpecBuilder& builder, const std::string& prefix, size_
   // The memory read: e [N, D_en] = the heads' rows, concatenated (head-major within a token).
   const BufferId table = builder.parameter(
       engram + "/multi_head_embedding/embedding", shape_of({{"engram_rows", R}, {"engram_head_dim", Dh}}),
-      {"engram", ParameterInit::normal, 1.0 / std::sqrt(static_cast<double>(Dh)), c.engram_weight_decay > 0.0,
-       0.0, c.engram_learning_rate_multiplier, c.engram_weight_decay});
+      {"engram", ParameterInit::normal, 1.0 / std::sqrt(static_cast<double>(Dh)), ParameterRole::embedding});
   const BufferId d_table = builder.gradient_of(table);
   const BufferId rows =
       builder.as_int32(builder.activation(engram + "/table_rows", token_shape(m, {{"engram_heads", heads}})));
@@ -293,9 +292,9 @@ BufferId add_engram_block(SpecBuilder& builder, const std::string& prefix, size_
   // ShortConv: u = RMSNorm_c(gated), y = causal depthwise conv over the G D channels, zero-initialised taps.
   const NormLayer conv_norm =
       add_stream_norm(builder, engram + "/short_conv/norm", gated, per_stream, N, G, D, d_u, d_gated, true);
-  const BufferId conv_weight = builder.parameter(engram + "/short_conv/conv/kernel",
-                                                 shape_of({{"conv_taps", K}, {"streams", G}, {"embed", D}}),
-                                                 {"engram", ParameterInit::zeros, 0.0, true});
+  const BufferId conv_weight = builder.parameter(
+      engram + "/short_conv/conv/kernel", shape_of({{"conv_taps", K}, {"streams", G}, {"embed", D}}),
+      {"engram", ParameterInit::zeros, 0.0, ParameterRole::matrix});
   const BufferId d_conv_weight = builder.gradient_of(conv_weight);
   const BufferId u = conv_norm.out;
   const BufferId y = builder.activation(engram + "/short_conv/out", per_stream);

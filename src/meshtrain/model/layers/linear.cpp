@@ -11,8 +11,9 @@ LinearLayer add_linear(SpecBuilder& builder, const std::string& prefix, BufferId
   const int64_t O = kernel_shape.elements() / I;
   size_t input_axes = 0;
   for (int64_t product = 1; product != I; ++input_axes) product *= kernel_shape.dims.at(input_axes);
-  const BufferId kernel = builder.parameter(
-      prefix + "/kernel", kernel_shape, {options.component, ParameterInit::normal, options.init_std, true});
+  const BufferId kernel =
+      builder.parameter(prefix + "/kernel", kernel_shape,
+                        {options.component, ParameterInit::normal, options.init_std, ParameterRole::matrix});
   const BufferId d_kernel = builder.gradient_of(kernel);
   BufferId bias = kNoBuffer, d_bias = kNoBuffer;
   if (options.bias) {
@@ -22,7 +23,7 @@ LinearLayer add_linear(SpecBuilder& builder, const std::string& prefix, BufferId
     bias_shape.axes.erase(bias_shape.axes.begin(),
                           bias_shape.axes.begin() + static_cast<std::ptrdiff_t>(input_axes));
     bias = builder.parameter(prefix + "/bias", bias_shape,
-                             {options.component, ParameterInit::zeros, 0.0, false});
+                             {options.component, ParameterInit::zeros, 0.0, ParameterRole::bias});
     d_bias = builder.gradient_of(bias);
   }
   const BufferId out = builder.activation(prefix + "/out", out_shape);

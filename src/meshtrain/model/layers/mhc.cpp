@@ -38,16 +38,18 @@ BufferId add_mhc_site(SpecBuilder& builder, const std::string& prefix, BufferId 
       add_linear(builder, prefix + "/alpha", norm.out, shape_of({{"mhc_width", GD}, {"mhc_coefficients", C}}),
                  coefficients, {"mhc", false, 1.0 / std::sqrt(static_cast<double>(GD)), kNoBuffer}, d_h,
                  d_normed, false);
-  // {a_pre, a_post, a_res}, each 0.01 at init; the betas start at zero. No weight decay on either.
-  const BufferId scales = builder.parameter(prefix + "/alpha_scales", shape_of({{"mhc_scales", 3}}),
-                                            {"mhc", ParameterInit::constant, 0.0, false, 0.01});
+  // {a_pre, a_post, a_res}, each 0.01 at init; the betas start at zero. Scales and biases: the optimizer's
+  // mask (optim/groups.h) decays neither.
+  const BufferId scales =
+      builder.parameter(prefix + "/alpha_scales", shape_of({{"mhc_scales", 3}}),
+                        {"mhc", ParameterInit::constant, 0.0, ParameterRole::scale, 0.01});
   const BufferId pre_beta = builder.parameter(prefix + "/pre_beta", shape_of({{"streams", G}}),
-                                              {"mhc", ParameterInit::zeros, 0.0, false});
+                                              {"mhc", ParameterInit::zeros, 0.0, ParameterRole::bias});
   const BufferId post_beta = builder.parameter(prefix + "/post_beta", shape_of({{"streams", G}}),
-                                               {"mhc", ParameterInit::zeros, 0.0, false});
+                                               {"mhc", ParameterInit::zeros, 0.0, ParameterRole::bias});
   const BufferId res_beta =
       builder.parameter(prefix + "/res_beta", shape_of({{"streams", G}, {"streams_out", G}}),
-                        {"mhc", ParameterInit::zeros, 0.0, false});
+                        {"mhc", ParameterInit::zeros, 0.0, ParameterRole::bias});
   const BufferId d_scales = builder.gradient_of(scales), d_pre_beta = builder.gradient_of(pre_beta),
                  d_post_beta = builder.gradient_of(post_beta), d_res_beta = builder.gradient_of(res_beta);
   const BufferId h = projection.out;

@@ -297,10 +297,11 @@ BufferId add_moe_block(SpecBuilder& builder, const std::string& prefix, BufferId
   const BufferId scores = builder.activation(moe + "/scores", logits_shape);
   // The selection bias orders the experts only (never the weights) and no gradient reaches it: see
   // ModelSpec::moe_selection_biases.
-  const BufferId bias = options.selection_bias ? builder.parameter(moe + "/gate/selection_bias",
-                                                                   shape_of({{"expert_scores", E}}),
-                                                                   {"moe", ParameterInit::zeros, 0.0, false})
-                                               : kNoBuffer;
+  const BufferId bias =
+      options.selection_bias
+          ? builder.parameter(moe + "/gate/selection_bias", shape_of({{"expert_scores", E}}),
+                              {"moe", ParameterInit::zeros, 0.0, ParameterRole::bias})
+          : kNoBuffer;
   builder.spec().moe_selection_biases.push_back(bias);
   std::vector<BufferId> router_inputs = {logits};
   if (bias != kNoBuffer) router_inputs.push_back(bias);
@@ -399,7 +400,7 @@ BufferId add_moe_block(SpecBuilder& builder, const std::string& prefix, BufferId
   // The routed experts: SwiGLU over each expert's rows, as grouped matmuls.
   const auto expert_weights = [&](const char* name, const Shape& shape, double init_std) {
     return builder.parameter(moe + "/routed_experts/" + name, shape,
-                             {"moe", ParameterInit::normal, init_std, true});
+                             {"moe", ParameterInit::normal, init_std, ParameterRole::matrix});
   };
   const BufferId w_gate =
       expert_weights("wi_0", shape_of({{"experts", E_local}, {"embed", D}, {"moe_mlp", F}}), 0.02);

@@ -8,7 +8,7 @@ NormLayer add_norm(SpecBuilder& builder, const std::string& prefix, NormKind kin
   const float epsilon = static_cast<float>(builder.spec().config.normalization_layer_epsilon);
   const std::string width_axis = out_shape.axes.back();
   const BufferId scale = builder.parameter(prefix + "/scale", shape_of({{width_axis, width}}),
-                                           {"norm", ParameterInit::ones, 0.0, false});
+                                           {"norm", ParameterInit::ones, 0.0, ParameterRole::scale});
   const BufferId d_scale = builder.gradient_of(scale);
   const BufferId out = readers == NormReaders::matmuls_only ? builder.matmul_input(prefix + "/out", out_shape)
                                                             : builder.activation(prefix + "/out", out_shape);
@@ -43,7 +43,7 @@ NormLayer add_norm(SpecBuilder& builder, const std::string& prefix, NormKind kin
     return layer;
   }
   const BufferId bias = builder.parameter(prefix + "/bias", shape_of({{width_axis, width}}),
-                                          {"norm", ParameterInit::zeros, 0.0, false});
+                                          {"norm", ParameterInit::zeros, 0.0, ParameterRole::bias});
   const BufferId d_bias = builder.gradient_of(bias);
   const BufferId mean = builder.activation(prefix + "/mean", shape_of({{"rows", rows}}));
   builder.forward({prefix + "/forward", {x, scale, bias}, {out, mean, rstd}, flops, [=](const OpContext& c) {
@@ -74,7 +74,7 @@ NormLayer add_stream_norm(SpecBuilder& builder, const std::string& prefix, Buffe
   const int64_t N = tokens, G = streams, D = width;
   const BufferId scale =
       builder.parameter(prefix + "/scale", shape_of({{"streams", G}, {out_shape.axes.back(), D}}),
-                        {"norm", ParameterInit::ones, 0.0, false});
+                        {"norm", ParameterInit::ones, 0.0, ParameterRole::scale});
   const BufferId d_scale = builder.gradient_of(scale);
   const BufferId out = builder.activation(prefix + "/out", out_shape);
   const BufferId rstd = builder.activation(prefix + "/rstd", shape_of({{"rows", N * G}}));

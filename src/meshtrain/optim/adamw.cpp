@@ -1,0 +1,51 @@
+// AdamW's step op (see adamw.h).
+#include "meshtrain/optim/adamw.h"
+
+namespace meshtrain {
+
+std::vector<std::string> adamw_moment_names() {
+  return {"adam_m", "adam_v"};
+}
+
+OpDecl adamw_step_op(const ModelSpec& spec, const Config& config, size_t parameter,
+                     const ParameterState& state, const ParameterGroup& group) {
+  const ParameterDecl& decl = spec.parameters[parameter];
+  const BufferId value = decl.value, gradient = decl.gradient, m = state.moments.at(0),
+                 v = state.moments.at(1);
+  const int64_t count = spec.buffer(value).shape.elements();
+  const float b1 = static_cast<float>(config.adam_b1), b2 = static_cast<float>(config.adam_b2),
+              eps = static_cast<float>(config.adam_eps);
+  const bool weight_decay = state.weight_decay;
+  const auto decay = static_cast<float>(group.weight_decay_rate);
+  const double learning_rate_multiplier = group.learning_rate_multiplier;
+  std::vector<BufferId> touched = {value, m, v};
+  if (state.master != kNoBuffer) touched.push_back(state.master);
+  std::vector<BufferId> reads = touched;
+  reads.push_back(gradient);
+  OpDecl op{"optimizer/adamw/" + decl.canonical_name,
+            reads,
+            touched,
+            12.0 * static_cast<double>(count),
+            [=](const OpContext& context) {
+              const UpdateState& u = *context.update;
+              if (u.nonfinite)
+                return;  // a NaN or infinity anywhere: the step leaves every parameter as it was
+              const kernels::AdamWStep adam{static_cast<float>(u.learning_rate * learning_rate_multiplier),
+                                            b1,
+                                            b2,
+                                            eps,
+                                            decay,
+                                            u.step + 1,
+                                            static_cast<float>(u.gradient_scale)};
+              // Sizes come from the views: under FSDP or ZeRO-1 the plan binds this op to shards.
+              const TensorView shard = context.view(value);
+              context.kernels->adamw_update(shard.f32(), context.f32(gradient), context.f32(m),
+                                            context.f32(v), shard.elements(), adam, weight_decay);
+            },
+            OpKind::optimizer};
+  op.role = OpRole::adamw;
+  op.parameter = static_cast<int32_t>(parameter);
+  return op;
+}
+
+}  // namespace meshtrain

@@ -1,0 +1,134 @@
+// The optimizer pass (see optimizer.h): state, then the update kernel's ops. Gradients hold sums over the
+// global batch until the update; one scale applies the 1/valid-count and the clip.
+#include "meshtrain/optim/optimizer.h"
+
+#include <cmath>
+
+#include "meshtrain/core/error.h"
+#include "meshtrain/optim/adamw.h"
+
+namespace meshtrain {
+namespace {
+
+BufferId declare(ModelSpec& spec, BufferDecl buffer) {
+  spec.buffers.push_back(std::move(buffer));
+  return static_cast<BufferId>(spec.buffers.size() - 1);
+}
+
+// optimizer/step: the 1-based step the update writes for the optimizer's state (kept apart from it).
+OpDecl step_counter_op(BufferId counter) {
+  OpDecl op{"optimizer/step",
+            {counter},
+            {counter},
+            0.0,
+            [=](const OpContext& context) {
+              const auto step = static_cast<int32_t>(context.update->step + 1);
+              context.kernels->memory_copy_in(context.i32(counter), &step, sizeof step);
+            },
+            OpKind::optimizer};
+  op.role = OpRole::step_counter;
+  return op;
+}
+
+// optimizer/grad_norm/<parameter>: each layer's squared norm into its own slot (a stacked gradient, and any
+// shard of it, is its layers' blocks one after another).
+OpDecl grad_norm_op(const ModelSpec& spec, size_t k) {
+  const ParameterDecl& parameter = spec.parameters[k];
+  const BufferId gradient = parameter.gradient;
+  const int64_t count = spec.buffer(gradient).shape.elements();
+  std::vector<int32_t> slots = {parameter.norm_slot};
+  if (parameter.stacked()) {
+    slots.clear();
+    for (const ParameterDecl::Member& member : parameter.members) slots.push_back(member.norm_slot);
+  }
+  OpDecl op{"optimizer/grad_norm/" + parameter.canonical_name,
+            {gradient},
+            {},
+            2.0 * static_cast<double>(count),
+            [=](const OpContext& context) {
+              // Sizes come from the views: under FSDP or ZeRO-1 the plan binds these ops to shards.
+              const TensorView view = context.view(gradient);
+              const int64_t block = view.elements() / static_cast<int64_t>(slots.size());
+              for (size_t i = 0; i < slots.size(); ++i) {
+                context.update->norm_slots.at(static_cast<size_t>(slots[i])) +=
+                    context.share *
+                    context.kernels->sum_of_squares(view.f32() + static_cast<int64_t>(i) * block, block);
+              }
+            },
+            OpKind::optimizer};
+  op.role = OpRole::grad_norm;
+  op.parameter = static_cast<int32_t>(k);
+  return op;
+}
+
+// optimizer/clip: the global norm, the scale of every gradient, and whether the step is skipped.
+OpDecl clip_op(double threshold) {
+  OpDecl op{"optimizer/clip",
+            {},
+            {},
+            0.0,
+            [=](const OpContext& context) {
+              UpdateState& u = *context.update;
+              u.fold_norm_slots();
+              // With no valid target the gradient is zero: the step still decays weights and advances the
+              // moments.
+              const double token_scale =
+                  u.global_valid_count > 0 ? 1.0 / static_cast<double>(u.global_valid_count) : 0.0;
+              u.raw_grad_norm = std::sqrt(u.sum_of_squares) * token_scale;
+              // The squared norm is summed over every rank's shard (or the gradients were reduced before
+              // it), so every rank sees a NaN of any rank here.
+              u.nonfinite = !std::isfinite(u.sum_of_squares);
+              double clip = 1.0;
+              if (threshold > 0.0 && u.raw_grad_norm > threshold) clip = threshold / u.raw_grad_norm;
+              u.grad_norm = u.raw_grad_norm * clip;
+              u.gradient_scale = token_scale * clip;
+            },
+            OpKind::optimizer};
+  op.role = OpRole::clip;
+  return op;
+}
+
+}  // namespace
+
+std::vector<std::string> optimizer_moment_names() {
+  return adamw_moment_names();
+}
+
+OptimizerDecl apply_optimizer(ModelSpec& spec, const Config& config) {
+  MT_CHECK(!spec.decoding(), "an optimizer applied to a decode spec");
+  for (const BufferDecl& buffer : spec.buffers) {
+    MT_CHECK(buffer.kind != BufferKind::optimizer_state && buffer.kind != BufferKind::step_counter,
+             "the optimizer applied twice to one spec: " + buffer.name);
+  }
+  OptimizerDecl optimizer;
+  optimizer.moment_names = optimizer_moment_names();
+  optimizer.groups = parameter_groups(config);
+  // The state after every buffer of the model, parameter by parameter, at the value's (stacked) shape.
+  for (const ParameterDecl& parameter : spec.parameters) {
+    ParameterState state;
+    state.group = group_of(optimizer.groups, parameter);
+    state.weight_decay = decays(optimizer.groups[state.group], parameter);
+    const std::string name = spec.buffer(parameter.value).name;  // a copy: declare() grows the buffer list
+    const Shape shape = spec.buffer(parameter.value).shape;
+    for (const std::string& moment : optimizer.moment_names) {
+      state.moments.push_back(
+          declare(spec, {moment + "/" + name, BufferKind::optimizer_state, config.mu_dtype, shape}));
+    }
+    if (config.weight_dtype != config.mu_dtype)
+      state.master = declare(spec, {"master/" + name, BufferKind::optimizer_state, config.mu_dtype, shape});
+    optimizer.parameters.push_back(std::move(state));
+  }
+  optimizer.step_counter =
+      declare(spec, {"optimizer/step", BufferKind::step_counter, DType::i32, shape_of({{"step", 1}})});
+
+  optimizer.update.push_back(step_counter_op(optimizer.step_counter));
+  for (size_t k = 0; k < spec.parameters.size(); ++k) optimizer.update.push_back(grad_norm_op(spec, k));
+  optimizer.update.push_back(clip_op(config.gradient_clipping_threshold));
+  for (size_t k = 0; k < spec.parameters.size(); ++k) {
+    const ParameterState& state = optimizer.parameters[k];
+    optimizer.update.push_back(adamw_step_op(spec, config, k, state, optimizer.groups[state.group]));
+  }
+  return optimizer;
+}
+
+}  // namespace meshtrain

@@ -1,0 +1,51 @@
+// The optimizer as a pass over a training spec's parameters: it puts them in groups (groups.h), declares the
+// state it keeps beside each one from the outside (its moments, and a master copy in mu_dtype when weights
+// are stored narrower, weight_dtype != mu_dtype), and the update kernel's ops: the step counter, each
+// parameter's squared gradient norm, the clip by the global norm, and the optimizer's step per parameter.
+// plan_training applies it to the spec it builds for training (`meshtrain compile` and the live engine
+// alike); a decode spec has none. Whoever needs a parameter's moments (plan storage, the engine, checkpoints)
+// asks the state table it returns. AdamW (adamw.h) is the only optimizer: another one is a file beside it,
+// with its own moment names and step op, chosen in apply_optimizer.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "meshtrain/config/config.h"
+#include "meshtrain/model/spec.h"
+#include "meshtrain/optim/groups.h"
+
+namespace meshtrain {
+
+// What the optimizer keeps for one parameter.
+struct ParameterState {
+  size_t group = 0;           // in OptimizerDecl::groups
+  bool weight_decay = false;  // its group's mask applied to its role
+  // Parallel to OptimizerDecl::moment_names, each at the value's shape (a stacked parameter's: [layers,
+  // ...]), zero at the start of a run; checkpoints hold them.
+  std::vector<BufferId> moments;
+  BufferId master = kNoBuffer;  // only planned: a live run keeps weights in float32
+};
+
+// The optimizer pass's result: its state table and its ops.
+struct OptimizerDecl {
+  std::vector<std::string> moment_names;   // buffers and checkpoint tensors "<moment>/<parameter name>"
+  std::vector<ParameterGroup> groups;      // parameter_groups(config)
+  std::vector<ParameterState> parameters;  // parallel to ModelSpec::parameters; empty: no optimizer (decode)
+  BufferId step_counter = kNoBuffer;       // [1] int32
+  std::vector<OpDecl> update;  // the update kernel's ops in order (its collectives are the plan's)
+
+  const ParameterState& state(size_t parameter) const { return parameters.at(parameter); }
+};
+
+// The moments the run's optimizer keeps per parameter, by name ("adam_m", "adam_v"); also for an engine
+// without an optimizer (a decode engine checks a training checkpoint's tensor names against them).
+std::vector<std::string> optimizer_moment_names();
+
+// The pass over a training spec built from `config`: declares after the spec's own buffers each parameter's
+// moments and master copy (parameter by parameter), then the step counter, and returns them with the groups
+// and the update ops.
+OptimizerDecl apply_optimizer(ModelSpec& spec, const Config& config);
+
+}  // namespace meshtrain
