@@ -42,11 +42,19 @@ Engine make_engine(const std::string& emb_dim = "32", const std::string& vocab =
   return Engine(load_config("qwen3-tiny", tiny_overrides(emb_dim, vocab)));
 }
 
+// A parameter's value (tensor 0) and its optimizer moments (1: adam_m, 2: adam_v), as a checkpoint holds
+// them.
+BufferId tensor_of(const Engine& engine, size_t p, int tensor) {
+  return tensor == 0 ? engine.spec().parameters[p].value
+                     : engine.plan().optimizer.state(p).moments.at(static_cast<size_t>(tensor - 1));
+}
+
 // Every parameter and moment gets values distinct per buffer, element and `salt`.
 void fill_engine(Engine& engine, float salt) {
   int buffer_index = 0;
-  for (const ParameterDecl& parameter : engine.spec().parameters) {
-    for (BufferId id : {parameter.value, parameter.adam_m, parameter.adam_v}) {
+  for (size_t p = 0; p < engine.spec().parameters.size(); ++p) {
+    for (int tensor = 0; tensor < 3; ++tensor) {
+      const BufferId id = tensor_of(engine, p, tensor);
       const TensorView view = engine.view(id);
       float* data = view.f32();
       for (int64_t i = 0; i < view.elements(); ++i) {
@@ -66,12 +74,8 @@ std::vector<char> buffer_bytes(const Engine& engine, BufferId id) {
 // Whether the two engines hold bitwise equal parameters (and moments if `moments`).
 bool same_state(const Engine& a, const Engine& b, bool moments) {
   for (size_t i = 0; i < a.spec().parameters.size(); ++i) {
-    const ParameterDecl& pa = a.spec().parameters[i];
-    const ParameterDecl& pb = b.spec().parameters[i];
-    if (buffer_bytes(a, pa.value) != buffer_bytes(b, pb.value)) return false;
-    if (moments && (buffer_bytes(a, pa.adam_m) != buffer_bytes(b, pb.adam_m) ||
-                    buffer_bytes(a, pa.adam_v) != buffer_bytes(b, pb.adam_v))) {
-      return false;
+    for (int tensor = 0; tensor < (moments ? 3 : 1); ++tensor) {
+      if (buffer_bytes(a, tensor_of(a, i, tensor)) != buffer_bytes(b, tensor_of(b, i, tensor))) return false;
     }
   }
   return true;
@@ -174,15 +178,18 @@ TEST_F(CheckpointTest, RoundTripIsBitwiseExact) {
   for (size_t i = 0; i < fresh.spec().parameters.size(); ++i) {
     const ParameterDecl& p = fresh.spec().parameters[i];
     EXPECT_EQ(buffer_bytes(fresh, p.value), buffer_bytes(saved, p.value));
-    EXPECT_EQ(buffer_bytes(fresh, p.adam_m), buffer_bytes(untouched, p.adam_m));
-    EXPECT_EQ(buffer_bytes(fresh, p.adam_v), buffer_bytes(untouched, p.adam_v));
+    for (int moment = 1; moment < 3; ++moment) {
+      EXPECT_EQ(buffer_bytes(fresh, tensor_of(fresh, i, moment)),
+                buffer_bytes(untouched, tensor_of(untouched, i, moment)));
+    }
   }
 }
 
 // A layer's value or moment as `engine` holds it: its own tensor, or its block of a stacked one.
 std::vector<char> layer_bytes(const Engine& engine, const std::string& canonical, int moment) {
-  for (const ParameterDecl& parameter : engine.spec().parameters) {
-    const BufferId whole = moment == 0 ? parameter.value : moment == 1 ? parameter.adam_m : parameter.adam_v;
+  for (size_t p = 0; p < engine.spec().parameters.size(); ++p) {
+    const ParameterDecl& parameter = engine.spec().parameters[p];
+    const BufferId whole = tensor_of(engine, p, moment);
     if (!parameter.stacked()) {
       if (parameter.canonical_name == canonical) return buffer_bytes(engine, whole);
       continue;

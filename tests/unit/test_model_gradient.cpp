@@ -191,7 +191,7 @@ TEST(ModelGradient, EngramTablesHaveTheirOwnOptimizerGroup) {
       const bool kernel = parameter.canonical_name.ends_with("/engram/value_proj/kernel");
       if (!table && !kernel) continue;
       const float* after = engine.view(parameter.value).f32();
-      const float* moment = engine.view(parameter.adam_m).f32();
+      const float* moment = engine.view(engine.plan().optimizer.state(p).moments.at(0)).f32();  // adam_m
       for (size_t i = 0; i < before[p].size(); ++i) {
         if (moment[i] == 0.0f) continue;  // a row no token read
         const double sign = moment[i] > 0.0f ? 1.0 : -1.0, w = before[p][i];

@@ -18,6 +18,7 @@
 #include "meshtrain/model/segments.h"
 #include "meshtrain/model/spec.h"
 #include "meshtrain/model/spec_builder.h"
+#include "meshtrain/optim/optimizer.h"
 #include "meshtrain/plan/plan.h"
 #include "meshtrain/runtime/engine.h"
 #include "meshtrain/train/run.h"
@@ -98,7 +99,8 @@ std::map<std::string, Shape> parameter_shapes(const ModelSpec& spec) {
 
 TEST(Scan, StackedNamesAndShapes) {
   const ModelSpec per_layer = build_model_spec(qwen3());
-  const ModelSpec stacked = build_model_spec(scanned(qwen3(), true));
+  ModelSpec stacked = build_model_spec(scanned(qwen3(), true));
+  const OptimizerDecl optimizer = apply_optimizer(stacked, stacked.config);
   const std::map<std::string, Shape> shapes = parameter_shapes(stacked);
   ASSERT_TRUE(shapes.contains("decoder/layers/mlp/wo/kernel"));
   EXPECT_EQ(shapes.at("decoder/layers/mlp/wo/kernel").dims, (std::vector<int64_t>{3, 48, 32}));
@@ -114,7 +116,8 @@ TEST(Scan, StackedNamesAndShapes) {
   EXPECT_EQ(stacked.parameters.size(), 3 + (per_layer.parameters.size() - 3) / 3);
   // Members in layer order, each with its per-layer canonical name (its init stream) and norm slot.
   std::set<int32_t> slots;
-  for (const ParameterDecl& parameter : stacked.parameters) {
+  for (size_t p = 0; p < stacked.parameters.size(); ++p) {
+    const ParameterDecl& parameter = stacked.parameters[p];
     if (!parameter.stacked()) {
       slots.insert(parameter.norm_slot);
       continue;
@@ -128,7 +131,8 @@ TEST(Scan, StackedNamesAndShapes) {
       EXPECT_EQ(stacked.buffer(member.gradient).stack, parameter.gradient);
       slots.insert(member.norm_slot);
     }
-    EXPECT_EQ(stacked.buffer(parameter.adam_m).shape, stacked.buffer(parameter.value).shape);
+    for (BufferId moment : optimizer.state(p).moments)  // the optimizer's state is stacked like its parameter
+      EXPECT_EQ(stacked.buffer(moment).shape, stacked.buffer(parameter.value).shape);
   }
   EXPECT_EQ(slots.size(), per_layer.parameters.size());  // one slot per per-layer parameter
   EXPECT_EQ(stacked.norm_slots, static_cast<int32_t>(per_layer.parameters.size()));
@@ -263,11 +267,12 @@ TEST(Scan, ZeroAndOneDimensionalParametersStack) {
     builder.forward({prefix + "forward", {gate, scale}, {}, 0.0, nullptr});
   }
   builder.finish();
+  const OptimizerDecl optimizer = apply_optimizer(spec, spec.config);
   const std::map<std::string, Shape> shapes = parameter_shapes(spec);
   ASSERT_EQ(shapes.size(), 2u);
   EXPECT_EQ(shapes.at("decoder/layers/mlp/gate").dims, (std::vector<int64_t>{2}));
   EXPECT_EQ(shapes.at("decoder/layers/mlp/scale").dims, (std::vector<int64_t>{2, 4}));
-  EXPECT_EQ(spec.buffer(spec.parameters[0].adam_v).shape.dims, (std::vector<int64_t>{2}));
+  EXPECT_EQ(spec.buffer(optimizer.state(0).moments.at(1)).shape.dims, (std::vector<int64_t>{2}));
   const CheckpointLayout layout(spec.config, true, 1);
   EXPECT_EQ(layout.place("decoder/layers_1/mlp/gate", {}).dims, (std::vector<int64_t>{2}));
   EXPECT_EQ(layout.place("decoder/layers_1/mlp/scale", {4}).dims, (std::vector<int64_t>{4, 2}));

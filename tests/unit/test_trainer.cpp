@@ -118,11 +118,12 @@ TEST(TrainingStep, AccumulationOverFourMicroBatchesEqualsOneLargeBatch) {
     EXPECT_LT(norm_error, 1e-6);
     // Re-synchronise, so that every step compares the two paths from the same parameters and moments.
     for (size_t p = 0; p < single.spec().parameters.size(); ++p) {
-      const ParameterDecl& from = single.spec().parameters[p];
-      const ParameterDecl& to = accumulated.spec().parameters[p];
+      const ParameterState& from = single.plan().optimizer.state(p);
+      const ParameterState& to = accumulated.plan().optimizer.state(p);
       for (const auto& [source, destination] :
-           {std::pair{from.value, to.value}, std::pair{from.adam_m, to.adam_m},
-            std::pair{from.adam_v, to.adam_v}}) {
+           {std::pair{single.spec().parameters[p].value, accumulated.spec().parameters[p].value},
+            std::pair{from.moments.at(0), to.moments.at(0)},
+            std::pair{from.moments.at(1), to.moments.at(1)}}) {
         std::memcpy(accumulated.view(destination).data, single.view(source).data,
                     single.view(source).bytes());
       }

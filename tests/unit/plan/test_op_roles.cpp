@@ -78,10 +78,10 @@ TEST(OpRoles, EverySpecialOpCarriesItsRoleAndParameter) {
     EXPECT_TRUE(seen.count(role)) << prefix << " never planned";
 }
 
-TEST(OpRoles, SpecUpdateOpsNameTheirParameter) {
+TEST(OpRoles, OptimizerUpdateOpsNameTheirParameter) {
   const TrainingPlan plan = testing::tiny_plan();
   size_t norms = 0, adamws = 0;
-  for (const OpDecl& op : plan.spec.update) {
+  for (const OpDecl& op : plan.optimizer.update) {
     if (op.role == OpRole::grad_norm) ++norms;
     if (op.role == OpRole::adamw) ++adamws;
     if (op.parameter >= 0) {

@@ -1,0 +1,161 @@
+// The optimizer pass (optim/): parameter groups and their decay mask, the state table it declares beside a
+// training spec's parameters, and a spec it was not applied to (decode) holding no optimizer state.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "meshtrain/config/config.h"
+#include "meshtrain/model/layers/engram.h"
+#include "meshtrain/model/spec.h"
+#include "meshtrain/optim/optimizer.h"
+#include "plan/tiny_plan.h"
+
+namespace meshtrain {
+namespace {
+
+// A two-layer DeepSeek-style model with Engram on both layers, MoE (with its selection bias) and mHC, so
+// every parameter role and both groups occur.
+Config engram_config(const std::vector<std::string>& extra = {}) {
+  return load_config("deepseek-custom-tiny", testing::with_overrides({"base_emb_dim=32",
+                                                                      "base_num_query_heads=2",
+                                                                      "base_num_kv_heads=2",
+                                                                      "base_mlp_dim=48",
+                                                                      "base_num_decoder_layers=2",
+                                                                      "kv_lora_rank=8",
+                                                                      "qk_nope_head_dim=8",
+                                                                      "qk_rope_head_dim=4",
+                                                                      "v_head_dim=8",
+                                                                      "q_lora_rank=8",
+                                                                      "num_experts=4",
+                                                                      "base_moe_mlp_dim=16",
+                                                                      "engram_layers=[0,1]",
+                                                                      "engram_num_heads=2",
+                                                                      "engram_head_dim=4",
+                                                                      "engram_vocab_bases=[31,37]",
+                                                                      "engram_kernel_size=2",
+                                                                      "mhc_expansion_rate=2",
+                                                                      "vocab_size=100",
+                                                                      "max_target_length=16",
+                                                                      "per_device_batch_size=2",
+                                                                      "dataset_type=synthetic",
+                                                                      "tokenizer_path="},
+                                                                     extra));
+}
+
+TEST(Optimizer, GroupsGiveEngramTablesTheirMultiplierAndDecay) {
+  for (const std::string decay : {"0.0", "0.5"}) {
+    const Config config =
+        engram_config({"engram_learning_rate_multiplier=3.0", "engram_weight_decay=" + decay});
+    ModelSpec spec = build_model_spec(config);
+    const OptimizerDecl optimizer = apply_optimizer(spec, config);
+    ASSERT_EQ(optimizer.groups.size(), 2u);
+    EXPECT_EQ(optimizer.groups[0].name, "default");
+    EXPECT_EQ(optimizer.groups[0].learning_rate_multiplier, 1.0);
+    EXPECT_EQ(optimizer.groups[0].weight_decay_rate, config.adam_weight_decay);
+    EXPECT_EQ(optimizer.groups[1].name, "engram_tables");
+    EXPECT_EQ(optimizer.groups[1].learning_rate_multiplier, 3.0);
+    EXPECT_EQ(optimizer.groups[1].weight_decay_rate, std::stod(decay));
+    int64_t tables = 0;
+    for (size_t p = 0; p < spec.parameters.size(); ++p) {
+      const ParameterDecl& parameter = spec.parameters[p];
+      const ParameterState& state = optimizer.state(p);
+      if (is_engram_table(parameter)) {
+        ++tables;
+        EXPECT_EQ(state.group, 1u) << parameter.canonical_name;
+        // The tables decay only at a rate above zero (the paper's 0: none).
+        EXPECT_EQ(state.weight_decay, decay != "0.0") << parameter.canonical_name;
+        continue;
+      }
+      EXPECT_EQ(state.group, 0u) << parameter.canonical_name;
+      // The default mask: matrices decay; norms, biases, scales and embeddings do not.
+      EXPECT_EQ(state.weight_decay, parameter.role == ParameterRole::matrix) << parameter.canonical_name;
+      const std::string& name = parameter.canonical_name;
+      if (name.ends_with("scale") || name.ends_with("scales") || name.ends_with("bias") ||
+          name.ends_with("_beta") || name == "token_embedder/embedding") {
+        EXPECT_FALSE(state.weight_decay) << name;
+      }
+      if (name.ends_with("/kernel") || name.find("/routed_experts/") != std::string::npos) {
+        EXPECT_TRUE(state.weight_decay) << name;
+      }
+    }
+    EXPECT_EQ(tables, 2);
+  }
+  // Without Engram layers there is one group.
+  EXPECT_EQ(parameter_groups(testing::tiny_config()).size(), 1u);
+}
+
+TEST(Optimizer, StateTableFindsEachParameterMomentsAfterTheModelsBuffers) {
+  for (const std::string weight_dtype : {"float32", "bfloat16"}) {
+    const Config config = testing::tiny_config({"weight_dtype=" + weight_dtype});
+    ModelSpec spec = build_model_spec(config);
+    const size_t model_buffers = spec.buffers.size();
+    const OptimizerDecl optimizer = apply_optimizer(spec, config);
+    EXPECT_EQ(optimizer.moment_names, (std::vector<std::string>{"adam_m", "adam_v"}));
+    ASSERT_EQ(optimizer.parameters.size(), spec.parameters.size());
+    // Declared after every buffer of the model, parameter by parameter, then the step counter last: the
+    // order of buffer ids the plan files and checkpoints were made with.
+    auto next = static_cast<BufferId>(model_buffers);
+    for (size_t p = 0; p < spec.parameters.size(); ++p) {
+      const ParameterState& state = optimizer.state(p);
+      const BufferDecl& value = spec.buffer(spec.parameters[p].value);
+      ASSERT_EQ(state.moments.size(), 2u);
+      for (size_t m = 0; m < 2; ++m) {
+        EXPECT_EQ(state.moments[m], next++);
+        const BufferDecl& moment = spec.buffer(state.moments[m]);
+        EXPECT_EQ(moment.name, optimizer.moment_names[m] + "/" + value.name);
+        EXPECT_EQ(moment.kind, BufferKind::optimizer_state);
+        EXPECT_EQ(moment.dtype, DType::f32);
+        EXPECT_EQ(moment.shape, value.shape);
+      }
+      if (weight_dtype == "float32") {
+        EXPECT_EQ(state.master, kNoBuffer);
+        continue;
+      }
+      EXPECT_EQ(state.master, next++);  // a float32 master copy of a bfloat16 value
+      EXPECT_EQ(spec.buffer(state.master).name, "master/" + value.name);
+      EXPECT_EQ(spec.buffer(state.master).dtype, DType::f32);
+    }
+    EXPECT_EQ(optimizer.step_counter, next);
+    EXPECT_EQ(spec.buffers.size(), static_cast<size_t>(next) + 1);
+    // The update kernel's ops: the step, every squared gradient norm, the clip, then AdamW per parameter.
+    const size_t P = spec.parameters.size();
+    ASSERT_EQ(optimizer.update.size(), 2 * P + 2);
+    EXPECT_EQ(optimizer.update.front().role, OpRole::step_counter);
+    EXPECT_EQ(optimizer.update[P + 1].role, OpRole::clip);
+    for (size_t p = 0; p < P; ++p) {
+      EXPECT_EQ(optimizer.update[1 + p].role, OpRole::grad_norm);
+      const OpDecl& adamw = optimizer.update[P + 2 + p];
+      EXPECT_EQ(adamw.role, OpRole::adamw);
+      EXPECT_EQ(adamw.parameter, static_cast<int32_t>(p));
+      for (BufferId moment : optimizer.state(p).moments) {
+        EXPECT_NE(std::find(adamw.writes.begin(), adamw.writes.end(), moment), adamw.writes.end());
+      }
+    }
+    EXPECT_THROW(apply_optimizer(spec, config), std::exception) << "applied twice";
+  }
+}
+
+bool holds_optimizer_state(const ModelSpec& spec) {
+  for (const BufferDecl& buffer : spec.buffers) {
+    if (buffer.kind == BufferKind::optimizer_state || buffer.kind == BufferKind::step_counter) return true;
+  }
+  return false;
+}
+
+TEST(Optimizer, ASpecWithoutThePassHasNoOptimizerState) {
+  const Config config = testing::tiny_config();
+  ModelSpec spec = build_model_spec(config);
+  EXPECT_FALSE(holds_optimizer_state(spec));
+  apply_optimizer(spec, config);
+  EXPECT_TRUE(holds_optimizer_state(spec));
+  // A training plan applies it; a decode plan does not, and the pass refuses a decode spec.
+  EXPECT_TRUE(holds_optimizer_state(testing::tiny_plan().spec));
+  ModelSpec decode = build_decode_spec(config, Mesh{}, 8, kernels::kernel_backend_for_device("cpu"));
+  EXPECT_FALSE(holds_optimizer_state(decode));
+  EXPECT_THROW(apply_optimizer(decode, config), std::exception);
+}
+
+}  // namespace
+}  // namespace meshtrain
