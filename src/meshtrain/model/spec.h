@@ -74,9 +74,8 @@ struct ParameterDecl {
   // heads): each rank's gradient is a partial sum, all-reduced over tensor in update.
   bool gradient_partial_over_tensor = false;
   // A scan group's parameter stored stacked (scan_layers): value and gradient (and so the optimizer's
-  // moments) are [layers, ...],
-  // and `members` are the layers' slices in layer order, each with its per-layer canonical name (its init
-  // stream) and norm slot. Empty: a parameter of its own.
+  // moments) are [layers, ...], and `members` are the layers' slices in layer order, each with its
+  // per-layer canonical name (its init stream) and norm slot. Empty: a parameter of its own.
   struct Member {
     BufferId value = kNoBuffer, gradient = kNoBuffer;  // views of block i of value / gradient
     std::string canonical_name;
