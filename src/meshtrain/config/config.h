@@ -50,7 +50,7 @@ inline constexpr std::array kDatasetTypes = {DatasetType::text, DatasetType::tok
 // How attention sees keys and values of the whole sequence under mesh.context > 1
 // (shared/specs/context-parallel.md): all_gather gathers K / V over the context axis; ring passes K / V
 // blocks around the context ranks, each pass overlapping one block's attention
-// (model/layers/context_attention.h).
+// (model/parallel/context_attention.h).
 enum class ContextParallelStrategy { all_gather, ring };
 inline constexpr std::array kContextParallelStrategyNames = {"all_gather", "ring"};
 inline constexpr std::array kContextParallelStrategies = {ContextParallelStrategy::all_gather,

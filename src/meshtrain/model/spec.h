@@ -19,6 +19,7 @@
 #include "meshtrain/config/config.h"
 #include "meshtrain/core/tensor.h"
 #include "meshtrain/kernels/backend.h"
+#include "meshtrain/kernels/collectives.h"
 #include "meshtrain/mesh/sharding.h"
 
 namespace meshtrain {
@@ -127,31 +128,6 @@ struct UpdateState {
   bool nonfinite = false;  // set by the clip op: the AdamW ops then leave every parameter unchanged
 };
 
-// The tensor-parallel group as an op sees it: its place, and all-reduces an op may need mid-kernel (the
-// vocab-parallel cross-entropy combines per-row statistics chunk by chunk).
-struct TensorGroup {
-  int64_t rank = 0, size = 1;
-  std::function<void(float* values, int64_t count)> all_reduce_max;
-  std::function<void(double* values, int64_t count)> all_reduce_sum;
-};
-
-// The context ranks as ring attention sees them: blocks pass to the next rank of the ring (rank + 1 mod
-// size) while the op computes. start_pass sends `send` to the next rank and receives the previous rank's
-// block of the same size into `receive`, without waiting; neither buffer is touched until wait(), which
-// completes every pass started since the last wait. `name` labels the pass in traces and failure messages.
-// progress() moves the passes in flight along: MPI moves a non-blocking call only inside MPI calls, so the
-// op calls it between pieces of its compute (without it the bytes move inside wait()).
-// start_reverse_pass is the same the other way round: to rank - 1, from rank + 1 (Engram's ShortConv halos
-// go both ways under dual_chunk_swap).
-struct ContextRing {
-  int64_t rank = 0, size = 1;
-  std::function<void(const TensorView& send, const TensorView& receive, const std::string& name)> start_pass;
-  std::function<void(const std::string& name)> wait;
-  std::function<void()> progress;
-  std::function<void(const TensorView& send, const TensorView& receive, const std::string& name)>
-      start_reverse_pass = {};
-};
-
 // What an op sees when it runs: pointers into the arena, the kernels to call on them, and the loss sums it
 // may add to.
 class OpContext {
@@ -170,9 +146,10 @@ class OpContext {
   // This rank's share of a sum over ranks that hold the same values (1 / replicas): a gradient replicated
   // over an axis its norm is all-reduced on counts once.
   double share = 1.0;
-  MeshCoordinates coordinates;                // this rank's place on the mesh (shard offsets)
-  const TensorGroup* tensor = nullptr;        // null: one tensor rank
-  const ContextRing* context_ring = nullptr;  // null: one context rank
+  MeshCoordinates coordinates;  // this rank's place on the mesh (shard offsets)
+  // What the op may call on other ranks while it runs (kernels/collectives.h), set by the engine.
+  const kernels::TensorGroup* tensor = nullptr;        // null: one tensor rank
+  const kernels::ContextRing* context_ring = nullptr;  // null: one context rank
   bool recomputing = false;  // a remat recompute of a forward op: statistics were counted the first time
 };
 

@@ -107,16 +107,6 @@ void SpecBuilder::loss(std::vector<OpDecl> eval_ops, std::vector<OpDecl> train_o
   spec_.loss_backward = std::move(train_ops);
 }
 
-std::vector<OpDecl> SpecBuilder::collective(const std::string& name, CollectiveKind kind, MeshAxis axis,
-                                            BufferId buffer, BufferId shard, int64_t group) const {
-  const int64_t ranks = group > 0 ? group : spec_.sharding.mesh().size(axis);
-  if (ranks == 1) return {};
-  OpDecl op{name, {buffer}, {buffer}, 0.0, nullptr, OpKind::collective, {kind, axis, ranks, buffer, shard}};
-  if (kind == CollectiveKind::all_gather) op.reads = {shard};
-  if (kind == CollectiveKind::reduce_scatter || kind == CollectiveKind::all_to_all) op.writes = {shard};
-  return {op};
-}
-
 void SpecBuilder::finish() {
   for (size_t i = backward_groups_.size(); i-- > 0;) {
     blocks_[i].backward_begin = spec_.loss_backward.size();

@@ -62,15 +62,12 @@ class SpecBuilder {
   void backward_group(std::vector<OpDecl> ops);
   // Loss ops: `eval_ops` compute the loss only; `train_ops` compute it with its gradient.
   void loss(std::vector<OpDecl> eval_ops, std::vector<OpDecl> train_ops);
-  // A collective over `axis` of `buffer` (full-size side) as an op; nothing when the axis has one rank.
-  // `shard` is the other side of a gather or scatter.
-  std::vector<OpDecl> collective(const std::string& name, CollectiveKind kind, MeshAxis axis, BufferId buffer,
-                                 BufferId shard = kNoBuffer, int64_t group = 0) const;
   // Appends the layer groups in reverse order after the loss's backward and stacks the scan groups
   // (scan_layers, model/scan.h).
   void finish();
 
   ModelSpec& spec() { return spec_; }
+  const ModelSpec& spec() const { return spec_; }
   const kernels::KernelBackend& kernels() const { return *spec_.kernels; }
   const ModelDims& dims() const { return spec_.dims; }
 

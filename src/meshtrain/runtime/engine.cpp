@@ -15,6 +15,10 @@
 
 namespace meshtrain {
 
+// What the ops call on other ranks while they run (kernels/collectives.h): this engine implements both.
+using kernels::ContextRing;
+using kernels::TensorGroup;
+
 // The CPU kernels store float32 and compute float32, or (dtype=bfloat16) round the inputs of every dense
 // matmul to bf16; weights, gradients and moments stay float32. The cuda kernels do the same on an NVIDIA GPU
 // for the dense decoders. Other layouts are planned, not run, here.

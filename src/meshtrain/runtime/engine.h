@@ -162,7 +162,7 @@ class Engine {
   void run_collective(const PlanOp& op, const OpContext& context, UpdateState* update);
   void start_ready_collectives(KernelName kernel, size_t op_index, bool kernel_done);
   Communicator& communicator(MeshAxis axis) const;
-  std::optional<ContextRing> context_ring();
+  std::optional<kernels::ContextRing> context_ring();
   PlanBufferId stored_buffer(BufferId id) const;  // where a parameter's value or moment persists
   std::byte* host_address(size_t offset) const;   // a persistent byte, in the arena or its host copy
   void copy_in(const TensorView& to, const void* from, size_t bytes);
@@ -176,8 +176,9 @@ class Engine {
   const KernelPlan* last_kernel_ = nullptr;
   bool poison_temporaries_ = false;
   EngineRanks ranks_;
-  MeshCoordinates coordinates_;              // this rank's place on the mesh
-  std::optional<TensorGroup> tensor_group_;  // tensor > 1: the vocab-parallel loss's mid-kernel reductions
+  MeshCoordinates coordinates_;  // this rank's place on the mesh
+  std::optional<kernels::TensorGroup>
+      tensor_group_;  // tensor > 1: the vocab-parallel loss's mid-kernel reductions
   std::unique_ptr<Communicator> kv_replica_group_;  // tensor > kv heads: the ranks holding the same kv head
   std::vector<std::unique_ptr<CollectiveRequest>> ring_passes_;  // ring attention's, not yet waited for
   Transfers transfers_;                                          // send_recv ops' transfers in flight

@@ -2,7 +2,7 @@
 // the reference against finite differences, the fast kernels against the reference (including the ring's
 // accumulate / merge and queries that see no key), and the property context parallelism rests on: shards
 // of a sequence under every reorder, each attending to the gathered keys and values or running the ring
-// schedule of model/layers/context_attention.h on threads that pass blocks to each other, reproduce the
+// schedule of model/parallel/context_attention.h on threads that pass blocks to each other, reproduce the
 // single-rank attention of the natural sequence.
 #include <gtest/gtest.h>
 #include <omp.h>
@@ -26,14 +26,13 @@
 #include "meshtrain/data/context_reorder.h"
 #include "meshtrain/kernels/cpu/attention.h"
 #include "meshtrain/kernels/cpu/backend.h"
-#include "meshtrain/model/layers/context_attention.h"
+#include "meshtrain/model/parallel/context_attention.h"
 
 namespace {
 
 using meshtrain::context_reorder_name;
 using meshtrain::ContextLayout;
 using meshtrain::ContextReorder;
-using meshtrain::ContextRing;
 using meshtrain::DType;
 using meshtrain::ring_attention_backward;
 using meshtrain::ring_attention_forward;
@@ -51,6 +50,7 @@ using meshtrain::kernels::context_attention_forward;
 using meshtrain::kernels::context_attention_reference_backward;
 using meshtrain::kernels::context_attention_reference_forward;
 using meshtrain::kernels::context_attention_reference_merge;
+using meshtrain::kernels::ContextRing;
 using meshtrain::kernels::cpu_backend;
 using meshtrain::testing::numeric_gradient;
 using meshtrain::testing::random_values;
@@ -541,7 +541,7 @@ class ThreadRing {
 // gradients, deliver): a Result over the natural sequence.
 //   all-gather: each rank's queries against every rank's tokens (in rank order) in one call each way,
 //     accumulate = false; dk, dv of the gathered set are summed over ranks.
-//   ring: the engine's schedule (model/layers/context_attention.h) on C threads passing blocks through a
+//   ring: the engine's schedule (model/parallel/context_attention.h) on C threads passing blocks through a
 //     ThreadRing, forward then backward.
 Result run_shards(const Sequence& s, const ContextLayout& layout, Strategy strategy) {
   const int64_t S = s.S, C = layout.context_ranks(), Sq = layout.rank_length(), B = s.B, H = s.H, K = s.K,

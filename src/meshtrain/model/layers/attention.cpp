@@ -3,8 +3,8 @@
 #include <omp.h>
 
 #include "meshtrain/core/error.h"
-#include "meshtrain/model/layers/context_attention.h"
-#include "meshtrain/model/layers/linear.h"
+#include "meshtrain/model/parallel/context_attention.h"
+#include "meshtrain/model/parallel/linear.h"
 
 namespace meshtrain {
 namespace {
@@ -82,13 +82,8 @@ BufferId add_attention_block(SpecBuilder& builder, const std::string& prefix, Bu
                                       m.N * m.H, m.d, d_q_rotated, d_q, false);
     const NormLayer k_norm = add_norm(builder, attention + "/key_norm", NormKind::rms, key.out, kv_shape,
                                       m.N * m.K, m.d, d_k_rotated, d_k, false);
-    // With heads split over tensor, each rank's QK-norm scale gradient sums only its own heads.
-    const bool heads_split = spec.sharding.compute("heads").degree > 1;
-    for (ParameterDecl& parameter : builder.spec().parameters) {
-      if (parameter.canonical_name == attention + "/query_norm/scale" ||
-          parameter.canonical_name == attention + "/key_norm/scale")
-        parameter.gradient_partial_over_tensor = heads_split;
-    }
+    mark_gradient_partial_over_heads(builder, attention + "/query_norm/scale");
+    mark_gradient_partial_over_heads(builder, attention + "/key_norm/scale");
     q_rotated = q_norm.out;
     k_rotated = k_norm.out;
     qk_backward = {q_norm.backward, k_norm.backward};
@@ -124,7 +119,7 @@ BufferId add_attention_block(SpecBuilder& builder, const std::string& prefix, Bu
   const int64_t B = m.B, S = m.S, H = m.H, K = m.K, d = m.d;
   // Context parallel: each rank's queries attend to keys of the whole sequence (the causal half on
   // average; under a reorder that balances it, on every rank).
-  const int64_t context = spec.sharding.mesh().size(MeshAxis::context);
+  const int64_t context = context_ranks(builder);
   const double attention_flops = 4.0 * static_cast<double>(B * S * (S * context) * H * d) / 2.0;
   std::vector<OpDecl> attention_backward;  // in backward order
   if (builder.decoding()) {
@@ -172,9 +167,8 @@ BufferId add_attention_block(SpecBuilder& builder, const std::string& prefix, Bu
   group.push_back(query.backward);
   group.push_back(key.backward);
   group.push_back(value.backward);
-  // Column-parallel q, k, v: each tensor rank holds part of the input gradient.
-  for (OpDecl& op : builder.collective(attention + "/reduce_input_gradient", CollectiveKind::all_reduce,
-                                       MeshAxis::tensor, d_normed))
+  // Column-parallel q, k, v.
+  for (OpDecl& op : column_parallel_input_gradient(builder, attention + "/reduce_input_gradient", d_normed))
     group.push_back(std::move(op));
   group.push_back(pre_norm.backward);
   builder.backward_group(std::move(group));

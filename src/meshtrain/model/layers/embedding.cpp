@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <optional>
 
+#include "meshtrain/model/parallel/vocab_parallel.h"
+
 namespace meshtrain {
 
 BufferId add_embedding_table(SpecBuilder& builder) {
@@ -32,14 +34,12 @@ EmbeddingLayer add_embedding(SpecBuilder& builder, bool learned_positions, Buffe
     backward_writes.push_back(d_position_table);
   }
   // Vocab-parallel: this tensor rank holds vocabulary rows [rank x V, (rank + 1) x V); the learned positions
-  // join on one rank only, so the all-reduce below adds them once.
-  const bool vocab_split = spec.sharding.compute("vocab").degree > 1;
-  const int64_t global_rows = m.V_padded;  // ids are checked against the whole table on every rank
-  const auto vocab_offset = [=](const OpContext& c) {
-    return vocab_split && c.tensor ? c.tensor->rank * V : 0;
-  };
+  // join on one rank only, so the lookup's reduction adds them once.
+  const TableShard vocab = table_shard(builder, "vocab", m.V_valid);
+  const int64_t global_rows = vocab.global_rows;
+  const auto vocab_offset = [=](const OpContext& c) { return vocab.row_offset(c); };
   const auto adds_positions = [=](const OpContext& c) {
-    return position_table != kNoBuffer && (!vocab_split || !c.tensor || c.tensor->rank == 0);
+    return position_table != kNoBuffer && vocab.first_rank(c);
   };
   builder.forward({"token_embedder/forward", reads, {residual}, 0.0, [=](const OpContext& c) {
                      c.kernels->embedding_forward(c.f32(residual), c.i32(tokens), c.f32(table), N, V, D,
@@ -49,9 +49,7 @@ EmbeddingLayer add_embedding(SpecBuilder& builder, bool learned_positions, Buffe
                                                     N, P, D, true, /*vocab_offset=*/0, /*global_rows=*/-1);
                      }
                    }});
-  // Vocab-parallel: each tensor rank looks up the rows it holds (zeros elsewhere); the sum is the lookup.
-  for (OpDecl& op : builder.collective("token_embedder/reduce_lookup", CollectiveKind::all_reduce,
-                                       MeshAxis::tensor, residual))
+  for (OpDecl& op : table_lookup_reduction(builder, "token_embedder/reduce_lookup", residual))
     builder.forward(std::move(op));
   builder.backward_group({{"token_embedder/backward",
                            {d_residual, tokens, positions},
@@ -123,50 +121,33 @@ void add_final_norm_and_loss(SpecBuilder& builder, NormKind norm, BufferId resid
                                   builder.kernels().cross_entropy_bf16_scratch_elements(chunk_tokens, D, V));
   const BufferId hidden = final_norm.out, targets = spec.targets, loss_mask = spec.loss_mask;
   const double flops = 2.0 * static_cast<double>(N * D * V);
-  // Vocab-parallel cross-entropy: ranks exchange per-token max, sum of exponentials and target logit.
-  // The plan counts that traffic here (a float max and two doubles per token: 5 floats' worth); the loss
-  // op moves it, chunk by chunk.
-  std::vector<OpDecl> reduce_stats;
-  const bool vocab_split = spec.sharding.compute("vocab").degree > 1;
-  if (vocab_split) {
-    const BufferId vocab_stats = builder.scratch("scratch/vocab_parallel_stats", shape_of({{"rows", 5 * N}}));
-    reduce_stats = builder.collective("loss/reduce_vocab_statistics", CollectiveKind::all_reduce,
-                                      MeshAxis::tensor, vocab_stats);
-    for (OpDecl& op : reduce_stats) op.collective.inside_next_op = true;
-  }
+  const VocabParallelLoss vocab_parallel =
+      vocab_parallel_loss(builder, table_shard(builder, "vocab", V_valid), N);
   const auto loss_op = [=](bool with_gradient) {
     std::vector<BufferId> writes = with_gradient
                                        ? std::vector<BufferId>{d_hidden, d_unembedding, logits_scratch}
                                        : std::vector<BufferId>{logits_scratch};
     if (bf16_inputs != kNoBuffer) writes.push_back(bf16_inputs);
-    return OpDecl{with_gradient ? "loss/forward_backward" : "loss/forward",
-                  {hidden, unembedding, targets, loss_mask},
-                  writes,
-                  with_gradient ? 3.0 * flops : flops,
-                  [=](const OpContext& c) {
-                    std::optional<kernels::VocabParallel> vocab_parallel;
-                    if (vocab_split && c.tensor) {
-                      vocab_parallel = kernels::VocabParallel{c.tensor->rank * V, c.tensor->all_reduce_max,
-                                                              c.tensor->all_reduce_sum};
-                    }
-                    const kernels::CrossEntropySums sums = c.kernels->unembed_cross_entropy(
-                        with_gradient ? c.f32(d_hidden) : nullptr,
-                        with_gradient ? c.f32(d_unembedding) : nullptr, c.f32(hidden), c.f32(unembedding),
-                        layout, c.i32(targets), c.u8(loss_mask), N, D, V, V_valid, chunk_tokens,
-                        c.f32(logits_scratch), vocab_parallel ? &*vocab_parallel : nullptr,
-                        c.bf16(bf16_inputs));
-                    c.loss_sums->loss_sum += sums.loss_sum;
-                    c.loss_sums->valid_count += sums.valid_count;
-                  },
-                  OpKind::loss};
+    return OpDecl{
+        with_gradient ? "loss/forward_backward" : "loss/forward",
+        {hidden, unembedding, targets, loss_mask},
+        writes,
+        with_gradient ? 3.0 * flops : flops,
+        [=](const OpContext& c) {
+          const std::optional<kernels::VocabParallel> reductions = vocab_parallel.loss_reductions(c);
+          const kernels::CrossEntropySums sums = c.kernels->unembed_cross_entropy(
+              with_gradient ? c.f32(d_hidden) : nullptr, with_gradient ? c.f32(d_unembedding) : nullptr,
+              c.f32(hidden), c.f32(unembedding), layout, c.i32(targets), c.u8(loss_mask), N, D, V, V_valid,
+              chunk_tokens, c.f32(logits_scratch), reductions ? &*reductions : nullptr, c.bf16(bf16_inputs));
+          c.loss_sums->loss_sum += sums.loss_sum;
+          c.loss_sums->valid_count += sums.valid_count;
+        },
+        OpKind::loss};
   };
-  std::vector<OpDecl> eval_ops = reduce_stats, train_ops = reduce_stats;
+  std::vector<OpDecl> eval_ops = vocab_parallel.statistics, train_ops = vocab_parallel.statistics;
   eval_ops.push_back(loss_op(false));
   train_ops.push_back(loss_op(true));
-  // The hidden state's gradient is a partial sum over the vocab shards.
-  for (OpDecl& op : builder.collective("loss/reduce_hidden_gradient", CollectiveKind::all_reduce,
-                                       MeshAxis::tensor, d_hidden))
-    train_ops.push_back(std::move(op));
+  for (OpDecl& op : hidden_gradient_reduction(builder, d_hidden)) train_ops.push_back(std::move(op));
   train_ops.push_back(final_norm.backward);
   builder.loss(std::move(eval_ops), std::move(train_ops));
 }

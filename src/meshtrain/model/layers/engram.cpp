@@ -7,138 +7,11 @@
 
 #include "meshtrain/core/engram_tables.h"
 #include "meshtrain/core/error.h"
-#include "meshtrain/model/layers/context_attention.h"
-#include "meshtrain/model/layers/linear.h"
+#include "meshtrain/model/parallel/halo_exchange.h"
+#include "meshtrain/model/parallel/linear.h"
+#include "meshtrain/model/parallel/vocab_parallel.h"
 
 namespace meshtrain {
-
-namespace {
-
-// Engram's ShortConv under context parallelism (shared/specs/engram.md section 7). A context rank's tokens
-// are `stretches` runs of consecutive natural times per row (dual_chunk_swap: chunks r and 2C-1-r; a plain
-// split: chunk r), `length` tokens each. The conv runs on each run as a row of its own, whose times before
-// the run read its halo: the last `history` inputs of the run's natural predecessor,
-//   run 0 (chunk r): chunk r - 1, the first run of rank r - 1 (zeros on rank 0): passed to the next rank;
-//   run 1 (chunk 2C-1-r): chunk 2C-2-r, the second run of rank r + 1, or on rank C - 1 its own first run:
-//   passed to the previous rank.
-// So each rank sends 2 x history x G D values per row under dual_chunk_swap (1 x under a plain split), the
-// same whatever S, and the conv is then exactly the natural-order one. The backward returns each halo's
-// gradient the same ways reversed. `send` / `receive` are [runs, B, history, G D] (one pass per run); the
-// halo is [B runs, history, G D], rows (b, run) as the kernel's.
-struct ShortConvHalos {
-  int64_t stretches = 1, length = 0, history = 0, rows = 0, width = 0;  // runs, tokens per run, H, B, G D
-  BufferId send = kNoBuffer, receive = kNoBuffer;                       // kNoBuffer: no exchange
-
-  bool exchanges() const { return send != kNoBuffer; }
-  Shape halo_shape() const {
-    return shape_of({{"conv_rows", rows * stretches}, {"conv_history", history}, {"mhc_width", width}});
-  }
-  int64_t block() const { return rows * history * width; }      // one pass: a run's tails of every row
-  float* tail(float* values, int64_t row, int64_t run) const {  // the last `history` times of a run
-    return values + ((row * stretches + run) * length + length - history) * width;
-  }
-  TensorView pass_view(float* values) const { return {values, DType::f32, shape_of({{"halo", block()}})}; }
-
-  void exchange_halo(const OpContext& ctx, float* u, float* halo, const std::string& name) const {
-    const ContextRing& ring = *ctx.context_ring;
-    float* out = ctx.f32(send);
-    float* in = ctx.f32(receive);
-    const auto span = static_cast<size_t>(history * width);
-    for (int64_t run = 0; run < stretches; ++run)
-      for (int64_t b = 0; b < rows; ++b)
-        std::copy_n(tail(u, b, run), span, out + (run * rows + b) * history * width);
-    ring.start_pass(pass_view(out), pass_view(in), name);
-    if (stretches == 2) ring.start_reverse_pass(pass_view(out + block()), pass_view(in + block()), name);
-    ring.wait(name);
-    for (int64_t b = 0; b < rows; ++b) {
-      float* first = halo + (b * stretches) * history * width;
-      if (ring.rank == 0) {
-        std::fill_n(first, span, 0.0f);
-      } else {
-        std::copy_n(in + b * history * width, span, first);
-      }
-      if (stretches == 2) {
-        const float* second_source = ring.rank == ring.size - 1
-                                         ? out + b * history * width           // own run 0
-                                         : in + (rows + b) * history * width;  // rank r+1
-        std::copy_n(second_source, span, first + history * width);
-      }
-    }
-  }
-
-  void return_halo_gradient(const OpContext& ctx, const float* d_halo, float* d_u,
-                            const std::string& name) const {
-    const ContextRing& ring = *ctx.context_ring;
-    float* out = ctx.f32(send);
-    float* in = ctx.f32(receive);
-    const auto span = static_cast<size_t>(history * width);
-    const auto add = [span](float* into, const float* from) {
-      for (size_t i = 0; i < span; ++i) into[i] += from[i];
-    };
-    for (int64_t b = 0; b < rows; ++b) {
-      const float* first = d_halo + (b * stretches) * history * width;
-      // Rank 0's first halo was zeros, and rank C - 1's second its own: neither goes anywhere.
-      if (ring.rank == 0) {
-        std::fill_n(out + b * history * width, span, 0.0f);
-      } else {
-        std::copy_n(first, span, out + b * history * width);
-      }
-      if (stretches == 2) {
-        float* second_out = out + (rows + b) * history * width;
-        if (ring.rank == ring.size - 1) {
-          add(tail(d_u, b, 0), first + history * width);
-          std::fill_n(second_out, span, 0.0f);
-        } else {
-          std::copy_n(first + history * width, span, second_out);
-        }
-      }
-    }
-    ring.start_reverse_pass(pass_view(out), pass_view(in), name);
-    if (stretches == 2) ring.start_pass(pass_view(out + block()), pass_view(in + block()), name);
-    ring.wait(name);
-    for (int64_t run = 0; run < stretches; ++run)
-      for (int64_t b = 0; b < rows; ++b) add(tail(d_u, b, run), in + (run * rows + b) * history * width);
-  }
-};
-
-// The layout above for this spec, or none (exchanges() false): one context rank, a decode step, or a
-// pointwise conv (K = 1 reads no history, and a pointwise op commutes with any reorder).
-ShortConvHalos short_conv_halos(SpecBuilder& builder, int64_t history, int64_t width) {
-  const ModelDims& m = builder.dims();
-  const Config& c = builder.spec().config;
-  ShortConvHalos halos;
-  halos.length = m.S;
-  halos.history = history;
-  halos.rows = m.B;
-  halos.width = width;
-  const int64_t C = builder.decoding() ? 1 : builder.spec().sharding.mesh().size(MeshAxis::context);
-  if (C == 1 || history == 0) return halos;
-  const ContextReorder reorder = effective_context_reorder(c);
-  if (reorder == ContextReorder::striped) {
-    fail("config key 'context_parallel_reorder'",
-         "dual_chunk_swap (or context_parallel_load_balance=false) under mesh.context > 1 with Engram's "
-         "ShortConv: each striped token's history lies on other ranks, so no halo suffices",
-         "striped", "use context_parallel_reorder=dual_chunk_swap, or engram_kernel_size=1 (no history)");
-  }
-  halos.stretches = reorder == ContextReorder::dual_chunk_swap ? 2 : 1;
-  halos.length = m.S / halos.stretches;
-  if (halos.length < history) {
-    fail("config key 'max_target_length'",
-         "context chunks of at least the ShortConv's halo, (engram_kernel_size - 1) x engram_max_ngram_size "
-         "= " +
-             std::to_string(history) + " tokens",
-         "chunks of " + std::to_string(halos.length) + " tokens (max_target_length " +
-             std::to_string(c.max_target_length) + " over " + std::to_string(C * halos.stretches) +
-             " chunks)",
-         "raise max_target_length, or lower mesh.context or engram_kernel_size");
-  }
-  const Shape passes = shape_of({{"halo_passes", halos.stretches * halos.block()}});
-  halos.send = builder.scratch("scratch/engram_halo_send", passes);
-  halos.receive = builder.scratch("scratch/engram_halo_receive", passes);
-  return halos;
-}
-
-}  // namespace
 
 std::vector<std::vector<int64_t>> engram_layer_table_sizes(const Config& c) {
   const auto per_order =
@@ -206,13 +79,11 @@ BufferId add_engram_block(SpecBuilder& builder, const std::string& prefix, size_
   std::vector<int32_t> offsets(layer.table_sizes.size(), 0);
   for (size_t i = 1; i < offsets.size(); ++i)
     offsets[i] = offsets[i - 1] + static_cast<int32_t>(layer.table_sizes[i - 1]);
-  // Table rows split like the vocabulary: rank r holds rows [r R, (r + 1) R) of the padded table.
-  const int64_t row_degree = spec.sharding.compute("engram_rows").degree;
-  // Padded as the vocabulary is (to a multiple of 128 and of the degree), so the global table, and with
-  // it a checkpoint, has the same shape on any mesh whose degree divides 128.
-  const int64_t R = padded_vocab_size(layer.table_rows, row_degree) / row_degree;
-  const bool rows_split = row_degree > 1;
-  const int64_t global_rows = R * row_degree;  // ids are below table_rows; the padding is never read
+  // Table rows split like the vocabulary: rank r holds rows [r R, (r + 1) R) of the padded table, so the
+  // global table, and with it a checkpoint, has the same shape on any mesh whose degree divides 128.
+  const TableShard row_shard = table_shard(builder, "engram_rows", layer.table_rows);
+  const int64_t R = row_shard.rows;
+  const int64_t global_rows = row_shard.global_rows;  // ids are below table_rows; the padding is never read
 
   const Shape streams = stream_shape(m);
   const Shape per_stream = token_shape(m, {{"streams", G}, {"embed", D}});
@@ -245,9 +116,7 @@ BufferId add_engram_block(SpecBuilder& builder, const std::string& prefix, size_
   const BufferId rows =
       builder.as_int32(builder.activation(engram + "/table_rows", token_shape(m, {{"engram_heads", heads}})));
   const BufferId memory = builder.activation(engram + "/memory", memory_shape);
-  const auto row_offset = [=](const OpContext& ctx) {
-    return rows_split && ctx.tensor ? ctx.tensor->rank * R : 0;
-  };
+  const auto row_offset = [=](const OpContext& ctx) { return row_shard.row_offset(ctx); };
   builder.forward(
       {engram + "/lookup_forward", {hash_ids, table}, {rows, memory}, 0.0, [=](const OpContext& ctx) {
          const int32_t* ids = ctx.i32(hash_ids);
@@ -257,9 +126,8 @@ BufferId add_engram_block(SpecBuilder& builder, const std::string& prefix, size_
          ctx.kernels->embedding_forward(ctx.f32(memory), flat, ctx.f32(table), N * heads, R, Dh, false,
                                         row_offset(ctx), global_rows);
        }});
-  if (rows_split) {
-    for (OpDecl& op :
-         builder.collective(engram + "/reduce_lookup", CollectiveKind::all_reduce, MeshAxis::tensor, memory))
+  if (row_shard.split) {
+    for (OpDecl& op : table_lookup_reduction(builder, engram + "/reduce_lookup", memory))
       builder.forward(std::move(op));
   }
 
@@ -298,7 +166,8 @@ BufferId add_engram_block(SpecBuilder& builder, const std::string& prefix, size_
   const BufferId d_conv_weight = builder.gradient_of(conv_weight);
   const BufferId u = conv_norm.out;
   const BufferId y = builder.activation(engram + "/short_conv/out", per_stream);
-  const ShortConvHalos conv = short_conv_halos(builder, history, GD);
+  const ShortConvHalos conv =
+      short_conv_halos(builder, history, GD, effective_context_reorder(c), c.max_target_length);
   BufferId halo = kNoBuffer;
   const double conv_flops = 2.0 * static_cast<double>(N * K * GD);
   if (builder.decoding()) {
@@ -335,7 +204,7 @@ BufferId add_engram_block(SpecBuilder& builder, const std::string& prefix, size_
     // Each stretch's halo: the last `history` inputs of its natural predecessor, from the context rank
     // holding it (ShortConvHalos), saved for the backward (the taps' gradient reads it).
     halo = builder.activation(engram + "/short_conv/halo", conv.halo_shape());
-    builder.forward(context_passes(builder, engram + "/short_conv/pass_halo", conv.send, 1));
+    builder.forward(conv.pass(builder, engram + "/short_conv/pass_halo"));
     builder.forward({engram + "/short_conv/forward",
                      {u, conv_weight},
                      {y, halo, conv.send, conv.receive},
@@ -385,7 +254,7 @@ BufferId add_engram_block(SpecBuilder& builder, const std::string& prefix, size_
   } else {
     // The halos' gradients go back to the ranks whose inputs they were, which add them to those inputs'.
     const BufferId d_halo = builder.gradient_scratch("scratch/d_engram_halo", conv.halo_shape());
-    group.push_back(context_passes(builder, engram + "/short_conv/pass_halo_gradient", conv.send, 1));
+    group.push_back(conv.pass(builder, engram + "/short_conv/pass_halo_gradient"));
     group.push_back({engram + "/short_conv/backward",
                      {d_y, u, halo, conv_weight, d_conv_weight},
                      {d_u, d_halo, d_conv_weight, conv.send, conv.receive},

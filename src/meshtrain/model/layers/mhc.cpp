@@ -3,8 +3,8 @@
 #include <cmath>
 #include <cstring>
 
-#include "meshtrain/model/layers/linear.h"
 #include "meshtrain/model/layers/norm.h"
+#include "meshtrain/model/parallel/linear.h"
 
 namespace meshtrain {
 

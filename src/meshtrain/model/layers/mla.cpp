@@ -5,8 +5,8 @@
 #include <omp.h>
 
 #include "meshtrain/core/error.h"
-#include "meshtrain/model/layers/context_attention.h"
-#include "meshtrain/model/layers/linear.h"
+#include "meshtrain/model/parallel/context_attention.h"
+#include "meshtrain/model/parallel/linear.h"
 
 namespace meshtrain {
 
@@ -178,7 +178,7 @@ BufferId add_mla_block(SpecBuilder& builder, const std::string& prefix, BufferId
   // The core at width dq (mla.h: v zero-padded), then the output's first v_dim columns.
   const BufferId o = builder.activation(attention + "/attended_padded", q_shape);
   // Context parallel: each rank's queries attend to keys of the whole sequence (as attention.cpp).
-  const int64_t context = spec.sharding.mesh().size(MeshAxis::context);
+  const int64_t context = context_ranks(builder);
   const double attention_flops = 4.0 * static_cast<double>(B * S * (S * context) * H * dq) / 2.0;
   std::vector<OpDecl> core_backward;
   if (builder.decoding()) {
@@ -263,7 +263,7 @@ BufferId add_mla_block(SpecBuilder& builder, const std::string& prefix, BufferId
   // down projections and their norms replicated. The gradients that leave the heads for a replicated tensor
   // are partial sums over this rank's heads: all-reduced right there, so everything below them is whole.
   const auto reduce_over_heads = [&](const std::string& name, BufferId partial) {
-    return builder.collective(attention + "/" + name, CollectiveKind::all_reduce, MeshAxis::tensor, partial);
+    return column_parallel_input_gradient(builder, attention + "/" + name, partial);
   };
   std::vector<OpDecl> group = {out.backward, unpad_backward};
   const auto append = [&group](std::vector<OpDecl> ops) {

@@ -22,7 +22,7 @@
 // Tensor parallel: heads split over mesh.tensor (wq_b / query and wkv_b column-parallel, out row-parallel),
 // the down projections wq_a, wkv_a and their norms replicated; the gradients leaving the heads for them
 // (of RMSNorm(c_q), of RMSNorm(c_kv), of the shared k_rope, and d_normed of a direct query) are
-// all-reduced over tensor. Context parallel: the core is attention.cpp's (model/layers/context_attention.h,
+// all-reduced over tensor. Context parallel: the core is attention.cpp's (model/parallel/context_attention.h,
 // all_gather or ring) over the expanded k and padded v; RoPE reads each token's original position.
 //
 // Parameters (Hugging Face names in interchange/hf_names.cpp): pre_self_attention_layer_norm/scale;

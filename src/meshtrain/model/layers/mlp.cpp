@@ -1,6 +1,6 @@
 #include "meshtrain/model/layers/mlp.h"
 
-#include "meshtrain/model/layers/linear.h"
+#include "meshtrain/model/parallel/linear.h"
 
 namespace meshtrain {
 
@@ -98,9 +98,8 @@ BufferId add_mlp_block(SpecBuilder& builder, const std::string& prefix, BufferId
                  d_residual, d_activated, false);
   group.push_back(out.backward);
   for (OpDecl& op : input_backward) group.push_back(std::move(op));
-  // Column-parallel input projections: each tensor rank holds part of the input gradient.
-  for (OpDecl& op : builder.collective(mlp + "/reduce_input_gradient", CollectiveKind::all_reduce,
-                                       MeshAxis::tensor, d_normed))
+  // Column-parallel input projections.
+  for (OpDecl& op : column_parallel_input_gradient(builder, mlp + "/reduce_input_gradient", d_normed))
     group.push_back(std::move(op));
   group.push_back(pre_norm.backward);
   builder.backward_group(std::move(group));

@@ -4,9 +4,10 @@
 #include <cmath>
 
 #include "meshtrain/core/error.h"
-#include "meshtrain/model/layers/linear.h"
 #include "meshtrain/model/layers/mlp.h"
 #include "meshtrain/model/layers/norm.h"
+#include "meshtrain/model/parallel/expert_parallel.h"
+#include "meshtrain/model/parallel/linear.h"
 
 namespace meshtrain {
 namespace {
@@ -43,172 +44,6 @@ SharedExperts add_shared_experts(SpecBuilder& builder, const std::string& name, 
   const LinearLayer down = add_linear(builder, name + "/wo", swiglu.out, out_kernel, width_shape,
                                       {"moe", false, out_init_std, residual_in}, d_out, d_activated, false);
   return {down.out, {down.backward, std::move(swiglu.backward), gate.backward, up.backward}};
-}
-
-// Expert parallelism's buffers of one MoE layer (P expert ranks of E_l experts, blocks of B_c rows): the
-// token side's block layout and the expert side's order of the rows it received.
-struct ExpertDispatch {
-  int64_t ranks = 1, block_rows = 0, local_experts = 0;  // P, B_c, E_l
-  BufferId send_sorted = kNoBuffer;        // [P B_c] int32: each block row's assignment, -1 padding
-  BufferId send_position = kNoBuffer;      // [M] int32: each assignment's block row, -1 when dropped
-  BufferId local_offsets = kNoBuffer;      // [E_l + 1] int32: the local experts' row segments
-  BufferId local_sorted = kNoBuffer;       // [P B_c] int32: each local row's received row, -1 past R_l
-  BufferId received_position = kNoBuffer;  // [P B_c] int32: each received row's local row, -1 padding
-  Shape blocks;                            // [P B_c, D]: what each all_to_all moves
-};
-
-void add_all_to_all(SpecBuilder& builder, std::vector<OpDecl>* backward, const std::string& name,
-                    BufferId send, BufferId receive) {
-  for (OpDecl& op : builder.collective(name, CollectiveKind::all_to_all, MeshAxis::expert, send, receive)) {
-    if (backward) {
-      backward->push_back(std::move(op));
-    } else {
-      builder.forward(std::move(op));
-    }
-  }
-}
-
-// Token side, then expert side: the blocks laid out and sent with their per-expert counts, and the received
-// rows ordered expert-major into sorted_x [P B_c, D] (its first R_l rows).
-ExpertDispatch add_expert_dispatch(SpecBuilder& builder, const std::string& moe, BufferId x, BufferId offsets,
-                                   BufferId sorted, BufferId sorted_x, int64_t k, int64_t E, int64_t P,
-                                   int64_t block_rows) {
-  const int64_t D = builder.dims().D, M = builder.dims().N * k, E_local = E / P, rows = P * block_rows;
-  ExpertDispatch d;
-  d.ranks = P;
-  d.block_rows = block_rows;
-  d.local_experts = E_local;
-  d.blocks = shape_of({{"dispatch_rows", rows}, {"embed", D}});
-  const Shape block_index = shape_of({{"dispatch_rows", rows}});
-  const Shape rank_counts = shape_of({{"expert_ranks", P}, {"local_experts", E_local}});
-  const BufferId send_sorted = d.send_sorted =
-      int32_activation(builder, moe + "/dispatch/send_sorted", block_index);
-  const BufferId send_position = d.send_position =
-      int32_activation(builder, moe + "/dispatch/send_position", shape_of({{"assignments", M}}));
-  const BufferId send_counts = int32_activation(builder, moe + "/dispatch/send_counts", rank_counts);
-  builder.forward({moe + "/dispatch/plan",
-                   {offsets, sorted},
-                   {send_sorted, send_position, send_counts},
-                   0.0,
-                   [=](const OpContext& c) {
-                     c.kernels->moe_dispatch_plan(c.i32(send_sorted), c.i32(send_position),
-                                                  c.i32(send_counts), c.i32(offsets), c.i32(sorted), M, E, P,
-                                                  block_rows);
-                   },
-                   OpKind::memory});
-  const BufferId received_counts = int32_activation(builder, moe + "/dispatch/received_counts", rank_counts);
-  add_all_to_all(builder, nullptr, moe + "/dispatch/counts_all_to_all", send_counts, received_counts);
-  const BufferId send_x = builder.activation(moe + "/dispatch/send_x", d.blocks);
-  builder.forward({moe + "/dispatch/gather_forward",
-                   {x, send_sorted},
-                   {send_x},
-                   0.0,
-                   [=](const OpContext& c) {
-                     c.kernels->moe_gather_forward(c.f32(send_x), c.f32(x), c.i32(send_sorted), rows, k, D);
-                   },
-                   OpKind::memory});
-  const BufferId received_x = builder.activation(moe + "/dispatch/received_x", d.blocks);
-  add_all_to_all(builder, nullptr, moe + "/dispatch/tokens_all_to_all", send_x, received_x);
-  const BufferId local_offsets = d.local_offsets =
-      int32_activation(builder, moe + "/dispatch/local_offsets", shape_of({{"expert_bounds", E_local + 1}}));
-  const BufferId local_sorted = d.local_sorted =
-      int32_activation(builder, moe + "/dispatch/local_sorted", block_index);
-  const BufferId received_position = d.received_position =
-      int32_activation(builder, moe + "/dispatch/received_position", block_index);
-  builder.forward({moe + "/dispatch/receive_plan",
-                   {received_counts},
-                   {local_offsets, local_sorted, received_position},
-                   0.0,
-                   [=](const OpContext& c) {
-                     c.kernels->moe_receive_plan(c.i32(local_offsets), c.i32(local_sorted),
-                                                 c.i32(received_position), c.i32(received_counts), P, E_local,
-                                                 block_rows);
-                   },
-                   OpKind::memory});
-  builder.forward({moe + "/dispatch/local_gather_forward",
-                   {received_x, local_sorted, local_offsets},
-                   {sorted_x},
-                   0.0,
-                   [=](const OpContext& c) {
-                     c.kernels->moe_gather_forward(c.f32(sorted_x), c.f32(received_x), c.i32(local_sorted),
-                                                   c.i32(local_offsets)[E_local], 1, D);
-                   },
-                   OpKind::memory});
-  return d;
-}
-
-// The experts' output rows [P B_c, D] back in each token rank's block layout: returns the rows the combine
-// reads (with dispatch.send_position).
-BufferId add_expert_return(SpecBuilder& builder, const std::string& moe, const ExpertDispatch& d,
-                           BufferId expert_out) {
-  const int64_t D = builder.dims().D, rows = d.ranks * d.block_rows;
-  const BufferId received_position = d.received_position;
-  const BufferId returned = builder.activation(moe + "/dispatch/returned_x", d.blocks);
-  builder.forward({moe + "/dispatch/return_gather_forward",
-                   {expert_out, received_position},
-                   {returned},
-                   0.0,
-                   [=](const OpContext& c) {
-                     c.kernels->moe_gather_forward(c.f32(returned), c.f32(expert_out),
-                                                   c.i32(received_position), rows, 1, D);
-                   },
-                   OpKind::memory});
-  const BufferId combined = builder.activation(moe + "/dispatch/combined_x", d.blocks);
-  add_all_to_all(builder, nullptr, moe + "/dispatch/return_all_to_all", returned, combined);
-  return combined;
-}
-
-// Backward of add_expert_return: the combine's block-layout gradient [P B_c, D] sent to the expert ranks and
-// ordered as the experts' output rows (d_expert_out, its first R_l rows written).
-std::vector<OpDecl> expert_return_backward(SpecBuilder& builder, const std::string& moe,
-                                           const ExpertDispatch& d, BufferId d_combined,
-                                           BufferId d_expert_out) {
-  const int64_t D = builder.dims().D, E_local = d.local_experts;
-  const BufferId local_sorted = d.local_sorted, local_offsets = d.local_offsets;
-  const BufferId d_returned = builder.gradient_scratch("scratch/d_returned_blocks", d.blocks);
-  std::vector<OpDecl> ops;
-  add_all_to_all(builder, &ops, moe + "/dispatch/return_all_to_all_backward", d_combined, d_returned);
-  ops.push_back({moe + "/dispatch/return_gather_backward",
-                 {d_returned, local_sorted, local_offsets},
-                 {d_expert_out},
-                 0.0,
-                 [=](const OpContext& c) {
-                   c.kernels->moe_gather_forward(c.f32(d_expert_out), c.f32(d_returned), c.i32(local_sorted),
-                                                 c.i32(local_offsets)[E_local], 1, D);
-                 },
-                 OpKind::memory});
-  return ops;
-}
-
-// Backward of add_expert_dispatch: the experts' input gradient rows back in the senders' block layout, sent
-// to the token ranks and summed into their tokens (d_x written).
-std::vector<OpDecl> expert_dispatch_backward(SpecBuilder& builder, const std::string& moe,
-                                             const ExpertDispatch& d, BufferId d_sorted_x, BufferId d_x,
-                                             int64_t k) {
-  const int64_t N = builder.dims().N, D = builder.dims().D, rows = d.ranks * d.block_rows;
-  const BufferId received_position = d.received_position, send_position = d.send_position;
-  const BufferId d_received = builder.gradient_scratch("scratch/d_received_blocks", d.blocks);
-  const BufferId d_sent = builder.gradient_scratch("scratch/d_sent_blocks", d.blocks);
-  std::vector<OpDecl> ops;
-  ops.push_back({moe + "/dispatch/local_gather_backward",
-                 {d_sorted_x, received_position},
-                 {d_received},
-                 0.0,
-                 [=](const OpContext& c) {
-                   c.kernels->moe_gather_forward(c.f32(d_received), c.f32(d_sorted_x),
-                                                 c.i32(received_position), rows, 1, D);
-                 },
-                 OpKind::memory});
-  add_all_to_all(builder, &ops, moe + "/dispatch/tokens_all_to_all_backward", d_received, d_sent);
-  ops.push_back({moe + "/dispatch/gather_backward",
-                 {d_sent, send_position},
-                 {d_x},
-                 static_cast<double>(N * k * D),
-                 [=](const OpContext& c) {
-                   c.kernels->moe_gather_backward(c.f32(d_x), c.f32(d_sent), c.i32(send_position), N, k, D,
-                                                  false);
-                 }});
-  return ops;
 }
 
 }  // namespace
@@ -257,7 +92,7 @@ BufferId add_moe_block(SpecBuilder& builder, const std::string& prefix, BufferId
   const int64_t capacity = moe_expert_capacity(options.capacity_factor, N, k, E);
   // Expert parallelism: the stacked routed experts split over the mesh axes of logical axis `experts`
   // (mesh.expert), P ranks of E_l experts each; the assignments travel there and back in fixed blocks.
-  const int64_t P = builder.spec().sharding.compute("experts").degree;
+  const int64_t P = expert_ranks(builder);
   const int64_t E_local = E / P;
   const int64_t block_rows = P > 1 ? moe_dispatch_block_rows(capacity, N, k, E_local) : 0;  // B_c
   const int64_t expert_rows = P > 1 ? P * block_rows : M;  // rows the grouped matmuls may get
@@ -355,11 +190,8 @@ BufferId add_moe_block(SpecBuilder& builder, const std::string& prefix, BufferId
          0.0,
          [=](const OpContext& c) { std::copy(c.i32(assigned), c.i32(assigned) + E, c.i32(batch_assigned)); },
          OpKind::memory});
-    for (MeshAxis axis : kTokenMeshAxes) {
-      for (OpDecl& op : builder.collective(moe + "/batch_assigned/" + mesh_axis_name(axis),
-                                           CollectiveKind::all_reduce, axis, batch_assigned))
-        builder.forward(std::move(op));
-    }
+    for (OpDecl& op : token_axes_all_reduce(builder, moe + "/batch_assigned", batch_assigned))
+      builder.forward(std::move(op));
     builder.forward({moe + "/balance_loss_forward",
                      {scores, batch_assigned},
                      {},

@@ -1,8 +1,9 @@
-#include "meshtrain/model/layers/context_attention.h"
+#include "meshtrain/model/parallel/context_attention.h"
 
 #include <cstring>
 
 #include "meshtrain/core/error.h"
+#include "meshtrain/model/parallel/collective_ops.h"
 
 namespace meshtrain {
 namespace {
@@ -30,7 +31,7 @@ void permute_rank_major(const TensorView& from, const TensorView& to, int64_t C,
 std::vector<OpDecl> context_gather_ops(const SpecBuilder& builder, const std::string& name, BufferId local,
                                        BufferId by_rank, BufferId whole, int64_t C, int64_t B) {
   std::vector<OpDecl> ops =
-      builder.collective(name, CollectiveKind::all_gather, MeshAxis::context, by_rank, local);
+      collective_ops(builder, name, CollectiveKind::all_gather, MeshAxis::context, by_rank, local);
   ops.push_back({name + "_to_rows",
                  {by_rank},
                  {whole},
@@ -53,7 +54,7 @@ std::vector<OpDecl> context_reduce_scatter_ops(const SpecBuilder& builder, const
        [=](const OpContext& c) { permute_rank_major(c.view(whole), c.view(by_rank), C, B, false); },
        OpKind::memory}};
   for (OpDecl& op :
-       builder.collective(name, CollectiveKind::reduce_scatter, MeshAxis::context, by_rank, local))
+       collective_ops(builder, name, CollectiveKind::reduce_scatter, MeshAxis::context, by_rank, local))
     ops.push_back(std::move(op));
   return ops;
 }
@@ -73,7 +74,7 @@ std::vector<OpDecl> add_all_gather_attention(SpecBuilder& builder, const std::st
   const ModelDims& m = builder.dims();
   const ModelSpec& spec = builder.spec();
   const int64_t B = m.B, L = m.S, H = m.H, K = m.K, d = m.d;
-  const int64_t C = spec.sharding.mesh().size(MeshAxis::context), Skv = L * C;
+  const int64_t C = context_ranks(builder), Skv = L * C;
   const BufferId positions = spec.positions, segment_ids = spec.segment_ids;
   const Shape kv_by_rank =
       shape_of({{"context_rank", C}, {"batch", B}, {"length", L}, {"kv_heads", K}, {"head_dim", d}});
@@ -185,7 +186,7 @@ std::vector<OpDecl> add_ring_attention(SpecBuilder& builder, const std::string& 
   const ModelDims& m = builder.dims();
   const ModelSpec& spec = builder.spec();
   const int64_t B = m.B, L = m.S, H = m.H, K = m.K, d = m.d;
-  const int64_t C = spec.sharding.mesh().size(MeshAxis::context);
+  const int64_t C = context_ranks(builder);
   const BufferId positions = spec.positions, segment_ids = spec.segment_ids;
   const int64_t token_fields = segment_ids == kNoBuffer ? 1 : 2;
   const Shape kv_block =
@@ -215,7 +216,7 @@ std::vector<OpDecl> add_ring_attention(SpecBuilder& builder, const std::string& 
     a.token_blocks = {c.view(token_blocks[0]), c.view(token_blocks[1])};
     return a;
   };
-  const auto ring_of = [attention](const OpContext& c) -> const ContextRing& {
+  const auto ring_of = [attention](const OpContext& c) -> const kernels::ContextRing& {
     MT_CHECK(c.context_ring != nullptr, "ring attention '" + attention + "' without a context ring");
     return *c.context_ring;
   };
@@ -300,7 +301,7 @@ std::vector<OpDecl> add_context_attention(SpecBuilder& builder, const std::strin
              : add_all_gather_attention(builder, attention, buffers, flops);
 }
 
-void ring_attention_forward(const ContextRing& ring, const kernels::KernelBackend& kernels,
+void ring_attention_forward(const kernels::ContextRing& ring, const kernels::KernelBackend& kernels,
                             const RingAttentionArguments& a, const std::string& name) {
   const int64_t C = ring.size;
   pack_block(a);
@@ -325,7 +326,7 @@ void ring_attention_forward(const ContextRing& ring, const kernels::KernelBacken
   }
 }
 
-void ring_attention_backward(const ContextRing& ring, const kernels::KernelBackend& kernels,
+void ring_attention_backward(const kernels::ContextRing& ring, const kernels::KernelBackend& kernels,
                              const RingAttentionArguments& a, const std::string& name) {
   const int64_t C = ring.size;
   const int64_t kv_floats = a.B * a.L * a.K * a.d;
@@ -365,11 +366,16 @@ void ring_attention_backward(const ContextRing& ring, const kernels::KernelBacke
 }
 
 OpDecl context_passes(const SpecBuilder& builder, const std::string& name, BufferId block, int64_t passes) {
-  std::vector<OpDecl> ops = builder.collective(name, CollectiveKind::send_recv, MeshAxis::context, block);
+  std::vector<OpDecl> ops =
+      collective_ops(builder, name, CollectiveKind::send_recv, MeshAxis::context, block);
   MT_CHECK(ops.size() == 1, "passes between context ranks need more than one");
   ops[0].collective.inside_next_op = true;
   ops[0].collective.repeats = passes;
   return ops[0];
+}
+
+int64_t context_ranks(const SpecBuilder& builder) {
+  return builder.spec().sharding.mesh().size(MeshAxis::context);
 }
 
 }  // namespace meshtrain

@@ -28,6 +28,9 @@ struct ContextAttentionBuffers {
   BufferId d_q = kNoBuffer, d_k = kNoBuffer, d_v = kNoBuffer;  // written (=) by the backward
 };
 
+// The context ranks C each holding a part of every row (1: no context parallelism).
+int64_t context_ranks(const SpecBuilder& builder);
+
 // Declares the forward ops of `attention` (the layer's ".../self_attention") into the builder and returns
 // its backward ops, in order. `flops`: the forward's attention FLOPs on this rank.
 std::vector<OpDecl> add_context_attention(SpecBuilder& builder, const std::string& attention,
@@ -54,14 +57,14 @@ struct RingAttentionArguments {
 // Step t of C computes against the block of rank (rank - t) mod C while the pass of the next block is in
 // flight: C - 1 passes of K / V and of the token fields. Writes out and lse. Both functions compute a row
 // at a time and call ring.progress() between rows.
-void ring_attention_forward(const ContextRing& ring, const kernels::KernelBackend& kernels,
+void ring_attention_forward(const kernels::ContextRing& ring, const kernels::KernelBackend& kernels,
                             const RingAttentionArguments& a, const std::string& name);
 
 // The same C steps again with dout: each step adds this rank's queries' share of dK / dV of the block in
 // hand to the partial sums that arrived with it and passes them on (C passes: the last one brings every
 // rank the complete dK / dV of its own block); dq sums over the steps. K / V and the token fields pass
 // C - 1 times as in the forward; the dK / dV pass of step t - 1 is in flight during step t's compute.
-void ring_attention_backward(const ContextRing& ring, const kernels::KernelBackend& kernels,
+void ring_attention_backward(const kernels::ContextRing& ring, const kernels::KernelBackend& kernels,
                              const RingAttentionArguments& a, const std::string& name);
 
 // The plan's record of the bytes the next op passes between context ranks itself (ring attention's blocks,

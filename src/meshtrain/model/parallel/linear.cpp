@@ -1,4 +1,6 @@
-#include "meshtrain/model/layers/linear.h"
+#include "meshtrain/model/parallel/linear.h"
+
+#include "meshtrain/model/parallel/collective_ops.h"
 
 namespace meshtrain {
 
@@ -62,8 +64,8 @@ LinearLayer add_linear(SpecBuilder& builder, const std::string& prefix, BufferId
   forward.kind = OpKind::matmul;
   builder.forward(std::move(forward));
   if (row_parallel) {
-    for (OpDecl& op : builder.collective(prefix + "/reduce_partial_sums", CollectiveKind::all_reduce,
-                                         MeshAxis::tensor, out))
+    for (OpDecl& op : collective_ops(builder, prefix + "/reduce_partial_sums", CollectiveKind::all_reduce,
+                                     MeshAxis::tensor, out))
       builder.forward(std::move(op));
     if (bias != kNoBuffer || residual_in != kNoBuffer) {
       std::vector<BufferId> join_reads = {out};
@@ -106,6 +108,18 @@ LinearLayer add_linear(SpecBuilder& builder, const std::string& prefix, BufferId
       }};
   layer.backward.kind = OpKind::matmul;
   return layer;
+}
+
+std::vector<OpDecl> column_parallel_input_gradient(const SpecBuilder& builder, const std::string& name,
+                                                   BufferId d_x) {
+  return collective_ops(builder, name, CollectiveKind::all_reduce, MeshAxis::tensor, d_x);
+}
+
+void mark_gradient_partial_over_heads(SpecBuilder& builder, const std::string& canonical_name) {
+  const bool heads_split = builder.spec().sharding.compute("heads").degree > 1;
+  for (ParameterDecl& parameter : builder.spec().parameters) {
+    if (parameter.canonical_name == canonical_name) parameter.gradient_partial_over_tensor = heads_split;
+  }
 }
 
 }  // namespace meshtrain
