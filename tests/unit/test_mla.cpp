@@ -13,6 +13,7 @@
 #include "meshtrain/interchange/hf_names.h"
 #include "meshtrain/kernels/cpu/rope.h"
 #include "meshtrain/model/spec.h"
+#include "meshtrain/plan/plan.h"
 
 namespace meshtrain {
 namespace {
@@ -181,9 +182,12 @@ TEST(Mla, RefusesUnequalKvHeadsAndADenseExpertMeshNamingTheKey) {
   const std::string kv = error_of([] { build_model_spec(tiny_mla({"base_num_kv_heads=2"})); });
   EXPECT_NE(kv.find("'base_num_kv_heads'"), std::string::npos) << kv;
   EXPECT_NE(kv.find("base_num_query_heads (4) under attention_type=mla"), std::string::npos) << kv;
-  // The resolved mesh.expert (here from a mesh, not the config) must divide the experts too.
+  // The resolved mesh.expert (here filled in from the devices, not given) must divide the experts too.
   const std::string expert = error_of([] {
-    build_model_spec(tiny_mla(), Mesh({{MeshAxis::expert, 2}}), kernels::kernel_backend_for_device("cpu"));
+    PlanRequest request;
+    request.config = tiny_mla({"mesh.data=1", "mesh.expert=-1"});
+    request.devices = 2;
+    plan_training(request);
   });
   EXPECT_NE(expert.find("'mesh.expert'"), std::string::npos) << expert;
   // MoE layers build, with and without the selection bias.

@@ -196,7 +196,7 @@ inline ContextReorder effective_context_reorder(const Config& config) {
 // The attention and mixture-of-experts keys' rules (before anything is allocated; every error names the
 // key, the values and the fix): the MLA widths, routing top-k within the experts of the kept groups, groups
 // dividing the experts, and `expert_degree` (mesh.expert; <= 0 skips it: not yet resolved) dividing the
-// experts. load_config calls it with the requested mesh.expert, build_model_spec with the resolved one.
+// experts. load_config calls it with the requested mesh.expert, plan_training with the resolved one.
 void validate_attention_and_moe_keys(const Config& config, int64_t expert_degree);
 // The Engram and mHC keys' rules (before anything is allocated): layer indices inside the model and not
 // repeated, an n-gram size of at least 2, one vocabulary base per hashed order, table rows within int32,

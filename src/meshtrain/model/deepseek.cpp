@@ -20,7 +20,7 @@
 namespace meshtrain {
 void build_deepseek(SpecBuilder& builder) {
   const ModelDims& m = builder.dims();
-  const Config& config = builder.spec().config;
+  const ModelOptions& options = builder.spec().options;
   // Positions, norm and MLP kind are the family row's (families.cpp).
   const DecoderFamily& family = family_of(DecoderBlock::deepseek);
   const BufferId d_residual =
@@ -47,32 +47,30 @@ void build_deepseek(SpecBuilder& builder) {
   };
   // Engram layers are numbered in engram_layers order (ascending), those before the chunk included.
   size_t engram_index =
-      static_cast<size_t>(std::count_if(config.engram_layers.begin(), config.engram_layers.end(),
+      static_cast<size_t>(std::count_if(options.engram.layers.begin(), options.engram.layers.end(),
                                         [&](int64_t layer) { return layer < chunk.first_layer; }));
   for (int64_t layer = chunk.first_layer; layer <= chunk.last_layer; ++layer) {
     const std::string prefix = "decoder/layers_" + std::to_string(layer);
-    if (engram_layer(config, layer)) {
+    if (options.engram.at(layer)) {
       streams = add_engram_block(builder, prefix, engram_index++, streams, d_streams);
     }
     streams = sublayer(prefix + "/mhc_attention", [&](BufferId in, BufferId d_in, bool residual) {
-      if (config.attention_type == AttentionType::mla) {
+      if (options.attention_type == AttentionType::mla) {
         return add_mla_block(builder, prefix, in, d_in, {family.norm, out_std, residual});
       }
       return add_attention_block(builder, prefix, in, d_in,
                                  {family.norm, false, true, false, out_std, residual});
     });
     streams = sublayer(prefix + "/mhc_mlp", [&](BufferId in, BufferId d_in, bool residual) {
-      if (moe_layer(config, layer)) {
-        MoeBlockOptions options = moe_options(config, out_std);
-        options.adds_residual = residual;
-        return add_moe_block(builder, prefix, in, d_in, options);
+      if (options.moe.at(layer)) {
+        return add_moe_block(builder, prefix, in, d_in, {options.moe, out_std, residual});
       }
       return add_mlp_block(builder, prefix, in, d_in, {family.norm, family.mlp, false, out_std, residual});
     });
   }
   if (!chunk.with_head) return;
   const BufferId residual = mhc ? add_mhc_exit(builder, streams, d_streams, d_residual) : streams;
-  const bool tied = config.logits_via_embedding;
+  const bool tied = options.tied_embeddings;
   add_final_norm_and_loss(builder, family.norm, residual,
                           tied ? tied_unembedding(builder, embedding) : kNoBuffer, d_residual);
 }

@@ -13,6 +13,7 @@ namespace meshtrain {
 
 void build_qwen3(SpecBuilder& builder) {
   const ModelDims& m = builder.dims();
+  const ModelOptions& options = builder.spec().options;
   // Positions, norm and MLP kind are the family row's (families.cpp).
   const DecoderFamily& family = family_of(DecoderBlock::qwen3);
   const bool rope = family.positions == PositionKind::rotary;
@@ -27,16 +28,15 @@ void build_qwen3(SpecBuilder& builder) {
     const std::string prefix = "decoder/layers_" + std::to_string(layer);
     residual =
         add_attention_block(builder, prefix, residual, d_residual, {family.norm, true, rope, false, out_std});
-    if (moe_layer(builder.spec().config, layer)) {
-      residual =
-          add_moe_block(builder, prefix, residual, d_residual, moe_options(builder.spec().config, out_std));
+    if (options.moe.at(layer)) {
+      residual = add_moe_block(builder, prefix, residual, d_residual, {options.moe, out_std});
     } else {
       residual =
           add_mlp_block(builder, prefix, residual, d_residual, {family.norm, family.mlp, false, out_std});
     }
   }
   if (!chunk.with_head) return;
-  const bool tied = builder.spec().config.logits_via_embedding;
+  const bool tied = options.tied_embeddings;
   add_final_norm_and_loss(builder, family.norm, residual,
                           tied ? tied_unembedding(builder, embedding) : kNoBuffer, d_residual);
 }

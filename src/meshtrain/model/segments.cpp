@@ -2,7 +2,7 @@
 
 #include <map>
 
-#include "meshtrain/model/layers/moe.h"
+#include "meshtrain/model/options.h"
 
 namespace meshtrain {
 

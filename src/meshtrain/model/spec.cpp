@@ -35,8 +35,6 @@ ModelDims validate_and_size(const Config& c, const ShardingLayout& sharding) {
   m.L = c.base_num_decoder_layers;
   m.V_valid = c.vocab_size;
   const bool mla = c.attention_type == AttentionType::mla;
-  validate_attention_and_moe_keys(c, sharding.mesh().size(MeshAxis::expert));
-  validate_engram_and_mhc_keys(c);
   if (mla) {
     // head_dim is not read: the attention core's head width is that of q and k (model/layers/mla.h).
     m.d = c.qk_nope_head_dim + c.qk_rope_head_dim;
@@ -211,6 +209,7 @@ ModelSpec build_spec(const Config& config, const Mesh& mesh, int64_t cache_lengt
                      const kernels::KernelBackend& backend, const LayerChunk& chunk) {
   ModelSpec spec;
   spec.config = config;
+  spec.options = model_options(config);
   spec.kernels = &backend;
   spec.sharding = ShardingLayout(config.logical_axis_rules, mesh);
   spec.dims = validate_and_size(config, spec.sharding);

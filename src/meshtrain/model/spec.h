@@ -21,6 +21,7 @@
 #include "meshtrain/kernels/backend.h"
 #include "meshtrain/kernels/collectives.h"
 #include "meshtrain/mesh/sharding.h"
+#include "meshtrain/model/options.h"
 
 namespace meshtrain {
 
@@ -268,7 +269,10 @@ struct LayerChunk {
 };
 
 struct ModelSpec {
+  // The whole config, for what reads the run's keys beside the layers (the optimizer's, the plan's, the
+  // checkpoint's); the layers read only `options`, theirs filled from it once.
   Config config;
+  ModelOptions options;
   LayerChunk chunk;  // the layers it holds (last_layer resolved)
   // The backend its ops run on (the engine hands it to them) and its kernel scratch is sized for.
   const kernels::KernelBackend* kernels = nullptr;
@@ -305,9 +309,11 @@ struct ModelSpec {
   bool decoding() const { return dims.T > 0; }
 };
 
-// Validates the config (before anything is allocated) and builds the spec of its decoder_block at the
-// per-device sizes of `mesh`, for the kernels of `backend`; the one-argument form is one cpu device. `chunk`:
-// only those layers (a chunk without the embedding reads its residual stream from an input, "chunk/input").
+// Checks the model's shape rules at the sizes of `mesh` (before anything is allocated; the config's own
+// rules are load_config's, and plan_training's against the resolved mesh) and builds the spec of its
+// decoder_block at the per-device sizes of `mesh`, for the kernels of `backend`; the one-argument form is
+// one cpu device. `chunk`: only those layers (a chunk without the embedding reads its residual stream from
+// an input, "chunk/input").
 ModelSpec build_model_spec(const Config& config, const Mesh& mesh, const kernels::KernelBackend& backend,
                            const LayerChunk& chunk = {});
 ModelSpec build_model_spec(const Config& config);

@@ -187,6 +187,8 @@ TrainingPlan plan_training(const PlanRequest& request) {
     [[maybe_unused]] const ContextLayout layout(effective_context_reorder(config), config.max_target_length,
                                                 plan.mesh.size(MeshAxis::context));
   }
+  // The config's rules that depend on the mesh, now that it is resolved (load_config checked the requested).
+  validate_attention_and_moe_keys(config, plan.mesh.size(MeshAxis::expert));
   plan.spec = decoding ? build_decode_spec(config, plan.mesh, request.decode_cache_length, backend)
                        : build_model_spec(config, plan.mesh, backend);
   if (!decoding) plan.optimizer = apply_optimizer(plan.spec, config);

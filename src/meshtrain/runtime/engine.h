@@ -177,8 +177,8 @@ class Engine {
   bool poison_temporaries_ = false;
   EngineRanks ranks_;
   MeshCoordinates coordinates_;  // this rank's place on the mesh
-  std::optional<kernels::TensorGroup>
-      tensor_group_;  // tensor > 1: the vocab-parallel loss's mid-kernel reductions
+  // tensor > 1: the vocab-parallel loss's mid-kernel reductions
+  std::optional<kernels::TensorGroup> tensor_group_;
   std::unique_ptr<Communicator> kv_replica_group_;  // tensor > kv heads: the ranks holding the same kv head
   std::vector<std::unique_ptr<CollectiveRequest>> ring_passes_;  // ring attention's, not yet waited for
   Transfers transfers_;                                          // send_recv ops' transfers in flight

@@ -1,7 +1,5 @@
 #include "meshtrain/model/layers/attention.h"
 
-#include <omp.h>
-
 #include "meshtrain/core/error.h"
 #include "meshtrain/model/parallel/context_attention.h"
 #include "meshtrain/model/parallel/linear.h"
@@ -54,8 +52,7 @@ BufferId add_attention_block(SpecBuilder& builder, const std::string& prefix, Bu
   const BufferId d_q = options.qk_norm ? builder.gradient_scratch("scratch/d_q", q_shape) : d_q_rotated;
   const BufferId d_k = options.qk_norm ? builder.gradient_scratch("scratch/d_k", kv_shape) : d_k_rotated;
   const int64_t backward_scratch_floats = builder.kernels().attention_backward_scratch_floats(
-      m.B, m.S, m.H, m.K, m.d,
-      spec.config.num_threads > 0 ? static_cast<int>(spec.config.num_threads) : omp_get_max_threads());
+      m.B, m.S, m.H, m.K, m.d, spec.options.attention.threads);
   const BufferId attention_scratch =
       builder.gradient_scratch("scratch/attention_backward", shape_of({{"floats", backward_scratch_floats}}));
 
@@ -90,7 +87,7 @@ BufferId add_attention_block(SpecBuilder& builder, const std::string& prefix, Bu
   }
   const BufferId positions = spec.positions, segment_ids = spec.segment_ids;
   if (options.rope) {
-    const float theta = static_cast<float>(spec.config.rope_max_timescale);
+    const float theta = static_cast<float>(spec.options.attention.rope_max_timescale);
     const int64_t N = m.N, H = m.H, K = m.K, d = m.d;
     // In place: the norm's backward needs its input and rstd, not its output.
     builder.forward(

@@ -13,20 +13,6 @@
 
 namespace meshtrain {
 
-std::vector<std::vector<int64_t>> engram_layer_table_sizes(const Config& c) {
-  const auto per_order =
-      engram_table_sizes(static_cast<int64_t>(c.engram_layers.size()), c.engram_max_ngram_size,
-                         c.engram_num_heads, c.engram_vocab_bases);
-  std::vector<std::vector<int64_t>> sizes;
-  for (size_t layer = 0; layer < per_order.size(); ++layer) {
-    std::vector<int64_t> flat;
-    for (const std::vector<int64_t>& order : per_order[layer])
-      flat.insert(flat.end(), order.begin(), order.end());
-    sizes.push_back(std::move(flat));
-  }
-  return sizes;
-}
-
 bool is_engram_table(const std::string& name) {
   return name.ends_with("/engram/multi_head_embedding/embedding");
 }
@@ -36,20 +22,20 @@ bool is_engram_table(const ParameterDecl& parameter) {
 }
 
 EngramCounts engram_counts(const ModelSpec& spec) {
-  const Config& c = spec.config;
+  const EngramOptions& engram = spec.options.engram;
   const ModelDims& m = spec.dims;
   EngramCounts counts;
   counts.layers = static_cast<int64_t>(spec.engram.size());
   if (counts.layers == 0) return counts;
-  counts.rows_per_token = c.engram_num_heads * (c.engram_max_ngram_size - 1);
+  counts.rows_per_token = engram.num_heads * (engram.max_ngram_size - 1);
   counts.tables = counts.layers * counts.rows_per_token;
   for (const EngramLayerSpec& layer : spec.engram) counts.rows += layer.table_rows;
   for (const ParameterDecl& parameter : spec.parameters) {
     if (is_engram_table(parameter)) counts.table_parameters += spec.buffer(parameter.value).shape.elements();
   }
   const auto N = static_cast<double>(m.N), G = static_cast<double>(m.G), D = static_cast<double>(m.D);
-  const double D_en = static_cast<double>(counts.rows_per_token * c.engram_head_dim);
-  const double K = static_cast<double>(c.engram_kernel_size);
+  const double D_en = static_cast<double>(counts.rows_per_token * engram.head_dim);
+  const double K = static_cast<double>(engram.kernel_size);
   counts.forward_flops = static_cast<double>(counts.layers) *
                          (2 * N * D_en * G * D + 2 * N * D_en * D + 2 * N * K * G * D + 2 * N * G * D);
   return counts;
@@ -63,17 +49,17 @@ BufferId add_engram_block(SpecBuilder& builder, const std::string& prefix, size_
                           BufferId streams_in, BufferId d_streams) {
   const ModelDims& m = builder.dims();
   ModelSpec& spec = builder.spec();
-  const Config& c = spec.config;
+  const EngramOptions& options = spec.options.engram;
   const int64_t B = m.B, S = m.S, N = m.N, G = m.G, D = m.D;
-  const int64_t heads = c.engram_num_heads * (c.engram_max_ngram_size - 1);  // H_e (n - 1)
-  const int64_t Dh = c.engram_head_dim, D_en = heads * Dh;
-  const int64_t K = c.engram_kernel_size, dilation = c.engram_max_ngram_size, GD = G * D;
+  const int64_t heads = options.num_heads * (options.max_ngram_size - 1);  // H_e (n - 1)
+  const int64_t Dh = options.head_dim, D_en = heads * Dh;
+  const int64_t K = options.kernel_size, dilation = options.max_ngram_size, GD = G * D;
   const int64_t history = (K - 1) * dilation;  // the ShortConv's halo
   const std::string engram = prefix + "/engram";
 
   EngramLayerSpec layer;
-  layer.layer = c.engram_layers[engram_index];
-  layer.table_sizes = engram_layer_table_sizes(c)[engram_index];
+  layer.layer = options.layers[engram_index];
+  layer.table_sizes = options.table_sizes[engram_index];
   layer.table_rows = std::accumulate(layer.table_sizes.begin(), layer.table_sizes.end(), int64_t{0});
   // Each head's ids index its own table; offset_i (exclusive prefix sum) places them in the flat table.
   std::vector<int32_t> offsets(layer.table_sizes.size(), 0);
@@ -166,8 +152,7 @@ BufferId add_engram_block(SpecBuilder& builder, const std::string& prefix, size_
   const BufferId d_conv_weight = builder.gradient_of(conv_weight);
   const BufferId u = conv_norm.out;
   const BufferId y = builder.activation(engram + "/short_conv/out", per_stream);
-  const ShortConvHalos conv =
-      short_conv_halos(builder, history, GD, effective_context_reorder(c), c.max_target_length);
+  const ShortConvHalos conv = short_conv_halos(builder, history, GD);
   BufferId halo = kNoBuffer;
   const double conv_flops = 2.0 * static_cast<double>(N * K * GD);
   if (builder.decoding()) {

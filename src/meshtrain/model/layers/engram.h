@@ -20,10 +20,6 @@
 
 namespace meshtrain {
 
-// The table sizes of every Engram layer [layers][H_e (n - 1)] (order 2 first) from the config's bases (the
-// config's checks keep each layer's rows within int32 ids).
-std::vector<std::vector<int64_t>> engram_layer_table_sizes(const Config& config);
-
 // Returns the streams after the block [B, S, G, D] (G = 1: [B, S, D]); `engram_index` is the layer's place
 // in engram_layers. The backward group reads d_streams (dL/d out) and leaves dL/d streams_in in it.
 BufferId add_engram_block(SpecBuilder& builder, const std::string& prefix, size_t engram_index,

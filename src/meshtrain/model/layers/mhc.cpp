@@ -11,9 +11,8 @@ namespace meshtrain {
 BufferId add_mhc_site(SpecBuilder& builder, const std::string& prefix, BufferId streams_in,
                       BufferId d_streams, const MhcSublayer& sublayer) {
   const ModelDims& m = builder.dims();
-  const Config& c = builder.spec().config;
   const int64_t N = m.N, G = m.G, D = m.D, GD = G * D, C = 2 * G + G * G;
-  const int64_t iterations = c.sinkhorn_iterations;
+  const int64_t iterations = builder.spec().options.mhc.sinkhorn_iterations;
   const Shape streams = token_shape(m, {{"streams", G}, {"embed", D}});
   const Shape flat = token_shape(m, {{"mhc_width", GD}});
   const Shape coefficients = token_shape(m, {{"mhc_coefficients", C}});

@@ -2,8 +2,6 @@
 // forward, and the backward group in reverse order at the end.
 #include "meshtrain/model/layers/mla.h"
 
-#include <omp.h>
-
 #include "meshtrain/core/error.h"
 #include "meshtrain/model/parallel/context_attention.h"
 #include "meshtrain/model/parallel/linear.h"
@@ -14,13 +12,13 @@ BufferId add_mla_block(SpecBuilder& builder, const std::string& prefix, BufferId
                        BufferId d_residual, const MlaBlockOptions& options) {
   const ModelDims& m = builder.dims();
   const ModelSpec& spec = builder.spec();
-  const Config& c = spec.config;
+  const MlaOptions& widths = spec.options.mla;
   const int64_t B = m.B, S = m.S, N = m.N, D = m.D, H = m.H;
-  const int64_t r_q = c.q_lora_rank, r_kv = c.kv_lora_rank;
-  const int64_t nope = c.qk_nope_head_dim, rope = c.qk_rope_head_dim, v_dim = c.v_head_dim;
+  const int64_t r_q = widths.q_lora_rank, r_kv = widths.kv_lora_rank;
+  const int64_t nope = widths.qk_nope_head_dim, rope = widths.qk_rope_head_dim, v_dim = widths.v_head_dim;
   const int64_t dq = nope + rope, kv_b_width = nope + v_dim;
   MT_CHECK(m.d == dq && m.K == H, "model/spec.cpp sizes MLA's core as H heads of nope + rope");
-  const float theta = static_cast<float>(c.rope_max_timescale);
+  const float theta = static_cast<float>(spec.options.attention.rope_max_timescale);
   const std::string attention = prefix + "/self_attention";
   const BufferId positions = spec.positions, segment_ids = spec.segment_ids;
 
@@ -47,8 +45,8 @@ BufferId add_mla_block(SpecBuilder& builder, const std::string& prefix, BufferId
   const BufferId d_k_rope = builder.gradient_scratch("scratch/mla_d_k_rope", k_rope_shape);
   const BufferId d_kv_b = builder.gradient_scratch("scratch/mla_d_kv_b", kv_b_shape);
   const BufferId d_q_rope = builder.gradient_scratch("scratch/mla_d_q_rope", q_rope_shape);
-  const int64_t backward_scratch_floats = builder.kernels().attention_backward_scratch_floats(
-      B, S, H, H, dq, c.num_threads > 0 ? static_cast<int>(c.num_threads) : omp_get_max_threads());
+  const int64_t backward_scratch_floats =
+      builder.kernels().attention_backward_scratch_floats(B, S, H, H, dq, spec.options.attention.threads);
   const BufferId attention_scratch = builder.gradient_scratch(
       "scratch/mla_attention_backward", shape_of({{"floats", backward_scratch_floats}}));
   const BufferId q_rope = builder.scratch("scratch/mla_q_rope", q_rope_shape);

@@ -48,30 +48,6 @@ SharedExperts add_shared_experts(SpecBuilder& builder, const std::string& name, 
 
 }  // namespace
 
-bool moe_layer(const Config& config, int64_t layer) {
-  return config.num_experts > 0 && layer >= config.first_num_dense_layers;
-}
-
-MoeBlockOptions moe_options(const Config& config, double out_std) {
-  MoeBlockOptions options;
-  options.selection_bias = config.routed_bias;
-  options.experts = config.num_experts;
-  options.expert_width = config.base_moe_mlp_dim;
-  options.shared_experts = config.shared_experts;
-  options.routing.score_function = config.routed_score_func == RoutedScoreFunc::sigmoid
-                                       ? kernels::RouterScore::sigmoid
-                                       : kernels::RouterScore::softmax;
-  options.routing.top_k = config.num_experts_per_tok;
-  options.routing.groups = config.n_routing_groups;
-  options.routing.groups_kept = config.topk_routing_group;
-  options.routing.normalize_top_k = config.norm_topk_prob;
-  options.routing.scaling = static_cast<float>(config.routed_scaling_factor);
-  options.capacity_factor = config.capacity_factor;
-  options.balance_loss_weight = config.load_balance_loss_weight;
-  options.out_init_std = out_std;
-  return options;
-}
-
 int64_t moe_expert_capacity(double capacity_factor, int64_t tokens, int64_t top_k, int64_t experts) {
   if (capacity_factor <= 0.0) return 0;
   return static_cast<int64_t>(

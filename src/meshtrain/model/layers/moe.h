@@ -25,31 +25,17 @@
 
 namespace meshtrain {
 
-struct MoeBlockOptions {
-  int64_t experts = 0;         // E [num_experts]
-  int64_t expert_width = 0;    // F_e [base_moe_mlp_dim]
-  int64_t shared_experts = 0;  // [shared_experts]: a dense SwiGLU of shared_experts x F_e added; 0 none
-  kernels::MoeRouting routing;
-  bool selection_bias = false;  // [routed_bias]: DeepSeek-V3's bias added to the scores that choose experts
-  // [capacity_factor] <= 0: dropless; else each expert keeps its first ceil(factor N k / E) assignments in
-  // token order and drops the rest (their weight contributes nothing).
-  double capacity_factor = 0.0;
-  double balance_loss_weight = 0.0;  // [load_balance_loss_weight]; 0 none
-  double out_init_std = 0.02;  // the experts' down projections  // false: the block is an mHC site's sublayer
-                               // F (model/layers/mhc.h): it returns F(norm(x)) without
-  // adding x, and its backward turns d_residual into dL/dx in place (written, not added).
+// The config's MoE keys (ModelOptions::moe) and, per call, the family's init and residual.
+struct MoeBlockOptions : MoeOptions {
+  double out_init_std = 0.02;  // the experts' down projections
+  // false: the block is an mHC site's sublayer F (model/layers/mhc.h): it returns F(norm(x)) without adding
+  // x, and its backward turns d_residual into dL/dx in place (written, not added).
   bool adds_residual = true;
 };
 
 // Returns residual_out [B, S, D]; the backward group turns d_residual into dL/d residual_in in place.
 BufferId add_moe_block(SpecBuilder& builder, const std::string& prefix, BufferId residual_in,
                        BufferId d_residual, const MoeBlockOptions& options);
-
-// Whether decoder layer `layer` (0-based) of the config's model is a MoE block: num_experts > 0 and the
-// layer comes after the first first_num_dense_layers.
-bool moe_layer(const Config& config, int64_t layer);
-// The block's options from the config's MoE keys; `out_std` initialises the experts' down projections.
-MoeBlockOptions moe_options(const Config& config, double out_std);
 
 // Assignments an expert keeps under capacity_factor (0: dropless, every assignment kept).
 int64_t moe_expert_capacity(double capacity_factor, int64_t tokens, int64_t top_k, int64_t experts);

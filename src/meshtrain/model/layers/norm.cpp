@@ -5,7 +5,7 @@ namespace meshtrain {
 NormLayer add_norm(SpecBuilder& builder, const std::string& prefix, NormKind kind, BufferId x,
                    const Shape& out_shape, int64_t rows, int64_t width, BufferId d_out, BufferId d_x,
                    bool accumulate_dx, NormReaders readers) {
-  const float epsilon = static_cast<float>(builder.spec().config.normalization_layer_epsilon);
+  const float epsilon = static_cast<float>(builder.spec().options.norm.epsilon);
   const std::string width_axis = out_shape.axes.back();
   const BufferId scale = builder.parameter(prefix + "/scale", shape_of({{width_axis, width}}),
                                            {"norm", ParameterInit::ones, 0.0, ParameterRole::scale});
@@ -70,7 +70,7 @@ NormLayer add_norm(SpecBuilder& builder, const std::string& prefix, NormKind kin
 NormLayer add_stream_norm(SpecBuilder& builder, const std::string& prefix, BufferId x, const Shape& out_shape,
                           int64_t tokens, int64_t streams, int64_t width, BufferId d_out, BufferId d_x,
                           bool accumulate_dx) {
-  const float epsilon = static_cast<float>(builder.spec().config.normalization_layer_epsilon);
+  const float epsilon = static_cast<float>(builder.spec().options.norm.epsilon);
   const int64_t N = tokens, G = streams, D = width;
   const BufferId scale =
       builder.parameter(prefix + "/scale", shape_of({{"streams", G}, {out_shape.axes.back(), D}}),

@@ -81,7 +81,7 @@ std::vector<OpDecl> add_all_gather_attention(SpecBuilder& builder, const std::st
   const Shape kv_whole = shape_of({{"batch", B}, {"context_length", Skv}, {"kv_heads", K}, {"head_dim", d}});
   const Shape tokens_by_rank = shape_of({{"context_rank", C}, {"batch", B}, {"length", L}});
   const Shape tokens_whole = shape_of({{"batch", B}, {"context_length", Skv}});
-  const bool kv_recomputed = spec.config.remat_policy == RematPolicy::full;
+  const bool kv_recomputed = spec.options.context.attention_recomputed;
   const auto kv_buffer = [&](const std::string& name, const Shape& shape) {
     return kv_recomputed ? builder.activation(attention + "/context_" + name, shape)
                          : builder.scratch("scratch/context_" + name, shape);
@@ -296,7 +296,7 @@ RowOffsets row_offsets(const RingAttentionArguments& a, int64_t b) {
 
 std::vector<OpDecl> add_context_attention(SpecBuilder& builder, const std::string& attention,
                                           const ContextAttentionBuffers& buffers, double flops) {
-  return builder.spec().config.context_parallel_strategy == ContextParallelStrategy::ring
+  return builder.spec().options.context.strategy == ContextParallelStrategy::ring
              ? add_ring_attention(builder, attention, buffers, flops)
              : add_all_gather_attention(builder, attention, buffers, flops);
 }

@@ -73,8 +73,9 @@ void ShortConvHalos::return_halo_gradient(const OpContext& ctx, const float* d_h
     for (int64_t b = 0; b < rows; ++b) add(tail(d_u, b, run), in + (run * rows + b) * history * width);
 }
 
-ShortConvHalos short_conv_halos(SpecBuilder& builder, int64_t history, int64_t width, ContextReorder reorder,
-                                int64_t sequence_length) {
+ShortConvHalos short_conv_halos(SpecBuilder& builder, int64_t history, int64_t width) {
+  const ContextOptions& context = builder.spec().options.context;
+  const ContextReorder reorder = context.reorder;
   const ModelDims& m = builder.dims();
   ShortConvHalos halos;
   halos.length = m.S;
@@ -97,7 +98,8 @@ ShortConvHalos short_conv_halos(SpecBuilder& builder, int64_t history, int64_t w
          "= " +
              std::to_string(history) + " tokens",
          "chunks of " + std::to_string(halos.length) + " tokens (max_target_length " +
-             std::to_string(sequence_length) + " over " + std::to_string(C * halos.stretches) + " chunks)",
+             std::to_string(context.sequence_length) + " over " + std::to_string(C * halos.stretches) +
+             " chunks)",
          "raise max_target_length, or lower mesh.context or engram_kernel_size");
   }
   const Shape passes = shape_of({{"halo_passes", halos.stretches * halos.block()}});

@@ -6,7 +6,6 @@
 
 #include <string>
 
-#include "meshtrain/config/config.h"
 #include "meshtrain/model/spec_builder.h"
 
 namespace meshtrain {
@@ -48,8 +47,6 @@ struct ShortConvHalos {
 
 // The layout above for this spec, or none (exchanges() false): one context rank, a decode step, or a
 // pointwise conv (K = 1 reads no history, and a pointwise op commutes with any reorder).
-// `reorder` is the context reorder in effect, `sequence_length` the whole row's tokens (for the message).
-ShortConvHalos short_conv_halos(SpecBuilder& builder, int64_t history, int64_t width, ContextReorder reorder,
-                                int64_t sequence_length);
+ShortConvHalos short_conv_halos(SpecBuilder& builder, int64_t history, int64_t width);
 
 }  // namespace meshtrain
