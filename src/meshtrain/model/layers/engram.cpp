@@ -5,7 +5,6 @@
 #include <cstring>
 #include <numeric>
 
-#include "meshtrain/core/engram_tables.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/model/parallel/halo_exchange.h"
 #include "meshtrain/model/parallel/linear.h"
