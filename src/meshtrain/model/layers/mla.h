@@ -18,10 +18,10 @@
 //
 // RoPE layout: Hugging Face DeepSeek checkpoints (rope_interleave) hold each rotary pair as adjacent
 // columns; the engine keeps rotate-half (pair i = columns i and i + rope / 2), and a checkpoint's rotary
-// columns are permuted at import (hf_rope_column_order in interchange/hf_names.h), which gives the same q . k.
-// Tensor parallel: heads split over mesh.tensor (wq_b / query and wkv_b column-parallel, out row-parallel),
-// the down projections wq_a, wkv_a and their norms replicated; the gradients leaving the heads for them
-// (of RMSNorm(c_q), of RMSNorm(c_kv), of the shared k_rope, and d_normed of a direct query) are
+// columns are permuted at import (hf_rope_column_order in interchange/hf_names.h), which gives the same q .
+// k. Tensor parallel: heads split over mesh.tensor (wq_b / query and wkv_b column-parallel, out
+// row-parallel), the down projections wq_a, wkv_a and their norms replicated; the gradients leaving the heads
+// for them (of RMSNorm(c_q), of RMSNorm(c_kv), of the shared k_rope, and d_normed of a direct query) are
 // all-reduced over tensor. Context parallel: the core is attention.cpp's (model/parallel/context_attention.h,
 // all_gather or ring) over the expanded k and padded v; RoPE reads each token's original position.
 //
