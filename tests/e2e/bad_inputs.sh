@@ -78,6 +78,8 @@ expect config "MESHTRAIN_GEMM_BACKEND" "onednn or reference" "'blas'" -- \
 expect config "$work/none.yaml" "no such file" -- "$meshtrain" train "$work/none.yaml"
 expect config "$work/broken.yaml" "YAML" -- "$meshtrain" train "$work/broken.yaml"
 expect config "meshtrain train" "a preset name" -- "$meshtrain" train
+expect config "config key 'enable_data_shuffling'" "true or false" "'maybe'" -- \
+  "$meshtrain" train qwen3-tiny "${tiny[@]}" enable_data_shuffling=maybe
 # --- mesh ------------------------------------------------------------------------------------------------
 expect mesh "config key 'mesh'" "product of 1" -- "$meshtrain" train qwen3-tiny "${tiny[@]}" mesh.fsdp=3
 expect mesh "config key 'base_num_query_heads'" "tensor degree 8" -- \
@@ -119,6 +121,16 @@ expect checkpoint "index.json: tensor '" "base_emb_dim 32 in the checkpoint, 64 
   run_dir="$work/r6"
 expect checkpoint "--checkpoint $work/none" -- "$meshtrain" generate --checkpoint "$work/none" --prompt hi
 expect checkpoint "export-hf" -- "$meshtrain" export-hf "$work/none" --out "$work/exported"
+# A run on token shards saved with shuffled rows, resumed with enable_data_shuffling=false.
+shuffled=(dataset_type=tokens dataset_path="$work/prepared" tokenizer_path="$work/prepared/tokenizer.json"
+  eval_dataset_path= eval_interval=0 max_target_length=16 base_emb_dim=32 base_num_query_heads=4
+  base_num_kv_heads=2 head_dim=8 base_mlp_dim=48 base_num_decoder_layers=2 vocab_size=257
+  per_device_batch_size=2 run_dir="$work/shuffled")
+"$meshtrain" train qwen3-tiny "${shuffled[@]}" steps=1 >"$work/shuffled.log" 2>&1 ||
+  { echo "FAIL: fixture run on token shards"; cat "$work/shuffled.log"; exit 1; }
+expect checkpoint "enable_data_shuffling=false (this run)" \
+  "enable_data_shuffling=true (when the checkpoint was saved)" "resume with enable_data_shuffling=true" -- \
+  "$meshtrain" train qwen3-tiny "${shuffled[@]}" steps=2 enable_data_shuffling=false
 # --- plan ------------------------------------------------------------------------------------------------
 expect plan "$work/none_fwd_bwd.json" "meshtrain compile" -- \
   "$meshtrain" train qwen3-tiny "${tiny[@]}" plan_in="$work/none" run_dir="$work/r7"

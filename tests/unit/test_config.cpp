@@ -339,6 +339,11 @@ TEST(Config, WrongTypeNamesKeyAndExpectedType) {
   EXPECT_NE(message.find("an integer"), std::string::npos) << message;
   EXPECT_NE(error_of([] { load_config("qwen3-tiny", {"packing=maybe"}); }).find("true or false"),
             std::string::npos);
+  const std::string shuffling = error_of([] { load_config("qwen3-tiny", {"enable_data_shuffling=maybe"}); });
+  EXPECT_NE(shuffling.find("'enable_data_shuffling'"), std::string::npos) << shuffling;
+  EXPECT_NE(shuffling.find("true or false"), std::string::npos) << shuffling;
+  EXPECT_TRUE(load_config("qwen3-tiny", {}).enable_data_shuffling);  // base.yaml: shuffled
+  EXPECT_FALSE(load_config("qwen3-tiny", {"enable_data_shuffling=false"}).enable_data_shuffling);
   EXPECT_NE(error_of([] { load_config("qwen3-tiny", {"dtype=float8"}); }).find("float32 or bfloat16"),
             std::string::npos);
 }

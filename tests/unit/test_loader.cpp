@@ -1,6 +1,6 @@
 // BatchLoader: determinism, resume from a cursor, the (rank, micro-batch) split invariant, packing and
-// padding semantics on hand-made streams, synthetic data, and vocabulary / cursor validation; the data
-// sources (token shards, text files, synthetic) through their interface.
+// padding semantics on hand-made streams, exact unshuffled batches, synthetic data, and vocabulary / cursor
+// validation; the data sources (token shards, text files, synthetic) through their interface.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -430,6 +430,136 @@ TEST_F(LoaderTest, EvalLoaderRestarts) {
   const TokenShard tokens = TokenShard::open(file);
   const Batch batch = eval.micro_batch(0, 0);
   for (int c = 0; c < 16; ++c) EXPECT_EQ(batch.tokens[c], tokens[c]);
+}
+
+// enable_data_shuffling=false with packing=false: a shard of B documents of exactly S tokens (each followed
+// by its EOS) is exactly one [B, S + 1] batch, those rows in that order, every epoch; the train split of a
+// TokenShardsSource opened as a run opens it (train/run.cpp loader_options).
+class ExactBatchTest : public LoaderTest {
+ protected:
+  static constexpr int64_t kRows = 4, kSequence = 8;
+  // Document i: ids 1 + i * S .. (i + 1) * S, then EOS.
+  static std::vector<std::vector<int32_t>> documents(int64_t count) {
+    std::vector<std::vector<int32_t>> all(static_cast<size_t>(count));
+    for (int64_t i = 0; i < count; ++i) {
+      for (int64_t c = 0; c < kSequence; ++c) all[i].push_back(static_cast<int32_t>(1 + i * kSequence + c));
+    }
+    return all;
+  }
+  std::string exact_shard(int64_t count) const {
+    const std::string file = (dir_ / "exact.tokens").string();
+    write_token_shard(file, documents(count), kEos);
+    return file;
+  }
+  static LoaderOptions exact_options(int64_t rows, int64_t ranks, bool shuffle) {
+    LoaderOptions o = options(kSequence, rows, ranks);
+    o.packing = false;
+    o.shuffle = shuffle;
+    o.vocab_size = 1000;  // documents(16)'s ids reach 128
+    return o;
+  }
+  BatchLoader train_loader(const std::string& file, const LoaderOptions& o) const {
+    return BatchLoader(TokenShardsSource(file, "").open(Split::train, o), o);
+  }
+};
+
+TEST_F(ExactBatchTest, UnshuffledUnpackedDocumentsOfSTokensAreTheBatchRows) {
+  const std::string file = exact_shard(kRows);
+  const LoaderOptions o = exact_options(kRows, 1, false);
+  BatchLoader loader = train_loader(file, o);
+  EXPECT_EQ(loader.rows().rows_per_epoch(), static_cast<uint64_t>(kRows));
+  const std::vector<std::vector<int32_t>> rows = documents(kRows);
+  for (int epoch = 0; epoch < 3; ++epoch, loader.advance()) {  // one batch is one epoch: each repeats
+    const std::vector<Row> batch = rows_of(loader.global_batch(), kSequence);
+    ASSERT_EQ(batch.size(), static_cast<size_t>(kRows));
+    size_t counted = 0;
+    for (size_t i = 0; i < batch.size(); ++i) {
+      std::vector<int32_t> targets(rows[i].begin() + 1, rows[i].end());
+      targets.push_back(kEos);  // each row's last target
+      EXPECT_EQ(batch[i].tokens, rows[i]) << "epoch " << epoch << " row " << i;
+      EXPECT_EQ(batch[i].targets, targets) << "epoch " << epoch << " row " << i;
+      EXPECT_EQ(batch[i].mask, std::vector<uint8_t>(kSequence, 1));
+      EXPECT_EQ(batch[i].segments, std::vector<int32_t>(kSequence, 0));
+      for (int64_t c = 0; c < kSequence; ++c) EXPECT_EQ(batch[i].positions[c], c);
+      counted += static_cast<size_t>(std::count(batch[i].mask.begin(), batch[i].mask.end(), 1));
+    }
+    EXPECT_EQ(counted, static_cast<size_t>(kRows * kSequence));  // the run's valid_tokens
+  }
+}
+
+TEST_F(ExactBatchTest, ADocumentOfSPlusOneTokensIsAFullRowAndAOneTargetTail) {
+  std::vector<std::vector<int32_t>> long_document = documents(1);
+  long_document[0].push_back(99);
+  BatchLoader loader = train_loader(
+      [&] {
+        const std::string file = (dir_ / "long.tokens").string();
+        write_token_shard(file, long_document, kEos);
+        return file;
+      }(),
+      exact_options(2, 1, false));
+  const std::vector<Row> batch = rows_of(loader.global_batch(), kSequence);
+  EXPECT_EQ(batch[0].tokens, documents(1)[0]);
+  EXPECT_EQ(batch[0].targets.back(), 99);
+  EXPECT_EQ(batch[0].mask, std::vector<uint8_t>(kSequence, 1));
+  EXPECT_EQ(batch[1].tokens[0], 99);
+  EXPECT_EQ(batch[1].targets[0], kEos);
+  EXPECT_EQ(std::count(batch[1].mask.begin(), batch[1].mask.end(), 1), 1);
+}
+
+// Shuffled, every epoch is another permutation of the same rows; unshuffled, every epoch is stream order.
+TEST_F(ExactBatchTest, ShufflingOnReordersEachEpochOffRepeatsIt) {
+  const int64_t count = 16;  // one batch is one epoch
+  const std::string file = exact_shard(count);
+  BatchLoader in_order = train_loader(file, exact_options(count, 1, false));
+  BatchLoader shuffled = train_loader(file, exact_options(count, 1, true));
+  const std::vector<Row> stream = rows_of(in_order.global_batch(), kSequence);
+  std::vector<std::vector<Row>> shuffled_epochs;
+  for (int epoch = 0; epoch < 3; ++epoch, in_order.advance(), shuffled.advance()) {
+    EXPECT_EQ(rows_of(in_order.global_batch(), kSequence), stream) << "epoch " << epoch;
+    shuffled_epochs.push_back(rows_of(shuffled.global_batch(), kSequence));
+    EXPECT_NE(shuffled_epochs.back(), stream) << "epoch " << epoch;
+    std::vector<Row> sorted = shuffled_epochs.back();
+    std::sort(sorted.begin(), sorted.end());
+    EXPECT_EQ(sorted, stream);  // the stream's rows are already in sorted order
+  }
+  EXPECT_NE(shuffled_epochs[0], shuffled_epochs[1]);
+  EXPECT_NE(shuffled_epochs[1], shuffled_epochs[2]);
+}
+
+// Rows are taken by global row index, so 2 data ranks with shuffling off feed the global batch of 1 rank:
+// rank r's micro-batch is rows [r B, (r + 1) B) of it, for every step.
+TEST_F(ExactBatchTest, TwoDataRanksUnshuffledFeedTheOneRankBatch) {
+  const std::string file = exact_shard(6);  // 6 windows: steps of 4 rows cross epochs
+  BatchLoader one = train_loader(file, exact_options(kRows, 1, false));
+  BatchLoader two = train_loader(file, exact_options(kRows / 2, 2, false));
+  for (int step = 0; step < 5; ++step, one.advance(), two.advance()) {
+    std::vector<Row> both = rows_of(two.micro_batch(0, 0), kSequence);
+    for (const Row& row : rows_of(two.micro_batch(1, 0), kSequence)) both.push_back(row);
+    EXPECT_EQ(both, rows_of(one.global_batch(), kSequence)) << "step " << step;
+  }
+}
+
+TEST_F(ExactBatchTest, ResumingWithTheOtherOrderNamesTheKeyAndBothValues) {
+  const std::string file = exact_shard(kRows);
+  for (bool saved : {true, false}) {
+    BatchLoader original = train_loader(file, exact_options(1, 1, saved));
+    original.advance();
+    BatchLoader other = train_loader(file, exact_options(1, 1, !saved));
+    const std::string mine = saved ? "false" : "true", theirs = saved ? "true" : "false";
+    try {
+      other.restore(original.cursor(), "ckpt/metadata.json");
+      FAIL() << "restored a cursor of the other order";
+    } catch (const MeshError& error) {
+      EXPECT_EQ(error.context().where, "ckpt/metadata.json");
+      EXPECT_EQ(error.context().expected, "enable_data_shuffling=" + mine + " (this run)");
+      EXPECT_EQ(error.context().found,
+                "enable_data_shuffling=" + theirs + " (when the checkpoint was saved)");
+      EXPECT_NE(error.context().hint.find("resume with enable_data_shuffling=" + theirs), std::string::npos);
+    }
+    BatchLoader resumed = train_loader(file, exact_options(1, 1, saved));
+    resumed.restore(original.cursor());
+    EXPECT_TRUE(same(original.global_batch(), resumed.global_batch()));
+  }
 }
 
 // The data-source seam (data/source.h): token shards, text files and synthetic tokens opened through

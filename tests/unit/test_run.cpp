@@ -1,15 +1,18 @@
 // train/run: the Run object's set-up phases and step() on one process: steps counted, the outcome of each
-// step, a stop after step k, the final save and the run files.
+// step, a stop after step k, the final save and the run files, and an exact unshuffled batch.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "meshtrain/core/error.h"
+#include "meshtrain/data/shards.h"
+#include "meshtrain/data/tokenizer/tokenizer.h"
 #include "meshtrain/runtime/engine.h"
 #include "meshtrain/train/run.h"
 
@@ -91,6 +94,60 @@ TEST_F(RunTest, StopAfterStepEndsTheRunAndAResumeContinues) {
 
 TEST_F(RunTest, NonPositiveStepsIsASetupError) {
   EXPECT_THROW(prepare_run(tiny_config(run_dir_, 0), 1), MeshError);
+}
+
+// The exact batch of issue 37: a token shard of B documents of S tokens each, packing=false,
+// enable_data_shuffling=false, per_device_batch_size=B, gradient_accumulation_steps=1. The step trains on
+// those B rows, every one of the B x S targets counted (metrics.jsonl's valid_tokens), and the first step
+// of a shard with B more documents after them sees the same batch (bitwise the same loss). Which rows the
+// loader gives, cell by cell: ExactBatchTest in test_loader.cpp.
+TEST_F(RunTest, AnExactUnshuffledBatchTrainsOnItsBTimesSTargets) {
+  constexpr int64_t kRows = 4, kSequence = 16;
+  const fs::path data = fs::path(run_dir_) / "data";
+  fs::create_directories(data);
+  const Tokenizer tokenizer = train_bpe_tokenizer({"in the beginning"}, 257, {"<|endoftext|>"});
+  save_trained_tokenizer(tokenizer, (data / "tokenizer.json").string());
+  const int32_t eos = *tokenizer.eos_id();
+  ASSERT_GT(eos, 200) << "the documents' ids 1..200 must not hold the EOS id";
+  std::vector<std::vector<int32_t>> documents(2 * kRows);
+  for (int64_t i = 0; i < 2 * kRows; ++i) {
+    for (int64_t c = 0; c < kSequence; ++c)
+      documents[i].push_back(static_cast<int32_t>(1 + (i * 37 + c) % 200));
+  }
+  // One step on `count` documents (a shard in its own folder), into its own run_dir: the step's metrics.
+  const auto first_step = [&](int64_t count) {
+    const fs::path folder = data / ("first_" + std::to_string(count));
+    fs::create_directories(folder);
+    write_token_shard((folder / "train.tokens").string(),
+                      std::vector(documents.begin(), documents.begin() + count), eos);
+    Config config = tiny_config((folder / "run").string(), 1);
+    for (const auto& [key, value] : std::vector<std::pair<std::string, std::string>>{
+             {"dataset_type", "tokens"},
+             {"dataset_path", folder.string()},
+             {"tokenizer_path", (data / "tokenizer.json").string()},
+             {"vocab_size", "257"},
+             {"max_target_length", std::to_string(kSequence)},
+             {"packing", "false"},
+             {"enable_data_shuffling", "false"},
+             {"per_device_batch_size", std::to_string(kRows)},
+             {"gradient_accumulation_steps", "1"}}) {
+      config.set(key, value);
+    }
+    RunRanks ranks;
+    ranks.world = make_world_communicator(60.0);
+    meshtrain::Run run(config, prepare_run(config, 1), console_, ranks);
+    EXPECT_EQ(run.step({}), StepOutcome::trained);
+    run.finish();
+    std::ifstream metrics(folder / "run" / "metrics.jsonl");
+    std::string line;
+    std::getline(metrics, line);
+    return nlohmann::json::parse(line);
+  };
+  const nlohmann::json exact = first_step(kRows);
+  EXPECT_EQ(exact.at("valid_tokens").get<int64_t>(), kRows * kSequence);
+  const nlohmann::json longer = first_step(2 * kRows);
+  EXPECT_EQ(longer.at("valid_tokens").get<int64_t>(), kRows * kSequence);
+  EXPECT_EQ(longer.at("loss").get<double>(), exact.at("loss").get<double>());
 }
 
 }  // namespace

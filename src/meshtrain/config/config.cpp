@@ -271,6 +271,7 @@ const std::vector<KeyEntry>& key_table() {
       entry("eval_dataset_path", &Config::eval_dataset_path),
       entry("tokenizer_path", &Config::tokenizer_path),
       entry("packing", &Config::packing),
+      entry("enable_data_shuffling", &Config::enable_data_shuffling),
       entry("data_shuffle_seed", &Config::data_shuffle_seed),
       entry("eval_interval", &Config::eval_interval),
       entry("eval_steps", &Config::eval_steps),

@@ -169,6 +169,7 @@ struct Config {
   DatasetType dataset_type = DatasetType::text;
   std::string dataset_path, eval_dataset_path, tokenizer_path;
   bool packing = true;
+  bool enable_data_shuffling = true;  // false: training rows in stream order, the same every epoch
   int64_t data_shuffle_seed = 0;
   int64_t eval_interval = 0, eval_steps = 0;
   std::string run_dir;

@@ -9,7 +9,7 @@
 // with R = 1 the GA micro-batches concatenated are exactly the rows of one GA = 1 batch of GA x B rows.
 // Cursor. JSON {format, version, kind, step, seed, sequence_length, and the source's fields (token windows:
 // windows_consumed, packing, shuffle, token_count, shard checksums, ...)}: restore() continues with
-// identical batches, and rejects a cursor from another dataset, seed, sequence length or packing mode.
+// identical batches, and rejects a cursor from another dataset, seed, sequence length, packing mode or order.
 #pragma once
 
 #include <cstdint>

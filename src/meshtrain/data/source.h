@@ -30,7 +30,7 @@ struct LoaderOptions {
   int64_t gradient_accumulation_steps = 1;  // GA
   uint64_t seed = 0;                        // data_shuffle_seed
   bool packing = true;
-  bool shuffle = true;  // false for eval: windows in stream order
+  bool shuffle = true;  // false for eval and enable_data_shuffling=false: windows in stream order
   int32_t eos_id = -1;  // required for shards; unused by synthetic
   int64_t vocab_size = 0;
 };

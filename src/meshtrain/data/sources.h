@@ -4,7 +4,8 @@
 // Synthetic rows. Token (step, global row g, column c) = Philox uint32_at(key(seed, step), g * (S + 1) + c)
 // mod vocab_size for c in [0, S]: inputs columns [0, S), targets [1, S + 1); one segment, positions 0..S-1,
 // mask 1. It does not depend on B, R or GA, so every mesh sees the same batch. The validation split draws
-// from seed + 0x5EED. Cursor field: vocab_size; the position is the step.
+// from seed + 0x5EED. Cursor field: vocab_size; the position is the step. There is no stream to order, so
+// LoaderOptions::shuffle (enable_data_shuffling) has no effect: every row is a fresh draw either way.
 #pragma once
 
 #include <memory>

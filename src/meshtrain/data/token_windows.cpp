@@ -181,7 +181,16 @@ void TokenWindows::write_cursor(nlohmann::json& cursor, uint64_t rows_consumed) 
 std::optional<uint64_t> TokenWindows::read_cursor(const nlohmann::json& cursor,
                                                   const std::string& where) const {
   expect_cursor_field<bool>(cursor, "packing", packing_, where);
-  expect_cursor_field<bool>(cursor, "shuffle", shuffle_, where);
+  // The cursor's "shuffle" is the train split's enable_data_shuffling: the rows consumed count positions
+  // in one order, so they mean other rows in the other.
+  const bool saved_shuffle = cursor_field<bool>(cursor, "shuffle", where);
+  if (saved_shuffle != shuffle_) {
+    const auto text = [](bool value) { return std::string(value ? "true" : "false"); };
+    fail(where, "enable_data_shuffling=" + text(shuffle_) + " (this run)",
+         "enable_data_shuffling=" + text(saved_shuffle) + " (when the checkpoint was saved)",
+         "resume with enable_data_shuffling=" + text(saved_shuffle) +
+             " (the order of a run's rows cannot change mid-run), or use a fresh run_dir");
+  }
   expect_cursor_field<uint64_t>(cursor, "token_count", token_count_, where);
   expect_cursor_field<std::vector<uint32_t>>(cursor, "shard_checksums", shard_checksums(), where);
   return cursor_field<uint64_t>(cursor, "windows_consumed", where);

@@ -1,4 +1,5 @@
-// Token shards as rows: the shards' stream cut into fixed windows and shuffled per epoch with Philox.
+// Token shards as rows: the shards' stream cut into fixed windows, shuffled per epoch with Philox or in
+// stream order.
 //
 // Windows. A window is S + 1 consecutive tokens; inputs are window[0, S), targets window[1, S + 1).
 //  - packing = true: the shards are one concatenated stream (documents each followed by EOS) cut into
@@ -7,15 +8,21 @@
 //    positions restart at 0 after every EOS (and at the window start, even in mid-document), and the
 //    target whose input is EOS (the first token of the next document) is masked out.
 //  - packing = false: every document (its tokens and its EOS) gets its own windows at stride S, so no
-//    window crosses a document boundary. A short last window is padded with EOS inputs and targets,
-//    loss_mask 0, segment id 1 (real tokens are segment 0, so no real token attends padding) and
-//    positions continuing from the real ones. Documents of a lone EOS give no window.
+//    window crosses a document boundary: a document of n tokens followed by its EOS (n + 1 tokens) gives
+//    ceil(n / S) windows of at most S + 1 tokens starting at its tokens 0, S, 2S, ... A short last window
+//    is padded with EOS inputs and targets, loss_mask 0, segment id 1 (real tokens are segment 0, so no
+//    real token attends padding) and positions continuing from the real ones. Documents of a lone EOS
+//    give no window; a tail after the last EOS is cut like a document without one.
+//    So a document of exactly S tokens is exactly one row: inputs its S tokens, targets its tokens 1..S-1
+//    then the EOS, all S counted; one of S + 1 tokens is a full row and a row of one target (its last
+//    token predicting the EOS) padded with S - 1 masked cells.
 //  Positions are thus always < S.
 // Order. shuffle = true: epoch e visits all W windows in a Fisher-Yates permutation drawn with Philox from
-// (data_shuffle_seed, e); shuffle = false (eval): stream order. Row r of the stream is window r mod W of
-// epoch r / W.
+// (data_shuffle_seed, e); shuffle = false (eval, and training with enable_data_shuffling=false): stream
+// order, every epoch alike. Row r of the stream is window r mod W of epoch r / W.
 // Cursor fields: windows_consumed (the position), packing, shuffle, token_count, windows_per_epoch and the
-// shard checksums; a cursor from other shards, another packing or order is rejected.
+// shard checksums; a cursor from other shards, another packing or order is rejected (another order naming
+// enable_data_shuffling).
 #pragma once
 
 #include <cstdint>

@@ -40,15 +40,18 @@ double peak_resident_bytes() {
 
 namespace {
 
-LoaderOptions loader_options(const Config& config, int32_t eos_id, bool shuffle, const RunRanks& ranks) {
+// The train split accumulates gradient_accumulation_steps micro-batches and is shuffled unless
+// enable_data_shuffling=false; eval reads one micro-batch per step in stream order.
+LoaderOptions loader_options(const Config& config, int32_t eos_id, Split split, const RunRanks& ranks) {
+  const bool train = split == Split::train;
   LoaderOptions options;
   options.sequence_length = config.max_target_length;
   options.per_device_batch_size = ranks.local_rows;
   options.data_ranks = ranks.data_ranks;
-  options.gradient_accumulation_steps = shuffle ? config.gradient_accumulation_steps : 1;
+  options.gradient_accumulation_steps = train ? config.gradient_accumulation_steps : 1;
   options.seed = static_cast<uint64_t>(config.data_shuffle_seed);
   options.packing = config.packing;
-  options.shuffle = shuffle;
+  options.shuffle = train && config.enable_data_shuffling;
   options.eos_id = eos_id;
   options.vocab_size = config.vocab_size;
   return options;
@@ -295,10 +298,10 @@ void Run::open_data() {
     ranks_.engram_hashing = &*engram_hashing_;
   }
   const int32_t eos_id = tokenizer_ && tokenizer_->eos_id() ? *tokenizer_->eos_id() : -1;
-  const LoaderOptions train = loader_options(config_, eos_id, true, ranks_);
+  const LoaderOptions train = loader_options(config_, eos_id, Split::train, ranks_);
   loader_.emplace(data_->open(Split::train, train), train);
   if (config_.eval_interval > 0 && config_.eval_steps > 0) {
-    const LoaderOptions eval = loader_options(config_, eos_id, false, ranks_);
+    const LoaderOptions eval = loader_options(config_, eos_id, Split::validation, ranks_);
     eval_loader_.emplace(data_->open(Split::validation, eval), eval);
   }
   tokenizer_identity_ = tokenizer_ ? tokenizer_->identity() : "";
