@@ -9,7 +9,8 @@
 # embeddings (alone and with tensor=2), GPT-2 (learned positions), and packed short documents (a prepared
 # corpus of 3..7-token documents, so a chunk of S / 2C = 8 tokens holds several documents and documents
 # cross chunk boundaries) with each reorder and C=4, with eval every 5 steps whose losses must agree within
-# 1e-5 too; each against the one-process run of the same model and data. Under context the global batch is
+# 1e-5 too; each against the one-process run of the same model and data. The same documents unpacked and in
+# stream order (enable_data_shuffling=false) on 2 data ranks. Under context the global batch is
 # per_device_batch_size x devices rows as for tensor, each row cut over the context ranks.
 # Usage: equivalence.sh BUILD_DIR
 source "$(dirname "$0")/common.sh" "$1"
@@ -51,9 +52,14 @@ gpt2=(base_num_kv_heads=4 max_position_embeddings=32)  # GPT-2: MHA, one learned
 run single 1 8
 run single_untied 1 8 logits_via_embedding=false
 run packed_single 1 8 "${packed[@]}"
+# The same documents unpacked and unshuffled (enable_data_shuffling=false): rows in stream order, taken by
+# global row index, so 2 data ranks train on the one process's global batch.
+unshuffled=("${packed[@]}" packing=false enable_data_shuffling=false)
+run unshuffled_single 1 8 "${unshuffled[@]}"
 preset=gpt2-124m run gpt2_single 1 8 "${gpt2[@]}"
 
 check dp2 single 2 4 mesh.data=2
+check unshuffled_dp2 unshuffled_single 2 4 mesh.data=2 "${unshuffled[@]}"
 run dp2_again 2 4 mesh.data=2
 check fsdp2 single 2 4 mesh.fsdp=2
 check zero1_2 single 2 4 mesh.data=2 shard_optimizer_over_data=true
