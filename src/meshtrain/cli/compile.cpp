@@ -443,28 +443,14 @@ void print_search(const SearchResult& result, std::ostream& out) {
 }  // namespace
 
 int run_compile(const std::vector<std::string>& arguments, std::ostream& out) {
-  const ConfigArguments parsed = parse_config_arguments("compile", arguments);
-  bool explain = false, search = false;
-  double memory_budget_bytes = 0.0;  // --search only: the most one device's arena may use
+  const ParsedArguments parsed = parse_arguments(find_command("compile"), arguments);
+  const std::string config = parsed.config();
+  const bool explain = parsed.has("--explain"), search = parsed.has("--search");
   const std::string budget_flag = "--memory-budget";
-  for (const std::string& flag : parsed.flags) {
-    if (flag == "--explain") {
-      explain = true;
-    } else if (flag == "--search") {
-      search = true;
-    } else if (flag.starts_with(budget_flag + "=")) {
-      memory_budget_bytes =
-          static_cast<double>(parse_byte_size(budget_flag, flag.substr(budget_flag.size() + 1)));
-    } else if (flag == budget_flag) {
-      fail("meshtrain compile " + budget_flag, "a size joined to it by '=', such as --memory-budget=12GiB",
-           "no value", "write --memory-budget=SIZE (per device, e.g. 12GiB or 8GB)");
-    } else {
-      fail("meshtrain compile",
-           "the flags --explain, --search or --memory-budget=SIZE (and key=value overrides)",
-           "'" + flag + "'",
-           "did you mean '" + closest_name(flag, {"--explain", "--search", budget_flag}) + "'?");
-    }
-  }
+  // --search only: the most one device's arena may use
+  const double memory_budget_bytes =
+      parsed.has(budget_flag) ? static_cast<double>(parse_byte_size(budget_flag, *parsed.value(budget_flag)))
+                              : 0.0;
   if (memory_budget_bytes > 0.0 && !search) {
     fail("meshtrain compile " + budget_flag, "it together with --search (the search ranks what fits it)",
          "it without --search", "add --search, or drop --memory-budget to plan one configuration");
@@ -472,13 +458,13 @@ int run_compile(const std::vector<std::string>& arguments, std::ostream& out) {
   if (search) {
     if (explain) fail("meshtrain compile", "--explain or --search, not both", "both");
     const SearchResult result =
-        search_training_configurations(load_config(parsed.config, parsed.overrides), memory_budget_bytes);
+        search_training_configurations(load_config(config, parsed.overrides), memory_budget_bytes);
     print_search(result, out);
     return 0;
   }
 
   PlanRequest request;
-  request.config = load_config(parsed.config, parsed.overrides);
+  request.config = load_config(config, parsed.overrides);
   request.kernels.clear();
   for (const std::string& name : request.config.kernels) {
     const KernelName kernel = parse_kernel_name(name, "config key 'kernels'");
@@ -493,7 +479,7 @@ int run_compile(const std::vector<std::string>& arguments, std::ostream& out) {
   const TrainingPlan plan = plan_training(request);
   const double plan_seconds = elapsed_seconds(start);
 
-  print_header(plan, parsed.config, plan_seconds, out);
+  print_header(plan, config, plan_seconds, out);
   for (const KernelPlan& kernel : plan.kernels) print_kernel(kernel, out);
   print_context_attention(plan, out);
   print_expert_dispatch(plan, out);

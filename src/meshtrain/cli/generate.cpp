@@ -3,18 +3,15 @@
 #include "meshtrain/cli/generate.h"
 
 #include <algorithm>
-#include <charconv>
-#include <cmath>
-#include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
-#include <sstream>
 
 #include "meshtrain/checkpoint/checkpoint.h"
+#include "meshtrain/cli/arguments.h"
+#include "meshtrain/cli/token_ids.h"
 #include "meshtrain/config/config.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/data/tokenizer/tokenizer.h"
@@ -27,114 +24,72 @@ namespace {
 
 namespace fs = std::filesystem;
 
-constexpr const char* kUsage =
-    "meshtrain generate --checkpoint DIR --prompt TEXT [--max-new-tokens N] [--temperature T] [--top-k K] "
-    "[--top-p P] [--seed S] [--output text|ids|logits]";
-
 struct GenerateArguments {
   std::string checkpoint;
-  std::optional<std::string> prompt;  // absent vs empty: both refused, with different messages
+  std::optional<std::string> prompt;               // --prompt: text, encoded with the checkpoint's tokenizer
+  std::optional<std::vector<int32_t>> prompt_ids;  // --prompt-ids: exactly one of the two is set
   int64_t max_new_tokens = 100;
   SamplingOptions sampling;
   uint64_t seed = 0;
   // --output ids: token ids as one JSON line, for comparing with other implementations by id; logits: the
-  // same with the next-token logits after every fed token.
-  enum class Output { text, ids, logits } output = Output::text;
+  // same with the next-token logits after every fed token. Unset: text for --prompt, ids for --prompt-ids.
+  enum class Output { text, ids, logits };
+  std::optional<Output> output;
 };
 
-int64_t parse_integer(const std::string& flag, const std::string& text, int64_t minimum) {
-  int64_t value = 0;
-  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
-  if (text.empty() || error != std::errc() || end != text.data() + text.size() || value < minimum) {
-    fail(flag, "an integer >= " + std::to_string(minimum), "'" + text + "'", kUsage);
+GenerateArguments read_arguments(const std::vector<std::string>& arguments) {
+  const ParsedArguments parsed = parse_arguments(find_command("generate"), arguments);
+  GenerateArguments read;
+  read.checkpoint =
+      parsed.required("--checkpoint", "a checkpoint directory, or a run_dir / checkpoints directory");
+  read.max_new_tokens = parsed.integer("--max-new-tokens", read.max_new_tokens, 0);
+  read.sampling.temperature = parsed.number("--temperature", read.sampling.temperature);
+  if (read.sampling.temperature < 0.0) {
+    fail(parsed.where("--temperature"), "a number >= 0 (0: greedy)", *parsed.value("--temperature"),
+         "e.g. --temperature 0.8");
   }
-  return value;
-}
-
-double parse_number(const std::string& flag, const std::string& text) {
-  char* end = nullptr;
-  const double value = std::strtod(text.c_str(), &end);
-  if (text.empty() || end != text.c_str() + text.size() || !std::isfinite(value)) {
-    fail(flag, "a finite number", "'" + text + "'", kUsage);
+  read.sampling.top_k = parsed.integer("--top-k", read.sampling.top_k, 0);
+  read.sampling.top_p = parsed.number("--top-p", read.sampling.top_p);
+  if (!(read.sampling.top_p > 0.0 && read.sampling.top_p <= 1.0)) {
+    fail(parsed.where("--top-p"), "a number in (0, 1] (1: off)", *parsed.value("--top-p"),
+         "e.g. --top-p 0.9");
   }
-  return value;
-}
-
-GenerateArguments parse_arguments(const std::vector<std::string>& arguments) {
-  static const std::vector<std::string> flags = {"--checkpoint",  "--prompt", "--max-new-tokens",
-                                                 "--temperature", "--top-k",  "--top-p",
-                                                 "--seed",        "--output"};
-  std::map<std::string, std::string> values;
-  for (size_t i = 0; i < arguments.size(); ++i) {
-    const std::string& word = arguments[i];
-    const size_t equals = word.find('=');
-    const std::string flag = word.substr(0, equals);
-    if (std::find(flags.begin(), flags.end(), flag) == flags.end()) {
-      fail("meshtrain generate argument '" + word + "'", "one of the generate flags", "an unknown argument",
-           word.starts_with("--") ? "did you mean '" + closest_name(flag, flags) + "'? usage: " + kUsage
-                                  : std::string("usage: ") + kUsage);
-    }
-    std::string value;
-    if (equals != std::string::npos) {
-      value = word.substr(equals + 1);
-    } else {
-      if (i + 1 == arguments.size())
-        fail("meshtrain generate " + flag, "a value after " + flag, "nothing", kUsage);
-      value = arguments[++i];
-    }
-    if (!values.emplace(flag, value).second) {
-      fail("meshtrain generate " + flag, "the flag once", "given twice", "keep one of the two");
-    }
-  }
-  GenerateArguments parsed;
-  const auto found = [&](const char* flag) -> const std::string* {
-    const auto it = values.find(flag);
-    return it == values.end() ? nullptr : &it->second;
-  };
-  if (const std::string* value = found("--checkpoint")) parsed.checkpoint = *value;
-  if (parsed.checkpoint.empty()) {
-    fail("meshtrain generate --checkpoint", "a checkpoint directory, or a run_dir / checkpoints directory",
-         "none given", kUsage);
-  }
-  if (const std::string* value = found("--prompt")) parsed.prompt = *value;
-  if (const std::string* value = found("--max-new-tokens")) {
-    parsed.max_new_tokens = parse_integer("--max-new-tokens", *value, 0);
-  }
-  if (const std::string* value = found("--temperature")) {
-    parsed.sampling.temperature = parse_number("--temperature", *value);
-    if (parsed.sampling.temperature < 0.0) {
-      fail("--temperature", "a number >= 0 (0: greedy)", *value, "e.g. --temperature 0.8");
-    }
-  }
-  if (const std::string* value = found("--top-k"))
-    parsed.sampling.top_k = parse_integer("--top-k", *value, 0);
-  if (const std::string* value = found("--top-p")) {
-    parsed.sampling.top_p = parse_number("--top-p", *value);
-    if (!(parsed.sampling.top_p > 0.0 && parsed.sampling.top_p <= 1.0)) {
-      fail("--top-p", "a number in (0, 1] (1: off)", *value, "e.g. --top-p 0.9");
-    }
-  }
-  if (const std::string* value = found("--seed")) {
-    parsed.seed = static_cast<uint64_t>(parse_integer("--seed", *value, 0));
-  }
-  if (const std::string* value = found("--output")) {
+  read.seed = static_cast<uint64_t>(parsed.integer("--seed", 0, 0));
+  if (const std::string* value = parsed.value("--output")) {
     if (*value == "text") {
-      parsed.output = GenerateArguments::Output::text;
+      read.output = GenerateArguments::Output::text;
     } else if (*value == "ids") {
-      parsed.output = GenerateArguments::Output::ids;
+      read.output = GenerateArguments::Output::ids;
     } else if (*value == "logits") {
-      parsed.output = GenerateArguments::Output::logits;
+      read.output = GenerateArguments::Output::logits;
     } else {
-      fail("--output", "text, ids or logits", "'" + *value + "'", kUsage);
+      fail(parsed.where("--output"), "text, ids or logits", "'" + *value + "'", parsed.usage_hint());
     }
   }
-  // The prompt is checked last so flag typos are reported before "no prompt".
-  if (!parsed.prompt) fail("meshtrain generate --prompt", "the text to continue", "none given", kUsage);
-  if (parsed.prompt->empty()) {
-    fail("meshtrain generate --prompt", "a non-empty text to continue", "an empty prompt",
-         "generation needs at least one token of context, e.g. --prompt \"Once upon a time\"");
+  const std::string* text = parsed.value("--prompt");
+  const std::string* ids = parsed.value("--prompt-ids");
+  if (text != nullptr && ids != nullptr) {
+    fail("meshtrain generate --prompt / --prompt-ids", "one of the two", "both",
+         "keep --prompt TEXT (encoded with the checkpoint's tokenizer) or --prompt-ids IDS (token ids)");
   }
-  return parsed;
+  if (text == nullptr && ids == nullptr) {
+    fail("meshtrain generate --prompt / --prompt-ids", "the prompt: --prompt TEXT or --prompt-ids IDS",
+         "neither", parsed.usage_hint());
+  }
+  if (text != nullptr) {
+    if (text->empty()) {
+      fail(parsed.where("--prompt"), "a non-empty text to continue", "an empty prompt",
+           "generation needs at least one token of context, e.g. --prompt \"Once upon a time\"");
+    }
+    read.prompt = *text;
+  } else {
+    read.prompt_ids = parse_token_id_argument(*ids, parsed.where("--prompt-ids"));
+    if (read.prompt_ids->empty()) {
+      fail(parsed.where("--prompt-ids"), "at least one token id to continue", "an empty list",
+           "e.g. --prompt-ids 5,17,3");
+    }
+  }
+  return read;
 }
 
 // The model config the checkpoint was trained with. Batch and sequence shrink to one token, as the decode
@@ -165,20 +120,41 @@ size_t complete_utf8_length(const std::string& text) {
 }  // namespace
 
 int run_generate(const std::vector<std::string>& arguments, std::ostream& out) {
-  const GenerateArguments parsed = parse_arguments(arguments);
+  const GenerateArguments parsed = read_arguments(arguments);
   const std::string checkpoint_dir = resolve_checkpoint_directory(parsed.checkpoint, "--checkpoint");
 
+  // A run on synthetic data, or a Hugging Face import without tokenizer.json, has no tokenizer copy: such a
+  // checkpoint generates from ids to ids, hashing Engram inputs as its training did (no tokenizer: the
+  // identity compression).
   std::error_code error;
   const fs::path directory(checkpoint_dir);
-  if (!fs::exists(directory / "tokenizer.json", error) && !fs::exists(directory / "encoder.json", error)) {
-    fail(checkpoint_dir, "a tokenizer copy (tokenizer.json, or encoder.json + vocab.bpe)", "none",
-         "the run had no tokenizer (synthetic data?): generate needs a checkpoint of a run on text");
+  std::optional<Tokenizer> tokenizer;
+  if (fs::exists(directory / "tokenizer.json", error) || fs::exists(directory / "encoder.json", error)) {
+    tokenizer.emplace(Tokenizer::load(checkpoint_dir));
+  } else if (parsed.prompt) {
+    fail(checkpoint_dir, "a tokenizer copy (tokenizer.json, or encoder.json + vocab.bpe) to encode --prompt",
+         "none (a run on synthetic data, or an import without tokenizer.json)",
+         "give the prompt as token ids instead: --prompt-ids 5,17,3 (output: ids)");
   }
-  const Tokenizer tokenizer = Tokenizer::load(checkpoint_dir);
+  const GenerateArguments::Output output = parsed.output.value_or(
+      parsed.prompt ? GenerateArguments::Output::text : GenerateArguments::Output::ids);
+  if (output == GenerateArguments::Output::text && !tokenizer) {
+    fail("meshtrain generate --output text", "a checkpoint with a tokenizer copy to turn ids into text",
+         checkpoint_dir + " has none", "use --output ids (the default with --prompt-ids) or --output logits");
+  }
   const Config config = decode_config(checkpoint_dir);
 
-  const std::vector<int32_t> prompt = tokenizer.encode(*parsed.prompt);
+  const std::vector<int32_t> prompt = parsed.prompt ? tokenizer->encode(*parsed.prompt) : *parsed.prompt_ids;
   MT_CHECK(!prompt.empty(), "a non-empty prompt encodes to at least one token");
+  for (size_t position = 0; position < prompt.size(); ++position) {
+    if (prompt[position] >= config.vocab_size) {
+      fail("meshtrain generate --prompt-ids",
+           "ids in [0, " + std::to_string(config.vocab_size) + "): the model's vocab_size is " +
+               std::to_string(config.vocab_size),
+           "id " + std::to_string(prompt[position]) + " at position " + std::to_string(position),
+           "give ids of this model's vocabulary (meshtrain tokenize with its tokenizer writes them)");
+    }
+  }
   // The last sampled token is printed, never fed: the cache holds the prompt and all but one new token.
   const int64_t capacity =
       static_cast<int64_t>(prompt.size()) + std::max<int64_t>(parsed.max_new_tokens - 1, 0);
@@ -195,10 +171,10 @@ int run_generate(const std::vector<std::string>& arguments, std::ostream& out) {
   // The decode plan holds parameter values and caches only; the checkpoint's parameters replace its init.
   // Engram: the decoder hashes with the checkpoint's compressed vocabulary and multipliers (checked
   // against this tokenizer's).
-  IncrementalDecoder decoder(config, capacity, &tokenizer);
-  load_checkpoint(checkpoint_dir, decoder.engine(), /*parameters_only=*/true, tokenizer.identity(),
-                  decoder.engram_hashing());
-  const bool keep_logits = parsed.output == GenerateArguments::Output::logits;
+  IncrementalDecoder decoder(config, capacity, tokenizer ? &*tokenizer : nullptr);
+  load_checkpoint(checkpoint_dir, decoder.engine(), /*parameters_only=*/true,
+                  tokenizer ? tokenizer->identity() : std::string(), decoder.engram_hashing());
+  const bool keep_logits = output == GenerateArguments::Output::logits;
   std::vector<std::vector<float>> fed_logits;  // --output logits: after each fed token
   std::vector<float> logits;
   for (int32_t token : prompt) {
@@ -206,14 +182,15 @@ int run_generate(const std::vector<std::string>& arguments, std::ostream& out) {
     if (keep_logits) fed_logits.push_back(logits);
   }
 
-  const std::optional<int32_t> eos = tokenizer.eos_id();
-  if (parsed.output != GenerateArguments::Output::text) {
+  // -1 (no id) without a tokenizer or without an end-of-text token: nothing stops generation early.
+  const int32_t eos = tokenizer ? tokenizer->eos_id().value_or(-1) : -1;
+  if (output != GenerateArguments::Output::text) {
     // {"prompt": [...], "generated": [...]}: the ids fed and the ids sampled (EOS ends it); with logits, the
     // vocabulary's logits [V_valid] after each fed token.
     std::vector<int32_t> generated;
     for (int64_t step = 0; step < parsed.max_new_tokens; ++step) {
       const int32_t token = sample_token(logits, parsed.sampling, parsed.seed, static_cast<uint64_t>(step));
-      if (eos && token == *eos) break;
+      if (token == eos) break;
       generated.push_back(token);
       if (step + 1 < parsed.max_new_tokens) {
         logits = decoder.step(token);
@@ -227,18 +204,18 @@ int run_generate(const std::vector<std::string>& arguments, std::ostream& out) {
   }
   // Text: ids past the tokenizer's (a model with more rows than ids, as Hugging Face's Qwen3) have no text.
   const auto text_ids_only = [&](std::vector<float>& row) {
-    for (size_t id = static_cast<size_t>(tokenizer.vocab_size()); id < row.size(); ++id)
+    for (size_t id = static_cast<size_t>(tokenizer->vocab_size()); id < row.size(); ++id)
       row[id] = -std::numeric_limits<float>::infinity();
   };
   text_ids_only(logits);
-  out << *parsed.prompt << std::flush;
+  out << (parsed.prompt ? *parsed.prompt : tokenizer->decode(prompt)) << std::flush;
   std::string pending;  // decoded bytes not yet written: the start of a character still being completed
   for (int64_t step = 0; step < parsed.max_new_tokens; ++step) {
     const int32_t token = sample_token(logits, parsed.sampling, parsed.seed, static_cast<uint64_t>(step));
-    if (eos && token == *eos) break;
+    if (token == eos) break;
     // Byte-level BPE: the text of a sequence is the concatenation of its tokens' bytes, so each token can be
     // decoded on its own.
-    pending += tokenizer.decode({token});
+    pending += tokenizer->decode({token});
     const size_t printable = complete_utf8_length(pending);
     out.write(pending.data(), static_cast<std::streamsize>(printable));
     out.flush();

@@ -13,8 +13,8 @@
 namespace meshtrain {
 
 int run_info(const std::vector<std::string>& arguments, std::ostream& out) {
-  const ConfigArguments parsed = parse_config_arguments("info", arguments);
-  const Config config = load_config(parsed.config, parsed.overrides);
+  const ParsedArguments parsed = parse_arguments(find_command("info"), arguments);
+  const Config config = load_config(parsed.config(), parsed.overrides);
   ModelSpec spec = build_model_spec(config);  // declares buffers only: nothing is allocated
   const OptimizerDecl optimizer = apply_optimizer(spec, config);
   const ModelDims& m = spec.dims;

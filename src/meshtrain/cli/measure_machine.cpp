@@ -1,3 +1,5 @@
+// `meshtrain measure-machine`: times this machine's GEMM peak and memory bandwidth and writes them as a
+// topology entry (the built-in `cpu` entry with the measured figures) to plan this machine with.
 #include "meshtrain/cli/measure_machine.h"
 
 #include <cctype>
@@ -5,8 +7,8 @@
 #include <cstdio>
 #include <ctime>
 #include <filesystem>
-#include <map>
 
+#include "meshtrain/cli/arguments.h"
 #include "meshtrain/core/cpu_features.h"
 #include "meshtrain/core/durable_file.h"
 #include "meshtrain/core/error.h"
@@ -15,8 +17,6 @@
 
 namespace meshtrain {
 namespace {
-
-constexpr const char* kUsage = "meshtrain measure-machine [--out FILE] [--name NAME]";
 
 std::string fixed(double value, int digits) {
   char text[64];
@@ -84,27 +84,14 @@ std::string catalog_text(const std::string& name, const Topology& stated, const 
 }  // namespace
 
 int run_measure_machine(const std::vector<std::string>& arguments, std::ostream& out) {
-  std::map<std::string, std::string> flags;
-  for (size_t i = 0; i < arguments.size(); ++i) {
-    const std::string& word = arguments[i];
-    const size_t equals = word.find('=');
-    const std::string flag = word.substr(0, equals);
-    if (flag != "--out" && flag != "--name") {
-      fail("meshtrain measure-machine argument '" + word + "'", "--out FILE or --name NAME",
-           "an unknown argument", "usage: " + std::string(kUsage));
-    }
-    if (equals == std::string::npos && i + 1 == arguments.size())
-      fail("meshtrain measure-machine " + flag, "a value after it", "nothing", kUsage);
-    const std::string value = equals == std::string::npos ? arguments[++i] : word.substr(equals + 1);
-    if (!flags.emplace(flag, value).second)
-      fail("meshtrain measure-machine " + flag, "the flag once", "given twice", "keep one of the two");
-  }
-  const std::string name = flags.contains("--name") ? flags["--name"] : "cpu";
+  const ParsedArguments parsed = parse_arguments(find_command("measure-machine"), arguments);
+  const std::string name = parsed.value("--name") ? *parsed.value("--name") : "cpu";
   check_entry_name(name);
-  if (flags.contains("--out")) {  // checked before the measurement, which takes a second
-    const std::filesystem::path parent = std::filesystem::path(flags["--out"]).parent_path();
-    if (flags["--out"].empty() || (!parent.empty() && !std::filesystem::is_directory(parent))) {
-      fail("meshtrain measure-machine --out", "a file path in an existing folder", "'" + flags["--out"] + "'",
+  const std::string* out_path = parsed.value("--out");
+  if (out_path) {  // checked before the measurement, which takes a second
+    const std::filesystem::path parent = std::filesystem::path(*out_path).parent_path();
+    if (out_path->empty() || (!parent.empty() && !std::filesystem::is_directory(parent))) {
+      fail("meshtrain measure-machine --out", "a file path in an existing folder", "'" + *out_path + "'",
            "create the folder first, or name a file in the current one");
     }
   }
@@ -112,11 +99,11 @@ int run_measure_machine(const std::vector<std::string>& arguments, std::ostream&
   const MachineReport machine = measure_machine(cpu_features().avx512_bf16 || cpu_features().amx_bf16);
   const double bandwidth = measure_memory_bandwidth();
   const std::string text = catalog_text(name, stated, machine, bandwidth);
-  if (!flags.contains("--out")) {
+  if (!out_path) {
     out << text;
     return 0;
   }
-  const std::string& path = flags["--out"];
+  const std::string& path = *out_path;
   write_file_atomically(path, text);
   out << "measure-machine: float32 GEMM peak " << fixed(machine.gemm_peak_flops / 1e9, 1) << " GFLOP/s ("
       << machine.threads << " threads), memory " << fixed(bandwidth / 1e9, 1) << " GB/s; wrote topology '"

@@ -16,10 +16,8 @@ int run_train(const std::vector<std::string>& arguments) {
   // (the ranks agree on it first; the config's own collective_timeout_s is not known yet).
   constexpr double kConfigAgreementTimeoutSeconds = 300.0;
   const Config config = run_setup_on_all_ranks(*make_world_communicator(kConfigAgreementTimeoutSeconds), [&] {
-    const ConfigArguments parsed = parse_config_arguments("train", arguments);
-    if (!parsed.flags.empty())
-      fail("meshtrain train", "key=value overrides only", "flag '" + parsed.flags[0] + "'");
-    Config loaded = load_config(parsed.config, parsed.overrides);
+    const ParsedArguments parsed = parse_arguments(find_command("train"), arguments);
+    Config loaded = load_config(parsed.config(), parsed.overrides);
     if (!(loaded.collective_timeout_s > 0.0)) {
       fail("config key 'collective_timeout_s'", "a positive number of seconds",
            to_text(loaded.collective_timeout_s),

@@ -84,10 +84,11 @@ int utf8_sequence(std::string_view bytes, size_t i) {
 }
 
 // Rejects files that are not text: a NUL byte or invalid UTF-8 in the first 64 KiB.
-void check_text(const std::string& path, const std::string& text) {
+void check_text(const std::string& path, const std::string& text, const CorpusSettingNames& settings) {
   const std::string_view sniff(text.data(), std::min(text.size(), kSniffBytes));
   const bool is_prefix = sniff.size() < text.size();
-  const std::string hint = "remove the file or point --corpus at a folder holding only UTF-8 text files";
+  const std::string hint =
+      "remove the file or point " + settings.path + " at a folder holding only UTF-8 text files";
   for (size_t i = 0; i < sniff.size();) {
     if (sniff[i] == '\0') {
       fail(path, "a UTF-8 text file", "a NUL byte at offset " + std::to_string(i) + " (a binary file)", hint);
@@ -103,10 +104,10 @@ void check_text(const std::string& path, const std::string& text) {
   }
 }
 
-std::string read_text_file(const std::string& path) {
+std::string read_text_file(const std::string& path, const CorpusSettingNames& settings) {
   const std::string text = read_file_text(path, "text file", "check the file's permissions and the disk");
   if (text.empty()) fail(path, "a non-empty text file", "an empty file", "remove it or give it some text");
-  check_text(path, text);
+  check_text(path, text, settings);
   return text;
 }
 
@@ -162,10 +163,10 @@ std::vector<Document> parse_bible_output(std::string_view output, const std::str
   return chapters;
 }
 
-Corpus load_kjv_corpus() {
+Corpus load_kjv_corpus(const CorpusSettingNames& settings) {
   if (!kjv_available()) {
     fail("the default corpus (the King James Bible)", "the program 'bible' on PATH", "no 'bible' program",
-         std::string(kInstallHint) + ", or pass --corpus PATH with your own text");
+         std::string(kInstallHint) + ", or " + settings.give_path + " with your own text");
   }
   // Fixed arguments, no user input: nothing to quote. -f: one verse per line, never wrapped.
   FILE* pipe = ::popen("bible -f gen1:1-rev22:21 2>&1", "r");
@@ -198,12 +199,12 @@ Corpus load_kjv_corpus() {
   return corpus;
 }
 
-std::vector<Document> load_text_documents(const std::string& path) {
+std::vector<Document> load_text_documents(const std::string& path, const CorpusSettingNames& settings) {
   std::error_code error;
   const fs::file_status status = fs::status(path, error);
   if (error || !fs::exists(status)) {
     fail(path, "an existing text file or folder of text files",
-         error ? error.message() : std::string("nothing at that path"), "check --corpus / dataset_path");
+         error ? error.message() : std::string("nothing at that path"), "check " + settings.path);
   }
   std::vector<std::string> files;
   if (fs::is_directory(status)) {
@@ -221,7 +222,7 @@ std::vector<Document> load_text_documents(const std::string& path) {
     if (error) fail(path, "a readable folder tree", error.message(), "check the folder's permissions");
     if (files.empty()) {
       fail(path, "a folder holding at least one text file", "no files (hidden ones are skipped)",
-           "put .txt files in it or point --corpus elsewhere");
+           "put .txt files in it or point " + settings.path + " elsewhere");
     }
     std::sort(files.begin(), files.end());
   } else {
@@ -229,12 +230,12 @@ std::vector<Document> load_text_documents(const std::string& path) {
   }
   std::vector<Document> documents;
   documents.reserve(files.size());
-  for (const std::string& file : files) documents.push_back(Document{file, read_text_file(file)});
+  for (const std::string& file : files) documents.push_back(Document{file, read_text_file(file, settings)});
   return documents;
 }
 
-Corpus split_documents(const std::string& source, std::vector<Document> documents,
-                       double validation_fraction) {
+Corpus split_documents(const std::string& source, std::vector<Document> documents, double validation_fraction,
+                       const CorpusSettingNames& settings) {
   if (!(validation_fraction >= 0.0 && validation_fraction < 1.0)) {
     fail("--validation-fraction", "a fraction in [0, 1)", to_text(validation_fraction), "e.g. 0.05");
   }
@@ -243,7 +244,7 @@ Corpus split_documents(const std::string& source, std::vector<Document> document
   if (validation_fraction > 0.0) {
     if (n < 2) {
       fail(source, "at least 2 documents (files) to hold out a validation split", std::to_string(n),
-           "add files, or pass --validation-fraction 0");
+           settings.too_few_documents);
     }
     count = static_cast<size_t>(std::llround(static_cast<double>(n) * validation_fraction));
     count = std::clamp<size_t>(count, 1, n - 1);
@@ -261,9 +262,9 @@ Corpus split_documents(const std::string& source, std::vector<Document> document
   return corpus;
 }
 
-Corpus load_corpus(const std::string& path, double validation_fraction) {
-  if (path.empty()) return load_kjv_corpus();
-  return split_documents(path, load_text_documents(path), validation_fraction);
+Corpus load_corpus(const std::string& path, double validation_fraction, const CorpusSettingNames& settings) {
+  if (path.empty()) return load_kjv_corpus(settings);
+  return split_documents(path, load_text_documents(path, settings), validation_fraction, settings);
 }
 
 }  // namespace meshtrain

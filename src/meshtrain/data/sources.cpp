@@ -100,7 +100,7 @@ void TextFilesSource::prepare(const Tokenizer* tokenizer) {
     fail(tokenizer->source_path(), "a tokenizer with an end-of-text token (<|endoftext|>)", "none",
          "dataset_type=text packs documents with EOS between them");
   }
-  const Corpus corpus = load_corpus(corpus_path_, 0.05);
+  const Corpus corpus = load_corpus(corpus_path_, 0.05, kTrainCorpusSettings);
   std::filesystem::create_directories(work_dir_);
   tokenize_corpus(corpus, *tokenizer, *eos_id, work_dir_);
 }
