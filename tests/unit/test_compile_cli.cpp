@@ -454,6 +454,10 @@ TEST_F(CompileCli, SearchKeepsWhatFitsAMemoryBudget) {
       run({"qwen3-tiny", overrides[0], overrides[1], overrides[2], "--search", "--memory-budget=1MiB"});
   EXPECT_TRUE(contains(none, "no configuration fits: the smallest arena is ")) << none;
   EXPECT_TRUE(contains(none, "of 0.00 GiB (the memory budget)")) << none;
+  // The value as the next word, as every flag takes one.
+  EXPECT_EQ(
+      run({"qwen3-tiny", overrides[0], overrides[1], overrides[2], "--search", "--memory-budget", "1MiB"}),
+      none);
 
   // Bad budgets: above the device's memory, without --search, without a value, not a size.
   const std::string above = error_of({"qwen3-tiny", "--search", "--memory-budget=100000GiB"});
@@ -462,8 +466,9 @@ TEST_F(CompileCli, SearchKeepsWhatFitsAMemoryBudget) {
   EXPECT_TRUE(contains(above, "100000.00 GiB")) << above;
   const std::string alone = error_of({"qwen3-tiny", "--memory-budget=8GiB"});
   EXPECT_TRUE(contains(alone, "together with --search")) << alone;
-  const std::string bare = error_of({"qwen3-tiny", "--search", "--memory-budget", "8GiB"});
-  EXPECT_TRUE(contains(bare, "--memory-budget=SIZE")) << bare;
+  const std::string bare = error_of({"qwen3-tiny", "--search", "--memory-budget"});
+  EXPECT_TRUE(contains(bare, "meshtrain compile --memory-budget")) << bare;
+  EXPECT_TRUE(contains(bare, "SIZE after it")) << bare;
   const std::string words = error_of({"qwen3-tiny", "--search", "--memory-budget=lots"});
   EXPECT_TRUE(contains(words, "a size of at least one byte")) << words;
   EXPECT_TRUE(contains(words, "'lots'")) << words;

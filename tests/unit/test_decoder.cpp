@@ -7,11 +7,13 @@
 
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
 
+#include "error_text.h"
 #include "gradcheck.h"
 #include "meshtrain/checkpoint/checkpoint.h"
 #include "meshtrain/cli/generate.h"
@@ -494,6 +496,89 @@ TEST_F(GenerateRun, OutputIdsGivesTheGreedyTokens) {
   EXPECT_EQ("the cat" + tokenizer_->decode(ids["generated"].get<std::vector<int32_t>>()) + "\n",
             greedy("the cat", 6));
   EXPECT_THROW(generate({"--checkpoint", checkpoint_, "--prompt", "x", "--output", "tokens"}), MeshError);
+}
+
+// --prompt-ids is the counterpart of --output ids: the ids of a text prompt give the same line as the text,
+// comma-separated or from a JSON file; the default output with ids is ids.
+TEST_F(GenerateRun, PromptIdsGiveTheSameLineAsTheirText) {
+  const std::vector<std::string> greedy_flags = {"--max-new-tokens", "6", "--temperature", "0"};
+  const auto line = [&](std::vector<std::string> arguments) {
+    arguments.insert(arguments.begin(), {"--checkpoint", checkpoint_});
+    arguments.insert(arguments.end(), greedy_flags.begin(), greedy_flags.end());
+    return generate(arguments);
+  };
+  const std::string from_text = line({"--prompt", "the cat", "--output", "ids"});
+  const std::vector<int32_t> prompt = nlohmann::json::parse(from_text)["prompt"].get<std::vector<int32_t>>();
+  ASSERT_GT(prompt.size(), 1u);
+  std::string listed;
+  for (int32_t id : prompt) listed += (listed.empty() ? "" : ",") + std::to_string(id);
+  EXPECT_EQ(line({"--prompt-ids", listed, "--output", "ids"}), from_text);
+  EXPECT_EQ(line({"--prompt-ids=" + listed}), from_text);
+  std::ofstream((dir_ / "prompt.json").string()) << nlohmann::json(prompt).dump() << "\n";
+  EXPECT_EQ(line({"--prompt-ids", "@" + (dir_ / "prompt.json").string()}), from_text);
+  // Text output from ids, with the tokenizer: the decoded prompt and the same continuation as from the text.
+  EXPECT_EQ(line({"--prompt-ids", listed, "--output", "text"}), greedy("the cat", 6));
+}
+
+// A checkpoint without a tokenizer copy (a run on synthetic data, an import without tokenizer.json)
+// generates from ids: the same tokens as the same parameters with the tokenizer, which only adds the stop at
+// EOS.
+TEST_F(GenerateRun, WithoutTokenizerFilesIdsStillGenerate) {
+  const auto generated = [&](const std::string& checkpoint) {
+    const std::string line = generate({"--checkpoint", checkpoint, "--prompt-ids", "5,17,3",
+                                       "--max-new-tokens", "10", "--temperature", "0"});
+    return nlohmann::json::parse(line)["generated"].get<std::vector<int32_t>>();
+  };
+  const std::vector<int32_t> with_tokenizer = generated(checkpoint_);
+  const std::string bare = save_checkpoint((dir_ / "bare" / "checkpoints").string(), *engine_,
+                                           CheckpointState{}, CheckpointOptions{});
+  for (const char* name : {"tokenizer.json", "encoder.json", "vocab.bpe"}) {
+    ASSERT_FALSE(fs::exists(fs::path(bare) / name)) << name;
+  }
+  const std::vector<int32_t> without = generated(bare);
+  ASSERT_EQ(without.size(), 10u);
+  EXPECT_EQ(std::vector<int32_t>(without.begin(), without.begin() + static_cast<long>(with_tokenizer.size())),
+            with_tokenizer);
+  if (with_tokenizer.size() < without.size()) {
+    EXPECT_EQ(without[with_tokenizer.size()], tokenizer_->eos_id());
+  }
+
+  const std::string prompt_error = testing::error_of([&] {
+    generate({"--checkpoint", bare, "--prompt", "the cat"});
+  });
+  EXPECT_NE(prompt_error.find("tokenizer copy"), std::string::npos) << prompt_error;
+  EXPECT_NE(prompt_error.find("--prompt-ids"), std::string::npos) << prompt_error;
+  const std::string text_error = testing::error_of([&] {
+    generate({"--checkpoint", bare, "--prompt-ids", "5", "--output", "text"});
+  });
+  EXPECT_NE(text_error.find("--output text"), std::string::npos) << text_error;
+  EXPECT_NE(text_error.find("--output ids"), std::string::npos) << text_error;
+}
+
+TEST_F(GenerateRun, BadPromptIdsNameTheIdAndItsPosition) {
+  const auto error_of = [&](std::vector<std::string> arguments) {
+    arguments.insert(arguments.begin(), {"--checkpoint", checkpoint_});
+    return testing::error_of([&] { generate(arguments); });
+  };
+  const std::string vocab = std::to_string(tokenizer_->vocab_size());
+  const std::string too_large = error_of({"--prompt-ids", "1," + vocab});
+  EXPECT_NE(too_large.find("id " + vocab + " at position 1"), std::string::npos) << too_large;
+  EXPECT_NE(too_large.find("vocab_size is " + vocab), std::string::npos) << too_large;
+  EXPECT_NE(error_of({"--prompt-ids", "1,-2"}).find("'-2' at position 1"), std::string::npos);
+  EXPECT_NE(error_of({"--prompt-ids", "1,,2"}).find("'' at position 1"), std::string::npos);
+  EXPECT_NE(error_of({"--prompt-ids", "1 2"}).find("'1 2' at position 0"), std::string::npos);
+  EXPECT_NE(error_of({"--prompt-ids", "99999999999"}).find("'99999999999'"), std::string::npos);
+  EXPECT_NE(error_of({"--prompt-ids", ""}).find("at position 0"), std::string::npos);
+  std::ofstream((dir_ / "empty.json").string()) << "[]";
+  EXPECT_NE(error_of({"--prompt-ids", "@" + (dir_ / "empty.json").string()}).find("at least one token id"),
+            std::string::npos);
+  std::ofstream((dir_ / "text.json").string()) << "[1, \"a\"]";
+  EXPECT_NE(error_of({"--prompt-ids", "@" + (dir_ / "text.json").string()}).find("at position 1"),
+            std::string::npos);
+  EXPECT_NE(error_of({"--prompt-ids", "@" + (dir_ / "missing.json").string()}).find("missing.json"),
+            std::string::npos);
+  EXPECT_NE(error_of({"--prompt-ids", "1", "--prompt", "x"}).find("found both"), std::string::npos);
+  EXPECT_NE(error_of({"--max-new-tokens", "3"}).find("found neither"), std::string::npos);
 }
 
 TEST_F(GenerateRun, SeedReproducesAndChangesTheText) {

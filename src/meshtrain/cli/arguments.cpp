@@ -34,6 +34,7 @@ std::string flag_list(const CommandSpec& command) {
 }  // namespace
 
 const std::string* ParsedArguments::value(const std::string& flag) const {
+  MT_CHECK(find_flag(*command, flag) != nullptr, "every flag a command reads is in its table entry");
   const auto found = flags.find(flag);
   return found == flags.end() ? nullptr : &found->second;
 }
@@ -109,6 +110,16 @@ ParsedArguments parse_arguments(const CommandSpec& command, const std::vector<st
       const std::string name = word.substr(0, equals);
       const FlagSpec* flag = find_flag(command, name);
       if (flag == nullptr) {
+        // `--steps 3` for `steps=3`: a config key written as a flag.
+        std::string key = name.substr(name.starts_with("--") ? 2 : 1);
+        std::replace(key.begin(), key.end(), '-', '_');
+        const std::vector<std::string> keys = config_key_names();
+        if (command.config_overrides && std::find(keys.begin(), keys.end(), key) != keys.end()) {
+          fail("meshtrain " + command.name + " argument '" + word + "'",
+               "config keys as key=value words, flags as --flag", "the config key '" + key + "' as a flag",
+               "write " + key + "=" + (equals != std::string::npos ? word.substr(equals + 1) : "VALUE") +
+                   "; all flags and keys: meshtrain " + command.name + " --help");
+        }
         std::vector<std::string> names;
         for (const FlagSpec& known : command.flags) names.push_back(known.name);
         if (names.empty()) {

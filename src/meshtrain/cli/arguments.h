@@ -19,7 +19,9 @@ struct ParsedArguments {
   std::vector<std::string> overrides;        // key=value
   std::map<std::string, std::string> flags;  // flag -> value ("" for a boolean flag)
 
-  bool has(const std::string& flag) const { return flags.contains(flag); }
+  // Whether the flag was given. Every flag read here must be in the command's table entry (an internal
+  // error otherwise), so that the help lists all the flags the command reads.
+  bool has(const std::string& flag) const { return value(flag) != nullptr; }
   // The flag's value; nullptr when it was not given.
   const std::string* value(const std::string& flag) const;
   // "meshtrain CMD --flag": where an error about the flag points.
