@@ -99,6 +99,12 @@ expect data "$work/noise.tokens" -- \
   "$meshtrain" train qwen3-tiny dataset_type=tokens dataset_path="$work/noise.tokens" \
   tokenizer_path="$work/prepared/tokenizer.json" eval_dataset_path= eval_interval=0 steps=1
 expect data "config key 'dataset_type'" -- "$meshtrain" train qwen3-tiny "${tiny[@]}" dataset_type=parquet
+# dataset_type=text holds out 5% of the files: one file cannot be split, and the hint names train's key.
+expect data "$work/documents/1.txt" "point dataset_path at a folder of at least 2 text files" -- \
+  "$meshtrain" train qwen3-tiny dataset_type=text dataset_path="$work/documents/1.txt" eval_interval=0 \
+  tokenizer_path="$work/prepared/tokenizer.json" vocab_size=257 max_target_length=16 base_emb_dim=32 \
+  base_num_query_heads=4 base_num_kv_heads=2 head_dim=8 base_mlp_dim=48 base_num_decoder_layers=2 \
+  per_device_batch_size=2 steps=1 run_dir="$work/r-text"
 # --- tokenizer -------------------------------------------------------------------------------------------
 expect tokenizer "$work/none.json" "tokenizer.json" -- "$meshtrain" tokenize --tokenizer "$work/none.json"
 expect tokenizer "$work/tokenizer.json" -- "$meshtrain" tokenize --tokenizer "$work/tokenizer.json"
@@ -143,6 +149,25 @@ expect command "--memory-budget" "a size of at least one byte" -- \
 expect command "--memory-budget" "together with --search" -- "$meshtrain" compile qwen3-tiny --memory-budget=8GiB
 expect command "measure-machine --name" -- "$meshtrain" measure-machine --name h100xN
 expect command "meshtrain compile" "--explain" -- "$meshtrain" compile qwen3-tiny --explian
+expect command "meshtrain generate argument '--promt'" "did you mean '--prompt'?" "meshtrain generate --help" -- \
+  "$meshtrain" generate --checkpoint "$checkpoint" --promt hi
+expect command "meshtrain command 'genrate'" "did you mean 'generate'?" -- "$meshtrain" help genrate
+expect command "meshtrain train argument '--steps=3'" "write steps=3" -- "$meshtrain" train qwen3-tiny --steps=3
+expect command "meshtrain info argument '--verbose'" "takes no flags" -- "$meshtrain" info qwen3-tiny --verbose
+# generate --prompt-ids (the fixture checkpoint, trained on synthetic data, has no tokenizer and vocab_size 64)
+expect command "generate --prompt-ids" "'x' at position 1" -- "$meshtrain" generate --checkpoint "$checkpoint" \
+  --prompt-ids 1,x
+expect command "generate --prompt-ids" "'-3' at position 0" -- "$meshtrain" generate --checkpoint "$checkpoint" \
+  --prompt-ids -3
+expect command "generate --prompt-ids" "id 64 at position 2" "vocab_size is 64" -- \
+  "$meshtrain" generate --checkpoint "$checkpoint" --prompt-ids 1,2,64
+expect command "generate --prompt / --prompt-ids" "found both" -- "$meshtrain" generate --checkpoint "$checkpoint" \
+  --prompt hi --prompt-ids 1
+expect command "generate --prompt / --prompt-ids" "found neither" -- "$meshtrain" generate --checkpoint "$checkpoint"
+expect command "generate --output text" "--output ids" -- "$meshtrain" generate --checkpoint "$checkpoint" \
+  --prompt-ids 1 --output text
+expect command "$checkpoint" "tokenizer copy" "--prompt-ids" -- "$meshtrain" generate --checkpoint "$checkpoint" \
+  --prompt hi
 
 summary=""
 for category in config mesh data tokenizer checkpoint plan command; do

@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <set>
 #include <string>
 #include <vector>
@@ -192,6 +193,33 @@ TEST(Corpus, SplitIsDeterministicAndDisjoint) {
   EXPECT_THROW(split_documents("x", {documents[0]}, 0.1), MeshError);
   EXPECT_THROW(split_documents("x", documents, 1.0), MeshError);
   EXPECT_THROW(split_documents("x", documents, -0.1), MeshError);
+}
+
+// Hints name the caller's own settings: prepare's flags, or a train run's config keys (issue 37: a train run
+// on one text file was told to pass --validation-fraction, a prepare flag, and to check --corpus).
+TEST_F(CorpusTest, HintsNameTheCallersSettings) {
+  const std::string file = write("one.txt", "in the beginning");
+  const auto hint_of = [](const std::function<void()>& action) {
+    try {
+      action();
+    } catch (const MeshError& error) {
+      return error.context().hint;
+    }
+    ADD_FAILURE() << "expected a MeshError";
+    return std::string();
+  };
+  const std::string prepare = hint_of([&] { load_corpus(file, 0.05); });
+  EXPECT_NE(prepare.find("--validation-fraction 0"), std::string::npos) << prepare;
+  const std::string train = hint_of([&] { load_corpus(file, 0.05, kTrainCorpusSettings); });
+  EXPECT_NE(train.find("point dataset_path at a folder of at least 2 text files"), std::string::npos)
+      << train;
+  EXPECT_EQ(train.find("--"), std::string::npos) << train;
+  const std::string missing = (dir_ / "missing").string();
+  EXPECT_EQ(hint_of([&] { load_corpus(missing, 0.05); }), "check --corpus");
+  EXPECT_EQ(hint_of([&] { load_corpus(missing, 0.05, kTrainCorpusSettings); }), "check dataset_path");
+  const std::string binary = write("binary.txt", std::string("a\0b", 3));
+  EXPECT_NE(hint_of([&] { load_text_documents(binary, kTrainCorpusSettings); }).find("point dataset_path at"),
+            std::string::npos);
 }
 
 }  // namespace

@@ -101,9 +101,10 @@ TEST_F(MeasureMachine, ARenamedEntryLeavesTheBuiltInCpuAsStated) {
 TEST_F(MeasureMachine, BadFlagsNameTheFlag) {
   const std::string unknown = error_of({"--output", "x.yaml"});
   EXPECT_TRUE(contains(unknown, "measure-machine argument '--output'")) << unknown;
-  EXPECT_TRUE(contains(unknown, "--out FILE or --name NAME")) << unknown;
+  EXPECT_TRUE(contains(unknown, "flags: --out, --name")) << unknown;
+  EXPECT_TRUE(contains(unknown, "did you mean '--out'?")) << unknown;
   const std::string no_value = error_of({"--out"});
-  EXPECT_TRUE(contains(no_value, "measure-machine --out: expected a value after it")) << no_value;
+  EXPECT_TRUE(contains(no_value, "measure-machine --out: expected FILE after it")) << no_value;
   const std::string twice = error_of({"--name", "a", "--name=b"});
   EXPECT_TRUE(contains(twice, "given twice")) << twice;
   for (const char* name : {"h100xN", "", "my epyc"}) {

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "meshtrain/cli/commands.h"
 #include "meshtrain/cli/prepare.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/data/prepare.h"
@@ -165,8 +166,12 @@ TEST_F(PrepareTest, BadFlagsAreErrors) {
                             (dir_ / "o").string()},
                            out),
                MeshError);
-  EXPECT_EQ(run_prepare({"--help"}, out), 0);
+  // --help is the command line's (run_command_line), with the usage and flags from the command table.
+  std::istringstream in;
+  std::ostringstream err;
+  EXPECT_EQ(run_command_line({"prepare", "--help"}, in, out, err), 0);
   EXPECT_NE(out.str().find("usage: meshtrain prepare"), std::string::npos);
+  EXPECT_NE(out.str().find("--validation-fraction F"), std::string::npos);
 }
 
 }  // namespace
