@@ -56,6 +56,18 @@ from_file=$("$meshtrain" generate --checkpoint "$work/run" --prompt-ids @"$work/
 bare=$("$meshtrain" generate --checkpoint "$work/bare" --prompt-ids "$listed" "${greedy[@]}")
 [[ "$bare" == "{\"generated\":["*"],\"prompt\":$ids}" ]] || problem "no-tokenizer generate gives '$bare'"
 
+# Engram hashes fed ids with the tokenizer's compressed vocabulary; without a tokenizer, generate hashes as
+# the synthetic run trained (the identity), which loading the checkpoint checks.
+engram=(base_emb_dim=64 base_num_query_heads=4 base_num_kv_heads=4 base_mlp_dim=128 base_num_decoder_layers=2
+  kv_lora_rank=24 qk_nope_head_dim=12 qk_rope_head_dim=8 v_head_dim=16 q_lora_rank=16 num_experts=0
+  engram_layers=[0,1] engram_num_heads=2 engram_head_dim=8 engram_vocab_bases=[61,67] engram_kernel_size=3
+  vocab_size=270 max_target_length=8 per_device_batch_size=2 steps=1 eval_interval=0 dataset_type=synthetic
+  tokenizer_path=)
+"$meshtrain" train deepseek-custom-tiny "${engram[@]}" run_dir="$work/engram" >"$work/engram.log" 2>&1 ||
+  { echo "FAIL: train with Engram"; tail -3 "$work/engram.log"; exit 1; }
+engram_line=$("$meshtrain" generate --checkpoint "$work/engram" --prompt-ids "$listed,269" "${greedy[@]}")
+[[ "$engram_line" == "{\"generated\":["*"],\"prompt\":${ids%]},269]}" ]] || problem "Engram generate gives '$engram_line'"
+
 [ $status -eq 0 ] && echo "command help: $(echo "$commands" | wc -w) commands, each with usage and an example;" \
   "generate: --prompt-ids gives the same line as its text, and runs without a tokenizer"
 exit $status
