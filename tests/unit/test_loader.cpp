@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "error_text.h"
 #include "meshtrain/core/crc32c.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/core/rng.h"
@@ -300,6 +301,10 @@ TEST_F(LoaderTest, ShardsConcatenate) {
   const std::string train = shard("train.tokens", all);
   EXPECT_EQ(resolve_token_shards(dir_.string(), "train"), std::vector<std::string>{train});
   EXPECT_THROW(resolve_token_shards((dir_ / "missing").string(), "train"), MeshError);
+  // The hint names the key of the split: eval_dataset_path for validation.
+  const std::string missing =
+      testing::error_of([&] { resolve_token_shards((dir_ / "missing").string(), "validation"); });
+  EXPECT_NE(missing.find("set eval_dataset_path=DIR"), std::string::npos) << missing;
 }
 
 TEST_F(LoaderTest, SyntheticIsReproducibleAndSplitIndependent) {

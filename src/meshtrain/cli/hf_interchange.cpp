@@ -3,7 +3,6 @@
 #include "meshtrain/cli/hf_interchange.h"
 
 #include "meshtrain/cli/arguments.h"
-#include "meshtrain/core/error.h"
 #include "meshtrain/interchange/hf_interchange.h"
 
 namespace meshtrain {

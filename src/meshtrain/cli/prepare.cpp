@@ -2,9 +2,7 @@
 // and prints its summary.
 #include "meshtrain/cli/prepare.h"
 
-#include <cmath>
 #include <cstdio>
-#include <exception>
 
 #include "meshtrain/cli/arguments.h"
 #include "meshtrain/core/error.h"

@@ -8,8 +8,8 @@
 
 namespace meshtrain {
 
-// Parses the flags (--flag VALUE or --flag=VALUE; --help prints usage), runs prepare_dataset
-// (data/prepare.h) and prints a summary of what it made or found up to date to `out`.
+// Reads the flags (cli/arguments.h; `meshtrain prepare --help` prints them, from commands.cpp), runs
+// prepare_dataset (data/prepare.h) and prints a summary of what it made or found up to date to `out`.
 int run_prepare(const std::vector<std::string>& arguments, std::ostream& out);
 
 }  // namespace meshtrain

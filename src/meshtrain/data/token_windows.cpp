@@ -199,9 +199,11 @@ std::optional<uint64_t> TokenWindows::read_cursor(const nlohmann::json& cursor,
 std::vector<std::string> resolve_token_shards(const std::string& path, const std::string& split) {
   std::error_code error;
   if (fs::is_regular_file(path, error)) return {path};
+  // The train split comes from dataset_path, the validation split from eval_dataset_path.
+  const std::string key = split == "train" ? "dataset_path" : "eval_dataset_path";
   if (!fs::is_directory(path, error)) {
     fail(path, "a .tokens shard or a folder of them", "nothing readable at that path",
-         "run meshtrain prepare --out DIR and set dataset_path=DIR");
+         "run meshtrain prepare --out DIR and set " + key + "=DIR");
   }
   const fs::path named = fs::path(path) / (split + ".tokens");
   if (fs::is_regular_file(named, error)) return {named.string()};
