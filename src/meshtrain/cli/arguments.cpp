@@ -118,7 +118,7 @@ ParsedArguments parse_arguments(const CommandSpec& command, const std::vector<st
           fail("meshtrain " + command.name + " argument '" + word + "'",
                "config keys as key=value words, flags as --flag", "the config key '" + key + "' as a flag",
                "write " + key + "=" + (equals != std::string::npos ? word.substr(equals + 1) : "VALUE") +
-                   "; all flags and keys: meshtrain " + command.name + " --help");
+                   " (config keys are key=value words: docs/configuration.md lists them)");
         }
         std::vector<std::string> names;
         for (const FlagSpec& known : command.flags) names.push_back(known.name);
