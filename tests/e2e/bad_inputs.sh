@@ -49,6 +49,26 @@ checkpoint="$work/run/checkpoints/step_00000001"
 mkdir "$work/documents" && for i in 1 2 3 4 5 6; do echo "in the beginning $i" >"$work/documents/$i.txt"; done
 "$meshtrain" prepare --out "$work/prepared" --vocab-size 257 --corpus "$work/documents" >/dev/null 2>&1 ||
   { echo "FAIL: fixture prepare"; exit 1; }
+# Two tokenizers of one vocabulary size that differ in their merges, and a checkpoint trained with the first.
+mkdir "$work/other_documents" &&
+  for i in 1 2 3 4 5 6; do echo "zebra quartz fjord $i" >"$work/other_documents/$i.txt"; done
+for corpus in documents other_documents; do
+  "$meshtrain" prepare --out "$work/tok_$corpus" --vocab-size 260 --corpus "$work/$corpus" >/dev/null 2>&1 ||
+    { echo "FAIL: fixture prepare of $corpus"; exit 1; }
+done
+identity_of() { grep -o '"tokenizer_identity": "[0-9a-f]*"' "$1/prepare.json" | cut -d'"' -f4; }
+tokens_model=()  # the fixture model, on prepared tokens of a 260-id tokenizer
+for setting in "${tiny[@]}"; do
+  case $setting in
+    dataset_type=* | dataset_path=* | tokenizer_path=* | vocab_size=*) ;;
+    *) tokens_model+=("$setting") ;;
+  esac
+done
+tokens_model+=(dataset_type=tokens vocab_size=260)
+"$meshtrain" train qwen3-tiny "${tokens_model[@]}" dataset_path="$work/tok_documents" \
+  tokenizer_path="$work/tok_documents/tokenizer.json" run_dir="$work/run_a" >"$work/run_a.log" 2>&1 ||
+  { echo "FAIL: fixture run on tokens"; cat "$work/run_a.log"; exit 1; }
+checkpoint_a="$work/run_a/checkpoints/step_00000001"
 printf 'steps: [1,\n' >"$work/broken.yaml"
 printf '{"model": {"type": "BPE", "vocab": ' >"$work/tokenizer.json"
 head -c 1000 /dev/urandom >"$work/noise.tokens"
@@ -137,6 +157,23 @@ shuffled=(dataset_type=tokens dataset_path="$work/prepared" tokenizer_path="$wor
 expect checkpoint "enable_data_shuffling=false (this run)" \
   "enable_data_shuffling=true (when the checkpoint was saved)" "resume with enable_data_shuffling=true" -- \
   "$meshtrain" train qwen3-tiny "${shuffled[@]}" steps=2 enable_data_shuffling=false
+# A run feeding another tokenizer than the checkpoint's, or none (synthetic ids): both sides named.
+identity_a=$(identity_of "$work/tok_documents") identity_b=$(identity_of "$work/tok_other_documents")
+expect checkpoint "$checkpoint_a/metadata.json: tokenizer" "identity $identity_a" "$checkpoint_a/tokenizer.json" \
+  "tokenizer_path=$work/tok_other_documents/tokenizer.json" "identity $identity_b" "allow_tokenizer_change=true" -- \
+  "$meshtrain" train qwen3-tiny "${tokens_model[@]}" dataset_path="$work/tok_other_documents" \
+  tokenizer_path="$work/tok_other_documents/tokenizer.json" load_parameters_path="$checkpoint_a" run_dir="$work/r_b"
+expect checkpoint "$checkpoint_a/metadata.json: tokenizer" "no tokenizer (dataset_type=synthetic" -- \
+  "$meshtrain" train qwen3-tiny "${tiny[@]/vocab_size=64/vocab_size=260}" load_parameters_path="$checkpoint_a" \
+  run_dir="$work/r_none"
+# Its counterpart: allow_tokenizer_change=true trains, warns naming both, and records the new tokenizer.
+"$meshtrain" train qwen3-tiny "${tokens_model[@]}" dataset_path="$work/tok_other_documents" \
+  tokenizer_path="$work/tok_other_documents/tokenizer.json" load_parameters_path="$checkpoint_a" \
+  allow_tokenizer_change=true run_dir="$work/r_allowed" >"$work/r_allowed.log" 2>&1 &&
+  grep -q "warning: allow_tokenizer_change=true: .*identity $identity_a.*identity $identity_b" "$work/r_allowed.log" &&
+  grep -q "\"identity\": \"$identity_b\"" "$work/r_allowed/checkpoints/step_00000001/metadata.json" ||
+  { echo "FAIL: allow_tokenizer_change=true did not train with a warning into a checkpoint of the new tokenizer"
+    tail -3 "$work/r_allowed.log" | sed 's/^/    /'; status=1; }
 # --- plan ------------------------------------------------------------------------------------------------
 expect plan "$work/none_fwd_bwd.json" "meshtrain compile" -- \
   "$meshtrain" train qwen3-tiny "${tiny[@]}" plan_in="$work/none" run_dir="$work/r7"

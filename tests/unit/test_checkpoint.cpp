@@ -524,6 +524,54 @@ TEST_F(CheckpointTest, MismatchedModelOrTokenizerIsRefused) {
   EXPECT_EQ(error_of([&] { load_checkpoint(path, same, false, ""); }), "");  // unknown here: not checked
 }
 
+// The tokenizer a run starts from a checkpoint with (check_run_tokenizer): the checkpoint's loads silently;
+// another one, or none (a synthetic run), is refused naming both sides, the checkpoint's copy and the key
+// that allows it; allow_tokenizer_change turns the refusal into a warning naming both; a checkpoint that
+// records none (an import without tokenizer.json) has nothing to compare and loads with a note.
+TEST_F(CheckpointTest, ARunMustFeedTheCheckpointsTokenizer) {
+  Engine engine = make_engine();
+  const std::string copied = (dir_ / "tokenizer.json").string();
+  std::ofstream(copied) << "{\"model\": {}}";
+  CheckpointOptions options;
+  options.tokenizer_path = copied;
+  options.tokenizer_identity = "tok-a";
+  const std::string path = save_checkpoint(root(), engine, state_at(1), options);
+  const std::string copy = (fs::path(path) / "tokenizer.json").string();
+
+  EXPECT_EQ(check_run_tokenizer(path, {"tok-a", "a/tokenizer.json"}), "");
+
+  std::string message = error_of([&] { check_run_tokenizer(path, {"tok-b", "b/tokenizer.json"}); });
+  for (const std::string& needle : {path + "/metadata.json: tokenizer", std::string("identity tok-a"), copy,
+                                    std::string("tokenizer_path=b/tokenizer.json (identity tok-b)"),
+                                    "tokenizer_path=" + copy, std::string("allow_tokenizer_change=true")}) {
+    EXPECT_TRUE(contains(message, needle)) << needle << " not in: " << message;
+  }
+  message = error_of([&] { check_run_tokenizer(path, {"", "b/tokenizer.json"}); });
+  EXPECT_TRUE(contains(message, "identity tok-a")) << message;
+  EXPECT_TRUE(contains(message, "no tokenizer (dataset_type=synthetic")) << message;
+  EXPECT_TRUE(contains(message, "allow_tokenizer_change=true")) << message;
+
+  const std::string warning = check_run_tokenizer(path, {"tok-b", "b/tokenizer.json", true});
+  EXPECT_TRUE(warning.starts_with("warning: allow_tokenizer_change=true")) << warning;
+  EXPECT_TRUE(contains(warning, "identity tok-a")) << warning;
+  EXPECT_TRUE(contains(warning, "identity tok-b")) << warning;
+  EXPECT_TRUE(contains(warning, "b/tokenizer.json")) << warning;
+  // The key allows a change, it does not hide a run of the same tokenizer.
+  EXPECT_EQ(check_run_tokenizer(path, {"tok-a", "a/tokenizer.json", true}), "");
+
+  // A checkpoint recording no tokenizer: nothing to compare, a note; neither side having one: silence.
+  CheckpointOptions none;
+  const std::string bare = save_checkpoint((dir_ / "bare").string(), engine, state_at(1), none);
+  const std::string note = check_run_tokenizer(bare, {"tok-b", "b/tokenizer.json"});
+  EXPECT_TRUE(note.starts_with("note: " + bare + " records no tokenizer")) << note;
+  EXPECT_TRUE(contains(note, "tokenizer_path=b/tokenizer.json (identity tok-b)")) << note;
+  EXPECT_EQ(check_run_tokenizer(bare, {"", ""}), "");
+
+  // A checkpoint that is not one fails as its load would, naming what is missing.
+  message = error_of([&] { check_run_tokenizer((dir_ / "none").string(), {"tok-a", ""}); });
+  EXPECT_TRUE(contains(message, (dir_ / "none").string())) << message;
+}
+
 // Found by tests/fuzz/fuzz_checkpoint_metadata: a metadata.json whose marker matches it but whose layout keys
 // are wrong (a string scan_layers, a negative param_scan_axis) escaped as a json exception or inserted the
 // layer axis before a tensor's first dim (undefined behaviour), and a float where an integer belongs was

@@ -431,6 +431,38 @@ TEST(TokenizerFormat, AddPrefixSpace) {
 
 // ---- malformed input -------------------------------------------------------------------------------------
 
+// A checkpoint refuses a run of another tokenizer by this identity (check_run_tokenizer): two tokenizers of
+// the same vocabulary must differ in it when only their merges (the order that decides how text is cut) or
+// their added tokens (content, or whether one is special) differ.
+TEST(TokenizerFormat, IdentityCoversMergesAndAddedTokens) {
+  TempDir dir;
+  TinyBpe tiny;
+  tiny.merges = {{"a", "b"}, {"b", "c"}};
+  tiny.added = {{"<|endoftext|>", 258}};
+  const json base = tiny.to_json();
+  const std::string identity = Tokenizer::load(dir.file("base.json", base.dump())).identity();
+  EXPECT_EQ(Tokenizer::load(dir.file("again.json", base.dump())).identity(), identity);
+
+  json swapped =
+      base;  // the same vocabulary, the merges in the other order: "abc" is cut "ab c", then "a bc"
+  std::swap(swapped["model"]["merges"][0], swapped["model"]["merges"][1]);
+  const Tokenizer reordered = Tokenizer::load(dir.file("swapped.json", swapped.dump()));
+  EXPECT_EQ(reordered.vocab_size(), 259);
+  EXPECT_NE(reordered.encode("abc"), Tokenizer::load(dir.file("base2.json", base.dump())).encode("abc"));
+  EXPECT_NE(reordered.identity(), identity);
+
+  json fewer = base;  // the same vocabulary, one merge less
+  fewer["model"]["merges"].erase(1);
+  EXPECT_NE(Tokenizer::load(dir.file("fewer.json", fewer.dump())).identity(), identity);
+
+  json renamed = base;
+  renamed["added_tokens"][0]["content"] = "<|end|>";
+  EXPECT_NE(Tokenizer::load(dir.file("renamed.json", renamed.dump())).identity(), identity);
+  json not_special = base;
+  not_special["added_tokens"][0]["special"] = false;
+  EXPECT_NE(Tokenizer::load(dir.file("not_special.json", not_special.dump())).identity(), identity);
+}
+
 TEST(TokenizerErrors, MissingPathAndEmptyFolder) {
   TempDir dir;
   expect_load_error(dir.path() + "/nothing_here.json", "nothing at that path");

@@ -998,6 +998,50 @@ CheckpointState load_into_host_state(const std::string& checkpoint_dir, Engine& 
 
 }  // namespace
 
+std::string check_run_tokenizer(const std::string& checkpoint_dir, const RunTokenizer& run) {
+  const LoadContext context = read_metadata(fs::path(checkpoint_dir));
+  const std::string metadata_where = context.metadata_path.string();
+  std::string saved_identity, saved_copy = "no copy in the checkpoint";
+  try {
+    const json& tokenizer = context.metadata.at("tokenizer");
+    saved_identity = tokenizer.at("identity").get<std::string>();
+    const json& files = tokenizer.at("files");
+    // GPT-2's pair is loaded through the directory; a tokenizer.json by its own path.
+    if (files.size() == 1) saved_copy = (context.directory / files[0].get<std::string>()).string();
+    if (files.size() > 1) saved_copy = checkpoint_dir;
+  } catch (const json::exception& e) {
+    fail(metadata_where, "a metadata.json written by meshtrain (format version 1 to 3)", e.what(),
+         "the checkpoint is damaged or not a meshtrain checkpoint; use another checkpoint");
+  }
+  if (saved_identity == run.identity) return "";
+  const std::string run_side =
+      run.identity.empty() ? "no tokenizer (dataset_type=synthetic reads none, whatever tokenizer_path says)"
+                           : "tokenizer_path=" + run.path + " (identity " + run.identity + ")";
+  if (saved_identity.empty()) {
+    return "note: " + checkpoint_dir +
+           " records no tokenizer (an import of a model without tokenizer.json, or a run on synthetic data): "
+           "nothing to compare this run's " +
+           run_side + " with; the run's checkpoints record it";
+  }
+  const std::string saved_side = "identity " + saved_identity + " (its copy: " + saved_copy + ")";
+  if (!run.allow_change) {
+    const std::string fix =
+        run.identity.empty()
+            ? "train on data made with it (dataset_type=text or tokens, tokenizer_path=" + saved_copy +
+                  "), or set allow_tokenizer_change=true if synthetic ids are meant (the run's checkpoints "
+                  "then record no tokenizer)"
+            : "train with tokenizer_path=" + saved_copy +
+                  " (and data made with it), or set allow_tokenizer_change=true if the change is meant (the "
+                  "run's checkpoints then record the new tokenizer)";
+    fail(metadata_where + ": tokenizer", "the tokenizer the checkpoint was trained with, " + saved_side,
+         run_side, fix);
+  }
+  return "warning: allow_tokenizer_change=true: " + checkpoint_dir + " was trained with the tokenizer of " +
+         saved_side + ", this run feeds " + run_side +
+         "; the ids the model learned now stand for other text, and this run's checkpoints record " +
+         (run.identity.empty() ? std::string("no tokenizer") : "its tokenizer");
+}
+
 // A device arena's state is read into its host copy and moved to the device once the load succeeded.
 CheckpointState load_checkpoint(const std::string& checkpoint_dir, Engine& engine, bool parameters_only,
                                 const std::string& expected_tokenizer_identity,

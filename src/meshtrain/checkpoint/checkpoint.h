@@ -58,7 +58,7 @@ struct CheckpointState {
 
 struct CheckpointOptions {
   std::string tokenizer_path;      // copied into the checkpoint (empty: none, e.g. synthetic data)
-  std::string tokenizer_identity;  // stored in metadata, checked on load when both sides have one
+  std::string tokenizer_identity;  // stored in metadata ("": none); check_run_tokenizer compares it
   int64_t keep_last = 0;           // max_num_checkpoints_to_keep (0: keep all)
   const EngramHashing* engram_hashing = nullptr;  // models with Engram: what hashes their batches
 };
@@ -77,7 +77,8 @@ std::optional<std::string> latest_checkpoint(const std::string& checkpoints_dir)
 
 // Loads into the engine after verifying first: the commit marker, metadata format version, per-file sizes
 // and CRC-32C, that the checkpoint's tensors are exactly the engine's parameters with the same shapes,
-// vocab_size, and tokenizer identity when both sides know one; a failure there leaves the engine untouched.
+// vocab_size, and tokenizer identity when both sides know one (a run checks more first: check_run_tokenizer);
+// a failure there leaves the engine untouched.
 // Format 3: each rank reads only the chunks that overlap its own shards, checking each chunk's CRC-32C as
 // it reads (a corrupted chunk stops the load with the engine partly overwritten). parameters_only
 // (load_parameters_path): parameters only, moments untouched, and a fresh state (step 0, empty cursor and
@@ -88,6 +89,21 @@ std::optional<std::string> latest_checkpoint(const std::string& checkpoints_dir)
 CheckpointState load_checkpoint(const std::string& checkpoint_dir, Engine& engine, bool parameters_only,
                                 const std::string& expected_tokenizer_identity = "",
                                 EngramHashing* engram_hashing = nullptr);
+
+// The tokenizer a run feeds its model through, as check_run_tokenizer compares it with a checkpoint's.
+struct RunTokenizer {
+  std::string identity;       // Tokenizer::identity(); "": the run reads none (dataset_type=synthetic)
+  std::string path;           // tokenizer_path, for the messages
+  bool allow_change = false;  // allow_tokenizer_change: a different tokenizer is meant
+};
+
+// A run starting from a checkpoint (its run_dir's, load_full_state_path, load_parameters_path) checks the
+// tokenizer the checkpoint records against its own before anything loads. The same (or neither has one):
+// returns "". The checkpoint records one and the run has another or none: a MeshError naming both (the
+// checkpoint's identity and its copy, the run's tokenizer_path and identity), unless run.allow_change,
+// which returns a warning naming both. The checkpoint records none (an import of a model without
+// tokenizer.json, a synthetic run's checkpoint) and the run has one: nothing to compare, returns a note.
+std::string check_run_tokenizer(const std::string& checkpoint_dir, const RunTokenizer& run);
 
 // What metadata.json says of the model, for a writer that has a spec but no engine.
 struct CheckpointModel {

@@ -281,6 +281,7 @@ const std::vector<KeyEntry>& key_table() {
       entry("max_num_checkpoints_to_keep", &Config::max_num_checkpoints_to_keep),
       entry("load_parameters_path", &Config::load_parameters_path),
       entry("load_full_state_path", &Config::load_full_state_path),
+      entry("allow_tokenizer_change", &Config::allow_tokenizer_change),
       entry("profiler", &Config::profiler),
       entry("profiler_steps", &Config::profiler_steps),
   });

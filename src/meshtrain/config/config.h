@@ -176,6 +176,7 @@ struct Config {
   bool enable_checkpointing = true;
   int64_t checkpoint_period = 0, max_num_checkpoints_to_keep = 0;
   std::string load_parameters_path, load_full_state_path;
+  bool allow_tokenizer_change = false;  // start from a checkpoint of another tokenizer (check_run_tokenizer)
   std::string profiler;
   std::vector<int64_t> profiler_steps;
 

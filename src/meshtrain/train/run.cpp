@@ -239,6 +239,13 @@ RunSetup prepare_run(const Config& config, int64_t world_size) {
   // Synthetic ids need no vocabulary file: such a run reads no file at all (the presets' tokenizer_path and
   // dataset_path are for the KJV main job).
   if (setup.data->needs_tokenizer()) setup.tokenizer = load_run_tokenizer(config);
+  // The checkpoint the run starts from must have been trained with this tokenizer: checked before any data
+  // is prepared.
+  if (const std::string start = run_start_checkpoint(config); !start.empty()) {
+    const RunTokenizer run_tokenizer{setup.tokenizer ? setup.tokenizer->identity() : "",
+                                     config.tokenizer_path, config.allow_tokenizer_change};
+    setup.tokenizer_note = check_run_tokenizer(start, run_tokenizer);
+  }
   return setup;
 }
 
@@ -250,7 +257,8 @@ Run::Run(const Config& config, RunSetup setup, std::FILE* console, RunRanks& ran
       console_(console),
       lead_(ranks.lead()),
       data_(std::move(setup.data)),
-      tokenizer_(std::move(setup.tokenizer)) {
+      tokenizer_(std::move(setup.tokenizer)),
+      tokenizer_note_(std::move(setup.tokenizer_note)) {
   connect_mesh(std::move(setup.plan));
   open_data();
   resume_from_checkpoint();
@@ -311,17 +319,20 @@ void Run::open_data() {
 void Run::resume_from_checkpoint() {
   if (lead_) fs::create_directories(config_.run_dir);
   checkpoints_dir_ = config_.run_dir + "/checkpoints";
+  if (!tokenizer_note_.empty()) std::fprintf(console_, "meshtrain: %s\n", tokenizer_note_.c_str());
+  // prepare_run has checked the tokenizer (check_run_tokenizer), allow_tokenizer_change included.
+  const std::string tokenizer_checked = "";
   if (const std::optional<std::string> latest = latest_checkpoint(checkpoints_dir_)) {
-    state_ = load_checkpoint(*latest, *engine_, false, tokenizer_identity_,
+    state_ = load_checkpoint(*latest, *engine_, false, tokenizer_checked,
                              engram_hashing_ ? &*engram_hashing_ : nullptr);
     std::fprintf(console_, "resuming from %s (step %lld)\n", latest->c_str(),
                  static_cast<long long>(state_.step));
   } else if (!config_.load_full_state_path.empty()) {
-    state_ = load_checkpoint(config_.load_full_state_path, *engine_, false, tokenizer_identity_,
+    state_ = load_checkpoint(config_.load_full_state_path, *engine_, false, tokenizer_checked,
                              engram_hashing_ ? &*engram_hashing_ : nullptr);
     loaded_elsewhere_ = true;
   } else if (!config_.load_parameters_path.empty()) {
-    load_checkpoint(config_.load_parameters_path, *engine_, true, tokenizer_identity_,
+    load_checkpoint(config_.load_parameters_path, *engine_, true, tokenizer_checked,
                     engram_hashing_ ? &*engram_hashing_ : nullptr);
   }
   if (!state_.data_cursor.is_null()) loader_->restore(state_.data_cursor, "checkpoint data cursor");

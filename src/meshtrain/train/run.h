@@ -65,10 +65,11 @@ struct RunSetup {
   std::unique_ptr<DataSource> data;  // the dataset_type's source (its train split resolved)
   TrainingPlan plan;
   std::optional<Tokenizer> tokenizer;
+  std::string tokenizer_note;  // check_run_tokenizer's note or warning on the checkpoint the run starts from
 };
 
 // The checks and the plan of set-up's first phase: steps, the data source, the plan (and a plan_in
-// matching it), the tokenizer.
+// matching it), the tokenizer (and that the checkpoint the run starts from was trained with it).
 RunSetup prepare_run(const Config& config, int64_t world_size);
 
 // Every rank must run the same binary with the same config: a mismatch would hang or corrupt collectives.
@@ -128,6 +129,7 @@ class Run {
   std::unique_ptr<DataSource> data_;
   std::optional<Tokenizer> tokenizer_;
   std::optional<EngramHashing> engram_hashing_;  // set by open_data when the model has Engram layers
+  std::string tokenizer_note_;                   // printed when the run loads its checkpoint
   std::string tokenizer_identity_;
   std::optional<BatchLoader> loader_;  // set by open_data
   std::optional<BatchLoader> eval_loader_;
