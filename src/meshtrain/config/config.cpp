@@ -191,6 +191,9 @@ const std::vector<KeyEntry>& key_table() {
       plan_key(entry("logits_via_embedding", &Config::logits_via_embedding)),
       entry("normalization_layer_epsilon", &Config::normalization_layer_epsilon),
       entry("rope_max_timescale", &Config::rope_max_timescale),
+      entry("hf_bos_token_id", &Config::hf_bos_token_id),
+      entry("hf_eos_token_id", &Config::hf_eos_token_id),
+      entry("hf_pad_token_id", &Config::hf_pad_token_id),
       plan_key(entry("attention_type", &Config::attention_type, kAttentionTypeNames)),
       plan_key(entry("q_lora_rank", &Config::q_lora_rank)),
       plan_key(entry("kv_lora_rank", &Config::kv_lora_rank)),
@@ -404,8 +407,12 @@ bool is_yaml_path(const std::string& argument) {
   return argument.find('/') != std::string::npos || argument.ends_with(".yaml") || argument.ends_with(".yml");
 }
 
+std::string preset_file(const std::string& dir, const std::string& name) {
+  return dir + "/models/" + name + ".yaml";
+}
+
 std::string preset_path(const std::string& dir, const std::string& name, const std::string& what) {
-  const std::string path = dir + "/models/" + name + ".yaml";
+  const std::string path = preset_file(dir, name);
   std::error_code error;  // a name the OS refuses (longer than a file name can be) is no preset either
   if (!fs::is_regular_file(path, error)) {
     const std::vector<std::string> presets = preset_names(dir);
@@ -656,6 +663,28 @@ std::vector<std::string> plan_key_names() {
   return names;
 }
 
+namespace {
+
+// hf_*_token_id: an id of the vocabulary, null, absent or "" (config.h says what each means to export-hf).
+void validate_hf_token_id_keys(const Config& c) {
+  for (const auto& [key, value] :
+       {std::pair<const char*, const std::string&>{"hf_bos_token_id", c.hf_bos_token_id},
+        {"hf_eos_token_id", c.hf_eos_token_id},
+        {"hf_pad_token_id", c.hf_pad_token_id}}) {
+    if (value.empty() || value == "null" || value == "absent") continue;
+    int64_t id = -1;
+    const auto [end, error] = std::from_chars(value.data(), value.data() + value.size(), id);
+    if (error != std::errc() || end != value.data() + value.size() || id < 0 ||
+        (c.vocab_size > 0 && id >= c.vocab_size)) {
+      fail(std::string("config key '") + key + "'",
+           "a token id in [0, vocab_size = " + text_of(c.vocab_size) + "), null, absent or \"\"",
+           "'" + value + "'", "import-hf records what the model's config.json says; leave the key to it");
+    }
+  }
+}
+
+}  // namespace
+
 Config load_config(const std::string& config_argument, const std::vector<std::string>& overrides,
                    const std::string& config_dir) {
   const std::string dir = config_dir.empty() ? config_directory() : config_dir;
@@ -664,7 +693,13 @@ Config load_config(const std::string& config_argument, const std::vector<std::st
   std::string model_name = model_name_in(command_line);
   if (is_yaml_path(config_argument)) {
     user_file = read_yaml_layer(config_argument);
-    if (model_name.empty()) model_name = model_name_in(user_file);
+    // A file that sets decoder_block describes its own model (import-hf's config.yaml): its model_name is
+    // that model's name, and selects a preset only when one of that name exists.
+    const std::string file_model = model_name_in(user_file);
+    std::error_code error;
+    const bool own_model =
+        user_file.contains("decoder_block") && !fs::is_regular_file(preset_file(dir, file_model), error);
+    if (model_name.empty() && !own_model) model_name = file_model;
   } else if (model_name.empty()) {
     model_name = config_argument;
   }
@@ -696,6 +731,7 @@ Config load_config(const std::string& config_argument, const std::vector<std::st
   }
   validate_attention_and_moe_keys(config, config.mesh[MeshAxis::expert]);
   validate_engram_and_mhc_keys(config);
+  validate_hf_token_id_keys(config);
   if (config.param_scan_axis < 0) {
     fail("config key 'param_scan_axis'", "0 or more (where a stacked tensor's layer axis goes)",
          std::to_string(config.param_scan_axis),

@@ -96,6 +96,11 @@ struct Config {
   bool logits_via_embedding = true;
   double normalization_layer_epsilon = 1e-6;
   double rope_max_timescale = 1e6;
+  // The special token ids of a Hugging Face model's config.json, recorded by import-hf and written back by
+  // export-hf as they were: an integer id, "null" (the file said null), "absent" (the file did not have the
+  // key, so transformers applies its class default), or "" (not imported: export-hf writes the tokenizer's
+  // end-of-text id for bos and eos, and no pad). The engine itself never reads them.
+  std::string hf_bos_token_id, hf_eos_token_id, hf_pad_token_id;
   // Attention (MaxText's keys and defaults). The mla keys are read only under attention_type=mla:
   // q_lora_rank 0 projects queries directly (no compression); the query / key head width is
   // qk_nope_head_dim + qk_rope_head_dim, the value head width v_head_dim.

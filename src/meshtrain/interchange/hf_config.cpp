@@ -555,6 +555,26 @@ int64_t import_gpt2(const HfObject& hf, Overrides& out) {
   return positions;
 }
 
+// config.json's bos / eos / pad token id as hf_<key> records it: the id, "null", or "absent" (transformers
+// then fills in its class default, which the export must leave it to do again).
+std::string special_token_id(const HfObject& hf, const std::string& key, int64_t vocab_size) {
+  const Json* value = hf.find(key);
+  if (value == nullptr) return "absent";
+  if (value->is_null()) return "null";
+  const std::string expected = "a token id in [0, vocab_size = " + int_text(vocab_size) + ") or null";
+  if (!value->is_number_integer()) hf.refuse(key, expected, *value, kTypeHint);
+  // JSON reads a non-negative integer as unsigned, of any size up to 2^64 - 1.
+  if (!value->is_number_unsigned() || value->get<uint64_t>() >= static_cast<uint64_t>(vocab_size)) {
+    hf.refuse(key, expected, *value,
+              "the id must name a row of the model's vocabulary (null: the model has no such token)");
+  }
+  return int_text(value->get<int64_t>());
+}
+
+// DeepSeek-V3's selection bias moves by 0.001 a step over the paper's first 14.3T tokens (arXiv 2412.19437,
+// section 4.2, "bias update speed"); the other families have no selection bias.
+constexpr double kDeepseekV3BiasUpdateRate = 0.001;
+
 // ---- Export ---------------------------------------------------------------------------------------------
 
 [[noreturn]] void refuse_export(const std::string& key, const std::string& expected, const std::string& found,
@@ -569,16 +589,30 @@ std::string list_text(const std::vector<int64_t>& values) {
 }
 
 // Keys every exported config.json carries: RoPE theta where both transformers 4.x (top-level) and 5.x
-// (rope_parameters) look, the dtype under both names, the token ids when known.
+// (rope_parameters) look, the dtype under both names, the special token ids as imported or known.
 void add_rope(nlohmann::ordered_json& hf, const Config& c) {
   hf["rope_theta"] = c.rope_max_timescale;
   hf["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", c.rope_max_timescale}};
   // The trained context: vLLM and llama.cpp take it as the model's length (meshtrain's RoPE has no limit).
   hf["max_position_embeddings"] = c.max_target_length;
 }
-void add_common_tail(nlohmann::ordered_json& hf, const std::string& dtype, const HfSpecialTokens& tokens) {
-  if (tokens.bos_token_id) hf["bos_token_id"] = *tokens.bos_token_id;
-  if (tokens.eos_token_id) hf["eos_token_id"] = *tokens.eos_token_id;
+// A special token id as the imported config.json had it (hf_<key>: an id, null, or absent), else what
+// meshtrain knows (`known`).
+void add_special_token_id(nlohmann::ordered_json& hf, const std::string& key, const std::string& recorded,
+                          std::optional<int64_t> known) {
+  if (recorded.empty()) {
+    if (known) hf[key] = *known;
+  } else if (recorded == "null") {
+    hf[key] = nullptr;
+  } else if (recorded != "absent") {
+    hf[key] = std::stoll(recorded);  // load_config checked it is an id
+  }
+}
+void add_common_tail(nlohmann::ordered_json& hf, const Config& c, const std::string& dtype,
+                     const HfSpecialTokens& tokens) {
+  add_special_token_id(hf, "bos_token_id", c.hf_bos_token_id, tokens.bos_token_id);
+  add_special_token_id(hf, "eos_token_id", c.hf_eos_token_id, tokens.eos_token_id);
+  add_special_token_id(hf, "pad_token_id", c.hf_pad_token_id, std::nullopt);
   hf["initializer_range"] = 0.02;  // meshtrain's init std
   hf["use_cache"] = true;
   hf["dtype"] = dtype;
@@ -798,6 +832,11 @@ HfModelConfig hf_config_to_meshtrain(const nlohmann::json& json, const std::stri
     run_keys.push_back("max_target_length=" + int_text(import_gpt2(hf, out)));
   }
   result.overrides = out.lines();
+  result.overrides.push_back("routed_bias_update_rate=" +
+                             number_text(type == "deepseek_v3" ? kDeepseekV3BiasUpdateRate : 0.0));
+  const int64_t vocab_size = hf.required_positive("vocab_size", type);
+  for (const char* key : {"bos_token_id", "eos_token_id", "pad_token_id"})
+    result.overrides.push_back(std::string("hf_") + key + "=" + special_token_id(hf, key, vocab_size));
   result.overrides.insert(result.overrides.end(), run_keys.begin(), run_keys.end());
   if (type == "deepseek_v3") result.prediction_layers = hf.int_or("num_nextn_predict_layers", 0);
   if (hf.has_value("max_position_embeddings"))
@@ -843,7 +882,7 @@ nlohmann::ordered_json hf_config_from_meshtrain(const Config& c, const std::stri
       hf = export_gpt2(c);
       break;
   }
-  add_common_tail(hf, dtype, tokens);
+  add_common_tail(hf, c, dtype, tokens);
   if (c.decoder_block != DecoderBlock::gpt2 && tokens.max_position_embeddings &&
       *tokens.max_position_embeddings > c.max_target_length) {
     hf["max_position_embeddings"] = *tokens.max_position_embeddings;

@@ -20,9 +20,11 @@ struct HfModelConfig {
   // The preset the overrides are laid on: qwen3-tiny (qwen3, qwen3_moe), deepseek-tiny, gpt2-124m. It
   // brings the run keys (batch, steps, data); every model-shape key comes from the overrides.
   std::string preset;
-  // "key=value" for every key of hf_model_shape_keys() (once each, in that order), and for gpt2 also
-  // max_target_length (the learned position table bounds it): load_config(preset, overrides) builds the
-  // model the file describes whatever the preset's shape.
+  // "key=value" for every key of hf_model_shape_keys() (once each, in that order), then the model's own
+  // recipe and identity keys: routed_bias_update_rate (DeepSeek-V3's 0.001, else 0: no selection bias) and
+  // hf_bos_token_id, hf_eos_token_id, hf_pad_token_id (the id, null, or absent, as the file has them); for
+  // gpt2 also max_target_length (the learned position table bounds it). load_config(preset, overrides)
+  // builds the model the file describes whatever the preset's shape and recipe.
   std::vector<std::string> overrides;
   // What the file says the weights are (dtype, else torch_dtype): "float32", "bfloat16", "float16" or
   // "float64"; "" when it says nothing. Informational: the safetensors header is the authority.
@@ -34,9 +36,11 @@ struct HfModelConfig {
   std::optional<int64_t> max_position_embeddings;
 };
 
-// The keys the import always sets (shared/specs/config-keys.md's model shape plus the attention, MoE,
-// Engram and mHC keys that change what the network computes). Training knobs (routed_bias_update_rate,
-// load_balance_loss_weight, max_target_length of RoPE models) are left to the preset.
+// The model-shape keys the import always sets (shared/specs/config-keys.md's model shape plus the attention,
+// MoE, Engram and mHC keys that change what the network computes). Beside them it sets the recipe and token
+// id keys HfModelConfig::overrides names; run settings (batch, steps, data, learning rate,
+// load_balance_loss_weight, max_target_length of RoPE models) are left to the preset (docs/interchange.md
+// lists the decision key by key).
 const std::vector<std::string>& hf_model_shape_keys();
 
 // Maps a parsed config.json; `path` names the file in errors ("DIR/config.json: key 'attention_bias':
@@ -45,7 +49,8 @@ HfModelConfig hf_config_to_meshtrain(const nlohmann::json& hf, const std::string
 // Reads and parses `path`, then maps it (unreadable or malformed JSON is an error naming the file).
 HfModelConfig read_hf_config(const std::string& path);
 
-// Token ids export-hf writes when it knows them (from the checkpoint's tokenizer); the Config has none.
+// What export-hf knows beyond the Config. bos / eos: the checkpoint's tokenizer's end-of-text id, written
+// when the Config's hf_bos_token_id / hf_eos_token_id are "" (a model meshtrain trained, not imported).
 struct HfSpecialTokens {
   std::optional<int64_t> bos_token_id, eos_token_id;
   // A model imported from Hugging Face: its own max_position_embeddings, exported when larger than the

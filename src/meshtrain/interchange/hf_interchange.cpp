@@ -127,17 +127,19 @@ std::string yaml_value(const std::string& value) {
 
 // config.yaml beside an imported checkpoint's weights: the model's keys (and every key=value of the import)
 // as a config to train on, with what continued pre-training wants in place of the preset's from-scratch
-// run keys unless the import set them.
+// run keys unless the import set them, then the preset's other run settings. It is complete in itself: its
+// model_name (config.json's model_type) names the model, not a preset (config/config.h, load_config).
 std::string training_config_yaml(const Config& config, const std::vector<std::string>& overrides,
+                                 const std::string& preset, const fs::path& source,
                                  const fs::path& checkpoint, bool has_tokenizer,
                                  std::optional<int64_t> context) {
-  std::string yaml =
-      "# The model meshtrain import-hf read from a Hugging Face folder. Continue pre-training with\n"
-      "#   meshtrain train " +
-      (checkpoint / "config.yaml").string() + " load_parameters_path=" + checkpoint.string() +
-      " dataset_path=YOUR_TEXT run_dir=YOUR_RUN\n"
-      "# and hand the result back with meshtrain export-hf YOUR_RUN --out FOLDER.\n";
-  if (!config.model_name.empty()) yaml += "model_name: " + config.model_name + "\n";
+  std::string yaml = "# The model meshtrain import-hf read from the Hugging Face folder " + source.string() +
+                     ". Continue pre-training with\n"
+                     "#   meshtrain train " +
+                     (checkpoint / "config.yaml").string() + " load_parameters_path=" + checkpoint.string() +
+                     " dataset_path=YOUR_TEXT run_dir=YOUR_RUN\n"
+                     "# and hand the result back with meshtrain export-hf YOUR_RUN --out FOLDER.\n";
+  yaml += "model_name: " + yaml_value(config.model_name) + "\n";
   std::set<std::string> written;
   const auto write = [&](const std::string& key, const std::string& value, const std::string& comment) {
     if (!written.insert(key).second) return;
@@ -160,6 +162,15 @@ std::string training_config_yaml(const Config& config, const std::vector<std::st
   write("dataset_type", "text", "dataset_path: text files (empty: the King James Bible)");
   write("dataset_path", "", "");
   write("eval_dataset_path", "", "");
+  const Config defaults = load_config("", {});  // base.yaml alone: what a key left out of the file takes
+  bool first = true;
+  for (size_t i = 0; i < config.resolved.size(); ++i) {
+    const auto& [key, value] = config.resolved[i];
+    if (key == "model_name" || written.contains(key) || value == defaults.resolved[i].second) continue;
+    if (first) yaml += "# Run settings of the " + preset + " preset (yours to change):\n";
+    first = false;
+    write(key, value, "");
+  }
   return yaml;
 }
 
@@ -203,10 +214,16 @@ HfImportSummary import_hugging_face(const HfImportOptions& options, std::ostream
     overrides.push_back(text);
   };
   for (const std::string& text : mapped.overrides) set_override(text);
+  // The tokenizer is the model's: the folder's, or none (never the preset's).
   const bool has_tokenizer = fs::is_regular_file(directory / "tokenizer.json", error);
-  if (has_tokenizer) set_override("tokenizer_path=" + (directory / "tokenizer.json").string());
+  set_override("tokenizer_path=" + (has_tokenizer ? (directory / "tokenizer.json").string() : ""));
   for (const std::string& text : options.overrides) set_override(text);
-  const Config config = load_config(options.config.empty() ? mapped.preset : options.config, overrides);
+  Config config = load_config(options.config.empty() ? mapped.preset : options.config, overrides);
+  // The model's name is its config.json model_type, not the preset's (which gave only the run settings),
+  // unless the import named it.
+  const bool named = std::any_of(options.overrides.begin(), options.overrides.end(),
+                                 [](const std::string& text) { return text.starts_with("model_name="); });
+  if (!named) config.set("model_name", mapped.model_type);
   // What Hugging Face has no form for (Engram, mHC, ...) is refused by the config mapping, naming the key.
   (void)hf_config_from_meshtrain(config, "float32");
   const ModelSpec spec = global_spec(config);
@@ -351,10 +368,13 @@ HfImportSummary import_hugging_face(const HfImportOptions& options, std::ostream
   // The weights are written per layer, as Hugging Face names them (a run with scan_layers=true converts).
   Config per_layer = config;
   per_layer.set("scan_layers", "false");
-  checkpoint.commit(per_layer, {spec.dims.V, spec.parameter_count()}, checkpoint_options, source,
-                    {{kImportedConfigFile, read_file_text(config_path.string(), "config.json")},
-                     {"config.yaml", training_config_yaml(config, overrides, final_path, has_tokenizer,
-                                                          mapped.max_position_embeddings)}});
+  checkpoint.commit(
+      per_layer, {spec.dims.V, spec.parameter_count()}, checkpoint_options, source,
+      {{kImportedConfigFile, read_file_text(config_path.string(), "config.json")},
+       {"config.yaml",
+        training_config_yaml(config, overrides, options.config.empty() ? mapped.preset : options.config,
+                             fs::absolute(directory).lexically_normal(), final_path, has_tokenizer,
+                             mapped.max_position_embeddings)}});
   log << "import-hf: " << summary.file_tensors << " tensors, " << spec.parameter_count() << " parameters"
       << (tokenizer ? ", tokenizer.json" : ", no tokenizer.json (generate needs one)") << "\n";
   summary.config = config;
@@ -440,8 +460,8 @@ void export_hugging_face(const HfExportOptions& options, std::ostream& log) {
   std::error_code tokenizer_error;
   const fs::path imported_config = fs::path(checkpoint_dir) / kImportedConfigFile;
   if (fs::is_regular_file(imported_config, tokenizer_error)) {
-    // A model imported from Hugging Face keeps its own special token ids (Qwen3's eos is <|im_end|>) and
-    // context length.
+    // A model imported from Hugging Face keeps its own context length (its special token ids travel in the
+    // config, hf_*_token_id, so that training keeps them too).
     json original;
     try {
       original = json::parse(read_file_text(imported_config.string(), "copy of the imported config.json"));
@@ -452,14 +472,12 @@ void export_hugging_face(const HfExportOptions& options, std::ostream& log) {
     if (original.contains("max_position_embeddings") &&
         original["max_position_embeddings"].is_number_integer())
       original_context = original["max_position_embeddings"].get<int64_t>();
-    if (original.contains("bos_token_id") && original["bos_token_id"].is_number_integer())
-      special.bos_token_id = original["bos_token_id"].get<int64_t>();
-    if (original.contains("eos_token_id") && original["eos_token_id"].is_number_integer())
-      special.eos_token_id = original["eos_token_id"].get<int64_t>();
-  } else if (fs::is_regular_file(fs::path(checkpoint_dir) / "tokenizer.json", tokenizer_error) ||
-             fs::is_regular_file(fs::path(checkpoint_dir) / "encoder.json", tokenizer_error)) {
+  }
+  if (fs::is_regular_file(fs::path(checkpoint_dir) / "tokenizer.json", tokenizer_error) ||
+      fs::is_regular_file(fs::path(checkpoint_dir) / "encoder.json", tokenizer_error)) {
     if (const std::optional<int32_t> eos = Tokenizer::load(checkpoint_dir).eos_id()) {
-      special.bos_token_id = *eos;  // GPT-2 and the trained tokenizers use <|endoftext|> for both
+      // GPT-2 and the trained tokenizers use <|endoftext|> for both (an import's own ids take precedence).
+      special.bos_token_id = *eos;
       special.eos_token_id = *eos;
     }
   }
@@ -563,8 +581,10 @@ void export_hugging_face(const HfExportOptions& options, std::ostream& log) {
   weights.commit();
   write_file_atomically((temp / "config.json").string(), hf_config.dump(2) + "\n");
   ordered_json generation = {{"_from_model_config", true}};
-  if (hf_config.contains("bos_token_id")) generation["bos_token_id"] = hf_config["bos_token_id"];
-  if (hf_config.contains("eos_token_id")) generation["eos_token_id"] = hf_config["eos_token_id"];
+  // Only ids: a null is GenerationConfig's default already, which save_pretrained leaves out.
+  for (const char* key : {"bos_token_id", "eos_token_id", "pad_token_id"}) {
+    if (hf_config.contains(key) && hf_config[key].is_number_integer()) generation[key] = hf_config[key];
+  }
   write_file_atomically((temp / "generation_config.json").string(), generation.dump(2) + "\n");
   write_tokenizer_files(checkpoint_dir, temp, hf_config);
   fsync_directory(temp.string());
