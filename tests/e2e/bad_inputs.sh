@@ -6,6 +6,7 @@
 # Usage: bad_inputs.sh BUILD_DIR
 set -uo pipefail
 meshtrain="$(cd "$1" && pwd)/meshtrain"
+hf_fixture="$(cd "$(dirname "$0")/../reference/hf_interchange/special_tokens" && pwd)/gpt2_null_ids"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cd "$work" || exit 1
@@ -78,6 +79,13 @@ corrupt() {  # corrupt NAME: a copy of the checkpoint with one flipped byte in i
   printf '\x7f' | dd of="$shard" bs=1 seek=$(($(stat -c %s "$shard") - 100)) conv=notrunc status=none
 }
 corrupt flipped
+hf_config_with() {  # hf_config_with NAME KEY JSON: a copy of a Hugging Face folder whose config.json sets KEY
+  cp -r "$hf_fixture" "$work/$1"
+  python3 -c 'import json,sys; p=sys.argv[1]; c=json.load(open(p)); c[sys.argv[2]]=json.loads(sys.argv[3]); json.dump(c, open(p, "w"))' \
+    "$work/$1/config.json" "$2" "$3"
+}
+hf_config_with hf_bos_string bos_token_id '"0"'
+hf_config_with hf_eos_outside eos_token_id 64
 cp -r "$checkpoint" "$work/truncated" && truncate -s -10 "$work/truncated/shards/rank_00000.safetensors"
 cp -r "$checkpoint" "$work/unmarked" && rm "$work/unmarked/COMMITTED"
 cp -r "$checkpoint" "$work/chunkless" && rm "$work/chunkless/shards/rank_00000.safetensors"
@@ -100,6 +108,8 @@ expect config "$work/broken.yaml" "YAML" -- "$meshtrain" train "$work/broken.yam
 expect config "meshtrain train" "a preset name" -- "$meshtrain" train
 expect config "config key 'enable_data_shuffling'" "true or false" "'maybe'" -- \
   "$meshtrain" train qwen3-tiny "${tiny[@]}" enable_data_shuffling=maybe
+expect config "config key 'hf_eos_token_id'" "a token id in [0, vocab_size = 8192), null, absent" -- \
+  "$meshtrain" info qwen3-tiny hf_eos_token_id=8192
 # --- mesh ------------------------------------------------------------------------------------------------
 expect mesh "config key 'mesh'" "product of 1" -- "$meshtrain" train qwen3-tiny "${tiny[@]}" mesh.fsdp=3
 expect mesh "config key 'base_num_query_heads'" "tensor degree 8" -- \
@@ -174,6 +184,10 @@ expect checkpoint "$checkpoint_a/metadata.json: tokenizer" "no tokenizer (datase
   grep -q "\"identity\": \"$identity_b\"" "$work/r_allowed/checkpoints/step_00000001/metadata.json" ||
   { echo "FAIL: allow_tokenizer_change=true did not train with a warning into a checkpoint of the new tokenizer"
     tail -3 "$work/r_allowed.log" | sed 's/^/    /'; status=1; }
+expect checkpoint "hf_bos_string/config.json: key 'bos_token_id'" "a token id in [0, vocab_size = 64) or null" \
+  '"0"' -- "$meshtrain" import-hf "$work/hf_bos_string" --out "$work/imported"
+expect checkpoint "hf_eos_outside/config.json: key 'eos_token_id'" "a token id in [0, vocab_size = 64) or null" \
+  "found 64" -- "$meshtrain" import-hf "$work/hf_eos_outside" --out "$work/imported"
 # --- plan ------------------------------------------------------------------------------------------------
 expect plan "$work/none_fwd_bwd.json" "meshtrain compile" -- \
   "$meshtrain" train qwen3-tiny "${tiny[@]}" plan_in="$work/none" run_dir="$work/r7"

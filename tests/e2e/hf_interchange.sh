@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Hugging Face interchange through the command line, as the README's "continue pre-training from a Hugging
 # Face model" runs it: every folder of tests/reference/hf_interchange (models made by transformers itself,
-# make_fixture.py) imports, and greedy `generate --output ids` gives transformers' own tokens id for id; a
-# Qwen3 import trains a few steps on a text file with the config.yaml import-hf wrote, exports, and the
-# export (imported again) generates exactly what the trained checkpoint generates; then bad input exits 1
-# naming the file and leaves nothing behind.
+# make_fixture.py) imports, and greedy `generate --output ids` gives transformers' own tokens id for id; an
+# import's config.yaml names the model and carries its recipe; special_tokens/ (special_tokens.py) exports
+# with its config.json's special token ids, null and absent ones included; a Qwen3 import trains a few steps
+# on a text file with the config.yaml import-hf wrote, exports (the source's ids still), and the export
+# (imported again) generates exactly what the trained checkpoint generates; then bad input exits 1 naming the
+# file and leaves nothing behind.
 # Usage: hf_interchange.sh BUILD_DIR
 set -euo pipefail
 meshtrain="$1/meshtrain"
@@ -29,6 +31,34 @@ print(f"{sys.argv[2]}: prompt {line['prompt']} generated {line['generated']} "
       f"(transformers: {golden['generated_ids']}) {'PASS' if ok else 'FAIL'}")
 sys.exit(0 if ok else 1)
 PY
+done
+
+# An import says what the model is and carries its own recipe, not the tiny preset's; the user's key wins.
+grep -qx 'model_name: "qwen3_moe"' "$work/qwen3_moe/config.yaml" ||
+  { echo "FAIL: the Qwen3-MoE import is not named qwen3_moe"; grep model_name "$work/qwen3_moe/config.yaml"; exit 1; }
+grep -qx 'routed_bias_update_rate: 0.001' "$work/deepseek_v3/config.yaml" ||
+  { echo "FAIL: the DeepSeek-V3 import lacks DeepSeek-V3's bias update rate 0.001"; exit 1; }
+"$meshtrain" import-hf "$fixtures/deepseek_v3" --out "$work/deepseek_v3_rate" routed_bias_update_rate=0.002 >/dev/null
+grep -qx 'routed_bias_update_rate: 0.002' "$work/deepseek_v3_rate/config.yaml" ||
+  { echo "FAIL: routed_bias_update_rate=0.002 given to import-hf did not win"; exit 1; }
+echo "model_name qwen3_moe, routed_bias_update_rate 0.001 (0.002 when the import sets it) PASS"
+
+# Special token ids: export-hf writes what the source's config.json said (an id, null, or no key at all), so
+# transformers fills in none of its class defaults (special_tokens.py checks that with AutoConfig).
+same_special_ids() {  # same_special_ids SOURCE_CONFIG EXPORTED_CONFIG
+  $python - "$1" "$2" <<'PY'
+import json, sys
+keys = ("bos_token_id", "eos_token_id", "pad_token_id")
+source, exported = (json.load(open(path)) for path in sys.argv[1:3])
+ids = [{key: config.get(key, "absent") for key in keys} for config in (source, exported)]
+print(f"{sys.argv[2]}: {ids[1]} (source: {ids[0]}) {'PASS' if ids[0] == ids[1] else 'FAIL'}")
+sys.exit(0 if ids[0] == ids[1] else 1)
+PY
+}
+for variant in gpt2_null_ids deepseek_v3_null_ids qwen3_ids_pad_absent; do
+  "$meshtrain" import-hf "$fixtures/special_tokens/$variant" --out "$work/$variant" >/dev/null
+  "$meshtrain" export-hf "$work/$variant" --out "$work/$variant.hf" >/dev/null
+  same_special_ids "$fixtures/special_tokens/$variant/config.json" "$work/$variant.hf/config.json"
 done
 
 # Continue pre-training from the import, export the result, and check the export is the trained model.
@@ -56,6 +86,10 @@ cmp "$work/trained.json" "$work/reimported.json" || { echo "FAIL: the export is 
 cmp -s "$work/trained.json" <("$meshtrain" generate --checkpoint "$ckpt" --prompt "$prompt" --max-new-tokens 8 \
   --temperature 0 --output logits) && { echo "FAIL: training changed nothing"; exit 1; }
 echo "trained 3 steps on an import, exported, re-imported: identical logits and tokens PASS"
+# Training keeps what the import recorded: the model's name and its config.json's special token ids.
+$python -c 'import json,sys; sys.exit(json.load(open(sys.argv[1]))["config"]["model_name"] != "qwen3")' \
+  "$work/run/checkpoints/step_00000003/metadata.json" || { echo "FAIL: the trained run is not named qwen3"; exit 1; }
+same_special_ids "$fixtures/qwen3_tied/config.json" "$work/exported/config.json"
 # The same with stacked layers (scan_layers=true: the per-layer import stacked on load): the stacked run
 # generates (through a stacked decode spec) and exports exactly what the per-layer run does.
 "$meshtrain" train "$ckpt/config.yaml" load_parameters_path="$ckpt" dataset_path="$work/texts" \
