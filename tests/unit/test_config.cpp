@@ -51,6 +51,21 @@ TEST(Config, UserYamlLayersOverItsModelPreset) {
   EXPECT_EQ(config.steps, 5);
 }
 
+// import-hf's config.yaml: a file that sets decoder_block describes its own model, so a model_name that is
+// no preset names it; without decoder_block such a name is still refused as no preset.
+TEST(Config, UserYamlThatDescribesItsModelMayNameIt) {
+  const std::string own = write_temp("meshtrain_own_model.yaml",
+                                     "model_name: qwen3_moe\ndecoder_block: qwen3\nbase_emb_dim: 32\n"
+                                     "base_num_query_heads: 4\nbase_num_kv_heads: 2\nbase_mlp_dim: 64\n"
+                                     "base_num_decoder_layers: 1\nvocab_size: 64\n");
+  const Config config = load_config(own, {});
+  EXPECT_EQ(config.model_name, "qwen3_moe");
+  EXPECT_EQ(config.base_emb_dim, 32);
+  EXPECT_EQ(config.steps, load_config("", {}).steps);  // base.yaml's: no preset under the file
+  const std::string typo = write_temp("meshtrain_typo_model.yaml", "model_name: qwen3-tiniy\nsteps: 3\n");
+  EXPECT_NE(error_of([&] { load_config(typo, {}); }).find("did you mean 'qwen3-tiny'"), std::string::npos);
+}
+
 TEST(Config, EnumKeysParseEveryValueByItsName) {
   for (DecoderBlock block : kDecoderBlocks) {
     EXPECT_EQ(

@@ -1,6 +1,7 @@
 // Hugging Face config.json <-> meshtrain config keys (interchange/hf_config.h): each family from the files
-// transformers' save_pretrained writes (4.51.3, 4.57.1 and 5.25.0, pasted verbatim), key by key; every
-// refusal's message; and config -> config.json -> config for each preset family.
+// transformers' save_pretrained writes (4.51.3, 4.57.1 and 5.25.0, pasted verbatim), key by key; the special
+// token ids and recipe keys beside the shape; every refusal's message; and config -> config.json -> config
+// for each preset family.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -494,6 +495,14 @@ std::map<std::string, std::string> keys_of(const HfModelConfig& imported) {
   return keys;
 }
 
+// The overrides less the special token ids, which the 4.x and 5.x files of one model state differently (5.x
+// writes null where 4.x had no key).
+std::vector<std::string> without_token_ids(const HfModelConfig& imported) {
+  std::vector<std::string> lines = imported.overrides;
+  std::erase_if(lines, [](const std::string& line) { return line.starts_with("hf_"); });
+  return lines;
+}
+
 HfModelConfig import_text(const std::string& text) {
   return hf_config_to_meshtrain(Json::parse(text), kPath);
 }
@@ -552,9 +561,11 @@ std::map<std::string, std::string> shape_of(const Config& c) {
   return shape;
 }
 
-// The import sets exactly the model-shape keys (and gpt2 its sequence length), and they build a model.
+// The import sets exactly the model-shape keys, the model's recipe and special token ids (and gpt2 its
+// sequence length), and they build a model.
 void expect_complete(const HfModelConfig& imported) {
   std::set<std::string> expected(hf_model_shape_keys().begin(), hf_model_shape_keys().end());
+  expected.insert({"routed_bias_update_rate", "hf_bos_token_id", "hf_eos_token_id", "hf_pad_token_id"});
   if (imported.model_type == "gpt2") expected.insert("max_target_length");
   std::set<std::string> found;
   for (const auto& [key, value] : keys_of(imported)) found.insert(key);
@@ -591,6 +602,10 @@ TEST(HfConfig, Qwen3FromTransformers451IsQwen3_06B) {
   EXPECT_EQ(keys.at("max_position_embeddings"), "0");
   EXPECT_EQ(keys.at("num_experts"), "0");
   EXPECT_EQ(keys.at("attention_type"), "global");
+  EXPECT_EQ(keys.at("hf_bos_token_id"), "151643");
+  EXPECT_EQ(keys.at("hf_eos_token_id"), "151645");  // <|im_end|>, not the tokenizer's <|endoftext|>
+  EXPECT_EQ(keys.at("hf_pad_token_id"), "absent");
+  EXPECT_EQ(keys.at("routed_bias_update_rate"), "0");
   expect_complete(imported);
   // The public Qwen3-0.6B: the same shape as the preset, and its 596,049,920 parameters.
   const Config config = load(imported);
@@ -601,7 +616,7 @@ TEST(HfConfig, Qwen3FromTransformers451IsQwen3_06B) {
 TEST(HfConfig, Qwen3From4xAnd5xFormsIsQwen3Tiny) {
   const HfModelConfig v4 = import_text(kQwen3V457);
   const HfModelConfig v5 = import_text(kQwen3V525);
-  EXPECT_EQ(v4.overrides, v5.overrides);
+  EXPECT_EQ(without_token_ids(v4), without_token_ids(v5));
   EXPECT_EQ(v4.weight_dtype, "bfloat16");  // dtype
   EXPECT_EQ(v5.weight_dtype, "bfloat16");
   const auto keys = keys_of(v5);
@@ -689,11 +704,15 @@ TEST(HfConfig, Qwen3MoeFrom5xForm) {
 TEST(HfConfig, DeepseekV3From4xAnd5xFormsIsDeepseekTiny) {
   const HfModelConfig v4 = import_text(kDeepseekV457);
   const HfModelConfig v5 = import_text(kDeepseekV525);
-  EXPECT_EQ(v4.overrides, v5.overrides);
+  EXPECT_EQ(without_token_ids(v4), without_token_ids(v5));
   EXPECT_EQ(v5.model_type, "deepseek_v3");
   EXPECT_EQ(v5.preset, "deepseek-tiny");
   EXPECT_EQ(v5.weight_dtype, "");
   const auto keys = keys_of(v5);
+  EXPECT_EQ(keys.at("hf_bos_token_id"), "0");
+  EXPECT_EQ(keys.at("hf_eos_token_id"), "1");
+  EXPECT_EQ(keys.at("hf_pad_token_id"), "null");
+  EXPECT_EQ(keys_of(v4).at("hf_pad_token_id"), "absent");
   EXPECT_EQ(keys.at("decoder_block"), "deepseek");
   EXPECT_EQ(keys.at("attention_type"), "mla");
   EXPECT_EQ(keys.at("base_emb_dim"), "384");
@@ -761,7 +780,7 @@ TEST(HfConfig, DeepseekV3AllDenseLayersIsADenseModel) {
 TEST(HfConfig, Gpt2From4xAnd5xFormsIsGpt2_124M) {
   const HfModelConfig v4 = import_text(kGpt2V457);
   const HfModelConfig v5 = import_text(kGpt2V525);
-  EXPECT_EQ(v4.overrides, v5.overrides);
+  EXPECT_EQ(without_token_ids(v4), without_token_ids(v5));
   EXPECT_EQ(v5.model_type, "gpt2");
   EXPECT_EQ(v5.preset, "gpt2-124m");
   const auto keys = keys_of(v5);
@@ -962,6 +981,24 @@ TEST(HfConfig, RefusalsNameTheFileTheKeyAndTheValue) {
        kGpt2V457,
        [](Json& j) { j["n_head"] = 5; },
        {"key 'n_head'", "found 5", "a divisor of n_embd (768)"}},
+      {"special token id as text",
+       kGpt2V525,
+       [](Json& j) { j["bos_token_id"] = "50256"; },
+       {"key 'bos_token_id'", "a token id in [0, vocab_size = 50257) or null", "found \"50256\""}},
+      {"special token id outside the vocabulary",
+       kQwen3V525,
+       [](Json& j) { j["eos_token_id"] = 8192; },
+       {"key 'eos_token_id'", "a token id in [0, vocab_size = 8192) or null", "found 8192"}},
+      {"negative special token id",
+       kQwen3V525,
+       [](Json& j) { j["pad_token_id"] = -1; },
+       {"key 'pad_token_id'", "found -1"}},
+      {"a list of special token ids",
+       kDeepseekV525,
+       [](Json& j) {
+         j["eos_token_id"] = Json::array({1, 2});
+       },
+       {"key 'eos_token_id'", "found [1,2]"}},
   };
   for (const Refusal& refusal : refusals) {
     Json hf = Json::parse(refusal.base);
@@ -1001,6 +1038,41 @@ void expect_round_trip(const Config& config, const std::string& label) {
   const HfModelConfig imported = hf_config_to_meshtrain(Json::parse(exported.dump()), "export/config.json");
   EXPECT_EQ(imported.weight_dtype, "bfloat16") << label;
   EXPECT_EQ(shape_of(load(imported)), shape_of(config)) << label << "\n" << exported.dump(2);
+}
+
+// bos / eos / pad as the file has them: an id, null, or absent (transformers then fills in its class
+// default, so the export must leave the key out again); export writes back exactly that.
+TEST(HfConfig, SpecialTokenIdsTravelAsTheFileHasThem) {
+  Json hf = Json::parse(kGpt2V525);
+  hf["bos_token_id"] = nullptr;
+  hf["eos_token_id"] = 7;
+  hf.erase("pad_token_id");
+  const HfModelConfig imported = hf_config_to_meshtrain(hf, kPath);
+  const auto keys = keys_of(imported);
+  EXPECT_EQ(keys.at("hf_bos_token_id"), "null");
+  EXPECT_EQ(keys.at("hf_eos_token_id"), "7");
+  EXPECT_EQ(keys.at("hf_pad_token_id"), "absent");
+  // What the checkpoint's tokenizer says (50256) never replaces what the file said.
+  const OrderedJson exported = hf_config_from_meshtrain(load(imported), "float32", {50256, 50256});
+  EXPECT_TRUE(exported.at("bos_token_id").is_null());
+  EXPECT_EQ(exported.at("eos_token_id"), 7);
+  EXPECT_FALSE(exported.contains("pad_token_id"));
+  EXPECT_EQ(keys_of(hf_config_to_meshtrain(Json::parse(exported.dump()), kPath)), keys);
+  // A model meshtrain trained (the keys ""): the tokenizer's end-of-text id, and no pad.
+  const OrderedJson trained =
+      hf_config_from_meshtrain(load_config("gpt2-124m", {}), "float32", {50256, 50256});
+  EXPECT_EQ(trained.at("bos_token_id"), 50256);
+  EXPECT_EQ(trained.at("eos_token_id"), 50256);
+  EXPECT_FALSE(trained.contains("pad_token_id"));
+}
+
+// The model's recipe, not the tiny preset's: DeepSeek-V3 moves its selection bias by 0.001 a step (the
+// deepseek-tiny preset's 0.01 is for a few hundred steps of a tiny model); the others have no bias.
+TEST(HfConfig, ImportCarriesTheModelsBiasUpdateRate) {
+  const Config deepseek = load(import_text(kDeepseekV525));
+  EXPECT_EQ(deepseek.routed_bias_update_rate, 0.001);
+  EXPECT_EQ(load_config("deepseek-tiny", {}).routed_bias_update_rate, 0.01);
+  EXPECT_EQ(load(import_text(kQwen3MoeDefaultV525)).routed_bias_update_rate, 0.0);
 }
 
 TEST(HfConfig, ExportOfEachPresetFamilyMapsBack) {

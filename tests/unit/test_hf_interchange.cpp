@@ -1,7 +1,8 @@
 // Hugging Face interchange against models made and run by transformers itself
 // (tests/reference/hf_interchange/, with make_fixture.py): each folder imports into a checkpoint whose
 // training forward gives transformers' logits and loss, whose decoder gives transformers' greedy tokens, and
-// which exports back to the same tensors; then the bad inputs: each names the file and tensor.
+// which exports back to the same tensors; special token ids, the model's name and recipe come through as the
+// source has them; then the bad inputs: each names the file and tensor.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -188,6 +189,40 @@ TEST(HfInterchange, EveryFixtureMatchesTransformers) {
   const std::vector<std::string> variants = fixture_variants();
   ASSERT_FALSE(variants.empty()) << "tests/reference/hf_interchange/golden_index.json lists no variant";
   for (const std::string& variant : variants) check_variant(variant);
+}
+
+// special_tokens/ (special_tokens.py): config.json's bos / eos / pad ids, null and absent ones too, come back
+// in the export as they were, whatever the checkpoint's tokenizer says; the checkpoint names the model by its
+// model_type and carries its recipe; a key=value of the import wins.
+TEST(HfInterchange, SpecialTokenIdsNameAndRecipeAreTheModels) {
+  std::ifstream file(kFixture / "special_tokens/expected.json");
+  ASSERT_TRUE(file) << "tests/reference/hf_interchange/special_tokens/expected.json";
+  const nlohmann::json expected = nlohmann::json::parse(file);
+  Scratch scratch;
+  std::ostringstream log;
+  for (const auto& [variant, want] : expected.at("variants").items()) {
+    SCOPED_TRACE(variant);
+    const fs::path source = kFixture / "special_tokens" / variant;
+    const HfImportSummary imported =
+        import_hugging_face({source.string(), (scratch / variant).string(), "", {}}, log);
+    const nlohmann::json model_type =
+        nlohmann::json::parse(std::ifstream(source / "config.json"))["model_type"];
+    EXPECT_EQ(imported.config.model_name, model_type.get<std::string>());
+    EXPECT_EQ(imported.config.routed_bias_update_rate, model_type == "deepseek_v3" ? 0.001 : 0.0);
+    export_hugging_face(
+        {(scratch / variant).string(), (scratch / (variant + ".hf")).string(), "float32", 5000000000}, log);
+    const nlohmann::json exported =
+        nlohmann::json::parse(std::ifstream(scratch / (variant + ".hf/config.json")));
+    for (const auto& [key, value] : want.at("config_json").items()) {
+      EXPECT_EQ(exported.contains(key) ? exported[key] : nlohmann::json("absent"), value) << key;
+    }
+  }
+  const HfImportSummary overridden = import_hugging_face({(kFixture / "deepseek_v3").string(),
+                                                          (scratch / "rate").string(),
+                                                          "",
+                                                          {"routed_bias_update_rate=0.002"}},
+                                                         log);
+  EXPECT_EQ(overridden.config.routed_bias_update_rate, 0.002);
 }
 
 // A copy of a fixture folder to damage.
