@@ -564,10 +564,9 @@ std::string special_token_id(const HfObject& hf, const std::string& key, int64_t
   const std::string expected = "a token id in [0, vocab_size = " + int_text(vocab_size) + ") or null";
   if (!value->is_number_integer()) hf.refuse(key, expected, *value, kTypeHint);
   // A parsed non-negative integer is unsigned (up to 2^64 - 1), a negative one signed.
-  const bool in_vocabulary =
-      value->is_number_unsigned()
-          ? value->get<uint64_t>() < static_cast<uint64_t>(vocab_size)
-          : value->is_number_integer() && value->get<int64_t>() >= 0 && value->get<int64_t>() < vocab_size;
+  const bool in_vocabulary = value->is_number_unsigned()
+                                 ? value->get<uint64_t>() < static_cast<uint64_t>(vocab_size)
+                                 : value->get<int64_t>() >= 0 && value->get<int64_t>() < vocab_size;
   if (!in_vocabulary) {
     hf.refuse(key, expected, *value,
               "the id must name a row of the model's vocabulary (null: the model has no such token)");
