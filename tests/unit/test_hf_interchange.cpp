@@ -209,6 +209,8 @@ TEST(HfInterchange, SpecialTokenIdsNameAndRecipeAreTheModels) {
         nlohmann::json::parse(std::ifstream(source / "config.json"))["model_type"];
     EXPECT_EQ(imported.config.model_name, model_type.get<std::string>());
     EXPECT_EQ(imported.config.routed_bias_update_rate, model_type == "deepseek_v3" ? 0.001 : 0.0);
+    EXPECT_EQ(imported.config.tokenizer_path,
+              "");  // the folder has none, and the preset's is not the model's
     export_hugging_face(
         {(scratch / variant).string(), (scratch / (variant + ".hf")).string(), "float32", 5000000000}, log);
     const nlohmann::json exported =

@@ -112,7 +112,7 @@ std::string folder_name(const SafetensorsFolder& folder, const std::string& hf_n
 
 const std::set<std::string> kConvertibleDtypes = {"F32", "BF16", "F16", "F64"};
 
-// The imported folder's config.json, kept in the checkpoint: export-hf takes its special token ids.
+// The imported folder's config.json, kept in the checkpoint: export-hf takes its context length.
 constexpr const char* kImportedConfigFile = "hf_config.json";
 
 // A config value as YAML: numbers, booleans and lists as they are, anything else quoted (a path may hold
