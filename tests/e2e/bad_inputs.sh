@@ -204,6 +204,8 @@ expect command "meshtrain generate argument '--promt'" "did you mean '--prompt'?
   "$meshtrain" generate --checkpoint "$checkpoint" --promt hi
 expect command "meshtrain command 'genrate'" "did you mean 'generate'?" -- "$meshtrain" help genrate
 expect command "meshtrain train argument '--steps=3'" "write steps=3" -- "$meshtrain" train qwen3-tiny --steps=3
+expect command "meshtrain train argument '--stesp=3'" "did you mean the config key steps=VALUE?" -- \
+  "$meshtrain" train qwen3-tiny --stesp=3
 expect command "meshtrain info argument '--verbose'" "takes no flags" -- "$meshtrain" info qwen3-tiny --verbose
 # generate --prompt-ids (the fixture checkpoint, trained on synthetic data, has no tokenizer and vocab_size 64)
 expect command "generate --prompt-ids" "'x' at position 1" -- "$meshtrain" generate --checkpoint "$checkpoint" \

@@ -123,10 +123,15 @@ ParsedArguments parse_arguments(const CommandSpec& command, const std::vector<st
         std::vector<std::string> names;
         for (const FlagSpec& known : command.flags) names.push_back(known.name);
         if (names.empty()) {
+          // train and info take no flags: a misspelt config key written as a flag is the likely meaning.
+          const std::string hint = command.config_overrides
+                                       ? "did you mean the config key " + closest_name(key, keys) +
+                                             "=VALUE? " + parsed.usage_hint()
+                                       : parsed.usage_hint();
           fail("meshtrain " + command.name + " argument '" + word + "'",
                command.config_overrides ? "key=value config overrides (the command takes no flags)"
                                         : "no flags",
-               "an unknown flag", parsed.usage_hint());
+               "an unknown flag", hint);
         }
         fail("meshtrain " + command.name + " argument '" + word + "'",
              "one of the " + command.name + " flags: " + flag_list(command), "an unknown flag",
