@@ -15,6 +15,8 @@ main_packages=(
   nlohmann-json3-dev      # JSON: safetensors headers, tokenizer.json, metrics
   libpcre2-dev            # tokenizer regexes with Unicode classes
   libicu-dev              # NFC normalisation for tokenizers
+  zlib1g-dev              # .jsonl.gz sources, decompressed as they are read
+  libzstd-dev             # .jsonl.zst sources, decompressed as they are read
   bible-kjv bible-kjv-text  # the default corpus
   openmpi-bin libopenmpi-dev  # multi-process training (mpirun)
 )
@@ -26,6 +28,7 @@ test_packages=(
   clang                   # the fuzz targets (tests/fuzz/): libFuzzer is clang's
   libclang-rt-dev         # libFuzzer and clang's ASan / UBSan runtimes (clang alone does not bring them)
   libomp-dev              # OpenMP for clang (libomp: clang's -fopenmp; GCC's libgomp is GCC's own)
+  gzip zstd               # the record readers' tests compress their JSON Lines with the real tools
 )
 bench_packages=(
   libopenblas-openmp-dev libblis-openmp-dev  # bench/run_gemm.sh: the BLAS libraries compared with oneDNN

@@ -15,8 +15,9 @@
 #include <fstream>
 #include <system_error>
 
-#include "meshtrain/core/durable_file.h"
 #include "meshtrain/core/error.h"
+#include "meshtrain/data/records/source_files.h"
+#include "meshtrain/data/records/text_files.h"
 
 namespace meshtrain {
 namespace {
@@ -24,7 +25,6 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr const char* kInstallHint = "install the KJV with: apt-get install bible-kjv bible-kjv-text";
-constexpr size_t kSniffBytes = 64 * 1024;
 
 bool is_digit(char c) {
   return c >= '0' && c <= '9';
@@ -54,66 +54,6 @@ size_t parse_reference(std::string_view line, VerseReference& reference) {
   while (i < line.size() && is_digit(line[i])) ++i;
   if (i == verse_start) return 0;
   return i;
-}
-
-// Decodes one UTF-8 sequence at `i`; returns its length, 0 if invalid, or -1 if cut off by the end of
-// `bytes` (only acceptable when `bytes` is a prefix of a longer file).
-int utf8_sequence(std::string_view bytes, size_t i) {
-  const auto byte = [&](size_t k) { return static_cast<unsigned char>(bytes[k]); };
-  const unsigned char lead = byte(i);
-  if (lead < 0x80) return 1;
-  int length;
-  uint32_t minimum, code;
-  if ((lead & 0xE0) == 0xC0) {
-    length = 2, minimum = 0x80, code = lead & 0x1Fu;
-  } else if ((lead & 0xF0) == 0xE0) {
-    length = 3, minimum = 0x800, code = lead & 0x0Fu;
-  } else if ((lead & 0xF8) == 0xF0) {
-    length = 4, minimum = 0x10000, code = lead & 0x07u;
-  } else {
-    return 0;
-  }
-  for (int k = 1; k < length; ++k) {
-    if (i + k >= bytes.size()) return -1;
-    const unsigned char next = byte(i + k);
-    if ((next & 0xC0) != 0x80) return 0;
-    code = (code << 6) | (next & 0x3Fu);
-  }
-  if (code < minimum || code > 0x10FFFF || (code >= 0xD800 && code <= 0xDFFF)) return 0;
-  return length;
-}
-
-// Rejects files that are not text: a NUL byte or invalid UTF-8 in the first 64 KiB.
-void check_text(const std::string& path, const std::string& text, const CorpusSettingNames& settings) {
-  const std::string_view sniff(text.data(), std::min(text.size(), kSniffBytes));
-  const bool is_prefix = sniff.size() < text.size();
-  const std::string hint =
-      "remove the file or point " + settings.path + " at a folder holding only UTF-8 text files";
-  for (size_t i = 0; i < sniff.size();) {
-    if (sniff[i] == '\0') {
-      fail(path, "a UTF-8 text file", "a NUL byte at offset " + std::to_string(i) + " (a binary file)", hint);
-    }
-    const int length = utf8_sequence(sniff, i);
-    if (length < 0 && is_prefix) break;  // a character cut by the 64 KiB sniff limit
-    if (length <= 0) {
-      fail(path, "a UTF-8 text file",
-           "invalid UTF-8 at byte offset " + std::to_string(i) + " (binary or another encoding)",
-           hint + " (convert other encodings with iconv -t UTF-8)");
-    }
-    i += static_cast<size_t>(length);
-  }
-}
-
-std::string read_text_file(const std::string& path, const CorpusSettingNames& settings) {
-  const std::string text = read_file_text(path, "text file", "check the file's permissions and the disk");
-  if (text.empty()) fail(path, "a non-empty text file", "an empty file", "remove it or give it some text");
-  check_text(path, text, settings);
-  return text;
-}
-
-bool hidden(const fs::path& path) {
-  const std::string name = path.filename().string();
-  return !name.empty() && name[0] == '.';
 }
 
 }  // namespace
@@ -208,29 +148,18 @@ std::vector<Document> load_text_documents(const std::string& path, const CorpusS
   }
   std::vector<std::string> files;
   if (fs::is_directory(status)) {
-    fs::recursive_directory_iterator it(path, fs::directory_options::skip_permission_denied, error);
-    if (error) fail(path, "a readable folder", error.message(), "check the folder's permissions");
-    for (const fs::recursive_directory_iterator end; it != end; it.increment(error)) {
-      if (error) fail(path, "a readable folder tree", error.message(), "check the folder's permissions");
-      std::error_code kind_error;  // a dangling link is neither file nor folder: skipped
-      if (hidden(it->path())) {
-        if (it->is_directory(kind_error)) it.disable_recursion_pending();
-        continue;
-      }
-      if (it->is_regular_file(kind_error)) files.push_back(it->path().string());
-    }
-    if (error) fail(path, "a readable folder tree", error.message(), "check the folder's permissions");
+    files = files_under(path);
     if (files.empty()) {
       fail(path, "a folder holding at least one text file", "no files (hidden ones are skipped)",
            "put .txt files in it or point " + settings.path + " elsewhere");
     }
-    std::sort(files.begin(), files.end());
   } else {
     files.push_back(path);
   }
   std::vector<Document> documents;
   documents.reserve(files.size());
-  for (const std::string& file : files) documents.push_back(Document{file, read_text_file(file, settings)});
+  for (const std::string& file : files)
+    documents.push_back(Document{file, read_text_document(file, settings.path)});
   return documents;
 }
 

@@ -1,0 +1,147 @@
+// Documents from text and JSON Lines files (record_reader.h): lines cut from streamed chunks, each checked as
+// UTF-8 and parsed as one JSON object, its text column taken out.
+#include "meshtrain/data/records/record_reader.h"
+
+#include <nlohmann/json.hpp>
+
+#include "meshtrain/core/error.h"
+#include "meshtrain/data/records/text_files.h"
+
+namespace meshtrain {
+namespace {
+
+bool blank(std::string_view line) {
+  return line.find_first_not_of(" \t\r") == std::string_view::npos;
+}
+
+// A short quote of a JSON value for an error.
+std::string quote(const nlohmann::json& value) {
+  std::string text = value.dump();
+  if (text.size() > 60) text = text.substr(0, 57) + "...";
+  return text;
+}
+
+std::string keys_of(const nlohmann::json& object) {
+  std::string keys;
+  for (const auto& [key, value] : object.items()) {
+    if (!keys.empty()) keys += ", ";
+    if (keys.size() > 200) return keys + "...";
+    keys += "'" + key + "'";
+  }
+  return keys.empty() ? "none" : keys;
+}
+
+}  // namespace
+
+RecordReader::RecordReader(std::vector<std::string> files, RecordOptions options)
+    : files_(std::move(files)), options_(std::move(options)) {
+  for (const std::string& file : files_) {
+    if (!record_format_of(file)) {
+      fail(file, std::string("a data file named ") + supported_record_files(), "a name of no supported kind",
+           "rename or convert it");
+    }
+  }
+}
+
+RecordReader::~RecordReader() = default;
+
+bool RecordReader::next(Record& record) {
+  while (true) {
+    if (stream_ == nullptr) {
+      if (next_file_ == files_.size()) return false;
+      const size_t file = next_file_++;
+      if (record_format_of(files_[file]) == RecordFormat::text) {
+        record.text = read_text_document(files_[file], options_.path_setting);
+        record.file = file;
+        record.line = 0;
+        return true;
+      }
+      open_json_lines(file);
+    }
+    if (next_json_line(record)) return true;
+    if (documents_ == 0) {
+      fail(files_[file_], "at least one document (a JSON object per line)",
+           line_ == 0 ? std::string("an empty file") : std::to_string(line_) + " blank lines",
+           "remove the file from " + options_.path_setting + "'s files or give it documents");
+    }
+    stream_.reset();
+  }
+}
+
+void RecordReader::open_json_lines(size_t file) {
+  stream_ = ByteStream::open(files_[file], options_.chunk_bytes);
+  file_ = file;
+  pending_.clear();
+  pending_offset_ = 0;
+  line_start_ = searched_ = 0;
+  stream_ended_ = false;
+  line_ = documents_ = 0;
+}
+
+bool RecordReader::next_json_line(Record& record) {
+  while (true) {
+    const size_t newline = pending_.find('\n', searched_);
+    if (newline == std::string::npos && !stream_ended_) {
+      // Keep only the unfinished line, then append the next chunk to it.
+      pending_.erase(0, line_start_);
+      pending_offset_ += line_start_;
+      line_start_ = 0;
+      searched_ = pending_.size();
+      const std::string_view chunk = stream_->next();
+      if (chunk.empty()) stream_ended_ = true;
+      pending_.append(chunk);
+      continue;
+    }
+    const size_t end = newline == std::string::npos ? pending_.size() : newline;
+    if (end == line_start_ && newline == std::string::npos) return false;  // the end of the file
+    const std::string_view line(pending_.data() + line_start_, end - line_start_);
+    const uint64_t line_offset = pending_offset_ + line_start_;
+    line_start_ = searched_ = newline == std::string::npos ? end : end + 1;
+    ++line_;
+    if (parse_json_line(line, line_offset, record)) {
+      ++documents_;
+      return true;
+    }
+  }
+}
+
+bool RecordReader::parse_json_line(std::string_view line, uint64_t line_offset, Record& record) const {
+  if (blank(line)) return false;
+  const std::string& path = files_[file_];
+  const std::string where = path + ":" + std::to_string(line_);
+  const std::string fix = "fix or remove line " + std::to_string(line_) + " of " + path;
+  const size_t invalid = invalid_utf8_offset(line);
+  if (invalid != std::string_view::npos) {
+    fail(where, "UTF-8 text",
+         "invalid UTF-8 at byte offset " + std::to_string(line_offset + invalid) +
+             " of the (decompressed) file, byte " + std::to_string(invalid) + " of the line",
+         fix + " (convert other encodings with iconv -t UTF-8)");
+  }
+  nlohmann::json object;
+  try {
+    object = nlohmann::json::parse(line);
+  } catch (const nlohmann::json::parse_error& error) {
+    fail(where, "one JSON object per line (JSON Lines)", std::string("malformed JSON: ") + error.what(), fix);
+  }
+  if (!object.is_object()) {
+    fail(where, "one JSON object per line (JSON Lines)",
+         std::string("a JSON ") + object.type_name() + ": " + quote(object), fix);
+  }
+  const auto column = object.find(options_.column);
+  const std::string column_hint =
+      fix + ", or name the text column with " + options_.column_setting + "=COLUMN";
+  if (column == object.end()) {
+    fail(where, "a string column '" + options_.column + "'",
+         "no such column; the line's columns: " + keys_of(object), column_hint);
+  }
+  if (!column->is_string()) {
+    fail(where, "a string column '" + options_.column + "'",
+         std::string("a ") + column->type_name() + ": " + quote(*column), column_hint);
+  }
+  record.text = std::move(column->get_ref<std::string&>());
+  record.file = file_;
+  record.line = line_;
+  return true;
+}
+
+}  // namespace meshtrain

@@ -1,0 +1,67 @@
+// Documents (UTF-8 text) read one at a time from a source's files, in order: a text file is one document, a
+// JSON Lines file one document per non-blank line (the text in one column). Compressed files are streamed
+// (byte_stream.h), so no file is ever held whole in memory, only its current line.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "meshtrain/data/records/byte_stream.h"
+#include "meshtrain/data/records/source_files.h"
+
+namespace meshtrain {
+
+struct RecordOptions {
+  std::string column = "text";                        // the JSON Lines column holding the text
+  std::string column_setting = "train_data_columns";  // the setting naming it, for hints
+  std::string path_setting = "dataset_path";          // the setting naming the source, for hints
+  size_t chunk_bytes = kDefaultChunkBytes;            // bytes read (and decompressed) at once
+};
+
+struct Record {
+  std::string text;   // valid UTF-8
+  size_t file = 0;    // index into RecordReader::files()
+  uint64_t line = 0;  // 1-based line of a JSON Lines file; 0 for a text file
+};
+
+class RecordReader {
+ public:
+  // `files` as resolve_source_files gives them; each one's format comes from its name (record_format_of).
+  RecordReader(std::vector<std::string> files, RecordOptions options);
+  ~RecordReader();
+
+  // The next document into `record`; false after the last file's last one. Blank lines (nothing but spaces,
+  // tabs, '\r') are no documents and are passed over; a line's final '\r' is dropped. MeshErrors, each
+  // naming the file (and "FILE:LINE" for a line): a line that is not valid UTF-8 (with its byte offset in the
+  // decompressed file), not JSON, or not a JSON object; a missing or non-string column (with what the line
+  // holds instead); a file without a single document; the text files' rules (read_text_document); a
+  // damaged .gz / .zst (ByteStream).
+  bool next(Record& record);
+
+  const std::vector<std::string>& files() const { return files_; }
+
+ private:
+  void open_json_lines(size_t file);
+  bool next_json_line(Record& record);
+  bool parse_json_line(std::string_view line, uint64_t line_offset, Record& record) const;
+
+  std::vector<std::string> files_;
+  RecordOptions options_;
+  size_t next_file_ = 0;
+
+  // The open JSON Lines file: the decompressed bytes from pending_offset_ on that no line has taken yet.
+  std::unique_ptr<ByteStream> stream_;
+  size_t file_ = 0;
+  std::string pending_;
+  uint64_t pending_offset_ = 0;  // offset in the decompressed file of pending_[0]
+  size_t line_start_ = 0;        // where in pending_ the next line starts
+  size_t searched_ = 0;          // bytes of pending_ known to hold no '\n' past line_start_
+  bool stream_ended_ = false;
+  uint64_t line_ = 0;       // lines taken so far
+  uint64_t documents_ = 0;  // documents the file gave so far
+};
+
+}  // namespace meshtrain
