@@ -91,7 +91,8 @@ std::vector<std::string> resolve_source_files(const std::string& source, const s
     const fs::file_status status = fs::status(path, error);
     if (error || !fs::exists(status)) {
       fail(path, "an existing file, folder or glob of " + std::string(supported_record_files()),
-           error ? error.message() : std::string("nothing at that path"), "check " + path_setting);
+           status.type() == fs::file_type::not_found ? std::string("nothing at that path") : error.message(),
+           "check " + path_setting);
     }
     if (fs::is_directory(status)) {
       const std::vector<std::string> inside = files_under(path);
