@@ -39,7 +39,7 @@ for target in "${targets[@]}"; do
            -artifact_prefix="$artifacts/")
   case "$target" in
     fuzz_config) options+=(-dict="$here/yaml.dict") ;;
-    fuzz_safetensors | fuzz_checkpoint_* | fuzz_tokenizer_json | fuzz_gpt2_bpe | fuzz_plan_file)
+    fuzz_safetensors | fuzz_checkpoint_* | fuzz_tokenizer_json | fuzz_gpt2_bpe | fuzz_plan_file | fuzz_json_lines)
       options+=(-dict="$here/json.dict") ;;
   esac
   log="$artifacts/run.log"

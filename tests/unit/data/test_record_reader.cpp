@@ -146,6 +146,9 @@ TEST_F(RecordReaderTest, MalformedLinesNameTheFileAndLine) {
   expect_holds(message, "expected one JSON object per line (JSON Lines), found malformed JSON");
   expect_holds(message, "fix or remove line 3 of " + file);
 
+  const std::string huge = write("huge.jsonl", "{\"text\": \"fine\", \"score\": 1e999}\n");
+  expect_holds(error_reading(huge, huge + ":1"), "found malformed JSON: [json.exception.out_of_range.406]");
+
   const std::string array = write("array.jsonl", "[\"text\", \"a list\"]\n");
   expect_holds(error_reading(array, array + ":1"), "found a JSON array: [\"text\",\"a list\"]");
 }

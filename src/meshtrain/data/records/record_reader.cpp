@@ -120,7 +120,7 @@ bool RecordReader::parse_json_line(std::string_view line, uint64_t line_offset, 
   nlohmann::json object;
   try {
     object = nlohmann::json::parse(line);
-  } catch (const nlohmann::json::parse_error& error) {
+  } catch (const nlohmann::json::exception& error) {  // a parse error, or a number beyond a double's range
     fail(where, "one JSON object per line (JSON Lines)", std::string("malformed JSON: ") + error.what(), fix);
   }
   if (!object.is_object()) {
