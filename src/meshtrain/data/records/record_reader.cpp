@@ -107,36 +107,38 @@ bool RecordReader::next_json_line(Record& record) {
 
 bool RecordReader::parse_json_line(std::string_view line, uint64_t line_offset, Record& record) const {
   if (blank(line)) return false;
-  const std::string& path = files_[file_];
-  const std::string where = path + ":" + std::to_string(line_);
-  const std::string fix = "fix or remove line " + std::to_string(line_) + " of " + path;
+  // Built only for an error: most lines need neither.
+  const auto where = [&] { return files_[file_] + ":" + std::to_string(line_); };
+  const auto fix = [&] { return "fix or remove line " + std::to_string(line_) + " of " + files_[file_]; };
   const size_t invalid = invalid_utf8_offset(line);
   if (invalid != std::string_view::npos) {
-    fail(where, "UTF-8 text",
+    fail(where(), "UTF-8 text",
          "invalid UTF-8 at byte offset " + std::to_string(line_offset + invalid) +
              " of the (decompressed) file, byte " + std::to_string(invalid) + " of the line",
-         fix + " (convert other encodings with iconv -t UTF-8)");
+         fix() + " (convert other encodings with iconv -t UTF-8)");
   }
   nlohmann::json object;
   try {
     object = nlohmann::json::parse(line);
   } catch (const nlohmann::json::exception& error) {  // a parse error, or a number beyond a double's range
-    fail(where, "one JSON object per line (JSON Lines)", std::string("malformed JSON: ") + error.what(), fix);
+    fail(where(), "one JSON object per line (JSON Lines)", std::string("malformed JSON: ") + error.what(),
+         fix());
   }
   if (!object.is_object()) {
-    fail(where, "one JSON object per line (JSON Lines)",
-         std::string("a JSON ") + object.type_name() + ": " + quote(object), fix);
+    fail(where(), "one JSON object per line (JSON Lines)",
+         std::string("a JSON ") + object.type_name() + ": " + quote(object), fix());
   }
   const auto column = object.find(options_.column);
-  const std::string column_hint =
-      fix + ", or name the text column with " + options_.column_setting + "=COLUMN";
+  const auto column_hint = [&] {
+    return fix() + ", or name the text column with " + options_.column_setting + "=COLUMN";
+  };
   if (column == object.end()) {
-    fail(where, "a string column '" + options_.column + "'",
-         "no such column; the line's columns: " + keys_of(object), column_hint);
+    fail(where(), "a string column '" + options_.column + "'",
+         "no such column; the line's columns: " + keys_of(object), column_hint());
   }
   if (!column->is_string()) {
-    fail(where, "a string column '" + options_.column + "'",
-         std::string("a ") + column->type_name() + ": " + quote(*column), column_hint);
+    fail(where(), "a string column '" + options_.column + "'",
+         std::string("a ") + column->type_name() + ": " + quote(*column), column_hint());
   }
   record.text = std::move(column->get_ref<std::string&>());
   record.file = file_;

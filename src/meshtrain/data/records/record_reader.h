@@ -34,11 +34,11 @@ class RecordReader {
   ~RecordReader();
 
   // The next document into `record`; false after the last file's last one. Blank lines (nothing but spaces,
-  // tabs, '\r') are no documents and are passed over; a line's final '\r' is dropped. MeshErrors, each
-  // naming the file (and "FILE:LINE" for a line): a line that is not valid UTF-8 (with its byte offset in the
-  // decompressed file), not JSON, or not a JSON object; a missing or non-string column (with what the line
-  // holds instead); a file without a single document; the text files' rules (read_text_document); a
-  // damaged .gz / .zst (ByteStream).
+  // tabs, '\r') are no documents and are passed over; a '\r' before the newline is whitespace to JSON (CRLF
+  // files read as LF ones). MeshErrors, each naming the file (and "FILE:LINE" for a line): a line that is not
+  // valid UTF-8 (with its byte offset in the decompressed file), not JSON, or not a JSON object; a missing or
+  // non-string column (with what the line holds instead); a file without a single document; the text files'
+  // rules (read_text_document); a damaged .gz / .zst (ByteStream).
   bool next(Record& record);
 
   const std::vector<std::string>& files() const { return files_; }
