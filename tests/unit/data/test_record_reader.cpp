@@ -48,6 +48,14 @@ class RecordReaderTest : public testing::RecordFilesTest {
   static void expect_holds(const std::string& message, const std::string& needle) {
     EXPECT_NE(message.find(needle), std::string::npos) << "'" << needle << "' not in: " << message;
   }
+  // `bytes` written as `name` fail at `line`, the message holding `needle`; returns the message.
+  std::string expect_line_error(const std::string& name, const std::string& bytes, int line,
+                                const std::string& needle) const {
+    const std::string file = write(name, bytes);
+    const std::string message = error_reading(file, file + ":" + std::to_string(line));
+    expect_holds(message, needle);
+    return message;
+  }
 };
 
 // Documents with escapes, non-ASCII text, other columns around the text, a blank line and CRLF endings.
@@ -151,31 +159,25 @@ TEST_F(RecordReaderTest, ARepeatedColumnKeepsItsLastValueAsAParsedObjectDoes) {
 }
 
 TEST_F(RecordReaderTest, MalformedLinesNameTheFileAndLine) {
-  const std::string file = write("bad.jsonl", "{\"text\": \"fine\"}\n\n{\"text\": \"unterminated}\n");
-  const std::string message = error_reading(file, file + ":3");
-  expect_holds(message, "expected one JSON object per line (JSON Lines), found malformed JSON");
-  expect_holds(message, "fix or remove line 3 of " + file);
-
-  const std::string huge = write("huge.jsonl", "{\"text\": \"fine\", \"score\": 1e999}\n");
-  expect_holds(error_reading(huge, huge + ":1"), "found malformed JSON: [json.exception.out_of_range.406]");
-
-  const std::string array = write("array.jsonl", "[\"text\", \"a list\"]\n");
-  expect_holds(error_reading(array, array + ":1"), "found a JSON array: [\"text\",\"a list\"]");
+  const std::string message =
+      expect_line_error("bad.jsonl", "{\"text\": \"fine\"}\n\n{\"text\": \"unterminated}\n", 3,
+                        "expected one JSON object per line (JSON Lines), found malformed JSON");
+  expect_holds(message, "fix or remove line 3 of " + path("bad.jsonl"));
+  expect_line_error("huge.jsonl", "{\"text\": \"fine\", \"score\": 1e999}\n", 1,
+                    "found malformed JSON: [json.exception.out_of_range.406]");
+  expect_line_error("array.jsonl", "[\"text\", \"a list\"]\n", 1,
+                    "found a JSON array: [\"text\",\"a list\"]");
 }
 
 TEST_F(RecordReaderTest, AMissingOrNonStringColumnSaysWhatWasFound) {
-  const std::string missing = write("missing.jsonl", "{\"text\": \"ok\"}\n{\"body\": \"x\", \"id\": 7}\n");
-  std::string message = error_reading(missing, missing + ":2");
-  expect_holds(message,
-               "expected a string column 'text', found no such column; the line's columns: 'body', 'id'");
+  const std::string message = expect_line_error(
+      "missing.jsonl", "{\"text\": \"ok\"}\n{\"body\": \"x\", \"id\": 7}\n", 2,
+      "expected a string column 'text', found no such column; the line's columns: 'body', 'id'");
   expect_holds(message, "train_data_columns=COLUMN");
-
-  const std::string number = write("number.jsonl", "{\"text\": 42}\n");
-  expect_holds(error_reading(number, number + ":1"), "found a number: 42");
-  const std::string null = write("null.jsonl", "{\"text\": null}\n");
-  expect_holds(error_reading(null, null + ":1"), "found a null: null");
-  const std::string object = write("object.jsonl", "{\"text\": {\"en\": \"hello\"}}\n");
-  expect_holds(error_reading(object, object + ":1"), "found a object: {\"en\":\"hello\"}");
+  expect_line_error("number.jsonl", "{\"text\": 42}\n", 1, "found a number: 42");
+  expect_line_error("null.jsonl", "{\"text\": null}\n", 1, "found a null: null");
+  expect_line_error("object.jsonl", "{\"text\": {\"en\": \"hello\"}}\n", 1,
+                    "found a object: {\"en\":\"hello\"}");
 }
 
 TEST_F(RecordReaderTest, InvalidUtf8NamesTheByteOffset) {
