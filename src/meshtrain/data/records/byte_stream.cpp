@@ -166,7 +166,9 @@ Compression compression_of(const std::string& path) {
 
 ByteStream::ByteStream(std::string path, size_t chunk_bytes)
     : path_(std::move(path)), chunk_bytes_(chunk_bytes) {
-  MT_CHECK(chunk_bytes_ > 0, "a byte stream reads chunks of at least one byte");
+  // zlib counts a buffer in 32-bit words: a chunk stays well below that.
+  MT_CHECK(chunk_bytes_ > 0 && chunk_bytes_ <= (size_t{1} << 30),
+           "a byte stream reads chunks of 1 byte to 1 GiB");
   descriptor_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
   if (descriptor_ < 0) {
     fail(path_, "a readable file", std::system_category().message(errno),

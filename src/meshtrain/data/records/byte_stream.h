@@ -19,8 +19,8 @@ inline constexpr size_t kDefaultChunkBytes = size_t{1} << 20;
 
 class ByteStream {
  public:
-  // Opens `path` (a MeshError naming it when it cannot be read). chunk_bytes: the most bytes read from the
-  // file at once and the most next() returns.
+  // Opens `path` (a MeshError naming it when it cannot be read). chunk_bytes (1 byte to 1 GiB): the most
+  // bytes read from the file at once and the most next() returns.
   static std::unique_ptr<ByteStream> open(const std::string& path, size_t chunk_bytes = kDefaultChunkBytes);
   virtual ~ByteStream();
   ByteStream(const ByteStream&) = delete;
