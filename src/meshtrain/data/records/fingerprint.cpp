@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <system_error>
+#include <vector>
 
 #include "meshtrain/core/crc32c.h"
 #include "meshtrain/core/error.h"
