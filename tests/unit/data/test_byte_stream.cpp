@@ -166,6 +166,16 @@ TEST_F(ByteStreamTest, CorruptFilesNameTheFileAndTheOffsetReached) {
   }
 }
 
+TEST_F(ByteStreamTest, AZstdWindowAboveTheDecodersCapIsNotCalledDamage) {
+  MESHTRAIN_NEEDS_TOOL("zstd");
+  // From standard input the tool cannot shrink the window to the data's size: the frame asks for 2 GiB.
+  const std::string file = path("long.jsonl.zst");
+  ASSERT_EQ(std::system(("echo '{\"text\": \"hi\"}' | zstd --long=31 -q -c > '" + file + "'").c_str()), 0);
+  const std::string message = error_of([&] { read_all(file, 4096); });
+  EXPECT_NE(message.find(file + ": expected a zstd window of at most 128 MiB"), std::string::npos) << message;
+  EXPECT_NE(message.find("recompress it without --long"), std::string::npos) << message;
+}
+
 TEST_F(ByteStreamTest, AMissingFileIsNamed) {
   const std::string missing = path("missing.jsonl");
   const std::string message = error_of([&] { ByteStream::open(missing); });

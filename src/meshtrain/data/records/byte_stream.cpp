@@ -6,6 +6,7 @@
 #include <unistd.h>
 #include <zlib.h>
 #include <zstd.h>
+#include <zstd_errors.h>
 
 #include <cerrno>
 #include <system_error>
@@ -133,6 +134,12 @@ class ZstdStream final : public CompressedStream {
       const size_t out_before = out.pos;
       const size_t status = ZSTD_decompressStream(context_, &out, &in);
       input_position_ = in.pos;
+      if (ZSTD_getErrorCode(status) == ZSTD_error_frameParameter_windowTooLarge) {
+        // Not damage: made with `zstd --long=31` or the like; libzstd's default cap is what zstd -d has too.
+        fail(path_, "a zstd window of at most 128 MiB",
+             "a frame asking for more (made with zstd --long above 27)",
+             "recompress it without --long (zstd -d -c --long=31 FILE | zstd -o NEW), or with --long=27");
+      }
       if (ZSTD_isError(status)) {
         fail(path_, "zstd data",
              "corrupt data at byte offset " + std::to_string(compressed_offset()) + " of the file (" +
