@@ -4,10 +4,8 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <numeric>
 
 #include "meshtrain/core/error.h"
-#include "meshtrain/core/rng.h"
 
 namespace meshtrain {
 
@@ -80,23 +78,8 @@ std::unique_ptr<TokenWindows> TokenWindows::open(const std::vector<std::string>&
          std::to_string(windows->token_count_) + " tokens",
          "use a larger dataset or a shorter max_target_length");
   }
+  windows->order_ = EpochShuffle(options.seed, windows->rows_per_epoch());
   return windows;
-}
-
-const std::vector<uint64_t>& TokenWindows::permutation(uint64_t epoch) {
-  if (epoch != cached_epoch_) {
-    const uint64_t windows = rows_per_epoch();
-    cached_permutation_.resize(windows);
-    std::iota(cached_permutation_.begin(), cached_permutation_.end(), uint64_t{0});
-    const PhiloxKey key = philox_key(seed_, "meshtrain/data-shuffle/epoch=" + std::to_string(epoch));
-    for (uint64_t i = windows; i-- > 1;) {
-      // uniform_at has 53 random bits: the bias for any realistic window count is far below noise.
-      const auto j = std::min(i, static_cast<uint64_t>(uniform_at(key, i) * static_cast<double>(i + 1)));
-      std::swap(cached_permutation_[i], cached_permutation_[j]);
-    }
-    cached_epoch_ = epoch;
-  }
-  return cached_permutation_;
 }
 
 void TokenWindows::select(int64_t /*step*/, uint64_t first_row, uint64_t rows) {
@@ -104,8 +87,7 @@ void TokenWindows::select(int64_t /*step*/, uint64_t first_row, uint64_t rows) {
   selected_windows_.resize(rows);
   for (uint64_t row = 0; row < rows; ++row) {
     const uint64_t counter = first_row + row;
-    const uint64_t index = counter % windows;
-    selected_windows_[row] = shuffle_ ? permutation(counter / windows)[index] : index;
+    selected_windows_[row] = shuffle_ ? order_.row(counter) : counter % windows;
   }
 }
 

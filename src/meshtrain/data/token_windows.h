@@ -20,6 +20,7 @@
 // Order. shuffle = true: epoch e visits all W windows in a Fisher-Yates permutation drawn with Philox from
 // (data_shuffle_seed, e); shuffle = false (eval, and training with enable_data_shuffling=false): stream
 // order, every epoch alike. Row r of the stream is window r mod W of epoch r / W.
+// The permutations are EpochShuffle's (shuffle.h), which a mixture's sources share.
 // Cursor fields: windows_consumed (the position), packing, shuffle, token_count, windows_per_epoch and the
 // shard checksums; a cursor from other shards, another packing or order is rejected (another order naming
 // enable_data_shuffling).
@@ -31,6 +32,7 @@
 #include <vector>
 
 #include "meshtrain/data/shards.h"
+#include "meshtrain/data/shuffle.h"
 #include "meshtrain/data/source.h"
 
 namespace meshtrain {
@@ -56,7 +58,6 @@ class TokenWindows final : public RowSource {
  private:
   TokenWindows() = default;
   void read_tokens(uint64_t start, size_t count, int32_t* out) const;
-  const std::vector<uint64_t>& permutation(uint64_t epoch);
   std::vector<uint32_t> shard_checksums() const;
 
   struct Span {
@@ -75,9 +76,8 @@ class TokenWindows final : public RowSource {
   uint64_t packed_windows_ = 0;  // packing: W
   std::vector<Span> spans_;      // packing = false: [W] the per-document windows
 
-  std::vector<uint64_t> selected_windows_;    // [G] window ids of the selected global batch
-  uint64_t cached_epoch_ = ~uint64_t{0};      // the epoch whose permutation is cached
-  std::vector<uint64_t> cached_permutation_;  // [W]
+  EpochShuffle order_;                      // shuffle = true: the windows' per-epoch order
+  std::vector<uint64_t> selected_windows_;  // [G] window ids of the selected global batch
 };
 
 // Shards for a dataset path: a .tokens file as is; a folder holding `<split>.tokens` (what meshtrain prepare
