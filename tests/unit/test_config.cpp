@@ -336,6 +336,30 @@ TEST(Config, NestedListElementOrNonScalarKeyIsAnErrorNamingIt) {
             std::string::npos);
 }
 
+// dataset_path takes a list of mappings (its mixture, data/mixture.h): it arrives as JSON text, every value a
+// string; a list of plain values keeps its old meaning, and any other key still refuses mappings.
+TEST(Config, DatasetPathCarriesAYamlListOfMappingsAsJson) {
+  const std::string mixture =
+      write_temp("meshtrain_mixture.yaml",
+                 "model_name: qwen3-tiny\ndataset_path:\n  - {path: data/web, weight: 0.7}\n"
+                 "  - path: data/code\n    weight: 0.3\n");
+  EXPECT_EQ(load_config(mixture, {}).dataset_path,
+            R"([{"path":"data/web","weight":"0.7"},{"path":"data/code","weight":"0.3"}])");
+  const std::string plain =
+      write_temp("meshtrain_plain_list.yaml", "model_name: qwen3-tiny\ndataset_path: [a, b]\n");
+  EXPECT_EQ(load_config(plain, {}).dataset_path, "a,b");
+  const std::string nested =
+      write_temp("meshtrain_nested_mixture.yaml",
+                 "model_name: qwen3-tiny\ndataset_path:\n  - {path: [a, b], weight: 1}\n");
+  const std::string message = error_of([&] { load_config(nested, {}); });
+  EXPECT_NE(message.find("config key 'dataset_path' at " + nested + ":2"), std::string::npos) << message;
+  EXPECT_NE(message.find("a nested sequence or mapping in one"), std::string::npos) << message;
+  const std::string other = write_temp("meshtrain_mapping_list.yaml",
+                                       "model_name: qwen3-tiny\ntokenizer_path:\n  - {path: a, weight: 1}\n");
+  EXPECT_NE(error_of([&] { load_config(other, {}); }).find("a nested sequence or mapping in the list"),
+            std::string::npos);
+}
+
 TEST(Config, SameKeyTwiceWithDifferentValuesIsAnError) {
   EXPECT_NE(error_of([] {
               load_config("qwen3-tiny", {"steps=3", "steps=4"});

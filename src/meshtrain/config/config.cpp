@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <functional>
 #include <limits>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <system_error>
 
@@ -82,13 +83,21 @@ Enum parse_enum(const std::string& key, const RawValue& raw, const std::vector<s
 struct KeyEntry {
   std::string name;
   std::function<void(Config&, const std::string& key, const RawValue&)> assign;
-  bool affects_plan = false;  // recorded in the plan identity (plan_key_names)
+  bool affects_plan = false;   // recorded in the plan identity (plan_key_names)
+  bool takes_records = false;  // a YAML list of mappings arrives as JSON text (records_key)
 };
 
 // A key the plan depends on: train and compile with the same such keys (and mesh, topology, threads) give
 // identical plans whatever else the run config says.
 KeyEntry plan_key(KeyEntry key) {
   key.affects_plan = true;
+  return key;
+}
+
+// A key whose own parser reads a list of mappings (dataset_path's mixture, data/mixture.h): such a YAML list
+// arrives as JSON text, every value a string; a list of plain values stays "a,b" as for any key.
+KeyEntry records_key(KeyEntry key) {
+  key.takes_records = true;
   return key;
 }
 
@@ -270,7 +279,7 @@ const std::vector<KeyEntry>& key_table() {
       entry("init_weights_seed", &Config::init_weights_seed),
       entry("skip_nonfinite_steps", &Config::skip_nonfinite_steps),
       entry("dataset_type", &Config::dataset_type, kDatasetTypeNames),
-      entry("dataset_path", &Config::dataset_path),
+      records_key(entry("dataset_path", &Config::dataset_path)),
       entry("eval_dataset_path", &Config::eval_dataset_path),
       entry("tokenizer_path", &Config::tokenizer_path),
       entry("packing", &Config::packing),
@@ -322,6 +331,34 @@ std::vector<std::string> split_list(const std::string& written) {
   return items;
 }
 
+bool holds_mapping(const YAML::Node& sequence) {
+  return std::any_of(sequence.begin(), sequence.end(), [](const YAML::Node& item) { return item.IsMap(); });
+}
+
+// A records_key's YAML list as JSON: a mapping of plain values becomes an object of strings, a plain item a
+// string (the key's parser names what it expected there).
+std::string records_json(const YAML::Node& sequence, const std::string& key, const std::string& source) {
+  const std::string where = "config key '" + key + "' at " + source;
+  nlohmann::json list = nlohmann::json::array();
+  for (const auto& item : sequence) {
+    if (item.IsScalar()) {
+      list.push_back(item.as<std::string>());
+      continue;
+    }
+    if (!item.IsMap()) fail(where, "a list of mappings ({path: a, weight: 0.7})", "an empty or nested item");
+    nlohmann::json record = nlohmann::json::object();
+    for (const auto& field : item) {
+      if (!field.first.IsScalar() || !(field.second.IsScalar() || field.second.IsNull())) {
+        fail(where, "mappings of plain values ({path: a, weight: 0.7})",
+             "a nested sequence or mapping in one");
+      }
+      record[field.first.as<std::string>()] = field.second.IsNull() ? "" : field.second.as<std::string>();
+    }
+    list.push_back(record);
+  }
+  return list.dump();
+}
+
 // Flattens nested maps ("mesh: {data: 2}" -> "mesh.data"); a key twice in one file with different
 // values is an error, with both lines named.
 void flatten_yaml(const YAML::Node& node, const std::string& prefix, const std::string& path,
@@ -337,7 +374,11 @@ void flatten_yaml(const YAML::Node& node, const std::string& prefix, const std::
       continue;
     }
     RawValue raw{{}, "", source};
-    if (value.IsSequence()) {
+    const KeyEntry* known = find_key(key);
+    if (value.IsSequence() && known && known->takes_records && holds_mapping(value)) {
+      raw.text = records_json(value, key, source);
+      raw.items = {raw.text};
+    } else if (value.IsSequence()) {
       for (const auto& element : value) {
         if (!element.IsScalar()) {
           fail("config key '" + key + "' at " + source, "a list of plain values ([a, b])",

@@ -6,12 +6,15 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <numeric>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "error_text.h"
+#include "meshtrain/config/config.h"
 #include "meshtrain/data/mixture.h"
 #include "meshtrain/data/shuffle.h"
 
@@ -67,6 +70,23 @@ TEST(MixtureParse, ListFormTakesNumbersOrTextWeights) {
   EXPECT_DOUBLE_EQ(sources[0].share, 0.7);
   EXPECT_DOUBLE_EQ(sources[1].share, 0.3);
   EXPECT_EQ(parse_dataset_path(R"([{"path": "only", "weight": 2}])").size(), 1u);
+}
+
+TEST(MixtureParse, AYamlListUnderDatasetPathArrivesAsTheMixture) {
+  const std::string path = (std::filesystem::temp_directory_path() / "meshtrain_mixture_list.yaml").string();
+  std::ofstream(path) << "model_name: qwen3-tiny\ndataset_path:\n  - {path: data/web, weight: 3}\n"
+                         "  - path: data/code\n    weight: 1\n";
+  const auto sources = parse_dataset_path(load_config(path, {}).dataset_path);
+  ASSERT_EQ(sources.size(), 2u);
+  EXPECT_EQ(sources[1].path, "data/code");
+  EXPECT_DOUBLE_EQ(sources[0].share, 0.75);
+  std::ofstream(path)
+      << "model_name: qwen3-tiny\ndataset_path:\n  - {path: data/web, weight: 3}\n  - {path: b}\n";
+  const std::string message = error_of([&] { parse_dataset_path(load_config(path, {}).dataset_path); });
+  EXPECT_NE(message.find("config key 'dataset_path', entry 2 of 2 ('{\"path\":\"b\"}'): expected the fields "
+                         "path and weight, found no weight"),
+            std::string::npos)
+      << message;
 }
 
 TEST(MixtureParse, BadEntriesNameTheKeyTheEntryAndTheFix) {
