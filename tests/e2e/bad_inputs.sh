@@ -135,6 +135,14 @@ expect data "$work/documents/1.txt" "point dataset_path at a folder of at least 
   tokenizer_path="$work/prepared/tokenizer.json" vocab_size=257 max_target_length=16 base_emb_dim=32 \
   base_num_query_heads=4 base_num_kv_heads=2 head_dim=8 base_mlp_dim=48 base_num_decoder_layers=2 \
   per_device_batch_size=2 steps=1 run_dir="$work/r-text"
+# A mixture in dataset_path (data/mixture.h): a weight that is not positive names its entry; a well-formed
+# one is parsed but not yet trained on, and says so.
+expect data "config key 'dataset_path', entry 1 of 2 ('a,0')" "a positive finite number as the weight" -- \
+  "$meshtrain" train qwen3-tiny dataset_type=tokens "dataset_path=a,0;b,1" tokenizer_path= eval_dataset_path= \
+  eval_interval=0 steps=1
+expect data "config key 'dataset_path'" "mixtures are parsed but not yet trained on" "a mixture of 2 sources" -- \
+  "$meshtrain" train qwen3-tiny dataset_type=tokens "dataset_path=a,0.7;b,0.3" tokenizer_path= \
+  eval_dataset_path= eval_interval=0 steps=1
 # --- tokenizer -------------------------------------------------------------------------------------------
 expect tokenizer "$work/none.json" "tokenizer.json" -- "$meshtrain" tokenize --tokenizer "$work/none.json"
 expect tokenizer "$work/tokenizer.json" -- "$meshtrain" tokenize --tokenizer "$work/tokenizer.json"

@@ -18,6 +18,7 @@
 #include "meshtrain/core/crc32c.h"
 #include "meshtrain/core/durable_file.h"
 #include "meshtrain/core/error.h"
+#include "meshtrain/data/mixture.h"
 #include "meshtrain/data/sources.h"
 #include "meshtrain/train/schedule.h"
 
@@ -77,20 +78,33 @@ Tokenizer load_run_tokenizer(const Config& config) {
   return tokenizer;
 }
 
+// dataset_path as one source's path. A mixture (data/mixture.h) is parsed, so a malformed one is reported
+// here with its entry, but not yet trained on; a plain path comes back exactly as written.
+std::string single_source_path(const Config& config) {
+  const std::vector<MixtureSource> sources = parse_dataset_path(config.dataset_path);
+  if (sources.size() > 1) {
+    fail("config key 'dataset_path'", "one source (mixtures are parsed but not yet trained on)",
+         "a mixture of " + std::to_string(sources.size()) + " sources",
+         "train on one source for now, e.g. dataset_path=" + sources[0].path);
+  }
+  return sources[0].path;
+}
+
 // The data source of each dataset_type: the one place the data keys become a source. The rest of the run
 // sees only the DataSource interface.
 std::unique_ptr<DataSource> text_files_source(const Config& config) {
   // Tokenized with the run's tokenizer into run_dir/data, rebuilt at every start.
-  return std::make_unique<TextFilesSource>(config.dataset_path, config.run_dir + "/data");
+  return std::make_unique<TextFilesSource>(single_source_path(config), config.run_dir + "/data");
 }
 
 std::unique_ptr<DataSource> token_shards_source(const Config& config) {
-  if (config.dataset_path.empty()) {
+  const std::string path = single_source_path(config);
+  if (path.empty()) {
     fail("config key 'dataset_path'", "a .tokens shard or a folder from `meshtrain prepare`", "nothing",
          "run ./scripts/train.sh once, or `meshtrain prepare --out data/kjv`");
   }
   return std::make_unique<TokenShardsSource>(
-      config.dataset_path, config.eval_dataset_path.empty() ? config.dataset_path : config.eval_dataset_path);
+      path, config.eval_dataset_path.empty() ? path : config.eval_dataset_path);
 }
 
 std::unique_ptr<DataSource> synthetic_source(const Config& /*config*/) {
