@@ -5,6 +5,9 @@
 #   scripts/setup.sh tests      + what the tests need: GoogleTest, Debian's python3 and, in a virtual
 #                               environment under build/venv, the official TensorBoard reader from PyPI
 #   scripts/setup.sh bench      + what only bench/ needs: the libraries and peers compared against
+#   scripts/setup.sh parquet    + Parquet sources: Arrow's C++ library (libparquet, libarrow) as PyPI's pyarrow
+#                               wheel ships it, in the same virtual environment (docs/parquet.md says why);
+#                               reconfigure the build afterwards so CMake finds it
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -35,13 +38,19 @@ bench_packages=(
   python3-torch           # bench/peers: the PyTorch peer (Debian's build, under /usr/bin/python3)
 )
 
+parquet_packages=(
+  python3 python3-venv    # the virtual environment the pyarrow wheel goes into
+)
+
 packages=("${main_packages[@]}")
 want_tests=false
+want_parquet=false
 for part in "$@"; do
   case "$part" in
     tests) packages+=("${test_packages[@]}"); want_tests=true ;;
     bench) packages+=("${bench_packages[@]}") ;;
-    *) echo "setup: unknown part '$part' (expected: tests, bench)" >&2; exit 2 ;;
+    parquet) packages+=("${parquet_packages[@]}"); want_parquet=true ;;
+    *) echo "setup: unknown part '$part' (expected: tests, bench, parquet)" >&2; exit 2 ;;
   esac
 done
 
@@ -57,14 +66,28 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-# The official TensorBoard reader the event-file test compares against: only PyPI has it, and Debian's
-# Python refuses system-wide pip (PEP 668), so it goes into a virtual environment of Debian's python3.
-if $want_tests; then
-  venv=build/venv
-  if ! "$venv/bin/python3" -c "import tensorboard" >/dev/null 2>&1; then
-    echo "setup: tensorboard into $venv (pip)"
+# PyPI packages go into one virtual environment of Debian's python3 (Debian's Python refuses system-wide pip,
+# PEP 668): a venv whose Python no longer runs (Debian's python3 replaced) is made anew.
+venv=build/venv
+venv_install() {  # venv_install MODULE REQUIREMENT: pip-installs REQUIREMENT unless MODULE imports
+  if ! "$venv/bin/python3" -c "pass" >/dev/null 2>&1; then
     rm -rf "$venv"
     /usr/bin/python3 -m venv "$venv"
-    "$venv/bin/python3" -m pip install --quiet --disable-pip-version-check tensorboard
   fi
+  if ! "$venv/bin/python3" -c "import $1" >/dev/null 2>&1; then
+    echo "setup: $2 into $venv (pip)"
+    "$venv/bin/python3" -m pip install --quiet --disable-pip-version-check "$2"
+  fi
+}
+# The official TensorBoard reader the event-file test compares against: only PyPI has it.
+if $want_tests; then
+  venv_install tensorboard tensorboard
+fi
+# Arrow's C++ headers and libraries as the pyarrow wheel ships them (Debian 12 has no Arrow C++). The major
+# version is pinned: Arrow's C++ API and the libraries' sonames (libparquet.so.2600) change with it, and a build
+# links the soname it found. The unversioned libparquet.so / libarrow.so links that a linker looks for are
+# made by pyarrow's own create_library_symlinks().
+if $want_parquet; then
+  venv_install pyarrow "pyarrow==26.*"
+  "$venv/bin/python3" -c "import pyarrow; pyarrow.create_library_symlinks()"
 fi
