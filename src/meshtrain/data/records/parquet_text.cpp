@@ -94,8 +94,9 @@ ParquetTextReader::ParquetTextReader(const std::string& path, const std::string&
   parquet::ReaderProperties properties = parquet::default_reader_properties();
   properties.enable_buffered_stream();
   properties.set_buffer_size(kReadBufferBytes);
-  properties.set_page_checksum_verification(
-      true);  // where the writer stored page CRCs (pyarrow's default omits them)
+  // Where the writer stored page CRCs; pyarrow's default omits them, and a damaged page of a snappy or
+  // uncompressed file then decodes without complaint.
+  properties.set_page_checksum_verification(true);
   try {
     stream.file = parquet::ParquetFileReader::OpenFile(path, /*memory_map=*/false, properties);
   } catch (const parquet::ParquetException& error) {
