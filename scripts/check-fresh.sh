@@ -30,9 +30,12 @@ if [ -z "$mirror" ]; then
 fi
 mirror=${MESHTRAIN_FRESH_MIRROR:-$mirror}
 
+# Every mount under the root, deepest first: dev, sys and proc that this script binds, and any a previous
+# run's commands left behind (mpirun's run/netns), which would make the root impossible to remove.
 unmount_all() {
-  for point in dev/pts dev sys proc; do
-    mountpoint -q "$root/$point" 2>/dev/null && umount -l "$root/$point"
+  local point
+  awk -v root="$root/" 'index($2, root) == 1 {print $2}' /proc/mounts | sort -r | while read -r point; do
+    umount -l "$point" 2>/dev/null || true
   done
   return 0
 }
