@@ -282,6 +282,7 @@ const std::vector<KeyEntry>& key_table() {
       records_key(entry("dataset_path", &Config::dataset_path)),
       entry("eval_dataset_path", &Config::eval_dataset_path),
       entry("tokenizer_path", &Config::tokenizer_path),
+      entry("train_data_columns", &Config::train_data_columns),
       entry("packing", &Config::packing),
       entry("enable_data_shuffling", &Config::enable_data_shuffling),
       entry("data_shuffle_seed", &Config::data_shuffle_seed),
@@ -294,6 +295,7 @@ const std::vector<KeyEntry>& key_table() {
       entry("load_parameters_path", &Config::load_parameters_path),
       entry("load_full_state_path", &Config::load_full_state_path),
       entry("allow_tokenizer_change", &Config::allow_tokenizer_change),
+      entry("allow_data_change", &Config::allow_data_change),
       entry("profiler", &Config::profiler),
       entry("profiler_steps", &Config::profiler_steps),
   });

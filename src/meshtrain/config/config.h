@@ -173,6 +173,7 @@ struct Config {
   // Data, runs, checkpoints
   DatasetType dataset_type = DatasetType::text;
   std::string dataset_path, eval_dataset_path, tokenizer_path;
+  std::string train_data_columns = "text";  // the JSON Lines column a record's text is in (MaxText's key)
   bool packing = true;
   bool enable_data_shuffling = true;  // false: training rows in stream order, the same every epoch
   int64_t data_shuffle_seed = 0;
@@ -182,6 +183,7 @@ struct Config {
   int64_t checkpoint_period = 0, max_num_checkpoints_to_keep = 0;
   std::string load_parameters_path, load_full_state_path;
   bool allow_tokenizer_change = false;  // start from a checkpoint of another tokenizer (check_run_tokenizer)
+  bool allow_data_change = false;       // resume a data cursor of other sources or weights (mixture_rows.h)
   std::string profiler;
   std::vector<int64_t> profiler_steps;
 

@@ -138,6 +138,12 @@ std::vector<MixtureSource> parse_dataset_path(const std::string& text) {
   return sources;
 }
 
+std::string mixture_entry_name(const std::vector<MixtureSource>& entries, size_t index,
+                               const std::string& key) {
+  return "config key '" + key + "', entry " + std::to_string(index + 1) + " of " +
+         std::to_string(entries.size()) + " ('" + entries[index].path + "')";
+}
+
 uint64_t mixture_source_seed(uint64_t seed, size_t source) {
   const PhiloxKey key = philox_key(seed, "meshtrain/mixture-source=" + std::to_string(source));
   return (uint64_t{key[0]} << 32) | key[1];

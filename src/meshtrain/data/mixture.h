@@ -31,6 +31,8 @@
 #include <string>
 #include <vector>
 
+#include "meshtrain/core/error.h"
+
 namespace meshtrain {
 
 struct MixtureSource {
@@ -42,6 +44,22 @@ struct MixtureSource {
 // dataset_path's sources: one for a plain path (weight and share 1), else the mixture's entries in the
 // order written. A malformed mixture is a MeshError naming config key 'dataset_path' and the entry.
 std::vector<MixtureSource> parse_dataset_path(const std::string& text);
+
+// How errors name a mixture's entry: "config key 'KEY', entry i of k ('path')" (i from 1).
+std::string mixture_entry_name(const std::vector<MixtureSource>& entries, size_t index,
+                               const std::string& key = "dataset_path");
+
+// Runs `body`; a MeshError from it is rethrown with `entry` (mixture_entry_name's) before its own where, so
+// an error in one source's files names the mixture entry they came from.
+template <class Body>
+decltype(auto) in_mixture_entry(const std::string& entry, Body&& body) {
+  try {
+    return body();
+  } catch (const MeshError& error) {
+    const ErrorContext& context = error.context();
+    fail(entry + ": " + context.where, context.expected, context.found, context.hint);
+  }
+}
 
 // The seed mixture source `source` shuffles its rows with: its epochs' orders differ from every other
 // source's and from the seed's own.

@@ -1,11 +1,11 @@
 // Where a run's rows come from, behind two interfaces: records -> tokens -> packed rows.
-//   DataSource: a dataset with a train and a validation split (text files, token shards, synthetic today;
-//     a mixture is a DataSource of weighted DataSources). Opening a split gives its rows.
+//   DataSource: a dataset with a train and a validation split (text files, token shards, synthetic, and a
+//     mixture of weighted text or token sources). Opening a split gives its rows.
 //   RowSource: one split as an endless stream of packed rows of S input/target pairs, numbered 0, 1, 2, ...
 //     across epochs. BatchLoader (loader.h) cuts that stream into global batches and per-rank slices; its
 //     whole state is the step and the rows consumed, so the stream itself knows nothing of ranks.
-// The implementations live in token_windows.h (token shards cut into windows) and sources.h (the datasets
-// and the synthetic rows).
+// The implementations live in token_windows.h (token shards cut into windows), mixture_rows.h (a mixture's
+// rows) and sources.h (the datasets and the synthetic rows).
 #pragma once
 
 #include <cstdint>
@@ -33,6 +33,7 @@ struct LoaderOptions {
   bool shuffle = true;  // false for eval and enable_data_shuffling=false: windows in stream order
   int32_t eos_id = -1;  // required for shards; unused by synthetic
   int64_t vocab_size = 0;
+  bool allow_data_change = false;  // a cursor from other data continues on this data (read_cursor)
 };
 
 // The checks every split makes first: S, B, GA, R and the vocabulary size (MeshErrors naming the key).
@@ -63,6 +64,10 @@ class RowSource {
   // returns the rows consumed, or nothing where the rows follow the step alone (synthetic).
   virtual std::optional<uint64_t> read_cursor(const nlohmann::json& cursor,
                                               const std::string& where) const = 0;
+
+  // What the rows before the selected batch were, for a step's metrics record (a mixture: each source's
+  // rows, tokens and epochs); null where there is nothing beyond the loss's own figures.
+  virtual nlohmann::json metrics() const { return nullptr; }
 };
 
 enum class Split { train, validation };

@@ -7,6 +7,7 @@
 #include "meshtrain/core/error.h"
 #include "meshtrain/core/rng.h"
 #include "meshtrain/data/corpus.h"
+#include "meshtrain/data/mixture_rows.h"
 #include "meshtrain/data/prepare.h"
 #include "meshtrain/data/token_windows.h"
 #include "meshtrain/data/tokenizer/tokenizer.h"
@@ -80,18 +81,23 @@ std::unique_ptr<RowSource> open_synthetic_rows(const LoaderOptions& options) {
   return std::make_unique<SyntheticRows>(options);
 }
 
-TokenShardsSource::TokenShardsSource(const std::string& train_path, std::string validation_path)
-    : train_shards_(resolve_token_shards(train_path, split_name(Split::train))),
-      validation_path_(std::move(validation_path)) {}
-
-std::unique_ptr<RowSource> TokenShardsSource::open(Split split, const LoaderOptions& options) const {
-  return TokenWindows::open(
-      split == Split::train ? train_shards_ : resolve_token_shards(validation_path_, split_name(split)),
-      options);
+std::unique_ptr<RowSource> TokenWindowsSource::open(Split split, const LoaderOptions& options) const {
+  return TokenWindows::open(shards(split), options);
 }
 
-TextFilesSource::TextFilesSource(std::string corpus_path, std::string work_dir)
-    : corpus_path_(std::move(corpus_path)), work_dir_(std::move(work_dir)) {}
+TokenShardsSource::TokenShardsSource(const std::string& train_pattern, std::string validation_pattern,
+                                     std::string where)
+    : train_shards_(resolve_token_pattern(train_pattern, split_name(Split::train), where)),
+      validation_pattern_(std::move(validation_pattern)),
+      where_(std::move(where)) {}
+
+std::vector<std::string> TokenShardsSource::shards(Split split) const {
+  return split == Split::train ? train_shards_
+                               : resolve_token_pattern(validation_pattern_, split_name(split), where_);
+}
+
+TextFilesSource::TextFilesSource(std::string corpus_path, std::string work_dir, RecordOptions records)
+    : corpus_path_(std::move(corpus_path)), work_dir_(std::move(work_dir)), records_(std::move(records)) {}
 
 void TextFilesSource::prepare(const Tokenizer* tokenizer) {
   MT_CHECK(tokenizer != nullptr, "text files need the run's tokenizer");
@@ -105,8 +111,100 @@ void TextFilesSource::prepare(const Tokenizer* tokenizer) {
   tokenize_corpus(corpus, *tokenizer, *eos_id, work_dir_);
 }
 
-std::unique_ptr<RowSource> TextFilesSource::open(Split split, const LoaderOptions& options) const {
-  return TokenWindows::open(resolve_token_shards(work_dir_, split_name(split)), options);
+std::vector<std::string> TextFilesSource::shards(Split split) const {
+  return resolve_token_shards(work_dir_, split_name(split));
+}
+
+MixtureDataSource::MixtureDataSource(std::vector<MixtureSource> entries,
+                                     std::vector<std::unique_ptr<TokenWindowsSource>> parts, std::string key)
+    : entries_(std::move(entries)), parts_(std::move(parts)), key_(std::move(key)) {
+  MT_CHECK(entries_.size() == parts_.size(), "a source per mixture entry");
+}
+
+bool MixtureDataSource::needs_preparing() const {
+  for (const auto& part : parts_)
+    if (part->needs_preparing()) return true;
+  return false;
+}
+
+void MixtureDataSource::prepare(const Tokenizer* tokenizer) {
+  for (size_t i = 0; i < parts_.size(); ++i)
+    in_mixture_entry(mixture_entry_name(entries_, i, key_), [&] { parts_[i]->prepare(tokenizer); });
+}
+
+std::unique_ptr<RowSource> MixtureDataSource::open(Split split, const LoaderOptions& options) const {
+  std::vector<std::vector<std::string>> shards;
+  for (size_t i = 0; i < parts_.size(); ++i) {
+    shards.push_back(
+        in_mixture_entry(mixture_entry_name(entries_, i, key_), [&] { return parts_[i]->shards(split); }));
+  }
+  return MixtureRows::open(entries_, shards, options, key_);
+}
+
+namespace {
+
+const char* const kDatasetPathKey = "config key 'dataset_path'";
+
+// The train split from one dataset, the validation split from another (eval_dataset_path's).
+class SplitSources final : public DataSource {
+ public:
+  SplitSources(std::unique_ptr<DataSource> train, std::unique_ptr<DataSource> validation)
+      : train_(std::move(train)), validation_(std::move(validation)) {}
+  bool needs_preparing() const override { return train_->needs_preparing(); }
+  void prepare(const Tokenizer* tokenizer) override { train_->prepare(tokenizer); }
+  bool needs_tokenizer() const override { return true; }
+  std::unique_ptr<RowSource> open(Split split, const LoaderOptions& options) const override {
+    return (split == Split::train ? train_ : validation_)->open(split, options);
+  }
+
+ private:
+  std::unique_ptr<DataSource> train_, validation_;
+};
+
+// One token source, or a mixture of them, each entry's splits from its own pattern.
+std::unique_ptr<DataSource> token_shards_of(const std::vector<MixtureSource>& entries,
+                                            const std::string& key) {
+  if (entries.size() == 1) {
+    return std::make_unique<TokenShardsSource>(entries[0].path, entries[0].path, "config key '" + key + "'");
+  }
+  std::vector<std::unique_ptr<TokenWindowsSource>> parts;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const std::string where = mixture_entry_name(entries, i, key);
+    parts.push_back(in_mixture_entry(
+        where, [&] { return std::make_unique<TokenShardsSource>(entries[i].path, entries[i].path, where); }));
+  }
+  return std::make_unique<MixtureDataSource>(entries, std::move(parts), key);
+}
+
+}  // namespace
+
+std::unique_ptr<DataSource> make_token_shards_source(const std::string& dataset_path,
+                                                     const std::string& eval_dataset_path) {
+  const std::vector<MixtureSource> entries = parse_dataset_path(dataset_path);
+  if (entries.size() == 1 && entries[0].path.empty()) {
+    fail(kDatasetPathKey, "a .tokens shard or a folder from `meshtrain prepare`", "nothing",
+         "run ./scripts/train.sh once, or `meshtrain prepare --out data/kjv`");
+  }
+  if (eval_dataset_path.empty()) return token_shards_of(entries, "dataset_path");
+  const std::vector<MixtureSource> eval_entries = parse_dataset_path(eval_dataset_path);
+  if (entries.size() == 1 && eval_entries.size() == 1) {  // a single source reads as it always has
+    return std::make_unique<TokenShardsSource>(entries[0].path, eval_entries[0].path, kDatasetPathKey);
+  }
+  return std::make_unique<SplitSources>(token_shards_of(entries, "dataset_path"),
+                                        token_shards_of(eval_entries, "eval_dataset_path"));
+}
+
+std::unique_ptr<DataSource> make_text_files_source(const std::string& dataset_path,
+                                                   const std::string& work_dir,
+                                                   const RecordOptions& records) {
+  const std::vector<MixtureSource> entries = parse_dataset_path(dataset_path);
+  if (entries.size() == 1) return std::make_unique<TextFilesSource>(entries[0].path, work_dir, records);
+  std::vector<std::unique_ptr<TokenWindowsSource>> parts;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    parts.push_back(std::make_unique<TextFilesSource>(entries[i].path,
+                                                      work_dir + "/source-" + std::to_string(i), records));
+  }
+  return std::make_unique<MixtureDataSource>(entries, std::move(parts), "dataset_path");
 }
 
 std::unique_ptr<RowSource> SyntheticSource::open(Split split, const LoaderOptions& options) const {

@@ -2,6 +2,8 @@
 // the rules are in token_windows.h.
 #include "meshtrain/data/token_windows.h"
 
+#include <glob.h>
+
 #include <algorithm>
 #include <filesystem>
 
@@ -28,6 +30,7 @@ std::unique_ptr<TokenWindows> TokenWindows::open(const std::vector<std::string>&
   windows->seed_ = options.seed;
   windows->packing_ = options.packing;
   windows->shuffle_ = options.shuffle;
+  windows->allow_data_change_ = options.allow_data_change;
   windows->eos_id_ = options.eos_id;
 
   windows->shard_offsets_.push_back(0);
@@ -82,13 +85,13 @@ std::unique_ptr<TokenWindows> TokenWindows::open(const std::vector<std::string>&
   return windows;
 }
 
+uint64_t TokenWindows::window_at(uint64_t stream_row) {
+  return shuffle_ ? order_.row(stream_row) : stream_row % rows_per_epoch();
+}
+
 void TokenWindows::select(int64_t /*step*/, uint64_t first_row, uint64_t rows) {
-  const uint64_t windows = rows_per_epoch();
   selected_windows_.resize(rows);
-  for (uint64_t row = 0; row < rows; ++row) {
-    const uint64_t counter = first_row + row;
-    selected_windows_[row] = shuffle_ ? order_.row(counter) : counter % windows;
-  }
+  for (uint64_t row = 0; row < rows; ++row) selected_windows_[row] = window_at(first_row + row);
 }
 
 void TokenWindows::read_tokens(uint64_t start, size_t count, int32_t* out) const {
@@ -106,6 +109,10 @@ void TokenWindows::read_tokens(uint64_t start, size_t count, int32_t* out) const
 }
 
 void TokenWindows::fill_row(uint64_t row, int64_t out_row, Batch& batch) const {
+  fill_window(selected_windows_[static_cast<size_t>(row)], out_row, batch);
+}
+
+void TokenWindows::fill_window(uint64_t window, int64_t out_row, Batch& batch) const {
   const auto sequence = static_cast<size_t>(sequence_length_);
   const size_t base = static_cast<size_t>(out_row) * sequence;
   int32_t* tokens = batch.tokens.data() + base;
@@ -114,7 +121,6 @@ void TokenWindows::fill_row(uint64_t row, int64_t out_row, Batch& batch) const {
   int32_t* segments = batch.segment_ids.data() + base;
   uint8_t* mask = batch.loss_mask.data() + base;
 
-  const uint64_t window = selected_windows_[static_cast<size_t>(row)];
   const Span span = packing_ ? Span{window * sequence, static_cast<uint32_t>(sequence + 1)} : spans_[window];
   std::vector<int32_t> buffer(span.length);
   read_tokens(span.start, span.length, buffer.data());
@@ -160,21 +166,39 @@ void TokenWindows::write_cursor(nlohmann::json& cursor, uint64_t rows_consumed) 
   cursor["shard_checksums"] = shard_checksums();
 }
 
-std::optional<uint64_t> TokenWindows::read_cursor(const nlohmann::json& cursor,
-                                                  const std::string& where) const {
-  expect_cursor_field<bool>(cursor, "packing", packing_, where);
+void check_cursor_order(const nlohmann::json& cursor, bool packing, bool shuffle, const std::string& where) {
+  expect_cursor_field<bool>(cursor, "packing", packing, where);
   // The cursor's "shuffle" is the train split's enable_data_shuffling: the rows consumed count positions
   // in one order, so they mean other rows in the other.
   const bool saved_shuffle = cursor_field<bool>(cursor, "shuffle", where);
-  if (saved_shuffle != shuffle_) {
+  if (saved_shuffle != shuffle) {
     const auto text = [](bool value) { return std::string(value ? "true" : "false"); };
-    fail(where, "enable_data_shuffling=" + text(shuffle_) + " (this run)",
+    fail(where, "enable_data_shuffling=" + text(shuffle) + " (this run)",
          "enable_data_shuffling=" + text(saved_shuffle) + " (when the checkpoint was saved)",
          "resume with enable_data_shuffling=" + text(saved_shuffle) +
              " (the order of a run's rows cannot change mid-run), or use a fresh run_dir");
   }
-  expect_cursor_field<uint64_t>(cursor, "token_count", token_count_, where);
-  expect_cursor_field<std::vector<uint32_t>>(cursor, "shard_checksums", shard_checksums(), where);
+}
+
+std::optional<uint64_t> TokenWindows::read_cursor(const nlohmann::json& cursor,
+                                                  const std::string& where) const {
+  check_cursor_order(cursor, packing_, shuffle_, where);
+  if (allow_data_change_) {
+    // A mixture's cursor (mixture_rows.h) holds the global position as rows_consumed.
+    return cursor_field<uint64_t>(cursor, cursor.contains("sources") ? "rows_consumed" : "windows_consumed",
+                                  where);
+  }
+  if (cursor.contains("sources")) {
+    fail(where, "a data cursor of one source (this run's dataset_path)",
+         "a cursor of a mixture of " + std::to_string(cursor["sources"].size()) + " sources",
+         "resume with the dataset_path the checkpoint was made with, set allow_data_change=true to continue "
+         "on this data from the checkpoint's position, or use a fresh run_dir");
+  }
+  const std::string hint = std::string(kOtherDataHint) +
+                           "; or set allow_data_change=true to continue on "
+                           "this data from the checkpoint's position";
+  expect_cursor_field<uint64_t>(cursor, "token_count", token_count_, where, hint);
+  expect_cursor_field<std::vector<uint32_t>>(cursor, "shard_checksums", shard_checksums(), where, hint);
   return cursor_field<uint64_t>(cursor, "windows_consumed", where);
 }
 
@@ -201,6 +225,25 @@ std::vector<std::string> resolve_token_shards(const std::string& path, const std
          "run meshtrain prepare --out " + path);
   }
   std::sort(shards.begin(), shards.end());
+  return shards;
+}
+
+std::vector<std::string> resolve_token_pattern(const std::string& pattern, const std::string& split,
+                                               const std::string& where) {
+  if (pattern.find_first_of("*?[") == std::string::npos) return resolve_token_shards(pattern, split);
+  glob_t matches{};
+  const int status = glob(pattern.c_str(), 0, nullptr, &matches);
+  std::vector<std::string> paths(matches.gl_pathv, matches.gl_pathv + matches.gl_pathc);
+  globfree(&matches);
+  if (status != 0 || paths.empty()) {
+    fail(where, "a glob matching .tokens shards or folders of them", "no match for '" + pattern + "'",
+         "check the pattern (it is matched from the working directory), or run meshtrain prepare first");
+  }
+  std::sort(paths.begin(), paths.end());
+  std::vector<std::string> shards;
+  for (const std::string& path : paths) {
+    for (std::string& shard : resolve_token_shards(path, split)) shards.push_back(std::move(shard));
+  }
   return shards;
 }
 

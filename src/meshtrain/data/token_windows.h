@@ -20,10 +20,13 @@
 // Order. shuffle = true: epoch e visits all W windows in a Fisher-Yates permutation drawn with Philox from
 // (data_shuffle_seed, e); shuffle = false (eval, and training with enable_data_shuffling=false): stream
 // order, every epoch alike. Row r of the stream is window r mod W of epoch r / W.
-// The permutations are EpochShuffle's (shuffle.h), which a mixture's sources share.
-// Cursor fields: windows_consumed (the position), packing, shuffle, token_count, windows_per_epoch and the
-// shard checksums; a cursor from other shards, another packing or order is rejected (another order naming
-// enable_data_shuffling).
+// The permutations are EpochShuffle's (shuffle.h), which a mixture's sources share: a mixture
+// (mixture_rows.h) reads each source's windows through window_at / fill_window, the same path select /
+// fill_row take. Cursor fields: windows_consumed (the position), packing, shuffle, token_count,
+// windows_per_epoch and the shard checksums; a cursor from other shards, another packing or order is rejected
+// (another order naming enable_data_shuffling). With allow_data_change, a cursor from other shards (or a
+// mixture's) is accepted: the run continues at the saved position (windows_consumed, or a mixture's
+// rows_consumed) of the new stream.
 #pragma once
 
 #include <cstdint>
@@ -53,12 +56,18 @@ class TokenWindows final : public RowSource {
   void write_cursor(nlohmann::json& cursor, uint64_t rows_consumed) const override;
   std::optional<uint64_t> read_cursor(const nlohmann::json& cursor, const std::string& where) const override;
 
+  // The window at position `stream_row` of this source's own stream: its epoch's shuffle, or stream order.
+  // Not const: it draws (and keeps) the epoch's permutation.
+  uint64_t window_at(uint64_t stream_row);
+  // Window `window` (< rows_per_epoch()) into row `out_row` of `batch`. Const: safe from several threads.
+  void fill_window(uint64_t window, int64_t out_row, Batch& batch) const;
+
   uint64_t token_count() const { return token_count_; }
+  std::vector<uint32_t> shard_checksums() const;
 
  private:
   TokenWindows() = default;
   void read_tokens(uint64_t start, size_t count, int32_t* out) const;
-  std::vector<uint32_t> shard_checksums() const;
 
   struct Span {
     uint64_t start = 0;   // first token in the stream
@@ -67,7 +76,7 @@ class TokenWindows final : public RowSource {
 
   int64_t sequence_length_ = 0;
   uint64_t seed_ = 0;
-  bool packing_ = true, shuffle_ = true;
+  bool packing_ = true, shuffle_ = true, allow_data_change_ = false;
   int32_t eos_id_ = -1;
 
   std::vector<TokenShard> shards_;
@@ -80,9 +89,19 @@ class TokenWindows final : public RowSource {
   std::vector<uint64_t> selected_windows_;  // [G] window ids of the selected global batch
 };
 
+// A cursor's order fields must be this run's: packing, then shuffle (named as enable_data_shuffling). Shared
+// by single sources and mixtures (MeshErrors naming `where`).
+void check_cursor_order(const nlohmann::json& cursor, bool packing, bool shuffle, const std::string& where);
+
 // Shards for a dataset path: a .tokens file as is; a folder holding `<split>.tokens` (what meshtrain prepare
 // writes; split is "train" or "validation") gives that file; any other folder gives all *.tokens files in
 // it, recursively, sorted by path. Nothing found is a MeshError naming the path.
 std::vector<std::string> resolve_token_shards(const std::string& path, const std::string& split);
+
+// Shards for a pattern: one holding '*', '?' or '[' is a glob(3) whose matches (files or folders) each give
+// their shards (resolve_token_shards), in sorted match order; any other pattern is resolve_token_shards'.
+// A glob matching nothing is a MeshError naming `where` (the config key, and the mixture entry).
+std::vector<std::string> resolve_token_pattern(const std::string& pattern, const std::string& split,
+                                               const std::string& where);
 
 }  // namespace meshtrain

@@ -18,7 +18,6 @@
 #include "meshtrain/core/crc32c.h"
 #include "meshtrain/core/durable_file.h"
 #include "meshtrain/core/error.h"
-#include "meshtrain/data/mixture.h"
 #include "meshtrain/data/sources.h"
 #include "meshtrain/train/schedule.h"
 
@@ -55,6 +54,7 @@ LoaderOptions loader_options(const Config& config, int32_t eos_id, Split split, 
   options.shuffle = train && config.enable_data_shuffling;
   options.eos_id = eos_id;
   options.vocab_size = config.vocab_size;
+  options.allow_data_change = config.allow_data_change;
   return options;
 }
 
@@ -78,33 +78,21 @@ Tokenizer load_run_tokenizer(const Config& config) {
   return tokenizer;
 }
 
-// dataset_path as one source's path. A mixture (data/mixture.h) is parsed, so a malformed one is reported
-// here with its entry, but not yet trained on; a plain path comes back exactly as written.
-std::string single_source_path(const Config& config) {
-  const std::vector<MixtureSource> sources = parse_dataset_path(config.dataset_path);
-  if (sources.size() > 1) {
-    fail("config key 'dataset_path'", "one source (mixtures are parsed but not yet trained on)",
-         "a mixture of " + std::to_string(sources.size()) + " sources",
-         "train on one source for now, e.g. dataset_path=" + sources[0].path);
-  }
-  return sources[0].path;
-}
-
-// The data source of each dataset_type: the one place the data keys become a source. The rest of the run
-// sees only the DataSource interface.
+// The data source of each dataset_type: the one place the data keys become a source (one path or a mixture,
+// data/sources.h). The rest of the run sees only the DataSource interface.
 std::unique_ptr<DataSource> text_files_source(const Config& config) {
+  if (config.train_data_columns.empty()) {
+    fail("config key 'train_data_columns'", "the name of the column holding a record's text", "nothing",
+         "leave it at its default, train_data_columns=text");
+  }
+  RecordOptions records;
+  records.column = config.train_data_columns;
   // Tokenized with the run's tokenizer into run_dir/data, rebuilt at every start.
-  return std::make_unique<TextFilesSource>(single_source_path(config), config.run_dir + "/data");
+  return make_text_files_source(config.dataset_path, config.run_dir + "/data", records);
 }
 
 std::unique_ptr<DataSource> token_shards_source(const Config& config) {
-  const std::string path = single_source_path(config);
-  if (path.empty()) {
-    fail("config key 'dataset_path'", "a .tokens shard or a folder from `meshtrain prepare`", "nothing",
-         "run ./scripts/train.sh once, or `meshtrain prepare --out data/kjv`");
-  }
-  return std::make_unique<TokenShardsSource>(
-      path, config.eval_dataset_path.empty() ? path : config.eval_dataset_path);
+  return make_token_shards_source(config.dataset_path, config.eval_dataset_path);
 }
 
 std::unique_ptr<DataSource> synthetic_source(const Config& /*config*/) {
@@ -532,6 +520,7 @@ StepOutcome Run::step(const RunControl& control) {
                            {"peak_memory_bytes", peak_resident_bytes()},
                            {"valid_tokens", sums.valid_count}};
   if (!engine.spec().moe_layers.empty()) record["moe"] = routing_metrics(engine.spec(), sums);
+  if (nlohmann::json data = loader_->rows().metrics(); !data.is_null()) record["data"] = std::move(data);
   if (ranks_.world->size() > 1) {
     // What the step's kernels moved per mesh axis (payload bytes per rank), next to what the plan says.
     nlohmann::json moved = nlohmann::json::object();
