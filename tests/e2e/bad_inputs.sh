@@ -57,6 +57,17 @@ for corpus in documents other_documents; do
   "$meshtrain" prepare --out "$work/tok_$corpus" --vocab-size 260 --corpus "$work/$corpus" >/dev/null 2>&1 ||
     { echo "FAIL: fixture prepare of $corpus"; exit 1; }
 done
+# Token shards and text mixtures trained with the fixture's tokenizer (vocab 257).
+prepared_model=(dataset_type=tokens tokenizer_path="$work/prepared/tokenizer.json" eval_dataset_path=
+  eval_interval=0 max_target_length=16 base_emb_dim=32 base_num_query_heads=4 base_num_kv_heads=2 head_dim=8
+  base_mlp_dim=48 base_num_decoder_layers=2 vocab_size=257 per_device_batch_size=2)
+mixture_model=("${prepared_model[@]/dataset_type=tokens/dataset_type=text}")
+for corpus in mix_a mix_b; do
+  mkdir "$work/$corpus" &&
+    for i in 1 2 3 4 5 6; do
+      for line in $(seq 20); do echo "in the beginning $line was the word of $corpus $i"; done >"$work/$corpus/$i.txt"
+    done
+done
 identity_of() { grep -o '"tokenizer_identity": "[0-9a-f]*"' "$1/prepare.json" | cut -d'"' -f4; }
 tokens_model=()  # the fixture model, on prepared tokens of a 260-id tokenizer
 for setting in "${tiny[@]}"; do
@@ -110,6 +121,8 @@ expect config "config key 'enable_data_shuffling'" "true or false" "'maybe'" -- 
   "$meshtrain" train qwen3-tiny "${tiny[@]}" enable_data_shuffling=maybe
 expect config "config key 'hf_eos_token_id'" "a token id in [0, vocab_size = 8192), null, absent" -- \
   "$meshtrain" info qwen3-tiny hf_eos_token_id=8192
+expect config "config key 'train_data_columns'" "the name of the column" -- \
+  "$meshtrain" train qwen3-tiny "${tiny[@]/dataset_type=synthetic/dataset_type=text}" train_data_columns=
 # --- mesh ------------------------------------------------------------------------------------------------
 expect mesh "config key 'mesh'" "product of 1" -- "$meshtrain" train qwen3-tiny "${tiny[@]}" mesh.fsdp=3
 expect mesh "config key 'base_num_query_heads'" "tensor degree 8" -- \
@@ -135,14 +148,17 @@ expect data "$work/documents/1.txt" "point dataset_path at a folder of at least 
   tokenizer_path="$work/prepared/tokenizer.json" vocab_size=257 max_target_length=16 base_emb_dim=32 \
   base_num_query_heads=4 base_num_kv_heads=2 head_dim=8 base_mlp_dim=48 base_num_decoder_layers=2 \
   per_device_batch_size=2 steps=1 run_dir="$work/r-text"
-# A mixture in dataset_path (data/mixture.h): a weight that is not positive names its entry; a well-formed
-# one is parsed but not yet trained on, and says so.
+# A mixture in dataset_path (data/mixture.h): a weight that is not positive, a glob that matches nothing and a
+# source without a single row each name the entry, before training starts.
 expect data "config key 'dataset_path', entry 1 of 2 ('a,0')" "a positive finite number as the weight" -- \
   "$meshtrain" train qwen3-tiny dataset_type=tokens "dataset_path=a,0;b,1" tokenizer_path= eval_dataset_path= \
   eval_interval=0 steps=1
-expect data "config key 'dataset_path'" "mixtures are parsed but not yet trained on" "a mixture of 2 sources" -- \
-  "$meshtrain" train qwen3-tiny dataset_type=tokens "dataset_path=a,0.7;b,0.3" tokenizer_path= \
-  eval_dataset_path= eval_interval=0 steps=1
+expect data "config key 'dataset_path', entry 2 of 2 ('$work/none*.tokens')" "no match" -- \
+  "$meshtrain" train qwen3-tiny "${prepared_model[@]}" "dataset_path=$work/prepared,1;$work/none*.tokens,1" steps=1
+mkdir "$work/tiny" && echo "a" >"$work/tiny/1.txt" && echo "b" >"$work/tiny/2.txt"
+expect data "config key 'dataset_path', entry 2 of 2 ('$work/tiny')" "at least max_target_length + 1 = 17 tokens" -- \
+  "$meshtrain" train qwen3-tiny "${mixture_model[@]}" "dataset_path=$work/mix_a,1;$work/tiny,1" steps=1 \
+  run_dir="$work/r-tiny"
 # --- tokenizer -------------------------------------------------------------------------------------------
 expect tokenizer "$work/none.json" "tokenizer.json" -- "$meshtrain" tokenize --tokenizer "$work/none.json"
 expect tokenizer "$work/tokenizer.json" -- "$meshtrain" tokenize --tokenizer "$work/tokenizer.json"
@@ -192,6 +208,19 @@ expect checkpoint "$checkpoint_a/metadata.json: tokenizer" "no tokenizer (datase
   grep -q "\"identity\": \"$identity_b\"" "$work/r_allowed/checkpoints/step_00000001/metadata.json" ||
   { echo "FAIL: allow_tokenizer_change=true did not train with a warning into a checkpoint of the new tokenizer"
     tail -3 "$work/r_allowed.log" | sed 's/^/    /'; status=1; }
+# A text mixture's checkpoint resumed with other weights names the entry and both shares; allow_data_change=true
+# continues on the new weights.
+"$meshtrain" train qwen3-tiny "${mixture_model[@]}" "dataset_path=$work/mix_a,3;$work/mix_b,1" steps=1 \
+  run_dir="$work/mixed" >"$work/mixed.log" 2>&1 || { echo "FAIL: fixture mixture run"; cat "$work/mixed.log"; exit 1; }
+expect checkpoint "config key 'dataset_path', entry 1 of 2 ('$work/mix_a')" "share = 0.5 (this run's data)" \
+  "0.75 (when the checkpoint was saved)" "allow_data_change=true" -- \
+  "$meshtrain" train qwen3-tiny "${mixture_model[@]}" "dataset_path=$work/mix_a,1;$work/mix_b,1" steps=2 \
+  run_dir="$work/mixed"
+"$meshtrain" train qwen3-tiny "${mixture_model[@]}" "dataset_path=$work/mix_a,1;$work/mix_b,1" steps=2 \
+  allow_data_change=true run_dir="$work/mixed" >"$work/mixed2.log" 2>&1 &&
+  grep -q '"source0":{[^}]*"rows":3,.*"source1":{[^}]*"rows":1,.*"step":2,' "$work/mixed/metrics.jsonl" ||
+  { echo "FAIL: allow_data_change=true did not continue the mixture on the new weights"
+    tail -3 "$work/mixed2.log" | sed 's/^/    /'; status=1; }
 expect checkpoint "hf_bos_string/config.json: key 'bos_token_id'" "a token id in [0, vocab_size = 64) or null" \
   '"0"' -- "$meshtrain" import-hf "$work/hf_bos_string" --out "$work/imported"
 expect checkpoint "hf_eos_outside/config.json: key 'eos_token_id'" "a token id in [0, vocab_size = 64) or null" \

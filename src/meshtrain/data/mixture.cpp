@@ -1,4 +1,4 @@
-// dataset_path's mixture forms and the greatest-sampling-error draw; the rules are in mixture.h.
+// dataset_path's mixture forms and Tijdeman's draw; the rules are in mixture.h.
 #include "meshtrain/data/mixture.h"
 
 #include <algorithm>
@@ -166,20 +166,28 @@ MixtureDraw::MixtureDraw(const std::vector<double>& shares, std::vector<uint64_t
 }
 
 size_t MixtureDraw::pick() const {
-  // error_i = share_i (n + 1) - count_i, times total_units_: exact in 128 bits (units ~10^12, n < 2^64).
+  const size_t k = counts_.size();
+  if (k == 1) return 0;
+  // Tijdeman's rule in units of 1 / (D x total_units_), D = 2k - 2, exact in 128 bits (units ~2^40, counts
+  // and rows < 2^64, D <= 2^7 for any k a config can hold). Source i may be drawn when share_i t - count_i >=
+  // 1 / D; of those, the one whose deadline (count_i + 1 - 1 / D) / share_i comes first, ties to the lowest
+  // index.
   __extension__ using Wide = __int128;
-  const auto error = [&](size_t i) {
-    return Wide{units_[i]} * (Wide{position_} + 1) - Wide{counts_[i]} * Wide{total_units_};
-  };
-  size_t best = 0;
-  Wide best_error = error(0);
-  for (size_t i = 1; i < counts_.size(); ++i) {
-    const Wide candidate = error(i);
-    if (candidate > best_error) {  // strictly: a tie stays with the lower index
+  const Wide d = 2 * static_cast<Wide>(k) - 2;
+  const Wide t = Wide{position_} + 1;
+  size_t best = k;
+  Wide best_numerator = 0, best_units = 1;  // the best deadline, numerator / units, times total_units_ / D
+  for (size_t i = 0; i < k; ++i) {
+    const Wide lag = Wide{units_[i]} * t - Wide{counts_[i]} * Wide{total_units_};
+    if (d * lag < Wide{total_units_}) continue;
+    const Wide numerator = d * (Wide{counts_[i]} + 1) - 1;
+    if (best == k || numerator * best_units < best_numerator * Wide{units_[i]}) {
       best = i;
-      best_error = candidate;
+      best_numerator = numerator;
+      best_units = units_[i];
     }
   }
+  MT_CHECK(best < k, "a source whose lag allows a draw (the lags sum to one row)");
   return best;
 }
 

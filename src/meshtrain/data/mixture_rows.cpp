@@ -23,7 +23,7 @@ std::vector<uint64_t> rows_per_epoch_of(const std::vector<std::unique_ptr<TokenW
 
 constexpr const char* kAllowDataChangeHint =
     "resume with the dataset_path (and data) the checkpoint was made with, set allow_data_change=true to "
-    "continue on this data (mixture_rows.h says how), or use a fresh run_dir";
+    "continue on this data (docs/configuration.md, allow_data_change), or use a fresh run_dir";
 
 }  // namespace
 
