@@ -18,17 +18,20 @@
 // those it comes from the one whose deadline (count + 1 - 1 / D) / share is earliest, ties to the lowest
 // index. Tijdeman proved that after every row every source's count is within 1 - 1 / D of share x t (1/2 row
 // for two sources, under one row for any k; tested for k up to 8), which the spec's "within one row" asks.
-// Megatron's greatest-sampling- error rule (megatron/core/datasets/helpers.cpp, build_blending_indices: the
-// source furthest below its share) was the anchor and the rule here before; it meets one row for two or three
-// sources but lags to about 1.2 rows at 7 uneven ones. Both draw a 3:1 mixture as 0,0,1,0 repeated;
-// tests/reference/mixture/ draw_order.py computes the order independently. The comparisons are exact integer
-// arithmetic on the shares rounded to 12 decimals, so every machine draws the same sources, and weights
-// written as decimals tie exactly where their decimal values do. The state is the per-source counts: saved
-// and restored, the draw continues identically. seek() reaches any position by replaying from the state (or
-// from 0 for an earlier one). Source i's rows are its own stream 0, 1, 2, ...: its row c is row c mod R_i of
-// its epoch c / R_i (R_i its rows per epoch), and a shuffled source visits epoch e in the order
-// EpochShuffle(mixture_source_seed (seed, i), R_i) draws (shuffle.h), so each (seed, source, epoch) has its
-// own order. MixtureRows (mixture_rows.h) is the rows a training run reads through this draw.
+// Megatron's greatest-sampling-error rule (megatron/core/datasets/helpers.cpp, build_blending_indices: the
+// source furthest below its share) was the anchor and the rule here before; it meets one row for two or
+// three sources but lags to about 1.2 rows at 7 uneven ones. Both draw a 3:1 mixture as 0,0,1,0 repeated;
+// tests/reference/mixture/draw_order.py computes the order independently. The comparisons are exact
+// integer arithmetic on the shares rounded to 12 decimals, so every machine draws the same sources, and
+// weights written as decimals tie exactly where their decimal values do.
+//
+// The state is the per-source counts: saved and restored, the draw continues identically. seek() reaches
+// any position by replaying from the state (or from 0 for an earlier one).
+//
+// Source i's rows are its own stream 0, 1, 2, ...: its row c is row c mod R_i of its epoch c / R_i (R_i its
+// rows per epoch), and a shuffled source visits epoch e in the order EpochShuffle(mixture_source_seed(seed,
+// i), R_i) draws (shuffle.h), so each (seed, source, epoch) has its own order. MixtureRows (mixture_rows.h)
+// is the rows a training run reads through this draw.
 #pragma once
 
 #include <cstddef>

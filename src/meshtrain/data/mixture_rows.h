@@ -6,7 +6,8 @@
 // enable_data_shuffling=false), so a source that runs out starts a new epoch with its own new shuffle while
 // the others go on. Rows are read through TokenWindows::window_at / fill_window, the single source's path.
 //
-// Cursor ("kind": "tokens", like a single source's, so either can be told from the other): packing, shuffle,
+// Cursor ("kind": "tokens", as a single source's: the two tell each other apart by "sources", which only a
+// mixture's has, and refuse each other unless allow_data_change): packing, shuffle,
 // rows_consumed (the global position) and "sources", one entry per source in dataset_path's order: path (as
 // written), weight, share, token_count, windows_per_epoch, shard_checksums, rows (its stream position) and
 // drawn (the draw's count for it; equal to rows unless the run was resumed with allow_data_change). Resuming
