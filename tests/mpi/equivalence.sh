@@ -10,7 +10,7 @@
 # corpus of 3..7-token documents, so a chunk of S / 2C = 8 tokens holds several documents and documents
 # cross chunk boundaries) with each reorder and C=4, with eval every 5 steps whose losses must agree within
 # 1e-5 too; each against the one-process run of the same model and data. The same documents unpacked and in
-# stream order (enable_data_shuffling=false) on 2 data ranks. Under context the global batch is
+# stream order (enable_data_shuffling=false) on 2 data ranks, and a two-source mixture of them on 2 data ranks. Under context the global batch is
 # per_device_batch_size x devices rows as for tensor, each row cut over the context ranks.
 # Usage: equivalence.sh BUILD_DIR
 source "$(dirname "$0")/common.sh" "$1"
@@ -56,10 +56,15 @@ run packed_single 1 8 "${packed[@]}"
 # global row index, so 2 data ranks train on the one process's global batch.
 unshuffled=("${packed[@]}" packing=false enable_data_shuffling=false)
 run unshuffled_single 1 8 "${unshuffled[@]}"
+# A two-source mixture (3:1) of the same documents: the draw is a function of the global row, so 2 data ranks
+# train on the one process's global batch.
+mixture=("${packed[@]/#dataset_path=*/dataset_path=$work/packed/train.tokens,3;$work/packed,1}")
+run mixture_single 1 8 "${mixture[@]}"
 preset=gpt2-124m run gpt2_single 1 8 "${gpt2[@]}"
 
 check dp2 single 2 4 mesh.data=2
 check unshuffled_dp2 unshuffled_single 2 4 mesh.data=2 "${unshuffled[@]}"
+check mixture_dp2 mixture_single 2 4 mesh.data=2 "${mixture[@]}"
 run dp2_again 2 4 mesh.data=2
 check fsdp2 single 2 4 mesh.fsdp=2
 check zero1_2 single 2 4 mesh.data=2 shard_optimizer_over_data=true
