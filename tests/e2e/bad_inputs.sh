@@ -153,7 +153,8 @@ expect data "$work/documents/1.txt" "point dataset_path at a folder of at least 
 expect data "config key 'dataset_path', entry 1 of 2 ('a,0')" "a positive finite number as the weight" -- \
   "$meshtrain" train qwen3-tiny dataset_type=tokens "dataset_path=a,0;b,1" tokenizer_path= eval_dataset_path= \
   eval_interval=0 steps=1
-expect data "config key 'dataset_path', entry 2 of 2 ('$work/none*.tokens')" "no match" -- \
+expect data "config key 'dataset_path', entry 2 of 2 ('$work/none*.tokens')" "a glob matching .tokens shards" \
+  "no match" -- \
   "$meshtrain" train qwen3-tiny "${prepared_model[@]}" "dataset_path=$work/prepared,1;$work/none*.tokens,1" steps=1
 mkdir "$work/tiny" && echo "a" >"$work/tiny/1.txt" && echo "b" >"$work/tiny/2.txt"
 expect data "config key 'dataset_path', entry 2 of 2 ('$work/tiny')" "at least max_target_length + 1 = 17 tokens" -- \

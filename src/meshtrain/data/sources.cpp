@@ -85,15 +85,13 @@ std::unique_ptr<RowSource> TokenWindowsSource::open(Split split, const LoaderOpt
   return TokenWindows::open(shards(split), options);
 }
 
-TokenShardsSource::TokenShardsSource(const std::string& train_pattern, std::string validation_pattern,
-                                     std::string where)
-    : train_shards_(resolve_token_pattern(train_pattern, split_name(Split::train), where)),
-      validation_pattern_(std::move(validation_pattern)),
-      where_(std::move(where)) {}
+TokenShardsSource::TokenShardsSource(const std::string& train_pattern, std::string validation_pattern)
+    : train_shards_(resolve_token_pattern(train_pattern, split_name(Split::train))),
+      validation_pattern_(std::move(validation_pattern)) {}
 
 std::vector<std::string> TokenShardsSource::shards(Split split) const {
   return split == Split::train ? train_shards_
-                               : resolve_token_pattern(validation_pattern_, split_name(split), where_);
+                               : resolve_token_pattern(validation_pattern_, split_name(split));
 }
 
 TextFilesSource::TextFilesSource(std::string corpus_path, std::string work_dir, RecordOptions records)
@@ -143,8 +141,6 @@ std::unique_ptr<RowSource> MixtureDataSource::open(Split split, const LoaderOpti
 
 namespace {
 
-const char* const kDatasetPathKey = "config key 'dataset_path'";
-
 // The train split from one dataset, the validation split from another (eval_dataset_path's).
 class SplitSources final : public DataSource {
  public:
@@ -164,14 +160,12 @@ class SplitSources final : public DataSource {
 // One token source, or a mixture of them, each entry's splits from its own pattern.
 std::unique_ptr<DataSource> token_shards_of(const std::vector<MixtureSource>& entries,
                                             const std::string& key) {
-  if (entries.size() == 1) {
-    return std::make_unique<TokenShardsSource>(entries[0].path, entries[0].path, "config key '" + key + "'");
-  }
+  if (entries.size() == 1) return std::make_unique<TokenShardsSource>(entries[0].path, entries[0].path);
   std::vector<std::unique_ptr<TokenWindowsSource>> parts;
   for (size_t i = 0; i < entries.size(); ++i) {
-    const std::string where = mixture_entry_name(entries, i, key);
-    parts.push_back(in_mixture_entry(
-        where, [&] { return std::make_unique<TokenShardsSource>(entries[i].path, entries[i].path, where); }));
+    parts.push_back(in_mixture_entry(mixture_entry_name(entries, i, key), [&] {
+      return std::make_unique<TokenShardsSource>(entries[i].path, entries[i].path);
+    }));
   }
   return std::make_unique<MixtureDataSource>(entries, std::move(parts), key);
 }
@@ -182,13 +176,13 @@ std::unique_ptr<DataSource> make_token_shards_source(const std::string& dataset_
                                                      const std::string& eval_dataset_path) {
   const std::vector<MixtureSource> entries = parse_dataset_path(dataset_path);
   if (entries.size() == 1 && entries[0].path.empty()) {
-    fail(kDatasetPathKey, "a .tokens shard or a folder from `meshtrain prepare`", "nothing",
+    fail("config key 'dataset_path'", "a .tokens shard or a folder from `meshtrain prepare`", "nothing",
          "run ./scripts/train.sh once, or `meshtrain prepare --out data/kjv`");
   }
   if (eval_dataset_path.empty()) return token_shards_of(entries, "dataset_path");
   const std::vector<MixtureSource> eval_entries = parse_dataset_path(eval_dataset_path);
   if (entries.size() == 1 && eval_entries.size() == 1) {  // a single source reads as it always has
-    return std::make_unique<TokenShardsSource>(entries[0].path, eval_entries[0].path, kDatasetPathKey);
+    return std::make_unique<TokenShardsSource>(entries[0].path, eval_entries[0].path);
   }
   return std::make_unique<SplitSources>(token_shards_of(entries, "dataset_path"),
                                         token_shards_of(eval_entries, "eval_dataset_path"));

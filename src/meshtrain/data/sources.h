@@ -31,18 +31,16 @@ class TokenWindowsSource : public DataSource {
 };
 
 // `meshtrain prepare`'s output (or any .tokens shards): the train split from train_pattern, the validation
-// split from validation_pattern (resolve_token_pattern, token_windows.h: a file, a folder or a glob; `where`
-// names the setting in its errors). The train shards are resolved here, so a missing dataset is reported
-// before anything else is loaded.
+// split from validation_pattern (resolve_token_pattern, token_windows.h: a file, a folder or a glob). The
+// train shards are resolved here, so a missing dataset is reported before anything else is loaded.
 class TokenShardsSource final : public TokenWindowsSource {
  public:
-  TokenShardsSource(const std::string& train_pattern, std::string validation_pattern,
-                    std::string where = "config key 'dataset_path'");
+  TokenShardsSource(const std::string& train_pattern, std::string validation_pattern);
   std::vector<std::string> shards(Split split) const override;
 
  private:
   std::vector<std::string> train_shards_;
-  std::string validation_pattern_, where_;
+  std::string validation_pattern_;
 };
 
 // Text files (a file or a folder; empty: the King James Bible, load_corpus in corpus.h), split 95 / 5 and

@@ -228,15 +228,14 @@ std::vector<std::string> resolve_token_shards(const std::string& path, const std
   return shards;
 }
 
-std::vector<std::string> resolve_token_pattern(const std::string& pattern, const std::string& split,
-                                               const std::string& where) {
+std::vector<std::string> resolve_token_pattern(const std::string& pattern, const std::string& split) {
   if (pattern.find_first_of("*?[") == std::string::npos) return resolve_token_shards(pattern, split);
   glob_t matches{};
   const int status = glob(pattern.c_str(), 0, nullptr, &matches);
   std::vector<std::string> paths(matches.gl_pathv, matches.gl_pathv + matches.gl_pathc);
   globfree(&matches);
   if (status != 0 || paths.empty()) {
-    fail(where, "a glob matching .tokens shards or folders of them", "no match for '" + pattern + "'",
+    fail(pattern, "a glob matching .tokens shards or folders of them", "no match",
          "check the pattern (it is matched from the working directory), or run meshtrain prepare first");
   }
   std::sort(paths.begin(), paths.end());

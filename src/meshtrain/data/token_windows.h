@@ -100,8 +100,7 @@ std::vector<std::string> resolve_token_shards(const std::string& path, const std
 
 // Shards for a pattern: one holding '*', '?' or '[' is a glob(3) whose matches (files or folders) each give
 // their shards (resolve_token_shards), in sorted match order; any other pattern is resolve_token_shards'.
-// A glob matching nothing is a MeshError naming `where` (the config key, and the mixture entry).
-std::vector<std::string> resolve_token_pattern(const std::string& pattern, const std::string& split,
-                                               const std::string& where);
+// A glob matching nothing is a MeshError naming the pattern.
+std::vector<std::string> resolve_token_pattern(const std::string& pattern, const std::string& split);
 
 }  // namespace meshtrain
