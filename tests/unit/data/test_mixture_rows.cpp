@@ -281,6 +281,28 @@ TEST_F(MixtureRowsTest, OneSourceAndAMixtureDoNotResumeEachOther) {
   EXPECT_EQ(to_mixture.cursor().at("rows_consumed"), 6);
 }
 
+// One source whose shards changed: refused naming the field and allow_data_change; allowed, the run goes on
+// at the saved position of the new stream.
+TEST_F(MixtureRowsTest, ASingleSourceWithOtherShardsContinuesOnlyWhenAllowed) {
+  const std::string a = shard("a.tokens", 10, 30), b = shard("b.tokens", 20, 50);
+  const LoaderOptions o = mixture_options(2);
+  BatchLoader original(make_token_shards_source(a, "")->open(Split::train, o), o);
+  for (int step = 0; step < 4; ++step) original.advance();
+  const nlohmann::json cursor = original.cursor();
+  const std::string refused = error_of([&] {
+    BatchLoader loader(make_token_shards_source(b, "")->open(Split::train, o), o);
+    loader.restore(cursor, "ckpt");
+  });
+  EXPECT_NE(refused.find("token_count"), std::string::npos) << refused;
+  EXPECT_NE(refused.find("allow_data_change=true"), std::string::npos) << refused;
+  LoaderOptions allowed = o;
+  allowed.allow_data_change = true;
+  BatchLoader changed(make_token_shards_source(b, "")->open(Split::train, allowed), allowed);
+  changed.restore(cursor, "ckpt");
+  EXPECT_EQ(changed.step(), 4);
+  EXPECT_EQ(changed.cursor().at("windows_consumed"), 8);
+}
+
 // Errors before training: a glob matching nothing and an entry without a window name dataset_path and the
 // entry; the validation split mixes each source's own, or comes from eval_dataset_path.
 TEST_F(MixtureRowsTest, EntriesAreCheckedAndTheValidationSplitMixesTheSources) {
