@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -10,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "error_text.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/data/shards.h"
 #include "meshtrain/data/tokenizer/tokenizer.h"
@@ -90,6 +92,61 @@ TEST_F(RunTest, StopAfterStepEndsTheRunAndAResumeContinues) {
   }
   EXPECT_EQ(steps, 2);
   EXPECT_EQ(resumed.finish().first_step, 2);
+}
+
+// A full state resumes with its global batch: gradient_accumulation_steps derived for the new device count
+// and batch size, or a count that cannot divide it refused before anything loads; weights only derive
+// nothing.
+TEST_F(RunTest, ResumeKeepsTheCheckpointsGlobalBatch) {
+  {
+    Config saved = tiny_config(run_dir_, 2);
+    saved.set("gradient_accumulation_steps", "2");  // 2 rows x 2 micro-batches: 4 rows a step
+    meshtrain::Run run(saved, prepare_run(saved, 1), console_, ranks_);
+    while (run.steps_left()) run.step({});
+    run.finish();
+  }
+  Config one_row = tiny_config(run_dir_, 4);
+  one_row.set("per_device_batch_size", "1");
+  const std::string line = keep_checkpoint_global_batch(one_row, 1);
+  EXPECT_EQ(one_row.gradient_accumulation_steps, 4);
+  EXPECT_NE(std::find(one_row.resolved.begin(), one_row.resolved.end(),
+                      std::pair<std::string, std::string>{"gradient_accumulation_steps", "4"}),
+            one_row.resolved.end())
+      << "config.yaml and the checkpoints record the derived value";
+  for (const char* needle : {"gradient_accumulation_steps 1 -> 4", "global batch of 4 rows", "step_00000002",
+                             "per_device_batch_size 1 x 1 process"})
+    EXPECT_NE(line.find(needle), std::string::npos) << needle << " in " << line;
+  Config two_ranks = tiny_config(run_dir_, 4);
+  two_ranks.set("per_device_batch_size", "1");
+  keep_checkpoint_global_batch(two_ranks, 2);
+  EXPECT_EQ(two_ranks.gradient_accumulation_steps, 2);
+  Config same = tiny_config(run_dir_, 4);
+  same.set("gradient_accumulation_steps", "2");
+  EXPECT_EQ(keep_checkpoint_global_batch(same, 1), "") << "nothing to say when the config already keeps it";
+  // The resumed run trains with it.
+  meshtrain::Run resumed(one_row, prepare_run(one_row, 1), console_, ranks_);
+  EXPECT_EQ(resumed.step({}), StepOutcome::trained);
+
+  Config three_rows = tiny_config(run_dir_, 4);
+  three_rows.set("per_device_batch_size", "3");
+  three_rows.set("mesh.data", "2");
+  const std::string refused = testing::error_of([&] { keep_checkpoint_global_batch(three_rows, 2); });
+  for (const char* needle : {"step_00000002/metadata.json: data_cursor", "global batch of 4 rows",
+                             "per_device_batch_size 3 x 2 processes = 6 rows a micro-batch", "mesh data=2",
+                             "whose product divides 4"})
+    EXPECT_NE(refused.find(needle), std::string::npos) << needle << " in " << refused;
+
+  const std::string checkpoint = run_dir_ + "/checkpoints/step_00000002";
+  Config full_state = tiny_config(run_dir_ + "_elsewhere", 4);
+  full_state.set("per_device_batch_size", "1");
+  full_state.load_full_state_path = checkpoint;
+  EXPECT_NE(keep_checkpoint_global_batch(full_state, 1), "");
+  EXPECT_EQ(full_state.gradient_accumulation_steps, 4);
+  Config weights_only = tiny_config(run_dir_ + "_elsewhere", 4);
+  weights_only.set("per_device_batch_size", "3");
+  weights_only.load_parameters_path = checkpoint;
+  EXPECT_EQ(keep_checkpoint_global_batch(weights_only, 1), "") << "weights only start a new data order";
+  EXPECT_EQ(weights_only.gradient_accumulation_steps, 1);
 }
 
 TEST_F(RunTest, NonPositiveStepsIsASetupError) {
