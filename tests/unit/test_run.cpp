@@ -149,6 +149,32 @@ TEST_F(RunTest, ResumeKeepsTheCheckpointsGlobalBatch) {
   EXPECT_EQ(weights_only.gradient_accumulation_steps, 1);
 }
 
+// Each step's record says how long it waited for its batches (prepared a step ahead) and which tokens it
+// read; the trace shows the wait.
+TEST_F(RunTest, StepRecordsItsDataWaitAndBatchChecksum) {
+  Config config = tiny_config(run_dir_, 3);
+  config.set("profiler", "trace");
+  config.set("profiler_steps", "2");
+  meshtrain::Run run(config, prepare_run(config, 1), console_, ranks_);
+  while (run.steps_left()) run.step({});
+  run.finish();
+  std::ifstream metrics(run_dir_ + "/metrics.jsonl");
+  std::set<uint32_t> checksums;
+  for (std::string line; std::getline(metrics, line);) {
+    const nlohmann::json record = nlohmann::json::parse(line);
+    EXPECT_GE(record.at("data_wait_s").get<double>(), 0.0);
+    EXPECT_NEAR(record.at("data_wait_fraction").get<double>(),
+                record["data_wait_s"].get<double>() / record["step_time_s"].get<double>(), 1e-12);
+    checksums.insert(record.at("batch_crc32c").get<uint32_t>());
+  }
+  EXPECT_EQ(checksums.size(), 3u) << "every step reads other tokens";
+  const nlohmann::json trace = nlohmann::json::parse(std::ifstream(run_dir_ + "/trace_step2.json"));
+  int waits = 0;
+  for (const nlohmann::json& event : trace.at("traceEvents"))
+    waits += event.at("name") == "data_wait" && event.at("cat") == "data";
+  EXPECT_EQ(waits, 1);
+}
+
 TEST_F(RunTest, NonPositiveStepsIsASetupError) {
   EXPECT_THROW(prepare_run(tiny_config(run_dir_, 0), 1), MeshError);
 }

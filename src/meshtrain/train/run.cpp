@@ -493,8 +493,10 @@ void Run::save(int64_t step, const nlohmann::json& data_cursor) {
 
 // The step's data from the prefetcher; the wait for it (when it is not ready yet) is the trace's data_wait.
 PreparedStep Run::take_batches() {
-  const TraceScope wait(&*trace_, "data_wait", "data");
-  return batches_->take();
+  const double start_us = trace_->now_us();
+  PreparedStep prepared = batches_->take();
+  trace_->record("data_wait", "data", start_us, batches_->last_wait_seconds() * 1e6);
+  return prepared;
 }
 
 // This rank's loss sums over the step's micro-batches: the program's gradients phase (gradients accumulated
