@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
@@ -173,6 +174,39 @@ TEST_F(RunTest, StepRecordsItsDataWaitAndBatchChecksum) {
   for (const nlohmann::json& event : trace.at("traceEvents"))
     waits += event.at("name") == "data_wait" && event.at("cat") == "data";
   EXPECT_EQ(waits, 1);
+}
+
+// A skipped step (non-finite loss, skip_nonfinite_steps) consumes its batch as an unskipped one does: the
+// step after reads the tokens the run without the fault read.
+TEST_F(RunTest, SkippedStepConsumesItsBatch) {
+  const auto checksums = [&](const std::string& run_dir, const char* fault) {
+    Config config = tiny_config(run_dir, 3);
+    config.set("skip_nonfinite_steps", "true");
+    if (fault != nullptr) ::setenv("MESHTRAIN_FAULT", fault, 1);
+    RunRanks ranks;
+    ranks.world = make_world_communicator(60.0);
+    {
+      meshtrain::Run run(config, prepare_run(config, 1), console_, ranks);
+      std::vector<StepOutcome> outcomes;
+      while (run.steps_left()) outcomes.push_back(run.step({}));
+      run.finish();
+      EXPECT_EQ(outcomes[1], fault != nullptr ? StepOutcome::skipped : StepOutcome::trained);
+    }
+    ::unsetenv("MESHTRAIN_FAULT");
+    std::map<int64_t, uint32_t> by_step;
+    std::ifstream metrics(run_dir + "/metrics.jsonl");
+    for (std::string line; std::getline(metrics, line);) {
+      const nlohmann::json record = nlohmann::json::parse(line);
+      by_step[record.at("step").get<int64_t>()] = record.at("batch_crc32c").get<uint32_t>();
+    }
+    return by_step;
+  };
+  const std::map<int64_t, uint32_t> clean = checksums(run_dir_ + "/clean", nullptr);
+  const std::map<int64_t, uint32_t> skipped = checksums(run_dir_ + "/skipped", "nan_loss:2:0");
+  ASSERT_EQ(clean.size(), 3u);
+  ASSERT_EQ(skipped.size(), 2u) << "a skipped step writes no record";
+  EXPECT_EQ(skipped.at(1), clean.at(1));
+  EXPECT_EQ(skipped.at(3), clean.at(3));
 }
 
 TEST_F(RunTest, NonPositiveStepsIsASetupError) {
