@@ -160,13 +160,13 @@ TEST_F(RunTest, StepRecordsItsDataWaitAndBatchChecksum) {
   while (run.steps_left()) run.step({});
   run.finish();
   std::ifstream metrics(run_dir_ + "/metrics.jsonl");
-  std::set<uint32_t> checksums;
+  std::set<std::string> checksums;
   for (std::string line; std::getline(metrics, line);) {
     const nlohmann::json record = nlohmann::json::parse(line);
     EXPECT_GE(record.at("data_wait_s").get<double>(), 0.0);
     EXPECT_NEAR(record.at("data_wait_fraction").get<double>(),
                 record["data_wait_s"].get<double>() / record["step_time_s"].get<double>(), 1e-12);
-    checksums.insert(record.at("batch_crc32c").get<uint32_t>());
+    checksums.insert(record.at("batch_crc32c").get<std::string>());
   }
   EXPECT_EQ(checksums.size(), 3u) << "every step reads other tokens";
   const nlohmann::json trace = nlohmann::json::parse(std::ifstream(run_dir_ + "/trace_step2.json"));
@@ -193,16 +193,16 @@ TEST_F(RunTest, SkippedStepConsumesItsBatch) {
       EXPECT_EQ(outcomes[1], fault != nullptr ? StepOutcome::skipped : StepOutcome::trained);
     }
     ::unsetenv("MESHTRAIN_FAULT");
-    std::map<int64_t, uint32_t> by_step;
+    std::map<int64_t, std::string> by_step;
     std::ifstream metrics(run_dir + "/metrics.jsonl");
     for (std::string line; std::getline(metrics, line);) {
       const nlohmann::json record = nlohmann::json::parse(line);
-      by_step[record.at("step").get<int64_t>()] = record.at("batch_crc32c").get<uint32_t>();
+      by_step[record.at("step").get<int64_t>()] = record.at("batch_crc32c").get<std::string>();
     }
     return by_step;
   };
-  const std::map<int64_t, uint32_t> clean = checksums(run_dir_ + "/clean", nullptr);
-  const std::map<int64_t, uint32_t> skipped = checksums(run_dir_ + "/skipped", "nan_loss:2:0");
+  const std::map<int64_t, std::string> clean = checksums(run_dir_ + "/clean", nullptr);
+  const std::map<int64_t, std::string> skipped = checksums(run_dir_ + "/skipped", "nan_loss:2:0");
   ASSERT_EQ(clean.size(), 3u);
   ASSERT_EQ(skipped.size(), 2u) << "a skipped step writes no record";
   EXPECT_EQ(skipped.at(1), clean.at(1));

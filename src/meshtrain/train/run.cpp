@@ -586,7 +586,12 @@ StepOutcome Run::step(const RunControl& control) {
                            {"valid_tokens", sums.valid_count},
                            {"data_wait_s", data_wait_seconds},
                            {"data_wait_fraction", data_wait_seconds / step_seconds}};
-  if (prepared.batch_crc32c) record["batch_crc32c"] = *prepared.batch_crc32c;
+  if (prepared.batch_crc32c) {
+    // Hex text: an identity to compare, not a number for TensorBoard to plot.
+    char checksum[9];
+    std::snprintf(checksum, sizeof checksum, "%08x", *prepared.batch_crc32c);
+    record["batch_crc32c"] = checksum;
+  }
   if (!engine.spec().moe_layers.empty()) record["moe"] = routing_metrics(engine.spec(), sums);
   if (ranks_.world->size() > 1) {
     // What the step's kernels moved per mesh axis (payload bytes per rank), next to what the plan says.
