@@ -232,7 +232,7 @@ uint64_t run_identity(const Config& config) {
 
 std::string keep_checkpoint_global_batch(Config& config, int64_t world_size) {
   // A full state only: load_parameters_path starts a new data order.
-  std::string start =
+  const std::string start =
       latest_checkpoint(config.run_dir + "/checkpoints").value_or(config.load_full_state_path);
   if (start.empty() || config.per_device_batch_size < 1) return "";  // a bad batch size: the plan reports it
   const std::string where = start + "/metadata.json: data_cursor";
