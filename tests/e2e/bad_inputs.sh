@@ -226,6 +226,11 @@ expect checkpoint "hf_bos_string/config.json: key 'bos_token_id'" "a token id in
   '"0"' -- "$meshtrain" import-hf "$work/hf_bos_string" --out "$work/imported"
 expect checkpoint "hf_eos_outside/config.json: key 'eos_token_id'" "a token id in [0, vocab_size = 64) or null" \
   "found 64" -- "$meshtrain" import-hf "$work/hf_eos_outside" --out "$work/imported"
+# A full state resumes with its global batch (2 rows): per_device_batch_size x devices must divide it.
+expect checkpoint "$checkpoint/metadata.json: data_cursor" "global batch of 2 rows" \
+  "per_device_batch_size 3 x 1 process = 3 rows a micro-batch" "whose product divides 2" -- \
+  "$meshtrain" train qwen3-tiny "${resume[@]/per_device_batch_size=2/per_device_batch_size=3}" \
+  load_full_state_path="$checkpoint" run_dir="$work/r_batch"
 # --- plan ------------------------------------------------------------------------------------------------
 expect plan "$work/none_fwd_bwd.json" "meshtrain compile" -- \
   "$meshtrain" train qwen3-tiny "${tiny[@]}" plan_in="$work/none" run_dir="$work/r7"

@@ -408,9 +408,23 @@ TEST_F(LoaderTest, CursorFromAnotherDatasetIsRejected) {
   nlohmann::json broken = cursor;
   broken.erase("windows_consumed");
   EXPECT_THROW(loader.restore(broken), MeshError);
-  // A changed batch size is allowed: the window stream continues where it was.
+  // The rows consumed are a global position: a cursor of another global batch (2 rows here) is refused,
+  // naming both sizes.
   BatchLoader bigger = shard_loader({file}, options(8, 4));
-  bigger.restore(cursor);
+  const std::string refused = testing::error_of([&] { bigger.restore(cursor, "ckpt/metadata.json"); });
+  for (const char* needle : {"ckpt/metadata.json", "a global batch of 4 rows (this run's)",
+                             "2 rows (when the cursor was saved)", "gradient_accumulation_steps"})
+    EXPECT_NE(refused.find(needle), std::string::npos) << needle << " in " << refused;
+  nlohmann::json broken_size = cursor;
+  broken_size["global_batch_rows"] = 0;
+  EXPECT_THROW(loader.restore(broken_size), MeshError);
+  // A cursor saved before the global batch was recorded resumes with another one: the window stream
+  // continues where it was.
+  nlohmann::json older = cursor;
+  older.erase("global_batch_rows");
+  EXPECT_EQ(cursor_global_batch_rows(older, "older"), std::nullopt);
+  EXPECT_EQ(cursor_global_batch_rows(cursor, "cursor"), 2);
+  bigger.restore(older);
   BatchLoader reference = shard_loader({file}, options(8, 2));
   reference.advance();
   EXPECT_EQ(rows_of(reference.global_batch(), 8), [&] {
@@ -645,7 +659,8 @@ TEST_F(DataSourceTest, TokenShardsGiveTheLoadersRows) {
   for (int step = 0; step < 5; ++step) loader.advance();
   EXPECT_EQ(
       loader.cursor().dump(),
-      R"({"format":"meshtrain-data-cursor","kind":"tokens","packing":true,"seed":3,"sequence_length":16,)"
+      R"({"format":"meshtrain-data-cursor","global_batch_rows":8,"kind":"tokens","packing":true,"seed":3,)"
+      R"("sequence_length":16,)"
       R"("shard_checksums":[2775799226,2037166903],"shuffle":true,"step":5,"token_count":8546,"version":1,)"
       R"("windows_consumed":40,"windows_per_epoch":534})");
   EXPECT_THROW(TokenShardsSource((dir_ / "missing").string(), validation), MeshError);
@@ -660,7 +675,8 @@ TEST_F(DataSourceTest, SyntheticGivesTheLoadersRows) {
   loader.reset();
   for (int step = 0; step < 5; ++step) loader.advance();
   EXPECT_EQ(loader.cursor().dump(),
-            R"({"format":"meshtrain-data-cursor","kind":"synthetic","seed":5,"sequence_length":32,"step":5,)"
+            R"({"format":"meshtrain-data-cursor","global_batch_rows":8,"kind":"synthetic","seed":5,)"
+            R"("sequence_length":32,"step":5,)"
             R"("version":1,"vocab_size":1000})");
   // The validation split: held-out rows from seed + 0x5EED.
   LoaderOptions held_out = o;

@@ -3,13 +3,16 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "error_text.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/data/shards.h"
 #include "meshtrain/data/tokenizer/tokenizer.h"
@@ -90,6 +93,120 @@ TEST_F(RunTest, StopAfterStepEndsTheRunAndAResumeContinues) {
   }
   EXPECT_EQ(steps, 2);
   EXPECT_EQ(resumed.finish().first_step, 2);
+}
+
+// A full state resumes with its global batch: gradient_accumulation_steps derived for the new device count
+// and batch size, or a count that cannot divide it refused before anything loads; weights only derive
+// nothing.
+TEST_F(RunTest, ResumeKeepsTheCheckpointsGlobalBatch) {
+  {
+    Config saved = tiny_config(run_dir_, 2);
+    saved.set("gradient_accumulation_steps", "2");  // 2 rows x 2 micro-batches: 4 rows a step
+    meshtrain::Run run(saved, prepare_run(saved, 1), console_, ranks_);
+    while (run.steps_left()) run.step({});
+    run.finish();
+  }
+  Config one_row = tiny_config(run_dir_, 4);
+  one_row.set("per_device_batch_size", "1");
+  const std::string line = keep_checkpoint_global_batch(one_row, 1);
+  EXPECT_EQ(one_row.gradient_accumulation_steps, 4);
+  EXPECT_NE(std::find(one_row.resolved.begin(), one_row.resolved.end(),
+                      std::pair<std::string, std::string>{"gradient_accumulation_steps", "4"}),
+            one_row.resolved.end())
+      << "config.yaml and the checkpoints record the derived value";
+  for (const char* needle : {"gradient_accumulation_steps 1 -> 4", "global batch of 4 rows", "step_00000002",
+                             "per_device_batch_size 1 x 1 process"})
+    EXPECT_NE(line.find(needle), std::string::npos) << needle << " in " << line;
+  Config two_ranks = tiny_config(run_dir_, 4);
+  two_ranks.set("per_device_batch_size", "1");
+  keep_checkpoint_global_batch(two_ranks, 2);
+  EXPECT_EQ(two_ranks.gradient_accumulation_steps, 2);
+  Config same = tiny_config(run_dir_, 4);
+  same.set("gradient_accumulation_steps", "2");
+  EXPECT_EQ(keep_checkpoint_global_batch(same, 1), "") << "nothing to say when the config already keeps it";
+  // The resumed run trains with it.
+  meshtrain::Run resumed(one_row, prepare_run(one_row, 1), console_, ranks_);
+  EXPECT_EQ(resumed.step({}), StepOutcome::trained);
+
+  Config three_rows = tiny_config(run_dir_, 4);
+  three_rows.set("per_device_batch_size", "3");
+  three_rows.set("mesh.data", "2");
+  const std::string refused = testing::error_of([&] { keep_checkpoint_global_batch(three_rows, 2); });
+  for (const char* needle : {"step_00000002/metadata.json: data_cursor", "global batch of 4 rows",
+                             "per_device_batch_size 3 x 2 processes = 6 rows a micro-batch", "mesh data=2",
+                             "whose product divides 4"})
+    EXPECT_NE(refused.find(needle), std::string::npos) << needle << " in " << refused;
+
+  const std::string checkpoint = run_dir_ + "/checkpoints/step_00000002";
+  Config full_state = tiny_config(run_dir_ + "_elsewhere", 4);
+  full_state.set("per_device_batch_size", "1");
+  full_state.load_full_state_path = checkpoint;
+  EXPECT_NE(keep_checkpoint_global_batch(full_state, 1), "");
+  EXPECT_EQ(full_state.gradient_accumulation_steps, 4);
+  Config weights_only = tiny_config(run_dir_ + "_elsewhere", 4);
+  weights_only.set("per_device_batch_size", "3");
+  weights_only.load_parameters_path = checkpoint;
+  EXPECT_EQ(keep_checkpoint_global_batch(weights_only, 1), "") << "weights only start a new data order";
+  EXPECT_EQ(weights_only.gradient_accumulation_steps, 1);
+}
+
+// Each step's record says how long it waited for its batches (prepared a step ahead) and which tokens it
+// read; the trace shows the wait.
+TEST_F(RunTest, StepRecordsItsDataWaitAndBatchChecksum) {
+  Config config = tiny_config(run_dir_, 3);
+  config.set("profiler", "trace");
+  config.set("profiler_steps", "2");
+  meshtrain::Run run(config, prepare_run(config, 1), console_, ranks_);
+  while (run.steps_left()) run.step({});
+  run.finish();
+  std::ifstream metrics(run_dir_ + "/metrics.jsonl");
+  std::set<std::string> checksums;
+  for (std::string line; std::getline(metrics, line);) {
+    const nlohmann::json record = nlohmann::json::parse(line);
+    EXPECT_GE(record.at("data_wait_s").get<double>(), 0.0);
+    EXPECT_NEAR(record.at("data_wait_fraction").get<double>(),
+                record["data_wait_s"].get<double>() / record["step_time_s"].get<double>(), 1e-12);
+    checksums.insert(record.at("batch_crc32c").get<std::string>());
+  }
+  EXPECT_EQ(checksums.size(), 3u) << "every step reads other tokens";
+  const nlohmann::json trace = nlohmann::json::parse(std::ifstream(run_dir_ + "/trace_step2.json"));
+  int waits = 0;
+  for (const nlohmann::json& event : trace.at("traceEvents"))
+    waits += event.at("name") == "data_wait" && event.at("cat") == "data";
+  EXPECT_EQ(waits, 1);
+}
+
+// A skipped step (non-finite loss, skip_nonfinite_steps) consumes its batch as an unskipped one does: the
+// step after reads the tokens the run without the fault read.
+TEST_F(RunTest, SkippedStepConsumesItsBatch) {
+  const auto checksums = [&](const std::string& run_dir, const char* fault) {
+    Config config = tiny_config(run_dir, 3);
+    config.set("skip_nonfinite_steps", "true");
+    if (fault != nullptr) ::setenv("MESHTRAIN_FAULT", fault, 1);
+    RunRanks ranks;
+    ranks.world = make_world_communicator(60.0);
+    {
+      meshtrain::Run run(config, prepare_run(config, 1), console_, ranks);
+      std::vector<StepOutcome> outcomes;
+      while (run.steps_left()) outcomes.push_back(run.step({}));
+      run.finish();
+      EXPECT_EQ(outcomes[1], fault != nullptr ? StepOutcome::skipped : StepOutcome::trained);
+    }
+    ::unsetenv("MESHTRAIN_FAULT");
+    std::map<int64_t, std::string> by_step;
+    std::ifstream metrics(run_dir + "/metrics.jsonl");
+    for (std::string line; std::getline(metrics, line);) {
+      const nlohmann::json record = nlohmann::json::parse(line);
+      by_step[record.at("step").get<int64_t>()] = record.at("batch_crc32c").get<std::string>();
+    }
+    return by_step;
+  };
+  const std::map<int64_t, std::string> clean = checksums(run_dir_ + "/clean", nullptr);
+  const std::map<int64_t, std::string> skipped = checksums(run_dir_ + "/skipped", "nan_loss:2:0");
+  ASSERT_EQ(clean.size(), 3u);
+  ASSERT_EQ(skipped.size(), 2u) << "a skipped step writes no record";
+  EXPECT_EQ(skipped.at(1), clean.at(1));
+  EXPECT_EQ(skipped.at(3), clean.at(3));
 }
 
 TEST_F(RunTest, NonPositiveStepsIsASetupError) {

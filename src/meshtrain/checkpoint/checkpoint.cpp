@@ -1103,18 +1103,27 @@ std::string run_start_checkpoint(const Config& config) {
   return config.load_parameters_path;
 }
 
+namespace {
+
+// metadata.json as saved, unverified (the load verifies it); null when it cannot be read or parsed.
+json unverified_metadata(const std::string& checkpoint_dir) {
+  std::ifstream file(fs::path(checkpoint_dir) / kMetadataFile);
+  if (!file) return nullptr;
+  try {
+    return json::parse(file);
+  } catch (const json::exception&) {
+    return nullptr;
+  }
+}
+
+}  // namespace
+
 std::string adopt_checkpoint_layout(Config& config) {
   const std::string checkpoint = run_start_checkpoint(config);
   if (checkpoint.empty() || config.given.contains("scan_layers")) return "";
-  json metadata;
-  try {
-    std::ifstream file(fs::path(checkpoint) / kMetadataFile);
-    if (!file) return "";
-    metadata = json::parse(file);
-    if (!metadata.contains("scan_layers") || !metadata["scan_layers"].is_boolean()) return "";
-  } catch (const json::exception&) {
+  const json metadata = unverified_metadata(checkpoint);
+  if (!metadata.is_object() || !metadata.contains("scan_layers") || !metadata["scan_layers"].is_boolean())
     return "";
-  }
   const bool stacked = metadata["scan_layers"].get<bool>();
   std::string line;
   if (stacked != config.scan_layers) {
@@ -1132,6 +1141,11 @@ std::string adopt_checkpoint_layout(Config& config) {
         (line.empty() ? "" : " ") + std::string("param_scan_axis=") + std::to_string(config.param_scan_axis);
   }
   return line.empty() ? "" : line + " (unset here) adopted from " + checkpoint;
+}
+
+json saved_data_cursor(const std::string& checkpoint_dir) {
+  const json metadata = unverified_metadata(checkpoint_dir);
+  return metadata.is_object() && metadata.contains("data_cursor") ? metadata["data_cursor"] : json();
 }
 
 Config checkpoint_config(const std::string& checkpoint_dir,

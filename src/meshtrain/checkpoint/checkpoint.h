@@ -148,6 +148,11 @@ std::string run_start_checkpoint(const Config& config);
 // was adopted ("" when nothing was). An unreadable checkpoint adopts nothing: its load reports it.
 std::string adopt_checkpoint_layout(Config& config);
 
+// The data cursor a checkpoint's metadata.json records (formats 1 to 3 keep it there), read without its
+// tensors so a run can size itself before loading; null when there is none or the file cannot be read (its
+// load reports that).
+nlohmann::json saved_data_cursor(const std::string& checkpoint_dir);
+
 // The checkpoint a path names: a directory holding metadata.json as given, else the newest committed
 // checkpoint in it or in its checkpoints/ (a run_dir). `flag` names the argument in errors.
 std::string resolve_checkpoint_directory(const std::string& path, const std::string& flag);

@@ -22,7 +22,16 @@ Batch empty_batch(int64_t rows, int64_t sequence) {
   return batch;
 }
 
+constexpr const char* kGlobalBatchField = "global_batch_rows";
+
 }  // namespace
+
+std::optional<int64_t> cursor_global_batch_rows(const json& cursor, const std::string& where) {
+  if (!cursor.is_object() || !cursor.contains(kGlobalBatchField)) return std::nullopt;
+  const auto rows = cursor_field<int64_t>(cursor, kGlobalBatchField, where);
+  if (rows < 1) fail(where, "a global batch of at least 1 row", std::to_string(rows));
+  return rows;
+}
 
 BatchLoader::BatchLoader(std::unique_ptr<RowSource> rows, const LoaderOptions& options)
     : rows_(std::move(rows)),
@@ -68,9 +77,13 @@ void BatchLoader::reset() {
 }
 
 json BatchLoader::cursor() const {
-  json cursor = {{"format", kCursorFormat}, {"version", kCursorVersion},
-                 {"kind", rows_->kind()},   {"step", step_},
-                 {"seed", rows_->seed()},   {"sequence_length", sequence_length()}};
+  json cursor = {{"format", kCursorFormat},
+                 {"version", kCursorVersion},
+                 {"kind", rows_->kind()},
+                 {"step", step_},
+                 {"seed", rows_->seed()},
+                 {"sequence_length", sequence_length()},
+                 {kGlobalBatchField, global_batch_rows()}};
   rows_->write_cursor(cursor, rows_consumed_);
   return cursor;
 }
@@ -85,6 +98,14 @@ void BatchLoader::restore(const json& cursor, const std::string& where) {
   expect_cursor_field<std::string>(cursor, "kind", rows_->kind(), where);
   expect_cursor_field<uint64_t>(cursor, "seed", rows_->seed(), where);
   expect_cursor_field<int64_t>(cursor, "sequence_length", sequence_length(), where);
+  // The rows consumed are a global position: they give the same batches only with the same global batch.
+  if (const std::optional<int64_t> saved = cursor_global_batch_rows(cursor, where);
+      saved && *saved != global_batch_rows()) {
+    fail(where, "a global batch of " + std::to_string(global_batch_rows()) + " rows (this run's)",
+         std::to_string(*saved) + " rows (when the cursor was saved)",
+         "resume with per_device_batch_size x devices x gradient_accumulation_steps = " +
+             std::to_string(*saved) + " (a run resuming its checkpoint derives gradient_accumulation_steps)");
+  }
   const auto step = cursor_field<int64_t>(cursor, "step", where);
   if (step < 0) fail(where, "a step >= 0", std::to_string(step));
   const std::optional<uint64_t> rows_consumed = rows_->read_cursor(cursor, where);

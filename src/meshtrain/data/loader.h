@@ -7,20 +7,28 @@
 // Split. Global row g = (micro_index * R + data_rank) * B + i, so micro_batch(r, m) holds rows
 // [(m * R + r) * B, +B). The global batch is the same G rows whatever (B, R, GA) give the same G, and
 // with R = 1 the GA micro-batches concatenated are exactly the rows of one GA = 1 batch of GA x B rows.
-// Cursor. JSON {format, version, kind, step, seed, sequence_length, and the source's fields (token windows:
-// windows_consumed, packing, shuffle, token_count, shard checksums, ...)}: restore() continues with
-// identical batches, and rejects a cursor from another dataset, seed, sequence length, packing mode or order.
+// Cursor. JSON {format, version, kind, step, seed, sequence_length, global_batch_rows (G), and the source's
+// fields (token windows: windows_consumed, packing, shuffle, token_count, shard checksums, ...)}: restore()
+// continues with identical batches, and rejects a cursor from another dataset, seed, sequence length, packing
+// mode or order, or of another global batch (a run resuming on another mesh derives
+// gradient_accumulation_steps from G first: train/run.h keep_checkpoint_global_batch). Cursors saved before G
+// was recorded have none.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 
 #include "meshtrain/data/batch.h"
 #include "meshtrain/data/source.h"
 
 namespace meshtrain {
+
+// The global batch in rows a saved cursor records; nullopt for a cursor saved before it was recorded.
+// `where` names the cursor's origin in errors (a field that is there but not a positive integer).
+std::optional<int64_t> cursor_global_batch_rows(const nlohmann::json& cursor, const std::string& where);
 
 class BatchLoader {
  public:

@@ -171,7 +171,9 @@ std::optional<uint64_t> MixtureRows::read_cursor(const json& cursor, const std::
 }
 
 json MixtureRows::metrics() const {
-  const std::vector<uint64_t> rows = source_rows();
+  // Through the selected batch: the draw's counts once it has drawn the batch's rows.
+  std::vector<uint64_t> rows(sources_.size());
+  for (size_t i = 0; i < rows.size(); ++i) rows[i] = start_.offsets[i] + draw_.counts()[i];
   json sources = json::object();
   for (size_t i = 0; i < sources_.size(); ++i) {
     sources["source" + std::to_string(i)] = {

@@ -65,8 +65,8 @@ class RowSource {
   virtual std::optional<uint64_t> read_cursor(const nlohmann::json& cursor,
                                               const std::string& where) const = 0;
 
-  // What the rows before the selected batch were, for a step's metrics record (a mixture: each source's
-  // rows, tokens and epochs); null where there is nothing beyond the loss's own figures.
+  // The rows read through the selected batch, for the metrics record of the step that trains it (a mixture:
+  // each source's rows, tokens and epochs); null where there is nothing beyond the loss's own figures.
   virtual nlohmann::json metrics() const { return nullptr; }
 };
 

@@ -218,6 +218,41 @@ uint64_t run_identity(const Config& config) {
          crc32c(executable.data(), executable.size());
 }
 
+std::string keep_checkpoint_global_batch(Config& config, int64_t world_size) {
+  // A full state only: load_parameters_path starts a new data order.
+  const std::string start =
+      latest_checkpoint(config.run_dir + "/checkpoints").value_or(config.load_full_state_path);
+  if (start.empty() || config.per_device_batch_size < 1) return "";  // a bad batch size: the plan reports it
+  const std::string where = start + "/metadata.json: data_cursor";
+  const std::optional<int64_t> global_rows = cursor_global_batch_rows(saved_data_cursor(start), where);
+  if (!global_rows) return "";
+  // Every device holds per_device_batch_size rows of a micro-batch (context and tensor ranks share theirs).
+  const int64_t micro_rows = config.per_device_batch_size * world_size;
+  const std::string processes = std::to_string(world_size) + " process" + (world_size > 1 ? "es" : "");
+  if (*global_rows % micro_rows != 0) {
+    const Mesh mesh = resolve_mesh(config.mesh, world_size, processes);
+    int64_t data_ranks = 1;
+    for (MeshAxis axis : kBatchMeshAxes) data_ranks *= mesh.size(axis);
+    fail(where,
+         "per_device_batch_size x devices dividing the checkpoint's global batch of " +
+             std::to_string(*global_rows) + " rows (gradient_accumulation_steps is derived from it)",
+         "per_device_batch_size " + std::to_string(config.per_device_batch_size) + " x " + processes + " = " +
+             std::to_string(micro_rows) + " rows a micro-batch (mesh " + mesh.to_string() + ": " +
+             std::to_string(data_ranks) + " data ranks of " + std::to_string(micro_rows / data_ranks) +
+             " rows)",
+         "resume on a process count and per_device_batch_size whose product divides " +
+             std::to_string(*global_rows) + ", or use a fresh run_dir to train with another global batch");
+  }
+  const int64_t accumulation = *global_rows / micro_rows;
+  if (accumulation == config.gradient_accumulation_steps) return "";
+  const int64_t configured = config.gradient_accumulation_steps;
+  config.set("gradient_accumulation_steps", std::to_string(accumulation));
+  return "gradient_accumulation_steps " + std::to_string(configured) + " -> " + std::to_string(accumulation) +
+         ", derived to keep the global batch of " + std::to_string(*global_rows) + " rows of " + start +
+         " (" + std::to_string(accumulation) + " x per_device_batch_size " +
+         std::to_string(config.per_device_batch_size) + " x " + processes + ")";
+}
+
 RunSetup prepare_run(const Config& config, int64_t world_size) {
   if (config.steps <= 0)
     fail("config key 'steps'", "a positive number of optimizer steps", std::to_string(config.steps));
@@ -390,6 +425,14 @@ void Run::prepare_steps() {
   checkpoint_options_ = {tokenizer_ ? tokenizer_->source_path() : "", tokenizer_identity_,
                          config_.max_num_checkpoints_to_keep, engram_hashing_ ? &*engram_hashing_ : nullptr};
   tokens_per_step_ = static_cast<double>(loader_->global_batch_rows() * config_.max_target_length);
+  // From here the prefetcher owns the train loader: the next step's batches are cut while this one trains.
+  BatchPrefetcher::Options prefetch;
+  prefetch.data_rank = static_cast<int>(ranks_.data_rank);
+  prefetch.micro_batches = static_cast<int>(config_.gradient_accumulation_steps);
+  prefetch.shape_for_rank = [this](Batch rows) { return ranks_.tokens_here(std::move(rows)); };
+  prefetch.checksum = lead_;
+  batches_.emplace(std::move(*loader_), std::move(prefetch));
+  loader_.reset();
   step_flops_ = standard_training_flops(config_).total();
   // mfu: against this machine's measured GEMM peak, not a stated one (the `cpu` topology's 230 GFLOP/s is a
   // Zen 4 at AVX2 width; a Zen 5 or a Xeon with two AVX-512 units reaches twice that).
@@ -415,10 +458,10 @@ void Run::prepare_steps() {
   }
 }
 
-void Run::save(int64_t step) {
+void Run::save(int64_t step, const nlohmann::json& data_cursor) {
   if (!config_.enable_checkpointing) return;
   state_.step = step;
-  state_.data_cursor = loader_->cursor();
+  state_.data_cursor = data_cursor;
   state_.rng = {{"init_weights_seed", config_.init_weights_seed},
                 {"data_shuffle_seed", config_.data_shuffle_seed}};
   const auto start = std::chrono::steady_clock::now();
@@ -436,11 +479,22 @@ void Run::save(int64_t step) {
   }
 }
 
+// The step's data from the prefetcher; the wait for it (when it is not ready yet) is the trace's data_wait.
+PreparedStep Run::take_batches() {
+  const double start_us = trace_->now_us();
+  PreparedStep prepared = batches_->take();
+  trace_->record("data_wait", "data", start_us, batches_->last_wait_seconds() * 1e6);
+  return prepared;
+}
+
 // This rank's loss sums over the step's micro-batches: the program's gradients phase (gradients accumulated
-// in the engine).
-LossSums Run::run_micro_batches(int64_t rank) {
+// in the engine). The program reads each micro-batch once, so it takes them from `prepared`.
+LossSums Run::run_micro_batches(int64_t rank, PreparedStep& prepared) {
   if (fault_.at("nan_gradient", step_ + 1, rank)) engine_->inject_nan_gradient();
-  return engine_->run_program(engine_->plan().program.gradients, {micro_batches(*loader_, ranks_)}).sums;
+  const MicroBatchSource take = [&prepared](int64_t micro) {
+    return std::move(prepared.micro_batches.at(static_cast<size_t>(micro)));
+  };
+  return engine_->run_program(engine_->plan().program.gradients, {take}).sums;
 }
 
 StepOutcome Run::step(const RunControl& control) {
@@ -453,7 +507,9 @@ StepOutcome Run::step(const RunControl& control) {
   engine.reset_collective_stats();
   if (fault_.at("stall", step + 1, rank))
     std::this_thread::sleep_for(std::chrono::duration<double>(fault_.seconds));
-  LossSums local = run_micro_batches(rank);
+  PreparedStep prepared = take_batches();
+  const double data_wait_seconds = batches_->last_wait_seconds();
+  LossSums local = run_micro_batches(rank, prepared);
   // Dies between the backward pass and the step's reductions: the other ranks are inside the step.
   if (fault_.at("kill", step + 1, rank)) std::raise(SIGKILL);
   if (fault_.at("nan_loss", step + 1, rank)) local.loss_sum = std::numeric_limits<double>::quiet_NaN();
@@ -477,13 +533,12 @@ StepOutcome Run::step(const RunControl& control) {
     const std::string where = "training step " + std::to_string(step + 1) +
                               (ranks_.world->size() > 1 ? ", rank " + std::to_string(first_bad_rank) : "");
     if (!config_.skip_nonfinite_steps) {
-      save(step);
+      save(step, prepared.cursor);
       fail(where, "a finite loss", to_text(loss),
            "lower learning_rate, or set skip_nonfinite_steps=true to skip such steps");
     }
     progress_->message(where + ": non-finite loss, step skipped");
-    loader_->advance();
-    ++step_;
+    ++step_;  // the prefetcher has moved on: the skipped batch is consumed
     return StepOutcome::skipped;
   }
   const double learning_rate = learning_rate_at(config_, step);
@@ -492,18 +547,16 @@ StepOutcome Run::step(const RunControl& control) {
   const UpdateResult update = engine.run_program(engine.plan().program.update, update_inputs).update;
   if (update.nonfinite) {  // a non-finite gradient: the update left every parameter unchanged
     if (!config_.skip_nonfinite_steps) {
-      save(step);
+      save(step, prepared.cursor);
       fail("training step " + std::to_string(step + 1), "finite gradients", "a non-finite gradient norm",
            "lower learning_rate, or set skip_nonfinite_steps=true to skip such steps");
     }
     progress_->message("step " + std::to_string(step + 1) + ": non-finite gradient, step skipped");
-    loader_->advance();
-    ++step_;
+    ++step_;  // the prefetcher has moved on: the skipped batch is consumed
     return StepOutcome::skipped;
   }
   if (config_.routed_bias)
     engine.update_selection_biases(sums.routing.expert_load, config_.routed_bias_update_rate);
-  loader_->advance();
   const double step_seconds = seconds_since(start);
   const double tokens_per_second = tokens_per_step_ / step_seconds;
   nlohmann::json record = {{"step", step + 1},
@@ -518,9 +571,17 @@ StepOutcome Run::step(const RunControl& control) {
                            {"mfu", step_flops_ / step_seconds / peak_flops_},
                            {"step_time_s", step_seconds},
                            {"peak_memory_bytes", peak_resident_bytes()},
-                           {"valid_tokens", sums.valid_count}};
+                           {"valid_tokens", sums.valid_count},
+                           {"data_wait_s", data_wait_seconds},
+                           {"data_wait_fraction", data_wait_seconds / step_seconds}};
+  if (prepared.batch_crc32c) {
+    // Hex text: an identity to compare, not a number for TensorBoard to plot.
+    char checksum[9];
+    std::snprintf(checksum, sizeof checksum, "%08x", *prepared.batch_crc32c);
+    record["batch_crc32c"] = checksum;
+  }
   if (!engine.spec().moe_layers.empty()) record["moe"] = routing_metrics(engine.spec(), sums);
-  if (nlohmann::json data = loader_->rows().metrics(); !data.is_null()) record["data"] = std::move(data);
+  if (!prepared.data_metrics.is_null()) record["data"] = std::move(prepared.data_metrics);
   if (ranks_.world->size() > 1) {
     // What the step's kernels moved per mesh axis (payload bytes per rank), next to what the plan says.
     nlohmann::json moved = nlohmann::json::object();
@@ -540,7 +601,8 @@ StepOutcome Run::step(const RunControl& control) {
   summary_.last_loss = loss;
   progress_->update(step + 1, loss, tokens_per_second);
   const bool last = step + 1 == config_.steps;
-  if (!last && config_.checkpoint_period > 0 && (step + 1) % config_.checkpoint_period == 0) save(step + 1);
+  if (!last && config_.checkpoint_period > 0 && (step + 1) % config_.checkpoint_period == 0)
+    save(step + 1, batches_->next_cursor());
   ++step_;
   // A signal reaches the ranks at different moments: they stop together, at the same step.
   const bool stop = ranks_.world->any_rank_true(stop_signal_received() != 0, "step/stop_signal");
@@ -556,7 +618,7 @@ TrainingSummary Run::finish() {
   summary_.steps_completed = step_;
   // With steps equal to a loaded state's step nothing trains and the state is saved into this run: that
   // converts a checkpoint to this run's mesh.
-  if (step_ > state_.step || summary_.interrupted || loaded_elsewhere_) save(step_);
+  if (step_ > state_.step || summary_.interrupted || loaded_elsewhere_) save(step_, batches_->next_cursor());
   if (summary_.interrupted && stop_signal_received() != 0) {
     std::fprintf(console_, "stopped by signal %d after step %lld; saved %s\n", stop_signal_received(),
                  static_cast<long long>(step_), summary_.last_checkpoint.c_str());

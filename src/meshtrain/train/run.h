@@ -19,6 +19,7 @@
 #include "meshtrain/data/context_reorder.h"
 #include "meshtrain/data/engram_hash.h"
 #include "meshtrain/data/loader.h"
+#include "meshtrain/data/prefetch.h"
 #include "meshtrain/data/source.h"
 #include "meshtrain/data/tokenizer/tokenizer.h"
 #include "meshtrain/metrics/metrics.h"
@@ -72,6 +73,14 @@ struct RunSetup {
 // matching it), the tokenizer (and that the checkpoint the run starts from was trained with it).
 RunSetup prepare_run(const Config& config, int64_t world_size);
 
+// A run resuming a full state (its run_dir's newest checkpoint, else load_full_state_path) keeps the global
+// batch its data cursor records: gradient_accumulation_steps becomes G / (per_device_batch_size x
+// world_size), so the loader reads the rows the saved run would have read whatever the new mesh. Called
+// before the plan; returns a line saying what was derived ("" when the config's value stands or there is no
+// such cursor: older checkpoints, weights only). A world size that cannot divide G is a MeshError naming the
+// numbers and the fix.
+std::string keep_checkpoint_global_batch(Config& config, int64_t world_size);
+
 // Every rank must run the same binary with the same config: a mismatch would hang or corrupt collectives.
 uint64_t run_identity(const Config& config);
 
@@ -116,8 +125,10 @@ class Run {
   void open_metrics_and_trace();
   void prepare_steps();
 
-  LossSums run_micro_batches(int64_t rank);
-  void save(int64_t step);
+  PreparedStep take_batches();
+  LossSums run_micro_batches(int64_t rank, PreparedStep& prepared);
+  // `data_cursor`: the position of the next step to train (the step that failed, or the prefetcher's next).
+  void save(int64_t step, const nlohmann::json& data_cursor);
 
   const Config& config_;
   RunRanks& ranks_;
@@ -131,7 +142,8 @@ class Run {
   std::optional<EngramHashing> engram_hashing_;  // set by open_data when the model has Engram layers
   std::string tokenizer_note_;                   // printed when the run loads its checkpoint
   std::string tokenizer_identity_;
-  std::optional<BatchLoader> loader_;  // set by open_data
+  std::optional<BatchLoader> loader_;       // set by open_data; handed to batches_ by prepare_steps
+  std::optional<BatchPrefetcher> batches_;  // the train loader's batches, a step ahead
   std::optional<BatchLoader> eval_loader_;
   std::string checkpoints_dir_;
   TrainingSummary summary_;

@@ -29,12 +29,18 @@ TrainingSummary run_training(const Config& given_config, std::FILE* console, con
   // One process, or every rank of an mpirun job.
   RunRanks ranks;
   ranks.world = make_world_communicator(config.collective_timeout_s);
+  // Every rank derives it alike, before the plan, so the plan, the loader and config.yaml all see it.
+  const std::string derived = run_setup_on_all_ranks(
+      *ranks.world, [&] { return keep_checkpoint_global_batch(config, ranks.world->size()); });
   RunSetup setup =
       run_setup_on_all_ranks(*ranks.world, [&] { return prepare_run(config, ranks.world->size()); });
   run_setup_on_all_ranks(*ranks.world, [&] {
     ranks.world->require_same_on_all_ranks(run_identity(config), "the meshtrain binary and resolved config");
   });
-  if (!adopted.empty() && ranks.world->rank() == 0) std::fprintf(console, "%s\n", adopted.c_str());
+  if (ranks.world->rank() == 0) {
+    if (!adopted.empty()) std::fprintf(console, "%s\n", adopted.c_str());
+    if (!derived.empty()) std::fprintf(console, "meshtrain: %s\n", derived.c_str());
+  }
   try {
     return train_on_ranks(config, std::move(setup), console, control, ranks);
   } catch (const MeshError& error) {

@@ -205,9 +205,10 @@ TEST_F(MixtureRowsTest, AChangedSourceIsRefusedUnlessAllowed) {
   BatchLoader original(make_token_shards_source(a + ",3;" + b + ",1", "")->open(Split::train, o), o);
   for (int step = 0; step < 10; ++step) original.advance();
   const nlohmann::json cursor = original.cursor();
+  // The metrics count through the selected batch (the 11th, whose step reports them): 44 rows at 3:1.
   const nlohmann::json saved_metrics = original.rows().metrics();
-  EXPECT_EQ(saved_metrics["sources"]["source0"]["rows"], 30);
-  EXPECT_EQ(saved_metrics["sources"]["source1"]["rows"], 10);
+  EXPECT_EQ(saved_metrics["sources"]["source0"]["rows"], 33);
+  EXPECT_EQ(saved_metrics["sources"]["source1"]["rows"], 11);
 
   const auto restore_error = [&](const std::string& path, const LoaderOptions& options) {
     BatchLoader loader(make_token_shards_source(path, "")->open(Split::train, options), options);
@@ -241,9 +242,10 @@ TEST_F(MixtureRowsTest, AChangedSourceIsRefusedUnlessAllowed) {
   changed.restore(cursor, "ckpt");
   EXPECT_EQ(changed.cursor().at("rows_consumed"), 40);
   for (int step = 0; step < 5; ++step) changed.advance();
+  // Through the selected (6th) batch: 24 rows at 1:1 after source a's 30.
   const nlohmann::json after = changed.rows().metrics();
-  EXPECT_EQ(after["sources"]["source0"]["rows"], 30 + 10);
-  EXPECT_EQ(after["sources"]["source1"]["rows"], 10);
+  EXPECT_EQ(after["sources"]["source0"]["rows"], 30 + 12);
+  EXPECT_EQ(after["sources"]["source1"]["rows"], 12);
   // A resume of the changed run's own cursor, without allow_data_change, continues exactly.
   const nlohmann::json changed_cursor = changed.cursor();
   BatchLoader again(make_token_shards_source(a + ",1;" + other + ",1", "")->open(Split::train, o), o);
