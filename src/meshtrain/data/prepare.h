@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "meshtrain/data/corpus.h"
@@ -31,6 +32,12 @@ struct PrepareResult {
 // prepare.json (last) under out_dir; skips the work when prepare.json records the same arguments, the same
 // corpus checksum and outputs that still verify.
 PrepareResult prepare_dataset(const PrepareOptions& options);
+
+// texts[i] encoded for every i, on `threads` OpenMP threads (0: OpenMP's default); the result does not depend
+// on the thread count.
+std::vector<std::vector<int32_t>> encode_in_parallel(const Tokenizer& tokenizer,
+                                                     const std::vector<std::string_view>& texts,
+                                                     int threads = 0);
 
 // Both splits of a corpus tokenized (in parallel) and written as out_dir/{train,validation}.tokens, each
 // document followed by `eos_id`. out_dir must exist.

@@ -80,9 +80,11 @@ class TokenWindows final : public RowSource {
   std::vector<uint64_t> selected_windows_;  // [G] window ids of the selected global batch
 };
 
-// Shards for a dataset path: a .tokens file as is; a folder holding `<split>.tokens` (what meshtrain prepare
-// writes; split is "train" or "validation") gives that file; any other folder gives all *.tokens files in
-// it, recursively, sorted by path. Nothing found is a MeshError naming the path.
+// Shards for a dataset path: a .tokens file as is; a folder holding index.json (what meshtrain prepare
+// --tokenizer writes) gives the shards it lists for `split` ("train" or "validation"), in order, each checked
+// to exist; a folder holding `<split>.tokens` (what meshtrain prepare writes without --tokenizer) gives that
+// file; any other folder gives all *.tokens files in it, recursively, sorted by path. Nothing found is a
+// MeshError naming the path.
 std::vector<std::string> resolve_token_shards(const std::string& path, const std::string& split);
 
 }  // namespace meshtrain

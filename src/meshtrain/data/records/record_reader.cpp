@@ -1,7 +1,8 @@
-// Documents from text and JSON Lines files (record_reader.h): lines cut from streamed chunks, each checked as
-// UTF-8 and parsed as one JSON object, its text column taken out.
+// Documents from text, JSON Lines and Parquet files (record_reader.h): lines cut from streamed chunks, each
+// checked as UTF-8 and parsed as one JSON object, its text column taken out; Parquet rows checked as UTF-8.
 #include "meshtrain/data/records/record_reader.h"
 
+#include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "meshtrain/core/error.h"
@@ -101,25 +102,74 @@ RecordReader::~RecordReader() = default;
 
 bool RecordReader::next(Record& record) {
   while (true) {
+    if (parquet_ != nullptr) {
+      if (next_parquet_row(record)) return true;
+      close_file();
+      continue;
+    }
     if (stream_ == nullptr) {
       if (next_file_ == files_.size()) return false;
       const size_t file = next_file_++;
-      if (record_format_of(files_[file]) == RecordFormat::text) {
+      const RecordFormat format = *record_format_of(files_[file]);
+      if (format == RecordFormat::text) {
         record.text = read_text_document(files_[file], options_.path_setting);
         record.file = file;
         record.line = 0;
+        bytes_done_ += std::filesystem::file_size(files_[file]);
         return true;
+      }
+      if (format == RecordFormat::parquet) {
+        parquet_ = std::make_unique<ParquetTextReader>(files_[file], options_.column);
+        parquet_bytes_ = std::filesystem::file_size(files_[file]);
+        file_ = file;
+        line_ = documents_ = 0;
+        continue;
       }
       open_json_lines(file);
     }
     if (next_json_line(record)) return true;
-    if (documents_ == 0) {
-      fail(files_[file_], "at least one document (a JSON object per line)",
-           line_ == 0 ? std::string("an empty file") : std::to_string(line_) + " blank lines",
-           "remove the file from " + options_.path_setting + "'s files or give it documents");
-    }
-    stream_.reset();
+    close_file();
   }
+}
+
+uint64_t RecordReader::bytes_read() const {
+  if (stream_ != nullptr) return bytes_done_ + stream_->file_bytes_read();
+  if (parquet_ != nullptr && parquet_->documents() > 0) {
+    return bytes_done_ + parquet_bytes_ * documents_ / static_cast<uint64_t>(parquet_->documents());
+  }
+  return bytes_done_;
+}
+
+void RecordReader::close_file() {
+  if (documents_ == 0) {
+    const bool parquet = parquet_ != nullptr;
+    fail(files_[file_],
+         parquet ? "at least one document (a row)" : "at least one document (a JSON object per line)",
+         parquet      ? std::string("no rows")
+         : line_ == 0 ? std::string("an empty file")
+                      : std::to_string(line_) + " blank lines",
+         "remove the file from " + options_.path_setting + "'s files or give it documents");
+  }
+  bytes_done_ += stream_ != nullptr ? stream_->file_bytes_read() : parquet_bytes_;
+  stream_.reset();
+  parquet_.reset();
+}
+
+bool RecordReader::next_parquet_row(Record& record) {
+  const std::optional<std::string_view> text = parquet_->next();
+  if (!text) return false;
+  ++line_;
+  const size_t invalid = invalid_utf8_offset(*text);
+  if (invalid != std::string_view::npos) {
+    fail(files_[file_] + ": column '" + options_.column + "', row " + std::to_string(line_ - 1), "UTF-8 text",
+         "invalid UTF-8 at byte " + std::to_string(invalid) + " of the row's text",
+         "fix or drop that row (Parquet string columns hold UTF-8)");
+  }
+  record.text.assign(text->data(), text->size());
+  record.file = file_;
+  record.line = line_;
+  ++documents_;
+  return true;
 }
 
 void RecordReader::open_json_lines(size_t file) {
