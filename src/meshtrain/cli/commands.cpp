@@ -133,8 +133,8 @@ std::vector<CommandSpec> make_table() {
        {"meshtrain prepare --out data/kjv --vocab-size 8192",
         "meshtrain prepare --corpus my_texts/ --out data/mine --vocab-size 8192",
         "meshtrain prepare --corpus 'dolma/*.jsonl.zst' --tokenizer qwen3/tokenizer.json --out data/dolma",
-        "mpirun -np 4 meshtrain prepare --corpus fineweb/ --tokenizer gpt2/ --out data/fineweb --column "
-        "text"}},
+        "meshtrain prepare --corpus fineweb/ --tokenizer gpt2/ --out data/fineweb --column text --threads "
+        "16"}},
       {"tokenize",
        "encode stdin to a JSON array of token ids on stdout (or decode such an array)",
        "tokenize --tokenizer PATH [--decode]",

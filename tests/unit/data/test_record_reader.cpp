@@ -214,7 +214,8 @@ TEST_F(SourceFilesTest, FormatsFollowTheName) {
   EXPECT_EQ(record_format_of("a.jsonl.zst"), RecordFormat::json_lines);
   EXPECT_FALSE(record_format_of("a.json"));
   EXPECT_FALSE(record_format_of("a.txt.gz"));
-  EXPECT_FALSE(record_format_of("a.parquet"));
+  EXPECT_EQ(record_format_of("a.parquet"), RecordFormat::parquet);
+  EXPECT_FALSE(record_format_of("a.parquet.gz"));
 }
 
 TEST_F(SourceFilesTest, AFolderGivesItsFilesRecursivelyInPathOrder) {
