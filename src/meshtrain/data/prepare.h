@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
@@ -33,10 +34,11 @@ struct PrepareResult {
 // corpus checksum and outputs that still verify.
 PrepareResult prepare_dataset(const PrepareOptions& options);
 
-// texts[i] encoded for every i, on `threads` OpenMP threads (0: OpenMP's default); the result does not depend
-// on the thread count.
-std::vector<std::vector<int32_t>> encode_in_parallel(const Tokenizer& tokenizer,
-                                                     const std::vector<std::string_view>& texts,
+// Document i encoded for every i < count, on `threads` OpenMP threads (0: OpenMP's default); text(i) gives
+// its text and may do work of its own first (a JSON line's parse) and throw. The result does not depend on
+// the thread count, nor which error is thrown: the first failing document's.
+std::vector<std::vector<int32_t>> encode_in_parallel(const Tokenizer& tokenizer, size_t count,
+                                                     const std::function<std::string_view(size_t)>& text,
                                                      int threads = 0);
 
 // Both splits of a corpus tokenized (in parallel) and written as out_dir/{train,validation}.tokens, each

@@ -1,6 +1,7 @@
 // Raw sources -> token shards + index.json (prepare_records.h): per input file, documents read in batches on
-// a reader thread while the previous batch is encoded on every thread, split by their index, and cut into
-// parts; rank 0 gathers the files' part lists into the index once every rank is done.
+// a reader thread (decompressed, cut into lines) while the previous batch is decoded (JSON parsed) and
+// encoded on every thread, split by their index, and cut into parts; rank 0 gathers the files' part lists
+// into the index once every rank is done.
 #include "meshtrain/data/prepare_records.h"
 
 #include <algorithm>
@@ -48,22 +49,26 @@ std::string file_stem(size_t file) {
   return numbered(file, 5);
 }
 
-// The documents of one batch, and where the reader stood after them.
+// The documents of one batch (JSON lines not yet decoded: that is done on the encoding threads), and where
+// the reader stood after them. Two batches take turns, read into in place: their records keep their strings'
+// memory from batch to batch, which fresh ones would take (and fault in) from the system each time.
 struct Batch {
-  std::vector<std::string> texts;
+  std::vector<Record> records;  // the first `count` hold the batch
+  size_t count = 0;
   uint64_t bytes_read = 0;
 };
 
-Batch read_batch(RecordReader& reader) {
-  Batch batch;
+void read_batch(RecordReader& reader, Batch& batch) {
   size_t text_bytes = 0;
-  Record record;
-  while (text_bytes < kBatchTextBytes && batch.texts.size() < kBatchDocuments && reader.next(record)) {
+  batch.count = 0;
+  while (text_bytes < kBatchTextBytes && batch.count < kBatchDocuments) {
+    if (batch.count == batch.records.size()) batch.records.emplace_back();
+    Record& record = batch.records[batch.count];
+    if (!reader.next_undecoded(record)) break;
     text_bytes += record.text.size();
-    batch.texts.push_back(std::move(record.text));
+    ++batch.count;
   }
   batch.bytes_read = reader.bytes_read();
-  return batch;
 }
 
 // One split of one input file: its documents' tokens, each followed by EOS, cut into parts of at least
@@ -133,16 +138,28 @@ void prepare_file(const PrepareRecordsOptions& options, const std::vector<std::s
   SplitWriter train(out_dir, "train", file_stem(file), options.shard_tokens, eos_id);
   SplitWriter validation(out_dir, "validation", file_stem(file), options.shard_tokens, eos_id);
   uint64_t document = 0;
-  std::future<Batch> next = std::async(std::launch::async, [&reader] { return read_batch(reader); });
+  Batch batches[2];
+  int current = 0;
+  std::future<void> next =
+      std::async(std::launch::async, [&reader, &first = batches[0]] { read_batch(reader, first); });
   while (true) {
-    Batch batch = next.get();
-    if (batch.texts.empty()) break;
-    next = std::async(std::launch::async, [&reader] { return read_batch(reader); });
-    const std::vector<std::string_view> texts(batch.texts.begin(), batch.texts.end());
-    const std::vector<std::vector<int32_t>> encoded = encode_in_parallel(tokenizer, texts, options.threads);
+    next.get();
+    Batch& batch = batches[current];
+    if (batch.count == 0) break;
+    current ^= 1;
+    next =
+        std::async(std::launch::async, [&reader, &spare = batches[current]] { read_batch(reader, spare); });
+    std::vector<Record>& records = batch.records;
+    const std::vector<std::vector<int32_t>> encoded = encode_in_parallel(
+        tokenizer, batch.count,
+        [&](size_t i) {
+          reader.decode(records[i]);
+          return std::string_view(records[i].text);
+        },
+        options.threads);
     for (size_t i = 0; i < encoded.size(); ++i, ++document) {
       (is_validation_document(document, options.validation_fraction) ? validation : train)
-          .add(encoded[i], texts[i].size());
+          .add(encoded[i], records[i].text.size());
       progress.figures.tokens += encoded[i].size() + 1;
     }
     progress.figures.documents += encoded.size();

@@ -101,6 +101,13 @@ RecordReader::RecordReader(std::vector<std::string> files, RecordOptions options
 RecordReader::~RecordReader() = default;
 
 bool RecordReader::next(Record& record) {
+  if (!next_undecoded(record)) return false;
+  decode(record);
+  return true;
+}
+
+bool RecordReader::next_undecoded(Record& record) {
+  record.undecoded = false;
   while (true) {
     if (parquet_ != nullptr) {
       if (next_parquet_row(record)) return true;
@@ -202,29 +209,34 @@ bool RecordReader::next_json_line(Record& record) {
     const uint64_t line_offset = pending_offset_ + line_start_;
     line_start_ = searched_ = newline == std::string::npos ? end : end + 1;
     ++line_;
-    if (parse_json_line(line, line_offset, record)) {
-      ++documents_;
-      return true;
-    }
+    if (blank(line)) continue;
+    ++documents_;
+    record.text.assign(line.data(), line.size());
+    record.file = file_;
+    record.line = line_;
+    record.line_offset = line_offset;
+    record.undecoded = true;
+    return true;
   }
 }
 
-bool RecordReader::parse_json_line(std::string_view line, uint64_t line_offset, Record& record) const {
-  if (blank(line)) return false;
+void RecordReader::decode(Record& record) const {
+  if (!record.undecoded) return;
+  record.undecoded = false;
+  const std::string& file = files_[record.file];
+  const std::string line = std::move(record.text);
   // Built only for an error: most lines need neither.
-  const auto where = [&] { return files_[file_] + ":" + std::to_string(line_); };
-  const auto fix = [&] { return "fix or remove line " + std::to_string(line_) + " of " + files_[file_]; };
+  const auto where = [&] { return file + ":" + std::to_string(record.line); };
+  const auto fix = [&] { return "fix or remove line " + std::to_string(record.line) + " of " + file; };
   const size_t invalid = invalid_utf8_offset(line);
   if (invalid != std::string_view::npos) {
     fail(where(), "UTF-8 text",
-         "invalid UTF-8 at byte offset " + std::to_string(line_offset + invalid) +
+         "invalid UTF-8 at byte offset " + std::to_string(record.line_offset + invalid) +
              " of the (decompressed) file, byte " + std::to_string(invalid) + " of the line",
          fix() + " (convert other encodings with iconv -t UTF-8)");
   }
-  record.file = file_;
-  record.line = line_;
   ColumnTaker taker(options_.column, record.text);
-  if (nlohmann::json::sax_parse(line, &taker) && taker.found()) return true;
+  if (nlohmann::json::sax_parse(line, &taker) && taker.found()) return;
   // Not the simple case: the whole value, for the error's details.
   nlohmann::json object;
   try {
@@ -250,7 +262,6 @@ bool RecordReader::parse_json_line(std::string_view line, uint64_t line_offset, 
          std::string("a ") + column->type_name() + ": " + quote(*column), column_hint());
   }
   record.text = std::move(column->get_ref<std::string&>());  // a repeated key whose last value is the string
-  return true;
 }
 
 }  // namespace meshtrain

@@ -24,9 +24,11 @@ struct RecordOptions {
 };
 
 struct Record {
-  std::string text;   // valid UTF-8
+  std::string text;   // valid UTF-8; from next_undecoded, a JSON Lines line as read until decode()
   size_t file = 0;    // index into RecordReader::files()
   uint64_t line = 0;  // 1-based line of a JSON Lines file, 1-based row of a Parquet file; 0 for a text file
+  bool undecoded = false;    // `text` is a JSON Lines line that decode() has not taken the column out of yet
+  uint64_t line_offset = 0;  // of an undecoded line: its offset in the decompressed file, for errors
 };
 
 class RecordReader {
@@ -43,6 +45,12 @@ class RecordReader {
   // rules (read_text_document); a damaged .gz / .zst (ByteStream); ParquetTextReader's errors (a build
   // without Parquet among them: never a skipped file) and a row that is not valid UTF-8.
   bool next(Record& record);
+  // next() in two halves, so that the costly half runs on many threads: next_undecoded gives a JSON Lines
+  // line as read (blank lines passed over, nothing checked), decode() checks and parses it into the
+  // document, with next()'s errors. decode() reads only the files' names and the options, never the reader's
+  // position: it may run on any thread, while next_undecoded runs on another.
+  bool next_undecoded(Record& record);
+  void decode(Record& record) const;
 
   const std::vector<std::string>& files() const { return files_; }
   // Bytes of the files read so far, as stored (compressed where they are): the files done whole, and the
@@ -52,7 +60,6 @@ class RecordReader {
  private:
   void open_json_lines(size_t file);
   bool next_json_line(Record& record);
-  bool parse_json_line(std::string_view line, uint64_t line_offset, Record& record) const;
   bool next_parquet_row(Record& record);
   void close_file();
 
