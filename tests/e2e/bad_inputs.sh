@@ -164,6 +164,9 @@ expect data "$work/raw/empty.jsonl" "at least one document" -- "$meshtrain" "${r
 expect data "$work/raw/empty_folder" "at least one data file" -- \
   "$meshtrain" "${raw_prepare[@]}" "$work/raw/empty_folder"
 expect data "$work/raw/*.parquet" "no match" -- "$meshtrain" "${raw_prepare[@]}" "$work/raw/*.parquet"
+# Not Parquet at all: refused as damaged by a build that reads Parquet, as unreadable by one that does not.
+echo "not parquet" >"$work/raw/bad.parquet"
+expect data "$work/raw/bad.parquet" "Parquet" -- "$meshtrain" "${raw_prepare[@]}" "$work/raw/bad.parquet"
 for tool in "gzip -n:gz" "zstd -q:zst"; do
   if command -v "${tool%% *}" >/dev/null; then
     ${tool%:*} -c "$work/raw/good.jsonl" >"$work/raw/cut.jsonl.${tool#*:}"

@@ -95,11 +95,11 @@ std::vector<CommandSpec> make_table() {
       {"prepare",
        "tokenize a corpus into token shards: train a byte-level BPE tokenizer on it, or stream raw "
        "pre-training files (text, JSON Lines, Parquet) through a given one on every core",
-       "prepare [--out DIR] [--vocab-size N] [--corpus PATH] [--validation-fraction F] | prepare --corpus "
-       "SOURCE --tokenizer PATH --out DIR [--column NAME] [--validation-fraction F] [--threads N]",
+       "prepare [--out DIR] [--vocab-size N] [--corpus PATH] [--validation-fraction F] | meshtrain prepare "
+       "--corpus SOURCE --tokenizer PATH --out DIR [--column NAME] [--validation-fraction F] [--threads N]",
        "",
        false,
-       {{"--out", "DIR", "output folder (default data/kjv)"},
+       {{"--out", "DIR", "output folder (default data/kjv; required with --tokenizer)"},
         {"--vocab-size", "N", "tokenizer size, <|endoftext|> included (default 8192; not with --tokenizer)"},
         {"--corpus", "PATH",
          "without --tokenizer: a text file or a folder of text files, one document per file (default: the "

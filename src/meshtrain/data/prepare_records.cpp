@@ -29,7 +29,6 @@ namespace {
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
-using Clock = std::chrono::steady_clock;
 
 constexpr const char* kIndexFormat = "meshtrain-prepare-index";
 constexpr int kIndexVersion = 1;
@@ -325,7 +324,7 @@ PrepareRecordsResult prepare_records(const PrepareRecordsOptions& options) {
     fail("--validation-fraction", "a share in [0, 1)", std::to_string(options.validation_fraction),
          "e.g. --validation-fraction 0.001");
   }
-  const Clock::time_point start = Clock::now();
+  const auto start = std::chrono::steady_clock::now();
   const fs::path out_dir(options.out_dir);
   PrepareRecordsResult result;
   result.index_path = (out_dir / "index.json").string();
@@ -370,7 +369,7 @@ PrepareRecordsResult prepare_records(const PrepareRecordsOptions& options) {
 
   gather_shards(out_dir, files, index);
   index["input_bytes"] = std::accumulate(file_bytes.begin(), file_bytes.end(), uint64_t{0});
-  index["seconds"] = std::chrono::duration<double>(Clock::now() - start).count();
+  index["seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   index["ranks"] = options.world_size;
   write_file_atomically(result.index_path, index.dump(1) + "\n");
   result.index = std::move(index);
