@@ -35,7 +35,7 @@ import json, sys
 one, two = (json.load(open(path)) for path in sys.argv[1:])
 assert (one["ranks"], two["ranks"]) == (1, 2), (one["ranks"], two["ranks"])
 for index in (one, two):
-    del index["seconds"], index["ranks"]
+    del index["seconds"], index["setup_seconds"], index["ranks"]
 assert one == two, "the indexes differ"
 print(f"prepare on 1 and 2 ranks: {len(one['train']['shards'])} train and {len(one['validation']['shards'])} "
       f"validation shards, {one['train']['tokens']} train tokens, the same bytes")

@@ -344,6 +344,8 @@ PrepareRecordsResult prepare_records(const PrepareRecordsOptions& options) {
       {"tokenizer", tokenizer_json(options, tokenizer, *eos)},
       {"sources", {{"source", options.source}, {"files", fingerprint_json(fingerprint).at("files")}}}};
 
+  const double setup_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   // Every rank decides before rank 0 removes anything, so all of them see the same index.
   json existing;
   const bool current = index_current(result.index_path, index, existing);
@@ -370,6 +372,7 @@ PrepareRecordsResult prepare_records(const PrepareRecordsOptions& options) {
   gather_shards(out_dir, files, index);
   index["input_bytes"] = std::accumulate(file_bytes.begin(), file_bytes.end(), uint64_t{0});
   index["seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  index["setup_seconds"] = setup_seconds;  // of `seconds`: files resolved and fingerprinted, tokenizer loaded
   index["ranks"] = options.world_size;
   write_file_atomically(result.index_path, index.dump(1) + "\n");
   result.index = std::move(index);
