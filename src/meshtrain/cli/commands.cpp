@@ -118,7 +118,8 @@ std::vector<CommandSpec> make_table() {
          "share of the --corpus documents held out for validation, in [0, 1) (default 0.05; the KJV split is "
          "fixed). With --tokenizer: document j of each file when floor((j+1)F) > floor(jF)"},
         {"--threads", "N",
-         "with --tokenizer: encoding threads (default: every core; the output is the same)"}},
+         "with --tokenizer: encoding threads (default: every core, shared among the ranks on a host under "
+         "mpirun; the output is the same)"}},
        {"Without --tokenizer: writes DIR/tokenizer.json, DIR/train.tokens, DIR/validation.tokens and "
         "DIR/prepare.json; does nothing when DIR already holds complete outputs for the same arguments and "
         "corpus. Train with dataset_type=tokens dataset_path=DIR eval_dataset_path=DIR "

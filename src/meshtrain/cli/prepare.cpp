@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <memory>
 #include <optional>
+#include <thread>
 
 #include "meshtrain/cli/arguments.h"
 #include "meshtrain/comm/communicator.h"
@@ -163,6 +164,11 @@ int run_prepare_records(const ParsedArguments& parsed, std::ostream& out) {
   options.rank = world->rank();
   options.world_size = world->size();
   options.wait_for_all_ranks = [&world] { world->barrier("prepare"); };
+  // Ranks on one host share its cores, as train's do.
+  if (!parsed.has("--threads") && world->size() > 1) {
+    options.threads = static_cast<int>(std::max<int64_t>(
+        1, static_cast<int64_t>(std::thread::hardware_concurrency()) / ranks_on_this_host()));
+  }
   PrepareProgressBar bar(stderr);
   if (options.rank == 0) options.progress = [&bar](const PrepareProgress& progress) { bar.update(progress); };
   PrepareRecordsResult result;
