@@ -160,12 +160,50 @@ mkdir "$work/tiny" && echo "a" >"$work/tiny/1.txt" && echo "b" >"$work/tiny/2.tx
 expect data "config key 'dataset_path', entry 2 of 2 ('$work/tiny')" "at least max_target_length + 1 = 17 tokens" -- \
   "$meshtrain" train qwen3-tiny "${mixture_model[@]}" "dataset_path=$work/mix_a,1;$work/tiny,1" steps=1 \
   run_dir="$work/r-tiny"
+# prepare --tokenizer on raw sources (data/prepare_records.h): each bad file names itself (and its line or byte
+# offset), and a stopped prepare leaves no index.json.
+mkdir "$work/raw" && printf '{"text": "fine"}\n{"text": "fine"}\n' >"$work/raw/good.jsonl"
+printf '{"text": "fine"}\n{"text": broken}\n' >"$work/raw/malformed.jsonl"
+printf '{"text": "fine"}\n{"content": "x"}\n' >"$work/raw/no_column.jsonl"
+printf '{"text": 42}\n' >"$work/raw/number.jsonl"
+printf '{"text": "caf\xe9"}\n' >"$work/raw/latin1.jsonl"
+: >"$work/raw/empty.jsonl"
+mkdir "$work/raw/empty_folder"
+raw_prepare=(prepare --tokenizer "$work/prepared/tokenizer.json" --out "$work/raw_out" --corpus)
+expect data "$work/raw/malformed.jsonl:2" "malformed JSON" -- "$meshtrain" "${raw_prepare[@]}" "$work/raw/malformed.jsonl"
+expect data "$work/raw/no_column.jsonl:2" "no such column; the line's columns: 'content'" "--column=COLUMN" -- \
+  "$meshtrain" "${raw_prepare[@]}" "$work/raw/no_column.jsonl"
+expect data "$work/raw/number.jsonl:1" "a string column 'text'" "a number: 42" -- \
+  "$meshtrain" "${raw_prepare[@]}" "$work/raw/number.jsonl"
+expect data "$work/raw/latin1.jsonl:1" "invalid UTF-8 at byte offset 13" -- \
+  "$meshtrain" "${raw_prepare[@]}" "$work/raw/latin1.jsonl"
+expect data "$work/raw/empty.jsonl" "at least one document" -- "$meshtrain" "${raw_prepare[@]}" "$work/raw/empty.jsonl"
+expect data "$work/raw/empty_folder" "at least one data file" -- \
+  "$meshtrain" "${raw_prepare[@]}" "$work/raw/empty_folder"
+expect data "$work/raw/*.parquet" "no match" -- "$meshtrain" "${raw_prepare[@]}" "$work/raw/*.parquet"
+# Not Parquet at all: refused as damaged by a build that reads Parquet, as unreadable by one that does not.
+echo "not parquet" >"$work/raw/bad.parquet"
+expect data "$work/raw/bad.parquet" "Parquet" -- "$meshtrain" "${raw_prepare[@]}" "$work/raw/bad.parquet"
+for tool in "gzip -n:gz" "zstd -q:zst"; do
+  if command -v "${tool%% *}" >/dev/null; then
+    ${tool%:*} -c "$work/raw/good.jsonl" >"$work/raw/cut.jsonl.${tool#*:}"
+    truncate -s -4 "$work/raw/cut.jsonl.${tool#*:}"
+    expect data "$work/raw/cut.jsonl.${tool#*:}" "the file ends inside it at byte offset" -- \
+      "$meshtrain" "${raw_prepare[@]}" "$work/raw/cut.jsonl.${tool#*:}"
+  fi
+done
+[ -e "$work/raw_out/index.json" ] && { echo "FAIL [data] a failed prepare left $work/raw_out/index.json"; status=1; }
+expect data "meshtrain prepare --corpus" "JSON Lines, Parquet or a glob" "add --tokenizer PATH" -- \
+  "$meshtrain" prepare --corpus "$work/raw/good.jsonl" --out "$work/raw_out"
 # --- tokenizer -------------------------------------------------------------------------------------------
 expect tokenizer "$work/none.json" "tokenizer.json" -- "$meshtrain" tokenize --tokenizer "$work/none.json"
 expect tokenizer "$work/tokenizer.json" -- "$meshtrain" tokenize --tokenizer "$work/tokenizer.json"
 expect tokenizer "$work/tokenizer.json" -- \
   "$meshtrain" train qwen3-tiny dataset_type=text tokenizer_path="$work/tokenizer.json" eval_dataset_path= \
   eval_interval=0 steps=1
+sed 's/<|endoftext|>/<|unused|>/g' "$work/prepared/tokenizer.json" >"$work/no_eos_tokenizer.json"
+expect tokenizer "$work/no_eos_tokenizer.json" "an end-of-text token (<|endoftext|>)" -- \
+  "$meshtrain" prepare --corpus "$work/raw/good.jsonl" --tokenizer "$work/no_eos_tokenizer.json" --out "$work/raw_out"
 # --- checkpoint ------------------------------------------------------------------------------------------
 expect checkpoint "$work/none" "no such directory" -- \
   "$meshtrain" train qwen3-tiny "${tiny[@]}" load_full_state_path="$work/none" run_dir="$work/r1"
@@ -250,6 +288,13 @@ expect command "meshtrain train argument '--steps=3'" "write steps=3" -- "$mesht
 expect command "meshtrain train argument '--stesp=3'" "did you mean the config key steps=VALUE?" -- \
   "$meshtrain" train qwen3-tiny --stesp=3
 expect command "meshtrain info argument '--verbose'" "takes no flags" -- "$meshtrain" info qwen3-tiny --verbose
+expect command "meshtrain prepare --column" "--column with --tokenizer" -- "$meshtrain" prepare --column text
+expect command "meshtrain prepare --vocab-size" "no --vocab-size with --tokenizer" -- \
+  "$meshtrain" prepare --corpus "$work/raw/good.jsonl" --tokenizer "$work/prepared/tokenizer.json" \
+  --out "$work/raw_out" --vocab-size 300
+expect command "--validation-fraction" "a share in [0, 1)" -- \
+  "$meshtrain" prepare --corpus "$work/raw/good.jsonl" --tokenizer "$work/prepared/tokenizer.json" \
+  --out "$work/raw_out" --validation-fraction 1
 # generate --prompt-ids (the fixture checkpoint, trained on synthetic data, has no tokenizer and vocab_size 64)
 expect command "generate --prompt-ids" "'x' at position 1" -- "$meshtrain" generate --checkpoint "$checkpoint" \
   --prompt-ids 1,x

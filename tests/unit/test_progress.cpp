@@ -91,6 +91,28 @@ TEST(Progress, PlainLinesOffATerminal) {
   EXPECT_EQ(lines[5], "step 100/100 100% loss 4.000 | 1000 tok/s | ETA 0s");
 }
 
+TEST(Progress, ABarOverOtherWorkDrawsItsOwnLine) {
+  EXPECT_EQ(format_bar_line("read 3/10 MB", 0.3, " 30% | 2 docs", 0), "read 3/10 MB 30% | 2 docs");
+  EXPECT_EQ(format_bar_line("read", 0.5, " half", 30), "read [########.........] half");
+  std::FILE* file = std::tmpfile();
+  ASSERT_NE(file, nullptr);
+  {
+    // Bytes as the work: 1000 of them, updates every 100.
+    ProgressBar bar(1000, file, [](int64_t done, int64_t total, double eta_seconds, int columns) {
+      return format_bar_line(std::to_string(done) + "/" + std::to_string(total) + " bytes", 0.0,
+                             " ETA " + format_duration(eta_seconds), columns);
+    });
+    for (int64_t bytes = 100; bytes <= 1000; bytes += 100)
+      bar.advance(bytes, 0.1 * static_cast<double>(bytes));
+  }
+  const std::vector<std::string> lines = lines_of(contents(file));
+  std::fclose(file);
+  ASSERT_EQ(lines.size(), 10u);  // a line every 50 bytes' worth: each update
+  EXPECT_EQ(lines.front(), "100/1000 bytes ETA --");
+  EXPECT_EQ(lines[1], "200/1000 bytes ETA 1m20s");  // 0.1 s a byte, 800 left
+  EXPECT_EQ(lines.back(), "1000/1000 bytes ETA 0s");
+}
+
 TEST(Progress, PlainLinesAtLeastEveryTenSeconds) {
   std::FILE* file = std::tmpfile();
   ASSERT_NE(file, nullptr);

@@ -93,24 +93,49 @@ std::vector<CommandSpec> make_table() {
         "--seed 1",
         "meshtrain generate --checkpoint runs/tiny --prompt-ids 5,17,3 --max-new-tokens 8 --temperature 0"}},
       {"prepare",
-       "train a byte-level BPE tokenizer on a corpus and write token shards",
-       "prepare [--out DIR] [--vocab-size N] [--corpus PATH] [--validation-fraction F]",
+       "tokenize a corpus into token shards: train a byte-level BPE tokenizer on it, or stream raw "
+       "pre-training files (text, JSON Lines, Parquet) through a given one on every core",
+       "prepare [--out DIR] [--vocab-size N] [--corpus PATH] [--validation-fraction F] | meshtrain prepare "
+       "--corpus SOURCE --tokenizer PATH --out DIR [--column NAME] [--validation-fraction F] [--threads N]",
        "",
        false,
-       {{"--out", "DIR", "output folder (default data/kjv)"},
-        {"--vocab-size", "N", "tokenizer size, <|endoftext|> included (default 8192)"},
+       {{"--out", "DIR", "output folder (default data/kjv; required with --tokenizer)"},
+        {"--vocab-size", "N", "tokenizer size, <|endoftext|> included (default 8192; not with --tokenizer)"},
         {"--corpus", "PATH",
-         "a text file or a folder of text files, one document per file (default: the King James Bible from "
-         "Debian's bible-kjv, one document per chapter, every 20th chapter held out for validation)"},
+         "without --tokenizer: a text file or a folder of text files, one document per file (default: the "
+         "King "
+         "James Bible from Debian's bible-kjv, one document per chapter, every 20th chapter held out for "
+         "validation). With --tokenizer: a file, folder or glob of .txt, .jsonl, .jsonl.gz, .jsonl.zst and "
+         ".parquet files (quote a glob)"},
+        {"--tokenizer", "PATH",
+         "an existing tokenizer (a tokenizer.json, or a folder with tokenizer.json or encoder.json + "
+         "vocab.bpe, as tokenizer_path); it must have <|endoftext|>, which ends every document. Selects the "
+         "streaming path"},
+        {"--column", "NAME",
+         "with --tokenizer: the JSON Lines / Parquet column holding the text (default text; train's "
+         "train_data_columns)"},
         {"--validation-fraction", "F",
          "share of the --corpus documents held out for validation, in [0, 1) (default 0.05; the KJV split is "
-         "fixed)"}},
-       {"Writes DIR/tokenizer.json, DIR/train.tokens, DIR/validation.tokens and DIR/prepare.json; does "
-        "nothing when DIR already holds complete outputs for the same arguments and corpus.",
-        "Train on the result with dataset_type=tokens dataset_path=DIR eval_dataset_path=DIR "
-        "tokenizer_path=DIR/tokenizer.json."},
+         "fixed). With --tokenizer: document j of each file when floor((j+1)F) > floor(jF)"},
+        {"--threads", "N",
+         "with --tokenizer: encoding threads (default: every core, shared among the ranks on a host under "
+         "mpirun; the output is the same)"}},
+       {"Without --tokenizer: writes DIR/tokenizer.json, DIR/train.tokens, DIR/validation.tokens and "
+        "DIR/prepare.json; does nothing when DIR already holds complete outputs for the same arguments and "
+        "corpus. Train with dataset_type=tokens dataset_path=DIR eval_dataset_path=DIR "
+        "tokenizer_path=DIR/tokenizer.json.",
+        "With --tokenizer: streams the files (never a whole one in memory), writes DIR/train/ and "
+        "DIR/validation/ shards (one series per input file) and DIR/index.json last (docs/data.md); does "
+        "nothing when the index matches the arguments, tokenizer and files. Under mpirun the files are split "
+        "over the ranks; the shards are the same. Train with dataset_type=tokens dataset_path=DIR "
+        "eval_dataset_path=DIR tokenizer_path=PATH.",
+        "JSON Lines and Parquet sources need --tokenizer (train one with the default path on a text sample, "
+        "or use the model's)."},
        {"meshtrain prepare --out data/kjv --vocab-size 8192",
-        "meshtrain prepare --corpus my_texts/ --out data/mine --vocab-size 8192"}},
+        "meshtrain prepare --corpus my_texts/ --out data/mine --vocab-size 8192",
+        "meshtrain prepare --corpus 'dolma/*.jsonl.zst' --tokenizer qwen3/tokenizer.json --out data/dolma",
+        "meshtrain prepare --corpus fineweb/ --tokenizer gpt2/ --out data/fineweb --column text --threads "
+        "16"}},
       {"tokenize",
        "encode stdin to a JSON array of token ids on stdout (or decode such an array)",
        "tokenize --tokenizer PATH [--decode]",

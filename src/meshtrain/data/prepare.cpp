@@ -2,6 +2,8 @@
 // parallel -> token shards, with everything (arguments, checksums, figures) recorded in prepare.json.
 #include "meshtrain/data/prepare.h"
 
+#include <omp.h>
+
 #include <chrono>
 #include <cmath>
 #include <exception>
@@ -67,25 +69,10 @@ json arguments_json(const PrepareOptions& options) {
   return arguments;
 }
 
-// Tokenizes every document in parallel. Tokenizer::encode is const and keeps its caches per thread, so
-// concurrent calls on one tokenizer are safe (tokenizer.cpp's BPE cache and PCRE2 match data are
-// thread_local).
 std::vector<std::vector<int32_t>> encode_all(const Tokenizer& tokenizer,
                                              const std::vector<Document>& documents) {
-  std::vector<std::vector<int32_t>> encoded(documents.size());
-  std::exception_ptr error;
-  const auto count = static_cast<int64_t>(documents.size());
-#pragma omp parallel for schedule(dynamic, 4)
-  for (int64_t i = 0; i < count; ++i) {
-    try {
-      encoded[static_cast<size_t>(i)] = tokenizer.encode(documents[static_cast<size_t>(i)].text);
-    } catch (...) {
-#pragma omp critical(meshtrain_prepare_error)
-      if (!error) error = std::current_exception();
-    }
-  }
-  if (error) std::rethrow_exception(error);
-  return encoded;
+  return encode_in_parallel(tokenizer, documents.size(),
+                            [&](size_t i) { return std::string_view(documents[i].text); });
 }
 
 // -sum p ln p of the token distribution of `documents` (each followed by EOS, as in the shard); 0 tokens:
@@ -152,6 +139,32 @@ bool outputs_current(const PrepareResult& paths, const json& arguments, uint32_t
 }
 
 }  // namespace
+
+// Tokenizer::encode is const and keeps its caches per thread, so concurrent calls on one tokenizer are safe
+// (tokenizer.cpp's BPE cache and PCRE2 match data are thread_local). Documents vary in length, so each thread
+// takes the next one as it finishes.
+std::vector<std::vector<int32_t>> encode_in_parallel(const Tokenizer& tokenizer, size_t count,
+                                                     const std::function<std::string_view(size_t)>& text,
+                                                     int threads) {
+  std::vector<std::vector<int32_t>> encoded(count);
+  std::exception_ptr error;
+  auto error_at = static_cast<int64_t>(count);
+  const int team = threads > 0 ? threads : omp_get_max_threads();
+#pragma omp parallel for schedule(dynamic, 1) num_threads(team)
+  for (int64_t i = 0; i < static_cast<int64_t>(count); ++i) {
+    try {
+      encoded[static_cast<size_t>(i)] = tokenizer.encode(text(static_cast<size_t>(i)));
+    } catch (...) {
+#pragma omp critical(meshtrain_prepare_error)
+      if (i < error_at) {
+        error_at = i;
+        error = std::current_exception();
+      }
+    }
+  }
+  if (error) std::rethrow_exception(error);
+  return encoded;
+}
 
 TokenizedCorpus tokenize_corpus(const Corpus& corpus, const Tokenizer& tokenizer, int32_t eos_id,
                                 const std::string& out_dir) {

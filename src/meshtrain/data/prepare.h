@@ -4,8 +4,10 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "meshtrain/data/corpus.h"
@@ -31,6 +33,13 @@ struct PrepareResult {
 // prepare.json (last) under out_dir; skips the work when prepare.json records the same arguments, the same
 // corpus checksum and outputs that still verify.
 PrepareResult prepare_dataset(const PrepareOptions& options);
+
+// Document i encoded for every i < count, on `threads` OpenMP threads (0: OpenMP's default); text(i) gives
+// its text and may do work of its own first (a JSON line's parse) and throw. The result does not depend on
+// the thread count, nor which error is thrown: the first failing document's.
+std::vector<std::vector<int32_t>> encode_in_parallel(const Tokenizer& tokenizer, size_t count,
+                                                     const std::function<std::string_view(size_t)>& text,
+                                                     int threads = 0);
 
 // Both splits of a corpus tokenized (in parallel) and written as out_dir/{train,validation}.tokens, each
 // document followed by `eos_id`. out_dir must exist.

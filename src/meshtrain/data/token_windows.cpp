@@ -8,6 +8,7 @@
 #include <filesystem>
 
 #include "meshtrain/core/error.h"
+#include "meshtrain/data/prepare_records.h"
 
 namespace meshtrain {
 
@@ -210,6 +211,14 @@ std::vector<std::string> resolve_token_shards(const std::string& path, const std
   if (!fs::is_directory(path, error)) {
     fail(path, "a .tokens shard or a folder of them", "nothing readable at that path",
          "run meshtrain prepare --out DIR and set " + key + "=DIR");
+  }
+  // `meshtrain prepare --tokenizer` output: its index lists the split's shards in order.
+  const fs::path index = fs::path(path) / "index.json";
+  if (fs::is_regular_file(index, error)) return shards_of_index(index.string(), split);
+  if (fs::is_directory(fs::path(path) / "files", error) && fs::is_directory(fs::path(path) / split, error)) {
+    fail(path, "a finished meshtrain prepare (its index.json)",
+         "shards without index.json: prepare stopped early",
+         "re-run the meshtrain prepare that wrote " + path);
   }
   const fs::path named = fs::path(path) / (split + ".tokens");
   if (fs::is_regular_file(named, error)) return {named.string()};

@@ -93,9 +93,11 @@ class TokenWindows final : public RowSource {
 // by single sources and mixtures (MeshErrors naming `where`).
 void check_cursor_order(const nlohmann::json& cursor, bool packing, bool shuffle, const std::string& where);
 
-// Shards for a dataset path: a .tokens file as is; a folder holding `<split>.tokens` (what meshtrain prepare
-// writes; split is "train" or "validation") gives that file; any other folder gives all *.tokens files in
-// it, recursively, sorted by path. Nothing found is a MeshError naming the path.
+// Shards for a dataset path: a .tokens file as is; a folder holding index.json (what meshtrain prepare
+// --tokenizer writes) gives the shards it lists for `split` ("train" or "validation"), in order, each checked
+// to exist; a folder holding `<split>.tokens` (what meshtrain prepare writes without --tokenizer) gives that
+// file; any other folder gives all *.tokens files in it, recursively, sorted by path. Nothing found is a
+// MeshError naming the path.
 std::vector<std::string> resolve_token_shards(const std::string& path, const std::string& split);
 
 // Shards for a pattern: one holding '*', '?' or '[' is a glob(3) whose matches (files or folders) each give

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <utility>
 
 namespace meshtrain {
 namespace {
@@ -41,16 +42,9 @@ std::string format_duration(double seconds) {
   return format("%lldd%02lldh", total / 86400, total % 86400 / 3600);
 }
 
-std::string format_progress_line(int64_t step, int64_t total_steps, double loss, double tokens_per_second,
-                                 double eta_seconds, int columns) {
-  const double fraction =
-      total_steps > 0 ? std::clamp(static_cast<double>(step) / static_cast<double>(total_steps), 0.0, 1.0)
-                      : 1.0;
-  const std::string head =
-      format("step %lld/%lld", static_cast<long long>(step), static_cast<long long>(total_steps));
-  const std::string tail = format(" %d%% loss %.3f | ", static_cast<int>(fraction * 100.0), loss) +
-                           format("%.0f tok/s | ETA ", tokens_per_second) + format_duration(eta_seconds);
+std::string format_bar_line(const std::string& head, double fraction, const std::string& tail, int columns) {
   if (columns <= 0) return head + tail;
+  fraction = std::clamp(fraction, 0.0, 1.0);
   const int room = columns - 1 - static_cast<int>(head.size() + tail.size()) - 3;  // " [" and "]"
   const int width = std::min(kMaxBarWidth, room);
   std::string line = head;
@@ -63,12 +57,29 @@ std::string format_progress_line(int64_t step, int64_t total_steps, double loss,
   return line;
 }
 
+std::string format_progress_line(int64_t step, int64_t total_steps, double loss, double tokens_per_second,
+                                 double eta_seconds, int columns) {
+  const double fraction =
+      total_steps > 0 ? std::clamp(static_cast<double>(step) / static_cast<double>(total_steps), 0.0, 1.0)
+                      : 1.0;
+  const std::string head =
+      format("step %lld/%lld", static_cast<long long>(step), static_cast<long long>(total_steps));
+  const std::string tail = format(" %d%% loss %.3f | ", static_cast<int>(fraction * 100.0), loss) +
+                           format("%.0f tok/s | ETA ", tokens_per_second) + format_duration(eta_seconds);
+  return format_bar_line(head, fraction, tail, columns);
+}
+
 ProgressBar::ProgressBar(int64_t total_steps, int64_t start_step, std::FILE* stream, int64_t plain_interval)
     : total_steps_(total_steps), stream_(stream), step_(start_step) {
   const char* term = std::getenv("TERM");
   interactive_ = isatty(fileno(stream_)) == 1 && !(term != nullptr && std::strcmp(term, "dumb") == 0);
   plain_interval_ =
       plain_interval > 0 ? plain_interval : std::max<int64_t>(1, (total_steps - start_step) / 20);
+}
+
+ProgressBar::ProgressBar(int64_t total, std::FILE* stream, ProgressLineFormat line)
+    : ProgressBar(total, 0, stream) {
+  line_ = std::move(line);
 }
 
 ProgressBar::~ProgressBar() {
@@ -80,6 +91,12 @@ void ProgressBar::update(int64_t step, double loss, double tokens_per_second) {
 }
 
 void ProgressBar::update(int64_t step, double loss, double tokens_per_second, double now_seconds) {
+  loss_ = loss;
+  tokens_per_second_ = tokens_per_second;
+  advance(step, now_seconds);
+}
+
+void ProgressBar::advance(int64_t step, double now_seconds) {
   if (finished_) return;
   // The first update only sets the reference point: the time before it includes start-up and warm-up.
   if (have_update_ && step > step_ && now_seconds >= now_) {
@@ -91,8 +108,6 @@ void ProgressBar::update(int64_t step, double loss, double tokens_per_second, do
         samples_ == 1 ? per_step : average_step_seconds_ + weight * (per_step - average_step_seconds_);
   }
   step_ = step;
-  loss_ = loss;
-  tokens_per_second_ = tokens_per_second;
   now_ = now_seconds;
   const bool first = !have_update_;
   have_update_ = true;
@@ -137,14 +152,16 @@ void ProgressBar::finish() {
 
 void ProgressBar::draw() {
   if (!have_update_) return;
+  const auto line = [&](int width) {
+    return line_ ? line_(step_, total_steps_, eta_seconds(), width)
+                 : format_progress_line(step_, total_steps_, loss_, tokens_per_second_, eta_seconds(), width);
+  };
   if (interactive_) {
     // "\x1b[K" clears what a longer previous line left to the right.
-    emit("\r" +
-         format_progress_line(step_, total_steps_, loss_, tokens_per_second_, eta_seconds(), columns()) +
-         "\x1b[K");
+    emit("\r" + line(columns()) + "\x1b[K");
     bar_on_screen_ = true;
   } else {
-    emit(format_progress_line(step_, total_steps_, loss_, tokens_per_second_, eta_seconds(), 0) + "\n");
+    emit(line(0) + "\n");
   }
   printed_step_ = step_;
   printed_time_ = now_;

@@ -4,6 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -158,6 +161,96 @@ TEST_F(RecordReaderTest, ARepeatedColumnKeepsItsLastValueAsAParsedObjectDoes) {
   expect_holds(error_reading(last_not_string, last_not_string + ":1"), "found a array: [1]");
 }
 
+// decode()'s fast column scanner against nlohmann's parser, the independent reference: on every line, the
+// same text, or an error where the parser refuses the line (or it has no string column).
+void expect_decoded_as_parsed(const RecordReader& reader, const std::string& line) {
+  std::optional<std::string> parsed;
+  try {
+    const nlohmann::json object = nlohmann::json::parse(line);
+    if (object.is_object() && object.contains("text") && object["text"].is_string()) parsed = object["text"];
+  } catch (const nlohmann::json::exception&) {
+  }
+  Record record;
+  record.text = line;
+  record.undecoded = true;
+  record.line = 1;
+  std::optional<std::string> decoded;
+  try {
+    reader.decode(record);
+    decoded = record.text;
+  } catch (const MeshError&) {
+  }
+  EXPECT_EQ(decoded, parsed) << line;
+}
+
+TEST_F(RecordReaderTest, TheColumnIsTakenAsAJsonParserReadsItOnEveryLine) {
+  const RecordReader reader({write("any.jsonl", "{}\n")}, RecordOptions{});
+  const std::vector<std::string> lines = {
+      R"({"text": "plain"})",
+      R"( {"id":1,"text":"a\"b\\c\/d\b\f\n\r\t"} )",
+      R"({"text": "\u00e9\u4e2d\ud83d\ude80"})",
+      R"({"text": "\ud83d"})",
+      R"({"text": "\ude80"})",
+      R"({"text": "\ud83d\u0041"})",
+      R"({"text": "\u0000"})",
+      R"({"text": "\x"})",
+      R"({"text": "\u12G4"})",
+      "{\"text\": \"tab\there\"}",
+      R"({"meta": {"a": [1, -2.5, 0, true, false, null, {"b": []}]}, "text": "t"})",
+      R"({"n": 1e400, "text": "t"})",
+      R"({"n": 1E2, "text": "t"})",
+      R"({"n": 01, "text": "t"})",
+      R"({"n": -, "text": "t"})",
+      R"({"n": 1., "text": "t"})",
+      R"({"n": .5, "text": "t"})",
+      R"({"n": -0.0, "text": "t"})",
+      R"({"text": "t",})",
+      R"({"text": "t"} x)",
+      R"({"text": "t"}})",
+      R"({"text" "t"})",
+      R"({text: "t"})",
+      R"({"text": 't'})",
+      R"([{"text": "t"}])",
+      R"({"text": "t", "text": 2})",
+      R"({"text": 2, "text": "t"})",
+      R"({"te\u0078t": "escaped key"})",
+      R"({"text": tru})",
+      R"({"a": nul, "text": "t"})",
+      R"({"a": [1,], "text": "t"})",
+      R"({"a": [,1], "text": "t"})",
+      R"({"a": {"b" 1}, "text": "t"})",
+      "\xEF\xBB\xBF{\"text\": \"after a BOM\"}",
+      "{\"text\": \"t\"}\r",
+      R"({"text": "unterminated)",
+      R"({"text": "t")",
+      R"({})",
+      std::string(200, '[') + std::string(200, ']'),
+      R"({"a": )" + std::string(100, '[') + std::string(100, ']') + R"(, "text": "deep"})",
+      R"({"n": )" + std::string(400, '7') + R"(, "text": "long number"})"};
+  for (const std::string& line : lines) expect_decoded_as_parsed(reader, line);
+  // Random edits of valid lines with JSON's own characters: many malformed, some still valid.
+  const std::string alphabet = "{}[]\",:\\/ 0123456789.-+eEtfnulrasbu\t";
+  std::mt19937 random(38);
+  for (int trial = 0; trial < 20000; ++trial) {
+    std::string line = lines[trial % 3];
+    for (int edit = 0, edits = 1 + static_cast<int>(random() % 3); edit < edits; ++edit) {
+      const size_t at = random() % (line.size() + 1);
+      const char c = alphabet[random() % alphabet.size()];
+      switch (random() % 3) {
+        case 0:
+          line.insert(line.begin() + static_cast<std::ptrdiff_t>(at), c);
+          break;
+        case 1:
+          if (at < line.size()) line.erase(at, 1);
+          break;
+        default:
+          if (at < line.size()) line[at] = c;
+      }
+    }
+    expect_decoded_as_parsed(reader, line);
+  }
+}
+
 TEST_F(RecordReaderTest, MalformedLinesNameTheFileAndLine) {
   const std::string message =
       expect_line_error("bad.jsonl", "{\"text\": \"fine\"}\n\n{\"text\": \"unterminated}\n", 3,
@@ -214,7 +307,8 @@ TEST_F(SourceFilesTest, FormatsFollowTheName) {
   EXPECT_EQ(record_format_of("a.jsonl.zst"), RecordFormat::json_lines);
   EXPECT_FALSE(record_format_of("a.json"));
   EXPECT_FALSE(record_format_of("a.txt.gz"));
-  EXPECT_FALSE(record_format_of("a.parquet"));
+  EXPECT_EQ(record_format_of("a.parquet"), RecordFormat::parquet);
+  EXPECT_FALSE(record_format_of("a.parquet.gz"));
 }
 
 TEST_F(SourceFilesTest, AFolderGivesItsFilesRecursivelyInPathOrder) {

@@ -34,12 +34,13 @@ class ByteStream {
   const std::string& path() const { return path_; }
   // Decompressed bytes returned so far: the offset in the decompressed stream of the next chunk's first byte.
   uint64_t offset() const { return offset_; }
+  // Bytes read from the file so far (compressed where it is), for progress.
+  uint64_t file_bytes_read() const { return file_bytes_read_; }
 
  protected:
   ByteStream(std::string path, size_t chunk_bytes);
   // Up to `capacity` bytes of the file into `out`; 0 at its end.
   size_t read_file(char* out, size_t capacity);
-  uint64_t file_bytes_read() const { return file_bytes_read_; }
 
   std::string path_;
   size_t chunk_bytes_;

@@ -1,7 +1,8 @@
-// Documents from text and JSON Lines files (record_reader.h): lines cut from streamed chunks, each checked as
-// UTF-8 and parsed as one JSON object, its text column taken out.
+// Documents from text, JSON Lines and Parquet files (record_reader.h): lines cut from streamed chunks, each
+// checked as UTF-8 and parsed as one JSON object, its text column taken out; Parquet rows checked as UTF-8.
 #include "meshtrain/data/records/record_reader.h"
 
+#include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "meshtrain/core/error.h"
@@ -31,58 +32,212 @@ std::string keys_of(const nlohmann::json& object) {
   return keys.empty() ? "none" : keys;
 }
 
-// Takes a line's text column without building the line's JSON value (3 to 4 times faster on typical corpora:
-// other columns are lexed, not stored). It stops at whatever is not the simple case: a parse error, a line
-// that is not an object, a column that is not a string; the caller then parses the line whole for the
-// error's details. Duplicate keys keep the last value, as a parsed object does.
-class ColumnTaker {
+// Takes a line's text column in one pass over its bytes, checking the whole line against JSON's grammar as it
+// goes, without building any value: several times faster than nlohmann's parser, whose lexer copies every
+// string byte by byte. It answers only the plain case, an object whose column is a string, with numbers
+// without an exponent, nested at most kMaxDepth deep; for anything else (an error above all) it gives up and
+// the full parse decides, so it never accepts a line the parser refuses nor reads one differently. The line
+// is valid UTF-8 already. Duplicate keys keep the last value, as a parsed object does.
+class ColumnScanner {
  public:
-  ColumnTaker(const std::string& column, std::string& text) : column_(column), text_(text) {}
-  bool found() const { return found_; }
+  ColumnScanner(std::string_view line, const std::string& column)
+      : at_(line.data()), end_(line.data() + line.size()), column_(column) {}
 
-  bool null() { return scalar(); }
-  bool boolean(bool) { return scalar(); }
-  bool number_integer(nlohmann::json::number_integer_t) { return scalar(); }
-  bool number_unsigned(nlohmann::json::number_unsigned_t) { return scalar(); }
-  bool number_float(nlohmann::json::number_float_t, const std::string&) { return scalar(); }
-  bool binary(nlohmann::json::binary_t&) { return scalar(); }
-  bool string(std::string& value) {
-    if (depth_ == 0) return false;
-    if (depth_ == 1 && wanted_) {
-      text_ = std::move(value);
-      found_ = true;
-      wanted_ = false;
+  // True with the column's text in `text` when the line is a JSON object holding it as a string.
+  bool take(std::string& text) {
+    bool found = false;
+    skip_space();
+    if (!next_is('{')) return false;
+    skip_space();
+    if (next_is('}')) return false;  // no column at all
+    do {
+      skip_space();
+      key_.clear();
+      if (at_ == end_ || *at_ != '"' || !string(&key_)) return false;
+      skip_space();
+      if (!next_is(':')) return false;
+      skip_space();
+      if (key_ == column_) {
+        if (at_ == end_ || *at_ != '"') return false;
+        text.clear();
+        if (!string(&text)) return false;
+        found = true;
+      } else if (!value(1)) {
+        return false;
+      }
+      skip_space();
+    } while (next_is(','));
+    if (!next_is('}')) return false;
+    skip_space();
+    return at_ == end_ && found;
+  }
+
+ private:
+  static constexpr int kMaxDepth = 64;
+  static constexpr int kMaxNumberChars = 300;  // a longer one may overflow a double: the parser's call
+
+  bool next_is(char expected) {
+    if (at_ == end_ || *at_ != expected) return false;
+    ++at_;
+    return true;
+  }
+  void skip_space() {
+    while (at_ != end_ && (*at_ == ' ' || *at_ == '\t' || *at_ == '\n' || *at_ == '\r')) ++at_;
+  }
+
+  // At a '"': the string, unescaped into `out` (skipped when null).
+  bool string(std::string* out) {
+    ++at_;
+    while (true) {
+      const char* run = at_;
+      while (at_ != end_ && *at_ != '"' && *at_ != '\\' && static_cast<unsigned char>(*at_) >= 0x20) ++at_;
+      if (out != nullptr) out->append(run, at_);
+      if (at_ == end_ || static_cast<unsigned char>(*at_) < 0x20) return false;
+      if (*at_++ == '"') return true;
+      if (at_ == end_) return false;
+      const char escape = *at_++;
+      char plain = 0;
+      switch (escape) {
+        case '"':
+          plain = '"';
+          break;
+        case '\\':
+          plain = '\\';
+          break;
+        case '/':
+          plain = '/';
+          break;
+        case 'b':
+          plain = '\b';
+          break;
+        case 'f':
+          plain = '\f';
+          break;
+        case 'n':
+          plain = '\n';
+          break;
+        case 'r':
+          plain = '\r';
+          break;
+        case 't':
+          plain = '\t';
+          break;
+        case 'u': {
+          uint32_t code = 0;
+          if (!hex4(code)) return false;
+          if (code >= 0xDC00 && code <= 0xDFFF) return false;  // a low surrogate first
+          if (code >= 0xD800 && code <= 0xDBFF) {
+            uint32_t low = 0;
+            if (end_ - at_ < 2 || at_[0] != '\\' || at_[1] != 'u') return false;
+            at_ += 2;
+            if (!hex4(low) || low < 0xDC00 || low > 0xDFFF) return false;
+            code = 0x10000 + ((code - 0xD800) << 10) + (low - 0xDC00);
+          }
+          if (out != nullptr) append_utf8(code, *out);
+          continue;
+        }
+        default:
+          return false;
+      }
+      if (out != nullptr) out->push_back(plain);
+    }
+  }
+  bool hex4(uint32_t& code) {
+    if (end_ - at_ < 4) return false;
+    for (int i = 0; i < 4; ++i) {
+      const char c = *at_++;
+      const int digit = c >= '0' && c <= '9'   ? c - '0'
+                        : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                        : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                               : -1;
+      if (digit < 0) return false;
+      code = code * 16 + static_cast<uint32_t>(digit);
     }
     return true;
   }
-  bool start_object(size_t) { return open(); }
-  bool start_array(size_t) { return depth_ > 0 && open(); }
-  bool end_object() { return close(); }
-  bool end_array() { return close(); }
-  bool key(std::string& name) {
-    if (depth_ == 1) wanted_ = name == column_;
-    return true;
-  }
-  bool parse_error(size_t, const std::string&, const nlohmann::json::exception&) { return false; }
-
- private:
-  // A value other than a string: fine inside the object, unless it is the column's.
-  bool scalar() const { return depth_ > 0 && !(depth_ == 1 && wanted_); }
-  bool open() {
-    if (depth_ == 1 && wanted_) return false;
-    ++depth_;
-    return true;
-  }
-  bool close() {
-    --depth_;
-    return true;
+  static void append_utf8(uint32_t code, std::string& out) {
+    if (code < 0x80) {
+      out.push_back(static_cast<char>(code));
+    } else if (code < 0x800) {
+      out.push_back(static_cast<char>(0xC0 | (code >> 6)));
+      out.push_back(static_cast<char>(0x80 | (code & 0x3F)));
+    } else if (code < 0x10000) {
+      out.push_back(static_cast<char>(0xE0 | (code >> 12)));
+      out.push_back(static_cast<char>(0x80 | ((code >> 6) & 0x3F)));
+      out.push_back(static_cast<char>(0x80 | (code & 0x3F)));
+    } else {
+      out.push_back(static_cast<char>(0xF0 | (code >> 18)));
+      out.push_back(static_cast<char>(0x80 | ((code >> 12) & 0x3F)));
+      out.push_back(static_cast<char>(0x80 | ((code >> 6) & 0x3F)));
+      out.push_back(static_cast<char>(0x80 | (code & 0x3F)));
+    }
   }
 
+  // Any value, checked and skipped.
+  bool value(int depth) {
+    if (at_ == end_ || depth > kMaxDepth) return false;
+    switch (*at_) {
+      case '"':
+        return string(nullptr);
+      case '{':
+        return container(depth, '}', true);
+      case '[':
+        return container(depth, ']', false);
+      case 't':
+        return word("true");
+      case 'f':
+        return word("false");
+      case 'n':
+        return word("null");
+      default:
+        return number();
+    }
+  }
+  // At '{' or '[': members (key: value) or elements up to `close`.
+  bool container(int depth, char close, bool object) {
+    ++at_;
+    skip_space();
+    if (next_is(close)) return true;
+    do {
+      skip_space();
+      if (object) {
+        if (at_ == end_ || *at_ != '"' || !string(nullptr)) return false;
+        skip_space();
+        if (!next_is(':')) return false;
+        skip_space();
+      }
+      if (!value(depth + 1)) return false;
+      skip_space();
+    } while (next_is(','));
+    return next_is(close);
+  }
+  bool word(std::string_view expected) {
+    if (static_cast<size_t>(end_ - at_) < expected.size() ||
+        std::string_view(at_, expected.size()) != expected) {
+      return false;
+    }
+    at_ += expected.size();
+    return true;
+  }
+  // -?(0|[1-9][0-9]*)(.[0-9]+)? ; an exponent is left to the parser (it may overflow a double).
+  bool number() {
+    const char* start = at_;
+    const auto digits = [&] {
+      const char* first = at_;
+      while (at_ != end_ && *at_ >= '0' && *at_ <= '9') ++at_;
+      return at_ - first;
+    };
+    next_is('-');
+    if (!next_is('0') && digits() == 0) return false;
+    if (next_is('.') && digits() == 0) return false;
+    if (at_ != end_ && (*at_ == 'e' || *at_ == 'E')) return false;
+    return at_ - start <= kMaxNumberChars;
+  }
+
+  const char* at_;
+  const char* end_;
   const std::string& column_;
-  std::string& text_;
-  int depth_ = 0;
-  bool wanted_ = false;  // the last key of the line's object named the column
-  bool found_ = false;
+  std::string key_;
 };
 
 }  // namespace
@@ -100,26 +255,82 @@ RecordReader::RecordReader(std::vector<std::string> files, RecordOptions options
 RecordReader::~RecordReader() = default;
 
 bool RecordReader::next(Record& record) {
+  if (!next_undecoded(record)) return false;
+  decode(record);
+  return true;
+}
+
+bool RecordReader::next_undecoded(Record& record) {
+  record.undecoded = false;
   while (true) {
+    if (parquet_ != nullptr) {
+      if (next_parquet_row(record)) return true;
+      close_file();
+      continue;
+    }
     if (stream_ == nullptr) {
       if (next_file_ == files_.size()) return false;
       const size_t file = next_file_++;
-      if (record_format_of(files_[file]) == RecordFormat::text) {
+      const RecordFormat format = *record_format_of(files_[file]);
+      if (format == RecordFormat::text) {
         record.text = read_text_document(files_[file], options_.path_setting);
         record.file = file;
         record.line = 0;
+        bytes_done_ += std::filesystem::file_size(files_[file]);
         return true;
+      }
+      if (format == RecordFormat::parquet) {
+        parquet_ = std::make_unique<ParquetTextReader>(files_[file], options_.column);
+        parquet_bytes_ = std::filesystem::file_size(files_[file]);
+        file_ = file;
+        line_ = documents_ = 0;
+        continue;
       }
       open_json_lines(file);
     }
     if (next_json_line(record)) return true;
-    if (documents_ == 0) {
-      fail(files_[file_], "at least one document (a JSON object per line)",
-           line_ == 0 ? std::string("an empty file") : std::to_string(line_) + " blank lines",
-           "remove the file from " + options_.path_setting + "'s files or give it documents");
-    }
-    stream_.reset();
+    close_file();
   }
+}
+
+uint64_t RecordReader::bytes_read() const {
+  if (stream_ != nullptr) return bytes_done_ + stream_->file_bytes_read();
+  if (parquet_ != nullptr && parquet_->documents() > 0) {
+    return bytes_done_ + parquet_bytes_ * documents_ / static_cast<uint64_t>(parquet_->documents());
+  }
+  return bytes_done_;
+}
+
+void RecordReader::close_file() {
+  if (documents_ == 0) {
+    const bool parquet = parquet_ != nullptr;
+    fail(files_[file_],
+         parquet ? "at least one document (a row)" : "at least one document (a JSON object per line)",
+         parquet      ? std::string("no rows")
+         : line_ == 0 ? std::string("an empty file")
+                      : std::to_string(line_) + " blank lines",
+         "remove the file from " + options_.path_setting + "'s files or give it documents");
+  }
+  bytes_done_ += stream_ != nullptr ? stream_->file_bytes_read() : parquet_bytes_;
+  stream_.reset();
+  parquet_.reset();
+}
+
+bool RecordReader::next_parquet_row(Record& record) {
+  const std::optional<std::string_view> text = parquet_->next();
+  if (!text) return false;
+  ++line_;
+  const size_t invalid = invalid_utf8_offset(*text);
+  if (invalid != std::string_view::npos) {
+    fail(files_[file_] + ": column '" + options_.column + "', row " + std::to_string(line_ - 1), "UTF-8 text",
+         "invalid UTF-8 at byte " + std::to_string(invalid) + " of the row's text",
+         "fix or drop that row (Parquet string columns hold UTF-8)");
+  }
+  record.text.assign(text->data(), text->size());
+  record.file = file_;
+  record.line = line_;
+  ++documents_;
+  return true;
 }
 
 void RecordReader::open_json_lines(size_t file) {
@@ -152,30 +363,34 @@ bool RecordReader::next_json_line(Record& record) {
     const uint64_t line_offset = pending_offset_ + line_start_;
     line_start_ = searched_ = newline == std::string::npos ? end : end + 1;
     ++line_;
-    if (parse_json_line(line, line_offset, record)) {
-      ++documents_;
-      return true;
-    }
+    if (blank(line)) continue;
+    ++documents_;
+    record.text.assign(line.data(), line.size());
+    record.file = file_;
+    record.line = line_;
+    record.line_offset = line_offset;
+    record.undecoded = true;
+    return true;
   }
 }
 
-bool RecordReader::parse_json_line(std::string_view line, uint64_t line_offset, Record& record) const {
-  if (blank(line)) return false;
+void RecordReader::decode(Record& record) const {
+  if (!record.undecoded) return;
+  record.undecoded = false;
+  const std::string& file = files_[record.file];
+  const std::string line = std::move(record.text);
   // Built only for an error: most lines need neither.
-  const auto where = [&] { return files_[file_] + ":" + std::to_string(line_); };
-  const auto fix = [&] { return "fix or remove line " + std::to_string(line_) + " of " + files_[file_]; };
+  const auto where = [&] { return file + ":" + std::to_string(record.line); };
+  const auto fix = [&] { return "fix or remove line " + std::to_string(record.line) + " of " + file; };
   const size_t invalid = invalid_utf8_offset(line);
   if (invalid != std::string_view::npos) {
     fail(where(), "UTF-8 text",
-         "invalid UTF-8 at byte offset " + std::to_string(line_offset + invalid) +
+         "invalid UTF-8 at byte offset " + std::to_string(record.line_offset + invalid) +
              " of the (decompressed) file, byte " + std::to_string(invalid) + " of the line",
          fix() + " (convert other encodings with iconv -t UTF-8)");
   }
-  record.file = file_;
-  record.line = line_;
-  ColumnTaker taker(options_.column, record.text);
-  if (nlohmann::json::sax_parse(line, &taker) && taker.found()) return true;
-  // Not the simple case: the whole value, for the error's details.
+  if (ColumnScanner(line, options_.column).take(record.text)) return;
+  // Not the plain case: the whole value, parsed for the column or the error's details.
   nlohmann::json object;
   try {
     object = nlohmann::json::parse(line);
@@ -200,7 +415,6 @@ bool RecordReader::parse_json_line(std::string_view line, uint64_t line_offset, 
          std::string("a ") + column->type_name() + ": " + quote(*column), column_hint());
   }
   record.text = std::move(column->get_ref<std::string&>());  // a repeated key whose last value is the string
-  return true;
 }
 
 }  // namespace meshtrain

@@ -56,11 +56,14 @@ std::optional<RecordFormat> record_format_of(const std::string& path) {
   for (const char* suffix : {".jsonl", ".jsonl.gz", ".jsonl.zst"}) {
     if (ends_with(path, suffix)) return RecordFormat::json_lines;
   }
+  if (ends_with(path, ".parquet")) return RecordFormat::parquet;
   return std::nullopt;
 }
 
 const char* supported_record_files() {
-  return ".txt (one document per file), .jsonl, .jsonl.gz, .jsonl.zst (one JSON object per line)";
+  return ".txt (one document per file), .jsonl, .jsonl.gz, .jsonl.zst (one JSON object per line), .parquet "
+         "(one "
+         "row per document)";
 }
 
 std::vector<std::string> files_under(const std::string& folder) {

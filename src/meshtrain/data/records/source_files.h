@@ -12,11 +12,12 @@ namespace meshtrain {
 enum class RecordFormat {
   text,        // .txt: the whole file is one document
   json_lines,  // .jsonl, .jsonl.gz, .jsonl.zst: one JSON object per line, the text in one of its columns
+  parquet,     // .parquet: one document per row, the text in one string column (parquet_text.h)
 };
 
 // The format a file's name gives, or nothing for a name of no supported kind.
 std::optional<RecordFormat> record_format_of(const std::string& path);
-// The supported names, for hints: ".txt, .jsonl, .jsonl.gz, .jsonl.zst".
+// The supported names, for hints: ".txt, .jsonl, .jsonl.gz, .jsonl.zst, .parquet".
 const char* supported_record_files();
 
 // Every regular file under `folder`, recursively, sorted by path (bytewise); names starting with '.' (hidden

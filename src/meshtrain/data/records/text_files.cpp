@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 
 #include "meshtrain/core/durable_file.h"
 #include "meshtrain/core/error.h"
@@ -63,7 +64,16 @@ int utf8_sequence(std::string_view bytes, size_t i) {
 
 size_t invalid_utf8_offset(std::string_view text) {
   for (size_t i = 0; i < text.size();) {
-    if (static_cast<unsigned char>(text[i]) < 0x80) {  // ASCII, most of most corpora
+    // ASCII, most of most corpora: 8 bytes at a time while no byte has its high bit set.
+    if (i + sizeof(uint64_t) <= text.size()) {
+      uint64_t word;
+      std::memcpy(&word, text.data() + i, sizeof word);
+      if ((word & 0x8080808080808080u) == 0) {
+        i += sizeof word;
+        continue;
+      }
+    }
+    if (static_cast<unsigned char>(text[i]) < 0x80) {
       ++i;
       continue;
     }
