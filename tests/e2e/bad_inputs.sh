@@ -195,6 +195,13 @@ done
 [ -e "$work/raw_out/index.json" ] && { echo "FAIL [data] a failed prepare left $work/raw_out/index.json"; status=1; }
 expect data "meshtrain prepare --corpus" "JSON Lines, Parquet or a glob" "add --tokenizer PATH" -- \
   "$meshtrain" prepare --corpus "$work/raw/good.jsonl" --out "$work/raw_out"
+# The same reader in train (dataset_type=text on JSON Lines): its hints name the config keys.
+expect data "$work/raw/no_column.jsonl:2" "no such column" "train_data_columns=COLUMN" -- \
+  "$meshtrain" train qwen3-tiny "${mixture_model[@]}" dataset_path="$work/raw/no_column.jsonl" steps=1 \
+  run_dir="$work/r-raw"
+expect data "$work/raw/none*.jsonl" "no match" "dataset_path" -- \
+  "$meshtrain" train qwen3-tiny "${mixture_model[@]}" "dataset_path=$work/raw/none*.jsonl" steps=1 \
+  run_dir="$work/r-raw-glob"
 # --- tokenizer -------------------------------------------------------------------------------------------
 expect tokenizer "$work/none.json" "tokenizer.json" -- "$meshtrain" tokenize --tokenizer "$work/none.json"
 expect tokenizer "$work/tokenizer.json" -- "$meshtrain" tokenize --tokenizer "$work/tokenizer.json"

@@ -131,8 +131,8 @@ void prepare_file(const PrepareRecordsOptions& options, const std::vector<std::s
   const fs::path out_dir(options.out_dir);
   RecordOptions record_options;
   record_options.column = options.column;
-  record_options.column_setting = "--column";
-  record_options.path_setting = "--corpus";
+  record_options.column_setting = options.column_setting;
+  record_options.path_setting = options.path_setting;
   RecordReader reader({files[file]}, record_options);
   SplitWriter train(out_dir, "train", file_stem(file), options.shard_tokens, eos_id);
   SplitWriter validation(out_dir, "validation", file_stem(file), options.shard_tokens, eos_id);
@@ -329,7 +329,7 @@ PrepareRecordsResult prepare_records(const PrepareRecordsOptions& options) {
   PrepareRecordsResult result;
   result.index_path = (out_dir / "index.json").string();
 
-  const std::vector<std::string> files = resolve_source_files(options.source, "--corpus");
+  const std::vector<std::string> files = resolve_source_files(options.source, options.path_setting);
   const std::vector<FileFingerprint> fingerprint = fingerprint_files(files);
   const Tokenizer tokenizer = Tokenizer::load(options.tokenizer_path);
   const std::optional<int32_t> eos = tokenizer.eos_id();

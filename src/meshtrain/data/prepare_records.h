@@ -34,6 +34,8 @@ struct PrepareRecordsOptions {
   std::string tokenizer_path;  // what Tokenizer::load takes
   std::string out_dir;
   std::string column = "text";
+  // The settings that gave the source and the column, for hints: prepare's flags, or train's config keys.
+  std::string path_setting = "--corpus", column_setting = "--column";
   double validation_fraction = 0.05;  // in [0, 1)
   int threads = 0;                    // encoding threads; 0: OpenMP's default
   uint64_t shard_tokens = kPrepareShardTokens;

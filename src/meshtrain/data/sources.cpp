@@ -9,6 +9,8 @@
 #include "meshtrain/data/corpus.h"
 #include "meshtrain/data/mixture_rows.h"
 #include "meshtrain/data/prepare.h"
+#include "meshtrain/data/prepare_records.h"
+#include "meshtrain/data/records/source_files.h"
 #include "meshtrain/data/token_windows.h"
 #include "meshtrain/data/tokenizer/tokenizer.h"
 
@@ -97,6 +99,26 @@ std::vector<std::string> TokenShardsSource::shards(Split split) const {
 TextFilesSource::TextFilesSource(std::string corpus_path, std::string work_dir, RecordOptions records)
     : corpus_path_(std::move(corpus_path)), work_dir_(std::move(work_dir)), records_(std::move(records)) {}
 
+namespace {
+
+// Whether a text source holds JSON Lines or Parquet records (or is a glob): then it is read by the record
+// reader and tokenized by prepare_records, as `meshtrain prepare --tokenizer` does; plain text files keep
+// their whole-corpus split.
+bool holds_records(const std::string& path) {
+  if (path.empty()) return false;  // the default corpus
+  if (path.find_first_of("*?[") != std::string::npos) return true;
+  std::error_code error;
+  const std::vector<std::string> files =
+      std::filesystem::is_directory(path, error) ? files_under(path) : std::vector<std::string>{path};
+  for (const std::string& file : files) {
+    const std::optional<RecordFormat> format = record_format_of(file);
+    if (format && *format != RecordFormat::text) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
 void TextFilesSource::prepare(const Tokenizer* tokenizer) {
   MT_CHECK(tokenizer != nullptr, "text files need the run's tokenizer");
   const std::optional<int32_t> eos_id = tokenizer->eos_id();
@@ -104,8 +126,23 @@ void TextFilesSource::prepare(const Tokenizer* tokenizer) {
     fail(tokenizer->source_path(), "a tokenizer with an end-of-text token (<|endoftext|>)", "none",
          "dataset_type=text packs documents with EOS between them");
   }
-  const Corpus corpus = load_corpus(corpus_path_, 0.05, kTrainCorpusSettings);
   std::filesystem::create_directories(work_dir_);
+  const std::string index = work_dir_ + "/index.json";
+  if (holds_records(corpus_path_)) {
+    // Skipped when index.json already describes these sources, tokenizer and column (a restart).
+    PrepareRecordsOptions options;
+    options.source = corpus_path_;
+    options.tokenizer_path = tokenizer->source_path();
+    options.out_dir = work_dir_;
+    options.column = records_.column;
+    options.path_setting = records_.path_setting;
+    options.column_setting = records_.column_setting;
+    options.validation_fraction = kTextValidationFraction;
+    prepare_records(options);
+    return;
+  }
+  std::filesystem::remove(index);  // shards() would take an earlier records run's index over these shards
+  const Corpus corpus = load_corpus(corpus_path_, kTextValidationFraction, kTrainCorpusSettings);
   tokenize_corpus(corpus, *tokenizer, *eos_id, work_dir_);
 }
 
@@ -144,17 +181,17 @@ namespace {
 // The train split from one dataset, the validation split from another (eval_dataset_path's).
 class SplitSources final : public DataSource {
  public:
-  SplitSources(std::unique_ptr<DataSource> train, std::unique_ptr<DataSource> validation)
+  // The validation entries are resolved when that split is opened: a run without eval never needs them.
+  SplitSources(std::unique_ptr<DataSource> train, std::vector<MixtureSource> validation)
       : train_(std::move(train)), validation_(std::move(validation)) {}
   bool needs_preparing() const override { return train_->needs_preparing(); }
   void prepare(const Tokenizer* tokenizer) override { train_->prepare(tokenizer); }
   bool needs_tokenizer() const override { return true; }
-  std::unique_ptr<RowSource> open(Split split, const LoaderOptions& options) const override {
-    return (split == Split::train ? train_ : validation_)->open(split, options);
-  }
+  std::unique_ptr<RowSource> open(Split split, const LoaderOptions& options) const override;
 
  private:
-  std::unique_ptr<DataSource> train_, validation_;
+  std::unique_ptr<DataSource> train_;
+  std::vector<MixtureSource> validation_;
 };
 
 // One token source, or a mixture of them, each entry's splits from its own pattern.
@@ -168,6 +205,11 @@ std::unique_ptr<DataSource> token_shards_of(const std::vector<MixtureSource>& en
     }));
   }
   return std::make_unique<MixtureDataSource>(entries, std::move(parts), key);
+}
+
+std::unique_ptr<RowSource> SplitSources::open(Split split, const LoaderOptions& options) const {
+  if (split == Split::train) return train_->open(split, options);
+  return token_shards_of(validation_, "eval_dataset_path")->open(split, options);
 }
 
 }  // namespace
@@ -184,8 +226,7 @@ std::unique_ptr<DataSource> make_token_shards_source(const std::string& dataset_
   if (entries.size() == 1 && eval_entries.size() == 1) {  // a single source reads as it always has
     return std::make_unique<TokenShardsSource>(entries[0].path, eval_entries[0].path);
   }
-  return std::make_unique<SplitSources>(token_shards_of(entries, "dataset_path"),
-                                        token_shards_of(eval_entries, "eval_dataset_path"));
+  return std::make_unique<SplitSources>(token_shards_of(entries, "dataset_path"), eval_entries);
 }
 
 std::unique_ptr<DataSource> make_text_files_source(const std::string& dataset_path,

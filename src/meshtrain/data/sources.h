@@ -43,10 +43,16 @@ class TokenShardsSource final : public TokenWindowsSource {
   std::string validation_pattern_;
 };
 
-// Text files (a file or a folder; empty: the King James Bible, load_corpus in corpus.h), split 95 / 5 and
-// tokenized with the run's tokenizer into work_dir/{train,validation}.tokens by prepare(), rebuilt at every
-// start. For large corpora `meshtrain prepare` once and token shards are the better path. `records` carries
-// train_data_columns, the column a JSON Lines record's text is in (the text files read today have none).
+// Text sources, tokenized with the run's tokenizer into work_dir by prepare() before the first step:
+//  - text files (a file or a folder; empty: the King James Bible, load_corpus in corpus.h): split 95 / 5 by
+//    document (split_documents) into work_dir/{train,validation}.tokens, rebuilt at every start;
+//  - JSON Lines or Parquet records (a file, a folder holding any, or a glob): read with the record reader
+//    (the text in column `records.column`, train_data_columns) and tokenized on every core by prepare_records
+//    (prepare_records.h), 1 document in 20 to validation, into work_dir's shards and index.json. The shards
+//    are those `meshtrain prepare --tokenizer` writes for the same source, so both paths train on the same
+//    tokens; a restart with the same sources, tokenizer and column reuses them.
+// For large corpora `meshtrain prepare` once and token shards are the better path (several ranks share it).
+inline constexpr double kTextValidationFraction = 0.05;
 class TextFilesSource final : public TokenWindowsSource {
  public:
   TextFilesSource(std::string corpus_path, std::string work_dir, RecordOptions records = {});
