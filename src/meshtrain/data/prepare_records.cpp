@@ -1,7 +1,7 @@
 // Raw sources -> token shards + index.json (prepare_records.h): per input file, documents read in batches on
 // a reader thread (decompressed, cut into lines) while the previous batch is decoded (JSON parsed) and
-// encoded on every thread, split by their index, and appended to parts streamed to disk; rank 0 gathers the
-// files' part lists into the index once every rank is done.
+// encoded on every thread and the one before it is appended, split by the documents' index, to parts
+// streamed to disk; rank 0 gathers the files' part lists into the index once every rank is done.
 #include "meshtrain/data/prepare_records.h"
 
 #include <algorithm>
@@ -125,6 +125,14 @@ class SplitWriter {
   json parts_ = json::array();
 };
 
+// One batch's documents encoded, with what the writers and the progress need of the batch once its records
+// are being read into again.
+struct EncodedBatch {
+  std::vector<std::vector<int32_t>> documents;
+  std::vector<size_t> text_bytes;
+  uint64_t bytes_read = 0;
+};
+
 // What this rank has done so far, for the progress callback.
 struct RankProgress {
   PrepareProgress figures;
@@ -144,32 +152,51 @@ void prepare_file(const PrepareRecordsOptions& options, const std::vector<std::s
   SplitWriter train(out_dir, "train", file_stem(file), options.shard_tokens, eos_id, width);
   SplitWriter validation(out_dir, "validation", file_stem(file), options.shard_tokens, eos_id, width);
   uint64_t document = 0;
+  // Appends a batch to the writers, in document order; runs on its own thread while the next batch encodes.
+  const auto append = [&](const EncodedBatch& encoded) {
+    for (size_t i = 0; i < encoded.documents.size(); ++i, ++document) {
+      (is_validation_document(document, options.validation_fraction) ? validation : train)
+          .add(encoded.documents[i], encoded.text_bytes[i]);
+      progress.figures.tokens += encoded.documents[i].size() + 1;
+    }
+    progress.figures.documents += encoded.documents.size();
+    progress.figures.bytes_read = progress.bytes_of_files_done + encoded.bytes_read;
+  };
+  // Three stages at once: batch N+1 read, batch N encoded, batch N-1 appended. Two batches of records and two
+  // of encoded documents take turns; an encoded batch is reused only once its append is done.
   Batch batches[2];
+  EncodedBatch encoded_batches[2];
   int current = 0;
   std::future<void> next =
       std::async(std::launch::async, [&reader, &first = batches[0]] { read_batch(reader, first); });
+  std::future<void> appended;
   while (true) {
     next.get();
     Batch& batch = batches[current];
     if (batch.count == 0) break;
+    EncodedBatch& encoded = encoded_batches[current];
     current ^= 1;
     next =
         std::async(std::launch::async, [&reader, &spare = batches[current]] { read_batch(reader, spare); });
     std::vector<Record>& records = batch.records;
-    const std::vector<std::vector<int32_t>> encoded = encode_in_parallel(
+    encoded.text_bytes.resize(batch.count);
+    encoded.documents = encode_in_parallel(
         tokenizer, batch.count,
         [&](size_t i) {
           reader.decode(records[i]);
+          encoded.text_bytes[i] = records[i].text.size();
           return std::string_view(records[i].text);
         },
         options.threads);
-    for (size_t i = 0; i < encoded.size(); ++i, ++document) {
-      (is_validation_document(document, options.validation_fraction) ? validation : train)
-          .add(encoded[i], records[i].text.size());
-      progress.figures.tokens += encoded[i].size() + 1;
+    encoded.bytes_read = batch.bytes_read;
+    if (appended.valid()) {
+      appended.get();
+      options.progress(progress.figures);
     }
-    progress.figures.documents += encoded.size();
-    progress.figures.bytes_read = progress.bytes_of_files_done + batch.bytes_read;
+    appended = std::async(std::launch::async, [&append, &encoded] { append(encoded); });
+  }
+  if (appended.valid()) {
+    appended.get();
     options.progress(progress.figures);
   }
   progress.bytes_of_files_done += file_bytes;
