@@ -126,10 +126,15 @@ class SplitWriter {
 };
 
 // One batch's documents encoded, with what the writers and the progress need of the batch once its records
-// are being read into again.
+// are being read into again. The ids go to a buffer per encoding thread (kept from batch to batch), not to
+// a vector per document: each document's vector is freed at once on the thread that made it.
 struct EncodedBatch {
-  std::vector<std::vector<int32_t>> documents;
-  std::vector<size_t> text_bytes;
+  struct Document {
+    int thread;
+    size_t start, tokens, text_bytes;  // its ids: buffers[thread][start, start + tokens)
+  };
+  std::vector<std::vector<int32_t>> buffers;
+  std::vector<Document> documents;
   uint64_t bytes_read = 0;
 };
 
@@ -154,10 +159,13 @@ void prepare_file(const PrepareRecordsOptions& options, const std::vector<std::s
   uint64_t document = 0;
   // Appends a batch to the writers, in document order; runs on its own thread while the next batch encodes.
   const auto append = [&](const EncodedBatch& encoded) {
-    for (size_t i = 0; i < encoded.documents.size(); ++i, ++document) {
-      (is_validation_document(document, options.validation_fraction) ? validation : train)
-          .add(encoded.documents[i], encoded.text_bytes[i]);
-      progress.figures.tokens += encoded.documents[i].size() + 1;
+    for (const EncodedBatch::Document& encoded_document : encoded.documents) {
+      const std::span<const int32_t> ids(
+          encoded.buffers[static_cast<size_t>(encoded_document.thread)].data() + encoded_document.start,
+          encoded_document.tokens);
+      (is_validation_document(document++, options.validation_fraction) ? validation : train)
+          .add(ids, encoded_document.text_bytes);
+      progress.figures.tokens += ids.size() + 1;
     }
     progress.figures.documents += encoded.documents.size();
     progress.figures.bytes_read = progress.bytes_of_files_done + encoded.bytes_read;
@@ -179,13 +187,19 @@ void prepare_file(const PrepareRecordsOptions& options, const std::vector<std::s
     next =
         std::async(std::launch::async, [&reader, &spare = batches[current]] { read_batch(reader, spare); });
     std::vector<Record>& records = batch.records;
-    encoded.text_bytes.resize(batch.count);
-    encoded.documents = encode_in_parallel(
+    encoded.buffers.resize(static_cast<size_t>(encoding_threads(options.threads)));
+    for (std::vector<int32_t>& buffer : encoded.buffers) buffer.clear();
+    encoded.documents.resize(batch.count);
+    encode_each_in_parallel(
         tokenizer, batch.count,
         [&](size_t i) {
           reader.decode(records[i]);
-          encoded.text_bytes[i] = records[i].text.size();
           return std::string_view(records[i].text);
+        },
+        [&](size_t i, int thread, std::vector<int32_t>&& ids) {
+          std::vector<int32_t>& buffer = encoded.buffers[static_cast<size_t>(thread)];
+          encoded.documents[i] = {thread, buffer.size(), ids.size(), records[i].text.size()};
+          buffer.insert(buffer.end(), ids.begin(), ids.end());
         },
         options.threads);
     encoded.bytes_read = batch.bytes_read;
