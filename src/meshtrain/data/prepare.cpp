@@ -140,13 +140,13 @@ bool outputs_current(const PrepareResult& paths, const json& arguments, uint32_t
 
 }  // namespace
 
-// Tokenizer::encode is const and keeps its caches per thread, so concurrent calls on one tokenizer are safe
-// (tokenizer.cpp's BPE cache and PCRE2 match data are thread_local). Documents vary in length, so each thread
-// takes the next one as it finishes.
 int encoding_threads(int threads) {
   return threads > 0 ? threads : omp_get_max_threads();
 }
 
+// Tokenizer::encode is const and keeps its caches per thread, so concurrent calls on one tokenizer are safe
+// (tokenizer.cpp's BPE cache and PCRE2 match data are thread_local). Documents vary in length, so each thread
+// takes the next one as it finishes.
 void encode_each_in_parallel(const Tokenizer& tokenizer, size_t count,
                              const std::function<std::string_view(size_t)>& text,
                              const std::function<void(size_t, int, std::vector<int32_t>&&)>& take,
