@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -153,6 +154,56 @@ TEST_F(ShardsTest, NegativeIdIsRejected) {
   const std::vector<int32_t> tokens = {1, -3};
   EXPECT_THROW(write_token_shard(path("n.tokens"), std::span<const int32_t>(tokens)), MeshError);
   EXPECT_FALSE(fs::exists(path("n.tokens")));
+}
+
+// Appended in uneven pieces across several 1 MiB chunks, the streamed shard is byte for byte the one
+// written at once.
+TEST_F(ShardsTest, StreamingWriterMatchesWholeWrite) {
+  std::vector<int32_t> tokens(1'500'000);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>((i * 7919) % 65536);
+  const ShardSummary whole = write_token_shard(path("whole.tokens"), std::span<const int32_t>(tokens));
+  TokenShardWriter writer(path("streamed.tokens"), 2);
+  for (size_t start = 0, piece = 1; start < tokens.size(); start += piece, piece = piece * 3 + 1) {
+    writer.append(std::span<const int32_t>(tokens).subspan(start, std::min(piece, tokens.size() - start)));
+  }
+  EXPECT_EQ(writer.size(), tokens.size());
+  EXPECT_FALSE(fs::exists(path("streamed.tokens")));  // not until finish()
+  const ShardSummary streamed = writer.finish();
+  EXPECT_EQ(streamed.checksum, whole.checksum);
+  EXPECT_EQ(streamed.file_bytes, whole.file_bytes);
+  EXPECT_EQ(read_bytes(path("streamed.tokens")), read_bytes(path("whole.tokens")));
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir_), fs::directory_iterator()), 2);  // no temp file
+}
+
+// A 4-byte shard whose ids all fit in 2 bytes (a tokenizer of more than 65536 ids) reads back.
+TEST_F(ShardsTest, StreamingWriterWidth4WithSmallIds) {
+  const std::vector<int32_t> tokens = {5, 65535, 0};
+  const std::string file = path("w4.tokens");
+  TokenShardWriter writer(file, 4);
+  writer.append(tokens);
+  EXPECT_EQ(writer.finish().width, 4u);
+  const TokenShard shard = TokenShard::open(file);
+  EXPECT_EQ(shard.summary().width, 4u);
+  ASSERT_EQ(shard.size(), 3u);
+  EXPECT_EQ(shard[1], 65535);
+  EXPECT_EQ(fs::file_size(file), 32u + 12u);
+}
+
+// An id wider than the shard's width is a MeshError naming the file and the token; the abandoned shard
+// leaves nothing behind.
+TEST_F(ShardsTest, StreamingWriterRejectsAnIdTooWide) {
+  const std::string file = path("narrow.tokens");
+  try {
+    TokenShardWriter writer(file, 2);
+    writer.append(std::vector<int32_t>{1, 2});
+    writer.append(std::vector<int32_t>{65536});
+    FAIL() << "an id of 65536 in a 2-byte shard was accepted";
+  } catch (const MeshError& error) {
+    const std::string message = error.what();
+    EXPECT_NE(message.find(file), std::string::npos) << message;
+    EXPECT_NE(message.find("id 65536 at token 2"), std::string::npos) << message;
+  }
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir_), fs::directory_iterator()), 0);
 }
 
 TEST_F(ShardsTest, UnwritableFolderNamesThePath) {

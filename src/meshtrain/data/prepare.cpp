@@ -140,20 +140,24 @@ bool outputs_current(const PrepareResult& paths, const json& arguments, uint32_t
 
 }  // namespace
 
+int encoding_threads(int threads) {
+  return threads > 0 ? threads : omp_get_max_threads();
+}
+
 // Tokenizer::encode is const and keeps its caches per thread, so concurrent calls on one tokenizer are safe
 // (tokenizer.cpp's BPE cache and PCRE2 match data are thread_local). Documents vary in length, so each thread
 // takes the next one as it finishes.
-std::vector<std::vector<int32_t>> encode_in_parallel(const Tokenizer& tokenizer, size_t count,
-                                                     const std::function<std::string_view(size_t)>& text,
-                                                     int threads) {
-  std::vector<std::vector<int32_t>> encoded(count);
+void encode_each_in_parallel(const Tokenizer& tokenizer, size_t count,
+                             const std::function<std::string_view(size_t)>& text,
+                             const std::function<void(size_t, int, std::vector<int32_t>&&)>& take,
+                             int threads) {
   std::exception_ptr error;
   auto error_at = static_cast<int64_t>(count);
-  const int team = threads > 0 ? threads : omp_get_max_threads();
-#pragma omp parallel for schedule(dynamic, 1) num_threads(team)
+#pragma omp parallel for schedule(dynamic, 1) num_threads(encoding_threads(threads))
   for (int64_t i = 0; i < static_cast<int64_t>(count); ++i) {
     try {
-      encoded[static_cast<size_t>(i)] = tokenizer.encode(text(static_cast<size_t>(i)));
+      const auto index = static_cast<size_t>(i);
+      take(index, omp_get_thread_num(), tokenizer.encode(text(index)));
     } catch (...) {
 #pragma omp critical(meshtrain_prepare_error)
       if (i < error_at) {
@@ -163,6 +167,15 @@ std::vector<std::vector<int32_t>> encode_in_parallel(const Tokenizer& tokenizer,
     }
   }
   if (error) std::rethrow_exception(error);
+}
+
+std::vector<std::vector<int32_t>> encode_in_parallel(const Tokenizer& tokenizer, size_t count,
+                                                     const std::function<std::string_view(size_t)>& text,
+                                                     int threads) {
+  std::vector<std::vector<int32_t>> encoded(count);
+  encode_each_in_parallel(
+      tokenizer, count, text, [&](size_t i, int, std::vector<int32_t>&& ids) { encoded[i] = std::move(ids); },
+      threads);
   return encoded;
 }
 

@@ -1,7 +1,7 @@
 // Raw sources -> token shards + index.json (prepare_records.h): per input file, documents read in batches on
 // a reader thread (decompressed, cut into lines) while the previous batch is decoded (JSON parsed) and
-// encoded on every thread, split by their index, and cut into parts; rank 0 gathers the files' part lists
-// into the index once every rank is done.
+// encoded on every thread and the one before it is appended, split by the documents' index, to parts
+// streamed to disk; rank 0 gathers the files' part lists into the index once every rank is done.
 #include "meshtrain/data/prepare_records.h"
 
 #include <algorithm>
@@ -71,42 +71,47 @@ void read_batch(RecordReader& reader, Batch& batch) {
 }
 
 // One split of one input file: its documents' tokens, each followed by EOS, cut into parts of at least
-// shard_tokens tokens (the last one shorter).
+// shard_tokens tokens (the last one shorter). A part streams to disk as it grows (TokenShardWriter).
 class SplitWriter {
  public:
   SplitWriter(const fs::path& out_dir, std::string split, std::string stem, uint64_t shard_tokens,
-              int32_t eos_id)
+              int32_t eos_id, uint32_t width)
       : out_dir_(out_dir),
         split_(std::move(split)),
         stem_(std::move(stem)),
         shard_tokens_(shard_tokens),
-        eos_id_(eos_id) {}
+        eos_id_(eos_id),
+        width_(width) {}
 
-  void add(const std::vector<int32_t>& document, size_t text_bytes) {
-    tokens_.insert(tokens_.end(), document.begin(), document.end());
-    tokens_.push_back(eos_id_);
+  void add(std::span<const int32_t> document, size_t text_bytes) {
+    if (!part_) part_.emplace((out_dir_ / part_name()).string(), width_);
+    part_->append(document);
+    part_->append(std::span<const int32_t>(&eos_id_, 1));
     ++documents_;
     text_bytes_ += text_bytes;
-    if (tokens_.size() >= shard_tokens_) cut();
+    if (part_->size() >= shard_tokens_) cut();
   }
 
   // The parts written, after the last one.
   json finish() {
-    if (!tokens_.empty()) cut();
+    if (part_) cut();
     return parts_;
   }
 
  private:
+  std::string part_name() const {
+    return split_ + "/" + stem_ + "-" + numbered(parts_.size(), 3) + ".tokens";
+  }
+
   void cut() {
-    const std::string name = split_ + "/" + stem_ + "-" + numbered(parts_.size(), 3) + ".tokens";
-    const ShardSummary summary =
-        write_token_shard((out_dir_ / name).string(), std::span<const int32_t>(tokens_));
+    const std::string name = part_name();
+    const ShardSummary summary = part_->finish();
+    part_.reset();
     parts_.push_back({{"path", name},
                       {"tokens", summary.token_count},
                       {"documents", documents_},
                       {"text_bytes", text_bytes_},
                       {"checksum", summary.checksum}});
-    tokens_.clear();
     documents_ = text_bytes_ = 0;
   }
 
@@ -114,9 +119,23 @@ class SplitWriter {
   std::string split_, stem_;
   uint64_t shard_tokens_;
   int32_t eos_id_;
-  std::vector<int32_t> tokens_;
+  uint32_t width_;
+  std::optional<TokenShardWriter> part_;  // the part being written, if any
   uint64_t documents_ = 0, text_bytes_ = 0;
   json parts_ = json::array();
+};
+
+// One batch's documents encoded, with what the writers and the progress need of the batch once its records
+// are being read into again. The ids go to a buffer per encoding thread (kept from batch to batch), not to
+// a vector per document: each document's vector is freed at once on the thread that made it.
+struct EncodedBatch {
+  struct Document {
+    int thread;
+    size_t start, tokens, text_bytes;  // its ids: buffers[thread][start, start + tokens)
+  };
+  std::vector<std::vector<int32_t>> buffers;
+  std::vector<Document> documents;
+  uint64_t bytes_read = 0;
 };
 
 // What this rank has done so far, for the progress callback.
@@ -134,35 +153,64 @@ void prepare_file(const PrepareRecordsOptions& options, const std::vector<std::s
   record_options.column_setting = options.column_setting;
   record_options.path_setting = options.path_setting;
   RecordReader reader({files[file]}, record_options);
-  SplitWriter train(out_dir, "train", file_stem(file), options.shard_tokens, eos_id);
-  SplitWriter validation(out_dir, "validation", file_stem(file), options.shard_tokens, eos_id);
+  const uint32_t width = shard_width_for(tokenizer.vocab_size());
+  SplitWriter train(out_dir, "train", file_stem(file), options.shard_tokens, eos_id, width);
+  SplitWriter validation(out_dir, "validation", file_stem(file), options.shard_tokens, eos_id, width);
   uint64_t document = 0;
+  // Appends a batch to the writers, in document order; runs on its own thread while the next batch encodes.
+  const auto append = [&](const EncodedBatch& encoded) {
+    for (const EncodedBatch::Document& encoded_document : encoded.documents) {
+      const std::span<const int32_t> ids(
+          encoded.buffers[static_cast<size_t>(encoded_document.thread)].data() + encoded_document.start,
+          encoded_document.tokens);
+      (is_validation_document(document++, options.validation_fraction) ? validation : train)
+          .add(ids, encoded_document.text_bytes);
+      progress.figures.tokens += ids.size() + 1;
+    }
+    progress.figures.documents += encoded.documents.size();
+    progress.figures.bytes_read = progress.bytes_of_files_done + encoded.bytes_read;
+  };
+  // Three stages at once: batch N+1 read, batch N encoded, batch N-1 appended. Two batches of records and two
+  // of encoded documents take turns; an encoded batch is reused only once its append is done.
   Batch batches[2];
+  EncodedBatch encoded_batches[2];
   int current = 0;
   std::future<void> next =
       std::async(std::launch::async, [&reader, &first = batches[0]] { read_batch(reader, first); });
+  std::future<void> appended;
   while (true) {
     next.get();
     Batch& batch = batches[current];
     if (batch.count == 0) break;
+    EncodedBatch& encoded = encoded_batches[current];
     current ^= 1;
     next =
         std::async(std::launch::async, [&reader, &spare = batches[current]] { read_batch(reader, spare); });
     std::vector<Record>& records = batch.records;
-    const std::vector<std::vector<int32_t>> encoded = encode_in_parallel(
+    encoded.buffers.resize(static_cast<size_t>(encoding_threads(options.threads)));
+    for (std::vector<int32_t>& buffer : encoded.buffers) buffer.clear();
+    encoded.documents.resize(batch.count);
+    encode_each_in_parallel(
         tokenizer, batch.count,
         [&](size_t i) {
           reader.decode(records[i]);
           return std::string_view(records[i].text);
         },
+        [&](size_t i, int thread, std::vector<int32_t>&& ids) {
+          std::vector<int32_t>& buffer = encoded.buffers[static_cast<size_t>(thread)];
+          encoded.documents[i] = {thread, buffer.size(), ids.size(), records[i].text.size()};
+          buffer.insert(buffer.end(), ids.begin(), ids.end());
+        },
         options.threads);
-    for (size_t i = 0; i < encoded.size(); ++i, ++document) {
-      (is_validation_document(document, options.validation_fraction) ? validation : train)
-          .add(encoded[i], records[i].text.size());
-      progress.figures.tokens += encoded[i].size() + 1;
+    encoded.bytes_read = batch.bytes_read;
+    if (appended.valid()) {
+      appended.get();
+      options.progress(progress.figures);
     }
-    progress.figures.documents += encoded.size();
-    progress.figures.bytes_read = progress.bytes_of_files_done + batch.bytes_read;
+    appended = std::async(std::launch::async, [&append, &encoded] { append(encoded); });
+  }
+  if (appended.valid()) {
+    appended.get();
     options.progress(progress.figures);
   }
   progress.bytes_of_files_done += file_bytes;
@@ -227,7 +275,12 @@ void remove_old_outputs(const fs::path& out_dir) {
     const fs::path dir = out_dir / folder;
     if (fs::is_directory(dir, error)) {
       for (const fs::directory_entry& entry : fs::directory_iterator(dir)) {
-        if (entry.is_regular_file() && entry.path().extension() == extension) fs::remove(entry.path());
+        // Also a part an interrupted run left under its temporary name (DurableFile: PATH.tmp.PID).
+        const std::string name = entry.path().filename().string();
+        if (entry.is_regular_file() && (entry.path().extension() == extension ||
+                                        name.find(std::string(extension) + ".tmp.") != std::string::npos)) {
+          fs::remove(entry.path());
+        }
       }
     }
     fs::create_directories(dir, error);

@@ -5,7 +5,9 @@
 //   offset  size  field
 //        0     8  magic "MTTOKENS"
 //        8     4  u32 version = 1
-//       12     4  u32 token width in bytes: 2 when every id < 65536, else 4
+//       12     4  u32 token width in bytes, 2 or 4: 2 when every id < 65536 (write_token_shard) or when
+//                   the tokenizer has at most 65536 ids (prepare --tokenizer, which streams), else 4; so
+//                   a 4-byte shard's ids may all lie below 65536
 //       16     8  u64 token count N
 //       24     4  u32 CRC-32C (Castagnoli) of the N * width token bytes
 //       28     4  u32 reserved, 0
@@ -22,6 +24,8 @@
 #include <string>
 #include <vector>
 
+#include "meshtrain/core/durable_file.h"
+
 namespace meshtrain {
 
 inline constexpr char kShardMagic[8] = {'M', 'T', 'T', 'O', 'K', 'E', 'N', 'S'};
@@ -35,8 +39,35 @@ struct ShardSummary {
   uint64_t file_bytes = 0;
 };
 
-// Writes `tokens` as one shard. The file appears atomically (temp file, fsync, rename); write errors are
-// MeshErrors naming `path`. Negative ids are rejected.
+// A shard written as it grows, so a writer holds one chunk of it in memory, not the whole: a placeholder
+// header, the tokens appended in chunks (CRC-32C computed as they go), then at finish() the header written
+// and the file fsynced and renamed into place (DurableFile). A shard given up before finish() (an error, a
+// stopped run) leaves no file at `path`. The width is fixed up front; an id that does not fit it, or a
+// negative one, is a MeshError naming `path`.
+class TokenShardWriter {
+ public:
+  TokenShardWriter(const std::string& path, uint32_t width);
+  void append(std::span<const int32_t> tokens);
+  uint64_t size() const { return token_count_; }
+  ShardSummary finish();
+
+ private:
+  void flush();
+
+  DurableFile file_;
+  uint32_t width_;
+  uint64_t token_count_ = 0;
+  uint32_t checksum_ = 0;
+  std::vector<unsigned char> chunk_;  // token bytes not yet written
+};
+
+// The width a shard of ids below `limit` (e.g. a tokenizer's vocabulary size) is written with.
+inline uint32_t shard_width_for(int64_t limit) {
+  return limit <= 65536 ? 2 : 4;
+}
+
+// Writes `tokens` as one shard (2 bytes a token when every id < 65536). The file appears atomically (temp
+// file, fsync, rename); write errors are MeshErrors naming `path`. Negative ids are rejected.
 ShardSummary write_token_shard(const std::string& path, std::span<const int32_t> tokens);
 // Writes the documents back to back, each followed by `eos_id`.
 ShardSummary write_token_shard(const std::string& path, const std::vector<std::vector<int32_t>>& documents,

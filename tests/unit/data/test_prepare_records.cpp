@@ -261,11 +261,20 @@ TEST_F(PrepareRecords, APrepareStoppedByABadFileLeavesNoIndexAndTrainRefusesTheF
   EXPECT_TRUE(contains(error, "malformed JSON")) << error;
   EXPECT_FALSE(fs::exists(path("out/index.json")));
   EXPECT_TRUE(fs::exists(path("out/train/00000-000.tokens"))) << "a whole part of a file done before";
+  // The bad file's parts were being streamed to disk: nothing of them is left, under any name.
+  for (const char* split : {"train", "validation"}) {
+    for (const fs::directory_entry& entry : fs::directory_iterator(path("out") + "/" + split)) {
+      EXPECT_FALSE(contains(entry.path().filename().string(), "00002-")) << entry.path();
+    }
+  }
   const std::string refused = error_of([&] { resolve_token_shards(path("out"), "train"); });
   EXPECT_TRUE(contains(refused, "prepare stopped early")) << refused;
 
+  // What a killed run leaves (a part under its temporary name) is removed by the next run.
+  write("out/train/00002-000.tokens.tmp.99999", std::string(32, '\0'));
   fs::remove(path("plain/c.jsonl"));
   prepare_records(prepare);
+  EXPECT_FALSE(fs::exists(path("out/train/00002-000.tokens.tmp.99999")));
   fs::remove(path("out/validation/00000-000.tokens"));
   const std::string missing = error_of([&] { resolve_token_shards(path("out"), "validation"); });
   EXPECT_TRUE(contains(missing, path("out/index.json"))) << missing;
