@@ -185,19 +185,6 @@ int run_prepare_records(const ParsedArguments& parsed, std::ostream& out) {
   return 0;
 }
 
-// A source that needs a given tokenizer: JSON Lines or Parquet files, or a glob.
-bool needs_tokenizer(const std::string& corpus) {
-  if (corpus.find_first_of("*?[") != std::string::npos) return true;
-  std::error_code error;
-  const std::vector<std::string> files =
-      std::filesystem::is_directory(corpus, error) ? files_under(corpus) : std::vector<std::string>{corpus};
-  for (const std::string& file : files) {
-    const std::optional<RecordFormat> format = record_format_of(file);
-    if (format && *format != RecordFormat::text) return true;
-  }
-  return false;
-}
-
 }  // namespace
 
 int run_prepare(const std::vector<std::string>& arguments, std::ostream& out) {
@@ -215,7 +202,7 @@ int run_prepare(const std::vector<std::string>& arguments, std::ostream& out) {
     options.corpus = *value;
     if (value->empty())
       fail(parsed.where("--corpus"), "a file or folder", "an empty path", parsed.usage_hint());
-    if (needs_tokenizer(*value)) {
+    if (holds_records(*value)) {
       fail(parsed.where("--corpus"), "text files (a tokenizer is trained on them) without --tokenizer",
            *value + ": JSON Lines, Parquet or a glob",
            "add --tokenizer PATH (the model's tokenizer.json, or one prepare trained on a text sample)");

@@ -99,26 +99,6 @@ std::vector<std::string> TokenShardsSource::shards(Split split) const {
 TextFilesSource::TextFilesSource(std::string corpus_path, std::string work_dir, RecordOptions records)
     : corpus_path_(std::move(corpus_path)), work_dir_(std::move(work_dir)), records_(std::move(records)) {}
 
-namespace {
-
-// Whether a text source holds JSON Lines or Parquet records (or is a glob): then it is read by the record
-// reader and tokenized by prepare_records, as `meshtrain prepare --tokenizer` does; plain text files keep
-// their whole-corpus split.
-bool holds_records(const std::string& path) {
-  if (path.empty()) return false;  // the default corpus
-  if (path.find_first_of("*?[") != std::string::npos) return true;
-  std::error_code error;
-  const std::vector<std::string> files =
-      std::filesystem::is_directory(path, error) ? files_under(path) : std::vector<std::string>{path};
-  for (const std::string& file : files) {
-    const std::optional<RecordFormat> format = record_format_of(file);
-    if (format && *format != RecordFormat::text) return true;
-  }
-  return false;
-}
-
-}  // namespace
-
 void TextFilesSource::prepare(const Tokenizer* tokenizer) {
   MT_CHECK(tokenizer != nullptr, "text files need the run's tokenizer");
   const std::optional<int32_t> eos_id = tokenizer->eos_id();
@@ -128,6 +108,7 @@ void TextFilesSource::prepare(const Tokenizer* tokenizer) {
   }
   std::filesystem::create_directories(work_dir_);
   const std::string index = work_dir_ + "/index.json";
+  // Plain text files keep their whole-corpus split; records go through prepare_records.
   if (holds_records(corpus_path_)) {
     // Skipped when index.json already describes these sources, tokenizer and column (a restart).
     PrepareRecordsOptions options;

@@ -9,6 +9,7 @@
 
 #include "meshtrain/core/error.h"
 #include "meshtrain/data/prepare_records.h"
+#include "meshtrain/data/records/source_files.h"
 
 namespace meshtrain {
 
@@ -238,7 +239,7 @@ std::vector<std::string> resolve_token_shards(const std::string& path, const std
 }
 
 std::vector<std::string> resolve_token_pattern(const std::string& pattern, const std::string& split) {
-  if (pattern.find_first_of("*?[") == std::string::npos) return resolve_token_shards(pattern, split);
+  if (!is_glob(pattern)) return resolve_token_shards(pattern, split);
   glob_t matches{};
   const int status = glob(pattern.c_str(), 0, nullptr, &matches);
   std::vector<std::string> paths(matches.gl_pathv, matches.gl_pathv + matches.gl_pathc);

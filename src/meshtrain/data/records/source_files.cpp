@@ -25,10 +25,6 @@ bool hidden(const fs::path& path) {
   return !name.empty() && name[0] == '.';
 }
 
-bool is_glob(const std::string& source) {
-  return source.find_first_of("*?[") != std::string::npos;
-}
-
 // glob(3)'s matches, unsorted (its own order follows the locale's collation; the caller sorts bytewise).
 std::vector<std::string> glob_matches(const std::string& pattern, const std::string& path_setting) {
   glob_t matches{};
@@ -118,6 +114,22 @@ std::vector<std::string> resolve_source_files(const std::string& source, const s
   }
   std::sort(files.begin(), files.end());
   return files;
+}
+
+bool is_glob(const std::string& source) {
+  return source.find_first_of("*?[") != std::string::npos;
+}
+
+bool holds_records(const std::string& source) {
+  if (is_glob(source)) return true;
+  std::error_code error;
+  const std::vector<std::string> files =
+      fs::is_directory(source, error) ? files_under(source) : std::vector<std::string>{source};
+  for (const std::string& file : files) {
+    const std::optional<RecordFormat> format = record_format_of(file);
+    if (format && *format != RecordFormat::text) return true;
+  }
+  return false;
 }
 
 }  // namespace meshtrain

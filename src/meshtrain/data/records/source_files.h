@@ -30,4 +30,12 @@ std::vector<std::string> files_under(const std::string& folder);
 // that yields no file, and any file whose name is of no supported kind (never skipped in silence).
 std::vector<std::string> resolve_source_files(const std::string& source, const std::string& path_setting);
 
+// Whether `source` is a glob pattern: it holds '*', '?' or '['.
+bool is_glob(const std::string& source);
+
+// Whether a source holds records that need a given tokenizer and the record reader: a glob, or a file or
+// folder with any JSON Lines or Parquet file (plain text files alone do not). Cheap: names only, no file is
+// opened; a missing path is none (resolving it later reports it).
+bool holds_records(const std::string& source);
+
 }  // namespace meshtrain
