@@ -72,6 +72,7 @@ CpuFeatures read_cpu_features() {
   const unsigned max_leaf = vendor.eax;
   const Registers extended = max_leaf >= 7 ? cpuid(7, 0) : Registers{};
   const Registers extended1 = max_leaf >= 7 && extended.eax >= 1 ? cpuid(7, 1) : Registers{};
+  cpu.sse42 = bit(version.ecx, 20);
   cpu.avx = ymm_saved && bit(version.ecx, 28);
   cpu.fma = cpu.avx && bit(version.ecx, 12);
   cpu.avx2 = cpu.avx && bit(extended.ebx, 5);

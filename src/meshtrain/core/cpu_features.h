@@ -11,6 +11,7 @@ struct CpuFeatures {
   std::string vendor;         // "AuthenticAMD", "GenuineIntel", ...
   std::string brand;          // "AMD EPYC 9R45 ...", as CPUID reports it
   int family = 0, model = 0;  // display family and model (family 26 = AMD Zen 5, 6 = Intel Core/Xeon)
+  bool sse42 = false;         // SSE4.2: the CRC32 instruction (CRC-32C)
   bool avx = false, avx2 = false, fma = false;
   bool avx512f = false, avx512bw = false, avx512vl = false, avx512dq = false;
   bool avx512_bf16 = false, amx_bf16 = false;

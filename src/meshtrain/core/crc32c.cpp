@@ -1,6 +1,11 @@
 #include "meshtrain/core/crc32c.h"
 
+#include <nmmintrin.h>
+
 #include <array>
+#include <cstring>
+
+#include "meshtrain/core/cpu_features.h"
 
 namespace meshtrain {
 namespace {
@@ -24,9 +29,32 @@ constexpr std::array<std::array<uint32_t, 256>, 8> make_tables() {
 
 constexpr auto kTables = make_tables();
 
+// SSE4.2's CRC32 instruction computes CRC-32C: 8 bytes per instruction, several times the tables' rate
+// (shards and checkpoints are checksummed as they are written, so this is on prepare's and save's path).
+__attribute__((target("sse4.2"))) uint32_t crc32c_instruction(const unsigned char* bytes, size_t size,
+                                                              uint32_t crc) {
+  uint64_t state = ~crc;
+  while (size >= 8) {
+    uint64_t word;
+    std::memcpy(&word, bytes, sizeof word);
+    state = _mm_crc32_u64(state, word);
+    bytes += 8;
+    size -= 8;
+  }
+  auto narrow = static_cast<uint32_t>(state);
+  while (size-- > 0) narrow = _mm_crc32_u8(narrow, *bytes++);
+  return ~narrow;
+}
+
 }  // namespace
 
 uint32_t crc32c(const void* data, size_t size, uint32_t crc) {
+  static const bool has_instruction = cpu_features().sse42;
+  if (has_instruction) return crc32c_instruction(static_cast<const unsigned char*>(data), size, crc);
+  return crc32c_tables(data, size, crc);
+}
+
+uint32_t crc32c_tables(const void* data, size_t size, uint32_t crc) {
   const auto* bytes = static_cast<const unsigned char*>(data);
   crc = ~crc;
   while (size >= 8) {
@@ -42,6 +70,8 @@ uint32_t crc32c(const void* data, size_t size, uint32_t crc) {
   return ~crc;
 }
 
-uint32_t crc32c_masked(uint32_t crc) { return ((crc >> 15) | (crc << 17)) + 0xa282ead8u; }
+uint32_t crc32c_masked(uint32_t crc) {
+  return ((crc >> 15) | (crc << 17)) + 0xa282ead8u;
+}
 
 }  // namespace meshtrain

@@ -89,6 +89,13 @@ void DurableFile::write_at(const void* data, size_t size, uint64_t offset) {
 void DurableFile::append(const void* data, size_t size) {
   write_at(data, size, end_);
   end_ += size;
+  // Start writing back what is appended as it grows, without waiting for it, so that commit()'s fsync of a
+  // large file (a token shard, a checkpoint's tensors) waits for the last stretch only, not the whole file.
+  if (end_ - written_back_ >= kWritebackBytes) {
+    ::sync_file_range(fd_, static_cast<off_t>(written_back_), static_cast<off_t>(end_ - written_back_),
+                      SYNC_FILE_RANGE_WRITE);  // a hint: an error here shows again at fsync, which is checked
+    written_back_ = end_;
+  }
 }
 
 void DurableFile::commit() {

@@ -39,7 +39,9 @@ class DurableFile {
   std::string path_;
   std::string temporary_;
   int fd_ = -1;
-  uint64_t end_ = 0;  // where append() writes next
+  uint64_t end_ = 0;           // where append() writes next
+  uint64_t written_back_ = 0;  // appended bytes before this offset have had their writeback started
+  static constexpr uint64_t kWritebackBytes = uint64_t{32} << 20;
   bool committed_ = false;
 };
 

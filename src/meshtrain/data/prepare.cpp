@@ -147,17 +147,17 @@ int encoding_threads(int threads) {
 // Tokenizer::encode is const and keeps its caches per thread, so concurrent calls on one tokenizer are safe
 // (tokenizer.cpp's BPE cache and PCRE2 match data are thread_local). Documents vary in length, so each thread
 // takes the next one as it finishes.
-void encode_each_in_parallel(const Tokenizer& tokenizer, size_t count,
-                             const std::function<std::string_view(size_t)>& text,
-                             const std::function<void(size_t, int, std::vector<int32_t>&&)>& take,
-                             int threads) {
+std::vector<std::vector<int32_t>> encode_in_parallel(const Tokenizer& tokenizer, size_t count,
+                                                     const std::function<std::string_view(size_t)>& text,
+                                                     int threads) {
+  std::vector<std::vector<int32_t>> encoded(count);
   std::exception_ptr error;
   auto error_at = static_cast<int64_t>(count);
 #pragma omp parallel for schedule(dynamic, 1) num_threads(encoding_threads(threads))
   for (int64_t i = 0; i < static_cast<int64_t>(count); ++i) {
     try {
       const auto index = static_cast<size_t>(i);
-      take(index, omp_get_thread_num(), tokenizer.encode(text(index)));
+      encoded[index] = tokenizer.encode(text(index));
     } catch (...) {
 #pragma omp critical(meshtrain_prepare_error)
       if (i < error_at) {
@@ -167,15 +167,6 @@ void encode_each_in_parallel(const Tokenizer& tokenizer, size_t count,
     }
   }
   if (error) std::rethrow_exception(error);
-}
-
-std::vector<std::vector<int32_t>> encode_in_parallel(const Tokenizer& tokenizer, size_t count,
-                                                     const std::function<std::string_view(size_t)>& text,
-                                                     int threads) {
-  std::vector<std::vector<int32_t>> encoded(count);
-  encode_each_in_parallel(
-      tokenizer, count, text, [&](size_t i, int, std::vector<int32_t>&& ids) { encoded[i] = std::move(ids); },
-      threads);
   return encoded;
 }
 

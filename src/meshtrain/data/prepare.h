@@ -41,15 +41,8 @@ std::vector<std::vector<int32_t>> encode_in_parallel(const Tokenizer& tokenizer,
                                                      const std::function<std::string_view(size_t)>& text,
                                                      int threads = 0);
 
-// The threads encode_in_parallel runs on for `threads` (0: OpenMP's default).
+// The threads encode_in_parallel (and prepare_records) encode on for `threads` (0: OpenMP's default).
 int encoding_threads(int threads);
-// The same, handing document i's ids to take(i, thread, ids) on the thread (in [0,
-// encoding_threads(threads))) that encoded it, for a caller that gathers them in per-thread buffers rather
-// than one vector per document.
-void encode_each_in_parallel(const Tokenizer& tokenizer, size_t count,
-                             const std::function<std::string_view(size_t)>& text,
-                             const std::function<void(size_t, int, std::vector<int32_t>&&)>& take,
-                             int threads = 0);
 
 // Both splits of a corpus tokenized (in parallel) and written as out_dir/{train,validation}.tokens, each
 // document followed by `eos_id`. out_dir must exist.

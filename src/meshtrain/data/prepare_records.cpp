@@ -1,19 +1,23 @@
-// Raw sources -> token shards + index.json (prepare_records.h): per input file, documents read in batches on
-// a reader thread (decompressed, cut into lines) while the previous batch is decoded (JSON parsed) and
-// encoded on every thread and the one before it is appended, split by the documents' index, to parts
-// streamed to disk; rank 0 gathers the files' part lists into the index once every rank is done.
+// Raw sources -> token shards + index.json (prepare_records.h): the rank's files read in batches on a reader
+// thread (decompressed, cut into lines), decoded (JSON parsed) and encoded on every thread, appended in
+// order, split by the documents' index, to parts streamed to disk (FilePipeline); rank 0 gathers the files'
+// part lists into the index once every rank is done.
 #include "meshtrain/data/prepare_records.h"
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstdio>
+#include <deque>
 #include <filesystem>
-#include <future>
+#include <memory>
+#include <mutex>
 #include <numeric>
 #include <optional>
 #include <span>
 #include <system_error>
+#include <thread>
 
 #include "meshtrain/core/durable_file.h"
 #include "meshtrain/core/error.h"
@@ -33,10 +37,16 @@ using json = nlohmann::json;
 constexpr const char* kIndexFormat = "meshtrain-prepare-index";
 constexpr int kIndexVersion = 1;
 constexpr const char* kSplits[] = {"train", "validation"};
-// A batch: documents read while the previous batch is encoded. Large enough that the threads' uneven finish
-// at its end is a small share of it, small enough to keep memory flat.
-constexpr size_t kBatchTextBytes = size_t{8} << 20;
-constexpr size_t kBatchDocuments = 65536;
+// A batch: documents read while earlier batches are encoded. Large enough that handing it between threads
+// costs little, small enough that the batches in flight keep memory flat.
+constexpr size_t kBatchTextBytes = size_t{4} << 20;
+constexpr size_t kBatchDocuments = 32768;
+// Batches in flight: one being read, two being encoded (threads move on to the next while the last
+// documents of one finish), one being appended.
+constexpr size_t kBatchesInFlight = 4;
+// Documents an encoding thread takes at a time: few enough that the threads finish a batch together, text
+// enough that taking them (under the pipeline's lock) is a small share of encoding them.
+constexpr size_t kClaimTextBytes = size_t{64} << 10;
 
 std::string numbered(size_t number, int digits) {
   char text[32];
@@ -46,28 +56,6 @@ std::string numbered(size_t number, int digits) {
 
 std::string file_stem(size_t file) {
   return numbered(file, 5);
-}
-
-// The documents of one batch (JSON lines not yet decoded: that is done on the encoding threads), and where
-// the reader stood after them. Two batches take turns, read into in place: their records keep their strings'
-// memory from batch to batch, which fresh ones would take (and fault in) from the system each time.
-struct Batch {
-  std::vector<Record> records;  // the first `count` hold the batch
-  size_t count = 0;
-  uint64_t bytes_read = 0;
-};
-
-void read_batch(RecordReader& reader, Batch& batch) {
-  size_t text_bytes = 0;
-  batch.count = 0;
-  while (text_bytes < kBatchTextBytes && batch.count < kBatchDocuments) {
-    if (batch.count == batch.records.size()) batch.records.emplace_back();
-    Record& record = batch.records[batch.count];
-    if (!reader.next_undecoded(record)) break;
-    text_bytes += record.text.size();
-    ++batch.count;
-  }
-  batch.bytes_read = reader.bytes_read();
 }
 
 // One split of one input file: its documents' tokens, each followed by EOS, cut into parts of at least
@@ -125,101 +113,269 @@ class SplitWriter {
   json parts_ = json::array();
 };
 
-// One batch's documents encoded, with what the writers and the progress need of the batch once its records
-// are being read into again. The ids go to a buffer per encoding thread (kept from batch to batch), not to
-// a vector per document: each document's vector is freed at once on the thread that made it.
-struct EncodedBatch {
+// One batch of one input file's documents (JSON lines not yet decoded: the encoding threads do that) and,
+// once encoded, their ids. A batch of no documents marks the end of its file. Batches are reused: their
+// records and id buffers keep their memory, which fresh ones would take (and fault in) from the system.
+struct Batch {
+  uint64_t sequence = 0;                       // in reading order, over all of the rank's files
+  size_t file = 0;                             // input file index
+  std::shared_ptr<const RecordReader> reader;  // the file's reader: decode() and its errors
+  std::vector<Record> records;                 // the first `count` hold the batch
+  size_t count = 0;
+  uint64_t bytes_read = 0;  // the rank's input bytes read once this batch was, for progress
+  // Documents [0, claimed) taken by encoding threads, `encoded` of them done.
+  size_t claimed = 0, encoded = 0;
   struct Document {
-    int thread;
-    size_t start, tokens, text_bytes;  // its ids: buffers[thread][start, start + tokens)
+    size_t thread, start, tokens;  // its ids: ids_by_thread[thread][start, start + tokens)
+    size_t text_bytes;
   };
-  std::vector<std::vector<int32_t>> buffers;
   std::vector<Document> documents;
-  uint64_t bytes_read = 0;
+  std::vector<std::vector<int32_t>> ids_by_thread;
 };
 
-// What this rank has done so far, for the progress callback.
-struct RankProgress {
-  PrepareProgress figures;
-  uint64_t bytes_of_files_done = 0;
-};
+// The rank's files tokenized by threads that each carry on as soon as they can, never waiting for one
+// another at a batch's end: a reader (decompresses, cuts lines), `threads` encoders (decode JSON, encode;
+// each takes the next few documents of the oldest batch with any left) and an appender (batches in reading
+// order to their file's parts; files/FFFFF.json at a file's end). Reading starts on construction, so that
+// it overlaps loading the tokenizer; run() adds the others. The first error in reading order wins whatever
+// the threads' timing: after an error, the batches read up to the failing one are still encoded (an
+// earlier document's error replaces a later one's) and nothing later is taken.
+class FilePipeline {
+ public:
+  FilePipeline(const PrepareRecordsOptions& options, const std::vector<std::string>& files,
+               const std::vector<size_t>& mine, const std::vector<uint64_t>& file_bytes)
+      : options_(options), files_(files), mine_(mine), file_bytes_(file_bytes), batches_(kBatchesInFlight) {
+    for (Batch& batch : batches_) {
+      batch.ids_by_thread.resize(static_cast<size_t>(encoding_threads(options.threads)));
+      free_.push_back(&batch);
+    }
+    reader_ = std::thread([this] { read(); });
+  }
 
-// Tokenizes input file `file` into its parts and records them in files/FFFFF.json.
-void prepare_file(const PrepareRecordsOptions& options, const std::vector<std::string>& files, size_t file,
-                  const Tokenizer& tokenizer, int32_t eos_id, uint64_t file_bytes, RankProgress& progress) {
-  const fs::path out_dir(options.out_dir);
-  RecordOptions record_options;
-  record_options.column = options.column;
-  record_options.column_setting = options.column_setting;
-  record_options.path_setting = options.path_setting;
-  RecordReader reader({files[file]}, record_options);
-  const uint32_t width = shard_width_for(tokenizer.vocab_size());
-  SplitWriter train(out_dir, "train", file_stem(file), options.shard_tokens, eos_id, width);
-  SplitWriter validation(out_dir, "validation", file_stem(file), options.shard_tokens, eos_id, width);
-  uint64_t document = 0;
-  // Appends a batch to the writers, in document order; runs on its own thread while the next batch encodes.
-  const auto append = [&](const EncodedBatch& encoded) {
-    for (const EncodedBatch::Document& encoded_document : encoded.documents) {
-      const std::span<const int32_t> ids(
-          encoded.buffers[static_cast<size_t>(encoded_document.thread)].data() + encoded_document.start,
-          encoded_document.tokens);
-      (is_validation_document(document++, options.validation_fraction) ? validation : train)
-          .add(ids, encoded_document.text_bytes);
-      progress.figures.tokens += ids.size() + 1;
+  FilePipeline(const FilePipeline&) = delete;
+  FilePipeline& operator=(const FilePipeline&) = delete;
+
+  ~FilePipeline() {
+    {
+      const std::lock_guard lock(mutex_);
+      stopping_ = true;
     }
-    progress.figures.documents += encoded.documents.size();
-    progress.figures.bytes_read = progress.bytes_of_files_done + encoded.bytes_read;
-  };
-  // Three stages at once: batch N+1 read, batch N encoded, batch N-1 appended. Two batches of records and two
-  // of encoded documents take turns; an encoded batch is reused only once its append is done.
-  Batch batches[2];
-  EncodedBatch encoded_batches[2];
-  int current = 0;
-  std::future<void> next =
-      std::async(std::launch::async, [&reader, &first = batches[0]] { read_batch(reader, first); });
-  std::future<void> appended;
-  while (true) {
-    next.get();
-    Batch& batch = batches[current];
-    if (batch.count == 0) break;
-    EncodedBatch& encoded = encoded_batches[current];
-    current ^= 1;
-    next =
-        std::async(std::launch::async, [&reader, &spare = batches[current]] { read_batch(reader, spare); });
-    std::vector<Record>& records = batch.records;
-    encoded.buffers.resize(static_cast<size_t>(encoding_threads(options.threads)));
-    for (std::vector<int32_t>& buffer : encoded.buffers) buffer.clear();
-    encoded.documents.resize(batch.count);
-    encode_each_in_parallel(
-        tokenizer, batch.count,
-        [&](size_t i) {
-          reader.decode(records[i]);
-          return std::string_view(records[i].text);
-        },
-        [&](size_t i, int thread, std::vector<int32_t>&& ids) {
-          std::vector<int32_t>& buffer = encoded.buffers[static_cast<size_t>(thread)];
-          encoded.documents[i] = {thread, buffer.size(), ids.size(), records[i].text.size()};
-          buffer.insert(buffer.end(), ids.begin(), ids.end());
-        },
-        options.threads);
-    encoded.bytes_read = batch.bytes_read;
-    if (appended.valid()) {
-      appended.get();
-      options.progress(progress.figures);
+    changed_.notify_all();
+    join_all();
+  }
+
+  // Tokenizes every file of the rank; rethrows the first error in reading order.
+  void run(const Tokenizer& tokenizer, int32_t eos_id, PrepareProgress& progress) {
+    for (size_t thread = 0; thread < batches_.front().ids_by_thread.size(); ++thread) {
+      encoders_.emplace_back([this, &tokenizer, thread] { encode(tokenizer, thread); });
     }
-    appended = std::async(std::launch::async, [&append, &encoded] { append(encoded); });
+    appender_ = std::thread([this, &tokenizer, eos_id, &progress] { append(tokenizer, eos_id, progress); });
+    join_all();
+    if (error_) std::rethrow_exception(error_);
   }
-  if (appended.valid()) {
-    appended.get();
-    options.progress(progress.figures);
+
+ private:
+  // An error's place in reading order: its batch, then its document (-1: the batch as a whole, when reading
+  // or appending it).
+  using Place = std::pair<uint64_t, int64_t>;
+
+  void fail_at(Place place) {
+    {
+      const std::lock_guard lock(mutex_);
+      if (!error_ || place < error_place_) {
+        error_ = std::current_exception();
+        error_place_ = place;
+      }
+    }
+    changed_.notify_all();
   }
-  progress.bytes_of_files_done += file_bytes;
-  const bool moved = progress.figures.bytes_read != progress.bytes_of_files_done;
-  progress.figures.bytes_read = progress.bytes_of_files_done;
-  const json record = {{"file", files[file]}, {"train", train.finish()}, {"validation", validation.finish()}};
-  write_file_atomically((out_dir / "files" / (file_stem(file) + ".json")).string(), record.dump(1) + "\n");
-  if (moved) options.progress(progress.figures);
-}
+
+  // Whether batch `sequence` is past what is still worked on.
+  bool halted(uint64_t sequence) const { return stopping_ || (error_ && sequence > error_place_.first); }
+
+  void join_all() {
+    if (reader_.joinable()) reader_.join();
+    for (std::thread& encoder : encoders_) {
+      if (encoder.joinable()) encoder.join();
+    }
+    if (appender_.joinable()) appender_.join();
+  }
+
+  void read() {
+    RecordOptions record_options;
+    record_options.column = options_.column;
+    record_options.column_setting = options_.column_setting;
+    record_options.path_setting = options_.path_setting;
+    uint64_t bytes_before_file = 0, sequence = 0;
+    try {
+      for (const size_t file : mine_) {
+        const auto reader =
+            std::make_shared<RecordReader>(std::vector<std::string>{files_[file]}, record_options);
+        bool end_of_file = false;
+        while (!end_of_file) {
+          Batch* batch = nullptr;
+          {
+            std::unique_lock lock(mutex_);
+            changed_.wait(lock, [&] { return halted(sequence) || !free_.empty(); });
+            if (halted(sequence)) return;
+            batch = free_.back();
+            free_.pop_back();
+          }
+          read_batch(*reader, *batch);
+          end_of_file = batch->count == 0;
+          batch->sequence = sequence++;
+          batch->file = file;
+          batch->reader = reader;
+          batch->bytes_read = bytes_before_file + (end_of_file ? file_bytes_[file] : reader->bytes_read());
+          {
+            const std::lock_guard lock(mutex_);
+            in_order_.push_back(batch);
+            if (!end_of_file) open_.push_back(batch);
+          }
+          changed_.notify_all();
+        }
+        bytes_before_file += file_bytes_[file];
+      }
+      {
+        const std::lock_guard lock(mutex_);
+        reading_done_ = true;
+      }
+      changed_.notify_all();
+    } catch (...) {
+      fail_at({sequence, -1});
+    }
+  }
+
+  static void read_batch(RecordReader& reader, Batch& batch) {
+    size_t text_bytes = 0;
+    batch.count = batch.claimed = batch.encoded = 0;
+    while (text_bytes < kBatchTextBytes && batch.count < kBatchDocuments) {
+      if (batch.count == batch.records.size()) batch.records.emplace_back();
+      Record& record = batch.records[batch.count];
+      if (!reader.next_undecoded(record)) break;
+      text_bytes += record.text.size();
+      ++batch.count;
+    }
+    batch.documents.resize(batch.count);
+    for (std::vector<int32_t>& ids : batch.ids_by_thread) ids.clear();
+  }
+
+  void encode(const Tokenizer& tokenizer, size_t thread) {
+    while (true) {
+      Batch* batch = nullptr;
+      size_t begin = 0, end = 0;
+      {
+        std::unique_lock lock(mutex_);
+        changed_.wait(lock, [&] { return stopping_ || error_ || reading_done_ || !open_.empty(); });
+        if (open_.empty() || halted(open_.front()->sequence)) {
+          if (stopping_ || error_ || reading_done_) return;
+          continue;
+        }
+        batch = open_.front();
+        begin = end = batch->claimed;
+        for (size_t text = 0; end < batch->count && text < kClaimTextBytes; ++end) {
+          text += batch->records[end].text.size();
+        }
+        batch->claimed = end;
+        if (end == batch->count) open_.pop_front();
+      }
+      std::vector<int32_t>& ids = batch->ids_by_thread[thread];
+      for (size_t i = begin; i < end; ++i) {
+        try {
+          Record& record = batch->records[i];
+          batch->reader->decode(record);
+          const size_t start = ids.size();
+          tokenizer.encode_append(record.text, ids);
+          batch->documents[i] = {thread, start, ids.size() - start, record.text.size()};
+        } catch (...) {
+          fail_at({batch->sequence, static_cast<int64_t>(i)});
+        }
+      }
+      bool batch_done = false;
+      {
+        const std::lock_guard lock(mutex_);
+        batch->encoded += end - begin;
+        batch_done = batch->encoded == batch->count;
+      }
+      if (batch_done) changed_.notify_all();
+    }
+  }
+
+  void append(const Tokenizer& tokenizer, int32_t eos_id, PrepareProgress& progress) {
+    const fs::path out_dir(options_.out_dir);
+    const uint32_t width = shard_width_for(tokenizer.vocab_size());
+    std::optional<SplitWriter> train, validation;
+    uint64_t document = 0;  // in its file
+    uint64_t sequence = 0;
+    try {
+      while (true) {
+        Batch* batch = nullptr;
+        {
+          std::unique_lock lock(mutex_);
+          changed_.wait(lock, [&] {
+            return stopping_ || error_ || (reading_done_ && in_order_.empty()) ||
+                   (!in_order_.empty() && in_order_.front()->encoded == in_order_.front()->count);
+          });
+          if (stopping_ || error_ || in_order_.empty()) return;
+          batch = in_order_.front();
+          in_order_.pop_front();
+        }
+        sequence = batch->sequence;
+        if (!train) {
+          const std::string stem = file_stem(batch->file);
+          train.emplace(out_dir, "train", stem, options_.shard_tokens, eos_id, width);
+          validation.emplace(out_dir, "validation", stem, options_.shard_tokens, eos_id, width);
+        }
+        for (size_t i = 0; i < batch->count; ++i) {
+          const Batch::Document& encoded = batch->documents[i];
+          const std::span<const int32_t> ids(batch->ids_by_thread[encoded.thread].data() + encoded.start,
+                                             encoded.tokens);
+          (is_validation_document(document++, options_.validation_fraction) ? *validation : *train)
+              .add(ids, encoded.text_bytes);
+          progress.tokens += ids.size() + 1;
+        }
+        progress.documents += batch->count;
+        progress.bytes_read = batch->bytes_read;
+        if (batch->count == 0) {  // the file's end
+          const json record = {{"file", files_[batch->file]},
+                               {"train", train->finish()},
+                               {"validation", validation->finish()}};
+          write_file_atomically((out_dir / "files" / (file_stem(batch->file) + ".json")).string(),
+                                record.dump(1) + "\n");
+          train.reset();
+          validation.reset();
+          document = 0;
+        }
+        options_.progress(progress);
+        {
+          const std::lock_guard lock(mutex_);
+          free_.push_back(batch);
+        }
+        changed_.notify_all();
+      }
+    } catch (...) {
+      fail_at({sequence, -1});
+    }
+  }
+
+  const PrepareRecordsOptions& options_;
+  const std::vector<std::string>& files_;
+  const std::vector<size_t>& mine_;
+  const std::vector<uint64_t>& file_bytes_;
+  std::vector<Batch> batches_;
+
+  std::mutex mutex_;  // guards what follows and the batches' claimed and encoded counts
+  std::condition_variable changed_;
+  std::vector<Batch*> free_;     // batches to read into
+  std::deque<Batch*> in_order_;  // read, not yet appended, in reading order
+  std::deque<Batch*> open_;      // read, with documents no encoding thread has taken yet
+  bool reading_done_ = false, stopping_ = false;
+  std::exception_ptr error_;  // the first error in reading order so far, at error_place_
+  Place error_place_{0, 0};
+
+  std::thread reader_, appender_;
+  std::vector<std::thread> encoders_;
+};
 
 json arguments_json(const PrepareRecordsOptions& options) {
   return {{"column", options.column},
@@ -384,6 +540,12 @@ PrepareRecordsResult prepare_records(const PrepareRecordsOptions& options) {
 
   const std::vector<std::string> files = resolve_source_files(options.source, options.path_setting);
   const std::vector<FileFingerprint> fingerprint = fingerprint_files(files);
+  std::vector<uint64_t> file_bytes;
+  for (const FileFingerprint& file : fingerprint) file_bytes.push_back(file.bytes);
+  const std::vector<size_t> mine =
+      assign_files_to_ranks(file_bytes, options.world_size)[static_cast<size_t>(options.rank)];
+  // Reading (no output yet) starts while the tokenizer loads; dropped unread if the outputs are current.
+  FilePipeline pipeline(options, files, mine, file_bytes);
   const Tokenizer tokenizer = Tokenizer::load(options.tokenizer_path);
   const std::optional<int32_t> eos = tokenizer.eos_id();
   if (!eos) {
@@ -411,14 +573,10 @@ PrepareRecordsResult prepare_records(const PrepareRecordsOptions& options) {
   if (options.rank == 0) remove_old_outputs(out_dir);
   options.wait_for_all_ranks();
 
-  std::vector<uint64_t> file_bytes;
-  for (const FileFingerprint& file : fingerprint) file_bytes.push_back(file.bytes);
-  const std::vector<size_t> mine =
-      assign_files_to_ranks(file_bytes, options.world_size)[static_cast<size_t>(options.rank)];
-  RankProgress progress;
-  for (size_t file : mine) progress.figures.bytes_total += file_bytes[file];
-  options.progress(progress.figures);
-  for (size_t file : mine) prepare_file(options, files, file, tokenizer, *eos, file_bytes[file], progress);
+  PrepareProgress progress;
+  for (size_t file : mine) progress.bytes_total += file_bytes[file];
+  options.progress(progress);
+  pipeline.run(tokenizer, *eos, progress);
   options.wait_for_all_ranks();
   if (options.rank != 0) return result;
 

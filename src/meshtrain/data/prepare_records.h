@@ -43,7 +43,8 @@ struct PrepareRecordsOptions {
   // index. wait_for_all_ranks returns when every rank has called it (a barrier); nothing for one process.
   int rank = 0, world_size = 1;
   std::function<void()> wait_for_all_ranks = [] {};
-  // Called after every batch of documents, on the calling thread.
+  // Called before the first batch of documents (on the calling thread) and after each (on the thread that
+  // appends them; never two calls at once).
   std::function<void(const PrepareProgress&)> progress = [](const PrepareProgress&) {};
 };
 

@@ -281,6 +281,26 @@ TEST_F(PrepareRecords, APrepareStoppedByABadFileLeavesNoIndexAndTrainRefusesTheF
   EXPECT_TRUE(contains(missing, "validation/00000-000.tokens")) << missing;
 }
 
+// Threads take documents as they come, yet the error is always the first bad document in reading order: in
+// c.jsonl, line 3 (one claim) before line 3000 (a later claim, likely on another thread), before d.jsonl's
+// line 1 (a later batch).
+TEST_F(PrepareRecords, TheErrorIsTheFirstBadDocumentInReadingOrderWhateverTheThreads) {
+  std::string lines = "{\"text\": \"fine\"}\n{\"text\": \"fine\"}\n{\"text\": broken}\n";
+  for (int i = 4; i < 3000; ++i)
+    lines += json{{"text", "line " + std::to_string(i) + std::string(80, 'x')}}.dump() + "\n";
+  lines += "{\"text\": 1}\n";
+  write("plain/c.jsonl", lines);
+  write("plain/d.jsonl", "[]\n");
+  for (const int threads : {1, 2, 4, 4, 4}) {
+    PrepareRecordsOptions prepare = options(path("plain"), "out");
+    prepare.threads = threads;
+    const std::string error = error_of([&] { prepare_records(prepare); });
+    EXPECT_TRUE(contains(error, path("plain/c.jsonl") + ":3:")) << threads << " threads: " << error;
+    EXPECT_TRUE(contains(error, "malformed JSON")) << error;
+    EXPECT_FALSE(fs::exists(path("out/index.json")));
+  }
+}
+
 TEST_F(PrepareRecords, BadColumnsTokenizersAndSourcesAreErrorsNamingThem) {
   PrepareRecordsOptions column = options(path("plain"), "out");
   column.column = "content";

@@ -64,7 +64,15 @@ int utf8_sequence(std::string_view bytes, size_t i) {
 
 size_t invalid_utf8_offset(std::string_view text) {
   for (size_t i = 0; i < text.size();) {
-    // ASCII, most of most corpora: 8 bytes at a time while no byte has its high bit set.
+    // ASCII, most of most corpora: 32 bytes at a time while no byte has its high bit set, then 8.
+    if (i + 4 * sizeof(uint64_t) <= text.size()) {
+      uint64_t words[4];
+      std::memcpy(words, text.data() + i, sizeof words);
+      if (((words[0] | words[1] | words[2] | words[3]) & 0x8080808080808080u) == 0) {
+        i += sizeof words;
+        continue;
+      }
+    }
     if (i + sizeof(uint64_t) <= text.size()) {
       uint64_t word;
       std::memcpy(&word, text.data() + i, sizeof word);

@@ -709,9 +709,8 @@ void BpeModel::finalize() {
 
 namespace {
 
-std::vector<int32_t> encode_text(const BpeModel& model, std::string_view text) {
-  std::vector<int32_t> out;
-  out.reserve(text.size() / 3 + 8);
+// Appends the ids of `text` to `out`.
+void encode_text(const BpeModel& model, std::string_view text, std::vector<int32_t>& out) {
   size_t segment_start = 0;
   size_t at = 0;
   // Added tokens first, on the raw text, leftmost then longest (Hugging Face's order).
@@ -760,7 +759,6 @@ std::vector<int32_t> encode_text(const BpeModel& model, std::string_view text) {
     segment_start = at = end;
   }
   encode_segment(model, text.substr(segment_start), out);
-  return out;
 }
 
 uint64_t fnv1a(uint64_t hash, std::string_view bytes) {
@@ -787,7 +785,14 @@ Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
 Tokenizer::~Tokenizer() = default;
 
 std::vector<int32_t> Tokenizer::encode(std::string_view text) const {
-  return tokenizer_detail::encode_text(impl_->model, text);
+  std::vector<int32_t> out;
+  out.reserve(text.size() / 3 + 8);
+  tokenizer_detail::encode_text(impl_->model, text, out);
+  return out;
+}
+
+void Tokenizer::encode_append(std::string_view text, std::vector<int32_t>& out) const {
+  tokenizer_detail::encode_text(impl_->model, text, out);
 }
 
 std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {

@@ -20,6 +20,8 @@ class Tokenizer {
   // Added tokens (tokenizer.json) in the text are recognised as single ids; the rest is normalised (NFC
   // where the file says so), pre-tokenised by the file's regex and BPE-merged.
   std::vector<int32_t> encode(std::string_view text) const;
+  // The same ids appended to `out`: no vector per call, for a caller that gathers many documents' ids.
+  void encode_append(std::string_view text, std::vector<int32_t>& out) const;
   // Exactly the bytes the ids stand for (added tokens as their text). Unknown ids are a MeshError.
   std::string decode(const std::vector<int32_t>& ids) const;
 

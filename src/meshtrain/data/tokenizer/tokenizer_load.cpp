@@ -236,6 +236,10 @@ class TokenizerFileReader {
 // Parses `text`, failing with a MeshError that names `path` (and where in the file) on any problem.
 void read_document(const std::string& path, const std::string& text, TokenizerFileReader& reader,
                    const std::string& expected_document) {
+  // Room for more entries than a real file holds (Qwen3's: 36 bytes of text an entry): address space only,
+  // faulted in as filled, where growing by doubling copies the entries and faults fresh pages each time.
+  reader.vocab.reserve(text.size() / 16);
+  reader.merges.reserve(text.size() / 16);
   const bool ok = json::sax_parse(text, &reader);
   if (ok) return;
   const std::string where = reader.error_where.empty() ? path : path + ": " + reader.error_where;
