@@ -15,6 +15,7 @@
 #include "meshtrain/core/error.h"
 #include "meshtrain/model/layers/engram.h"
 #include "meshtrain/model/layers/moe.h"
+#include "meshtrain/model/pipeline_placement.h"
 #include "meshtrain/model/segments.h"
 #include "meshtrain/plan/context_attention.h"
 #include "meshtrain/plan/plan.h"
@@ -168,6 +169,65 @@ void print_kernel(const KernelPlan& kernel, std::ostream& out) {
   out << row("temps", bytes_text(static_cast<double>(m.temps)));
   out << row("peak", bytes_text(static_cast<double>(m.peak)));
   out << row("predicted time", seconds_text(kernel.seconds));
+}
+
+// "layers 0..3" / "layer 4"
+std::string layers_text(const LayerChunk& chunk) {
+  return chunk.first_layer == chunk.last_layer
+             ? format("layer %lld", static_cast<long long>(chunk.first_layer))
+             : format("layers %lld..%lld", static_cast<long long>(chunk.first_layer),
+                      static_cast<long long>(chunk.last_layer));
+}
+
+// Under mesh.stage > 1: each stage rank's chunks and their layers, and where the embedding and the head
+// are. The per-stage plans are not built yet: plan_training refuses the mesh right after this.
+void print_pipeline_placement(const Config& c, const Mesh& mesh, const PipelinePlacement& placement,
+                              std::ostream& out) {
+  const auto chunk_count = static_cast<long long>(placement.chunks.size());
+  std::string split = "pipeline_layers_per_chunk";
+  if (!placement.explicit_split) {
+    const auto size_of = [](const LayerChunk& chunk) {
+      return static_cast<long long>(chunk.last_layer - chunk.first_layer + 1);
+    };
+    const long long longer = size_of(placement.chunks.front()), shorter = size_of(placement.chunks.back());
+    const long long extra = c.base_num_decoder_layers % chunk_count;
+    split = longer == shorter ? format("the default placement: %lld chunks of %lld", chunk_count, longer)
+                              : format("the default placement: %lld chunks of %lld, then %lld of %lld", extra,
+                                       longer, chunk_count - extra, shorter);
+  }
+  out << "meshtrain compile: pipeline placement\n";
+  out << row("mesh", mesh.to_string() + format(" (%lld devices)", static_cast<long long>(mesh.devices())));
+  out << row("pipeline",
+             format("mesh.stage %lld x num_pipeline_repeats %lld = %lld chunks of %lld layers "
+                    "(%s), pipeline_schedule %s",
+                    static_cast<long long>(placement.stages), static_cast<long long>(placement.repeats),
+                    chunk_count, static_cast<long long>(c.base_num_decoder_layers), split.c_str(),
+                    pipeline_schedule_name(c.pipeline_schedule)));
+  const std::string embedding = c.max_position_embeddings > 0 ? "embedding and position table" : "embedding";
+  for (int64_t stage = 0; stage < placement.stages; ++stage) {
+    std::string text;
+    int64_t layers = 0;
+    for (int64_t index : placement.chunks_of(stage)) {
+      const LayerChunk& chunk = placement.chunks[static_cast<size_t>(index)];
+      std::string holds = layers_text(chunk);
+      if (chunk.with_embedding) holds += ", " + embedding;
+      if (chunk.with_head) holds += ", final norm, unembedding and loss";
+      text += (text.empty() ? "" : "; ") +
+              format("chunk %lld (%s)", static_cast<long long>(index), holds.c_str());
+      layers += chunk.last_layer - chunk.first_layer + 1;
+    }
+    out << row(format("stage %lld", static_cast<long long>(stage)),
+               text + format(": %lld layers", static_cast<long long>(layers)));
+  }
+  if (c.logits_via_embedding) {
+    out << row("tied embeddings",
+               format("stage 0 and stage %lld each hold the embedding table (logits_via_embedding); its two "
+                      "gradients are summed before the update",
+                      static_cast<long long>(placement.stage_of(chunk_count - 1))));
+  }
+  out << "per-stage plans (memory, the schedule's ops, bubble) and pipeline execution come with the pipeline "
+         "executor, not built in this version\n"
+      << std::flush;  // printed before the refusal, which goes to stderr
 }
 
 // "1.23 TFLOP", "4.56 MFLOP": two decimals in the largest unit the figure reaches.
@@ -474,6 +534,14 @@ int run_compile(const std::vector<std::string>& arguments, std::ostream& out) {
   }
   if (request.kernels.empty()) {
     fail("config key 'kernels'", "at least one of fwd_bwd, fwd_bwd_accum, update, eval", "an empty list");
+  }
+  // A mesh with stages: its placement, then plan_training's refusal (exit status 1: there is no plan, so
+  // no verdict and no plan files, and `compile && train` must not read it as planned).
+  if (request.config.mesh[MeshAxis::stage] != 1) {
+    const Mesh mesh = resolve_plan_target(request).mesh;
+    if (mesh.size(MeshAxis::stage) > 1)
+      print_pipeline_placement(request.config, mesh,
+                               pipeline_placement(request.config, mesh.size(MeshAxis::stage)), out);
   }
   const Clock::time_point start = Clock::now();
   const TrainingPlan plan = plan_training(request);

@@ -370,7 +370,7 @@ std::unique_ptr<CollectiveRequest> LocalCommunicator::start(const Call& call) {
 MeshCommunicators make_mesh_communicators(Communicator& world, const Mesh& mesh) {
   if (mesh.devices() != world.size()) {
     std::string degrees;
-    for (MeshAxis axis : kMeshAxes)
+    for (MeshAxis axis : listed_mesh_axes(mesh))
       degrees +=
           (degrees.empty() ? "" : " x ") + std::string(mesh_axis_name(axis)) + "=" + to_text(mesh.size(axis));
     fail("mesh", "mesh degrees >= 1 whose product is the number of ranks (" + to_text(world.size()) + ")",

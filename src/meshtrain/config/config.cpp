@@ -83,14 +83,22 @@ Enum parse_enum(const std::string& key, const RawValue& raw, const std::vector<s
 struct KeyEntry {
   std::string name;
   std::function<void(Config&, const std::string& key, const RawValue&)> assign;
-  bool affects_plan = false;   // recorded in the plan identity (plan_key_names)
-  bool takes_records = false;  // a YAML list of mappings arrives as JSON text (records_key)
+  bool affects_plan = false;            // recorded in the plan identity (plan_key_names)
+  bool affects_pipelined_plan = false;  // recorded there under mesh.stage > 1 only (pipeline_plan_key_names)
+  bool takes_records = false;           // a YAML list of mappings arrives as JSON text (records_key)
 };
 
 // A key the plan depends on: train and compile with the same such keys (and mesh, topology, threads) give
 // identical plans whatever else the run config says.
 KeyEntry plan_key(KeyEntry key) {
   key.affects_plan = true;
+  return key;
+}
+
+// A key a plan depends on only when the mesh has pipeline stages: one-stage plans (and their identities)
+// stay as they were before the pipeline keys existed.
+KeyEntry pipeline_plan_key(KeyEntry key) {
+  key.affects_pipelined_plan = true;
   return key;
 }
 
@@ -245,6 +253,9 @@ const std::vector<KeyEntry>& key_table() {
       plan_key(entry("per_device_batch_size", &Config::per_device_batch_size)),
       plan_key(entry("gradient_accumulation_steps", &Config::gradient_accumulation_steps)),
       mesh_entries_here(),
+      pipeline_plan_key(entry("pipeline_schedule", &Config::pipeline_schedule, kPipelineScheduleNames)),
+      pipeline_plan_key(entry("num_pipeline_repeats", &Config::num_pipeline_repeats)),
+      pipeline_plan_key(entry("pipeline_layers_per_chunk", &Config::pipeline_layers_per_chunk)),
       plan_key(entry("shard_optimizer_over_data", &Config::shard_optimizer_over_data)),
       plan_key(entry("context_parallel_load_balance", &Config::context_parallel_load_balance)),
       plan_key(context_parallel_reorder_entry()),
@@ -702,6 +713,14 @@ std::vector<std::string> plan_key_names() {
   std::vector<std::string> names;
   for (const KeyEntry& key : key_table()) {
     if (key.affects_plan) names.push_back(key.name);
+  }
+  return names;
+}
+
+std::vector<std::string> pipeline_plan_key_names() {
+  std::vector<std::string> names;
+  for (const KeyEntry& key : key_table()) {
+    if (key.affects_pipelined_plan) names.push_back(key.name);
   }
   return names;
 }

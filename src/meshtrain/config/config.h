@@ -56,12 +56,21 @@ inline constexpr std::array kContextParallelStrategyNames = {"all_gather", "ring
 inline constexpr std::array kContextParallelStrategies = {ContextParallelStrategy::all_gather,
                                                           ContextParallelStrategy::ring};
 
+// The pipeline schedule under mesh.stage > 1 (shared/specs/pipeline.md): torchtitan's schedule names in
+// lower case (ScheduleGPipe, Schedule1F1B, ScheduleInterleaved1F1B; zero_bubble is ZB-H1).
+enum class PipelineSchedule { gpipe, one_f_one_b, interleaved_one_f_one_b, zero_bubble };
+inline constexpr std::array kPipelineScheduleNames = {"gpipe", "1f1b", "interleaved_1f1b", "zero_bubble"};
+inline constexpr std::array kPipelineSchedules = {PipelineSchedule::gpipe, PipelineSchedule::one_f_one_b,
+                                                  PipelineSchedule::interleaved_one_f_one_b,
+                                                  PipelineSchedule::zero_bubble};
+
 static_assert(kDecoderBlocks.size() == kDecoderBlockNames.size() &&
                   kAttentionTypes.size() == kAttentionTypeNames.size() &&
                   kRoutedScoreFuncs.size() == kRoutedScoreFuncNames.size() &&
                   kContextParallelStrategies.size() == kContextParallelStrategyNames.size() &&
                   kRematPolicies.size() == kRematPolicyNames.size() &&
-                  kDatasetTypes.size() == kDatasetTypeNames.size(),
+                  kDatasetTypes.size() == kDatasetTypeNames.size() &&
+                  kPipelineSchedules.size() == kPipelineScheduleNames.size(),
               "one name per enum value");
 
 inline const char* decoder_block_name(DecoderBlock block) {
@@ -78,6 +87,9 @@ inline const char* remat_policy_name(RematPolicy policy) {
 }
 inline const char* dataset_type_name(DatasetType type) {
   return kDatasetTypeNames[static_cast<size_t>(type)];
+}
+inline const char* pipeline_schedule_name(PipelineSchedule schedule) {
+  return kPipelineScheduleNames[static_cast<size_t>(schedule)];
 }
 
 // The values the key context_parallel_reorder takes, by name (ContextReorder and its names are in
@@ -147,6 +159,13 @@ struct Config {
   int64_t per_device_batch_size = 1;
   int64_t gradient_accumulation_steps = 1;
   MeshShape mesh;
+  // Pipeline stages (mesh.stage > 1; shared/specs/pipeline.md): the schedule, V = num_pipeline_repeats
+  // chunks a stage rank (MaxText's name; V > 1 only for interleaved_1f1b), and an explicit split of the
+  // layers over the mesh.stage x V chunks, one layer count a chunk (empty: the default placement,
+  // model/pipeline_placement.h).
+  PipelineSchedule pipeline_schedule = PipelineSchedule::one_f_one_b;
+  int64_t num_pipeline_repeats = 1;
+  std::vector<int64_t> pipeline_layers_per_chunk;
   bool shard_optimizer_over_data = false;
   // How each row is laid over mesh.context (data/context_reorder.h); effective_context_reorder() combines
   // the two keys. context_parallel_reorder is one of kContextParallelReorders.
@@ -227,5 +246,8 @@ std::vector<std::string> preset_names(const std::string& config_dir = "");
 std::vector<std::string> config_key_names();
 // The keys a plan depends on, in table order (plan files record them and their hash).
 std::vector<std::string> plan_key_names();
+// The keys a plan depends on only under mesh.stage > 1 (the schedule and the placement), in table order: a
+// plan identity lists them after plan_key_names() when the mesh has stages (plan/identity.cpp).
+std::vector<std::string> pipeline_plan_key_names();
 
 }  // namespace meshtrain

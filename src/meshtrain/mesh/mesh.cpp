@@ -27,9 +27,17 @@ int64_t Mesh::stride(MeshAxis axis) const {
   return stride;
 }
 
+std::vector<MeshAxis> listed_mesh_axes(const Mesh& mesh) {
+  std::vector<MeshAxis> axes;
+  for (MeshAxis axis : kMeshAxes) {
+    if (axis != MeshAxis::stage || mesh.size(axis) != 1) axes.push_back(axis);
+  }
+  return axes;
+}
+
 std::string Mesh::to_string() const {
   std::string text;
-  for (MeshAxis axis : kMeshAxes)
+  for (MeshAxis axis : listed_mesh_axes(*this))
     text += (text.empty() ? "" : " ") + std::string(mesh_axis_name(axis)) + "=" + std::to_string(size(axis));
   return text;
 }

@@ -10,16 +10,19 @@
 #include <span>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace meshtrain {
 
 // The mesh axes in rank order, outermost first: tensor is innermost, so its ranks are neighbours. The
 // enum's values index every per-axis array. A new axis is one value here and its name in kMeshAxisNames
-// (plus, being a config key, `mesh.<axis>: 1` in configs/base.yaml and its line in config-keys.md).
+// (plus, being a config key, `mesh.<axis>: 1` in configs/base.yaml and its line in docs/configuration.md).
+// `stage` (pipeline stages, shared/specs/pipeline.md; MaxText's order: data outermost, then stage) holds
+// contiguous layer chunks: no buffer is sharded over it and it is neither a batch nor a token axis.
 // `expert` (the reference system's expert parallelism: the routed experts split over it, and the batch as
 // over data) sits between context and tensor.
-enum class MeshAxis { data, fsdp, context, expert, tensor };
-inline constexpr std::array kMeshAxisNames = {"data", "fsdp", "context", "expert", "tensor"};
+enum class MeshAxis { data, stage, fsdp, context, expert, tensor };
+inline constexpr std::array kMeshAxisNames = {"data", "stage", "fsdp", "context", "expert", "tensor"};
 static_assert(static_cast<size_t>(MeshAxis::tensor) + 1 == kMeshAxisNames.size(),
               "one name per mesh axis, and tensor stays innermost");
 
@@ -64,12 +67,17 @@ class Mesh {
   int64_t devices() const;
   // Distance in rank between neighbours of a group along `axis` (tensor: 1).
   int64_t stride(MeshAxis axis) const;
-  std::string to_string() const;  // "data=2 fsdp=1 context=1 expert=1 tensor=2"
+  std::string to_string() const;  // "data=2 fsdp=1 context=1 expert=1 tensor=2" (listed_mesh_axes)
 
  private:
   friend Mesh resolve_mesh(const MeshShape& requested, int64_t devices, const std::string& devices_source);
   PerMeshAxis sizes_ = per_mesh_axis(1);
 };
+
+// The axes a mesh is printed and identified by (Mesh::to_string, plan identities), in rank order: every
+// axis but a stage axis of size 1, so that a mesh without pipeline stages prints, and a plan of it hashes,
+// exactly as before the stage axis existed (plan files and messages of such runs stay valid).
+std::vector<MeshAxis> listed_mesh_axes(const Mesh& mesh);
 
 // One rank's place on the mesh: rank = sum over axes of coordinate x stride.
 struct MeshCoordinates {

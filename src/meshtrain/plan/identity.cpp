@@ -1,5 +1,5 @@
-// Plan identity: the config keys the table marks as plan keys, then the derived inputs (topology, mesh,
-// threads), as "key=value" lines and their hash.
+// Plan identity: the config keys the table marks as plan keys (and, under pipeline stages, its pipeline plan
+// keys), then the derived inputs (topology, mesh, threads), as "key=value" lines and their hash.
 #include <cstdio>
 
 #include "meshtrain/plan/passes.h"
@@ -23,14 +23,20 @@ std::string fnv1a_hex(const std::string& text) {
 PlanIdentity plan_identity(const Config& config, const Mesh& mesh, const Topology& topology,
                            int64_t threads) {
   PlanIdentity identity;
-  for (const std::string& key : plan_key_names()) {
+  std::vector<std::string> keys = plan_key_names();
+  // The schedule and placement keys, and the stage axis (listed_mesh_axes), only under stages: a one-stage
+  // plan's identity, and every plan file written before the pipeline keys existed, stay as they were.
+  if (mesh.size(MeshAxis::stage) > 1) {
+    for (const std::string& key : pipeline_plan_key_names()) keys.push_back(key);
+  }
+  for (const std::string& key : keys) {
     const auto found = std::find_if(config.resolved.begin(), config.resolved.end(),
                                     [&](const auto& entry) { return entry.first == key; });
     // Configs built in code (tests) have no resolved text: those keys are recorded empty.
     identity.keys.emplace_back(key, found == config.resolved.end() ? "" : found->second);
   }
   identity.keys.emplace_back("topology", topology.name);
-  for (MeshAxis axis : kMeshAxes)
+  for (MeshAxis axis : listed_mesh_axes(mesh))
     identity.keys.emplace_back(std::string("mesh.") + mesh_axis_name(axis), std::to_string(mesh.size(axis)));
   identity.keys.emplace_back("threads", std::to_string(threads));
   std::string text;

@@ -9,6 +9,7 @@
 
 #include "meshtrain/core/error.h"
 #include "meshtrain/data/context_reorder.h"
+#include "meshtrain/model/pipeline_placement.h"
 #include "meshtrain/plan/allocator.h"
 #include "meshtrain/plan/passes.h"
 
@@ -166,17 +167,27 @@ int64_t resolve_threads(const Config& config, const Topology& topology, int64_t 
   return std::max<int64_t>(1, omp_get_num_procs() / ranks_on_host);
 }
 
+PlanTarget resolve_plan_target(const PlanRequest& request) {
+  const Config& config = request.config;
+  PlanTarget target;
+  const std::string topology_name = request.topology.empty() ? config.topology : request.topology;
+  target.topology = load_topology(topology_name, config.topologies_path);
+  const DeviceCount devices = resolve_devices(config, target.topology, request.devices);
+  target.mesh = resolve_mesh(config.mesh, devices.count, devices.source);
+  return target;
+}
+
 TrainingPlan plan_training(const PlanRequest& request) {
   TrainingPlan plan;
   Config config = request.config;
-  const std::string topology_name = request.topology.empty() ? config.topology : request.topology;
-  plan.topology = load_topology(topology_name, config.topologies_path);
-  const DeviceCount devices = resolve_devices(config, plan.topology, request.devices);
-  plan.mesh = resolve_mesh(config.mesh, devices.count, devices.source);
-  plan.threads = resolve_threads(config, plan.topology, devices.count);
+  PlanTarget target = resolve_plan_target(request);
+  plan.topology = std::move(target.topology);
+  plan.mesh = target.mesh;
+  const int64_t devices = plan.mesh.devices();
+  plan.threads = resolve_threads(config, plan.topology, devices);
   config.num_threads = plan.threads;  // the attention backward's scratch is per thread
   plan.identity = plan_identity(config, plan.mesh, plan.topology, plan.threads);
-  plan.device_memory_bytes = plan.topology.device_memory_bytes(devices.count);
+  plan.device_memory_bytes = plan.topology.device_memory_bytes(devices);
   const bool decoding = request.decode_cache_length > 0;
   const kernels::KernelBackend& backend = request.backend != nullptr
                                               ? *request.backend
@@ -191,6 +202,16 @@ TrainingPlan plan_training(const PlanRequest& request) {
   validate_attention_and_moe_keys(config, plan.mesh.size(MeshAxis::expert));
   plan.spec = decoding ? build_decode_spec(config, plan.mesh, request.decode_cache_length, backend)
                        : build_model_spec(config, plan.mesh, backend);
+  // The placement's rules hold for every mesh (a one-stage mesh: one rank holds every chunk). A mesh with
+  // stages is refused once they and the model's own rules (the spec's) pass: on every rank alike, before
+  // anything is allocated.
+  const PipelinePlacement placement = pipeline_placement(config, plan.mesh.size(MeshAxis::stage));
+  if (placement.stages > 1) {
+    fail("config key 'mesh.stage'",
+         "1: pipeline execution is not built in this version (per-stage plans, the schedule's ops and the "
+         "executor come with it; the layer placement is checked, and meshtrain compile prints it)",
+         std::to_string(placement.stages), "set mesh.stage=1");
+  }
   if (!decoding) plan.optimizer = apply_optimizer(plan.spec, config);
   plan_storage(plan);
   if (decoding) {

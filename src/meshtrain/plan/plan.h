@@ -174,8 +174,18 @@ struct PlanRequest {
 };
 
 // The one planning function. Validates mesh, sharding and model (clear errors), builds the per-device
-// spec, applies the optimizer to it (training), and plans the requested kernels.
+// spec, applies the optimizer to it (training), and plans the requested kernels. A mesh with pipeline
+// stages (mesh.stage > 1) has its layer placement checked (model/pipeline_placement.h) and is then refused:
+// per-stage plans and their execution are not built yet.
 TrainingPlan plan_training(const PlanRequest& request);
+
+// What a request plans for, before anything else is planned: the topology, the device count and the
+// resolved mesh (plan_training's first step; compile prints a pipeline's placement from it).
+struct PlanTarget {
+  Topology topology;
+  Mesh mesh;  // its product: the devices
+};
+PlanTarget resolve_plan_target(const PlanRequest& request);
 
 // The unsharded sizes of a buffer declared at per-device compute shape `local` (kv heads replicated over
 // a larger tensor degree count once; the vocabulary is the padded one).

@@ -60,7 +60,7 @@ void SearchCandidate::apply_to(Config& config) const {
 
 std::string SearchCandidate::overrides() const {
   std::string text;
-  for (MeshAxis axis : kMeshAxes) {
+  for (MeshAxis axis : listed_mesh_axes(mesh)) {
     text += std::string("mesh.") + mesh_axis_name(axis) + "=" + std::to_string(mesh.size(axis)) + " ";
   }
   return text + "per_device_batch_size=" + std::to_string(per_device_batch_size) +
@@ -120,6 +120,11 @@ SearchResult search_training_configurations(const Config& base, double memory_bu
   if (!base.plan_out.empty()) {
     fail("config key 'plan_out'", "no plan files with --search (it plans many configurations)",
          "'" + base.plan_out + "'", "run compile again without --search and with the chosen overrides");
+  }
+  if (base.mesh[MeshAxis::stage] != 1) {
+    fail("config key 'mesh.stage'",
+         "1 with --search (it searches data, fsdp, context and tensor, not pipeline stages)",
+         std::to_string(base.mesh[MeshAxis::stage]), "set mesh.stage=1");
   }
   const Topology topology = load_topology(base.topology, base.topologies_path);
   SearchResult result;
