@@ -581,6 +581,103 @@ TEST_F(CompileCli, ContextParallelBadInputNamesTheKeysTheValuesAndTheFix) {
   // The search skips such degrees instead (SearchSkipsInvalidMeshesAndSaysWhenNothingFits).
 }
 
+// run_compile's output and the MeshError it ends with, for a run that is refused after printing.
+std::pair<std::string, std::string> output_and_error(const std::vector<std::string>& arguments) {
+  std::ostringstream out;
+  const std::string error = testing::error_of([&] { run_compile(arguments, out); });
+  return {out.str(), error};
+}
+
+// Under mesh.stage > 1: the placement, each stage rank's chunks and layers, where the embedding and the
+// head are (a tied table on both ends), then the refusal naming mesh.stage and the fix (no plan, no plan
+// files: per-stage plans come with the executor).
+TEST_F(CompileCli, StagesPrintThePlacementThenAreRefused) {
+  const std::string stem = (directory_ / "plan").string();
+  const auto [output, error] = output_and_error(
+      {"qwen3-tiny", "topology=cpu", "mesh.stage=2", "base_num_decoder_layers=5", "num_pipeline_repeats=2",
+       "pipeline_schedule=interleaved_1f1b", "logits_via_embedding=true", "plan_out=" + stem});
+  EXPECT_TRUE(
+      contains(output, "mesh               data=1 stage=2 fsdp=1 context=1 expert=1 tensor=1 (2 devices)"))
+      << output;
+  EXPECT_TRUE(contains(output,
+                       "pipeline           mesh.stage 2 x num_pipeline_repeats 2 = 4 chunks of 5 layers (the "
+                       "default placement: 1 chunks of 2, then 3 of 1), pipeline_schedule interleaved_1f1b"))
+      << output;
+  EXPECT_TRUE(
+      contains(output, "stage 0            chunk 0 (layers 0..1, embedding); chunk 2 (layer 3): 3 layers"))
+      << output;
+  EXPECT_TRUE(contains(output,
+                       "stage 1            chunk 1 (layer 2); chunk 3 (layer 4, final norm, unembedding and "
+                       "loss): 2 layers"))
+      << output;
+  EXPECT_TRUE(contains(output, "tied embeddings    stage 0 and stage 1 each hold the embedding table"))
+      << output;
+  EXPECT_TRUE(contains(output,
+                       "per-stage plans (memory, the schedule's ops, bubble) and pipeline execution come "
+                       "with the pipeline executor, not built in this version"))
+      << output;
+  EXPECT_FALSE(contains(output, "identity")) << "no plan: " << output;
+  EXPECT_TRUE(contains(error,
+                       "config key 'mesh.stage': expected 1: pipeline execution is not built in this "
+                       "version"))
+      << error;
+  EXPECT_TRUE(contains(error, "found 2 (fix: set mesh.stage=1)")) << error;
+  EXPECT_FALSE(fs::exists(directory_)) << "no plan files";
+
+  // deepseek-v3's 61 layers over 16 stages with 64 expert ranks: the default placement, untied, no position
+  // table; the stage axis filled in from the topology.
+  const auto [deepseek, refused] = output_and_error(
+      {"deepseek-v3", "topology=h100x2048", "mesh.stage=-1", "mesh.expert=64", "mesh.fsdp=2"});
+  EXPECT_TRUE(contains(deepseek, "data=1 stage=16 fsdp=2 context=1 expert=64 tensor=1 (2048 devices)"))
+      << deepseek;
+  EXPECT_TRUE(
+      contains(deepseek, "= 16 chunks of 61 layers (the default placement: 13 chunks of 4, then 3 of 3)"))
+      << deepseek;
+  EXPECT_TRUE(contains(deepseek, "stage 0            chunk 0 (layers 0..3, embedding): 4 layers"))
+      << deepseek;
+  EXPECT_TRUE(contains(deepseek, "stage 12           chunk 12 (layers 48..51): 4 layers")) << deepseek;
+  EXPECT_TRUE(contains(deepseek, "stage 13           chunk 13 (layers 52..54): 3 layers")) << deepseek;
+  EXPECT_TRUE(contains(
+      deepseek, "stage 15           chunk 15 (layers 58..60, final norm, unembedding and loss): 3 layers"))
+      << deepseek;
+  EXPECT_FALSE(contains(deepseek, "tied embeddings")) << deepseek;
+  EXPECT_TRUE(contains(refused, "found 16 (fix: set mesh.stage=1)")) << refused;
+
+  // GPT-2's position table sits with the embedding; an explicit split is named as such.
+  const auto [gpt2, gpt2_error] =
+      output_and_error({"gpt2-124m", "topology=cpu", "mesh.stage=3", "pipeline_layers_per_chunk=[3,5,4]"});
+  EXPECT_TRUE(contains(gpt2, "= 3 chunks of 12 layers (pipeline_layers_per_chunk)")) << gpt2;
+  EXPECT_TRUE(contains(gpt2, "chunk 0 (layers 0..2, embedding and position table): 3 layers")) << gpt2;
+  EXPECT_TRUE(contains(gpt2, "chunk 1 (layers 3..7): 5 layers")) << gpt2;
+  EXPECT_TRUE(contains(gpt2_error, "config key 'mesh.stage'")) << gpt2_error;
+}
+
+// A placement that cannot be made is the error (nothing printed), also for one stage; one stage with the
+// default keys prints no placement and plans as before.
+TEST_F(CompileCli, BadPlacementsNameTheKeysTheValuesAndTheFix) {
+  const auto [chunks_output, chunks] =
+      output_and_error({"qwen3-tiny", "topology=cpu", "mesh.stage=3", "base_num_decoder_layers=2"});
+  EXPECT_TRUE(chunks_output.empty()) << chunks_output;
+  EXPECT_TRUE(contains(chunks,
+                       "config keys 'mesh.stage' / 'num_pipeline_repeats': expected at most "
+                       "base_num_decoder_layers = 2 chunks"))
+      << chunks;
+  const std::string split = error_of({"qwen3-tiny", "topology=cpu", "pipeline_layers_per_chunk=[1,3]"});
+  EXPECT_TRUE(contains(split,
+                       "config key 'pipeline_layers_per_chunk': expected mesh.stage x "
+                       "num_pipeline_repeats = 1 x 1 = 1 layer counts"))
+      << split;
+  const std::string repeats = error_of({"qwen3-tiny", "topology=cpu", "num_pipeline_repeats=0"});
+  EXPECT_TRUE(contains(repeats, "config key 'num_pipeline_repeats'")) << repeats;
+  const std::string product = error_of({"qwen3-tiny", "topology=h100x8", "mesh.stage=3"});
+  EXPECT_TRUE(contains(product, "found data=1 stage=3 fsdp=1 context=1 expert=1 tensor=1 (product 3)"))
+      << product;
+  const std::string one_stage =
+      run({"qwen3-tiny", "topology=cpu", "mesh.stage=1", "pipeline_schedule=gpipe"});
+  EXPECT_FALSE(contains(one_stage, "pipeline")) << one_stage;
+  EXPECT_TRUE(contains(one_stage, "data=1 fsdp=1 context=1 expert=1 tensor=1 (1 devices)")) << one_stage;
+}
+
 // Engram under context parallelism: the ShortConv's halo passes are planned at 2 x halo x G D float32
 // values per rank and row (dual_chunk_swap: one pass each way; a plain split: one), forward and backward,
 // whatever the sequence length; and the tables' rows split over tensor, so tables larger than one device

@@ -104,6 +104,48 @@ TEST(Config, UnknownEnumValueNamesTheKeyTheValuesAndTheClosest) {
   EXPECT_NE(data.find("did you mean 'tokens'"), std::string::npos) << data;
 }
 
+// The pipeline keys (shared/specs/pipeline.md): defaults one stage, 1f1b, one chunk a rank, the default
+// placement; every schedule by its name (torchtitan's, lower case); a split as a list in YAML's flow form or
+// comma-separated; an unknown schedule names the four and the closest.
+TEST(Config, PipelineKeysParseWithTheirDefaults) {
+  const Config defaults = load_config("qwen3-tiny", {});
+  EXPECT_EQ(defaults.mesh[MeshAxis::stage], 1);
+  EXPECT_EQ(defaults.pipeline_schedule, PipelineSchedule::one_f_one_b);
+  EXPECT_EQ(defaults.num_pipeline_repeats, 1);
+  EXPECT_TRUE(defaults.pipeline_layers_per_chunk.empty());
+  for (PipelineSchedule schedule : kPipelineSchedules) {
+    EXPECT_EQ(
+        load_config("qwen3-tiny", {std::string("pipeline_schedule=") + pipeline_schedule_name(schedule)})
+            .pipeline_schedule,
+        schedule);
+  }
+  EXPECT_STREQ(pipeline_schedule_name(PipelineSchedule::interleaved_one_f_one_b), "interleaved_1f1b");
+  const Config set = load_config(
+      "qwen3-tiny", {"mesh.stage=-1", "num_pipeline_repeats=2", "pipeline_layers_per_chunk=[2, 1,1]"});
+  EXPECT_EQ(set.mesh[MeshAxis::stage], -1);
+  EXPECT_EQ(set.num_pipeline_repeats, 2);
+  EXPECT_EQ(set.pipeline_layers_per_chunk, (std::vector<int64_t>{2, 1, 1}));
+  EXPECT_EQ(load_config("qwen3-tiny", {"pipeline_layers_per_chunk=3,4"}).pipeline_layers_per_chunk,
+            (std::vector<int64_t>{3, 4}));
+  const std::string schedule = error_of([] { load_config("qwen3-tiny", {"pipeline_schedule=1F1B"}); });
+  EXPECT_NE(schedule.find("'pipeline_schedule' (command line)"), std::string::npos) << schedule;
+  EXPECT_NE(schedule.find("gpipe, 1f1b, interleaved_1f1b or zero_bubble"), std::string::npos) << schedule;
+  EXPECT_NE(schedule.find("did you mean '1f1b'"), std::string::npos) << schedule;
+  const std::string split = error_of([] { load_config("qwen3-tiny", {"pipeline_layers_per_chunk=[2,x]"}); });
+  EXPECT_NE(split.find("config key 'pipeline_layers_per_chunk'"), std::string::npos) << split;
+  EXPECT_NE(split.find("an integer"), std::string::npos) << split;
+  // In the resolved config (run_dir/config.yaml, checkpoints) after the mesh axes, mesh.stage in rank order.
+  std::vector<std::string> keys;
+  for (const auto& [key, value] : defaults.resolved) keys.push_back(key);
+  const auto at = [&](const std::string& key) {
+    return std::find(keys.begin(), keys.end(), key) - keys.begin();
+  };
+  EXPECT_EQ(at("mesh.stage"), at("mesh.data") + 1);
+  EXPECT_EQ(at("mesh.fsdp"), at("mesh.stage") + 1);
+  EXPECT_EQ(at("pipeline_schedule"), at("mesh.tensor") + 1);
+  EXPECT_EQ(at("pipeline_layers_per_chunk"), at("num_pipeline_repeats") + 1);
+}
+
 TEST(Config, ContextParallelReorderDefaultsToDualChunkSwap) {
   const Config config = load_config("qwen3-tiny", {});
   EXPECT_TRUE(config.context_parallel_load_balance);

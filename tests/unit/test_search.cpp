@@ -142,5 +142,17 @@ TEST(Search, PlanOutIsRejected) {
   EXPECT_THROW(search_training_configurations(load_config("qwen3-tiny", {"plan_out=/tmp/x"})), MeshError);
 }
 
+// The search does not search pipeline stages: a config with them is refused, naming the key and the fix.
+TEST(Search, StagesAreRefused) {
+  std::string message;
+  try {
+    search_training_configurations(load_config("qwen3-tiny", {"mesh.stage=2"}));
+  } catch (const MeshError& error) {
+    message = error.what();
+  }
+  EXPECT_NE(message.find("config key 'mesh.stage': expected 1 with --search"), std::string::npos) << message;
+  EXPECT_NE(message.find("fix: set mesh.stage=1"), std::string::npos) << message;
+}
+
 }  // namespace
 }  // namespace meshtrain

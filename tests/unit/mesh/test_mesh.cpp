@@ -23,7 +23,8 @@ std::vector<Mesh> meshes() {
           Mesh({{MeshAxis::tensor, 4}}),
           Mesh({{MeshAxis::data, 2}, {MeshAxis::tensor, 2}}),
           Mesh({{MeshAxis::data, 3}, {MeshAxis::fsdp, 2}, {MeshAxis::context, 1}, {MeshAxis::tensor, 2}}),
-          Mesh({{MeshAxis::data, 2}, {MeshAxis::fsdp, 3}, {MeshAxis::context, 2}, {MeshAxis::tensor, 5}})};
+          Mesh({{MeshAxis::data, 2}, {MeshAxis::fsdp, 3}, {MeshAxis::context, 2}, {MeshAxis::tensor, 5}}),
+          Mesh({{MeshAxis::data, 2}, {MeshAxis::stage, 3}, {MeshAxis::fsdp, 2}, {MeshAxis::tensor, 2}})};
 }
 
 TEST(Mesh, AxesAreInRankOrderWithTensorInnermost) {
@@ -32,7 +33,10 @@ TEST(Mesh, AxesAreInRankOrderWithTensorInnermost) {
   EXPECT_EQ(kMeshAxes.front(), MeshAxis::data);
   EXPECT_EQ(kMeshAxes.back(), MeshAxis::tensor);
   EXPECT_STREQ(mesh_axis_name(MeshAxis::context), "context");
-  // DESIGN.md's order: data, fsdp, context, expert, tensor.
+  // MaxText's order: data, stage, fsdp, context, expert, tensor.
+  EXPECT_STREQ(mesh_axis_name(MeshAxis::stage), "stage");
+  EXPECT_EQ(mesh_axis_index(MeshAxis::stage), mesh_axis_index(MeshAxis::data) + 1);
+  EXPECT_EQ(mesh_axis_index(MeshAxis::fsdp), mesh_axis_index(MeshAxis::stage) + 1);
   EXPECT_STREQ(mesh_axis_name(MeshAxis::expert), "expert");
   EXPECT_EQ(mesh_axis_index(MeshAxis::expert), mesh_axis_index(MeshAxis::context) + 1);
   EXPECT_EQ(mesh_axis_index(MeshAxis::tensor), mesh_axis_index(MeshAxis::expert) + 1);
@@ -48,6 +52,39 @@ TEST(Mesh, AxesAreInRankOrderWithTensorInnermost) {
   EXPECT_EQ(with_experts.stride(MeshAxis::context), 10);
   EXPECT_EQ(with_experts.to_string(), "data=1 fsdp=1 context=4 expert=2 tensor=5");
   EXPECT_EQ(Mesh().to_string(), "data=1 fsdp=1 context=1 expert=1 tensor=1");
+}
+
+// A stage axis of size 1 changes no rank, no group and no printed mesh: every rank's coordinates on the other
+// axes and every group's colour and index are those of the same mesh without the axis (the rank formula of
+// before it existed), and to_string leaves it out; a larger one is printed in its rank-order place.
+TEST(Mesh, StageOfOneChangesNoRankGroupOrText) {
+  const Mesh mesh({{MeshAxis::data, 2}, {MeshAxis::fsdp, 3}, {MeshAxis::context, 2}, {MeshAxis::tensor, 2}});
+  EXPECT_EQ(mesh.stride(MeshAxis::data), 12);
+  for (int64_t rank = 0; rank < mesh.devices(); ++rank) {
+    // The rank formula before the stage axis: rank = ((data x 3 + fsdp) x 2 + context) x 2 + tensor.
+    const int64_t tensor = rank % 2, context = rank / 2 % 2, fsdp = rank / 4 % 3, data = rank / 12;
+    const MeshCoordinates coordinates = mesh_coordinates(mesh, rank);
+    EXPECT_EQ(coordinates[MeshAxis::stage], 0);
+    EXPECT_EQ(coordinates[MeshAxis::data], data);
+    EXPECT_EQ(coordinates[MeshAxis::fsdp], fsdp);
+    EXPECT_EQ(coordinates[MeshAxis::context], context);
+    EXPECT_EQ(coordinates[MeshAxis::tensor], tensor);
+    const MeshGroup batch = mesh_group(mesh, rank, kBatchMeshAxes);
+    EXPECT_EQ(batch.index, data * 3 + fsdp);
+    EXPECT_EQ(batch.colour, context * 2 + tensor);
+    const MeshGroup stage = mesh_group(mesh, rank, MeshAxis::stage);
+    EXPECT_EQ(stage.size, 1);
+    EXPECT_EQ(stage.index, 0);
+    EXPECT_EQ(stage.colour, rank);
+  }
+  EXPECT_EQ(listed_mesh_axes(mesh), (std::vector<MeshAxis>{MeshAxis::data, MeshAxis::fsdp, MeshAxis::context,
+                                                           MeshAxis::expert, MeshAxis::tensor}));
+  const Mesh staged({{MeshAxis::data, 2}, {MeshAxis::stage, 4}, {MeshAxis::tensor, 2}});
+  EXPECT_EQ(staged.to_string(), "data=2 stage=4 fsdp=1 context=1 expert=1 tensor=2");
+  EXPECT_EQ(staged.stride(MeshAxis::stage), 2);
+  EXPECT_EQ(staged.stride(MeshAxis::data), 8);
+  EXPECT_EQ(mesh_group(staged, 5, MeshAxis::stage).index, 2);
+  EXPECT_EQ(listed_mesh_axes(staged), (std::vector<MeshAxis>(kMeshAxes.begin(), kMeshAxes.end())));
 }
 
 TEST(Mesh, RanksAndCoordinatesRoundTrip) {
@@ -163,6 +200,26 @@ TEST(Mesh, ResolveErrorsNameTheKey) {
     resolve_mesh(shape({{MeshAxis::data, -1}, {MeshAxis::tensor, 3}}), 8, "topology h100x8");
   });
   EXPECT_NE(fill.find("divides the 8 devices"), std::string::npos) << fill;
+  // A stage degree that does not divide the devices: the mesh named with its stage axis, and the fix.
+  const std::string stage = error_of([] { resolve_mesh(shape({{MeshAxis::stage, 3}}), 4, "4 processes"); });
+  EXPECT_NE(stage.find("config key 'mesh'"), std::string::npos) << stage;
+  EXPECT_NE(stage.find("a product of 4 (the devices of 4 processes)"), std::string::npos) << stage;
+  EXPECT_NE(stage.find("data=1 stage=3 fsdp=1 context=1 expert=1 tensor=1 (product 3)"), std::string::npos)
+      << stage;
+  EXPECT_NE(stage.find("change one mesh.* axis"), std::string::npos) << stage;
+  const std::string stage_fill = error_of([] {
+    resolve_mesh(shape({{MeshAxis::data, -1}, {MeshAxis::stage, 3}}), 4, "4 processes");
+  });
+  EXPECT_NE(stage_fill.find("divides the 4 devices of 4 processes, found data=-1 stage=3"), std::string::npos)
+      << stage_fill;
+  const std::string stage_zero = error_of([] {
+    resolve_mesh(shape({{MeshAxis::stage, 0}}), 4, "4 processes");
+  });
+  EXPECT_NE(stage_zero.find("config key 'mesh.stage'"), std::string::npos) << stage_zero;
+  EXPECT_NE(stage_zero.find("a positive axis size, or -1 to fill in"), std::string::npos) << stage_zero;
+  EXPECT_EQ(resolve_mesh(shape({{MeshAxis::stage, -1}, {MeshAxis::data, 2}}), 8, "8 processes")
+                .size(MeshAxis::stage),
+            4);
 }
 
 }  // namespace

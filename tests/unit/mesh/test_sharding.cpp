@@ -63,13 +63,20 @@ TEST(Sharding, RuleErrorsNameTheConfigKey) {
   unknown["mlp"] = {"tensr"};
   const std::string typo = error_of([&] { ShardingLayout(unknown, Mesh()); });
   EXPECT_NE(typo.find("config key 'logical_axis_rules.mlp'"), std::string::npos) << typo;
-  EXPECT_NE(typo.find("mesh axes among data, fsdp, context, expert, tensor"), std::string::npos) << typo;
+  EXPECT_NE(typo.find("mesh axes among data, stage, fsdp, context, expert, tensor"), std::string::npos)
+      << typo;
   EXPECT_NE(typo.find("did you mean 'tensor'?"), std::string::npos) << typo;
   Rules disallowed = base_rules();
   disallowed["heads"] = {"data"};
   const std::string split = error_of([&] { ShardingLayout(disallowed, Mesh()); });
   EXPECT_NE(split.find("config key 'logical_axis_rules.heads'"), std::string::npos) << split;
   EXPECT_NE(split.find("a subset of [tensor]"), std::string::npos) << split;
+  // Pipeline stages hold whole layers: no logical axis is split over them.
+  Rules over_stages = base_rules();
+  over_stages["heads"] = {"stage"};
+  const std::string staged = error_of([&] { ShardingLayout(over_stages, Mesh({{MeshAxis::stage, 2}})); });
+  EXPECT_NE(staged.find("config key 'logical_axis_rules.heads'"), std::string::npos) << staged;
+  EXPECT_NE(staged.find("a subset of [tensor]"), std::string::npos) << staged;
   Rules batch = base_rules();
   batch["batch"] = {"data"};
   const std::string unsplit = error_of([&] { ShardingLayout(batch, Mesh({{MeshAxis::fsdp, 2}})); });

@@ -100,6 +100,42 @@ TEST(PlanIdentity, HashMovesWithPlanKeysOnly) {
   EXPECT_NE(plan_identity(testing::tiny_config(), mesh, topology, 2).hash, base);
 }
 
+// The pipeline keys and the stage axis are plan inputs only under stages: a one-stage identity is the one
+// of before they existed (the keys above; plan files made then stay valid), whatever they say, and one with
+// stages lists them (the schedule and the placement decide its plan) and moves with each.
+TEST(PlanIdentity, PipelineKeysAndTheStageAxisCountOnlyUnderStages) {
+  const Topology topology = load_topology("cpu", "");
+  const Mesh one_stage = resolve_mesh(MeshShape{}, 1, "test");
+  const std::string base = plan_identity(testing::tiny_config(), one_stage, topology, 1).hash;
+  for (const char* key :
+       {"pipeline_schedule=gpipe", "num_pipeline_repeats=2", "pipeline_layers_per_chunk=[2]"})
+    EXPECT_EQ(plan_identity(testing::tiny_config({key}), one_stage, topology, 1).hash, base) << key;
+  const Mesh stages({{MeshAxis::stage, 2}});
+  const PlanIdentity staged = plan_identity(testing::tiny_config(), stages, topology, 1);
+  std::vector<std::string> keys;
+  for (const auto& [key, value] : staged.keys) keys.push_back(key);
+  const std::vector<std::string> expected_tail = {"logical_axis_rules.engram_rows",
+                                                  "pipeline_schedule",
+                                                  "num_pipeline_repeats",
+                                                  "pipeline_layers_per_chunk",
+                                                  "topology",
+                                                  "mesh.data",
+                                                  "mesh.stage",
+                                                  "mesh.fsdp",
+                                                  "mesh.context",
+                                                  "mesh.expert",
+                                                  "mesh.tensor",
+                                                  "threads"};
+  ASSERT_GE(keys.size(), expected_tail.size());
+  EXPECT_EQ(
+      std::vector<std::string>(keys.end() - static_cast<std::ptrdiff_t>(expected_tail.size()), keys.end()),
+      expected_tail);
+  EXPECT_NE(staged.hash, base);
+  for (const char* key :
+       {"pipeline_schedule=gpipe", "num_pipeline_repeats=2", "pipeline_layers_per_chunk=[1,1]"})
+    EXPECT_NE(plan_identity(testing::tiny_config({key}), stages, topology, 1).hash, staged.hash) << key;
+}
+
 // Under mesh.context > 1 a plan file made for one reorder is refused by a run with another, naming the key.
 TEST(PlanIdentity, APlanFileOfAnotherContextReorderIsRefusedNamingTheKey) {
   namespace fs = std::filesystem;

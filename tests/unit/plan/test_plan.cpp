@@ -319,6 +319,35 @@ TEST(Plan, BadMeshesNameTheKey) {
             4);
 }
 
+// plan_training checks the pipeline placement for every mesh and refuses one with stages (not built yet)
+// once it passes: with the key, the value and the fix, before anything is planned or allocated. A mesh with
+// stage -1 filled in to 1 plans as before.
+TEST(Plan, StagesAreRefusedAfterTheirPlacementIsChecked) {
+  const std::string refused = error_of([] {
+    plan_for("qwen3-tiny", tiny({"topology=h100x2", "mesh.stage=2"}));
+  });
+  EXPECT_NE(
+      refused.find("config key 'mesh.stage': expected 1: pipeline execution is not built in this version"),
+      std::string::npos)
+      << refused;
+  EXPECT_NE(refused.find("found 2 (fix: set mesh.stage=1)"), std::string::npos) << refused;
+  const std::string placement = error_of([] {
+    plan_for("qwen3-tiny", tiny({"topology=h100x4", "mesh.stage=4"}));
+  });
+  EXPECT_NE(placement.find("config keys 'mesh.stage' / 'num_pipeline_repeats'"), std::string::npos)
+      << placement;
+  const std::string split = error_of([] { plan_for("qwen3-tiny", tiny({"pipeline_layers_per_chunk=[3]"})); });
+  EXPECT_NE(split.find("a sum of 3 ([3])"), std::string::npos) << split;
+  const TrainingPlan filled =
+      plan_for("qwen3-tiny",
+               tiny({"topology=h100x2", "mesh.data=2", "mesh.stage=-1", "pipeline_layers_per_chunk=[2]"}),
+               {KernelName::fwd_bwd});
+  EXPECT_EQ(filled.mesh.size(MeshAxis::stage), 1);
+  EXPECT_EQ(
+      filled.identity.hash,
+      plan_for("qwen3-tiny", tiny({"topology=h100x2", "mesh.data=2"}), {KernelName::fwd_bwd}).identity.hash);
+}
+
 // dtype=bfloat16 on the cpu backend: activations stay float32 except those only dense matmuls read (the
 // pre-norms' outputs and the MLP's gated hidden), which their producers store rounded to bf16; each dense
 // matmul (and the fused loss) has a bf16 scratch for the inputs it rounds itself, live only inside its op;
