@@ -134,6 +134,16 @@ expect mesh "config key 'num_experts'" "topology=cpu" -- "$meshtrain" train deep
 if ! command -v nvidia-smi >/dev/null || ! nvidia-smi -L >/dev/null 2>&1; then
   expect mesh "config key 'topology'" "NVIDIA GPU" -- "$meshtrain" train qwen3-tiny "${tiny[@]}" topology=h200x1
 fi
+# Pipeline stages: the placement's rules (on one stage too), then mesh.stage > 1 itself (not built yet: compile
+# prints the placement and is refused like train; train under mpirun is in tests/mpi/failures.sh).
+expect mesh "config key 'pipeline_layers_per_chunk'" "a sum of 3 ([3])" "base_num_decoder_layers = 2" -- \
+  "$meshtrain" train qwen3-tiny "${tiny[@]}" pipeline_layers_per_chunk=[3] run_dir="$work/r_split"
+expect mesh "config key 'num_pipeline_repeats'" "found 0" "set num_pipeline_repeats=1" -- \
+  "$meshtrain" train qwen3-tiny "${tiny[@]}" num_pipeline_repeats=0 run_dir="$work/r_repeats"
+expect mesh "config keys 'mesh.stage' / 'num_pipeline_repeats'" "at most base_num_decoder_layers = 2 chunks" \
+  "mesh.stage x num_pipeline_repeats = 4 x 1 = 4 chunks" -- "$meshtrain" compile qwen3-tiny "${tiny[@]}" mesh.stage=4
+expect mesh "config key 'mesh.stage'" "pipeline execution is not built in this version" "set mesh.stage=1" -- \
+  "$meshtrain" compile qwen3-tiny "${tiny[@]}" mesh.stage=2
 # --- data ------------------------------------------------------------------------------------------------
 expect data "$work/none.tokens" "nothing readable" -- \
   "$meshtrain" train qwen3-tiny dataset_type=tokens dataset_path="$work/none.tokens" tokenizer_path= \
