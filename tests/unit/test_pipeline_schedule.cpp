@@ -357,37 +357,47 @@ TEST(PipelineSchedule, BadShapesNameTheKeysAndTheFix) {
   const auto message = [](Kind kind, int64_t stages, int64_t micro_batches, int64_t repeats) {
     return error_of([&] { build_pipeline_schedule(kind, stages, micro_batches, repeats); });
   };
-  EXPECT_EQ(message(Kind::gpipe, 0, 4, 1),
-            "mesh.stage: expected at least 1 stage rank, found mesh.stage=0 (fix: set mesh.stage=1 for no "
-            "pipeline, or more)");
-  EXPECT_EQ(message(Kind::gpipe, 2, 0, 1),
-            "gradient_accumulation_steps: expected at least 1 micro-batch per step, found "
-            "gradient_accumulation_steps=0 (fix: set gradient_accumulation_steps=1 or more)");
-  EXPECT_EQ(
-      message(Kind::one_f_one_b, 4, 2, 1),
-      "gradient_accumulation_steps: expected at least mesh.stage=4 micro-batches with pipeline_schedule=1f1b "
-      "(the first stage rank runs mesh.stage forwards before its first backward), found "
-      "gradient_accumulation_steps=2 (fix: set gradient_accumulation_steps=4 or more, fewer stages "
-      "(mesh.stage <= 2), or pipeline_schedule=gpipe)");
+  struct Case {
+    Shape shape;
+    std::string expected;
+  };
+  const std::vector<Case> cases = {
+      {{Kind::gpipe, 0, 4, 1},
+       "mesh.stage: expected at least 1 stage rank, found mesh.stage=0 (fix: set mesh.stage=1 for no "
+       "pipeline, "
+       "or more)"},
+      {{Kind::gpipe, 2, 0, 1},
+       "gradient_accumulation_steps: expected at least 1 micro-batch per step, found "
+       "gradient_accumulation_steps=0 (fix: set gradient_accumulation_steps=1 or more)"},
+      {{Kind::one_f_one_b, 4, 2, 1},
+       "gradient_accumulation_steps: expected at least mesh.stage=4 micro-batches with "
+       "pipeline_schedule=1f1b "
+       "(the first stage rank runs mesh.stage forwards before its first backward), found "
+       "gradient_accumulation_steps=2 (fix: set gradient_accumulation_steps=4 or more, fewer stages "
+       "(mesh.stage <= 2), or pipeline_schedule=gpipe)"},
+      {{Kind::interleaved_one_f_one_b, 4, 6, 2},
+       "gradient_accumulation_steps: expected a multiple of mesh.stage=4 with "
+       "pipeline_schedule=interleaved_1f1b "
+       "(each chunk runs its forwards in rounds of mesh.stage micro-batches), found "
+       "gradient_accumulation_steps=6 "
+       "(fix: set gradient_accumulation_steps=8 (or another multiple of mesh.stage), or "
+       "pipeline_schedule=1f1b)"},
+      {{Kind::one_f_one_b, 2, 4, 2},
+       "num_pipeline_repeats: expected 1 with pipeline_schedule=1f1b (only interleaved_1f1b runs several "
+       "chunks "
+       "per stage rank), found num_pipeline_repeats=2 (fix: set num_pipeline_repeats=1, or "
+       "pipeline_schedule=interleaved_1f1b)"},
+      {{Kind::interleaved_one_f_one_b, 2, 4, 1},
+       "num_pipeline_repeats: expected at least 2 chunks per stage rank with "
+       "pipeline_schedule=interleaved_1f1b, "
+       "found num_pipeline_repeats=1 (fix: set num_pipeline_repeats=2 or more, or pipeline_schedule=1f1b for "
+       "one chunk per stage rank)"},
+  };
+  for (const Case& bad : cases) EXPECT_EQ(error_of([&] { build(bad.shape); }), bad.expected);
   EXPECT_NE(message(Kind::zero_bubble, 4, 3, 1).find("micro-batches with pipeline_schedule=zero_bubble"),
             std::string::npos);
-  EXPECT_EQ(message(Kind::interleaved_one_f_one_b, 4, 6, 2),
-            "gradient_accumulation_steps: expected a multiple of mesh.stage=4 with "
-            "pipeline_schedule=interleaved_1f1b (each chunk runs its forwards in rounds of mesh.stage "
-            "micro-batches), found gradient_accumulation_steps=6 (fix: set gradient_accumulation_steps=8 (or "
-            "another multiple of mesh.stage), or pipeline_schedule=1f1b)");
   EXPECT_NE(message(Kind::interleaved_one_f_one_b, 4, 2, 2).find("gradient_accumulation_steps=4"),
             std::string::npos);
-  EXPECT_EQ(
-      message(Kind::one_f_one_b, 2, 4, 2),
-      "num_pipeline_repeats: expected 1 with pipeline_schedule=1f1b (only interleaved_1f1b runs several "
-      "chunks per stage rank), found num_pipeline_repeats=2 (fix: set num_pipeline_repeats=1, or "
-      "pipeline_schedule=interleaved_1f1b)");
-  EXPECT_EQ(
-      message(Kind::interleaved_one_f_one_b, 2, 4, 1),
-      "num_pipeline_repeats: expected at least 2 chunks per stage rank with "
-      "pipeline_schedule=interleaved_1f1b, found num_pipeline_repeats=1 (fix: set num_pipeline_repeats=2 "
-      "or more, or pipeline_schedule=1f1b for one chunk per stage rank)");
   EXPECT_NE(
       message(Kind::gpipe, 2, 4, 0).find("num_pipeline_repeats: expected at least 1 chunk per stage rank"),
       std::string::npos);

@@ -3,6 +3,7 @@
 #include "meshtrain/plan/pipeline_schedule.h"
 
 #include <algorithm>
+#include <limits>
 #include <map>
 #include <set>
 
@@ -47,8 +48,8 @@ void check_schedule_shape(PipelineScheduleKind kind, int64_t stages, int64_t mic
          "1 with " + schedule + " (only interleaved_1f1b runs several chunks per stage rank)", repeat_setting,
          "set num_pipeline_repeats=1, or pipeline_schedule=interleaved_1f1b");
   }
-  // Megatron refuses one virtual stage too: its warm-up (2 forwards per hop) is not 1F1B's, and one chunk
-  // per rank is what 1f1b already names.
+  // One chunk per rank is what 1f1b names (Megatron too runs one virtual stage as its plain 1F1B); the
+  // interleaved warm-up formula at V = 1 (2 forwards per hop) would hold more for nothing.
   if (interleaved && repeats < 2) {
     fail("num_pipeline_repeats", "at least 2 chunks per stage rank with " + schedule, repeat_setting,
          "set num_pipeline_repeats=2 or more, or pipeline_schedule=1f1b for one chunk per stage rank");
@@ -224,15 +225,17 @@ PipelineSchedule build_pipeline_schedule(PipelineScheduleKind kind, int64_t stag
         // Every forward, then every backward in micro-batch order (torchtitan's ScheduleGPipe).
         computes = one_forward_one_backward(slots, slots, micro_batches, false, 0);
       } else {
-        // 1F1B: rank s runs P - 1 - s forwards ahead, so that its first backward is due just as its
-        // (P - s)th forward ends; it then holds at most P - s micro-batches. ZB-H1 keeps this placement and
-        // splits each backward: B_input is what the rank before waits for, W nobody waits for. In 1F1B the
-        // backward wave reaches rank s (P - 1 - s) backwards before rank 0, so rank s idles at the end;
-        // deferring each W on rank s by s backward slots moves s W into that tail, and until then the
-        // B_input wave runs up the pipeline without W in its way: the bubble becomes
-        // (P - 1)(F + B_input - W) (Qi et al. 2023, ZB-H1 in Figure 3; torchtitan's ZB1P with one chunk per
-        // rank). Rank s then holds up to s W's inputs beyond its P - s micro-batches: peak memory stays
-        // 1F1B's, P micro-batches on rank 0.
+        // 1F1B (PipeDream-flush, Megatron's non-interleaved schedule): rank s's first backward waits for
+        // micro-batch 0 to reach the last rank and come back P - 1 - s hops; P - 1 - s forwards ahead (and
+        // the first steady forward) fill that wait, and after it each backward frees a micro-batch before
+        // the next forward: at most P - s held. ZB-H1 keeps this placement and splits each backward:
+        // B_input is what the rank before waits for, W nobody waits for. Rank s's last backward ends s
+        // backwards before rank 0's (the last micro-batch still has s hops to go), an idle tail 1F1B leaves
+        // there; deferring rank s's W by s backward slots moves s of them into that tail, and until then
+        // the B_input wave runs up the pipeline without W in its way: the bubble becomes
+        // (P - 1)(F + B_input - W) while W <= B_input (Qi et al. 2023, ZB-H1, Figure 3; torchtitan's ZB1P
+        // with one chunk per rank). Rank s then keeps up to s W's inputs beside its P - s micro-batches: the
+        // peak over ranks stays 1F1B's, P micro-batches on rank 0.
         const bool zero_bubble = kind == PipelineScheduleKind::zero_bubble;
         computes = one_forward_one_backward(slots, slots, stages - 1 - rank, zero_bubble, rank);
       }
@@ -430,6 +433,10 @@ class Simulator {
     const size_t index = state.next;
     const PipelineOp& op = schedule_.ranks[rank][index];
     if (op.kind == PipelineOpKind::send || op.kind == PipelineOpKind::receive) {
+      if (op.peer < 0 || op.peer >= static_cast<int64_t>(ranks_.size()) ||
+          op.peer == static_cast<int64_t>(rank)) {
+        fail_at(rank, index, "a peer that is not another stage rank");
+      }
       const TransferKey key = key_of(rank, op);
       auto& started = op.kind == PipelineOpKind::send ? sends_started_ : state.receives_started;
       if (!started.emplace(key, state.clock).second) fail_at(rank, index, "the same transfer started twice");
@@ -437,7 +444,7 @@ class Simulator {
       return true;
     }
     if (op.chunk < 0 || op.chunk >= schedule_.chunks() ||
-        schedule_.rank_of_chunk(op.chunk) != int64_t(rank) || op.micro_batch < 0 ||
+        schedule_.rank_of_chunk(op.chunk) != static_cast<int64_t>(rank) || op.micro_batch < 0 ||
         op.micro_batch >= schedule_.micro_batches) {
       fail_at(rank, index, "a micro-batch or chunk this rank does not hold");
     }
@@ -451,7 +458,8 @@ class Simulator {
     }
     const Transfer input = input_transfer(schedule_, op, static_cast<int64_t>(rank));
     if (input.remote) {
-      state.receives_read.insert({input.payload, op.micro_batch, input.chunk, input.peer, int64_t(rank)});
+      state.receives_read.insert(
+          {input.payload, op.micro_batch, input.chunk, input.peer, static_cast<int64_t>(rank)});
     }
     state.result.busy_seconds += duration(op);
     count_activations(state, op.kind);
@@ -466,10 +474,11 @@ class Simulator {
       if (index == schedule_.ranks[rank].size()) continue;
       const PipelineOp& op = schedule_.ranks[rank][index];
       const Transfer input = input_transfer(schedule_, op, static_cast<int64_t>(rank));
-      blocked += (blocked.empty() ? "" : "; ") + std::string("rank ") + std::to_string(rank) + " at op " +
-                 std::to_string(index) + " " + pipeline_op_text(op, schedule_.repeats) + " waits for the " +
-                 payload_text({input.payload, op.micro_batch, input.chunk, input.peer, int64_t(rank)}) +
-                 ", which rank " + std::to_string(input.peer) + " never sends";
+      blocked +=
+          (blocked.empty() ? "" : "; ") + std::string("rank ") + std::to_string(rank) + " at op " +
+          std::to_string(index) + " " + pipeline_op_text(op, schedule_.repeats) + " waits for the " +
+          payload_text({input.payload, op.micro_batch, input.chunk, input.peer, static_cast<int64_t>(rank)}) +
+          ", which rank " + std::to_string(input.peer) + " never sends";
     }
     if (!blocked.empty()) {
       fail("pipeline schedule (" + std::string(pipeline_schedule_name(schedule_.kind)) + ")",
@@ -500,15 +509,13 @@ class Simulator {
 
   PipelineSimulation summary() {
     PipelineSimulation simulation;
-    double first_start = 0, last_end = 0;
-    bool any = false;
+    double first_start = std::numeric_limits<double>::infinity(), last_end = 0;
     for (const RankState& state : ranks_) {
-      if (state.first_start < 0) continue;
-      first_start = any ? std::min(first_start, state.first_start) : state.first_start;
+      if (state.first_start < 0) continue;  // no compute ops
+      first_start = std::min(first_start, state.first_start);
       last_end = std::max(last_end, state.clock);
-      any = true;
     }
-    simulation.makespan_seconds = last_end - first_start;
+    simulation.makespan_seconds = last_end > first_start ? last_end - first_start : 0;
     for (RankState& state : ranks_) {
       PipelineRankSimulation& result = state.result;
       result.idle_seconds = simulation.makespan_seconds - result.busy_seconds;

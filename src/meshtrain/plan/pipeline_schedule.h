@@ -45,7 +45,6 @@ struct PipelineOp {
   int64_t peer = -1;  // send: the rank it goes to; receive: the rank it comes from; -1 for compute ops
 
   bool is_compute() const { return kind != PipelineOpKind::send && kind != PipelineOpKind::receive; }
-  bool operator==(const PipelineOp&) const = default;
 };
 
 struct PipelineSchedule {
