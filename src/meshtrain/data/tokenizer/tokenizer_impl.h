@@ -150,6 +150,10 @@ enum class JsonParse { kFastWhereItCan, kFullParseOnly };
 BpeModel load_hugging_face(const std::string& path, JsonParse parse = JsonParse::kFastWhereItCan);
 BpeModel load_gpt2(const std::string& encoder_path, const std::string& merges_path,
                    JsonParse parse = JsonParse::kFastWhereItCan);
+// Whether the fast scanner reads `text` (a tokenizer.json, or GPT-2's encoder.json when
+// `whole_document_is_vocab`) without leaving it to the full parse: for the tests, which check that it reads
+// what it takes as the full parse does.
+bool fast_scanner_reads(std::string_view text, bool whole_document_is_vocab);
 
 }  // namespace meshtrain::tokenizer_detail
 

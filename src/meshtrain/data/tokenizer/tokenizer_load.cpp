@@ -753,6 +753,11 @@ void read_added_tokens(const json& node, const std::string& where, BpeModel& mod
 
 }  // namespace
 
+bool fast_scanner_reads(std::string_view text, bool whole_document_is_vocab) {
+  TokenizerFileReader reader(whole_document_is_vocab);
+  return scan_document(text, reader);
+}
+
 BpeModel load_hugging_face(const std::string& path, JsonParse parse) {
   const FileText file(path);
   TokenizerFileReader reader(false);
