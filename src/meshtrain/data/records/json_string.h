@@ -15,4 +15,22 @@ const char* plain_run_end(const char* at, const char* end);
 // not checked.
 bool scan_json_string(const char*& at, const char* end, std::string* out);
 
+// A scanner's position in JSON text, with the steps every scanner takes.
+class JsonCursor {
+ protected:
+  JsonCursor(const char* at, const char* end) : at_(at), end_(end) {}
+
+  bool next_is(char expected) {
+    if (at_ == end_ || *at_ != expected) return false;
+    ++at_;
+    return true;
+  }
+  void skip_space() {
+    while (at_ != end_ && (*at_ == ' ' || *at_ == '\t' || *at_ == '\n' || *at_ == '\r')) ++at_;
+  }
+
+  const char* at_;
+  const char* end_;
+};
+
 }  // namespace meshtrain

@@ -39,10 +39,10 @@ std::string keys_of(const nlohmann::json& object) {
 // without an exponent, nested at most kMaxDepth deep; for anything else (an error above all) it gives up and
 // the full parse decides, so it never accepts a line the parser refuses nor reads one differently. The line
 // is valid UTF-8 already. Duplicate keys keep the last value, as a parsed object does.
-class ColumnScanner {
+class ColumnScanner : JsonCursor {
  public:
   ColumnScanner(std::string_view line, const std::string& column)
-      : at_(line.data()), end_(line.data() + line.size()), column_(column) {}
+      : JsonCursor(line.data(), line.data() + line.size()), column_(column) {}
 
   // True with the column's text in `text` when the line is a JSON object holding it as a string.
   bool take(std::string& text) {
@@ -76,15 +76,6 @@ class ColumnScanner {
  private:
   static constexpr int kMaxDepth = 64;
   static constexpr int kMaxNumberChars = 300;  // a longer one may overflow a double: the parser's call
-
-  bool next_is(char expected) {
-    if (at_ == end_ || *at_ != expected) return false;
-    ++at_;
-    return true;
-  }
-  void skip_space() {
-    while (at_ != end_ && (*at_ == ' ' || *at_ == '\t' || *at_ == '\n' || *at_ == '\r')) ++at_;
-  }
 
   // At a '"': the string, unescaped into `out` (skipped when null).
   bool string(std::string* out) { return scan_json_string(at_, end_, out); }
@@ -150,8 +141,6 @@ class ColumnScanner {
     return at_ - start <= kMaxNumberChars;
   }
 
-  const char* at_;
-  const char* end_;
   const std::string& column_;
   std::string key_;
 };

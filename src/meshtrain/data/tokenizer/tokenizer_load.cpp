@@ -294,11 +294,11 @@ class TokenizerFileReader {
 // and the full parse decides, so it never accepts a file the parser refuses nor reads one differently. The
 // rest of the document is only walked here (strings skipped whole, so the two sections are found where the
 // parser finds them); the parser reads it with the two sections cut out.
-class SectionScanner {
+class SectionScanner : JsonCursor {
  public:
   // Decoded tokens (those with escapes) are kept in `decoded`.
   SectionScanner(std::string_view text, std::deque<std::string>& decoded)
-      : at_(text.data()), end_(text.data() + text.size()), decoded_(decoded) {}
+      : JsonCursor(text.data(), text.data() + text.size()), decoded_(decoded) {}
 
   // GPT-2's encoder.json: the vocabulary and nothing else.
   bool whole_document_vocab(std::vector<VocabEntry>& vocab) {
@@ -345,14 +345,6 @@ class SectionScanner {
  private:
   static constexpr int kMaxDepth = 64;
 
-  bool next_is(char expected) {
-    if (at_ == end_ || *at_ != expected) return false;
-    ++at_;
-    return true;
-  }
-  void skip_space() {
-    while (at_ != end_ && (*at_ == ' ' || *at_ == '\t' || *at_ == '\n' || *at_ == '\r')) ++at_;
-  }
   // A JSON string holding valid UTF-8 (escapes decode to valid UTF-8, so the decoded text is checked).
   bool token(std::string_view& out) {
     if (at_ == end_ || *at_ != '"') return false;
@@ -468,8 +460,6 @@ class SectionScanner {
     return next_is(']');
   }
 
-  const char* at_;
-  const char* end_;
   std::deque<std::string>& decoded_;
 };
 
