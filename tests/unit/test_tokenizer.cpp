@@ -679,6 +679,7 @@ TEST(TokenizerFastPath, LeavesAnythingUnusualToTheFullParseWithItsErrors) {
       text + " x",
       text.substr(0, text.size() - 1),
       "{\"model\": 1, " + text.substr(1),  // two models
+      "",                                  // an empty file, which is read rather than mapped
   };
   for (const std::string& unusual_text : unusual) {
     EXPECT_FALSE(expect_fast_path_reads_as_full_parse(dir, unusual_text)) << unusual_text.substr(0, 300);

@@ -43,7 +43,9 @@ std::string json_text(const json& value) {
 
 // A file's bytes, mapped read-only where it can be: page-cache pages, neither copied nor zeroed (reading
 // Qwen3's 11 MB tokenizer.json into a string was an eighth of its load). What a mapping cannot take (an empty
-// file, a pipe, an unreadable path) is read as before, with read_file_text's errors.
+// file, a pipe, an unreadable path) is read as before, with read_file_text's errors. The mapping lives only
+// while the file is loaded; tokenizer files are replaced by renaming (write_file_atomically), not rewritten
+// in place under a reader.
 class FileText {
  public:
   explicit FileText(const std::string& path) {
@@ -81,7 +83,9 @@ class FileText {
 
 // A nlohmann SAX handler that reads the vocabulary and the merges, most of a tokenizer.json, straight into
 // flat vectors, and builds an ordinary DOM of the rest. A full DOM of Qwen3's 151k vocabulary entries and
-// merges costs most of the load time in allocations and frees.
+// merges costs most of the load time in allocations and frees. It reads whole files where the fast scanner
+// below gives up (and so gives every error), and otherwise the rest of the file with the two sections cut
+// out.
 class TokenizerFileReader {
  public:
   // `whole_document_is_vocab`: GPT-2's encoder.json, which is nothing but the vocabulary object.
