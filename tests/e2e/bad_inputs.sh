@@ -211,6 +211,10 @@ expect tokenizer "$work/tokenizer.json" -- \
 sed 's/<|endoftext|>/<|unused|>/g' "$work/prepared/tokenizer.json" >"$work/no_eos_tokenizer.json"
 expect tokenizer "$work/no_eos_tokenizer.json" "an end-of-text token (<|endoftext|>)" -- \
   "$meshtrain" prepare --corpus "$work/raw/good.jsonl" --tokenizer "$work/no_eos_tokenizer.json" --out "$work/raw_out"
+# A vocabulary the loader's fast scanner does not take (a fractional id): the full parse's error, naming it.
+sed 's/"vocab": {/&"zz": 1.5, /' "$work/prepared/tokenizer.json" >"$work/fraction_tokenizer.json"
+expect tokenizer "$work/fraction_tokenizer.json: model.vocab" "integer token ids" "'zz': 1.5" -- \
+  "$meshtrain" tokenize --tokenizer "$work/fraction_tokenizer.json"
 # --- checkpoint ------------------------------------------------------------------------------------------
 expect checkpoint "$work/none" "no such directory" -- \
   "$meshtrain" train qwen3-tiny "${tiny[@]}" load_full_state_path="$work/none" run_dir="$work/r1"
