@@ -134,16 +134,18 @@ expect mesh "config key 'num_experts'" "topology=cpu" -- "$meshtrain" train deep
 if ! command -v nvidia-smi >/dev/null || ! nvidia-smi -L >/dev/null 2>&1; then
   expect mesh "config key 'topology'" "NVIDIA GPU" -- "$meshtrain" train qwen3-tiny "${tiny[@]}" topology=h200x1
 fi
-# Pipeline stages: the placement's rules (on one stage too), then mesh.stage > 1 itself (not built yet: compile
-# prints the placement and is refused like train; train under mpirun is in tests/mpi/failures.sh).
+# Pipeline stages: the placement's rules (on one stage too), the schedule's, then mesh.stage > 1 itself (not
+# built yet: compile prints the placement and is refused like train; train under mpirun: tests/mpi/failures.sh).
 expect mesh "config key 'pipeline_layers_per_chunk'" "a sum of 3 ([3])" "base_num_decoder_layers = 2" -- \
   "$meshtrain" train qwen3-tiny "${tiny[@]}" pipeline_layers_per_chunk=[3] run_dir="$work/r_split"
 expect mesh "config key 'num_pipeline_repeats'" "found 0" "set num_pipeline_repeats=1" -- \
   "$meshtrain" train qwen3-tiny "${tiny[@]}" num_pipeline_repeats=0 run_dir="$work/r_repeats"
 expect mesh "config keys 'mesh.stage' / 'num_pipeline_repeats'" "at most base_num_decoder_layers = 2 chunks" \
   "mesh.stage x num_pipeline_repeats = 4 x 1 = 4 chunks" -- "$meshtrain" compile qwen3-tiny "${tiny[@]}" mesh.stage=4
-expect mesh "config key 'mesh.stage'" "pipeline execution is not built in this version" "set mesh.stage=1" -- \
+expect mesh "gradient_accumulation_steps" "at least mesh.stage=2 micro-batches with pipeline_schedule=1f1b" -- \
   "$meshtrain" compile qwen3-tiny "${tiny[@]}" mesh.stage=2
+expect mesh "config key 'mesh.stage'" "pipeline execution is not built in this version" "set mesh.stage=1" -- \
+  "$meshtrain" compile qwen3-tiny "${tiny[@]}" mesh.stage=2 gradient_accumulation_steps=2
 # --- data ------------------------------------------------------------------------------------------------
 expect data "$work/none.tokens" "nothing readable" -- \
   "$meshtrain" train qwen3-tiny dataset_type=tokens dataset_path="$work/none.tokens" tokenizer_path= \
@@ -221,6 +223,10 @@ expect tokenizer "$work/tokenizer.json" -- \
 sed 's/<|endoftext|>/<|unused|>/g' "$work/prepared/tokenizer.json" >"$work/no_eos_tokenizer.json"
 expect tokenizer "$work/no_eos_tokenizer.json" "an end-of-text token (<|endoftext|>)" -- \
   "$meshtrain" prepare --corpus "$work/raw/good.jsonl" --tokenizer "$work/no_eos_tokenizer.json" --out "$work/raw_out"
+# A vocabulary the loader's fast scanner does not take (a fractional id): the full parse's error, naming it.
+sed 's/"vocab": {/&"zz": 1.5, /' "$work/prepared/tokenizer.json" >"$work/fraction_tokenizer.json"
+expect tokenizer "$work/fraction_tokenizer.json: model.vocab" "integer token ids" "'zz': 1.5" -- \
+  "$meshtrain" tokenize --tokenizer "$work/fraction_tokenizer.json"
 # --- checkpoint ------------------------------------------------------------------------------------------
 expect checkpoint "$work/none" "no such directory" -- \
   "$meshtrain" train qwen3-tiny "${tiny[@]}" load_full_state_path="$work/none" run_dir="$work/r1"

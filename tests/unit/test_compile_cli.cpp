@@ -593,9 +593,10 @@ std::pair<std::string, std::string> output_and_error(const std::vector<std::stri
 // files: per-stage plans come with the executor).
 TEST_F(CompileCli, StagesPrintThePlacementThenAreRefused) {
   const std::string stem = (directory_ / "plan").string();
-  const auto [output, error] = output_and_error(
-      {"qwen3-tiny", "topology=cpu", "mesh.stage=2", "base_num_decoder_layers=5", "num_pipeline_repeats=2",
-       "pipeline_schedule=interleaved_1f1b", "logits_via_embedding=true", "plan_out=" + stem});
+  const auto [output, error] =
+      output_and_error({"qwen3-tiny", "topology=cpu", "mesh.stage=2", "base_num_decoder_layers=5",
+                        "num_pipeline_repeats=2", "pipeline_schedule=interleaved_1f1b",
+                        "gradient_accumulation_steps=2", "logits_via_embedding=true", "plan_out=" + stem});
   EXPECT_TRUE(
       contains(output, "mesh               data=1 stage=2 fsdp=1 context=1 expert=1 tensor=1 (2 devices)"))
       << output;
@@ -626,8 +627,9 @@ TEST_F(CompileCli, StagesPrintThePlacementThenAreRefused) {
 
   // deepseek-v3's 61 layers over 16 stages with 64 expert ranks: the default placement, untied, no position
   // table; the stage axis filled in from the topology.
-  const auto [deepseek, refused] = output_and_error(
-      {"deepseek-v3", "topology=h100x2048", "mesh.stage=-1", "mesh.expert=64", "mesh.fsdp=2"});
+  const auto [deepseek, refused] =
+      output_and_error({"deepseek-v3", "topology=h100x2048", "mesh.stage=-1", "mesh.expert=64", "mesh.fsdp=2",
+                        "gradient_accumulation_steps=16"});
   EXPECT_TRUE(contains(deepseek, "data=1 stage=16 fsdp=2 context=1 expert=64 tensor=1 (2048 devices)"))
       << deepseek;
   EXPECT_TRUE(
@@ -645,7 +647,8 @@ TEST_F(CompileCli, StagesPrintThePlacementThenAreRefused) {
 
   // GPT-2's position table sits with the embedding; an explicit split is named as such.
   const auto [gpt2, gpt2_error] =
-      output_and_error({"gpt2-124m", "topology=cpu", "mesh.stage=3", "pipeline_layers_per_chunk=[3,5,4]"});
+      output_and_error({"gpt2-124m", "topology=cpu", "mesh.stage=3", "pipeline_layers_per_chunk=[3,5,4]",
+                        "gradient_accumulation_steps=3"});
   EXPECT_TRUE(contains(gpt2, "= 3 chunks of 12 layers (pipeline_layers_per_chunk)")) << gpt2;
   EXPECT_TRUE(contains(gpt2, "chunk 0 (layers 0..2, embedding and position table): 3 layers")) << gpt2;
   EXPECT_TRUE(contains(gpt2, "chunk 1 (layers 3..7): 5 layers")) << gpt2;
@@ -669,6 +672,15 @@ TEST_F(CompileCli, BadPlacementsNameTheKeysTheValuesAndTheFix) {
       << split;
   const std::string repeats = error_of({"qwen3-tiny", "topology=cpu", "num_pipeline_repeats=0"});
   EXPECT_TRUE(contains(repeats, "config key 'num_pipeline_repeats'")) << repeats;
+  // The schedule's rules (plan/pipeline_schedule.h) come after the placement's: 1f1b needs M >= P.
+  const auto [micro_output, micro_batches] = output_and_error({"qwen3-tiny", "topology=cpu", "mesh.stage=2"});
+  EXPECT_TRUE(
+      contains(micro_output, "stage 1            chunk 1 (layers 3..5, final norm, unembedding and loss)"))
+      << micro_output;
+  EXPECT_TRUE(contains(micro_batches,
+                       "gradient_accumulation_steps: expected at least mesh.stage=2 micro-batches "
+                       "with pipeline_schedule=1f1b"))
+      << micro_batches;
   const std::string product = error_of({"qwen3-tiny", "topology=h100x8", "mesh.stage=3"});
   EXPECT_TRUE(contains(product, "found data=1 stage=3 fsdp=1 context=1 expert=1 tensor=1 (product 3)"))
       << product;

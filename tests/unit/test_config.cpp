@@ -110,16 +110,16 @@ TEST(Config, UnknownEnumValueNamesTheKeyTheValuesAndTheClosest) {
 TEST(Config, PipelineKeysParseWithTheirDefaults) {
   const Config defaults = load_config("qwen3-tiny", {});
   EXPECT_EQ(defaults.mesh[MeshAxis::stage], 1);
-  EXPECT_EQ(defaults.pipeline_schedule, PipelineSchedule::one_f_one_b);
+  EXPECT_EQ(defaults.pipeline_schedule, PipelineScheduleKind::one_f_one_b);
   EXPECT_EQ(defaults.num_pipeline_repeats, 1);
   EXPECT_TRUE(defaults.pipeline_layers_per_chunk.empty());
-  for (PipelineSchedule schedule : kPipelineSchedules) {
+  for (PipelineScheduleKind schedule : kPipelineScheduleKinds) {
     EXPECT_EQ(
         load_config("qwen3-tiny", {std::string("pipeline_schedule=") + pipeline_schedule_name(schedule)})
             .pipeline_schedule,
         schedule);
   }
-  EXPECT_STREQ(pipeline_schedule_name(PipelineSchedule::interleaved_one_f_one_b), "interleaved_1f1b");
+  EXPECT_STREQ(pipeline_schedule_name(PipelineScheduleKind::interleaved_one_f_one_b), "interleaved_1f1b");
   const Config set = load_config(
       "qwen3-tiny", {"mesh.stage=-1", "num_pipeline_repeats=2", "pipeline_layers_per_chunk=[2, 1,1]"});
   EXPECT_EQ(set.mesh[MeshAxis::stage], -1);

@@ -146,18 +146,6 @@ TEST(PipelinePlacement, RepeatsBelowOneAreRefused) {
   EXPECT_NE(error.find("set num_pipeline_repeats=1"), std::string::npos) << error;
 }
 
-TEST(PipelinePlacement, RepeatsNeedTheInterleavedSchedule) {
-  const std::string error =
-      error_of([] { pipeline_placement(layers_config(4, {"num_pipeline_repeats=2"}), 2); });
-  EXPECT_NE(error.find("config keys 'num_pipeline_repeats' / 'pipeline_schedule'"), std::string::npos)
-      << error;
-  EXPECT_NE(error.find("num_pipeline_repeats=1 with pipeline_schedule=1f1b"), std::string::npos) << error;
-  EXPECT_NE(error.find("found num_pipeline_repeats=2"), std::string::npos) << error;
-  EXPECT_NE(error.find("set pipeline_schedule=interleaved_1f1b, or num_pipeline_repeats=1"),
-            std::string::npos)
-      << error;
-}
-
 TEST(PipelinePlacement, MoreChunksThanLayersAreRefused) {
   const std::string stages = error_of([] { pipeline_placement(layers_config(2), 3); });
   EXPECT_NE(stages.find("config keys 'mesh.stage' / 'num_pipeline_repeats'"), std::string::npos) << stages;

@@ -1,5 +1,6 @@
 // Tests for the byte-level BPE tokenizers: the golden id lists of Qwen3 and GPT-2, round trips of arbitrary
-// bytes, NFC, both merge formats, added tokens, and one MeshError naming the file per malformed input.
+// bytes, NFC, both merge formats, added tokens, one MeshError naming the file per malformed input, and the
+// loader's fast path reading what it takes as the full parse does.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -8,16 +9,19 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <random>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "meshtrain/core/error.h"
 #include "meshtrain/data/tokenizer/tokenizer.h"
+#include "meshtrain/data/tokenizer/tokenizer_impl.h"
 
 namespace meshtrain {
 namespace {
@@ -546,6 +550,151 @@ TEST(TokenizerErrors, BadGpt2Files) {
   expect_load_error(dir.path(), merges + ":3");
   dir.file("encoder.json", "not json");
   expect_load_error(dir.path(), "encoder.json");
+}
+
+// ---- the loader's fast path ------------------------------------------------------------------------------
+
+// What a load gives: the model's loaded fields, or the error's message.
+std::string load_outcome(const std::function<tokenizer_detail::BpeModel()>& load) {
+  try {
+    const tokenizer_detail::BpeModel model = load();
+    std::string digest = "model:";
+    for (size_t id = 0; id < model.token_bytes.size(); ++id) {
+      digest += std::to_string(id) + "=" + model.token_bytes[id] + "/" +
+                std::to_string(model.token_present[id]) + std::to_string(model.token_verbatim[id]) + ";";
+    }
+    for (const auto& merge : model.merges) {
+      digest += std::to_string(merge.left) + "+" + std::to_string(merge.right) + "=" +
+                std::to_string(merge.merged) + ";";
+    }
+    for (const auto& token : model.added_tokens)
+      digest += token.content + "@" + std::to_string(token.id) + ";";
+    digest += std::to_string(model.regexes.size()) + std::to_string(model.nfc) +
+              std::to_string(model.add_prefix_space) + std::to_string(model.ignore_merges);
+    return digest;
+  } catch (const MeshError& error) {
+    return std::string("error:") + error.what();
+  }
+}
+
+// A tokenizer.json text read through the fast path and through the full parse alone: the same model or the
+// same error. Returns whether the fast scanner took it.
+bool expect_fast_path_reads_as_full_parse(const TempDir& dir, const std::string& text) {
+  const std::string path = dir.file("tokenizer.json", text);
+  const std::string fast = load_outcome([&] {
+    return tokenizer_detail::load_hugging_face(path, tokenizer_detail::JsonParse::kFastWhereItCan);
+  });
+  const std::string full = load_outcome(
+      [&] { return tokenizer_detail::load_hugging_face(path, tokenizer_detail::JsonParse::kFullParseOnly); });
+  EXPECT_EQ(fast, full) << text.substr(0, 300);
+  return tokenizer_detail::fast_scanner_reads(text, false);
+}
+
+// A TinyBpe's tokenizer.json with model.vocab (or model.merges) written as `raw`.
+std::string with_raw(json document, const std::string& key, const std::string& raw) {
+  document["model"][key] = "RAW";
+  std::string text = document.dump();
+  text.replace(text.find("\"RAW\""), 5, raw);
+  return text;
+}
+
+TEST(TokenizerFastPath, EscapesBothMergeFormsAndLayoutsReadAsTheFullParseReadsThem) {
+  TempDir dir;
+  TinyBpe tiny;
+  tiny.merges = {{"a", "b"}, {"ab", "c"}, {" ", "ab"}, {"\"", "\\"}, {"\xC3", "\xA9"}};
+  tiny.added = {{"<|endoftext|>", 300}};
+  std::set<std::string> models;
+  for (const bool pairs : {false, true}) {
+    tiny.pair_format = pairs;
+    json document = tiny.to_json();
+    document["model"]["vocab"]["\xF0\x9F\x98\x80"] =
+        299;  // outside the byte-level alphabet: a surrogate pair
+    // As written (keys "\"" and "\\" escaped, "Ġ" raw), every non-ASCII character as \uXXXX (so "\u0120"),
+    // indented, and with the sections' keys themselves escaped.
+    std::string escaped_keys = document.dump();
+    for (const char* key : {"\"vocab\"", "\"merges\"", "\"model\""}) {
+      std::string escaped = key;
+      escaped.replace(
+          2, 1,
+          "\\u00" + std::to_string(static_cast<int>(escaped[2]) / 16) + "0123456789abcdef"[escaped[2] % 16]);
+      escaped_keys.replace(escaped_keys.find(key), std::string(key).size(), escaped);
+    }
+    for (const std::string& text :
+         {document.dump(), document.dump(-1, ' ', true), document.dump(2, '\t', true), escaped_keys}) {
+      EXPECT_TRUE(expect_fast_path_reads_as_full_parse(dir, text)) << text.substr(0, 300);
+      models.insert(
+          load_outcome([&] { return tokenizer_detail::load_hugging_face(dir.file("t.json", text)); }));
+    }
+  }
+  ASSERT_EQ(models.size(), 1u);
+  EXPECT_EQ(models.begin()->rfind("model:", 0), 0u) << *models.begin();
+
+  // GPT-2's encoder.json: the whole document is the vocabulary.
+  const json vocab = tiny.to_json()["model"]["vocab"];
+  for (const std::string& text : {vocab.dump(), " \n" + vocab.dump(-1, ' ', true) + "\r\n"}) {
+    EXPECT_TRUE(tokenizer_detail::fast_scanner_reads(text, true));
+    const std::string encoder = dir.file("encoder.json", text);
+    const std::string merges = dir.file("vocab.bpe", "#version: 0.2\na b\n");
+    EXPECT_EQ(load_outcome([&] { return tokenizer_detail::load_gpt2(encoder, merges); }), load_outcome([&] {
+                return tokenizer_detail::load_gpt2(encoder, merges,
+                                                   tokenizer_detail::JsonParse::kFullParseOnly);
+              }));
+  }
+}
+
+TEST(TokenizerFastPath, LeavesAnythingUnusualToTheFullParseWithItsErrors) {
+  TempDir dir;
+  TinyBpe tiny;
+  tiny.merges = {{"a", "b"}};
+  const json document = tiny.to_json();
+  std::string vocab = document["model"]["vocab"].dump();
+  vocab.pop_back();  // the closing brace: entries are added after the real ones
+  const std::string merges = document["model"]["merges"].dump();
+  const std::string text = document.dump();
+  const std::vector<std::string> unusual = {
+      with_raw(document, "vocab", vocab + ", \"zz\": 1.0}"),
+      with_raw(document, "vocab", vocab + ", \"zz\": 1e2}"),
+      with_raw(document, "vocab", vocab + ", \"zz\": 01}"),
+      with_raw(document, "vocab", vocab + ", \"zz\": -0}"),
+      with_raw(document, "vocab", vocab + ", \"zz\": 16777216}"),  // past the largest token id
+      with_raw(document, "vocab", vocab + ", \"zz\": 99999999999999999999999}"),
+      with_raw(document, "vocab", vocab + ", \"zz\": \"5\"}"),
+      with_raw(document, "vocab", vocab + ", \"zz\": null}"),
+      with_raw(document, "vocab", vocab + ", \"\\ud800\": 300}"),  // a lone surrogate
+      with_raw(document, "vocab", vocab + ", \"\\x\": 300}"),      // an unknown escape
+      with_raw(document, "vocab", vocab + ", \"\xC3\": 300}"),     // invalid UTF-8
+      with_raw(document, "vocab", vocab + ", \"\t\": 300}"),       // a raw control character
+      with_raw(document, "vocab", vocab + ",}"),
+      with_raw(document, "vocab", vocab + "} }"),
+      with_raw(document, "vocab", "[]"),
+      with_raw(document, "merges", "[\"a  b\"]"),
+      with_raw(document, "merges", "[\" ab\"]"),
+      with_raw(document, "merges", "[[\"a\"]]"),
+      with_raw(document, "merges", "[[\"a\", \"b\", \"c\"]]"),
+      with_raw(document, "merges", "[[\"a\", 2]]"),
+      with_raw(document, "merges", "[\"a b\",]"),
+      with_raw(document, "merges", "{}"),
+      with_raw(document, "merges", merges + ", \"merges\": " + merges),  // two merges lists
+      "\xEF\xBB\xBF" + text,                                             // a byte order mark
+      text + " x",
+      text.substr(0, text.size() - 1),
+      "{\"model\": 1, " + text.substr(1),  // two models
+      "",                                  // an empty file, which is read rather than mapped
+  };
+  for (const std::string& unusual_text : unusual) {
+    EXPECT_FALSE(expect_fast_path_reads_as_full_parse(dir, unusual_text)) << unusual_text.substr(0, 300);
+  }
+  // Errors outside the two sections come from the parse of the rest, or, when that fails, the full parse.
+  for (const std::string& outside :
+       {"{\"added_tokens\": [1,], " + text.substr(1), "{\"added_tokens\": tru, " + text.substr(1),
+        "{\"added_tokens\": 5, " + text.substr(1)}) {
+    expect_fast_path_reads_as_full_parse(dir, outside);
+  }
+  for (const std::string& encoder :
+       {"\xEF\xBB\xBF" + document["model"]["vocab"].dump(), std::string("{\"a\": 1} 2"), std::string("[]"),
+        std::string("{\"a\": 1.5}")}) {
+    EXPECT_FALSE(tokenizer_detail::fast_scanner_reads(encoder, true)) << encoder;
+  }
 }
 
 }  // namespace

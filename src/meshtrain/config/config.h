@@ -56,13 +56,14 @@ inline constexpr std::array kContextParallelStrategyNames = {"all_gather", "ring
 inline constexpr std::array kContextParallelStrategies = {ContextParallelStrategy::all_gather,
                                                           ContextParallelStrategy::ring};
 
-// The pipeline schedule under mesh.stage > 1 (shared/specs/pipeline.md): torchtitan's schedule names in
-// lower case (ScheduleGPipe, Schedule1F1B, ScheduleInterleaved1F1B; zero_bubble is ZB-H1).
-enum class PipelineSchedule { gpipe, one_f_one_b, interleaved_one_f_one_b, zero_bubble };
+// The pipeline schedule under mesh.stage > 1 (shared/specs/pipeline.md; plan/pipeline_schedule.h builds
+// each): torchtitan's schedule names in lower case (ScheduleGPipe, Schedule1F1B, ScheduleInterleaved1F1B;
+// zero_bubble is ZB-H1).
+enum class PipelineScheduleKind { gpipe, one_f_one_b, interleaved_one_f_one_b, zero_bubble };
 inline constexpr std::array kPipelineScheduleNames = {"gpipe", "1f1b", "interleaved_1f1b", "zero_bubble"};
-inline constexpr std::array kPipelineSchedules = {PipelineSchedule::gpipe, PipelineSchedule::one_f_one_b,
-                                                  PipelineSchedule::interleaved_one_f_one_b,
-                                                  PipelineSchedule::zero_bubble};
+inline constexpr std::array kPipelineScheduleKinds = {
+    PipelineScheduleKind::gpipe, PipelineScheduleKind::one_f_one_b,
+    PipelineScheduleKind::interleaved_one_f_one_b, PipelineScheduleKind::zero_bubble};
 
 static_assert(kDecoderBlocks.size() == kDecoderBlockNames.size() &&
                   kAttentionTypes.size() == kAttentionTypeNames.size() &&
@@ -70,7 +71,7 @@ static_assert(kDecoderBlocks.size() == kDecoderBlockNames.size() &&
                   kContextParallelStrategies.size() == kContextParallelStrategyNames.size() &&
                   kRematPolicies.size() == kRematPolicyNames.size() &&
                   kDatasetTypes.size() == kDatasetTypeNames.size() &&
-                  kPipelineSchedules.size() == kPipelineScheduleNames.size(),
+                  kPipelineScheduleKinds.size() == kPipelineScheduleNames.size(),
               "one name per enum value");
 
 inline const char* decoder_block_name(DecoderBlock block) {
@@ -88,8 +89,8 @@ inline const char* remat_policy_name(RematPolicy policy) {
 inline const char* dataset_type_name(DatasetType type) {
   return kDatasetTypeNames[static_cast<size_t>(type)];
 }
-inline const char* pipeline_schedule_name(PipelineSchedule schedule) {
-  return kPipelineScheduleNames[static_cast<size_t>(schedule)];
+inline const char* pipeline_schedule_name(PipelineScheduleKind kind) {
+  return kPipelineScheduleNames[static_cast<size_t>(kind)];
 }
 
 // The values the key context_parallel_reorder takes, by name (ContextReorder and its names are in
@@ -160,10 +161,10 @@ struct Config {
   int64_t gradient_accumulation_steps = 1;
   MeshShape mesh;
   // Pipeline stages (mesh.stage > 1; shared/specs/pipeline.md): the schedule, V = num_pipeline_repeats
-  // chunks a stage rank (MaxText's name; V > 1 only for interleaved_1f1b), and an explicit split of the
+  // chunks a stage rank (MaxText's name; V > 1 for interleaved_1f1b only), and an explicit split of the
   // layers over the mesh.stage x V chunks, one layer count a chunk (empty: the default placement,
   // model/pipeline_placement.h).
-  PipelineSchedule pipeline_schedule = PipelineSchedule::one_f_one_b;
+  PipelineScheduleKind pipeline_schedule = PipelineScheduleKind::one_f_one_b;
   int64_t num_pipeline_repeats = 1;
   std::vector<int64_t> pipeline_layers_per_chunk;
   bool shard_optimizer_over_data = false;

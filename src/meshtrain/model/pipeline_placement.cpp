@@ -27,22 +27,6 @@ std::vector<int64_t> default_split(int64_t layers, int64_t chunks) {
   return split;
 }
 
-void check_repeats(const Config& config) {
-  const int64_t V = config.num_pipeline_repeats;
-  if (V < 1) {
-    fail("config key 'num_pipeline_repeats'", "1 or more chunks a stage rank (1 except for interleaved_1f1b)",
-         text_of(V), "set num_pipeline_repeats=1, or 2 or more with pipeline_schedule=interleaved_1f1b");
-  }
-  if (V > 1 && config.pipeline_schedule != PipelineSchedule::interleaved_one_f_one_b) {
-    fail("config keys 'num_pipeline_repeats' / 'pipeline_schedule'",
-         std::string("num_pipeline_repeats=1 with pipeline_schedule=") +
-             pipeline_schedule_name(config.pipeline_schedule) +
-             " (several chunks a stage rank are the interleaved schedule's)",
-         "num_pipeline_repeats=" + text_of(V),
-         "set pipeline_schedule=interleaved_1f1b, or num_pipeline_repeats=1");
-  }
-}
-
 // The explicit split's rules: one positive count a chunk, summing to the layer count.
 void check_split(const std::vector<int64_t>& split, int64_t chunks, const std::string& chunk_count,
                  int64_t layers) {
@@ -81,8 +65,11 @@ std::vector<int64_t> PipelinePlacement::chunks_of(int64_t stage) const {
 
 PipelinePlacement pipeline_placement(const Config& config, int64_t stages) {
   MT_CHECK(stages >= 1, "a resolved mesh.stage");
-  check_repeats(config);
   const int64_t layers = config.base_num_decoder_layers, V = config.num_pipeline_repeats;
+  if (V < 1) {
+    fail("config key 'num_pipeline_repeats'", "1 or more chunks a stage rank (1 except for interleaved_1f1b)",
+         text_of(V), "set num_pipeline_repeats=1, or 2 or more with pipeline_schedule=interleaved_1f1b");
+  }
   const int64_t chunks = stages * V;
   const std::string chunk_count =
       "mesh.stage x num_pipeline_repeats = " + text_of(stages) + " x " + text_of(V) + " = " + text_of(chunks);

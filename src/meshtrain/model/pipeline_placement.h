@@ -30,9 +30,9 @@ struct PipelinePlacement {
 // pipeline_layers_per_chunk when given, else the default: equal chunks where P x V divides L, otherwise one
 // extra layer on each of the first L mod (P x V) chunks (Megatron's and torchtitan's even split;
 // deepseek-v3's 61 layers over 16 stages: 13 chunks of 4, then 3 of 3). Refused before anything is
-// allocated (MeshError naming the keys, their values and the fix): num_pipeline_repeats < 1, or > 1 with a
-// schedule other than interleaved_1f1b; more chunks than layers; a split of another length than P x V,
-// with an entry below 1, or whose sum is not L.
+// allocated (MeshError naming the keys, their values and the fix): num_pipeline_repeats < 1; more chunks
+// than layers; a split of another length than P x V, with an entry below 1, or whose sum is not L. (Which
+// V a schedule takes is the schedule's rule: plan/pipeline_schedule.h.)
 PipelinePlacement pipeline_placement(const Config& config, int64_t stages);
 
 }  // namespace meshtrain

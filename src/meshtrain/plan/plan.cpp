@@ -12,6 +12,7 @@
 #include "meshtrain/model/pipeline_placement.h"
 #include "meshtrain/plan/allocator.h"
 #include "meshtrain/plan/passes.h"
+#include "meshtrain/plan/pipeline_schedule.h"
 
 namespace meshtrain {
 namespace {
@@ -203,10 +204,13 @@ TrainingPlan plan_training(const PlanRequest& request) {
   plan.spec = decoding ? build_decode_spec(config, plan.mesh, request.decode_cache_length, backend)
                        : build_model_spec(config, plan.mesh, backend);
   // The placement's rules hold for every mesh (a one-stage mesh: one rank holds every chunk). A mesh with
-  // stages is refused once they and the model's own rules (the spec's) pass: on every rank alike, before
-  // anything is allocated.
+  // stages is refused once they, the schedule's and the model's own (the spec's) pass: on every rank alike,
+  // before anything is allocated.
   const PipelinePlacement placement = pipeline_placement(config, plan.mesh.size(MeshAxis::stage));
   if (placement.stages > 1) {
+    // The schedule's own rules (micro-batches against stages, the chunks a rank each schedule takes).
+    build_pipeline_schedule(config.pipeline_schedule, placement.stages, config.gradient_accumulation_steps,
+                            placement.repeats);
     fail("config key 'mesh.stage'",
          "1: pipeline execution is not built in this version (per-stage plans, the schedule's ops and the "
          "executor come with it; the layer placement is checked, and meshtrain compile prints it)",

@@ -175,8 +175,9 @@ struct PlanRequest {
 
 // The one planning function. Validates mesh, sharding and model (clear errors), builds the per-device
 // spec, applies the optimizer to it (training), and plans the requested kernels. A mesh with pipeline
-// stages (mesh.stage > 1) has its layer placement checked (model/pipeline_placement.h) and is then refused:
-// per-stage plans and their execution are not built yet.
+// stages (mesh.stage > 1) has its layer placement (model/pipeline_placement.h) and its schedule's shape
+// (plan/pipeline_schedule.h) checked and is then refused: per-stage plans and their execution are not
+// built yet.
 TrainingPlan plan_training(const PlanRequest& request);
 
 // What a request plans for, before anything else is planned: the topology, the device count and the

@@ -324,7 +324,7 @@ TEST(Plan, BadMeshesNameTheKey) {
 // stage -1 filled in to 1 plans as before.
 TEST(Plan, StagesAreRefusedAfterTheirPlacementIsChecked) {
   const std::string refused = error_of([] {
-    plan_for("qwen3-tiny", tiny({"topology=h100x2", "mesh.stage=2"}));
+    plan_for("qwen3-tiny", tiny({"topology=h100x2", "mesh.stage=2", "gradient_accumulation_steps=2"}));
   });
   EXPECT_NE(
       refused.find("config key 'mesh.stage': expected 1: pipeline execution is not built in this version"),

@@ -2,12 +2,11 @@
 // checked as UTF-8 and parsed as one JSON object, its text column taken out; Parquet rows checked as UTF-8.
 #include "meshtrain/data/records/record_reader.h"
 
-#include <emmintrin.h>
-
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "meshtrain/core/error.h"
+#include "meshtrain/data/records/json_string.h"
 #include "meshtrain/data/records/text_files.h"
 
 namespace meshtrain {
@@ -34,34 +33,16 @@ std::string keys_of(const nlohmann::json& object) {
   return keys.empty() ? "none" : keys;
 }
 
-// The first byte from `at` that ends a JSON string's plain run ('"', '\\' or a control character, below
-// 0x20), 16 bytes at a time (SSE2, in every x86-64): a document's text is mostly plain runs.
-const char* plain_run_end(const char* at, const char* end) {
-  const __m128i quote = _mm_set1_epi8('"'), backslash = _mm_set1_epi8('\\'),
-                last_control = _mm_set1_epi8(0x1F);
-  while (end - at >= 16) {
-    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(at));
-    const __m128i control = _mm_cmpeq_epi8(_mm_min_epu8(bytes, last_control), bytes);  // bytes <= 0x1F
-    const __m128i special =
-        _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(bytes, quote), _mm_cmpeq_epi8(bytes, backslash)), control);
-    const auto mask = static_cast<unsigned>(_mm_movemask_epi8(special));
-    if (mask != 0) return at + __builtin_ctz(mask);
-    at += 16;
-  }
-  while (at != end && *at != '"' && *at != '\\' && static_cast<unsigned char>(*at) >= 0x20) ++at;
-  return at;
-}
-
 // Takes a line's text column in one pass over its bytes, checking the whole line against JSON's grammar as it
 // goes, without building any value: several times faster than nlohmann's parser, whose lexer copies every
 // string byte by byte. It answers only the plain case, an object whose column is a string, with numbers
 // without an exponent, nested at most kMaxDepth deep; for anything else (an error above all) it gives up and
 // the full parse decides, so it never accepts a line the parser refuses nor reads one differently. The line
 // is valid UTF-8 already. Duplicate keys keep the last value, as a parsed object does.
-class ColumnScanner {
+class ColumnScanner : JsonCursor {
  public:
   ColumnScanner(std::string_view line, const std::string& column)
-      : at_(line.data()), end_(line.data() + line.size()), column_(column) {}
+      : JsonCursor(line.data(), line.data() + line.size()), column_(column) {}
 
   // True with the column's text in `text` when the line is a JSON object holding it as a string.
   bool take(std::string& text) {
@@ -96,102 +77,8 @@ class ColumnScanner {
   static constexpr int kMaxDepth = 64;
   static constexpr int kMaxNumberChars = 300;  // a longer one may overflow a double: the parser's call
 
-  bool next_is(char expected) {
-    if (at_ == end_ || *at_ != expected) return false;
-    ++at_;
-    return true;
-  }
-  void skip_space() {
-    while (at_ != end_ && (*at_ == ' ' || *at_ == '\t' || *at_ == '\n' || *at_ == '\r')) ++at_;
-  }
-
   // At a '"': the string, unescaped into `out` (skipped when null).
-  bool string(std::string* out) {
-    ++at_;
-    while (true) {
-      const char* run = at_;
-      at_ = plain_run_end(at_, end_);
-      if (out != nullptr) out->append(run, at_);
-      if (at_ == end_ || static_cast<unsigned char>(*at_) < 0x20) return false;
-      if (*at_++ == '"') return true;
-      if (at_ == end_) return false;
-      const char escape = *at_++;
-      char plain = 0;
-      switch (escape) {
-        case '"':
-          plain = '"';
-          break;
-        case '\\':
-          plain = '\\';
-          break;
-        case '/':
-          plain = '/';
-          break;
-        case 'b':
-          plain = '\b';
-          break;
-        case 'f':
-          plain = '\f';
-          break;
-        case 'n':
-          plain = '\n';
-          break;
-        case 'r':
-          plain = '\r';
-          break;
-        case 't':
-          plain = '\t';
-          break;
-        case 'u': {
-          uint32_t code = 0;
-          if (!hex4(code)) return false;
-          if (code >= 0xDC00 && code <= 0xDFFF) return false;  // a low surrogate first
-          if (code >= 0xD800 && code <= 0xDBFF) {
-            uint32_t low = 0;
-            if (end_ - at_ < 2 || at_[0] != '\\' || at_[1] != 'u') return false;
-            at_ += 2;
-            if (!hex4(low) || low < 0xDC00 || low > 0xDFFF) return false;
-            code = 0x10000 + ((code - 0xD800) << 10) + (low - 0xDC00);
-          }
-          if (out != nullptr) append_utf8(code, *out);
-          continue;
-        }
-        default:
-          return false;
-      }
-      if (out != nullptr) out->push_back(plain);
-    }
-  }
-  bool hex4(uint32_t& code) {
-    if (end_ - at_ < 4) return false;
-    for (int i = 0; i < 4; ++i) {
-      const char c = *at_++;
-      const int digit = c >= '0' && c <= '9'   ? c - '0'
-                        : c >= 'a' && c <= 'f' ? c - 'a' + 10
-                        : c >= 'A' && c <= 'F' ? c - 'A' + 10
-                                               : -1;
-      if (digit < 0) return false;
-      code = code * 16 + static_cast<uint32_t>(digit);
-    }
-    return true;
-  }
-  static void append_utf8(uint32_t code, std::string& out) {
-    if (code < 0x80) {
-      out.push_back(static_cast<char>(code));
-    } else if (code < 0x800) {
-      out.push_back(static_cast<char>(0xC0 | (code >> 6)));
-      out.push_back(static_cast<char>(0x80 | (code & 0x3F)));
-    } else if (code < 0x10000) {
-      out.push_back(static_cast<char>(0xE0 | (code >> 12)));
-      out.push_back(static_cast<char>(0x80 | ((code >> 6) & 0x3F)));
-      out.push_back(static_cast<char>(0x80 | (code & 0x3F)));
-    } else {
-      out.push_back(static_cast<char>(0xF0 | (code >> 18)));
-      out.push_back(static_cast<char>(0x80 | ((code >> 12) & 0x3F)));
-      out.push_back(static_cast<char>(0x80 | ((code >> 6) & 0x3F)));
-      out.push_back(static_cast<char>(0x80 | (code & 0x3F)));
-    }
-  }
+  bool string(std::string* out) { return scan_json_string(at_, end_, out); }
 
   // Any value, checked and skipped.
   bool value(int depth) {
@@ -254,8 +141,6 @@ class ColumnScanner {
     return at_ - start <= kMaxNumberChars;
   }
 
-  const char* at_;
-  const char* end_;
   const std::string& column_;
   std::string key_;
 };

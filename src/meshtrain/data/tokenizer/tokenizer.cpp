@@ -490,6 +490,10 @@ size_t utf8_char_length(std::string_view text) {
 
 bool is_valid_utf8(std::string_view text) {
   for (size_t at = 0; at < text.size();) {
+    if (static_cast<unsigned char>(text[at]) < 0x80) {  // most of the text, skipped without a call
+      ++at;
+      continue;
+    }
     const size_t length = utf8_char_length(text.substr(at));
     if (length == 0) return false;
     at += length;

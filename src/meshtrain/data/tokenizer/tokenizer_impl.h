@@ -141,9 +141,19 @@ struct BpeModel {
 // Where errors about `model` point: its file, or "trained tokenizer".
 std::string where_of(const BpeModel& model);
 
+// How a loader reads its JSON: a fast scanner for the vocabulary and merges where it can, the full parse
+// deciding anything else (the same model and the same errors either way); or the full parse alone, which the
+// tests compare the fast path with.
+enum class JsonParse { kFastWhereItCan, kFullParseOnly };
+
 // Loaders (tokenizer_load.cpp): a Hugging Face tokenizer.json; GPT-2's encoder.json + vocab.bpe.
-BpeModel load_hugging_face(const std::string& path);
-BpeModel load_gpt2(const std::string& encoder_path, const std::string& merges_path);
+BpeModel load_hugging_face(const std::string& path, JsonParse parse = JsonParse::kFastWhereItCan);
+BpeModel load_gpt2(const std::string& encoder_path, const std::string& merges_path,
+                   JsonParse parse = JsonParse::kFastWhereItCan);
+// Whether the fast scanner reads `text` (a tokenizer.json, or GPT-2's encoder.json when
+// `whole_document_is_vocab`) without leaving it to the full parse: for the tests, which check that it reads
+// what it takes as the full parse does.
+bool fast_scanner_reads(std::string_view text, bool whole_document_is_vocab);
 
 }  // namespace meshtrain::tokenizer_detail
 

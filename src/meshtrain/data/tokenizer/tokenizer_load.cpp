@@ -1,8 +1,14 @@
 // Reading tokenizer files: Hugging Face tokenizer.json (byte-level BPE) and GPT-2's encoder.json + vocab.bpe.
 // Every problem with a file is a MeshError that names it.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <deque>
 #include <filesystem>
 #include <functional>
 #include <nlohmann/json.hpp>
@@ -11,6 +17,7 @@
 
 #include "meshtrain/core/durable_file.h"
 #include "meshtrain/core/error.h"
+#include "meshtrain/data/records/json_string.h"
 #include "meshtrain/data/tokenizer/tokenizer.h"
 #include "meshtrain/data/tokenizer/tokenizer_impl.h"
 
@@ -19,6 +26,9 @@ namespace tokenizer_detail {
 namespace {
 
 using json = nlohmann::json;
+// A token read from a file: the file's own bytes where it has no escapes, else decoded text its reader keeps.
+using VocabEntry = std::pair<std::string_view, int64_t>;
+using MergeEntry = std::pair<std::string_view, std::string_view>;
 
 constexpr const char* kPathExpected =
     "a tokenizer.json, or a folder holding tokenizer.json or encoder.json + vocab.bpe";
@@ -31,11 +41,51 @@ std::string json_text(const json& value) {
   return text.size() > 80 ? text.substr(0, 77) + "..." : text;
 }
 
+// A file's bytes, mapped read-only where it can be: page-cache pages, neither copied nor zeroed (reading
+// Qwen3's 11 MB tokenizer.json into a string was an eighth of its load). What a mapping cannot take (an empty
+// file, a pipe, an unreadable path) is read as before, with read_file_text's errors. The mapping lives only
+// while the file is loaded; tokenizer files are replaced by renaming (write_file_atomically), not rewritten
+// in place under a reader.
+class FileText {
+ public:
+  explicit FileText(const std::string& path) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    struct stat info {};
+    if (fd >= 0 && ::fstat(fd, &info) == 0 && S_ISREG(info.st_mode) && info.st_size > 0) {
+      const auto size = static_cast<size_t>(info.st_size);
+      void* mapped = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE | MAP_POPULATE, fd, 0);
+      if (mapped != MAP_FAILED) {
+        mapped_ = mapped;
+        text_ = std::string_view(static_cast<const char*>(mapped), size);
+      }
+    }
+    if (fd >= 0) ::close(fd);
+    if (mapped_ == nullptr) {
+      copy_ = read_file_text(path, "tokenizer file");
+      text_ = copy_;
+    }
+  }
+  ~FileText() {
+    if (mapped_ != nullptr) ::munmap(mapped_, text_.size());
+  }
+  FileText(const FileText&) = delete;
+  FileText& operator=(const FileText&) = delete;
+
+  std::string_view text() const { return text_; }
+
+ private:
+  void* mapped_ = nullptr;
+  std::string copy_;
+  std::string_view text_;
+};
+
 // ---- one-pass reader -------------------------------------------------------------------------------------
 
 // A nlohmann SAX handler that reads the vocabulary and the merges, most of a tokenizer.json, straight into
 // flat vectors, and builds an ordinary DOM of the rest. A full DOM of Qwen3's 151k vocabulary entries and
-// merges costs most of the load time in allocations and frees.
+// merges costs most of the load time in allocations and frees. It reads whole files where the fast scanner
+// below gives up (and so gives every error), and otherwise the rest of the file with the two sections cut
+// out.
 class TokenizerFileReader {
  public:
   // `whole_document_is_vocab`: GPT-2's encoder.json, which is nothing but the vocabulary object.
@@ -43,14 +93,17 @@ class TokenizerFileReader {
       : whole_document_is_vocab_(whole_document_is_vocab) {}
 
   json rest;  // everything but model.vocab and model.merges
-  std::vector<std::pair<std::string, int64_t>> vocab;
-  std::vector<std::pair<std::string, std::string>> merges;
+  std::vector<VocabEntry> vocab;
+  std::vector<MergeEntry> merges;
+  std::deque<std::string> decoded;  // the tokens' text that is not the file's own (a deque never moves it)
   bool has_vocab = false;
   bool has_merges = false;
   // The first problem found; parsing stops there.
   std::string error_where;  // "model.vocab", "model.merges[3]", or "" for the document
   std::string error_expected;
   std::string error_found;
+
+  bool whole_document_is_vocab() const { return whole_document_is_vocab_; }
 
   bool null() { return scalar(json(nullptr), "null"); }
   bool boolean(bool value) { return scalar(json(value), value ? "true" : "false"); }
@@ -76,7 +129,8 @@ class TokenizerFileReader {
             value.find(' ', space + 1) != std::string::npos) {
           return problem(merge_where(), "a merge \"a b\" (two tokens, one space)", "\"" + value + "\"");
         }
-        merges.emplace_back(value.substr(0, space), value.substr(space + 1));
+        const std::string_view kept = decoded.emplace_back(std::move(value));
+        merges.emplace_back(kept.substr(0, space), kept.substr(space + 1));
         return true;
       }
       case Mode::kMergePair:
@@ -142,7 +196,8 @@ class TokenizerFileReader {
       if (pair_.size() != 2) {
         return problem(merge_where(), "a merge [\"a\", \"b\"]", "fewer than two strings");
       }
-      merges.emplace_back(std::move(pair_[0]), std::move(pair_[1]));
+      merges.emplace_back(decoded.emplace_back(std::move(pair_[0])),
+                          decoded.emplace_back(std::move(pair_[1])));
       mode_ = Mode::kMerges;
       return true;
     }
@@ -180,7 +235,7 @@ class TokenizerFileReader {
       return problem(vocab_where(), "token ids from 0 to " + std::to_string(kMaxTokenId),
                      shown(key_) + ": " + text);
     }
-    vocab.emplace_back(std::move(key_), id);
+    vocab.emplace_back(decoded.emplace_back(std::move(key_)), id);
     return true;
   }
   bool scalar(json value, const std::string& text) {
@@ -233,14 +288,225 @@ class TokenizerFileReader {
   std::vector<std::string> pair_;
 };
 
+// ---- fast path -------------------------------------------------------------------------------------------
+
+// Reads model.vocab and model.merges of a tokenizer.json (or the whole of GPT-2's encoder.json) in one pass
+// over their bytes, several times faster than the SAX parse, whose lexer copies every byte one at a time. It
+// answers only the plain case: the root object holds one "model" object which holds one "vocab" object of
+// "token": id (ids without sign, fraction or exponent, up to kMaxTokenId) and one "merges" array of "a b"
+// strings or ["a", "b"] pairs, every token valid UTF-8. For anything else (an error above all) it gives up
+// and the full parse decides, so it never accepts a file the parser refuses nor reads one differently. The
+// rest of the document is only walked here (strings skipped whole, so the two sections are found where the
+// parser finds them); the parser reads it with the two sections cut out.
+class SectionScanner : JsonCursor {
+ public:
+  // Decoded tokens (those with escapes) are kept in `decoded`.
+  SectionScanner(std::string_view text, std::deque<std::string>& decoded)
+      : JsonCursor(text.data(), text.data() + text.size()), decoded_(decoded) {}
+
+  // GPT-2's encoder.json: the vocabulary and nothing else.
+  bool whole_document_vocab(std::vector<VocabEntry>& vocab) {
+    skip_space();
+    if (!vocab_object(vocab)) return false;
+    skip_space();
+    return at_ == end_;
+  }
+
+  // tokenizer.json: model.vocab and model.merges, with where they lie in the text.
+  struct Sections {
+    std::vector<VocabEntry> vocab;
+    std::vector<MergeEntry> merges;
+    std::string_view vocab_text;   // the object, braces included
+    std::string_view merges_text;  // the array, brackets included
+  };
+  bool tokenizer_document(Sections& sections) {
+    skip_space();
+    if (!next_is('{')) return false;
+    bool has_model = false;
+    const bool ok = members([&](std::string_view key) {
+      if (key != "model") return value(1);
+      if (has_model || !next_is('{')) return false;
+      has_model = true;
+      return members([&](std::string_view model_key) {
+        const char* start = at_;
+        if (model_key == "vocab") {
+          if (!sections.vocab_text.empty() || !vocab_object(sections.vocab)) return false;
+          sections.vocab_text = std::string_view(start, at_ - start);
+          return true;
+        }
+        if (model_key == "merges") {
+          if (!sections.merges_text.empty() || !merges_array(sections.merges)) return false;
+          sections.merges_text = std::string_view(start, at_ - start);
+          return true;
+        }
+        return value(2);
+      });
+    });
+    skip_space();
+    return ok && at_ == end_ && !sections.vocab_text.empty() && !sections.merges_text.empty();
+  }
+
+ private:
+  static constexpr int kMaxDepth = 64;
+
+  // A JSON string holding valid UTF-8 (escapes decode to valid UTF-8, so the decoded text is checked).
+  bool token(std::string_view& out) {
+    if (at_ == end_ || *at_ != '"') return false;
+    const char* plain_end = plain_run_end(at_ + 1, end_);
+    if (plain_end != end_ && *plain_end == '"') {
+      out = std::string_view(at_ + 1, plain_end - at_ - 1);
+      at_ = plain_end + 1;
+    } else {
+      std::string text;
+      if (!scan_json_string(at_, end_, &text)) return false;
+      out = decoded_.emplace_back(std::move(text));
+    }
+    return is_valid_utf8(out);
+  }
+
+  // After the '{': each member's key to `member`, which reads its value; up to the closing '}'.
+  template <typename ReadMember>
+  bool members(const ReadMember& member) {
+    skip_space();
+    if (next_is('}')) return true;
+    std::string_view key;
+    do {
+      skip_space();
+      if (!token(key)) return false;
+      skip_space();
+      if (!next_is(':')) return false;
+      skip_space();
+      if (!member(key)) return false;
+      skip_space();
+    } while (next_is(','));
+    return next_is('}');
+  }
+  // Any other value, skipped: strings whole, containers by their brackets, scalars up to the next delimiter
+  // (the parser checks them when it reads the rest).
+  bool value(int depth) {
+    if (at_ == end_ || depth > kMaxDepth) return false;
+    if (*at_ == '"') return scan_json_string(at_, end_, nullptr);
+    if (next_is('{')) return members([&](std::string_view) { return value(depth + 1); });
+    if (next_is('[')) {
+      skip_space();
+      if (next_is(']')) return true;
+      do {
+        skip_space();
+        if (!value(depth + 1)) return false;
+        skip_space();
+      } while (next_is(','));
+      return next_is(']');
+    }
+    const char* start = at_;
+    while (at_ != end_ && std::string_view(",}] \t\n\r\"{[:").find(*at_) == std::string_view::npos) ++at_;
+    return at_ != start;
+  }
+
+  bool vocab_object(std::vector<VocabEntry>& vocab) {
+    vocab.reserve(static_cast<size_t>(end_ - at_) / 16);  // as read_document does
+    if (!next_is('{')) return false;
+    skip_space();
+    if (next_is('}')) return true;
+    do {
+      skip_space();
+      std::string_view key;
+      if (!token(key)) return false;
+      skip_space();
+      if (!next_is(':')) return false;
+      skip_space();
+      int64_t id = 0;
+      if (at_ == end_ || *at_ < '0' || *at_ > '9') return false;
+      if (*at_ == '0') {
+        ++at_;
+      } else {
+        while (at_ != end_ && *at_ >= '0' && *at_ <= '9') {
+          id = id * 10 + (*at_++ - '0');
+          if (id > kMaxTokenId) return false;
+        }
+      }
+      vocab.emplace_back(key, id);
+      skip_space();
+    } while (next_is(','));
+    return next_is('}');
+  }
+
+  bool merges_array(std::vector<MergeEntry>& merges) {
+    merges.reserve(static_cast<size_t>(end_ - at_) / 16);
+    if (!next_is('[')) return false;
+    skip_space();
+    if (next_is(']')) return true;
+    do {
+      skip_space();
+      if (next_is('[')) {
+        std::string_view left, right;
+        skip_space();
+        if (!token(left)) return false;
+        skip_space();
+        if (!next_is(',')) return false;
+        skip_space();
+        if (!token(right)) return false;
+        skip_space();
+        if (!next_is(']')) return false;
+        merges.emplace_back(left, right);
+      } else {
+        std::string_view both;
+        if (!token(both)) return false;
+        const size_t space = both.find(' ');
+        // The checks of TokenizerFileReader::string, whose message the full parse then gives.
+        if (space == std::string::npos || space == 0 || space + 1 == both.size() ||
+            both.find(' ', space + 1) != std::string::npos) {
+          return false;
+        }
+        merges.emplace_back(both.substr(0, space), both.substr(space + 1));
+      }
+      skip_space();
+    } while (next_is(','));
+    return next_is(']');
+  }
+
+  std::deque<std::string>& decoded_;
+};
+
+// The fast path of read_document: true with `reader` filled as the full parse would fill it.
+bool scan_document(std::string_view text, TokenizerFileReader& reader) {
+  SectionScanner scanner(text, reader.decoded);
+  if (reader.whole_document_is_vocab()) {
+    if (!scanner.whole_document_vocab(reader.vocab)) return false;
+    reader.has_vocab = true;
+    return true;
+  }
+  SectionScanner::Sections sections;
+  if (!scanner.tokenizer_document(sections)) return false;
+  // The rest, with the sections emptied: the reader captures the empty ones where it would capture the full.
+  std::string_view first = sections.vocab_text, second = sections.merges_text;
+  if (first.data() > second.data()) std::swap(first, second);
+  const auto offset = [&](std::string_view part) { return static_cast<size_t>(part.data() - text.data()); };
+  std::string rest;
+  rest.reserve(text.size() - first.size() - second.size() + 4);
+  rest.append(text.substr(0, offset(first)));
+  rest.append(first.front() == '{' ? "{}" : "[]");
+  rest.append(text.substr(offset(first) + first.size(), offset(second) - offset(first) - first.size()));
+  rest.append(second.front() == '{' ? "{}" : "[]");
+  rest.append(text.substr(offset(second) + second.size()));
+  if (!json::sax_parse(rest, &reader) || !reader.has_vocab || !reader.has_merges || !reader.vocab.empty() ||
+      !reader.merges.empty()) {
+    return false;
+  }
+  reader.vocab = std::move(sections.vocab);
+  reader.merges = std::move(sections.merges);
+  return true;
+}
+
 // Parses `text`, failing with a MeshError that names `path` (and where in the file) on any problem.
-void read_document(const std::string& path, const std::string& text, TokenizerFileReader& reader,
-                   const std::string& expected_document) {
+void read_document(const std::string& path, std::string_view text, TokenizerFileReader& reader,
+                   const std::string& expected_document, JsonParse parse) {
+  if (parse == JsonParse::kFastWhereItCan && scan_document(text, reader)) return;
+  reader = TokenizerFileReader(reader.whole_document_is_vocab());
   // Room for more entries than a real file holds (Qwen3's: 36 bytes of text an entry): address space only,
   // faulted in as filled, where growing by doubling copies the entries and faults fresh pages each time.
   reader.vocab.reserve(text.size() / 16);
   reader.merges.reserve(text.size() / 16);
-  const bool ok = json::sax_parse(text, &reader);
+  const bool ok = json::sax_parse(text.begin(), text.end(), &reader);
   if (ok) return;
   const std::string where = reader.error_where.empty() ? path : path + ": " + reader.error_where;
   if (reader.error_expected == "a JSON document") fail(where, expected_document, reader.error_found);
@@ -253,7 +519,7 @@ void read_document(const std::string& path, const std::string& text, TokenizerFi
 // strings each, 450k lookups for Qwen3).
 class TokenIndex {
  public:
-  explicit TokenIndex(const std::vector<std::pair<std::string, int64_t>>& entries) : entries_(entries) {
+  explicit TokenIndex(const std::vector<VocabEntry>& entries) : entries_(entries) {
     size_t capacity = 16;
     while (capacity < entries.size() * 2) capacity *= 2;
     slots_.assign(capacity, Slot{});
@@ -261,7 +527,7 @@ class TokenIndex {
   }
   // False when the string is already there (the entry is then not added).
   bool insert(size_t entry) {
-    const std::string& token = entries_[entry].first;
+    const std::string_view token = entries_[entry].first;
     const uint64_t h = hash(token);
     for (size_t slot = h & mask_;; slot = (slot + 1) & mask_) {
       if (slots_[slot].entry_plus_one == 0) {
@@ -296,14 +562,14 @@ class TokenIndex {
     for (const char c : text) h = (h ^ static_cast<unsigned char>(c)) * 0x100000001b3ull;
     return h ^ (h >> 29);
   }
-  const std::vector<std::pair<std::string, int64_t>>& entries_;
+  const std::vector<VocabEntry>& entries_;
   std::vector<Slot> slots_;
   size_t mask_ = 0;
 };
 
 // Fills the model vocabulary (ids already checked to lie in [0, kMaxTokenId]) and indexes it for the merges.
-void read_vocab(const std::vector<std::pair<std::string, int64_t>>& vocab, const std::string& where,
-                BpeModel& model, TokenIndex& index) {
+void read_vocab(const std::vector<VocabEntry>& vocab, const std::string& where, BpeModel& model,
+                TokenIndex& index) {
   int64_t largest = -1;
   for (const auto& entry : vocab) largest = std::max(largest, entry.second);
   const auto size = static_cast<size_t>(largest + 1);
@@ -328,7 +594,7 @@ void read_vocab(const std::vector<std::pair<std::string, int64_t>>& vocab, const
   }
 }
 
-void read_merges(const std::vector<std::pair<std::string, std::string>>& merges, const TokenIndex& index,
+void read_merges(const std::vector<MergeEntry>& merges, const TokenIndex& index,
                  const std::function<std::string(size_t)>& where_of_merge, BpeModel& model) {
   model.merges.reserve(merges.size());
   std::string both;
@@ -481,10 +747,15 @@ void read_added_tokens(const json& node, const std::string& where, BpeModel& mod
 
 }  // namespace
 
-BpeModel load_hugging_face(const std::string& path) {
-  const std::string text = read_file_text(path, "tokenizer file");
+bool fast_scanner_reads(std::string_view text, bool whole_document_is_vocab) {
+  TokenizerFileReader reader(whole_document_is_vocab);
+  return scan_document(text, reader);
+}
+
+BpeModel load_hugging_face(const std::string& path, JsonParse parse) {
+  const FileText file(path);
   TokenizerFileReader reader(false);
-  read_document(path, text, reader, "a JSON document (a Hugging Face tokenizer.json)");
+  read_document(path, file.text(), reader, "a JSON document (a Hugging Face tokenizer.json)", parse);
   const json& root = reader.rest;
   if (!root.is_object() || !root.contains("model") || !root["model"].is_object()) {
     fail(path, "a Hugging Face tokenizer.json (a JSON object with a \"model\" object)",
@@ -546,19 +817,20 @@ BpeModel load_hugging_face(const std::string& path) {
 
 // GPT-2's original files: encoder.json ({token: id}) and vocab.bpe ("#version" line, then "a b" merges).
 // No added tokens: "<|endoftext|>" in text is encoded like any other text, as GPT-2's encoder does.
-BpeModel load_gpt2(const std::string& encoder_path, const std::string& merges_path) {
-  const std::string text = read_file_text(encoder_path, "tokenizer file");
+BpeModel load_gpt2(const std::string& encoder_path, const std::string& merges_path, JsonParse parse) {
+  const FileText encoder_file(encoder_path);
   TokenizerFileReader reader(true);
   const std::string expected = "a JSON object {\"token\": id, ...} (GPT-2's encoder.json)";
-  read_document(encoder_path, text, reader, expected);
+  read_document(encoder_path, encoder_file.text(), reader, expected, parse);
   if (!reader.has_vocab) fail(encoder_path, expected, "JSON " + std::string(reader.rest.type_name()));
   BpeModel model;
   model.source_path = encoder_path;
   TokenIndex index(reader.vocab);
   read_vocab(reader.vocab, encoder_path, model, index);
 
-  const std::string merges_text = read_file_text(merges_path, "tokenizer file");
-  std::vector<std::pair<std::string, std::string>> merges;
+  const FileText merges_file(merges_path);
+  const std::string_view merges_text = merges_file.text();
+  std::vector<MergeEntry> merges;
   std::vector<size_t> line_numbers;
   size_t line_number = 0;
   for (size_t start = 0; start < merges_text.size();) {
