@@ -16,6 +16,7 @@
 #include "meshtrain/plan/plan.h"
 #include "meshtrain/plan/program.h"
 #include "meshtrain/runtime/engine.h"
+#include "split_programs.h"
 #include "tiny_batch.h"
 #include "tiny_plan.h"
 
@@ -40,34 +41,11 @@ TrainingPlan plan_with_slots(const Config& config, int64_t slots, int64_t device
 }
 
 ProgramEntry forward_entry(int64_t micro_batch, int64_t slot) {
-  ProgramEntry entry{KernelName::forward, micro_batch};
-  entry.slot = slot;
-  return entry;
+  return testing::split_entry(KernelName::forward, micro_batch, slot);
 }
 
 ProgramEntry backward_entry(int64_t micro_batch, int64_t slot) {
-  ProgramEntry entry{KernelName::backward, micro_batch};
-  entry.slot = slot;
-  return entry;
-}
-
-// GPipe on one stage: F0 F1 F2 F3 B0 B1 B2 B3, micro-batch m in slot m.
-std::vector<ProgramEntry> gpipe_gradients() {
-  std::vector<ProgramEntry> entries = {{KernelName::zero_gradients}};
-  for (int64_t m = 0; m < kMicroBatches; ++m) entries.push_back(forward_entry(m, m));
-  for (int64_t m = 0; m < kMicroBatches; ++m) entries.push_back(backward_entry(m, m));
-  return entries;
-}
-
-// 1F1B as a first stage of two runs it: F0 F1 B0 F2 B1 F3 B2 B3, micro-batch m in slot m % 2.
-std::vector<ProgramEntry> one_f_one_b_gradients() {
-  std::vector<ProgramEntry> entries = {
-      {KernelName::zero_gradients}, forward_entry(0, 0), forward_entry(1, 1)};
-  for (int64_t m = 0; m < kMicroBatches; ++m) {
-    entries.push_back(backward_entry(m, m % 2));
-    if (m + 2 < kMicroBatches) entries.push_back(forward_entry(m + 2, m % 2));
-  }
-  return entries;
+  return testing::split_entry(KernelName::backward, micro_batch, slot);
 }
 
 std::vector<char> bytes_of(const Engine& engine, BufferId id) {
@@ -124,8 +102,9 @@ void expect_split_equals_fused(const Config& config, const std::string& what) {
     expected.push_back(run_step(fused, fused.plan().program.gradients, step));
   ASSERT_GT(expected[0].sums.valid_count, 0) << what;
   ASSERT_GT(expected[1].update.raw_grad_norm, 0.0) << what;  // the comparisons can fail
-  for (const auto& [schedule, slots, gradients] : {std::tuple{"gpipe", kMicroBatches, gpipe_gradients()},
-                                                   std::tuple{"1f1b", int64_t{2}, one_f_one_b_gradients()}}) {
+  for (const auto& [schedule, slots, gradients] :
+       {std::tuple{"gpipe", kMicroBatches, testing::gpipe_gradients(kMicroBatches)},
+        std::tuple{"1f1b", int64_t{2}, testing::one_f_one_b_gradients(kMicroBatches, 2)}}) {
     Engine split(plan_with_slots(config, slots));
     split.set_poison_temporaries(true);
     for (int64_t step = 0; step < 2; ++step) {
@@ -199,7 +178,7 @@ TEST(SplitKernels, AnActivationLeftAmongTheTemporariesIsCaught) {
   ASSERT_GE(moved, 0);
   Engine split(std::move(plan));
   split.set_poison_temporaries(true);
-  const StepResult result = run_step(split, gpipe_gradients(), 0);
+  const StepResult result = run_step(split, testing::gpipe_gradients(kMicroBatches), 0);
   EXPECT_FALSE(result.gradients == expected.gradients)
       << split.plan().buffers[static_cast<size_t>(moved)].name;
 }
