@@ -122,6 +122,18 @@ void check_field(const std::vector<T>& source, const char* field, int64_t expect
   }
 }
 
+// A split kernel's activation slot, bound while it loads its batch and runs, and unbound however that ends.
+class SlotScope {
+ public:
+  SlotScope(int64_t& bound, int64_t slot) : bound_(bound) { bound_ = slot; }
+  ~SlotScope() { bound_ = ProgramEntry::kNoSlot; }
+  SlotScope(const SlotScope&) = delete;
+  SlotScope& operator=(const SlotScope&) = delete;
+
+ private:
+  int64_t& bound_;
+};
+
 ArenaMemory arena_memory(const kernels::KernelBackend& backend) {
   return {backend.memory_allocate, backend.memory_free, backend.device_description()};
 }
@@ -750,11 +762,10 @@ LossSums Engine::forward(const Batch& batch, int64_t slot) {
   MT_CHECK(!slot_in_flight_[static_cast<size_t>(slot)], "a forward into activation slot " +
                                                             std::to_string(slot) +
                                                             ", whose micro-batch's backward has not run");
-  slot_ = slot;
+  const SlotScope bound(slot_, slot);
   load_batch(batch);
   overlap_ = false;
   const LossSums sums = run(KernelName::forward);
-  slot_ = ProgramEntry::kNoSlot;
   slot_in_flight_[static_cast<size_t>(slot)] = true;
   return sums;
 }
@@ -763,10 +774,9 @@ LossSums Engine::backward(int64_t slot) {
   check_slot(slot);
   MT_CHECK(slot_in_flight_[static_cast<size_t>(slot)],
            "a backward from activation slot " + std::to_string(slot) + ", which holds no forward");
-  slot_ = slot;
+  const SlotScope bound(slot_, slot);
   overlap_ = false;
   const LossSums sums = run(KernelName::backward);
-  slot_ = ProgramEntry::kNoSlot;
   slot_in_flight_[static_cast<size_t>(slot)] = false;
   return sums;
 }

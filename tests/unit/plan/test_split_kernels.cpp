@@ -11,6 +11,7 @@
 #include <tuple>
 #include <vector>
 
+#include "error_text.h"
 #include "meshtrain/config/config.h"
 #include "meshtrain/core/arena.h"
 #include "meshtrain/plan/plan.h"
@@ -319,6 +320,11 @@ TEST(SplitKernels, ASlotIsFilledOnceAndReadOnce) {
             std::string::npos);
   Engine valid(plan_with_slots(config, 2));
   EXPECT_EQ(refusal_of(valid, {zero, forward_entry(0, 0), backward_entry(0, 0), eval}), "");
+  // A bad batch is the user's error, named before its forward fills the slot, which stays free.
+  Batch bad = testing::tiny_batch(valid.spec().dims, 0);
+  bad.tokens[0] = -1;
+  EXPECT_NE(testing::error_of([&] { valid.forward(bad, 1); }).find("batch token 0"), std::string::npos);
+  EXPECT_EQ(refusal_of(valid, {forward_entry(1, 1), backward_entry(1, 1), eval}), "");
 }
 
 }  // namespace
