@@ -149,10 +149,12 @@ TEST(SplitKernels, Gpt2GivesTheFusedStepBitwise) {
 
 // MLA, MoE (its routing sums, and the balance loss its forward adds), Engram and mHC.
 TEST(SplitKernels, DeepseekStyleGivesTheFusedStepBitwise) {
-  for (const char* remat : {"none", "full"}) {
-    expect_split_equals_fused(testing::tiny_deepseek_config(step_keys(
-                                  {"load_balance_loss_weight=0.01", std::string("remat_policy=") + remat})),
-                              std::string("deepseek remat ") + remat);
+  for (const auto& [remat, scan] :
+       {std::pair{"none", "false"}, std::pair{"full", "false"}, std::pair{"minimal", "true"}}) {
+    expect_split_equals_fused(testing::tiny_deepseek_config(step_keys({"load_balance_loss_weight=0.01",
+                                                                       std::string("remat_policy=") + remat,
+                                                                       std::string("scan_layers=") + scan})),
+                              std::string("deepseek remat ") + remat + " scan " + scan);
   }
 }
 
