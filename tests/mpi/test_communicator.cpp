@@ -1,6 +1,6 @@
 // Multi-process tests of the MPI communicator, run under mpirun (any number of ranks; CI runs 2 and 4):
-// every call's values and byte counters, splits and the mesh sub-communicators, non-blocking overlap, and the
-// engine's executor of send_recv ops (runtime/transfers.h).
+// every call's values and byte counters, splits and the mesh sub-communicators, non-blocking overlap, the
+// engine's executor of send_recv ops (runtime/transfers.h), and the engine's split kernels on a mesh.
 // With --stall RANK it is instead the failure case that tests/mpi/stall_timeout.sh drives: RANK sleeps
 // past the collective timeout and the others must name it and end the job.
 #include <chrono>
@@ -11,11 +11,16 @@
 #include <functional>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "meshtrain/comm/communicator.h"
 #include "meshtrain/core/error.h"
+#include "meshtrain/runtime/engine.h"
 #include "meshtrain/runtime/transfers.h"
+#include "plan/split_programs.h"
+#include "plan/tiny_plan.h"
+#include "tiny_batch.h"
 
 namespace meshtrain {
 namespace {
@@ -386,6 +391,81 @@ void test_nonblocking(Communicator& world) {
   check(ok, "chunked all_reduce and send/recv");
 }
 
+// The split kernels (plan.h's ActivationStash) on 2 and 4 ranks: GPipe's and 1F1B's orders of forward and
+// backward give the fused step bitwise with FSDP's gathers and reduce-scatters, the tensor- and
+// context-parallel collectives inside the kernels, and the data-axis reductions in update (which the fused
+// step's last backward overlaps). Each rank compares its own loss sums, norms and stored parameters.
+void test_split_kernels(Communicator& world) {
+  const int n = world.size();
+  if (n != 2 && n != 4) return;
+  const std::vector<std::vector<std::string>> meshes =
+      n == 2 ? std::vector<std::vector<std::string>>{{"mesh.data=2"},
+                                                     {"mesh.fsdp=2"},
+                                                     {"mesh.tensor=2"},
+                                                     {"mesh.context=2"}}
+             : std::vector<std::vector<std::string>>{{"mesh.data=2", "mesh.fsdp=2"},
+                                                     {"mesh.data=2", "mesh.tensor=2"},
+                                                     {"mesh.fsdp=2", "mesh.context=2"}};
+  constexpr int64_t kMicroBatches = 4;
+  for (const std::vector<std::string>& mesh : meshes) {
+    std::vector<std::string> keys = {"gradient_accumulation_steps=4",
+                                     "init_weights_seed=3",
+                                     "mesh.data=1",
+                                     "mesh.fsdp=1",
+                                     "mesh.tensor=1",
+                                     "mesh.context=1"};
+    const Config config = testing::tiny_config(testing::with_overrides(keys, mesh));
+    struct Step {
+      double loss_sum = 0.0, grad_norm = 0.0;
+      std::vector<float> parameters;
+    };
+    // Two steps of `gradients` on a plan with `slots` activation slots.
+    const auto run = [&](const std::vector<ProgramEntry>* gradients, int64_t slots) {
+      PlanRequest request;
+      request.config = config;
+      request.devices = n;
+      request.activation_slots = slots;
+      TrainingPlan plan = plan_training(request);
+      MeshCommunicators axes = make_mesh_communicators(world, plan.mesh);
+      Engine engine(std::move(plan), {&world, &axes});
+      engine.set_poison_temporaries(true);
+      std::vector<Step> steps;
+      for (int64_t step = 0; step < 2; ++step) {
+        const auto batches = [&](int64_t micro) {
+          return testing::tiny_batch(engine.spec().dims, static_cast<uint64_t>(10 * step + micro));
+        };
+        const LossSums sums =
+            engine.run_program(gradients ? *gradients : engine.plan().program.gradients, {batches}).sums;
+        const ProgramInputs update{
+            .micro_batch = nullptr, .valid_count = sums.valid_count, .learning_rate = 1e-2, .step = step};
+        Step result{
+            sums.loss_sum, engine.run_program(engine.plan().program.update, update).update.grad_norm, {}};
+        for (size_t p = 0; p < engine.spec().parameters.size(); ++p) {
+          const TensorView value = engine.parameters().value(p);
+          result.parameters.insert(result.parameters.end(), value.f32(), value.f32() + value.elements());
+        }
+        steps.push_back(std::move(result));
+      }
+      return steps;
+    };
+    const std::vector<Step> fused = run(nullptr, 0);
+    check(fused[1].grad_norm > 0.0, "split kernels: the fused step's gradients are not zero");
+    const std::vector<ProgramEntry> gpipe = testing::gpipe_gradients(kMicroBatches),
+                                    one_f_one_b = testing::one_f_one_b_gradients(kMicroBatches, 2);
+    for (const auto& [schedule, gradients, slots] :
+         {std::tuple{"gpipe", &gpipe, kMicroBatches}, std::tuple{"1f1b", &one_f_one_b, int64_t{2}}}) {
+      const std::vector<Step> split = run(gradients, slots);
+      for (size_t step = 0; step < split.size(); ++step) {
+        const std::string what = std::string("split kernels ") + schedule + " " + mesh.front() +
+                                 (mesh.size() > 1 ? " " + mesh.back() : "") + " step " + std::to_string(step);
+        check(split[step].loss_sum == fused[step].loss_sum, what + ": loss sum");
+        check(split[step].grad_norm == fused[step].grad_norm, what + ": grad norm");
+        check(split[step].parameters == fused[step].parameters, what + ": parameters");
+      }
+    }
+  }
+}
+
 int run_all_tests() {
   auto world = make_world_communicator(60.0);
   world_rank = world->rank();
@@ -401,7 +481,8 @@ int run_all_tests() {
       {"flags_and_hashes", test_flags_and_hashes},
       {"split", test_split},
       {"mesh", test_mesh},
-      {"nonblocking", test_nonblocking}};
+      {"nonblocking", test_nonblocking},
+      {"split_kernels", test_split_kernels}};
   for (const auto& [name, test] : tests) {
     try {
       test(*world);

@@ -15,39 +15,10 @@
 namespace meshtrain {
 namespace {
 
-// A two-layer DeepSeek-style model with Engram on both layers, MoE (with its selection bias) and mHC, so
-// every parameter role and both groups occur.
-Config engram_config(const std::vector<std::string>& extra = {}) {
-  return load_config("deepseek-custom-tiny", testing::with_overrides({"base_emb_dim=32",
-                                                                      "base_num_query_heads=2",
-                                                                      "base_num_kv_heads=2",
-                                                                      "base_mlp_dim=48",
-                                                                      "base_num_decoder_layers=2",
-                                                                      "kv_lora_rank=8",
-                                                                      "qk_nope_head_dim=8",
-                                                                      "qk_rope_head_dim=4",
-                                                                      "v_head_dim=8",
-                                                                      "q_lora_rank=8",
-                                                                      "num_experts=4",
-                                                                      "base_moe_mlp_dim=16",
-                                                                      "engram_layers=[0,1]",
-                                                                      "engram_num_heads=2",
-                                                                      "engram_head_dim=4",
-                                                                      "engram_vocab_bases=[31,37]",
-                                                                      "engram_kernel_size=2",
-                                                                      "mhc_expansion_rate=2",
-                                                                      "vocab_size=100",
-                                                                      "max_target_length=16",
-                                                                      "per_device_batch_size=2",
-                                                                      "dataset_type=synthetic",
-                                                                      "tokenizer_path="},
-                                                                     extra));
-}
-
 TEST(Optimizer, GroupsGiveEngramTablesTheirMultiplierAndDecay) {
   for (const std::string decay : {"0.0", "0.5"}) {
-    const Config config =
-        engram_config({"engram_learning_rate_multiplier=3.0", "engram_weight_decay=" + decay});
+    const Config config = testing::tiny_deepseek_config(
+        {"engram_learning_rate_multiplier=3.0", "engram_weight_decay=" + decay});
     ModelSpec spec = build_model_spec(config);
     const OptimizerDecl optimizer = apply_optimizer(spec, config);
     ASSERT_EQ(optimizer.groups.size(), 2u);

@@ -13,7 +13,6 @@
 #include "meshtrain/checkpoint/checkpoint_layout.h"
 #include "meshtrain/config/config.h"
 #include "meshtrain/core/error.h"
-#include "meshtrain/data/engram_hash.h"
 #include "meshtrain/kernels/backend.h"
 #include "meshtrain/model/segments.h"
 #include "meshtrain/model/spec.h"
@@ -327,14 +326,6 @@ TEST(Scan, CheckpointPlacesPutTheLayerAxisAtParamScanAxis) {
             "decoder/layers_3/mlp/wo/kernel");
 }
 
-// The tests' packed batch, with Engram's hash ids for a model that has Engram layers.
-Batch batch_of(const Config& config, const ModelDims& m, uint64_t seed) {
-  Batch batch = testing::tiny_batch(m, seed);
-  if (!config.engram_layers.empty())
-    make_engram_hashing(engram_hash_options(config), nullptr).add_to(batch, m.S);
-  return batch;
-}
-
 std::vector<char> bytes_of(const TensorView& view) {
   const char* data = static_cast<const char*>(view.data);
   return {data, data + view.bytes()};
@@ -366,7 +357,8 @@ void expect_layouts_train_alike(const Config& config) {
   ASSERT_NE(per_layer.spec().parameters.size(), stacked.spec().parameters.size());
   expect_same_tensors(per_layer, stacked, false, "at init");
   for (int64_t step = 0; step < 3; ++step) {
-    const Batch batch = batch_of(config, per_layer.spec().dims, 40 + static_cast<uint64_t>(step));
+    const Batch batch =
+        testing::tiny_batch_for(config, per_layer.spec().dims, 40 + static_cast<uint64_t>(step));
     const LossSums a = per_layer.fwd_bwd(batch), b = stacked.fwd_bwd(batch);
     EXPECT_EQ(a.loss_sum, b.loss_sum) << "step " << step;
     EXPECT_EQ(a.routing.expert_load, b.routing.expert_load);

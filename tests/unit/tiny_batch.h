@@ -6,8 +6,11 @@
 #include <cstdint>
 #include <random>
 
+#include "meshtrain/config/config.h"
 #include "meshtrain/data/batch.h"
+#include "meshtrain/data/engram_hash.h"
 #include "meshtrain/model/spec.h"
+#include "meshtrain/runtime/engram_inputs.h"
 
 namespace meshtrain::testing {
 
@@ -25,6 +28,14 @@ inline Batch tiny_batch(const ModelDims& m, uint64_t seed) {
       batch.loss_mask.push_back(s % 5 == 3 ? 0 : 1);
     }
   }
+  return batch;
+}
+
+// tiny_batch with Engram's hash ids for a model that has Engram layers.
+inline Batch tiny_batch_for(const Config& config, const ModelDims& m, uint64_t seed) {
+  Batch batch = tiny_batch(m, seed);
+  if (!config.engram_layers.empty())
+    make_engram_hashing(engram_hash_options(config), nullptr).add_to(batch, m.S);
   return batch;
 }
 

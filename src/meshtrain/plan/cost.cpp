@@ -66,8 +66,11 @@ MemoryFigures memory_figures(const TrainingPlan& plan, const KernelPlan& kernel,
   // The arguments: every persistent buffer the kernel touches (a shard viewed inside one counts as it).
   std::set<PlanBufferId> arguments;
   for (const PlanOp& op : kernel.ops) {
-    for (const auto& binding : op.buffers) {
+    for (size_t b = 0; b < op.buffers.size(); ++b) {
+      const auto& binding = op.buffers[b];
       const PlanBuffer& buffer = plan.buffers[static_cast<size_t>(binding.second)];
+      // A batch input the split kernels read from their activation slot counts among their temporaries.
+      if (plan.stash.in_slot_zero(op.offsets[b])) continue;
       if (buffer.persistent || buffer.part_of >= 0)
         arguments.insert(buffer.part_of >= 0 ? buffer.part_of : binding.second);
     }

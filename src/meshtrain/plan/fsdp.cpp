@@ -7,10 +7,12 @@
 
 namespace meshtrain {
 
-std::vector<PlanStep> insert_fsdp(TrainingPlan& plan, const std::vector<std::vector<const OpDecl*>>& phases,
-                                  const std::vector<std::vector<bool>>& recompute, bool with_gradients) {
+std::vector<std::vector<PlanStep>> insert_fsdp(TrainingPlan& plan,
+                                               const std::vector<std::vector<const OpDecl*>>& phases,
+                                               const std::vector<std::vector<bool>>& recompute,
+                                               bool with_gradients) {
   const ModelSpec& spec = plan.spec;
-  std::vector<PlanStep> steps;
+  std::vector<std::vector<PlanStep>> steps(phases.size());
   for (size_t p = 0; p < phases.size(); ++p) {
     const std::vector<const OpDecl*>& ops = phases[p];
     std::map<size_t, std::vector<const OpDecl*>> before, after;
@@ -72,9 +74,9 @@ std::vector<PlanStep> insert_fsdp(TrainingPlan& plan, const std::vector<std::vec
       }
     }
     for (size_t i = 0; i < ops.size(); ++i) {
-      for (const OpDecl* op : before[i]) steps.push_back(step_of(op));
-      steps.push_back(step_of(ops[i], recompute[p][i]));
-      for (const OpDecl* op : after[i]) steps.push_back(step_of(op));
+      for (const OpDecl* op : before[i]) steps[p].push_back(step_of(op));
+      steps[p].push_back(step_of(ops[i], recompute[p][i]));
+      for (const OpDecl* op : after[i]) steps[p].push_back(step_of(op));
     }
   }
   return steps;

@@ -56,11 +56,13 @@ std::vector<PlanStep> backward_with_recompute(const ModelSpec& spec);
 
 // fsdp.cpp: `phases` (forward, then backward or the eval loss) with FSDP's gathers of each sharded
 // parameter before its first use in each phase, and (with_gradients) the zeroing of its full gradient
-// before the first write and its reduce-scatter into the shard after the last.
-std::vector<PlanStep> insert_fsdp(TrainingPlan& plan, const std::vector<std::vector<const OpDecl*>>& phases,
-                                  const std::vector<std::vector<bool>>& recompute, bool with_gradients);
+// before the first write and its reduce-scatter into the shard after the last; the steps of each phase.
+std::vector<std::vector<PlanStep>> insert_fsdp(TrainingPlan& plan,
+                                               const std::vector<std::vector<const OpDecl*>>& phases,
+                                               const std::vector<std::vector<bool>>& recompute,
+                                               bool with_gradients);
 
-// reductions.cpp: fwd_bwd's first op, zeroing every gradient accumulator.
+// reductions.cpp: fwd_bwd's first op (and zero_gradients' only one), zeroing every gradient accumulator.
 const OpDecl* add_zero_gradients_op(TrainingPlan& plan);
 // reductions.cpp: the update kernel's steps: the gradient reductions, the global norm, the clip, AdamW on
 // the local shard, ZeRO-1's parameter all-gather.

@@ -17,9 +17,16 @@
 namespace meshtrain {
 namespace {
 
-// The op order of one kernel, before liveness.
-std::vector<PlanStep> kernel_steps(TrainingPlan& plan, KernelName kernel) {
-  if (kernel == KernelName::update) return update_steps(plan);
+// The op order of one kernel, before liveness, and where its second phase (the backward, or eval's loss)
+// begins.
+struct KernelSteps {
+  std::vector<PlanStep> steps;
+  size_t backward_begin = 0;
+};
+
+KernelSteps kernel_steps(TrainingPlan& plan, KernelName kernel) {
+  if (kernel == KernelName::update) return {update_steps(plan), 0};
+  if (kernel == KernelName::zero_gradients) return {{step_of(add_zero_gradients_op(plan))}, 0};
   const ModelSpec& spec = plan.spec;
   std::vector<std::vector<const OpDecl*>> phases(2);
   std::vector<std::vector<bool>> recompute(2);
@@ -39,43 +46,132 @@ std::vector<PlanStep> kernel_steps(TrainingPlan& plan, KernelName kernel) {
       recompute[1].push_back(step.recompute);
     }
   }
-  std::vector<PlanStep> steps;
-  if (kernel == KernelName::fwd_bwd) steps.push_back(step_of(add_zero_gradients_op(plan)));
-  for (PlanStep& step : insert_fsdp(plan, phases, recompute,
-                                    kernel == KernelName::fwd_bwd || kernel == KernelName::fwd_bwd_accum))
-    steps.push_back(std::move(step));
-  return steps;
+  KernelSteps result;
+  if (kernel == KernelName::fwd_bwd) result.steps.push_back(step_of(add_zero_gradients_op(plan)));
+  std::vector<std::vector<PlanStep>> phase_steps = insert_fsdp(
+      plan, phases, recompute, kernel == KernelName::fwd_bwd || kernel == KernelName::fwd_bwd_accum);
+  for (size_t p = 0; p < phase_steps.size(); ++p) {
+    if (p == 1) result.backward_begin = result.steps.size();
+    for (PlanStep& step : phase_steps[p]) result.steps.push_back(std::move(step));
+  }
+  return result;
 }
 
-KernelPlan plan_kernel(TrainingPlan& plan, KernelName kernel) {
-  const std::vector<PlanStep> steps = kernel_steps(plan, kernel);
+constexpr size_t kNotStashed = SIZE_MAX;
+
+// The plan of the kernel made of steps [begin, end) of `steps`, whose live ranges `liveness` gives: every
+// binding's arena offset, and the temporaries placed from `temporaries_begin` up. `stash_of_value` (the split
+// kernels; empty otherwise): per value of `liveness`, its arena offset in the stash's slot 0, or
+// kNotStashed; a stashed value is no temporary of the kernel, nor is a batch input the stash holds.
+KernelPlan place_kernel(TrainingPlan& plan, KernelName kernel, const std::vector<PlanStep>& steps,
+                        size_t begin, size_t end, const Liveness& liveness, size_t temporaries_begin,
+                        const std::vector<size_t>& stash_of_value = {}) {
   KernelPlan result;
   result.kernel = kernel;
-  const Liveness liveness = plan_liveness(plan, steps, kernel);
-  result.values = liveness.values;
+  const auto stashed = [&](size_t value) {
+    return !stash_of_value.empty() && stash_of_value[value] != kNotStashed;
+  };
+  std::vector<size_t> kernel_value(liveness.values.size(), kNotStashed);  // liveness value -> result.values
   std::vector<AllocatorValue> live_ranges;
-  for (const PlanValue& value : result.values) {
+  for (size_t v = 0; v < liveness.values.size(); ++v) {
+    PlanValue value = liveness.values[v];
+    if (stashed(v) || value.first_op < static_cast<int32_t>(begin) ||
+        value.last_op >= static_cast<int32_t>(end))
+      continue;
+    value.first_op -= static_cast<int32_t>(begin);
+    value.last_op -= static_cast<int32_t>(begin);
+    kernel_value[v] = result.values.size();
+    result.values.push_back(value);
     live_ranges.push_back(
         {plan.buffers[static_cast<size_t>(value.buffer)].bytes, value.first_op, value.last_op});
   }
   const Allocation temporaries = allocate(live_ranges);
   for (size_t v = 0; v < result.values.size(); ++v)
-    result.values[v].offset = plan.persistent_bytes + temporaries.offsets[v];
+    result.values[v].offset = temporaries_begin + temporaries.offsets[v];
   // Each op with the arena offset behind every binding.
-  for (size_t i = 0; i < steps.size(); ++i) {
+  for (size_t i = begin; i < end; ++i) {
     const PlanStep& step = steps[i];
     PlanOp op{step.op, step.recompute, 0.0, 0.0, 0.0, 0.0, step_share(plan, step), step.buffers, {}};
     for (size_t b = 0; b < step.buffers.size(); ++b) {
       const size_t value = liveness.value_of_step[i][b];
-      op.offsets.push_back(value == Liveness::kPersistent
-                               ? plan.buffers[static_cast<size_t>(step.buffers[b].second)].offset
-                               : result.values[value].offset);
+      const PlanBufferId id = step.buffers[b].second;
+      if (value == Liveness::kPersistent) {
+        const ActivationStash::Entry* input = stash_of_value.empty() ? nullptr : plan.stash.find(id);
+        op.offsets.push_back(input ? plan.stash.offset + input->offset
+                                   : plan.buffers[static_cast<size_t>(id)].offset);
+      } else {
+        op.offsets.push_back(stashed(value) ? stash_of_value[value]
+                                            : result.values[kernel_value[value]].offset);
+      }
     }
     result.ops.push_back(std::move(op));
   }
   cost_kernel(plan, result);
-  result.memory = memory_figures(plan, result, temporaries.extent);
+  result.memory =
+      memory_figures(plan, result, temporaries_begin - plan.persistent_bytes + temporaries.extent);
   return result;
+}
+
+KernelPlan plan_kernel(TrainingPlan& plan, KernelName kernel) {
+  const std::vector<PlanStep> steps = kernel_steps(plan, kernel).steps;
+  return place_kernel(plan, kernel, steps, 0, steps.size(), plan_liveness(plan, steps, kernel),
+                      plan.persistent_bytes);
+}
+
+// The split kernels over `slots` activation slots (ActivationStash): zero_gradients, then fwd_bwd_accum's
+// steps cut where its backward begins, so forward then backward run exactly fwd_bwd_accum's ops in its order
+// (and zero_gradients then both, fwd_bwd's). Their live ranges are fwd_bwd_accum's: a value written before
+// the cut and read after it is one the backward needs from the forward, whatever the remat policy kept.
+void plan_split_kernels(TrainingPlan& plan, int64_t slots) {
+  plan.kernels.push_back(plan_kernel(plan, KernelName::zero_gradients));
+  const KernelSteps fused = kernel_steps(plan, KernelName::fwd_bwd_accum);
+  const std::vector<PlanStep>& steps = fused.steps;
+  const auto cut = static_cast<int32_t>(fused.backward_begin);
+  const Liveness liveness = plan_liveness(plan, steps, KernelName::fwd_bwd_accum);
+  ActivationStash& stash = plan.stash;
+  std::vector<size_t> entry_of_value(liveness.values.size(), kNotStashed);
+  for (size_t v = 0; v < liveness.values.size(); ++v) {
+    const PlanValue& value = liveness.values[v];
+    if (value.first_op < cut && value.last_op >= cut) {
+      entry_of_value[v] = stash.entries.size();
+      stash.entries.push_back({value.buffer, 0});
+    }
+  }
+  // The batch is loaded once, before its forward: the backward reads the slot's copy of what it reads. The
+  // forward writes no other persistent buffer but gradients (added into, never read back by a backward), so
+  // nothing else a backward reads can have changed since its own forward.
+  for (size_t i = 0; i < steps.size(); ++i) {
+    for (size_t b = 0; b < steps[i].buffers.size(); ++b) {
+      const PlanBufferId id = steps[i].buffers[b].second;
+      const PlanBuffer& buffer = plan.buffers[static_cast<size_t>(id)];
+      if (liveness.value_of_step[i][b] != Liveness::kPersistent) continue;
+      MT_CHECK(static_cast<int32_t>(i) >= cut || buffer.kind == BufferKind::input ||
+                   buffer.kind == BufferKind::gradient ||
+                   !contains(steps[i].op->writes, steps[i].buffers[b].first),
+               "forward op '" + steps[i].op->name + "' writes persistent '" + buffer.name +
+                   "', which a micro-batch's backward would read after another's forward");
+      if (static_cast<int32_t>(i) >= cut && buffer.kind == BufferKind::input && !stash.find(id))
+        stash.entries.push_back({id, 0});
+    }
+  }
+  // All of them are live at the cut: the allocator packs them into one slot.
+  std::vector<AllocatorValue> at_cut;
+  for (const ActivationStash::Entry& entry : stash.entries)
+    at_cut.push_back({plan.buffers[static_cast<size_t>(entry.buffer)].bytes, cut, cut});
+  const Allocation slot = allocate(at_cut);
+  for (size_t e = 0; e < stash.entries.size(); ++e) stash.entries[e].offset = slot.offsets[e];
+  stash.slots = slots;
+  stash.slot_bytes = slot.extent;
+  stash.offset = plan.persistent_bytes;
+  std::vector<size_t> stash_of_value(liveness.values.size(), kNotStashed);
+  for (size_t v = 0; v < liveness.values.size(); ++v) {
+    if (entry_of_value[v] != kNotStashed)
+      stash_of_value[v] = stash.offset + stash.entries[entry_of_value[v]].offset;
+  }
+  plan.kernels.push_back(place_kernel(plan, KernelName::forward, steps, 0, fused.backward_begin, liveness,
+                                      stash.end(), stash_of_value));
+  plan.kernels.push_back(place_kernel(plan, KernelName::backward, steps, fused.backward_begin, steps.size(),
+                                      liveness, stash.end(), stash_of_value));
 }
 
 }  // namespace
@@ -92,6 +188,12 @@ const char* kernel_name(KernelName kernel) {
       return "eval";
     case KernelName::decode:
       return "decode";
+    case KernelName::zero_gradients:
+      return "zero_gradients";
+    case KernelName::forward:
+      return "forward";
+    case KernelName::backward:
+      return "backward";
   }
   return "?";
 }
@@ -226,6 +328,8 @@ TrainingPlan plan_training(const PlanRequest& request) {
         plan.kernels.push_back(plan_kernel(plan, kernel));
       }
     }
+    // After the requested kernels, so their plans (buffer ids included) are the same with or without.
+    if (request.activation_slots > 0) plan_split_kernels(plan, request.activation_slots);
   }
   size_t largest_temps = 0;
   for (const KernelPlan& kernel : plan.kernels) largest_temps = std::max(largest_temps, kernel.memory.temps);

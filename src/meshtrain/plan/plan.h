@@ -1,10 +1,11 @@
 // The ahead-of-time plan (shared/specs/aot-plan.md): from (model config, mesh, topology, micro-batch), one
-// plan per kernel (fwd_bwd, fwd_bwd_accum, update, eval) with the ordered ops (FLOPs, bytes, collective bytes
-// per mesh axis, predicted time), every buffer with its kind, per-device shape, mesh axes and live ranges,
-// arena offsets from a liveness-based allocator, and the memory figures. `meshtrain compile` and the live
-// engine call the same plan_training(); the engine allocates exactly plan.arena_bytes and runs each kernel's
-// op order, binding every buffer an op touches to the planned offset, in the order of the step's program
-// (plan/program.h).
+// plan per kernel (fwd_bwd, fwd_bwd_accum, update, eval; and for pipeline schedules, on request, the split
+// kernels zero_gradients, forward and backward over activation slots) with the ordered ops (FLOPs, bytes,
+// collective bytes per mesh axis, predicted time), every buffer with its kind, per-device shape, mesh axes
+// and live ranges, arena offsets from a liveness-based allocator, and the memory figures. `meshtrain compile`
+// and the live engine call the same plan_training(); the engine allocates exactly plan.arena_bytes and runs
+// each kernel's op order, binding every buffer an op touches to the planned offset, in the order of the
+// step's program (plan/program.h).
 #pragma once
 
 #include <array>
@@ -24,7 +25,9 @@
 namespace meshtrain {
 
 // `decode` is the decode spec's one-token step (plan/decode.h); kKernelNames lists the training kernels.
-enum class KernelName { fwd_bwd, fwd_bwd_accum, update, eval, decode };
+// zero_gradients, forward and backward are a micro-batch's fwd_bwd_accum cut at its backward, for pipeline
+// schedules (planned only with PlanRequest::activation_slots > 0; see ActivationStash).
+enum class KernelName { fwd_bwd, fwd_bwd_accum, update, eval, decode, zero_gradients, forward, backward };
 inline constexpr std::array<KernelName, 4> kKernelNames = {KernelName::fwd_bwd, KernelName::fwd_bwd_accum,
                                                            KernelName::update, KernelName::eval};
 const char* kernel_name(KernelName kernel);
@@ -132,6 +135,38 @@ struct OverlapSchedule {
   size_t bucket_capacity = 0;  // bytes of gradients gathered before a bucket starts
 };
 
+// The split kernels' activation slots. forward and backward are fwd_bwd_accum's steps cut where its backward
+// phase starts (so they run exactly its ops); what the forward leaves for the backward (every value live
+// across the cut: the activations the remat policy saves, and the batch inputs the backward reads) must
+// survive other micro-batches' kernels in between, so it lives in a stash instead of among either kernel's
+// temporaries: one slot per micro-batch in flight, slot k at offset + k x slot_bytes, above the persistent
+// region; the split kernels' temporaries sit above the last slot. A split kernel's binding at an offset
+// inside slot 0 is a stash binding: the engine moves it to the slot its program entry names. The fused
+// kernels' temporaries overlap the slots (no micro-batch is in flight while they run), so they and their
+// plans do not change.
+struct ActivationStash {
+  struct Entry {
+    PlanBufferId buffer = -1;
+    size_t offset = 0;  // in a slot
+  };
+  std::vector<Entry> entries;
+  int64_t slots = 0;  // 0: no split kernels planned
+  size_t slot_bytes = 0;
+  size_t offset = 0;  // of slot 0 in the arena
+
+  size_t slot_offset(int64_t slot) const { return offset + static_cast<size_t>(slot) * slot_bytes; }
+  size_t end() const { return slot_offset(slots); }
+  bool in_slot_zero(size_t arena_offset) const {
+    return arena_offset >= offset && arena_offset < offset + slot_bytes;
+  }
+  const Entry* find(PlanBufferId buffer) const {
+    for (const Entry& entry : entries) {
+      if (entry.buffer == buffer) return &entry;
+    }
+    return nullptr;
+  }
+};
+
 struct TrainingPlan {
   ModelSpec spec;  // per-device spec (its ops are what PlanOp::op points at)
   // The optimizer pass's state table and update ops (PlanOp::op points at those too); empty when decoding.
@@ -145,9 +180,11 @@ struct TrainingPlan {
   std::deque<OpDecl> plan_ops;            // the plan's own ops (gathers, scatters, zeroing); stable addresses
   std::vector<KernelPlan> kernels;        // in kKernelNames order, those requested
   OverlapSchedule overlap;                // empty without a data axis or an update kernel
-  StepProgram program;  // the kernels a step and an eval batch run, in order (empty: decode)
+  StepProgram program;    // the kernels a step and an eval batch run, in order (empty: decode)
+  ActivationStash stash;  // the split kernels' (empty without them)
   size_t persistent_bytes = 0;
-  size_t arena_bytes = 0;  // persistent + the largest temporary region over the planned kernels
+  size_t arena_bytes = 0;  // persistent + the largest temporary region over the planned kernels (the split
+                           // kernels' counts the stash's slots)
   double device_memory_bytes = 0.0;
 
   TrainingPlan() = default;
@@ -168,6 +205,10 @@ struct PlanRequest {
   std::vector<KernelName> kernels = {kKernelNames.begin(), kKernelNames.end()};
   // > 0: plan the decode spec over caches of this many rows instead (plan_decode); `kernels` is ignored.
   int64_t decode_cache_length = 0;
+  // > 0: also plan the split kernels (zero_gradients, forward, backward) with this many activation slots,
+  // the most micro-batches whose forward has run and backward not yet (GPipe: all M; 1F1B: at most the
+  // stage count). The requested kernels and their plans do not depend on it.
+  int64_t activation_slots = 0;
   // The kernel table to build and run the spec with; nullptr: the topology's device kind's
   // (kernel_backend_for_device). Tests pass a variant of a table to compare two ways of storing a run.
   const kernels::KernelBackend* backend = nullptr;

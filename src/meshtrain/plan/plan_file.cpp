@@ -29,10 +29,12 @@ json shape_json(const PlanBuffer& buffer) {
 json program_json(const std::vector<ProgramEntry>& entries) {
   json list = json::array();
   for (const ProgramEntry& entry : entries) {
-    list.push_back({{"kernel", kernel_name(entry.kernel)},
-                    {"micro_batch", entry.micro_batch},
-                    {"chunk", entry.chunk},
-                    {"last_backward", entry.last_backward}});
+    json item = {{"kernel", kernel_name(entry.kernel)},
+                 {"micro_batch", entry.micro_batch},
+                 {"chunk", entry.chunk},
+                 {"last_backward", entry.last_backward}};
+    if (entry.slot != ProgramEntry::kNoSlot) item["slot"] = entry.slot;  // the split kernels'
+    list.push_back(item);
   }
   return list;
 }
@@ -65,6 +67,10 @@ std::string serialize_kernel_plan(const TrainingPlan& plan, KernelName name) {
                    {"peak", m.peak},
                    {"persistent", plan.persistent_bytes},
                    {"process_arena", plan.arena_bytes}};
+  if (plan.stash.slots > 0 && (name == KernelName::forward || name == KernelName::backward)) {
+    out["memory"]["activation_slots"] = {
+        {"slots", plan.stash.slots}, {"slot_bytes", plan.stash.slot_bytes}, {"offset", plan.stash.offset}};
+  }
   json collective = json::object();
   for (const auto& [axis, bytes] : kernel.collective_bytes) collective[axis] = bytes;
   out["cost"] = {{"flops", kernel.flops},
@@ -86,8 +92,12 @@ std::string serialize_kernel_plan(const TrainingPlan& plan, KernelName name) {
                   {"dtype", dtype_config_name(buffer.dtype)},
                   {"shape", shape_json(buffer)},
                   {"bytes", buffer.bytes}};
+    // The split kernels read what crosses from forward to backward in the micro-batch's activation slot.
+    const ActivationStash::Entry* stashed =
+        name == KernelName::forward || name == KernelName::backward ? plan.stash.find(id) : nullptr;
+    if (stashed) entry["slot_offset"] = stashed->offset;
     if (buffer.persistent || buffer.part_of >= 0) {
-      entry["offset"] = buffer.offset;
+      if (!stashed) entry["offset"] = buffer.offset;
     } else {
       json ranges = json::array();
       for (const PlanValue& value : kernel.values) {

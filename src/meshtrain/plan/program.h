@@ -21,6 +21,11 @@ struct ProgramEntry {
   // non-blocking, as soon as their gradients are final, and update waits for them (training-step.md's
   // overlap).
   bool last_backward = false;
+  // forward and backward (the split kernels): the activation slot (TrainingPlan::stash) the forward of
+  // `micro_batch` leaves its activations in, and its backward reads them from. The split path's gradient
+  // reductions run in update (last_backward stays false: no overlap).
+  static constexpr int64_t kNoSlot = -1;
+  int64_t slot = kNoSlot;
 };
 
 // What a rank runs, in the phases the run sits between. The run keeps what must happen between the
@@ -29,10 +34,11 @@ struct ProgramEntry {
 // call with a hook into the run: the engine never calls back into the run mid-step, and a skipped step is
 // simply an update phase not run (Engine::abandon_step waits for what the last backward started).
 //
-// A pipeline schedule (GPipe, 1F1B, interleaved, zero bubble) is another `gradients` list: forwards and
-// backwards of micro-batches over this rank's chunks, interleaved, with the sends and receives between
-// stage ranks as send_recv ops of those kernels (the engine runs them non-blocking). Today every rank runs
-// the same program; with a stage axis the plan holds one per stage rank.
+// A pipeline schedule (GPipe, 1F1B, interleaved, zero bubble) is another `gradients` list: zero_gradients,
+// then forwards and backwards of micro-batches (the split kernels, each with its activation slot) over this
+// rank's chunks, interleaved, with the sends and receives between stage ranks as send_recv ops of those
+// kernels (the engine runs them non-blocking). Today every rank runs the same program; with a stage axis the
+// plan holds one per stage rank.
 struct StepProgram {
   std::vector<ProgramEntry> gradients;  // forward and backward of every micro-batch, accumulated
   std::vector<ProgramEntry> update;     // reductions, norm, clip, optimizer

@@ -122,6 +122,18 @@ void check_field(const std::vector<T>& source, const char* field, int64_t expect
   }
 }
 
+// A split kernel's activation slot, bound while it loads its batch and runs, and unbound however that ends.
+class SlotScope {
+ public:
+  SlotScope(int64_t& bound, int64_t slot) : bound_(bound) { bound_ = slot; }
+  ~SlotScope() { bound_ = ProgramEntry::kNoSlot; }
+  SlotScope(const SlotScope&) = delete;
+  SlotScope& operator=(const SlotScope&) = delete;
+
+ private:
+  int64_t& bound_;
+};
+
 ArenaMemory arena_memory(const kernels::KernelBackend& backend) {
   return {backend.memory_allocate, backend.memory_free, backend.device_description()};
 }
@@ -141,7 +153,12 @@ class PlannedOpContext : public OpContext {
       const size_t slot = buffer.data_rank_slot
                               ? static_cast<size_t>(engine_.coordinates_[MeshAxis::data]) * buffer.bytes
                               : 0;
-      return {engine_.arena_.at(op_->offsets[i] + slot), buffer.dtype, buffer.shape};
+      size_t offset = op_->offsets[i] + slot;
+      // A split kernel's stash bindings are planned in activation slot 0; its entry's slot holds them.
+      const ActivationStash& stash = engine_.plan_.stash;
+      if (engine_.slot_ != ProgramEntry::kNoSlot && stash.in_slot_zero(offset))
+        offset = stash.slot_offset(engine_.slot_) + (offset - stash.offset);
+      return {engine_.arena_.at(offset), buffer.dtype, buffer.shape};
     }
     MT_CHECK(false, "op '" + op_->op->name + "' touches '" +
                         engine_.plan_.buffers.at(static_cast<size_t>(id)).name +
@@ -159,7 +176,8 @@ Engine::Engine(const Config& config) : Engine(plan_for_one_process(config)) {}
 Engine::Engine(TrainingPlan plan, EngineRanks ranks)
     : plan_(require_runnable(std::move(plan), ranks)),
       arena_(plan_.arena_bytes, arena_memory(*plan_.spec.kernels)),
-      ranks_(ranks) {
+      ranks_(ranks),
+      slot_in_flight_(static_cast<size_t>(plan_.stash.slots), false) {
   coordinates_ = mesh_coordinates(plan_.mesh, ranks_.world ? ranks_.world->rank() : 0);
   if (plan_.mesh.size(MeshAxis::tensor) > plan_.spec.config.base_num_kv_heads) {
     // The tensor ranks that hold the same kv head (consecutive ones) sum its gradient.
@@ -504,7 +522,7 @@ void Engine::load_batch(const Batch& batch) {
              "hash with the tables of this config (engram_vocab_bases, engram_num_heads)");
       }
     }
-    copy_in(view(engram.hash_ids), ids.data(), ids.size() * sizeof(int32_t));
+    copy_in(batch_view(engram.hash_ids), ids.data(), ids.size() * sizeof(int32_t));
   }
   // Kernels index tables with these: check them here, where a bad batch can still be named.
   const int64_t position_limit = m.P > 0 ? m.P : INT32_MAX;
@@ -523,12 +541,22 @@ void Engine::load_batch(const Batch& batch) {
            std::to_string(batch.positions[at]));
     }
   }
-  copy_in(view(plan_.spec.tokens), batch.tokens.data(), batch.tokens.size() * sizeof(int32_t));
-  copy_in(view(plan_.spec.targets), batch.targets.data(), batch.targets.size() * sizeof(int32_t));
-  copy_in(view(plan_.spec.positions), batch.positions.data(), batch.positions.size() * sizeof(int32_t));
-  copy_in(view(plan_.spec.segment_ids), batch.segment_ids.data(), batch.segment_ids.size() * sizeof(int32_t));
-  copy_in(view(plan_.spec.loss_mask), batch.loss_mask.data(),
+  copy_in(batch_view(plan_.spec.tokens), batch.tokens.data(), batch.tokens.size() * sizeof(int32_t));
+  copy_in(batch_view(plan_.spec.targets), batch.targets.data(), batch.targets.size() * sizeof(int32_t));
+  copy_in(batch_view(plan_.spec.positions), batch.positions.data(), batch.positions.size() * sizeof(int32_t));
+  copy_in(batch_view(plan_.spec.segment_ids), batch.segment_ids.data(),
+          batch.segment_ids.size() * sizeof(int32_t));
+  copy_in(batch_view(plan_.spec.loss_mask), batch.loss_mask.data(),
           batch.loss_mask.size() * sizeof(batch.loss_mask.front()));
+}
+
+// Where the kernel about to run reads a batch input: a split kernel's activation slot when the stash holds
+// it (the backward reads it after other micro-batches' forwards), else its persistent buffer.
+TensorView Engine::batch_view(BufferId input) const {
+  const ActivationStash::Entry* stashed = slot_ == ProgramEntry::kNoSlot ? nullptr : plan_.stash.find(input);
+  if (!stashed) return view(input);
+  const PlanBuffer& buffer = plan_.buffers[static_cast<size_t>(input)];
+  return {arena_.at(plan_.stash.slot_offset(slot_) + stashed->offset), buffer.dtype, buffer.shape};
 }
 
 // Starts the ready reductions a bucket at a time (each tensor its own non-blocking call); drives progress of
@@ -596,9 +624,14 @@ std::optional<ContextRing> Engine::context_ring() {
 
 LossSums Engine::run(KernelName name, UpdateState* update) {
   const KernelPlan& kernel = plan_.kernel(name);
+  // The split kernels' temporaries lie above the activation slots; every other kernel's overlap them, so it
+  // runs only while no micro-batch is in flight.
+  const bool split = name == KernelName::forward || name == KernelName::backward;
+  MT_CHECK(split || std::find(slot_in_flight_.begin(), slot_in_flight_.end(), true) == slot_in_flight_.end(),
+           std::string(kernel_name(name)) + " while a micro-batch's activations wait in their slot");
   if (poison_temporaries_) {  // all-ones bytes: every float32 a NaN
-    backend().memory_fill(arena_.at(plan_.persistent_bytes), 0xff,
-                          plan_.arena_bytes - plan_.persistent_bytes);
+    const size_t temporaries = split ? plan_.stash.end() : plan_.persistent_bytes;
+    backend().memory_fill(arena_.at(temporaries), 0xff, plan_.arena_bytes - temporaries);
   }
   LossSums sums;
   const size_t moe_layers = plan_.spec.moe_layers.size();
@@ -661,8 +694,11 @@ ProgramResult Engine::run_program(const std::vector<ProgramEntry>& entries, cons
     result.sums.valid_count += sums.valid_count;
     result.sums.routing.add(sums.routing);
   };
+  std::map<int64_t, int64_t> slot_micro_batch;  // the split kernels: which micro-batch each slot holds
   for (const ProgramEntry& entry : entries) {
     MT_CHECK(entry.chunk == 0, "a program entry of a layer chunk: the engine runs whole-model kernels only");
+    const bool split = entry.kernel == KernelName::forward || entry.kernel == KernelName::backward;
+    MT_CHECK(!split || !entry.last_backward, "overlapped reductions after a split backward");
     switch (entry.kernel) {
       case KernelName::fwd_bwd:
         add(fwd_bwd(inputs.micro_batch(entry.micro_batch), entry.last_backward));
@@ -675,6 +711,20 @@ ProgramResult Engine::run_program(const std::vector<ProgramEntry>& entries, cons
         break;
       case KernelName::update:
         result.update = update(inputs.valid_count, inputs.learning_rate, inputs.step);
+        break;
+      case KernelName::zero_gradients:
+        zero_gradients();
+        break;
+      case KernelName::forward:
+        add(forward(inputs.micro_batch(entry.micro_batch), entry.slot));
+        slot_micro_batch[entry.slot] = entry.micro_batch;
+        break;
+      case KernelName::backward:
+        MT_CHECK(slot_micro_batch.count(entry.slot) && slot_micro_batch[entry.slot] == entry.micro_batch,
+                 "the backward of micro-batch " + std::to_string(entry.micro_batch) + " from slot " +
+                     std::to_string(entry.slot) + ", which holds another's forward");
+        add(backward(entry.slot));
+        slot_micro_batch.erase(entry.slot);
         break;
       case KernelName::decode:
         MT_CHECK(false, "decode in a step's program");
@@ -694,6 +744,41 @@ LossSums Engine::fwd_bwd_accum(const Batch& batch, bool last) {
   load_batch(batch);
   overlap_ = last;
   return run(KernelName::fwd_bwd_accum);
+}
+
+void Engine::zero_gradients() {
+  MT_CHECK(in_flight_.empty(), "a step started while the previous one's reductions were in flight");
+  overlap_ = false;
+  run(KernelName::zero_gradients);
+}
+
+void Engine::check_slot(int64_t slot) const {
+  MT_CHECK(slot >= 0 && slot < plan_.stash.slots, "activation slot " + std::to_string(slot) +
+                                                      " of a plan with " + std::to_string(plan_.stash.slots));
+}
+
+LossSums Engine::forward(const Batch& batch, int64_t slot) {
+  check_slot(slot);
+  MT_CHECK(!slot_in_flight_[static_cast<size_t>(slot)], "a forward into activation slot " +
+                                                            std::to_string(slot) +
+                                                            ", whose micro-batch's backward has not run");
+  const SlotScope bound(slot_, slot);
+  load_batch(batch);
+  overlap_ = false;
+  const LossSums sums = run(KernelName::forward);
+  slot_in_flight_[static_cast<size_t>(slot)] = true;
+  return sums;
+}
+
+LossSums Engine::backward(int64_t slot) {
+  check_slot(slot);
+  MT_CHECK(slot_in_flight_[static_cast<size_t>(slot)],
+           "a backward from activation slot " + std::to_string(slot) + ", which holds no forward");
+  const SlotScope bound(slot_, slot);
+  overlap_ = false;
+  const LossSums sums = run(KernelName::backward);
+  slot_in_flight_[static_cast<size_t>(slot)] = false;
+  return sums;
 }
 
 LossSums Engine::eval(const Batch& batch) {

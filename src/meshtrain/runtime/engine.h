@@ -1,7 +1,8 @@
 // The live engine: plans the run with the same plan_training() as `meshtrain compile`, allocates exactly
 // the planned arena, initialises parameters from the counter-based RNG, and runs the step's planned program
-// (plan/program.h): the kernels of shared/specs/training-step.md (fwd_bwd, fwd_bwd_accum, update, eval), each
-// in the planned op order, each op seeing its buffers at their planned offsets. A decode plan (plan/decode.h)
+// (plan/program.h): the kernels of shared/specs/training-step.md (fwd_bwd, fwd_bwd_accum, update, eval), or a
+// pipeline schedule's split kernels (zero_gradients, forward and backward over activation slots), each in the
+// planned op order, each op seeing its buffers at their planned offsets. A decode plan (plan/decode.h)
 // runs the same way: its one kernel, decode, over an arena of parameter values, caches and scratch.
 #pragma once
 
@@ -82,6 +83,14 @@ class Engine {
   // gradient is non-finite. `step` is 0-based; Adam's bias correction uses step + 1.
   UpdateResult update(int64_t valid_count, double learning_rate, int64_t step);
   LossSums eval(const Batch& batch);  // forward and loss only
+  // The split kernels (a plan with activation slots, PlanRequest::activation_slots): a micro-batch's
+  // fwd_bwd_accum as two kernels, so a pipeline schedule can run other micro-batches' kernels between them.
+  // zero_gradients starts a step (what fwd_bwd's first op does); forward loads `batch` and leaves what its
+  // backward reads in activation slot `slot`; backward(slot) reads it from there, ADDS into the gradients
+  // and frees the slot. Their data-axis reductions run in update (no overlap with the last backward).
+  void zero_gradients();
+  LossSums forward(const Batch& batch, int64_t slot);
+  LossSums backward(int64_t slot);
   // A decode plan's step (plan/decode.h): `token` at `position` (both checked by the caller) joins the
   // caches; returns the next token's logits [1, V], valid until the next call. Models with Engram: the
   // token's hash ids per Engram layer ([H (N - 1)] each, data/engram_hash.h's last_token_ids).
@@ -158,6 +167,8 @@ class Engine {
  private:
   friend class PlannedOpContext;
   void load_batch(const Batch& batch);
+  TensorView batch_view(BufferId input) const;
+  void check_slot(int64_t slot) const;
   LossSums run(KernelName kernel, UpdateState* update = nullptr);
   void run_collective(const PlanOp& op, const OpContext& context, UpdateState* update);
   void start_ready_collectives(KernelName kernel, size_t op_index, bool kernel_done);
@@ -187,6 +198,10 @@ class Engine {
   std::map<size_t, std::unique_ptr<CollectiveRequest>> in_flight_;  // update op index -> started reduction
   bool overlap_ = false;  // this kernel is a step's last micro-batch
   bool nan_gradient_pending_ = false;
+  // The activation slot the running split kernel binds its stash to (ProgramEntry::kNoSlot: none), and
+  // which slots hold a forward whose backward has not run.
+  int64_t slot_ = ProgramEntry::kNoSlot;
+  std::vector<bool> slot_in_flight_;
 };
 
 }  // namespace meshtrain

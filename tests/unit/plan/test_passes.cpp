@@ -66,7 +66,7 @@ TEST(PlanFsdp, GathersPrecedeTheFirstReaderOnce) {
   std::vector<const OpDecl*> forward;
   for (const OpDecl& op : plan.spec.forward) forward.push_back(&op);
   const std::vector<PlanStep> steps =
-      insert_fsdp(plan, {forward}, {std::vector<bool>(forward.size(), false)}, false);
+      insert_fsdp(plan, {forward}, {std::vector<bool>(forward.size(), false)}, false).front();
   std::set<int32_t> gathered;
   for (size_t i = 0; i < steps.size(); ++i) {
     const OpDecl& op = *steps[i].op;
