@@ -404,11 +404,8 @@ bool index_current(const std::string& index_path, const json& expected, json& in
     const fs::path out_dir = fs::path(index_path).parent_path();
     for (const char* split : kSplits) {
       for (const json& shard : index.at(split).at("shards")) {
-        const fs::path path = out_dir / shard.at("path").get<std::string>();
-        if (!fs::is_regular_file(path, error)) return false;
-        const TokenShard opened = TokenShard::open(path.string());
-        if (opened.summary().checksum != shard.at("checksum").get<uint32_t>() ||
-            opened.size() != shard.at("tokens").get<uint64_t>()) {
+        if (!shard_still_written((out_dir / shard.at("path").get<std::string>()).string(),
+                                 shard.at("checksum").get<uint32_t>(), shard.at("tokens").get<uint64_t>())) {
           return false;
         }
       }

@@ -272,4 +272,15 @@ void TokenShard::release() {
   u32_ = nullptr;
 }
 
+bool shard_still_written(const std::string& path, uint32_t checksum, uint64_t tokens) {
+  std::error_code error;
+  if (!std::filesystem::is_regular_file(path, error)) return false;
+  try {
+    const TokenShard shard = TokenShard::open(path);
+    return shard.summary().checksum == checksum && shard.size() == tokens;
+  } catch (const MeshError&) {
+    return false;
+  }
+}
+
 }  // namespace meshtrain

@@ -110,4 +110,8 @@ class TokenShard {
   const uint32_t* u32_ = nullptr;  // [N] when width == 4
 };
 
+// Whether `path` is still the shard an earlier run recorded: a whole shard (TokenShard::open's checks) with
+// this checksum and token count. False for a missing, damaged or different file (a prepare then rebuilds).
+bool shard_still_written(const std::string& path, uint32_t checksum, uint64_t tokens);
+
 }  // namespace meshtrain
