@@ -843,12 +843,13 @@ const std::string& Tokenizer::source_path() const {
   return impl_->model.source_path;
 }
 
+namespace {
+
 // FNV-1a 64 over what fixes the meaning of every id (vocabulary, merges, added tokens), each field length-
 // prefixed so different contents cannot run together into the same byte stream. 16 lowercase hex digits.
-std::string Tokenizer::identity() const {
+std::string identity_of(const BpeModel& model) {
   using tokenizer_detail::fnv1a;
   using tokenizer_detail::fnv1a_number;
-  const BpeModel& model = impl_->model;
   uint64_t hash = fnv1a(0xcbf29ce484222325ull, "meshtrain-bpe-v1");
   hash = fnv1a_number(hash, static_cast<int64_t>(model.token_bytes.size()));
   for (size_t id = 0; id < model.token_bytes.size(); ++id) {
@@ -873,6 +874,13 @@ std::string Tokenizer::identity() const {
   char text[17];
   std::snprintf(text, sizeof(text), "%016llx", static_cast<unsigned long long>(hash));
   return text;
+}
+
+}  // namespace
+
+std::string Tokenizer::identity() const {
+  std::call_once(impl_->identity_once, [this] { impl_->identity = identity_of(impl_->model); });
+  return impl_->identity;
 }
 
 }  // namespace meshtrain

@@ -5,6 +5,7 @@
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -160,7 +161,11 @@ bool fast_scanner_reads(std::string_view text, bool whole_document_is_vocab);
 namespace meshtrain {
 
 struct Tokenizer::Impl {
-  tokenizer_detail::BpeModel model;
+  tokenizer_detail::BpeModel model;  // not changed once a Tokenizer holds it
+  // identity(), hashed over the whole vocabulary on its first call (Qwen3's: ~8 ms) and kept: a run asks for
+  // it from several places.
+  std::once_flag identity_once;
+  std::string identity;
 };
 
 }  // namespace meshtrain
