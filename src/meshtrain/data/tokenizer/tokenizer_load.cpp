@@ -405,15 +405,7 @@ class SectionScanner : JsonCursor {
   bool vocab_object(std::vector<VocabEntry>& vocab) {
     vocab.reserve(static_cast<size_t>(end_ - at_) / 16);  // as read_document does
     if (!next_is('{')) return false;
-    skip_space();
-    if (next_is('}')) return true;
-    do {
-      skip_space();
-      std::string_view key;
-      if (!token(key)) return false;
-      skip_space();
-      if (!next_is(':')) return false;
-      skip_space();
+    return members([&](std::string_view key) {
       int64_t id = 0;
       if (at_ == end_ || *at_ < '0' || *at_ > '9') return false;
       if (*at_ == '0') {
@@ -425,9 +417,8 @@ class SectionScanner : JsonCursor {
         }
       }
       vocab.emplace_back(key, id);
-      skip_space();
-    } while (next_is(','));
-    return next_is('}');
+      return true;
+    });
   }
 
   bool merges_array(std::vector<MergeEntry>& merges) {
