@@ -38,7 +38,7 @@ void build_deepseek(SpecBuilder& builder) {
     if (chunk.with_embedding) streams = add_mhc_entry(builder, embedding.residual, d_residual, d_streams);
   }
   if (!chunk.with_embedding)
-    streams = add_chunk_input(builder, mhc ? stream_shape(m) : token_shape(m, {{"embed", m.D}}));
+    streams = add_chunk_input(builder, mhc ? stream_shape(m) : token_shape(m, {{"embed", m.D}}), d_streams);
   // A sublayer on the streams: an mHC site around it, or the block itself adding its own residual.
   const auto sublayer = [&](const std::string& site, const auto& add_block) {
     if (!mhc) return add_block(streams, d_streams, true);
@@ -68,7 +68,7 @@ void build_deepseek(SpecBuilder& builder) {
       return add_mlp_block(builder, prefix, in, d_in, {family.norm, family.mlp, false, out_std, residual});
     });
   }
-  if (!chunk.with_head) return;
+  if (!chunk.with_head) return add_chunk_end(builder, streams, d_streams);
   const BufferId residual = mhc ? add_mhc_exit(builder, streams, d_streams, d_residual) : streams;
   const bool tied = options.tied_embeddings;
   add_final_norm_and_loss(builder, family.norm, residual,

@@ -24,13 +24,22 @@ const DecoderFamily& family_of(const Config& config) {
   return family_of(config.decoder_block);
 }
 
-BufferId add_chunk_input(SpecBuilder& builder, const Shape& shape) {
-  return builder.input("chunk/input", builder.storage_dtype(), shape);
+BufferId add_chunk_input(SpecBuilder& builder, const Shape& shape, BufferId d_input) {
+  ChunkBoundary& boundary = builder.spec().boundary;
+  boundary.input = builder.input("chunk/input", builder.storage_dtype(), shape);
+  boundary.input_gradient = d_input;
+  return boundary.input;
+}
+
+void add_chunk_end(SpecBuilder& builder, BufferId output, BufferId d_output) {
+  builder.spec().boundary.output = output;
+  builder.spec().boundary.output_gradient = d_output;
 }
 
 EmbeddingLayer add_chunk_start(SpecBuilder& builder, bool learned_positions, BufferId d_residual) {
   if (builder.spec().chunk.with_embedding) return add_embedding(builder, learned_positions, d_residual);
-  return {add_chunk_input(builder, token_shape(builder.dims(), {{"embed", builder.dims().D}})), kNoBuffer};
+  return {add_chunk_input(builder, token_shape(builder.dims(), {{"embed", builder.dims().D}}), d_residual),
+          kNoBuffer};
 }
 
 BufferId tied_unembedding(SpecBuilder& builder, const EmbeddingLayer& embedding) {

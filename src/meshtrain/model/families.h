@@ -36,7 +36,11 @@ const DecoderFamily& family_of(const Config& config);
 // Each builder declares the layers of the spec's chunk (ModelSpec::chunk), with the embedding and the head
 // where the chunk holds them. A chunk without the embedding starts from the previous pipeline stage's
 // activation: an input named "chunk/input" of `shape` (the residual, or under mHC its streams).
-BufferId add_chunk_input(SpecBuilder& builder, const Shape& shape);
+// `d_input`: the gradient buffer its backward leaves the input's gradient in.
+BufferId add_chunk_input(SpecBuilder& builder, const Shape& shape, BufferId d_input);
+// A chunk that ends before the head: its last residual (or streams) `output`, whose gradient its backward
+// starts from in `d_output` (ModelSpec::boundary).
+void add_chunk_end(SpecBuilder& builder, BufferId output, BufferId d_output);
 // The residual entering the chunk's first layer: the embedding's output, or the chunk's input (no table).
 EmbeddingLayer add_chunk_start(SpecBuilder& builder, bool learned_positions, BufferId d_residual);
 // A tied head's unembedding: the embedding table, declared again in a chunk without the embedding.

@@ -25,7 +25,7 @@ void build_gpt2(SpecBuilder& builder) {
         add_attention_block(builder, prefix, residual, d_residual, {family.norm, false, rope, true, out_std});
     residual = add_mlp_block(builder, prefix, residual, d_residual, {family.norm, family.mlp, true, out_std});
   }
-  if (!chunk.with_head) return;
+  if (!chunk.with_head) return add_chunk_end(builder, residual, d_residual);
   add_final_norm_and_loss(builder, family.norm, residual, tied_unembedding(builder, embedding), d_residual);
 }
 

@@ -35,7 +35,7 @@ void build_qwen3(SpecBuilder& builder) {
           add_mlp_block(builder, prefix, residual, d_residual, {family.norm, family.mlp, false, out_std});
     }
   }
-  if (!chunk.with_head) return;
+  if (!chunk.with_head) return add_chunk_end(builder, residual, d_residual);
   const bool tied = options.tied_embeddings;
   add_final_norm_and_loss(builder, family.norm, residual,
                           tied ? tied_unembedding(builder, embedding) : kNoBuffer, d_residual);

@@ -204,6 +204,7 @@ enum class OpRole {
   fsdp_gather,                // fsdp/gather/<parameter>[#backward]
   fsdp_zero,                  // fsdp/zero/<parameter>: the full gradient before its first write
   fsdp_reduce_scatter,        // fsdp/reduce_scatter/<parameter>
+  tied_embedding_reduction,   // stage/tied_all_reduce/<parameter>: a pipeline's two ends' table gradients
 };
 
 // One op. Reads and writes list every buffer the op touches (the engine refuses any other): an op that adds
@@ -268,12 +269,22 @@ struct LayerChunk {
   bool with_head = true;  // the final norm, the unembedding and the loss
 };
 
+// Where a chunk meets its pipeline neighbours (kNoBuffer where it has none): the previous stage's activation
+// it reads (chunk/input) and the gradient its backward leaves for it; the activation its last layer writes
+// for the next stage and the gradient buffer its backward starts from (the residual's, or under mHC the
+// streams', [B, S, D] or [B, S, G, D]).
+struct ChunkBoundary {
+  BufferId input = kNoBuffer, input_gradient = kNoBuffer;    // chunks without the embedding
+  BufferId output = kNoBuffer, output_gradient = kNoBuffer;  // chunks without the head
+};
+
 struct ModelSpec {
   // The whole config, for what reads the run's keys beside the layers (the optimizer's, the plan's, the
   // checkpoint's); the layers read only `options`, theirs filled from it once.
   Config config;
   ModelOptions options;
   LayerChunk chunk;  // the layers it holds (last_layer resolved)
+  ChunkBoundary boundary;
   // The backend its ops run on (the engine hands it to them) and its kernel scratch is sized for.
   const kernels::KernelBackend* kernels = nullptr;
   ShardingLayout sharding;
@@ -284,6 +295,9 @@ struct ModelSpec {
   BufferId tokens = kNoBuffer, targets = kNoBuffer, positions = kNoBuffer, segment_ids = kNoBuffer,
            loss_mask = kNoBuffer;
   BufferId final_hidden = kNoBuffer;  // [N, D] after the final norm (sampling reads it)
+  // token_embedder/embedding's value where this spec holds it: the first chunk, and with tied embeddings the
+  // last (a pipeline's two ends sum their gradients of it).
+  BufferId embedding_table = kNoBuffer;
   BufferId logits = kNoBuffer;        // decode spec: [1, V] next-token logits, padding rows -inf
   // Embedding .. final norm; a decode spec: the same layers' ops for one token (attention through its
   // caches), then the logits.

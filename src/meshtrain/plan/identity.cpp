@@ -20,6 +20,12 @@ std::string fnv1a_hex(const std::string& text) {
 
 }  // namespace
 
+std::string plan_identity_hash(const std::vector<std::pair<std::string, std::string>>& keys) {
+  std::string text;
+  for (const auto& [key, value] : keys) text += key + "=" + value + "\n";
+  return fnv1a_hex(text);
+}
+
 PlanIdentity plan_identity(const Config& config, const Mesh& mesh, const Topology& topology,
                            int64_t threads) {
   PlanIdentity identity;
@@ -39,9 +45,7 @@ PlanIdentity plan_identity(const Config& config, const Mesh& mesh, const Topolog
   for (MeshAxis axis : listed_mesh_axes(mesh))
     identity.keys.emplace_back(std::string("mesh.") + mesh_axis_name(axis), std::to_string(mesh.size(axis)));
   identity.keys.emplace_back("threads", std::to_string(threads));
-  std::string text;
-  for (const auto& [key, value] : identity.keys) text += key + "=" + value + "\n";
-  identity.hash = fnv1a_hex(text);
+  identity.hash = plan_identity_hash(identity.keys);
   return identity;
 }
 

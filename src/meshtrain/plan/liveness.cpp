@@ -16,7 +16,7 @@ Liveness plan_liveness(const TrainingPlan& plan, const std::vector<PlanStep>& st
     const int32_t op_index = static_cast<int32_t>(i);
     for (const auto& [spec_id, plan_id] : step.buffers) {
       const PlanBuffer& buffer = plan.buffers[static_cast<size_t>(plan_id)];
-      if (buffer.persistent || buffer.part_of >= 0) {
+      if (buffer.persistent || buffer.part_of >= 0 || buffer.stashed) {  // stashed: the slots
         result.value_of_step[i].push_back(Liveness::kPersistent);
         continue;
       }

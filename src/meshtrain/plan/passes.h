@@ -93,5 +93,7 @@ OverlapSchedule plan_overlap(const TrainingPlan& plan);
 
 // identity.cpp: what the plan depends on: the config keys marked as plan keys, topology, mesh and threads.
 PlanIdentity plan_identity(const Config& config, const Mesh& mesh, const Topology& topology, int64_t threads);
+// identity.cpp: the hash of "key=value" lines (PlanIdentity::hash; a stage plan adds its stage and rehashes).
+std::string plan_identity_hash(const std::vector<std::pair<std::string, std::string>>& keys);
 
 }  // namespace meshtrain

@@ -6,12 +6,14 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cstring>
 
 #include "meshtrain/core/error.h"
 #include "meshtrain/data/context_reorder.h"
 #include "meshtrain/model/pipeline_placement.h"
 #include "meshtrain/plan/allocator.h"
 #include "meshtrain/plan/passes.h"
+#include "meshtrain/plan/pipeline_program.h"
 #include "meshtrain/plan/pipeline_schedule.h"
 
 namespace meshtrain {
@@ -28,23 +30,22 @@ KernelSteps kernel_steps(TrainingPlan& plan, KernelName kernel) {
   if (kernel == KernelName::update) return {update_steps(plan), 0};
   if (kernel == KernelName::zero_gradients) return {{step_of(add_zero_gradients_op(plan))}, 0};
   const ModelSpec& spec = plan.spec;
+  const PipelineStage& stage = plan.pipeline;
   std::vector<std::vector<const OpDecl*>> phases(2);
   std::vector<std::vector<bool>> recompute(2);
-  for (const OpDecl& op : spec.forward) {
-    phases[0].push_back(&op);
-    recompute[0].push_back(false);
-  }
+  const auto add = [&](size_t phase, const OpDecl* op, bool recomputed = false) {
+    phases[phase].push_back(op);
+    recompute[phase].push_back(recomputed);
+  };
+  for (const OpDecl& op : spec.forward) add(0, &op);
+  if (stage.output_copy) add(0, stage.output_copy);
   // A decode spec's forward ends with its logits: decode is its forward alone (no loss ops exist).
   if (kernel == KernelName::eval || kernel == KernelName::decode) {
-    for (const OpDecl& op : spec.loss_forward) {
-      phases[1].push_back(&op);
-      recompute[1].push_back(false);
-    }
+    for (const OpDecl& op : spec.loss_forward) add(1, &op);
   } else {
-    for (const PlanStep& step : backward_with_recompute(spec)) {
-      phases[1].push_back(step.op);
-      recompute[1].push_back(step.recompute);
-    }
+    if (stage.output_gradient_copy) add(1, stage.output_gradient_copy);
+    for (const PlanStep& step : backward_with_recompute(spec)) add(1, step.op, step.recompute);
+    if (stage.input_gradient_copy) add(1, stage.input_gradient_copy);
   }
   KernelSteps result;
   if (kernel == KernelName::fwd_bwd) result.steps.push_back(step_of(add_zero_gradients_op(plan)));
@@ -57,19 +58,60 @@ KernelSteps kernel_steps(TrainingPlan& plan, KernelName kernel) {
   return result;
 }
 
+// An op of a stage plan copying one activation-sized buffer into another (PipelineStage's boundary copies).
+// The copy runs in host memory: meshes of more than one rank run on the cpu backend only
+// (check_plan_runs_here).
+const OpDecl* add_copy_op(TrainingPlan& plan, const std::string& name, BufferId from, BufferId to) {
+  OpDecl copy{name, {from}, {to}, 0.0,
+              [from, to](const OpContext& context) {
+                const TensorView source = context.view(from), target = context.view(to);
+                MT_CHECK(source.bytes() == target.bytes() && context.kernels->memory_on_host(),
+                         "a boundary copy between host buffers of one size");
+                std::memcpy(target.data, source.data, source.bytes());
+              },
+              OpKind::memory};
+  return add_plan_op(plan, std::move(copy));
+}
+
+// A stage plan's boundary buffers in the activation slots and the copies that fill and empty them.
+void plan_pipeline_boundary(TrainingPlan& plan) {
+  PipelineStage& stage = plan.pipeline;
+  const ChunkBoundary& boundary = plan.spec.boundary;
+  const auto stashed_like = [&](const std::string& name, BufferKind kind, BufferId like) {
+    const PlanBuffer& model = plan.buffers[static_cast<size_t>(like)];
+    PlanBuffer buffer{name, kind, model.dtype, model.shape, model.sharding};
+    buffer.stashed = true;
+    return add_plan_buffer(plan, std::move(buffer));
+  };
+  if (!stage.first()) {
+    stage.input = boundary.input;
+    stage.input_gradient = stashed_like("pipeline/input_gradient", BufferKind::activation, boundary.input);
+    stage.input_gradient_copy =
+        add_copy_op(plan, "pipeline/input_gradient", boundary.input_gradient, stage.input_gradient);
+  }
+  if (!stage.last()) {
+    stage.output = stashed_like("pipeline/output", BufferKind::activation, boundary.output);
+    stage.output_gradient = stashed_like("pipeline/output_gradient", BufferKind::input, boundary.output);
+    stage.output_copy = add_copy_op(plan, "pipeline/output", boundary.output, stage.output);
+    stage.output_gradient_copy =
+        add_copy_op(plan, "pipeline/output_gradient", stage.output_gradient, boundary.output_gradient);
+  }
+}
+
 constexpr size_t kNotStashed = SIZE_MAX;
 
 // The plan of the kernel made of steps [begin, end) of `steps`, whose live ranges `liveness` gives: every
 // binding's arena offset, and the temporaries placed from `temporaries_begin` up. `stash_of_value` (the split
-// kernels; empty otherwise): per value of `liveness`, its arena offset in the stash's slot 0, or
-// kNotStashed; a stashed value is no temporary of the kernel, nor is a batch input the stash holds.
+// kernels, and a stage plan's eval; null otherwise): per value of `liveness`, its arena offset in the
+// stash's slot 0, or kNotStashed; a stashed value is no temporary of the kernel, nor is a batch input or
+// boundary buffer the stash holds (bound in slot 0 too).
 KernelPlan place_kernel(TrainingPlan& plan, KernelName kernel, const std::vector<PlanStep>& steps,
                         size_t begin, size_t end, const Liveness& liveness, size_t temporaries_begin,
-                        const std::vector<size_t>& stash_of_value = {}) {
+                        const std::vector<size_t>* stash_of_value = nullptr) {
   KernelPlan result;
   result.kernel = kernel;
   const auto stashed = [&](size_t value) {
-    return !stash_of_value.empty() && stash_of_value[value] != kNotStashed;
+    return stash_of_value && (*stash_of_value)[value] != kNotStashed;
   };
   std::vector<size_t> kernel_value(liveness.values.size(), kNotStashed);  // liveness value -> result.values
   std::vector<AllocatorValue> live_ranges;
@@ -96,11 +138,11 @@ KernelPlan place_kernel(TrainingPlan& plan, KernelName kernel, const std::vector
       const size_t value = liveness.value_of_step[i][b];
       const PlanBufferId id = step.buffers[b].second;
       if (value == Liveness::kPersistent) {
-        const ActivationStash::Entry* input = stash_of_value.empty() ? nullptr : plan.stash.find(id);
+        const ActivationStash::Entry* input = stash_of_value ? plan.stash.find(id) : nullptr;
         op.offsets.push_back(input ? plan.stash.offset + input->offset
                                    : plan.buffers[static_cast<size_t>(id)].offset);
       } else {
-        op.offsets.push_back(stashed(value) ? stash_of_value[value]
+        op.offsets.push_back(stashed(value) ? (*stash_of_value)[value]
                                             : result.values[kernel_value[value]].offset);
       }
     }
@@ -138,7 +180,7 @@ void plan_split_kernels(TrainingPlan& plan, int64_t slots) {
     }
   }
   // The batch is loaded once, before its forward: the backward reads the slot's copy of what it reads. The
-  // forward writes no other persistent buffer but gradients (added into, never read back by a backward), so
+  // forward writes no other persistent buffer but gradients and its slot's boundary buffers (added into, never read back by a backward), so
   // nothing else a backward reads can have changed since its own forward.
   for (size_t i = 0; i < steps.size(); ++i) {
     for (size_t b = 0; b < steps[i].buffers.size(); ++b) {
@@ -146,13 +188,18 @@ void plan_split_kernels(TrainingPlan& plan, int64_t slots) {
       const PlanBuffer& buffer = plan.buffers[static_cast<size_t>(id)];
       if (liveness.value_of_step[i][b] != Liveness::kPersistent) continue;
       MT_CHECK(static_cast<int32_t>(i) >= cut || buffer.kind == BufferKind::input ||
-                   buffer.kind == BufferKind::gradient ||
+                   buffer.kind == BufferKind::gradient || buffer.stashed ||
                    !contains(steps[i].op->writes, steps[i].buffers[b].first),
                "forward op '" + steps[i].op->name + "' writes persistent '" + buffer.name +
                    "', which a micro-batch's backward would read after another's forward");
       if (static_cast<int32_t>(i) >= cut && buffer.kind == BufferKind::input && !stash.find(id))
         stash.entries.push_back({id, 0});
     }
+  }
+  // A stage plan's boundary buffers: what the transfers between stage ranks read and write.
+  for (size_t id = 0; id < plan.buffers.size(); ++id) {
+    if (plan.buffers[id].stashed && !stash.find(static_cast<PlanBufferId>(id)))
+      stash.entries.push_back({static_cast<PlanBufferId>(id), 0});
   }
   // All of them are live at the cut: the allocator packs them into one slot.
   std::vector<AllocatorValue> at_cut;
@@ -169,9 +216,20 @@ void plan_split_kernels(TrainingPlan& plan, int64_t slots) {
       stash_of_value[v] = stash.offset + stash.entries[entry_of_value[v]].offset;
   }
   plan.kernels.push_back(place_kernel(plan, KernelName::forward, steps, 0, fused.backward_begin, liveness,
-                                      stash.end(), stash_of_value));
+                                      stash.end(), &stash_of_value));
   plan.kernels.push_back(place_kernel(plan, KernelName::backward, steps, fused.backward_begin, steps.size(),
-                                      liveness, stash.end(), stash_of_value));
+                                      liveness, stash.end(), &stash_of_value));
+}
+
+// A stage plan's eval: its chunk's forward (and on the last stage the loss) on one micro-batch whose
+// boundary buffers are in activation slot 0, its temporaries above the slots (it runs between steps, when
+// no micro-batch is in flight).
+void plan_stage_eval(TrainingPlan& plan) {
+  const std::vector<PlanStep> steps = kernel_steps(plan, KernelName::eval).steps;
+  const Liveness liveness = plan_liveness(plan, steps, KernelName::eval);
+  const std::vector<size_t> none(liveness.values.size(), kNotStashed);
+  plan.kernels.push_back(place_kernel(plan, KernelName::eval, steps, 0, steps.size(), liveness,
+                                      plan.stash.end(), &none));
 }
 
 }  // namespace
@@ -204,6 +262,47 @@ KernelName parse_kernel_name(const std::string& name, const std::string& where) 
   }
   fail(where, "kernel names among fwd_bwd, fwd_bwd_accum, update, eval", "'" + name + "'",
        "did you mean '" + closest_name(name, {"fwd_bwd", "fwd_bwd_accum", "update", "eval"}) + "'?");
+}
+
+PlanBufferId PipelineStage::buffer_of(ProgramEntry::Transfer transfer) const {
+  using Transfer = ProgramEntry::Transfer;
+  switch (transfer) {
+    case Transfer::send_activation:
+      return output;
+    case Transfer::receive_activation:
+      return input;
+    case Transfer::send_gradient:
+      return input_gradient;
+    case Transfer::receive_gradient:
+      return output_gradient;
+    case Transfer::none:
+      break;
+  }
+  return -1;
+}
+
+std::map<std::string, double> step_collective_bytes(const TrainingPlan& plan) {
+  std::map<KernelName, double> entries;
+  double transfer_bytes = 0.0;
+  for (const std::vector<ProgramEntry>* phase : {&plan.program.gradients, &plan.program.update}) {
+    for (const ProgramEntry& entry : *phase) {
+      if (entry.transfer == ProgramEntry::Transfer::none) {
+        entries[entry.kernel] += 1.0;
+      } else {
+        const PlanBufferId buffer = plan.pipeline.buffer_of(entry.transfer);
+        transfer_bytes += static_cast<double>(plan.buffers[static_cast<size_t>(buffer)].bytes);
+      }
+    }
+  }
+  std::map<std::string, double> bytes;
+  for (const KernelPlan& kernel : plan.kernels) {
+    const double repeats = entries[kernel.kernel];
+    for (const auto& [axis, axis_bytes] : kernel.collective_bytes) {
+      if (repeats > 0.0) bytes[axis] += repeats * axis_bytes;
+    }
+  }
+  if (transfer_bytes > 0.0) bytes["stage"] += transfer_bytes;
+  return bytes;
 }
 
 const KernelPlan* TrainingPlan::find(KernelName name) const {
@@ -303,25 +402,50 @@ TrainingPlan plan_training(const PlanRequest& request) {
   }
   // The config's rules that depend on the mesh, now that it is resolved (load_config checked the requested).
   validate_attention_and_moe_keys(config, plan.mesh.size(MeshAxis::expert));
-  plan.spec = decoding ? build_decode_spec(config, plan.mesh, request.decode_cache_length, backend)
-                       : build_model_spec(config, plan.mesh, backend);
-  // The placement's rules hold for every mesh (a one-stage mesh: one rank holds every chunk). A mesh with
-  // stages is refused once they, the schedule's and the model's own (the spec's) pass: on every rank alike,
-  // before anything is allocated.
+  // The placement's rules hold for every mesh (a one-stage mesh: one rank holds every chunk), checked on
+  // every rank alike before anything is allocated, as are the schedule's.
   const PipelinePlacement placement = pipeline_placement(config, plan.mesh.size(MeshAxis::stage));
+  LayerChunk chunk;
   if (placement.stages > 1) {
-    // The schedule's own rules (micro-batches against stages, the chunks a rank each schedule takes).
-    build_pipeline_schedule(config.pipeline_schedule, placement.stages, config.gradient_accumulation_steps,
-                            placement.repeats);
-    fail("config key 'mesh.stage'",
-         "1: pipeline execution is not built in this version (per-stage plans, the schedule's ops and the "
-         "executor come with it; the layer placement is checked, and meshtrain compile prints it)",
-         std::to_string(placement.stages), "set mesh.stage=1");
+    PipelineStage& stage = plan.pipeline;
+    stage.stages = placement.stages;
+    stage.stage = request.stage;
+    MT_CHECK(stage.stage >= 0 && stage.stage < stage.stages, "a stage rank of the mesh");
+    stage.schedule = build_pipeline_schedule(config.pipeline_schedule, placement.stages,
+                                             config.gradient_accumulation_steps, placement.repeats);
+    if (decoding) {
+      fail("config key 'mesh.stage'", "1 for sampling (generate runs the whole model on one process)",
+           std::to_string(stage.stages), "set mesh.stage=1");
+    }
+    if (placement.repeats > 1) {
+      fail("config key 'num_pipeline_repeats'",
+           "1: interleaved_1f1b's chunks are placed and scheduled, but a rank runs one chunk in this version",
+           std::to_string(placement.repeats), "set pipeline_schedule=1f1b and num_pipeline_repeats=1");
+    }
+    chunk = placement.chunks[static_cast<size_t>(stage.stage)];
+    chunk.with_embedding = stage.first();
+    chunk.with_head = stage.last();
+    plan.identity.keys.emplace_back("pipeline_stage", std::to_string(stage.stage));
+    plan.identity.hash = plan_identity_hash(plan.identity.keys);
   }
+  plan.spec = decoding ? build_decode_spec(config, plan.mesh, request.decode_cache_length, backend)
+                       : build_model_spec(config, plan.mesh, backend, chunk);
   if (!decoding) plan.optimizer = apply_optimizer(plan.spec, config);
   plan_storage(plan);
+  const bool requested_update = std::find(request.kernels.begin(), request.kernels.end(),
+                                          KernelName::update) != request.kernels.end();
+  const bool requested_eval =
+      std::find(request.kernels.begin(), request.kernels.end(), KernelName::eval) != request.kernels.end();
   if (decoding) {
     plan.kernels.push_back(plan_kernel(plan, KernelName::decode));
+  } else if (plan.pipeline.stages > 1) {
+    // A stage runs its schedule's split kernels only; their slots are as many as its program holds at once.
+    const StageProgram stage_program = plan_stage_program(plan.pipeline.schedule, plan.pipeline.stage);
+    plan_pipeline_boundary(plan);
+    plan_split_kernels(plan, stage_program.slots);
+    if (requested_update) plan.kernels.push_back(plan_kernel(plan, KernelName::update));
+    if (requested_eval) plan_stage_eval(plan);
+    plan.program = stage_program.program;
   } else {
     for (KernelName kernel : kKernelNames) {
       if (std::find(request.kernels.begin(), request.kernels.end(), kernel) != request.kernels.end()) {
@@ -335,7 +459,8 @@ TrainingPlan plan_training(const PlanRequest& request) {
   for (const KernelPlan& kernel : plan.kernels) largest_temps = std::max(largest_temps, kernel.memory.temps);
   plan.arena_bytes = plan.persistent_bytes + largest_temps;
   plan.overlap = plan_overlap(plan);
-  if (!decoding) plan.program = plan_step_program(config.gradient_accumulation_steps);
+  if (!decoding && plan.pipeline.stages == 1)
+    plan.program = plan_step_program(config.gradient_accumulation_steps);
   return plan;
 }
 

@@ -19,6 +19,7 @@
 #include "meshtrain/mesh/sharding.h"
 #include "meshtrain/model/spec.h"
 #include "meshtrain/optim/optimizer.h"
+#include "meshtrain/plan/pipeline_schedule.h"
 #include "meshtrain/plan/program.h"
 #include "meshtrain/plan/topology.h"
 
@@ -63,6 +64,10 @@ struct PlanBuffer {
   size_t part_offset = 0;
   bool data_rank_slot = false;
   std::string layer;  // "decoder/layers_3", "token_embedder", ... for --explain
+  // A pipeline boundary's tensor (chunk/input and PipelineBoundary's): it lives in the activation slots
+  // (ActivationStash), where the transfers between stage ranks read and write it, never among a kernel's
+  // temporaries nor in the persistent region.
+  bool stashed = false;
 
   // Whether any dim is split over `axis` (else every rank of that axis holds the same values).
   bool split_over(MeshAxis axis) const {
@@ -167,6 +172,24 @@ struct ActivationStash {
   }
 };
 
+// A stage rank's plan (mesh.stage > 1, shared/specs/pipeline.md): which stage, its schedule, and the
+// buffers its transfers move, each in the activation slots (kNoBuffer where the stage has no such
+// neighbour). The forward copies its last layer's output into `output` (sent to the next stage); the
+// backward starts by copying the received `output_gradient` into the chunk's gradient buffer and ends by
+// copying the input's gradient into `input_gradient` (sent to the previous stage); `input` is chunk/input,
+// received from the previous stage.
+struct PipelineStage {
+  int64_t stage = 0, stages = 1;
+  PipelineSchedule schedule;  // every rank's ops (compile prints them; the program is this rank's)
+  PlanBufferId input = -1, output = -1, output_gradient = -1, input_gradient = -1;
+  // The boundary copies (the plan's own ops; null where the stage has no such neighbour).
+  const OpDecl *output_copy = nullptr, *output_gradient_copy = nullptr, *input_gradient_copy = nullptr;
+  bool first() const { return stage == 0; }
+  bool last() const { return stage + 1 == stages; }
+  // The boundary buffer a program's transfer sends from or receives into.
+  PlanBufferId buffer_of(ProgramEntry::Transfer transfer) const;
+};
+
 struct TrainingPlan {
   ModelSpec spec;  // per-device spec (its ops are what PlanOp::op points at)
   // The optimizer pass's state table and update ops (PlanOp::op points at those too); empty when decoding.
@@ -182,6 +205,7 @@ struct TrainingPlan {
   OverlapSchedule overlap;                // empty without a data axis or an update kernel
   StepProgram program;    // the kernels a step and an eval batch run, in order (empty: decode)
   ActivationStash stash;  // the split kernels' (empty without them)
+  PipelineStage pipeline;  // stages == 1: no pipeline
   size_t persistent_bytes = 0;
   size_t arena_bytes = 0;  // persistent + the largest temporary region over the planned kernels (the split
                            // kernels' counts the stash's slots)
@@ -209,6 +233,9 @@ struct PlanRequest {
   // the most micro-batches whose forward has run and backward not yet (GPipe: all M; 1F1B: at most the
   // stage count). The requested kernels and their plans do not depend on it.
   int64_t activation_slots = 0;
+  // mesh.stage > 1: the stage rank to plan (its coordinate on the stage axis): its chunk of the layers, its
+  // schedule's program (activation slots as it needs; the fused kernels are not planned).
+  int64_t stage = 0;
   // The kernel table to build and run the spec with; nullptr: the topology's device kind's
   // (kernel_backend_for_device). Tests pass a variant of a table to compare two ways of storing a run.
   const kernels::KernelBackend* backend = nullptr;
@@ -216,9 +243,9 @@ struct PlanRequest {
 
 // The one planning function. Validates mesh, sharding and model (clear errors), builds the per-device
 // spec, applies the optimizer to it (training), and plans the requested kernels. A mesh with pipeline
-// stages (mesh.stage > 1) has its layer placement (model/pipeline_placement.h) and its schedule's shape
-// (plan/pipeline_schedule.h) checked and is then refused: per-stage plans and their execution are not
-// built yet.
+// stages (mesh.stage > 1) plans one stage rank (PlanRequest::stage): the layers of its chunk
+// (model/pipeline_placement.h), the split kernels with its boundary copies, update and eval, and the
+// program of its schedule (plan/pipeline_schedule.h, plan/pipeline_program.h).
 TrainingPlan plan_training(const PlanRequest& request);
 
 // What a request plans for, before anything else is planned: the topology, the device count and the
@@ -248,6 +275,11 @@ int64_t kv_replicas(const TrainingPlan& plan, BufferId id);
 // Compute threads per rank: num_threads when set; on cpu topologies this machine's cores / ranks on the host;
 // elsewhere 1 (the CPU kernels' per-thread scratch does not exist there, and plans stay machine-independent).
 int64_t resolve_threads(const Config& config, const Topology& topology, int64_t devices);
+
+// Payload bytes per rank of one step, per mesh axis (comparable with Engine::collective_bytes): each planned
+// kernel's collective bytes times its entries in the step's program (gradients and update), and a pipeline
+// program's transfers on the stage axis (the bytes a rank sends plus those it receives).
+std::map<std::string, double> step_collective_bytes(const TrainingPlan& plan);
 
 // The plan file of one kernel: deterministic JSON text (the same inputs give the same bytes).
 std::string serialize_kernel_plan(const TrainingPlan& plan, KernelName kernel);

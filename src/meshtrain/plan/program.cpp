@@ -21,6 +21,7 @@ StepProgram plan_step_program(int64_t gradient_accumulation_steps) {
 std::vector<KernelName> program_kernels(const std::vector<ProgramEntry>& entries) {
   std::vector<KernelName> kernels;
   for (const ProgramEntry& entry : entries) {
+    if (entry.transfer != ProgramEntry::Transfer::none) continue;
     if (std::find(kernels.begin(), kernels.end(), entry.kernel) == kernels.end())
       kernels.push_back(entry.kernel);
   }

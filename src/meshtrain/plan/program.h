@@ -26,6 +26,15 @@ struct ProgramEntry {
   // reductions run in update (last_backward stays false: no overlap).
   static constexpr int64_t kNoSlot = -1;
   int64_t slot = kNoSlot;
+  // A pipeline schedule's point-to-point transfer with a neighbouring stage rank (`kernel` unused), started
+  // non-blocking; a kernel op touching its memory waits for it, and the phase ends with none in flight.
+  // The activation a forward left in its slot (pipeline/output) goes to the next stage, which receives it
+  // into the slot its forward reads (chunk/input); the input gradient a backward left (pipeline/
+  // input_gradient) goes back, received into the slot the previous stage's backward starts from
+  // (pipeline/output_gradient).
+  enum class Transfer { none, send_activation, receive_activation, send_gradient, receive_gradient };
+  Transfer transfer = Transfer::none;
+  int64_t peer = -1;  // the stage rank it goes to or comes from
 };
 
 // What a rank runs, in the phases the run sits between. The run keeps what must happen between the
@@ -50,7 +59,7 @@ struct StepProgram {
 // update. Eval reads one micro-batch per eval batch (its loader does not accumulate).
 StepProgram plan_step_program(int64_t gradient_accumulation_steps);
 
-// The kernels `entries` run, each once, in their first use's order.
+// The kernels `entries` run, each once, in their first use's order (transfers are none).
 std::vector<KernelName> program_kernels(const std::vector<ProgramEntry>& entries);
 
 }  // namespace meshtrain

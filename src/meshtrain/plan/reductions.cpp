@@ -17,7 +17,15 @@ std::vector<MeshAxis> norm_axes(const TrainingPlan& plan) {
   for (MeshAxis axis : {MeshAxis::fsdp, MeshAxis::expert, MeshAxis::tensor}) {
     if (plan.mesh.size(axis) > 1) axes.push_back(axis);
   }
+  if (plan.pipeline.stages > 1) axes.push_back(MeshAxis::stage);  // each stage holds other parameters
   return axes;
+}
+
+// A pipeline's tied embedding table, held by its first and last stage, whose gradients they sum.
+bool tied_across_stages(const TrainingPlan& plan, int32_t parameter) {
+  const PipelineStage& stage = plan.pipeline;
+  return stage.stages > 1 && plan.spec.options.tied_embeddings && (stage.first() || stage.last()) &&
+         plan.spec.parameters[static_cast<size_t>(parameter)].value == plan.spec.embedding_table;
 }
 
 // ZeRO-1 with a strided shard: copies this data rank's blocks of the parameter into the shard buffer.
@@ -103,6 +111,13 @@ std::vector<PlanStep> update_steps(TrainingPlan& plan) {
     const ParameterStorage& store = plan.storage[k];
     const std::string& name = parameter.canonical_name;
     const bool is_norm = op.role == OpRole::grad_norm;
+    // The two ends' partial gradients of a tied table (group 2: the first and last stage ranks).
+    if (is_norm && tied_across_stages(plan, op.parameter)) {
+      steps.push_back(step_of(add_collective_op(plan, "stage/tied_all_reduce/" + name,
+                                                OpRole::tied_embedding_reduction, op.parameter,
+                                                CollectiveKind::all_reduce, MeshAxis::stage,
+                                                store.gradient_store, kNoBuffer, 1, false, 2)));
+    }
     // Context ranks hold different tokens of the same rows, expert and fsdp ranks different rows: the
     // gradient of a parameter they share is a partial sum over them, summed here like over data (before any
     // ZeRO-1 scatter; under FSDP the fsdp shard). The routed experts split over the expert axis take every
@@ -165,8 +180,11 @@ double step_share(const TrainingPlan& plan, const PlanStep& step) {
   // A gradient replicated over an axis its norm is reduced on counts once over the replicas.
   const PlanBuffer& gradient = plan.buffers[static_cast<size_t>(step.buffers.front().second)];
   for (MeshAxis axis : norm_axes(plan)) {
+    // Stage ranks hold different parameters (no replicas), but both ends a tied table: the first counts it.
+    if (axis == MeshAxis::stage) continue;
     if (!gradient.split_over(axis)) share /= static_cast<double>(plan.mesh.size(axis));
   }
+  if (tied_across_stages(plan, step.op->parameter) && !plan.pipeline.first()) share = 0.0;
   // Replicated kv heads count once over their replicas.
   share /= static_cast<double>(
       kv_replicas(plan, plan.spec.parameters[static_cast<size_t>(step.op->parameter)].value));

@@ -11,9 +11,13 @@ void plan_storage(TrainingPlan& plan) {
   const ShardingLayout& sharding = spec.sharding;
   for (const BufferDecl& decl : spec.buffers) {
     PlanBuffer buffer{decl.name, decl.kind, decl.dtype, decl.shape, sharding.compute_layout(decl.shape).dims};
-    buffer.persistent = decl.kind == BufferKind::parameter || decl.kind == BufferKind::gradient ||
-                        decl.kind == BufferKind::optimizer_state || decl.kind == BufferKind::step_counter ||
-                        decl.kind == BufferKind::cache || decl.kind == BufferKind::input;
+    // A pipeline stage's input activation arrives per micro-batch into its activation slot.
+    buffer.stashed = static_cast<BufferId>(plan.buffers.size()) == spec.boundary.input;
+    buffer.persistent = !buffer.stashed && (decl.kind == BufferKind::parameter ||
+                                            decl.kind == BufferKind::gradient ||
+                                            decl.kind == BufferKind::optimizer_state ||
+                                            decl.kind == BufferKind::step_counter ||
+                                            decl.kind == BufferKind::cache || decl.kind == BufferKind::input);
     if (decl.stack != kNoBuffer) {
       // A layer's block of a stacked parameter: a view, placed with its stack below.
       buffer.part_of = decl.stack;

@@ -187,6 +187,13 @@ Engine::Engine(TrainingPlan plan, EngineRanks ranks)
                             .split(static_cast<int>(coordinates_[MeshAxis::tensor] / replicas),
                                    static_cast<int>(coordinates_[MeshAxis::tensor]), "tensor kv replicas");
   }
+  if (const PipelineStage& stage = plan_.pipeline; stage.stages > 2) {
+    // The first and last stage ranks sum a tied table's gradients (every other stage gets a group of its own).
+    const bool end = stage.first() || stage.last();
+    pipeline_ends_group_ = communicator(MeshAxis::stage)
+                               .split(end ? 0 : static_cast<int>(1 + stage.stage),
+                                      static_cast<int>(stage.stage), "stage ends");
+  }
   if (plan_.mesh.size(MeshAxis::tensor) > 1) {
     Communicator* tensor = &communicator(MeshAxis::tensor);
     tensor_group_ =
@@ -212,6 +219,7 @@ Engine::~Engine() {
     for (auto& entry : in_flight_) static_cast<void>(entry.second.release());
     for (auto& pass : ring_passes_) static_cast<void>(pass.release());
     transfers_.release_unwaited();
+    pipeline_transfers_.release_unwaited();
   }
 }
 
@@ -230,6 +238,7 @@ std::map<std::string, double> Engine::collective_bytes() const {
   }
   if (kv_replica_group_)
     bytes["tensor"] += kv_replica_group_->stats().total_bytes();  // part of the tensor axis
+  if (pipeline_ends_group_) bytes["stage"] += pipeline_ends_group_->stats().total_bytes();
   return bytes;
 }
 
@@ -237,6 +246,7 @@ void Engine::reset_collective_stats() {
   if (!ranks_.axes) return;
   for (MeshAxis axis : kMeshAxes) communicator(axis).reset_stats();
   if (kv_replica_group_) kv_replica_group_->reset_stats();
+  if (pipeline_ends_group_) pipeline_ends_group_->reset_stats();
 }
 
 Communicator& Engine::communicator(MeshAxis axis) const {
@@ -252,7 +262,12 @@ void Engine::run_collective(const PlanOp& op, const OpContext& context, UpdateSt
   const CollectiveDecl& c = op.op->collective;
   const bool kv_replicas = c.axis == MeshAxis::tensor && c.group < plan_.mesh.size(MeshAxis::tensor);
   MT_CHECK(!kv_replicas || kv_replica_group_, "a part of the tensor axis other than the kv replicas");
-  Communicator& comm = kv_replicas ? *kv_replica_group_ : communicator(c.axis);
+  // A pipeline's tied table: its first and last stage ranks (the whole axis when there are two).
+  const bool pipeline_ends = c.axis == MeshAxis::stage && c.group > 0 && c.group < plan_.mesh.size(MeshAxis::stage);
+  MT_CHECK(!pipeline_ends || pipeline_ends_group_, "a part of the stage axis other than its two ends");
+  Communicator& comm = kv_replicas      ? *kv_replica_group_
+                       : pipeline_ends ? *pipeline_ends_group_
+                                       : communicator(c.axis);
   const std::string& name = op.op->name;
   if (c.inside_next_op) return;  // the next op moves these bytes itself (the plan counts them here)
   if (op.op->role == OpRole::reduce_valid_count) {
@@ -371,9 +386,22 @@ Engine::LocalShard Engine::local_shard(BufferId id) const {
   shard.dims = index.local_dims();
   shard.saving_replica = coordinates_[MeshAxis::tensor] % kv_replicas(plan_, id) == 0;  // replicated kv heads
   for (MeshAxis axis : kMeshAxes) {
+    if (axis == MeshAxis::stage) continue;  // each stage holds other layers
     shard.saving_replica = shard.saving_replica && (buffer.split_over(axis) || coordinates_[axis] == 0);
   }
+  // Both ends of a pipeline hold a tied table (and its moments): the first stage saves it.
+  if (plan_.pipeline.stages > 1 && !plan_.pipeline.first() && tied_table_state(id)) shard.saving_replica = false;
   return shard;
+}
+
+bool Engine::tied_table_state(BufferId id) const {
+  const std::vector<ParameterDecl>& parameters = plan_.spec.parameters;
+  for (size_t p = 0; p < parameters.size(); ++p) {
+    if (parameters[p].value != plan_.spec.embedding_table) continue;
+    const std::vector<BufferId>& moments = plan_.optimizer.state(p).moments;
+    return id == parameters[p].value || std::find(moments.begin(), moments.end(), id) != moments.end();
+  }
+  return false;
 }
 
 void Engine::update_selection_biases(const std::vector<double>& expert_load, double rate) {
@@ -630,7 +658,9 @@ LossSums Engine::run(KernelName name, UpdateState* update) {
   MT_CHECK(split || std::find(slot_in_flight_.begin(), slot_in_flight_.end(), true) == slot_in_flight_.end(),
            std::string(kernel_name(name)) + " while a micro-batch's activations wait in their slot");
   if (poison_temporaries_) {  // all-ones bytes: every float32 a NaN
-    const size_t temporaries = split ? plan_.stash.end() : plan_.persistent_bytes;
+    // A stage plan's eval binds slot 0 too (its received activation is there).
+    const bool above_slots = split || (plan_.pipeline.stages > 1 && name == KernelName::eval);
+    const size_t temporaries = above_slots ? plan_.stash.end() : plan_.persistent_bytes;
     backend().memory_fill(arena_.at(temporaries), 0xff, plan_.arena_bytes - temporaries);
   }
   LossSums sums;
@@ -656,8 +686,9 @@ LossSums Engine::run(KernelName name, UpdateState* update) {
                                                                : "op");
       context.set_op(&op);
       // An op touching memory a send_recv sends from or receives into waits for that transfer first.
-      if (!transfers_.empty()) {
-        for (const auto& binding : op.buffers) transfers_.wait_touching(context.view(binding.first), trace_);
+      for (Transfers* transfers : {&transfers_, &pipeline_transfers_}) {
+        if (transfers->empty()) continue;
+        for (const auto& binding : op.buffers) transfers->wait_touching(context.view(binding.first), trace_);
       }
       context.share = op.share;
       context.recomputing = op.recompute;
@@ -680,8 +711,10 @@ LossSums Engine::run(KernelName name, UpdateState* update) {
     }
     if (overlapping) start_ready_collectives(name, i, i + 1 == kernel.ops.size());
     transfers_.progress();
+    pipeline_transfers_.progress();
   }
-  transfers_.wait_all(trace_);     // a kernel ends with no transfer in flight
+  transfers_.wait_all(trace_);  // a kernel ends with no send_recv op's transfer in flight (a program's
+                                // pipeline transfers end with its phase)
   backend().device_synchronize();  // a kernel's time (the step's) ends when the device is done
   last_kernel_ = &kernel;
   return sums;
@@ -696,7 +729,11 @@ ProgramResult Engine::run_program(const std::vector<ProgramEntry>& entries, cons
   };
   std::map<int64_t, int64_t> slot_micro_batch;  // the split kernels: which micro-batch each slot holds
   for (const ProgramEntry& entry : entries) {
-    MT_CHECK(entry.chunk == 0, "a program entry of a layer chunk: the engine runs whole-model kernels only");
+    MT_CHECK(entry.chunk == 0, "a program entry of a rank's second chunk: a stage runs one chunk");
+    if (entry.transfer != ProgramEntry::Transfer::none) {
+      start_transfer(entry);
+      continue;
+    }
     const bool split = entry.kernel == KernelName::forward || entry.kernel == KernelName::backward;
     MT_CHECK(!split || !entry.last_backward, "overlapped reductions after a split backward");
     switch (entry.kernel) {
@@ -707,7 +744,7 @@ ProgramResult Engine::run_program(const std::vector<ProgramEntry>& entries, cons
         add(fwd_bwd_accum(inputs.micro_batch(entry.micro_batch), entry.last_backward));
         break;
       case KernelName::eval:
-        add(eval(inputs.micro_batch(entry.micro_batch)));
+        add(eval(inputs.micro_batch(entry.micro_batch), entry.slot));
         break;
       case KernelName::update:
         result.update = update(inputs.valid_count, inputs.learning_rate, inputs.step);
@@ -730,7 +767,30 @@ ProgramResult Engine::run_program(const std::vector<ProgramEntry>& entries, cons
         MT_CHECK(false, "decode in a step's program");
     }
   }
+  pipeline_transfers_.wait_all(trace_);  // a phase ends with no transfer in flight
   return result;
+}
+
+// A pipeline program's send or receive, started non-blocking on the slot's boundary buffer (after any
+// earlier transfer of the same memory: a slot's previous micro-batch may still be sending from it).
+void Engine::start_transfer(const ProgramEntry& entry) {
+  using Transfer = ProgramEntry::Transfer;
+  const bool sending = entry.transfer == Transfer::send_activation || entry.transfer == Transfer::send_gradient;
+  const PlanBufferId buffer = plan_.pipeline.buffer_of(entry.transfer);
+  MT_CHECK(buffer >= 0, "a transfer of a stage without that neighbour");
+  check_slot(entry.slot);
+  const ActivationStash::Entry* stashed = plan_.stash.find(buffer);
+  MT_CHECK(stashed != nullptr, "a boundary buffer outside the activation slots");
+  const PlanBuffer& planned = plan_.buffers[static_cast<size_t>(buffer)];
+  const TensorView memory{arena_.at(plan_.stash.slot_offset(entry.slot) + stashed->offset), planned.dtype,
+                          planned.shape};
+  const std::string name = std::string(sending ? "send " : "receive ") + planned.name + " #" +
+                           std::to_string(entry.micro_batch) + (sending ? " to stage " : " from stage ") +
+                           std::to_string(entry.peer);
+  const TraceScope scope(trace_, name, "collective");
+  pipeline_transfers_.wait_touching(memory, trace_);
+  pipeline_transfers_.start_one(communicator(MeshAxis::stage), static_cast<int>(entry.peer), memory, sending,
+                                name);
 }
 
 LossSums Engine::fwd_bwd(const Batch& batch, bool last) {
@@ -765,7 +825,7 @@ LossSums Engine::forward(const Batch& batch, int64_t slot) {
   const SlotScope bound(slot_, slot);
   load_batch(batch);
   overlap_ = false;
-  const LossSums sums = run(KernelName::forward);
+  const LossSums sums = with_batch_valid_count(run(KernelName::forward));
   slot_in_flight_[static_cast<size_t>(slot)] = true;
   return sums;
 }
@@ -781,9 +841,24 @@ LossSums Engine::backward(int64_t slot) {
   return sums;
 }
 
-LossSums Engine::eval(const Batch& batch) {
+LossSums Engine::eval(const Batch& batch, int64_t slot) {
+  // A stage plan's eval binds its boundary buffers (and any batch input the stash holds) in a slot.
+  MT_CHECK((slot != ProgramEntry::kNoSlot) == (plan_.pipeline.stages > 1), "eval's slot: a stage plan's only");
+  if (slot != ProgramEntry::kNoSlot) check_slot(slot);
+  const SlotScope bound(slot_, slot);
   load_batch(batch);
-  return run(KernelName::eval);
+  return with_batch_valid_count(run(KernelName::eval));
+}
+
+// A stage without the loss counts the micro-batch's valid tokens itself, from the loss mask it loaded: each
+// stage rank then holds the step's count (update divides by it), and the loss sum only the last.
+LossSums Engine::with_batch_valid_count(LossSums sums) const {
+  if (plan_.spec.chunk.with_head) return sums;
+  const TensorView mask = batch_view(plan_.spec.loss_mask);
+  std::vector<uint8_t> host(static_cast<size_t>(mask.elements()));
+  backend().memory_copy_out(host.data(), mask.data, host.size());
+  sums.valid_count = std::count_if(host.begin(), host.end(), [](uint8_t valid) { return valid != 0; });
+  return sums;
 }
 
 TensorView Engine::decode(int32_t token, int32_t position,

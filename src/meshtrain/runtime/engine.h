@@ -82,7 +82,9 @@ class Engine {
   // rank's), divides, clips by the global norm and steps AdamW; skips the step everywhere when any
   // gradient is non-finite. `step` is 0-based; Adam's bias correction uses step + 1.
   UpdateResult update(int64_t valid_count, double learning_rate, int64_t step);
-  LossSums eval(const Batch& batch);  // forward and loss only
+  // Forward and loss only; a stage plan's in activation `slot` (its received activation is there), on the
+  // last stage with the loss.
+  LossSums eval(const Batch& batch, int64_t slot = ProgramEntry::kNoSlot);
   // The split kernels (a plan with activation slots, PlanRequest::activation_slots): a micro-batch's
   // fwd_bwd_accum as two kernels, so a pipeline schedule can run other micro-batches' kernels between them.
   // zero_gradients starts a step (what fwd_bwd's first op does); forward loads `batch` and leaves what its
@@ -169,6 +171,8 @@ class Engine {
   void load_batch(const Batch& batch);
   TensorView batch_view(BufferId input) const;
   void check_slot(int64_t slot) const;
+  void start_transfer(const ProgramEntry& entry);
+  LossSums with_batch_valid_count(LossSums sums) const;
   LossSums run(KernelName kernel, UpdateState* update = nullptr);
   void run_collective(const PlanOp& op, const OpContext& context, UpdateState* update);
   void start_ready_collectives(KernelName kernel, size_t op_index, bool kernel_done);
@@ -178,6 +182,8 @@ class Engine {
   std::byte* host_address(size_t offset) const;   // a persistent byte, in the arena or its host copy
   void copy_in(const TensorView& to, const void* from, size_t bytes);
   GlobalIndex global_index(PlanBufferId stored, BufferId id) const;
+  // Whether `id` is a pipeline's tied embedding table or one of its moments.
+  bool tied_table_state(BufferId id) const;
 
   TrainingPlan plan_;
   Arena arena_;
@@ -191,8 +197,10 @@ class Engine {
   // tensor > 1: the vocab-parallel loss's mid-kernel reductions
   std::optional<kernels::TensorGroup> tensor_group_;
   std::unique_ptr<Communicator> kv_replica_group_;  // tensor > kv heads: the ranks holding the same kv head
+  std::unique_ptr<Communicator> pipeline_ends_group_;  // mesh.stage > 2: the first and last stage ranks
   std::vector<std::unique_ptr<CollectiveRequest>> ring_passes_;  // ring attention's, not yet waited for
   Transfers transfers_;                                          // send_recv ops' transfers in flight
+  Transfers pipeline_transfers_;  // a pipeline program's, across its kernels until its phase ends
   std::vector<size_t> bucket_;  // update op indices ready (plan_.overlap), not yet started
   size_t bucket_bytes_ = 0;
   std::map<size_t, std::unique_ptr<CollectiveRequest>> in_flight_;  // update op index -> started reduction

@@ -29,6 +29,16 @@ void Transfers::start(Communicator& comm, int64_t peer_offset, const TensorView&
   in_flight_.push_back(std::move(transfer));
 }
 
+void Transfers::start_one(Communicator& comm, int peer, const TensorView& memory, bool sending,
+                          const std::string& name) {
+  InFlight transfer{name, {}, {}};
+  transfer.requests.push_back(sending ? comm.send_start(comm_buffer(memory), peer, name)
+                                      : comm.recv_start(comm_buffer(memory), peer, name));
+  const auto* begin = static_cast<const std::byte*>(memory.data);
+  transfer.memory.emplace_back(begin, begin + memory.bytes());
+  in_flight_.push_back(std::move(transfer));
+}
+
 void Transfers::wait(InFlight& transfer, TraceRecorder* trace) {
   const std::string label = "wait " + transfer.name;
   const TraceScope scope(trace, label, "collective");

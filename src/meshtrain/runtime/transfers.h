@@ -1,5 +1,5 @@
-// Point-to-point transfers in flight: the plan's send_recv ops (a pipeline's activations and their
-// gradients between stage ranks). An op starts its transfer without waiting; anything that touches the
+// Point-to-point transfers in flight: the plan's send_recv ops (the context axis' halos), and a pipeline
+// program's transfers (its activations and their gradients between stage ranks). An op starts its transfer without waiting; anything that touches the
 // transfer's memory again waits for it first, and a kernel ends with none in flight.
 #pragma once
 
@@ -23,6 +23,9 @@ class Transfers {
   // nothing, its last sends nothing. Counted by `comm` like every collective (the bytes sent).
   void start(Communicator& comm, int64_t peer_offset, const TensorView& send, const TensorView& receive,
              const std::string& name);
+  // Starts one send of `memory` to rank `peer` of `comm` (`sending`), or one receive into it from there: a
+  // pipeline's transfer between stage ranks.
+  void start_one(Communicator& comm, int peer, const TensorView& memory, bool sending, const std::string& name);
   // Waits for each transfer whose memory overlaps `memory` (an op is about to read or write it); each wait
   // is a trace event.
   void wait_touching(const TensorView& memory, TraceRecorder* trace);

@@ -125,6 +125,9 @@ std::unique_ptr<DataSource> open_data_source(const Config& config) {
 // tokens of them (tensor ranks the same ones). (A communicator of its own, so the mesh axes' byte counters
 // hold only what the plan's kernels move.)
 LossSums sum_over_ranks(LossSums local, const RunRanks& ranks, const char* name) {
+  // Pipeline stages: the loss sum is the last stage's (the valid count every stage's alike). The MoE
+  // statistics stay per stage, each of its own layers (a stage's selection biases move by its own loads).
+  if (ranks.stage_group) ranks.stage_group->all_reduce(comm_buffer(&local.loss_sum, 1), ReduceOp::sum, name);
   Communicator& group = ranks.loss_group ? *ranks.loss_group : *ranks.batch_group;
   if (group.size() > 1) {
     group.all_reduce(comm_buffer(&local.loss_sum, 1), ReduceOp::sum, name);
@@ -253,7 +256,7 @@ std::string keep_checkpoint_global_batch(Config& config, int64_t world_size) {
          std::to_string(config.per_device_batch_size) + " x " + processes + ")";
 }
 
-RunSetup prepare_run(const Config& config, int64_t world_size) {
+RunSetup prepare_run(const Config& config, int64_t world_size, int64_t rank) {
   if (config.steps <= 0)
     fail("config key 'steps'", "a positive number of optimizer steps", std::to_string(config.steps));
   RunSetup setup;
@@ -261,6 +264,8 @@ RunSetup prepare_run(const Config& config, int64_t world_size) {
   PlanRequest request;
   request.config = config;
   request.devices = world_size;
+  // A pipeline stage rank plans its own chunk and schedule.
+  request.stage = mesh_coordinates(resolve_plan_target(request).mesh, rank)[MeshAxis::stage];
   setup.plan = plan_training(request);
   check_plan_runs_here(setup.plan, world_size);  // the mesh's product must be the number of ranks
   // The kernels this run uses: a plan_in from meshtrain compile must match each of them exactly.
@@ -323,6 +328,11 @@ void Run::connect_mesh(TrainingPlan plan) {
     const MeshGroup loss_ranks = mesh_group(mesh_, ranks_.world->rank(), kTokenMeshAxes);
     ranks_.loss_group =
         ranks_.world->split(static_cast<int>(loss_ranks.colour), static_cast<int>(loss_ranks.index), "loss");
+  }
+  if (mesh_.size(MeshAxis::stage) > 1) {
+    const MeshGroup stage_ranks = mesh_group(mesh_, ranks_.world->rank(), MeshAxis::stage);
+    ranks_.stage_group =
+        ranks_.world->split(static_cast<int>(stage_ranks.colour), static_cast<int>(stage_ranks.index), "stage");
   }
   // Only the lead rank writes run_dir and prints; the others train silently.
   if (!lead_) {
@@ -406,9 +416,9 @@ void Run::write_run_files() {
   write_resolved_config(config_, config_.run_dir);
   if (machine_) write_file_atomically(config_.run_dir + "/machine.json", machine_->to_json().dump(2) + "\n");
   // The plan this run executes, in the format of meshtrain compile's plan_out (byte for byte the same).
-  for (KernelName kernel : kKernelNames) {
-    write_file_atomically(plan_file_path(config_.run_dir + "/plan", kernel),
-                          serialize_kernel_plan(engine_->plan(), kernel));
+  for (const KernelPlan& kernel : engine_->plan().kernels) {
+    write_file_atomically(plan_file_path(config_.run_dir + "/plan", kernel.kernel),
+                          serialize_kernel_plan(engine_->plan(), kernel.kernel));
   }
   MetricsLog::truncate_after(config_.run_dir + "/metrics.jsonl", state_.step);
 }
@@ -443,19 +453,8 @@ void Run::prepare_steps() {
   progress_.emplace(config_.steps, state_.step, console_);
   signals_.emplace();
   fault_ = injected_fault();
-  // Each kernel's bytes times its entries in the step's program.
-  std::map<KernelName, double> entries;
-  for (const std::vector<ProgramEntry>* phase :
-       {&engine_->plan().program.gradients, &engine_->plan().program.update}) {
-    for (const ProgramEntry& entry : *phase) entries[entry.kernel] += 1.0;
-  }
   planned_step_bytes_ = nlohmann::json::object();
-  for (const KernelPlan& kernel : engine_->plan().kernels) {
-    const double repeats = entries[kernel.kernel];
-    for (const auto& [axis, bytes] : kernel.collective_bytes) {
-      if (repeats > 0.0) planned_step_bytes_[axis] = planned_step_bytes_.value(axis, 0.0) + repeats * bytes;
-    }
-  }
+  for (const auto& [axis, bytes] : step_collective_bytes(engine_->plan())) planned_step_bytes_[axis] = bytes;
 }
 
 void Run::save(int64_t step, const nlohmann::json& data_cursor) {

@@ -45,6 +45,9 @@ struct RunRanks {
   // The data x fsdp x context ranks whose loss sums add up to the step's (context ranks hold different
   // tokens of the same rows); the batch group itself when mesh.context is 1.
   std::unique_ptr<Communicator> loss_group;
+  // mesh.stage > 1: the stage ranks of this rank's place, the last of which computes the loss sums (each
+  // stage rank counts the valid tokens itself).
+  std::unique_ptr<Communicator> stage_group;
   // mesh.context > 1: how each row is laid over the context ranks, and this rank's place on that axis.
   std::optional<ContextLayout> context_layout;
   int64_t context_rank = 0;
@@ -71,7 +74,7 @@ struct RunSetup {
 
 // The checks and the plan of set-up's first phase: steps, the data source, the plan (and a plan_in
 // matching it), the tokenizer (and that the checkpoint the run starts from was trained with it).
-RunSetup prepare_run(const Config& config, int64_t world_size);
+RunSetup prepare_run(const Config& config, int64_t world_size, int64_t rank = 0);
 
 // A run resuming a full state (its run_dir's newest checkpoint, else load_full_state_path) keeps the global
 // batch its data cursor records: gradient_accumulation_steps becomes G / (per_device_batch_size x

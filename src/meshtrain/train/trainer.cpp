@@ -33,7 +33,7 @@ TrainingSummary run_training(const Config& given_config, std::FILE* console, con
   const std::string derived = run_setup_on_all_ranks(
       *ranks.world, [&] { return keep_checkpoint_global_batch(config, ranks.world->size()); });
   RunSetup setup =
-      run_setup_on_all_ranks(*ranks.world, [&] { return prepare_run(config, ranks.world->size()); });
+      run_setup_on_all_ranks(*ranks.world, [&] { return prepare_run(config, ranks.world->size(), ranks.world->rank()); });
   run_setup_on_all_ranks(*ranks.world, [&] {
     ranks.world->require_same_on_all_ranks(run_identity(config), "the meshtrain binary and resolved config");
   });

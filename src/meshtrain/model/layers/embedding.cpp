@@ -9,8 +9,10 @@ namespace meshtrain {
 
 BufferId add_embedding_table(SpecBuilder& builder) {
   const ModelDims& m = builder.dims();
-  return builder.parameter("token_embedder/embedding", shape_of({{"vocab", m.V}, {"embed", m.D}}),
-                           {"embedding", ParameterInit::normal, 0.02, ParameterRole::embedding});
+  builder.spec().embedding_table =
+      builder.parameter("token_embedder/embedding", shape_of({{"vocab", m.V}, {"embed", m.D}}),
+                        {"embedding", ParameterInit::normal, 0.02, ParameterRole::embedding});
+  return builder.spec().embedding_table;
 }
 
 EmbeddingLayer add_embedding(SpecBuilder& builder, bool learned_positions, BufferId d_residual) {

@@ -1,0 +1,99 @@
+#include "meshtrain/plan/pipeline_program.h"
+
+#include <map>
+#include <utility>
+
+#include "meshtrain/core/error.h"
+#include "meshtrain/plan/plan.h"
+
+namespace meshtrain {
+namespace {
+
+using Transfer = ProgramEntry::Transfer;
+
+Transfer transfer_of(const PipelineOp& op) {
+  const bool activation = op.payload == PipelinePayload::activation;
+  if (op.kind == PipelineOpKind::send) return activation ? Transfer::send_activation : Transfer::send_gradient;
+  return activation ? Transfer::receive_activation : Transfer::receive_gradient;
+}
+
+// The chunk on this rank an op's tensor belongs to: a compute op's own; a send's producer (this rank's); a
+// received activation is read by the next chunk's forward, a received gradient by the previous chunk's
+// backward.
+int64_t chunk_here(const PipelineOp& op) {
+  if (op.kind == PipelineOpKind::receive)
+    return op.payload == PipelinePayload::activation ? op.chunk + 1 : op.chunk - 1;
+  return op.chunk;
+}
+
+}  // namespace
+
+StageProgram plan_stage_program(const PipelineSchedule& schedule, int64_t stage) {
+  MT_CHECK(stage >= 0 && stage < schedule.stages, "a stage of the schedule");
+  const std::vector<PipelineOp>& ops = schedule.ranks[static_cast<size_t>(stage)];
+  // Each (micro-batch, chunk)'s last op, where its slot is freed.
+  using Key = std::pair<int64_t, int64_t>;
+  std::map<Key, size_t> last_use;
+  for (size_t i = 0; i < ops.size(); ++i) last_use[{ops[i].micro_batch, chunk_here(ops[i])}] = i;
+  StageProgram result;
+  std::vector<ProgramEntry>& entries = result.program.gradients;
+  entries.push_back({KernelName::zero_gradients, ProgramEntry::kNoMicroBatch});
+  std::map<Key, int64_t> slot_of;
+  std::vector<bool> taken;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const PipelineOp& op = ops[i];
+    if (op.kind == PipelineOpKind::backward_input || op.kind == PipelineOpKind::backward_weight) {
+      fail("config key 'pipeline_schedule'", "gpipe, 1f1b or interleaved_1f1b",
+           "zero_bubble: its split backward (B_input and W ops) is planned but not run in this version",
+           "set pipeline_schedule=1f1b");
+    }
+    const Key key{op.micro_batch, chunk_here(op)};
+    auto found = slot_of.find(key);
+    if (found == slot_of.end()) {
+      size_t free = 0;
+      while (free < taken.size() && taken[free]) ++free;
+      if (free == taken.size()) taken.push_back(false);
+      taken[free] = true;
+      found = slot_of.emplace(key, static_cast<int64_t>(free)).first;
+    }
+    ProgramEntry entry;
+    entry.micro_batch = op.micro_batch;
+    entry.chunk = key.second / schedule.stages;  // the rank's chunks in layer order: s, s + P, ...
+    entry.slot = found->second;
+    if (op.is_compute()) {
+      entry.kernel = op.kind == PipelineOpKind::forward ? KernelName::forward : KernelName::backward;
+    } else {
+      entry.transfer = transfer_of(op);
+      entry.peer = op.peer;
+    }
+    entries.push_back(entry);
+    if (last_use.at(key) == i) {
+      taken[static_cast<size_t>(found->second)] = false;
+      slot_of.erase(found);
+    }
+  }
+  result.slots = static_cast<int64_t>(taken.size());
+  result.program.update.push_back({KernelName::update, ProgramEntry::kNoMicroBatch});
+  // Eval: one micro-batch forward through every stage, with the loss on the last.
+  std::vector<ProgramEntry>& eval = result.program.eval;
+  if (stage > 0) {
+    ProgramEntry receive{KernelName::eval, 0};
+    receive.slot = 0;
+    receive.transfer = Transfer::receive_activation;
+    receive.peer = stage - 1;
+    eval.push_back(receive);
+  }
+  ProgramEntry forward{KernelName::eval, 0};
+  forward.slot = 0;
+  eval.push_back(forward);
+  if (stage + 1 < schedule.stages) {
+    ProgramEntry send{KernelName::eval, 0};
+    send.slot = 0;
+    send.transfer = Transfer::send_activation;
+    send.peer = stage + 1;
+    eval.push_back(send);
+  }
+  return result;
+}
+
+}  // namespace meshtrain
