@@ -288,7 +288,8 @@ std::map<std::string, double> step_collective_bytes(const TrainingPlan& plan) {
     for (const ProgramEntry& entry : *phase) {
       if (entry.transfer == ProgramEntry::Transfer::none) {
         entries[entry.kernel] += 1.0;
-      } else {
+      } else if (entry.transfer == ProgramEntry::Transfer::send_activation ||
+                 entry.transfer == ProgramEntry::Transfer::send_gradient) {
         const PlanBufferId buffer = plan.pipeline.buffer_of(entry.transfer);
         transfer_bytes += static_cast<double>(plan.buffers[static_cast<size_t>(buffer)].bytes);
       }

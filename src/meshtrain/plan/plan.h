@@ -278,7 +278,7 @@ int64_t resolve_threads(const Config& config, const Topology& topology, int64_t 
 
 // Payload bytes per rank of one step, per mesh axis (comparable with Engine::collective_bytes): each planned
 // kernel's collective bytes times its entries in the step's program (gradients and update), and a pipeline
-// program's transfers on the stage axis (the bytes a rank sends plus those it receives).
+// program's transfers on the stage axis (the bytes a rank sends: a received message is its sender's).
 std::map<std::string, double> step_collective_bytes(const TrainingPlan& plan);
 
 // The plan file of one kernel: deterministic JSON text (the same inputs give the same bytes).

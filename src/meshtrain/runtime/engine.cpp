@@ -527,17 +527,21 @@ void Engine::load_batch(const Batch& batch) {
   check_field(batch.positions, "positions", m.N);
   check_field(batch.segment_ids, "segment_ids", m.N);
   check_field(batch.loss_mask, "loss_mask", m.N);
-  // Engram: each layer's hash ids, each below its head's table size.
-  if (batch.engram_hash_ids.size() != plan_.spec.engram.size()) {
+  // Engram: each layer's hash ids, each below its head's table size. The batch holds every Engram layer's
+  // (engram_layers order); a pipeline stage's spec only those of its own layers.
+  const std::vector<int64_t>& engram_layers = plan_.spec.config.engram_layers;
+  if (batch.engram_hash_ids.size() != engram_layers.size()) {
     fail("batch field 'engram_hash_ids'",
-         std::to_string(plan_.spec.engram.size()) + " layers of hash ids (one per engram_layers entry)",
+         std::to_string(engram_layers.size()) + " layers of hash ids (one per engram_layers entry)",
          std::to_string(batch.engram_hash_ids.size()),
          "hash the rows with the run's EngramHashing (data/engram_hash.h) before the context cut");
   }
-  for (size_t layer = 0; layer < plan_.spec.engram.size(); ++layer) {
-    const EngramLayerSpec& engram = plan_.spec.engram[layer];
+  for (const EngramLayerSpec& engram : plan_.spec.engram) {
+    const auto in_batch = static_cast<size_t>(
+        std::find(engram_layers.begin(), engram_layers.end(), engram.layer) - engram_layers.begin());
+    MT_CHECK(in_batch < engram_layers.size(), "an Engram layer of the spec among engram_layers");
     const auto heads = static_cast<int64_t>(engram.table_sizes.size());
-    const std::vector<int32_t>& ids = batch.engram_hash_ids[layer];
+    const std::vector<int32_t>& ids = batch.engram_hash_ids[in_batch];
     if (static_cast<int64_t>(ids.size()) != m.N * heads) {
       fail("batch field 'engram_hash_ids' of layer " + std::to_string(engram.layer),
            std::to_string(m.N * heads) + " values (B x S x heads)", std::to_string(ids.size()));
