@@ -92,9 +92,11 @@ std::string serialize_kernel_plan(const TrainingPlan& plan, KernelName name) {
                   {"dtype", dtype_config_name(buffer.dtype)},
                   {"shape", shape_json(buffer)},
                   {"bytes", buffer.bytes}};
-    // The split kernels read what crosses from forward to backward in the micro-batch's activation slot.
-    const ActivationStash::Entry* stashed =
-        name == KernelName::forward || name == KernelName::backward ? plan.stash.find(id) : nullptr;
+    // The split kernels read what crosses from forward to backward in the micro-batch's activation slot (a
+    // stage plan's eval its boundary buffers too).
+    const bool binds_slots = name == KernelName::forward || name == KernelName::backward ||
+                             (name == KernelName::eval && plan.pipeline.stages > 1);
+    const ActivationStash::Entry* stashed = binds_slots ? plan.stash.find(id, kernel.chunk) : nullptr;
     if (stashed) entry["slot_offset"] = stashed->offset;
     if (buffer.persistent || buffer.part_of >= 0) {
       if (!stashed) entry["offset"] = buffer.offset;
