@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Pipeline stages equal one process (issue 39): the same global batch trained for 3 steps on one process and
-# over mesh.stage = 2 and 4 with each schedule, with M = P and 2P micro-batches (gradient_accumulation_steps),
-# an uneven layer split, tied and untied embeddings, GPT-2 (learned positions, tied), stage x data with ZeRO-1,
-# x fsdp, x tensor, x context (both strategies), x expert, remat, and the DeepSeek-style model (MLA, MoE with
-# its selection bias, Engram, mHC). Every step's loss and gradient norm within 1e-5 relative and every
+# over mesh.stage = 2 and 4 with each schedule (GPipe, 1F1B, interleaved 1F1B with 2 repeats), with M = P
+# and 2P micro-batches (gradient_accumulation_steps), an uneven layer split, tied and untied embeddings,
+# GPT-2 (learned positions, tied), stage x data with ZeRO-1, x fsdp, x tensor, x context (both strategies),
+# x expert, remat, and the DeepSeek-style model (MLA, MoE with its selection bias, Engram, mHC). Every step's loss and gradient norm within 1e-5 relative and every
 # gradient of step 1 (compare_gradients.py: the step-1 checkpoint's first Adam moment) within its bound.
 # The default run (ctest mpi.pipeline) holds one case of each kind; `--long` (ctest mpi.pipeline_long, built
 # with -DMESHTRAIN_LONG_TESTS=ON: scripts/test-long.sh) runs every combination.
@@ -60,7 +60,23 @@ check p2_dp2_zero1 single_m2 4 2 mesh.stage=2 mesh.data=2 shard_optimizer_over_d
 check p2_tp2 single_m2 4 2 mesh.stage=2 mesh.tensor=2 gradient_accumulation_steps=2
 check p2_cp2_ring single_m2 4 2 mesh.stage=2 mesh.context=2 context_parallel_strategy=ring \
   gradient_accumulation_steps=2
+# Interleaved 1F1B: each stage rank holds 2 chunks (layers s and s + 2), the micro-batch goes round twice.
+interleaved=(pipeline_schedule=interleaved_1f1b num_pipeline_repeats=2)
+check interleaved_p2_m4 single_m4 2 4 mesh.stage=2 gradient_accumulation_steps=4 "${interleaved[@]}"
 if $long; then
+  check interleaved_p2_m2 single_m2 2 4 mesh.stage=2 gradient_accumulation_steps=2 "${interleaved[@]}"
+  # 8 layers over 4 stages x 2 repeats, M = P and 2P; 9 layers (one chunk of 2) untied.
+  run single_l8_m4 1 8 gradient_accumulation_steps=4 base_num_decoder_layers=8
+  run single_l8_m8 1 8 gradient_accumulation_steps=8 base_num_decoder_layers=8
+  check interleaved_p4_m4 single_l8_m4 4 2 mesh.stage=4 gradient_accumulation_steps=4 \
+    base_num_decoder_layers=8 "${interleaved[@]}"
+  check interleaved_p4_m8 single_l8_m8 4 2 mesh.stage=4 gradient_accumulation_steps=8 \
+    base_num_decoder_layers=8 "${interleaved[@]}"
+  run single_untied_l9_m8 1 8 gradient_accumulation_steps=8 logits_via_embedding=false base_num_decoder_layers=9
+  check interleaved_p4_m8_uneven single_untied_l9_m8 4 2 mesh.stage=4 gradient_accumulation_steps=8 \
+    logits_via_embedding=false base_num_decoder_layers=9 "${interleaved[@]}"
+  check interleaved_p2_dp2 single_m2 4 2 mesh.stage=2 mesh.data=2 gradient_accumulation_steps=2 \
+    "${interleaved[@]}"
   check gpipe_p2_m2 single_m2 2 4 mesh.stage=2 gradient_accumulation_steps=2 pipeline_schedule=gpipe
   check 1f1b_p2_m2 single_m2 2 4 mesh.stage=2 gradient_accumulation_steps=2
   check gpipe_p2_m4 single_m4 2 4 mesh.stage=2 gradient_accumulation_steps=4 pipeline_schedule=gpipe
@@ -86,6 +102,8 @@ deepseek=(base_num_kv_heads=4 kv_lora_rank=24 qk_nope_head_dim=12 qk_rope_head_d
   engram_head_dim=8 engram_vocab_bases=[61,67] mhc_expansion_rate=4 engram_kernel_size=4)
 preset=deepseek-tiny run deepseek_single 1 8 "${deepseek[@]}" gradient_accumulation_steps=2
 preset=deepseek-tiny check deepseek_p2 deepseek_single 2 4 mesh.stage=2 "${deepseek[@]}" gradient_accumulation_steps=2
+preset=deepseek-tiny check deepseek_interleaved_p2 deepseek_single 2 4 mesh.stage=2 "${deepseek[@]}" \
+  gradient_accumulation_steps=2 "${interleaved[@]}"
 if $long; then
   # Expert ranks count capacity drops per rank and the selection bias reacts to the counts, so expert
   # parallelism alone agrees with one process only until a near-tie flips (deepseek_equivalence.sh; here
