@@ -694,16 +694,17 @@ LossSums Engine::run(KernelName name, UpdateState* update) {
   for (size_t i = 0; i < kernel.ops.size(); ++i) {
     const PlanOp& op = kernel.ops[i];
     {
-      const TraceScope scope(trace_, op.op->name,
-                             op.op->kind == OpKind::collective ? "collective"
-                             : op.recompute                    ? "recompute"
-                                                               : "op");
       context.set_op(&op);
-      // An op touching memory a send_recv sends from or receives into waits for that transfer first.
+      // An op touching memory a transfer sends from or receives into waits for that transfer first (its
+      // own trace event: the op's time is its work).
       for (Transfers* transfers : {&transfers_, &pipeline_transfers_}) {
         if (transfers->empty()) continue;
         for (const auto& binding : op.buffers) transfers->wait_touching(context.view(binding.first), trace_);
       }
+      const TraceScope scope(trace_, op.op->name,
+                             op.op->kind == OpKind::collective ? "collective"
+                             : op.recompute                    ? "recompute"
+                                                               : "op");
       context.share = op.share;
       context.recomputing = op.recompute;
       if (name == KernelName::update && in_flight_.count(i)) {

@@ -425,7 +425,8 @@ void Run::write_run_files() {
 
 void Run::open_metrics_and_trace() {
   if (lead_) metrics_.emplace(config_.run_dir, true);
-  trace_.emplace(config_.profiler == "trace" ? config_.profiler_steps : std::vector<int64_t>{});
+  trace_.emplace(config_.profiler == "trace" ? config_.profiler_steps : std::vector<int64_t>{},
+                 ranks_.world->rank());
   engine_->set_trace(&*trace_);
 }
 
@@ -493,6 +494,7 @@ LossSums Run::run_micro_batches(int64_t rank, PreparedStep& prepared) {
   const MicroBatchSource take = [&prepared](int64_t micro) {
     return std::move(prepared.micro_batches.at(static_cast<size_t>(micro)));
   };
+  const TraceScope phase(&*trace_, "gradients", "phase");  // a pipeline's bubble is measured inside it
   return engine_->run_program(engine_->plan().program.gradients, {take}).sums;
 }
 
@@ -595,8 +597,12 @@ StepOutcome Run::step(const RunControl& control) {
                        to_text(summary_.last_eval_loss));
   }
   if (metrics_) metrics_->write(record);
-  if (trace_->active() && lead_)
-    trace_->write(config_.run_dir + "/trace_step" + std::to_string(step + 1) + ".json");
+  // Every rank's trace (a pipeline stage's idle time is its own): the lead's under the usual name, the
+  // others' with their rank.
+  if (trace_->active()) {
+    const std::string rank_suffix = lead_ ? "" : "_rank" + std::to_string(ranks_.world->rank());
+    trace_->write(config_.run_dir + "/trace_step" + std::to_string(step + 1) + rank_suffix + ".json");
+  }
   summary_.last_loss = loss;
   progress_->update(step + 1, loss, tokens_per_second);
   const bool last = step + 1 == config_.steps;
