@@ -39,7 +39,13 @@ import json, sys
 a, b = ([json.loads(l) for l in open(f"{run}/metrics.jsonl")] for run in sys.argv[1:3])
 assert len(a) == len(b) == 3, (len(a), len(b))
 worst = max(max(abs(x[k] - y[k]) / abs(x[k]) for k in ("loss", "raw_grad_norm")) for x, y in zip(a, b))
-print(f"{sys.argv[3]}: 3 steps, losses and grad norms worst {worst:.1e} (bound 1e-5)")
+# MoE metrics: every layer's, whichever stage holds it, reported by rank 0.
+moe = [(x["moe"], y.get("moe", {})) for x, y in zip(a, b) if "moe" in x]
+for x, y in moe:
+    assert x.keys() == y.keys(), (sorted(x), sorted(y))
+    for layer in x:
+        worst = max([worst] + [abs(x[layer][k] - y[layer][k]) / max(abs(x[layer][k]), 1e-12) for k in x[layer]])
+print(f"{sys.argv[3]}: 3 steps, losses, grad norms{' and MoE metrics' if moe else ''} worst {worst:.1e} (bound 1e-5)")
 sys.exit(worst > 1e-5)
 PY
   python3 "$(dirname "$0")/compare_gradients.py" "$work/$baseline" "$work/$name" "$name" || status=1
@@ -95,11 +101,12 @@ gpt2=(base_num_kv_heads=4 max_position_embeddings=32 gradient_accumulation_steps
 preset=gpt2-124m run gpt2_single 1 8 "${gpt2[@]}"
 preset=gpt2-124m check gpt2_p2 gpt2_single 2 4 mesh.stage=2 "${gpt2[@]}"
 
-# The DeepSeek-style model: MLA, a dense then MoE layers (4 routed experts, selection bias), Engram on
-# layers 0 and 2, mHC with 4 streams (the stages pass [B, S, G, D]).
+# The DeepSeek-style model: MLA, a dense then MoE layers (4 routed experts, selection bias, a balance loss
+# in the objective), Engram on layers 0 and 2, mHC with 4 streams (the stages pass [B, S, G, D]).
 deepseek=(base_num_kv_heads=4 kv_lora_rank=24 qk_nope_head_dim=12 qk_rope_head_dim=8 v_head_dim=16
   q_lora_rank=16 num_experts=4 first_num_dense_layers=1 engram_layers=[0,2] engram_num_heads=2
-  engram_head_dim=8 engram_vocab_bases=[61,67] mhc_expansion_rate=4 engram_kernel_size=4)
+  engram_head_dim=8 engram_vocab_bases=[61,67] mhc_expansion_rate=4 engram_kernel_size=4
+  load_balance_loss_weight=0.01)
 preset=deepseek-tiny run deepseek_single 1 8 "${deepseek[@]}" gradient_accumulation_steps=2
 preset=deepseek-tiny check deepseek_p2 deepseek_single 2 4 mesh.stage=2 "${deepseek[@]}" gradient_accumulation_steps=2
 preset=deepseek-tiny check deepseek_interleaved_p2 deepseek_single 2 4 mesh.stage=2 "${deepseek[@]}" \
