@@ -166,6 +166,10 @@ struct ActivationStash {
   bool in_slot_zero(size_t arena_offset) const {
     return arena_offset >= offset && arena_offset < offset + slot_bytes;
   }
+  // The same place in slot `slot` as `arena_offset` (in slot 0: where plans bind the stash) is in slot 0.
+  size_t moved_to_slot(size_t arena_offset, int64_t slot) const {
+    return slot_offset(slot) + (arena_offset - offset);
+  }
   const Entry* find(PlanBufferId buffer, int64_t chunk = 0) const {
     for (const Entry& entry : entries) {
       if (entry.buffer == buffer && entry.chunk == chunk) return &entry;

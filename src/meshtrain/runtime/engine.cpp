@@ -166,7 +166,7 @@ class PlannedOpContext : public OpContext {
       // A split kernel's stash bindings are planned in activation slot 0; its entry's slot holds them.
       const ActivationStash& stash = engine_.plan_.stash;
       if (engine_.slot_ != ProgramEntry::kNoSlot && stash.in_slot_zero(offset))
-        offset = stash.slot_offset(engine_.slot_) + (offset - stash.offset);
+        offset = stash.moved_to_slot(offset, engine_.slot_);
       return {engine_.arena_.at(offset), buffer.dtype, buffer.shape};
     }
     MT_CHECK(false, "op '" + op_->op->name + "' touches '" +
@@ -186,7 +186,7 @@ Engine::Engine(TrainingPlan plan, EngineRanks ranks)
     : plan_(require_runnable(std::move(plan), ranks)),
       arena_(plan_.arena_bytes, arena_memory(*plan_.spec.kernels)),
       ranks_(ranks),
-      slot_in_flight_(static_cast<size_t>(plan_.stash.slots), false) {
+      slot_holders_(static_cast<size_t>(plan_.stash.slots)) {
   coordinates_ = mesh_coordinates(plan_.mesh, ranks_.world ? ranks_.world->rank() : 0);
   if (plan_.mesh.size(MeshAxis::tensor) > plan_.spec.config.base_num_kv_heads) {
     // The tensor ranks that hold the same kv head (consecutive ones) sum its gradient.
@@ -598,7 +598,8 @@ TensorView Engine::batch_view(BufferId input) const {
       slot_ == ProgramEntry::kNoSlot ? nullptr : plan_.stash.find(input, chunk_);
   if (!stashed) return view(input);
   const PlanBuffer& buffer = plan_.buffers[static_cast<size_t>(input)];
-  return {arena_.at(plan_.stash.slot_offset(slot_) + stashed->offset), buffer.dtype, buffer.shape};
+  return {arena_.at(plan_.stash.moved_to_slot(plan_.stash.offset + stashed->offset, slot_)), buffer.dtype,
+          buffer.shape};
 }
 
 // Starts the ready reductions a bucket at a time (each tensor its own non-blocking call); drives progress of
@@ -669,7 +670,8 @@ LossSums Engine::run(KernelName name, UpdateState* update) {
   // The split kernels' temporaries lie above the activation slots; every other kernel's overlap them, so it
   // runs only while no micro-batch is in flight.
   const bool split = name == KernelName::forward || name == KernelName::backward;
-  MT_CHECK(split || std::find(slot_in_flight_.begin(), slot_in_flight_.end(), true) == slot_in_flight_.end(),
+  MT_CHECK(split || std::none_of(slot_holders_.begin(), slot_holders_.end(),
+                                 [](const SlotHolder& holder) { return holder.held(); }),
            std::string(kernel_name(name)) + " while a micro-batch's activations wait in their slot");
   if (poison_temporaries_) {  // all-ones bytes: every float32 a NaN
     // A stage plan's eval binds slot 0 too (its received activation is there).
@@ -742,7 +744,6 @@ ProgramResult Engine::run_program(const std::vector<ProgramEntry>& entries, cons
     result.sums.valid_count += sums.valid_count;
     result.sums.routing.add(sums.routing);
   };
-  std::map<int64_t, int64_t> slot_micro_batch;  // the split kernels: which micro-batch each slot holds
   // Each micro-batch's Batch, asked for once (a rank with several chunks loads it for each).
   std::map<int64_t, Batch> batches;
   const auto batch = [&](int64_t micro_batch) -> const Batch& {
@@ -774,15 +775,10 @@ ProgramResult Engine::run_program(const std::vector<ProgramEntry>& entries, cons
         zero_gradients();
         break;
       case KernelName::forward:
-        add(forward(batch(entry.micro_batch), entry.slot, entry.chunk));
-        slot_micro_batch[entry.slot] = entry.micro_batch;
+        add(forward(batch(entry.micro_batch), entry.slot, entry.chunk, entry.micro_batch));
         break;
       case KernelName::backward:
-        MT_CHECK(slot_micro_batch.count(entry.slot) && slot_micro_batch[entry.slot] == entry.micro_batch,
-                 "the backward of micro-batch " + std::to_string(entry.micro_batch) + " from slot " +
-                     std::to_string(entry.slot) + ", which holds another's forward");
-        add(backward(entry.slot, entry.chunk));
-        slot_micro_batch.erase(entry.slot);
+        add(backward(entry.slot, entry.chunk, entry.micro_batch));
         break;
       case KernelName::decode:
         MT_CHECK(false, "decode in a step's program");
@@ -803,8 +799,8 @@ void Engine::start_transfer(const ProgramEntry& entry) {
   const ActivationStash::Entry* stashed = plan_.stash.find(buffer, entry.chunk);
   MT_CHECK(stashed != nullptr, "a boundary buffer outside the activation slots");
   const PlanBuffer& planned = plan_.buffers[static_cast<size_t>(buffer)];
-  const TensorView memory{arena_.at(plan_.stash.slot_offset(entry.slot) + stashed->offset), planned.dtype,
-                          planned.shape};
+  const TensorView memory{arena_.at(plan_.stash.moved_to_slot(plan_.stash.offset + stashed->offset, entry.slot)),
+                          planned.dtype, planned.shape};
   const std::string name = std::string(sending ? "send " : "receive ") + planned.name + " #" +
                            std::to_string(entry.micro_batch) + (sending ? " to stage " : " from stage ") +
                            std::to_string(entry.peer);
@@ -838,27 +834,32 @@ void Engine::check_slot(int64_t slot) const {
                                                       " of a plan with " + std::to_string(plan_.stash.slots));
 }
 
-LossSums Engine::forward(const Batch& batch, int64_t slot, int64_t chunk) {
+LossSums Engine::forward(const Batch& batch, int64_t slot, int64_t chunk, int64_t micro_batch) {
   check_slot(slot);
-  MT_CHECK(!slot_in_flight_[static_cast<size_t>(slot)], "a forward into activation slot " +
-                                                            std::to_string(slot) +
-                                                            ", whose micro-batch's backward has not run");
+  SlotHolder& holder = slot_holders_[static_cast<size_t>(slot)];
+  MT_CHECK(!holder.held(), "a forward into activation slot " + std::to_string(slot) + ", whose micro-batch " +
+                               std::to_string(holder.micro_batch) + "'s backward has not run");
   const SlotScope bound(slot_, chunk_, slot, chunk);
   load_batch(batch);
   overlap_ = false;
   const LossSums sums = with_batch_valid_count(run(KernelName::forward));
-  slot_in_flight_[static_cast<size_t>(slot)] = true;
+  holder = {micro_batch, chunk};
   return sums;
 }
 
-LossSums Engine::backward(int64_t slot, int64_t chunk) {
+LossSums Engine::backward(int64_t slot, int64_t chunk, int64_t micro_batch) {
   check_slot(slot);
-  MT_CHECK(slot_in_flight_[static_cast<size_t>(slot)],
-           "a backward from activation slot " + std::to_string(slot) + ", which holds no forward");
+  SlotHolder& holder = slot_holders_[static_cast<size_t>(slot)];
+  MT_CHECK(holder.held() && holder.micro_batch == micro_batch && holder.chunk == chunk,
+           "the backward of micro-batch " + std::to_string(micro_batch) + " (chunk " + std::to_string(chunk) +
+               ") from activation slot " + std::to_string(slot) + ", which holds " +
+               (holder.held() ? "micro-batch " + std::to_string(holder.micro_batch) + " (chunk " +
+                                    std::to_string(holder.chunk) + ")"
+                              : std::string("no forward")));
   const SlotScope bound(slot_, chunk_, slot, chunk);
   overlap_ = false;
   const LossSums sums = run(KernelName::backward);
-  slot_in_flight_[static_cast<size_t>(slot)] = false;
+  holder = {};
   return sums;
 }
 

@@ -92,8 +92,10 @@ class Engine {
   // and frees the slot. Their data-axis reductions run in update (no overlap with the last backward).
   // `chunk`: the spec's chunk they run (a pipeline stage with virtual stages holds several).
   void zero_gradients();
-  LossSums forward(const Batch& batch, int64_t slot, int64_t chunk = 0);
-  LossSums backward(int64_t slot, int64_t chunk = 0);
+  // `micro_batch` names what a slot holds: a backward must be of the micro-batch and chunk whose forward
+  // filled its slot.
+  LossSums forward(const Batch& batch, int64_t slot, int64_t chunk = 0, int64_t micro_batch = 0);
+  LossSums backward(int64_t slot, int64_t chunk = 0, int64_t micro_batch = 0);
   // A decode plan's step (plan/decode.h): `token` at `position` (both checked by the caller) joins the
   // caches; returns the next token's logits [1, V], valid until the next call. Models with Engram: the
   // token's hash ids per Engram layer ([H (N - 1)] each, data/engram_hash.h's last_token_ids).
@@ -208,10 +210,15 @@ class Engine {
   bool overlap_ = false;  // this kernel is a step's last micro-batch
   bool nan_gradient_pending_ = false;
   // The activation slot the running split kernel binds its stash to (ProgramEntry::kNoSlot: none), and
-  // which slots hold a forward whose backward has not run.
+  // which (micro-batch, chunk) each slot holds: a forward whose backward has not run.
   int64_t slot_ = ProgramEntry::kNoSlot;
   int64_t chunk_ = 0;  // the running kernel's chunk of the spec
-  std::vector<bool> slot_in_flight_;
+  struct SlotHolder {
+    int64_t micro_batch = ProgramEntry::kNoMicroBatch;
+    int64_t chunk = 0;
+    bool held() const { return micro_batch != ProgramEntry::kNoMicroBatch; }
+  };
+  std::vector<SlotHolder> slot_holders_;
 };
 
 }  // namespace meshtrain
