@@ -41,35 +41,56 @@ sys.exit(worst > 1e-5)
 PY
 }
 
-same_tensors() {  # same_tensors STEP SOURCE_RUN RUN: RUN's checkpoint of STEP holds SOURCE_RUN's, bitwise
+# same_tensors STEP SOURCE_RUN RUN: RUN's checkpoint of STEP holds SOURCE_RUN's tensors bitwise, and its
+# metadata.json the same model (the whole model's parameter count, whatever the stages).
+same_tensors() {
   local step
   step=$(printf 'step_%08d' "$1")
   python3 "$(dirname "$0")/checkpoint_tensors.py" --same "$2/checkpoints/$step" "$3/checkpoints/$step" ||
     { echo "FAIL: $(basename "$3")'s checkpoint of step $1 differs from $(basename "$2")'s"; exit 1; }
+  python3 - "$2/checkpoints/$step" "$3/checkpoints/$step" <<'PY' || { echo "FAIL: metadata.json's model differs"; exit 1; }
+import json, sys
+a, b = (json.load(open(f"{path}/metadata.json"))["model"] for path in sys.argv[1:])
+if a != b:
+    sys.exit(f"{sys.argv[1]}: {a}; {sys.argv[2]}: {b}")
+PY
 }
 
-# chain NAME "STAGE_KEYS" "ONE_PROCESS_KEYS": the source at 2 stages; loaded (and saved again) by one process
-# and at 4 stages, both trained on; the one process's step-5 state loaded at 2 stages, trained on.
+# moved STEP SOURCE RUN STAGES [key=value ...]: RUN loads SOURCE's checkpoint of STEP on STAGES and, its
+# `steps` being STEP, saves it again at once: bitwise SOURCE's.
+moved() {
+  local step=$1 source=$2 run=$3
+  shift 3
+  train "$@" steps="$step" load_full_state_path="$source/checkpoints/$(printf 'step_%08d' "$step")" run_dir="$run"
+  same_tensors "$step" "$source" "$run"
+}
+
+# continued STEPS REFERENCE "STAGES [key=value ...]" RUN "STAGES [key=value ...]": both resume their own
+# checkpoint and train on to STEPS; RUN's last two steps' losses against REFERENCE's.
+continued() {
+  local steps=$1 words
+  read -r -a words <<<"$3"
+  train "${words[@]}" steps="$steps" run_dir="$2"
+  read -r -a words <<<"$5"
+  train "${words[@]}" steps="$steps" run_dir="$4"
+  same_losses $((steps - 1)) "$steps" "$2" "$4"
+}
+
+# chain NAME "STAGE_KEYS" "ONE_PROCESS_KEYS": the source at 2 stages; loaded by one process and at 4 stages,
+# both trained on; the one process's step-5 state loaded at 2 stages, trained on.
 chain() {
-  local name=$1 staged one=$3
+  local name=$1 staged one
   read -r -a staged <<<"$2"
   read -r -a one <<<"$3"
   local source="$work/${name}_2" reference="$work/${name}_1" four="$work/${name}_4" back="$work/${name}_1to2"
   train 2 "${staged[@]}" steps=3 run_dir="$source"
-  train 1 "${one[@]}" steps=3 load_full_state_path="$source/checkpoints/step_00000003" run_dir="$reference"
-  same_tensors 3 "$source" "$reference"
-  train 4 "${staged[@]}" steps=3 load_full_state_path="$source/checkpoints/step_00000003" run_dir="$four"
-  same_tensors 3 "$source" "$four"
+  moved 3 "$source" "$reference" 1 "${one[@]}"
+  moved 3 "$source" "$four" 4 "${staged[@]}"
   echo "$name: saved at 2 stages, loaded at 1 process and at 4 stages: parameters and moments bitwise equal"
-  train 1 "${one[@]}" steps=5 run_dir="$reference"
-  train 4 "${staged[@]}" steps=5 run_dir="$four"
-  same_losses 4 5 "$reference" "$four"
-  train 2 "${staged[@]}" steps=5 load_full_state_path="$reference/checkpoints/step_00000005" run_dir="$back"
-  same_tensors 5 "$reference" "$back"
+  continued 5 "$reference" "1 $3" "$four" "4 $2"
+  moved 5 "$reference" "$back" 2 "${staged[@]}"
   echo "$name: saved by 1 process, loaded at 2 stages: parameters and moments bitwise equal"
-  train 1 "${one[@]}" steps=7 run_dir="$reference"
-  train 2 "${staged[@]}" steps=7 run_dir="$back"
-  same_losses 6 7 "$reference" "$back"
+  continued 7 "$reference" "1 $3" "$back" "2 $2"
 }
 
 chain per_layer "logits_via_embedding=false" "logits_via_embedding=false"
