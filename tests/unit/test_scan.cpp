@@ -306,6 +306,50 @@ TEST(Scan, TheLayerAxisIsReplicatedAndFsdpGathersEachLayer) {
   EXPECT_TRUE(checked);
 }
 
+// A pipeline stage's chunk holds part of a scan group: it stacks the layers it holds under the group's
+// name, its members in layer order; a checkpoint places its first member at its offset in the group.
+TEST(Scan, AStageChunkStacksTheLayersOfAGroupItHolds) {
+  const Config config =
+      scanned(deepseek(), true);  // dense 0..0 | moe+engram 1 | moe 2..3 | moe+engram 4 | ...
+  const kernels::KernelBackend& cpu = kernels::kernel_backend_for_device("cpu");
+  const ModelSpec tail = build_model_spec(config, Mesh{}, cpu, {LayerChunk{3, 5, false, true}});
+  const std::map<std::string, Shape> shapes = parameter_shapes(tail);
+  int64_t part = 0, engram_layer = 0;  // layer 3 of the group 2..3; layer 4 keeps its per-layer names
+  for (const auto& [name, shape] : shapes) {
+    if (name.starts_with("decoder/moe_layers_at_2/") || name.starts_with("decoder/moe_layers_at_5/")) {
+      EXPECT_EQ(shape.dims.front(), 1) << name;
+      EXPECT_EQ(shape.axes.front(), "layers") << name;
+      ++part;
+    }
+    engram_layer += name.starts_with("decoder/layers_4/");
+    EXPECT_FALSE(name.starts_with("decoder/dense_layers/") || name.starts_with("decoder/layers_1/") ||
+                 name.starts_with("decoder/layers_3/"))
+        << name;
+  }
+  EXPECT_GT(part, 0);
+  EXPECT_GT(engram_layer, 0);
+  const ModelSpec head = build_model_spec(config, Mesh{}, cpu, {LayerChunk{0, 2, true, false}});
+  const CheckpointLayout layout(config, true, 1);
+  int64_t checked = 0;
+  for (const ModelSpec* spec : {&head, &tail}) {
+    for (const ParameterDecl& parameter : spec->parameters) {
+      if (!parameter.stacked() || !spec->buffer(parameter.value).name.starts_with("decoder/moe_layers_at_2/"))
+        continue;
+      ASSERT_EQ(parameter.members.size(), 1u);
+      const int64_t layer = spec == &head ? 2 : 3;
+      EXPECT_TRUE(parameter.members[0].canonical_name.starts_with("decoder/layers_" + std::to_string(layer)));
+      const std::vector<int64_t>& dims = spec->buffer(parameter.value).shape.dims;
+      const CheckpointTensorPlace place =
+          layout.place(parameter.members[0].canonical_name, {dims.begin() + 1, dims.end()});
+      EXPECT_EQ(place.name, spec->buffer(parameter.value).name);
+      EXPECT_EQ(place.index, layer - 2);  // the group's layer axis is 2 long in the checkpoint
+      EXPECT_EQ(place.dims.at(static_cast<size_t>(place.axis)), 2);
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 2);
+}
+
 TEST(Scan, CheckpointPlacesPutTheLayerAxisAtParamScanAxis) {
   const Config config = deepseek();
   const CheckpointLayout stacked(config, true, 1), first(config, true, 0), far(config, true, 5);

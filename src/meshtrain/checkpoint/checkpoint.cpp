@@ -264,10 +264,10 @@ struct TensorPiece {
   int64_t offset = 0;
 };
 
-std::vector<TensorPiece> pieces_of(const Engine& engine, size_t p, const std::string& prefix) {
-  const ParameterDecl& parameter = engine.parameters().decl(p);
-  const std::vector<int64_t> dims = engine.global_shape(parameter.value);
-  if (!parameter.stacked()) return {{prefix + engine.parameters().name(p), dims, 0}};
+// The pieces of a parameter checkpoint-named `name` whose value has global dims `dims`.
+std::vector<TensorPiece> pieces_of(const ParameterDecl& parameter, const std::string& name,
+                                   const std::vector<int64_t>& dims, const std::string& prefix) {
+  if (!parameter.stacked()) return {{prefix + name, dims, 0}};
   // A stacked parameter [layers, rest...]: layer i is the i-th block of rest's size.
   const std::vector<int64_t> rest(dims.begin() + 1, dims.end());
   int64_t block = 1;
@@ -276,6 +276,32 @@ std::vector<TensorPiece> pieces_of(const Engine& engine, size_t p, const std::st
   for (size_t i = 0; i < parameter.members.size(); ++i)
     pieces.push_back({prefix + parameter.members[i].canonical_name, rest, static_cast<int64_t>(i) * block});
   return pieces;
+}
+
+std::vector<TensorPiece> pieces_of(const Engine& engine, size_t p, const std::string& prefix) {
+  const ParameterDecl& parameter = engine.parameters().decl(p);
+  return pieces_of(parameter, engine.parameters().name(p), engine.global_shape(parameter.value), prefix);
+}
+
+// Every tensor a checkpoint of the run's model holds under `prefixes` (of tensor_prefixes()), where
+// `layout` keeps it: name -> global dims. Taken from the whole model (Engine::whole_model): a pipeline
+// stage's engine holds its chunk, a checkpoint every stage's, and every rank checks a checkpoint alike.
+std::map<std::string, std::vector<int64_t>> checkpoint_tensors(const Engine& engine,
+                                                               const CheckpointLayout& layout,
+                                                               const std::vector<std::string>& prefixes) {
+  const ModelSpec& whole = engine.whole_model();
+  std::map<std::string, std::vector<int64_t>> tensors;
+  for (const std::string& prefix : prefixes) {
+    for (const ParameterDecl& parameter : whole.parameters) {
+      const BufferDecl& value = whole.buffer(parameter.value);
+      for (const TensorPiece& piece :
+           pieces_of(parameter, value.name, global_dims(engine.plan(), value.shape), prefix)) {
+        const CheckpointTensorPlace place = layout.place(piece.canonical, piece.dims);
+        tensors[place.name] = place.dims;
+      }
+    }
+  }
+  return tensors;
 }
 
 // The layout this engine saves in: its own scan_layers and param_scan_axis.
@@ -577,7 +603,8 @@ std::string config_difference(const json& saved_config, const Config& config) {
   return text;
 }
 
-// Checks that `file` holds exactly the tensors the run reads (name -> shape, in the checkpoint's layout).
+// Checks that `file` holds exactly the tensors of the run's model (name -> shape, in the checkpoint's
+// layout).
 void verify_tensors(const SafetensorsFile& file, const std::map<std::string, std::vector<int64_t>>& expected,
                     const std::string& hint) {
   std::set<std::string> names;
@@ -671,12 +698,13 @@ std::vector<ShardChunk> rank_chunks(const Engine& engine) {
       const CheckpointTensorPlace place = layout.place(first.canonical, first.dims);
       ShardChunk chunk{place.name, place.dims, shard.offsets, shard.dims, shard.data};
       if (parameter.stacked()) {
-        MT_CHECK(place.index == 0 && place.name == prefix + store.name(p),
+        MT_CHECK(place.name == prefix + store.name(p),
                  "stacked tensor " + prefix + store.name(p) + " placed as " + place.name);
-        // This rank's [layers, rest...] as the box [rest before the axis, layers, rest from the axis on].
+        // This rank's [layers, rest...] as the box [rest before the axis, layers, rest from the axis on];
+        // its layers start at its first member's place in the group (0 but on a later pipeline stage).
         const std::vector<int64_t> rest_start(shard.offsets.begin() + 1, shard.offsets.end());
         const std::vector<int64_t> rest_dims(shard.dims.begin() + 1, shard.dims.end());
-        chunk.start = inserted(rest_start, place.axis, shard.offsets.front());
+        chunk.start = inserted(rest_start, place.axis, place.index + shard.offsets.front());
         chunk.dims = inserted(rest_dims, place.axis, shard.dims.front());
         chunk.layers = shard.dims.front();
         chunk.outer = element_count(rest_dims.begin(), rest_dims.begin() + place.axis);
@@ -708,23 +736,25 @@ void load_sharded(const LoadContext& context, Engine& engine, bool parameters_on
     float* data = nullptr;
   };
   std::vector<BoxRead> reads;
-  std::map<std::string, std::vector<int64_t>> expected;  // what the reads need
-  std::set<std::string> model_tensors;                   // every tensor of this model, moments included
   const std::vector<std::string> prefixes = tensor_prefixes();
+  // Every tensor of this model, moments included, and those the load needs (parameters_only: the values).
+  const std::map<std::string, std::vector<int64_t>> model_tensors =
+      checkpoint_tensors(engine, saved, prefixes);
+  const std::map<std::string, std::vector<int64_t>> expected =
+      parameters_only ? checkpoint_tensors(engine, saved, {prefixes.front()}) : model_tensors;
   for (size_t tensor = 0; tensor < prefixes.size(); ++tensor) {
     const std::string& prefix = prefixes[tensor];
+    if (tensor > 0 && parameters_only) continue;
     for (size_t p = 0; p < store.size(); ++p) {
       MT_CHECK(store.value(p).dtype == DType::f32, "checkpoint loading reads float32 buffers");
       const std::vector<TensorPiece> pieces = pieces_of(engine, p, prefix);
-      for (const TensorPiece& piece : pieces)
-        model_tensors.insert(saved.place(piece.canonical, piece.dims).name);
-      if (tensor > 0 && parameters_only) continue;
       const Engine::LocalShard shard = engine.local_shard(tensor_of(engine, p, tensor));
       // The box of one per-layer piece (or the whole tensor) in the checkpoint's coordinates.
       const auto read = [&](const TensorPiece& piece, std::vector<int64_t> start, std::vector<int64_t> dims,
                             float* data) {
         const CheckpointTensorPlace place = saved.place(piece.canonical, piece.dims);
-        expected[place.name] = place.dims;
+        MT_CHECK(expected.count(place.name) && expected.at(place.name) == place.dims,
+                 "the engine's tensor " + place.name + " as the whole model declares it");
         if (place.index >= 0) {  // one layer of a stacked tensor: a box one deep on its layer axis
           start = inserted(std::move(start), place.axis, place.index);
           dims = inserted(std::move(dims), place.axis, 1);
@@ -950,21 +980,15 @@ CheckpointState load_into_host_state(const std::string& checkpoint_dir, Engine& 
     return state;
   }
   const ParameterStore& store = engine.parameters();
-  // Every tensor the run reads, where the checkpoint's layout (stacked or per layer) keeps it.
+  // Every tensor of the model, where the checkpoint's layout (stacked or per layer) keeps it.
   const CheckpointLayout saved = CheckpointLayout::saved(context.metadata, spec.config, metadata_where);
-  std::map<std::string, std::vector<int64_t>> model_tensors, moment_tensors;
   const std::vector<std::string> prefixes = tensor_prefixes();
   const size_t tensors = parameters_only ? 1 : prefixes.size();
-  for (size_t tensor = 0; tensor < tensors; ++tensor) {
-    const std::string& prefix = prefixes[tensor];
-    for (size_t p = 0; p < store.size(); ++p) {
-      MT_CHECK(store.value(p).dtype == DType::f32, "checkpoint loading reads float32 buffers");
-      for (const TensorPiece& piece : pieces_of(engine, p, prefix)) {
-        const CheckpointTensorPlace place = saved.place(piece.canonical, piece.dims);
-        (tensor == 0 ? model_tensors : moment_tensors)[place.name] = place.dims;
-      }
-    }
-  }
+  const std::map<std::string, std::vector<int64_t>> model_tensors =
+      checkpoint_tensors(engine, saved, {prefixes.front()});
+  const std::map<std::string, std::vector<int64_t>> moment_tensors =
+      parameters_only ? std::map<std::string, std::vector<int64_t>>{}
+                      : checkpoint_tensors(engine, saved, {prefixes.begin() + 1, prefixes.end()});
   if (saved.stacked() != spec.config.scan_layers) {
     layout_hint += std::string("; the checkpoint is stored ") + (saved.stacked() ? "stacked" : "per layer") +
                    " and converted to this run's layout";
@@ -981,6 +1005,7 @@ CheckpointState load_into_host_state(const std::string& checkpoint_dir, Engine& 
   for (size_t tensor = 0; tensor < tensors; ++tensor) {
     const std::string& prefix = prefixes[tensor];
     for (size_t p = 0; p < store.size(); ++p) {
+      MT_CHECK(store.value(p).dtype == DType::f32, "checkpoint loading reads float32 buffers");
       const BufferId id = tensor_of(engine, p, tensor);
       int64_t count = 1;
       for (int64_t size : engine.global_shape(id)) count *= size;

@@ -76,7 +76,8 @@ std::string save_checkpoint(const std::string& checkpoints_dir, const Engine& en
 std::optional<std::string> latest_checkpoint(const std::string& checkpoints_dir);
 
 // Loads into the engine after verifying first: the commit marker, metadata format version, per-file sizes
-// and CRC-32C, that the checkpoint's tensors are exactly the engine's parameters with the same shapes,
+// and CRC-32C, that the checkpoint's tensors are exactly the model's with the same shapes (on a pipeline
+// stage every stage's, Engine::whole_model, so every rank refuses another model's checkpoint alike),
 // vocab_size, and tokenizer identity when both sides know one (a run checks more first: check_run_tokenizer);
 // a failure there leaves the engine untouched.
 // Format 3: each rank reads only the chunks that overlap its own shards, checking each chunk's CRC-32C as

@@ -1,5 +1,7 @@
 #include "meshtrain/model/scan.h"
 
+#include <algorithm>
+#include <limits>
 #include <map>
 #include <set>
 
@@ -54,9 +56,20 @@ void stack_scan_groups(ModelSpec& spec) {
   const std::vector<std::string> group_names = scan_group_names(segments);
   std::map<size_t, ParameterDecl> stacked_at;  // first member's index -> the stacked parameter
   std::set<size_t> members;
+  // The layers this spec holds (a hand-built spec's chunk is unresolved: all of them). A pipeline stage's
+  // chunk may hold part of a group: that part is stacked under the group's name (checkpoints place it at
+  // its layers' offset in the whole group).
+  // (plan_training refuses scan_layers for a stage holding several chunks, whose layers are not contiguous.)
+  MT_CHECK(spec.chunks.size() <= 1, "scan groups stacked in a spec of one chunk");
+  const LayerChunk held = spec.chunks.empty() ? LayerChunk{} : spec.chunks.front().layers;
+  const int64_t held_end = held.last_layer < 0 ? std::numeric_limits<int64_t>::max() : held.last_layer + 1;
   for (size_t s = 0; s < segments.size(); ++s) {
-    const LayerSegment& segment = segments[s];
-    if (!segment.group) continue;
+    if (!segments[s].group) continue;
+    LayerSegment segment = segments[s];
+    const int64_t end = std::min(segment.first + segment.count, held_end);
+    segment.first = std::max(segment.first, held.first_layer);
+    segment.count = end - segment.first;
+    if (segment.count <= 0) continue;
     const std::vector<size_t>& first = of_layer[segment.first];
     for (size_t j = 0; j < first.size(); ++j) {
       const ParameterDecl& head = spec.parameters[first[j]];

@@ -6,7 +6,9 @@
 // The layer axis is outermost in memory (so a layer's block, and its block of any shard, is contiguous);
 // checkpoints store it at min(param_scan_axis, rank) (checkpoint/checkpoint.h converts). Single layers (an
 // Engram layer), tied and other parameters outside the decoder layers stay as they are; a model with
-// nothing to stack is left unchanged. A parameter of a group that another layer's ops also use is refused.
+// nothing to stack is left unchanged. A pipeline stage's chunk stacks the layers it holds of each group
+// ([held layers, ...] under the group's name; checkpoints place them at their offset in the group). A
+// parameter of a group that another layer's ops also use is refused.
 #pragma once
 
 #include "meshtrain/model/spec.h"

@@ -466,6 +466,14 @@ TrainingPlan plan_training(const PlanRequest& request) {
            std::to_string(stage.stages), "set mesh.stage=1");
     }
     for (int64_t c : placement.chunks_of(stage.stage)) chunks.push_back(placement.chunks[static_cast<size_t>(c)]);
+    if (chunks.size() > 1 && config.scan_layers) {
+      fail("config key 'scan_layers'",
+           "false with num_pipeline_repeats > 1 (a stage rank's chunks are not contiguous layers, so they "
+           "cannot be one stack of a scan group)",
+           "true (num_pipeline_repeats " + std::to_string(placement.repeats) + ")",
+           "set scan_layers=false, or num_pipeline_repeats=1 (a checkpoint of either layout loads in the "
+           "other)");
+    }
     plan.identity.keys.emplace_back("pipeline_stage", std::to_string(stage.stage));
     plan.identity.hash = plan_identity_hash(plan.identity.keys);
   }

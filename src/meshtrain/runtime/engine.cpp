@@ -433,11 +433,18 @@ void Engine::update_selection_biases(const std::vector<double>& expert_load, dou
   }
 }
 
+const ModelSpec& Engine::whole_model() const {
+  if (plan_.pipeline.stages == 1) return plan_.spec;
+  if (!whole_model_) whole_model_.emplace(build_model_spec(plan_.spec.config, plan_.mesh, backend()));
+  return *whole_model_;
+}
+
 int64_t Engine::global_parameter_count() const {
+  const ModelSpec& whole = whole_model();
   int64_t count = 0;
-  for (const ParameterDecl& parameter : plan_.spec.parameters) {
+  for (const ParameterDecl& parameter : whole.parameters) {
     int64_t elements = 1;
-    for (int64_t size : global_shape(parameter.value)) elements *= size;
+    for (int64_t size : global_dims(plan_, whole.buffer(parameter.value).shape)) elements *= size;
     count += elements;
   }
   return count;

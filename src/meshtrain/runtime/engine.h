@@ -136,11 +136,17 @@ class Engine {
   void update_selection_biases(const std::vector<double>& expert_load, double rate);
   // Checkpoints hold global (unsharded) tensors, so they load on any mesh. For a parameter's value or
   // optimizer moment (by its spec id): the global shape, and setting this rank's elements from a whole tensor
-  // (single-file checkpoints).
+  // (single-file checkpoints). A pipeline stage's stacked parameter spans the layers its chunk holds of its
+  // scan group (the checkpoint layout places them at their offset in the group).
   std::vector<int64_t> global_shape(BufferId id) const;
   void scatter_global(BufferId id, const float* global);
-  // Elements of every parameter at its global shape (spec().parameter_count() counts this device's compute
-  // shapes, which tensor parallelism splits).
+  // The spec of the whole model at this engine's mesh: spec() itself, or on a pipeline stage (whose spec
+  // holds its chunk) every stage's layers, built once on first use; for what spans every stage (the
+  // tensors a checkpoint holds, the parameter count). Its parameters' global shapes are
+  // global_dims(plan(), shape), as global_shape's.
+  const ModelSpec& whole_model() const;
+  // Elements of every parameter of the whole model at its global shape (spec().parameter_count() counts
+  // this device's compute shapes, which tensor parallelism splits, and a stage's chunk only).
   int64_t global_parameter_count() const;
   // This rank's part of a parameter's value or moment: the box of the global tensor it holds, row-major at
   // `data`, and whether this rank is the one replica that saves it (coordinate 0 on every mesh axis the
@@ -189,6 +195,7 @@ class Engine {
   bool tied_table_state(BufferId id) const;
 
   TrainingPlan plan_;
+  mutable std::optional<ModelSpec> whole_model_;  // a pipeline stage's: whole_model()
   Arena arena_;
   mutable std::vector<std::byte> host_persistent_;  // device arenas: the persistent region's host copy
   ParameterStore parameters_;                       // views into arena_
