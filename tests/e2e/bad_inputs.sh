@@ -134,8 +134,8 @@ expect mesh "config key 'num_experts'" "topology=cpu" -- "$meshtrain" train deep
 if ! command -v nvidia-smi >/dev/null || ! nvidia-smi -L >/dev/null 2>&1; then
   expect mesh "config key 'topology'" "NVIDIA GPU" -- "$meshtrain" train qwen3-tiny "${tiny[@]}" topology=h200x1
 fi
-# Pipeline stages: the placement's rules (on one stage too), the schedule's, then mesh.stage > 1 itself (not
-# built yet: compile prints the placement and is refused like train; train under mpirun: tests/mpi/failures.sh).
+# Pipeline stages: the placement's rules (on one stage too), the schedule's, and scan_layers over a stage's
+# non-contiguous chunks (train under mpirun: tests/mpi/failures.sh).
 expect mesh "config key 'pipeline_layers_per_chunk'" "a sum of 3 ([3])" "base_num_decoder_layers = 2" -- \
   "$meshtrain" train qwen3-tiny "${tiny[@]}" pipeline_layers_per_chunk=[3] run_dir="$work/r_split"
 expect mesh "config key 'num_pipeline_repeats'" "found 0" "set num_pipeline_repeats=1" -- \
@@ -144,8 +144,9 @@ expect mesh "config keys 'mesh.stage' / 'num_pipeline_repeats'" "at most base_nu
   "mesh.stage x num_pipeline_repeats = 4 x 1 = 4 chunks" -- "$meshtrain" compile qwen3-tiny "${tiny[@]}" mesh.stage=4
 expect mesh "gradient_accumulation_steps" "at least mesh.stage=2 micro-batches with pipeline_schedule=1f1b" -- \
   "$meshtrain" compile qwen3-tiny "${tiny[@]}" mesh.stage=2
-expect mesh "config key 'mesh.stage'" "pipeline execution is not built in this version" "set mesh.stage=1" -- \
-  "$meshtrain" compile qwen3-tiny "${tiny[@]}" mesh.stage=2 gradient_accumulation_steps=2
+expect mesh "config key 'scan_layers'" "false with num_pipeline_repeats > 1" "set scan_layers=false" -- \
+  "$meshtrain" compile qwen3-tiny "${tiny[@]/base_num_decoder_layers=2/base_num_decoder_layers=4}" mesh.stage=2 \
+  num_pipeline_repeats=2 pipeline_schedule=interleaved_1f1b scan_layers=true gradient_accumulation_steps=2
 # --- data ------------------------------------------------------------------------------------------------
 expect data "$work/none.tokens" "nothing readable" -- \
   "$meshtrain" train qwen3-tiny dataset_type=tokens dataset_path="$work/none.tokens" tokenizer_path= \
