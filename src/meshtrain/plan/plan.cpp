@@ -62,7 +62,10 @@ KernelSteps kernel_steps(TrainingPlan& plan, KernelName kernel) {
 // The copy runs in host memory: meshes of more than one rank run on the cpu backend only
 // (check_plan_runs_here).
 const OpDecl* add_copy_op(TrainingPlan& plan, const std::string& name, BufferId from, BufferId to) {
-  OpDecl copy{name, {from}, {to}, 0.0,
+  OpDecl copy{name,
+              {from},
+              {to},
+              0.0,
               [from, to](const OpContext& context) {
                 const TensorView source = context.view(from), target = context.view(to);
                 MT_CHECK(source.bytes() == target.bytes() && context.kernels->memory_on_host(),
@@ -180,8 +183,8 @@ void plan_split_kernels(TrainingPlan& plan, int64_t slots) {
     }
   }
   // The batch is loaded once, before its forward: the backward reads the slot's copy of what it reads. The
-  // forward writes no other persistent buffer but gradients and its slot's boundary buffers (added into, never read back by a backward), so
-  // nothing else a backward reads can have changed since its own forward.
+  // forward writes no other persistent buffer but gradients and its slot's boundary buffers (added into,
+  // never read back by a backward), so nothing else a backward reads can have changed since its own forward.
   for (size_t i = 0; i < steps.size(); ++i) {
     for (size_t b = 0; b < steps[i].buffers.size(); ++b) {
       const PlanBufferId id = steps[i].buffers[b].second;
@@ -228,8 +231,8 @@ void plan_stage_eval(TrainingPlan& plan) {
   const std::vector<PlanStep> steps = kernel_steps(plan, KernelName::eval).steps;
   const Liveness liveness = plan_liveness(plan, steps, KernelName::eval);
   const std::vector<size_t> none(liveness.values.size(), kNotStashed);
-  plan.kernels.push_back(place_kernel(plan, KernelName::eval, steps, 0, steps.size(), liveness,
-                                      plan.stash.end(), &none));
+  plan.kernels.push_back(
+      place_kernel(plan, KernelName::eval, steps, 0, steps.size(), liveness, plan.stash.end(), &none));
 }
 
 }  // namespace
@@ -281,20 +284,28 @@ PlanBufferId PipelineStage::buffer_of(ProgramEntry::Transfer transfer) const {
   return -1;
 }
 
-std::map<std::string, double> step_collective_bytes(const TrainingPlan& plan) {
-  std::map<KernelName, double> entries;
-  double transfer_bytes = 0.0;
+double step_transfer_bytes(const TrainingPlan& plan) {
+  double bytes = 0.0;
   for (const std::vector<ProgramEntry>* phase : {&plan.program.gradients, &plan.program.update}) {
     for (const ProgramEntry& entry : *phase) {
-      if (entry.transfer == ProgramEntry::Transfer::none) {
-        entries[entry.kernel] += 1.0;
-      } else if (entry.transfer == ProgramEntry::Transfer::send_activation ||
-                 entry.transfer == ProgramEntry::Transfer::send_gradient) {
+      if (entry.transfer == ProgramEntry::Transfer::send_activation ||
+          entry.transfer == ProgramEntry::Transfer::send_gradient) {
         const PlanBufferId buffer = plan.pipeline.buffer_of(entry.transfer);
-        transfer_bytes += static_cast<double>(plan.buffers[static_cast<size_t>(buffer)].bytes);
+        bytes += static_cast<double>(plan.buffers[static_cast<size_t>(buffer)].bytes);
       }
     }
   }
+  return bytes;
+}
+
+std::map<std::string, double> step_collective_bytes(const TrainingPlan& plan) {
+  std::map<KernelName, double> entries;
+  for (const std::vector<ProgramEntry>* phase : {&plan.program.gradients, &plan.program.update}) {
+    for (const ProgramEntry& entry : *phase) {
+      if (entry.transfer == ProgramEntry::Transfer::none) entries[entry.kernel] += 1.0;
+    }
+  }
+  const double transfer_bytes = step_transfer_bytes(plan);
   std::map<std::string, double> bytes;
   for (const KernelPlan& kernel : plan.kernels) {
     const double repeats = entries[kernel.kernel];
@@ -433,8 +444,8 @@ TrainingPlan plan_training(const PlanRequest& request) {
                        : build_model_spec(config, plan.mesh, backend, chunk);
   if (!decoding) plan.optimizer = apply_optimizer(plan.spec, config);
   plan_storage(plan);
-  const bool requested_update = std::find(request.kernels.begin(), request.kernels.end(),
-                                          KernelName::update) != request.kernels.end();
+  const bool requested_update =
+      std::find(request.kernels.begin(), request.kernels.end(), KernelName::update) != request.kernels.end();
   const bool requested_eval =
       std::find(request.kernels.begin(), request.kernels.end(), KernelName::eval) != request.kernels.end();
   if (decoding) {

@@ -203,8 +203,8 @@ struct TrainingPlan {
   std::deque<OpDecl> plan_ops;            // the plan's own ops (gathers, scatters, zeroing); stable addresses
   std::vector<KernelPlan> kernels;        // in kKernelNames order, those requested
   OverlapSchedule overlap;                // empty without a data axis or an update kernel
-  StepProgram program;    // the kernels a step and an eval batch run, in order (empty: decode)
-  ActivationStash stash;  // the split kernels' (empty without them)
+  StepProgram program;     // the kernels a step and an eval batch run, in order (empty: decode)
+  ActivationStash stash;   // the split kernels' (empty without them)
   PipelineStage pipeline;  // stages == 1: no pipeline
   size_t persistent_bytes = 0;
   size_t arena_bytes = 0;  // persistent + the largest temporary region over the planned kernels (the split
@@ -280,13 +280,20 @@ int64_t resolve_threads(const Config& config, const Topology& topology, int64_t 
 // kernel's collective bytes times its entries in the step's program (gradients and update), and a pipeline
 // program's transfers on the stage axis (the bytes a rank sends: a received message is its sender's).
 std::map<std::string, double> step_collective_bytes(const TrainingPlan& plan);
+// Of those, the bytes a stage rank's transfers send in one step (its activations to the next stage and its
+// input gradients to the previous one; 0 without stages). The rest of the stage axis's bytes is the tied
+// embedding table's sum between the ends.
+double step_transfer_bytes(const TrainingPlan& plan);
 
 // The plan file of one kernel: deterministic JSON text (the same inputs give the same bytes).
 std::string serialize_kernel_plan(const TrainingPlan& plan, KernelName kernel);
 // "STEM_<kernel>.json"
 std::string plan_file_path(const std::string& stem, KernelName kernel);
-// Reads STEM_<kernel>.json and compares it with `plan`: a missing file or any difference is an error that
-// names the file and the first differing config key (or field), never a silent re-plan.
+// The stem of `plan`'s files: STEM itself, or under mesh.stage > 1 STEM_stage<s> for stage rank s (each stage
+// has its own plan; `compile plan_out=STEM` writes every stage's, a run's rank reads its own stage's).
+std::string plan_file_stem(const std::string& stem, const TrainingPlan& plan);
+// Reads plan_file_stem(STEM)_<kernel>.json and compares it with `plan`: a missing file or any difference is
+// an error that names the file and the first differing config key (or field), never a silent re-plan.
 void verify_plan_file(const TrainingPlan& plan, KernelName kernel, const std::string& stem);
 
 }  // namespace meshtrain

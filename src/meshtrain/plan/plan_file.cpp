@@ -136,8 +136,13 @@ std::string plan_file_path(const std::string& stem, KernelName kernel) {
   return stem + "_" + kernel_name(kernel) + ".json";
 }
 
+std::string plan_file_stem(const std::string& stem, const TrainingPlan& plan) {
+  if (plan.pipeline.stages == 1) return stem;
+  return stem + "_stage" + std::to_string(plan.pipeline.stage);
+}
+
 void verify_plan_file(const TrainingPlan& plan, KernelName kernel, const std::string& stem) {
-  const std::string path = plan_file_path(stem, kernel);
+  const std::string path = plan_file_path(plan_file_stem(stem, plan), kernel);
   std::ifstream file(path, std::ios::binary);
   if (!file) {
     fail(path, std::string("the ") + kernel_name(kernel) + " plan written by meshtrain compile",

@@ -331,8 +331,8 @@ void Run::connect_mesh(TrainingPlan plan) {
   }
   if (mesh_.size(MeshAxis::stage) > 1) {
     const MeshGroup stage_ranks = mesh_group(mesh_, ranks_.world->rank(), MeshAxis::stage);
-    ranks_.stage_group =
-        ranks_.world->split(static_cast<int>(stage_ranks.colour), static_cast<int>(stage_ranks.index), "stage");
+    ranks_.stage_group = ranks_.world->split(static_cast<int>(stage_ranks.colour),
+                                             static_cast<int>(stage_ranks.index), "stage");
   }
   // Only the lead rank writes run_dir and prints; the others train silently.
   if (!lead_) {
@@ -390,6 +390,17 @@ void Run::resume_from_checkpoint() {
 // The CPU, the matmul backend and the measured GEMM peak that mfu is relative to (lead rank: it alone
 // writes metrics; measured after the engine set this rank's threads), the resolved config and the plan.
 void Run::write_run_files() {
+  // The plan this rank executes, in the format of meshtrain compile's plan_out (byte for byte the same):
+  // run_dir/plan_<kernel>.json, or under mesh.stage > 1 each stage's own, plan_stage<s>_<kernel>.json,
+  // written by the stage's first rank (every other coordinate 0; stage 0's is the lead).
+  if (mesh_group(mesh_, ranks_.world->rank(), MeshAxis::stage).colour == 0) {
+    fs::create_directories(config_.run_dir);
+    const TrainingPlan& plan = engine_->plan();
+    for (const KernelPlan& kernel : plan.kernels) {
+      write_file_atomically(plan_file_path(plan_file_stem(config_.run_dir + "/plan", plan), kernel.kernel),
+                            serialize_kernel_plan(plan, kernel.kernel));
+    }
+  }
   if (!lead_) return;
   const bool bf16 = config_.dtype == DType::bf16;
   const TrainingPlan& plan = engine_->plan();
@@ -415,11 +426,6 @@ void Run::write_run_files() {
   }
   write_resolved_config(config_, config_.run_dir);
   if (machine_) write_file_atomically(config_.run_dir + "/machine.json", machine_->to_json().dump(2) + "\n");
-  // The plan this run executes, in the format of meshtrain compile's plan_out (byte for byte the same).
-  for (const KernelPlan& kernel : engine_->plan().kernels) {
-    write_file_atomically(plan_file_path(config_.run_dir + "/plan", kernel.kernel),
-                          serialize_kernel_plan(engine_->plan(), kernel.kernel));
-  }
   MetricsLog::truncate_after(config_.run_dir + "/metrics.jsonl", state_.step);
 }
 
