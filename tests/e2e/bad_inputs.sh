@@ -134,8 +134,8 @@ expect mesh "config key 'num_experts'" "topology=cpu" -- "$meshtrain" train deep
 if ! command -v nvidia-smi >/dev/null || ! nvidia-smi -L >/dev/null 2>&1; then
   expect mesh "config key 'topology'" "NVIDIA GPU" -- "$meshtrain" train qwen3-tiny "${tiny[@]}" topology=h200x1
 fi
-# Pipeline stages: the placement's rules (on one stage too), the schedule's, then mesh.stage > 1 itself (not
-# built yet: compile prints the placement and is refused like train; train under mpirun: tests/mpi/failures.sh).
+# Pipeline stages: the placement's rules (on one stage too), the schedule's, and a stage degree that does not
+# divide the devices (train under mpirun: tests/mpi/failures.sh; a stage's plan_in: tests/mpi/pipeline_plan_live.sh).
 expect mesh "config key 'pipeline_layers_per_chunk'" "a sum of 3 ([3])" "base_num_decoder_layers = 2" -- \
   "$meshtrain" train qwen3-tiny "${tiny[@]}" pipeline_layers_per_chunk=[3] run_dir="$work/r_split"
 expect mesh "config key 'num_pipeline_repeats'" "found 0" "set num_pipeline_repeats=1" -- \
@@ -144,8 +144,10 @@ expect mesh "config keys 'mesh.stage' / 'num_pipeline_repeats'" "at most base_nu
   "mesh.stage x num_pipeline_repeats = 4 x 1 = 4 chunks" -- "$meshtrain" compile qwen3-tiny "${tiny[@]}" mesh.stage=4
 expect mesh "gradient_accumulation_steps" "at least mesh.stage=2 micro-batches with pipeline_schedule=1f1b" -- \
   "$meshtrain" compile qwen3-tiny "${tiny[@]}" mesh.stage=2
-expect mesh "config key 'mesh.stage'" "pipeline execution is not built in this version" "set mesh.stage=1" -- \
-  "$meshtrain" compile qwen3-tiny "${tiny[@]}" mesh.stage=2 gradient_accumulation_steps=2
+expect mesh "config key 'mesh'" "divides the 8 devices of topology h100x8" "data=-1 stage=3" -- \
+  "$meshtrain" compile qwen3-tiny "${tiny[@]}" topology=h100x8 mesh.data=-1 mesh.stage=3 gradient_accumulation_steps=3
+expect mesh "config key 'mesh'" "a product of 8" "stage=3" -- \
+  "$meshtrain" compile qwen3-tiny "${tiny[@]}" topology=h100x8 mesh.stage=3 gradient_accumulation_steps=3
 # --- data ------------------------------------------------------------------------------------------------
 expect data "$work/none.tokens" "nothing readable" -- \
   "$meshtrain" train qwen3-tiny dataset_type=tokens dataset_path="$work/none.tokens" tokenizer_path= \
