@@ -371,14 +371,16 @@ TEST_F(CompileCli, SearchRanksFittingConfigurationsByStepTime) {
   EXPECT_EQ(result.devices, 2);
   EXPECT_EQ(result.global_batch, 8);
   // context 1: tensor in {1, 2} (6 query heads, one host), data x fsdp the rest; context 2: one mesh;
-  // batch x GA = 4; three remat policies.
-  EXPECT_EQ(result.planned, (2 + 1 + 1) * 3 * 3);
+  // batch x GA = 4; three remat policies. Stage 2: one mesh, GA {1, 2, 4}: gpipe 3 times, 1f1b twice.
+  EXPECT_EQ(result.planned, (2 + 1 + 1) * 3 * 3 + (3 + 2) * 3);
   ASSERT_FALSE(result.fitting.empty());
   for (size_t i = 1; i < result.fitting.size(); ++i) {
     EXPECT_LE(result.fitting[i - 1].step_seconds, result.fitting[i].step_seconds) << "rank " << i;
   }
-  // The step time of the best is fwd_bwd + (GA - 1) x fwd_bwd_accum + update of its own plan.
+  // The step time of the best is fwd_bwd + (GA - 1) x fwd_bwd_accum + update of its own plan (a pipelined
+  // one's: tests/unit/test_search.cpp, StageCandidatesAreRankedByTheirPipelineStep).
   for (const FittingCandidate& best : {result.fitting.front(), result.fitting.back()}) {
+    if (best.candidate.pipelined()) continue;
     std::vector<std::string> candidate = {"topology=cpu"};
     std::istringstream words(best.candidate.overrides());
     for (std::string word; words >> word;) candidate.push_back(word);
@@ -396,12 +398,13 @@ TEST_F(CompileCli, SearchRanksFittingConfigurationsByStepTime) {
   // The command prints the same ranking, fastest first.
   const std::string output = run({"qwen3-tiny", overrides[0], overrides[1], overrides[2], "--search"});
   EXPECT_TRUE(contains(output,
-                       "\nsearched: data x fsdp x context x tensor = 2; context 1, 2; tensor <= 2 "
-                       "and dividing the 6 query heads;"))
+                       "\nsearched: data x stage x fsdp x context x tensor = 2; stage 1, 2 (at most the 6 "
+                       "layers; gpipe, and 1f1b where gradient_accumulation_steps >= stage); context 1, 2; "
+                       "tensor <= 2 and dividing the 6 query heads;"))
       << output;
   EXPECT_TRUE(contains(output, "planned " + std::to_string(result.planned) + " candidates")) << output;
   EXPECT_TRUE(contains(output, std::to_string(result.fitting.size()) + " fit;")) << output;
-  // Table rows: "  rank data fsdp context tensor batch GA remat arena time unit".
+  // Table rows: "  rank data stage fsdp context tensor batch GA remat schedule arena time unit".
   std::vector<double> printed;
   std::istringstream lines(output);
   for (std::string line; std::getline(lines, line);) {
@@ -409,10 +412,10 @@ TEST_F(CompileCli, SearchRanksFittingConfigurationsByStepTime) {
       continue;
     std::istringstream fields(line);
     size_t rank = 0;
-    int64_t data = 0, fsdp = 0, context = 0, tensor = 0, batch = 0, ga = 0;
-    std::string remat, arena, time, unit;
-    if (!(fields >> rank >> data >> fsdp >> context >> tensor >> batch >> ga >> remat >> arena >> time >>
-          unit))
+    int64_t data = 0, stage = 0, fsdp = 0, context = 0, tensor = 0, batch = 0, ga = 0;
+    std::string remat, schedule, arena, time, unit;
+    if (!(fields >> rank >> data >> stage >> fsdp >> context >> tensor >> batch >> ga >> remat >> schedule >>
+          arena >> time >> unit))
       continue;
     EXPECT_EQ(rank, printed.size() + 1);
     printed.push_back(parse_seconds(time, unit));
@@ -484,9 +487,12 @@ TEST_F(CompileCli, SearchSkipsInvalidMeshesAndSaysWhenNothingFits) {
   EXPECT_LT(tiny.invalid, tiny.planned);
   // Context 3 and 6 cannot cut 128 tokens into 2C chunks: skipped, not planned and not a failure. Context 1:
   // 9 meshes (tensor 1, 2, 3, 6 with fsdp dividing the rest), context 2: 3; batch x GA = 16: 5 splits.
+  // Stages 2, 3 and 6 (6 layers) over 3, 2 and 1 devices left: 3, 4 and 1 meshes; GA {16, 8, 4, 2, 1}:
+  // gpipe each, 1f1b where GA >= the stages (4, 3 and 2 times).
   EXPECT_EQ(tiny.contexts.searched, (std::vector<int64_t>{1, 2}));
   EXPECT_EQ(tiny.contexts.skipped, (std::vector<int64_t>{3, 6}));
-  EXPECT_EQ(tiny.planned, (9 + 3) * 5 * 3);
+  EXPECT_EQ(tiny.stages, (std::vector<int64_t>{1, 2, 3, 6}));
+  EXPECT_EQ(tiny.planned, (9 + 3) * 5 * 3 + (3 * (5 + 4) + 4 * (5 + 3) + 1 * (5 + 2)) * 3);
   const std::string six = run({"qwen3-tiny", "topology=cpu", "mesh.data=6", "--search"});
   EXPECT_TRUE(contains(six,
                        "; context 1, 2 (skipped 3, 6: max_target_length=128 does not split over them with "

@@ -545,13 +545,15 @@ void print_search(const SearchResult& result, std::ostream& out) {
               ": max_target_length=" + std::to_string(contexts.sequence_length) + " does not split over " +
               (contexts.skipped.size() == 1 ? "it" : "them") + " with " + contexts.reorder_setting + ")";
   }
-  out << "searched: data x fsdp x context x tensor = " << result.devices << "; context "
+  out << "searched: data x stage x fsdp x context x tensor = " << result.devices << "; stage "
+      << listed(result.stages) << " (at most the " << result.layers
+      << " layers; gpipe, and 1f1b where gradient_accumulation_steps >= stage); context "
       << listed(contexts.searched) << skipped << "; tensor <= " << result.tensor_limit << " and dividing the "
       << result.query_heads << " query heads; per_device_batch_size x gradient_accumulation_steps = "
       << result.global_batch / result.devices << "; remat_policy " << remat_policies << "\n";
   out << format(
-      "planned %lld candidates (fwd_bwd, fwd_bwd_accum, update each): %lld rejected as invalid, "
-      "%lld valid, %zu fit; %.2f s\n",
+      "planned %lld candidates (fwd_bwd, fwd_bwd_accum, update each; with stages every stage's forward, "
+      "backward and update): %lld rejected as invalid, %lld valid, %zu fit; %.2f s\n",
       static_cast<long long>(result.planned), static_cast<long long>(result.invalid),
       static_cast<long long>(result.planned - result.invalid), result.fitting.size(), result.wall_seconds);
   if (result.planned > 0 && result.invalid == result.planned) {
@@ -569,19 +571,24 @@ void print_search(const SearchResult& result, std::ostream& out) {
     return;
   }
   const size_t shown = std::min<size_t>(result.fitting.size(), 10);
-  out << "fastest " << shown << " (step time = fwd_bwd + (GA - 1) x fwd_bwd_accum + update, predicted):\n";
-  out << format("  %-4s %-5s %-5s %-8s %-7s %-6s %-4s %-8s %10s %12s\n", "rank", "data", "fsdp", "context",
-                "tensor", "batch", "GA", "remat", "arena GiB", "step time");
+  out << "fastest " << shown
+      << " (step time = fwd_bwd + (GA - 1) x fwd_bwd_accum + update, predicted; with stages the schedule's "
+         "span over every stage's forward and backward, its bubble included, + the slowest update, and the "
+         "largest stage's arena):\n";
+  out << format("  %-4s %-5s %-6s %-5s %-8s %-7s %-6s %-4s %-8s %-9s %10s %12s\n", "rank", "data", "stage",
+                "fsdp", "context", "tensor", "batch", "GA", "remat", "schedule", "arena GiB", "step time");
   for (size_t i = 0; i < shown; ++i) {
     const FittingCandidate& fit = result.fitting[i];
     const SearchCandidate& c = fit.candidate;
-    out << format("  %-4zu %-5lld %-5lld %-8lld %-7lld %-6lld %-4lld %-8s %10.2f %12s\n", i + 1,
+    out << format("  %-4zu %-5lld %-6lld %-5lld %-8lld %-7lld %-6lld %-4lld %-8s %-9s %10.2f %12s\n", i + 1,
                   static_cast<long long>(c.mesh.size(MeshAxis::data)),
+                  static_cast<long long>(c.mesh.size(MeshAxis::stage)),
                   static_cast<long long>(c.mesh.size(MeshAxis::fsdp)),
                   static_cast<long long>(c.mesh.size(MeshAxis::context)),
                   static_cast<long long>(c.mesh.size(MeshAxis::tensor)),
                   static_cast<long long>(c.per_device_batch_size),
                   static_cast<long long>(c.gradient_accumulation_steps), remat_policy_name(c.remat_policy),
+                  c.pipelined() ? pipeline_schedule_name(c.pipeline_schedule) : "-",
                   static_cast<double>(fit.arena_bytes) / kGiB, seconds_text(fit.step_seconds).c_str());
   }
   out << "best: meshtrain compile <config> topology=" << result.topology << " "
