@@ -92,11 +92,8 @@ expect_refused ep_divides 3 "config key 'mesh.expert': expected a divisor of num
   "${mpirun[@]}" -np 3 "$meshtrain" train deepseek-tiny "${tiny[@]}" mesh.expert=3 steps=1 run_dir="$work/ep_divides"
 expect_refused ep_dense 2 "config key 'mesh.expert': expected 1 for a dense model (num_experts=0)" \
   "${mpirun[@]}" -np 2 "$meshtrain" train qwen3-tiny "${tiny[@]}" mesh.expert=2 steps=1 run_dir="$work/ep_dense"
-# Pipeline stages: mesh.stage > 1 (not built yet), fewer micro-batches than stages for 1f1b, a split that does
-# not place the layers, more chunks than layers, and num_pipeline_repeats 0.
-expect_refused pp_stages 2 "config key 'mesh.stage': expected 1: pipeline execution is not built in this version" \
-  "${mpirun[@]}" -np 2 "$meshtrain" train qwen3-tiny "${tiny[@]}" mesh.stage=2 gradient_accumulation_steps=2 \
-  steps=1 run_dir="$work/pp_stages"
+# Pipeline stages: fewer micro-batches than stages for 1f1b, a split that does not place the layers, more
+# chunks than layers, and num_pipeline_repeats 0.
 expect_refused pp_micro_batches 2 "gradient_accumulation_steps: expected at least mesh.stage=2 micro-batches" \
   "${mpirun[@]}" -np 2 "$meshtrain" train qwen3-tiny "${tiny[@]}" mesh.stage=2 steps=1 run_dir="$work/pp_micro_batches"
 expect_refused pp_split 2 "config key 'pipeline_layers_per_chunk': expected counts summing to base_num_decoder_layers" \
@@ -107,7 +104,7 @@ expect_refused pp_chunks 3 "config keys 'mesh.stage' / 'num_pipeline_repeats': e
 expect_refused pp_repeats 2 "config key 'num_pipeline_repeats': expected 1 or more" \
   "${mpirun[@]}" -np 2 "$meshtrain" train qwen3-tiny "${tiny[@]}" mesh.stage=2 num_pipeline_repeats=0 steps=1 \
   run_dir="$work/pp_repeats"
-for name in cp_dual cp_striped cp_devices ep_divides ep_dense pp_stages pp_micro_batches pp_split pp_chunks pp_repeats; do
+for name in cp_dual cp_striped cp_devices ep_divides ep_dense pp_micro_batches pp_split pp_chunks pp_repeats; do
   [ ! -e "$work/$name" ] || fail "$name: the run directory was made before the refusal"
 done
 # A set-up error of one rank only (the plan file it is told to verify is missing): that rank names the file,
