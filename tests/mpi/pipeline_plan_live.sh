@@ -5,7 +5,8 @@
 # (run_dir/plan_stage<s>_<kernel>.json, memory.process_arena the arena it holds): equal byte for byte to
 # compile's, for GPipe and 1F1B, P = 2 (M = P and 2P) and P = 4, an uneven split, stage x data. The figures
 # compile prints per stage (arena, bytes sent) are the files' and the programs'; the bytes rank 0 (stage 0)
-# moved each step equal its plan's. A plan_in made for another micro-batch count or for one stage is refused.
+# moved each step equal its plan's; interleaved 1F1B (V = 2) too, whose ranks have a forward, backward and eval
+# file per chunk. A plan_in made for another micro-batch count or for one stage is refused.
 # Usage: pipeline_plan_live.sh BUILD_DIR
 source "$(dirname "$0")/common.sh" "$1"
 tiny=("${tiny[@]/eval_interval=0/eval_interval=2}" topology=cpu enable_checkpointing=false per_device_batch_size=1 steps=2 eval_steps=1
@@ -46,12 +47,16 @@ for stage, block in enumerate(blocks):
     printed = int(re.search(r"process arena: .* \((\d+) bytes\)", block).group(1))
     if printed != arena:
         sys.exit(f"FAIL {name} stage {stage}: compile printed an arena of {printed}, the run holds {arena}")
-    # Bytes sent a step: each micro-batch's activation to the next stage (pipeline/output, which the forward
-    # fills) and its input gradient to the previous one (pipeline/input_gradient, which the backward fills).
+    # Bytes sent a step: each micro-batch's activation to the next chunk's rank (pipeline/output[_k], which
+    # a chunk's forward fills) and its input gradient to the previous one's (pipeline/input_gradient[_k],
+    # which its backward fills), over the rank's chunks (plan_stage<s>_forward_chunk<k>.json for k > 0).
     def boundary_bytes(kernel, buffer):
-        found = [b["bytes"] for b in json.load(open(f"{run}/live/plan_stage{stage}_{kernel}.json"))["buffers"]
-                 if b["name"] == buffer]
-        return found[0] if found else 0
+        total = 0
+        for path in glob.glob(f"{run}/live/plan_stage{stage}_{kernel}.json") + \
+                glob.glob(f"{run}/live/plan_stage{stage}_{kernel}_chunk*.json"):
+            total += sum(b["bytes"] for b in json.load(open(path))["buffers"]
+                         if re.fullmatch(re.escape(buffer) + r"(_\d+)?", b["name"]))
+        return total
     expected = micro_batches * (boundary_bytes("forward", "pipeline/output") +
                                 boundary_bytes("backward", "pipeline/input_gradient"))
     sent = int(re.search(r"point-to-point +[\d.]+ GiB \((\d+) bytes\) sent a step", block).group(1))
@@ -79,6 +84,8 @@ check 1f1b_p2_m4 2 mesh.stage=2 pipeline_schedule=1f1b gradient_accumulation_ste
 check 1f1b_p4_m4 4 mesh.stage=4 pipeline_schedule=1f1b gradient_accumulation_steps=4 base_num_decoder_layers=4
 check uneven_gpipe 2 mesh.stage=2 pipeline_schedule=gpipe gradient_accumulation_steps=2 base_num_decoder_layers=3
 check stage_x_data 4 mesh.data=2 mesh.stage=2 pipeline_schedule=1f1b gradient_accumulation_steps=2
+check interleaved_p2_v2 2 mesh.stage=2 pipeline_schedule=interleaved_1f1b num_pipeline_repeats=2 \
+  gradient_accumulation_steps=2 base_num_decoder_layers=4
 
 # A plan for another micro-batch count is refused naming the key; one made for one stage has no stage files.
 expect_refused() {  # expect_refused NAME NEEDLE COMMAND...

@@ -24,8 +24,12 @@ Config family_config(DecoderBlock block, std::vector<std::string> overrides = {}
   static const std::map<DecoderBlock, std::string> kPresets = {{DecoderBlock::qwen3, "qwen3-tiny"},
                                                                {DecoderBlock::gpt2, "gpt2-124m"},
                                                                {DecoderBlock::deepseek, "deepseek-tiny"}};
-  overrides.insert(overrides.end(), {"base_num_decoder_layers=2", "per_device_batch_size=1",
-                                     "max_target_length=16", "dataset_type=synthetic", "tokenizer_path="});
+  const bool layers_given = std::any_of(overrides.begin(), overrides.end(), [](const std::string& key) {
+    return key.starts_with("base_num_decoder_layers=");
+  });
+  if (!layers_given) overrides.push_back("base_num_decoder_layers=2");
+  overrides.insert(overrides.end(),
+                   {"per_device_batch_size=1", "max_target_length=16", "dataset_type=synthetic", "tokenizer_path="});
   return load_config(kPresets.at(block), overrides);
 }
 
@@ -145,13 +149,14 @@ TEST(Families, AChunkHoldsExactlyItsLayersAndTheEmbeddingAndHeadItAsksFor) {
     const kernels::KernelBackend& cpu = kernels::kernel_backend_for_device("cpu");
     const ModelSpec whole = build_model_spec(config);
     const std::vector<std::string> all = canonical_names(whole);
-    ASSERT_EQ(whole.chunk.last_layer, 1);
+    ASSERT_EQ(whole.chunks.size(), 1u);
+    ASSERT_EQ(whole.chunks.front().layers.last_layer, 1);
     // The first and last chunks of two stages, and both layers with neither end.
     const std::vector<LayerChunk> chunks = {{0, 0, true, false}, {1, 1, false, true}, {0, 1, false, false}};
     std::vector<std::string> joined;
     for (size_t c = 0; c < chunks.size(); ++c) {
       const LayerChunk& chunk = chunks[c];
-      const ModelSpec spec = build_model_spec(config, one_device, cpu, chunk);
+      const ModelSpec spec = build_model_spec(config, one_device, cpu, {chunk});
       std::vector<std::string> expected;
       for (const std::string& name : all) {
         const int64_t layer = layer_of(name);
@@ -184,7 +189,7 @@ TEST(Families, TheDefaultChunkIsTheWholeModelAndOthersAreChecked) {
   const Config config = family_config(DecoderBlock::qwen3);
   const ModelSpec whole = build_model_spec(config);
   const ModelSpec chunked = build_model_spec(config, Mesh{}, kernels::kernel_backend_for_device("cpu"),
-                                             LayerChunk{0, 1, true, true});
+                                             {LayerChunk{0, 1, true, true}});
   ASSERT_EQ(whole.buffers.size(), chunked.buffers.size());
   for (size_t i = 0; i < whole.buffers.size(); ++i) EXPECT_EQ(whole.buffers[i].name, chunked.buffers[i].name);
   ASSERT_EQ(whole.loss_backward.size(), chunked.loss_backward.size());
@@ -192,8 +197,50 @@ TEST(Families, TheDefaultChunkIsTheWholeModelAndOthersAreChecked) {
     EXPECT_EQ(whole.loss_backward[i].name, chunked.loss_backward[i].name);
   for (const LayerChunk& outside : {LayerChunk{1, 0, true, true}, LayerChunk{0, 2, true, true}}) {
     const std::string error = error_of(
-        [&] { build_model_spec(config, Mesh{}, kernels::kernel_backend_for_device("cpu"), outside); });
+        [&] { build_model_spec(config, Mesh{}, kernels::kernel_backend_for_device("cpu"), {outside}); });
     EXPECT_NE(error.find("layer chunk"), std::string::npos) << error;
+  }
+}
+
+// A pipeline stage rank with virtual stages holds several chunks in one spec (here layers 0 and 2 of 4, the
+// first with the embedding): each chunk's forward and backward ops are a contiguous range of the spec's
+// lists, together every op once, each chunk's layers' ops and only theirs, and each chunk without the
+// embedding reads its own input.
+TEST(Families, SeveralChunksOfOneSpecEachHoldTheirOwnOps) {
+  for (DecoderBlock block : kDecoderBlocks) {
+    SCOPED_TRACE(decoder_block_name(block));
+    const Config config = family_config(block, {"base_num_decoder_layers=4"});
+    const ModelSpec spec = build_model_spec(config, Mesh{}, kernels::kernel_backend_for_device("cpu"),
+                                            {LayerChunk{0, 0, true, false}, LayerChunk{2, 2, false, false}});
+    ASSERT_EQ(spec.chunks.size(), 2u);
+    const ChunkSection &first = spec.chunks[0], &second = spec.chunks[1];
+    EXPECT_EQ(first.forward_begin, 0u);
+    EXPECT_EQ(first.forward_end, second.forward_begin);
+    EXPECT_EQ(second.forward_end, spec.forward.size());
+    // Backward: the later chunk's first.
+    EXPECT_EQ(second.backward_begin, 0u);
+    EXPECT_EQ(second.backward_end, first.backward_begin);
+    EXPECT_EQ(first.backward_end, spec.loss_backward.size());
+    const auto layers_in = [](const std::vector<OpDecl>& ops, size_t begin, size_t end) {
+      std::set<int64_t> layers;
+      for (size_t i = begin; i < end; ++i) {
+        const std::string& name = ops[i].name;
+        const size_t at = name.find("layers_");
+        if (at != std::string::npos) layers.insert(std::stoll(name.substr(at + 7)));
+      }
+      return layers;
+    };
+    EXPECT_EQ(layers_in(spec.forward, first.forward_begin, first.forward_end), std::set<int64_t>{0});
+    EXPECT_EQ(layers_in(spec.forward, second.forward_begin, second.forward_end), std::set<int64_t>{2});
+    EXPECT_EQ(layers_in(spec.loss_backward, first.backward_begin, first.backward_end), std::set<int64_t>{0});
+    EXPECT_EQ(layers_in(spec.loss_backward, second.backward_begin, second.backward_end),
+              std::set<int64_t>{2});
+    EXPECT_EQ(first.boundary.input, kNoBuffer);
+    ASSERT_NE(second.boundary.input, kNoBuffer);
+    EXPECT_EQ(spec.buffer(second.boundary.input).name, "chunk_1/input");
+    EXPECT_NE(first.boundary.output, kNoBuffer);
+    EXPECT_NE(second.boundary.output, kNoBuffer);
+    EXPECT_TRUE(spec.loss_forward.empty());
   }
 }
 

@@ -128,7 +128,7 @@ TEST(PipelinePlacement, ChunksBuildTheWholeModelBetweenThem) {
     whole.insert(parameter.canonical_name);
   int64_t tables = 0;
   for (const LayerChunk& chunk : pipeline_placement(config, 2).chunks) {
-    for (const ParameterDecl& parameter : build_model_spec(config, Mesh{}, cpu, chunk).parameters) {
+    for (const ParameterDecl& parameter : build_model_spec(config, Mesh{}, cpu, {chunk}).parameters) {
       joined.insert(parameter.canonical_name);
       tables += parameter.canonical_name == "token_embedder/embedding" ? 1 : 0;
     }

@@ -416,7 +416,7 @@ void print_explain(const TrainingPlan& plan, std::ostream& out) {
 // Writes `plan`'s files under plan_file_stem(stem): one per kernel, each listed in `out`.
 void write_plan_files(const TrainingPlan& plan, const std::string& stem, std::ostream& out) {
   for (const KernelPlan& kernel : plan.kernels) {
-    const fs::path path = plan_file_path(plan_file_stem(stem, plan), kernel.kernel);
+    const fs::path path = plan_file_path(plan_file_stem(stem, plan), kernel.kernel, kernel.chunk);
     if (path.has_parent_path()) {
       std::error_code error;
       fs::create_directories(path.parent_path(), error);
@@ -425,7 +425,7 @@ void write_plan_files(const TrainingPlan& plan, const std::string& stem, std::os
              error.message());
       }
     }
-    const std::string text = serialize_kernel_plan(plan, kernel.kernel);
+    const std::string text = serialize_kernel_plan(plan, kernel.kernel, kernel.chunk);
     write_file_atomically(path.string(), text);
     out << "  " << path.string() << " (" << text.size() << " bytes)\n";
   }
@@ -470,21 +470,36 @@ void print_stage(const TrainingPlan& plan, const PipelinePlacement& placement,
                     bytes_text(static_cast<double>(slots_bytes)).c_str(), kernel_name(largest->kernel),
                     bytes_text(static_cast<double>(above)).c_str(),
                     bytes_text(static_cast<double>(largest->memory.temps)).c_str()));
-  const double sent = step_transfer_bytes(plan);
-  std::string neighbours;
-  if (!plan.pipeline.last())
-    neighbours += format("activations to stage %lld", static_cast<long long>(stage + 1));
-  if (!plan.pipeline.first()) {
-    neighbours += std::string(neighbours.empty() ? "" : ", ") +
-                  format("input gradients to stage %lld", static_cast<long long>(stage - 1));
+  // Whom the program's sends go to: "activations to stage 1, input gradients to stage 3".
+  std::map<ProgramEntry::Transfer, std::set<int64_t>> peers;
+  for (const ProgramEntry& entry : plan.program.gradients) {
+    if (entry.transfer == ProgramEntry::Transfer::send_activation ||
+        entry.transfer == ProgramEntry::Transfer::send_gradient)
+      peers[entry.transfer].insert(entry.peer);
   }
-  out << row("point-to-point", bytes_text(sent) + " sent a step (" + neighbours + ")");
+  std::string neighbours;
+  for (const auto& [transfer, ranks] : peers) {
+    std::string listed;
+    for (int64_t rank : ranks) listed += (listed.empty() ? "" : " and ") + std::to_string(rank);
+    neighbours += std::string(neighbours.empty() ? "" : ", ") +
+                  (transfer == ProgramEntry::Transfer::send_activation ? "activations" : "input gradients") +
+                  " to stage " + listed;
+  }
+  out << row("point-to-point", bytes_text(step_transfer_bytes(plan)) + " sent a step (" + neighbours + ")");
   KernelPlan step_bytes;
   step_bytes.collective_bytes = step_collective_bytes(plan);
   out << row("bytes per step", collective_text(step_bytes));
   std::string times;
   for (const KernelPlan& kernel : plan.kernels) {
-    times += (times.empty() ? "" : ", ") + std::string(kernel_name(kernel.kernel)) + " " +
+    // With several chunks a rank (interleaved), each chunk's forward, backward and eval are its own:
+    // "forward (chunk 3)".
+    const bool per_chunk = kernel.kernel == KernelName::forward || kernel.kernel == KernelName::backward ||
+                           kernel.kernel == KernelName::eval;
+    const std::string chunk =
+        plan.spec.chunks.size() > 1 && per_chunk
+            ? format(" (chunk %lld)", static_cast<long long>(stage + kernel.chunk * plan.pipeline.stages))
+            : "";
+    times += (times.empty() ? "" : ", ") + std::string(kernel_name(kernel.kernel)) + chunk + " " +
              seconds_text(kernel.seconds);
   }
   out << row("predicted", times);

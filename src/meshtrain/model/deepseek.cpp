@@ -27,52 +27,59 @@ void build_deepseek(SpecBuilder& builder) {
       builder.gradient_scratch("scratch/d_residual", token_shape(m, {{"embed", m.D}}));
   // Residual output projections start smaller so the stream's variance does not grow with depth.
   const double out_std = 0.02 / std::sqrt(2.0 * static_cast<double>(m.L));
-  const LayerChunk& chunk = builder.spec().chunk;
-  const EmbeddingLayer embedding =
-      chunk.with_embedding ? add_embedding(builder, false, d_residual) : EmbeddingLayer{};
   const bool mhc = m.G > 1;
-  // The residual streams and their gradient: [B, S, G, D] under mHC, else the plain residual.
-  BufferId streams = embedding.residual, d_streams = d_residual;
-  if (mhc) {
-    d_streams = builder.gradient_scratch("scratch/d_streams", stream_shape(m));
-    if (chunk.with_embedding) streams = add_mhc_entry(builder, embedding.residual, d_residual, d_streams);
-  }
-  if (!chunk.with_embedding)
-    streams = add_chunk_input(builder, mhc ? stream_shape(m) : token_shape(m, {{"embed", m.D}}), d_streams);
-  // A sublayer on the streams: an mHC site around it, or the block itself adding its own residual.
-  const auto sublayer = [&](const std::string& site, const auto& add_block) {
-    if (!mhc) return add_block(streams, d_streams, true);
-    return add_mhc_site(builder, site, streams, d_streams,
-                        [&](BufferId xin, BufferId d_io) { return add_block(xin, d_io, false); });
-  };
-  // Engram layers are numbered in engram_layers order (ascending), those before the chunk included.
-  size_t engram_index =
-      static_cast<size_t>(std::count_if(options.engram.layers.begin(), options.engram.layers.end(),
-                                        [&](int64_t layer) { return layer < chunk.first_layer; }));
-  for (int64_t layer = chunk.first_layer; layer <= chunk.last_layer; ++layer) {
-    const std::string prefix = "decoder/layers_" + std::to_string(layer);
-    if (options.engram.at(layer)) {
-      streams = add_engram_block(builder, prefix, engram_index++, streams, d_streams);
+  for (size_t k = 0; k < builder.spec().chunks.size(); ++k) {
+    builder.begin_chunk(k);
+    const LayerChunk& chunk = builder.chunk().layers;
+    const EmbeddingLayer embedding =
+        chunk.with_embedding ? add_embedding(builder, false, d_residual) : EmbeddingLayer{};
+    // The residual streams and their gradient: [B, S, G, D] under mHC (one scratch for every chunk), else the
+    // plain residual.
+    const BufferId d_streams =
+        mhc ? builder.gradient_scratch("scratch/d_streams", stream_shape(m)) : d_residual;
+    BufferId streams = embedding.residual;
+    if (mhc && chunk.with_embedding) streams = add_mhc_entry(builder, embedding.residual, d_residual, d_streams);
+    if (!chunk.with_embedding)
+      streams = add_chunk_input(builder, mhc ? stream_shape(m) : token_shape(m, {{"embed", m.D}}), d_streams);
+    // A sublayer on the streams: an mHC site around it, or the block itself adding its own residual.
+    const auto sublayer = [&](const std::string& site, const auto& add_block) {
+      if (!mhc) return add_block(streams, d_streams, true);
+      return add_mhc_site(builder, site, streams, d_streams,
+                          [&](BufferId xin, BufferId d_io) { return add_block(xin, d_io, false); });
+    };
+    // Engram layers are numbered in engram_layers order (ascending), those before the chunk included.
+    size_t engram_index =
+        static_cast<size_t>(std::count_if(options.engram.layers.begin(), options.engram.layers.end(),
+                                          [&](int64_t layer) { return layer < chunk.first_layer; }));
+    for (int64_t layer = chunk.first_layer; layer <= chunk.last_layer; ++layer) {
+      const std::string prefix = "decoder/layers_" + std::to_string(layer);
+      if (options.engram.at(layer)) {
+        streams = add_engram_block(builder, prefix, engram_index++, streams, d_streams);
+      }
+      streams = sublayer(prefix + "/mhc_attention", [&](BufferId in, BufferId d_in, bool residual) {
+        if (options.attention_type == AttentionType::mla) {
+          return add_mla_block(builder, prefix, in, d_in, {family.norm, out_std, residual});
+        }
+        return add_attention_block(builder, prefix, in, d_in,
+                                   {family.norm, false, true, false, out_std, residual});
+      });
+      streams = sublayer(prefix + "/mhc_mlp", [&](BufferId in, BufferId d_in, bool residual) {
+        if (options.moe.at(layer)) {
+          return add_moe_block(builder, prefix, in, d_in, {options.moe, out_std, residual});
+        }
+        return add_mlp_block(builder, prefix, in, d_in, {family.norm, family.mlp, false, out_std, residual});
+      });
     }
-    streams = sublayer(prefix + "/mhc_attention", [&](BufferId in, BufferId d_in, bool residual) {
-      if (options.attention_type == AttentionType::mla) {
-        return add_mla_block(builder, prefix, in, d_in, {family.norm, out_std, residual});
-      }
-      return add_attention_block(builder, prefix, in, d_in,
-                                 {family.norm, false, true, false, out_std, residual});
-    });
-    streams = sublayer(prefix + "/mhc_mlp", [&](BufferId in, BufferId d_in, bool residual) {
-      if (options.moe.at(layer)) {
-        return add_moe_block(builder, prefix, in, d_in, {options.moe, out_std, residual});
-      }
-      return add_mlp_block(builder, prefix, in, d_in, {family.norm, family.mlp, false, out_std, residual});
-    });
+    if (!chunk.with_head) {
+      add_chunk_end(builder, streams, d_streams);
+    } else {
+      const BufferId residual = mhc ? add_mhc_exit(builder, streams, d_streams, d_residual) : streams;
+      const bool tied = options.tied_embeddings;
+      add_final_norm_and_loss(builder, family.norm, residual,
+                              tied ? tied_unembedding(builder, embedding) : kNoBuffer, d_residual);
+    }
+    builder.end_chunk();
   }
-  if (!chunk.with_head) return add_chunk_end(builder, streams, d_streams);
-  const BufferId residual = mhc ? add_mhc_exit(builder, streams, d_streams, d_residual) : streams;
-  const bool tied = options.tied_embeddings;
-  add_final_norm_and_loss(builder, family.norm, residual,
-                          tied ? tied_unembedding(builder, embedding) : kNoBuffer, d_residual);
 }
 
 }  // namespace meshtrain

@@ -25,25 +25,29 @@ const DecoderFamily& family_of(const Config& config) {
 }
 
 BufferId add_chunk_input(SpecBuilder& builder, const Shape& shape, BufferId d_input) {
-  ChunkBoundary& boundary = builder.spec().boundary;
-  boundary.input = builder.input("chunk/input", builder.storage_dtype(), shape);
+  ChunkBoundary& boundary = builder.chunk().boundary;
+  const size_t k = static_cast<size_t>(&builder.chunk() - builder.spec().chunks.data());
+  boundary.input = builder.input(k == 0 ? "chunk/input" : "chunk_" + std::to_string(k) + "/input",
+                                 builder.storage_dtype(), shape);
   boundary.input_gradient = d_input;
   return boundary.input;
 }
 
 void add_chunk_end(SpecBuilder& builder, BufferId output, BufferId d_output) {
-  builder.spec().boundary.output = output;
-  builder.spec().boundary.output_gradient = d_output;
+  builder.chunk().boundary.output = output;
+  builder.chunk().boundary.output_gradient = d_output;
 }
 
 EmbeddingLayer add_chunk_start(SpecBuilder& builder, bool learned_positions, BufferId d_residual) {
-  if (builder.spec().chunk.with_embedding) return add_embedding(builder, learned_positions, d_residual);
+  if (builder.chunk().layers.with_embedding) return add_embedding(builder, learned_positions, d_residual);
   return {add_chunk_input(builder, token_shape(builder.dims(), {{"embed", builder.dims().D}}), d_residual),
           kNoBuffer};
 }
 
 BufferId tied_unembedding(SpecBuilder& builder, const EmbeddingLayer& embedding) {
-  return embedding.table != kNoBuffer ? embedding.table : add_embedding_table(builder);
+  if (embedding.table != kNoBuffer) return embedding.table;
+  const BufferId earlier = builder.spec().embedding_table;  // an earlier chunk of this spec's
+  return earlier != kNoBuffer ? earlier : add_embedding_table(builder);
 }
 
 }  // namespace meshtrain

@@ -16,17 +16,26 @@ void build_gpt2(SpecBuilder& builder) {
   const BufferId d_residual =
       builder.gradient_scratch("scratch/d_residual", token_shape(m, {{"embed", m.D}}));
   const double out_std = 0.02 / std::sqrt(2.0 * static_cast<double>(m.L));
-  const LayerChunk& chunk = builder.spec().chunk;
-  const EmbeddingLayer embedding = add_chunk_start(builder, !rope, d_residual);
-  BufferId residual = embedding.residual;
-  for (int64_t layer = chunk.first_layer; layer <= chunk.last_layer; ++layer) {
-    const std::string prefix = "decoder/layers_" + std::to_string(layer);
-    residual =
-        add_attention_block(builder, prefix, residual, d_residual, {family.norm, false, rope, true, out_std});
-    residual = add_mlp_block(builder, prefix, residual, d_residual, {family.norm, family.mlp, true, out_std});
+  for (size_t k = 0; k < builder.spec().chunks.size(); ++k) {
+    builder.begin_chunk(k);
+    const LayerChunk& chunk = builder.chunk().layers;
+    const EmbeddingLayer embedding = add_chunk_start(builder, !rope, d_residual);
+    BufferId residual = embedding.residual;
+    for (int64_t layer = chunk.first_layer; layer <= chunk.last_layer; ++layer) {
+      const std::string prefix = "decoder/layers_" + std::to_string(layer);
+      residual = add_attention_block(builder, prefix, residual, d_residual,
+                                     {family.norm, false, rope, true, out_std});
+      residual =
+          add_mlp_block(builder, prefix, residual, d_residual, {family.norm, family.mlp, true, out_std});
+    }
+    if (!chunk.with_head) {
+      add_chunk_end(builder, residual, d_residual);
+    } else {
+      add_final_norm_and_loss(builder, family.norm, residual, tied_unembedding(builder, embedding),
+                              d_residual);
+    }
+    builder.end_chunk();
   }
-  if (!chunk.with_head) return add_chunk_end(builder, residual, d_residual);
-  add_final_norm_and_loss(builder, family.norm, residual, tied_unembedding(builder, embedding), d_residual);
 }
 
 }  // namespace meshtrain

@@ -21,24 +21,31 @@ void build_qwen3(SpecBuilder& builder) {
       builder.gradient_scratch("scratch/d_residual", token_shape(m, {{"embed", m.D}}));
   // Residual output projections start smaller so the stream's variance does not grow with depth.
   const double out_std = 0.02 / std::sqrt(2.0 * static_cast<double>(m.L));
-  const LayerChunk& chunk = builder.spec().chunk;
-  const EmbeddingLayer embedding = add_chunk_start(builder, !rope, d_residual);
-  BufferId residual = embedding.residual;
-  for (int64_t layer = chunk.first_layer; layer <= chunk.last_layer; ++layer) {
-    const std::string prefix = "decoder/layers_" + std::to_string(layer);
-    residual =
-        add_attention_block(builder, prefix, residual, d_residual, {family.norm, true, rope, false, out_std});
-    if (options.moe.at(layer)) {
-      residual = add_moe_block(builder, prefix, residual, d_residual, {options.moe, out_std});
-    } else {
-      residual =
-          add_mlp_block(builder, prefix, residual, d_residual, {family.norm, family.mlp, false, out_std});
+  for (size_t k = 0; k < builder.spec().chunks.size(); ++k) {
+    builder.begin_chunk(k);
+    const LayerChunk& chunk = builder.chunk().layers;
+    const EmbeddingLayer embedding = add_chunk_start(builder, !rope, d_residual);
+    BufferId residual = embedding.residual;
+    for (int64_t layer = chunk.first_layer; layer <= chunk.last_layer; ++layer) {
+      const std::string prefix = "decoder/layers_" + std::to_string(layer);
+      residual = add_attention_block(builder, prefix, residual, d_residual,
+                                     {family.norm, true, rope, false, out_std});
+      if (options.moe.at(layer)) {
+        residual = add_moe_block(builder, prefix, residual, d_residual, {options.moe, out_std});
+      } else {
+        residual =
+            add_mlp_block(builder, prefix, residual, d_residual, {family.norm, family.mlp, false, out_std});
+      }
     }
+    if (!chunk.with_head) {
+      add_chunk_end(builder, residual, d_residual);
+    } else {
+      const bool tied = options.tied_embeddings;
+      add_final_norm_and_loss(builder, family.norm, residual,
+                              tied ? tied_unembedding(builder, embedding) : kNoBuffer, d_residual);
+    }
+    builder.end_chunk();
   }
-  if (!chunk.with_head) return add_chunk_end(builder, residual, d_residual);
-  const bool tied = options.tied_embeddings;
-  add_final_norm_and_loss(builder, family.norm, residual,
-                          tied ? tied_unembedding(builder, embedding) : kNoBuffer, d_residual);
 }
 
 }  // namespace meshtrain

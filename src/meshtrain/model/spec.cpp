@@ -206,14 +206,15 @@ LayerChunk resolve_chunk(LayerChunk chunk, int64_t layers) {
 
 // A training spec (cache_length 0) or a decode spec: the same layer functions declare both.
 ModelSpec build_spec(const Config& config, const Mesh& mesh, int64_t cache_length,
-                     const kernels::KernelBackend& backend, const LayerChunk& chunk) {
+                     const kernels::KernelBackend& backend, const std::vector<LayerChunk>& chunks) {
   ModelSpec spec;
   spec.config = config;
   spec.options = model_options(config);
   spec.kernels = &backend;
   spec.sharding = ShardingLayout(config.logical_axis_rules, mesh);
   spec.dims = validate_and_size(config, spec.sharding);
-  spec.chunk = resolve_chunk(chunk, spec.dims.L);
+  MT_CHECK(!chunks.empty(), "a spec of at least one chunk");
+  for (const LayerChunk& chunk : chunks) spec.chunks.push_back({resolve_chunk(chunk, spec.dims.L), {}});
   if (cache_length > 0) {
     spec.dims.B = spec.dims.S = spec.dims.N = 1;
     spec.dims.T = cache_length;
@@ -235,14 +236,14 @@ ModelSpec build_spec(const Config& config, const Mesh& mesh, int64_t cache_lengt
 }  // namespace
 
 ModelSpec build_model_spec(const Config& config, const Mesh& mesh, const kernels::KernelBackend& backend,
-                           const LayerChunk& chunk) {
-  return build_spec(config, mesh, 0, backend, chunk);
+                           const std::vector<LayerChunk>& chunks) {
+  return build_spec(config, mesh, 0, backend, chunks);
 }
 
 ModelSpec build_decode_spec(const Config& config, const Mesh& mesh, int64_t cache_length,
                             const kernels::KernelBackend& backend) {
   MT_CHECK(cache_length > 0, "a decode spec needs a cache of at least one row");
-  return build_spec(config, mesh, cache_length, backend, {});
+  return build_spec(config, mesh, cache_length, backend, {LayerChunk{}});
 }
 
 StandardFlops standard_training_flops(const Config& c) {

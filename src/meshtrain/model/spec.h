@@ -269,13 +269,23 @@ struct LayerChunk {
   bool with_head = true;  // the final norm, the unembedding and the loss
 };
 
-// Where a chunk meets its pipeline neighbours (kNoBuffer where it has none): the previous stage's activation
+// Where a chunk meets its pipeline neighbours (kNoBuffer where it has none): the previous chunk's activation
 // it reads (chunk/input) and the gradient its backward leaves for it; the activation its last layer writes
-// for the next stage and the gradient buffer its backward starts from (the residual's, or under mHC the
+// for the next chunk and the gradient buffer its backward starts from (the residual's, or under mHC the
 // streams', [B, S, D] or [B, S, G, D]).
 struct ChunkBoundary {
   BufferId input = kNoBuffer, input_gradient = kNoBuffer;    // chunks without the embedding
   BufferId output = kNoBuffer, output_gradient = kNoBuffer;  // chunks without the head
+};
+
+// One chunk a spec holds: its layers, its boundary, and where its ops lie: [forward_begin, forward_end) in
+// ModelSpec::forward, [backward_begin, backward_end) in ModelSpec::loss_backward (the head's chunk's
+// starting with the loss). A whole-model spec holds one; a pipeline stage rank with virtual stages
+// (num_pipeline_repeats) several, in layer order, each run as kernels of its own.
+struct ChunkSection {
+  LayerChunk layers;
+  ChunkBoundary boundary;
+  size_t forward_begin = 0, forward_end = 0, backward_begin = 0, backward_end = 0;
 };
 
 struct ModelSpec {
@@ -283,8 +293,7 @@ struct ModelSpec {
   // checkpoint's); the layers read only `options`, theirs filled from it once.
   Config config;
   ModelOptions options;
-  LayerChunk chunk;  // the layers it holds (last_layer resolved)
-  ChunkBoundary boundary;
+  std::vector<ChunkSection> chunks;  // the layers it holds (last_layer resolved), in layer order
   // The backend its ops run on (the engine hands it to them) and its kernel scratch is sized for.
   const kernels::KernelBackend* kernels = nullptr;
   ShardingLayout sharding;
@@ -321,15 +330,17 @@ struct ModelSpec {
   // A decode spec: forward ops only (no gradients, loss or backward; no optimizer is applied to it), batch
   // inputs tokens and positions only.
   bool decoding() const { return dims.T > 0; }
+  // Whether a chunk holds the final norm, the unembedding and the loss.
+  bool with_head() const { return chunks.back().layers.with_head; }
 };
 
 // Checks the model's shape rules at the sizes of `mesh` (before anything is allocated; the config's own
 // rules are load_config's, and plan_training's against the resolved mesh) and builds the spec of its
 // decoder_block at the per-device sizes of `mesh`, for the kernels of `backend`; the one-argument form is
-// one cpu device. `chunk`: only those layers (a chunk without the embedding reads its residual stream from
-// an input, "chunk/input").
+// one cpu device. `chunks`: only those layers, each chunk in turn (a chunk without the embedding reads its
+// residual stream from an input, "chunk/input", or "chunk_<k>/input" for the k-th chunk).
 ModelSpec build_model_spec(const Config& config, const Mesh& mesh, const kernels::KernelBackend& backend,
-                           const LayerChunk& chunk = {});
+                           const std::vector<LayerChunk>& chunks = {LayerChunk{}});
 ModelSpec build_model_spec(const Config& config);
 // The decode spec of the same layers: one token (B = S = 1) attending over caches of `cache_length` rows.
 ModelSpec build_decode_spec(const Config& config, const Mesh& mesh, int64_t cache_length,

@@ -107,11 +107,37 @@ void SpecBuilder::loss(std::vector<OpDecl> eval_ops, std::vector<OpDecl> train_o
   spec_.loss_backward = std::move(train_ops);
 }
 
+void SpecBuilder::begin_chunk(size_t k) {
+  MT_CHECK(k < spec_.chunks.size() && k == chunk_groups_.size(), "the spec's chunks declared in order");
+  chunk_ = k;
+  chunk().forward_begin = spec_.forward.size();
+  chunk_groups_.emplace_back(backward_groups_.size(), backward_groups_.size());
+}
+
+void SpecBuilder::end_chunk() {
+  chunk().forward_end = spec_.forward.size();
+  chunk_groups_.back().second = backward_groups_.size();
+}
+
 void SpecBuilder::finish() {
+  MT_CHECK(chunk_groups_.size() == spec_.chunks.size(), "every chunk of the spec declared");
+  const size_t loss_ops = spec_.loss_backward.size();
   for (size_t i = backward_groups_.size(); i-- > 0;) {
     blocks_[i].backward_begin = spec_.loss_backward.size();
     for (OpDecl& op : backward_groups_[i]) spec_.loss_backward.push_back(std::move(op));
     blocks_[i].backward_end = spec_.loss_backward.size();
+  }
+  // A chunk's groups run last first: its backward spans from its last group's to its first's (the head's
+  // chunk from the loss on).
+  for (size_t k = 0; k < spec_.chunks.size(); ++k) {
+    ChunkSection& chunk = spec_.chunks[k];
+    const auto [first, end] = chunk_groups_[k];
+    if (end > first) {
+      chunk.backward_begin = blocks_[end - 1].backward_begin;
+      chunk.backward_end = blocks_[first].backward_end;
+    }
+    if (chunk.layers.with_head) chunk.backward_begin = 0;
+    if (chunk.layers.with_head && end == first) chunk.backward_end = loss_ops;
   }
   backward_groups_.clear();
   spec_.blocks = std::move(blocks_);

@@ -62,8 +62,13 @@ class SpecBuilder {
   void backward_group(std::vector<OpDecl> ops);
   // Loss ops: `eval_ops` compute the loss only; `train_ops` compute it with its gradient.
   void loss(std::vector<OpDecl> eval_ops, std::vector<OpDecl> train_ops);
-  // Appends the layer groups in reverse order after the loss's backward and stacks the scan groups
-  // (scan_layers, model/scan.h).
+  // Around the declarations of the spec's chunk `k` (ModelSpec::chunks, each in turn): where its ops lie is
+  // recorded, and chunk() is it meanwhile.
+  void begin_chunk(size_t k);
+  void end_chunk();
+  ChunkSection& chunk() { return spec_.chunks.at(chunk_); }
+  // Appends the layer groups in reverse order after the loss's backward (so the chunks' backward ranges are
+  // known) and stacks the scan groups (scan_layers, model/scan.h).
   void finish();
 
   ModelSpec& spec() { return spec_; }
@@ -76,6 +81,8 @@ class SpecBuilder {
   ModelSpec& spec_;
   std::vector<std::vector<OpDecl>> backward_groups_;
   std::vector<LayerBlock> blocks_;  // backward ranges filled in by finish()
+  size_t chunk_ = 0;
+  std::vector<std::pair<size_t, size_t>> chunk_groups_;  // per chunk: its backward groups [first, end)
 };
 
 // The [N, X] view of a buffer shaped with batch and length axes: most kernels see tokens as rows.

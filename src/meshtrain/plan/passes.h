@@ -51,8 +51,8 @@ void plan_storage(TrainingPlan& plan);
 PlanBufferId view_owner(const TrainingPlan& plan, PlanBufferId id);
 
 // remat.cpp: the backward op order of the spec under its remat policy, each block's recomputed forward ops
-// first.
-std::vector<PlanStep> backward_with_recompute(const ModelSpec& spec);
+// first: of ModelSpec::loss_backward's ops [begin, end) (a chunk's), every op by default.
+std::vector<PlanStep> backward_with_recompute(const ModelSpec& spec, size_t begin = 0, size_t end = SIZE_MAX);
 
 // fsdp.cpp: `phases` (forward, then backward or the eval loss) with FSDP's gathers of each sharded
 // parameter before its first use in each phase, and (with_gradients) the zeroing of its full gradient

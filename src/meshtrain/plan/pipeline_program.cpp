@@ -74,24 +74,26 @@ StageProgram plan_stage_program(const PipelineSchedule& schedule, int64_t stage)
   }
   result.slots = static_cast<int64_t>(taken.size());
   result.program.update.push_back({KernelName::update, ProgramEntry::kNoMicroBatch});
-  // Eval: one micro-batch forward through every stage, with the loss on the last.
-  std::vector<ProgramEntry>& eval = result.program.eval;
-  if (stage > 0) {
-    ProgramEntry receive{KernelName::eval, 0};
-    receive.slot = 0;
-    receive.transfer = Transfer::receive_activation;
-    receive.peer = stage - 1;
-    eval.push_back(receive);
-  }
-  ProgramEntry forward{KernelName::eval, 0};
-  forward.slot = 0;
-  eval.push_back(forward);
-  if (stage + 1 < schedule.stages) {
-    ProgramEntry send{KernelName::eval, 0};
-    send.slot = 0;
-    send.transfer = Transfer::send_activation;
-    send.peer = stage + 1;
-    eval.push_back(send);
+  // Eval: one micro-batch forward through every chunk in layer order, the loss on the last: this rank's
+  // chunks s, s + P, ... each receive, run and send on, in slot 0.
+  for (int64_t local = 0; local < schedule.repeats; ++local) {
+    const int64_t chunk = stage + local * schedule.stages;
+    ProgramEntry entry{KernelName::eval, 0};
+    entry.slot = 0;
+    entry.chunk = local;
+    if (chunk > 0) {
+      ProgramEntry receive = entry;
+      receive.transfer = Transfer::receive_activation;
+      receive.peer = schedule.rank_of_chunk(chunk - 1);
+      result.program.eval.push_back(receive);
+    }
+    result.program.eval.push_back(entry);
+    if (chunk + 1 < schedule.chunks()) {
+      ProgramEntry send = entry;
+      send.transfer = Transfer::send_activation;
+      send.peer = schedule.rank_of_chunk(chunk + 1);
+      result.program.eval.push_back(send);
+    }
   }
   return result;
 }

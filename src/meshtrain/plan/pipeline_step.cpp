@@ -7,14 +7,17 @@
 namespace meshtrain {
 
 PipelineOpTimes stage_op_times(const std::vector<TrainingPlan>& stages) {
+  const PipelineSchedule& schedule = stages.front().pipeline.schedule;
   PipelineOpTimes times;
-  for (const TrainingPlan& stage : stages) {
-    times.forward.push_back(stage.kernel(KernelName::forward).seconds);
-    times.backward.push_back(stage.kernel(KernelName::backward).seconds);
+  for (int64_t chunk = 0; chunk < schedule.chunks(); ++chunk) {
+    const TrainingPlan& stage = stages.at(static_cast<size_t>(schedule.rank_of_chunk(chunk)));
+    const int64_t local = chunk / schedule.stages;
+    times.forward.push_back(stage.kernel(KernelName::forward, local).seconds);
+    times.backward.push_back(stage.kernel(KernelName::backward, local).seconds);
   }
   // Read by zero_bubble's B_input and W ops only, which no stage plan runs (plan_stage_program refuses them).
-  times.backward_input.assign(stages.size(), 0.0);
-  times.backward_weight.assign(stages.size(), 0.0);
+  times.backward_input.assign(times.forward.size(), 0.0);
+  times.backward_weight.assign(times.forward.size(), 0.0);
   return times;
 }
 

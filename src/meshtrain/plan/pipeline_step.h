@@ -11,14 +11,15 @@
 
 namespace meshtrain {
 
-// The schedule's op times from the stage plans (stage s's plan at index s): chunk c's forward and backward
-// are the predicted seconds (KernelPlan::seconds) of its stage's forward and backward kernels; transfers
-// take no time (they are non-blocking and overlap compute where the schedule allows). One chunk per stage
-// rank: plan_training refuses num_pipeline_repeats > 1.
+// The schedule's op times from the stage plans (stage s's plan at index s): global chunk c's forward and
+// backward are the predicted seconds (KernelPlan::seconds) of the forward and backward kernels of its rank
+// c mod P for its chunk there (c / P: rank s holds chunks s, s + P, ...); transfers take no time (they are
+// non-blocking and overlap compute where the schedule allows).
 PipelineOpTimes stage_op_times(const std::vector<TrainingPlan>& stages);
 
 // The spec table's bubble fraction for equal chunks, (P - 1) / (V M + P - 1) for GPipe, 1F1B and
-// interleaved 1F1B (V = 1 but for interleaved); the simulation of equal op times gives the same figure.
+// interleaved 1F1B (V = 1 but for interleaved; zero_bubble's depends on W, and no stage plan runs it); the
+// simulation of equal op times gives the same figure.
 double pipeline_bubble_formula(const PipelineSchedule& schedule);
 
 struct PipelineStepPlan {

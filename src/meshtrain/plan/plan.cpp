@@ -26,26 +26,32 @@ struct KernelSteps {
   size_t backward_begin = 0;
 };
 
-KernelSteps kernel_steps(TrainingPlan& plan, KernelName kernel) {
+KernelSteps kernel_steps(TrainingPlan& plan, KernelName kernel, int64_t chunk = 0) {
   if (kernel == KernelName::update) return {update_steps(plan), 0};
   if (kernel == KernelName::zero_gradients) return {{step_of(add_zero_gradients_op(plan))}, 0};
   const ModelSpec& spec = plan.spec;
-  const PipelineStage& stage = plan.pipeline;
+  const ChunkSection& section = spec.chunks.at(static_cast<size_t>(chunk));
+  const PipelineStage::ChunkTransfers* transfers = plan.pipeline.transfers(chunk);
   std::vector<std::vector<const OpDecl*>> phases(2);
   std::vector<std::vector<bool>> recompute(2);
   const auto add = [&](size_t phase, const OpDecl* op, bool recomputed = false) {
+    if (op == nullptr) return;  // a boundary copy the chunk has no neighbour for
     phases[phase].push_back(op);
     recompute[phase].push_back(recomputed);
   };
-  for (const OpDecl& op : spec.forward) add(0, &op);
-  if (stage.output_copy) add(0, stage.output_copy);
-  // A decode spec's forward ends with its logits: decode is its forward alone (no loss ops exist).
-  if (kernel == KernelName::eval || kernel == KernelName::decode) {
-    for (const OpDecl& op : spec.loss_forward) add(1, &op);
+  // A decode spec's forward: every op (its one chunk records no ranges; it ends with the logits).
+  const bool decode = kernel == KernelName::decode;
+  for (size_t i = decode ? 0 : section.forward_begin; i < (decode ? spec.forward.size() : section.forward_end); ++i)
+    add(0, &spec.forward[i]);
+  if (transfers) add(0, transfers->output_copy);
+  if (kernel == KernelName::eval || decode) {
+    if (section.layers.with_head)
+      for (const OpDecl& op : spec.loss_forward) add(1, &op);
   } else {
-    if (stage.output_gradient_copy) add(1, stage.output_gradient_copy);
-    for (const PlanStep& step : backward_with_recompute(spec)) add(1, step.op, step.recompute);
-    if (stage.input_gradient_copy) add(1, stage.input_gradient_copy);
+    if (transfers) add(1, transfers->output_gradient_copy);
+    for (const PlanStep& step : backward_with_recompute(spec, section.backward_begin, section.backward_end))
+      add(1, step.op, step.recompute);
+    if (transfers) add(1, transfers->input_gradient_copy);
   }
   KernelSteps result;
   if (kernel == KernelName::fwd_bwd) result.steps.push_back(step_of(add_zero_gradients_op(plan)));
@@ -62,10 +68,7 @@ KernelSteps kernel_steps(TrainingPlan& plan, KernelName kernel) {
 // The copy runs in host memory: meshes of more than one rank run on the cpu backend only
 // (check_plan_runs_here).
 const OpDecl* add_copy_op(TrainingPlan& plan, const std::string& name, BufferId from, BufferId to) {
-  OpDecl copy{name,
-              {from},
-              {to},
-              0.0,
+  OpDecl copy{name, {from}, {to}, 0.0,
               [from, to](const OpContext& context) {
                 const TensorView source = context.view(from), target = context.view(to);
                 MT_CHECK(source.bytes() == target.bytes() && context.kernels->memory_on_host(),
@@ -76,28 +79,37 @@ const OpDecl* add_copy_op(TrainingPlan& plan, const std::string& name, BufferId 
   return add_plan_op(plan, std::move(copy));
 }
 
-// A stage plan's boundary buffers in the activation slots and the copies that fill and empty them.
+// A stage plan's boundary buffers in the activation slots and the copies that fill and empty them, per chunk
+// of its spec: the global first chunk has no input, the global last no output.
 void plan_pipeline_boundary(TrainingPlan& plan) {
   PipelineStage& stage = plan.pipeline;
-  const ChunkBoundary& boundary = plan.spec.boundary;
-  const auto stashed_like = [&](const std::string& name, BufferKind kind, BufferId like) {
-    const PlanBuffer& model = plan.buffers[static_cast<size_t>(like)];
-    PlanBuffer buffer{name, kind, model.dtype, model.shape, model.sharding};
-    buffer.stashed = true;
-    return add_plan_buffer(plan, std::move(buffer));
-  };
-  if (!stage.first()) {
-    stage.input = boundary.input;
-    stage.input_gradient = stashed_like("pipeline/input_gradient", BufferKind::activation, boundary.input);
-    stage.input_gradient_copy =
-        add_copy_op(plan, "pipeline/input_gradient", boundary.input_gradient, stage.input_gradient);
-  }
-  if (!stage.last()) {
-    stage.output = stashed_like("pipeline/output", BufferKind::activation, boundary.output);
-    stage.output_gradient = stashed_like("pipeline/output_gradient", BufferKind::input, boundary.output);
-    stage.output_copy = add_copy_op(plan, "pipeline/output", boundary.output, stage.output);
-    stage.output_gradient_copy =
-        add_copy_op(plan, "pipeline/output_gradient", stage.output_gradient, boundary.output_gradient);
+  for (size_t k = 0; k < plan.spec.chunks.size(); ++k) {
+    const ChunkSection& section = plan.spec.chunks[k];
+    const ChunkBoundary& boundary = section.boundary;
+    const std::string suffix = k == 0 ? "" : "_" + std::to_string(k);
+    const auto stashed_like = [&](const std::string& name, BufferKind kind, BufferId like) {
+      const PlanBuffer& model = plan.buffers[static_cast<size_t>(like)];
+      PlanBuffer buffer{name + suffix, kind, model.dtype, model.shape, model.sharding};
+      buffer.stashed = true;
+      return add_plan_buffer(plan, std::move(buffer));
+    };
+    PipelineStage::ChunkTransfers transfers;
+    if (!section.layers.with_embedding) {
+      transfers.input = boundary.input;
+      transfers.input_gradient =
+          stashed_like("pipeline/input_gradient", BufferKind::activation, boundary.input);
+      transfers.input_gradient_copy = add_copy_op(plan, "pipeline/input_gradient" + suffix,
+                                                  boundary.input_gradient, transfers.input_gradient);
+    }
+    if (!section.layers.with_head) {
+      transfers.output = stashed_like("pipeline/output", BufferKind::activation, boundary.output);
+      transfers.output_gradient = stashed_like("pipeline/output_gradient", BufferKind::input, boundary.output);
+      transfers.output_copy =
+          add_copy_op(plan, "pipeline/output" + suffix, boundary.output, transfers.output);
+      transfers.output_gradient_copy = add_copy_op(plan, "pipeline/output_gradient" + suffix,
+                                                   transfers.output_gradient, boundary.output_gradient);
+    }
+    stage.chunks.push_back(transfers);
   }
 }
 
@@ -110,9 +122,10 @@ constexpr size_t kNotStashed = SIZE_MAX;
 // boundary buffer the stash holds (bound in slot 0 too).
 KernelPlan place_kernel(TrainingPlan& plan, KernelName kernel, const std::vector<PlanStep>& steps,
                         size_t begin, size_t end, const Liveness& liveness, size_t temporaries_begin,
-                        const std::vector<size_t>* stash_of_value = nullptr) {
+                        const std::vector<size_t>* stash_of_value = nullptr, int64_t chunk = 0) {
   KernelPlan result;
   result.kernel = kernel;
+  result.chunk = chunk;
   const auto stashed = [&](size_t value) {
     return stash_of_value && (*stash_of_value)[value] != kNotStashed;
   };
@@ -141,7 +154,7 @@ KernelPlan place_kernel(TrainingPlan& plan, KernelName kernel, const std::vector
       const size_t value = liveness.value_of_step[i][b];
       const PlanBufferId id = step.buffers[b].second;
       if (value == Liveness::kPersistent) {
-        const ActivationStash::Entry* input = stash_of_value ? plan.stash.find(id) : nullptr;
+        const ActivationStash::Entry* input = stash_of_value ? plan.stash.find(id, chunk) : nullptr;
         op.offsets.push_back(input ? plan.stash.offset + input->offset
                                    : plan.buffers[static_cast<size_t>(id)].offset);
       } else {
@@ -169,70 +182,99 @@ KernelPlan plan_kernel(TrainingPlan& plan, KernelName kernel) {
 // the cut and read after it is one the backward needs from the forward, whatever the remat policy kept.
 void plan_split_kernels(TrainingPlan& plan, int64_t slots) {
   plan.kernels.push_back(plan_kernel(plan, KernelName::zero_gradients));
-  const KernelSteps fused = kernel_steps(plan, KernelName::fwd_bwd_accum);
-  const std::vector<PlanStep>& steps = fused.steps;
-  const auto cut = static_cast<int32_t>(fused.backward_begin);
-  const Liveness liveness = plan_liveness(plan, steps, KernelName::fwd_bwd_accum);
   ActivationStash& stash = plan.stash;
-  std::vector<size_t> entry_of_value(liveness.values.size(), kNotStashed);
-  for (size_t v = 0; v < liveness.values.size(); ++v) {
-    const PlanValue& value = liveness.values[v];
-    if (value.first_op < cut && value.last_op >= cut) {
-      entry_of_value[v] = stash.entries.size();
-      stash.entries.push_back({value.buffer, 0});
+  // Per chunk: its fused steps cut where its backward begins, their live ranges, and which stash entry
+  // each value crossing the cut is; a slot is as large as the largest chunk's stash.
+  struct Cut {
+    KernelSteps fused;
+    Liveness liveness;
+    std::vector<size_t> entry_of_value;
+  };
+  std::vector<Cut> cuts;
+  for (size_t k = 0; k < plan.spec.chunks.size(); ++k) {
+    const auto chunk = static_cast<int64_t>(k);
+    Cut cut_of_chunk;
+    cut_of_chunk.fused = kernel_steps(plan, KernelName::fwd_bwd_accum, chunk);
+    const std::vector<PlanStep>& steps = cut_of_chunk.fused.steps;
+    const auto cut = static_cast<int32_t>(cut_of_chunk.fused.backward_begin);
+    cut_of_chunk.liveness = plan_liveness(plan, steps, KernelName::fwd_bwd_accum);
+    const Liveness& liveness = cut_of_chunk.liveness;
+    const size_t first_entry = stash.entries.size();
+    cut_of_chunk.entry_of_value.assign(liveness.values.size(), kNotStashed);
+    for (size_t v = 0; v < liveness.values.size(); ++v) {
+      const PlanValue& value = liveness.values[v];
+      if (value.first_op < cut && value.last_op >= cut) {
+        cut_of_chunk.entry_of_value[v] = stash.entries.size();
+        stash.entries.push_back({value.buffer, 0, chunk});
+      }
     }
-  }
-  // The batch is loaded once, before its forward: the backward reads the slot's copy of what it reads. The
-  // forward writes no other persistent buffer but gradients and its slot's boundary buffers (added into,
-  // never read back by a backward), so nothing else a backward reads can have changed since its own forward.
-  for (size_t i = 0; i < steps.size(); ++i) {
-    for (size_t b = 0; b < steps[i].buffers.size(); ++b) {
-      const PlanBufferId id = steps[i].buffers[b].second;
-      const PlanBuffer& buffer = plan.buffers[static_cast<size_t>(id)];
-      if (liveness.value_of_step[i][b] != Liveness::kPersistent) continue;
-      MT_CHECK(static_cast<int32_t>(i) >= cut || buffer.kind == BufferKind::input ||
-                   buffer.kind == BufferKind::gradient || buffer.stashed ||
-                   !contains(steps[i].op->writes, steps[i].buffers[b].first),
-               "forward op '" + steps[i].op->name + "' writes persistent '" + buffer.name +
-                   "', which a micro-batch's backward would read after another's forward");
-      if (static_cast<int32_t>(i) >= cut && buffer.kind == BufferKind::input && !stash.find(id))
-        stash.entries.push_back({id, 0});
+    // The batch is loaded once, before its forward: the backward reads the slot's copy of what it reads.
+    // The forward writes no other persistent buffer but gradients (added into, never read back by a
+    // backward) and its slot's boundary buffers, so nothing else a backward reads can have changed since
+    // its own forward.
+    for (size_t i = 0; i < steps.size(); ++i) {
+      for (size_t b = 0; b < steps[i].buffers.size(); ++b) {
+        const PlanBufferId id = steps[i].buffers[b].second;
+        const PlanBuffer& buffer = plan.buffers[static_cast<size_t>(id)];
+        if (liveness.value_of_step[i][b] != Liveness::kPersistent) continue;
+        MT_CHECK(static_cast<int32_t>(i) >= cut || buffer.kind == BufferKind::input ||
+                     buffer.kind == BufferKind::gradient || buffer.stashed ||
+                     !contains(steps[i].op->writes, steps[i].buffers[b].first),
+                 "forward op '" + steps[i].op->name + "' writes persistent '" + buffer.name +
+                     "', which a micro-batch's backward would read after another's forward");
+        if ((buffer.stashed || (static_cast<int32_t>(i) >= cut && buffer.kind == BufferKind::input)) &&
+            !stash.find(id, chunk))
+          stash.entries.push_back({id, 0, chunk});
+      }
     }
+    // A stage plan's boundary buffers: what the transfers between stage ranks read and write.
+    if (const PipelineStage::ChunkTransfers* transfers = plan.pipeline.transfers(chunk)) {
+      for (PlanBufferId id : {transfers->input, transfers->output, transfers->output_gradient,
+                              transfers->input_gradient}) {
+        if (id >= 0 && !stash.find(id, chunk)) stash.entries.push_back({id, 0, chunk});
+      }
+    }
+    // All of them are live at the cut: the allocator packs them into one slot.
+    std::vector<AllocatorValue> at_cut;
+    for (size_t e = first_entry; e < stash.entries.size(); ++e)
+      at_cut.push_back({plan.buffers[static_cast<size_t>(stash.entries[e].buffer)].bytes, cut, cut});
+    const Allocation slot = allocate(at_cut);
+    for (size_t e = first_entry; e < stash.entries.size(); ++e)
+      stash.entries[e].offset = slot.offsets[e - first_entry];
+    stash.slot_bytes = std::max(stash.slot_bytes, slot.extent);
+    cuts.push_back(std::move(cut_of_chunk));
   }
-  // A stage plan's boundary buffers: what the transfers between stage ranks read and write.
-  for (size_t id = 0; id < plan.buffers.size(); ++id) {
-    if (plan.buffers[id].stashed && !stash.find(static_cast<PlanBufferId>(id)))
-      stash.entries.push_back({static_cast<PlanBufferId>(id), 0});
-  }
-  // All of them are live at the cut: the allocator packs them into one slot.
-  std::vector<AllocatorValue> at_cut;
-  for (const ActivationStash::Entry& entry : stash.entries)
-    at_cut.push_back({plan.buffers[static_cast<size_t>(entry.buffer)].bytes, cut, cut});
-  const Allocation slot = allocate(at_cut);
-  for (size_t e = 0; e < stash.entries.size(); ++e) stash.entries[e].offset = slot.offsets[e];
   stash.slots = slots;
-  stash.slot_bytes = slot.extent;
   stash.offset = plan.persistent_bytes;
-  std::vector<size_t> stash_of_value(liveness.values.size(), kNotStashed);
-  for (size_t v = 0; v < liveness.values.size(); ++v) {
-    if (entry_of_value[v] != kNotStashed)
-      stash_of_value[v] = stash.offset + stash.entries[entry_of_value[v]].offset;
+  for (size_t k = 0; k < cuts.size(); ++k) {
+    const Cut& cut = cuts[k];
+    std::vector<size_t> stash_of_value(cut.liveness.values.size(), kNotStashed);
+    for (size_t v = 0; v < cut.liveness.values.size(); ++v) {
+      if (cut.entry_of_value[v] != kNotStashed)
+        stash_of_value[v] = stash.offset + stash.entries[cut.entry_of_value[v]].offset;
+    }
+    const std::vector<PlanStep>& steps = cut.fused.steps;
+    const size_t backward_begin = cut.fused.backward_begin;
+    const auto chunk = static_cast<int64_t>(k);
+    plan.kernels.push_back(place_kernel(plan, KernelName::forward, steps, 0, backward_begin, cut.liveness,
+                                        stash.end(), &stash_of_value, chunk));
+    plan.kernels.push_back(place_kernel(plan, KernelName::backward, steps, backward_begin, steps.size(),
+                                        cut.liveness, stash.end(), &stash_of_value, chunk));
   }
-  plan.kernels.push_back(place_kernel(plan, KernelName::forward, steps, 0, fused.backward_begin, liveness,
-                                      stash.end(), &stash_of_value));
-  plan.kernels.push_back(place_kernel(plan, KernelName::backward, steps, fused.backward_begin, steps.size(),
-                                      liveness, stash.end(), &stash_of_value));
 }
 
-// A stage plan's eval: its chunk's forward (and on the last stage the loss) on one micro-batch whose
+// A stage plan's eval, per chunk: its forward (and on the head's chunk the loss) on one micro-batch whose
 // boundary buffers are in activation slot 0, its temporaries above the slots (it runs between steps, when
 // no micro-batch is in flight).
 void plan_stage_eval(TrainingPlan& plan) {
-  const std::vector<PlanStep> steps = kernel_steps(plan, KernelName::eval).steps;
-  const Liveness liveness = plan_liveness(plan, steps, KernelName::eval);
-  const std::vector<size_t> none(liveness.values.size(), kNotStashed);
-  plan.kernels.push_back(
-      place_kernel(plan, KernelName::eval, steps, 0, steps.size(), liveness, plan.stash.end(), &none));
+  for (size_t k = 0; k < plan.spec.chunks.size(); ++k) {
+    const auto chunk = static_cast<int64_t>(k);
+    const std::vector<PlanStep> steps = kernel_steps(plan, KernelName::eval, chunk).steps;
+    const Liveness liveness = plan_liveness(plan, steps, KernelName::eval);
+    const std::vector<size_t> none(liveness.values.size(), kNotStashed);
+    plan.kernels.push_back(place_kernel(plan, KernelName::eval, steps, 0, steps.size(), liveness,
+                                        plan.stash.end(), &none, chunk));
+  }
 }
 
 }  // namespace
@@ -267,17 +309,18 @@ KernelName parse_kernel_name(const std::string& name, const std::string& where) 
        "did you mean '" + closest_name(name, {"fwd_bwd", "fwd_bwd_accum", "update", "eval"}) + "'?");
 }
 
-PlanBufferId PipelineStage::buffer_of(ProgramEntry::Transfer transfer) const {
+PlanBufferId PipelineStage::buffer_of(ProgramEntry::Transfer transfer, int64_t chunk) const {
   using Transfer = ProgramEntry::Transfer;
+  const ChunkTransfers& buffers = chunks.at(static_cast<size_t>(chunk));
   switch (transfer) {
     case Transfer::send_activation:
-      return output;
+      return buffers.output;
     case Transfer::receive_activation:
-      return input;
+      return buffers.input;
     case Transfer::send_gradient:
-      return input_gradient;
+      return buffers.input_gradient;
     case Transfer::receive_gradient:
-      return output_gradient;
+      return buffers.output_gradient;
     case Transfer::none:
       break;
   }
@@ -290,7 +333,7 @@ double step_transfer_bytes(const TrainingPlan& plan) {
     for (const ProgramEntry& entry : *phase) {
       if (entry.transfer == ProgramEntry::Transfer::send_activation ||
           entry.transfer == ProgramEntry::Transfer::send_gradient) {
-        const PlanBufferId buffer = plan.pipeline.buffer_of(entry.transfer);
+        const PlanBufferId buffer = plan.pipeline.buffer_of(entry.transfer, entry.chunk);
         bytes += static_cast<double>(plan.buffers[static_cast<size_t>(buffer)].bytes);
       }
     }
@@ -299,16 +342,16 @@ double step_transfer_bytes(const TrainingPlan& plan) {
 }
 
 std::map<std::string, double> step_collective_bytes(const TrainingPlan& plan) {
-  std::map<KernelName, double> entries;
+  std::map<std::pair<KernelName, int64_t>, double> entries;  // (kernel, chunk): a chunk's kernels are its own
   for (const std::vector<ProgramEntry>* phase : {&plan.program.gradients, &plan.program.update}) {
     for (const ProgramEntry& entry : *phase) {
-      if (entry.transfer == ProgramEntry::Transfer::none) entries[entry.kernel] += 1.0;
+      if (entry.transfer == ProgramEntry::Transfer::none) entries[{entry.kernel, entry.chunk}] += 1.0;
     }
   }
   const double transfer_bytes = step_transfer_bytes(plan);
   std::map<std::string, double> bytes;
   for (const KernelPlan& kernel : plan.kernels) {
-    const double repeats = entries[kernel.kernel];
+    const double repeats = entries[{kernel.kernel, kernel.chunk}];
     for (const auto& [axis, axis_bytes] : kernel.collective_bytes) {
       if (repeats > 0.0) bytes[axis] += repeats * axis_bytes;
     }
@@ -317,15 +360,15 @@ std::map<std::string, double> step_collective_bytes(const TrainingPlan& plan) {
   return bytes;
 }
 
-const KernelPlan* TrainingPlan::find(KernelName name) const {
+const KernelPlan* TrainingPlan::find(KernelName name, int64_t chunk) const {
   for (const KernelPlan& plan : kernels) {
-    if (plan.kernel == name) return &plan;
+    if (plan.kernel == name && plan.chunk == chunk) return &plan;
   }
   return nullptr;
 }
 
-const KernelPlan& TrainingPlan::kernel(KernelName name) const {
-  const KernelPlan* found = find(name);
+const KernelPlan& TrainingPlan::kernel(KernelName name, int64_t chunk) const {
+  const KernelPlan* found = find(name, chunk);
   if (!found)
     fail("config key 'kernels'", std::string("a plan that includes ") + kernel_name(name), "not planned");
   return *found;
@@ -417,8 +460,9 @@ TrainingPlan plan_training(const PlanRequest& request) {
   // The placement's rules hold for every mesh (a one-stage mesh: one rank holds every chunk), checked on
   // every rank alike before anything is allocated, as are the schedule's.
   const PipelinePlacement placement = pipeline_placement(config, plan.mesh.size(MeshAxis::stage));
-  LayerChunk chunk;
+  std::vector<LayerChunk> chunks = {LayerChunk{}};
   if (placement.stages > 1) {
+    chunks.clear();
     PipelineStage& stage = plan.pipeline;
     stage.stages = placement.stages;
     stage.stage = request.stage;
@@ -429,23 +473,16 @@ TrainingPlan plan_training(const PlanRequest& request) {
       fail("config key 'mesh.stage'", "1 for sampling (generate runs the whole model on one process)",
            std::to_string(stage.stages), "set mesh.stage=1");
     }
-    if (placement.repeats > 1) {
-      fail("config key 'num_pipeline_repeats'",
-           "1: interleaved_1f1b's chunks are placed and scheduled, but a rank runs one chunk in this version",
-           std::to_string(placement.repeats), "set pipeline_schedule=1f1b and num_pipeline_repeats=1");
-    }
-    chunk = placement.chunks[static_cast<size_t>(stage.stage)];
-    chunk.with_embedding = stage.first();
-    chunk.with_head = stage.last();
+    for (int64_t c : placement.chunks_of(stage.stage)) chunks.push_back(placement.chunks[static_cast<size_t>(c)]);
     plan.identity.keys.emplace_back("pipeline_stage", std::to_string(stage.stage));
     plan.identity.hash = plan_identity_hash(plan.identity.keys);
   }
   plan.spec = decoding ? build_decode_spec(config, plan.mesh, request.decode_cache_length, backend)
-                       : build_model_spec(config, plan.mesh, backend, chunk);
+                       : build_model_spec(config, plan.mesh, backend, chunks);
   if (!decoding) plan.optimizer = apply_optimizer(plan.spec, config);
   plan_storage(plan);
-  const bool requested_update =
-      std::find(request.kernels.begin(), request.kernels.end(), KernelName::update) != request.kernels.end();
+  const bool requested_update = std::find(request.kernels.begin(), request.kernels.end(),
+                                          KernelName::update) != request.kernels.end();
   const bool requested_eval =
       std::find(request.kernels.begin(), request.kernels.end(), KernelName::eval) != request.kernels.end();
   if (decoding) {

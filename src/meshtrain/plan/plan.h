@@ -107,6 +107,7 @@ struct MemoryFigures {
 
 struct KernelPlan {
   KernelName kernel = KernelName::fwd_bwd;
+  int64_t chunk = 0;  // the spec's chunk it runs (ModelSpec::chunks): a stage with virtual stages has several
   std::vector<PlanOp> ops;
   std::vector<PlanValue> values;  // temporaries' live ranges
   MemoryFigures memory;
@@ -153,6 +154,7 @@ struct ActivationStash {
   struct Entry {
     PlanBufferId buffer = -1;
     size_t offset = 0;  // in a slot
+    int64_t chunk = 0;  // whose kernels bind it (a slot holds one chunk's micro-batch at a time)
   };
   std::vector<Entry> entries;
   int64_t slots = 0;  // 0: no split kernels planned
@@ -164,30 +166,37 @@ struct ActivationStash {
   bool in_slot_zero(size_t arena_offset) const {
     return arena_offset >= offset && arena_offset < offset + slot_bytes;
   }
-  const Entry* find(PlanBufferId buffer) const {
+  const Entry* find(PlanBufferId buffer, int64_t chunk = 0) const {
     for (const Entry& entry : entries) {
-      if (entry.buffer == buffer) return &entry;
+      if (entry.buffer == buffer && entry.chunk == chunk) return &entry;
     }
     return nullptr;
   }
 };
 
-// A stage rank's plan (mesh.stage > 1, shared/specs/pipeline.md): which stage, its schedule, and the
-// buffers its transfers move, each in the activation slots (kNoBuffer where the stage has no such
-// neighbour). The forward copies its last layer's output into `output` (sent to the next stage); the
-// backward starts by copying the received `output_gradient` into the chunk's gradient buffer and ends by
-// copying the input's gradient into `input_gradient` (sent to the previous stage); `input` is chunk/input,
-// received from the previous stage.
+// A stage rank's plan (mesh.stage > 1, shared/specs/pipeline.md): which stage, its schedule, and per chunk
+// it holds the buffers its transfers move, each in the activation slots (-1 where the chunk has no such
+// neighbour). A chunk's forward copies its last layer's output into `output` (sent to the next chunk's
+// rank); its backward starts by copying the received `output_gradient` into the chunk's gradient buffer
+// and ends by copying its input's gradient into `input_gradient` (sent back); `input` is its chunk/input,
+// received from the previous chunk's rank.
 struct PipelineStage {
+  struct ChunkTransfers {
+    PlanBufferId input = -1, output = -1, output_gradient = -1, input_gradient = -1;
+    // The boundary copies (the plan's own ops; null where the chunk has no such neighbour).
+    const OpDecl *output_copy = nullptr, *output_gradient_copy = nullptr, *input_gradient_copy = nullptr;
+  };
   int64_t stage = 0, stages = 1;
   PipelineSchedule schedule;  // every rank's ops (compile prints them; the program is this rank's)
-  PlanBufferId input = -1, output = -1, output_gradient = -1, input_gradient = -1;
-  // The boundary copies (the plan's own ops; null where the stage has no such neighbour).
-  const OpDecl *output_copy = nullptr, *output_gradient_copy = nullptr, *input_gradient_copy = nullptr;
+  std::vector<ChunkTransfers> chunks;  // parallel to ModelSpec::chunks; empty: no pipeline
   bool first() const { return stage == 0; }
   bool last() const { return stage + 1 == stages; }
-  // The boundary buffer a program's transfer sends from or receives into.
-  PlanBufferId buffer_of(ProgramEntry::Transfer transfer) const;
+  // The boundary buffer a program's transfer of chunk `chunk` sends from or receives into.
+  PlanBufferId buffer_of(ProgramEntry::Transfer transfer, int64_t chunk) const;
+  // A chunk's copies, where it has them (null without a pipeline).
+  const ChunkTransfers* transfers(int64_t chunk) const {
+    return chunks.empty() ? nullptr : &chunks.at(static_cast<size_t>(chunk));
+  }
 };
 
 struct TrainingPlan {
@@ -203,8 +212,8 @@ struct TrainingPlan {
   std::deque<OpDecl> plan_ops;            // the plan's own ops (gathers, scatters, zeroing); stable addresses
   std::vector<KernelPlan> kernels;        // in kKernelNames order, those requested
   OverlapSchedule overlap;                // empty without a data axis or an update kernel
-  StepProgram program;     // the kernels a step and an eval batch run, in order (empty: decode)
-  ActivationStash stash;   // the split kernels' (empty without them)
+  StepProgram program;    // the kernels a step and an eval batch run, in order (empty: decode)
+  ActivationStash stash;  // the split kernels' (empty without them)
   PipelineStage pipeline;  // stages == 1: no pipeline
   size_t persistent_bytes = 0;
   size_t arena_bytes = 0;  // persistent + the largest temporary region over the planned kernels (the split
@@ -217,8 +226,8 @@ struct TrainingPlan {
   TrainingPlan(TrainingPlan&&) = default;
   TrainingPlan& operator=(TrainingPlan&&) = default;
 
-  const KernelPlan* find(KernelName kernel) const;
-  const KernelPlan& kernel(KernelName kernel) const;
+  const KernelPlan* find(KernelName kernel, int64_t chunk = 0) const;
+  const KernelPlan& kernel(KernelName kernel, int64_t chunk = 0) const;
   bool fits() const { return static_cast<double>(arena_bytes) <= device_memory_bytes; }
 };
 
@@ -280,20 +289,23 @@ int64_t resolve_threads(const Config& config, const Topology& topology, int64_t 
 // kernel's collective bytes times its entries in the step's program (gradients and update), and a pipeline
 // program's transfers on the stage axis (the bytes a rank sends: a received message is its sender's).
 std::map<std::string, double> step_collective_bytes(const TrainingPlan& plan);
-// Of those, the bytes a stage rank's transfers send in one step (its activations to the next stage and its
-// input gradients to the previous one; 0 without stages). The rest of the stage axis's bytes is the tied
-// embedding table's sum between the ends.
+// Of those, the bytes a stage rank's transfers send in one step (its activations to the next chunk's rank
+// and its input gradients to the previous one's; 0 without stages). The rest of the stage axis's bytes is
+// the tied embedding table's sum between the ends.
 double step_transfer_bytes(const TrainingPlan& plan);
 
-// The plan file of one kernel: deterministic JSON text (the same inputs give the same bytes).
-std::string serialize_kernel_plan(const TrainingPlan& plan, KernelName kernel);
-// "STEM_<kernel>.json"
-std::string plan_file_path(const std::string& stem, KernelName kernel);
+// The plan file of one kernel (of the rank's chunk `chunk`: a stage rank with several chunks has a forward,
+// a backward and an eval per chunk): deterministic JSON text (the same inputs give the same bytes).
+std::string serialize_kernel_plan(const TrainingPlan& plan, KernelName kernel, int64_t chunk = 0);
+// "STEM_<kernel>.json"; a rank's later chunks' "STEM_<kernel>_chunk<k>.json" (k > 0, its k-th chunk)
+std::string plan_file_path(const std::string& stem, KernelName kernel, int64_t chunk = 0);
 // The stem of `plan`'s files: STEM itself, or under mesh.stage > 1 STEM_stage<s> for stage rank s (each stage
 // has its own plan; `compile plan_out=STEM` writes every stage's, a run's rank reads its own stage's).
 std::string plan_file_stem(const std::string& stem, const TrainingPlan& plan);
-// Reads plan_file_stem(STEM)_<kernel>.json and compares it with `plan`: a missing file or any difference is
-// an error that names the file and the first differing config key (or field), never a silent re-plan.
-void verify_plan_file(const TrainingPlan& plan, KernelName kernel, const std::string& stem);
+// Reads plan_file_path(plan_file_stem(STEM), kernel, chunk) and compares it with `plan`: a missing file or
+// any difference is an error that names the file and the first differing config key (or field), never a
+// silent re-plan.
+void verify_plan_file(const TrainingPlan& plan, KernelName kernel, const std::string& stem,
+                      int64_t chunk = 0);
 
 }  // namespace meshtrain

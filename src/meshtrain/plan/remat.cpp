@@ -1,5 +1,6 @@
 // Remat pass: the backward op order under the remat policy; before each layer block's backward, the forward
 // ops that rewrite what the policy did not keep.
+#include <algorithm>
 #include <set>
 
 #include "meshtrain/plan/passes.h"
@@ -24,7 +25,7 @@ bool saved(const ModelSpec& spec, BufferId id, const LayerBlock& block, const st
 
 }  // namespace
 
-std::vector<PlanStep> backward_with_recompute(const ModelSpec& spec) {
+std::vector<PlanStep> backward_with_recompute(const ModelSpec& spec, size_t begin, size_t end) {
   std::vector<PlanStep> steps;
   std::vector<const LayerBlock*> starting(spec.loss_backward.size() + 1, nullptr);
   if (spec.config.remat_policy != RematPolicy::none) {
@@ -40,7 +41,7 @@ std::vector<PlanStep> backward_with_recompute(const ModelSpec& spec) {
   for (const std::vector<OpDecl>* ops : {&spec.forward, &spec.loss_backward, &spec.loss_forward}) {
     for (const OpDecl& op : *ops) count(op, 1);
   }
-  for (size_t i = 0; i < spec.loss_backward.size(); ++i) {
+  for (size_t i = begin; i < std::min(end, spec.loss_backward.size()); ++i) {
     if (const LayerBlock* block = starting[i]) {
       // Buffers some op outside this block touches.
       for (size_t f = block->forward_begin; f < block->forward_end; ++f) count(spec.forward[f], -1);

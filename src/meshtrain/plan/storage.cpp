@@ -1,5 +1,7 @@
 // Storage pass: every spec buffer at its per-device size, where each parameter and its gradient persist
 // (the spec's buffers, or FSDP's shards), ZeRO-1's data shards, and the persistent region's offsets.
+#include <algorithm>
+
 #include "meshtrain/core/arena.h"
 #include "meshtrain/plan/passes.h"
 
@@ -11,8 +13,10 @@ void plan_storage(TrainingPlan& plan) {
   const ShardingLayout& sharding = spec.sharding;
   for (const BufferDecl& decl : spec.buffers) {
     PlanBuffer buffer{decl.name, decl.kind, decl.dtype, decl.shape, sharding.compute_layout(decl.shape).dims};
-    // A pipeline stage's input activation arrives per micro-batch into its activation slot.
-    buffer.stashed = static_cast<BufferId>(plan.buffers.size()) == spec.boundary.input;
+    // A pipeline chunk's input activation arrives per micro-batch into its activation slot.
+    const auto id = static_cast<BufferId>(plan.buffers.size());
+    buffer.stashed = std::any_of(spec.chunks.begin(), spec.chunks.end(),
+                                 [id](const ChunkSection& chunk) { return chunk.boundary.input == id; });
     buffer.persistent = !buffer.stashed && (decl.kind == BufferKind::parameter ||
                                             decl.kind == BufferKind::gradient ||
                                             decl.kind == BufferKind::optimizer_state ||

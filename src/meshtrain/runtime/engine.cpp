@@ -122,16 +122,25 @@ void check_field(const std::vector<T>& source, const char* field, int64_t expect
   }
 }
 
-// A split kernel's activation slot, bound while it loads its batch and runs, and unbound however that ends.
+// A split kernel's activation slot and the spec's chunk it runs, bound while it loads its batch and runs, and
+// unbound however that ends.
 class SlotScope {
  public:
-  SlotScope(int64_t& bound, int64_t slot) : bound_(bound) { bound_ = slot; }
-  ~SlotScope() { bound_ = ProgramEntry::kNoSlot; }
+  SlotScope(int64_t& bound_slot, int64_t& bound_chunk, int64_t slot, int64_t chunk)
+      : slot_(bound_slot), chunk_(bound_chunk) {
+    slot_ = slot;
+    chunk_ = chunk;
+  }
+  ~SlotScope() {
+    slot_ = ProgramEntry::kNoSlot;
+    chunk_ = 0;
+  }
   SlotScope(const SlotScope&) = delete;
   SlotScope& operator=(const SlotScope&) = delete;
 
  private:
-  int64_t& bound_;
+  int64_t& slot_;
+  int64_t& chunk_;
 };
 
 ArenaMemory arena_memory(const kernels::KernelBackend& backend) {
@@ -585,7 +594,8 @@ void Engine::load_batch(const Batch& batch) {
 // Where the kernel about to run reads a batch input: a split kernel's activation slot when the stash holds
 // it (the backward reads it after other micro-batches' forwards), else its persistent buffer.
 TensorView Engine::batch_view(BufferId input) const {
-  const ActivationStash::Entry* stashed = slot_ == ProgramEntry::kNoSlot ? nullptr : plan_.stash.find(input);
+  const ActivationStash::Entry* stashed =
+      slot_ == ProgramEntry::kNoSlot ? nullptr : plan_.stash.find(input, chunk_);
   if (!stashed) return view(input);
   const PlanBuffer& buffer = plan_.buffers[static_cast<size_t>(input)];
   return {arena_.at(plan_.stash.slot_offset(slot_) + stashed->offset), buffer.dtype, buffer.shape};
@@ -655,7 +665,7 @@ std::optional<ContextRing> Engine::context_ring() {
 }
 
 LossSums Engine::run(KernelName name, UpdateState* update) {
-  const KernelPlan& kernel = plan_.kernel(name);
+  const KernelPlan& kernel = plan_.kernel(name, chunk_);
   // The split kernels' temporaries lie above the activation slots; every other kernel's overlap them, so it
   // runs only while no micro-batch is in flight.
   const bool split = name == KernelName::forward || name == KernelName::backward;
@@ -684,16 +694,17 @@ LossSums Engine::run(KernelName name, UpdateState* update) {
   for (size_t i = 0; i < kernel.ops.size(); ++i) {
     const PlanOp& op = kernel.ops[i];
     {
-      const TraceScope scope(trace_, op.op->name,
-                             op.op->kind == OpKind::collective ? "collective"
-                             : op.recompute                    ? "recompute"
-                                                               : "op");
       context.set_op(&op);
-      // An op touching memory a send_recv sends from or receives into waits for that transfer first.
+      // An op touching memory a transfer sends from or receives into waits for that transfer first (its
+      // own trace event: the op's time is its work).
       for (Transfers* transfers : {&transfers_, &pipeline_transfers_}) {
         if (transfers->empty()) continue;
         for (const auto& binding : op.buffers) transfers->wait_touching(context.view(binding.first), trace_);
       }
+      const TraceScope scope(trace_, op.op->name,
+                             op.op->kind == OpKind::collective ? "collective"
+                             : op.recompute                    ? "recompute"
+                                                               : "op");
       context.share = op.share;
       context.recomputing = op.recompute;
       if (name == KernelName::update && in_flight_.count(i)) {
@@ -732,8 +743,14 @@ ProgramResult Engine::run_program(const std::vector<ProgramEntry>& entries, cons
     result.sums.routing.add(sums.routing);
   };
   std::map<int64_t, int64_t> slot_micro_batch;  // the split kernels: which micro-batch each slot holds
+  // Each micro-batch's Batch, asked for once (a rank with several chunks loads it for each).
+  std::map<int64_t, Batch> batches;
+  const auto batch = [&](int64_t micro_batch) -> const Batch& {
+    auto found = batches.find(micro_batch);
+    if (found == batches.end()) found = batches.emplace(micro_batch, inputs.micro_batch(micro_batch)).first;
+    return found->second;
+  };
   for (const ProgramEntry& entry : entries) {
-    MT_CHECK(entry.chunk == 0, "a program entry of a rank's second chunk: a stage runs one chunk");
     if (entry.transfer != ProgramEntry::Transfer::none) {
       start_transfer(entry);
       continue;
@@ -742,13 +759,13 @@ ProgramResult Engine::run_program(const std::vector<ProgramEntry>& entries, cons
     MT_CHECK(!split || !entry.last_backward, "overlapped reductions after a split backward");
     switch (entry.kernel) {
       case KernelName::fwd_bwd:
-        add(fwd_bwd(inputs.micro_batch(entry.micro_batch), entry.last_backward));
+        add(fwd_bwd(batch(entry.micro_batch), entry.last_backward));
         break;
       case KernelName::fwd_bwd_accum:
-        add(fwd_bwd_accum(inputs.micro_batch(entry.micro_batch), entry.last_backward));
+        add(fwd_bwd_accum(batch(entry.micro_batch), entry.last_backward));
         break;
       case KernelName::eval:
-        add(eval(inputs.micro_batch(entry.micro_batch), entry.slot));
+        add(eval(batch(entry.micro_batch), entry.slot, entry.chunk));
         break;
       case KernelName::update:
         result.update = update(inputs.valid_count, inputs.learning_rate, inputs.step);
@@ -757,14 +774,14 @@ ProgramResult Engine::run_program(const std::vector<ProgramEntry>& entries, cons
         zero_gradients();
         break;
       case KernelName::forward:
-        add(forward(inputs.micro_batch(entry.micro_batch), entry.slot));
+        add(forward(batch(entry.micro_batch), entry.slot, entry.chunk));
         slot_micro_batch[entry.slot] = entry.micro_batch;
         break;
       case KernelName::backward:
         MT_CHECK(slot_micro_batch.count(entry.slot) && slot_micro_batch[entry.slot] == entry.micro_batch,
                  "the backward of micro-batch " + std::to_string(entry.micro_batch) + " from slot " +
                      std::to_string(entry.slot) + ", which holds another's forward");
-        add(backward(entry.slot));
+        add(backward(entry.slot, entry.chunk));
         slot_micro_batch.erase(entry.slot);
         break;
       case KernelName::decode:
@@ -780,10 +797,10 @@ ProgramResult Engine::run_program(const std::vector<ProgramEntry>& entries, cons
 void Engine::start_transfer(const ProgramEntry& entry) {
   using Transfer = ProgramEntry::Transfer;
   const bool sending = entry.transfer == Transfer::send_activation || entry.transfer == Transfer::send_gradient;
-  const PlanBufferId buffer = plan_.pipeline.buffer_of(entry.transfer);
+  const PlanBufferId buffer = plan_.pipeline.buffer_of(entry.transfer, entry.chunk);
   MT_CHECK(buffer >= 0, "a transfer of a stage without that neighbour");
   check_slot(entry.slot);
-  const ActivationStash::Entry* stashed = plan_.stash.find(buffer);
+  const ActivationStash::Entry* stashed = plan_.stash.find(buffer, entry.chunk);
   MT_CHECK(stashed != nullptr, "a boundary buffer outside the activation slots");
   const PlanBuffer& planned = plan_.buffers[static_cast<size_t>(buffer)];
   const TensorView memory{arena_.at(plan_.stash.slot_offset(entry.slot) + stashed->offset), planned.dtype,
@@ -821,12 +838,12 @@ void Engine::check_slot(int64_t slot) const {
                                                       " of a plan with " + std::to_string(plan_.stash.slots));
 }
 
-LossSums Engine::forward(const Batch& batch, int64_t slot) {
+LossSums Engine::forward(const Batch& batch, int64_t slot, int64_t chunk) {
   check_slot(slot);
   MT_CHECK(!slot_in_flight_[static_cast<size_t>(slot)], "a forward into activation slot " +
                                                             std::to_string(slot) +
                                                             ", whose micro-batch's backward has not run");
-  const SlotScope bound(slot_, slot);
+  const SlotScope bound(slot_, chunk_, slot, chunk);
   load_batch(batch);
   overlap_ = false;
   const LossSums sums = with_batch_valid_count(run(KernelName::forward));
@@ -834,30 +851,30 @@ LossSums Engine::forward(const Batch& batch, int64_t slot) {
   return sums;
 }
 
-LossSums Engine::backward(int64_t slot) {
+LossSums Engine::backward(int64_t slot, int64_t chunk) {
   check_slot(slot);
   MT_CHECK(slot_in_flight_[static_cast<size_t>(slot)],
            "a backward from activation slot " + std::to_string(slot) + ", which holds no forward");
-  const SlotScope bound(slot_, slot);
+  const SlotScope bound(slot_, chunk_, slot, chunk);
   overlap_ = false;
   const LossSums sums = run(KernelName::backward);
   slot_in_flight_[static_cast<size_t>(slot)] = false;
   return sums;
 }
 
-LossSums Engine::eval(const Batch& batch, int64_t slot) {
+LossSums Engine::eval(const Batch& batch, int64_t slot, int64_t chunk) {
   // A stage plan's eval binds its boundary buffers (and any batch input the stash holds) in a slot.
   MT_CHECK((slot != ProgramEntry::kNoSlot) == (plan_.pipeline.stages > 1), "eval's slot: a stage plan's only");
   if (slot != ProgramEntry::kNoSlot) check_slot(slot);
-  const SlotScope bound(slot_, slot);
+  const SlotScope bound(slot_, chunk_, slot, chunk);
   load_batch(batch);
   return with_batch_valid_count(run(KernelName::eval));
 }
 
-// A stage without the loss counts the micro-batch's valid tokens itself, from the loss mask it loaded: each
+// A stage rank without the loss counts the micro-batch's valid tokens itself, from the loss mask it loaded: each
 // stage rank then holds the step's count (update divides by it), and the loss sum only the last.
 LossSums Engine::with_batch_valid_count(LossSums sums) const {
-  if (plan_.spec.chunk.with_head) return sums;
+  if (plan_.spec.with_head() || chunk_ != 0) return sums;  // once per micro-batch: at the rank's first chunk
   const TensorView mask = batch_view(plan_.spec.loss_mask);
   std::vector<uint8_t> host(static_cast<size_t>(mask.elements()));
   backend().memory_copy_out(host.data(), mask.data, host.size());

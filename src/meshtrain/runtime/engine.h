@@ -84,15 +84,16 @@ class Engine {
   UpdateResult update(int64_t valid_count, double learning_rate, int64_t step);
   // Forward and loss only; a stage plan's in activation `slot` (its received activation is there), on the
   // last stage with the loss.
-  LossSums eval(const Batch& batch, int64_t slot = ProgramEntry::kNoSlot);
+  LossSums eval(const Batch& batch, int64_t slot = ProgramEntry::kNoSlot, int64_t chunk = 0);
   // The split kernels (a plan with activation slots, PlanRequest::activation_slots): a micro-batch's
   // fwd_bwd_accum as two kernels, so a pipeline schedule can run other micro-batches' kernels between them.
   // zero_gradients starts a step (what fwd_bwd's first op does); forward loads `batch` and leaves what its
   // backward reads in activation slot `slot`; backward(slot) reads it from there, ADDS into the gradients
   // and frees the slot. Their data-axis reductions run in update (no overlap with the last backward).
+  // `chunk`: the spec's chunk they run (a pipeline stage with virtual stages holds several).
   void zero_gradients();
-  LossSums forward(const Batch& batch, int64_t slot);
-  LossSums backward(int64_t slot);
+  LossSums forward(const Batch& batch, int64_t slot, int64_t chunk = 0);
+  LossSums backward(int64_t slot, int64_t chunk = 0);
   // A decode plan's step (plan/decode.h): `token` at `position` (both checked by the caller) joins the
   // caches; returns the next token's logits [1, V], valid until the next call. Models with Engram: the
   // token's hash ids per Engram layer ([H (N - 1)] each, data/engram_hash.h's last_token_ids).
@@ -209,6 +210,7 @@ class Engine {
   // The activation slot the running split kernel binds its stash to (ProgramEntry::kNoSlot: none), and
   // which slots hold a forward whose backward has not run.
   int64_t slot_ = ProgramEntry::kNoSlot;
+  int64_t chunk_ = 0;  // the running kernel's chunk of the spec
   std::vector<bool> slot_in_flight_;
 };
 

@@ -3,6 +3,7 @@
 
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cmath>
@@ -125,9 +126,6 @@ std::unique_ptr<DataSource> open_data_source(const Config& config) {
 // tokens of them (tensor ranks the same ones). (A communicator of its own, so the mesh axes' byte counters
 // hold only what the plan's kernels move.)
 LossSums sum_over_ranks(LossSums local, const RunRanks& ranks, const char* name) {
-  // Pipeline stages: the loss sum is the last stage's (the valid count every stage's alike). The MoE
-  // statistics stay per stage, each of its own layers (a stage's selection biases move by its own loads).
-  if (ranks.stage_group) ranks.stage_group->all_reduce(comm_buffer(&local.loss_sum, 1), ReduceOp::sum, name);
   Communicator& group = ranks.loss_group ? *ranks.loss_group : *ranks.batch_group;
   if (group.size() > 1) {
     group.all_reduce(comm_buffer(&local.loss_sum, 1), ReduceOp::sum, name);
@@ -148,17 +146,79 @@ LossSums sum_over_ranks(LossSums local, const RunRanks& ranks, const char* name)
   return local;
 }
 
+// The model's MoE layers ("decoder/layers_3"), in layer order: a pipeline stage's spec holds only its own.
+std::vector<std::string> model_moe_layers(const ModelSpec& spec) {
+  std::vector<std::string> layers;
+  for (int64_t layer = 0; layer < spec.config.base_num_decoder_layers; ++layer) {
+    if (spec.options.moe.at(layer)) layers.push_back("decoder/layers_" + std::to_string(layer));
+  }
+  return layers;
+}
+
+// Where each of a spec's MoE layers is among the model's.
+std::vector<size_t> moe_layers_in_model(const ModelSpec& spec) {
+  const std::vector<std::string> all = model_moe_layers(spec);
+  std::vector<size_t> places;
+  for (const std::string& name : spec.moe_layers)
+    places.push_back(static_cast<size_t>(std::find(all.begin(), all.end(), name) - all.begin()));
+  return places;
+}
+
+// Pipeline stages: the step's sums of the whole model from a stage's own. The loss sum is the last stage's
+// (the valid count every stage's alike: each counts the micro-batches' tokens); each stage's MoE statistics
+// go to its layers' places among the model's MoE layers, so the balance loss and the metrics cover every
+// layer. Without stages the sums are the model's already.
+LossSums whole_model_sums(const LossSums& local, const ModelSpec& spec, const RunRanks& ranks, const char* name) {
+  if (!ranks.stage_group) return local;
+  const size_t layers = model_moe_layers(spec).size();
+  const auto E = static_cast<size_t>(spec.moe_experts);
+  // One buffer: the loss sum, then per model MoE layer its expert loads, its drops and its balance loss.
+  std::vector<double> packed(1 + layers * (E + 2), 0.0);
+  packed[0] = local.loss_sum;
+  const std::vector<size_t> places = moe_layers_in_model(spec);
+  const bool with_routing = local.routing.dropped.size() == places.size();  // eval's sums hold none
+  for (size_t k = 0; with_routing && k < places.size(); ++k) {
+    double* layer = packed.data() + 1 + places[k] * (E + 2);
+    std::copy_n(local.routing.expert_load.begin() + static_cast<std::ptrdiff_t>(k * E), E, layer);
+    layer[E] = local.routing.dropped[k];
+    layer[E + 1] = local.routing.balance_loss[k];
+  }
+  ranks.stage_group->all_reduce(comm_buffer(packed), ReduceOp::sum, name);
+  LossSums whole;
+  whole.loss_sum = packed[0];
+  whole.valid_count = local.valid_count;
+  for (size_t layer = 0; layer < layers; ++layer) {
+    const double* values = packed.data() + 1 + layer * (E + 2);
+    whole.routing.expert_load.insert(whole.routing.expert_load.end(), values, values + E);
+    whole.routing.dropped.push_back(values[E]);
+    whole.routing.balance_loss.push_back(values[E + 1]);
+  }
+  return whole;
+}
+
+// The expert loads of a spec's own MoE layers from the model's (a stage moves its own layers' biases).
+std::vector<double> own_expert_loads(const std::vector<double>& model_loads, const ModelSpec& spec) {
+  const auto E = static_cast<size_t>(spec.moe_experts);
+  std::vector<double> loads;
+  for (size_t place : moe_layers_in_model(spec)) {
+    const auto begin = model_loads.begin() + static_cast<std::ptrdiff_t>(place * E);
+    loads.insert(loads.end(), begin, begin + static_cast<std::ptrdiff_t>(E));
+  }
+  return loads;
+}
+
 // Per MoE layer: the expert load (the busiest expert's assignments over the mean), the fraction of
 // assignments dropped by capacity and the balance loss (its share of the step's objective).
 nlohmann::json routing_metrics(const ModelSpec& spec, const LossSums& sums) {
   nlohmann::json layers = nlohmann::json::object();
   const auto E = static_cast<size_t>(spec.moe_experts);
   const double valid = static_cast<double>(std::max<int64_t>(sums.valid_count, 1));
-  for (size_t layer = 0; layer < spec.moe_layers.size(); ++layer) {
+  const std::vector<std::string> names = model_moe_layers(spec);
+  for (size_t layer = 0; layer < names.size(); ++layer) {
     const auto begin = sums.routing.expert_load.begin() + static_cast<std::ptrdiff_t>(layer * E);
     const double total = std::accumulate(begin, begin + static_cast<std::ptrdiff_t>(E), 0.0);
     const double busiest = *std::max_element(begin, begin + static_cast<std::ptrdiff_t>(E));
-    layers[spec.moe_layers[layer]] = {
+    layers[names[layer]] = {
         {"load_max_over_mean", total > 0.0 ? busiest / (total / static_cast<double>(E)) : 0.0},
         {"dropped_fraction", total > 0.0 ? sums.routing.dropped[layer] / total : 0.0},
         {"balance_loss", sums.routing.balance_loss[layer] / valid}};
@@ -183,7 +243,8 @@ double evaluate(Engine& engine, BatchLoader& loader, int64_t eval_steps, const R
     total.valid_count += sums.valid_count;
     loader.advance();
   }
-  total = sum_over_ranks(total, ranks, "eval/loss_sums");
+  total = sum_over_ranks(whole_model_sums(total, engine.spec(), ranks, "eval/stage_sums"), ranks,
+                         "eval/loss_sums");
   return total.valid_count > 0 ? total.loss_sum / static_cast<double>(total.valid_count) : 0.0;
 }
 
@@ -276,7 +337,11 @@ RunSetup prepare_run(const Config& config, int64_t world_size, int64_t rank) {
     if (config.eval_interval > 0) {
       for (KernelName kernel : program_kernels(program.eval)) used_kernels.push_back(kernel);
     }
-    for (KernelName kernel : used_kernels) verify_plan_file(setup.plan, kernel, config.plan_in);
+    // Each chunk's, on a stage rank with several (plan_file_path).
+    for (const KernelPlan& kernel : setup.plan.kernels) {
+      if (std::find(used_kernels.begin(), used_kernels.end(), kernel.kernel) != used_kernels.end())
+        verify_plan_file(setup.plan, kernel.kernel, config.plan_in, kernel.chunk);
+    }
   }
   // Synthetic ids need no vocabulary file: such a run reads no file at all (the presets' tokenizer_path and
   // dataset_path are for the KJV main job).
@@ -331,8 +396,8 @@ void Run::connect_mesh(TrainingPlan plan) {
   }
   if (mesh_.size(MeshAxis::stage) > 1) {
     const MeshGroup stage_ranks = mesh_group(mesh_, ranks_.world->rank(), MeshAxis::stage);
-    ranks_.stage_group = ranks_.world->split(static_cast<int>(stage_ranks.colour),
-                                             static_cast<int>(stage_ranks.index), "stage");
+    ranks_.stage_group =
+        ranks_.world->split(static_cast<int>(stage_ranks.colour), static_cast<int>(stage_ranks.index), "stage");
   }
   // Only the lead rank writes run_dir and prints; the others train silently.
   if (!lead_) {
@@ -397,8 +462,9 @@ void Run::write_run_files() {
     fs::create_directories(config_.run_dir);
     const TrainingPlan& plan = engine_->plan();
     for (const KernelPlan& kernel : plan.kernels) {
-      write_file_atomically(plan_file_path(plan_file_stem(config_.run_dir + "/plan", plan), kernel.kernel),
-                            serialize_kernel_plan(plan, kernel.kernel));
+      write_file_atomically(
+          plan_file_path(plan_file_stem(config_.run_dir + "/plan", plan), kernel.kernel, kernel.chunk),
+          serialize_kernel_plan(plan, kernel.kernel, kernel.chunk));
     }
   }
   if (!lead_) return;
@@ -431,7 +497,8 @@ void Run::write_run_files() {
 
 void Run::open_metrics_and_trace() {
   if (lead_) metrics_.emplace(config_.run_dir, true);
-  trace_.emplace(config_.profiler == "trace" ? config_.profiler_steps : std::vector<int64_t>{});
+  trace_.emplace(config_.profiler == "trace" ? config_.profiler_steps : std::vector<int64_t>{},
+                 ranks_.world->rank());
   engine_->set_trace(&*trace_);
 }
 
@@ -499,6 +566,7 @@ LossSums Run::run_micro_batches(int64_t rank, PreparedStep& prepared) {
   const MicroBatchSource take = [&prepared](int64_t micro) {
     return std::move(prepared.micro_batches.at(static_cast<size_t>(micro)));
   };
+  const TraceScope phase(&*trace_, "gradients", "phase");  // a pipeline's bubble is measured inside it
   return engine_->run_program(engine_->plan().program.gradients, {take}).sums;
 }
 
@@ -524,7 +592,8 @@ StepOutcome Run::step(const RunControl& control) {
       bad_here ? ranks_.world->size() - ranks_.world->rank() : 0;  // max picks the lowest rank
   ranks_.world->all_reduce(comm_buffer(&lowest_bad, 1), ReduceOp::max, "step/nonfinite_rank");
   const int64_t first_bad_rank = ranks_.world->size() - lowest_bad;
-  const LossSums sums = sum_over_ranks(local, ranks_, "step/loss_sums");
+  const LossSums sums =
+      sum_over_ranks(whole_model_sums(local, engine.spec(), ranks_, "step/stage_sums"), ranks_, "step/loss_sums");
   const double lm_loss = sums.valid_count > 0 ? sums.loss_sum / static_cast<double>(sums.valid_count) : 0.0;
   const double balance_loss = sums.valid_count > 0 ? std::accumulate(sums.routing.balance_loss.begin(),
                                                                      sums.routing.balance_loss.end(), 0.0) /
@@ -561,7 +630,8 @@ StepOutcome Run::step(const RunControl& control) {
     return StepOutcome::skipped;
   }
   if (config_.routed_bias)
-    engine.update_selection_biases(sums.routing.expert_load, config_.routed_bias_update_rate);
+    engine.update_selection_biases(own_expert_loads(sums.routing.expert_load, engine.spec()),
+                                   config_.routed_bias_update_rate);
   const double step_seconds = seconds_since(start);
   const double tokens_per_second = tokens_per_step_ / step_seconds;
   nlohmann::json record = {{"step", step + 1},
@@ -585,7 +655,7 @@ StepOutcome Run::step(const RunControl& control) {
     std::snprintf(checksum, sizeof checksum, "%08x", *prepared.batch_crc32c);
     record["batch_crc32c"] = checksum;
   }
-  if (!engine.spec().moe_layers.empty()) record["moe"] = routing_metrics(engine.spec(), sums);
+  if (!model_moe_layers(engine.spec()).empty()) record["moe"] = routing_metrics(engine.spec(), sums);
   if (!prepared.data_metrics.is_null()) record["data"] = std::move(prepared.data_metrics);
   if (ranks_.world->size() > 1) {
     // What the step's kernels moved per mesh axis (payload bytes per rank), next to what the plan says.
@@ -601,8 +671,12 @@ StepOutcome Run::step(const RunControl& control) {
                        to_text(summary_.last_eval_loss));
   }
   if (metrics_) metrics_->write(record);
-  if (trace_->active() && lead_)
-    trace_->write(config_.run_dir + "/trace_step" + std::to_string(step + 1) + ".json");
+  // Every rank's trace (a pipeline stage's idle time is its own): the lead's under the usual name, the
+  // others' with their rank.
+  if (trace_->active()) {
+    const std::string rank_suffix = lead_ ? "" : "_rank" + std::to_string(ranks_.world->rank());
+    trace_->write(config_.run_dir + "/trace_step" + std::to_string(step + 1) + rank_suffix + ".json");
+  }
   summary_.last_loss = loss;
   progress_->update(step + 1, loss, tokens_per_second);
   const bool last = step + 1 == config_.steps;

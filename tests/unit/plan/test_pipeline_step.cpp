@@ -64,6 +64,26 @@ TEST(PipelineStep, PlansEveryStageAndSimulatesTheirPredictedTimes) {
   }
 }
 
+// Interleaved 1F1B (V = 2): global chunk c runs on rank c mod P as its chunk c / P there, so the op times
+// of chunks 0..3 are stage 0's chunk 0, stage 1's chunk 0, stage 0's chunk 1, stage 1's chunk 1.
+TEST(PipelineStep, InterleavedChunksTakeTheirRanksChunkKernels) {
+  const PipelineStepPlan step =
+      plan_pipeline_step(stage_request({"gradient_accumulation_steps=2", "pipeline_schedule=interleaved_1f1b",
+                                        "num_pipeline_repeats=2", "base_num_decoder_layers=4"}));
+  const PipelineOpTimes times = stage_op_times(step.stages);
+  ASSERT_EQ(times.forward.size(), 4u);
+  for (int64_t chunk = 0; chunk < 4; ++chunk) {
+    const TrainingPlan& rank = step.stages[static_cast<size_t>(chunk % 2)];
+    EXPECT_EQ(times.forward[static_cast<size_t>(chunk)], rank.kernel(KernelName::forward, chunk / 2).seconds);
+    EXPECT_EQ(times.backward[static_cast<size_t>(chunk)],
+              rank.kernel(KernelName::backward, chunk / 2).seconds);
+  }
+  // The last chunk (the head and loss) is the slowest backward: not stage 0's second chunk's.
+  EXPECT_GT(times.backward[3], times.backward[2]);
+  EXPECT_EQ(step.simulation.makespan_seconds,
+            simulate_pipeline_schedule(step.stages[0].pipeline.schedule, times).makespan_seconds);
+}
+
 // qwen3-tiny's last stage (with the unembedding and loss over 8192 tokens) is the slower one, and each of
 // stage 0's forward + backward fits in one of its own: under 1F1B it never waits after its first forward
 // arrives, so the step is F0 + M (F1 + B1) + B0 and stage 1 idles F0 + B0 of it. Unequal chunks: not the

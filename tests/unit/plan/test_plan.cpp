@@ -319,9 +319,55 @@ TEST(Plan, BadMeshesNameTheKey) {
             4);
 }
 
-// plan_training checks the pipeline placement for every mesh, with the key, the value and the fix, before
-// anything is planned or allocated. A mesh with stage -1 filled in to 1 plans as before.
-TEST(Plan, PipelinePlacementsAreCheckedOnEveryMesh) {
+// plan_training checks the pipeline placement for every mesh and refuses one with stages (not built yet)
+// once it passes: with the key, the value and the fix, before anything is planned or allocated. A mesh with
+// stage -1 filled in to 1 plans as before.
+// A mesh with stages plans one stage rank (PlanRequest::stage): its chunks' layers (the first stage the
+// embedding, the last the head), the split kernels per chunk with its boundary buffers in the activation
+// slots, update and eval, and its schedule as program entries with their transfers; each stage's identity
+// is its own. The placement's own errors come first.
+TEST(Plan, AStageRankPlansItsChunksAndItsSchedule) {
+  const auto stage_plan = [](int64_t stage, const std::vector<std::string>& keys) {
+    PlanRequest request;
+    request.config = load_config("qwen3-tiny", tiny(keys));
+    request.stage = stage;
+    return plan_training(request);
+  };
+  const std::vector<std::string> two = {"topology=h100x2", "mesh.stage=2", "gradient_accumulation_steps=2"};
+  const TrainingPlan first = stage_plan(0, two), last = stage_plan(1, two);
+  ASSERT_EQ(first.spec.chunks.size(), 1u);
+  EXPECT_TRUE(first.spec.chunks[0].layers.with_embedding && !first.spec.with_head());
+  EXPECT_TRUE(!last.spec.chunks[0].layers.with_embedding && last.spec.with_head());
+  EXPECT_NE(first.identity.hash, last.identity.hash);
+  for (const TrainingPlan* plan : {&first, &last}) {
+    EXPECT_EQ(plan->find(KernelName::fwd_bwd), nullptr);
+    for (KernelName kernel : {KernelName::zero_gradients, KernelName::forward, KernelName::backward,
+                              KernelName::update, KernelName::eval})
+      EXPECT_NE(plan->find(kernel), nullptr) << kernel_name(kernel);
+    EXPECT_EQ(plan->stash.slots, 2);  // 1F1B, M = P = 2: the first stage holds both micro-batches
+  }
+  // Stage 0 sends activations and receives gradients; stage 1 the reverse; each boundary buffer in a slot.
+  std::map<ProgramEntry::Transfer, int> transfers;
+  for (const ProgramEntry& entry : first.program.gradients) {
+    if (entry.transfer == ProgramEntry::Transfer::none) continue;
+    ++transfers[entry.transfer];
+    EXPECT_EQ(entry.peer, 1);
+    EXPECT_NE(first.stash.find(first.pipeline.buffer_of(entry.transfer, entry.chunk)), nullptr);
+  }
+  EXPECT_EQ(transfers, (std::map<ProgramEntry::Transfer, int>{{ProgramEntry::Transfer::send_activation, 2},
+                                                              {ProgramEntry::Transfer::receive_gradient, 2}}));
+  // Interleaved: 4 layers over 2 stages x 2 repeats; stage 1 holds layers 1 and 3, the head on the second.
+  const TrainingPlan interleaved =
+      stage_plan(1, {"topology=h100x2", "mesh.stage=2", "gradient_accumulation_steps=2",
+                     "base_num_decoder_layers=4", "pipeline_schedule=interleaved_1f1b", "num_pipeline_repeats=2"});
+  ASSERT_EQ(interleaved.spec.chunks.size(), 2u);
+  EXPECT_EQ(interleaved.spec.chunks[0].layers.first_layer, 1);
+  EXPECT_EQ(interleaved.spec.chunks[1].layers.first_layer, 3);
+  EXPECT_TRUE(interleaved.spec.with_head());
+  for (int64_t chunk : {0, 1}) {
+    EXPECT_NE(interleaved.find(KernelName::forward, chunk), nullptr);
+    EXPECT_NE(interleaved.find(KernelName::backward, chunk), nullptr);
+  }
   const std::string placement = error_of([] {
     plan_for("qwen3-tiny", tiny({"topology=h100x4", "mesh.stage=4"}));
   });
