@@ -691,6 +691,18 @@ TEST_F(CompileCli, StagesPrintEveryStagesPlanAndWriteItsFiles) {
   EXPECT_TRUE(contains(output, "\npipeline step: predicted ")) << output;
   EXPECT_TRUE(contains(output, "the formula (P - 1) / (M + P - 1) = 20.00%")) << output;
   EXPECT_TRUE(contains(output, "\nfits: every stage; the largest arena is stage ")) << output;
+  // --explain adds each stage's kernels and its memory breakdown, after the stage's figures.
+  std::vector<std::string> explained(arguments.begin(), arguments.end() - 1);  // no plan_out
+  explained.push_back("--explain");
+  const std::string explain = run(explained);
+  for (const std::string stage : {"\nstage 0: ", "\nstage 1: "}) {
+    const size_t at = explain.find(stage);
+    ASSERT_NE(at, std::string::npos) << explain;
+    const size_t kernel = explain.find("\nkernel backward: ", at),
+                 breakdown = explain.find("\nmemory by", at);
+    EXPECT_NE(kernel, std::string::npos) << explain;
+    EXPECT_LT(kernel, breakdown) << explain;
+  }
 
   // deepseek-v3's 61 layers over 16 stages with 64 expert ranks: the default placement, untied, no position
   // table; the stage axis filled in from the topology; its default micro-batch does not fit.
