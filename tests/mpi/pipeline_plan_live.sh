@@ -9,8 +9,8 @@
 # file per chunk. A plan_in made for another micro-batch count or for one stage is refused.
 # Usage: pipeline_plan_live.sh BUILD_DIR
 source "$(dirname "$0")/common.sh" "$1"
-tiny=("${tiny[@]/eval_interval=0/eval_interval=2}" topology=cpu enable_checkpointing=false per_device_batch_size=1 steps=2 eval_steps=1
-  collective_timeout_s=120)
+tiny=("${tiny[@]/eval_interval=0/eval_interval=2}" topology=cpu enable_checkpointing=false per_device_batch_size=1
+  steps=2 eval_steps=1 collective_timeout_s=120)
 check() {  # check NAME RANKS [key=value ...]: compile, train with plan_in, compare every stage's files
   local name=$1 ranks=$2 base=() entry override keep
   shift 2
