@@ -134,8 +134,9 @@ expect mesh "config key 'num_experts'" "topology=cpu" -- "$meshtrain" train deep
 if ! command -v nvidia-smi >/dev/null || ! nvidia-smi -L >/dev/null 2>&1; then
   expect mesh "config key 'topology'" "NVIDIA GPU" -- "$meshtrain" train qwen3-tiny "${tiny[@]}" topology=h200x1
 fi
-# Pipeline stages: the placement's rules (on one stage too), the schedule's, and scan_layers over a stage's
-# non-contiguous chunks (train under mpirun: tests/mpi/failures.sh).
+# Pipeline stages: the placement's rules (on one stage too), the schedule's, a stage degree that does not
+# divide the devices, and scan_layers over a stage's non-contiguous chunks (train under mpirun:
+# tests/mpi/failures.sh; a stage's plan_in: tests/mpi/pipeline_plan_live.sh).
 expect mesh "config key 'pipeline_layers_per_chunk'" "a sum of 3 ([3])" "base_num_decoder_layers = 2" -- \
   "$meshtrain" train qwen3-tiny "${tiny[@]}" pipeline_layers_per_chunk=[3] run_dir="$work/r_split"
 expect mesh "config key 'num_pipeline_repeats'" "found 0" "set num_pipeline_repeats=1" -- \
@@ -147,6 +148,10 @@ expect mesh "gradient_accumulation_steps" "at least mesh.stage=2 micro-batches w
 expect mesh "config key 'scan_layers'" "false with num_pipeline_repeats > 1" "set scan_layers=false" -- \
   "$meshtrain" compile qwen3-tiny "${tiny[@]/base_num_decoder_layers=2/base_num_decoder_layers=4}" mesh.stage=2 \
   num_pipeline_repeats=2 pipeline_schedule=interleaved_1f1b scan_layers=true gradient_accumulation_steps=2
+expect mesh "config key 'mesh'" "divides the 8 devices of topology h100x8" "data=-1 stage=3" -- \
+  "$meshtrain" compile qwen3-tiny "${tiny[@]}" topology=h100x8 mesh.data=-1 mesh.stage=3 gradient_accumulation_steps=3
+expect mesh "config key 'mesh'" "a product of 8" "stage=3" -- \
+  "$meshtrain" compile qwen3-tiny "${tiny[@]}" topology=h100x8 mesh.stage=3 gradient_accumulation_steps=3
 # --- data ------------------------------------------------------------------------------------------------
 expect data "$work/none.tokens" "nothing readable" -- \
   "$meshtrain" train qwen3-tiny dataset_type=tokens dataset_path="$work/none.tokens" tokenizer_path= \

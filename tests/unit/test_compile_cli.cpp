@@ -20,6 +20,7 @@
 #include "meshtrain/config/config.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/plan/context_attention.h"
+#include "meshtrain/plan/pipeline_step.h"
 #include "meshtrain/plan/plan.h"
 #include "meshtrain/plan/search.h"
 
@@ -370,14 +371,16 @@ TEST_F(CompileCli, SearchRanksFittingConfigurationsByStepTime) {
   EXPECT_EQ(result.devices, 2);
   EXPECT_EQ(result.global_batch, 8);
   // context 1: tensor in {1, 2} (6 query heads, one host), data x fsdp the rest; context 2: one mesh;
-  // batch x GA = 4; three remat policies.
-  EXPECT_EQ(result.planned, (2 + 1 + 1) * 3 * 3);
+  // batch x GA = 4; three remat policies. Stage 2: one mesh, GA {1, 2, 4}: gpipe 3 times, 1f1b twice.
+  EXPECT_EQ(result.planned, (2 + 1 + 1) * 3 * 3 + (3 + 2) * 3);
   ASSERT_FALSE(result.fitting.empty());
   for (size_t i = 1; i < result.fitting.size(); ++i) {
     EXPECT_LE(result.fitting[i - 1].step_seconds, result.fitting[i].step_seconds) << "rank " << i;
   }
-  // The step time of the best is fwd_bwd + (GA - 1) x fwd_bwd_accum + update of its own plan.
+  // The step time of the best is fwd_bwd + (GA - 1) x fwd_bwd_accum + update of its own plan (a pipelined
+  // one's: tests/unit/test_search.cpp, StageCandidatesAreRankedByTheirPipelineStep).
   for (const FittingCandidate& best : {result.fitting.front(), result.fitting.back()}) {
+    if (best.candidate.pipelined()) continue;
     std::vector<std::string> candidate = {"topology=cpu"};
     std::istringstream words(best.candidate.overrides());
     for (std::string word; words >> word;) candidate.push_back(word);
@@ -395,12 +398,13 @@ TEST_F(CompileCli, SearchRanksFittingConfigurationsByStepTime) {
   // The command prints the same ranking, fastest first.
   const std::string output = run({"qwen3-tiny", overrides[0], overrides[1], overrides[2], "--search"});
   EXPECT_TRUE(contains(output,
-                       "\nsearched: data x fsdp x context x tensor = 2; context 1, 2; tensor <= 2 "
-                       "and dividing the 6 query heads;"))
+                       "\nsearched: data x stage x fsdp x context x tensor = 2; stage 1, 2 (at most the 6 "
+                       "layers; gpipe, and 1f1b where gradient_accumulation_steps >= stage); context 1, 2; "
+                       "tensor <= 2 and dividing the 6 query heads;"))
       << output;
   EXPECT_TRUE(contains(output, "planned " + std::to_string(result.planned) + " candidates")) << output;
   EXPECT_TRUE(contains(output, std::to_string(result.fitting.size()) + " fit;")) << output;
-  // Table rows: "  rank data fsdp context tensor batch GA remat arena time unit".
+  // Table rows: "  rank data stage fsdp context tensor batch GA remat schedule arena time unit".
   std::vector<double> printed;
   std::istringstream lines(output);
   for (std::string line; std::getline(lines, line);) {
@@ -408,10 +412,10 @@ TEST_F(CompileCli, SearchRanksFittingConfigurationsByStepTime) {
       continue;
     std::istringstream fields(line);
     size_t rank = 0;
-    int64_t data = 0, fsdp = 0, context = 0, tensor = 0, batch = 0, ga = 0;
-    std::string remat, arena, time, unit;
-    if (!(fields >> rank >> data >> fsdp >> context >> tensor >> batch >> ga >> remat >> arena >> time >>
-          unit))
+    int64_t data = 0, stage = 0, fsdp = 0, context = 0, tensor = 0, batch = 0, ga = 0;
+    std::string remat, schedule, arena, time, unit;
+    if (!(fields >> rank >> data >> stage >> fsdp >> context >> tensor >> batch >> ga >> remat >> schedule >>
+          arena >> time >> unit))
       continue;
     EXPECT_EQ(rank, printed.size() + 1);
     printed.push_back(parse_seconds(time, unit));
@@ -483,9 +487,12 @@ TEST_F(CompileCli, SearchSkipsInvalidMeshesAndSaysWhenNothingFits) {
   EXPECT_LT(tiny.invalid, tiny.planned);
   // Context 3 and 6 cannot cut 128 tokens into 2C chunks: skipped, not planned and not a failure. Context 1:
   // 9 meshes (tensor 1, 2, 3, 6 with fsdp dividing the rest), context 2: 3; batch x GA = 16: 5 splits.
+  // Stages 2, 3 and 6 (6 layers) over 3, 2 and 1 devices left: 3, 4 and 1 meshes; GA {16, 8, 4, 2, 1}:
+  // gpipe each, 1f1b where GA >= the stages (4, 3 and 2 times).
   EXPECT_EQ(tiny.contexts.searched, (std::vector<int64_t>{1, 2}));
   EXPECT_EQ(tiny.contexts.skipped, (std::vector<int64_t>{3, 6}));
-  EXPECT_EQ(tiny.planned, (9 + 3) * 5 * 3);
+  EXPECT_EQ(tiny.stages, (std::vector<int64_t>{1, 2, 3, 6}));
+  EXPECT_EQ(tiny.planned, (9 + 3) * 5 * 3 + (3 * (5 + 4) + 4 * (5 + 3) + 1 * (5 + 2)) * 3);
   const std::string six = run({"qwen3-tiny", "topology=cpu", "mesh.data=6", "--search"});
   EXPECT_TRUE(contains(six,
                        "; context 1, 2 (skipped 3, 6: max_target_length=128 does not split over them with "
@@ -588,71 +595,141 @@ std::pair<std::string, std::string> output_and_error(const std::vector<std::stri
   return {out.str(), error};
 }
 
-// Under mesh.stage > 1: the placement, each stage rank's chunks and layers, where the embedding and the
-// head are (a tied table on both ends), then the refusal naming mesh.stage and the fix (no plan, no plan
-// files: per-stage plans come with the executor).
-TEST_F(CompileCli, StagesPrintThePlacementThenAreRefused) {
+// "0.02 GiB (25165824 bytes)", as compile prints a figure.
+std::string bytes_text(double bytes) {
+  char text[64];
+  std::snprintf(text, sizeof text, "%.2f GiB (%.0f bytes)", bytes / (1024.0 * 1024.0 * 1024.0), bytes);
+  return text;
+}
+
+// Under mesh.stage > 1: the placement (each stage rank's chunks and layers, where the embedding and the head
+// are, a tied table on both ends), then every stage rank's plan: its figures equal a fresh plan_training of
+// that stage, its bubble the schedule simulated over the fresh plans' forward and backward times; plan_out
+// writes each stage's files under STEM_stage<s> (and none under STEM).
+TEST_F(CompileCli, StagesPrintEveryStagesPlanAndWriteItsFiles) {
   const std::string stem = (directory_ / "plan").string();
-  const auto [output, error] =
-      output_and_error({"qwen3-tiny", "topology=cpu", "mesh.stage=2", "base_num_decoder_layers=5",
-                        "num_pipeline_repeats=2", "pipeline_schedule=interleaved_1f1b",
-                        "gradient_accumulation_steps=2", "logits_via_embedding=true", "plan_out=" + stem});
+  const std::vector<std::string> overrides = {"topology=cpu",
+                                              "mesh.stage=2",
+                                              "base_num_decoder_layers=5",
+                                              "gradient_accumulation_steps=4",
+                                              "pipeline_schedule=1f1b",
+                                              "logits_via_embedding=true",
+                                              "max_target_length=32",
+                                              "per_device_batch_size=2"};
+  std::vector<std::string> arguments = {"qwen3-tiny"};
+  arguments.insert(arguments.end(), overrides.begin(), overrides.end());
+  arguments.push_back("plan_out=" + stem);
+  const std::string output = run(arguments);
   EXPECT_TRUE(
       contains(output, "mesh               data=1 stage=2 fsdp=1 context=1 expert=1 tensor=1 (2 devices)"))
       << output;
+  EXPECT_TRUE(contains(output, "plan               2 stage plans of 5 kernels each, planned in ")) << output;
   EXPECT_TRUE(contains(output,
-                       "pipeline           mesh.stage 2 x num_pipeline_repeats 2 = 4 chunks of 5 layers (the "
-                       "default placement: 1 chunks of 2, then 3 of 1), pipeline_schedule interleaved_1f1b"))
+                       "pipeline           mesh.stage 2 x num_pipeline_repeats 1 = 2 chunks of 5 layers (the "
+                       "default placement: 1 chunks of 3, then 1 of 2), pipeline_schedule 1f1b over "
+                       "gradient_accumulation_steps 4 micro-batches"))
       << output;
+  EXPECT_TRUE(contains(output, "\nstage 0: chunk 0 (layers 0..2, embedding): 3 layers\n")) << output;
   EXPECT_TRUE(
-      contains(output, "stage 0            chunk 0 (layers 0..1, embedding); chunk 2 (layer 3): 3 layers"))
-      << output;
-  EXPECT_TRUE(contains(output,
-                       "stage 1            chunk 1 (layer 2); chunk 3 (layer 4, final norm, unembedding and "
-                       "loss): 2 layers"))
+      contains(output, "\nstage 1: chunk 1 (layers 3..4, final norm, unembedding and loss): 2 layers\n"))
       << output;
   EXPECT_TRUE(contains(output, "tied embeddings    stage 0 and stage 1 each hold the embedding table"))
       << output;
-  EXPECT_TRUE(contains(output,
-                       "per-stage plans (memory, the schedule's ops, bubble) and pipeline execution come "
-                       "with the pipeline executor, not built in this version"))
-      << output;
-  EXPECT_FALSE(contains(output, "identity")) << "no plan: " << output;
-  EXPECT_TRUE(contains(error,
-                       "config key 'mesh.stage': expected 1: pipeline execution is not built in this "
-                       "version"))
-      << error;
-  EXPECT_TRUE(contains(error, "found 2 (fix: set mesh.stage=1)")) << error;
-  EXPECT_FALSE(fs::exists(directory_)) << "no plan files";
+
+  std::vector<TrainingPlan> stages;
+  PipelineOpTimes times;
+  for (int64_t s = 0; s < 2; ++s) {
+    PlanRequest request;
+    request.config = load_config("qwen3-tiny", overrides);
+    request.stage = s;
+    stages.push_back(plan_training(request));
+    times.forward.push_back(stages.back().kernel(KernelName::forward).seconds);
+    times.backward.push_back(stages.back().kernel(KernelName::backward).seconds);
+  }
+  times.backward_input = times.backward_weight = {0.0, 0.0};
+  const PipelineSimulation simulation = simulate_pipeline_schedule(stages[0].pipeline.schedule, times);
+  for (size_t s = 0; s < 2; ++s) {
+    const TrainingPlan& plan = stages[s];
+    const size_t begin = output.find("\nstage " + std::to_string(s) + ": ");
+    ASSERT_NE(begin, std::string::npos) << output;
+    const std::string block = output.substr(begin, output.find("\nfits: ", begin) - begin);
+    EXPECT_TRUE(contains(block, "identity           " + plan.identity.hash)) << block;
+    double parameters = 0.0;
+    size_t largest_temps = 0;
+    for (const PlanBuffer& buffer : plan.buffers) {
+      if (buffer.persistent && buffer.part_of < 0 && buffer.kind == BufferKind::parameter)
+        parameters += static_cast<double>(buffer.bytes);
+    }
+    for (const KernelPlan& kernel : plan.kernels)
+      largest_temps = std::max(largest_temps, kernel.memory.temps);
+    EXPECT_TRUE(contains(block, "parameters         " + bytes_text(parameters))) << block;
+    EXPECT_TRUE(contains(block, std::to_string(plan.stash.slots) + " slots in flight x " +
+                                    std::to_string(plan.stash.slot_bytes) + " bytes"))
+        << block;
+    EXPECT_TRUE(contains(block, ": peak " + bytes_text(static_cast<double>(largest_temps)))) << block;
+    EXPECT_EQ(plan.arena_bytes, plan.persistent_bytes + largest_temps);
+    EXPECT_GT(step_transfer_bytes(plan), 0.0);
+    EXPECT_TRUE(
+        contains(block, "point-to-point     " + bytes_text(step_transfer_bytes(plan)) + " sent a step ("))
+        << block;
+    char bubble[64];
+    std::snprintf(bubble, sizeof bubble, "bubble             %.2f%% of the schedule's span idle",
+                  100.0 * simulation.ranks[s].bubble_fraction);
+    EXPECT_TRUE(contains(block, bubble)) << block;
+    EXPECT_TRUE(contains(block, "the formula gives 20.00%")) << block;  // (2 - 1) / (4 + 2 - 1)
+    EXPECT_TRUE(contains(block, "process arena: persistent")) << block;
+    for (const KernelPlan& kernel : plan.kernels) {
+      const fs::path path = plan_file_path(stem + "_stage" + std::to_string(s), kernel.kernel);
+      std::ifstream file(path);
+      ASSERT_TRUE(file) << path;
+      const std::string text((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+      EXPECT_EQ(text, serialize_kernel_plan(plan, kernel.kernel)) << path;
+      EXPECT_TRUE(contains(output, path.string())) << output;
+      EXPECT_FALSE(fs::exists(plan_file_path(stem, kernel.kernel))) << "no unstaged file for " << path;
+    }
+  }
+  EXPECT_TRUE(contains(output, "\npipeline step: predicted ")) << output;
+  EXPECT_TRUE(contains(output, "the formula (P - 1) / (M + P - 1) = 20.00%")) << output;
+  EXPECT_TRUE(contains(output, "\nfits: every stage; the largest arena is stage ")) << output;
+  // --explain adds each stage's kernels and its memory breakdown, after the stage's figures.
+  std::vector<std::string> explained(arguments.begin(), arguments.end() - 1);  // no plan_out
+  explained.push_back("--explain");
+  const std::string explain = run(explained);
+  for (const std::string stage : {"\nstage 0: ", "\nstage 1: "}) {
+    const size_t at = explain.find(stage);
+    ASSERT_NE(at, std::string::npos) << explain;
+    const size_t kernel = explain.find("\nkernel backward: ", at),
+                 breakdown = explain.find("\nmemory by", at);
+    EXPECT_NE(kernel, std::string::npos) << explain;
+    EXPECT_LT(kernel, breakdown) << explain;
+  }
 
   // deepseek-v3's 61 layers over 16 stages with 64 expert ranks: the default placement, untied, no position
-  // table; the stage axis filled in from the topology.
-  const auto [deepseek, refused] =
-      output_and_error({"deepseek-v3", "topology=h100x2048", "mesh.stage=-1", "mesh.expert=64", "mesh.fsdp=2",
-                        "gradient_accumulation_steps=16"});
+  // table; the stage axis filled in from the topology; its default micro-batch does not fit.
+  const std::string deepseek = run({"deepseek-v3", "topology=h100x2048", "mesh.stage=-1", "mesh.expert=64",
+                                    "mesh.fsdp=2", "gradient_accumulation_steps=16"});
   EXPECT_TRUE(contains(deepseek, "data=1 stage=16 fsdp=2 context=1 expert=64 tensor=1 (2048 devices)"))
       << deepseek;
+  EXPECT_TRUE(contains(deepseek, "16 stage plans of 5 kernels each")) << deepseek;
   EXPECT_TRUE(
       contains(deepseek, "= 16 chunks of 61 layers (the default placement: 13 chunks of 4, then 3 of 3)"))
       << deepseek;
-  EXPECT_TRUE(contains(deepseek, "stage 0            chunk 0 (layers 0..3, embedding): 4 layers"))
-      << deepseek;
-  EXPECT_TRUE(contains(deepseek, "stage 12           chunk 12 (layers 48..51): 4 layers")) << deepseek;
-  EXPECT_TRUE(contains(deepseek, "stage 13           chunk 13 (layers 52..54): 3 layers")) << deepseek;
-  EXPECT_TRUE(contains(
-      deepseek, "stage 15           chunk 15 (layers 58..60, final norm, unembedding and loss): 3 layers"))
+  EXPECT_TRUE(contains(deepseek, "\nstage 0: chunk 0 (layers 0..3, embedding): 4 layers\n")) << deepseek;
+  EXPECT_TRUE(contains(deepseek, "\nstage 12: chunk 12 (layers 48..51): 4 layers\n")) << deepseek;
+  EXPECT_TRUE(contains(deepseek, "\nstage 13: chunk 13 (layers 52..54): 3 layers\n")) << deepseek;
+  EXPECT_TRUE(contains(deepseek,
+                       "\nstage 15: chunk 15 (layers 58..60, final norm, unembedding and loss): 3 layers\n"))
       << deepseek;
   EXPECT_FALSE(contains(deepseek, "tied embeddings")) << deepseek;
-  EXPECT_TRUE(contains(refused, "found 16 (fix: set mesh.stage=1)")) << refused;
+  EXPECT_TRUE(contains(deepseek, "\ndoes not fit: 16 of 16 stages; the largest arena is stage ")) << deepseek;
 
   // GPT-2's position table sits with the embedding; an explicit split is named as such.
-  const auto [gpt2, gpt2_error] =
-      output_and_error({"gpt2-124m", "topology=cpu", "mesh.stage=3", "pipeline_layers_per_chunk=[3,5,4]",
-                        "gradient_accumulation_steps=3"});
+  const std::string gpt2 =
+      run({"gpt2-124m", "topology=cpu", "mesh.stage=3", "pipeline_layers_per_chunk=[3,5,4]",
+           "gradient_accumulation_steps=3", "max_target_length=32", "per_device_batch_size=1"});
   EXPECT_TRUE(contains(gpt2, "= 3 chunks of 12 layers (pipeline_layers_per_chunk)")) << gpt2;
   EXPECT_TRUE(contains(gpt2, "chunk 0 (layers 0..2, embedding and position table): 3 layers")) << gpt2;
-  EXPECT_TRUE(contains(gpt2, "chunk 1 (layers 3..7): 5 layers")) << gpt2;
-  EXPECT_TRUE(contains(gpt2_error, "config key 'mesh.stage'")) << gpt2_error;
+  EXPECT_TRUE(contains(gpt2, "\nstage 1: chunk 1 (layers 3..7): 5 layers\n")) << gpt2;
 }
 
 // A placement that cannot be made is the error (nothing printed), also for one stage; one stage with the
@@ -674,9 +751,7 @@ TEST_F(CompileCli, BadPlacementsNameTheKeysTheValuesAndTheFix) {
   EXPECT_TRUE(contains(repeats, "config key 'num_pipeline_repeats'")) << repeats;
   // The schedule's rules (plan/pipeline_schedule.h) come after the placement's: 1f1b needs M >= P.
   const auto [micro_output, micro_batches] = output_and_error({"qwen3-tiny", "topology=cpu", "mesh.stage=2"});
-  EXPECT_TRUE(
-      contains(micro_output, "stage 1            chunk 1 (layers 3..5, final norm, unembedding and loss)"))
-      << micro_output;
+  EXPECT_TRUE(micro_output.empty()) << micro_output;
   EXPECT_TRUE(contains(micro_batches,
                        "gradient_accumulation_steps: expected at least mesh.stage=2 micro-batches "
                        "with pipeline_schedule=1f1b"))

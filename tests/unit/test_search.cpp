@@ -8,6 +8,7 @@
 
 #include "meshtrain/config/config.h"
 #include "meshtrain/core/error.h"
+#include "meshtrain/plan/pipeline_step.h"
 #include "meshtrain/plan/plan.h"
 #include "meshtrain/plan/search.h"
 
@@ -28,15 +29,26 @@ TEST(Search, CandidatesCoverMeshesBatchSplitsAndRematPolicies) {
   //   context 1: tensor 1 -> fsdp {1, 2, 4}, tensor 2 -> fsdp {1, 2}: 5 meshes
   //   context 2: tensor 1 -> fsdp {1, 2}, tensor 2 -> fsdp {1}: 3 meshes
   //   context 4: 1 mesh
+  // Then stages (6 layers: 2 and 4), with gpipe, and 1f1b where GA >= the stages: stage 2 leaves 2 devices
+  // (context 1: tensor 1 -> fsdp {1, 2}, tensor 2: 3 meshes; context 2: 1), GA {4, 2, 1} -> 2 + 2 + 1
+  // schedules; stage 4 leaves 1 mesh, GA {4, 2, 1} -> 2 + 1 + 1.
   const std::vector<SearchCandidate> candidates = search_candidates(base, 4, 2);
-  ASSERT_EQ(candidates.size(), (5u + 3u + 1u) * 3u * 3u);
-  int64_t previous_context = 1;
+  ASSERT_EQ(candidates.size(), (5u + 3u + 1u) * 3u * 3u + 4u * 5u * 3u + 1u * 4u * 3u);
+  std::pair<int64_t, int64_t> previous{1, 1};  // (stage, context): stage the outermost loop, then context
   for (const SearchCandidate& candidate : candidates) {
     EXPECT_EQ(candidate.mesh.devices(), 4);
     EXPECT_LE(candidate.mesh.size(MeshAxis::tensor), 2);
     EXPECT_EQ(candidate.per_device_batch_size * candidate.gradient_accumulation_steps, 4);
-    EXPECT_GE(candidate.mesh.size(MeshAxis::context), previous_context) << "context is the outermost loop";
-    previous_context = candidate.mesh.size(MeshAxis::context);
+    const std::pair<int64_t, int64_t> order{candidate.mesh.size(MeshAxis::stage),
+                                            candidate.mesh.size(MeshAxis::context)};
+    EXPECT_GE(order, previous) << candidate.overrides();
+    previous = order;
+    if (candidate.pipelined()) {
+      EXPECT_TRUE(candidate.pipeline_schedule == PipelineScheduleKind::gpipe ||
+                  (candidate.pipeline_schedule == PipelineScheduleKind::one_f_one_b &&
+                   candidate.gradient_accumulation_steps >= candidate.mesh.size(MeshAxis::stage)))
+          << candidate.overrides();
+    }
   }
   const SearchCandidate& first = candidates.front();
   EXPECT_EQ(first.mesh.to_string(), "data=4 fsdp=1 context=1 expert=1 tensor=1");
@@ -45,16 +57,24 @@ TEST(Search, CandidatesCoverMeshesBatchSplitsAndRematPolicies) {
   EXPECT_EQ(candidates[1].remat_policy, RematPolicy::minimal);
   EXPECT_EQ(candidates[5 * 9 - 1].mesh.to_string(), "data=1 fsdp=2 context=1 expert=1 tensor=2");
   EXPECT_EQ(candidates[5 * 9].mesh.to_string(), "data=2 fsdp=1 context=2 expert=1 tensor=1");
-  EXPECT_EQ(candidates.back().mesh.to_string(), "data=1 fsdp=1 context=4 expert=1 tensor=1");
+  EXPECT_EQ(candidates[81].mesh.to_string(), "data=2 stage=2 fsdp=1 context=1 expert=1 tensor=1");
+  EXPECT_EQ(
+      candidates[81].overrides(),
+      "mesh.data=2 mesh.stage=2 mesh.fsdp=1 mesh.context=1 mesh.expert=1 mesh.tensor=1 "
+      "per_device_batch_size=1 gradient_accumulation_steps=4 remat_policy=none pipeline_schedule=gpipe");
+  EXPECT_EQ(candidates[82].pipeline_schedule, PipelineScheduleKind::one_f_one_b);
+  EXPECT_EQ(candidates.back().mesh.to_string(), "data=1 stage=4 fsdp=1 context=1 expert=1 tensor=1");
+  EXPECT_EQ(candidates.back().gradient_accumulation_steps, 1);
+  EXPECT_EQ(search_stage_degrees(base, 12), (std::vector<int64_t>{1, 2, 3, 4, 6}));  // not 12 > 6 layers
 }
 
 // The config's expert degree stays; the other axes are searched over the devices it leaves.
 TEST(Search, CandidatesKeepTheConfigsExpertDegree) {
   const Config base = load_config("deepseek-tiny", {"per_device_batch_size=1", "mesh.expert=2"});
   // 8 devices / expert 2 = 4 left, tensor <= 2 (dividing 6 query heads), batch {1}: as the qwen3 case above
-  // (context 1: 5 meshes, 2: 3, 4: 1) x 3 remat policies.
+  // (context 1: 5 meshes, 2: 3, 4: 1) x 3 remat policies; stage 2: 4 meshes, stage 4: 1, gpipe only (GA 1).
   const std::vector<SearchCandidate> candidates = search_candidates(base, 8, 2);
-  ASSERT_EQ(candidates.size(), (5u + 3u + 1u) * 3u);
+  ASSERT_EQ(candidates.size(), (5u + 3u + 1u) * 3u + (4u + 1u) * 3u);
   for (const SearchCandidate& candidate : candidates) {
     EXPECT_EQ(candidate.mesh.devices(), 8);
     EXPECT_EQ(candidate.mesh.size(MeshAxis::expert), 2);
@@ -125,7 +145,9 @@ TEST(Search, RanksFittingCandidatesFastestFirst) {
   EXPECT_EQ(result.devices, 2);
   EXPECT_EQ(result.global_batch, 4);
   // context 1: tensor 1 -> fsdp {1, 2}, tensor 2 -> fsdp {1}; context 2: one mesh; batch {1, 2}; 3 remat.
-  EXPECT_EQ(result.planned, (2 + 1 + 1) * 2 * 3);
+  // Stage 2: one mesh; GA 2: gpipe and 1f1b, GA 1: gpipe.
+  EXPECT_EQ(result.planned, (2 + 1 + 1) * 2 * 3 + (2 + 1) * 3);
+  EXPECT_EQ(result.stages, (std::vector<int64_t>{1, 2}));
   EXPECT_EQ(result.contexts.searched, (std::vector<int64_t>{1, 2}));
   EXPECT_TRUE(result.contexts.skipped.empty());
   ASSERT_FALSE(result.fitting.empty());
@@ -142,16 +164,32 @@ TEST(Search, PlanOutIsRejected) {
   EXPECT_THROW(search_training_configurations(load_config("qwen3-tiny", {"plan_out=/tmp/x"})), MeshError);
 }
 
-// The search does not search pipeline stages: a config with them is refused, naming the key and the fix.
-TEST(Search, StagesAreRefused) {
-  std::string message;
-  try {
-    search_training_configurations(load_config("qwen3-tiny", {"mesh.stage=2"}));
-  } catch (const MeshError& error) {
-    message = error.what();
+// A pipelined candidate is ranked by its pipeline step (plan/pipeline_step.h: the schedule's span over every
+// stage's predicted forward and backward, bubble included, + the slowest update) and its largest stage's
+// arena; its overrides reproduce it, and a config's own mesh.stage is searched over like the other axes.
+TEST(Search, StageCandidatesAreRankedByTheirPipelineStep) {
+  const Config base = load_config("qwen3-tiny", {"topology=cpu", "mesh.stage=2", "per_device_batch_size=2",
+                                                 "gradient_accumulation_steps=2", "max_target_length=32"});
+  const SearchResult result = search_training_configurations(base);
+  EXPECT_EQ(result.stages, (std::vector<int64_t>{1, 2}));
+  size_t pipelined = 0;
+  for (const FittingCandidate& fit : result.fitting) {
+    if (!fit.candidate.pipelined()) continue;
+    ++pipelined;
+    std::vector<std::string> overrides = {"topology=cpu", "max_target_length=32"};
+    for (const std::string& word : words_of(fit.candidate.overrides())) overrides.push_back(word);
+    PlanRequest request;
+    request.config = load_config("qwen3-tiny", overrides);
+    Config applied = base;
+    fit.candidate.apply_to(applied);
+    EXPECT_EQ(applied.resolved, request.config.resolved) << fit.candidate.overrides();
+    request.kernels = {KernelName::update};
+    const PipelineStepPlan step = plan_pipeline_step(request);
+    EXPECT_EQ(fit.step_seconds, step.step_seconds) << fit.candidate.overrides();
+    EXPECT_EQ(fit.arena_bytes, step.largest_arena_bytes) << fit.candidate.overrides();
   }
-  EXPECT_NE(message.find("config key 'mesh.stage': expected 1 with --search"), std::string::npos) << message;
-  EXPECT_NE(message.find("fix: set mesh.stage=1"), std::string::npos) << message;
+  // 4 sequences a device: GA {4, 2, 1} -> gpipe 3 times and 1f1b twice, 3 remat policies, all fit.
+  EXPECT_EQ(pipelined, 5u * 3u);
 }
 
 }  // namespace

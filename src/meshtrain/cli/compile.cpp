@@ -18,6 +18,7 @@
 #include "meshtrain/model/pipeline_placement.h"
 #include "meshtrain/model/segments.h"
 #include "meshtrain/plan/context_attention.h"
+#include "meshtrain/plan/pipeline_step.h"
 #include "meshtrain/plan/plan.h"
 #include "meshtrain/plan/search.h"
 
@@ -78,7 +79,8 @@ std::string collective_text(const KernelPlan& kernel) {
   return text.empty() ? "none" : text;
 }
 
-void print_header(const TrainingPlan& plan, const std::string& config_argument, double plan_seconds,
+// `plan_text`: the "plan" row (the identity, what was planned and how long it took).
+void print_header(const TrainingPlan& plan, const std::string& config_argument, const std::string& plan_text,
                   std::ostream& out) {
   const Config& c = plan.spec.config;
   const Topology& t = plan.topology;
@@ -149,8 +151,7 @@ void print_header(const TrainingPlan& plan, const std::string& config_argument, 
                              static_cast<long long>(c.sinkhorn_iterations)));
   }
   out << row("threads", format("%lld per rank", static_cast<long long>(plan.threads)));
-  out << row("plan", format("identity %s, %zu kernel%s planned in %.1f ms", plan.identity.hash.c_str(),
-                            plan.kernels.size(), plan.kernels.size() == 1 ? "" : "s", plan_seconds * 1e3));
+  out << row("plan", plan_text);
 }
 
 void print_kernel(const KernelPlan& kernel, std::ostream& out) {
@@ -179,10 +180,25 @@ std::string layers_text(const LayerChunk& chunk) {
                       static_cast<long long>(chunk.last_layer));
 }
 
-// Under mesh.stage > 1: each stage rank's chunks and their layers, and where the embedding and the head
-// are. The per-stage plans are not built yet: plan_training refuses the mesh right after this.
-void print_pipeline_placement(const Config& c, const Mesh& mesh, const PipelinePlacement& placement,
-                              std::ostream& out) {
+// What stage rank `stage` holds: "chunk 0 (layers 0..3, embedding): 4 layers".
+std::string stage_holds_text(const Config& c, const PipelinePlacement& placement, int64_t stage) {
+  const std::string embedding = c.max_position_embeddings > 0 ? "embedding and position table" : "embedding";
+  std::string text;
+  int64_t layers = 0;
+  for (int64_t index : placement.chunks_of(stage)) {
+    const LayerChunk& chunk = placement.chunks[static_cast<size_t>(index)];
+    std::string holds = layers_text(chunk);
+    if (chunk.with_embedding) holds += ", " + embedding;
+    if (chunk.with_head) holds += ", final norm, unembedding and loss";
+    text +=
+        (text.empty() ? "" : "; ") + format("chunk %lld (%s)", static_cast<long long>(index), holds.c_str());
+    layers += chunk.last_layer - chunk.first_layer + 1;
+  }
+  return text + format(": %lld layers", static_cast<long long>(layers));
+}
+
+// Under mesh.stage > 1: how the layers are cut into chunks, the schedule, and where the tied table is.
+void print_pipeline_placement(const Config& c, const PipelinePlacement& placement, std::ostream& out) {
   const auto chunk_count = static_cast<long long>(placement.chunks.size());
   std::string split = "pipeline_layers_per_chunk";
   if (!placement.explicit_split) {
@@ -195,39 +211,19 @@ void print_pipeline_placement(const Config& c, const Mesh& mesh, const PipelineP
                               : format("the default placement: %lld chunks of %lld, then %lld of %lld", extra,
                                        longer, chunk_count - extra, shorter);
   }
-  out << "meshtrain compile: pipeline placement\n";
-  out << row("mesh", mesh.to_string() + format(" (%lld devices)", static_cast<long long>(mesh.devices())));
   out << row("pipeline",
              format("mesh.stage %lld x num_pipeline_repeats %lld = %lld chunks of %lld layers "
-                    "(%s), pipeline_schedule %s",
+                    "(%s), pipeline_schedule %s over gradient_accumulation_steps %lld micro-batches",
                     static_cast<long long>(placement.stages), static_cast<long long>(placement.repeats),
                     chunk_count, static_cast<long long>(c.base_num_decoder_layers), split.c_str(),
-                    pipeline_schedule_name(c.pipeline_schedule)));
-  const std::string embedding = c.max_position_embeddings > 0 ? "embedding and position table" : "embedding";
-  for (int64_t stage = 0; stage < placement.stages; ++stage) {
-    std::string text;
-    int64_t layers = 0;
-    for (int64_t index : placement.chunks_of(stage)) {
-      const LayerChunk& chunk = placement.chunks[static_cast<size_t>(index)];
-      std::string holds = layers_text(chunk);
-      if (chunk.with_embedding) holds += ", " + embedding;
-      if (chunk.with_head) holds += ", final norm, unembedding and loss";
-      text += (text.empty() ? "" : "; ") +
-              format("chunk %lld (%s)", static_cast<long long>(index), holds.c_str());
-      layers += chunk.last_layer - chunk.first_layer + 1;
-    }
-    out << row(format("stage %lld", static_cast<long long>(stage)),
-               text + format(": %lld layers", static_cast<long long>(layers)));
-  }
+                    pipeline_schedule_name(c.pipeline_schedule),
+                    static_cast<long long>(c.gradient_accumulation_steps)));
   if (c.logits_via_embedding) {
     out << row("tied embeddings",
                format("stage 0 and stage %lld each hold the embedding table (logits_via_embedding); its two "
                       "gradients are summed before the update",
                       static_cast<long long>(placement.stage_of(chunk_count - 1))));
   }
-  out << "per-stage plans (memory, the schedule's ops, bubble) and pipeline execution come with the pipeline "
-         "executor, not built in this version\n"
-      << std::flush;  // printed before the refusal, which goes to stderr
 }
 
 // "1.23 TFLOP", "4.56 MFLOP": two decimals in the largest unit the figure reaches.
@@ -417,10 +413,10 @@ void print_explain(const TrainingPlan& plan, std::ostream& out) {
   }
 }
 
+// Writes `plan`'s files under plan_file_stem(stem): one per kernel, each listed in `out`.
 void write_plan_files(const TrainingPlan& plan, const std::string& stem, std::ostream& out) {
-  out << "\nplan files:\n";
   for (const KernelPlan& kernel : plan.kernels) {
-    const fs::path path = plan_file_path(stem, kernel.kernel);
+    const fs::path path = plan_file_path(plan_file_stem(stem, plan), kernel.kernel, kernel.chunk);
     if (path.has_parent_path()) {
       std::error_code error;
       fs::create_directories(path.parent_path(), error);
@@ -429,9 +425,116 @@ void write_plan_files(const TrainingPlan& plan, const std::string& stem, std::os
              error.message());
       }
     }
-    const std::string text = serialize_kernel_plan(plan, kernel.kernel);
+    const std::string text = serialize_kernel_plan(plan, kernel.kernel, kernel.chunk);
     write_file_atomically(path.string(), text);
     out << "  " << path.string() << " (" << text.size() << " bytes)\n";
+  }
+}
+
+// --- pipeline stages -------------------------------------------------------------------------------------
+
+// Bytes of the persistent buffers of one kind that own memory (a view inside another buffer does not).
+double persistent_bytes_of(const TrainingPlan& plan, std::initializer_list<BufferKind> kinds) {
+  double bytes = 0.0;
+  for (const PlanBuffer& buffer : plan.buffers) {
+    if (buffer.persistent && buffer.part_of < 0 &&
+        std::find(kinds.begin(), kinds.end(), buffer.kind) != kinds.end())
+      bytes += static_cast<double>(buffer.bytes);
+  }
+  return bytes;
+}
+
+// One stage rank's figures: what it holds, its memory (the activation slots its schedule keeps in flight and
+// the largest kernel's temporaries above them), the bytes it sends, its kernels' predicted times, its bubble
+// in the simulated schedule, and its verdict.
+void print_stage(const TrainingPlan& plan, const PipelinePlacement& placement,
+                 const PipelineRankSimulation& simulated, double formula, std::ostream& out) {
+  const int64_t stage = plan.pipeline.stage;
+  out << "\nstage " << stage << ": " << stage_holds_text(plan.spec.config, placement, stage) << "\n";
+  out << row("identity", plan.identity.hash);
+  out << row("parameters", bytes_text(persistent_bytes_of(plan, {BufferKind::parameter})));
+  out << row("gradients", bytes_text(persistent_bytes_of(plan, {BufferKind::gradient})));
+  out << row("optimizer state",
+             bytes_text(persistent_bytes_of(plan, {BufferKind::optimizer_state, BufferKind::step_counter})));
+  const KernelPlan* largest = nullptr;
+  for (const KernelPlan& kernel : plan.kernels) {
+    if (largest == nullptr || kernel.memory.temps > largest->memory.temps) largest = &kernel;
+  }
+  const ActivationStash& stash = plan.stash;
+  const size_t slots_bytes = stash.end() - stash.offset;
+  // The split kernels and eval place their temporaries above the slots; update's overlap them.
+  const size_t above = largest->memory.temps > slots_bytes ? largest->memory.temps - slots_bytes : 0;
+  out << row("activations",
+             format("%lld slot%s in flight x %zu bytes = %s, + %s's temporaries %s: peak %s",
+                    static_cast<long long>(stash.slots), stash.slots == 1 ? "" : "s", stash.slot_bytes,
+                    bytes_text(static_cast<double>(slots_bytes)).c_str(), kernel_name(largest->kernel),
+                    bytes_text(static_cast<double>(above)).c_str(),
+                    bytes_text(static_cast<double>(largest->memory.temps)).c_str()));
+  // Whom the program's sends go to: "activations to stage 1, input gradients to stage 3".
+  std::map<ProgramEntry::Transfer, std::set<int64_t>> peers;
+  for (const ProgramEntry& entry : plan.program.gradients) {
+    if (entry.transfer == ProgramEntry::Transfer::send_activation ||
+        entry.transfer == ProgramEntry::Transfer::send_gradient)
+      peers[entry.transfer].insert(entry.peer);
+  }
+  std::string neighbours;
+  for (const auto& [transfer, ranks] : peers) {
+    std::string listed;
+    for (int64_t rank : ranks) listed += (listed.empty() ? "" : " and ") + std::to_string(rank);
+    neighbours += std::string(neighbours.empty() ? "" : ", ") +
+                  (transfer == ProgramEntry::Transfer::send_activation ? "activations" : "input gradients") +
+                  " to stage " + listed;
+  }
+  out << row("point-to-point", bytes_text(step_transfer_bytes(plan)) + " sent a step (" + neighbours + ")");
+  KernelPlan step_bytes;
+  step_bytes.collective_bytes = step_collective_bytes(plan);
+  out << row("bytes per step", collective_text(step_bytes));
+  std::string times;
+  for (const KernelPlan& kernel : plan.kernels) {
+    // With several chunks a rank (interleaved), each chunk's forward, backward and eval are its own:
+    // "forward (chunk 3)".
+    const bool per_chunk = kernel.kernel == KernelName::forward || kernel.kernel == KernelName::backward ||
+                           kernel.kernel == KernelName::eval;
+    const std::string chunk =
+        plan.spec.chunks.size() > 1 && per_chunk
+            ? format(" (chunk %lld)", static_cast<long long>(stage + kernel.chunk * plan.pipeline.stages))
+            : "";
+    times += (times.empty() ? "" : ", ") + std::string(kernel_name(kernel.kernel)) + chunk + " " +
+             seconds_text(kernel.seconds);
+  }
+  out << row("predicted", times);
+  out << row("bubble", format("%.2f%% of the schedule's span idle (busy %s, idle %s), from the planned ops' "
+                              "times; the formula gives %.2f%%",
+                              100.0 * simulated.bubble_fraction, seconds_text(simulated.busy_seconds).c_str(),
+                              seconds_text(simulated.idle_seconds).c_str(), 100.0 * formula));
+  print_verdict(plan, out);
+}
+
+// The whole step: the schedule's span over the stages' predicted times, the largest bubble, and whether
+// every stage fits.
+void print_pipeline_step(const PipelineStepPlan& step, double formula, std::ostream& out) {
+  const PipelineSchedule& schedule = step.stages.front().pipeline.schedule;
+  size_t most_idle = 0, largest = 0, not_fitting = 0;
+  for (size_t s = 0; s < step.stages.size(); ++s) {
+    if (step.simulation.ranks[s].bubble_fraction > step.simulation.ranks[most_idle].bubble_fraction)
+      most_idle = s;
+    if (step.stages[s].arena_bytes > step.stages[largest].arena_bytes) largest = s;
+    not_fitting += step.stages[s].fits() ? 0 : 1;
+  }
+  out << "\npipeline step: predicted " << seconds_text(step.step_seconds) << " (the schedule's span "
+      << seconds_text(step.simulation.makespan_seconds) << " + the slowest update "
+      << seconds_text(step.step_seconds - step.simulation.makespan_seconds) << ")"
+      << format("; bubble up to %.2f%% (stage %zu); the formula (P - 1) / (%sM + P - 1) = %.2f%%\n",
+                100.0 * step.simulation.ranks[most_idle].bubble_fraction, most_idle,
+                schedule.repeats > 1 ? "V " : "", 100.0 * formula);
+  const TrainingPlan& widest = step.stages[largest];
+  const std::string figures = format("%.2f of %.2f GiB", static_cast<double>(widest.arena_bytes) / kGiB,
+                                     widest.device_memory_bytes / kGiB);
+  if (step.fits) {
+    out << "fits: every stage; the largest arena is stage " << largest << "'s, " << figures << "\n";
+  } else {
+    out << "does not fit: " << not_fitting << " of " << step.stages.size()
+        << " stages; the largest arena is stage " << largest << "'s, " << figures << "\n";
   }
 }
 
@@ -457,13 +560,15 @@ void print_search(const SearchResult& result, std::ostream& out) {
               ": max_target_length=" + std::to_string(contexts.sequence_length) + " does not split over " +
               (contexts.skipped.size() == 1 ? "it" : "them") + " with " + contexts.reorder_setting + ")";
   }
-  out << "searched: data x fsdp x context x tensor = " << result.devices << "; context "
+  out << "searched: data x stage x fsdp x context x tensor = " << result.devices << "; stage "
+      << listed(result.stages) << " (at most the " << result.layers
+      << " layers; gpipe, and 1f1b where gradient_accumulation_steps >= stage); context "
       << listed(contexts.searched) << skipped << "; tensor <= " << result.tensor_limit << " and dividing the "
       << result.query_heads << " query heads; per_device_batch_size x gradient_accumulation_steps = "
       << result.global_batch / result.devices << "; remat_policy " << remat_policies << "\n";
   out << format(
-      "planned %lld candidates (fwd_bwd, fwd_bwd_accum, update each): %lld rejected as invalid, "
-      "%lld valid, %zu fit; %.2f s\n",
+      "planned %lld candidates (fwd_bwd, fwd_bwd_accum, update each; with stages every stage's forward, "
+      "backward and update): %lld rejected as invalid, %lld valid, %zu fit; %.2f s\n",
       static_cast<long long>(result.planned), static_cast<long long>(result.invalid),
       static_cast<long long>(result.planned - result.invalid), result.fitting.size(), result.wall_seconds);
   if (result.planned > 0 && result.invalid == result.planned) {
@@ -481,23 +586,58 @@ void print_search(const SearchResult& result, std::ostream& out) {
     return;
   }
   const size_t shown = std::min<size_t>(result.fitting.size(), 10);
-  out << "fastest " << shown << " (step time = fwd_bwd + (GA - 1) x fwd_bwd_accum + update, predicted):\n";
-  out << format("  %-4s %-5s %-5s %-8s %-7s %-6s %-4s %-8s %10s %12s\n", "rank", "data", "fsdp", "context",
-                "tensor", "batch", "GA", "remat", "arena GiB", "step time");
+  out << "fastest " << shown
+      << " (step time = fwd_bwd + (GA - 1) x fwd_bwd_accum + update, predicted; with stages the schedule's "
+         "span over every stage's forward and backward, its bubble included, + the slowest update, and the "
+         "largest stage's arena):\n";
+  out << format("  %-4s %-5s %-6s %-5s %-8s %-7s %-6s %-4s %-8s %-9s %10s %12s\n", "rank", "data", "stage",
+                "fsdp", "context", "tensor", "batch", "GA", "remat", "schedule", "arena GiB", "step time");
   for (size_t i = 0; i < shown; ++i) {
     const FittingCandidate& fit = result.fitting[i];
     const SearchCandidate& c = fit.candidate;
-    out << format("  %-4zu %-5lld %-5lld %-8lld %-7lld %-6lld %-4lld %-8s %10.2f %12s\n", i + 1,
+    out << format("  %-4zu %-5lld %-6lld %-5lld %-8lld %-7lld %-6lld %-4lld %-8s %-9s %10.2f %12s\n", i + 1,
                   static_cast<long long>(c.mesh.size(MeshAxis::data)),
+                  static_cast<long long>(c.mesh.size(MeshAxis::stage)),
                   static_cast<long long>(c.mesh.size(MeshAxis::fsdp)),
                   static_cast<long long>(c.mesh.size(MeshAxis::context)),
                   static_cast<long long>(c.mesh.size(MeshAxis::tensor)),
                   static_cast<long long>(c.per_device_batch_size),
                   static_cast<long long>(c.gradient_accumulation_steps), remat_policy_name(c.remat_policy),
+                  c.pipelined() ? pipeline_schedule_name(c.pipeline_schedule) : "-",
                   static_cast<double>(fit.arena_bytes) / kGiB, seconds_text(fit.step_seconds).c_str());
   }
   out << "best: meshtrain compile <config> topology=" << result.topology << " "
       << result.fitting[0].candidate.overrides() << "\n";
+}
+
+// mesh.stage > 1: every stage rank planned (plan_pipeline_step), the header, the placement, each stage's
+// figures, the step; --explain adds each stage's kernels and memory breakdown; plan_out writes each stage's
+// files under STEM_stage<s> (plan_file_stem), which a run's ranks verify (plan_in).
+void compile_pipeline(const PlanRequest& request, const std::string& config, bool explain,
+                      std::ostream& out) {
+  const Clock::time_point start = Clock::now();
+  const PipelineStepPlan step = plan_pipeline_step(request);
+  const double plan_seconds = elapsed_seconds(start);
+  const TrainingPlan& first = step.stages.front();
+  const PipelinePlacement placement = pipeline_placement(first.spec.config, first.pipeline.stages);
+  const double formula = pipeline_bubble_formula(first.pipeline.schedule);
+  print_header(first, config,
+               format("%zu stage plans of %zu kernels each, planned in %.1f ms", step.stages.size(),
+                      first.kernels.size(), plan_seconds * 1e3),
+               out);
+  print_pipeline_placement(first.spec.config, placement, out);
+  for (size_t s = 0; s < step.stages.size(); ++s) {
+    print_stage(step.stages[s], placement, step.simulation.ranks[s], formula, out);
+    if (explain) {
+      for (const KernelPlan& kernel : step.stages[s].kernels) print_kernel(kernel, out);
+      print_explain(step.stages[s], out);
+    }
+  }
+  print_pipeline_step(step, formula, out);
+  if (!request.config.plan_out.empty()) {
+    out << "\nplan files:\n";
+    for (const TrainingPlan& stage : step.stages) write_plan_files(stage, request.config.plan_out, out);
+  }
 }
 
 }  // namespace
@@ -535,25 +675,28 @@ int run_compile(const std::vector<std::string>& arguments, std::ostream& out) {
   if (request.kernels.empty()) {
     fail("config key 'kernels'", "at least one of fwd_bwd, fwd_bwd_accum, update, eval", "an empty list");
   }
-  // A mesh with stages: its placement, then plan_training's refusal (exit status 1: there is no plan, so
-  // no verdict and no plan files, and `compile && train` must not read it as planned).
-  if (request.config.mesh[MeshAxis::stage] != 1) {
-    const Mesh mesh = resolve_plan_target(request).mesh;
-    if (mesh.size(MeshAxis::stage) > 1)
-      print_pipeline_placement(request.config, mesh,
-                               pipeline_placement(request.config, mesh.size(MeshAxis::stage)), out);
+  if (request.config.mesh[MeshAxis::stage] != 1 &&
+      resolve_plan_target(request).mesh.size(MeshAxis::stage) > 1) {
+    compile_pipeline(request, config, explain, out);
+    return 0;
   }
   const Clock::time_point start = Clock::now();
   const TrainingPlan plan = plan_training(request);
   const double plan_seconds = elapsed_seconds(start);
 
-  print_header(plan, config, plan_seconds, out);
+  print_header(plan, config,
+               format("identity %s, %zu kernel%s planned in %.1f ms", plan.identity.hash.c_str(),
+                      plan.kernels.size(), plan.kernels.size() == 1 ? "" : "s", plan_seconds * 1e3),
+               out);
   for (const KernelPlan& kernel : plan.kernels) print_kernel(kernel, out);
   print_context_attention(plan, out);
   print_expert_dispatch(plan, out);
   print_verdict(plan, out);
   if (explain) print_explain(plan, out);
-  if (!request.config.plan_out.empty()) write_plan_files(plan, request.config.plan_out, out);
+  if (!request.config.plan_out.empty()) {
+    out << "\nplan files:\n";
+    write_plan_files(plan, request.config.plan_out, out);
+  }
   return 0;
 }
 

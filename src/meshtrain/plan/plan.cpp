@@ -327,23 +327,31 @@ PlanBufferId PipelineStage::buffer_of(ProgramEntry::Transfer transfer, int64_t c
   return -1;
 }
 
-std::map<std::string, double> step_collective_bytes(const TrainingPlan& plan) {
-  std::map<KernelName, double> entries;
-  double transfer_bytes = 0.0;
+double step_transfer_bytes(const TrainingPlan& plan) {
+  double bytes = 0.0;
   for (const std::vector<ProgramEntry>* phase : {&plan.program.gradients, &plan.program.update}) {
     for (const ProgramEntry& entry : *phase) {
-      if (entry.transfer == ProgramEntry::Transfer::none) {
-        entries[entry.kernel] += 1.0;
-      } else if (entry.transfer == ProgramEntry::Transfer::send_activation ||
-                 entry.transfer == ProgramEntry::Transfer::send_gradient) {
+      if (entry.transfer == ProgramEntry::Transfer::send_activation ||
+          entry.transfer == ProgramEntry::Transfer::send_gradient) {
         const PlanBufferId buffer = plan.pipeline.buffer_of(entry.transfer, entry.chunk);
-        transfer_bytes += static_cast<double>(plan.buffers[static_cast<size_t>(buffer)].bytes);
+        bytes += static_cast<double>(plan.buffers[static_cast<size_t>(buffer)].bytes);
       }
     }
   }
+  return bytes;
+}
+
+std::map<std::string, double> step_collective_bytes(const TrainingPlan& plan) {
+  std::map<std::pair<KernelName, int64_t>, double> entries;  // (kernel, chunk): a chunk's kernels are its own
+  for (const std::vector<ProgramEntry>* phase : {&plan.program.gradients, &plan.program.update}) {
+    for (const ProgramEntry& entry : *phase) {
+      if (entry.transfer == ProgramEntry::Transfer::none) entries[{entry.kernel, entry.chunk}] += 1.0;
+    }
+  }
+  const double transfer_bytes = step_transfer_bytes(plan);
   std::map<std::string, double> bytes;
   for (const KernelPlan& kernel : plan.kernels) {
-    const double repeats = entries[kernel.kernel];
+    const double repeats = entries[{kernel.kernel, kernel.chunk}];
     for (const auto& [axis, axis_bytes] : kernel.collective_bytes) {
       if (repeats > 0.0) bytes[axis] += repeats * axis_bytes;
     }

@@ -293,13 +293,23 @@ int64_t resolve_threads(const Config& config, const Topology& topology, int64_t 
 // kernel's collective bytes times its entries in the step's program (gradients and update), and a pipeline
 // program's transfers on the stage axis (the bytes a rank sends: a received message is its sender's).
 std::map<std::string, double> step_collective_bytes(const TrainingPlan& plan);
+// Of those, the bytes a stage rank's transfers send in one step (its activations to the next chunk's rank
+// and its input gradients to the previous one's; 0 without stages). The rest of the stage axis's bytes is
+// the tied embedding table's sum between the ends.
+double step_transfer_bytes(const TrainingPlan& plan);
 
-// The plan file of one kernel: deterministic JSON text (the same inputs give the same bytes).
-std::string serialize_kernel_plan(const TrainingPlan& plan, KernelName kernel);
-// "STEM_<kernel>.json"
-std::string plan_file_path(const std::string& stem, KernelName kernel);
-// Reads STEM_<kernel>.json and compares it with `plan`: a missing file or any difference is an error that
-// names the file and the first differing config key (or field), never a silent re-plan.
-void verify_plan_file(const TrainingPlan& plan, KernelName kernel, const std::string& stem);
+// The plan file of one kernel (of the rank's chunk `chunk`: a stage rank with several chunks has a forward,
+// a backward and an eval per chunk): deterministic JSON text (the same inputs give the same bytes).
+std::string serialize_kernel_plan(const TrainingPlan& plan, KernelName kernel, int64_t chunk = 0);
+// "STEM_<kernel>.json"; a rank's later chunks' "STEM_<kernel>_chunk<k>.json" (k > 0, its k-th chunk)
+std::string plan_file_path(const std::string& stem, KernelName kernel, int64_t chunk = 0);
+// The stem of `plan`'s files: STEM itself, or under mesh.stage > 1 STEM_stage<s> for stage rank s (each stage
+// has its own plan; `compile plan_out=STEM` writes every stage's, a run's rank reads its own stage's).
+std::string plan_file_stem(const std::string& stem, const TrainingPlan& plan);
+// Reads plan_file_path(plan_file_stem(STEM), kernel, chunk) and compares it with `plan`: a missing file or
+// any difference is an error that names the file and the first differing config key (or field), never a
+// silent re-plan.
+void verify_plan_file(const TrainingPlan& plan, KernelName kernel, const std::string& stem,
+                      int64_t chunk = 0);
 
 }  // namespace meshtrain

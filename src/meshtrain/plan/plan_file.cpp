@@ -41,12 +41,13 @@ json program_json(const std::vector<ProgramEntry>& entries) {
 
 }  // namespace
 
-std::string serialize_kernel_plan(const TrainingPlan& plan, KernelName name) {
-  const KernelPlan& kernel = plan.kernel(name);
+std::string serialize_kernel_plan(const TrainingPlan& plan, KernelName name, int64_t chunk) {
+  const KernelPlan& kernel = plan.kernel(name, chunk);
   json out;
   out["format"] = "meshtrain-plan";
   out["version"] = 1;
   out["kernel"] = kernel_name(name);
+  if (chunk > 0) out["chunk"] = chunk;  // the rank's chunk (files of chunk 0 read as before chunks existed)
   json keys = json::object();
   for (const auto& [key, value] : plan.identity.keys) keys[key] = value;
   out["identity"] = {{"hash", plan.identity.hash}, {"keys", keys}};
@@ -134,12 +135,17 @@ std::string serialize_kernel_plan(const TrainingPlan& plan, KernelName name) {
   return out.dump(1) + "\n";
 }
 
-std::string plan_file_path(const std::string& stem, KernelName kernel) {
-  return stem + "_" + kernel_name(kernel) + ".json";
+std::string plan_file_path(const std::string& stem, KernelName kernel, int64_t chunk) {
+  return stem + "_" + kernel_name(kernel) + (chunk > 0 ? "_chunk" + std::to_string(chunk) : "") + ".json";
 }
 
-void verify_plan_file(const TrainingPlan& plan, KernelName kernel, const std::string& stem) {
-  const std::string path = plan_file_path(stem, kernel);
+std::string plan_file_stem(const std::string& stem, const TrainingPlan& plan) {
+  if (plan.pipeline.stages == 1) return stem;
+  return stem + "_stage" + std::to_string(plan.pipeline.stage);
+}
+
+void verify_plan_file(const TrainingPlan& plan, KernelName kernel, const std::string& stem, int64_t chunk) {
+  const std::string path = plan_file_path(plan_file_stem(stem, plan), kernel, chunk);
   std::ifstream file(path, std::ios::binary);
   if (!file) {
     fail(path, std::string("the ") + kernel_name(kernel) + " plan written by meshtrain compile",
@@ -149,7 +155,7 @@ void verify_plan_file(const TrainingPlan& plan, KernelName kernel, const std::st
   }
   std::stringstream text;
   text << file.rdbuf();
-  const std::string expected = serialize_kernel_plan(plan, kernel);
+  const std::string expected = serialize_kernel_plan(plan, kernel, chunk);
   if (text.str() == expected) return;
   json found;
   try {

@@ -1,4 +1,5 @@
-// The mesh (context included) / micro-batch / remat search over plan_training (see search.h).
+// The mesh (stages and context included) / schedule / micro-batch / remat search over plan_training and
+// plan_pipeline_step (see search.h).
 #include "meshtrain/plan/search.h"
 
 #include <algorithm>
@@ -8,6 +9,7 @@
 
 #include "meshtrain/core/error.h"
 #include "meshtrain/data/context_reorder.h"
+#include "meshtrain/plan/pipeline_step.h"
 #include "meshtrain/plan/plan.h"
 #include "meshtrain/plan/topology.h"
 
@@ -56,6 +58,10 @@ void SearchCandidate::apply_to(Config& config) const {
   set_resolved_text(config, "gradient_accumulation_steps", std::to_string(gradient_accumulation_steps));
   config.remat_policy = remat_policy;
   set_resolved_text(config, "remat_policy", remat_policy_name(remat_policy));
+  if (pipelined()) {
+    config.pipeline_schedule = pipeline_schedule;
+    set_resolved_text(config, "pipeline_schedule", pipeline_schedule_name(pipeline_schedule));
+  }
 }
 
 std::string SearchCandidate::overrides() const {
@@ -65,7 +71,16 @@ std::string SearchCandidate::overrides() const {
   }
   return text + "per_device_batch_size=" + std::to_string(per_device_batch_size) +
          " gradient_accumulation_steps=" + std::to_string(gradient_accumulation_steps) +
-         " remat_policy=" + remat_policy_name(remat_policy);
+         " remat_policy=" + remat_policy_name(remat_policy) +
+         (pipelined() ? std::string(" pipeline_schedule=") + pipeline_schedule_name(pipeline_schedule) : "");
+}
+
+std::vector<int64_t> search_stage_degrees(const Config& base, int64_t devices) {
+  std::vector<int64_t> degrees;
+  for (int64_t stage : divisors(devices)) {
+    if (stage == 1 || stage <= base.base_num_decoder_layers) degrees.push_back(stage);
+  }
+  return degrees;
 }
 
 ContextDegrees search_context_degrees(const Config& base, int64_t devices) {
@@ -94,19 +109,30 @@ std::vector<SearchCandidate> search_candidates(const Config& base, int64_t devic
   std::vector<SearchCandidate> candidates;
   const int64_t expert = searched_expert_degree(base);
   if (devices % expert != 0) return candidates;
-  for (int64_t context : search_context_degrees(base, devices / expert).searched) {
-    for (int64_t tensor : divisors(devices / expert / context)) {
-      if (tensor > tensor_limit || base.base_num_query_heads % tensor != 0) continue;
-      for (int64_t fsdp : divisors(devices / expert / context / tensor)) {
-        const int64_t data = devices / expert / context / tensor / fsdp;
-        for (int64_t batch : divisors(sequences_per_device)) {
-          for (RematPolicy remat : kRematPolicies) {
-            const Mesh mesh({{MeshAxis::data, data},
-                             {MeshAxis::fsdp, fsdp},
-                             {MeshAxis::context, context},
-                             {MeshAxis::expert, expert},
-                             {MeshAxis::tensor, tensor}});
-            candidates.push_back({mesh, batch, sequences_per_device / batch, remat});
+  for (int64_t stage : search_stage_degrees(base, devices / expert)) {
+    const int64_t left = devices / expert / stage;
+    for (int64_t context : search_context_degrees(base, left).searched) {
+      for (int64_t tensor : divisors(left / context)) {
+        if (tensor > tensor_limit || base.base_num_query_heads % tensor != 0) continue;
+        for (int64_t fsdp : divisors(left / context / tensor)) {
+          const int64_t data = left / context / tensor / fsdp;
+          for (int64_t batch : divisors(sequences_per_device)) {
+            const int64_t accumulation = sequences_per_device / batch;
+            std::vector<PipelineScheduleKind> schedules = {base.pipeline_schedule};  // unused without stages
+            if (stage > 1) {
+              schedules = {PipelineScheduleKind::gpipe};
+              if (accumulation >= stage) schedules.push_back(PipelineScheduleKind::one_f_one_b);
+            }
+            for (RematPolicy remat : kRematPolicies) {
+              const Mesh mesh({{MeshAxis::data, data},
+                               {MeshAxis::stage, stage},
+                               {MeshAxis::fsdp, fsdp},
+                               {MeshAxis::context, context},
+                               {MeshAxis::expert, expert},
+                               {MeshAxis::tensor, tensor}});
+              for (PipelineScheduleKind schedule : schedules)
+                candidates.push_back({mesh, batch, accumulation, remat, schedule});
+            }
           }
         }
       }
@@ -120,11 +146,6 @@ SearchResult search_training_configurations(const Config& base, double memory_bu
   if (!base.plan_out.empty()) {
     fail("config key 'plan_out'", "no plan files with --search (it plans many configurations)",
          "'" + base.plan_out + "'", "run compile again without --search and with the chosen overrides");
-  }
-  if (base.mesh[MeshAxis::stage] != 1) {
-    fail("config key 'mesh.stage'",
-         "1 with --search (it searches data, fsdp, context and tensor, not pipeline stages)",
-         std::to_string(base.mesh[MeshAxis::stage]), "set mesh.stage=1");
   }
   const Topology topology = load_topology(base.topology, base.topologies_path);
   SearchResult result;
@@ -142,6 +163,8 @@ SearchResult search_training_configurations(const Config& base, double memory_bu
   result.global_batch = base.per_device_batch_size * base.gradient_accumulation_steps * result.devices;
   // Tensor parallelism stays inside a host (its collectives run every layer) and splits the query heads.
   const int64_t tensor_limit = topology.devices_per_host == 0 ? result.devices : topology.devices_per_host;
+  result.stages = search_stage_degrees(base, result.devices / searched_expert_degree(base));
+  result.layers = base.base_num_decoder_layers;
   result.contexts = search_context_degrees(base, result.devices / searched_expert_degree(base));
   result.tensor_limit = tensor_limit;
   result.query_heads = base.base_num_query_heads;
@@ -164,6 +187,21 @@ SearchResult search_training_configurations(const Config& base, double memory_bu
     request.config = base;
     candidate.apply_to(request.config);
     request.kernels = {KernelName::fwd_bwd, KernelName::fwd_bwd_accum, KernelName::update};
+    if (candidate.pipelined()) {
+      request.kernels = {KernelName::update};  // each stage plans its split kernels and update
+      PipelineStepPlan step;
+      try {
+        step = plan_pipeline_step(request);
+      } catch (const MeshError& error) {
+        outcome.invalid_reason = error.what();
+        return;
+      }
+      outcome.valid = true;
+      outcome.arena_bytes = step.largest_arena_bytes;
+      outcome.fits = static_cast<double>(step.largest_arena_bytes) <= memory_limit;
+      outcome.step_seconds = step.step_seconds;
+      return;
+    }
     TrainingPlan plan;
     try {
       plan = plan_training(request);

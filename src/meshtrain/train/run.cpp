@@ -3,6 +3,7 @@
 
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cmath>
@@ -336,7 +337,11 @@ RunSetup prepare_run(const Config& config, int64_t world_size, int64_t rank) {
     if (config.eval_interval > 0) {
       for (KernelName kernel : program_kernels(program.eval)) used_kernels.push_back(kernel);
     }
-    for (KernelName kernel : used_kernels) verify_plan_file(setup.plan, kernel, config.plan_in);
+    // Each chunk's, on a stage rank with several (plan_file_path).
+    for (const KernelPlan& kernel : setup.plan.kernels) {
+      if (std::find(used_kernels.begin(), used_kernels.end(), kernel.kernel) != used_kernels.end())
+        verify_plan_file(setup.plan, kernel.kernel, config.plan_in, kernel.chunk);
+    }
   }
   // Synthetic ids need no vocabulary file: such a run reads no file at all (the presets' tokenizer_path and
   // dataset_path are for the KJV main job).
@@ -450,6 +455,18 @@ void Run::resume_from_checkpoint() {
 // The CPU, the matmul backend and the measured GEMM peak that mfu is relative to (lead rank: it alone
 // writes metrics; measured after the engine set this rank's threads), the resolved config and the plan.
 void Run::write_run_files() {
+  // The plan this rank executes, in the format of meshtrain compile's plan_out (byte for byte the same):
+  // run_dir/plan_<kernel>.json, or under mesh.stage > 1 each stage's own, plan_stage<s>_<kernel>.json,
+  // written by the stage's first rank (every other coordinate 0; stage 0's is the lead).
+  if (mesh_group(mesh_, ranks_.world->rank(), MeshAxis::stage).colour == 0) {
+    fs::create_directories(config_.run_dir);
+    const TrainingPlan& plan = engine_->plan();
+    for (const KernelPlan& kernel : plan.kernels) {
+      write_file_atomically(
+          plan_file_path(plan_file_stem(config_.run_dir + "/plan", plan), kernel.kernel, kernel.chunk),
+          serialize_kernel_plan(plan, kernel.kernel, kernel.chunk));
+    }
+  }
   if (!lead_) return;
   const bool bf16 = config_.dtype == DType::bf16;
   const TrainingPlan& plan = engine_->plan();
@@ -475,11 +492,6 @@ void Run::write_run_files() {
   }
   write_resolved_config(config_, config_.run_dir);
   if (machine_) write_file_atomically(config_.run_dir + "/machine.json", machine_->to_json().dump(2) + "\n");
-  // The plan this run executes, in the format of meshtrain compile's plan_out (byte for byte the same).
-  for (const KernelPlan& kernel : engine_->plan().kernels) {
-    write_file_atomically(plan_file_path(config_.run_dir + "/plan", kernel.kernel),
-                          serialize_kernel_plan(engine_->plan(), kernel.kernel));
-  }
   MetricsLog::truncate_after(config_.run_dir + "/metrics.jsonl", state_.step);
 }
 
