@@ -486,6 +486,9 @@ void Engine::release_host_copy() const {
 
 void Engine::copy_in(const TensorView& to, const void* from, size_t bytes) {
   MT_CHECK(bytes <= to.bytes(), "a copy larger than its buffer");
+  // A batch input in an activation slot whose previous holder (another chunk's micro-batch, laid out
+  // otherwise) may still be sending from the same bytes.
+  if (!pipeline_transfers_.empty()) pipeline_transfers_.wait_touching(to, trace_);
   backend().memory_copy_in(to.data, from, bytes);
 }
 
