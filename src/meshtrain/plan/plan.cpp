@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 
 #include "meshtrain/core/error.h"
 #include "meshtrain/data/context_reorder.h"
@@ -62,7 +63,10 @@ KernelSteps kernel_steps(TrainingPlan& plan, KernelName kernel) {
 // The copy runs in host memory: meshes of more than one rank run on the cpu backend only
 // (check_plan_runs_here).
 const OpDecl* add_copy_op(TrainingPlan& plan, const std::string& name, BufferId from, BufferId to) {
-  OpDecl copy{name, {from}, {to}, 0.0,
+  OpDecl copy{name,
+              {from},
+              {to},
+              0.0,
               [from, to](const OpContext& context) {
                 const TensorView source = context.view(from), target = context.view(to);
                 MT_CHECK(source.bytes() == target.bytes() && context.kernels->memory_on_host(),
@@ -160,11 +164,110 @@ KernelPlan plan_kernel(TrainingPlan& plan, KernelName kernel) {
                       plan.persistent_bytes);
 }
 
+// zero_bubble's backward_input and backward_weight: the backward steps of `steps` (fused order, from `cut`)
+// split by split_backward, each part in its fused relative order, placed on the fused order's values (a
+// shared scratch buffer written by several layers is several values, whichever part reads each). A value both
+// parts touch, or a copy a weight step reads, lives in the slot's weight area, after the forward's stash;
+// each part's own values are its temporaries. `stash_of_value` holds the forward's stash. Grows the slots
+// by the weight area: the other split kernels are placed after.
+std::pair<KernelPlan, KernelPlan> plan_backward_parts(TrainingPlan& plan, const std::vector<PlanStep>& steps,
+                                                      size_t cut, const Liveness& liveness,
+                                                      std::vector<size_t> stash_of_value) {
+  ActivationStash& stash = plan.stash;
+  const BackwardSplit split = split_backward(plan, steps, cut, liveness);
+  // The parts' steps in order, each with the fused value of every binding (kPersistent: none); each copy
+  // stands in the input part where its weight step stood.
+  std::vector<PlanStep> parts(steps.begin(), steps.begin() + static_cast<std::ptrdiff_t>(cut));
+  std::vector<std::vector<size_t>> part_values(
+      liveness.value_of_step.begin(), liveness.value_of_step.begin() + static_cast<std::ptrdiff_t>(cut));
+  std::vector<PlanStep> weight_steps;
+  std::vector<std::vector<size_t>> weight_values;
+  std::vector<PlanBufferId> copies;
+  for (size_t i = cut; i < steps.size(); ++i) {
+    if (!split.weight[i]) {
+      parts.push_back(steps[i]);
+      part_values.push_back(liveness.value_of_step[i]);
+      continue;
+    }
+    PlanStep step = steps[i];
+    std::vector<size_t> values = liveness.value_of_step[i];
+    for (const auto& [captured_step, binding] : split.captures) {
+      if (captured_step != i) continue;
+      const auto [spec_id, plan_id] = step.buffers[binding];
+      const PlanBuffer& source = plan.buffers[static_cast<size_t>(plan_id)];
+      PlanBuffer copy{"zero_bubble/" + step.op->name + "/" + source.name, source.kind, source.dtype,
+                      source.shape, source.sharding};
+      copy.stashed = true;
+      const PlanBufferId copy_id = add_plan_buffer(plan, std::move(copy));
+      copies.push_back(copy_id);
+      const OpDecl* copy_op =
+          add_copy_op(plan, "zero_bubble/copy/" + step.op->name + "/" + source.name, spec_id, copy_id);
+      parts.push_back(bind_step(step_of(copy_op), spec_id, plan_id));
+      part_values.push_back({values[binding], Liveness::kPersistent});
+      step.buffers[binding].second = copy_id;
+      values[binding] = Liveness::kPersistent;
+    }
+    weight_steps.push_back(std::move(step));
+    weight_values.push_back(std::move(values));
+  }
+  const size_t input_end = parts.size();
+  parts.insert(parts.end(), weight_steps.begin(), weight_steps.end());
+  part_values.insert(part_values.end(), weight_values.begin(), weight_values.end());
+  // The fused values' live ranges over the parts' order; where each part touches them.
+  Liveness placed;
+  placed.value_of_step = part_values;
+  placed.values = liveness.values;
+  std::vector<bool> in_input(liveness.values.size(), false), in_weight(liveness.values.size(), false);
+  for (PlanValue& value : placed.values) value.first_op = value.last_op = -1;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    for (size_t value : part_values[i]) {
+      if (value == Liveness::kPersistent) continue;
+      PlanValue& range = placed.values[value];
+      if (range.first_op < 0) range.first_op = static_cast<int32_t>(i);
+      range.last_op = static_cast<int32_t>(i);
+      if (i >= cut) (i < input_end ? in_input : in_weight)[value] = true;
+    }
+  }
+  // The weight area: what B_input leaves for W beyond the forward's stash, all live between them.
+  std::vector<size_t> weight_area_values;
+  std::vector<AllocatorValue> weight_area;
+  for (size_t v = 0; v < liveness.values.size(); ++v) {
+    if (stash_of_value[v] != kNotStashed || !in_input[v] || !in_weight[v]) continue;
+    weight_area_values.push_back(v);
+    weight_area.push_back({plan.buffers[static_cast<size_t>(liveness.values[v].buffer)].bytes, 0, 0});
+  }
+  for (PlanBufferId copy : copies)
+    weight_area.push_back({plan.buffers[static_cast<size_t>(copy)].bytes, 0, 0});
+  const Allocation weight_slot = allocate(weight_area);
+  const size_t weight_begin = stash.slot_bytes;
+  for (size_t e = 0; e < weight_area.size(); ++e) {
+    const size_t offset = weight_begin + weight_slot.offsets[e];
+    if (e < weight_area_values.size()) {
+      stash.entries.push_back({liveness.values[weight_area_values[e]].buffer, offset});
+      stash_of_value[weight_area_values[e]] = stash.offset + offset;
+    } else {
+      stash.entries.push_back({copies[e - weight_area_values.size()], offset});
+    }
+  }
+  stash.weight_bytes = weight_slot.extent;
+  stash.slot_bytes += weight_slot.extent;
+  for (size_t v = 0; v < liveness.values.size(); ++v) {
+    MT_CHECK(stash_of_value[v] != kNotStashed || !(in_input[v] && in_weight[v]),
+             "a value both backward parts touch, in the activation slot");
+  }
+  return {place_kernel(plan, KernelName::backward_input, parts, cut, input_end, placed, stash.end(),
+                       &stash_of_value),
+          place_kernel(plan, KernelName::backward_weight, parts, input_end, parts.size(), placed, stash.end(),
+                       &stash_of_value)};
+}
+
 // The split kernels over `slots` activation slots (ActivationStash): zero_gradients, then fwd_bwd_accum's
 // steps cut where its backward begins, so forward then backward run exactly fwd_bwd_accum's ops in its order
 // (and zero_gradients then both, fwd_bwd's). Their live ranges are fwd_bwd_accum's: a value written before
 // the cut and read after it is one the backward needs from the forward, whatever the remat policy kept.
-void plan_split_kernels(TrainingPlan& plan, int64_t slots) {
+// `whole_backward`: plan backward; `backward_parts`: backward_input and backward_weight
+// (plan_backward_parts).
+void plan_split_kernels(TrainingPlan& plan, int64_t slots, bool whole_backward, bool backward_parts) {
   plan.kernels.push_back(plan_kernel(plan, KernelName::zero_gradients));
   const KernelSteps fused = kernel_steps(plan, KernelName::fwd_bwd_accum);
   const std::vector<PlanStep>& steps = fused.steps;
@@ -180,8 +283,8 @@ void plan_split_kernels(TrainingPlan& plan, int64_t slots) {
     }
   }
   // The batch is loaded once, before its forward: the backward reads the slot's copy of what it reads. The
-  // forward writes no other persistent buffer but gradients and its slot's boundary buffers (added into, never read back by a backward), so
-  // nothing else a backward reads can have changed since its own forward.
+  // forward writes no other persistent buffer but gradients and its slot's boundary buffers (added into,
+  // never read back by a backward), so nothing else a backward reads can have changed since its own forward.
   for (size_t i = 0; i < steps.size(); ++i) {
     for (size_t b = 0; b < steps[i].buffers.size(); ++b) {
       const PlanBufferId id = steps[i].buffers[b].second;
@@ -215,10 +318,20 @@ void plan_split_kernels(TrainingPlan& plan, int64_t slots) {
     if (entry_of_value[v] != kNotStashed)
       stash_of_value[v] = stash.offset + stash.entries[entry_of_value[v]].offset;
   }
+  // The weight area goes after the forward's stash; every split kernel's temporaries above the last slot.
+  std::optional<std::pair<KernelPlan, KernelPlan>> parts;
+  if (backward_parts)
+    parts = plan_backward_parts(plan, steps, fused.backward_begin, liveness, stash_of_value);
   plan.kernels.push_back(place_kernel(plan, KernelName::forward, steps, 0, fused.backward_begin, liveness,
                                       stash.end(), &stash_of_value));
-  plan.kernels.push_back(place_kernel(plan, KernelName::backward, steps, fused.backward_begin, steps.size(),
-                                      liveness, stash.end(), &stash_of_value));
+  if (whole_backward) {
+    plan.kernels.push_back(place_kernel(plan, KernelName::backward, steps, fused.backward_begin, steps.size(),
+                                        liveness, stash.end(), &stash_of_value));
+  }
+  if (parts) {
+    plan.kernels.push_back(std::move(parts->first));
+    plan.kernels.push_back(std::move(parts->second));
+  }
 }
 
 // A stage plan's eval: its chunk's forward (and on the last stage the loss) on one micro-batch whose
@@ -228,8 +341,8 @@ void plan_stage_eval(TrainingPlan& plan) {
   const std::vector<PlanStep> steps = kernel_steps(plan, KernelName::eval).steps;
   const Liveness liveness = plan_liveness(plan, steps, KernelName::eval);
   const std::vector<size_t> none(liveness.values.size(), kNotStashed);
-  plan.kernels.push_back(place_kernel(plan, KernelName::eval, steps, 0, steps.size(), liveness,
-                                      plan.stash.end(), &none));
+  plan.kernels.push_back(
+      place_kernel(plan, KernelName::eval, steps, 0, steps.size(), liveness, plan.stash.end(), &none));
 }
 
 }  // namespace
@@ -252,8 +365,17 @@ const char* kernel_name(KernelName kernel) {
       return "forward";
     case KernelName::backward:
       return "backward";
+    case KernelName::backward_input:
+      return "backward_input";
+    case KernelName::backward_weight:
+      return "backward_weight";
   }
   return "?";
+}
+
+bool runs_over_a_slot(KernelName kernel) {
+  return kernel == KernelName::forward || kernel == KernelName::backward ||
+         kernel == KernelName::backward_input || kernel == KernelName::backward_weight;
 }
 
 KernelName parse_kernel_name(const std::string& name, const std::string& where) {
@@ -433,8 +555,8 @@ TrainingPlan plan_training(const PlanRequest& request) {
                        : build_model_spec(config, plan.mesh, backend, chunk);
   if (!decoding) plan.optimizer = apply_optimizer(plan.spec, config);
   plan_storage(plan);
-  const bool requested_update = std::find(request.kernels.begin(), request.kernels.end(),
-                                          KernelName::update) != request.kernels.end();
+  const bool requested_update =
+      std::find(request.kernels.begin(), request.kernels.end(), KernelName::update) != request.kernels.end();
   const bool requested_eval =
       std::find(request.kernels.begin(), request.kernels.end(), KernelName::eval) != request.kernels.end();
   if (decoding) {
@@ -443,7 +565,9 @@ TrainingPlan plan_training(const PlanRequest& request) {
     // A stage runs its schedule's split kernels only; their slots are as many as its program holds at once.
     const StageProgram stage_program = plan_stage_program(plan.pipeline.schedule, plan.pipeline.stage);
     plan_pipeline_boundary(plan);
-    plan_split_kernels(plan, stage_program.slots);
+    // zero_bubble runs each backward as its two parts (B_input, W), the other schedules whole.
+    const bool zero_bubble = plan.pipeline.schedule.kind == PipelineScheduleKind::zero_bubble;
+    plan_split_kernels(plan, stage_program.slots, !zero_bubble, zero_bubble);
     if (requested_update) plan.kernels.push_back(plan_kernel(plan, KernelName::update));
     if (requested_eval) plan_stage_eval(plan);
     plan.program = stage_program.program;
@@ -454,7 +578,8 @@ TrainingPlan plan_training(const PlanRequest& request) {
       }
     }
     // After the requested kernels, so their plans (buffer ids included) are the same with or without.
-    if (request.activation_slots > 0) plan_split_kernels(plan, request.activation_slots);
+    if (request.activation_slots > 0)
+      plan_split_kernels(plan, request.activation_slots, true, request.split_backward);
   }
   size_t largest_temps = 0;
   for (const KernelPlan& kernel : plan.kernels) largest_temps = std::max(largest_temps, kernel.memory.temps);

@@ -67,9 +67,11 @@ std::string serialize_kernel_plan(const TrainingPlan& plan, KernelName name) {
                    {"peak", m.peak},
                    {"persistent", plan.persistent_bytes},
                    {"process_arena", plan.arena_bytes}};
-  if (plan.stash.slots > 0 && (name == KernelName::forward || name == KernelName::backward)) {
+  if (plan.stash.slots > 0 && runs_over_a_slot(name)) {
     out["memory"]["activation_slots"] = {
         {"slots", plan.stash.slots}, {"slot_bytes", plan.stash.slot_bytes}, {"offset", plan.stash.offset}};
+    if (plan.stash.weight_bytes > 0)
+      out["memory"]["activation_slots"]["weight_bytes"] = plan.stash.weight_bytes;
   }
   json collective = json::object();
   for (const auto& [axis, bytes] : kernel.collective_bytes) collective[axis] = bytes;
@@ -93,8 +95,7 @@ std::string serialize_kernel_plan(const TrainingPlan& plan, KernelName name) {
                   {"shape", shape_json(buffer)},
                   {"bytes", buffer.bytes}};
     // The split kernels read what crosses from forward to backward in the micro-batch's activation slot.
-    const ActivationStash::Entry* stashed =
-        name == KernelName::forward || name == KernelName::backward ? plan.stash.find(id) : nullptr;
+    const ActivationStash::Entry* stashed = runs_over_a_slot(name) ? plan.stash.find(id) : nullptr;
     if (stashed) entry["slot_offset"] = stashed->offset;
     if (buffer.persistent || buffer.part_of >= 0) {
       if (!stashed) entry["offset"] = buffer.offset;

@@ -177,7 +177,7 @@ Engine::Engine(TrainingPlan plan, EngineRanks ranks)
     : plan_(require_runnable(std::move(plan), ranks)),
       arena_(plan_.arena_bytes, arena_memory(*plan_.spec.kernels)),
       ranks_(ranks),
-      slot_in_flight_(static_cast<size_t>(plan_.stash.slots), false) {
+      slot_states_(static_cast<size_t>(plan_.stash.slots), SlotState::free) {
   coordinates_ = mesh_coordinates(plan_.mesh, ranks_.world ? ranks_.world->rank() : 0);
   if (plan_.mesh.size(MeshAxis::tensor) > plan_.spec.config.base_num_kv_heads) {
     // The tensor ranks that hold the same kv head (consecutive ones) sum its gradient.
@@ -188,11 +188,12 @@ Engine::Engine(TrainingPlan plan, EngineRanks ranks)
                                    static_cast<int>(coordinates_[MeshAxis::tensor]), "tensor kv replicas");
   }
   if (const PipelineStage& stage = plan_.pipeline; stage.stages > 2) {
-    // The first and last stage ranks sum a tied table's gradients (every other stage gets a group of its own).
+    // The first and last stage ranks sum a tied table's gradients (every other stage gets a group of its
+    // own).
     const bool end = stage.first() || stage.last();
-    pipeline_ends_group_ = communicator(MeshAxis::stage)
-                               .split(end ? 0 : static_cast<int>(1 + stage.stage),
-                                      static_cast<int>(stage.stage), "stage ends");
+    pipeline_ends_group_ =
+        communicator(MeshAxis::stage)
+            .split(end ? 0 : static_cast<int>(1 + stage.stage), static_cast<int>(stage.stage), "stage ends");
   }
   if (plan_.mesh.size(MeshAxis::tensor) > 1) {
     Communicator* tensor = &communicator(MeshAxis::tensor);
@@ -263,9 +264,10 @@ void Engine::run_collective(const PlanOp& op, const OpContext& context, UpdateSt
   const bool kv_replicas = c.axis == MeshAxis::tensor && c.group < plan_.mesh.size(MeshAxis::tensor);
   MT_CHECK(!kv_replicas || kv_replica_group_, "a part of the tensor axis other than the kv replicas");
   // A pipeline's tied table: its first and last stage ranks (the whole axis when there are two).
-  const bool pipeline_ends = c.axis == MeshAxis::stage && c.group > 0 && c.group < plan_.mesh.size(MeshAxis::stage);
+  const bool pipeline_ends =
+      c.axis == MeshAxis::stage && c.group > 0 && c.group < plan_.mesh.size(MeshAxis::stage);
   MT_CHECK(!pipeline_ends || pipeline_ends_group_, "a part of the stage axis other than its two ends");
-  Communicator& comm = kv_replicas      ? *kv_replica_group_
+  Communicator& comm = kv_replicas     ? *kv_replica_group_
                        : pipeline_ends ? *pipeline_ends_group_
                                        : communicator(c.axis);
   const std::string& name = op.op->name;
@@ -390,7 +392,8 @@ Engine::LocalShard Engine::local_shard(BufferId id) const {
     shard.saving_replica = shard.saving_replica && (buffer.split_over(axis) || coordinates_[axis] == 0);
   }
   // Both ends of a pipeline hold a tied table (and its moments): the first stage saves it.
-  if (plan_.pipeline.stages > 1 && !plan_.pipeline.first() && tied_table_state(id)) shard.saving_replica = false;
+  if (plan_.pipeline.stages > 1 && !plan_.pipeline.first() && tied_table_state(id))
+    shard.saving_replica = false;
   return shard;
 }
 
@@ -658,8 +661,9 @@ LossSums Engine::run(KernelName name, UpdateState* update) {
   const KernelPlan& kernel = plan_.kernel(name);
   // The split kernels' temporaries lie above the activation slots; every other kernel's overlap them, so it
   // runs only while no micro-batch is in flight.
-  const bool split = name == KernelName::forward || name == KernelName::backward;
-  MT_CHECK(split || std::find(slot_in_flight_.begin(), slot_in_flight_.end(), true) == slot_in_flight_.end(),
+  const bool split = runs_over_a_slot(name);
+  MT_CHECK(split || std::all_of(slot_states_.begin(), slot_states_.end(),
+                                [](SlotState state) { return state == SlotState::free; }),
            std::string(kernel_name(name)) + " while a micro-batch's activations wait in their slot");
   if (poison_temporaries_) {  // all-ones bytes: every float32 a NaN
     // A stage plan's eval binds slot 0 too (its received activation is there).
@@ -717,8 +721,8 @@ LossSums Engine::run(KernelName name, UpdateState* update) {
     transfers_.progress();
     pipeline_transfers_.progress();
   }
-  transfers_.wait_all(trace_);  // a kernel ends with no send_recv op's transfer in flight (a program's
-                                // pipeline transfers end with its phase)
+  transfers_.wait_all(trace_);     // a kernel ends with no send_recv op's transfer in flight (a program's
+                                   // pipeline transfers end with its phase)
   backend().device_synchronize();  // a kernel's time (the step's) ends when the device is done
   last_kernel_ = &kernel;
   return sums;
@@ -738,8 +742,8 @@ ProgramResult Engine::run_program(const std::vector<ProgramEntry>& entries, cons
       start_transfer(entry);
       continue;
     }
-    const bool split = entry.kernel == KernelName::forward || entry.kernel == KernelName::backward;
-    MT_CHECK(!split || !entry.last_backward, "overlapped reductions after a split backward");
+    MT_CHECK(!runs_over_a_slot(entry.kernel) || !entry.last_backward,
+             "overlapped reductions after a split backward");
     switch (entry.kernel) {
       case KernelName::fwd_bwd:
         add(fwd_bwd(inputs.micro_batch(entry.micro_batch), entry.last_backward));
@@ -761,11 +765,18 @@ ProgramResult Engine::run_program(const std::vector<ProgramEntry>& entries, cons
         slot_micro_batch[entry.slot] = entry.micro_batch;
         break;
       case KernelName::backward:
+      case KernelName::backward_input:
+      case KernelName::backward_weight:
         MT_CHECK(slot_micro_batch.count(entry.slot) && slot_micro_batch[entry.slot] == entry.micro_batch,
-                 "the backward of micro-batch " + std::to_string(entry.micro_batch) + " from slot " +
-                     std::to_string(entry.slot) + ", which holds another's forward");
-        add(backward(entry.slot));
-        slot_micro_batch.erase(entry.slot);
+                 std::string("the ") + kernel_name(entry.kernel) + " of micro-batch " +
+                     std::to_string(entry.micro_batch) + " from slot " + std::to_string(entry.slot) +
+                     ", which holds another's forward");
+        if (entry.kernel == KernelName::backward_input) {
+          add(backward_input(entry.slot));
+        } else {
+          add(entry.kernel == KernelName::backward ? backward(entry.slot) : backward_weight(entry.slot));
+          slot_micro_batch.erase(entry.slot);
+        }
         break;
       case KernelName::decode:
         MT_CHECK(false, "decode in a step's program");
@@ -779,7 +790,8 @@ ProgramResult Engine::run_program(const std::vector<ProgramEntry>& entries, cons
 // earlier transfer of the same memory: a slot's previous micro-batch may still be sending from it).
 void Engine::start_transfer(const ProgramEntry& entry) {
   using Transfer = ProgramEntry::Transfer;
-  const bool sending = entry.transfer == Transfer::send_activation || entry.transfer == Transfer::send_gradient;
+  const bool sending =
+      entry.transfer == Transfer::send_activation || entry.transfer == Transfer::send_gradient;
   const PlanBufferId buffer = plan_.pipeline.buffer_of(entry.transfer);
   MT_CHECK(buffer >= 0, "a transfer of a stage without that neighbour");
   check_slot(entry.slot);
@@ -823,31 +835,48 @@ void Engine::check_slot(int64_t slot) const {
 
 LossSums Engine::forward(const Batch& batch, int64_t slot) {
   check_slot(slot);
-  MT_CHECK(!slot_in_flight_[static_cast<size_t>(slot)], "a forward into activation slot " +
-                                                            std::to_string(slot) +
-                                                            ", whose micro-batch's backward has not run");
+  MT_CHECK(slot_states_[static_cast<size_t>(slot)] == SlotState::free,
+           "a forward into activation slot " + std::to_string(slot) +
+               ", whose micro-batch's backward has not run");
   const SlotScope bound(slot_, slot);
   load_batch(batch);
   overlap_ = false;
   const LossSums sums = with_batch_valid_count(run(KernelName::forward));
-  slot_in_flight_[static_cast<size_t>(slot)] = true;
+  slot_states_[static_cast<size_t>(slot)] = SlotState::forward_done;
+  return sums;
+}
+
+// A backward kernel on the micro-batch in `slot`, which must be `expected` there, leaving it `after`.
+LossSums Engine::run_in_slot(KernelName kernel, int64_t slot, SlotState expected, SlotState after) {
+  check_slot(slot);
+  MT_CHECK(slot_states_[static_cast<size_t>(slot)] == expected,
+           std::string("a ") + kernel_name(kernel) + " from activation slot " + std::to_string(slot) +
+               ", which " +
+               (expected == SlotState::forward_done ? "holds no forward" : "holds no B_input's results"));
+  const SlotScope bound(slot_, slot);
+  overlap_ = false;
+  const LossSums sums = run(kernel);
+  slot_states_[static_cast<size_t>(slot)] = after;
   return sums;
 }
 
 LossSums Engine::backward(int64_t slot) {
-  check_slot(slot);
-  MT_CHECK(slot_in_flight_[static_cast<size_t>(slot)],
-           "a backward from activation slot " + std::to_string(slot) + ", which holds no forward");
-  const SlotScope bound(slot_, slot);
-  overlap_ = false;
-  const LossSums sums = run(KernelName::backward);
-  slot_in_flight_[static_cast<size_t>(slot)] = false;
-  return sums;
+  return run_in_slot(KernelName::backward, slot, SlotState::forward_done, SlotState::free);
+}
+
+LossSums Engine::backward_input(int64_t slot) {
+  return run_in_slot(KernelName::backward_input, slot, SlotState::forward_done,
+                     SlotState::input_gradients_done);
+}
+
+LossSums Engine::backward_weight(int64_t slot) {
+  return run_in_slot(KernelName::backward_weight, slot, SlotState::input_gradients_done, SlotState::free);
 }
 
 LossSums Engine::eval(const Batch& batch, int64_t slot) {
   // A stage plan's eval binds its boundary buffers (and any batch input the stash holds) in a slot.
-  MT_CHECK((slot != ProgramEntry::kNoSlot) == (plan_.pipeline.stages > 1), "eval's slot: a stage plan's only");
+  MT_CHECK((slot != ProgramEntry::kNoSlot) == (plan_.pipeline.stages > 1),
+           "eval's slot: a stage plan's only");
   if (slot != ProgramEntry::kNoSlot) check_slot(slot);
   const SlotScope bound(slot_, slot);
   load_batch(batch);
