@@ -146,6 +146,10 @@ expect mesh "gradient_accumulation_steps" "at least mesh.stage=2 micro-batches w
   "$meshtrain" compile qwen3-tiny "${tiny[@]}" mesh.stage=2
 expect mesh "config key 'mesh.stage'" "pipeline execution is not built in this version" "set mesh.stage=1" -- \
   "$meshtrain" compile qwen3-tiny "${tiny[@]}" mesh.stage=2 gradient_accumulation_steps=2
+# zero_bubble runs (each backward split into B_input and W) with 1F1B's rule: at least mesh.stage micro-batches.
+expect mesh "gradient_accumulation_steps" "at least mesh.stage=2 micro-batches with pipeline_schedule=zero_bubble" \
+  "set gradient_accumulation_steps=2" -- "$meshtrain" compile qwen3-tiny "${tiny[@]}" mesh.stage=2 \
+  pipeline_schedule=zero_bubble
 # --- data ------------------------------------------------------------------------------------------------
 expect data "$work/none.tokens" "nothing readable" -- \
   "$meshtrain" train qwen3-tiny dataset_type=tokens dataset_path="$work/none.tokens" tokenizer_path= \
