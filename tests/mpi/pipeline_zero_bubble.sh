@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The zero-bubble schedule (ZB-H1: each backward run as its input-gradient part, then later its weight-gradient
-# part) equals one process: a 4-layer qwen3 on 2 and 4 stage ranks with M = P and 2P micro-batches, and a
-# DeepSeek-style model (MLA, a routed MoE layer, Engram and mHC) on 2, trained 5 steps. Against the same
+# part) equals one process: a 4-layer qwen3 on 2 and 4 stage ranks with M = P and 2P micro-batches, 2 stages
+# x fsdp=2 and x tensor=2, and a DeepSeek-style model (MLA, a routed MoE layer, Engram and mHC) on 2, trained
+# 5 steps. Against the same
 # stages under 1F1B every loss and gradient norm is bitwise equal (each gradient sums its micro-batches in the
 # same order; only when W runs moves); against one process with the same global batch, within 1e-5 relative
 # (the stages' sums add in another order).
@@ -61,6 +62,16 @@ for case in "2 4" "2 8" "4 4" "4 8"; do
       mesh.stage="$stages" pipeline_schedule="$schedule"
   done
   compare "zero_bubble_p${stages}_m$micro" "1f1b_p${stages}_m$micro" "single_p${stages}_m$micro"
+done
+
+# Stage x fsdp and stage x tensor (4 ranks, 2 stages): 4 rows per rank, 16 per micro-batch.
+run single_b16_m2 qwen3-tiny 1 16 gradient_accumulation_steps=2
+for axis in fsdp tensor; do
+  for schedule in 1f1b zero_bubble; do
+    run "${schedule}_$axis" qwen3-tiny 4 4 gradient_accumulation_steps=2 mesh.stage=2 "mesh.$axis=2" \
+      pipeline_schedule="$schedule"
+  done
+  compare "zero_bubble_$axis" "1f1b_$axis" single_b16_m2
 done
 
 run deepseek_single deepseek-custom-tiny 1 8 gradient_accumulation_steps=2

@@ -164,28 +164,32 @@ KernelPlan plan_kernel(TrainingPlan& plan, KernelName kernel) {
                       plan.persistent_bytes);
 }
 
-// zero_bubble's backward_input and backward_weight: the backward steps of `steps` (fused order, from `cut`)
-// split by split_backward, each part in its fused relative order, placed on the fused order's values (a
-// shared scratch buffer written by several layers is several values, whichever part reads each). A value both
-// parts touch, or a copy a weight step reads, lives in the slot's weight area, after the forward's stash;
-// each part's own values are its temporaries. `stash_of_value` holds the forward's stash. Grows the slots
-// by the weight area: the other split kernels are placed after.
-std::pair<KernelPlan, KernelPlan> plan_backward_parts(TrainingPlan& plan, const std::vector<PlanStep>& steps,
-                                                      size_t cut, const Liveness& liveness,
-                                                      std::vector<size_t> stash_of_value) {
-  ActivationStash& stash = plan.stash;
+// zero_bubble's backward_input and backward_weight in one step list: the forward's steps, then the backward
+// steps of `steps` (fused order, from `cut`) split by split_backward, each part in its fused relative order,
+// with the fused order's values (a shared scratch buffer written by several layers is several values,
+// whichever part reads each) and their live ranges over this list. A weight step reading a value a later
+// input step adds into reads a copy, taken in the input part where the weight step stood.
+struct BackwardParts {
+  std::vector<PlanStep> steps;
+  Liveness liveness;     // the fused values, with ranges over `steps` (-1: no step here touches one)
+  size_t input_end = 0;  // steps [cut, input_end) are backward_input's, the rest backward_weight's
+  std::map<PlanBufferId, int32_t> copies;  // each copy's buffer and the step that takes it
+  std::vector<bool> in_input, in_weight;   // per value: whether a step of each part touches it
+};
+
+BackwardParts order_backward_parts(TrainingPlan& plan, const std::vector<PlanStep>& steps, size_t cut,
+                                   const Liveness& liveness) {
   const BackwardSplit split = split_backward(plan, steps, cut, liveness);
-  // The parts' steps in order, each with the fused value of every binding (kPersistent: none); each copy
-  // stands in the input part where its weight step stood.
-  std::vector<PlanStep> parts(steps.begin(), steps.begin() + static_cast<std::ptrdiff_t>(cut));
-  std::vector<std::vector<size_t>> part_values(
-      liveness.value_of_step.begin(), liveness.value_of_step.begin() + static_cast<std::ptrdiff_t>(cut));
+  BackwardParts parts;
+  parts.steps.assign(steps.begin(), steps.begin() + static_cast<std::ptrdiff_t>(cut));
+  std::vector<std::vector<size_t>>& part_values = parts.liveness.value_of_step;
+  part_values.assign(liveness.value_of_step.begin(),
+                     liveness.value_of_step.begin() + static_cast<std::ptrdiff_t>(cut));
   std::vector<PlanStep> weight_steps;
   std::vector<std::vector<size_t>> weight_values;
-  std::vector<PlanBufferId> copies;
   for (size_t i = cut; i < steps.size(); ++i) {
     if (!split.weight[i]) {
-      parts.push_back(steps[i]);
+      parts.steps.push_back(steps[i]);
       part_values.push_back(liveness.value_of_step[i]);
       continue;
     }
@@ -199,10 +203,11 @@ std::pair<KernelPlan, KernelPlan> plan_backward_parts(TrainingPlan& plan, const 
                       source.shape, source.sharding};
       copy.stashed = true;
       const PlanBufferId copy_id = add_plan_buffer(plan, std::move(copy));
-      copies.push_back(copy_id);
-      const OpDecl* copy_op =
-          add_copy_op(plan, "zero_bubble/copy/" + step.op->name + "/" + source.name, spec_id, copy_id);
-      parts.push_back(bind_step(step_of(copy_op), spec_id, plan_id));
+      parts.copies[copy_id] = static_cast<int32_t>(parts.steps.size());
+      const OpDecl* copy_op = add_copy_op(
+          plan, "zero_bubble/copy/" + step.op->name + "/" + plan.buffers[static_cast<size_t>(plan_id)].name,
+          spec_id, copy_id);
+      parts.steps.push_back(bind_step(step_of(copy_op), spec_id, plan_id));
       part_values.push_back({values[binding], Liveness::kPersistent});
       step.buffers[binding].second = copy_id;
       values[binding] = Liveness::kPersistent;
@@ -210,63 +215,33 @@ std::pair<KernelPlan, KernelPlan> plan_backward_parts(TrainingPlan& plan, const 
     weight_steps.push_back(std::move(step));
     weight_values.push_back(std::move(values));
   }
-  const size_t input_end = parts.size();
-  parts.insert(parts.end(), weight_steps.begin(), weight_steps.end());
+  parts.input_end = parts.steps.size();
+  parts.steps.insert(parts.steps.end(), weight_steps.begin(), weight_steps.end());
   part_values.insert(part_values.end(), weight_values.begin(), weight_values.end());
-  // The fused values' live ranges over the parts' order; where each part touches them.
-  Liveness placed;
-  placed.value_of_step = part_values;
-  placed.values = liveness.values;
-  std::vector<bool> in_input(liveness.values.size(), false), in_weight(liveness.values.size(), false);
-  for (PlanValue& value : placed.values) value.first_op = value.last_op = -1;
-  for (size_t i = 0; i < parts.size(); ++i) {
+  parts.liveness.values = liveness.values;
+  parts.in_input.assign(liveness.values.size(), false);
+  parts.in_weight.assign(liveness.values.size(), false);
+  for (PlanValue& value : parts.liveness.values) value.first_op = value.last_op = -1;
+  for (size_t i = 0; i < parts.steps.size(); ++i) {
     for (size_t value : part_values[i]) {
       if (value == Liveness::kPersistent) continue;
-      PlanValue& range = placed.values[value];
+      PlanValue& range = parts.liveness.values[value];
       if (range.first_op < 0) range.first_op = static_cast<int32_t>(i);
       range.last_op = static_cast<int32_t>(i);
-      if (i >= cut) (i < input_end ? in_input : in_weight)[value] = true;
+      if (i >= cut) (i < parts.input_end ? parts.in_input : parts.in_weight)[value] = true;
     }
   }
-  // The weight area: what B_input leaves for W beyond the forward's stash, all live between them.
-  std::vector<size_t> weight_area_values;
-  std::vector<AllocatorValue> weight_area;
-  for (size_t v = 0; v < liveness.values.size(); ++v) {
-    if (stash_of_value[v] != kNotStashed || !in_input[v] || !in_weight[v]) continue;
-    weight_area_values.push_back(v);
-    weight_area.push_back({plan.buffers[static_cast<size_t>(liveness.values[v].buffer)].bytes, 0, 0});
-  }
-  for (PlanBufferId copy : copies)
-    weight_area.push_back({plan.buffers[static_cast<size_t>(copy)].bytes, 0, 0});
-  const Allocation weight_slot = allocate(weight_area);
-  const size_t weight_begin = stash.slot_bytes;
-  for (size_t e = 0; e < weight_area.size(); ++e) {
-    const size_t offset = weight_begin + weight_slot.offsets[e];
-    if (e < weight_area_values.size()) {
-      stash.entries.push_back({liveness.values[weight_area_values[e]].buffer, offset});
-      stash_of_value[weight_area_values[e]] = stash.offset + offset;
-    } else {
-      stash.entries.push_back({copies[e - weight_area_values.size()], offset});
-    }
-  }
-  stash.weight_bytes = weight_slot.extent;
-  stash.slot_bytes += weight_slot.extent;
-  for (size_t v = 0; v < liveness.values.size(); ++v) {
-    MT_CHECK(stash_of_value[v] != kNotStashed || !(in_input[v] && in_weight[v]),
-             "a value both backward parts touch, in the activation slot");
-  }
-  return {place_kernel(plan, KernelName::backward_input, parts, cut, input_end, placed, stash.end(),
-                       &stash_of_value),
-          place_kernel(plan, KernelName::backward_weight, parts, input_end, parts.size(), placed, stash.end(),
-                       &stash_of_value)};
+  return parts;
 }
 
 // The split kernels over `slots` activation slots (ActivationStash): zero_gradients, then fwd_bwd_accum's
 // steps cut where its backward begins, so forward then backward run exactly fwd_bwd_accum's ops in its order
 // (and zero_gradients then both, fwd_bwd's). Their live ranges are fwd_bwd_accum's: a value written before
 // the cut and read after it is one the backward needs from the forward, whatever the remat policy kept.
-// `whole_backward`: plan backward; `backward_parts`: backward_input and backward_weight
-// (plan_backward_parts).
+// `whole_backward`: plan backward; `backward_parts`: backward_input and backward_weight (BackwardParts),
+// whose slot also holds each value both parts touch and each copy a weight step reads, until W; there a value
+// of the forward's stash that W does not read ends with its last input step, and what B_input leaves for W
+// may take its place.
 void plan_split_kernels(TrainingPlan& plan, int64_t slots, bool whole_backward, bool backward_parts) {
   plan.kernels.push_back(plan_kernel(plan, KernelName::zero_gradients));
   const KernelSteps fused = kernel_steps(plan, KernelName::fwd_bwd_accum);
@@ -275,10 +250,12 @@ void plan_split_kernels(TrainingPlan& plan, int64_t slots, bool whole_backward, 
   const Liveness liveness = plan_liveness(plan, steps, KernelName::fwd_bwd_accum);
   ActivationStash& stash = plan.stash;
   std::vector<size_t> entry_of_value(liveness.values.size(), kNotStashed);
+  std::vector<size_t> value_of_entry;  // kNotStashed: a buffer's entry (a batch input, a boundary, a copy)
   for (size_t v = 0; v < liveness.values.size(); ++v) {
     const PlanValue& value = liveness.values[v];
     if (value.first_op < cut && value.last_op >= cut) {
       entry_of_value[v] = stash.entries.size();
+      value_of_entry.push_back(v);
       stash.entries.push_back({value.buffer, 0});
     }
   }
@@ -295,42 +272,86 @@ void plan_split_kernels(TrainingPlan& plan, int64_t slots, bool whole_backward, 
                    !contains(steps[i].op->writes, steps[i].buffers[b].first),
                "forward op '" + steps[i].op->name + "' writes persistent '" + buffer.name +
                    "', which a micro-batch's backward would read after another's forward");
-      if (static_cast<int32_t>(i) >= cut && buffer.kind == BufferKind::input && !stash.find(id))
+      if (static_cast<int32_t>(i) >= cut && buffer.kind == BufferKind::input && !stash.find(id)) {
+        value_of_entry.push_back(kNotStashed);
         stash.entries.push_back({id, 0});
+      }
     }
   }
   // A stage plan's boundary buffers: what the transfers between stage ranks read and write.
   for (size_t id = 0; id < plan.buffers.size(); ++id) {
-    if (plan.buffers[id].stashed && !stash.find(static_cast<PlanBufferId>(id)))
+    if (plan.buffers[id].stashed && !stash.find(static_cast<PlanBufferId>(id))) {
+      value_of_entry.push_back(kNotStashed);
       stash.entries.push_back({static_cast<PlanBufferId>(id), 0});
+    }
   }
-  // All of them are live at the cut: the allocator packs them into one slot.
+  // The entries of the forward's stash are all live at the cut: the allocator packs them into one slot.
   std::vector<AllocatorValue> at_cut;
   for (const ActivationStash::Entry& entry : stash.entries)
     at_cut.push_back({plan.buffers[static_cast<size_t>(entry.buffer)].bytes, cut, cut});
-  const Allocation slot = allocate(at_cut);
+  Allocation slot = allocate(at_cut);
+  std::optional<BackwardParts> parts;
+  if (backward_parts) {
+    parts = order_backward_parts(plan, steps, fused.backward_begin, liveness);
+    // Over the parts' order: the batch inputs and boundary buffers live throughout, the forward's values
+    // until their last use (at least the cut), the copies from where they are taken, and the values both
+    // parts touch from their first use; all until W's end at most.
+    const auto end = static_cast<int32_t>(parts->steps.size());
+    std::vector<AllocatorValue> ranges;
+    for (size_t e = 0; e < stash.entries.size(); ++e) {
+      const size_t v = value_of_entry[e];
+      const int32_t last = v == kNotStashed ? end : std::max(cut, parts->liveness.values[v].last_op);
+      ranges.push_back({at_cut[e].bytes, 0, last});
+    }
+    for (const auto& [copy, taken] : parts->copies) {
+      value_of_entry.push_back(kNotStashed);
+      stash.entries.push_back({copy, 0});
+      ranges.push_back({plan.buffers[static_cast<size_t>(copy)].bytes, taken, end});
+    }
+    for (size_t v = 0; v < liveness.values.size(); ++v) {
+      if (entry_of_value[v] != kNotStashed || !parts->in_input[v] || !parts->in_weight[v]) continue;
+      entry_of_value[v] = stash.entries.size();
+      value_of_entry.push_back(v);
+      stash.entries.push_back({liveness.values[v].buffer, 0});
+      const PlanValue& range = parts->liveness.values[v];
+      ranges.push_back(
+          {plan.buffers[static_cast<size_t>(range.buffer)].bytes, range.first_op, range.last_op});
+    }
+    const size_t forward_bytes = slot.extent;
+    slot = allocate(ranges);
+    stash.weight_bytes = slot.extent - forward_bytes;
+  }
   for (size_t e = 0; e < stash.entries.size(); ++e) stash.entries[e].offset = slot.offsets[e];
   stash.slots = slots;
   stash.slot_bytes = slot.extent;
   stash.offset = plan.persistent_bytes;
+  // The forward and the whole backward read the forward's stash (what crosses the cut), the backward's parts
+  // also what crosses from one to the other.
   std::vector<size_t> stash_of_value(liveness.values.size(), kNotStashed);
   for (size_t v = 0; v < liveness.values.size(); ++v) {
     if (entry_of_value[v] != kNotStashed)
       stash_of_value[v] = stash.offset + stash.entries[entry_of_value[v]].offset;
   }
-  // The weight area goes after the forward's stash; every split kernel's temporaries above the last slot.
-  std::optional<std::pair<KernelPlan, KernelPlan>> parts;
-  if (backward_parts)
-    parts = plan_backward_parts(plan, steps, fused.backward_begin, liveness, stash_of_value);
+  std::vector<size_t> forward_stash_of_value = stash_of_value;
+  for (size_t v = 0; v < liveness.values.size(); ++v) {
+    const PlanValue& value = liveness.values[v];
+    if (value.first_op >= cut || value.last_op < cut) forward_stash_of_value[v] = kNotStashed;
+  }
   plan.kernels.push_back(place_kernel(plan, KernelName::forward, steps, 0, fused.backward_begin, liveness,
-                                      stash.end(), &stash_of_value));
+                                      stash.end(), &forward_stash_of_value));
   if (whole_backward) {
     plan.kernels.push_back(place_kernel(plan, KernelName::backward, steps, fused.backward_begin, steps.size(),
-                                        liveness, stash.end(), &stash_of_value));
+                                        liveness, stash.end(), &forward_stash_of_value));
   }
   if (parts) {
-    plan.kernels.push_back(std::move(parts->first));
-    plan.kernels.push_back(std::move(parts->second));
+    for (size_t v = 0; v < liveness.values.size(); ++v) {
+      MT_CHECK(stash_of_value[v] != kNotStashed || !(parts->in_input[v] && parts->in_weight[v]),
+               "a value both backward parts touch, in the activation slot");
+    }
+    plan.kernels.push_back(place_kernel(plan, KernelName::backward_input, parts->steps, fused.backward_begin,
+                                        parts->input_end, parts->liveness, stash.end(), &stash_of_value));
+    plan.kernels.push_back(place_kernel(plan, KernelName::backward_weight, parts->steps, parts->input_end,
+                                        parts->steps.size(), parts->liveness, stash.end(), &stash_of_value));
   }
 }
 
