@@ -166,9 +166,11 @@ struct OverlapSchedule {
 // kernels' temporaries overlap the slots (no micro-batch is in flight while they run), so they and their
 // plans do not change.
 // With backward_input and backward_weight planned (zero_bubble), a slot also holds what B_input leaves for W:
-// each value an input op writes and a weight op reads (a weight gradient under FSDP, a recomputed layer
-// input), and a copy of each value a weight op reads that a later input op adds into (the residual stream's
-// gradient), taken where the weight op stood in the fused order; a slot is then held from F until W.
+// each value an input op writes and a weight op reads (a projection's output gradient, a recomputed layer
+// input, a weight gradient under FSDP), and a copy of each value a weight op reads that a later input op
+// adds into (the residual stream's gradient), taken where the weight op stood in the fused order; a slot is
+// then held from F until W. Its layout is allocated over the parts' order: those take the place of forward
+// values that only B_input reads.
 struct ActivationStash {
   struct Entry {
     PlanBufferId buffer = -1;
@@ -177,7 +179,7 @@ struct ActivationStash {
   std::vector<Entry> entries;
   int64_t slots = 0;  // 0: no split kernels planned
   size_t slot_bytes = 0;
-  size_t weight_bytes = 0;  // of slot_bytes, what only backward_weight still reads after backward_input
+  size_t weight_bytes = 0;  // of slot_bytes, what zero_bubble's W adds to a slot of the forward's stash alone
   size_t offset = 0;        // of slot 0 in the arena
 
   size_t slot_offset(int64_t slot) const { return offset + static_cast<size_t>(slot) * slot_bytes; }
