@@ -69,11 +69,11 @@ grouped = seconds(moe[3], ["/expert_in_forward", "/expert_out_forward", "/expert
                            "/expert_out_backward"])
 grouped_flops = 5 * 3 * (3 * 2 * M * D * F_expert)  # 3 matmuls, forward + 2x backward
 mlp_names = [f"decoder/layers_{l}/mlp/{w}/{p}" for l in range(1, 6) for w in ("wi_0", "wi_1", "wo")
-             for p in ("forward", "backward")]
+             for p in ("forward", "backward_input", "backward_weight")]
 mlp = sum(e["dur"] for e in dense[3] if e["name"] in mlp_names) / 1e6
 mlp_flops = 5 * 3 * (3 * 2 * N * D * F_dense)
-routing = seconds(moe[3], ["/gate/forward", "/gate/backward", "/router_forward", "/router_backward",
-                           "/route_plan", "/gather_forward", "/gather_backward", "/combine_forward",
+routing = seconds(moe[3], ["/gate/forward", "/gate/backward_input", "/gate/backward_weight", "/router_forward",
+                           "/router_backward", "/route_plan", "/gather_forward", "/gather_backward", "/combine_forward",
                            "/combine_backward"])
 step = sum(e["dur"] for e in moe[3]) / 1e6
 if grouped > 0 and mlp > 0:

@@ -152,6 +152,10 @@ expect mesh "config key 'mesh'" "divides the 8 devices of topology h100x8" "data
   "$meshtrain" compile qwen3-tiny "${tiny[@]}" topology=h100x8 mesh.data=-1 mesh.stage=3 gradient_accumulation_steps=3
 expect mesh "config key 'mesh'" "a product of 8" "stage=3" -- \
   "$meshtrain" compile qwen3-tiny "${tiny[@]}" topology=h100x8 mesh.stage=3 gradient_accumulation_steps=3
+# zero_bubble runs (each backward split into B_input and W) with 1F1B's rule: at least mesh.stage micro-batches.
+expect mesh "gradient_accumulation_steps" "at least mesh.stage=2 micro-batches with pipeline_schedule=zero_bubble" \
+  "set gradient_accumulation_steps=2" -- "$meshtrain" compile qwen3-tiny "${tiny[@]}" mesh.stage=2 \
+  pipeline_schedule=zero_bubble
 # --- data ------------------------------------------------------------------------------------------------
 expect data "$work/none.tokens" "nothing readable" -- \
   "$meshtrain" train qwen3-tiny dataset_type=tokens dataset_path="$work/none.tokens" tokenizer_path= \

@@ -28,8 +28,8 @@ Config family_config(DecoderBlock block, std::vector<std::string> overrides = {}
     return key.starts_with("base_num_decoder_layers=");
   });
   if (!layers_given) overrides.push_back("base_num_decoder_layers=2");
-  overrides.insert(overrides.end(),
-                   {"per_device_batch_size=1", "max_target_length=16", "dataset_type=synthetic", "tokenizer_path="});
+  overrides.insert(overrides.end(), {"per_device_batch_size=1", "max_target_length=16",
+                                     "dataset_type=synthetic", "tokenizer_path="});
   return load_config(kPresets.at(block), overrides);
 }
 

@@ -81,8 +81,7 @@ void TraceRecorder::write(const std::string& path) const {
   }
   // Where this recorder's clock starts on steady_clock (CLOCK_MONOTONIC: one clock for every process of a
   // host), so the traces of several ranks can be laid on one time line (bench/pipeline's bubble).
-  const double origin_us =
-      std::chrono::duration<double, std::micro>(origin_.time_since_epoch()).count();
+  const double origin_us = std::chrono::duration<double, std::micro>(origin_.time_since_epoch()).count();
   const nlohmann::json trace = {{"traceEvents", std::move(events)},
                                 {"displayTimeUnit", "ms"},
                                 {"otherData", {{"steady_clock_origin_us", origin_us}}}};

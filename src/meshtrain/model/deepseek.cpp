@@ -38,7 +38,8 @@ void build_deepseek(SpecBuilder& builder) {
     const BufferId d_streams =
         mhc ? builder.gradient_scratch("scratch/d_streams", stream_shape(m)) : d_residual;
     BufferId streams = embedding.residual;
-    if (mhc && chunk.with_embedding) streams = add_mhc_entry(builder, embedding.residual, d_residual, d_streams);
+    if (mhc && chunk.with_embedding)
+      streams = add_mhc_entry(builder, embedding.residual, d_residual, d_streams);
     if (!chunk.with_embedding)
       streams = add_chunk_input(builder, mhc ? stream_shape(m) : token_shape(m, {{"embed", m.D}}), d_streams);
     // A sublayer on the streams: an mHC site around it, or the block itself adding its own residual.

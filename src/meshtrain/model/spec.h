@@ -231,6 +231,9 @@ struct OpDecl {
   CollectiveDecl collective;  // kind == collective only
   OpRole role = OpRole::model;
   int32_t parameter = -1;  // index in ModelSpec::parameters of the one parameter the op is for; -1 none
+  // A backward op that only adds into weight gradients (a dense projection's dW and db): nothing later in the
+  // backward reads what it writes, so zero_bubble's W op may run it after the input gradients (B_input).
+  bool weight_gradients_only = false;
 };
 
 // A layer's forward ops (a range of ModelSpec::forward) and its backward ops (a range of loss_backward):
@@ -307,7 +310,7 @@ struct ModelSpec {
   // token_embedder/embedding's value where this spec holds it: the first chunk, and with tied embeddings the
   // last (a pipeline's two ends sum their gradients of it).
   BufferId embedding_table = kNoBuffer;
-  BufferId logits = kNoBuffer;        // decode spec: [1, V] next-token logits, padding rows -inf
+  BufferId logits = kNoBuffer;  // decode spec: [1, V] next-token logits, padding rows -inf
   // Embedding .. final norm; a decode spec: the same layers' ops for one token (attention through its
   // caches), then the logits.
   std::vector<OpDecl> forward;

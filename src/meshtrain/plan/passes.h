@@ -79,6 +79,21 @@ struct Liveness {
 };
 Liveness plan_liveness(const TrainingPlan& plan, const std::vector<PlanStep>& steps, KernelName kernel);
 
+// backward_split.cpp: zero_bubble's partition of the backward steps [cut, end) of `steps` (fwd_bwd_accum's,
+// with their liveness): a weight-gradient op (OpDecl::weight_gradients_only) runs in backward_weight, after
+// every input op, and so does every later op that reads what one of them wrote (FSDP's reduce-scatter of a
+// gathered weight gradient); a weight op that would then pass an input op touching the same persistent
+// memory (a gradient summed in another order) stays an input op. Relative orders within each part are the
+// fused order's, so the math does not change.
+struct BackwardSplit {
+  std::vector<bool> weight;  // per step: runs in backward_weight
+  // (step, binding) of weight steps reading a value a later input op adds into: they read a copy of it,
+  // taken in backward_input where the weight step stood in the fused order.
+  std::vector<std::pair<size_t, size_t>> captures;
+};
+BackwardSplit split_backward(const TrainingPlan& plan, const std::vector<PlanStep>& steps, size_t cut,
+                             const Liveness& liveness);
+
 // cost.cpp: each op's FLOPs (a shard's share), bytes accessed, collective payload and predicted time, and
 // the kernel's totals.
 void cost_kernel(const TrainingPlan& plan, KernelPlan& kernel);

@@ -1,3 +1,5 @@
+// A stage rank's program from its pipeline schedule: F, B (or zero_bubble's B_input and W) as the split
+// kernels, sends and receives as transfers, each (micro-batch, chunk) in an activation slot.
 #include "meshtrain/plan/pipeline_program.h"
 
 #include <map>
@@ -13,7 +15,8 @@ using Transfer = ProgramEntry::Transfer;
 
 Transfer transfer_of(const PipelineOp& op) {
   const bool activation = op.payload == PipelinePayload::activation;
-  if (op.kind == PipelineOpKind::send) return activation ? Transfer::send_activation : Transfer::send_gradient;
+  if (op.kind == PipelineOpKind::send)
+    return activation ? Transfer::send_activation : Transfer::send_gradient;
   return activation ? Transfer::receive_activation : Transfer::receive_gradient;
 }
 
@@ -26,12 +29,33 @@ int64_t chunk_here(const PipelineOp& op) {
   return op.chunk;
 }
 
+// The split kernel a compute op runs.
+KernelName kernel_of(PipelineOpKind kind) {
+  switch (kind) {
+    case PipelineOpKind::forward:
+      return KernelName::forward;
+    case PipelineOpKind::backward:
+      return KernelName::backward;
+    case PipelineOpKind::backward_input:
+      return KernelName::backward_input;
+    case PipelineOpKind::backward_weight:
+      return KernelName::backward_weight;
+    case PipelineOpKind::send:
+    case PipelineOpKind::receive:
+      break;
+  }
+  MT_CHECK(false, "a compute op");
+  return KernelName::forward;
+}
+
 }  // namespace
 
 StageProgram plan_stage_program(const PipelineSchedule& schedule, int64_t stage) {
   MT_CHECK(stage >= 0 && stage < schedule.stages, "a stage of the schedule");
   const std::vector<PipelineOp>& ops = schedule.ranks[static_cast<size_t>(stage)];
-  // Each (micro-batch, chunk)'s last op, where its slot is freed.
+  // Each (micro-batch, chunk)'s last op, where its slot is freed: its backward, or zero_bubble's W (which
+  // reads what its forward and its B_input left in the slot), or the send of its input gradient if that comes
+  // later.
   using Key = std::pair<int64_t, int64_t>;
   std::map<Key, size_t> last_use;
   for (size_t i = 0; i < ops.size(); ++i) last_use[{ops[i].micro_batch, chunk_here(ops[i])}] = i;
@@ -42,11 +66,6 @@ StageProgram plan_stage_program(const PipelineSchedule& schedule, int64_t stage)
   std::vector<bool> taken;
   for (size_t i = 0; i < ops.size(); ++i) {
     const PipelineOp& op = ops[i];
-    if (op.kind == PipelineOpKind::backward_input || op.kind == PipelineOpKind::backward_weight) {
-      fail("config key 'pipeline_schedule'", "gpipe, 1f1b or interleaved_1f1b",
-           "zero_bubble: its split backward (B_input and W ops) is planned but not run in this version",
-           "set pipeline_schedule=1f1b");
-    }
     const Key key{op.micro_batch, chunk_here(op)};
     auto found = slot_of.find(key);
     if (found == slot_of.end()) {
@@ -61,7 +80,7 @@ StageProgram plan_stage_program(const PipelineSchedule& schedule, int64_t stage)
     entry.chunk = key.second / schedule.stages;  // the rank's chunks in layer order: s, s + P, ...
     entry.slot = found->second;
     if (op.is_compute()) {
-      entry.kernel = op.kind == PipelineOpKind::forward ? KernelName::forward : KernelName::backward;
+      entry.kernel = kernel_of(op.kind);
     } else {
       entry.transfer = transfer_of(op);
       entry.peer = op.peer;

@@ -163,16 +163,20 @@ PipelineOp transfer_op(PipelineOpKind kind, const PipelineOp& compute, const Tra
 }
 
 // A rank's compute ops with its sends and receives: a send right after the op that produced the tensor,
-// a receive one compute op ahead of the op that reads it, so that the transfer overlaps that op.
+// a receive one compute op ahead of the op that reads it, so that the transfer overlaps that op. Except an
+// activation's receive ahead of a W: the received activation takes the forward's activation slot, and the W
+// frees one only when it ends (its micro-batch's slot is held until then), so received ahead of it the stage
+// would hold a slot more than ZB-H1's micro-batches; it is received right before its forward instead.
 std::vector<PipelineOp> with_transfers(const PipelineSchedule& schedule,
                                        const std::vector<PipelineOp>& computes, int64_t rank) {
   std::vector<std::vector<PipelineOp>> receives_before(computes.size());
   for (size_t index = 0; index < computes.size(); ++index) {
     const Transfer input = input_transfer(schedule, computes[index], rank);
-    if (input.remote) {
-      receives_before[index == 0 ? 0 : index - 1].push_back(
-          transfer_op(PipelineOpKind::receive, computes[index], input));
-    }
+    if (!input.remote) continue;
+    const bool after_weights = index > 0 && input.payload == PipelinePayload::activation &&
+                               computes[index - 1].kind == PipelineOpKind::backward_weight;
+    receives_before[index == 0 || after_weights ? index : index - 1].push_back(
+        transfer_op(PipelineOpKind::receive, computes[index], input));
   }
   std::vector<PipelineOp> ops;
   for (size_t index = 0; index < computes.size(); ++index) {

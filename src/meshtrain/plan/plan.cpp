@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 
 #include "meshtrain/core/error.h"
 #include "meshtrain/data/context_reorder.h"
@@ -41,7 +42,8 @@ KernelSteps kernel_steps(TrainingPlan& plan, KernelName kernel, int64_t chunk = 
   };
   // A decode spec's forward: every op (its one chunk records no ranges; it ends with the logits).
   const bool decode = kernel == KernelName::decode;
-  for (size_t i = decode ? 0 : section.forward_begin; i < (decode ? spec.forward.size() : section.forward_end); ++i)
+  for (size_t i = decode ? 0 : section.forward_begin;
+       i < (decode ? spec.forward.size() : section.forward_end); ++i)
     add(0, &spec.forward[i]);
   if (transfers) add(0, transfers->output_copy);
   if (kernel == KernelName::eval || decode) {
@@ -68,7 +70,10 @@ KernelSteps kernel_steps(TrainingPlan& plan, KernelName kernel, int64_t chunk = 
 // The copy runs in host memory: meshes of more than one rank run on the cpu backend only
 // (check_plan_runs_here).
 const OpDecl* add_copy_op(TrainingPlan& plan, const std::string& name, BufferId from, BufferId to) {
-  OpDecl copy{name, {from}, {to}, 0.0,
+  OpDecl copy{name,
+              {from},
+              {to},
+              0.0,
               [from, to](const OpContext& context) {
                 const TensorView source = context.view(from), target = context.view(to);
                 MT_CHECK(source.bytes() == target.bytes() && context.kernels->memory_on_host(),
@@ -103,7 +108,8 @@ void plan_pipeline_boundary(TrainingPlan& plan) {
     }
     if (!section.layers.with_head) {
       transfers.output = stashed_like("pipeline/output", BufferKind::activation, boundary.output);
-      transfers.output_gradient = stashed_like("pipeline/output_gradient", BufferKind::input, boundary.output);
+      transfers.output_gradient =
+          stashed_like("pipeline/output_gradient", BufferKind::input, boundary.output);
       transfers.output_copy =
           add_copy_op(plan, "pipeline/output" + suffix, boundary.output, transfers.output);
       transfers.output_gradient_copy = add_copy_op(plan, "pipeline/output_gradient" + suffix,
@@ -176,36 +182,119 @@ KernelPlan plan_kernel(TrainingPlan& plan, KernelName kernel) {
                       plan.persistent_bytes);
 }
 
+// zero_bubble's backward_input and backward_weight in one step list: the forward's steps, then the backward
+// steps of `steps` (fused order, from `cut`) split by split_backward, each part in its fused relative order,
+// with the fused order's values (a shared scratch buffer written by several layers is several values,
+// whichever part reads each) and their live ranges over this list. A weight step reading a value a later
+// input step adds into reads a copy, taken in the input part where the weight step stood.
+struct BackwardParts {
+  std::vector<PlanStep> steps;
+  Liveness liveness;     // the fused values, with ranges over `steps` (-1: no step here touches one)
+  size_t input_end = 0;  // steps [cut, input_end) are backward_input's, the rest backward_weight's
+  std::map<PlanBufferId, int32_t> copies;  // each copy's buffer and the step that takes it
+  std::vector<bool> in_input, in_weight;   // per value: whether a step of each part touches it
+};
+
+BackwardParts order_backward_parts(TrainingPlan& plan, const std::vector<PlanStep>& steps, size_t cut,
+                                   const Liveness& liveness) {
+  const BackwardSplit split = split_backward(plan, steps, cut, liveness);
+  BackwardParts parts;
+  parts.steps.assign(steps.begin(), steps.begin() + static_cast<std::ptrdiff_t>(cut));
+  std::vector<std::vector<size_t>>& part_values = parts.liveness.value_of_step;
+  part_values.assign(liveness.value_of_step.begin(),
+                     liveness.value_of_step.begin() + static_cast<std::ptrdiff_t>(cut));
+  std::vector<PlanStep> weight_steps;
+  std::vector<std::vector<size_t>> weight_values;
+  for (size_t i = cut; i < steps.size(); ++i) {
+    if (!split.weight[i]) {
+      parts.steps.push_back(steps[i]);
+      part_values.push_back(liveness.value_of_step[i]);
+      continue;
+    }
+    PlanStep step = steps[i];
+    std::vector<size_t> values = liveness.value_of_step[i];
+    for (const auto& [captured_step, binding] : split.captures) {
+      if (captured_step != i) continue;
+      const auto [spec_id, plan_id] = step.buffers[binding];
+      const PlanBuffer& source = plan.buffers[static_cast<size_t>(plan_id)];
+      PlanBuffer copy{"zero_bubble/" + step.op->name + "/" + source.name, source.kind, source.dtype,
+                      source.shape, source.sharding};
+      copy.stashed = true;
+      const PlanBufferId copy_id = add_plan_buffer(plan, std::move(copy));
+      parts.copies[copy_id] = static_cast<int32_t>(parts.steps.size());
+      const OpDecl* copy_op = add_copy_op(
+          plan, "zero_bubble/copy/" + step.op->name + "/" + plan.buffers[static_cast<size_t>(plan_id)].name,
+          spec_id, copy_id);
+      parts.steps.push_back(bind_step(step_of(copy_op), spec_id, plan_id));
+      part_values.push_back({values[binding], Liveness::kPersistent});
+      step.buffers[binding].second = copy_id;
+      values[binding] = Liveness::kPersistent;
+    }
+    weight_steps.push_back(std::move(step));
+    weight_values.push_back(std::move(values));
+  }
+  parts.input_end = parts.steps.size();
+  parts.steps.insert(parts.steps.end(), weight_steps.begin(), weight_steps.end());
+  part_values.insert(part_values.end(), weight_values.begin(), weight_values.end());
+  parts.liveness.values = liveness.values;
+  parts.in_input.assign(liveness.values.size(), false);
+  parts.in_weight.assign(liveness.values.size(), false);
+  for (PlanValue& value : parts.liveness.values) value.first_op = value.last_op = -1;
+  for (size_t i = 0; i < parts.steps.size(); ++i) {
+    for (size_t value : part_values[i]) {
+      if (value == Liveness::kPersistent) continue;
+      PlanValue& range = parts.liveness.values[value];
+      if (range.first_op < 0) range.first_op = static_cast<int32_t>(i);
+      range.last_op = static_cast<int32_t>(i);
+      if (i >= cut) (i < parts.input_end ? parts.in_input : parts.in_weight)[value] = true;
+    }
+  }
+  return parts;
+}
+
 // The split kernels over `slots` activation slots (ActivationStash): zero_gradients, then fwd_bwd_accum's
 // steps cut where its backward begins, so forward then backward run exactly fwd_bwd_accum's ops in its order
 // (and zero_gradients then both, fwd_bwd's). Their live ranges are fwd_bwd_accum's: a value written before
 // the cut and read after it is one the backward needs from the forward, whatever the remat policy kept.
-void plan_split_kernels(TrainingPlan& plan, int64_t slots) {
+// `whole_backward`: plan backward; `backward_parts`: backward_input and backward_weight (BackwardParts),
+// whose slot also holds each value both parts touch and each copy a weight step reads, until W; there a value
+// of the forward's stash that W does not read ends with its last input step, and what B_input leaves for W
+// may take its place.
+void plan_split_kernels(TrainingPlan& plan, int64_t slots, bool whole_backward, bool backward_parts) {
   plan.kernels.push_back(plan_kernel(plan, KernelName::zero_gradients));
   ActivationStash& stash = plan.stash;
-  // Per chunk: its fused steps cut where its backward begins, their live ranges, and which stash entry
-  // each value crossing the cut is; a slot is as large as the largest chunk's stash.
+  // Per chunk: its fused steps cut where its backward begins, their live ranges, which stash entry each
+  // value in the slot is, and (zero_bubble) the backward's parts; a slot is as large as the largest chunk's.
   struct Cut {
     KernelSteps fused;
     Liveness liveness;
     std::vector<size_t> entry_of_value;
+    std::optional<BackwardParts> parts;
   };
   std::vector<Cut> cuts;
   for (size_t k = 0; k < plan.spec.chunks.size(); ++k) {
     const auto chunk = static_cast<int64_t>(k);
-    Cut cut_of_chunk;
-    cut_of_chunk.fused = kernel_steps(plan, KernelName::fwd_bwd_accum, chunk);
-    const std::vector<PlanStep>& steps = cut_of_chunk.fused.steps;
-    const auto cut = static_cast<int32_t>(cut_of_chunk.fused.backward_begin);
-    cut_of_chunk.liveness = plan_liveness(plan, steps, KernelName::fwd_bwd_accum);
-    const Liveness& liveness = cut_of_chunk.liveness;
+    Cut of_chunk;
+    of_chunk.fused = kernel_steps(plan, KernelName::fwd_bwd_accum, chunk);
+    const std::vector<PlanStep>& steps = of_chunk.fused.steps;
+    const auto cut = static_cast<int32_t>(of_chunk.fused.backward_begin);
+    of_chunk.liveness = plan_liveness(plan, steps, KernelName::fwd_bwd_accum);
+    const Liveness& liveness = of_chunk.liveness;
+    std::vector<size_t>& entry_of_value = of_chunk.entry_of_value;
+    entry_of_value.assign(liveness.values.size(), kNotStashed);
     const size_t first_entry = stash.entries.size();
-    cut_of_chunk.entry_of_value.assign(liveness.values.size(), kNotStashed);
+    // Per entry of this chunk: its value, or kNotStashed for a buffer's entry (a batch input, a boundary, a
+    // copy).
+    std::vector<size_t> value_of_entry;
+    const auto add_entry = [&](PlanBufferId buffer, size_t value) {
+      value_of_entry.push_back(value);
+      stash.entries.push_back({buffer, 0, chunk});
+    };
     for (size_t v = 0; v < liveness.values.size(); ++v) {
       const PlanValue& value = liveness.values[v];
       if (value.first_op < cut && value.last_op >= cut) {
-        cut_of_chunk.entry_of_value[v] = stash.entries.size();
-        stash.entries.push_back({value.buffer, 0, chunk});
+        entry_of_value[v] = stash.entries.size();
+        add_entry(value.buffer, v);
       }
     }
     // The batch is loaded once, before its forward: the backward reads the slot's copy of what it reads.
@@ -224,42 +313,94 @@ void plan_split_kernels(TrainingPlan& plan, int64_t slots) {
                      "', which a micro-batch's backward would read after another's forward");
         if ((buffer.stashed || (static_cast<int32_t>(i) >= cut && buffer.kind == BufferKind::input)) &&
             !stash.find(id, chunk))
-          stash.entries.push_back({id, 0, chunk});
+          add_entry(id, kNotStashed);
       }
     }
     // A stage plan's boundary buffers: what the transfers between stage ranks read and write.
     if (const PipelineStage::ChunkTransfers* transfers = plan.pipeline.transfers(chunk)) {
-      for (PlanBufferId id : {transfers->input, transfers->output, transfers->output_gradient,
-                              transfers->input_gradient}) {
-        if (id >= 0 && !stash.find(id, chunk)) stash.entries.push_back({id, 0, chunk});
+      for (PlanBufferId id :
+           {transfers->input, transfers->output, transfers->output_gradient, transfers->input_gradient}) {
+        if (id >= 0 && !stash.find(id, chunk)) add_entry(id, kNotStashed);
       }
     }
-    // All of them are live at the cut: the allocator packs them into one slot.
+    // The entries of the forward's stash are all live at the cut: the allocator packs them into one slot.
     std::vector<AllocatorValue> at_cut;
     for (size_t e = first_entry; e < stash.entries.size(); ++e)
       at_cut.push_back({plan.buffers[static_cast<size_t>(stash.entries[e].buffer)].bytes, cut, cut});
-    const Allocation slot = allocate(at_cut);
+    Allocation slot = allocate(at_cut);
+    if (backward_parts) {
+      of_chunk.parts = order_backward_parts(plan, steps, of_chunk.fused.backward_begin, liveness);
+      const BackwardParts& parts = *of_chunk.parts;
+      // Over the parts' order: the batch inputs and boundary buffers live throughout, the forward's values
+      // until their last use (at least the cut), the copies from where they are taken, and the values both
+      // parts touch from their first use; all until W's end at most.
+      const auto end = static_cast<int32_t>(parts.steps.size());
+      std::vector<AllocatorValue> ranges;
+      for (size_t e = 0; e < at_cut.size(); ++e) {
+        const size_t v = value_of_entry[e];
+        const int32_t last = v == kNotStashed ? end : std::max(cut, parts.liveness.values[v].last_op);
+        ranges.push_back({at_cut[e].bytes, 0, last});
+      }
+      for (const auto& [copy, taken] : parts.copies) {
+        add_entry(copy, kNotStashed);
+        ranges.push_back({plan.buffers[static_cast<size_t>(copy)].bytes, taken, end});
+      }
+      for (size_t v = 0; v < liveness.values.size(); ++v) {
+        if (entry_of_value[v] != kNotStashed || !parts.in_input[v] || !parts.in_weight[v]) continue;
+        entry_of_value[v] = stash.entries.size();
+        add_entry(liveness.values[v].buffer, v);
+        const PlanValue& range = parts.liveness.values[v];
+        ranges.push_back(
+            {plan.buffers[static_cast<size_t>(range.buffer)].bytes, range.first_op, range.last_op});
+      }
+      const size_t forward_bytes = slot.extent;
+      slot = allocate(ranges);
+      stash.weight_bytes = std::max(stash.weight_bytes, slot.extent - forward_bytes);
+    }
     for (size_t e = first_entry; e < stash.entries.size(); ++e)
       stash.entries[e].offset = slot.offsets[e - first_entry];
     stash.slot_bytes = std::max(stash.slot_bytes, slot.extent);
-    cuts.push_back(std::move(cut_of_chunk));
+    cuts.push_back(std::move(of_chunk));
   }
   stash.slots = slots;
   stash.offset = plan.persistent_bytes;
   for (size_t k = 0; k < cuts.size(); ++k) {
-    const Cut& cut = cuts[k];
-    std::vector<size_t> stash_of_value(cut.liveness.values.size(), kNotStashed);
-    for (size_t v = 0; v < cut.liveness.values.size(); ++v) {
-      if (cut.entry_of_value[v] != kNotStashed)
-        stash_of_value[v] = stash.offset + stash.entries[cut.entry_of_value[v]].offset;
-    }
-    const std::vector<PlanStep>& steps = cut.fused.steps;
-    const size_t backward_begin = cut.fused.backward_begin;
+    const Cut& of_chunk = cuts[k];
     const auto chunk = static_cast<int64_t>(k);
-    plan.kernels.push_back(place_kernel(plan, KernelName::forward, steps, 0, backward_begin, cut.liveness,
-                                        stash.end(), &stash_of_value, chunk));
-    plan.kernels.push_back(place_kernel(plan, KernelName::backward, steps, backward_begin, steps.size(),
-                                        cut.liveness, stash.end(), &stash_of_value, chunk));
+    const Liveness& liveness = of_chunk.liveness;
+    const std::vector<PlanStep>& steps = of_chunk.fused.steps;
+    const size_t backward_begin = of_chunk.fused.backward_begin;
+    const auto cut = static_cast<int32_t>(backward_begin);
+    // The forward and the whole backward read the forward's stash (what crosses the cut), the backward's
+    // parts also what crosses from one to the other.
+    std::vector<size_t> stash_of_value(liveness.values.size(), kNotStashed);
+    for (size_t v = 0; v < liveness.values.size(); ++v) {
+      if (of_chunk.entry_of_value[v] != kNotStashed)
+        stash_of_value[v] = stash.offset + stash.entries[of_chunk.entry_of_value[v]].offset;
+    }
+    std::vector<size_t> forward_stash_of_value = stash_of_value;
+    for (size_t v = 0; v < liveness.values.size(); ++v) {
+      const PlanValue& value = liveness.values[v];
+      if (value.first_op >= cut || value.last_op < cut) forward_stash_of_value[v] = kNotStashed;
+    }
+    plan.kernels.push_back(place_kernel(plan, KernelName::forward, steps, 0, backward_begin, liveness,
+                                        stash.end(), &forward_stash_of_value, chunk));
+    if (whole_backward) {
+      plan.kernels.push_back(place_kernel(plan, KernelName::backward, steps, backward_begin, steps.size(),
+                                          liveness, stash.end(), &forward_stash_of_value, chunk));
+    }
+    if (const std::optional<BackwardParts>& parts = of_chunk.parts) {
+      for (size_t v = 0; v < liveness.values.size(); ++v) {
+        MT_CHECK(stash_of_value[v] != kNotStashed || !(parts->in_input[v] && parts->in_weight[v]),
+                 "a value both backward parts touch, in the activation slot");
+      }
+      plan.kernels.push_back(place_kernel(plan, KernelName::backward_input, parts->steps, backward_begin,
+                                          parts->input_end, parts->liveness, stash.end(), &stash_of_value,
+                                          chunk));
+      plan.kernels.push_back(place_kernel(plan, KernelName::backward_weight, parts->steps, parts->input_end,
+                                          parts->steps.size(), parts->liveness, stash.end(), &stash_of_value,
+                                          chunk));
+    }
   }
 }
 
@@ -297,8 +438,17 @@ const char* kernel_name(KernelName kernel) {
       return "forward";
     case KernelName::backward:
       return "backward";
+    case KernelName::backward_input:
+      return "backward_input";
+    case KernelName::backward_weight:
+      return "backward_weight";
   }
   return "?";
+}
+
+bool runs_over_a_slot(KernelName kernel) {
+  return kernel == KernelName::forward || kernel == KernelName::backward ||
+         kernel == KernelName::backward_input || kernel == KernelName::backward_weight;
 }
 
 KernelName parse_kernel_name(const std::string& name, const std::string& where) {
@@ -473,7 +623,8 @@ TrainingPlan plan_training(const PlanRequest& request) {
       fail("config key 'mesh.stage'", "1 for sampling (generate runs the whole model on one process)",
            std::to_string(stage.stages), "set mesh.stage=1");
     }
-    for (int64_t c : placement.chunks_of(stage.stage)) chunks.push_back(placement.chunks[static_cast<size_t>(c)]);
+    for (int64_t c : placement.chunks_of(stage.stage))
+      chunks.push_back(placement.chunks[static_cast<size_t>(c)]);
     if (chunks.size() > 1 && config.scan_layers) {
       fail("config key 'scan_layers'",
            "false with num_pipeline_repeats > 1 (a stage rank's chunks are not contiguous layers, so they "
@@ -489,8 +640,8 @@ TrainingPlan plan_training(const PlanRequest& request) {
                        : build_model_spec(config, plan.mesh, backend, chunks);
   if (!decoding) plan.optimizer = apply_optimizer(plan.spec, config);
   plan_storage(plan);
-  const bool requested_update = std::find(request.kernels.begin(), request.kernels.end(),
-                                          KernelName::update) != request.kernels.end();
+  const bool requested_update =
+      std::find(request.kernels.begin(), request.kernels.end(), KernelName::update) != request.kernels.end();
   const bool requested_eval =
       std::find(request.kernels.begin(), request.kernels.end(), KernelName::eval) != request.kernels.end();
   if (decoding) {
@@ -499,7 +650,9 @@ TrainingPlan plan_training(const PlanRequest& request) {
     // A stage runs its schedule's split kernels only; their slots are as many as its program holds at once.
     const StageProgram stage_program = plan_stage_program(plan.pipeline.schedule, plan.pipeline.stage);
     plan_pipeline_boundary(plan);
-    plan_split_kernels(plan, stage_program.slots);
+    // zero_bubble runs each backward as its two parts (B_input, W), the other schedules whole.
+    const bool zero_bubble = plan.pipeline.schedule.kind == PipelineScheduleKind::zero_bubble;
+    plan_split_kernels(plan, stage_program.slots, !zero_bubble, zero_bubble);
     if (requested_update) plan.kernels.push_back(plan_kernel(plan, KernelName::update));
     if (requested_eval) plan_stage_eval(plan);
     plan.program = stage_program.program;
@@ -510,7 +663,8 @@ TrainingPlan plan_training(const PlanRequest& request) {
       }
     }
     // After the requested kernels, so their plans (buffer ids included) are the same with or without.
-    if (request.activation_slots > 0) plan_split_kernels(plan, request.activation_slots);
+    if (request.activation_slots > 0)
+      plan_split_kernels(plan, request.activation_slots, true, request.split_backward);
   }
   size_t largest_temps = 0;
   for (const KernelPlan& kernel : plan.kernels) largest_temps = std::max(largest_temps, kernel.memory.temps);

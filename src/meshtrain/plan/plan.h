@@ -27,13 +27,29 @@ namespace meshtrain {
 
 // `decode` is the decode spec's one-token step (plan/decode.h); kKernelNames lists the training kernels.
 // zero_gradients, forward and backward are a micro-batch's fwd_bwd_accum cut at its backward, for pipeline
-// schedules (planned only with PlanRequest::activation_slots > 0; see ActivationStash).
-enum class KernelName { fwd_bwd, fwd_bwd_accum, update, eval, decode, zero_gradients, forward, backward };
+// schedules (planned only with PlanRequest::activation_slots > 0; see ActivationStash); backward_input and
+// backward_weight are that backward's two parts for zero_bubble (PlanRequest::split_backward): every op but
+// the weight-gradient ones (OpDecl::weight_gradients_only and what reads their results), then those.
+enum class KernelName {
+  fwd_bwd,
+  fwd_bwd_accum,
+  update,
+  eval,
+  decode,
+  zero_gradients,
+  forward,
+  backward,
+  backward_input,
+  backward_weight
+};
 inline constexpr std::array<KernelName, 4> kKernelNames = {KernelName::fwd_bwd, KernelName::fwd_bwd_accum,
                                                            KernelName::update, KernelName::eval};
 const char* kernel_name(KernelName kernel);
 // Parses "fwd_bwd" etc.; `where` names the config key or flag for the error.
 KernelName parse_kernel_name(const std::string& name, const std::string& where);
+// The kernels that run over a micro-batch's activation slot: forward, backward, backward_input and
+// backward_weight.
+bool runs_over_a_slot(KernelName kernel);
 
 using PlanBufferId = int32_t;
 
@@ -150,6 +166,12 @@ struct OverlapSchedule {
 // inside slot 0 is a stash binding: the engine moves it to the slot its program entry names. The fused
 // kernels' temporaries overlap the slots (no micro-batch is in flight while they run), so they and their
 // plans do not change.
+// With backward_input and backward_weight planned (zero_bubble), a slot also holds what B_input leaves for W:
+// each value an input op writes and a weight op reads (a projection's output gradient, a recomputed layer
+// input, a weight gradient under FSDP), and a copy of each value a weight op reads that a later input op
+// adds into (the residual stream's gradient), taken where the weight op stood in the fused order; a slot is
+// then held from F until W. Its layout is allocated over the parts' order: those take the place of forward
+// values that only B_input reads.
 struct ActivationStash {
   struct Entry {
     PlanBufferId buffer = -1;
@@ -159,7 +181,8 @@ struct ActivationStash {
   std::vector<Entry> entries;
   int64_t slots = 0;  // 0: no split kernels planned
   size_t slot_bytes = 0;
-  size_t offset = 0;  // of slot 0 in the arena
+  size_t weight_bytes = 0;  // of slot_bytes, what zero_bubble's W adds to a slot of the forward's stash alone
+  size_t offset = 0;        // of slot 0 in the arena
 
   size_t slot_offset(int64_t slot) const { return offset + static_cast<size_t>(slot) * slot_bytes; }
   size_t end() const { return slot_offset(slots); }
@@ -191,7 +214,7 @@ struct PipelineStage {
     const OpDecl *output_copy = nullptr, *output_gradient_copy = nullptr, *input_gradient_copy = nullptr;
   };
   int64_t stage = 0, stages = 1;
-  PipelineSchedule schedule;  // every rank's ops (compile prints them; the program is this rank's)
+  PipelineSchedule schedule;           // every rank's ops (compile prints them; the program is this rank's)
   std::vector<ChunkTransfers> chunks;  // parallel to ModelSpec::chunks; empty: no pipeline
   bool first() const { return stage == 0; }
   bool last() const { return stage + 1 == stages; }
@@ -216,8 +239,8 @@ struct TrainingPlan {
   std::deque<OpDecl> plan_ops;            // the plan's own ops (gathers, scatters, zeroing); stable addresses
   std::vector<KernelPlan> kernels;        // in kKernelNames order, those requested
   OverlapSchedule overlap;                // empty without a data axis or an update kernel
-  StepProgram program;    // the kernels a step and an eval batch run, in order (empty: decode)
-  ActivationStash stash;  // the split kernels' (empty without them)
+  StepProgram program;     // the kernels a step and an eval batch run, in order (empty: decode)
+  ActivationStash stash;   // the split kernels' (empty without them)
   PipelineStage pipeline;  // stages == 1: no pipeline
   size_t persistent_bytes = 0;
   size_t arena_bytes = 0;  // persistent + the largest temporary region over the planned kernels (the split
@@ -246,6 +269,8 @@ struct PlanRequest {
   // the most micro-batches whose forward has run and backward not yet (GPipe: all M; 1F1B: at most the
   // stage count). The requested kernels and their plans do not depend on it.
   int64_t activation_slots = 0;
+  // With activation_slots: also plan backward_input and backward_weight (a stage plan does for zero_bubble).
+  bool split_backward = false;
   // mesh.stage > 1: the stage rank to plan (its coordinate on the stage axis): its chunk of the layers, its
   // schedule's program (activation slots as it needs; the fused kernels are not planned).
   int64_t stage = 0;

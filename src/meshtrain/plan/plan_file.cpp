@@ -68,9 +68,11 @@ std::string serialize_kernel_plan(const TrainingPlan& plan, KernelName name, int
                    {"peak", m.peak},
                    {"persistent", plan.persistent_bytes},
                    {"process_arena", plan.arena_bytes}};
-  if (plan.stash.slots > 0 && (name == KernelName::forward || name == KernelName::backward)) {
+  if (plan.stash.slots > 0 && runs_over_a_slot(name)) {
     out["memory"]["activation_slots"] = {
         {"slots", plan.stash.slots}, {"slot_bytes", plan.stash.slot_bytes}, {"offset", plan.stash.offset}};
+    if (plan.stash.weight_bytes > 0)
+      out["memory"]["activation_slots"]["weight_bytes"] = plan.stash.weight_bytes;
   }
   json collective = json::object();
   for (const auto& [axis, bytes] : kernel.collective_bytes) collective[axis] = bytes;
@@ -95,8 +97,7 @@ std::string serialize_kernel_plan(const TrainingPlan& plan, KernelName name, int
                   {"bytes", buffer.bytes}};
     // The split kernels read what crosses from forward to backward in the micro-batch's activation slot (a
     // stage plan's eval its boundary buffers too).
-    const bool binds_slots = name == KernelName::forward || name == KernelName::backward ||
-                             (name == KernelName::eval && plan.pipeline.stages > 1);
+    const bool binds_slots = runs_over_a_slot(name) || (name == KernelName::eval && plan.pipeline.stages > 1);
     const ActivationStash::Entry* stashed = binds_slots ? plan.stash.find(id, kernel.chunk) : nullptr;
     if (stashed) entry["slot_offset"] = stashed->offset;
     if (buffer.persistent || buffer.part_of >= 0) {

@@ -21,8 +21,9 @@ struct ProgramEntry {
   // non-blocking, as soon as their gradients are final, and update waits for them (training-step.md's
   // overlap).
   bool last_backward = false;
-  // forward and backward (the split kernels): the activation slot (TrainingPlan::stash) the forward of
-  // `micro_batch` leaves its activations in, and its backward reads them from. The split path's gradient
+  // forward and backward (the split kernels; zero_bubble's backward_input and backward_weight): the
+  // activation slot (TrainingPlan::stash) the forward of `micro_batch` leaves its activations in, and its
+  // backward (or B_input, then W) reads them from. The split path's gradient
   // reductions run in update (last_backward stays false: no overlap).
   static constexpr int64_t kNoSlot = -1;
   int64_t slot = kNoSlot;

@@ -197,11 +197,12 @@ Engine::Engine(TrainingPlan plan, EngineRanks ranks)
                                    static_cast<int>(coordinates_[MeshAxis::tensor]), "tensor kv replicas");
   }
   if (const PipelineStage& stage = plan_.pipeline; stage.stages > 2) {
-    // The first and last stage ranks sum a tied table's gradients (every other stage gets a group of its own).
+    // The first and last stage ranks sum a tied table's gradients (every other stage gets a group of its
+    // own).
     const bool end = stage.first() || stage.last();
-    pipeline_ends_group_ = communicator(MeshAxis::stage)
-                               .split(end ? 0 : static_cast<int>(1 + stage.stage),
-                                      static_cast<int>(stage.stage), "stage ends");
+    pipeline_ends_group_ =
+        communicator(MeshAxis::stage)
+            .split(end ? 0 : static_cast<int>(1 + stage.stage), static_cast<int>(stage.stage), "stage ends");
   }
   if (plan_.mesh.size(MeshAxis::tensor) > 1) {
     Communicator* tensor = &communicator(MeshAxis::tensor);
@@ -272,9 +273,10 @@ void Engine::run_collective(const PlanOp& op, const OpContext& context, UpdateSt
   const bool kv_replicas = c.axis == MeshAxis::tensor && c.group < plan_.mesh.size(MeshAxis::tensor);
   MT_CHECK(!kv_replicas || kv_replica_group_, "a part of the tensor axis other than the kv replicas");
   // A pipeline's tied table: its first and last stage ranks (the whole axis when there are two).
-  const bool pipeline_ends = c.axis == MeshAxis::stage && c.group > 0 && c.group < plan_.mesh.size(MeshAxis::stage);
+  const bool pipeline_ends =
+      c.axis == MeshAxis::stage && c.group > 0 && c.group < plan_.mesh.size(MeshAxis::stage);
   MT_CHECK(!pipeline_ends || pipeline_ends_group_, "a part of the stage axis other than its two ends");
-  Communicator& comm = kv_replicas      ? *kv_replica_group_
+  Communicator& comm = kv_replicas     ? *kv_replica_group_
                        : pipeline_ends ? *pipeline_ends_group_
                                        : communicator(c.axis);
   const std::string& name = op.op->name;
@@ -399,7 +401,8 @@ Engine::LocalShard Engine::local_shard(BufferId id) const {
     shard.saving_replica = shard.saving_replica && (buffer.split_over(axis) || coordinates_[axis] == 0);
   }
   // Both ends of a pipeline hold a tied table (and its moments): the first stage saves it.
-  if (plan_.pipeline.stages > 1 && !plan_.pipeline.first() && tied_table_state(id)) shard.saving_replica = false;
+  if (plan_.pipeline.stages > 1 && !plan_.pipeline.first() && tied_table_state(id))
+    shard.saving_replica = false;
   return shard;
 }
 
@@ -679,9 +682,9 @@ LossSums Engine::run(KernelName name, UpdateState* update) {
   const KernelPlan& kernel = plan_.kernel(name, chunk_);
   // The split kernels' temporaries lie above the activation slots; every other kernel's overlap them, so it
   // runs only while no micro-batch is in flight.
-  const bool split = name == KernelName::forward || name == KernelName::backward;
-  MT_CHECK(split || std::none_of(slot_holders_.begin(), slot_holders_.end(),
-                                 [](const SlotHolder& holder) { return holder.held(); }),
+  const bool split = runs_over_a_slot(name);
+  MT_CHECK(split || std::all_of(slot_holders_.begin(), slot_holders_.end(),
+                                [](const SlotHolder& holder) { return holder.state == SlotState::free; }),
            std::string(kernel_name(name)) + " while a micro-batch's activations wait in their slot");
   if (poison_temporaries_) {  // all-ones bytes: every float32 a NaN
     // A stage plan's eval binds slot 0 too (its received activation is there).
@@ -740,8 +743,8 @@ LossSums Engine::run(KernelName name, UpdateState* update) {
     transfers_.progress();
     pipeline_transfers_.progress();
   }
-  transfers_.wait_all(trace_);  // a kernel ends with no send_recv op's transfer in flight (a program's
-                                // pipeline transfers end with its phase)
+  transfers_.wait_all(trace_);     // a kernel ends with no send_recv op's transfer in flight (a program's
+                                   // pipeline transfers end with its phase)
   backend().device_synchronize();  // a kernel's time (the step's) ends when the device is done
   last_kernel_ = &kernel;
   return sums;
@@ -766,8 +769,8 @@ ProgramResult Engine::run_program(const std::vector<ProgramEntry>& entries, cons
       start_transfer(entry);
       continue;
     }
-    const bool split = entry.kernel == KernelName::forward || entry.kernel == KernelName::backward;
-    MT_CHECK(!split || !entry.last_backward, "overlapped reductions after a split backward");
+    MT_CHECK(!runs_over_a_slot(entry.kernel) || !entry.last_backward,
+             "overlapped reductions after a split backward");
     switch (entry.kernel) {
       case KernelName::fwd_bwd:
         add(fwd_bwd(batch(entry.micro_batch), entry.last_backward));
@@ -790,6 +793,12 @@ ProgramResult Engine::run_program(const std::vector<ProgramEntry>& entries, cons
       case KernelName::backward:
         add(backward(entry.slot, entry.chunk, entry.micro_batch));
         break;
+      case KernelName::backward_input:
+        add(backward_input(entry.slot, entry.chunk, entry.micro_batch));
+        break;
+      case KernelName::backward_weight:
+        add(backward_weight(entry.slot, entry.chunk, entry.micro_batch));
+        break;
       case KernelName::decode:
         MT_CHECK(false, "decode in a step's program");
     }
@@ -802,15 +811,17 @@ ProgramResult Engine::run_program(const std::vector<ProgramEntry>& entries, cons
 // earlier transfer of the same memory: a slot's previous micro-batch may still be sending from it).
 void Engine::start_transfer(const ProgramEntry& entry) {
   using Transfer = ProgramEntry::Transfer;
-  const bool sending = entry.transfer == Transfer::send_activation || entry.transfer == Transfer::send_gradient;
+  const bool sending =
+      entry.transfer == Transfer::send_activation || entry.transfer == Transfer::send_gradient;
   const PlanBufferId buffer = plan_.pipeline.buffer_of(entry.transfer, entry.chunk);
   MT_CHECK(buffer >= 0, "a transfer of a stage without that neighbour");
   check_slot(entry.slot);
   const ActivationStash::Entry* stashed = plan_.stash.find(buffer, entry.chunk);
   MT_CHECK(stashed != nullptr, "a boundary buffer outside the activation slots");
   const PlanBuffer& planned = plan_.buffers[static_cast<size_t>(buffer)];
-  const TensorView memory{arena_.at(plan_.stash.moved_to_slot(plan_.stash.offset + stashed->offset, entry.slot)),
-                          planned.dtype, planned.shape};
+  const TensorView memory{
+      arena_.at(plan_.stash.moved_to_slot(plan_.stash.offset + stashed->offset, entry.slot)), planned.dtype,
+      planned.shape};
   const std::string name = std::string(sending ? "send " : "receive ") + planned.name + " #" +
                            std::to_string(entry.micro_batch) + (sending ? " to stage " : " from stage ") +
                            std::to_string(entry.peer);
@@ -847,43 +858,69 @@ void Engine::check_slot(int64_t slot) const {
 LossSums Engine::forward(const Batch& batch, int64_t slot, int64_t chunk, int64_t micro_batch) {
   check_slot(slot);
   SlotHolder& holder = slot_holders_[static_cast<size_t>(slot)];
-  MT_CHECK(!holder.held(), "a forward into activation slot " + std::to_string(slot) + ", whose micro-batch " +
-                               std::to_string(holder.micro_batch) + "'s backward has not run");
+  MT_CHECK(holder.state == SlotState::free, "a forward into activation slot " + std::to_string(slot) +
+                                                ", whose micro-batch " + std::to_string(holder.micro_batch) +
+                                                "'s backward has not run");
   const SlotScope bound(slot_, chunk_, slot, chunk);
   load_batch(batch);
   overlap_ = false;
   const LossSums sums = with_batch_valid_count(run(KernelName::forward));
-  holder = {micro_batch, chunk};
+  holder = {micro_batch, chunk, SlotState::forward_done};
+  return sums;
+}
+
+// A backward kernel on the micro-batch in `slot`, which must hold `micro_batch` of `chunk` as `expected`,
+// leaving it `after`.
+LossSums Engine::run_in_slot(KernelName kernel, int64_t slot, int64_t chunk, int64_t micro_batch,
+                             SlotState expected, SlotState after) {
+  check_slot(slot);
+  SlotHolder& holder = slot_holders_[static_cast<size_t>(slot)];
+  if (holder.state != expected || holder.micro_batch != micro_batch || holder.chunk != chunk) {
+    const std::string held =
+        holder.state == SlotState::free
+            ? std::string("no forward")
+            : "micro-batch " + std::to_string(holder.micro_batch) + " (chunk " +
+                  std::to_string(holder.chunk) +
+                  (holder.state == SlotState::forward_done ? ") after its forward" : ") after its B_input");
+    MT_CHECK(false, std::string("the ") + kernel_name(kernel) + " of micro-batch " +
+                        std::to_string(micro_batch) + " (chunk " + std::to_string(chunk) +
+                        ") from activation slot " + std::to_string(slot) + ", which holds " + held);
+  }
+  const SlotScope bound(slot_, chunk_, slot, chunk);
+  overlap_ = false;
+  const LossSums sums = run(kernel);
+  holder.state = after;
+  if (after == SlotState::free) holder = {};
   return sums;
 }
 
 LossSums Engine::backward(int64_t slot, int64_t chunk, int64_t micro_batch) {
-  check_slot(slot);
-  SlotHolder& holder = slot_holders_[static_cast<size_t>(slot)];
-  MT_CHECK(holder.held() && holder.micro_batch == micro_batch && holder.chunk == chunk,
-           "the backward of micro-batch " + std::to_string(micro_batch) + " (chunk " + std::to_string(chunk) +
-               ") from activation slot " + std::to_string(slot) + ", which holds " +
-               (holder.held() ? "micro-batch " + std::to_string(holder.micro_batch) + " (chunk " +
-                                    std::to_string(holder.chunk) + ")"
-                              : std::string("no forward")));
-  const SlotScope bound(slot_, chunk_, slot, chunk);
-  overlap_ = false;
-  const LossSums sums = run(KernelName::backward);
-  holder = {};
-  return sums;
+  return run_in_slot(KernelName::backward, slot, chunk, micro_batch, SlotState::forward_done,
+                     SlotState::free);
+}
+
+LossSums Engine::backward_input(int64_t slot, int64_t chunk, int64_t micro_batch) {
+  return run_in_slot(KernelName::backward_input, slot, chunk, micro_batch, SlotState::forward_done,
+                     SlotState::input_gradients_done);
+}
+
+LossSums Engine::backward_weight(int64_t slot, int64_t chunk, int64_t micro_batch) {
+  return run_in_slot(KernelName::backward_weight, slot, chunk, micro_batch, SlotState::input_gradients_done,
+                     SlotState::free);
 }
 
 LossSums Engine::eval(const Batch& batch, int64_t slot, int64_t chunk) {
   // A stage plan's eval binds its boundary buffers (and any batch input the stash holds) in a slot.
-  MT_CHECK((slot != ProgramEntry::kNoSlot) == (plan_.pipeline.stages > 1), "eval's slot: a stage plan's only");
+  MT_CHECK((slot != ProgramEntry::kNoSlot) == (plan_.pipeline.stages > 1),
+           "eval's slot: a stage plan's only");
   if (slot != ProgramEntry::kNoSlot) check_slot(slot);
   const SlotScope bound(slot_, chunk_, slot, chunk);
   load_batch(batch);
   return with_batch_valid_count(run(KernelName::eval));
 }
 
-// A stage rank without the loss counts the micro-batch's valid tokens itself, from the loss mask it loaded: each
-// stage rank then holds the step's count (update divides by it), and the loss sum only the last.
+// A stage rank without the loss counts the micro-batch's valid tokens itself, from the loss mask it loaded:
+// each stage rank then holds the step's count (update divides by it), and the loss sum only the last.
 LossSums Engine::with_batch_valid_count(LossSums sums) const {
   if (plan_.spec.with_head() || chunk_ != 0) return sums;  // once per micro-batch: at the rank's first chunk
   const TensorView mask = batch_view(plan_.spec.loss_mask);

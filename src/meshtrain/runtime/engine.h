@@ -1,9 +1,10 @@
 // The live engine: plans the run with the same plan_training() as `meshtrain compile`, allocates exactly
 // the planned arena, initialises parameters from the counter-based RNG, and runs the step's planned program
 // (plan/program.h): the kernels of shared/specs/training-step.md (fwd_bwd, fwd_bwd_accum, update, eval), or a
-// pipeline schedule's split kernels (zero_gradients, forward and backward over activation slots), each in the
-// planned op order, each op seeing its buffers at their planned offsets. A decode plan (plan/decode.h)
-// runs the same way: its one kernel, decode, over an arena of parameter values, caches and scratch.
+// pipeline schedule's split kernels (zero_gradients, forward and backward, or zero_bubble's backward_input
+// and backward_weight, over activation slots), each in the planned op order, each op seeing its buffers at
+// their planned offsets. A decode plan (plan/decode.h) runs the same way: its one kernel, decode, over an
+// arena of parameter values, caches and scratch.
 #pragma once
 
 #include <cstdint>
@@ -90,12 +91,15 @@ class Engine {
   // zero_gradients starts a step (what fwd_bwd's first op does); forward loads `batch` and leaves what its
   // backward reads in activation slot `slot`; backward(slot) reads it from there, ADDS into the gradients
   // and frees the slot. Their data-axis reductions run in update (no overlap with the last backward).
-  // `chunk`: the spec's chunk they run (a pipeline stage with virtual stages holds several).
+  // `chunk`: the spec's chunk they run (a pipeline stage with virtual stages holds several); `micro_batch`
+  // names what a slot holds: a backward must be of the micro-batch and chunk whose forward filled its slot.
+  // zero_bubble (PlanRequest::split_backward) runs backward as backward_input, the input gradients (what the
+  // previous stage waits for), then later backward_weight, the weight gradients, which frees the slot.
   void zero_gradients();
-  // `micro_batch` names what a slot holds: a backward must be of the micro-batch and chunk whose forward
-  // filled its slot.
   LossSums forward(const Batch& batch, int64_t slot, int64_t chunk = 0, int64_t micro_batch = 0);
   LossSums backward(int64_t slot, int64_t chunk = 0, int64_t micro_batch = 0);
+  LossSums backward_input(int64_t slot, int64_t chunk = 0, int64_t micro_batch = 0);
+  LossSums backward_weight(int64_t slot, int64_t chunk = 0, int64_t micro_batch = 0);
   // A decode plan's step (plan/decode.h): `token` at `position` (both checked by the caller) joins the
   // caches; returns the next token's logits [1, V], valid until the next call. Models with Engram: the
   // token's hash ids per Engram layer ([H (N - 1)] each, data/engram_hash.h's last_token_ids).
@@ -211,21 +215,25 @@ class Engine {
   std::vector<std::unique_ptr<CollectiveRequest>> ring_passes_;  // ring attention's, not yet waited for
   Transfers transfers_;                                          // send_recv ops' transfers in flight
   Transfers pipeline_transfers_;  // a pipeline program's, across its kernels until its phase ends
-  std::vector<size_t> bucket_;  // update op indices ready (plan_.overlap), not yet started
+  std::vector<size_t> bucket_;    // update op indices ready (plan_.overlap), not yet started
   size_t bucket_bytes_ = 0;
   std::map<size_t, std::unique_ptr<CollectiveRequest>> in_flight_;  // update op index -> started reduction
   bool overlap_ = false;  // this kernel is a step's last micro-batch
   bool nan_gradient_pending_ = false;
   // The activation slot the running split kernel binds its stash to (ProgramEntry::kNoSlot: none), and
-  // which (micro-batch, chunk) each slot holds: a forward whose backward has not run.
+  // which (micro-batch, chunk) each slot holds and how far it is: its forward run (its backward or B_input
+  // to come), or its B_input run (its W to come: zero_bubble holds the slot until then).
   int64_t slot_ = ProgramEntry::kNoSlot;
   int64_t chunk_ = 0;  // the running kernel's chunk of the spec
+  enum class SlotState { free, forward_done, input_gradients_done };
   struct SlotHolder {
     int64_t micro_batch = ProgramEntry::kNoMicroBatch;
     int64_t chunk = 0;
-    bool held() const { return micro_batch != ProgramEntry::kNoMicroBatch; }
+    SlotState state = SlotState::free;
   };
   std::vector<SlotHolder> slot_holders_;
+  LossSums run_in_slot(KernelName kernel, int64_t slot, int64_t chunk, int64_t micro_batch,
+                       SlotState expected, SlotState after);
 };
 
 }  // namespace meshtrain

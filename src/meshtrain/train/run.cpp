@@ -168,7 +168,8 @@ std::vector<size_t> moe_layers_in_model(const ModelSpec& spec) {
 // (the valid count every stage's alike: each counts the micro-batches' tokens); each stage's MoE statistics
 // go to its layers' places among the model's MoE layers, so the balance loss and the metrics cover every
 // layer. Without stages the sums are the model's already.
-LossSums whole_model_sums(const LossSums& local, const ModelSpec& spec, const RunRanks& ranks, const char* name) {
+LossSums whole_model_sums(const LossSums& local, const ModelSpec& spec, const RunRanks& ranks,
+                          const char* name) {
   if (!ranks.stage_group) return local;
   const size_t layers = model_moe_layers(spec).size();
   const auto E = static_cast<size_t>(spec.moe_experts);
@@ -396,8 +397,8 @@ void Run::connect_mesh(TrainingPlan plan) {
   }
   if (mesh_.size(MeshAxis::stage) > 1) {
     const MeshGroup stage_ranks = mesh_group(mesh_, ranks_.world->rank(), MeshAxis::stage);
-    ranks_.stage_group =
-        ranks_.world->split(static_cast<int>(stage_ranks.colour), static_cast<int>(stage_ranks.index), "stage");
+    ranks_.stage_group = ranks_.world->split(static_cast<int>(stage_ranks.colour),
+                                             static_cast<int>(stage_ranks.index), "stage");
   }
   // Only the lead rank writes run_dir and prints; the others train silently.
   if (!lead_) {
@@ -592,8 +593,8 @@ StepOutcome Run::step(const RunControl& control) {
       bad_here ? ranks_.world->size() - ranks_.world->rank() : 0;  // max picks the lowest rank
   ranks_.world->all_reduce(comm_buffer(&lowest_bad, 1), ReduceOp::max, "step/nonfinite_rank");
   const int64_t first_bad_rank = ranks_.world->size() - lowest_bad;
-  const LossSums sums =
-      sum_over_ranks(whole_model_sums(local, engine.spec(), ranks_, "step/stage_sums"), ranks_, "step/loss_sums");
+  const LossSums sums = sum_over_ranks(whole_model_sums(local, engine.spec(), ranks_, "step/stage_sums"),
+                                       ranks_, "step/loss_sums");
   const double lm_loss = sums.valid_count > 0 ? sums.loss_sum / static_cast<double>(sums.valid_count) : 0.0;
   const double balance_loss = sums.valid_count > 0 ? std::accumulate(sums.routing.balance_loss.begin(),
                                                                      sums.routing.balance_loss.end(), 0.0) /

@@ -1,10 +1,12 @@
 // The gradients phase of one step as a pipeline schedule runs it on one stage, over the split kernels
-// (plan.h's ActivationStash): the programs the split-kernel tests compare with the fused step.
+// (plan.h's ActivationStash; zero_bubble's backward_input and backward_weight): the programs the split-kernel
+// tests compare with the fused step.
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
+#include "meshtrain/plan/pipeline_program.h"
 #include "meshtrain/plan/plan.h"
 #include "meshtrain/plan/program.h"
 
@@ -33,6 +35,31 @@ inline std::vector<ProgramEntry> one_f_one_b_gradients(int64_t micro_batches, in
     entries.push_back(split_entry(KernelName::backward, m, m % in_flight));
     const int64_t next = m + in_flight;
     if (next < micro_batches) entries.push_back(split_entry(KernelName::forward, next, next % in_flight));
+  }
+  return entries;
+}
+
+// ZB-H1 as stage `stage` of `stages` runs it (plan_stage_program's entries, without the transfers: here the
+// whole model runs on one process), and the activation slots it needs.
+struct SplitGradients {
+  std::vector<ProgramEntry> entries;
+  int64_t slots = 0;
+};
+inline SplitGradients zero_bubble_gradients(int64_t micro_batches, int64_t stages, int64_t stage) {
+  const StageProgram program = plan_stage_program(
+      build_pipeline_schedule(PipelineScheduleKind::zero_bubble, stages, micro_batches, 1), stage);
+  SplitGradients result{{}, program.slots};
+  for (const ProgramEntry& entry : program.program.gradients) {
+    if (entry.transfer == ProgramEntry::Transfer::none) result.entries.push_back(entry);
+  }
+  return result;
+}
+
+// Every forward, then every B_input, then every W, micro-batch m in slot m (M slots): W as late as it goes.
+inline std::vector<ProgramEntry> weights_last_gradients(int64_t micro_batches) {
+  std::vector<ProgramEntry> entries = {{KernelName::zero_gradients}};
+  for (KernelName kernel : {KernelName::forward, KernelName::backward_input, KernelName::backward_weight}) {
+    for (int64_t m = 0; m < micro_batches; ++m) entries.push_back(split_entry(kernel, m, m));
   }
   return entries;
 }

@@ -164,5 +164,48 @@ TEST(PlanCost, CollectivePayloadsFollowAotPlanAndKernelTotalsAddUp) {
   }
 }
 
+// zero_bubble's split on hand-made steps: a weight op moves to W unless an input op after it touches the same
+// persistent gradient (their sum's order would change); an op reading what a moved weight op wrote moves too;
+// a weight op reading a value a later input op adds into reads a copy.
+TEST(PlanBackwardSplit, WeightOpsMoveUnlessTheyWouldPassAnInputOpOnTheirMemory) {
+  TrainingPlan plan;
+  const auto add_buffer = [&](const std::string& name, bool persistent, size_t offset) {
+    PlanBuffer buffer{name,
+                      persistent ? BufferKind::gradient : BufferKind::scratch,
+                      DType::f32,
+                      shape_of({{"floats", 16}}),
+                      {}};
+    buffer.bytes = 64;
+    buffer.persistent = persistent;
+    buffer.offset = offset;
+    plan.buffers.push_back(buffer);
+    return static_cast<BufferId>(plan.buffers.size() - 1);
+  };
+  const BufferId d = add_buffer("d", false, 0), tied = add_buffer("tied", true, 0),
+                 own = add_buffer("own", true, 64), e = add_buffer("e", false, 0),
+                 shard = add_buffer("shard", true, 128);
+  const auto op = [](const std::string& name, std::vector<BufferId> reads, std::vector<BufferId> writes,
+                     bool weight) {
+    OpDecl decl{name, std::move(reads), std::move(writes), 0.0, nullptr};
+    decl.weight_gradients_only = weight;
+    return decl;
+  };
+  const std::vector<OpDecl> ops = {
+      op("writes d", {}, {d}, false),
+      op("weight into tied", {d}, {tied}, true),  // the input op below adds into tied after it: stays
+      op("input into tied", {d, tied}, {tied}, false),
+      op("weight into own", {d}, {own}, true),  // moves; d changes after it: reads a copy
+      op("adds into d", {d}, {d}, false),
+      op("weight into e", {d}, {e}, true),
+      op("reads e", {e, shard}, {shard}, false),  // reads what a moved weight op wrote: moves
+  };
+  std::vector<PlanStep> steps;
+  for (const OpDecl& decl : ops) steps.push_back(step_of(&decl));
+  const Liveness liveness = plan_liveness(plan, steps, KernelName::backward);
+  const BackwardSplit split = split_backward(plan, steps, 0, liveness);
+  EXPECT_EQ(split.weight, (std::vector<bool>{false, false, false, true, false, true, true}));
+  EXPECT_EQ(split.captures, (std::vector<std::pair<size_t, size_t>>{{3, 0}}));
+}
+
 }  // namespace
 }  // namespace meshtrain

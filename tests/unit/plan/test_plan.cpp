@@ -354,12 +354,13 @@ TEST(Plan, AStageRankPlansItsChunksAndItsSchedule) {
     EXPECT_EQ(entry.peer, 1);
     EXPECT_NE(first.stash.find(first.pipeline.buffer_of(entry.transfer, entry.chunk)), nullptr);
   }
-  EXPECT_EQ(transfers, (std::map<ProgramEntry::Transfer, int>{{ProgramEntry::Transfer::send_activation, 2},
-                                                              {ProgramEntry::Transfer::receive_gradient, 2}}));
+  EXPECT_EQ(transfers,
+            (std::map<ProgramEntry::Transfer, int>{{ProgramEntry::Transfer::send_activation, 2},
+                                                   {ProgramEntry::Transfer::receive_gradient, 2}}));
   // Interleaved: 4 layers over 2 stages x 2 repeats; stage 1 holds layers 1 and 3, the head on the second.
-  const TrainingPlan interleaved =
-      stage_plan(1, {"topology=h100x2", "mesh.stage=2", "gradient_accumulation_steps=2",
-                     "base_num_decoder_layers=4", "pipeline_schedule=interleaved_1f1b", "num_pipeline_repeats=2"});
+  const TrainingPlan interleaved = stage_plan(
+      1, {"topology=h100x2", "mesh.stage=2", "gradient_accumulation_steps=2", "base_num_decoder_layers=4",
+          "pipeline_schedule=interleaved_1f1b", "num_pipeline_repeats=2"});
   ASSERT_EQ(interleaved.spec.chunks.size(), 2u);
   EXPECT_EQ(interleaved.spec.chunks[0].layers.first_layer, 1);
   EXPECT_EQ(interleaved.spec.chunks[1].layers.first_layer, 3);

@@ -1,11 +1,13 @@
 // The split kernels (plan.h's ActivationStash): a micro-batch's forward and backward as two planned kernels
-// over activation slots. A step run in a pipeline schedule's order (GPipe: every forward, then every
-// backward; 1F1B: each backward as soon as it can run, slots reused) gives bitwise the fused program's loss
-// sums, gradients and parameters, with the temporaries poisoned before every kernel; the slots are in the
-// arena; and the kernels a plan had without slots do not change.
+// over activation slots, and zero_bubble's backward as its two parts (backward_input, backward_weight). A
+// step run in a pipeline schedule's order (GPipe: every forward, then every backward; 1F1B: each backward as
+// soon as it can run, slots reused; ZB-H1: each W deferred as a stage of it defers it, or every W last) gives
+// bitwise the fused program's loss sums, gradients and parameters, with the temporaries poisoned before every
+// kernel; the slots are in the arena; and the kernels a plan had without slots do not change.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <tuple>
@@ -14,6 +16,8 @@
 #include "error_text.h"
 #include "meshtrain/config/config.h"
 #include "meshtrain/core/arena.h"
+#include "meshtrain/plan/pipeline_program.h"
+#include "meshtrain/plan/pipeline_schedule.h"
 #include "meshtrain/plan/plan.h"
 #include "meshtrain/plan/program.h"
 #include "meshtrain/runtime/engine.h"
@@ -32,12 +36,15 @@ std::vector<std::string> step_keys(const std::vector<std::string>& extra = {}) {
       {"gradient_accumulation_steps=" + std::to_string(kMicroBatches), "init_weights_seed=3"}, extra);
 }
 
-// `devices` 0: as many as the mesh asks for (plans only).
-TrainingPlan plan_with_slots(const Config& config, int64_t slots, int64_t devices = 1) {
+// `devices` 0: as many as the mesh asks for (plans only). `split_backward`: backward_input and
+// backward_weight too.
+TrainingPlan plan_with_slots(const Config& config, int64_t slots, int64_t devices = 1,
+                             bool split_backward = false) {
   PlanRequest request;
   request.config = config;
   request.devices = devices;
   request.activation_slots = slots;
+  request.split_backward = split_backward;
   return plan_training(request);
 }
 
@@ -93,7 +100,9 @@ void expect_same_step(const StepResult& split, const StepResult& fused, const st
 }
 
 // Two steps (the second's gradients start from zero again only if zero_gradients zeroes them) of the fused
-// program against GPipe's and 1F1B's orders of the split kernels.
+// program against GPipe's and 1F1B's orders of the split kernels, and ZB-H1's as the last stage of two runs
+// it (slots reused once their W has run) and as the last of four (W deferred by three backwards), and every W
+// last.
 void expect_split_equals_fused(const Config& config, const std::string& what) {
   ASSERT_EQ(config.gradient_accumulation_steps, kMicroBatches);
   Engine fused(plan_with_slots(config, 0));
@@ -103,10 +112,15 @@ void expect_split_equals_fused(const Config& config, const std::string& what) {
     expected.push_back(run_step(fused, fused.plan().program.gradients, step));
   ASSERT_GT(expected[0].sums.valid_count, 0) << what;
   ASSERT_GT(expected[1].update.raw_grad_norm, 0.0) << what;  // the comparisons can fail
-  for (const auto& [schedule, slots, gradients] :
-       {std::tuple{"gpipe", kMicroBatches, testing::gpipe_gradients(kMicroBatches)},
-        std::tuple{"1f1b", int64_t{2}, testing::one_f_one_b_gradients(kMicroBatches, 2)}}) {
-    Engine split(plan_with_slots(config, slots));
+  const testing::SplitGradients of_two = testing::zero_bubble_gradients(kMicroBatches, 2, 1);
+  const testing::SplitGradients of_four = testing::zero_bubble_gradients(kMicroBatches, 4, 3);
+  for (const auto& [schedule, slots, gradients, split_backward] :
+       {std::tuple{"gpipe", kMicroBatches, testing::gpipe_gradients(kMicroBatches), false},
+        std::tuple{"1f1b", int64_t{2}, testing::one_f_one_b_gradients(kMicroBatches, 2), false},
+        std::tuple{"zero_bubble stage 1 of 2", of_two.slots, of_two.entries, true},
+        std::tuple{"zero_bubble stage 3 of 4", of_four.slots, of_four.entries, true},
+        std::tuple{"weights last", kMicroBatches, testing::weights_last_gradients(kMicroBatches), true}}) {
+    Engine split(plan_with_slots(config, slots, 1, split_backward));
     split.set_poison_temporaries(true);
     for (int64_t step = 0; step < 2; ++step) {
       expect_same_step(run_step(split, gradients, step), expected[static_cast<size_t>(step)],
@@ -308,11 +322,13 @@ TEST(SplitKernels, ASlotIsFilledOnceAndReadOnce) {
   const Config config = testing::tiny_config(step_keys());
   const ProgramEntry zero{KernelName::zero_gradients}, eval{KernelName::eval, 0};
   Engine engine(plan_with_slots(config, 2));
-  EXPECT_NE(refusal_of(engine, {zero, backward_entry(0, 0)}).find("which holds no forward"), std::string::npos);
-  EXPECT_NE(refusal_of(engine, {backward_entry(0, 1)}).find("which holds no forward"), std::string::npos);
-  EXPECT_NE(refusal_of(engine, {zero, forward_entry(0, 0), backward_entry(1, 0)})
-                .find("the backward of micro-batch 1 (chunk 0) from activation slot 0, which holds micro-batch 0"),
+  EXPECT_NE(refusal_of(engine, {zero, backward_entry(0, 0)}).find("which holds no forward"),
             std::string::npos);
+  EXPECT_NE(refusal_of(engine, {backward_entry(0, 1)}).find("which holds no forward"), std::string::npos);
+  EXPECT_NE(
+      refusal_of(engine, {zero, forward_entry(0, 0), backward_entry(1, 0)})
+          .find("the backward of micro-batch 1 (chunk 0) from activation slot 0, which holds micro-batch 0"),
+      std::string::npos);
   EXPECT_NE(refusal_of(engine, {forward_entry(1, 0)}).find("whose micro-batch 0's backward has not run"),
             std::string::npos);
   EXPECT_NE(refusal_of(engine, {eval}).find("eval while a micro-batch's activations wait"),
@@ -326,6 +342,138 @@ TEST(SplitKernels, ASlotIsFilledOnceAndReadOnce) {
   bad.tokens[0] = -1;
   EXPECT_NE(testing::error_of([&] { valid.forward(bad, 1); }).find("batch token 0"), std::string::npos);
   EXPECT_EQ(refusal_of(valid, {forward_entry(1, 1), backward_entry(1, 1), eval}), "");
+}
+
+// backward_input then backward_weight run exactly backward's ops (and the copies W reads), each part in
+// backward's order: every dense projection's weight-gradient op in W (with FSDP, the reduce-scatter of its
+// gathered gradient after it), nothing else.
+TEST(SplitKernels, TheBackwardPartsPartitionTheBackward) {
+  for (const std::vector<std::string>& keys : {std::vector<std::string>{"remat_policy=none"},
+                                               {"remat_policy=full"},
+                                               {"remat_policy=minimal", "mesh.fsdp=2"}}) {
+    const TrainingPlan plan = plan_with_slots(testing::tiny_config(step_keys(keys)), 2, 0, true);
+    const std::vector<std::string> backward = op_names(plan, {KernelName::backward});
+    std::vector<std::string> input, copies;
+    for (const std::string& name : op_names(plan, {KernelName::backward_input}))
+      (name.starts_with("zero_bubble/copy/") ? copies : input).push_back(name);
+    std::vector<std::string> weight = op_names(plan, {KernelName::backward_weight});
+    ASSERT_FALSE(weight.empty()) << keys.front();
+    EXPECT_FALSE(copies.empty()) << keys.front();  // the residual stream's gradient, for out and wo
+    // Each part is a subsequence of the backward, and together they are all of it.
+    for (const std::vector<std::string>* part : {&input, &weight}) {
+      auto next = backward.begin();
+      for (const std::string& name : *part) {
+        next = std::find(next, backward.end(), name);
+        ASSERT_NE(next, backward.end()) << keys.front() << ": " << name << " out of the backward's order";
+        ++next;
+      }
+    }
+    EXPECT_EQ(input.size() + weight.size(), backward.size()) << keys.front();
+    size_t projections = 0;
+    for (const PlanOp& op : plan.kernel(KernelName::backward).ops)
+      projections += op.op->weight_gradients_only;
+    size_t moved = 0;
+    for (const PlanOp& op : plan.kernel(KernelName::backward_weight).ops) {
+      moved += op.op->weight_gradients_only;
+      EXPECT_TRUE(op.op->weight_gradients_only || op.op->role == OpRole::fsdp_reduce_scatter) << op.op->name;
+    }
+    EXPECT_EQ(moved, projections) << keys.front();
+    // The slot holds the forward's stash and, after it, what W still reads.
+    const TrainingPlan whole = plan_with_slots(testing::tiny_config(step_keys(keys)), 2, 0);
+    EXPECT_GT(plan.stash.weight_bytes, 0u);
+    EXPECT_EQ(plan.stash.slot_bytes, whole.stash.slot_bytes + plan.stash.weight_bytes) << keys.front();
+  }
+}
+
+// A slot holds its micro-batch from its forward until its W: B_input then W, each once, and nothing that
+// overwrites the slot (a forward, a fused kernel) before W.
+TEST(SplitKernels, ASlotIsHeldUntilItsWeightGradients) {
+  const Config config = testing::tiny_config(step_keys());
+  const ProgramEntry zero{KernelName::zero_gradients}, eval{KernelName::eval, 0};
+  const auto input = [](int64_t micro, int64_t slot) {
+    return testing::split_entry(KernelName::backward_input, micro, slot);
+  };
+  const auto weight = [](int64_t micro, int64_t slot) {
+    return testing::split_entry(KernelName::backward_weight, micro, slot);
+  };
+  {
+    Engine engine(plan_with_slots(config, 2, 1, true));
+    EXPECT_NE(refusal_of(engine, {zero, forward_entry(0, 0), weight(0, 0)})
+                  .find("which holds micro-batch 0 (chunk 0) after its forward"),
+              std::string::npos);
+  }
+  {
+    Engine engine(plan_with_slots(config, 2, 1, true));
+    EXPECT_NE(refusal_of(engine, {zero, forward_entry(0, 0), input(0, 0), input(0, 0)})
+                  .find("which holds micro-batch 0 (chunk 0) after its B_input"),
+              std::string::npos);
+  }
+  {
+    Engine engine(plan_with_slots(config, 2, 1, true));
+    EXPECT_NE(refusal_of(engine, {zero, forward_entry(0, 0), input(0, 0), forward_entry(1, 0)})
+                  .find("whose micro-batch 0's backward has not run"),
+              std::string::npos);
+  }
+  {
+    Engine engine(plan_with_slots(config, 2, 1, true));
+    EXPECT_NE(refusal_of(engine, {zero, forward_entry(0, 0), input(0, 0), eval})
+                  .find("eval while a micro-batch's activations wait"),
+              std::string::npos);
+  }
+  Engine valid(plan_with_slots(config, 2, 1, true));
+  EXPECT_EQ(refusal_of(valid, {zero, forward_entry(0, 0), input(0, 0), forward_entry(1, 1), weight(0, 0),
+                               input(1, 1), weight(1, 1), eval}),
+            "");
+}
+
+// A zero_bubble stage's program: its ops' B_input and W as the split kernels, each micro-batch's slot held
+// until its W, so a stage holds as many slots as the schedule's simulation holds micro-batches until W: at
+// most P, no more than 1F1B's most over its stages (its first stage's; an activation is received into a slot
+// one op ahead of its forward, except ahead of a W, which frees one only when it ends).
+TEST(SplitKernels, AZeroBubbleStageHoldsItsSlotsUntilW) {
+  for (const auto& [stages, micro_batches] : {std::pair{2, 4}, std::pair{4, 4}, std::pair{4, 8}}) {
+    const PipelineSchedule schedule =
+        build_pipeline_schedule(PipelineScheduleKind::zero_bubble, stages, micro_batches, 1);
+    const PipelineSimulation simulation =
+        simulate_pipeline_schedule(schedule, equal_chunk_op_times(stages, 1.0, 1.0, 1.0));
+    const PipelineSchedule one_f_one_b =
+        build_pipeline_schedule(PipelineScheduleKind::one_f_one_b, stages, micro_batches, 1);
+    int64_t one_f_one_b_most = 0;
+    for (int64_t stage = 0; stage < stages; ++stage)
+      one_f_one_b_most = std::max(one_f_one_b_most, plan_stage_program(one_f_one_b, stage).slots);
+    for (int64_t stage = 0; stage < stages; ++stage) {
+      const StageProgram program = plan_stage_program(schedule, stage);
+      const std::string what = std::to_string(stages) + " stages, " + std::to_string(micro_batches) +
+                               " micro-batches, stage " + std::to_string(stage);
+      EXPECT_EQ(program.slots, simulation.ranks[static_cast<size_t>(stage)].peak_activations) << what;
+      EXPECT_LE(program.slots, stages) << what;
+      EXPECT_LE(program.slots, one_f_one_b_most) << what;
+      std::map<int64_t, std::string> held;  // slot -> the kernels its micro-batch has run
+      int64_t weights = 0;
+      for (const ProgramEntry& entry : program.program.gradients) {
+        if (entry.transfer != ProgramEntry::Transfer::none || entry.slot == ProgramEntry::kNoSlot) continue;
+        std::string& history = held[entry.slot];
+        switch (entry.kernel) {
+          case KernelName::forward:
+            EXPECT_EQ(history, "") << what;
+            history = "F";
+            break;
+          case KernelName::backward_input:
+            EXPECT_EQ(history, "F") << what;
+            history = "FI";
+            break;
+          case KernelName::backward_weight:
+            EXPECT_EQ(history, "FI") << what;
+            history = "";
+            ++weights;
+            break;
+          default:
+            ADD_FAILURE() << what << ": " << kernel_name(entry.kernel);
+        }
+      }
+      EXPECT_EQ(weights, micro_batches) << what;
+    }
+  }
 }
 
 }  // namespace

@@ -158,12 +158,12 @@ BufferId add_attention_block(SpecBuilder& builder, const std::string& prefix, Bu
       {"attention", options.bias, options.out_init_std, options.adds_residual ? residual_in : kNoBuffer},
       d_residual, d_attended, false);
 
-  std::vector<OpDecl> group = {out.backward};
+  std::vector<OpDecl> group = out.backward;
   for (OpDecl& op : attention_backward) group.push_back(std::move(op));
   for (OpDecl& op : qk_backward) group.push_back(std::move(op));
-  group.push_back(query.backward);
-  group.push_back(key.backward);
-  group.push_back(value.backward);
+  append_ops(group, query.backward);
+  append_ops(group, key.backward);
+  append_ops(group, value.backward);
   // Column-parallel q, k, v.
   for (OpDecl& op : column_parallel_input_gradient(builder, attention + "/reduce_input_gradient", d_normed))
     group.push_back(std::move(op));

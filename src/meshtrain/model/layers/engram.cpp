@@ -262,9 +262,9 @@ BufferId add_engram_block(SpecBuilder& builder, const std::string& prefix, size_
                                                        ctx.f32(d_gated), ctx.f32(gate), ctx.f32(q),
                                                        ctx.f32(k), ctx.f32(v), N, G, D);
                    }});
-  group.push_back(value_projection.backward);  // d_memory written
+  append_ops(group, value_projection.backward);  // d_memory written
   group.push_back(k_norm.backward);
-  group.push_back(key_projection.backward);  // d_memory added
+  append_ops(group, key_projection.backward);  // d_memory added
   group.push_back({engram + "/lookup_backward", {d_memory, rows}, {d_table}, 0.0, [=](const OpContext& ctx) {
                      ctx.kernels->embedding_backward(ctx.f32(d_table), ctx.i32(rows), ctx.f32(d_memory),
                                                      N * heads, R, Dh, row_offset(ctx), global_rows);

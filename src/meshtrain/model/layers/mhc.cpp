@@ -82,36 +82,37 @@ BufferId add_mhc_site(SpecBuilder& builder, const std::string& prefix, BufferId 
                    }});
   // Runs last in the backward: the collapse adds pre_g d_xin into d_streams (the expand's d_x is already
   // there), then the coefficients' chain ends in the norm, which adds its part.
-  builder.backward_group({{prefix + "/collapse_backward",
-                           {d_io, streams_in, pre, d_streams},
-                           {d_streams, d_pre},
-                           4.0 * static_cast<double>(N * GD),
-                           [=](const OpContext& ctx) {
-                             ctx.kernels->mhc_collapse_backward(ctx.f32(d_streams), ctx.f32(d_pre),
-                                                                ctx.f32(d_io), ctx.f32(streams_in),
-                                                                ctx.f32(pre), N, G, D);
-                           }},
-                          {prefix + "/sinkhorn_backward",
-                           {d_mixing, logits},
-                           {d_logits},
-                           2.0 * sinkhorn_flops,
-                           [=](const OpContext& ctx) {
-                             ctx.kernels->sinkhorn_backward(ctx.f32(d_logits), ctx.f32(d_mixing),
-                                                            ctx.f32(logits), N, G, iterations);
-                           }},
-                          {prefix + "/coefficients_backward",
-                           {d_pre, d_post, d_logits, h, scales, pre_beta, post_beta, d_scales, d_pre_beta,
-                            d_post_beta, d_res_beta},
-                           {d_h, d_scales, d_pre_beta, d_post_beta, d_res_beta},
-                           8.0 * static_cast<double>(N * C),
-                           [=](const OpContext& ctx) {
-                             ctx.kernels->mhc_coefficients_backward(
-                                 ctx.f32(d_h), ctx.f32(d_scales), ctx.f32(d_pre_beta), ctx.f32(d_post_beta),
-                                 ctx.f32(d_res_beta), ctx.f32(d_pre), ctx.f32(d_post), ctx.f32(d_logits),
-                                 ctx.f32(h), ctx.f32(scales), ctx.f32(pre_beta), ctx.f32(post_beta), N, G);
-                           }},
-                          projection.backward,
-                          norm.backward});
+  std::vector<OpDecl> coefficients_backward = {
+      {prefix + "/collapse_backward",
+       {d_io, streams_in, pre, d_streams},
+       {d_streams, d_pre},
+       4.0 * static_cast<double>(N * GD),
+       [=](const OpContext& ctx) {
+         ctx.kernels->mhc_collapse_backward(ctx.f32(d_streams), ctx.f32(d_pre), ctx.f32(d_io),
+                                            ctx.f32(streams_in), ctx.f32(pre), N, G, D);
+       }},
+      {prefix + "/sinkhorn_backward",
+       {d_mixing, logits},
+       {d_logits},
+       2.0 * sinkhorn_flops,
+       [=](const OpContext& ctx) {
+         ctx.kernels->sinkhorn_backward(ctx.f32(d_logits), ctx.f32(d_mixing), ctx.f32(logits), N, G,
+                                        iterations);
+       }},
+      {prefix + "/coefficients_backward",
+       {d_pre, d_post, d_logits, h, scales, pre_beta, post_beta, d_scales, d_pre_beta, d_post_beta,
+        d_res_beta},
+       {d_h, d_scales, d_pre_beta, d_post_beta, d_res_beta},
+       8.0 * static_cast<double>(N * C),
+       [=](const OpContext& ctx) {
+         ctx.kernels->mhc_coefficients_backward(ctx.f32(d_h), ctx.f32(d_scales), ctx.f32(d_pre_beta),
+                                                ctx.f32(d_post_beta), ctx.f32(d_res_beta), ctx.f32(d_pre),
+                                                ctx.f32(d_post), ctx.f32(d_logits), ctx.f32(h),
+                                                ctx.f32(scales), ctx.f32(pre_beta), ctx.f32(post_beta), N, G);
+       }}};
+  append_ops(coefficients_backward, projection.backward);
+  coefficients_backward.push_back(norm.backward);
+  builder.backward_group(std::move(coefficients_backward));
 
   const BufferId o = sublayer(xin, d_io);
 

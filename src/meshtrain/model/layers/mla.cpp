@@ -57,7 +57,8 @@ BufferId add_mla_block(SpecBuilder& builder, const std::string& prefix, BufferId
   const LinearOptions projection{"attention", false, 0.02, kNoBuffer};
 
   // Queries, low-rank or direct. The q path's backward writes d_normed first; wkv_a's adds to it.
-  std::vector<OpDecl> query_backward;  // in backward order
+  // In backward order: the heads' projection, then (low rank) the rest of the q path.
+  std::vector<OpDecl> query_heads_backward, query_rest_backward;
   BufferId q = kNoBuffer;
   BufferId query_reduced = d_normed;  // the heads' projection's input gradient (partial under tensor)
   if (r_q > 0) {
@@ -73,13 +74,15 @@ BufferId add_mla_block(SpecBuilder& builder, const std::string& prefix, BufferId
                                         projection, d_q, d_q_a_normed, false);
     q = wq_b.out;
     query_reduced = d_q_a_normed;
-    query_backward = {wq_b.backward, q_norm.backward, wq_a.backward};
+    query_heads_backward = wq_b.backward;
+    query_rest_backward = {q_norm.backward};
+    append_ops(query_rest_backward, wq_a.backward);
   } else {
     const LinearLayer query = add_linear(builder, attention + "/query", pre_norm.out,
                                          shape_of({{"embed", D}, {"heads", H}, {"head_dim", dq}}), q_shape,
                                          projection, d_q, d_normed, false);
     q = query.out;
-    query_backward = {query.backward};
+    query_heads_backward = query.backward;
   }
   // RoPE on each head's last `rope` columns, in place (the projection's backward needs its input only).
   const double q_rope_flops = 6.0 * static_cast<double>(N * H * rope);
@@ -263,23 +266,24 @@ BufferId add_mla_block(SpecBuilder& builder, const std::string& prefix, BufferId
   const auto reduce_over_heads = [&](const std::string& name, BufferId partial) {
     return column_parallel_input_gradient(builder, attention + "/" + name, partial);
   };
-  std::vector<OpDecl> group = {out.backward, unpad_backward};
+  std::vector<OpDecl> group = out.backward;
+  group.push_back(std::move(unpad_backward));
   const auto append = [&group](std::vector<OpDecl> ops) {
     for (OpDecl& op : ops) group.push_back(std::move(op));
   };
   append(std::move(core_backward));
   group.push_back(std::move(assemble_kv_backward));
   append(reduce_over_heads("reduce_k_rope_gradient", d_k_rope));
-  group.push_back(wkv_b.backward);
+  append(wkv_b.backward);
   append(reduce_over_heads("reduce_c_kv_gradient", d_c_kv_normed));
   group.push_back(kv_norm.backward);
   group.push_back(split_kv_a_backward);
   group.push_back(q_rope_backward);
   // The q path: the heads' projection, the reduction of its input gradient, then (low rank) the rest.
-  group.push_back(std::move(query_backward.front()));
+  append(std::move(query_heads_backward));
   append(reduce_over_heads(r_q > 0 ? "reduce_q_a_gradient" : "reduce_input_gradient", query_reduced));
-  for (size_t i = 1; i < query_backward.size(); ++i) group.push_back(std::move(query_backward[i]));
-  group.push_back(wkv_a.backward);  // adds its (whole) part to the q path's d_normed
+  append(std::move(query_rest_backward));
+  append(wkv_a.backward);  // adds its (whole) part to the q path's d_normed
   group.push_back(pre_norm.backward);
   builder.backward_group(std::move(group));
   return out.out;

@@ -62,7 +62,9 @@ BufferId add_mlp_block(SpecBuilder& builder, const std::string& prefix, BufferId
     GatedActivation swiglu =
         add_swiglu(builder, mlp, gate.out, up.out, hidden_shape, d_activated, d_gate, d_up);
     activated = swiglu.out;
-    input_backward = {std::move(swiglu.backward), gate.backward, up.backward};
+    input_backward = {std::move(swiglu.backward)};
+    append_ops(input_backward, gate.backward);
+    append_ops(input_backward, up.backward);
   } else {
     const BufferId d_hidden = builder.gradient_scratch("scratch/d_mlp_hidden", hidden_shape);
     const LinearLayer hidden = add_linear(builder, mlp + "/wi", pre_norm.out, in_kernel, hidden_shape,
@@ -89,14 +91,14 @@ BufferId add_mlp_block(SpecBuilder& builder, const std::string& prefix, BufferId
                        [=](const OpContext& c) {
                          c.kernels->gelu_backward(c.f32(d_hidden), c.f32(d_activated), c.f32(hidden_out),
                                                   count);
-                       }},
-                      hidden.backward};
+                       }}};
+    append_ops(input_backward, hidden.backward);
   }
   const LinearLayer out =
       add_linear(builder, mlp + "/wo", activated, out_kernel, width_shape,
                  {"mlp", options.bias, options.out_init_std, options.adds_residual ? residual_in : kNoBuffer},
                  d_residual, d_activated, false);
-  group.push_back(out.backward);
+  append_ops(group, out.backward);
   for (OpDecl& op : input_backward) group.push_back(std::move(op));
   // Column-parallel input projections.
   for (OpDecl& op : column_parallel_input_gradient(builder, mlp + "/reduce_input_gradient", d_normed))

@@ -43,7 +43,11 @@ SharedExperts add_shared_experts(SpecBuilder& builder, const std::string& name, 
       add_swiglu(builder, name, gate.out, up.out, hidden_shape, d_activated, d_gate, d_up);
   const LinearLayer down = add_linear(builder, name + "/wo", swiglu.out, out_kernel, width_shape,
                                       {"moe", false, out_init_std, residual_in}, d_out, d_activated, false);
-  return {down.out, {down.backward, std::move(swiglu.backward), gate.backward, up.backward}};
+  SharedExperts shared{down.out, down.backward};
+  shared.backward.push_back(std::move(swiglu.backward));
+  append_ops(shared.backward, gate.backward);
+  append_ops(shared.backward, up.backward);
+  return shared;
 }
 
 }  // namespace
@@ -372,7 +376,7 @@ BufferId add_moe_block(SpecBuilder& builder, const std::string& prefix, BufferId
                                                             balance_weight, static_cast<float>(N));
                      }
                    }});
-  group.push_back(gate.backward);
+  append_ops(group, gate.backward);
   for (OpDecl& op : shared.backward) group.push_back(std::move(op));
   group.push_back(pre_norm.backward);
   builder.backward_group(std::move(group));

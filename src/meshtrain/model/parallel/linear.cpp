@@ -87,27 +87,51 @@ LinearLayer add_linear(SpecBuilder& builder, const std::string& prefix, BufferId
     }
   }
 
-  std::vector<BufferId> writes = {d_kernel};
-  std::vector<BufferId> backward_reads = {d_out, x, kernel};
-  if (d_x != kNoBuffer) writes.push_back(d_x);
-  if (d_x != kNoBuffer && accumulate_dx) backward_reads.push_back(d_x);
-  if (d_bias != kNoBuffer) writes.push_back(d_bias);
-  if (bf16_inputs != kNoBuffer) writes.push_back(bf16_inputs);
+  // The backward as two ops (zero_bubble runs the second later, shared/specs/pipeline.md): the input
+  // gradient, which the layers below wait for, then the weight and bias gradients, which nothing in the
+  // backward reads. The kernel computes each gradient on its own (each op rounds what it reads into the
+  // scratch again), so the two ops back to back give bitwise the gradients of one call computing both.
   LinearLayer layer{out, kernel, {}};
-  layer.backward = {
-      prefix + "/backward", backward_reads, writes, 2.0 * flops, [=](const OpContext& c) {
-        float* dx = d_x == kNoBuffer ? nullptr : c.f32(d_x);
-        float* dbias = d_bias == kNoBuffer ? nullptr : c.f32(d_bias);
-        if (x_is_bf16) {
-          c.kernels->matmul_backward_bf16_x(dx, c.f32(d_kernel), dbias, c.f32(d_out), c.bf16(x),
-                                            c.f32(kernel), N, I, O, accumulate_dx, c.bf16(bf16_inputs));
-        } else {
-          c.kernels->matmul_backward(dx, c.f32(d_kernel), dbias, c.f32(d_out), c.f32(x), c.f32(kernel), N, I,
-                                     O, accumulate_dx, c.bf16(bf16_inputs));
-        }
-      }};
-  layer.backward.kind = OpKind::matmul;
+  if (d_x != kNoBuffer) {
+    std::vector<BufferId> input_reads = {d_out, kernel};
+    if (accumulate_dx) input_reads.push_back(d_x);
+    std::vector<BufferId> input_writes = {d_x};
+    if (bf16_inputs != kNoBuffer) input_writes.push_back(bf16_inputs);
+    OpDecl input{prefix + "/backward_input", input_reads, input_writes, flops, [=](const OpContext& c) {
+                   if (x_is_bf16) {
+                     c.kernels->matmul_backward_bf16_x(c.f32(d_x), nullptr, nullptr, c.f32(d_out), nullptr,
+                                                       c.f32(kernel), N, I, O, accumulate_dx,
+                                                       c.bf16(bf16_inputs));
+                   } else {
+                     c.kernels->matmul_backward(c.f32(d_x), nullptr, nullptr, c.f32(d_out), nullptr,
+                                                c.f32(kernel), N, I, O, accumulate_dx, c.bf16(bf16_inputs));
+                   }
+                 }};
+    input.kind = OpKind::matmul;
+    layer.backward.push_back(std::move(input));
+  }
+  std::vector<BufferId> weight_writes = {d_kernel};
+  if (d_bias != kNoBuffer) weight_writes.push_back(d_bias);
+  if (bf16_inputs != kNoBuffer) weight_writes.push_back(bf16_inputs);
+  OpDecl weight{prefix + "/backward_weight", {d_out, x}, weight_writes, flops, [=](const OpContext& c) {
+                  float* dbias = d_bias == kNoBuffer ? nullptr : c.f32(d_bias);
+                  if (x_is_bf16) {
+                    c.kernels->matmul_backward_bf16_x(nullptr, c.f32(d_kernel), dbias, c.f32(d_out),
+                                                      c.bf16(x), nullptr, N, I, O, false,
+                                                      c.bf16(bf16_inputs));
+                  } else {
+                    c.kernels->matmul_backward(nullptr, c.f32(d_kernel), dbias, c.f32(d_out), c.f32(x),
+                                               nullptr, N, I, O, false, c.bf16(bf16_inputs));
+                  }
+                }};
+  weight.kind = OpKind::matmul;
+  weight.weight_gradients_only = true;
+  layer.backward.push_back(std::move(weight));
   return layer;
+}
+
+void append_ops(std::vector<OpDecl>& group, const std::vector<OpDecl>& ops) {
+  group.insert(group.end(), ops.begin(), ops.end());
 }
 
 std::vector<OpDecl> column_parallel_input_gradient(const SpecBuilder& builder, const std::string& name,

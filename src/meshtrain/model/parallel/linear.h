@@ -23,8 +23,13 @@ struct LinearOptions {
 struct LinearLayer {
   BufferId out = kNoBuffer;  // [N, O]
   BufferId kernel = kNoBuffer;
-  OpDecl backward;  // reads d_out; writes (or adds into) d_x; adds weight gradients
+  // In backward order: the input gradient (reads d_out, writes or adds into d_x; none without d_x), then the
+  // weight gradients (reads d_out and x, adds into dW and db; OpDecl::weight_gradients_only).
+  std::vector<OpDecl> backward;
 };
+
+// Appends `ops` to a backward group, in their order.
+void append_ops(std::vector<OpDecl>& group, const std::vector<OpDecl>& ops);
 
 // Row-parallel (the kernel's input axes split over tensor, as o and down projections): the forward
 // all-reduces the partial sums, then adds the bias and the residual.
