@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Pipeline stages equal one process (issue 39): the same global batch trained for 3 steps on one process and
-# over mesh.stage = 2 and 4 with each schedule (GPipe, 1F1B, interleaved 1F1B with 2 repeats), with M = P
-# and 2P micro-batches (gradient_accumulation_steps), an uneven layer split, tied and untied embeddings,
+# over mesh.stage = 2 and 4 with each schedule (GPipe, 1F1B, interleaved 1F1B with 2 repeats, zero bubble),
+# with M = P and 2P micro-batches (gradient_accumulation_steps), an uneven layer split, tied and untied embeddings,
 # GPT-2 (learned positions, tied), stage x data with ZeRO-1, x fsdp, x tensor, x context (both strategies),
 # x expert, remat, and the DeepSeek-style model (MLA, MoE with its selection bias, Engram, mHC). Every step's loss and gradient norm within 1e-5 relative and every
 # gradient of step 1 (compare_gradients.py: the step-1 checkpoint's first Adam moment) within its bound.
@@ -51,6 +51,17 @@ PY
   python3 "$(dirname "$0")/compare_gradients.py" "$work/$baseline" "$work/$name" "$name" || status=1
 }
 
+same() {  # same NAME OTHER: every step's loss and gradient norms bitwise equal
+  python3 - "$work/$1" "$work/$2" <<'PY' || status=1
+import json, sys
+a, b = ([json.loads(l) for l in open(f"{run}/metrics.jsonl")] for run in sys.argv[1:3])
+keys = ("loss", "raw_grad_norm", "grad_norm")
+same = len(a) == len(b) and all(x[k] == y[k] for x, y in zip(a, b) for k in keys)
+print(f"{sys.argv[1].split('/')[-1]}: {'bitwise equal to' if same else 'DIFFERS from'} {sys.argv[2].split('/')[-1]}")
+sys.exit(not same)
+PY
+}
+
 # One-process baselines: the global batch is per_device_batch_size x devices rows per micro-batch (8 here).
 run single_m2 1 8 gradient_accumulation_steps=2
 run single_m4 1 8 gradient_accumulation_steps=4
@@ -66,6 +77,23 @@ check p2_dp2_zero1 single_m2 4 2 mesh.stage=2 mesh.data=2 shard_optimizer_over_d
 check p2_tp2 single_m2 4 2 mesh.stage=2 mesh.tensor=2 gradient_accumulation_steps=2
 check p2_cp2_ring single_m2 4 2 mesh.stage=2 mesh.context=2 context_parallel_strategy=ring \
   gradient_accumulation_steps=2
+# Zero bubble (ZB-H1): each backward as its input-gradient part, its weight-gradient part later; every
+# gradient sums its micro-batches in 1F1B's order, so its losses and norms are 1F1B's bitwise.
+zero_bubble=(pipeline_schedule=zero_bubble)
+check zero_bubble_p2_m4 single_m4 2 4 mesh.stage=2 gradient_accumulation_steps=4 "${zero_bubble[@]}"
+same zero_bubble_p2_m4 1f1b_p2_m4
+if $long; then
+  check zero_bubble_p2_m2 single_m2 2 4 mesh.stage=2 gradient_accumulation_steps=2 "${zero_bubble[@]}"
+  check zero_bubble_p4_m4 single_m4 4 2 mesh.stage=4 gradient_accumulation_steps=4 "${zero_bubble[@]}"
+  check zero_bubble_p4_m8_uneven single_untied_l5_m8 4 2 mesh.stage=4 gradient_accumulation_steps=8 \
+    logits_via_embedding=false base_num_decoder_layers=5 "${zero_bubble[@]}"
+  check zero_bubble_p2_fsdp2 single_m2 4 2 mesh.stage=2 mesh.fsdp=2 gradient_accumulation_steps=2 \
+    "${zero_bubble[@]}"
+  check zero_bubble_p2_tp2 single_m2 4 2 mesh.stage=2 mesh.tensor=2 gradient_accumulation_steps=2 \
+    "${zero_bubble[@]}"
+  check zero_bubble_p2_remat_full single_m2 2 4 mesh.stage=2 remat_policy=full gradient_accumulation_steps=2 \
+    "${zero_bubble[@]}"
+fi
 # Interleaved 1F1B: each stage rank holds 2 chunks (layers s and s + 2), the micro-batch goes round twice.
 interleaved=(pipeline_schedule=interleaved_1f1b num_pipeline_repeats=2)
 check interleaved_p2_m4 single_m4 2 4 mesh.stage=2 gradient_accumulation_steps=4 "${interleaved[@]}"
@@ -111,6 +139,8 @@ preset=deepseek-tiny run deepseek_single 1 8 "${deepseek[@]}" gradient_accumulat
 preset=deepseek-tiny check deepseek_p2 deepseek_single 2 4 mesh.stage=2 "${deepseek[@]}" gradient_accumulation_steps=2
 preset=deepseek-tiny check deepseek_interleaved_p2 deepseek_single 2 4 mesh.stage=2 "${deepseek[@]}" \
   gradient_accumulation_steps=2 "${interleaved[@]}"
+preset=deepseek-tiny check deepseek_zero_bubble_p2 deepseek_single 2 4 mesh.stage=2 "${deepseek[@]}" \
+  gradient_accumulation_steps=2 "${zero_bubble[@]}"
 if $long; then
   # Expert ranks count capacity drops per rank and the selection bias reacts to the counts, so expert
   # parallelism alone agrees with one process only until a near-tie flips (deepseek_equivalence.sh; here
