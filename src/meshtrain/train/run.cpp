@@ -172,7 +172,8 @@ LossSums whole_model_sums(const LossSums& local, const ModelSpec& spec, const Ru
                           const char* name) {
   if (!ranks.stage_group) return local;
   const size_t layers = model_moe_layers(spec).size();
-  const auto E = static_cast<size_t>(spec.moe_experts);
+  // The model's expert count: a stage whose layers are all dense has a spec without experts.
+  const auto E = static_cast<size_t>(spec.options.moe.experts);
   // One buffer: the loss sum, then per model MoE layer its expert loads, its drops and its balance loss.
   std::vector<double> packed(1 + layers * (E + 2), 0.0);
   packed[0] = local.loss_sum;
@@ -199,7 +200,7 @@ LossSums whole_model_sums(const LossSums& local, const ModelSpec& spec, const Ru
 
 // The expert loads of a spec's own MoE layers from the model's (a stage moves its own layers' biases).
 std::vector<double> own_expert_loads(const std::vector<double>& model_loads, const ModelSpec& spec) {
-  const auto E = static_cast<size_t>(spec.moe_experts);
+  const auto E = static_cast<size_t>(spec.options.moe.experts);
   std::vector<double> loads;
   for (size_t place : moe_layers_in_model(spec)) {
     const auto begin = model_loads.begin() + static_cast<std::ptrdiff_t>(place * E);
@@ -212,7 +213,7 @@ std::vector<double> own_expert_loads(const std::vector<double>& model_loads, con
 // assignments dropped by capacity and the balance loss (its share of the step's objective).
 nlohmann::json routing_metrics(const ModelSpec& spec, const LossSums& sums) {
   nlohmann::json layers = nlohmann::json::object();
-  const auto E = static_cast<size_t>(spec.moe_experts);
+  const auto E = static_cast<size_t>(spec.options.moe.experts);
   const double valid = static_cast<double>(std::max<int64_t>(sums.valid_count, 1));
   const std::vector<std::string> names = model_moe_layers(spec);
   for (size_t layer = 0; layer < names.size(); ++layer) {
