@@ -524,9 +524,12 @@ void print_pipeline_step(const PipelineStepPlan& step, double formula, std::ostr
   out << "\npipeline step: predicted " << seconds_text(step.step_seconds) << " (the schedule's span "
       << seconds_text(step.simulation.makespan_seconds) << " + the slowest update "
       << seconds_text(step.step_seconds - step.simulation.makespan_seconds) << ")"
-      << format("; bubble up to %.2f%% (stage %zu); the formula (P - 1) / (%sM + P - 1) = %.2f%%\n",
+      << format("; bubble up to %.2f%% (stage %zu); the formula %s = %.2f%%\n",
                 100.0 * step.simulation.ranks[most_idle].bubble_fraction, most_idle,
-                schedule.repeats > 1 ? "V " : "", 100.0 * formula);
+                schedule.kind == PipelineScheduleKind::zero_bubble
+                    ? "(P - 1)(F + B_input - W) / (M (F + B) + that), mean op times,"
+                    : (schedule.repeats > 1 ? "(P - 1) / (V M + P - 1)" : "(P - 1) / (M + P - 1)"),
+                100.0 * formula);
   const TrainingPlan& widest = step.stages[largest];
   const std::string figures = format("%.2f of %.2f GiB", static_cast<double>(widest.arena_bytes) / kGiB,
                                      widest.device_memory_bytes / kGiB);
@@ -620,7 +623,7 @@ void compile_pipeline(const PlanRequest& request, const std::string& config, boo
   const double plan_seconds = elapsed_seconds(start);
   const TrainingPlan& first = step.stages.front();
   const PipelinePlacement placement = pipeline_placement(first.spec.config, first.pipeline.stages);
-  const double formula = pipeline_bubble_formula(first.pipeline.schedule);
+  const double formula = pipeline_bubble_formula(first.pipeline.schedule, stage_op_times(step.stages));
   print_header(first, config,
                format("%zu stage plans of %zu kernels each, planned in %.1f ms", step.stages.size(),
                       first.kernels.size(), plan_seconds * 1e3),

@@ -13,14 +13,15 @@ namespace meshtrain {
 
 // The schedule's op times from the stage plans (stage s's plan at index s): global chunk c's forward and
 // backward are the predicted seconds (KernelPlan::seconds) of the forward and backward kernels of its rank
-// c mod P for its chunk there (c / P: rank s holds chunks s, s + P, ...); transfers take no time (they are
-// non-blocking and overlap compute where the schedule allows).
+// c mod P for its chunk there (c / P: rank s holds chunks s, s + P, ...), zero_bubble's B_input and W its
+// backward_input and backward_weight kernels' (B their sum); transfers take no time (they are non-blocking
+// and overlap compute where the schedule allows).
 PipelineOpTimes stage_op_times(const std::vector<TrainingPlan>& stages);
 
-// The spec table's bubble fraction for equal chunks, (P - 1) / (V M + P - 1) for GPipe, 1F1B and
-// interleaved 1F1B (V = 1 but for interleaved; zero_bubble's depends on W, and no stage plan runs it); the
-// simulation of equal op times gives the same figure.
-double pipeline_bubble_formula(const PipelineSchedule& schedule);
+// The spec table's bubble fraction for equal chunks: (P - 1) / (V M + P - 1) for GPipe, 1F1B and
+// interleaved 1F1B (V = 1 but for interleaved); zero_bubble's (P - 1)(F + B_input - W) / (M (F + B) + that)
+// with the mean op times of `times`. The simulation of equal op times gives the same figure.
+double pipeline_bubble_formula(const PipelineSchedule& schedule, const PipelineOpTimes& times);
 
 struct PipelineStepPlan {
   std::vector<TrainingPlan> stages;  // stage s's plan at index s

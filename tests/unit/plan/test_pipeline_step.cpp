@@ -104,10 +104,12 @@ TEST(PipelineStep, OneFOneBWithASlowerLastStageIsItsClosedForm) {
   EXPECT_NEAR(step.simulation.ranks[0].idle_seconds, span - static_cast<double>(micro_batches) * (F0 + B0),
               1e-9 * span);
   EXPECT_NE(step.simulation.ranks[1].bubble_fraction,
-            pipeline_bubble_formula(step.stages[0].pipeline.schedule));
+            pipeline_bubble_formula(step.stages[0].pipeline.schedule, stage_op_times(step.stages)));
 }
 
-// The spec table's (P - 1) / (V M + P - 1) is what the simulation gives when every chunk takes as long.
+// The spec table's (P - 1) / (V M + P - 1) is what the simulation gives when every chunk takes as long;
+// zero bubble's (P - 1)(F + B_input - W) / (M (F + B) + that) too, where W <= B_input (a longer W leaves
+// (P - 1) F idle).
 TEST(PipelineStep, FormulaEqualsTheSimulationOfEqualChunks) {
   using Kind = PipelineScheduleKind;
   for (const auto& [kind, stages, micro_batches, repeats] :
@@ -115,15 +117,23 @@ TEST(PipelineStep, FormulaEqualsTheSimulationOfEqualChunks) {
                                                                 {Kind::gpipe, 4, 3, 1},
                                                                 {Kind::one_f_one_b, 2, 2, 1},
                                                                 {Kind::one_f_one_b, 4, 8, 1},
-                                                                {Kind::interleaved_one_f_one_b, 2, 4, 2}}) {
+                                                                {Kind::interleaved_one_f_one_b, 2, 4, 2},
+                                                                {Kind::zero_bubble, 2, 2, 1},
+                                                                {Kind::zero_bubble, 4, 8, 1}}) {
     const PipelineSchedule schedule = build_pipeline_schedule(kind, stages, micro_batches, repeats);
-    const PipelineSimulation simulation =
-        simulate_pipeline_schedule(schedule, equal_chunk_op_times(stages * repeats, 0.3, 0.25, 0.35));
-    const double P = static_cast<double>(stages), M = static_cast<double>(micro_batches),
-                 V = static_cast<double>(repeats);
-    EXPECT_NEAR(pipeline_bubble_formula(schedule), (P - 1) / (V * M + P - 1), 1e-15);
-    EXPECT_NEAR(simulation.max_bubble_fraction, pipeline_bubble_formula(schedule), 1e-12)
-        << pipeline_schedule_name(kind) << " P=" << stages << " M=" << micro_batches << " V=" << repeats;
+    for (const auto& [input, weight] : std::vector<std::pair<double, double>>{{0.25, 0.35}, {0.4, 0.2}}) {
+      const PipelineOpTimes times = equal_chunk_op_times(stages * repeats, 0.3, input, weight);
+      const PipelineSimulation simulation = simulate_pipeline_schedule(schedule, times);
+      const double P = static_cast<double>(stages), M = static_cast<double>(micro_batches),
+                   V = static_cast<double>(repeats);
+      const double idle = (P - 1) * (0.3 + std::max(0.0, input - weight));
+      const double expected = kind == Kind::zero_bubble ? idle / (M * (0.3 + input + weight) + idle)
+                                                        : (P - 1) / (V * M + P - 1);
+      EXPECT_NEAR(pipeline_bubble_formula(schedule, times), expected, 1e-15);
+      EXPECT_NEAR(simulation.max_bubble_fraction, pipeline_bubble_formula(schedule, times), 1e-12)
+          << pipeline_schedule_name(kind) << " P=" << stages << " M=" << micro_batches << " V=" << repeats
+          << " B_input=" << input << " W=" << weight;
+    }
   }
 }
 
