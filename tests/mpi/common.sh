@@ -43,3 +43,21 @@ newest_committed() {  # newest_committed RUN_DIR: the step of the newest step_N/
   done
   echo "$newest"
 }
+
+# Trains `preset` (qwen3-tiny unless the script sets it) on the tiny keys: the script's own runs, each in
+# $work/NAME with its log beside it; a failed run prints its log and ends the script.
+preset=qwen3-tiny
+run() {  # run NAME RANKS per_device_batch_size [key=value ...]: the keys replace tiny's keys of that name
+  local name=$1 ranks=$2 batch=$3 keys=() key given
+  shift 3
+  for key in "${tiny[@]}"; do
+    for given in "$@"; do [ "${key%%=*}" != "${given%%=*}" ] || continue 2; done
+    keys+=("$key")
+  done
+  keys+=(per_device_batch_size="$batch" run_dir="$work/$name" "$@")
+  if [ "$ranks" -eq 1 ]; then
+    "$meshtrain" train "$preset" "${keys[@]}" >"$work/$name.log" 2>&1
+  else
+    "${mpirun[@]}" -np "$ranks" "$meshtrain" train "$preset" "${keys[@]}" >"$work/$name.log" 2>&1
+  fi || { echo "FAIL: $name"; cat "$work/$name.log"; exit 1; }
+}

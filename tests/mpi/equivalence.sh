@@ -16,21 +16,6 @@
 source "$(dirname "$0")/common.sh" "$1"
 tiny+=(checkpoint_period=0 steps=20 gradient_accumulation_steps=2 learning_rate=1e-2 collective_timeout_s=120)
 
-preset=qwen3-tiny
-run() {  # run NAME RANKS per_device_batch_size [key=value ...]: the keys replace tiny's keys of that name
-  local name=$1 ranks=$2 batch=$3 keys=() key given
-  shift 3
-  for key in "${tiny[@]}"; do
-    for given in "$@"; do [ "${key%%=*}" != "${given%%=*}" ] || continue 2; done
-    keys+=("$key")
-  done
-  keys+=(per_device_batch_size="$batch" run_dir="$work/$name" "$@")
-  if [ "$ranks" -eq 1 ]; then
-    "$meshtrain" train "$preset" "${keys[@]}" >"$work/$name.log" 2>&1
-  else
-    "${mpirun[@]}" -np "$ranks" "$meshtrain" train "$preset" "${keys[@]}" >"$work/$name.log" 2>&1
-  fi || { echo "FAIL: $name"; cat "$work/$name.log"; exit 1; }
-}
 cases=()  # "NAME BASELINE": each run compared at the end against a one-process run
 check() {  # check NAME BASELINE RANKS per_device_batch_size [key=value ...]: run it, compare it at the end
   run "$1" "${@:3}"

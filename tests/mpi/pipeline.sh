@@ -14,21 +14,6 @@ long=false
 tiny=("${tiny[@]/base_num_decoder_layers=2/base_num_decoder_layers=4}" steps=3 checkpoint_period=1
   max_num_checkpoints_to_keep=0 learning_rate=1e-2 collective_timeout_s=120)
 
-preset=qwen3-tiny
-run() {  # run NAME RANKS per_device_batch_size [key=value ...]: the keys replace tiny's keys of that name
-  local name=$1 ranks=$2 batch=$3 keys=() key given
-  shift 3
-  for key in "${tiny[@]}"; do
-    for given in "$@"; do [ "${key%%=*}" != "${given%%=*}" ] || continue 2; done
-    keys+=("$key")
-  done
-  keys+=(per_device_batch_size="$batch" run_dir="$work/$name" "$@")
-  if [ "$ranks" -eq 1 ]; then
-    "$meshtrain" train "$preset" "${keys[@]}" >"$work/$name.log" 2>&1
-  else
-    "${mpirun[@]}" -np "$ranks" "$meshtrain" train "$preset" "${keys[@]}" >"$work/$name.log" 2>&1
-  fi || { echo "FAIL: $name"; cat "$work/$name.log"; exit 1; }
-}
 status=0
 check() {  # check NAME BASELINE RANKS per_device_batch_size [key=value ...]: run it and compare it
   local name=$1 baseline=$2

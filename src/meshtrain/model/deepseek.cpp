@@ -28,9 +28,7 @@ void build_deepseek(SpecBuilder& builder) {
   // Residual output projections start smaller so the stream's variance does not grow with depth.
   const double out_std = 0.02 / std::sqrt(2.0 * static_cast<double>(m.L));
   const bool mhc = m.G > 1;
-  for (size_t k = 0; k < builder.spec().chunks.size(); ++k) {
-    builder.begin_chunk(k);
-    const LayerChunk& chunk = builder.chunk().layers;
+  for_each_chunk(builder, [&](const LayerChunk& chunk) {
     const EmbeddingLayer embedding =
         chunk.with_embedding ? add_embedding(builder, false, d_residual) : EmbeddingLayer{};
     // The residual streams and their gradient: [B, S, G, D] under mHC (one scratch for every chunk), else the
@@ -79,8 +77,7 @@ void build_deepseek(SpecBuilder& builder) {
       add_final_norm_and_loss(builder, family.norm, residual,
                               tied ? tied_unembedding(builder, embedding) : kNoBuffer, d_residual);
     }
-    builder.end_chunk();
-  }
+  });
 }
 
 }  // namespace meshtrain

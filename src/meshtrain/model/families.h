@@ -33,10 +33,11 @@ struct DecoderFamily {
 const DecoderFamily& family_of(DecoderBlock block);
 const DecoderFamily& family_of(const Config& config);
 
-// Each builder declares the layers of the spec's chunk (ModelSpec::chunk), with the embedding and the head
-// where the chunk holds them. A chunk without the embedding starts from the previous pipeline stage's
-// activation: an input named "chunk/input" of `shape` (the residual, or under mHC its streams).
-// `d_input`: the gradient buffer its backward leaves the input's gradient in.
+// Each builder declares the layers of each of the spec's chunks (ModelSpec::chunks), with the embedding and
+// the head where a chunk holds them, chunk by chunk through for_each_chunk. A chunk without the embedding
+// starts from the previous pipeline stage's activation: an input named "chunk/input" of `shape` (the
+// residual, or under mHC its streams). `d_input`: the gradient buffer its backward leaves the input's
+// gradient in.
 BufferId add_chunk_input(SpecBuilder& builder, const Shape& shape, BufferId d_input);
 // A chunk that ends before the head: its last residual (or streams) `output`, whose gradient its backward
 // starts from in `d_output` (ModelSpec::boundary).
@@ -45,6 +46,17 @@ void add_chunk_end(SpecBuilder& builder, BufferId output, BufferId d_output);
 EmbeddingLayer add_chunk_start(SpecBuilder& builder, bool learned_positions, BufferId d_residual);
 // A tied head's unembedding: the embedding table, declared again in a chunk without the embedding.
 BufferId tied_unembedding(SpecBuilder& builder, const EmbeddingLayer& embedding);
+
+// Calls `declare(chunk)` for each of the spec's chunks in turn, recording where its ops lie
+// (SpecBuilder::begin_chunk / end_chunk).
+template <class Declare>
+void for_each_chunk(SpecBuilder& builder, const Declare& declare) {
+  for (size_t k = 0; k < builder.spec().chunks.size(); ++k) {
+    builder.begin_chunk(k);
+    declare(builder.chunk().layers);
+    builder.end_chunk();
+  }
+}
 
 // Qwen3: pre-norm RMSNorm, per-head QK-norm before RoPE, GQA, SwiGLU, tied or untied unembedding.
 void build_qwen3(SpecBuilder& builder);

@@ -16,9 +16,7 @@ void build_gpt2(SpecBuilder& builder) {
   const BufferId d_residual =
       builder.gradient_scratch("scratch/d_residual", token_shape(m, {{"embed", m.D}}));
   const double out_std = 0.02 / std::sqrt(2.0 * static_cast<double>(m.L));
-  for (size_t k = 0; k < builder.spec().chunks.size(); ++k) {
-    builder.begin_chunk(k);
-    const LayerChunk& chunk = builder.chunk().layers;
+  for_each_chunk(builder, [&](const LayerChunk& chunk) {
     const EmbeddingLayer embedding = add_chunk_start(builder, !rope, d_residual);
     BufferId residual = embedding.residual;
     for (int64_t layer = chunk.first_layer; layer <= chunk.last_layer; ++layer) {
@@ -34,8 +32,7 @@ void build_gpt2(SpecBuilder& builder) {
       add_final_norm_and_loss(builder, family.norm, residual, tied_unembedding(builder, embedding),
                               d_residual);
     }
-    builder.end_chunk();
-  }
+  });
 }
 
 }  // namespace meshtrain

@@ -21,9 +21,7 @@ void build_qwen3(SpecBuilder& builder) {
       builder.gradient_scratch("scratch/d_residual", token_shape(m, {{"embed", m.D}}));
   // Residual output projections start smaller so the stream's variance does not grow with depth.
   const double out_std = 0.02 / std::sqrt(2.0 * static_cast<double>(m.L));
-  for (size_t k = 0; k < builder.spec().chunks.size(); ++k) {
-    builder.begin_chunk(k);
-    const LayerChunk& chunk = builder.chunk().layers;
+  for_each_chunk(builder, [&](const LayerChunk& chunk) {
     const EmbeddingLayer embedding = add_chunk_start(builder, !rope, d_residual);
     BufferId residual = embedding.residual;
     for (int64_t layer = chunk.first_layer; layer <= chunk.last_layer; ++layer) {
@@ -44,8 +42,7 @@ void build_qwen3(SpecBuilder& builder) {
       add_final_norm_and_loss(builder, family.norm, residual,
                               tied ? tied_unembedding(builder, embedding) : kNoBuffer, d_residual);
     }
-    builder.end_chunk();
-  }
+  });
 }
 
 }  // namespace meshtrain
