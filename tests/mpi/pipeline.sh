@@ -96,6 +96,11 @@ if $long; then
     logits_via_embedding=false base_num_decoder_layers=9 "${interleaved[@]}"
   check interleaved_p2_dp2 single_m2 4 2 mesh.stage=2 mesh.data=2 gradient_accumulation_steps=2 \
     "${interleaved[@]}"
+  # Context over a rank's two chunks: each chunk's first attention layer gathers the rows' positions.
+  check interleaved_p2_cp2 single_m2 4 2 mesh.stage=2 mesh.context=2 gradient_accumulation_steps=2 \
+    "${interleaved[@]}"
+  check interleaved_p2_cp2_ring single_m2 4 2 mesh.stage=2 mesh.context=2 context_parallel_strategy=ring \
+    gradient_accumulation_steps=2 "${interleaved[@]}"
   check gpipe_p2_m2 single_m2 2 4 mesh.stage=2 gradient_accumulation_steps=2 pipeline_schedule=gpipe
   check 1f1b_p2_m2 single_m2 2 4 mesh.stage=2 gradient_accumulation_steps=2
   check gpipe_p2_m4 single_m4 2 4 mesh.stage=2 gradient_accumulation_steps=4 pipeline_schedule=gpipe

@@ -371,8 +371,9 @@ TEST_F(CompileCli, SearchRanksFittingConfigurationsByStepTime) {
   EXPECT_EQ(result.devices, 2);
   EXPECT_EQ(result.global_batch, 8);
   // context 1: tensor in {1, 2} (6 query heads, one host), data x fsdp the rest; context 2: one mesh;
-  // batch x GA = 4; three remat policies. Stage 2: one mesh, GA {1, 2, 4}: gpipe 3 times, 1f1b twice.
-  EXPECT_EQ(result.planned, (2 + 1 + 1) * 3 * 3 + (3 + 2) * 3);
+  // batch x GA = 4; three remat policies. Stage 2: one mesh, GA {1, 2, 4}: gpipe 3 times, 1f1b, zero_bubble
+  // and interleaved twice each.
+  EXPECT_EQ(result.planned, (2 + 1 + 1) * 3 * 3 + (3 + 2 + 2 + 2) * 3);
   ASSERT_FALSE(result.fitting.empty());
   for (size_t i = 1; i < result.fitting.size(); ++i) {
     EXPECT_LE(result.fitting[i - 1].step_seconds, result.fitting[i].step_seconds) << "rank " << i;
@@ -488,11 +489,12 @@ TEST_F(CompileCli, SearchSkipsInvalidMeshesAndSaysWhenNothingFits) {
   // Context 3 and 6 cannot cut 128 tokens into 2C chunks: skipped, not planned and not a failure. Context 1:
   // 9 meshes (tensor 1, 2, 3, 6 with fsdp dividing the rest), context 2: 3; batch x GA = 16: 5 splits.
   // Stages 2, 3 and 6 (6 layers) over 3, 2 and 1 devices left: 3, 4 and 1 meshes; GA {16, 8, 4, 2, 1}:
-  // gpipe each, 1f1b where GA >= the stages (4, 3 and 2 times).
+  // gpipe each, 1f1b and zero_bubble where GA >= the stages (4, 3 and 2 times each), interleaved where the
+  // stages divide GA and hold 2 layers each (4, 0 and 0 times).
   EXPECT_EQ(tiny.contexts.searched, (std::vector<int64_t>{1, 2}));
   EXPECT_EQ(tiny.contexts.skipped, (std::vector<int64_t>{3, 6}));
   EXPECT_EQ(tiny.stages, (std::vector<int64_t>{1, 2, 3, 6}));
-  EXPECT_EQ(tiny.planned, (9 + 3) * 5 * 3 + (3 * (5 + 4) + 4 * (5 + 3) + 1 * (5 + 2)) * 3);
+  EXPECT_EQ(tiny.planned, (9 + 3) * 5 * 3 + (3 * (5 + 4 + 4 + 4) + 4 * (5 + 3 + 3) + 1 * (5 + 2 + 2)) * 3);
   const std::string six = run({"qwen3-tiny", "topology=cpu", "mesh.data=6", "--search"});
   EXPECT_TRUE(contains(six,
                        "; context 1, 2 (skipped 3, 6: max_target_length=128 does not split over them with "

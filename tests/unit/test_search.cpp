@@ -29,11 +29,12 @@ TEST(Search, CandidatesCoverMeshesBatchSplitsAndRematPolicies) {
   //   context 1: tensor 1 -> fsdp {1, 2, 4}, tensor 2 -> fsdp {1, 2}: 5 meshes
   //   context 2: tensor 1 -> fsdp {1, 2}, tensor 2 -> fsdp {1}: 3 meshes
   //   context 4: 1 mesh
-  // Then stages (6 layers: 2 and 4), with gpipe, and 1f1b where GA >= the stages: stage 2 leaves 2 devices
-  // (context 1: tensor 1 -> fsdp {1, 2}, tensor 2: 3 meshes; context 2: 1), GA {4, 2, 1} -> 2 + 2 + 1
-  // schedules; stage 4 leaves 1 mesh, GA {4, 2, 1} -> 2 + 1 + 1.
+  // Then stages (6 layers: 2 and 4), with gpipe, 1f1b and zero_bubble where GA >= the stages, and
+  // interleaved (2 chunks a rank) where the stages divide GA and 2 x stages <= 6 layers: stage 2 leaves 2
+  // devices (context 1: tensor 1 -> fsdp {1, 2}, tensor 2: 3 meshes; context 2: 1), GA {4, 2, 1} -> 4 + 4 + 1
+  // schedules; stage 4 leaves 1 mesh, GA {4, 2, 1} -> 3 + 1 + 1.
   const std::vector<SearchCandidate> candidates = search_candidates(base, 4, 2);
-  ASSERT_EQ(candidates.size(), (5u + 3u + 1u) * 3u * 3u + 4u * 5u * 3u + 1u * 4u * 3u);
+  ASSERT_EQ(candidates.size(), (5u + 3u + 1u) * 3u * 3u + 4u * 9u * 3u + 1u * 5u * 3u);
   std::pair<int64_t, int64_t> previous{1, 1};  // (stage, context): stage the outermost loop, then context
   for (const SearchCandidate& candidate : candidates) {
     EXPECT_EQ(candidate.mesh.devices(), 4);
@@ -44,9 +45,14 @@ TEST(Search, CandidatesCoverMeshesBatchSplitsAndRematPolicies) {
     EXPECT_GE(order, previous) << candidate.overrides();
     previous = order;
     if (candidate.pipelined()) {
-      EXPECT_TRUE(candidate.pipeline_schedule == PipelineScheduleKind::gpipe ||
-                  (candidate.pipeline_schedule == PipelineScheduleKind::one_f_one_b &&
-                   candidate.gradient_accumulation_steps >= candidate.mesh.size(MeshAxis::stage)))
+      const int64_t stages = candidate.mesh.size(MeshAxis::stage), M = candidate.gradient_accumulation_steps;
+      const PipelineScheduleKind kind = candidate.pipeline_schedule;
+      const bool interleaved = kind == PipelineScheduleKind::interleaved_one_f_one_b;
+      EXPECT_EQ(candidate.pipeline_repeats, interleaved ? 2 : 1) << candidate.overrides();
+      EXPECT_TRUE(kind == PipelineScheduleKind::gpipe ||
+                  ((kind == PipelineScheduleKind::one_f_one_b || kind == PipelineScheduleKind::zero_bubble) &&
+                   M >= stages) ||
+                  (interleaved && M % stages == 0 && 2 * stages <= base.base_num_decoder_layers))
           << candidate.overrides();
     }
   }
@@ -145,8 +151,8 @@ TEST(Search, RanksFittingCandidatesFastestFirst) {
   EXPECT_EQ(result.devices, 2);
   EXPECT_EQ(result.global_batch, 4);
   // context 1: tensor 1 -> fsdp {1, 2}, tensor 2 -> fsdp {1}; context 2: one mesh; batch {1, 2}; 3 remat.
-  // Stage 2: one mesh; GA 2: gpipe and 1f1b, GA 1: gpipe.
-  EXPECT_EQ(result.planned, (2 + 1 + 1) * 2 * 3 + (2 + 1) * 3);
+  // Stage 2: one mesh; GA 2: gpipe, 1f1b, zero_bubble and interleaved, GA 1: gpipe.
+  EXPECT_EQ(result.planned, (2 + 1 + 1) * 2 * 3 + (4 + 1) * 3);
   EXPECT_EQ(result.stages, (std::vector<int64_t>{1, 2}));
   EXPECT_EQ(result.contexts.searched, (std::vector<int64_t>{1, 2}));
   EXPECT_TRUE(result.contexts.skipped.empty());
@@ -188,8 +194,9 @@ TEST(Search, StageCandidatesAreRankedByTheirPipelineStep) {
     EXPECT_EQ(fit.step_seconds, step.step_seconds) << fit.candidate.overrides();
     EXPECT_EQ(fit.arena_bytes, step.largest_arena_bytes) << fit.candidate.overrides();
   }
-  // 4 sequences a device: GA {4, 2, 1} -> gpipe 3 times and 1f1b twice, 3 remat policies, all fit.
-  EXPECT_EQ(pipelined, 5u * 3u);
+  // 4 sequences a device: GA {4, 2, 1} -> gpipe 3 times, 1f1b, zero_bubble and interleaved twice each, 3
+  // remat policies, all fit.
+  EXPECT_EQ(pipelined, 9u * 3u);
 }
 
 }  // namespace

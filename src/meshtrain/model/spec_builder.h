@@ -67,6 +67,11 @@ class SpecBuilder {
   void begin_chunk(size_t k);
   void end_chunk();
   ChunkSection& chunk() { return spec_.chunks.at(chunk_); }
+  // `name` for a buffer every layer of a chunk shares that the chunk's first layer makes (the first chunk's
+  // keeps its name, a later one's is "chunk_<k>/name"): each chunk runs as kernels of its own.
+  std::string chunk_shared(const std::string& name) const {
+    return chunk_ == 0 ? name : "chunk_" + std::to_string(chunk_) + "/" + name;
+  }
   // Appends the layer groups in reverse order after the loss's backward (so the chunks' backward ranges are
   // known) and stacks the scan groups (scan_layers, model/scan.h).
   void finish();

@@ -61,6 +61,8 @@ void SearchCandidate::apply_to(Config& config) const {
   if (pipelined()) {
     config.pipeline_schedule = pipeline_schedule;
     set_resolved_text(config, "pipeline_schedule", pipeline_schedule_name(pipeline_schedule));
+    config.num_pipeline_repeats = pipeline_repeats;
+    set_resolved_text(config, "num_pipeline_repeats", std::to_string(pipeline_repeats));
   }
 }
 
@@ -72,7 +74,8 @@ std::string SearchCandidate::overrides() const {
   return text + "per_device_batch_size=" + std::to_string(per_device_batch_size) +
          " gradient_accumulation_steps=" + std::to_string(gradient_accumulation_steps) +
          " remat_policy=" + remat_policy_name(remat_policy) +
-         (pipelined() ? std::string(" pipeline_schedule=") + pipeline_schedule_name(pipeline_schedule) : "");
+         (pipelined() ? std::string(" pipeline_schedule=") + pipeline_schedule_name(pipeline_schedule) : "") +
+         (pipelined() && pipeline_repeats > 1 ? " num_pipeline_repeats=" + std::to_string(pipeline_repeats) : "");
 }
 
 std::vector<int64_t> search_stage_degrees(const Config& base, int64_t devices) {
@@ -118,10 +121,18 @@ std::vector<SearchCandidate> search_candidates(const Config& base, int64_t devic
           const int64_t data = left / context / tensor / fsdp;
           for (int64_t batch : divisors(sequences_per_device)) {
             const int64_t accumulation = sequences_per_device / batch;
-            std::vector<PipelineScheduleKind> schedules = {base.pipeline_schedule};  // unused without stages
+            // Each schedule with its chunks a rank (unused without stages): 1F1B and zero bubble need at
+            // least a micro-batch a stage, interleaved (2 chunks a rank) a multiple of the stages and two
+            // layers a stage.
+            std::vector<std::pair<PipelineScheduleKind, int64_t>> schedules = {{base.pipeline_schedule, 1}};
             if (stage > 1) {
-              schedules = {PipelineScheduleKind::gpipe};
-              if (accumulation >= stage) schedules.push_back(PipelineScheduleKind::one_f_one_b);
+              schedules = {{PipelineScheduleKind::gpipe, 1}};
+              if (accumulation >= stage) {
+                schedules.push_back({PipelineScheduleKind::one_f_one_b, 1});
+                schedules.push_back({PipelineScheduleKind::zero_bubble, 1});
+              }
+              if (accumulation % stage == 0 && 2 * stage <= base.base_num_decoder_layers)
+                schedules.push_back({PipelineScheduleKind::interleaved_one_f_one_b, 2});
             }
             for (RematPolicy remat : kRematPolicies) {
               const Mesh mesh({{MeshAxis::data, data},
@@ -130,8 +141,8 @@ std::vector<SearchCandidate> search_candidates(const Config& base, int64_t devic
                                {MeshAxis::context, context},
                                {MeshAxis::expert, expert},
                                {MeshAxis::tensor, tensor}});
-              for (PipelineScheduleKind schedule : schedules)
-                candidates.push_back({mesh, batch, accumulation, remat, schedule});
+              for (const auto& [schedule, repeats] : schedules)
+                candidates.push_back({mesh, batch, accumulation, remat, schedule, repeats});
             }
           }
         }

@@ -18,14 +18,16 @@ struct SearchCandidate {
   Mesh mesh;
   int64_t per_device_batch_size = 0, gradient_accumulation_steps = 0;
   RematPolicy remat_policy = RematPolicy::none;
-  // Under mesh.stage > 1: gpipe or 1f1b (the schedules a stage runs with one chunk a rank); otherwise unused.
+  // Under mesh.stage > 1: the schedule, and its chunks a rank (num_pipeline_repeats: 2 for interleaved_1f1b,
+  // else 1); otherwise unused.
   PipelineScheduleKind pipeline_schedule = PipelineScheduleKind::one_f_one_b;
+  int64_t pipeline_repeats = 1;
 
   bool pipelined() const { return mesh.size(MeshAxis::stage) > 1; }
   // Sets these values in `config` (the typed fields and their resolved text, as overrides would).
   void apply_to(Config& config) const;
   // The overrides that reproduce it: "mesh.data=2 mesh.fsdp=4 ... remat_policy=full" (and
-  // "pipeline_schedule=gpipe" under stages).
+  // "pipeline_schedule=gpipe" under stages, with "num_pipeline_repeats=2" for interleaved_1f1b).
   std::string overrides() const;
 };
 

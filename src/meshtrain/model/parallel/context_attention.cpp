@@ -93,14 +93,14 @@ std::vector<OpDecl> add_all_gather_attention(SpecBuilder& builder, const std::st
   const BufferId d_key_whole = builder.scratch("scratch/context_gathered_d_key", kv_whole);
   const BufferId d_value_whole = builder.scratch("scratch/context_gathered_d_value", kv_whole);
   const BufferId d_by_rank = builder.scratch("scratch/context_d_kv_by_rank", kv_by_rank);
-  // The whole rows' positions and segment ids are the same in every layer: the first attention layer
-  // gathers them into activations that every layer reads (kept under any remat policy, since other blocks
-  // read them).
+  // The whole rows' positions and segment ids are the same in every layer: the first attention layer (of
+  // each chunk of the spec) gathers them into activations that every layer reads (kept under any remat
+  // policy, since other blocks read them).
   const auto int32_activation = [&](const std::string& name, const Shape& shape) {
-    return builder.as_int32(builder.activation("context/" + name, shape));
+    return builder.as_int32(builder.activation(builder.chunk_shared("context/" + name), shape));
   };
-  BufferId kv_positions = builder.find("context/kv_positions");
-  BufferId kv_segment_ids = builder.find("context/kv_segment_ids");
+  BufferId kv_positions = builder.find(builder.chunk_shared("context/kv_positions"));
+  BufferId kv_segment_ids = builder.find(builder.chunk_shared("context/kv_segment_ids"));
   if (kv_positions == kNoBuffer) {
     kv_positions = int32_activation("kv_positions", tokens_whole);
     for (OpDecl& op :
