@@ -26,7 +26,7 @@ const DecoderFamily& family_of(const Config& config) {
 
 BufferId add_chunk_input(SpecBuilder& builder, const Shape& shape, BufferId d_input) {
   ChunkBoundary& boundary = builder.chunk().boundary;
-  const size_t k = static_cast<size_t>(&builder.chunk() - builder.spec().chunks.data());
+  const size_t k = builder.chunk_index();
   boundary.input = builder.input(k == 0 ? "chunk/input" : "chunk_" + std::to_string(k) + "/input",
                                  builder.storage_dtype(), shape);
   boundary.input_gradient = d_input;

@@ -67,6 +67,7 @@ class SpecBuilder {
   void begin_chunk(size_t k);
   void end_chunk();
   ChunkSection& chunk() { return spec_.chunks.at(chunk_); }
+  size_t chunk_index() const { return chunk_; }
   // `name` for a buffer every layer of a chunk shares that the chunk's first layer makes (the first chunk's
   // keeps its name, a later one's is "chunk_<k>/name"): each chunk runs as kernels of its own.
   std::string chunk_shared(const std::string& name) const {

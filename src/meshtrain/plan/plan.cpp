@@ -40,13 +40,10 @@ KernelSteps kernel_steps(TrainingPlan& plan, KernelName kernel, int64_t chunk = 
     phases[phase].push_back(op);
     recompute[phase].push_back(recomputed);
   };
-  // A decode spec's forward: every op (its one chunk records no ranges; it ends with the logits).
-  const bool decode = kernel == KernelName::decode;
-  for (size_t i = decode ? 0 : section.forward_begin;
-       i < (decode ? spec.forward.size() : section.forward_end); ++i)
-    add(0, &spec.forward[i]);
+  for (size_t i = section.forward_begin; i < section.forward_end; ++i) add(0, &spec.forward[i]);
   if (transfers) add(0, transfers->output_copy);
-  if (kernel == KernelName::eval || decode) {
+  // A decode spec's forward ends with its logits: decode is its forward alone (no loss ops exist).
+  if (kernel == KernelName::eval || kernel == KernelName::decode) {
     if (section.layers.with_head)
       for (const OpDecl& op : spec.loss_forward) add(1, &op);
   } else {

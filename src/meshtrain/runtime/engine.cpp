@@ -609,10 +609,13 @@ void Engine::load_batch(const Batch& batch) {
 TensorView Engine::batch_view(BufferId input) const {
   const ActivationStash::Entry* stashed =
       slot_ == ProgramEntry::kNoSlot ? nullptr : plan_.stash.find(input, chunk_);
-  if (!stashed) return view(input);
-  const PlanBuffer& buffer = plan_.buffers[static_cast<size_t>(input)];
-  return {arena_.at(plan_.stash.moved_to_slot(plan_.stash.offset + stashed->offset, slot_)), buffer.dtype,
-          buffer.shape};
+  return stashed ? stashed_view(*stashed, slot_) : view(input);
+}
+
+// A stash entry's buffer in activation slot `slot`.
+TensorView Engine::stashed_view(const ActivationStash::Entry& entry, int64_t slot) const {
+  const PlanBuffer& buffer = plan_.buffers[static_cast<size_t>(entry.buffer)];
+  return {arena_.at(plan_.stash.slot_offset(slot) + entry.offset), buffer.dtype, buffer.shape};
 }
 
 // Starts the ready reductions a bucket at a time (each tensor its own non-blocking call); drives progress of
@@ -819,9 +822,7 @@ void Engine::start_transfer(const ProgramEntry& entry) {
   const ActivationStash::Entry* stashed = plan_.stash.find(buffer, entry.chunk);
   MT_CHECK(stashed != nullptr, "a boundary buffer outside the activation slots");
   const PlanBuffer& planned = plan_.buffers[static_cast<size_t>(buffer)];
-  const TensorView memory{
-      arena_.at(plan_.stash.moved_to_slot(plan_.stash.offset + stashed->offset, entry.slot)), planned.dtype,
-      planned.shape};
+  const TensorView memory = stashed_view(*stashed, entry.slot);
   const std::string name = std::string(sending ? "send " : "receive ") + planned.name + " #" +
                            std::to_string(entry.micro_batch) + (sending ? " to stage " : " from stage ") +
                            std::to_string(entry.peer);

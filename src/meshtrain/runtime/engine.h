@@ -183,6 +183,7 @@ class Engine {
   friend class PlannedOpContext;
   void load_batch(const Batch& batch);
   TensorView batch_view(BufferId input) const;
+  TensorView stashed_view(const ActivationStash::Entry& entry, int64_t slot) const;
   void check_slot(int64_t slot) const;
   void start_transfer(const ProgramEntry& entry);
   LossSums with_batch_valid_count(LossSums sums) const;

@@ -122,10 +122,55 @@ std::unique_ptr<DataSource> open_data_source(const Config& config) {
   return kDatasetSources[static_cast<size_t>(config.dataset_type)].open(config);
 }
 
-// Loss sums of every rank's tokens: data x fsdp x expert ranks hold different rows, context ranks different
-// tokens of them (tensor ranks the same ones). (A communicator of its own, so the mesh axes' byte counters
-// hold only what the plan's kernels move.)
-LossSums sum_over_ranks(LossSums local, const RunRanks& ranks, const char* name) {
+// Where each of a stage's MoE layers is among the whole model's (Engine::whole_model: the same list without
+// stages).
+std::vector<size_t> moe_layers_in_model(const Engine& engine) {
+  const std::vector<std::string>& all = engine.whole_model().moe_layers;
+  std::vector<size_t> places;
+  for (const std::string& name : engine.spec().moe_layers)
+    places.push_back(static_cast<size_t>(std::find(all.begin(), all.end(), name) - all.begin()));
+  return places;
+}
+
+// Pipeline stages: the step's sums of the whole model from a stage's own. The loss sum is the last stage's
+// (the valid count every stage's alike: each counts the micro-batches' tokens); each stage's MoE statistics
+// go to its layers' places among the model's MoE layers, so the balance loss and the metrics cover every
+// layer.
+LossSums whole_model_sums(const LossSums& local, const Engine& engine, Communicator& stage_group,
+                          const char* name) {
+  const ModelSpec& whole = engine.whole_model();
+  const size_t layers = whole.moe_layers.size();
+  const auto E = static_cast<size_t>(whole.moe_experts);
+  // One buffer: the loss sum, then per model MoE layer its expert loads, its drops and its balance loss.
+  std::vector<double> packed(1 + layers * (E + 2), 0.0);
+  packed[0] = local.loss_sum;
+  const std::vector<size_t> places = moe_layers_in_model(engine);
+  const bool with_routing = local.routing.dropped.size() == places.size();  // eval's sums hold none
+  for (size_t k = 0; with_routing && k < places.size(); ++k) {
+    double* layer = packed.data() + 1 + places[k] * (E + 2);
+    std::copy_n(local.routing.expert_load.begin() + static_cast<std::ptrdiff_t>(k * E), E, layer);
+    layer[E] = local.routing.dropped[k];
+    layer[E + 1] = local.routing.balance_loss[k];
+  }
+  stage_group.all_reduce(comm_buffer(packed), ReduceOp::sum, name);
+  LossSums sums;
+  sums.loss_sum = packed[0];
+  sums.valid_count = local.valid_count;
+  for (size_t layer = 0; layer < layers; ++layer) {
+    const double* values = packed.data() + 1 + layer * (E + 2);
+    sums.routing.expert_load.insert(sums.routing.expert_load.end(), values, values + E);
+    sums.routing.dropped.push_back(values[E]);
+    sums.routing.balance_loss.push_back(values[E + 1]);
+  }
+  return sums;
+}
+
+// Loss sums of every rank's tokens, of the whole model: the stage ranks' first (whole_model_sums), then
+// data x fsdp x expert ranks hold different rows, context ranks different tokens of them (tensor ranks the
+// same ones). (Communicators of their own, so the mesh axes' byte counters hold only what the plan's
+// kernels move.)
+LossSums sum_over_ranks(const LossSums& own, const Engine& engine, const RunRanks& ranks, const char* name) {
+  LossSums local = ranks.stage_group ? whole_model_sums(own, engine, *ranks.stage_group, name) : own;
   Communicator& group = ranks.loss_group ? *ranks.loss_group : *ranks.batch_group;
   if (group.size() > 1) {
     group.all_reduce(comm_buffer(&local.loss_sum, 1), ReduceOp::sum, name);
@@ -146,63 +191,11 @@ LossSums sum_over_ranks(LossSums local, const RunRanks& ranks, const char* name)
   return local;
 }
 
-// The model's MoE layers ("decoder/layers_3"), in layer order: a pipeline stage's spec holds only its own.
-std::vector<std::string> model_moe_layers(const ModelSpec& spec) {
-  std::vector<std::string> layers;
-  for (int64_t layer = 0; layer < spec.config.base_num_decoder_layers; ++layer) {
-    if (spec.options.moe.at(layer)) layers.push_back("decoder/layers_" + std::to_string(layer));
-  }
-  return layers;
-}
-
-// Where each of a spec's MoE layers is among the model's.
-std::vector<size_t> moe_layers_in_model(const ModelSpec& spec) {
-  const std::vector<std::string> all = model_moe_layers(spec);
-  std::vector<size_t> places;
-  for (const std::string& name : spec.moe_layers)
-    places.push_back(static_cast<size_t>(std::find(all.begin(), all.end(), name) - all.begin()));
-  return places;
-}
-
-// Pipeline stages: the step's sums of the whole model from a stage's own. The loss sum is the last stage's
-// (the valid count every stage's alike: each counts the micro-batches' tokens); each stage's MoE statistics
-// go to its layers' places among the model's MoE layers, so the balance loss and the metrics cover every
-// layer. Without stages the sums are the model's already.
-LossSums whole_model_sums(const LossSums& local, const ModelSpec& spec, const RunRanks& ranks,
-                          const char* name) {
-  if (!ranks.stage_group) return local;
-  const size_t layers = model_moe_layers(spec).size();
-  // The model's expert count: a stage whose layers are all dense has a spec without experts.
-  const auto E = static_cast<size_t>(spec.options.moe.experts);
-  // One buffer: the loss sum, then per model MoE layer its expert loads, its drops and its balance loss.
-  std::vector<double> packed(1 + layers * (E + 2), 0.0);
-  packed[0] = local.loss_sum;
-  const std::vector<size_t> places = moe_layers_in_model(spec);
-  const bool with_routing = local.routing.dropped.size() == places.size();  // eval's sums hold none
-  for (size_t k = 0; with_routing && k < places.size(); ++k) {
-    double* layer = packed.data() + 1 + places[k] * (E + 2);
-    std::copy_n(local.routing.expert_load.begin() + static_cast<std::ptrdiff_t>(k * E), E, layer);
-    layer[E] = local.routing.dropped[k];
-    layer[E + 1] = local.routing.balance_loss[k];
-  }
-  ranks.stage_group->all_reduce(comm_buffer(packed), ReduceOp::sum, name);
-  LossSums whole;
-  whole.loss_sum = packed[0];
-  whole.valid_count = local.valid_count;
-  for (size_t layer = 0; layer < layers; ++layer) {
-    const double* values = packed.data() + 1 + layer * (E + 2);
-    whole.routing.expert_load.insert(whole.routing.expert_load.end(), values, values + E);
-    whole.routing.dropped.push_back(values[E]);
-    whole.routing.balance_loss.push_back(values[E + 1]);
-  }
-  return whole;
-}
-
-// The expert loads of a spec's own MoE layers from the model's (a stage moves its own layers' biases).
-std::vector<double> own_expert_loads(const std::vector<double>& model_loads, const ModelSpec& spec) {
-  const auto E = static_cast<size_t>(spec.options.moe.experts);
+// The expert loads of a stage's own MoE layers from the model's (a stage moves its own layers' biases).
+std::vector<double> own_expert_loads(const std::vector<double>& model_loads, const Engine& engine) {
+  const auto E = static_cast<size_t>(engine.whole_model().moe_experts);
   std::vector<double> loads;
-  for (size_t place : moe_layers_in_model(spec)) {
+  for (size_t place : moe_layers_in_model(engine)) {
     const auto begin = model_loads.begin() + static_cast<std::ptrdiff_t>(place * E);
     loads.insert(loads.end(), begin, begin + static_cast<std::ptrdiff_t>(E));
   }
@@ -213,14 +206,13 @@ std::vector<double> own_expert_loads(const std::vector<double>& model_loads, con
 // assignments dropped by capacity and the balance loss (its share of the step's objective).
 nlohmann::json routing_metrics(const ModelSpec& spec, const LossSums& sums) {
   nlohmann::json layers = nlohmann::json::object();
-  const auto E = static_cast<size_t>(spec.options.moe.experts);
+  const auto E = static_cast<size_t>(spec.moe_experts);
   const double valid = static_cast<double>(std::max<int64_t>(sums.valid_count, 1));
-  const std::vector<std::string> names = model_moe_layers(spec);
-  for (size_t layer = 0; layer < names.size(); ++layer) {
+  for (size_t layer = 0; layer < spec.moe_layers.size(); ++layer) {
     const auto begin = sums.routing.expert_load.begin() + static_cast<std::ptrdiff_t>(layer * E);
     const double total = std::accumulate(begin, begin + static_cast<std::ptrdiff_t>(E), 0.0);
     const double busiest = *std::max_element(begin, begin + static_cast<std::ptrdiff_t>(E));
-    layers[names[layer]] = {
+    layers[spec.moe_layers[layer]] = {
         {"load_max_over_mean", total > 0.0 ? busiest / (total / static_cast<double>(E)) : 0.0},
         {"dropped_fraction", total > 0.0 ? sums.routing.dropped[layer] / total : 0.0},
         {"balance_loss", sums.routing.balance_loss[layer] / valid}};
@@ -245,8 +237,7 @@ double evaluate(Engine& engine, BatchLoader& loader, int64_t eval_steps, const R
     total.valid_count += sums.valid_count;
     loader.advance();
   }
-  total = sum_over_ranks(whole_model_sums(total, engine.spec(), ranks, "eval/stage_sums"), ranks,
-                         "eval/loss_sums");
+  total = sum_over_ranks(total, engine, ranks, "eval/loss_sums");
   return total.valid_count > 0 ? total.loss_sum / static_cast<double>(total.valid_count) : 0.0;
 }
 
@@ -594,8 +585,7 @@ StepOutcome Run::step(const RunControl& control) {
       bad_here ? ranks_.world->size() - ranks_.world->rank() : 0;  // max picks the lowest rank
   ranks_.world->all_reduce(comm_buffer(&lowest_bad, 1), ReduceOp::max, "step/nonfinite_rank");
   const int64_t first_bad_rank = ranks_.world->size() - lowest_bad;
-  const LossSums sums = sum_over_ranks(whole_model_sums(local, engine.spec(), ranks_, "step/stage_sums"),
-                                       ranks_, "step/loss_sums");
+  const LossSums sums = sum_over_ranks(local, engine, ranks_, "step/loss_sums");
   const double lm_loss = sums.valid_count > 0 ? sums.loss_sum / static_cast<double>(sums.valid_count) : 0.0;
   const double balance_loss = sums.valid_count > 0 ? std::accumulate(sums.routing.balance_loss.begin(),
                                                                      sums.routing.balance_loss.end(), 0.0) /
@@ -632,7 +622,7 @@ StepOutcome Run::step(const RunControl& control) {
     return StepOutcome::skipped;
   }
   if (config_.routed_bias)
-    engine.update_selection_biases(own_expert_loads(sums.routing.expert_load, engine.spec()),
+    engine.update_selection_biases(own_expert_loads(sums.routing.expert_load, engine),
                                    config_.routed_bias_update_rate);
   const double step_seconds = seconds_since(start);
   const double tokens_per_second = tokens_per_step_ / step_seconds;
@@ -657,7 +647,8 @@ StepOutcome Run::step(const RunControl& control) {
     std::snprintf(checksum, sizeof checksum, "%08x", *prepared.batch_crc32c);
     record["batch_crc32c"] = checksum;
   }
-  if (!model_moe_layers(engine.spec()).empty()) record["moe"] = routing_metrics(engine.spec(), sums);
+  // The whole model's layers, whatever stage holds them (whole_model_sums).
+  if (!engine.whole_model().moe_layers.empty()) record["moe"] = routing_metrics(engine.whole_model(), sums);
   if (!prepared.data_metrics.is_null()) record["data"] = std::move(prepared.data_metrics);
   if (ranks_.world->size() > 1) {
     // What the step's kernels moved per mesh axis (payload bytes per rank), next to what the plan says.
