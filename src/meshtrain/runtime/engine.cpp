@@ -865,7 +865,7 @@ LossSums Engine::forward(const Batch& batch, int64_t slot, int64_t chunk, int64_
   const SlotScope bound(slot_, chunk_, slot, chunk);
   load_batch(batch);
   overlap_ = false;
-  const LossSums sums = with_batch_valid_count(run(KernelName::forward));
+  const LossSums sums = with_batch_valid_count(run(KernelName::forward), batch);
   holder = {micro_batch, chunk, SlotState::forward_done};
   return sums;
 }
@@ -917,17 +917,15 @@ LossSums Engine::eval(const Batch& batch, int64_t slot, int64_t chunk) {
   if (slot != ProgramEntry::kNoSlot) check_slot(slot);
   const SlotScope bound(slot_, chunk_, slot, chunk);
   load_batch(batch);
-  return with_batch_valid_count(run(KernelName::eval));
+  return with_batch_valid_count(run(KernelName::eval), batch);
 }
 
-// A stage rank without the loss counts the micro-batch's valid tokens itself, from the loss mask it loaded:
-// each stage rank then holds the step's count (update divides by it), and the loss sum only the last.
-LossSums Engine::with_batch_valid_count(LossSums sums) const {
+// A stage rank without the loss counts the micro-batch's valid tokens itself, from its loss mask: each stage
+// rank then holds the step's count (update divides by it), and the loss sum only the last.
+LossSums Engine::with_batch_valid_count(LossSums sums, const Batch& batch) const {
   if (plan_.spec.with_head() || chunk_ != 0) return sums;  // once per micro-batch: at the rank's first chunk
-  const TensorView mask = batch_view(plan_.spec.loss_mask);
-  std::vector<uint8_t> host(static_cast<size_t>(mask.elements()));
-  backend().memory_copy_out(host.data(), mask.data, host.size());
-  sums.valid_count = std::count_if(host.begin(), host.end(), [](uint8_t valid) { return valid != 0; });
+  sums.valid_count =
+      std::count_if(batch.loss_mask.begin(), batch.loss_mask.end(), [](auto valid) { return valid != 0; });
   return sums;
 }
 

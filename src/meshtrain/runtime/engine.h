@@ -186,7 +186,7 @@ class Engine {
   TensorView stashed_view(const ActivationStash::Entry& entry, int64_t slot) const;
   void check_slot(int64_t slot) const;
   void start_transfer(const ProgramEntry& entry);
-  LossSums with_batch_valid_count(LossSums sums) const;
+  LossSums with_batch_valid_count(LossSums sums, const Batch& batch) const;
   LossSums run(KernelName kernel, UpdateState* update = nullptr);
   void run_collective(const PlanOp& op, const OpContext& context, UpdateState* update);
   void start_ready_collectives(KernelName kernel, size_t op_index, bool kernel_done);
