@@ -361,7 +361,9 @@ Run::Run(const Config& config, RunSetup setup, std::FILE* console, RunRanks& ran
       tokenizer_note_(std::move(setup.tokenizer_note)) {
   connect_mesh(std::move(setup.plan));
   open_data();
-  resume_from_checkpoint();
+  // Every rank validates the checkpoint alike (no collectives inside), so a mismatch is named by each rank
+  // that sees it before any rank's exit can end the job.
+  run_setup_on_all_ranks(*ranks_.world, [&] { resume_from_checkpoint(); });
   write_run_files();
   open_metrics_and_trace();
   prepare_steps();
