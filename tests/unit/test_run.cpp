@@ -65,7 +65,7 @@ TEST_F(RunTest, StepsUntilDoneThenSaves) {
   const TrainingSummary summary = run.finish();
   EXPECT_EQ(summary.first_step, 0);
   EXPECT_EQ(summary.steps_completed, 3);
-  EXPECT_FALSE(summary.interrupted);
+  EXPECT_EQ(summary.stop_reason, StopReason::none);
   EXPECT_NE(summary.last_checkpoint.find("step_00000003"), std::string::npos) << summary.last_checkpoint;
   std::ifstream metrics(run_dir_ + "/metrics.jsonl");
   int lines = 0;
@@ -80,7 +80,7 @@ TEST_F(RunTest, StopAfterStepEndsTheRunAndAResumeContinues) {
     EXPECT_EQ(run.step({2}), StepOutcome::trained);
     EXPECT_EQ(run.step({2}), StepOutcome::stopped);
     const TrainingSummary summary = run.finish();
-    EXPECT_TRUE(summary.interrupted);
+    EXPECT_EQ(summary.stop_reason, StopReason::requested);
     EXPECT_EQ(summary.steps_completed, 2);
   }
   RunRanks resumed_ranks;

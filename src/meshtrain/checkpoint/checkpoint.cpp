@@ -415,8 +415,11 @@ void finish_sharded_checkpoint(const fs::path& directory, const Engine& engine, 
     files.push_back(kEngramFile);
   }
   const ModelSpec& spec = engine.spec();
+  // Which ranks saved it, so a restart on another mesh can say what changed.
+  const ordered_json saved_by = {
+      {"saved_by", {{"world_size", world_size}, {"mesh", engine.plan().mesh.to_string()}}}};
   finish_checkpoint_files(directory, spec.config, {spec.dims.V_padded, engine.global_parameter_count()},
-                          state, options, std::move(files), ordered_json::object());
+                          state, options, std::move(files), saved_by);
 }
 
 // After each phase of a save every rank learns whether any rank failed; if one did, every rank throws (the
@@ -1171,6 +1174,11 @@ std::string adopt_checkpoint_layout(Config& config) {
 json saved_data_cursor(const std::string& checkpoint_dir) {
   const json metadata = unverified_metadata(checkpoint_dir);
   return metadata.is_object() && metadata.contains("data_cursor") ? metadata["data_cursor"] : json();
+}
+
+json saved_by_ranks(const std::string& checkpoint_dir) {
+  const json metadata = unverified_metadata(checkpoint_dir);
+  return metadata.is_object() && metadata.contains("saved_by") ? metadata["saved_by"] : json();
 }
 
 Config checkpoint_config(const std::string& checkpoint_dir,

@@ -153,6 +153,9 @@ std::string adopt_checkpoint_layout(Config& config);
 // tensors so a run can size itself before loading; null when there is none or the file cannot be read (its
 // load reports that).
 nlohmann::json saved_data_cursor(const std::string& checkpoint_dir);
+// {"world_size": N, "mesh": "data=2 fsdp=2 ..."} of the ranks that saved a sharded checkpoint (null for
+// checkpoints older than the field, or single files).
+nlohmann::json saved_by_ranks(const std::string& checkpoint_dir);
 
 // The checkpoint a path names: a directory holding metadata.json as given, else the newest committed
 // checkpoint in it or in its checkpoints/ (a run_dir). `flag` names the argument in errors.

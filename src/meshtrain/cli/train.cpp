@@ -25,12 +25,10 @@ int run_train(const std::vector<std::string>& arguments) {
     }
     return loaded;
   });
-  // Under mpirun only the first rank speaks.
+  // Under mpirun only the first rank speaks; every rank exits with the same status (train/preemption.h: 75
+  // asks the job script to requeue the job).
   const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
-  if (rank && std::string(rank) != "0") {
-    run_training(config, stdout);
-    return 0;
-  }
+  if (rank && std::string(rank) != "0") return exit_status_for(run_training(config, stdout).stop_reason);
   std::fprintf(stdout, "meshtrain train %s: %zu config keys resolved (written to %s/config.yaml)\n",
                config.model_name.c_str(), config.resolved.size(), config.run_dir.c_str());
   const TrainingSummary summary = run_training(config, stdout);
@@ -40,7 +38,7 @@ int run_train(const std::vector<std::string>& arguments) {
   if (!summary.last_checkpoint.empty())
     std::fprintf(stdout, ", checkpoint %s", summary.last_checkpoint.c_str());
   std::fprintf(stdout, "\n");
-  return summary.interrupted ? 130 : 0;
+  return exit_status_for(summary.stop_reason);
 }
 
 }  // namespace meshtrain

@@ -387,8 +387,8 @@ MeshCommunicators make_mesh_communicators(Communicator& world, const Mesh& mesh)
   return communicators;
 }
 
-bool started_by_mpirun() {
-  return std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr;
+bool started_by_mpi_launcher() {
+  return std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMIX_RANK") != nullptr;
 }
 
 int64_t ranks_on_this_host() {
@@ -399,7 +399,16 @@ int64_t ranks_on_this_host() {
 }
 
 std::unique_ptr<Communicator> make_world_communicator(double collective_timeout_s) {
-  if (started_by_mpirun()) return make_mpi_world_communicator(collective_timeout_s);
+  if (started_by_mpi_launcher()) return make_mpi_world_communicator(collective_timeout_s);
+  // srun without an MPI plugin starts its tasks with nothing to connect them: each would train alone and
+  // write the same run_dir.
+  const char* step_tasks = std::getenv("SLURM_STEP_NUM_TASKS");
+  if (step_tasks != nullptr && std::atoll(step_tasks) > 1) {
+    fail("SLURM_STEP_NUM_TASKS", "an MPI launcher for the " + std::string(step_tasks) + " tasks srun started",
+         "no MPI in this task's environment (neither PMIX_RANK nor OMPI_COMM_WORLD_SIZE is set)",
+         "start the tasks with srun --mpi=pmix (or mpirun inside the allocation; `meshtrain launch` writes "
+         "either)");
+  }
   if (!(collective_timeout_s > 0.0)) {
     fail("collective_timeout_s", "a positive number of seconds", to_text(collective_timeout_s),
          "set collective_timeout_s=300 (or more for very large models)");

@@ -170,6 +170,14 @@ class Communicator {
   // Ends every rank of the job now with `exit_code` (a rank-local error that the others cannot see).
   [[noreturn]] virtual void abort_all_ranks(int exit_code) = 0;
 
+  // This rank's place among the group's ranks that share its host (MPI: MPI_COMM_TYPE_SHARED, what MPI
+  // itself knows of the hosts); every rank of the group calls it.
+  struct HostRanks {
+    int rank = 0;  // among the ranks on this host
+    int size = 1;
+  };
+  virtual HostRanks host_ranks() = 0;
+
   CommunicatorStats stats() const { return stats_; }
   void reset_stats() { stats_ = {}; }
 
@@ -210,6 +218,7 @@ class LocalCommunicator : public Communicator {
                              std::shared_ptr<std::string> context = std::make_shared<std::string>());
   std::unique_ptr<Communicator> split(int color, int key, const std::string& axis_name) override;
   [[noreturn]] void abort_all_ranks(int exit_code) override;
+  HostRanks host_ranks() override { return {}; }
 
  protected:
   std::unique_ptr<CollectiveRequest> start(const Call& call) override;
@@ -260,11 +269,13 @@ struct MeshCommunicators {
 // size (a MeshError naming the mesh otherwise).
 MeshCommunicators make_mesh_communicators(Communicator& world, const Mesh& mesh);
 
-// MPI (MPI_COMM_WORLD) when this process was started by mpirun, a LocalCommunicator otherwise, so a
-// single process needs no launcher. MPI is initialised on the first call and finalised at exit.
-// collective_timeout_s must be positive (config key collective_timeout_s).
+// MPI (MPI_COMM_WORLD) when this process was started by an MPI launcher (started_by_mpi_launcher), a
+// LocalCommunicator otherwise, so a single process needs no launcher. MPI is initialised on the first call
+// and finalised at exit. collective_timeout_s must be positive (config key collective_timeout_s). srun
+// starting several tasks without an MPI plugin is refused (each task would train alone).
 std::unique_ptr<Communicator> make_world_communicator(double collective_timeout_s);
-bool started_by_mpirun();
+// mpirun (OMPI_COMM_WORLD_SIZE) or srun --mpi=pmix (PMIX_RANK) started this process.
+bool started_by_mpi_launcher();
 // Ranks of this job on this host (OMPI_COMM_WORLD_LOCAL_SIZE; 1 without mpirun): the engine gives each
 // rank cores / ranks_on_this_host() threads.
 int64_t ranks_on_this_host();

@@ -202,6 +202,17 @@ class MpiCommunicator : public Communicator {
 
   [[noreturn]] void abort_all_ranks(int exit_code) override { abort_job(exit_code); }
 
+  HostRanks host_ranks() override {
+    barrier("host_ranks");  // MPI_Comm_split_type blocks without a timeout, as MPI_Comm_split does
+    MPI_Comm host;
+    MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank(), MPI_INFO_NULL, &host);
+    HostRanks ranks;
+    MPI_Comm_rank(host, &ranks.rank);
+    MPI_Comm_size(host, &ranks.size);
+    MPI_Comm_free(&host);
+    return ranks;
+  }
+
   // Answers other ranks' timeout checks on every communicator of this process (at most every millisecond).
   static void poll_all_control() {
     MpiRuntime& runtime = MpiRuntime::instance();

@@ -278,6 +278,7 @@ const std::vector<KeyEntry>& key_table() {
       entry("plan_in", &Config::plan_in),
       entry("num_threads", &Config::num_threads),
       entry("collective_timeout_s", &Config::collective_timeout_s),
+      entry("exit_duration_in_mins", &Config::exit_duration_in_mins),
       entry("steps", &Config::steps),
       entry("learning_rate", &Config::learning_rate),
       entry("warmup_steps_fraction", &Config::warmup_steps_fraction),
@@ -794,6 +795,11 @@ Config load_config(const std::string& config_argument, const std::vector<std::st
   validate_attention_and_moe_keys(config, config.mesh[MeshAxis::expert]);
   validate_engram_and_mhc_keys(config);
   validate_hf_token_id_keys(config);
+  if (!(config.exit_duration_in_mins >= 0.0)) {
+    fail("config key 'exit_duration_in_mins'", "0 (no limit) or a positive number of minutes",
+         to_text(config.exit_duration_in_mins),
+         "set it to the job's time limit less the time one step and a checkpoint take, e.g. 230 for 4 hours");
+  }
   if (config.param_scan_axis < 0) {
     fail("config key 'param_scan_axis'", "0 or more (where a stacked tensor's layer axis goes)",
          std::to_string(config.param_scan_axis),

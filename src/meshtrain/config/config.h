@@ -181,6 +181,9 @@ struct Config {
   std::string plan_out, plan_in;
   int64_t num_threads = 0;  // 0: cores / processes on this host
   double collective_timeout_s = 300.0;
+  // > 0: after this many minutes (from set-up) every rank stops at the next step boundary, saves and exits
+  // with train/preemption.h's requeue status (Megatron's --exit-duration-in-mins); 0: no limit.
+  double exit_duration_in_mins = 0.0;
   // Optimisation
   int64_t steps = 0;
   double learning_rate = 3e-4;

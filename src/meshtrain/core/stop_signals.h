@@ -1,11 +1,14 @@
-// SIGINT / SIGTERM as a request to stop cleanly: a run saves and stops at a step every rank agrees on, a
-// conversion removes its temporary output.
+// SIGINT, SIGTERM and SIGUSR1 as a request to stop cleanly: a run saves and stops at a step every rank
+// agrees on, a conversion removes its temporary output. SIGTERM and SIGUSR1 are what a scheduler sends before
+// it takes the job's nodes (SLURM's --signal, scancel, the time limit); SIGINT is a user at a terminal.
 #pragma once
+
+#include <string>
 
 namespace meshtrain {
 
-// While it lives, SIGINT / SIGTERM only record the signal (stop_signal_received()) so the work in progress
-// can end cleanly; restores the handlers it replaced when it ends.
+// While it lives, SIGINT / SIGTERM / SIGUSR1 only record the signal (stop_signal_received()) and when the
+// first one came, so the work in progress can end cleanly; restores the handlers it replaced when it ends.
 class StopSignals {
  public:
   StopSignals();
@@ -16,8 +19,15 @@ class StopSignals {
  private:
   void (*previous_interrupt_)(int);
   void (*previous_terminate_)(int);
+  void (*previous_user1_)(int);
 };
-// The signal a live StopSignals recorded, or 0.
+// The last signal a live StopSignals recorded, or 0.
 int stop_signal_received();
+// Whether a live StopSignals recorded this signal (SIGINT, SIGTERM or SIGUSR1) at least once.
+bool stop_signal_seen(int signal_number);
+// Seconds since the first recorded signal (steady clock), or a negative number when none came.
+double seconds_since_stop_signal();
+// "SIGINT", "SIGTERM", "SIGUSR1", else "signal N".
+std::string signal_name(int signal_number);
 
 }  // namespace meshtrain

@@ -2,6 +2,7 @@
 // of duplicate steps.
 #include "meshtrain/metrics/metrics.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -64,10 +65,11 @@ void MetricsLog::write(const nlohmann::json& record) {
   }
 }
 
-void MetricsLog::truncate_after(const std::string& path, int64_t step) {
+int64_t MetricsLog::truncate_after(const std::string& path, int64_t step) {
   std::ifstream in(path, std::ios::binary);
+  int64_t highest_dropped = step;
   if (!in) {
-    if (!std::filesystem::exists(path)) return;
+    if (!std::filesystem::exists(path)) return highest_dropped;
     fail(path, "a readable metrics file", std::strerror(errno), "check its permissions");
   }
   std::ostringstream buffer;
@@ -94,9 +96,12 @@ void MetricsLog::truncate_after(const std::string& path, int64_t step) {
       kept += '\n';
     } else {
       changed = true;
+      if (record.is_object() && record.contains("step") && record["step"].is_number_integer())
+        highest_dropped = std::max(highest_dropped, record["step"].get<int64_t>());
     }
   }
   if (changed) write_file_atomically(path, kept);
+  return highest_dropped;
 }
 
 }  // namespace meshtrain

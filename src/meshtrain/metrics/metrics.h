@@ -34,8 +34,9 @@ class MetricsLog {
 
   // Drops the lines of `path` whose "step" is greater than `step`, lines that are not JSON objects, and a
   // last line without its newline (a write torn by a crash). Lines without "step" are kept. Replaces the
-  // file atomically, and only when something was dropped; a missing file is left missing.
-  static void truncate_after(const std::string& path, int64_t step);
+  // file atomically, and only when something was dropped; a missing file is left missing. Returns the
+  // highest step dropped (`step` when none was): the steps a resumed run trains again.
+  static int64_t truncate_after(const std::string& path, int64_t step);
 
  private:
   struct FileCloser {

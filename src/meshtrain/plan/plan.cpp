@@ -546,9 +546,12 @@ std::vector<int64_t> global_dims(const TrainingPlan& plan, const Shape& local) {
   return dims;
 }
 
-DeviceCount resolve_devices(const Config& config, const Topology& topology, int64_t live_ranks) {
-  if (live_ranks > 0)
-    return {live_ranks, std::to_string(live_ranks) + " process" + (live_ranks > 1 ? "es" : "")};
+DeviceCount resolve_devices(const Config& config, const Topology& topology, int64_t live_ranks,
+                            const std::string& launcher) {
+  if (live_ranks > 0) {
+    return {live_ranks, std::to_string(live_ranks) + " process" + (live_ranks > 1 ? "es" : "") +
+                            (launcher.empty() ? "" : " started by " + launcher)};
+  }
   if (topology.num_devices > 0) return {topology.num_devices, "topology " + topology.name};
   DeviceCount devices{1, "topology " + topology.name + " with as many ranks as the mesh asks for"};
   for (MeshAxis axis : kMeshAxes) {
@@ -564,9 +567,10 @@ DeviceCount resolve_devices(const Config& config, const Topology& topology, int6
   return devices;
 }
 
-int64_t resolve_threads(const Config& config, const Topology& topology, int64_t devices) {
+int64_t resolve_threads(const Config& config, const Topology& topology, int64_t devices, int64_t given) {
   if (config.num_threads > 0) return config.num_threads;
   if (topology.device_kind != "cpu") return 1;
+  if (given > 0) return given;
   const int64_t ranks_on_host = topology.host_memory_shared ? std::max<int64_t>(devices, 1) : 1;
   return std::max<int64_t>(1, omp_get_num_procs() / ranks_on_host);
 }
@@ -576,7 +580,8 @@ PlanTarget resolve_plan_target(const PlanRequest& request) {
   PlanTarget target;
   const std::string topology_name = request.topology.empty() ? config.topology : request.topology;
   target.topology = load_topology(topology_name, config.topologies_path);
-  const DeviceCount devices = resolve_devices(config, target.topology, request.devices);
+  const DeviceCount devices =
+      resolve_devices(config, target.topology, request.devices, request.devices_launcher);
   target.mesh = resolve_mesh(config.mesh, devices.count, devices.source);
   return target;
 }
@@ -588,7 +593,7 @@ TrainingPlan plan_training(const PlanRequest& request) {
   plan.topology = std::move(target.topology);
   plan.mesh = target.mesh;
   const int64_t devices = plan.mesh.devices();
-  plan.threads = resolve_threads(config, plan.topology, devices);
+  plan.threads = resolve_threads(config, plan.topology, devices, request.threads);
   config.num_threads = plan.threads;  // the attention backward's scratch is per thread
   plan.identity = plan_identity(config, plan.mesh, plan.topology, plan.threads);
   plan.device_memory_bytes = plan.topology.device_memory_bytes(devices);

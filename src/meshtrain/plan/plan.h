@@ -274,6 +274,11 @@ struct PlanRequest {
   // mesh.stage > 1: the stage rank to plan (its coordinate on the stage axis): its chunk of the layers, its
   // schedule's program (activation slots as it needs; the fused kernels are not planned).
   int64_t stage = 0;
+  // > 0: the threads this rank runs (a live run's, from its launcher: comm/process_placement.h) unless
+  // num_threads sets them; 0: the topology's cores over the ranks on one host.
+  int64_t threads = 0;
+  // With devices: who started them, for messages ("srun (SLURM job 12) on 2 hosts"); "" says processes.
+  std::string devices_launcher;
   // The kernel table to build and run the spec with; nullptr: the topology's device kind's
   // (kernel_backend_for_device). Tests pass a variant of a table to compare two ways of storing a run.
   const kernels::KernelBackend* backend = nullptr;
@@ -304,7 +309,8 @@ struct DeviceCount {
   int64_t count = 1;
   std::string source;
 };
-DeviceCount resolve_devices(const Config& config, const Topology& topology, int64_t live_ranks);
+DeviceCount resolve_devices(const Config& config, const Topology& topology, int64_t live_ranks,
+                            const std::string& launcher = "");
 
 // How many tensor ranks hold the same values of a buffer with a kv_heads axis (tensor degree above the kv
 // head count: each kv head is replicated on tensor / kv_heads consecutive ranks); 1 otherwise.

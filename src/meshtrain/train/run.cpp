@@ -241,6 +241,19 @@ double evaluate(Engine& engine, BatchLoader& loader, int64_t eval_steps, const R
   return total.valid_count > 0 ? total.loss_sum / static_cast<double>(total.valid_count) : 0.0;
 }
 
+std::string seconds_text(double seconds) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.3f s", seconds);
+  return text;
+}
+
+// MESHTRAIN_FAULT=sigusr1|sigterm:STEP:RANK: the rank sends itself the signal during step STEP, after its
+// batches are taken (STEP 0: during set-up, before the first step), as a scheduler's signal would arrive.
+void raise_injected_signal(const InjectedFault& fault, int64_t step, int64_t rank) {
+  if (fault.at("sigusr1", step, rank)) std::raise(SIGUSR1);
+  if (fault.at("sigterm", step, rank)) std::raise(SIGTERM);
+}
+
 InjectedFault injected_fault() {
   InjectedFault fault;
   const char* text = std::getenv("MESHTRAIN_FAULT");
@@ -310,7 +323,8 @@ std::string keep_checkpoint_global_batch(Config& config, int64_t world_size) {
          std::to_string(config.per_device_batch_size) + " x " + processes + ")";
 }
 
-RunSetup prepare_run(const Config& config, int64_t world_size, int64_t rank) {
+RunSetup prepare_run(const Config& config, int64_t world_size, int64_t rank,
+                     const ProcessPlacement* placement) {
   if (config.steps <= 0)
     fail("config key 'steps'", "a positive number of optimizer steps", std::to_string(config.steps));
   RunSetup setup;
@@ -318,6 +332,10 @@ RunSetup prepare_run(const Config& config, int64_t world_size, int64_t rank) {
   PlanRequest request;
   request.config = config;
   request.devices = world_size;
+  if (placement != nullptr) {
+    request.threads = placement->threads;
+    request.devices_launcher = placement->launcher;
+  }
   // A pipeline stage rank plans its own chunk and schedule.
   request.stage = mesh_coordinates(resolve_plan_target(request).mesh, rank)[MeshAxis::stage];
   setup.plan = plan_training(request);
@@ -358,7 +376,8 @@ Run::Run(const Config& config, RunSetup setup, std::FILE* console, RunRanks& ran
       lead_(ranks.lead()),
       data_(std::move(setup.data)),
       tokenizer_(std::move(setup.tokenizer)),
-      tokenizer_note_(std::move(setup.tokenizer_note)) {
+      tokenizer_note_(std::move(setup.tokenizer_note)),
+      preemption_(config.exit_duration_in_mins, setup.started) {
   connect_mesh(std::move(setup.plan));
   open_data();
   // Every rank validates the checkpoint alike (no collectives inside), so a mismatch is named by each rank
@@ -422,6 +441,18 @@ void Run::open_data() {
   tokenizer_identity_ = tokenizer_ ? tokenizer_->identity() : "";
 }
 
+// ", saved by 4 ranks (mesh data=2 fsdp=2), now 2 ranks (mesh data=2)" when the ranks differ from the
+// checkpoint's, else "".
+std::string Run::ranks_changed_since(const std::string& checkpoint) const {
+  const nlohmann::json saved = saved_by_ranks(checkpoint);
+  if (!saved.is_object() || !saved.contains("world_size") || !saved.contains("mesh")) return "";
+  const int64_t saved_world = saved["world_size"].get<int64_t>();
+  const std::string saved_mesh = saved["mesh"].get<std::string>();
+  if (saved_world == ranks_.world->size() && saved_mesh == mesh_.to_string()) return "";
+  return ", saved by " + std::to_string(saved_world) + " rank(s) (mesh " + saved_mesh + "), now " +
+         std::to_string(ranks_.world->size()) + " rank(s) (mesh " + mesh_.to_string() + ")";
+}
+
 // The newest checkpoint of this run, else a full state or the parameters of another one, else nothing.
 void Run::resume_from_checkpoint() {
   if (lead_) fs::create_directories(config_.run_dir);
@@ -432,8 +463,8 @@ void Run::resume_from_checkpoint() {
   if (const std::optional<std::string> latest = latest_checkpoint(checkpoints_dir_)) {
     state_ = load_checkpoint(*latest, *engine_, false, tokenizer_checked,
                              engram_hashing_ ? &*engram_hashing_ : nullptr);
-    std::fprintf(console_, "resuming from %s (step %lld)\n", latest->c_str(),
-                 static_cast<long long>(state_.step));
+    std::fprintf(console_, "resuming from %s (step %lld)%s\n", latest->c_str(),
+                 static_cast<long long>(state_.step), ranks_changed_since(*latest).c_str());
   } else if (!config_.load_full_state_path.empty()) {
     state_ = load_checkpoint(config_.load_full_state_path, *engine_, false, tokenizer_checked,
                              engram_hashing_ ? &*engram_hashing_ : nullptr);
@@ -487,7 +518,14 @@ void Run::write_run_files() {
   }
   write_resolved_config(config_, config_.run_dir);
   if (machine_) write_file_atomically(config_.run_dir + "/machine.json", machine_->to_json().dump(2) + "\n");
-  MetricsLog::truncate_after(config_.run_dir + "/metrics.jsonl", state_.step);
+  const int64_t last_logged = MetricsLog::truncate_after(config_.run_dir + "/metrics.jsonl", state_.step);
+  if (last_logged > state_.step) {
+    std::fprintf(
+        console_,
+        "meshtrain: steps %lld..%lld were trained after the checkpoint and are lost (metrics.jsonl held "
+        "them): training them again\n",
+        static_cast<long long>(state_.step + 1), static_cast<long long>(last_logged));
+  }
 }
 
 void Run::open_metrics_and_trace() {
@@ -497,8 +535,8 @@ void Run::open_metrics_and_trace() {
   engine_->set_trace(&*trace_);
 }
 
-// What every step reuses: checkpoint options, the figures of the metrics, the progress bar, the signal
-// handlers, the injected fault and the planned bytes per axis.
+// What every step reuses: checkpoint options, the figures of the metrics, the progress bar, the injected
+// fault and the planned bytes per axis.
 void Run::prepare_steps() {
   checkpoint_options_ = {tokenizer_ ? tokenizer_->source_path() : "", tokenizer_identity_,
                          config_.max_num_checkpoints_to_keep, engram_hashing_ ? &*engram_hashing_ : nullptr};
@@ -519,8 +557,8 @@ void Run::prepare_steps() {
                 : config_.dtype == DType::bf16 ? machine_->gemm_bf16_peak_flops
                                                : machine_->gemm_peak_flops;
   progress_.emplace(config_.steps, state_.step, console_);
-  signals_.emplace();
   fault_ = injected_fault();
+  raise_injected_signal(fault_, 0, ranks_.world->rank());
   planned_step_bytes_ = nlohmann::json::object();
   for (const auto& [axis, bytes] : step_collective_bytes(engine_->plan())) planned_step_bytes_[axis] = bytes;
 }
@@ -567,6 +605,13 @@ LossSums Run::run_micro_batches(int64_t rank, PreparedStep& prepared) {
 
 StepOutcome Run::step(const RunControl& control) {
   const int64_t step = step_;
+  // A signal reaches the ranks at different moments (or before the first step): they stop together, here.
+  ranks_.world->set_context("the boundary before step " + std::to_string(step + 1));
+  if (StopRequest stop = preemption_.agree(*ranks_.world)) {
+    stop_ = std::move(stop);
+    summary_.stop_reason = stop_.reason;
+    return StepOutcome::stopped;
+  }
   Engine& engine = *engine_;
   const auto start = std::chrono::steady_clock::now();
   trace_->begin_step(step + 1);  // steps are numbered from 1, as in metrics.jsonl
@@ -575,6 +620,7 @@ StepOutcome Run::step(const RunControl& control) {
   engine.reset_collective_stats();
   if (fault_.at("stall", step + 1, rank))
     std::this_thread::sleep_for(std::chrono::duration<double>(fault_.seconds));
+  raise_injected_signal(fault_, step + 1, rank);
   PreparedStep prepared = take_batches();
   const double data_wait_seconds = batches_->last_wait_seconds();
   LossSums local = run_micro_batches(rank, prepared);
@@ -678,10 +724,9 @@ StepOutcome Run::step(const RunControl& control) {
   if (!last && config_.checkpoint_period > 0 && (step + 1) % config_.checkpoint_period == 0)
     save(step + 1, batches_->next_cursor());
   ++step_;
-  // A signal reaches the ranks at different moments: they stop together, at the same step.
-  const bool stop = ranks_.world->any_rank_true(stop_signal_received() != 0, "step/stop_signal");
-  if (stop || step + 1 == control.stop_after_step) {
-    summary_.interrupted = true;
+  if (step + 1 == control.stop_after_step) {
+    stop_ = {StopReason::requested, "RunControl::stop_after_step", -1.0};
+    summary_.stop_reason = stop_.reason;
     return StepOutcome::stopped;
   }
   return StepOutcome::trained;
@@ -690,13 +735,44 @@ StepOutcome Run::step(const RunControl& control) {
 TrainingSummary Run::finish() {
   progress_->finish();
   summary_.steps_completed = step_;
-  // With steps equal to a loaded state's step nothing trains and the state is saved into this run: that
-  // converts a checkpoint to this run's mesh.
-  if (step_ > state_.step || summary_.interrupted || loaded_elsewhere_) save(step_, batches_->next_cursor());
-  if (summary_.interrupted && stop_signal_received() != 0) {
-    std::fprintf(console_, "stopped by signal %d after step %lld; saved %s\n", stop_signal_received(),
-                 static_cast<long long>(step_), summary_.last_checkpoint.c_str());
+  const bool preempted = stop_.reason == StopReason::preempted || stop_.reason == StopReason::time_limit;
+  if (stop_ && stop_.reason != StopReason::requested) {
+    std::fprintf(
+        console_, "meshtrain: stopping at the boundary before step %lld: %s%s\n",
+        static_cast<long long>(step_ + 1), stop_.cause.c_str(),
+        stop_.seconds_since_signal >= 0.0
+            ? (" (the first rank's signal came " + seconds_text(stop_.seconds_since_signal) + " ago)").c_str()
+            : "");
   }
+  // With steps equal to a loaded state's step nothing trains and the state is saved into this run: that
+  // converts a checkpoint to this run's mesh. A stop before any step saves nothing: the newest checkpoint
+  // (or none) already holds that state.
+  const bool trained = step_ > state_.step;
+  if (trained || loaded_elsewhere_) save(step_, batches_->next_cursor());
+  if (!stop_ || stop_.reason == StopReason::requested) return summary_;
+  const int status = exit_status_for(stop_.reason);
+  const std::string exit_text = "exit status " + std::to_string(status) + (preempted ? " (requeue me)" : "");
+  if (!trained && !loaded_elsewhere_) {
+    std::fprintf(console_, "meshtrain: stopped before training any step: nothing to save (%s); %s\n",
+                 state_.step > 0 ? ("a restart resumes from step " + std::to_string(state_.step)).c_str()
+                                 : "a restart starts from step 0",
+                 exit_text.c_str());
+    return summary_;
+  }
+  if (!config_.enable_checkpointing) {
+    std::fprintf(console_,
+                 "meshtrain: stopped after step %lld without saving (enable_checkpointing=false): a restart "
+                 "repeats the steps since its start; %s\n",
+                 static_cast<long long>(step_), exit_text.c_str());
+    return summary_;
+  }
+  const double since_signal = PreemptionWatch::seconds_since_first_signal(*ranks_.world);
+  std::fprintf(console_, "meshtrain: stopped after step %lld: checkpoint %s committed%s; %s\n",
+               static_cast<long long>(step_), summary_.last_checkpoint.c_str(),
+               since_signal >= 0.0
+                   ? (" " + seconds_text(since_signal) + " after the first rank's signal").c_str()
+                   : "",
+               exit_text.c_str());
   return summary_;
 }
 

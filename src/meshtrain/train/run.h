@@ -14,8 +14,8 @@
 
 #include "meshtrain/checkpoint/checkpoint.h"
 #include "meshtrain/comm/communicator.h"
+#include "meshtrain/comm/process_placement.h"
 #include "meshtrain/config/config.h"
-#include "meshtrain/core/stop_signals.h"
 #include "meshtrain/data/context_reorder.h"
 #include "meshtrain/data/engram_hash.h"
 #include "meshtrain/data/loader.h"
@@ -29,6 +29,7 @@
 #include "meshtrain/runtime/engine.h"
 #include "meshtrain/runtime/engram_inputs.h"
 #include "meshtrain/train/machine.h"
+#include "meshtrain/train/preemption.h"
 #include "meshtrain/train/trainer.h"
 
 namespace meshtrain {
@@ -70,11 +71,15 @@ struct RunSetup {
   TrainingPlan plan;
   std::optional<Tokenizer> tokenizer;
   std::string tokenizer_note;  // check_run_tokenizer's note or warning on the checkpoint the run starts from
+  // When set-up began: exit_duration_in_mins counts from here.
+  std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();
 };
 
 // The checks and the plan of set-up's first phase: steps, the data source, the plan (and a plan_in
 // matching it), the tokenizer (and that the checkpoint the run starts from was trained with it).
-RunSetup prepare_run(const Config& config, int64_t world_size, int64_t rank = 0);
+// `placement`: this rank's threads and who started the ranks (nullptr: one process, the plan's threads).
+RunSetup prepare_run(const Config& config, int64_t world_size, int64_t rank = 0,
+                     const ProcessPlacement* placement = nullptr);
 
 // A run resuming a full state (its run_dir's newest checkpoint, else load_full_state_path) keeps the global
 // batch its data cursor records: gradient_accumulation_steps becomes G / (per_device_batch_size x
@@ -88,8 +93,8 @@ std::string keep_checkpoint_global_batch(Config& config, int64_t world_size);
 uint64_t run_identity(const Config& config);
 
 // Test-only fault injection, MESHTRAIN_FAULT=KIND:STEP:RANK[:SECONDS] (KIND nan_loss, nan_gradient, stall,
-// or kill: SIGKILL after the step's backward pass): the failure tests of distributed runs make one rank
-// misbehave at one step.
+// kill: SIGKILL after the step's backward pass, or sigusr1 / sigterm: the rank signals itself during the
+// step, STEP 0 during set-up): the failure tests of distributed runs make one rank misbehave at one step.
 struct InjectedFault {
   std::string kind;
   int64_t step = -1, rank = -1;
@@ -103,7 +108,8 @@ struct InjectedFault {
 enum class StepOutcome {
   trained,  // an optimizer step (its metrics written)
   skipped,  // a non-finite loss or gradient with skip_nonfinite_steps: no update, the batch consumed
-  stopped,  // trained, then a signal or RunControl ended the run
+  stopped,  // every rank agreed to stop before this step (a signal, the time limit), or RunControl ended the
+            // run after it
 };
 
 class Run {
@@ -112,11 +118,12 @@ class Run {
   Run(const Config& config, RunSetup setup, std::FILE* console, RunRanks& ranks);
 
   bool steps_left() const { return step_ < config_.steps; }
-  // One optimizer step: the micro-batches, the agreed non-finite check, the update, metrics, eval,
-  // trace, progress, a periodic checkpoint, and the agreed stop check.
+  // One optimizer step: the agreed stop check at the boundary before it (a stop trains nothing), the
+  // micro-batches, the agreed non-finite check, the update, metrics, eval, trace, progress, a periodic
+  // checkpoint.
   StepOutcome step(const RunControl& control);
-  // The final save (when anything trained, the run was stopped or a state was loaded from elsewhere) and
-  // the summary.
+  // The final save (when anything trained or a state was loaded from elsewhere), what a stop did (the time
+  // from the signal to the committed checkpoint) and the summary.
   TrainingSummary finish();
 
  private:
@@ -124,6 +131,7 @@ class Run {
   void connect_mesh(TrainingPlan plan);
   void open_data();
   void resume_from_checkpoint();
+  std::string ranks_changed_since(const std::string& checkpoint) const;
   void write_run_files();
   void open_metrics_and_trace();
   void prepare_steps();
@@ -161,7 +169,8 @@ class Run {
   double step_flops_ = 0.0;
   double peak_flops_ = 0.0;
   std::optional<ProgressBar> progress_;
-  std::optional<StopSignals> signals_;
+  PreemptionWatch preemption_;
+  StopRequest stop_;  // why step() stopped the run, if it did
   InjectedFault fault_;
   nlohmann::json planned_step_bytes_;  // per mesh axis: what one step's kernels move, as planned
   int64_t step_ = 0;                   // optimizer steps done

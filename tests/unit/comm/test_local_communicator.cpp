@@ -118,7 +118,7 @@ TEST(LocalCommunicator, MeshThatDoesNotMatchTheWorldIsAUserError) {
 }
 
 TEST(LocalCommunicator, WorldWithoutMpirunIsLocal) {
-  if (started_by_mpirun()) GTEST_SKIP() << "running under mpirun";
+  if (started_by_mpi_launcher()) GTEST_SKIP() << "running under mpirun";
   auto world = make_world_communicator(5.0);
   EXPECT_EQ(world->size(), 1);
   EXPECT_EQ(ranks_on_this_host(), 1);
