@@ -84,7 +84,7 @@ short=("${tiny[@]/max_target_length=32/max_target_length=19}")
 expect_refused cp_striped 2 "(with mesh.context=2 and context_parallel_reorder=striped): expected a multiple of mesh.context = 2" \
   "${mpirun[@]}" -np 2 "$meshtrain" train qwen3-tiny "${short[@]}" mesh.context=2 context_parallel_reorder=striped \
   steps=1 run_dir="$work/cp_striped"
-expect_refused cp_devices 2 "expected axes whose product divides the 2 devices of 2 processes, found data=-1 fsdp=1 context=3" \
+expect_refused cp_devices 2 "expected axes whose product divides the 2 devices of 2 processes started by mpirun, found data=-1 fsdp=1 context=3" \
   "${mpirun[@]}" -np 2 "$meshtrain" train qwen3-tiny "${tiny[@]}" mesh.data=-1 mesh.context=3 steps=1 \
   run_dir="$work/cp_devices"
 # Expert parallelism: an expert degree that does not divide the routed experts, and one on a dense model.
@@ -99,7 +99,7 @@ expect_refused pp_scan_repeats 2 "config key 'scan_layers': expected false with 
   "${mpirun[@]}" -np 2 "$meshtrain" train qwen3-tiny "${tiny[@]/base_num_decoder_layers=2/base_num_decoder_layers=4}" \
   mesh.stage=2 num_pipeline_repeats=2 pipeline_schedule=interleaved_1f1b scan_layers=true \
   gradient_accumulation_steps=2 steps=1 run_dir="$work/pp_scan_repeats"
-expect_refused pp_world 3 "config key 'mesh': expected a product of 3 (the devices of 3 processes), found data=1 stage=2" \
+expect_refused pp_world 3 "config key 'mesh': expected a product of 3 (the devices of 3 processes started by mpirun), found data=1 stage=2" \
   "${mpirun[@]}" -np 3 "$meshtrain" train qwen3-tiny "${tiny[@]}" mesh.stage=2 gradient_accumulation_steps=2 \
   steps=1 run_dir="$work/pp_world"
 expect_refused pp_micro_batches 2 "gradient_accumulation_steps: expected at least mesh.stage=2 micro-batches" \
