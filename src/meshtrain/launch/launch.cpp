@@ -172,8 +172,8 @@ std::string sbatch_script(const LaunchRequest& request, const BatchScript& scrip
       "# - #SBATCH: the allocation (nodes, tasks = MPI ranks per node, cores per task, time limit).\n"
       "#   --signal=B:USR1@" +
       S + ": SLURM sends SIGUSR1 to this batch shell " + S +
-      " s before the time\n"
-      "#   limit; --requeue lets the job be requeued; --open-mode=append keeps every run of the job in one\n"
+      " s before the time limit.\n"
+      "#   --requeue lets the job be requeued; --open-mode=append keeps every run of the job in one\n"
       "#   slurm-<job id>.out in the run directory.\n"
       "# - The launcher (" +
       (srun ? "srun" : "mpirun") +
