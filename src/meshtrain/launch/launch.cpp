@@ -67,9 +67,17 @@ Config check_launch_config(const LaunchRequest& request) {
   try {
     resolve_mesh(config.mesh, request.ranks(), ranks);
   } catch (const MeshError& error) {
+    int64_t fixed = 1;  // the product of the mesh's fixed axes
+    bool filled = false;
+    for (MeshAxis axis : kMeshAxes) {
+      const int64_t size = config.mesh[axis];
+      filled = filled || size == -1;
+      fixed *= size > 0 ? size : 1;
+    }
     const ErrorContext& context = error.context();
     fail(context.where, context.expected, context.found,
-         context.hint + "; or launch as many ranks as the mesh asks for (--nodes x --tasks-per-node)");
+         context.hint + "; or launch " + (filled ? "a multiple of " : "") + plural(fixed, "rank") +
+             " (--nodes x --tasks-per-node)");
   }
   return config;
 }
