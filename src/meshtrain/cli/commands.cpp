@@ -41,8 +41,11 @@ std::vector<CommandSpec> make_table() {
       {"launch",
        "train on a SLURM cluster or over an mpirun hostfile: write an sbatch script that saves and requeues "
        "on preemption, or start srun / mpirun",
-       "launch CONFIG [key=value ...] --nodes N [--tasks-per-node T] (--sbatch FILE | --srun | --mpirun "
-       "--hostfile FILE) [--print-only]",
+       "launch CONFIG [key=value ...] --nodes N [--tasks-per-node T] [--cpus-per-task C] [--launcher-args "
+       "ARGS] "
+       "[--binary PATH] (--sbatch FILE [--time LIMIT] [--signal-seconds S] [--launcher mpirun|srun] "
+       "[--job-name "
+       "NAME] | --srun | --mpirun --hostfile FILE [--ssh-port P]) [--print-only | --dry-run]",
        "CONFIG",
        true,
        {{"--nodes", "N", "hosts to run on: SLURM nodes, or the first N hosts of the hostfile"},
