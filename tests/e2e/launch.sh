@@ -38,7 +38,7 @@ bash -n "$work/srun.sbatch" || problem "the srun script is not valid bash"
 # --- the script run with stand-in mpirun and scontrol ---------------------------------------------------------
 # The stand-in mpirun records its arguments, then does what $STUB_ACTION says: train (the real meshtrain train
 # after the launcher's options, as one process outside SLURM's variables), exit with 75 or 3, or wait for
-# SIGUSR1 (recorded), then exit 75 a second later: a script that did not wait for it would end first.
+# SIGUSR1 (recorded), then exit 75 a second later: a script that did not wait for it would end first (138).
 mkdir "$work/bin"
 cat >"$work/bin/mpirun" <<'STUB'
 #!/usr/bin/env bash
@@ -51,7 +51,7 @@ case $STUB_ACTION in
   signal)
     trap 'echo USR1 >>"$STUB_DIR/mpirun.signals"; sleep 1; echo exited >>"$STUB_DIR/mpirun.signals"; exit 75' USR1
     touch "$STUB_DIR/mpirun.started"
-    for ((i = 0; i < 3000; i++)); do sleep 0.2; done
+    for ((i = 0; i < 300; i++)); do sleep 0.2; done  # no SIGUSR1 within a minute: it was not forwarded
     exit 1 ;;
 esac
 STUB

@@ -121,8 +121,8 @@ TEST(Launch, TheScriptRequeuesOnStatus75) {
         "train=(/opt/meshtrain train 'my config.yaml' steps=10)\n", "trap forward_stop USR1 TERM\n",
         "  scontrol requeue \"$SLURM_JOB_ID\"\n", "exit \"$status\"\n"})
     EXPECT_TRUE(contains(text, line)) << line;
-  EXPECT_FALSE(contains(text, "--cpus-per-task")) << "SLURM's default unless asked";
-  EXPECT_FALSE(contains(text, "--time")) << "the partition's default unless asked";
+  EXPECT_FALSE(contains(text, "#SBATCH --cpus-per-task")) << "SLURM's default unless asked";
+  EXPECT_FALSE(contains(text, "#SBATCH --time")) << "the partition's default unless asked";
   request.cpus_per_task = 4;
   script.launcher = Launcher::srun;
   EXPECT_TRUE(contains(sbatch_script(request, script), "launcher=(srun --mpi=pmix --cpus-per-task 4)\n"));
