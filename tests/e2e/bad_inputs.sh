@@ -156,6 +156,9 @@ expect mesh "config key 'mesh'" "a product of 8" "stage=3" -- \
 expect mesh "gradient_accumulation_steps" "at least mesh.stage=2 micro-batches with pipeline_schedule=zero_bubble" \
   "set gradient_accumulation_steps=2" -- "$meshtrain" compile qwen3-tiny "${tiny[@]}" mesh.stage=2 \
   pipeline_schedule=zero_bubble
+# meshtrain launch checks the mesh against --nodes x --tasks-per-node before writing or starting anything.
+expect mesh "config key 'mesh'" "2 nodes x 1 task per node = 2 ranks" "launch 4 ranks" -- \
+  "$meshtrain" launch qwen3-tiny "${tiny[@]}" mesh.data=4 --nodes 2 --sbatch "$work/mesh.sbatch"
 # --- data ------------------------------------------------------------------------------------------------
 expect data "$work/none.tokens" "nothing readable" -- \
   "$meshtrain" train qwen3-tiny dataset_type=tokens dataset_path="$work/none.tokens" tokenizer_path= \
@@ -342,7 +345,30 @@ expect command "generate --output text" "--output ids" -- "$meshtrain" generate 
   --prompt-ids 1 --output text
 expect command "$checkpoint" "tokenizer copy" "--prompt-ids" -- "$meshtrain" generate --checkpoint "$checkpoint" \
   --prompt hi
-
+# meshtrain launch: hostfile hosts that do not resolve (RFC 6761's .invalid), that refuse the ssh port (a
+# loopback address other than this machine's, on a port found free) or give too few slots; --srun outside an
+# allocation; two modes; a time limit SLURM would refuse.
+printf 'localhost slots=2\n# the second node\nnode7.invalid slots=2\n' >"$work/hosts_unresolved"
+expect command "hostfile $work/hosts_unresolved line 3 host 'node7.invalid'" "a host name that resolves" \
+  "add it to /etc/hosts" -- "$meshtrain" launch qwen3-tiny "${tiny[@]}" mesh.data=-1 --nodes 2 --mpirun \
+  --hostfile "$work/hosts_unresolved" --print-only
+free_port=$(/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.2", 0)); print(s.getsockname()[1])')
+echo "127.0.0.2 slots=2" >"$work/hosts_refused"
+expect command "hostfile $work/hosts_refused line 1 host '127.0.0.2'" "TCP port $free_port of 127.0.0.2" \
+  "start sshd on 127.0.0.2" -- "$meshtrain" launch qwen3-tiny "${tiny[@]}" mesh.data=-1 --nodes 1 \
+  --tasks-per-node 2 --mpirun --hostfile "$work/hosts_refused" --ssh-port "$free_port" --print-only
+echo "localhost slots=1" >"$work/hosts_small"
+expect command "hostfile $work/hosts_small line 1 host 'localhost'" "at least --tasks-per-node = 2 slots" \
+  "found slots=1" -- "$meshtrain" launch qwen3-tiny "${tiny[@]}" mesh.data=-1 --nodes 1 --tasks-per-node 2 \
+  --mpirun --hostfile "$work/hosts_small" --print-only
+expect command "meshtrain launch --srun" "SLURM_JOB_ID is not set" "salloc -N 1 --ntasks-per-node 1" -- \
+  env -u SLURM_JOB_ID "$meshtrain" launch qwen3-tiny "${tiny[@]}" --nodes 1 --srun
+expect command "meshtrain launch" "exactly one mode" "found --sbatch and --srun" -- \
+  "$meshtrain" launch qwen3-tiny "${tiny[@]}" --nodes 1 --sbatch "$work/two.sbatch" --srun
+expect command "meshtrain launch --time" "a SLURM time limit" "'1:75'" -- \
+  "$meshtrain" launch qwen3-tiny "${tiny[@]}" --nodes 1 --sbatch "$work/time.sbatch" --time 1:75
+[ -e "$work/mesh.sbatch" ] || [ -e "$work/two.sbatch" ] || [ -e "$work/time.sbatch" ] &&
+  { echo "FAIL [command] a refused meshtrain launch wrote its script"; status=1; }
 summary=""
 for category in config mesh data tokenizer checkpoint plan command; do
   summary+="${summary:+, }$category ${cases[$category]:-0}"

@@ -17,7 +17,7 @@ problem() {
 
 "$meshtrain" help >"$work/overview" 2>"$work/overview.err" || problem "meshtrain help exits $?"
 commands=$(sed -n '/^commands:/,/^a config/{s/^  \([a-z-]*\) .*/\1/p}' "$work/overview")
-[ "$(echo "$commands" | wc -w)" -eq 9 ] || problem "meshtrain help lists $(echo "$commands" | wc -w) commands, not 9"
+[ "$(echo "$commands" | wc -w)" -eq 10 ] || problem "meshtrain help lists $(echo "$commands" | wc -w) commands, not 10"
 for command in $commands; do
   "$meshtrain" "$command" --help >"$work/help" 2>"$work/help.err" || problem "$command --help exits $?"
   [ -s "$work/help.err" ] && problem "$command --help writes to stderr: $(head -1 "$work/help.err")"

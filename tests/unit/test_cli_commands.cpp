@@ -39,9 +39,9 @@ std::string error_of(const std::vector<std::string>& words) {
 }
 
 TEST(CommandHelp, EveryCommandPrintsItsUsageFlagsAndAnExample) {
-  const std::vector<std::string> expected = {"train",     "info",      "compile",
-                                             "generate",  "prepare",   "tokenize",
-                                             "import-hf", "export-hf", "measure-machine"};
+  const std::vector<std::string> expected = {"train",     "launch",         "info",     "compile",
+                                             "generate",  "prepare",        "tokenize", "import-hf",
+                                             "export-hf", "measure-machine"};
   std::vector<std::string> names;
   for (const CommandSpec& command : command_table()) names.push_back(command.name);
   EXPECT_EQ(names, expected);

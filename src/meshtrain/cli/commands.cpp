@@ -8,6 +8,7 @@
 #include "meshtrain/cli/generate.h"
 #include "meshtrain/cli/hf_interchange.h"
 #include "meshtrain/cli/info.h"
+#include "meshtrain/cli/launch.h"
 #include "meshtrain/cli/measure_machine.h"
 #include "meshtrain/cli/prepare.h"
 #include "meshtrain/cli/tokenize.h"
@@ -37,6 +38,58 @@ std::vector<CommandSpec> make_table() {
         "Under mpirun every rank runs the same command; the mesh.* keys split the devices."},
        {"meshtrain train qwen3-tiny run_dir=runs/qwen3-tiny-kjv   # after: meshtrain prepare",
         "meshtrain train qwen3-tiny dataset_type=synthetic tokenizer_path= steps=10 run_dir=runs/tiny"}},
+      {"launch",
+       "train on a SLURM cluster or over an mpirun hostfile: write an sbatch script that saves and requeues "
+       "on preemption, or start srun / mpirun",
+       "launch CONFIG [key=value ...] --nodes N [--tasks-per-node T] [--cpus-per-task C] [--launcher-args "
+       "ARGS] "
+       "[--binary PATH] (--sbatch FILE [--time LIMIT] [--signal-seconds S] [--launcher mpirun|srun] "
+       "[--job-name "
+       "NAME] | --srun | --mpirun --hostfile FILE [--ssh-port P]) [--print-only | --dry-run]",
+       "CONFIG",
+       true,
+       {{"--nodes", "N", "hosts to run on: SLURM nodes, or the first N hosts of the hostfile"},
+        {"--tasks-per-node", "T", "ranks (MPI processes) on each host (default 1)"},
+        {"--sbatch", "FILE",
+         "mode: write a batch script to FILE (mode 0755) and print the `sbatch FILE` line that submits it"},
+        {"--srun", "",
+         "mode: inside an allocation (salloc, sbatch), run srun --mpi=pmix with the train command"},
+        {"--mpirun", "", "mode: run mpirun over --hostfile after checking every host"},
+        {"--hostfile", "FILE",
+         "with --mpirun: an Open MPI hostfile, lines 'HOST [slots=N]'; its first N hosts get T ranks each"},
+        {"--ssh-port", "P",
+         "with --mpirun: the port each host other than this one must answer on (default 22: mpirun starts "
+         "its daemons over ssh)"},
+        {"--print-only", "", "with --srun or --mpirun: print the command, run nothing"},
+        {"--dry-run", "", "the same as --print-only"},
+        {"--cpus-per-task", "C",
+         "cores per rank: #SBATCH --cpus-per-task and each rank bound to C cores (default: SLURM's default, "
+         "ranks not bound)"},
+        {"--time", "LIMIT",
+         "with --sbatch: the job's time limit in SLURM's formats (90, 12:00:00, 2-00:00:00; default: the "
+         "partition's)"},
+        {"--signal-seconds", "S",
+         "with --sbatch: SLURM sends SIGUSR1 to the batch shell S seconds before the time limit, which asks "
+         "every rank to save (default 120)"},
+        {"--launcher", "mpirun|srun", "with --sbatch: what starts the ranks in the job (default mpirun)"},
+        {"--job-name", "NAME", "with --sbatch: the job's name (default meshtrain-<run_dir's last folder>)"},
+        {"--launcher-args", "\"ARGS\"",
+         "extra options for mpirun / srun, as one quoted word (e.g. \"--oversubscribe\" where a host has "
+         "fewer cores than ranks)"},
+        {"--binary", "PATH",
+         "the meshtrain every rank runs (default: the absolute path of this one; the nodes must see it)"}},
+       {kConfigNote,
+        "Before anything is written or started, the config is resolved and its mesh checked against N x T "
+        "ranks (as compile does). The script runs the launcher in the background, forwards SIGUSR1 and "
+        "SIGTERM to it as SIGUSR1 (every rank saves at the next step boundary and exits), and requeues the "
+        "job when train exits with status 75, \"checkpoint committed, requeue me\" (README.md, \"Launching "
+        "on "
+        "SLURM and hostfiles\").",
+        "Running as root, Open MPI wants OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 in the "
+        "environment; launch does not add --allow-run-as-root."},
+       {"meshtrain launch qwen3-0.6b run_dir=runs/q06 --nodes 4 --tasks-per-node 2 --time 12:00:00 --sbatch "
+        "q06.sbatch",
+        "meshtrain launch qwen3-tiny steps=10 --nodes 2 --mpirun --hostfile hosts.txt --print-only"}},
       {"info",
        "exact parameter counts and the training FLOPs per device per step",
        "info CONFIG [key=value ...]",
@@ -281,6 +334,7 @@ int run_command_line(const std::vector<std::string>& words, std::istream& in, st
   }
   if (command.name == "train") return run_train(arguments);
   if (command.name == "info") return run_info(arguments, out);
+  if (command.name == "launch") return run_launch(arguments, out);
   if (command.name == "compile") return run_compile(arguments, out);
   if (command.name == "generate") return run_generate(arguments, out);
   if (command.name == "tokenize") return run_tokenize(arguments, in, out);

@@ -50,9 +50,10 @@ std::string parent_directory(const std::string& path) {
 
 }  // namespace
 
-DurableFile::DurableFile(std::string path)
+DurableFile::DurableFile(std::string path, unsigned permissions)
     : path_(std::move(path)), temporary_(path_ + ".tmp." + std::to_string(::getpid())) {
-  fd_ = ::open(temporary_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  fd_ =
+      ::open(temporary_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, static_cast<mode_t>(permissions));
   if (fd_ < 0) {
     const int err = errno;
     fail(path_, "a file meshtrain can write", "creating " + temporary_ + " failed: " + std::strerror(err),
@@ -108,8 +109,8 @@ void DurableFile::commit() {
   fsync_directory(parent_directory(path_));
 }
 
-void write_file_atomically(const std::string& path, std::string_view content) {
-  DurableFile file(path);
+void write_file_atomically(const std::string& path, std::string_view content, unsigned permissions) {
+  DurableFile file(path, permissions);
   file.append(content);
   file.commit();
 }

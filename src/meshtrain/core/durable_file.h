@@ -20,7 +20,8 @@ std::string read_file_text(const std::string& path, const std::string& what, con
 // any earlier file at the path untouched.
 class DurableFile {
  public:
-  explicit DurableFile(std::string path);
+  // `permissions`: the new file's mode bits before the umask (0755 for a script a user runs).
+  explicit DurableFile(std::string path, unsigned permissions = 0644);
   ~DurableFile();  // removes the temporary file unless commit() succeeded
   DurableFile(const DurableFile&) = delete;
   DurableFile& operator=(const DurableFile&) = delete;
@@ -46,7 +47,7 @@ class DurableFile {
 };
 
 // The whole file at once through a DurableFile.
-void write_file_atomically(const std::string& path, std::string_view content);
+void write_file_atomically(const std::string& path, std::string_view content, unsigned permissions = 0644);
 
 // Makes new entries and renames in `directory` durable (a rename reaches the disk only with its directory).
 void fsync_directory(const std::string& directory);
