@@ -156,6 +156,12 @@ expect mesh "config key 'mesh'" "a product of 8" "stage=3" -- \
 expect mesh "gradient_accumulation_steps" "at least mesh.stage=2 micro-batches with pipeline_schedule=zero_bubble" \
   "set gradient_accumulation_steps=2" -- "$meshtrain" compile qwen3-tiny "${tiny[@]}" mesh.stage=2 \
   pipeline_schedule=zero_bubble
+# srun starting several tasks without an MPI plugin: each would train alone into the same run_dir.
+expect mesh "SLURM_STEP_NUM_TASKS" "an MPI launcher for the 2 tasks srun started" "srun --mpi=pmix" -- \
+  env SLURM_STEP_NUM_TASKS=2 SLURM_STEP_ID=0 SLURM_PROCID=1 "$meshtrain" train qwen3-tiny "${tiny[@]}"
+# The launcher's variables against MPI's answer: a rank SLURM states that MPI does not see.
+expect mesh "environment variable SLURM_PROCID" "expected the rank 0 (as MPI reports it), found 2" -- \
+  env SLURM_STEP_NUM_TASKS=1 SLURM_STEP_ID=0 SLURM_PROCID=2 SLURM_JOB_ID=5 "$meshtrain" train qwen3-tiny "${tiny[@]}"
 # meshtrain launch checks the mesh against --nodes x --tasks-per-node before writing or starting anything.
 expect mesh "config key 'mesh'" "2 nodes x 1 task per node = 2 ranks" "launch 4 ranks" -- \
   "$meshtrain" launch qwen3-tiny "${tiny[@]}" mesh.data=4 --nodes 2 --sbatch "$work/mesh.sbatch"

@@ -1,7 +1,7 @@
 #include "meshtrain/cli/train.h"
 
 #include <cstdio>
-#include <cstdlib>
+#include <memory>
 #include <string>
 
 #include "meshtrain/cli/arguments.h"
@@ -15,7 +15,8 @@ int run_train(const std::vector<std::string>& arguments) {
   // Under mpirun every rank reads the same arguments: a bad key is printed by each of them before any exits
   // (the ranks agree on it first; the config's own collective_timeout_s is not known yet).
   constexpr double kConfigAgreementTimeoutSeconds = 300.0;
-  const Config config = run_setup_on_all_ranks(*make_world_communicator(kConfigAgreementTimeoutSeconds), [&] {
+  const std::unique_ptr<Communicator> world = make_world_communicator(kConfigAgreementTimeoutSeconds);
+  const Config config = run_setup_on_all_ranks(*world, [&] {
     const ParsedArguments parsed = parse_arguments(find_command("train"), arguments);
     Config loaded = load_config(parsed.config(), parsed.overrides);
     if (!(loaded.collective_timeout_s > 0.0)) {
@@ -27,8 +28,7 @@ int run_train(const std::vector<std::string>& arguments) {
   });
   // Under mpirun only the first rank speaks; every rank exits with the same status (train/preemption.h: 75
   // asks the job script to requeue the job).
-  const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
-  if (rank && std::string(rank) != "0") return exit_status_for(run_training(config, stdout).stop_reason);
+  if (world->rank() != 0) return exit_status_for(run_training(config, stdout).stop_reason);
   std::fprintf(stdout, "meshtrain train %s: %zu config keys resolved (written to %s/config.yaml)\n",
                config.model_name.c_str(), config.resolved.size(), config.run_dir.c_str());
   const TrainingSummary summary = run_training(config, stdout);
