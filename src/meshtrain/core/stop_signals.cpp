@@ -27,7 +27,7 @@ extern "C" void request_stop(int signal_number) {
 
 }  // namespace
 
-StopSignals::StopSignals() {
+StopSignals::StopSignals(Afterwards afterwards) : afterwards_(afterwards) {
   stop_signal.store(0);
   seen_signals.store(0);
   first_signal_ticks.store(0);
@@ -38,8 +38,9 @@ StopSignals::StopSignals() {
 
 StopSignals::~StopSignals() {
   std::signal(SIGINT, previous_interrupt_);
-  std::signal(SIGTERM, previous_terminate_);
-  std::signal(SIGUSR1, previous_user1_);
+  const bool ignored = afterwards_ == Afterwards::ignored;
+  std::signal(SIGTERM, ignored ? SIG_IGN : previous_terminate_);
+  std::signal(SIGUSR1, ignored ? SIG_IGN : previous_user1_);
 }
 
 int stop_signal_received() {

@@ -8,10 +8,14 @@
 namespace meshtrain {
 
 // While it lives, SIGINT / SIGTERM / SIGUSR1 only record the signal (stop_signal_received()) and when the
-// first one came, so the work in progress can end cleanly; restores the handlers it replaced when it ends.
+// first one came, so the work in progress can end cleanly. When it ends it restores the handlers it replaced,
+// or (Afterwards::ignored) ignores SIGTERM and SIGUSR1 from then on: a run that stopped for a scheduler's
+// signal is only finishing its exit, and a late copy of the signal (mpirun's daemon forwards SIGUSR1 that
+// SLURM also sends the ranks) must not end it with another status.
 class StopSignals {
  public:
-  StopSignals();
+  enum class Afterwards { restored, ignored };
+  explicit StopSignals(Afterwards afterwards = Afterwards::restored);
   ~StopSignals();
   StopSignals(const StopSignals&) = delete;
   StopSignals& operator=(const StopSignals&) = delete;
@@ -20,6 +24,7 @@ class StopSignals {
   void (*previous_interrupt_)(int);
   void (*previous_terminate_)(int);
   void (*previous_user1_)(int);
+  Afterwards afterwards_;
 };
 // The last signal a live StopSignals recorded, or 0.
 int stop_signal_received();

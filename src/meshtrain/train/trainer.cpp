@@ -37,8 +37,9 @@ TrainingSummary train_on_ranks(const Config& config, RunSetup setup, std::FILE* 
 }  // namespace
 
 TrainingSummary run_training(const Config& given_config, std::FILE* console, const RunControl& control) {
-  // From here a SIGINT / SIGTERM / SIGUSR1 is recorded, set-up included: the first step boundary stops.
-  const StopSignals stop_signals;
+  // From here a SIGINT / SIGTERM / SIGUSR1 is recorded, set-up included: the first step boundary stops. Once
+  // the run is over the process only exits: a late SIGTERM / SIGUSR1 is ignored.
+  const StopSignals stop_signals(StopSignals::Afterwards::ignored);
   // A checkpoint the run starts from decides the layout the user left unset.
   Config config = given_config;
   const std::string adopted = adopt_checkpoint_layout(config);
