@@ -176,11 +176,11 @@ cluster_start() {
   done
   # -i: no state from an earlier run (there is none in a fresh folder; this silences the search for it).
   MESHTRAIN_SLURM_CLUSTER=$cluster_dir slurmctld -i >"$cluster_dir/log/slurmctld.out" 2>&1 ||
-    cluster_skip "slurmctld did not start: $(tail -n 3 "$cluster_dir/log/slurmctld.out" "$cluster_dir/log/slurmctld.log" 2>/dev/null)"
+    cluster_skip "slurmctld did not start: $(tail -q -n 3 "$cluster_dir/log/slurmctld.out" "$cluster_dir/log/slurmctld.log" 2>/dev/null)"
   for node in "${cluster_nodes[@]}"; do
     # The node's own copy of the config (its TmpFS).
     MESHTRAIN_SLURM_CLUSTER=$cluster_dir slurmd -f "$cluster_dir/$node/slurm.conf" -N "$node" >"$cluster_dir/log/slurmd-$node.out" 2>&1 ||
-      cluster_skip "slurmd $node did not start: $(tail -n 3 "$cluster_dir/log/slurmd-$node.out" "$cluster_dir/log/slurmd-$node.log" 2>/dev/null)"
+      cluster_skip "slurmd $node did not start: $(tail -q -n 3 "$cluster_dir/log/slurmd-$node.out" "$cluster_dir/log/slurmd-$node.log" 2>/dev/null)"
   done
   # Until slurmctld has both nodes idle: at most 60 s (a node registers within a second here).
   for try in $(seq 300); do
@@ -189,7 +189,7 @@ cluster_start() {
     for binary in slurmctld "${cluster_nodes[@]/#/slurmd-}"; do
       [ -s "$cluster_dir/$binary.pid" ] && kill -0 "$(cat "$cluster_dir/$binary.pid")" 2>/dev/null && continue
       [ $try -lt 25 ] && continue  # a daemon writes its pid file once it has started
-      cluster_skip "${binary%%-*} ended or never wrote its pid file: $(tail -n 3 "$cluster_dir/log/$binary.log" 2>/dev/null)"
+      cluster_skip "${binary%%-*} ended or never wrote its pid file: $(tail -q -n 3 "$cluster_dir/log/$binary.log" 2>/dev/null)"
     done
     sleep 0.2
   done

@@ -20,11 +20,10 @@ settings=(gradient_accumulation_steps=1 mesh.fsdp=-1 steps=$steps checkpoint_per
 keys=("${tiny[@]}" per_device_batch_size=1 "${settings[@]}")
 requeue_status=75 # the engine's "requeue me" (issue 40, item 3)
 
-run reference 4 1 "${settings[@]}"
-echo "reference: $steps steps on 4 ranks under plain mpirun"
-
 cluster_start
-echo "cluster: $(cluster_node_states | tr '\n' ' ')"
+echo "[${SECONDS} s] cluster: $(cluster_node_states | tr '\n' ' ')"
+run reference 4 1 "${settings[@]}"
+echo "[${SECONDS} s] reference: $steps steps on 4 ranks under plain mpirun"
 
 # write_job_script FILE RUN_DIR: the batch script of the run. INTEGRATOR: replace with the script
 # `meshtrain launch` writes (the contract it follows: mpirun inside sbatch, --requeue, a USR1/TERM trap in
@@ -92,7 +91,7 @@ done
 scontrol update nodename=mt-node2 state=drain reason="meshtrain test: leaving"
 scancel --signal=USR1 "$job"
 signalled_at=$(steps_in_metrics)
-echo "job $job: SIGUSR1 sent at step $signalled_at of $steps"
+echo "[${SECONDS} s] job $job: SIGUSR1 sent at step $signalled_at of $steps"
 
 # The run stops, commits its checkpoint, exits 75 and the script requeues the job: pending with Restarts=1
 # (a requeued job waits 121 s before it is eligible, so it cannot start again before the checks below).
@@ -112,7 +111,7 @@ stopped_at=$(newest_committed "$run_dir")
 [ "$(steps_in_metrics)" -eq "$stopped_at" ] ||
   job_failed "metrics.jsonl ends at step $(steps_in_metrics), the committed checkpoint is step $stopped_at"
 grep -q "mpirun exited $requeue_status" "$work/job.out" || job_failed "the job script did not see exit $requeue_status"
-echo "job $job: stopped at step $stopped_at, checkpoint committed, exit $requeue_status, requeued"
+echo "[${SECONDS} s] job $job: stopped at step $stopped_at, checkpoint committed, exit $requeue_status, requeued"
 
 # A node lost: the requeued job keeps the node and task counts it ran with (2 and 4), which one node
 # cannot hold; it may now take 1 or 2 nodes and 2 tasks, and need not wait out the 121 s.
@@ -130,7 +129,7 @@ grep -qx "job $job restart 1: nodes mt-node1, 2 tasks" "$work/job.out" ||
 grep -qx "job $job restart 1: mpirun exited 0" "$work/job.out" || job_failed "the resumed run did not end with 0"
 grep -q "gradient_accumulation_steps 1 -> 2" "$work/job.out" ||
   job_failed "the resumed run did not keep the global batch by accumulating 2 micro-batches"
-echo "job $job: restarted on mt-node1 with 2 tasks (SLURM_RESTART_COUNT=1), resumed from step $stopped_at"
+echo "[${SECONDS} s] job $job: restarted on mt-node1 with 2 tasks (SLURM_RESTART_COUNT=1), resumed from step $stopped_at"
 
 python3 - "$work/reference" "$run_dir" "$steps" <<'PY'
 import json, sys
@@ -146,4 +145,4 @@ print(f"steps 1-{steps}: preempted and resumed run against the uninterrupted one
       f"difference {worst:.2e} (bound 1e-5)")
 sys.exit(worst > 1e-5)
 PY
-echo "PASS"
+echo "[${SECONDS} s] PASS"
