@@ -15,8 +15,11 @@
 # - Two nodes on one host: each node is NodeAddr=127.0.0.1 with its own Port; CPUs=2 per node is the real
 #   core count, so slurmd accepts it without config_overrides and 2 x 2 tasks oversubscribe the 2 cores.
 #   ReturnToService=1: with 2, a node set DOWN by hand is back within seconds (its slurmd still answers).
-# - srun --mpi=pmix -N1 -n2 works: ranks see PMIX_RANK, SLURM_PROCID = rank, SLURM_LOCALID, SLURM_NTASKS,
-#   no OMPI_COMM_WORLD_* (local rank must come from MPI or SLURM_LOCALID).
+# - srun --mpi=pmix -N1 -n2 of an MPI program works: ranks see PMIX_RANK, PMIX_NAMESPACE, SLURM_PROCID = rank,
+#   SLURM_LOCALID, SLURM_NTASKS = SLURM_STEP_NUM_TASKS = world, SLURM_STEP_TASKS_PER_NODE, and no
+#   OMPI_COMM_WORLD_* and no PMIX_SIZE. meshtrain (f0f4e9c) initialises MPI only where OMPI_COMM_WORLD_SIZE
+#   is set, so under srun each task trains alone as one process into the same run_dir (with -N2 -n4 their
+#   checkpoint renames collide).
 # - srun --mpi=pmix -N2 -n4 with one TmpFS fails: both slurmstepd create <TmpFS>/spmix_appdir_<uid>_<job>.<step>
 #   ("Cannot create client cli tmpdir ... File exists", task launch failed). A TmpFS per node fixes it: each
 #   slurmd reads its own copy of slurm.conf differing only in TmpFS (DebugFlags=NO_CONF_HASH quiets the
@@ -28,7 +31,7 @@
 #   the 4 ranks see OMPI_COMM_WORLD_RANK 0..3, OMPI_COMM_WORLD_LOCAL_RANK 0..1, OMPI_COMM_WORLD_LOCAL_SIZE 2,
 #   PMIX_RANK = rank, SLURM_JOB_ID, SLURM_STEP_ID=0, but SLURM_PROCID = the node's orted index (0 or 1),
 #   SLURM_LOCALID=0 and SLURM_NTASKS=2 (the orted step's): none of them is the rank or the world.
-#   SLURM_CPUS_PER_TASK is set only when the job asks for --cpus-per-task.
+#   SLURM_CPUS_PER_TASK is set only when the job asks for --cpus-per-task (then the ranks see it too).
 # - Signals under sbatch + mpirun (a rank logging sender pids; strace on the batch shell, mpirun, orteds):
 #   `scancel --signal=USR1 JOB` reaches step 0 only: each node's slurmstepd signals every process of its step
 #   (proctrack/linuxproc), so every rank gets USR1 twice within 1 ms (from slurmstepd and again from its
@@ -40,17 +43,23 @@
 # - SIGTERM and Open MPI 4.1: mpirun (or orted) receiving SIGTERM sends its ranks SIGCONT, waits
 #   odls_base_sigkill_timeout seconds (default 1), sends SIGTERM, waits as long again, then SIGKILL. Plain
 #   `mpirun -np 2`: TERM reached the ranks 1.0 s after mpirun's and SIGKILL 1.0 s after that. Under sbatch,
-#   `scancel JOB` (SIGCONT + SIGTERM to every process of every step, SIGKILL after KillWait=30 s) reaches
-#   the ranks directly, and their orted kills them 1-2 s later: the save has about 1 s. With
+#   `scancel JOB` (SIGCONT + SIGTERM to every process of every step and the batch shell, SIGKILL after
+#   KillWait=30 s) reaches the ranks directly from slurmstepd, and their orted, which got it too, kills them
+#   1.0-2.0 s later: that is the whole time a save has. `scancel --signal=TERM JOB` (the steps only) of the
+#   tiny run: its ranks agreed and committed step 6 within that time, but the orteds exit on SIGTERM and
+#   mpirun then exits 205 ("ORTE has lost communication with a remote daemon") whatever the ranks returned
+#   (plain scancel: 1), so the batch script cannot read the ranks' status on the SIGTERM route; SIGUSR1 to
+#   the steps leaves orted and mpirun up, and mpirun returns the ranks' status. With
 #   OMPI_MCA_odls_base_sigkill_timeout=10 in the job's environment the ranks lived 20 s after scancel (TERM
 #   from slurmstepd at once, TERM from orted at 10 s, SIGKILL at 20 s): the launch script can widen the
 #   window up to KillWait (or the partition's GraceTime on preemption).
 # - Requeue: a requeued job (scontrol requeue, from its own script or not) waits for EligibleTime = the
 #   requeue + 121 s, and keeps the NumNodes and NumTasks of the allocation it ran on (2 and 4 after a
 #   --nodes=1-2 --ntasks-per-node=2 job ran on 2 nodes), so with a node DOWN it stays pending
-#   (ReqNodeNotAvail). `scontrol update jobid=J NumNodes=1-2 NumTasks=2 StartTime=now` restarts it at once
-#   on the remaining node with 2 tasks; its script sees SLURM_RESTART_COUNT=1 (unset the first time),
-#   SLURM_JOB_NODELIST=mt-node1, SLURM_NNODES=1, SLURM_NTASKS=2, and mpirun starts 2 ranks. Setting a node
+#   (ReqNodeNotAvail). `scontrol update jobid=J NumTasks=2 StartTime=now` (or NumNodes=1; NumNodes=1-2 alone
+#   changes nothing) restarts it at once on the remaining node with 2 tasks; its script sees
+#   SLURM_RESTART_COUNT=1 (unset the first time), SLURM_JOB_NODELIST=mt-node1, SLURM_NNODES=1,
+#   SLURM_NTASKS=2, and mpirun starts 2 ranks. Setting a node
 #   DOWN while the job runs on it kills the job at once (and requeues it, JobRequeue=1): no checkpoint.
 #   Without --open-mode=append the requeued job's output file replaces the first run's.
 #
