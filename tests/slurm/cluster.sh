@@ -69,6 +69,7 @@
 
 cluster_nodes=(mt-node1 mt-node2)
 cluster_dir=""
+cluster_script=$(realpath "${BASH_SOURCE[0]}")
 
 cluster_skip() {
   echo "SKIP: $*"
@@ -171,6 +172,11 @@ cluster_start() {
   local previous_exit
   previous_exit=$(trap -p EXIT | sed -e "s/^trap -- '//" -e "s/' EXIT\$//")
   trap "cluster_stop; $previous_exit" EXIT
+  # A test killed outright (ctest's timeout) runs no trap, and the daemons outlive it: a watchdog outside
+  # its process tree stops the cluster once the test's shell is gone (it looks for at most an hour).
+  (setsid bash -c "source '$cluster_script'; cluster_dir='$cluster_dir'
+    for try in \$(seq 3600); do kill -0 $$ 2>/dev/null || break; sleep 1; done; cluster_stop" \
+    </dev/null >/dev/null 2>&1 &)
   cluster_host=$(hostname -s)
   read -r cluster_ctld_port ports <<<"$(cluster_free_ports $((1 + ${#cluster_nodes[@]})))"
   read -r -a cluster_node_ports <<<"$ports"

@@ -42,11 +42,13 @@ write_job_script() {
 #SBATCH --output=$work/job.out
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 echo "job \$SLURM_JOB_ID restart \${SLURM_RESTART_COUNT:-0}: nodes \$SLURM_JOB_NODELIST, \$SLURM_NTASKS tasks"
-mpirun --bind-to none $(printf '%q' "$meshtrain") train $preset$quoted run_dir=$2 &
-launcher=\$!
 trap 'kill -s USR1 \$launcher' USR1
 trap 'kill -s TERM \$launcher' TERM
+mpirun --bind-to none $(printf '%q' "$meshtrain") train $preset$quoted run_dir=$2 &
+launcher=\$!
 # wait returns early when a trapped signal arrives: wait again while mpirun runs.
+wait \$launcher
+status=\$?
 while kill -0 \$launcher 2>/dev/null; do wait \$launcher; status=\$?; done
 echo "job \$SLURM_JOB_ID restart \${SLURM_RESTART_COUNT:-0}: mpirun exited \$status"
 [ \$status -ne $requeue_status ] || scontrol requeue \$SLURM_JOB_ID
@@ -54,7 +56,8 @@ exit \$status
 EOF
 }
 
-# job_field NAME: NAME's value in `scontrol show job` of the job (JobState, Restarts, NodeList, ...).
+# job_field NAME: NAME's value in `scontrol show job` of the job (JobState, Restarts, NodeList, ...); empty
+# where scontrol got no answer (the waits below ask again).
 job_field() {
   scontrol show job "$job" 2>/dev/null | tr ' ' '\n' | sed -n "s/^$1=//p" | head -n 1
 }
@@ -82,7 +85,7 @@ job=$(sbatch --parsable "$work/job.sh")
 # Mid-run: step 5 in metrics.jsonl (at most 180 s: the job starts within a second, 4 ranks on 2 cores).
 for try in $(seq 1800); do
   [ "$(steps_in_metrics)" -lt 5 ] || break
-  case "$(job_field JobState)" in PENDING | CONFIGURING | RUNNING) ;; *) job_failed "job $job ended before step 5" ;; esac
+  case "$(job_field JobState)" in "" | PENDING | CONFIGURING | RUNNING) ;; *) job_failed "job $job ended before step 5" ;; esac
   [ "$try" -lt 1800 ] || job_failed "no step 5 in $run_dir/metrics.jsonl 180 s after submitting job $job"
   sleep 0.1
 done
@@ -100,7 +103,7 @@ for try in $(seq 1200); do
   state=$(job_field JobState)
   [ "$state" = PENDING ] && [ "$(job_field Restarts)" = 1 ] && break
   case "$state" in
-    RUNNING | COMPLETING | REQUEUED | PENDING) ;;
+    "" | RUNNING | COMPLETING | REQUEUED | PENDING) ;;
     *) job_failed "job $job ended ($state, exit $(job_field ExitCode)) instead of requeueing itself: the run must save and exit $requeue_status on SIGUSR1" ;;
   esac
   [ "$try" -lt 1200 ] || job_failed "job $job not requeued 120 s after SIGUSR1"
@@ -121,7 +124,7 @@ scontrol update jobid="$job" NumTasks=2 StartTime=now
 for try in $(seq 3000); do  # at most 300 s: the rest of the run on 2 ranks
   state=$(job_field JobState)
   [ "$state" = COMPLETED ] && break
-  case "$state" in PENDING | CONFIGURING | RUNNING | COMPLETING) ;; *) job_failed "the requeued job $job ended $state" ;; esac
+  case "$state" in "" | PENDING | CONFIGURING | RUNNING | COMPLETING) ;; *) job_failed "the requeued job $job ended $state" ;; esac
   [ "$try" -lt 3000 ] || job_failed "the requeued job $job has not completed 300 s after its restart"
   sleep 0.1
 done
