@@ -23,7 +23,7 @@
 # - srun --mpi=pmix -N2 -n4 with one TmpFS fails: both slurmstepd create <TmpFS>/spmix_appdir_<uid>_<job>.<step>
 #   ("Cannot create client cli tmpdir ... File exists", task launch failed). A TmpFS per node fixes it: each
 #   slurmd reads its own copy of slurm.conf differing only in TmpFS (DebugFlags=NO_CONF_HASH quiets the
-#   mismatch). Open MPI's shared-memory transport then collides next: both "nodes" are host "vm" and name
+#   mismatch); a TMPDIR in the job's environment does not move the folder (TmpFS decides). Open MPI's shared-memory transport then collides next: both "nodes" are host "vm" and name
 #   their segments /dev/shm/vader_segment.vm.<job>.<local rank> alike ("unlink ... No such file" warnings);
 #   OMPI_MCA_btl=self,tcp avoids it (only where two nodes share a host; real nodes have their own /dev/shm).
 # - sbatch --nodes=2 --ntasks-per-node=2 running mpirun (OMPI_ALLOW_RUN_AS_ROOT=1,
