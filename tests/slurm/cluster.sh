@@ -90,9 +90,12 @@ cluster_processes() {
 
 cluster_stop() {
   [ -n "$cluster_dir" ] && [ -d "$cluster_dir" ] || return 0
-  local pids try
-  # Jobs first, so slurmd can end their steps; then whatever still runs (daemons included) by pid.
-  scancel --full --signal=KILL --quiet $(squeue -h -o %i 2>/dev/null) 2>/dev/null || true
+  local pids try signal
+  # Jobs first, so slurmd can end their steps; then whatever still runs (daemons included) by pid. The
+  # config is named here, whatever the environment: another cluster's jobs are never asked for.
+  local jobs
+  jobs=$(SLURM_CONF=$cluster_dir/slurm.conf squeue -h -o %i 2>/dev/null) || true
+  [ -z "$jobs" ] || SLURM_CONF=$cluster_dir/slurm.conf scancel --full --signal=KILL --quiet $jobs 2>/dev/null || true
   for signal in TERM KILL; do
     pids=$(cluster_processes)
     [ -n "$pids" ] || break
@@ -203,7 +206,7 @@ cluster_start() {
     [ "$(grep -c ' idle$' <<<"$states")" -eq ${#cluster_nodes[@]} ] && return 0
     for binary in slurmctld "${cluster_nodes[@]/#/slurmd-}"; do
       [ -s "$cluster_dir/$binary.pid" ] && kill -0 "$(cat "$cluster_dir/$binary.pid")" 2>/dev/null && continue
-      [ $try -lt 25 ] && continue  # a daemon writes its pid file once it has started
+      [ "$try" -lt 25 ] && continue  # a daemon writes its pid file once it has started
       cluster_skip "${binary%%-*} ended or never wrote its pid file: $(tail -q -n 3 "$cluster_dir/log/$binary.log" 2>/dev/null)"
     done
     sleep 0.2
