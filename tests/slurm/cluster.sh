@@ -39,7 +39,9 @@
 #   the batch shell only (not mpirun, not the ranks): a trap there must forward it. `scancel --full
 #   --signal=USR1` reaches the batch shell and mpirun (every process of the batch step), and mpirun forwards
 #   it through the orteds: each rank gets it once from its orted (twice if the batch shell's trap forwards
-#   too). A rank must treat a repeated signal as one request.
+#   too). A rank must treat a repeated signal as one request. The time-limit warning goes the same ways:
+#   `sbatch --time=1 --signal=USR1@50` reached the steps only (each rank twice), 17 s later than asked;
+#   `--signal=B:USR1@50` the batch shell only, 9 s earlier than asked (slurm sends it at a periodic check).
 # - SIGTERM and Open MPI 4.1: mpirun (or orted) receiving SIGTERM sends its ranks SIGCONT, waits
 #   odls_base_sigkill_timeout seconds (default 1), sends SIGTERM, waits as long again, then SIGKILL. Plain
 #   `mpirun -np 2`: TERM reached the ranks 1.0 s after mpirun's and SIGKILL 1.0 s after that. Under sbatch,
