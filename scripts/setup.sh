@@ -28,6 +28,7 @@ test_packages=(
   python3 python3-venv    # the test scripts' checks and the TensorBoard reader's venv
   python3-numpy           # mpi.equivalence compares checkpoint tensors with numpy
   iproute2                # mpi.across_hosts: two hosts as network namespaces joined by a veth (ip netns)
+  slurmctld slurmd slurm-client  # slurm.cluster: a two-node SLURM cluster on this machine (tests/slurm/)
   clang                   # the fuzz targets (tests/fuzz/): libFuzzer is clang's
   libclang-rt-dev         # libFuzzer and clang's ASan / UBSan runtimes (clang alone does not bring them)
   libomp-dev              # OpenMP for clang (libomp: clang's -fopenmp; GCC's libgomp is GCC's own)
