@@ -27,12 +27,13 @@ for directive in --job-name=meshtrain-run --nodes=2 --ntasks-per-node=1 --cpus-p
   --signal=B:USR1@120 --requeue --open-mode=append "--output=$work/run/slurm-%j.out" "--chdir=$work"; do
   grep -qxF -- "#SBATCH $directive" "$work/job.sbatch" || problem "no '#SBATCH $directive'"
 done
-grep -qF 'launcher=(mpirun -np "$SLURM_NTASKS" --map-by ppr:1:node:PE=1 --bind-to core)' "$work/job.sbatch" ||
+grep -qF 'launcher=(mpirun -np "$ranks" --map-by ppr:1:node:PE=1 --bind-to core)' "$work/job.sbatch" ||
   problem "no mpirun launcher line binding each rank to its core: $(grep '^launcher=' "$work/job.sbatch")"
 grep -q "allow-run-as-root" "$work/job.sbatch" && problem "the script hard-codes --allow-run-as-root"
 "$meshtrain" launch qwen3-tiny "${keys[@]}" run_dir="$work/run" --nodes 2 --tasks-per-node 1 --launcher srun \
   --cpus-per-task 2 --sbatch "$work/srun.sbatch" >/dev/null 2>&1 || problem "launch --sbatch --launcher srun fails"
-grep -qxF "launcher=(srun --mpi=pmix --cpus-per-task 2)" "$work/srun.sbatch" || problem "no srun launcher line"
+grep -qxF 'launcher=(srun --mpi=pmix --ntasks="$ranks" --ntasks-per-node=1 --cpus-per-task 2)' "$work/srun.sbatch" ||
+  problem "no srun launcher line"
 bash -n "$work/srun.sbatch" || problem "the srun script is not valid bash"
 
 # --- the script run with stand-in mpirun and scontrol ---------------------------------------------------------
@@ -45,7 +46,7 @@ cat >"$work/bin/mpirun" <<'STUB'
 echo "$*" >"$STUB_DIR/mpirun.args"
 while [ $# -gt 0 ] && [ "$1" != "$STUB_BINARY" ]; do shift; done
 case $STUB_ACTION in
-  train) exec env -u SLURM_JOB_ID -u SLURM_NTASKS "$@" ;;
+  train) exec env -u SLURM_JOB_ID -u SLURM_NTASKS -u SLURM_JOB_NUM_NODES "$@" ;;
   exit75) exit 75 ;;
   exit3) exit 3 ;;
   signal)
@@ -58,7 +59,8 @@ STUB
 printf '#!/usr/bin/env bash\necho "$*" >>"$STUB_DIR/scontrol.args"\n' >"$work/bin/scontrol"
 chmod +x "$work/bin/mpirun" "$work/bin/scontrol"
 export STUB_DIR="$work/stub" STUB_BINARY="$meshtrain"
-slurm=(SLURM_JOB_ID=4242 SLURM_NTASKS=2 PATH="$work/bin:$PATH")  # as SLURM runs it: job 4242, 2 tasks
+# As SLURM runs it: job 4242 on 2 nodes (a task each).
+slurm=(SLURM_JOB_ID=4242 SLURM_NTASKS=2 SLURM_JOB_NUM_NODES=2 PATH="$work/bin:$PATH")
 job() {  # job ACTION: runs the script with the stand-ins first on PATH
   rm -rf "$STUB_DIR" && mkdir "$STUB_DIR"
   env STUB_ACTION="$1" "${slurm[@]}" bash "$work/job.sbatch" >"$work/job_$1.log" 2>&1

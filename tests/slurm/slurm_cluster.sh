@@ -20,41 +20,20 @@ source "$(dirname "$0")/cluster.sh"
 steps=300
 settings=(gradient_accumulation_steps=1 mesh.fsdp=-1 steps=$steps checkpoint_period=100)
 keys=("${tiny[@]}" per_device_batch_size=1 "${settings[@]}")
-requeue_status=75 # the engine's "requeue me" (issue 40, item 3)
 
 cluster_start
 echo "[${SECONDS} s] cluster: $(cluster_node_states | tr '\n' ' ')"
 run reference 4 1 "${settings[@]}"
 echo "[${SECONDS} s] reference: $steps steps on 4 ranks under plain mpirun"
 
-# write_job_script FILE RUN_DIR: the batch script of the run. INTEGRATOR: replace with the script
-# `meshtrain launch` writes (the contract it follows: mpirun inside sbatch, --requeue, a USR1/TERM trap in
-# the batch shell forwarding to mpirun, `scontrol requeue $SLURM_JOB_ID` when the run exits 75). The checks
-# below read slurm's view of the job and meshtrain's own output, not this script's lines; sbatch's command
-# line sets where the output goes.
+# write_job_script FILE RUN_DIR: the batch script `meshtrain launch --sbatch` writes for 2 nodes x 2 tasks
+# (mpirun inside sbatch, --requeue, the batch shell's USR1 / TERM trap forwarding SIGUSR1 to mpirun,
+# `scontrol requeue $SLURM_JOB_ID` when the run exits 75). The checks below read slurm's view of the job and
+# meshtrain's own output; sbatch's command line sets where the output goes.
 write_job_script() {
-  local key quoted=""
-  for key in "${keys[@]}"; do quoted+=" $(printf '%q' "$key")"; done
-  cat >"$1" <<EOF
-#!/bin/bash
-#SBATCH --job-name=meshtrain-tiny
-#SBATCH --nodes=1-2
-#SBATCH --ntasks-per-node=2
-#SBATCH --requeue
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-echo "job \$SLURM_JOB_ID restart \${SLURM_RESTART_COUNT:-0}: nodes \$SLURM_JOB_NODELIST, \$SLURM_NTASKS tasks"
-trap 'kill -s USR1 \$launcher' USR1
-trap 'kill -s TERM \$launcher' TERM
-mpirun --bind-to none $(printf '%q' "$meshtrain") train $preset$quoted run_dir=$2 &
-launcher=\$!
-# wait returns early when a trapped signal arrives: wait again while mpirun runs.
-wait \$launcher
-status=\$?
-while kill -0 \$launcher 2>/dev/null; do wait \$launcher; status=\$?; done
-echo "job \$SLURM_JOB_ID restart \${SLURM_RESTART_COUNT:-0}: mpirun exited \$status"
-[ \$status -ne $requeue_status ] || scontrol requeue \$SLURM_JOB_ID
-exit \$status
-EOF
+  "$meshtrain" launch "$preset" "${keys[@]}" run_dir="$2" --nodes 2 --tasks-per-node 2 --job-name meshtrain-tiny \
+    --sbatch "$1" >"$work/launch.log" 2>&1 || { echo "FAIL: meshtrain launch"; cat "$work/launch.log"; exit 1; }
+  grep -qx "sbatch $1" "$work/launch.log" || { echo "FAIL: launch did not print 'sbatch $1'"; cat "$work/launch.log"; exit 1; }
 }
 
 # job_field NAME: NAME's value in `scontrol show job` of the job (JobState, Restarts, NodeList, ...); empty
@@ -77,8 +56,9 @@ steps_in_metrics() {  # the newest step the run's metrics.jsonl holds, 0 before 
 }
 
 # Ranks of one host reach each other through shared memory, named after the host: two nodes on one host
-# would share those names, so only TCP between ranks here (cluster.sh's header); sbatch passes this on.
-export OMPI_MCA_btl=self,tcp
+# would share those names, so only TCP between ranks here (cluster.sh's header); sbatch passes this on, and
+# Open MPI's permission to run as root (launch never adds --allow-run-as-root).
+export OMPI_MCA_btl=self,tcp OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 run_dir=$work/preempted
 write_job_script "$work/job.sh" "$run_dir"
 # Appended to, so the first run's output stays when the requeued one starts.
@@ -107,7 +87,7 @@ for try in $(seq 1200); do
   [ "$state" = PENDING ] && [ "$(job_field Restarts)" = 1 ] && break
   case "$state" in
     "" | RUNNING | COMPLETING | REQUEUED | PENDING) ;;
-    *) job_failed "job $job ended ($state, exit $(job_field ExitCode)) instead of requeueing itself: the run must save and exit $requeue_status on SIGUSR1" ;;
+    *) job_failed "job $job ended ($state, exit $(job_field ExitCode)) instead of requeueing itself: the run must save and exit 75 on SIGUSR1" ;;
   esac
   [ "$try" -lt 1200 ] || job_failed "job $job not requeued 120 s after SIGUSR1"
   sleep 0.1
@@ -122,7 +102,7 @@ echo "[${SECONDS} s] job $job: stopped at step $stopped_at, its checkpoint commi
 # A node lost: the requeued job keeps the node and task counts it ran with (2 and 4), which one node
 # cannot hold; 2 tasks fit the node left, and it need not wait out the 121 s.
 scontrol update nodename=mt-node2 state=down reason="meshtrain test: node lost"
-scontrol update jobid="$job" NumTasks=2 StartTime=now
+scontrol update jobid="$job" NumNodes=1-1 NumCPUs=2 NumTasks=2 StartTime=now
 for try in $(seq 3000); do  # at most 300 s: the rest of the run on 2 ranks
   state=$(job_field JobState)
   [ "$state" = COMPLETED ] && break  # the script's exit status 0

@@ -211,13 +211,19 @@ std::string sbatch_script(const LaunchRequest& request, const BatchScript& scrip
   text += "#SBATCH --output=" + script.output_directory + "/slurm-%j.out\n";
   text += "#SBATCH --chdir=" + script.working_directory + "\n";
   text += "set -u\n\n";
+  const std::string T = std::to_string(request.tasks_per_node);
+  text +=
+      "# T ranks on every node the job holds now: a job requeued onto fewer nodes (after a node was lost)\n"
+      "# still sees SLURM_NTASKS of its first allocation.\n"
+      "ranks=$((SLURM_JOB_NUM_NODES * " +
+      T + "))\n";
   if (srun) {
-    std::vector<std::string> launcher = {"srun", "--mpi=pmix"};
+    std::vector<std::string> launcher = {"--ntasks-per-node=" + T};
     // Since SLURM 22.05 srun no longer reads the job's --cpus-per-task: it is given again.
     if (request.cpus_per_task > 0)
       append(launcher, {"--cpus-per-task", std::to_string(request.cpus_per_task)});
     append(launcher, request.launcher_extra);
-    text += "launcher=(" + shell_line(launcher) + ")\n";
+    text += "launcher=(srun --mpi=pmix --ntasks=\"$ranks\" " + shell_line(launcher) + ")\n";
   } else {
     text +=
         "# mpirun reads the allocation from SLURM. --bind-to none without --cpus-per-task: each rank runs\n"
@@ -226,7 +232,7 @@ std::string sbatch_script(const LaunchRequest& request, const BatchScript& scrip
         "# it, PE=C binds each rank to its own C cores.\n";
     std::vector<std::string> launcher = mpirun_mapping(request);
     append(launcher, request.launcher_extra);
-    text += "launcher=(mpirun -np \"$SLURM_NTASKS\" " + shell_line(launcher) + ")\n";
+    text += "launcher=(mpirun -np \"$ranks\" " + shell_line(launcher) + ")\n";
   }
   text += "train=(" + shell_line(train_command(request)) + ")\n\n";
   text +=
