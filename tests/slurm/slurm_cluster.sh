@@ -133,4 +133,15 @@ print(f"steps 1-{steps}: preempted and resumed run against the uninterrupted one
       f"difference {worst:.2e} (bound 1e-5)")
 sys.exit(worst > 1e-5)
 PY
+# srun --mpi=pmix inside an allocation, through `meshtrain launch --srun` (one node: two slurmd on one host
+# collide on srun's PMIx folder, cluster.sh): the ranks find each other through PMIx and say who started them.
+scontrol update nodename=mt-node2 state=resume
+srun_command=$(printf '%q ' "$meshtrain" launch "$preset" "${tiny[@]}" per_device_batch_size=2 steps=3 \
+  mesh.data=-1 run_dir="$work/srun" --nodes 1 --tasks-per-node 2 --srun)
+timeout -k 5 120 sbatch --wait --nodes=1 --ntasks-per-node=2 --output="$work/srun.out" --wrap "$srun_command" \
+  >/dev/null || job_failed "meshtrain launch --srun in a job of 1 node x 2 tasks: $(tail -5 "$work/srun.out")"
+grep -q "^meshtrain: 2 rank(s) on 1 host(s), started by srun (SLURM job [0-9]*)" "$work/srun.out" &&
+  [ "$(wc -l <"$work/srun/metrics.jsonl")" -eq 3 ] ||
+  job_failed "launch --srun did not train 3 steps on 2 ranks started by srun: $(cat "$work/srun.out")"
+echo "[${SECONDS} s] launch --srun: $(grep -m1 "^meshtrain: 2 rank" "$work/srun.out")"
 echo "[${SECONDS} s] PASS"
