@@ -116,8 +116,8 @@ TEST(Launch, TheScriptRequeuesOnStatus75) {
   const std::string text = sbatch_script(request, script);
   for (const char* line :
        {"#SBATCH --nodes=3\n", "#SBATCH --ntasks-per-node=2\n", "#SBATCH --signal=B:USR1@120\n",
-        "#SBATCH --output=/runs/a/slurm-%j.out\n",
-        "ranks=$((SLURM_JOB_NUM_NODES * 2))\n", "launcher=(mpirun -np \"$ranks\" --map-by ppr:2:node --bind-to none)\n",
+        "#SBATCH --output=/runs/a/slurm-%j.out\n", "ranks=$((SLURM_JOB_NUM_NODES * 2))\n",
+        "launcher=(mpirun -np \"$ranks\" --map-by ppr:2:node --bind-to none)\n",
         "train=(/opt/meshtrain train 'my config.yaml' steps=10)\n", "trap forward_stop USR1 TERM\n",
         "  scontrol requeue \"$SLURM_JOB_ID\"\n", "exit \"$status\"\n"})
     EXPECT_TRUE(contains(text, line)) << line;
@@ -125,8 +125,9 @@ TEST(Launch, TheScriptRequeuesOnStatus75) {
   EXPECT_FALSE(contains(text, "#SBATCH --time")) << "the partition's default unless asked";
   request.cpus_per_task = 4;
   script.launcher = Launcher::srun;
-  EXPECT_TRUE(contains(sbatch_script(request, script),
-                       "launcher=(srun --mpi=pmix --ntasks=\"$ranks\" --ntasks-per-node=2 --cpus-per-task 4)\n"));
+  EXPECT_TRUE(
+      contains(sbatch_script(request, script),
+               "launcher=(srun --mpi=pmix --ntasks=\"$ranks\" --ntasks-per-node=2 --cpus-per-task 4)\n"));
 }
 
 }  // namespace
