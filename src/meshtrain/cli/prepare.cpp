@@ -13,6 +13,7 @@
 
 #include "meshtrain/cli/arguments.h"
 #include "meshtrain/comm/communicator.h"
+#include "meshtrain/comm/process_placement.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/data/prepare.h"
 #include "meshtrain/data/prepare_records.h"
@@ -164,10 +165,10 @@ int run_prepare_records(const ParsedArguments& parsed, std::ostream& out) {
   options.rank = world->rank();
   options.world_size = world->size();
   options.wait_for_all_ranks = [&world] { world->barrier("prepare"); };
-  // Ranks on one host share its cores, as train's do.
+  // Ranks on one host share its cores (or take SLURM's cores per task), as train's do.
   if (!parsed.has("--threads") && world->size() > 1) {
-    options.threads = static_cast<int>(std::max<int64_t>(
-        1, static_cast<int64_t>(std::thread::hardware_concurrency()) / ranks_on_this_host()));
+    options.threads = static_cast<int>(
+        discover_process_placement(*world, static_cast<int64_t>(std::thread::hardware_concurrency())).threads);
   }
   PrepareProgressBar bar(stderr);
   if (options.rank == 0) options.progress = [&bar](const PrepareProgress& progress) { bar.update(progress); };

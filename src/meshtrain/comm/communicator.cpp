@@ -391,13 +391,6 @@ bool started_by_mpi_launcher() {
   return std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMIX_RANK") != nullptr;
 }
 
-int64_t ranks_on_this_host() {
-  const char* local_size = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
-  if (local_size == nullptr) return 1;
-  const int64_t ranks = std::atoll(local_size);
-  return ranks >= 1 ? ranks : 1;
-}
-
 std::unique_ptr<Communicator> make_world_communicator(double collective_timeout_s) {
   if (started_by_mpi_launcher()) return make_mpi_world_communicator(collective_timeout_s);
   // srun without an MPI plugin starts its tasks with nothing to connect them: each would train alone and

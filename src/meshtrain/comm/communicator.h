@@ -276,9 +276,6 @@ MeshCommunicators make_mesh_communicators(Communicator& world, const Mesh& mesh)
 std::unique_ptr<Communicator> make_world_communicator(double collective_timeout_s);
 // mpirun (OMPI_COMM_WORLD_SIZE) or srun --mpi=pmix (PMIX_RANK) started this process.
 bool started_by_mpi_launcher();
-// Ranks of this job on this host (OMPI_COMM_WORLD_LOCAL_SIZE; 1 without mpirun): the engine gives each
-// rank cores / ranks_on_this_host() threads.
-int64_t ranks_on_this_host();
 
 // The MPI world, whatever the environment (mpi_communicator.cpp).
 std::unique_ptr<Communicator> make_mpi_world_communicator(double collective_timeout_s);

@@ -121,7 +121,7 @@ TEST(LocalCommunicator, WorldWithoutMpirunIsLocal) {
   if (started_by_mpi_launcher()) GTEST_SKIP() << "running under mpirun";
   auto world = make_world_communicator(5.0);
   EXPECT_EQ(world->size(), 1);
-  EXPECT_EQ(ranks_on_this_host(), 1);
+  EXPECT_EQ(world->host_ranks().size, 1);
   const std::string message = error_of([] { make_world_communicator(0.0); });
   EXPECT_NE(message.find("collective_timeout_s"), std::string::npos) << message;
 }
