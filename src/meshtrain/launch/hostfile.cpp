@@ -154,6 +154,11 @@ void check_hostfile_hosts(const std::string& path, const std::vector<HostfileHos
   const std::string own_name = own_host_name();
   for (int64_t i = 0; i < nodes; ++i) {
     const HostfileHost& host = hosts[static_cast<size_t>(i)];
+    // This machine by name: mpirun starts its ranks itself, with no lookup and no ssh (a minimal system
+    // may not even resolve "localhost": no /etc/hosts).
+    if (host.host == "localhost" || host.host == own_name ||
+        host.host == own_name.substr(0, own_name.find('.')))
+      continue;
     addrinfo hints = {};
     hints.ai_family = AF_UNSPEC;
     hints.ai_socktype = SOCK_STREAM;
@@ -164,8 +169,7 @@ void check_hostfile_hosts(const std::string& path, const std::vector<HostfileHos
            std::string("getaddrinfo: ") + ::gai_strerror(lookup),
            "correct the name, add it to /etc/hosts or DNS, or write its IP address");
     }
-    bool local = host.host == "localhost" || host.host == own_name ||
-                 host.host == own_name.substr(0, own_name.find('.'));
+    bool local = false;  // an address of this machine's
     std::string addresses;
     for (const addrinfo* address = resolved; address != nullptr; address = address->ai_next) {
       const std::string text = address_text(address->ai_addr, address->ai_addrlen);
