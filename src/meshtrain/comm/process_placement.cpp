@@ -35,12 +35,6 @@ void require_equal(const EnvironmentLookup& environment, const std::string& name
 
 }  // namespace
 
-std::string ProcessPlacement::describe() const {
-  return "rank " + std::to_string(rank) + " of " + std::to_string(world) + " (" + std::to_string(local_rank) +
-         " of " + std::to_string(local_ranks) + " on this host), started by " + launcher + "; " +
-         std::to_string(threads) + " thread(s) (" + threads_source + ")";
-}
-
 EnvironmentLookup process_environment() {
   return [](const std::string& name) -> std::optional<std::string> {
     const char* value = std::getenv(name.c_str());
@@ -51,8 +45,6 @@ EnvironmentLookup process_environment() {
 ProcessPlacement check_process_placement(int rank, int world, Communicator::HostRanks host,
                                          const EnvironmentLookup& environment, int64_t cores) {
   ProcessPlacement placement;
-  placement.rank = rank;
-  placement.world = world;
   placement.local_rank = host.rank;
   placement.local_ranks = host.size;
   const std::optional<std::string> job = environment("SLURM_JOB_ID");

@@ -1,5 +1,6 @@
-// Where this process sits in the job: its rank, the world, and the ranks on its host, found from MPI itself
-// and checked against what the launcher told the process (SLURM_*, OMPI_*); and how many threads it may run.
+// Where this process sits in the job: its rank, the world and the ranks on its host, found from MPI itself
+// and checked against what the launcher told the process (SLURM_*, OMPI_*); who started it and how many
+// threads it may run.
 #pragma once
 
 #include <cstdint>
@@ -12,12 +13,10 @@
 namespace meshtrain {
 
 struct ProcessPlacement {
-  int rank = 0, world = 1;
   int local_rank = 0, local_ranks = 1;  // among the ranks on this host (MPI's shared-memory split)
   std::string launcher;                 // "one process", "mpirun", "mpirun in SLURM job 12", "srun (job 12)"
   int64_t threads = 1;                  // the cores this rank may use
   std::string threads_source;           // "SLURM_CPUS_PER_TASK=4", "2 cores / 2 ranks on this host"
-  std::string describe() const;         // one line for the console
 };
 
 // Reads one environment variable (std::getenv in a run; a table in tests).

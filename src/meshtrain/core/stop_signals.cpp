@@ -57,17 +57,4 @@ double seconds_since_stop_signal() {
   return std::chrono::duration<double>(Clock::now() - Clock::time_point(Clock::duration(ticks))).count();
 }
 
-std::string signal_name(int signal_number) {
-  switch (signal_number) {
-    case SIGINT:
-      return "SIGINT";
-    case SIGTERM:
-      return "SIGTERM";
-    case SIGUSR1:
-      return "SIGUSR1";
-    default:
-      return "signal " + std::to_string(signal_number);
-  }
-}
-
 }  // namespace meshtrain

@@ -3,8 +3,6 @@
 // it takes the job's nodes (SLURM's --signal, scancel, the time limit); SIGINT is a user at a terminal.
 #pragma once
 
-#include <string>
-
 namespace meshtrain {
 
 // While it lives, SIGINT / SIGTERM / SIGUSR1 only record the signal (stop_signal_received()) and when the
@@ -32,7 +30,5 @@ int stop_signal_received();
 bool stop_signal_seen(int signal_number);
 // Seconds since the first recorded signal (steady clock), or a negative number when none came.
 double seconds_since_stop_signal();
-// "SIGINT", "SIGTERM", "SIGUSR1", else "signal N".
-std::string signal_name(int signal_number);
 
 }  // namespace meshtrain

@@ -609,7 +609,6 @@ StepOutcome Run::step(const RunControl& control) {
   ranks_.world->set_context("the boundary before step " + std::to_string(step + 1));
   if (StopRequest stop = preemption_.agree(*ranks_.world)) {
     stop_ = std::move(stop);
-    summary_.stop_reason = stop_.reason;
     return StepOutcome::stopped;
   }
   Engine& engine = *engine_;
@@ -726,7 +725,6 @@ StepOutcome Run::step(const RunControl& control) {
   ++step_;
   if (step + 1 == control.stop_after_step) {
     stop_ = {StopReason::requested, "RunControl::stop_after_step", -1.0};
-    summary_.stop_reason = stop_.reason;
     return StepOutcome::stopped;
   }
   return StepOutcome::trained;
@@ -735,7 +733,7 @@ StepOutcome Run::step(const RunControl& control) {
 TrainingSummary Run::finish() {
   progress_->finish();
   summary_.steps_completed = step_;
-  const bool preempted = stop_.reason == StopReason::preempted || stop_.reason == StopReason::time_limit;
+  summary_.stop_reason = stop_.reason;
   if (stop_ && stop_.reason != StopReason::requested) {
     std::fprintf(
         console_, "meshtrain: stopping at the boundary before step %lld: %s%s\n",
@@ -751,7 +749,8 @@ TrainingSummary Run::finish() {
   if (trained || loaded_elsewhere_) save(step_, batches_->next_cursor());
   if (!stop_ || stop_.reason == StopReason::requested) return summary_;
   const int status = exit_status_for(stop_.reason);
-  const std::string exit_text = "exit status " + std::to_string(status) + (preempted ? " (requeue me)" : "");
+  const std::string exit_text =
+      "exit status " + std::to_string(status) + (status == kRequeueExitStatus ? " (requeue me)" : "");
   if (!trained && !loaded_elsewhere_) {
     std::fprintf(console_, "meshtrain: stopped before training any step: nothing to save (%s); %s\n",
                  state_.step > 0 ? ("a restart resumes from step " + std::to_string(state_.step)).c_str()
