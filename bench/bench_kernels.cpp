@@ -487,31 +487,32 @@ std::vector<Case> model_cases(const Model& m) {
         share(std::vector<uint16_t>(bf16 ? k::cross_entropy_bf16_scratch_elements(C, D, V) : 0));
     uint16_t* bf16_inputs = bf16 ? bf16_scratch->data() : nullptr;
     const std::string kernel = bf16 ? "cross_entropy bf16" : "cross_entropy";
-    cases.push_back(
-        {kernel, "loss only", shape, "GFLOP/s", gemm, 0,
-         [=] {
-           (void)bf16_scratch;
-           k::unembed_cross_entropy(nullptr, nullptr, h->data(), table->data(), layout, targets->data(),
-                                    nullptr, N, D, V, Vv, C, scratch->data(), nullptr, bf16_inputs);
-         },
-         reference_gemm,
-         [=] {
-           k::unembed_cross_entropy_reference<float>(nullptr, nullptr, h->data(), table->data(), layout,
-                                                     targets->data(), nullptr, reference_tokens, D, V, Vv);
-         },
-         note});
+    cases.push_back({kernel, "loss only", shape, "GFLOP/s", gemm, 0,
+                     [=] {
+                       (void)bf16_scratch;
+                       k::unembed_cross_entropy(nullptr, nullptr, h->data(), table->data(), layout,
+                                                targets->data(), nullptr, N, D, V, Vv, 0.0, C,
+                                                scratch->data(), nullptr, bf16_inputs);
+                     },
+                     reference_gemm,
+                     [=] {
+                       k::unembed_cross_entropy_reference<float>(nullptr, nullptr, h->data(), table->data(),
+                                                                 layout, targets->data(), nullptr,
+                                                                 reference_tokens, D, V, Vv, 0.0);
+                     },
+                     note});
     cases.push_back({kernel, "fwd+bwd", shape, "GFLOP/s", 3.0 * gemm, 1,
                      [=] {
                        (void)bf16_scratch;
                        k::unembed_cross_entropy(dh->data(), dtable->data(), h->data(), table->data(), layout,
-                                                targets->data(), nullptr, N, D, V, Vv, C, scratch->data(),
-                                                nullptr, bf16_inputs);
+                                                targets->data(), nullptr, N, D, V, Vv, 0.0, C,
+                                                scratch->data(), nullptr, bf16_inputs);
                      },
                      3.0 * reference_gemm,
                      [=] {
                        k::unembed_cross_entropy_reference<float>(dh->data(), dtable->data(), h->data(),
                                                                  table->data(), layout, targets->data(),
-                                                                 nullptr, reference_tokens, D, V, Vv);
+                                                                 nullptr, reference_tokens, D, V, Vv, 0.0);
                      },
                      note});
     // The same with 4x the chunk's rows (16M floats of logits, 64 MiB), when the model's chunk is smaller
@@ -524,7 +525,7 @@ std::vector<Case> model_cases(const Model& m) {
                        dims({N, D, m.V_valid}) + " C" + std::to_string(big), "GFLOP/s", 3.0 * gemm, 0,
                        [=] {
                          k::unembed_cross_entropy(dh->data(), dtable->data(), h->data(), table->data(),
-                                                  layout, targets->data(), nullptr, N, D, V, Vv, big,
+                                                  layout, targets->data(), nullptr, N, D, V, Vv, 0.0, big,
                                                   big_scratch->data(), nullptr, nullptr);
                        },
                        0.0, nullptr, "not in ms/step"});

@@ -94,7 +94,7 @@ bool is_padding_weight(const Case& c, size_t index) {
 }
 
 struct Result {
-  CrossEntropySums sums{0.0, 0};
+  CrossEntropySums sums;
   std::vector<float> dh;  // [N, D], empty when not asked for
   std::vector<float> dw;  // layout of w, empty when not asked for
 };
@@ -113,7 +113,7 @@ Result run_cpu(const Case& c, const Inputs& in, bool gradients) {
   out.sums = kernels::unembed_cross_entropy(
       gradients ? out.dh.data() : nullptr, gradients ? out.dw.data() : nullptr, in.h.data(), in.w.data(),
       c.layout, in.targets.data(), in.mask.empty() ? nullptr : in.mask.data(), c.N, c.D, c.V, c.vocab_valid,
-      c.C, scratch.data(), nullptr, c.bf16 ? bf16.data() : nullptr);
+      /*z_loss_multiplier=*/0.0, c.C, scratch.data(), nullptr, c.bf16 ? bf16.data() : nullptr);
   return out;
 }
 
@@ -143,8 +143,8 @@ Result run_gpu(const Case& c, const Inputs& in, bool gradients) {
   Result out;
   out.sums = cuda().unembed_cross_entropy(
       gradients ? dh.get() : nullptr, gradients ? dw.get() : nullptr, h.get(), w.get(), c.layout,
-      targets.get(), in.mask.empty() ? nullptr : mask.get(), c.N, c.D, c.V, c.vocab_valid, c.C, scratch.get(),
-      nullptr, c.bf16 ? bf16.get() : nullptr);
+      targets.get(), in.mask.empty() ? nullptr : mask.get(), c.N, c.D, c.V, c.vocab_valid,
+      /*z_loss_multiplier=*/0.0, c.C, scratch.get(), nullptr, c.bf16 ? bf16.get() : nullptr);
   if (gradients) {
     out.dh = dh.read();
     out.dw = dw.read();
@@ -294,14 +294,14 @@ TEST(CudaCrossEntropy, NoTokensIsZero) {
   DeviceBuffer<int32_t> targets(size_t{1});
   const CrossEntropySums sums = cuda().unembed_cross_entropy(
       nullptr, nullptr, h.get(), w.get(), UnembedLayout::kernel_DV, targets.get(), nullptr, 0, 24, 130, 130,
-      8, scratch.get(), nullptr, nullptr);
+      /*z_loss_multiplier=*/0.0, 8, scratch.get(), nullptr, nullptr);
   EXPECT_EQ(sums.loss_sum, 0.0);
   EXPECT_EQ(sums.valid_count, 0);
 }
 
-// A counted target outside [0, vv) is refused (as on the cpu) rather than read out of bounds; so is the
-// vocab-parallel option, which this backend does not implement.
-TEST(CudaCrossEntropy, RefusesBadTargetAndVocabParallel) {
+// A counted target outside [0, vv) is refused (as on the cpu) rather than read out of bounds; so are the
+// vocab-parallel option and the z-loss, which this backend does not implement.
+TEST(CudaCrossEntropy, RefusesBadTargetVocabParallelAndZLoss) {
   MT_REQUIRE_GPU();
   const Case c{37, 24, 130, 123, 8, UnembedLayout::kernel_DV, true, false, 61};
   Inputs in = make_inputs(c);
@@ -316,9 +316,12 @@ TEST(CudaCrossEntropy, RefusesBadTargetAndVocabParallel) {
   kernels::VocabParallel parallel;
   parallel.all_reduce_max = [](float*, int64_t) {};
   parallel.all_reduce_sum = [](double*, int64_t) {};
-  EXPECT_ANY_THROW(cuda().unembed_cross_entropy(nullptr, nullptr, h.get(), w.get(), c.layout, targets.get(),
-                                                nullptr, c.N, c.D, c.V, c.vocab_valid, c.C, scratch.get(),
-                                                &parallel, nullptr));
+  EXPECT_ANY_THROW(cuda().unembed_cross_entropy(
+      nullptr, nullptr, h.get(), w.get(), c.layout, targets.get(), nullptr, c.N, c.D, c.V, c.vocab_valid,
+      /*z_loss_multiplier=*/0.0, c.C, scratch.get(), &parallel, nullptr));
+  EXPECT_ANY_THROW(cuda().unembed_cross_entropy(
+      nullptr, nullptr, h.get(), w.get(), c.layout, targets.get(), nullptr, c.N, c.D, c.V, c.vocab_valid,
+      /*z_loss_multiplier=*/1e-4, c.C, scratch.get(), nullptr, nullptr));
 }
 
 // unembed_logits: the valid columns as the cpu's (kLogitTolerance), the padding columns exactly -inf

@@ -429,6 +429,17 @@ TEST(Config, WrongTypeNamesKeyAndExpectedType) {
             std::string::npos);
 }
 
+TEST(Config, ZLossMultiplierIsOffByDefaultAndNeverNegative) {
+  EXPECT_EQ(load_config("qwen3-tiny", {}).z_loss_multiplier, 0.0);
+  EXPECT_EQ(load_config("qwen3-tiny", {"z_loss_multiplier=1e-4"}).z_loss_multiplier, 1e-4);
+  for (const char* bad : {"z_loss_multiplier=-1e-4", "z_loss_multiplier=inf", "z_loss_multiplier=nan"}) {
+    const std::string message = error_of([&] { load_config("qwen3-tiny", {bad}); });
+    EXPECT_NE(message.find("config key 'z_loss_multiplier'"), std::string::npos) << bad << ": " << message;
+    EXPECT_NE(message.find("0 (no z-loss) or a positive finite multiplier"), std::string::npos) << message;
+    EXPECT_NE(message.find("set z_loss_multiplier=0"), std::string::npos) << message;
+  }
+}
+
 TEST(Config, ClosestNameUsesEditDistance) {
   EXPECT_EQ(closest_name("lerning_rate", {"learning_rate", "steps", "adam_b1"}), "learning_rate");
 }

@@ -27,7 +27,8 @@ Config tiny_config(const std::string& preset) {
   return load_config(preset, overrides);
 }
 
-// For each parameter: g . u versus (L(p + e u) - L(p - e u)) / 2e, with u a random unit direction.
+// For each parameter: g . u versus (L(p + e u) - L(p - e u)) / 2e, with u a random unit direction; L the
+// cross-entropy sum plus the z-loss sum (0 without z_loss_multiplier).
 // perturb_constants: parameters that start constant (norm scales, biases, Engram's zero conv taps, mHC's
 // betas and 0.01 scales) move off their init, so the paths a constant init silences carry signal too.
 void check_model_gradient(const Config& config, double bound, bool perturb_constants = false) {
@@ -74,7 +75,8 @@ void check_model_gradient(const Config& config, double bound, bool perturb_const
         value.f32()[i] =
             static_cast<float>(saved[static_cast<size_t>(i)] + scale * direction[static_cast<size_t>(i)]);
       }
-      return engine.eval(batch).loss_sum;
+      const LossSums sums = engine.eval(batch);
+      return sums.loss_sum + sums.z_loss_sum;
     };
     const double step = 1e-2;
     const double numeric = (loss_at(step) - loss_at(-step)) / (2.0 * step);
@@ -95,6 +97,16 @@ TEST(ModelGradient, Qwen3MatchesFiniteDifferences) {
 }
 TEST(ModelGradient, Gpt2MatchesFiniteDifferences) {
   check_model_gradient(tiny_config("gpt2-124m"), 2e-3);
+}
+// The z-loss (m = 0.1: its gradient 2 m lse softmax as large as the cross-entropy's) through the whole model,
+// with the tied table and with an untied head.
+TEST(ModelGradient, Qwen3WithZLossMatchesFiniteDifferences) {
+  for (const char* tied : {"true", "false"}) {
+    Config config = tiny_config("qwen3-tiny");
+    config.set("z_loss_multiplier", "0.1");
+    config.set("logits_via_embedding", tied);
+    check_model_gradient(config, 2e-3);
+  }
 }
 
 // Multi-head latent attention with both query paths. Widths unequal everywhere (r_q 12, r_kv 10, nope 6,

@@ -209,6 +209,42 @@ TEST_F(RunTest, SkippedStepConsumesItsBatch) {
   EXPECT_EQ(skipped.at(3), clean.at(3));
 }
 
+// z_loss_multiplier m > 0: every step's record has z_loss (the mean of m lse^2 over the valid tokens), and
+// loss is lm_loss + z_loss (a dense model has no balance loss). At step 1 the weights are the initial ones:
+// lm_loss is the run's without the z-loss, and with logits near 0 every lse is near log(100) (the 100 valid
+// of 128 padded columns). Later steps differ: the z-loss's gradient trained them. m = 0: no z_loss.
+TEST_F(RunTest, ZLossIsReportedApartAndAddedToTheLoss) {
+  const auto records = [&](const std::string& run_dir, const std::string& multiplier) {
+    Config config = tiny_config(run_dir, 3);
+    config.set("z_loss_multiplier", multiplier);
+    {
+      meshtrain::Run run(config, prepare_run(config, 1), console_, ranks_);
+      while (run.steps_left()) EXPECT_EQ(run.step({}), StepOutcome::trained);
+      run.finish();
+    }
+    std::vector<nlohmann::json> lines;
+    std::ifstream metrics(run_dir + "/metrics.jsonl");
+    for (std::string line; std::getline(metrics, line);) lines.push_back(nlohmann::json::parse(line));
+    return lines;
+  };
+  const double multiplier = 0.01;
+  const std::vector<nlohmann::json> with = records(run_dir_ + "/z_loss", "0.01");
+  const std::vector<nlohmann::json> without = records(run_dir_ + "/plain", "0");
+  ASSERT_EQ(with.size(), 3u);
+  ASSERT_EQ(without.size(), 3u);
+  for (size_t step = 0; step < 3; ++step) {
+    const double z_loss = with[step].at("z_loss"), lm_loss = with[step].at("lm_loss");
+    EXPECT_GT(z_loss, 0.0) << "step " << step + 1;
+    EXPECT_EQ(with[step].at("loss").get<double>(), lm_loss + z_loss) << "step " << step + 1;
+    EXPECT_FALSE(without[step].contains("z_loss")) << "step " << step + 1;
+    EXPECT_EQ(without[step].at("loss"), without[step].at("lm_loss")) << "step " << step + 1;
+  }
+  EXPECT_NEAR(std::sqrt(with[0].at("z_loss").get<double>() / multiplier), std::log(100.0), 0.02);
+  EXPECT_EQ(with[0].at("lm_loss"), without[0].at("lm_loss"));
+  EXPECT_NE(with[1].at("lm_loss"), without[1].at("lm_loss"));
+  EXPECT_NE(with[2].at("lm_loss"), without[2].at("lm_loss"));
+}
+
 TEST_F(RunTest, NonPositiveStepsIsASetupError) {
   EXPECT_THROW(prepare_run(tiny_config(run_dir_, 0), 1), MeshError);
 }

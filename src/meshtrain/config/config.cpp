@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
@@ -231,6 +232,7 @@ const std::vector<KeyEntry>& key_table() {
       plan_key(entry("topk_routing_group", &Config::topk_routing_group)),
       plan_key(entry("capacity_factor", &Config::capacity_factor)),
       entry("load_balance_loss_weight", &Config::load_balance_loss_weight),
+      entry("z_loss_multiplier", &Config::z_loss_multiplier),
       plan_key(entry("engram_layers", &Config::engram_layers)),
       plan_key(entry("engram_max_ngram_size", &Config::engram_max_ngram_size)),
       plan_key(entry("engram_num_heads", &Config::engram_num_heads)),
@@ -799,6 +801,10 @@ Config load_config(const std::string& config_argument, const std::vector<std::st
     fail("config key 'exit_duration_in_mins'", "0 (no limit) or a positive number of minutes",
          to_text(config.exit_duration_in_mins),
          "set it to the job's time limit less the time one step and a checkpoint take, e.g. 230 for 4 hours");
+  }
+  if (!(config.z_loss_multiplier >= 0.0 && std::isfinite(config.z_loss_multiplier))) {
+    fail("config key 'z_loss_multiplier'", "0 (no z-loss) or a positive finite multiplier",
+         to_text(config.z_loss_multiplier), "set z_loss_multiplier=0 to turn it off, or e.g. 1e-4 (PaLM's)");
   }
   if (config.param_scan_axis < 0) {
     fail("config key 'param_scan_axis'", "0 or more (where a stacked tensor's layer axis goes)",

@@ -135,6 +135,8 @@ struct Config {
   int64_t n_routing_groups = 1, topk_routing_group = 1;
   double capacity_factor = 0.0;
   double load_balance_loss_weight = 0.0;
+  // PaLM's z-loss (MaxText's key): z_loss_multiplier x logsumexp(logits)^2 added per counted token; 0: off.
+  double z_loss_multiplier = 0.0;
   // Engram n-gram memory (shared/specs/engram.md; decoder_block=deepseek) on the layers engram_layers names
   // (empty: off): orders 2..engram_max_ngram_size hashed by engram_num_heads heads each into tables of at
   // least engram_vocab_bases[order - 2] rows of engram_head_dim; a ShortConv of engram_kernel_size taps.

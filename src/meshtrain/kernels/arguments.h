@@ -31,8 +31,10 @@ inline int64_t cross_entropy_chunk_tokens(int64_t N, int64_t V) {
 }
 
 struct CrossEntropySums {
-  double loss_sum;      // sum over counted tokens of -log softmax(logits)[target]
-  int64_t valid_count;  // number of counted tokens (mask != 0)
+  double loss_sum = 0.0;    // sum over counted tokens of -log softmax(logits)[target]
+  int64_t valid_count = 0;  // number of counted tokens (mask != 0)
+  // sum over counted tokens of m logsumexp(logits)^2 (z-loss, m = z_loss_multiplier); 0 when m = 0
+  double z_loss_sum = 0.0;
 };
 
 // Vocab-parallel: this rank holds global vocabulary rows [vocab_offset, vocab_offset + V) of the padded

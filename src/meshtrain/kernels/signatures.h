@@ -69,8 +69,8 @@ using EmbeddingBackward = void(float* dtable,       // [R, D]
                                const float* dout,   // [N, D]
                                int64_t N, int64_t R, int64_t D, int64_t vocab_offset, int64_t global_rows);
 
-// cross_entropy.h: fused unembedding + softmax cross-entropy (loss sum; dh written, dw accumulated), its
-// scratch size, and plain logits for decoding (padding columns -inf).
+// cross_entropy.h: fused unembedding + softmax cross-entropy (loss sum, z-loss sum; dh written, dw
+// accumulated), its scratch size, and plain logits for decoding (padding columns -inf).
 using UnembedCrossEntropy =
     CrossEntropySums(float* dh,       // [N, D] WRITTEN (=), or nullptr
                      float* dw,       // layout of w, ACCUMULATED (+=), or nullptr
@@ -80,6 +80,7 @@ using UnembedCrossEntropy =
                      const int32_t* targets,    // [N] global ids
                      const uint8_t* loss_mask,  // [N] 1 = counts, 0 = ignored; nullptr = all
                      int64_t N, int64_t D, int64_t V, int64_t vocab_valid,
+                     double z_loss_multiplier,             // m >= 0: adds m lse^2 per counted token; 0 none
                      int64_t chunk_tokens,                 // C: rows of logits held at a time
                      float* scratch,                       // [cross_entropy_scratch_floats(C, V)]
                      const VocabParallel* vocab_parallel,  // nullptr: one rank

@@ -69,6 +69,7 @@ ModelOptions model_options(const Config& c) {
   // The bases are checked (one per order) only for a model with Engram layers.
   if (!c.engram_layers.empty()) engram.table_sizes = engram_layer_table_sizes(c);
   options.mhc.sinkhorn_iterations = c.sinkhorn_iterations;
+  options.loss.z_loss_multiplier = c.z_loss_multiplier;
   return options;
 }
 

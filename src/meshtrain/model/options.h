@@ -1,7 +1,7 @@
 // Each layer's config keys as a small typed struct, filled once from the config by model_options(), the one
 // place that reads the config's model keys for the layers: a layer reads its own options (ModelSpec::
-// options), never the Config. Keys in brackets. The MLP, the embedding and the loss read no key (their
-// shapes are the spec's dims, their kind the family's row), so they have no struct here.
+// options), never the Config. Keys in brackets. The MLP and the embedding read no key (their shapes are the
+// spec's dims, their kind the family's row), so they have no struct here.
 #pragma once
 
 #include <cstdint>
@@ -72,6 +72,11 @@ struct MhcOptions {
   int64_t sinkhorn_iterations = 0;  // [sinkhorn_iterations]
 };
 
+// The loss at the end of the model (model/layers/embedding.h).
+struct LossOptions {
+  double z_loss_multiplier = 0.0;  // m [z_loss_multiplier]: adds m logsumexp(logits)^2 per counted token
+};
+
 struct ModelOptions {
   AttentionType attention_type = AttentionType::global;  // [attention_type]
   bool tied_embeddings = false;                          // [logits_via_embedding]
@@ -82,6 +87,7 @@ struct ModelOptions {
   MoeOptions moe;
   EngramOptions engram;
   MhcOptions mhc;
+  LossOptions loss;
 };
 
 // The layers' options from a validated config.

@@ -102,9 +102,10 @@ struct RoutingSums {
 };
 
 // Loss sums of one kernel call: the step divides by the GLOBAL valid-token count, never per micro-batch.
-// The training objective is (loss_sum + the balance losses' sum) / global valid count.
+// The training objective is (loss_sum + z_loss_sum + the balance losses' sum) / global valid count.
 struct LossSums {
-  double loss_sum = 0.0;
+  double loss_sum = 0.0;    // cross-entropy
+  double z_loss_sum = 0.0;  // z_loss_multiplier x logsumexp(logits)^2 (the loss op's; 0 without a z-loss)
   int64_t valid_count = 0;
   RoutingSums routing;
 };

@@ -44,6 +44,11 @@ void check_plan_runs_here(const TrainingPlan& plan, int64_t world) {
     if (c.attention_type != AttentionType::global) {
       not_on_gpu("attention_type", attention_type_name(c.attention_type), "set attention_type=global");
     }
+    // The cuda loss kernel has no z-loss (kernels/cuda/cross_entropy.h): not run on a GPU yet.
+    if (c.z_loss_multiplier > 0.0) {
+      not_on_gpu("z_loss_multiplier", to_text(c.z_loss_multiplier) + " (a z-loss)",
+                 "set z_loss_multiplier=0");
+    }
   }
   // Whether this process can run the backend's kernels at all: a topology without a backend here (TPU,
   // MI300X), a build without CUDA, no GPU; each table says why.
@@ -757,6 +762,7 @@ ProgramResult Engine::run_program(const std::vector<ProgramEntry>& entries, cons
   ProgramResult result;
   const auto add = [&result](const LossSums& sums) {
     result.sums.loss_sum += sums.loss_sum;
+    result.sums.z_loss_sum += sums.z_loss_sum;
     result.sums.valid_count += sums.valid_count;
     result.sums.routing.add(sums.routing);
   };

@@ -132,22 +132,25 @@ std::vector<size_t> moe_layers_in_model(const Engine& engine) {
   return places;
 }
 
-// Pipeline stages: the step's sums of the whole model from a stage's own. The loss sum is the last stage's
-// (the valid count every stage's alike: each counts the micro-batches' tokens); each stage's MoE statistics
-// go to its layers' places among the model's MoE layers, so the balance loss and the metrics cover every
-// layer.
+// Pipeline stages: the step's sums of the whole model from a stage's own. The loss and z-loss sums are the
+// last stage's (the valid count every stage's alike: each counts the micro-batches' tokens); each stage's MoE
+// statistics go to its layers' places among the model's MoE layers, so the balance loss and the metrics cover
+// every layer.
 LossSums whole_model_sums(const LossSums& local, const Engine& engine, Communicator& stage_group,
                           const char* name) {
   const ModelSpec& whole = engine.whole_model();
   const size_t layers = whole.moe_layers.size();
   const auto E = static_cast<size_t>(whole.moe_experts);
-  // One buffer: the loss sum, then per model MoE layer its expert loads, its drops and its balance loss.
-  std::vector<double> packed(1 + layers * (E + 2), 0.0);
+  // One buffer: the loss and z-loss sums, then per model MoE layer its expert loads, its drops and its
+  // balance loss.
+  constexpr size_t kLosses = 2;
+  std::vector<double> packed(kLosses + layers * (E + 2), 0.0);
   packed[0] = local.loss_sum;
+  packed[1] = local.z_loss_sum;
   const std::vector<size_t> places = moe_layers_in_model(engine);
   const bool with_routing = local.routing.dropped.size() == places.size();  // eval's sums hold none
   for (size_t k = 0; with_routing && k < places.size(); ++k) {
-    double* layer = packed.data() + 1 + places[k] * (E + 2);
+    double* layer = packed.data() + kLosses + places[k] * (E + 2);
     std::copy_n(local.routing.expert_load.begin() + static_cast<std::ptrdiff_t>(k * E), E, layer);
     layer[E] = local.routing.dropped[k];
     layer[E + 1] = local.routing.balance_loss[k];
@@ -155,9 +158,10 @@ LossSums whole_model_sums(const LossSums& local, const Engine& engine, Communica
   stage_group.all_reduce(comm_buffer(packed), ReduceOp::sum, name);
   LossSums sums;
   sums.loss_sum = packed[0];
+  sums.z_loss_sum = packed[1];
   sums.valid_count = local.valid_count;
   for (size_t layer = 0; layer < layers; ++layer) {
-    const double* values = packed.data() + 1 + layer * (E + 2);
+    const double* values = packed.data() + kLosses + layer * (E + 2);
     sums.routing.expert_load.insert(sums.routing.expert_load.end(), values, values + E);
     sums.routing.dropped.push_back(values[E]);
     sums.routing.balance_loss.push_back(values[E + 1]);
@@ -173,7 +177,10 @@ LossSums sum_over_ranks(const LossSums& own, const Engine& engine, const RunRank
   LossSums local = ranks.stage_group ? whole_model_sums(own, engine, *ranks.stage_group, name) : own;
   Communicator& group = ranks.loss_group ? *ranks.loss_group : *ranks.batch_group;
   if (group.size() > 1) {
-    group.all_reduce(comm_buffer(&local.loss_sum, 1), ReduceOp::sum, name);
+    double losses[] = {local.loss_sum, local.z_loss_sum};  // in one call
+    group.all_reduce(comm_buffer(losses, 2), ReduceOp::sum, name);
+    local.loss_sum = losses[0];
+    local.z_loss_sum = losses[1];
     group.all_reduce(comm_buffer(&local.valid_count, 1), ReduceOp::sum, name);
     RoutingSums& routing = local.routing;
     if (!routing.dropped.empty()) {  // MoE layers: their statistics in one call
@@ -627,7 +634,7 @@ StepOutcome Run::step(const RunControl& control) {
   if (fault_.at("kill", step + 1, rank)) std::raise(SIGKILL);
   if (fault_.at("nan_loss", step + 1, rank)) local.loss_sum = std::numeric_limits<double>::quiet_NaN();
   // Every rank sees a non-finite loss of any rank before the optimizer step, and which rank it was.
-  const bool bad_here = !std::isfinite(local.loss_sum);
+  const bool bad_here = !std::isfinite(local.loss_sum) || !std::isfinite(local.z_loss_sum);
   int64_t lowest_bad =
       bad_here ? ranks_.world->size() - ranks_.world->rank() : 0;  // max picks the lowest rank
   ranks_.world->all_reduce(comm_buffer(&lowest_bad, 1), ReduceOp::max, "step/nonfinite_rank");
@@ -638,7 +645,8 @@ StepOutcome Run::step(const RunControl& control) {
                                                                      sums.routing.balance_loss.end(), 0.0) /
                                                          static_cast<double>(sums.valid_count)
                                                    : 0.0;
-  const double loss = lm_loss + balance_loss;  // the objective the gradients are of
+  const double z_loss = sums.valid_count > 0 ? sums.z_loss_sum / static_cast<double>(sums.valid_count) : 0.0;
+  const double loss = lm_loss + balance_loss + z_loss;  // the objective the gradients are of
   // Decided on the world-wide flag: a tensor peer of the bad rank sums only its own data x fsdp group.
   if (lowest_bad > 0 || !std::isfinite(loss)) {
     engine.abandon_step();  // the reductions started during the last backward finish before anything reuses
@@ -688,6 +696,7 @@ StepOutcome Run::step(const RunControl& control) {
                            {"valid_tokens", sums.valid_count},
                            {"data_wait_s", data_wait_seconds},
                            {"data_wait_fraction", data_wait_seconds / step_seconds}};
+  if (config_.z_loss_multiplier > 0.0) record["z_loss"] = z_loss;
   if (prepared.batch_crc32c) {
     // Hex text: an identity to compare, not a number for TensorBoard to plot.
     char checksum[9];

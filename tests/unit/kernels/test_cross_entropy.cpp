@@ -1,6 +1,6 @@
 // Tests of the fused unembedding + cross-entropy: reference vs finite differences, fast vs reference,
-// padding and masking, vocab-parallel shards against the unsharded kernel, and the plain logits used for
-// sampling.
+// padding and masking, vocab-parallel shards against the unsharded kernel, the z-loss (also against a
+// PyTorch golden file), and the plain logits used for sampling.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -8,7 +8,9 @@
 #include <barrier>
 #include <cmath>
 #include <cstdint>
+#include <fstream>
 #include <limits>
+#include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -31,6 +33,11 @@ const char* layout_name(UnembedLayout layout) {
   return layout == UnembedLayout::kernel_DV ? "kernel_DV" : "table_VD";
 }
 
+// Index of weight (d, v) in a layout with V columns (kernel_DV [D, V]) or rows (table_VD [V, D]).
+int64_t weight_index(UnembedLayout layout, int64_t d, int64_t v, int64_t D, int64_t V) {
+  return layout == UnembedLayout::kernel_DV ? d * V + v : v * D + d;
+}
+
 // One test problem. Values are rounded to float so the float kernel and the double reference see the
 // same inputs. Weights in padding positions are random too: they must not influence anything.
 struct Problem {
@@ -38,7 +45,8 @@ struct Problem {
   UnembedLayout layout;
   std::vector<double> h, w;
   std::vector<int32_t> targets;
-  std::vector<uint8_t> mask;  // empty = no mask (nullptr)
+  std::vector<uint8_t> mask;       // empty = no mask (nullptr)
+  double z_loss_multiplier = 0.0;  // m: m lse^2 per counted token
 
   Problem(int64_t n, int64_t d, int64_t v, int64_t valid, UnembedLayout unembed_layout, uint64_t seed)
       : N(n), D(d), V(v), vocab_valid(valid), layout(unembed_layout) {
@@ -71,14 +79,14 @@ struct Problem {
   CrossEntropySums reference(std::vector<double>* dh, std::vector<double>* dw) const {
     return unembed_cross_entropy_reference<double>(dh ? dh->data() : nullptr, dw ? dw->data() : nullptr,
                                                    h.data(), w.data(), layout, targets.data(), mask_ptr(), N,
-                                                   D, V, vocab_valid);
+                                                   D, V, vocab_valid, z_loss_multiplier);
   }
   CrossEntropySums fast(std::vector<float>* dh, std::vector<float>* dw, int64_t chunk_tokens) const {
     const std::vector<float> h_float = to_float(h), w_float = to_float(w);
     std::vector<float> scratch(static_cast<size_t>(cross_entropy_scratch_floats(chunk_tokens, V)));
     return unembed_cross_entropy(dh ? dh->data() : nullptr, dw ? dw->data() : nullptr, h_float.data(),
                                  w_float.data(), layout, targets.data(), mask_ptr(), N, D, V, vocab_valid,
-                                 chunk_tokens, scratch.data(), nullptr, nullptr);
+                                 z_loss_multiplier, chunk_tokens, scratch.data(), nullptr, nullptr);
   }
 };
 
@@ -196,14 +204,148 @@ TEST(CrossEntropy, FastMatchesReferenceAtLargeVocabAndSpread) {
   }
 }
 
+// The z-loss (m lse^2 per counted token): the reference's gradients of loss_sum + z_loss_sum against
+// finite differences. A z-loss of 0, or gradients of the cross-entropy alone, would fail the checks below
+// the finite differences.
+TEST(CrossEntropy, ZLossReferenceGradientsMatchFiniteDifferences) {
+  for (UnembedLayout layout : kLayouts) {
+    Problem problem(6, 4, 7, 5, layout, 11);
+    problem.drop_tokens(3, 1);
+    problem.z_loss_multiplier = 0.3;
+    std::vector<double> dh(problem.h.size(), 0.0), dw(problem.w.size(), 0.0);
+    const CrossEntropySums sums = problem.reference(&dh, &dw);
+    const auto loss = [&] {
+      const CrossEntropySums at = problem.reference(nullptr, nullptr);
+      return at.loss_sum + at.z_loss_sum;
+    };
+    const std::vector<double> numeric_dh = numeric_gradient(loss, problem.h);
+    const std::vector<double> numeric_dw = numeric_gradient(loss, problem.w);
+    const double bound = 1e-7;
+    const double error_dh = relative_error(dh, numeric_dh), error_dw = relative_error(dw, numeric_dw);
+    report_error(std::string("z-loss reference dh vs finite differences ") + layout_name(layout), error_dh,
+                 bound);
+    report_error(std::string("z-loss reference dw vs finite differences ") + layout_name(layout), error_dw,
+                 bound);
+    EXPECT_LT(error_dh, bound);
+    EXPECT_LT(error_dw, bound);
+    // The z-loss is there and moves the gradients; the cross-entropy sum does not depend on it.
+    Problem plain = problem;
+    plain.z_loss_multiplier = 0.0;
+    std::vector<double> plain_dh(problem.h.size(), 0.0), plain_dw(problem.w.size(), 0.0);
+    const CrossEntropySums plain_sums = plain.reference(&plain_dh, &plain_dw);
+    EXPECT_GT(sums.z_loss_sum, 0.0);
+    EXPECT_EQ(plain_sums.z_loss_sum, 0.0);
+    EXPECT_EQ(sums.loss_sum, plain_sums.loss_sum);
+    EXPECT_GT(relative_error(dh, plain_dh), 1e-2);
+    EXPECT_GT(relative_error(dw, plain_dw), 1e-2);
+  }
+}
+
+TEST(CrossEntropy, ZLossFastMatchesReference) {
+  const double bound = 1e-5;
+  double worst = 0.0;  // of the losses' and the gradients' errors over all configurations
+  for (UnembedLayout layout : kLayouts) {
+    for (bool masked : {true, false}) {
+      Problem problem(37, 16, 50, 45, layout, 21);
+      if (masked) problem.drop_tokens(5, 3);
+      problem.z_loss_multiplier = 0.3;
+      std::vector<double> ref_dh(problem.h.size(), 0.0), ref_dw(problem.w.size(), 0.0);
+      const CrossEntropySums ref = problem.reference(&ref_dh, &ref_dw);
+      for (int64_t chunk : {8, 37, 64}) {
+        const std::string name = std::string(layout_name(layout)) + (masked ? " masked" : " unmasked") +
+                                 " chunk " + std::to_string(chunk);
+        std::vector<float> dh(problem.h.size(), 123.0f);
+        const std::vector<float> dw_initial = to_float(random_values(problem.w.size(), 31));
+        std::vector<float> dw = dw_initial;
+        const CrossEntropySums sums = problem.fast(&dh, &dw, chunk);
+        std::vector<double> expected_dw(dw.size());
+        for (size_t i = 0; i < dw.size(); ++i) expected_dw[i] = dw_initial[i] + ref_dw[i];
+        const double errors[] = {std::fabs(sums.loss_sum - ref.loss_sum) / ref.loss_sum,
+                                 std::fabs(sums.z_loss_sum - ref.z_loss_sum) / ref.z_loss_sum,
+                                 relative_error(dh, ref_dh), relative_error(dw, expected_dw)};
+        for (double error : errors) {
+          EXPECT_LT(error, bound) << name;
+          worst = std::max(worst, error);
+        }
+        // Eval only computes the same sums; the cross-entropy sum is bitwise the one without the z-loss.
+        const CrossEntropySums eval = problem.fast(nullptr, nullptr, chunk);
+        EXPECT_EQ(eval.loss_sum, sums.loss_sum) << name;
+        EXPECT_EQ(eval.z_loss_sum, sums.z_loss_sum) << name;
+        Problem plain = problem;
+        plain.z_loss_multiplier = 0.0;
+        const CrossEntropySums plain_sums = plain.fast(nullptr, nullptr, chunk);
+        EXPECT_EQ(plain_sums.loss_sum, sums.loss_sum) << name;
+        EXPECT_EQ(plain_sums.z_loss_sum, 0.0) << name;
+      }
+    }
+  }
+  report_error("z-loss fast vs reference: sums, dh, dw (worst)", worst, bound);
+}
+
+// The z-loss against PyTorch (tests/reference/z_loss_golden: F.cross_entropy and torch.logsumexp on float64
+// logits, autograd's gradients) on the same float32 inputs: the float32 kernel in both layouts, chunks that
+// do not divide N, within the float32 bound; the double reference to double rounding.
+TEST(CrossEntropy, ZLossMatchesThePyTorchGolden) {
+  const std::string path = std::string(MESHTRAIN_SOURCE_DIR) + "/tests/reference/z_loss_golden/golden.json";
+  std::ifstream file(path);
+  ASSERT_TRUE(file.good()) << path;
+  const nlohmann::json golden = nlohmann::json::parse(file);
+  const int64_t N = golden.at("N"), D = golden.at("D"), V = golden.at("V"), valid = golden.at("vocab_valid");
+  const auto values = [&](const char* key) { return golden.at(key).get<std::vector<double>>(); };
+  const std::vector<double> h = values("h"), w_dv = values("w_DV"), dh = values("dh"),
+                            dw_dv = values("dw_DV");
+  for (UnembedLayout layout : kLayouts) {
+    Problem problem(N, D, V, valid, layout, 0);
+    problem.h = h;
+    problem.targets = golden.at("targets").get<std::vector<int32_t>>();
+    problem.mask = golden.at("mask").get<std::vector<uint8_t>>();
+    problem.z_loss_multiplier = golden.at("z_loss_multiplier");
+    // The tied layout's table [V, D] is W [D, V] transposed.
+    std::vector<double> golden_dw(dw_dv.size());
+    for (int64_t d = 0; d < D; ++d) {
+      for (int64_t v = 0; v < V; ++v) {
+        problem.w[weight_index(layout, d, v, D, V)] = w_dv[d * V + v];
+        golden_dw[weight_index(layout, d, v, D, V)] = dw_dv[d * V + v];
+      }
+    }
+    const double loss_sum = golden.at("loss_sum"), z_loss_sum = golden.at("z_loss_sum");
+    for (int64_t chunk : {4, 11}) {
+      const std::string name = std::string(layout_name(layout)) + " chunk " + std::to_string(chunk);
+      std::vector<float> fast_dh(h.size(), 123.0f), fast_dw(golden_dw.size(), 0.0f);
+      const CrossEntropySums fast = problem.fast(&fast_dh, &fast_dw, chunk);
+      const double errors[] = {std::fabs(fast.loss_sum - loss_sum) / loss_sum,
+                               std::fabs(fast.z_loss_sum - z_loss_sum) / z_loss_sum,
+                               relative_error(fast_dh, dh), relative_error(fast_dw, golden_dw)};
+      for (double error : errors) EXPECT_LT(error, 1e-5) << name;
+      report_error("z-loss float32 kernel vs PyTorch (worst) " + name,
+                   *std::max_element(std::begin(errors), std::end(errors)), 1e-5);
+      for (size_t i = 0; i < fast_dw.size(); ++i) {
+        if (problem.is_padding_weight(static_cast<int64_t>(i))) {
+          EXPECT_EQ(fast_dw[i], 0.0f) << name << " padding index " << i;
+        }
+      }
+    }
+    std::vector<double> ref_dh(h.size(), 0.0), ref_dw(golden_dw.size(), 0.0);
+    const CrossEntropySums ref = problem.reference(&ref_dh, &ref_dw);
+    const double reference_errors[] = {std::fabs(ref.loss_sum - loss_sum) / loss_sum,
+                                       std::fabs(ref.z_loss_sum - z_loss_sum) / z_loss_sum,
+                                       relative_error(ref_dh, dh), relative_error(ref_dw, golden_dw)};
+    for (double error : reference_errors) EXPECT_LT(error, 1e-12) << layout_name(layout);
+  }
+}
+
 // bf16 inputs (dtype=bfloat16): the loss is the reference's on h and W rounded to bf16 (float32 sums: the
 // float32 bound). The gradients' GEMMs also round dlogits to bf16 (relative error <= 2^-9 per element), so
 // each gradient element may differ from the reference's by up to 2^-9 times the sum of the magnitudes of
-// the terms it adds; the test allows twice that plus the float32 bound, element by element.
+// the terms it adds; the test allows twice that plus the float32 bound, element by element. Without and
+// with the z-loss (m = 0.3: dlogits softmax (1 + 2 m lse) - onehot, the z-loss sum within the loss's bound).
 TEST(CrossEntropy, Bf16InputsMatchTheReferenceOnRoundedInputs) {
-  for (UnembedLayout layout : kLayouts) {
+  for (const auto& [layout, z_loss_multiplier] :
+       {std::pair{UnembedLayout::kernel_DV, 0.0}, std::pair{UnembedLayout::table_VD, 0.0},
+        std::pair{UnembedLayout::kernel_DV, 0.3}, std::pair{UnembedLayout::table_VD, 0.3}}) {
     Problem problem(37, 16, 50, 45, layout, 61);
     problem.drop_tokens(5, 2);
+    problem.z_loss_multiplier = z_loss_multiplier;
     for (double& value : problem.h)
       value = float_from_bfloat16(bfloat16_from_float(static_cast<float>(value)));
     for (double& value : problem.w)
@@ -214,7 +356,8 @@ TEST(CrossEntropy, Bf16InputsMatchTheReferenceOnRoundedInputs) {
     };
     std::vector<double> ref_dh(problem.h.size(), 0.0), ref_dw(problem.w.size(), 0.0);
     const CrossEntropySums ref = problem.reference(&ref_dh, &ref_dw);
-    // dlogits in double: softmax over the valid columns minus the target's one-hot, zero for dropped rows.
+    // dlogits in double: softmax over the valid columns times (1 + 2 m lse) minus the target's one-hot, zero
+    // for dropped rows.
     std::vector<double> dlogits(static_cast<size_t>(N * valid), 0.0);
     for (int64_t n = 0; n < N; ++n) {
       if (!problem.mask.empty() && problem.mask[n] == 0) continue;
@@ -225,24 +368,33 @@ TEST(CrossEntropy, Bf16InputsMatchTheReferenceOnRoundedInputs) {
         peak = std::max(peak, row[v]);
       }
       for (double& value : row) total += (value = std::exp(value - peak));
-      for (int64_t v = 0; v < valid; ++v) dlogits[n * valid + v] = row[v] / total - (v == problem.targets[n]);
+      const double z_loss_factor = 1.0 + 2.0 * z_loss_multiplier * (peak + std::log(total));
+      for (int64_t v = 0; v < valid; ++v)
+        dlogits[n * valid + v] = row[v] / total * z_loss_factor - (v == problem.targets[n]);
     }
     for (int64_t chunk : {8, 64}) {
-      const std::string name = std::string(layout_name(layout)) + " chunk " + std::to_string(chunk);
+      const std::string name = std::string(layout_name(layout)) + " chunk " + std::to_string(chunk) +
+                               " z_loss_multiplier " + std::to_string(z_loss_multiplier);
       const std::vector<float> h = to_float(problem.h), w = to_float(problem.w);
       std::vector<float> scratch(static_cast<size_t>(cross_entropy_scratch_floats(chunk, V)));
       std::vector<uint16_t> bf16(static_cast<size_t>(cross_entropy_bf16_scratch_elements(chunk, D, V)));
       std::vector<float> dh(h.size(), 123.0f), dw(w.size(), 0.0f);
-      const CrossEntropySums sums = unembed_cross_entropy(dh.data(), dw.data(), h.data(), w.data(), layout,
-                                                          problem.targets.data(), problem.mask_ptr(), N, D, V,
-                                                          valid, chunk, scratch.data(), nullptr, bf16.data());
+      const CrossEntropySums sums = unembed_cross_entropy(
+          dh.data(), dw.data(), h.data(), w.data(), layout, problem.targets.data(), problem.mask_ptr(), N, D,
+          V, valid, z_loss_multiplier, chunk, scratch.data(), nullptr, bf16.data());
       EXPECT_EQ(sums.valid_count, ref.valid_count) << name;
       EXPECT_LT(std::fabs(sums.loss_sum - ref.loss_sum) / std::fabs(ref.loss_sum), 1e-5) << name;
-      // The eval-only call (no gradients) computes the same loss bit for bit.
-      const CrossEntropySums eval = unembed_cross_entropy(nullptr, nullptr, h.data(), w.data(), layout,
-                                                          problem.targets.data(), problem.mask_ptr(), N, D, V,
-                                                          valid, chunk, scratch.data(), nullptr, bf16.data());
+      if (z_loss_multiplier == 0.0) {
+        EXPECT_EQ(sums.z_loss_sum, 0.0) << name;
+      } else {
+        EXPECT_LT(std::fabs(sums.z_loss_sum - ref.z_loss_sum) / ref.z_loss_sum, 1e-5) << name;
+      }
+      // The eval-only call (no gradients) computes the same losses bit for bit.
+      const CrossEntropySums eval = unembed_cross_entropy(
+          nullptr, nullptr, h.data(), w.data(), layout, problem.targets.data(), problem.mask_ptr(), N, D, V,
+          valid, z_loss_multiplier, chunk, scratch.data(), nullptr, bf16.data());
       EXPECT_EQ(eval.loss_sum, sums.loss_sum) << name;
+      EXPECT_EQ(eval.z_loss_sum, sums.z_loss_sum) << name;
       const double rounding = 2.0 * 0x1p-9;
       double worst = 0.0;  // the largest error as a fraction of its element's allowance
       for (int64_t n = 0; n < N; ++n) {
@@ -323,11 +475,6 @@ TEST(CrossEntropy, TargetOutsideValidVocabIsAnInternalError) {
   EXPECT_THROW(problem.fast(nullptr, nullptr, 4), std::logic_error);
 }
 
-// Index of weight (d, v) in a layout with V columns (kernel_DV [D, V]) or rows (table_VD [V, D]).
-int64_t weight_index(UnembedLayout layout, int64_t d, int64_t v, int64_t D, int64_t V) {
-  return layout == UnembedLayout::kernel_DV ? d * V + v : v * D + d;
-}
-
 // The all-reduces of `ranks` threads, one per tensor rank: every rank posts its buffer, waits for the others,
 // reduces all buffers in rank order (so every rank gets the same, deterministic result), waits again until
 // every rank has read every buffer, and writes the result in place.
@@ -380,7 +527,7 @@ class ThreadReducer {
 };
 
 struct ShardRun {
-  CrossEntropySums sums{0.0, 0};
+  CrossEntropySums sums;
   std::vector<float> dh, dw;  // dh written over garbage, dw accumulated onto dw_initial
   std::vector<float> dw_initial;
   int64_t max_calls = 0, sum_calls = 0;    // callback calls
@@ -427,10 +574,10 @@ std::vector<ShardRun> run_vocab_shards(const Problem& problem, int64_t ranks, in
         reducer.sum(rank, values, count);
       };
       std::vector<float> scratch(static_cast<size_t>(cross_entropy_scratch_floats(chunk, V)));
-      run.sums = unembed_cross_entropy(gradients ? run.dh.data() : nullptr,
-                                       gradients ? run.dw.data() : nullptr, h.data(), weights[rank].data(),
-                                       problem.layout, problem.targets.data(), problem.mask_ptr(), problem.N,
-                                       D, V, problem.vocab_valid, chunk, scratch.data(), &parallel, nullptr);
+      run.sums = unembed_cross_entropy(
+          gradients ? run.dh.data() : nullptr, gradients ? run.dw.data() : nullptr, h.data(),
+          weights[rank].data(), problem.layout, problem.targets.data(), problem.mask_ptr(), problem.N, D, V,
+          problem.vocab_valid, problem.z_loss_multiplier, chunk, scratch.data(), &parallel, nullptr);
     });
   }
   for (std::thread& thread : threads) thread.join();
@@ -439,19 +586,23 @@ std::vector<ShardRun> run_vocab_shards(const Problem& problem, int64_t ranks, in
 }
 
 TEST(CrossEntropy, VocabParallelShardsMatchUnsharded) {
-  // {ranks, columns per rank, vocab_valid}: the last valid column falls inside a rank (the rest of it and any
-  // later rank is padding), on a rank boundary (rank 1 of 2 holds only padding), and ranks without any valid
-  // column (t = 3).
+  // {ranks, columns per rank, vocab_valid, z_loss_multiplier}: the last valid column falls inside a rank (the
+  // rest of it and any later rank is padding), on a rank boundary (rank 1 of 2 holds only padding), and ranks
+  // without any valid column (t = 3); each without and with the z-loss (its logsumexp from the combined
+  // statistics).
   struct Split {
     int64_t ranks, V, vocab_valid;
+    double z_loss_multiplier;
   };
-  const Split splits[] = {{2, 16, 27}, {2, 12, 12}, {3, 12, 23}, {4, 10, 33}};
+  const Split splits[] = {{2, 16, 27, 0.0}, {2, 12, 12, 0.0}, {3, 12, 23, 0.0}, {4, 10, 33, 0.0},
+                          {2, 16, 27, 0.3}, {2, 12, 12, 0.3}, {3, 12, 23, 0.3}, {4, 10, 33, 0.3}};
   const double loss_bound = 1e-6, gradient_bound = 1e-5;
   double worst_loss = 0.0, worst_dh = 0.0, worst_dw = 0.0, worst_reference = 0.0;
   for (const Split& split : splits) {
     for (UnembedLayout layout : kLayouts) {
       Problem problem(23, 16, split.ranks * split.V, split.vocab_valid, layout, 81);
       problem.drop_tokens(4, 2);
+      problem.z_loss_multiplier = split.z_loss_multiplier;
       // Padding weights that would dominate the softmax if they took part.
       for (size_t i = 0; i < problem.w.size(); ++i) {
         if (problem.is_padding_weight(static_cast<int64_t>(i))) problem.w[i] = 50.0;
@@ -461,7 +612,8 @@ TEST(CrossEntropy, VocabParallelShardsMatchUnsharded) {
       for (int64_t chunk : {1, 5, 23, 40}) {
         const std::string name = "ranks " + std::to_string(split.ranks) + " V " + std::to_string(split.V) +
                                  " valid " + std::to_string(split.vocab_valid) + " " + layout_name(layout) +
-                                 " chunk " + std::to_string(chunk);
+                                 " chunk " + std::to_string(chunk) + " z_loss_multiplier " +
+                                 std::to_string(split.z_loss_multiplier);
         std::vector<float> full_dh(problem.h.size(), 0.0f), full_dw(problem.w.size(), 0.0f);
         const CrossEntropySums full = problem.fast(&full_dh, &full_dw, chunk);
         const std::vector<ShardRun> runs = run_vocab_shards(problem, split.ranks, chunk, true);
@@ -476,6 +628,8 @@ TEST(CrossEntropy, VocabParallelShardsMatchUnsharded) {
           // without gradients.
           EXPECT_EQ(run.sums.loss_sum, runs[0].sums.loss_sum) << rank_name;
           EXPECT_EQ(evals[rank].sums.loss_sum, run.sums.loss_sum) << rank_name;
+          EXPECT_EQ(run.sums.z_loss_sum, runs[0].sums.z_loss_sum) << rank_name;
+          EXPECT_EQ(evals[rank].sums.z_loss_sum, run.sums.z_loss_sum) << rank_name;
           EXPECT_EQ(run.max_calls, chunks) << rank_name;
           EXPECT_EQ(run.sum_calls, chunks) << rank_name;
           EXPECT_EQ(run.max_values, problem.N) << rank_name;
@@ -501,7 +655,16 @@ TEST(CrossEntropy, VocabParallelShardsMatchUnsharded) {
           worst_dw = std::max(worst_dw, dw_error);
           worst_reference = std::max(worst_reference, relative_error(run.dw, reference_dw));
         }
-        const double loss_error = std::fabs(runs[0].sums.loss_sum - full.loss_sum) / std::fabs(full.loss_sum);
+        double loss_error = std::fabs(runs[0].sums.loss_sum - full.loss_sum) / std::fabs(full.loss_sum);
+        if (split.z_loss_multiplier == 0.0) {
+          EXPECT_EQ(runs[0].sums.z_loss_sum, 0.0) << name;
+        } else {
+          loss_error =
+              std::max(loss_error, std::fabs(runs[0].sums.z_loss_sum - full.z_loss_sum) / full.z_loss_sum);
+          const double ref_z_error = std::fabs(runs[0].sums.z_loss_sum - ref.z_loss_sum) / ref.z_loss_sum;
+          EXPECT_LT(ref_z_error, gradient_bound) << name;
+          worst_reference = std::max(worst_reference, ref_z_error);
+        }
         const double dh_error = relative_error(dh_sum, full_dh);
         EXPECT_LT(loss_error, loss_bound) << name;
         EXPECT_LT(dh_error, gradient_bound) << name;
@@ -518,25 +681,32 @@ TEST(CrossEntropy, VocabParallelShardsMatchUnsharded) {
     }
   }
   EXPECT_LT(worst_reference, gradient_bound);
-  report_error("vocab-parallel vs unsharded: loss_sum (worst config)", worst_loss, loss_bound);
+  report_error("vocab-parallel vs unsharded: loss / z-loss sums (worst)", worst_loss, loss_bound);
   report_error("vocab-parallel vs unsharded: sum of dh (worst config)", worst_dh, gradient_bound);
   report_error("vocab-parallel vs unsharded: dw slice (worst config)", worst_dw, gradient_bound);
   report_error("vocab-parallel vs double reference (worst of all)", worst_reference, gradient_bound);
 }
 
 TEST(CrossEntropy, VocabParallelSingleRankIsBitwiseTheSingleRankKernel) {
-  // With one rank the statistics reduce to the single-rank ones in the same order.
+  // With one rank the statistics reduce to the single-rank ones in the same order, with or without the
+  // z-loss.
   for (UnembedLayout layout : kLayouts) {
-    Problem problem(23, 16, 40, 33, layout, 91);
-    problem.drop_tokens(3, 0);
-    for (int64_t chunk : {1, 7, 23}) {
-      const std::vector<ShardRun> runs = run_vocab_shards(problem, 1, chunk, true);
-      // dw accumulates onto the same initial values as the shard's.
-      std::vector<float> dh(problem.h.size(), 0.0f), dw = runs[0].dw_initial;
-      const CrossEntropySums sums = problem.fast(&dh, &dw, chunk);
-      EXPECT_EQ(runs[0].sums.loss_sum, sums.loss_sum) << layout_name(layout) << " chunk " << chunk;
-      EXPECT_EQ(runs[0].dh, dh) << layout_name(layout) << " chunk " << chunk;
-      EXPECT_EQ(runs[0].dw, dw) << layout_name(layout) << " chunk " << chunk;
+    for (double z_loss_multiplier : {0.0, 0.3}) {
+      Problem problem(23, 16, 40, 33, layout, 91);
+      problem.drop_tokens(3, 0);
+      problem.z_loss_multiplier = z_loss_multiplier;
+      for (int64_t chunk : {1, 7, 23}) {
+        const std::string name = std::string(layout_name(layout)) + " z " +
+                                 std::to_string(z_loss_multiplier) + " chunk " + std::to_string(chunk);
+        const std::vector<ShardRun> runs = run_vocab_shards(problem, 1, chunk, true);
+        // dw accumulates onto the same initial values as the shard's.
+        std::vector<float> dh(problem.h.size(), 0.0f), dw = runs[0].dw_initial;
+        const CrossEntropySums sums = problem.fast(&dh, &dw, chunk);
+        EXPECT_EQ(runs[0].sums.loss_sum, sums.loss_sum) << name;
+        EXPECT_EQ(runs[0].sums.z_loss_sum, sums.z_loss_sum) << name;
+        EXPECT_EQ(runs[0].dh, dh) << name;
+        EXPECT_EQ(runs[0].dw, dw) << name;
+      }
     }
   }
 }
@@ -552,7 +722,7 @@ TEST(CrossEntropy, VocabParallelChecksTargetsAgainstGlobalVocab) {
   parallel.all_reduce_sum = [](double*, int64_t) {};
   const auto run = [&](const VocabParallel* option) {
     return unembed_cross_entropy(nullptr, nullptr, h.data(), w.data(), problem.layout, problem.targets.data(),
-                                 nullptr, 4, 8, 12, 20, 4, scratch.data(), option, nullptr);
+                                 nullptr, 4, 8, 12, 20, 0.0, 4, scratch.data(), option, nullptr);
   };
   problem.targets = {0, 19, 12, 5};
   EXPECT_NO_THROW(run(&parallel));

@@ -96,6 +96,12 @@ void write_dlogits(float* row, int64_t count, float scale, int64_t target, uint1
   if (target >= 0) dlogits_bf16[target] = bfloat16_from_float(row[target] * scale - 1.0f);
 }
 
+// The factor of a counted row's softmax in its dlogits: d(lse - logit[target] + m lse^2) / d logit[v] =
+// softmax[v] (1 + 2 m lse) - onehot[v], softmax[v] = exp[v] / sum_exp. m = 0 gives exactly 1 / sum_exp.
+float softmax_scale(double sum_exp, double log_sum_exp, double z_loss_multiplier) {
+  return static_cast<float>((1.0 + 2.0 * z_loss_multiplier * log_sum_exp) / sum_exp);
+}
+
 // One chunk's gradients from its dlogits [rows, local_valid]: dh rows written, dw accumulated.
 template <class In>
 void backward_chunk(float* dh, float* dw, const In* h_chunk, const In* w, const In* dlogits,
@@ -122,8 +128,8 @@ void backward_chunk(float* dh, float* dw, const In* h_chunk, const In* w, const 
 
 int64_t cross_entropy_scratch_floats(int64_t chunk_tokens, int64_t V) {
   // Logits [C, V] (only the valid columns are used) + C doubles of per-row loss (2 floats each) + the
-  // vocab-parallel statistics: C float maxima and 2 * C doubles (4 floats each) aligned up by at most one
-  // float.
+  // vocab-parallel statistics: C float maxima and 2 * C doubles (4 floats each; one rank's per-row z-losses)
+  // aligned up by at most one float.
   return chunk_tokens * V + 2 * chunk_tokens + chunk_tokens + 4 * chunk_tokens + 1;
 }
 
@@ -134,9 +140,10 @@ int64_t cross_entropy_bf16_scratch_elements(int64_t chunk_tokens, int64_t D, int
 CrossEntropySums unembed_cross_entropy(float* dh, float* dw, const float* h, const float* w,
                                        UnembedLayout layout, const int32_t* targets, const uint8_t* loss_mask,
                                        int64_t N, int64_t D, int64_t V, int64_t vocab_valid,
-                                       int64_t chunk_tokens, float* scratch,
+                                       double z_loss_multiplier, int64_t chunk_tokens, float* scratch,
                                        const VocabParallel* vocab_parallel, uint16_t* bf16_inputs) {
   MT_CHECK(N >= 0 && D >= 1 && V >= 1 && chunk_tokens >= 1, "N >= 0, D >= 1, V >= 1, chunk_tokens >= 1");
+  MT_CHECK(z_loss_multiplier >= 0.0, "z_loss_multiplier >= 0 (the config validates it)");
   const bool parallel = vocab_parallel != nullptr;
   if (parallel) {
     MT_CHECK(vocab_valid >= 1 && vocab_parallel->vocab_offset >= 0, "vocab_valid >= 1, vocab_offset >= 0");
@@ -149,7 +156,7 @@ CrossEntropySums unembed_cross_entropy(float* dh, float* dw, const float* h, con
            "h, w, targets and scratch are required");
   // Targets are validated by the data path; checked here, outside the parallel region (an exception
   // cannot leave an OpenMP region), because an out-of-range target would read past the logits row.
-  CrossEntropySums sums{0.0, 0};
+  CrossEntropySums sums;
   for (int64_t n = 0; n < N; ++n) {
     if (loss_mask != nullptr && loss_mask[n] == 0) continue;
     MT_CHECK(targets[n] >= 0 && targets[n] < vocab_valid, "target out of [0, vocab_valid)");
@@ -165,10 +172,11 @@ CrossEntropySums unembed_cross_entropy(float* dh, float* dw, const float* h, con
   float* logits = scratch;
   unsigned char* row_loss_bytes = reinterpret_cast<unsigned char*>(scratch + chunk_tokens * V);
   // Vocab-parallel statistics after the losses: float maxima [C], then doubles [2 * C] at the next 8-byte
-  // boundary, created there as doubles (the callback takes a double*).
+  // boundary, created there as doubles (the callback takes a double*). A single rank keeps its per-row
+  // z-losses in the first C of those doubles.
   float* maxima = nullptr;
   double* statistics = nullptr;
-  if (parallel && N > 0) {
+  if (N > 0) {
     maxima = scratch + chunk_tokens * V + 2 * chunk_tokens;
     void* place = maxima + chunk_tokens;
     size_t space = static_cast<size_t>(4 * chunk_tokens + 1) * sizeof(float);
@@ -205,11 +213,12 @@ CrossEntropySums unembed_cross_entropy(float* dh, float* dw, const float* h, con
     }
 
     if (!parallel) {
+      double* row_z_losses = statistics;  // [rows]
 #pragma omp parallel for schedule(static)
       for (int64_t r = 0; r < rows; ++r) {
         float* row = logits + r * vocab_valid;
         const bool counts = loss_mask == nullptr || loss_mask[start + r] != 0;
-        double loss = 0.0;
+        double loss = 0.0, z_loss = 0.0;
         if (counts || want_gradients) {
           // Stable log-softmax: shift by the row maximum so exp never overflows. The exponentials are always
           // stored (the chunk's logits are scratch), so the eval-only pass and the pass with gradients run
@@ -217,23 +226,28 @@ CrossEntropySums unembed_cross_entropy(float* dh, float* dw, const float* h, con
           const float max_logit = row_maximum(row, vocab_valid);
           const float target_logit = counts ? row[targets[start + r]] : 0.0f;
           const double sum_exp = exponentiate_and_sum(row, vocab_valid, max_logit);
+          // dlogits = (softmax (1 + 2 m lse) - onehot) * mask: an ignored token contributes an all-zero row.
+          float scale = 0.0f;
           if (counts) {
-            loss = static_cast<double>(max_logit) + std::log(sum_exp) - static_cast<double>(target_logit);
+            const double log_sum_exp = static_cast<double>(max_logit) + std::log(sum_exp);
+            loss = log_sum_exp - static_cast<double>(target_logit);
+            z_loss = z_loss_multiplier * log_sum_exp * log_sum_exp;
+            scale = softmax_scale(sum_exp, log_sum_exp, z_loss_multiplier);
           }
           if (want_gradients) {
-            // dlogits = (softmax - onehot) * mask: an ignored token contributes an all-zero row.
-            const float scale = counts ? static_cast<float>(1.0 / sum_exp) : 0.0f;
             write_dlogits(row, vocab_valid, scale, counts ? targets[start + r] : -1,
                           w_bf16 != nullptr ? dlogits_bf16 + r * vocab_valid : nullptr);
           }
         }
         std::memcpy(row_loss_bytes + r * static_cast<int64_t>(sizeof(double)), &loss, sizeof(double));
+        row_z_losses[r] = z_loss;
       }
-      // Serial sum in row order: the loss does not depend on the thread count.
+      // Serial sums in row order: the losses do not depend on the thread count.
       for (int64_t r = 0; r < rows; ++r) {
         double loss = 0.0;
         std::memcpy(&loss, row_loss_bytes + r * static_cast<int64_t>(sizeof(double)), sizeof(double));
         sums.loss_sum += loss;
+        sums.z_loss_sum += row_z_losses[r];
       }
     } else {
       // Vocab-parallel: the same stable log-softmax with the row maximum and the sum of exponentials
@@ -262,18 +276,23 @@ CrossEntropySums unembed_cross_entropy(float* dh, float* dw, const float* h, con
         target_logits[r] = target_logit;
       }
       vocab_parallel->all_reduce_sum(statistics, 2 * rows);
-      // Serial sum in row order: the loss does not depend on the thread count.
+      // Serial sums in row order: the losses do not depend on the thread count. Each counted row's sum of
+      // exponentials is then replaced by its softmax scale, which the gradients read.
+      double* softmax_scales = sum_exps;  // [rows]
       for (int64_t r = 0; r < rows; ++r) {
         if (loss_mask != nullptr && loss_mask[start + r] == 0) continue;
-        sums.loss_sum += static_cast<double>(maxima[r]) + std::log(sum_exps[r]) - target_logits[r];
+        const double log_sum_exp = static_cast<double>(maxima[r]) + std::log(sum_exps[r]);
+        sums.loss_sum += log_sum_exp - target_logits[r];
+        sums.z_loss_sum += z_loss_multiplier * log_sum_exp * log_sum_exp;
+        softmax_scales[r] = softmax_scale(sum_exps[r], log_sum_exp, z_loss_multiplier);
       }
       if (want_gradients && local_valid > 0) {
 #pragma omp parallel for schedule(static)
         for (int64_t r = 0; r < rows; ++r) {
-          // dlogits = (softmax - onehot) * mask, softmax over all ranks' columns.
+          // dlogits = (softmax (1 + 2 m lse) - onehot) * mask, softmax over all ranks' columns.
           float* row = logits + r * local_valid;
           const bool counts = loss_mask == nullptr || loss_mask[start + r] != 0;
-          const float scale = counts ? static_cast<float>(1.0 / sum_exps[r]) : 0.0f;
+          const float scale = counts ? static_cast<float>(softmax_scales[r]) : 0.0f;
           const int64_t local_target = counts ? targets[start + r] - offset : -1;
           write_dlogits(row, local_valid, scale,
                         local_target >= 0 && local_target < local_valid ? local_target : -1,

@@ -22,6 +22,11 @@ namespace meshtrain::kernels {
 // untouched). Targets of counted tokens must be < vocab_valid; targets of ignored tokens are never read.
 // dh and dw both null = eval only.
 //
+// z-loss (PaLM's, MaxText's z_loss_multiplier m >= 0): each counted token also adds m lse^2, lse the
+// logsumexp of its logits, summed apart in z_loss_sum; the gradients are of loss_sum + z_loss_sum. As
+// d(m lse^2) / d logit_v = 2 m lse softmax_v, a counted row's dlogits are softmax (1 + 2 m lse) - onehot:
+// the same pass over the logits with another scale per row. m = 0 gives bitwise the results without it.
+//
 // vocab_parallel (nullptr = single rank, the whole padded vocabulary is w): vocab_valid stays the GLOBAL
 // valid vocabulary size; this rank's valid local columns are [0, clamp(vocab_valid - vocab_offset, 0, V))
 // (a rank may have none). Per chunk of rows: local logits -> per-row local maxima (-inf without valid
@@ -43,8 +48,8 @@ UnembedCrossEntropy unembed_cross_entropy;
 CrossEntropyBf16ScratchElements cross_entropy_bf16_scratch_elements;
 
 // Floats of scratch unembed_cross_entropy needs: one chunk of logits [C, V], C per-row losses in double, and
-// the vocab-parallel per-row statistics (C float maxima, 2 * C doubles plus one float to align them). The
-// same size with or without vocab_parallel.
+// the vocab-parallel per-row statistics (C float maxima, 2 * C doubles plus one float to align them; one
+// rank keeps its per-row z-losses there). The same size with or without vocab_parallel or the z-loss.
 CrossEntropyScratchFloats cross_entropy_scratch_floats;
 
 // Logits for sampling/eval of one or a few rows: out = h @ W (layout as above); padding columns
@@ -56,7 +61,8 @@ UnembedLogits unembed_logits;
 template <class T>
 CrossEntropySums unembed_cross_entropy_reference(T* dh, T* dw, const T* h, const T* w, UnembedLayout layout,
                                                  const int32_t* targets, const uint8_t* loss_mask, int64_t N,
-                                                 int64_t D, int64_t V, int64_t vocab_valid) {
+                                                 int64_t D, int64_t V, int64_t vocab_valid,
+                                                 double z_loss_multiplier) {
   MT_CHECK(vocab_valid >= 1 && vocab_valid <= V, "vocab_valid must be in [1, V]");
   // Index of weight (d, v) in either layout.
   const auto weight_index = [&](int64_t d, int64_t v) {
@@ -70,7 +76,8 @@ CrossEntropySums unembed_cross_entropy_reference(T* dh, T* dw, const T* h, const
       logits[n * V + v] = sum;
     }
   }
-  CrossEntropySums sums{0.0, 0};
+  const T z_multiplier = static_cast<T>(z_loss_multiplier);
+  CrossEntropySums sums;
   for (int64_t n = 0; n < N; ++n) {
     if (dh != nullptr) std::fill(dh + n * D, dh + (n + 1) * D, T(0));
     if (loss_mask != nullptr && loss_mask[n] == 0) continue;
@@ -82,11 +89,13 @@ CrossEntropySums unembed_cross_entropy_reference(T* dh, T* dw, const T* h, const
     for (int64_t v = 0; v < vocab_valid; ++v) sum_exp += std::exp(row[v] - max_logit);
     const T log_sum_exp = max_logit + std::log(sum_exp);
     sums.loss_sum += static_cast<double>(log_sum_exp - row[target]);
+    sums.z_loss_sum += static_cast<double>(z_multiplier * log_sum_exp * log_sum_exp);
     sums.valid_count += 1;
     if (dh == nullptr && dw == nullptr) continue;
     for (int64_t v = 0; v < vocab_valid; ++v) {
-      // d(lse - logit[target]) / d logit[v] = softmax[v] - onehot[v].
-      const T dlogit = std::exp(row[v] - log_sum_exp) - (v == target ? T(1) : T(0));
+      // d(lse - logit[target] + m lse^2) / d logit[v] = softmax[v] (1 + 2 m lse) - onehot[v].
+      const T dlogit = std::exp(row[v] - log_sum_exp) * (T(1) + T(2) * z_multiplier * log_sum_exp) -
+                       (v == target ? T(1) : T(0));
       for (int64_t d = 0; d < D; ++d) {
         if (dh != nullptr) dh[n * D + d] += dlogit * w[weight_index(d, v)];
         if (dw != nullptr) dw[weight_index(d, v)] += dlogit * h[n * D + d];

@@ -200,8 +200,12 @@ void backward_chunk(float* dh_chunk, float* dw, const In* h_chunk, const In* w, 
 CrossEntropySums unembed_cross_entropy(float* dh, float* dw, const float* h, const float* w,
                                        UnembedLayout layout, const int32_t* targets, const uint8_t* loss_mask,
                                        int64_t N, int64_t D, int64_t V, int64_t vocab_valid,
-                                       int64_t chunk_tokens, float* scratch,
+                                       double z_loss_multiplier, int64_t chunk_tokens, float* scratch,
                                        const VocabParallel* vocab_parallel, uint16_t* bf16_inputs) {
+  // The z-loss has not run on a GPU: a run with z_loss_multiplier > 0 on an NVIDIA topology is refused before
+  // any step (runtime/engine.cpp, check_plan_runs_here), so it never reaches this kernel.
+  MT_CHECK(z_loss_multiplier == 0.0,
+           "the z-loss (z_loss_multiplier > 0) is not implemented on the cuda backend");
   MT_CHECK(vocab_parallel == nullptr,
            "vocab-parallel (tensor-parallel) cross-entropy is not implemented on the cuda backend; the plan "
            "must not shard the vocabulary over tensor ranks on NVIDIA devices");
@@ -209,7 +213,7 @@ CrossEntropySums unembed_cross_entropy(float* dh, float* dw, const float* h, con
   MT_CHECK(vocab_valid >= 1 && vocab_valid <= V, "vocab_valid must be in [1, V]");
   MT_CHECK(N == 0 || (h != nullptr && w != nullptr && targets != nullptr && scratch != nullptr),
            "h, w, targets and scratch are required");
-  if (N == 0) return CrossEntropySums{0.0, 0};
+  if (N == 0) return CrossEntropySums{};
 
   const int64_t C = chunk_tokens;
   const bool want_gradients = dh != nullptr || dw != nullptr;
@@ -264,7 +268,7 @@ CrossEntropySums unembed_cross_entropy(float* dh, float* dw, const float* h, con
   Totals host{};
   memory_copy_out(&host, totals, sizeof host);  // waits for the stream
   MT_CHECK(host.valid_count != kBadTarget, "a counted token's target is out of [0, vocab_valid)");
-  return CrossEntropySums{host.loss_sum, static_cast<int64_t>(host.valid_count)};
+  return CrossEntropySums{host.loss_sum, static_cast<int64_t>(host.valid_count), 0.0};
 }
 
 void unembed_logits(float* out, const float* h, const float* w, UnembedLayout layout, int64_t N, int64_t D,

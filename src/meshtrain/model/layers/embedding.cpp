@@ -122,6 +122,8 @@ void add_final_norm_and_loss(SpecBuilder& builder, NormKind norm, BufferId resid
       builder.bf16_inputs_scratch("scratch/cross_entropy_bf16_inputs",
                                   builder.kernels().cross_entropy_bf16_scratch_elements(chunk_tokens, D, V));
   const BufferId hidden = final_norm.out, targets = spec.targets, loss_mask = spec.loss_mask;
+  const double z_loss_multiplier = spec.options.loss.z_loss_multiplier;
+  // The GEMMs' FLOPs: the softmax's per-logit work is not priced, nor the z-loss's few per token.
   const double flops = 2.0 * static_cast<double>(N * D * V);
   const VocabParallelLoss vocab_parallel =
       vocab_parallel_loss(builder, table_shard(builder, "vocab", V_valid), N);
@@ -140,8 +142,10 @@ void add_final_norm_and_loss(SpecBuilder& builder, NormKind norm, BufferId resid
           const kernels::CrossEntropySums sums = c.kernels->unembed_cross_entropy(
               with_gradient ? c.f32(d_hidden) : nullptr, with_gradient ? c.f32(d_unembedding) : nullptr,
               c.f32(hidden), c.f32(unembedding), layout, c.i32(targets), c.u8(loss_mask), N, D, V, V_valid,
-              chunk_tokens, c.f32(logits_scratch), reductions ? &*reductions : nullptr, c.bf16(bf16_inputs));
+              z_loss_multiplier, chunk_tokens, c.f32(logits_scratch), reductions ? &*reductions : nullptr,
+              c.bf16(bf16_inputs));
           c.loss_sums->loss_sum += sums.loss_sum;
+          c.loss_sums->z_loss_sum += sums.z_loss_sum;
           c.loss_sums->valid_count += sums.valid_count;
         },
         OpKind::loss};

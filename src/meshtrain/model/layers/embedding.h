@@ -17,7 +17,8 @@ EmbeddingLayer add_embedding(SpecBuilder& builder, bool learned_positions, Buffe
 // the embedding (shared/specs/pipeline.md: the first and last chunks each hold it).
 BufferId add_embedding_table(SpecBuilder& builder);
 
-// Final norm, then loss = sum of cross-entropy over masked targets (the step divides by the global count).
+// Final norm, then loss = sum of cross-entropy over masked targets (the step divides by the global count),
+// and beside it the z-loss sum (options.loss: z_loss_multiplier x logsumexp^2 per counted target).
 // The unembedding is the embedding table when `tied_table` is set, else its own [D, V] kernel. A decode spec
 // ends with the next token's logits instead (ModelSpec::logits).
 void add_final_norm_and_loss(SpecBuilder& builder, NormKind norm, BufferId residual, BufferId tied_table,
