@@ -121,6 +121,8 @@ expect config "config key 'enable_data_shuffling'" "true or false" "'maybe'" -- 
   "$meshtrain" train qwen3-tiny "${tiny[@]}" enable_data_shuffling=maybe
 expect config "config key 'hf_eos_token_id'" "a token id in [0, vocab_size = 8192), null, absent" -- \
   "$meshtrain" info qwen3-tiny hf_eos_token_id=8192
+expect config "config key 'z_loss_multiplier'" "0 (no z-loss) or a positive finite multiplier" "-0.001" -- \
+  "$meshtrain" train qwen3-tiny "${tiny[@]}" z_loss_multiplier=-1e-3
 expect config "config key 'train_data_columns'" "the name of the column" -- \
   "$meshtrain" train qwen3-tiny "${tiny[@]/dataset_type=synthetic/dataset_type=text}" train_data_columns=
 # --- mesh ------------------------------------------------------------------------------------------------
@@ -131,6 +133,8 @@ expect mesh "config key 'topology'" "h100xN" -- "$meshtrain" compile qwen3-tiny 
 # A GPU run: what the cuda kernels do not run yet, whatever the machine; no GPU here (CI), or no CUDA build.
 expect mesh "config key 'num_experts'" "topology=cpu" -- "$meshtrain" train deepseek-tiny topology=h200x1 steps=1 \
   dataset_type=synthetic tokenizer_path= dataset_path= eval_dataset_path=
+expect mesh "config key 'z_loss_multiplier'" "set z_loss_multiplier=0" -- \
+  "$meshtrain" train qwen3-tiny "${tiny[@]}" topology=h200x1 z_loss_multiplier=1e-4
 if ! command -v nvidia-smi >/dev/null || ! nvidia-smi -L >/dev/null 2>&1; then
   expect mesh "config key 'topology'" "NVIDIA GPU" -- "$meshtrain" train qwen3-tiny "${tiny[@]}" topology=h200x1
 fi

@@ -46,8 +46,10 @@ void check_plan_runs_here(const TrainingPlan& plan, int64_t world) {
     }
     // The cuda loss kernel has no z-loss (kernels/cuda/cross_entropy.h): not run on a GPU yet.
     if (c.z_loss_multiplier > 0.0) {
-      not_on_gpu("z_loss_multiplier", to_text(c.z_loss_multiplier) + " (a z-loss)",
-                 "set z_loss_multiplier=0");
+      not_on_gpu(
+          "z_loss_multiplier",
+          to_text(c.z_loss_multiplier) + " (a z-loss, which the cuda loss kernel does not compute yet)",
+          "set z_loss_multiplier=0");
     }
   }
   // Whether this process can run the backend's kernels at all: a topology without a backend here (TPU,
