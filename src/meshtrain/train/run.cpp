@@ -20,7 +20,6 @@
 #include "meshtrain/core/durable_file.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/data/sources.h"
-#include "meshtrain/train/schedule.h"
 
 namespace meshtrain {
 namespace {
@@ -259,15 +258,27 @@ InjectedFault injected_fault() {
   const char* text = std::getenv("MESHTRAIN_FAULT");
   if (!text) return fault;
   std::istringstream fields(text);
-  std::string step, rank, seconds;
+  std::string step, rank, value;
   std::getline(fields, fault.kind, ':');
   std::getline(fields, step, ':');
   std::getline(fields, rank, ':');
-  std::getline(fields, seconds, ':');
+  std::getline(fields, value, ':');
   fault.step = step.empty() ? -1 : std::stoll(step);
   fault.rank = rank.empty() ? -1 : std::stoll(rank);
-  fault.seconds = seconds.empty() ? 0.0 : std::stod(seconds);
+  fault.value = value.empty() ? 0.0 : std::stod(value);
   return fault;
+}
+
+// MESHTRAIN_FAULT=spike_loss:STEP:RANK[:COUNT]: whether this rank's loss sum is multiplied (by 1000) in step
+// `step`, one of COUNT steps from STEP (default 1). Rank RANK's and those of the ranks that differ from it
+// only along stage and tensor: they hold the same rows (the last stage computes their loss sums, the others
+// add 0; tensor peers compute the same sums), so a real spike would show on all of them alike.
+bool spike_injected(const InjectedFault& fault, const Mesh& mesh, int64_t step, int64_t rank) {
+  const int64_t count = std::max<int64_t>(1, static_cast<int64_t>(fault.value));
+  if (fault.kind != "spike_loss" || step < fault.step || step >= fault.step + count) return false;
+  if (fault.rank < 0 || fault.rank >= mesh.devices()) return false;
+  constexpr std::array<MeshAxis, 2> same_rows = {MeshAxis::stage, MeshAxis::tensor};
+  return mesh_group(mesh, rank, same_rows).colour == mesh_group(mesh, fault.rank, same_rows).colour;
 }
 
 void write_resolved_config(const Config& config, const std::string& run_dir) {
@@ -559,6 +570,13 @@ void Run::prepare_steps() {
   progress_.emplace(config_.steps, state_.step, console_);
   fault_ = injected_fault();
   raise_injected_signal(fault_, 0, ranks_.world->rank());
+  schedule_ = learning_rate_schedule(config_);
+  if (config_.skip_step_on_spikes) {
+    spikes_.emplace(config_.skip_step_interval, config_.skip_step_scaling_factor);
+    // A checkpoint saved without spike skipping holds no window: it fills again from here.
+    if (state_.train_state.contains("skip_step"))
+      spikes_->restore(state_.train_state["skip_step"], "checkpoint metadata.json: train_state.skip_step");
+  }
   planned_step_bytes_ = nlohmann::json::object();
   for (const auto& [axis, bytes] : step_collective_bytes(engine_->plan())) planned_step_bytes_[axis] = bytes;
 }
@@ -569,6 +587,7 @@ void Run::save(int64_t step, const nlohmann::json& data_cursor) {
   state_.data_cursor = data_cursor;
   state_.rng = {{"init_weights_seed", config_.init_weights_seed},
                 {"data_shuffle_seed", config_.data_shuffle_seed}};
+  if (spikes_) state_.train_state = {{"skip_step", spikes_->to_json()}};
   const auto start = std::chrono::steady_clock::now();
   summary_.last_checkpoint = save_checkpoint(checkpoints_dir_, *engine_, state_, checkpoint_options_);
   ranks_.world->barrier("checkpoint saved");  // no rank resumes (or looks for it) before it is committed
@@ -603,6 +622,36 @@ LossSums Run::run_micro_batches(int64_t rank, PreparedStep& prepared) {
   return engine_->run_program(engine_->plan().program.gradients, {take}).sums;
 }
 
+bool Run::skip_spike(int64_t step, double loss, double lm_loss, const PreparedStep& prepared) {
+  const std::string reason = spikes_->spike_reason(loss);
+  if (reason.empty()) {
+    spikes_->record(loss, false);
+    return false;
+  }
+  engine_->abandon_step();  // the reductions started during the last backward finish before anything reuses
+                            // them
+  const std::string where = "training step " + std::to_string(step + 1);
+  const int64_t in_a_row = spikes_->skips_in_a_row() + 1;
+  if (config_.skip_step_max_consecutive > 0 && in_a_row >= config_.skip_step_max_consecutive) {
+    save(step, prepared.cursor);  // the state before this step (its window too): a restart trains it again
+    fail(
+        where,
+        "at most skip_step_max_consecutive=" + std::to_string(config_.skip_step_max_consecutive) +
+            " loss spikes in a row",
+        std::to_string(in_a_row) + " in a row (steps " + std::to_string(step + 2 - in_a_row) + ".." +
+            std::to_string(step + 1) + "), the last: " + reason,
+        "the loss has moved for good: resume from an earlier checkpoint with a lower learning_rate, or raise "
+        "skip_step_max_consecutive (0: no limit) to let the window take the new level");
+  }
+  spikes_->record(loss, true);
+  if (metrics_)
+    metrics_->write(
+        {{"step", step + 1}, {"loss", loss}, {"lm_loss", lm_loss}, {"skipped", "loss spike: " + reason}});
+  progress_->message(where + ": loss spike, step skipped (" + reason + ")");
+  ++step_;  // the prefetcher has moved on: the skipped batch is consumed
+  return true;
+}
+
 StepOutcome Run::step(const RunControl& control) {
   const int64_t step = step_;
   // A signal reaches the ranks at different moments (or before the first step): they stop together, here.
@@ -618,7 +667,7 @@ StepOutcome Run::step(const RunControl& control) {
   const int64_t rank = ranks_.world->rank();
   engine.reset_collective_stats();
   if (fault_.at("stall", step + 1, rank))
-    std::this_thread::sleep_for(std::chrono::duration<double>(fault_.seconds));
+    std::this_thread::sleep_for(std::chrono::duration<double>(fault_.value));
   raise_injected_signal(fault_, step + 1, rank);
   PreparedStep prepared = take_batches();
   const double data_wait_seconds = batches_->last_wait_seconds();
@@ -626,6 +675,7 @@ StepOutcome Run::step(const RunControl& control) {
   // Dies between the backward pass and the step's reductions: the other ranks are inside the step.
   if (fault_.at("kill", step + 1, rank)) std::raise(SIGKILL);
   if (fault_.at("nan_loss", step + 1, rank)) local.loss_sum = std::numeric_limits<double>::quiet_NaN();
+  if (spike_injected(fault_, mesh_, step + 1, rank)) local.loss_sum *= 1000.0;
   // Every rank sees a non-finite loss of any rank before the optimizer step, and which rank it was.
   const bool bad_here = !std::isfinite(local.loss_sum);
   int64_t lowest_bad =
@@ -654,7 +704,8 @@ StepOutcome Run::step(const RunControl& control) {
     ++step_;  // the prefetcher has moved on: the skipped batch is consumed
     return StepOutcome::skipped;
   }
-  const double learning_rate = learning_rate_at(config_, step);
+  if (spikes_ && skip_spike(step, loss, lm_loss, prepared)) return StepOutcome::skipped;
+  const double learning_rate = schedule_.at(step);
   const ProgramInputs update_inputs{
       .micro_batch = nullptr, .valid_count = local.valid_count, .learning_rate = learning_rate, .step = step};
   const UpdateResult update = engine.run_program(engine.plan().program.update, update_inputs).update;
