@@ -780,12 +780,11 @@ void resolve_schedule_keys(Config& c) {
          "set it to the length the schedule should have, e.g. the planned total steps of a run done in legs");
   }
   for (const auto& [key, value] :
-       {std::pair<const char*, double>{"warmup_steps_fraction", c.warmup_steps_fraction},
-        {"learning_rate_final_fraction", c.learning_rate_final_fraction},
+       {std::pair<std::string, double>{"warmup_steps_fraction", c.warmup_steps_fraction},
+        {in_force, c.learning_rate_final_fraction},  // the name the user gave
         {"wsd_decay_steps_fraction", c.wsd_decay_steps_fraction}}) {
     if (!(value >= 0.0 && value <= 1.0)) {
-      fail(std::string("config key '") + key + "'", "a fraction in [0, 1]", to_text(value),
-           "e.g. 0.1 (the default)");
+      fail("config key '" + key + "'", "a fraction in [0, 1]", to_text(value), "e.g. 0.1 (the default)");
     }
   }
   if (c.lr_schedule_type == LrScheduleType::wsd &&
