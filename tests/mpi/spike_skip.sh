@@ -10,9 +10,8 @@
 source "$(dirname "$0")/common.sh" "$1"
 status=0
 fail() { echo "FAIL: $*"; status=1; }
-# skip_step_interval 4: the check starts once the window holds max(2, 4 / 2) - 1 = 1 loss (MaxText's rule).
-spike=(skip_step_on_spikes=true skip_step_interval=4 learning_rate_schedule_steps=10 learning_rate=1e-2
-  per_device_batch_size=2 collective_timeout_s=60)
+spike=(skip_step_on_spikes=true learning_rate_schedule_steps=10 learning_rate=1e-2 per_device_batch_size=2
+  max_num_checkpoints_to_keep=0 collective_timeout_s=60)
 train() {  # train NAME FAULT [key=value ...]: 2 ranks on the tiny keys; the exit status is the job's
   local name=$1 fault=$2
   shift 2
@@ -30,13 +29,14 @@ skipped_steps() {
 }
 
 # Each mesh with the rank the spike is put on; under stages a first-stage rank: the hook multiplies the loss of
-# that rank's rows, which the last stage computes.
+# that rank's rows, which the last stage computes. skip_step_interval 4: the check starts once the window holds
+# max(2, 4 / 2) - 1 = 1 loss (MaxText's rule).
 for case in "mesh.data=2:1" "mesh.tensor=2:1" "mesh.stage=2 gradient_accumulation_steps=2:0"; do
   mesh=${case%:*} rank=${case##*:} name=$(echo "${case%:*}" | tr ' =.' '___')
   # shellcheck disable=SC2086
-  train "${name}_clean" "" $mesh steps=6 checkpoint_period=1 || fail "$mesh: the clean run failed: $(tail -3 "$work/${name}_clean.log")"
+  train "${name}_clean" "" $mesh skip_step_interval=4 steps=6 checkpoint_period=1 || fail "$mesh: the clean run failed: $(tail -3 "$work/${name}_clean.log")"
   # shellcheck disable=SC2086
-  train "${name}_spike" "spike_loss:4:$rank" $mesh steps=4 ||
+  train "${name}_spike" "spike_loss:4:$rank" $mesh skip_step_interval=4 steps=4 ||
     fail "$mesh: the run with a spike failed: $(tail -3 "$work/${name}_spike.log")"
   [ "$(skipped_steps "${name}_spike")" = "4" ] || fail "$mesh: skipped steps '$(skipped_steps "${name}_spike")', expected 4"
   grep -q "training step 4: loss spike, step skipped (loss .* > mean .* + 6 x std .* of the last 3 losses)" \
@@ -61,17 +61,21 @@ done
 [ "$(field whole batch_crc32c | cut -d' ' -f6)" = "$(field mesh_data_2_clean batch_crc32c | cut -d' ' -f6)" ] ||
   fail "step 6 after the skip did not read the clean run's step 6 batch: the skipped batch was not consumed"
 
-# Three spikes in a row (steps 3..5) with skip_step_max_consecutive=3: the third stops the run, status 1, every
-# rank names it, and the checkpoint of step 4 holds the state of step 2 (both skips changed nothing).
+# Spikes from step 4 on with skip_step_max_consecutive=3: each skipped spike enters the window, so the threshold
+# rises; with interval 8 and 1 standard deviation three of them in a row are still spikes (step 4: 3 losses a
+# before it; step 5: 3 a and 1 spike S, mean S / 4, std S / 2; step 6: mean 2 S / 5, std 0.55 S). The third
+# stops the run, status 1, every rank names it, and the checkpoint of step 5 holds the state of step 3 (both
+# skips changed nothing).
 rc=0
-train in_a_row "spike_loss:3:1:5" mesh.data=2 steps=8 skip_step_max_consecutive=3 || rc=$?
+train in_a_row "spike_loss:4:1:5" mesh.data=2 steps=8 skip_step_interval=8 skip_step_scaling_factor=1 \
+  skip_step_max_consecutive=3 || rc=$?
 [ "$rc" -eq 1 ] || fail "three spikes in a row: exit status $rc, expected 1: $(tail -3 "$work/in_a_row.log")"
-message="training step 5: expected at most skip_step_max_consecutive=3 loss spikes in a row, found 3 in a row (steps 3..5)"
+message="training step 6: expected at most skip_step_max_consecutive=3 loss spikes in a row, found 3 in a row (steps 4..6)"
 ranks_saying=$(grep -F -- "$message" "$work/in_a_row.log" | sed -n 's/.*meshtrain: error (rank \([0-9]*\)).*/\1/p' | sort -u | wc -l)
 [ "$ranks_saying" -eq 2 ] || fail "not both ranks said '$message': $(grep -m2 error "$work/in_a_row.log")"
-[ "$(newest_committed "$work/in_a_row")" = 4 ] || fail "newest checkpoint $(newest_committed "$work/in_a_row"), expected 4"
-[ "$(skipped_steps in_a_row)" = "3 4" ] || fail "logged skips '$(skipped_steps in_a_row)', expected '3 4'"
-same mesh_data_2_clean step_00000002 in_a_row step_00000004 >"$work/in_a_row_same.log" ||
+[ "$(newest_committed "$work/in_a_row")" = 5 ] || fail "newest checkpoint $(newest_committed "$work/in_a_row"), expected 5"
+[ "$(skipped_steps in_a_row)" = "4 5" ] || fail "logged skips '$(skipped_steps in_a_row)', expected '4 5'"
+same mesh_data_2_clean step_00000003 in_a_row step_00000005 >"$work/in_a_row_same.log" ||
   fail "the skips in a row changed the state: $(cat "$work/in_a_row_same.log")"
 grep -m1 -F "$message" "$work/in_a_row.log" || true
 
