@@ -29,14 +29,14 @@ skipped_steps() {
 }
 
 # Each mesh with the rank the spike is put on; under stages a first-stage rank: the hook multiplies the loss of
-# that rank's rows, which the last stage computes. skip_step_interval 4: the check starts once the window holds
-# max(2, 4 / 2) - 1 = 1 loss (MaxText's rule).
+# that rank's rows, which the last stage computes. skip_step_interval 6: the check starts once the window holds
+# max(2, 6 / 2) - 1 = 2 losses (MaxText's rule), at step 3.
 for case in "mesh.data=2:1" "mesh.tensor=2:1" "mesh.stage=2 gradient_accumulation_steps=2:0"; do
   mesh=${case%:*} rank=${case##*:} name=$(echo "${case%:*}" | tr ' =.' '___')
   # shellcheck disable=SC2086
-  train "${name}_clean" "" $mesh skip_step_interval=4 steps=6 checkpoint_period=1 || fail "$mesh: the clean run failed: $(tail -3 "$work/${name}_clean.log")"
+  train "${name}_clean" "" $mesh skip_step_interval=6 steps=6 checkpoint_period=1 || fail "$mesh: the clean run failed: $(tail -3 "$work/${name}_clean.log")"
   # shellcheck disable=SC2086
-  train "${name}_spike" "spike_loss:4:$rank" $mesh skip_step_interval=4 steps=4 ||
+  train "${name}_spike" "spike_loss:4:$rank" $mesh skip_step_interval=6 steps=4 ||
     fail "$mesh: the run with a spike failed: $(tail -3 "$work/${name}_spike.log")"
   [ "$(skipped_steps "${name}_spike")" = "4" ] || fail "$mesh: skipped steps '$(skipped_steps "${name}_spike")', expected 4"
   grep -q "training step 4: loss spike, step skipped (loss .* > mean .* + 6 x std .* of the last 3 losses)" \

@@ -240,6 +240,13 @@ double evaluate(Engine& engine, BatchLoader& loader, int64_t eval_steps, const R
   return total.valid_count > 0 ? total.loss_sum / static_cast<double>(total.valid_count) : 0.0;
 }
 
+// Hex text: an identity to compare (which tokens a step read), not a number for TensorBoard to plot.
+std::string batch_checksum_text(uint32_t crc32c) {
+  char checksum[9];
+  std::snprintf(checksum, sizeof checksum, "%08x", crc32c);
+  return checksum;
+}
+
 std::string seconds_text(double seconds) {
   char text[32];
   std::snprintf(text, sizeof text, "%.3f s", seconds);
@@ -644,9 +651,12 @@ bool Run::skip_spike(int64_t step, double loss, double lm_loss, const PreparedSt
         "skip_step_max_consecutive (0: no limit) to let the window take the new level");
   }
   spikes_->record(loss, true);
-  if (metrics_)
-    metrics_->write(
-        {{"step", step + 1}, {"loss", loss}, {"lm_loss", lm_loss}, {"skipped", "loss spike: " + reason}});
+  if (metrics_) {
+    nlohmann::json record = {
+        {"step", step + 1}, {"loss", loss}, {"lm_loss", lm_loss}, {"skipped", "loss spike: " + reason}};
+    if (prepared.batch_crc32c) record["batch_crc32c"] = batch_checksum_text(*prepared.batch_crc32c);
+    metrics_->write(record);
+  }
   progress_->message(where + ": loss spike, step skipped (" + reason + ")");
   ++step_;  // the prefetcher has moved on: the skipped batch is consumed
   return true;
@@ -739,12 +749,7 @@ StepOutcome Run::step(const RunControl& control) {
                            {"valid_tokens", sums.valid_count},
                            {"data_wait_s", data_wait_seconds},
                            {"data_wait_fraction", data_wait_seconds / step_seconds}};
-  if (prepared.batch_crc32c) {
-    // Hex text: an identity to compare, not a number for TensorBoard to plot.
-    char checksum[9];
-    std::snprintf(checksum, sizeof checksum, "%08x", *prepared.batch_crc32c);
-    record["batch_crc32c"] = checksum;
-  }
+  if (prepared.batch_crc32c) record["batch_crc32c"] = batch_checksum_text(*prepared.batch_crc32c);
   // The whole model's layers, whatever stage holds them (whole_model_sums).
   if (!engine.whole_model().moe_layers.empty()) record["moe"] = routing_metrics(engine.whole_model(), sums);
   if (!prepared.data_metrics.is_null()) record["data"] = std::move(prepared.data_metrics);
