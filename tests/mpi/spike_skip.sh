@@ -44,7 +44,7 @@ for case in "mesh.data=2:1" "mesh.tensor=2:1" "mesh.stage=2 gradient_accumulatio
   grep -q '"skipped": *"loss spike: loss' "$work/${name}_spike/metrics.jsonl" || fail "$mesh: no 'skipped' field"
   same "${name}_clean" step_00000003 "${name}_spike" step_00000004 >"$work/${name}_same.log" ||
     fail "$mesh: the skipped step changed the state: $(cat "$work/${name}_same.log")"
-  echo "$mesh (spike on rank $rank): step 4 skipped by both ranks, state unchanged; losses $(field "${name}_spike" loss)"
+  echo "$mesh (spike on rank $rank): skipped steps $(skipped_steps "${name}_spike"); losses $(field "${name}_spike" loss)"
 done
 
 # The window in the checkpoint: interval 8 checks from 3 losses on, so a run resumed after step 4 sees the spike
