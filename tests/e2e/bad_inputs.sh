@@ -125,6 +125,34 @@ expect config "config key 'z_loss_multiplier'" "0 (no z-loss) or a positive fini
   "$meshtrain" train qwen3-tiny "${tiny[@]}" z_loss_multiplier=-1e-3
 expect config "config key 'train_data_columns'" "the name of the column" -- \
   "$meshtrain" train qwen3-tiny "${tiny[@]/dataset_type=synthetic/dataset_type=text}" train_data_columns=
+# The learning-rate schedule and spike skipping (issue 41): names, fractions, lengths, the final fraction's two
+# names, the spike statistic's window and factor; refused before the run directory exists.
+expect config "config key 'lr_schedule_type'" "cosine, wsd or constant" "did you mean 'wsd'" -- \
+  "$meshtrain" train qwen3-tiny "${tiny[@]}" lr_schedule_type=wds run_dir="$work/schedule_run"
+[ ! -e "$work/schedule_run" ] || { echo "FAIL [config] lr_schedule_type: the run directory was made"; status=1; }
+expect config "config key 'wsd_decay_style'" "linear, cosine or 1-sqrt" "did you mean '1-sqrt'" -- \
+  "$meshtrain" info qwen3-tiny lr_schedule_type=wsd wsd_decay_style=sqrt
+expect config "config key 'warmup_steps_fraction'" "a fraction in [0, 1]" "found 1.5" -- \
+  "$meshtrain" info qwen3-tiny warmup_steps_fraction=1.5
+expect config "config key 'learning_rate_final_fraction'" "a fraction in [0, 1]" "found -0.1" -- \
+  "$meshtrain" info qwen3-tiny learning_rate_final_fraction=-0.1
+expect config "config key 'cosine_learning_rate_final_fraction'" "a fraction in [0, 1]" -- \
+  "$meshtrain" info qwen3-tiny cosine_learning_rate_final_fraction=2
+expect config "config key 'wsd_decay_steps_fraction'" "a fraction in [0, 1]" -- \
+  "$meshtrain" info qwen3-tiny wsd_decay_steps_fraction=1.2
+expect config "'warmup_steps_fraction' + 'wsd_decay_steps_fraction'" "at most 1" "0.5 + 0.6" -- \
+  "$meshtrain" info qwen3-tiny lr_schedule_type=wsd warmup_steps_fraction=0.5 wsd_decay_steps_fraction=0.6
+for schedule_steps in -2 0; do
+  expect config "config key 'learning_rate_schedule_steps'" "-1 (the run's steps) or a positive number" -- \
+    "$meshtrain" info qwen3-tiny learning_rate_schedule_steps=$schedule_steps
+done
+expect config "'learning_rate_final_fraction' / 'cosine_learning_rate_final_fraction'" "0.2 / 0.3" -- \
+  "$meshtrain" info qwen3-tiny learning_rate_final_fraction=0.2 cosine_learning_rate_final_fraction=0.3
+expect config "config key 'skip_step_interval'" "at least 2" -- "$meshtrain" info qwen3-tiny skip_step_interval=1
+expect config "config key 'skip_step_scaling_factor'" "a positive number" -- \
+  "$meshtrain" info qwen3-tiny skip_step_scaling_factor=0
+expect config "config key 'skip_step_max_consecutive'" "0 (no limit)" -- \
+  "$meshtrain" info qwen3-tiny skip_step_max_consecutive=-1
 # --- mesh ------------------------------------------------------------------------------------------------
 expect mesh "config key 'mesh'" "product of 1" -- "$meshtrain" train qwen3-tiny "${tiny[@]}" mesh.fsdp=3
 expect mesh "config key 'base_num_query_heads'" "tensor degree 8" -- \

@@ -17,12 +17,14 @@
 
 #include "error_text.h"
 #include "meshtrain/cli/compile.h"
+#include "meshtrain/cli/info.h"
 #include "meshtrain/config/config.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/plan/context_attention.h"
 #include "meshtrain/plan/pipeline_step.h"
 #include "meshtrain/plan/plan.h"
 #include "meshtrain/plan/search.h"
+#include "meshtrain/train/schedule.h"
 
 namespace meshtrain {
 namespace {
@@ -79,6 +81,25 @@ class CompileCli : public ::testing::Test {
   void TearDown() override { fs::remove_all(directory_); }
   fs::path directory_;
 };
+
+// Issue 41: compile and info print the run's learning-rate schedule as a table (its rows are
+// LearningRateSchedule.TheTableNamesEachPhaseAndWhatComesAfter's), here a wsd schedule shorter than the run.
+TEST_F(CompileCli, CompileAndInfoPrintTheLearningRateSchedule) {
+  const std::vector<std::string> overrides = {"kernels=update", "steps=120",
+                                              "learning_rate_schedule_steps=100", "lr_schedule_type=wsd"};
+  std::vector<std::string> arguments = {"qwen3-tiny"};
+  arguments.insert(arguments.end(), overrides.begin(), overrides.end());
+  const std::string table =
+      learning_rate_schedule_table(learning_rate_schedule(load_config("qwen3-tiny", overrides)), 120);
+  std::ostringstream info;
+  EXPECT_EQ(run_info(arguments, info), 0);
+  for (const std::string& output : {run(arguments), info.str()}) {
+    EXPECT_TRUE(contains(output, table)) << output;
+    EXPECT_TRUE(contains(output, "learning rate: wsd (linear decay) schedule of 100 steps")) << output;
+    EXPECT_TRUE(contains(output, "this run: 120 steps, the last at lr 0 (20 steps after the schedule"))
+        << output;
+  }
+}
 
 TEST_F(CompileCli, PrintsEveryKernelAndTheVerdict) {
   const std::vector<std::string> overrides = {"topology=cpu", "mesh.data=2"};

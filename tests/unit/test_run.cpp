@@ -95,6 +95,55 @@ TEST_F(RunTest, StopAfterStepEndsTheRunAndAResumeContinues) {
   EXPECT_EQ(resumed.finish().first_step, 2);
 }
 
+// Issue 41: with learning_rate_schedule_steps set, a run of 2 steps resumed to 4 trains what a 4-step run
+// does, bitwise (losses, rates, gradient norms, and the weights and moments saved at step 4); without it the
+// first leg decays over its own 2 steps and the weights part from step 1 on.
+TEST_F(RunTest, AResumeWithMoreStepsKeepsASetScheduleBitwise) {
+  const auto train = [&](const std::string& run_dir, int64_t steps, const std::string& schedule_steps) {
+    Config config = tiny_config(run_dir, steps);
+    config.set("learning_rate_schedule_steps", schedule_steps);
+    RunRanks ranks;
+    ranks.world = make_world_communicator(60.0);
+    meshtrain::Run run(config, prepare_run(config, 1), console_, ranks);
+    while (run.steps_left()) run.step({});
+    run.finish();
+  };
+  const auto trained = [](const std::string& run_dir) {  // per step: what the step computed and read
+    std::vector<nlohmann::json> steps;
+    std::ifstream metrics(run_dir + "/metrics.jsonl");
+    for (std::string line; std::getline(metrics, line);) {
+      const nlohmann::json record = nlohmann::json::parse(line);
+      steps.push_back({{"loss", record.at("loss")},
+                       {"lr", record.at("lr")},
+                       {"grad_norm", record.at("grad_norm")},
+                       {"raw_grad_norm", record.at("raw_grad_norm")},
+                       {"batch_crc32c", record.at("batch_crc32c")}});
+    }
+    return steps;
+  };
+  const auto saved_state = [](const std::string& run_dir) {
+    std::ifstream file(run_dir + "/checkpoints/step_00000004/shards/rank_00000.safetensors",
+                       std::ios::binary);
+    return std::string((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  };
+  train(run_dir_ + "/whole", 4, "4");
+  train(run_dir_ + "/legs", 2, "4");
+  train(run_dir_ + "/legs", 4, "4");
+  const std::vector<nlohmann::json> whole = trained(run_dir_ + "/whole"), legs = trained(run_dir_ + "/legs");
+  ASSERT_EQ(whole.size(), 4u);
+  ASSERT_EQ(legs, whole);
+  const std::string state = saved_state(run_dir_ + "/whole");
+  ASSERT_FALSE(state.empty());
+  EXPECT_TRUE(saved_state(run_dir_ + "/legs") == state) << "the weights and moments at step 4 differ";
+
+  train(run_dir_ + "/unset", 2, "-1");
+  train(run_dir_ + "/unset", 4, "-1");
+  const std::vector<nlohmann::json> unset = trained(run_dir_ + "/unset");
+  ASSERT_EQ(unset.size(), 4u);
+  EXPECT_NE(unset[1].at("lr"), whole[1].at("lr")) << "the 2-step leg has a schedule of its own";
+  EXPECT_NE(unset[2].at("loss"), whole[2].at("loss"));
+}
+
 // A full state resumes with its global batch: gradient_accumulation_steps derived for the new device count
 // and batch size, or a count that cannot divide it refused before anything loads; weights only derive
 // nothing.

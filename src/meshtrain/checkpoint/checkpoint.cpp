@@ -485,6 +485,7 @@ void finish_checkpoint_files(const fs::path& directory, const Config& config, co
   metadata["config"] = std::move(resolved);
   metadata["rng"] = state.rng;
   metadata["data_cursor"] = state.data_cursor;
+  if (!state.train_state.is_null()) metadata["train_state"] = state.train_state;
   metadata["tokenizer"] = {{"identity", options.tokenizer_identity}, {"files", tokenizer_names}};
   for (const auto& [key, value] : extra.items()) metadata[key] = value;
   ordered_json sums = ordered_json::object();
@@ -964,6 +965,7 @@ CheckpointState load_into_host_state(const std::string& checkpoint_dir, Engine& 
       state.step = json_integer(m.at("step"), 0, std::numeric_limits<int64_t>::max(), metadata_where, "step");
       state.data_cursor = m.at("data_cursor");
       state.rng = m.at("rng");
+      state.train_state = m.value("train_state", json());  // older checkpoints hold none
     }
   } catch (const json::exception& e) {
     fail(metadata_where, "a metadata.json written by meshtrain (format version 1 to 3)", e.what(),

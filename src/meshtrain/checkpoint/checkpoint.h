@@ -54,6 +54,7 @@ struct CheckpointState {
   int64_t step = 0;            // optimizer steps completed
   nlohmann::json data_cursor;  // the data loader's position (opaque)
   nlohmann::json rng;          // seeds / RNG state (opaque)
+  nlohmann::json train_state;  // the run's own state beyond the step (opaque; null: none, not written)
 };
 
 struct CheckpointOptions {

@@ -21,6 +21,7 @@
 #include "meshtrain/plan/pipeline_step.h"
 #include "meshtrain/plan/plan.h"
 #include "meshtrain/plan/search.h"
+#include "meshtrain/train/schedule.h"
 
 namespace meshtrain {
 namespace {
@@ -152,6 +153,7 @@ void print_header(const TrainingPlan& plan, const std::string& config_argument, 
   }
   out << row("threads", format("%lld per rank", static_cast<long long>(plan.threads)));
   out << row("plan", plan_text);
+  out << "\n" << learning_rate_schedule_table(learning_rate_schedule(c), c.steps);
 }
 
 void print_kernel(const KernelPlan& kernel, std::ostream& out) {

@@ -9,6 +9,7 @@
 #include "meshtrain/model/segments.h"
 #include "meshtrain/model/spec.h"
 #include "meshtrain/optim/optimizer.h"
+#include "meshtrain/train/schedule.h"
 
 namespace meshtrain {
 
@@ -104,6 +105,7 @@ int run_info(const std::vector<std::string>& arguments, std::ostream& out) {
                 static_cast<long long>(config.max_target_length),
                 static_cast<long long>(config.gradient_accumulation_steps));
   out << line;
+  out << learning_rate_schedule_table(learning_rate_schedule(config), config.steps);
   return 0;
 }
 

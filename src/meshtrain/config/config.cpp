@@ -283,8 +283,13 @@ const std::vector<KeyEntry>& key_table() {
       entry("exit_duration_in_mins", &Config::exit_duration_in_mins),
       entry("steps", &Config::steps),
       entry("learning_rate", &Config::learning_rate),
+      entry("learning_rate_schedule_steps", &Config::learning_rate_schedule_steps),
       entry("warmup_steps_fraction", &Config::warmup_steps_fraction),
+      entry("lr_schedule_type", &Config::lr_schedule_type, kLrScheduleTypeNames),
+      entry("learning_rate_final_fraction", &Config::learning_rate_final_fraction),
       entry("cosine_learning_rate_final_fraction", &Config::cosine_learning_rate_final_fraction),
+      entry("wsd_decay_steps_fraction", &Config::wsd_decay_steps_fraction),
+      entry("wsd_decay_style", &Config::wsd_decay_style, kWsdDecayStyleNames),
       entry("adam_b1", &Config::adam_b1),
       entry("adam_b2", &Config::adam_b2),
       entry("adam_eps", &Config::adam_eps),
@@ -292,6 +297,10 @@ const std::vector<KeyEntry>& key_table() {
       entry("gradient_clipping_threshold", &Config::gradient_clipping_threshold),
       entry("init_weights_seed", &Config::init_weights_seed),
       entry("skip_nonfinite_steps", &Config::skip_nonfinite_steps),
+      entry("skip_step_on_spikes", &Config::skip_step_on_spikes),
+      entry("skip_step_interval", &Config::skip_step_interval),
+      entry("skip_step_scaling_factor", &Config::skip_step_scaling_factor),
+      entry("skip_step_max_consecutive", &Config::skip_step_max_consecutive),
       entry("dataset_type", &Config::dataset_type, kDatasetTypeNames),
       records_key(entry("dataset_path", &Config::dataset_path)),
       entry("eval_dataset_path", &Config::eval_dataset_path),
@@ -748,6 +757,60 @@ void validate_hf_token_id_keys(const Config& c) {
   }
 }
 
+// The schedule and spike keys (before anything is allocated). The final fraction has two names: today's
+// learning_rate_final_fraction (MaxText's) and the older cosine_learning_rate_final_fraction (the key
+// contract's, held by committed checkpoints' configs); the one given sets both, both given must agree.
+void resolve_schedule_keys(Config& c) {
+  const bool new_name = c.given.contains("learning_rate_final_fraction");
+  const bool old_name = c.given.contains("cosine_learning_rate_final_fraction");
+  if (new_name && old_name && c.learning_rate_final_fraction != c.cosine_learning_rate_final_fraction) {
+    fail("config keys 'learning_rate_final_fraction' / 'cosine_learning_rate_final_fraction'",
+         "one value (the second is the first's older name)",
+         to_text(c.learning_rate_final_fraction) + " / " + to_text(c.cosine_learning_rate_final_fraction),
+         "set learning_rate_final_fraction only");
+  }
+  const std::string in_force =
+      old_name && !new_name ? "cosine_learning_rate_final_fraction" : "learning_rate_final_fraction";
+  const auto written = std::find_if(c.resolved.begin(), c.resolved.end(),
+                                    [&](const auto& key_text) { return key_text.first == in_force; });
+  const std::string text = written->second;  // a copy: set() rewrites the entries
+  c.set("learning_rate_final_fraction", text);
+  c.set("cosine_learning_rate_final_fraction", text);
+  if (c.learning_rate_schedule_steps == 0 || c.learning_rate_schedule_steps < -1) {
+    fail("config key 'learning_rate_schedule_steps'", "-1 (the run's steps) or a positive number of steps",
+         text_of(c.learning_rate_schedule_steps),
+         "set it to the length the schedule should have, e.g. the planned total steps of a run done in legs");
+  }
+  for (const auto& [key, value] :
+       {std::pair<std::string, double>{"warmup_steps_fraction", c.warmup_steps_fraction},
+        {in_force, c.learning_rate_final_fraction},  // the name the user gave
+        {"wsd_decay_steps_fraction", c.wsd_decay_steps_fraction}}) {
+    if (!(value >= 0.0 && value <= 1.0)) {
+      fail("config key '" + key + "'", "a fraction in [0, 1]", to_text(value), "e.g. 0.1 (the default)");
+    }
+  }
+  if (c.lr_schedule_type == LrScheduleType::wsd &&
+      c.warmup_steps_fraction + c.wsd_decay_steps_fraction > 1.0) {
+    fail("config keys 'warmup_steps_fraction' + 'wsd_decay_steps_fraction' (lr_schedule_type=wsd)",
+         "at most 1 (warmup and decay share the schedule; the stable phase is the rest)",
+         to_text(c.warmup_steps_fraction) + " + " + to_text(c.wsd_decay_steps_fraction),
+         "lower one of the two");
+  }
+  // MaxText's statistic needs two losses for a standard deviation.
+  if (c.skip_step_interval < 2) {
+    fail("config key 'skip_step_interval'", "at least 2 recent losses (their mean and standard deviation)",
+         text_of(c.skip_step_interval), "MaxText's default is 128");
+  }
+  if (!(c.skip_step_scaling_factor > 0.0)) {
+    fail("config key 'skip_step_scaling_factor'", "a positive number of standard deviations",
+         to_text(c.skip_step_scaling_factor), "MaxText's default is 6.0");
+  }
+  if (c.skip_step_max_consecutive < 0) {
+    fail("config key 'skip_step_max_consecutive'", "0 (no limit) or a positive number of skips in a row",
+         text_of(c.skip_step_max_consecutive), "e.g. 10 (the default)");
+  }
+}
+
 }  // namespace
 
 Config load_config(const std::string& config_argument, const std::vector<std::string>& overrides,
@@ -797,6 +860,7 @@ Config load_config(const std::string& config_argument, const std::vector<std::st
   validate_attention_and_moe_keys(config, config.mesh[MeshAxis::expert]);
   validate_engram_and_mhc_keys(config);
   validate_hf_token_id_keys(config);
+  resolve_schedule_keys(config);
   if (!(config.exit_duration_in_mins >= 0.0)) {
     fail("config key 'exit_duration_in_mins'", "0 (no limit) or a positive number of minutes",
          to_text(config.exit_duration_in_mins),

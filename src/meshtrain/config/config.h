@@ -65,13 +65,27 @@ inline constexpr std::array kPipelineScheduleKinds = {
     PipelineScheduleKind::gpipe, PipelineScheduleKind::one_f_one_b,
     PipelineScheduleKind::interleaved_one_f_one_b, PipelineScheduleKind::zero_bubble};
 
+// The learning-rate schedule's shape (train/schedule.h): MaxText's lr_schedule_type names (cosine, wsd:
+// warmup-stable-decay) and constant (warmup, then the peak). WSD's decay follows wsd_decay_style: MaxText's
+// linear and cosine, and 1-sqrt (Hägele et al. 2024; torchtitan's decay_type `sqrt`).
+enum class LrScheduleType { cosine, wsd, constant };
+inline constexpr std::array kLrScheduleTypeNames = {"cosine", "wsd", "constant"};
+inline constexpr std::array kLrScheduleTypes = {LrScheduleType::cosine, LrScheduleType::wsd,
+                                                LrScheduleType::constant};
+enum class WsdDecayStyle { linear, cosine, one_minus_sqrt };
+inline constexpr std::array kWsdDecayStyleNames = {"linear", "cosine", "1-sqrt"};
+inline constexpr std::array kWsdDecayStyles = {WsdDecayStyle::linear, WsdDecayStyle::cosine,
+                                               WsdDecayStyle::one_minus_sqrt};
+
 static_assert(kDecoderBlocks.size() == kDecoderBlockNames.size() &&
                   kAttentionTypes.size() == kAttentionTypeNames.size() &&
                   kRoutedScoreFuncs.size() == kRoutedScoreFuncNames.size() &&
                   kContextParallelStrategies.size() == kContextParallelStrategyNames.size() &&
                   kRematPolicies.size() == kRematPolicyNames.size() &&
                   kDatasetTypes.size() == kDatasetTypeNames.size() &&
-                  kPipelineScheduleKinds.size() == kPipelineScheduleNames.size(),
+                  kPipelineScheduleKinds.size() == kPipelineScheduleNames.size() &&
+                  kLrScheduleTypes.size() == kLrScheduleTypeNames.size() &&
+                  kWsdDecayStyles.size() == kWsdDecayStyleNames.size(),
               "one name per enum value");
 
 inline const char* decoder_block_name(DecoderBlock block) {
@@ -91,6 +105,12 @@ inline const char* dataset_type_name(DatasetType type) {
 }
 inline const char* pipeline_schedule_name(PipelineScheduleKind kind) {
   return kPipelineScheduleNames[static_cast<size_t>(kind)];
+}
+inline const char* lr_schedule_type_name(LrScheduleType type) {
+  return kLrScheduleTypeNames[static_cast<size_t>(type)];
+}
+inline const char* wsd_decay_style_name(WsdDecayStyle style) {
+  return kWsdDecayStyleNames[static_cast<size_t>(style)];
 }
 
 // The values the key context_parallel_reorder takes, by name (ContextReorder and its names are in
@@ -189,12 +209,28 @@ struct Config {
   // Optimisation
   int64_t steps = 0;
   double learning_rate = 3e-4;
+  // The schedule (train/schedule.h has its closed forms): its length in steps (-1: `steps`), the warmup's
+  // share of it, its shape, and the final rate as a fraction of the peak. cosine_learning_rate_final_fraction
+  // is the older name of learning_rate_final_fraction: load_config copies the one given into the other (both
+  // given with different values is an error), so both always hold the value in force.
+  int64_t learning_rate_schedule_steps = -1;
   double warmup_steps_fraction = 0.1;
+  LrScheduleType lr_schedule_type = LrScheduleType::cosine;
+  double learning_rate_final_fraction = 0.1;
   double cosine_learning_rate_final_fraction = 0.1;
+  double wsd_decay_steps_fraction = 0.1;  // wsd: the decay's share of the schedule
+  WsdDecayStyle wsd_decay_style = WsdDecayStyle::linear;
   double adam_b1 = 0.9, adam_b2 = 0.95, adam_eps = 1e-8, adam_weight_decay = 0.1;
   double gradient_clipping_threshold = 1.0;
   int64_t init_weights_seed = 0;
   bool skip_nonfinite_steps = false;
+  // Spike skipping (train/spike_skip.h, MaxText's keys): a step whose loss is above the mean of the last
+  // skip_step_interval losses by more than skip_step_scaling_factor standard deviations is skipped;
+  // skip_step_max_consecutive such skips in a row (0: no limit) stop the run.
+  bool skip_step_on_spikes = false;
+  int64_t skip_step_interval = 128;
+  double skip_step_scaling_factor = 6.0;
+  int64_t skip_step_max_consecutive = 10;
   // Data, runs, checkpoints
   DatasetType dataset_type = DatasetType::text;
   std::string dataset_path, eval_dataset_path, tokenizer_path;

@@ -20,7 +20,6 @@
 #include "meshtrain/core/durable_file.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/data/sources.h"
-#include "meshtrain/train/schedule.h"
 
 namespace meshtrain {
 namespace {
@@ -248,6 +247,13 @@ double evaluate(Engine& engine, BatchLoader& loader, int64_t eval_steps, const R
   return total.valid_count > 0 ? total.loss_sum / static_cast<double>(total.valid_count) : 0.0;
 }
 
+// Hex text: an identity to compare (which tokens a step read), not a number for TensorBoard to plot.
+std::string batch_checksum_text(uint32_t crc32c) {
+  char checksum[9];
+  std::snprintf(checksum, sizeof checksum, "%08x", crc32c);
+  return checksum;
+}
+
 std::string seconds_text(double seconds) {
   char text[32];
   std::snprintf(text, sizeof text, "%.3f s", seconds);
@@ -266,15 +272,27 @@ InjectedFault injected_fault() {
   const char* text = std::getenv("MESHTRAIN_FAULT");
   if (!text) return fault;
   std::istringstream fields(text);
-  std::string step, rank, seconds;
+  std::string step, rank, value;
   std::getline(fields, fault.kind, ':');
   std::getline(fields, step, ':');
   std::getline(fields, rank, ':');
-  std::getline(fields, seconds, ':');
+  std::getline(fields, value, ':');
   fault.step = step.empty() ? -1 : std::stoll(step);
   fault.rank = rank.empty() ? -1 : std::stoll(rank);
-  fault.seconds = seconds.empty() ? 0.0 : std::stod(seconds);
+  fault.value = value.empty() ? 0.0 : std::stod(value);
   return fault;
+}
+
+// MESHTRAIN_FAULT=spike_loss:STEP:RANK[:COUNT]: whether this rank's loss sum is multiplied (by 1000) in step
+// `step`, one of COUNT steps from STEP (default 1). Rank RANK's and those of the ranks that differ from it
+// only along stage and tensor: they hold the same rows (the last stage computes their loss sums, the others
+// add 0; tensor peers compute the same sums), so a real spike would show on all of them alike.
+bool spike_injected(const InjectedFault& fault, const Mesh& mesh, int64_t step, int64_t rank) {
+  const int64_t count = std::max<int64_t>(1, static_cast<int64_t>(fault.value));
+  if (fault.kind != "spike_loss" || step < fault.step || step >= fault.step + count) return false;
+  if (fault.rank < 0 || fault.rank >= mesh.devices()) return false;
+  constexpr std::array<MeshAxis, 2> same_rows = {MeshAxis::stage, MeshAxis::tensor};
+  return mesh_group(mesh, rank, same_rows).colour == mesh_group(mesh, fault.rank, same_rows).colour;
 }
 
 void write_resolved_config(const Config& config, const std::string& run_dir) {
@@ -566,6 +584,13 @@ void Run::prepare_steps() {
   progress_.emplace(config_.steps, state_.step, console_);
   fault_ = injected_fault();
   raise_injected_signal(fault_, 0, ranks_.world->rank());
+  schedule_ = learning_rate_schedule(config_);
+  if (config_.skip_step_on_spikes) {
+    spikes_.emplace(config_.skip_step_interval, config_.skip_step_scaling_factor);
+    // A checkpoint saved without spike skipping holds no window: it fills again from here.
+    if (state_.train_state.contains("skip_step"))
+      spikes_->restore(state_.train_state["skip_step"], "checkpoint metadata.json: train_state.skip_step");
+  }
   planned_step_bytes_ = nlohmann::json::object();
   for (const auto& [axis, bytes] : step_collective_bytes(engine_->plan())) planned_step_bytes_[axis] = bytes;
 }
@@ -576,6 +601,7 @@ void Run::save(int64_t step, const nlohmann::json& data_cursor) {
   state_.data_cursor = data_cursor;
   state_.rng = {{"init_weights_seed", config_.init_weights_seed},
                 {"data_shuffle_seed", config_.data_shuffle_seed}};
+  if (spikes_) state_.train_state = {{"skip_step", spikes_->to_json()}};
   const auto start = std::chrono::steady_clock::now();
   summary_.last_checkpoint = save_checkpoint(checkpoints_dir_, *engine_, state_, checkpoint_options_);
   ranks_.world->barrier("checkpoint saved");  // no rank resumes (or looks for it) before it is committed
@@ -610,6 +636,39 @@ LossSums Run::run_micro_batches(int64_t rank, PreparedStep& prepared) {
   return engine_->run_program(engine_->plan().program.gradients, {take}).sums;
 }
 
+bool Run::skip_spike(int64_t step, double loss, double lm_loss, const PreparedStep& prepared) {
+  const std::string reason = spikes_->spike_reason(loss);
+  if (reason.empty()) {
+    spikes_->record(loss, false);
+    return false;
+  }
+  engine_->abandon_step();  // the reductions started during the last backward finish before anything reuses
+                            // them
+  const std::string where = "training step " + std::to_string(step + 1);
+  const int64_t in_a_row = spikes_->skips_in_a_row() + 1;
+  if (config_.skip_step_max_consecutive > 0 && in_a_row >= config_.skip_step_max_consecutive) {
+    save(step, prepared.cursor);  // the state before this step (its window too): a restart trains it again
+    fail(
+        where,
+        "at most skip_step_max_consecutive=" + std::to_string(config_.skip_step_max_consecutive) +
+            " loss spikes in a row",
+        std::to_string(in_a_row) + " in a row (steps " + std::to_string(step + 2 - in_a_row) + ".." +
+            std::to_string(step + 1) + "), the last: " + reason,
+        "the loss has moved for good: resume from an earlier checkpoint with a lower learning_rate, or raise "
+        "skip_step_max_consecutive (0: no limit) to let the window take the new level");
+  }
+  spikes_->record(loss, true);
+  if (metrics_) {
+    nlohmann::json record = {
+        {"step", step + 1}, {"loss", loss}, {"lm_loss", lm_loss}, {"skipped", "loss spike: " + reason}};
+    if (prepared.batch_crc32c) record["batch_crc32c"] = batch_checksum_text(*prepared.batch_crc32c);
+    metrics_->write(record);
+  }
+  progress_->message(where + ": loss spike, step skipped (" + reason + ")");
+  ++step_;  // the prefetcher has moved on: the skipped batch is consumed
+  return true;
+}
+
 StepOutcome Run::step(const RunControl& control) {
   const int64_t step = step_;
   // A signal reaches the ranks at different moments (or before the first step): they stop together, here.
@@ -625,7 +684,7 @@ StepOutcome Run::step(const RunControl& control) {
   const int64_t rank = ranks_.world->rank();
   engine.reset_collective_stats();
   if (fault_.at("stall", step + 1, rank))
-    std::this_thread::sleep_for(std::chrono::duration<double>(fault_.seconds));
+    std::this_thread::sleep_for(std::chrono::duration<double>(fault_.value));
   raise_injected_signal(fault_, step + 1, rank);
   PreparedStep prepared = take_batches();
   const double data_wait_seconds = batches_->last_wait_seconds();
@@ -633,6 +692,7 @@ StepOutcome Run::step(const RunControl& control) {
   // Dies between the backward pass and the step's reductions: the other ranks are inside the step.
   if (fault_.at("kill", step + 1, rank)) std::raise(SIGKILL);
   if (fault_.at("nan_loss", step + 1, rank)) local.loss_sum = std::numeric_limits<double>::quiet_NaN();
+  if (spike_injected(fault_, mesh_, step + 1, rank)) local.loss_sum *= 1000.0;
   // Every rank sees a non-finite loss of any rank before the optimizer step, and which rank it was.
   const bool bad_here = !std::isfinite(local.loss_sum) || !std::isfinite(local.z_loss_sum);
   int64_t lowest_bad =
@@ -662,7 +722,8 @@ StepOutcome Run::step(const RunControl& control) {
     ++step_;  // the prefetcher has moved on: the skipped batch is consumed
     return StepOutcome::skipped;
   }
-  const double learning_rate = learning_rate_at(config_, step);
+  if (spikes_ && skip_spike(step, loss, lm_loss, prepared)) return StepOutcome::skipped;
+  const double learning_rate = schedule_.at(step);
   const ProgramInputs update_inputs{
       .micro_batch = nullptr, .valid_count = local.valid_count, .learning_rate = learning_rate, .step = step};
   const UpdateResult update = engine.run_program(engine.plan().program.update, update_inputs).update;
@@ -697,12 +758,7 @@ StepOutcome Run::step(const RunControl& control) {
                            {"data_wait_s", data_wait_seconds},
                            {"data_wait_fraction", data_wait_seconds / step_seconds}};
   if (config_.z_loss_multiplier > 0.0) record["z_loss"] = z_loss;
-  if (prepared.batch_crc32c) {
-    // Hex text: an identity to compare, not a number for TensorBoard to plot.
-    char checksum[9];
-    std::snprintf(checksum, sizeof checksum, "%08x", *prepared.batch_crc32c);
-    record["batch_crc32c"] = checksum;
-  }
+  if (prepared.batch_crc32c) record["batch_crc32c"] = batch_checksum_text(*prepared.batch_crc32c);
   // The whole model's layers, whatever stage holds them (whole_model_sums).
   if (!engine.whole_model().moe_layers.empty()) record["moe"] = routing_metrics(engine.whole_model(), sums);
   if (!prepared.data_metrics.is_null()) record["data"] = std::move(prepared.data_metrics);

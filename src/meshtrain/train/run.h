@@ -30,6 +30,8 @@
 #include "meshtrain/runtime/engram_inputs.h"
 #include "meshtrain/train/machine.h"
 #include "meshtrain/train/preemption.h"
+#include "meshtrain/train/schedule.h"
+#include "meshtrain/train/spike_skip.h"
 #include "meshtrain/train/trainer.h"
 
 namespace meshtrain {
@@ -92,13 +94,14 @@ std::string keep_checkpoint_global_batch(Config& config, int64_t world_size);
 // Every rank must run the same binary with the same config: a mismatch would hang or corrupt collectives.
 uint64_t run_identity(const Config& config);
 
-// Test-only fault injection, MESHTRAIN_FAULT=KIND:STEP:RANK[:SECONDS] (KIND nan_loss, nan_gradient, stall,
-// kill: SIGKILL after the step's backward pass, or sigusr1 / sigterm: the rank signals itself during the
-// step, STEP 0 during set-up): the failure tests of distributed runs make one rank misbehave at one step.
+// Test-only fault injection, MESHTRAIN_FAULT=KIND:STEP:RANK[:VALUE] (KIND nan_loss, nan_gradient, stall
+// for VALUE seconds, kill: SIGKILL after the step's backward pass, sigusr1 / sigterm: the rank signals itself
+// during the step, STEP 0 during set-up, or spike_loss: rank RANK's loss x 1000 in VALUE steps in a row from
+// STEP, default 1): the failure tests of distributed runs make one rank misbehave at one step.
 struct InjectedFault {
   std::string kind;
   int64_t step = -1, rank = -1;
-  double seconds = 0.0;
+  double value = 0.0;
   bool at(const char* what, int64_t now, int64_t this_rank) const {
     return kind == what && step == now && rank == this_rank;
   }
@@ -107,7 +110,8 @@ struct InjectedFault {
 // What one call of Run::step() did.
 enum class StepOutcome {
   trained,  // an optimizer step (its metrics written)
-  skipped,  // a non-finite loss or gradient with skip_nonfinite_steps: no update, the batch consumed
+  skipped,  // a non-finite loss or gradient with skip_nonfinite_steps, or a loss spike with
+            // skip_step_on_spikes: no update, the batch consumed
   stopped,  // every rank agreed to stop before this step (a signal, the time limit), or RunControl ended the
             // run after it
 };
@@ -119,8 +123,8 @@ class Run {
 
   bool steps_left() const { return step_ < config_.steps; }
   // One optimizer step: the agreed stop check at the boundary before it (a stop trains nothing), the
-  // micro-batches, the agreed non-finite check, the update, metrics, eval, trace, progress, a periodic
-  // checkpoint.
+  // micro-batches, the agreed non-finite check, the spike check, the update, metrics, eval, trace, progress,
+  // a periodic checkpoint.
   StepOutcome step(const RunControl& control);
   // The final save (when anything trained or a state was loaded from elsewhere), what a stop did (the time
   // from the signal to the committed checkpoint) and the summary.
@@ -138,6 +142,9 @@ class Run {
 
   PreparedStep take_batches();
   LossSums run_micro_batches(int64_t rank, PreparedStep& prepared);
+  // skip_step_on_spikes: whether the step's global loss is a spike (then it is logged and skipped, or the run
+  // stops after skip_step_max_consecutive of them in a row); the loss enters the window either way.
+  bool skip_spike(int64_t step, double loss, double lm_loss, const PreparedStep& prepared);
   // `data_cursor`: the position of the next step to train (the step that failed, or the prefetcher's next).
   void save(int64_t step, const nlohmann::json& data_cursor);
 
@@ -172,8 +179,10 @@ class Run {
   PreemptionWatch preemption_;
   StopRequest stop_;  // why step() stopped the run, if it did
   InjectedFault fault_;
-  nlohmann::json planned_step_bytes_;  // per mesh axis: what one step's kernels move, as planned
-  int64_t step_ = 0;                   // optimizer steps done
+  LearningRateSchedule schedule_;
+  std::optional<LossSpikeWindow> spikes_;  // skip_step_on_spikes only
+  nlohmann::json planned_step_bytes_;      // per mesh axis: what one step's kernels move, as planned
+  int64_t step_ = 0;                       // optimizer steps done
 };
 
 }  // namespace meshtrain

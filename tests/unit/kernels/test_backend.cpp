@@ -428,7 +428,7 @@ TEST(KernelBackend, DenseTrainingTouchesADeviceArenaOnlyThroughTheTable) {
             << preset;
       }
       EXPECT_EQ(guarded.eval(batch).loss_sum, plain.eval(batch).loss_sum) << preset;
-      save_checkpoint(dir.string(), guarded, {2, {}, {}}, {});
+      save_checkpoint(dir.string(), guarded, {2, {}, {}, {}}, {});
       EXPECT_EQ(guarded.host_copy_bytes(), 0u) << preset << ": the save's host copy outlived it";
     }
     // Loaded into a fresh guarded engine, the state trains on as the host engine does.
