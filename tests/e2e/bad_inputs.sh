@@ -121,6 +121,10 @@ expect config "config key 'enable_data_shuffling'" "true or false" "'maybe'" -- 
   "$meshtrain" train qwen3-tiny "${tiny[@]}" enable_data_shuffling=maybe
 expect config "config key 'hf_eos_token_id'" "a token id in [0, vocab_size = 8192), null, absent" -- \
   "$meshtrain" info qwen3-tiny hf_eos_token_id=8192
+expect config "config key 'adamw_mask'" "'layers_0/mlp/w0'" "matches none" "decoder/layers_0/mlp/wo/kernel" -- \
+  "$meshtrain" train qwen3-tiny "${tiny[@]}" 'adamw_mask=[layers_0/mlp/w0]'
+expect config "config key 'adamw_mask_include'" "regular expressions" "'norm('" -- \
+  "$meshtrain" info qwen3-tiny 'adamw_mask_include=[norm(]'
 expect config "config key 'train_data_columns'" "the name of the column" -- \
   "$meshtrain" train qwen3-tiny "${tiny[@]/dataset_type=synthetic/dataset_type=text}" train_data_columns=
 # --- mesh ------------------------------------------------------------------------------------------------

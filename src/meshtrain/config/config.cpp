@@ -9,6 +9,7 @@
 #include <functional>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <set>
 #include <system_error>
 
@@ -287,6 +288,8 @@ const std::vector<KeyEntry>& key_table() {
       entry("adam_b2", &Config::adam_b2),
       entry("adam_eps", &Config::adam_eps),
       entry("adam_weight_decay", &Config::adam_weight_decay),
+      entry("adamw_mask", &Config::adamw_mask),
+      entry("adamw_mask_include", &Config::adamw_mask_include),
       entry("gradient_clipping_threshold", &Config::gradient_clipping_threshold),
       entry("init_weights_seed", &Config::init_weights_seed),
       entry("skip_nonfinite_steps", &Config::skip_nonfinite_steps),
@@ -746,6 +749,25 @@ void validate_hf_token_id_keys(const Config& c) {
   }
 }
 
+// adamw_mask, adamw_mask_include: each item a valid regular expression (whether it matches a tensor is the
+// optimizer's check, optim/groups.h, once the model's names are known).
+void validate_decay_pattern_keys(const Config& c) {
+  for (const auto& [key, patterns] :
+       {std::pair<const char*, const std::vector<std::string>&>{"adamw_mask", c.adamw_mask},
+        {"adamw_mask_include", c.adamw_mask_include}}) {
+    for (const std::string& pattern : patterns) {
+      try {
+        std::regex compiled(pattern);
+      } catch (const std::regex_error& error) {
+        fail(std::string("config key '") + key + "'",
+             "ECMAScript regular expressions searched in canonical parameter names",
+             "'" + pattern + "' (" + error.what() + ")",
+             "e.g. " + std::string(key) + "=[norm, bias] (a list item holds no comma on the command line)");
+      }
+    }
+  }
+}
+
 }  // namespace
 
 Config load_config(const std::string& config_argument, const std::vector<std::string>& overrides,
@@ -795,6 +817,7 @@ Config load_config(const std::string& config_argument, const std::vector<std::st
   validate_attention_and_moe_keys(config, config.mesh[MeshAxis::expert]);
   validate_engram_and_mhc_keys(config);
   validate_hf_token_id_keys(config);
+  validate_decay_pattern_keys(config);
   if (!(config.exit_duration_in_mins >= 0.0)) {
     fail("config key 'exit_duration_in_mins'", "0 (no limit) or a positive number of minutes",
          to_text(config.exit_duration_in_mins),

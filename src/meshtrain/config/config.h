@@ -190,6 +190,10 @@ struct Config {
   double warmup_steps_fraction = 0.1;
   double cosine_learning_rate_final_fraction = 0.1;
   double adam_b1 = 0.9, adam_b2 = 0.95, adam_eps = 1e-8, adam_weight_decay = 0.1;
+  // The weight-decay mask's patterns (optim/groups.h): ECMAScript regular expressions searched in each
+  // tensor's canonical per-layer name. adamw_mask (MaxText's key and meaning): a match is never decayed;
+  // adamw_mask_include: a match is decayed whatever its role (adamw_mask wins where both match).
+  std::vector<std::string> adamw_mask, adamw_mask_include;
   double gradient_clipping_threshold = 1.0;
   int64_t init_weights_seed = 0;
   bool skip_nonfinite_steps = false;

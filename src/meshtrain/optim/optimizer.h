@@ -20,8 +20,10 @@ namespace meshtrain {
 
 // What the optimizer keeps for one parameter.
 struct ParameterState {
-  size_t group = 0;           // in OptimizerDecl::groups
-  bool weight_decay = false;  // its group's mask applied to its role
+  size_t group = 0;  // in OptimizerDecl::groups
+  // Its group's mask applied to each of its tensors: one flag, or a stacked parameter's members' in layer
+  // order (the mask's patterns see per-layer names, so layers of one stack may differ).
+  std::vector<bool> weight_decay;
   // Parallel to OptimizerDecl::moment_names, each at the value's shape (a stacked parameter's: [layers,
   // ...]), zero at the start of a run; checkpoints hold them.
   std::vector<BufferId> moments;
@@ -42,6 +44,11 @@ struct OptimizerDecl {
 // The moments the run's optimizer keeps per parameter, by name ("adam_m", "adam_v"); also for an engine
 // without an optimizer (a decode engine checks a training checkpoint's tensor names against them).
 std::vector<std::string> optimizer_moment_names();
+
+// Which tensors are in which group, as `meshtrain info` prints it: a line per group, optimizer and decay
+// with its learning-rate multiplier and the tensors' canonical names, the layers of one name folded
+// ("decoder/layers_{0-27}/mlp/wo/kernel").
+std::string optimizer_groups_text(const ModelSpec& spec, const OptimizerDecl& optimizer);
 
 // The pass over a training spec built from `config`: declares after the spec's own buffers each parameter's
 // moments and master copy (parameter by parameter), then the step counter, and returns them with the groups
