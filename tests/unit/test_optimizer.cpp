@@ -42,9 +42,10 @@ TEST(Optimizer, GroupsGiveEngramTablesTheirMultiplierAndDecay) {
         continue;
       }
       EXPECT_EQ(state.group, 0u) << parameter.canonical_name;
-      // The default mask: matrices decay; norms, biases, scales and embeddings do not.
-      EXPECT_EQ(state.weight_decay, std::vector<bool>{parameter.role == ParameterRole::matrix})
-          << parameter.canonical_name;
+      // The default mask: linear maps' weights decay; norms, biases, scales and embeddings do not.
+      const bool linear_map = parameter.role != ParameterRole::bias && parameter.role != ParameterRole::scale &&
+                              parameter.role != ParameterRole::embedding;
+      EXPECT_EQ(state.weight_decay, std::vector<bool>{linear_map}) << parameter.canonical_name;
       const std::string& name = parameter.canonical_name;
       if (name.ends_with("scale") || name.ends_with("scales") || name.ends_with("bias") ||
           name.ends_with("_beta") || name == "token_embedder/embedding") {

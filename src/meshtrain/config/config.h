@@ -6,6 +6,7 @@
 #include <array>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -65,7 +66,13 @@ inline constexpr std::array kPipelineScheduleKinds = {
     PipelineScheduleKind::gpipe, PipelineScheduleKind::one_f_one_b,
     PipelineScheduleKind::interleaved_one_f_one_b, PipelineScheduleKind::zero_bubble};
 
-static_assert(kDecoderBlocks.size() == kDecoderBlockNames.size() &&
+// opt_type (MaxText's key): AdamW for every parameter, or Muon for the hidden weight matrices and AdamW for
+// the rest (optim/groups.h says which is which).
+enum class OptimizerType { adamw, muon };
+inline constexpr std::array kOptimizerTypeNames = {"adamw", "muon"};
+inline constexpr std::array kOptimizerTypes = {OptimizerType::adamw, OptimizerType::muon};
+
+static_assert(kOptimizerTypes.size() == kOptimizerTypeNames.size() && kDecoderBlocks.size() == kDecoderBlockNames.size() &&
                   kAttentionTypes.size() == kAttentionTypeNames.size() &&
                   kRoutedScoreFuncs.size() == kRoutedScoreFuncNames.size() &&
                   kContextParallelStrategies.size() == kContextParallelStrategyNames.size() &&
@@ -74,6 +81,9 @@ static_assert(kDecoderBlocks.size() == kDecoderBlockNames.size() &&
                   kPipelineScheduleKinds.size() == kPipelineScheduleNames.size(),
               "one name per enum value");
 
+inline const char* optimizer_type_name(OptimizerType type) {
+  return kOptimizerTypeNames[static_cast<size_t>(type)];
+}
 inline const char* decoder_block_name(DecoderBlock block) {
   return kDecoderBlockNames[static_cast<size_t>(block)];
 }
@@ -194,6 +204,12 @@ struct Config {
   // tensor's canonical per-layer name. adamw_mask (MaxText's key and meaning): a match is never decayed;
   // adamw_mask_include: a match is decayed whatever its role (adamw_mask wins where both match).
   std::vector<std::string> adamw_mask, adamw_mask_include;
+  // Muon (opt_type=muon; MaxText's keys and defaults, optax.contrib.muon's update): the momentum's decay,
+  // the decoupled weight decay of the matrices it steps, and the update's scale: unset (MaxText's None,
+  // `null` in YAML) sqrt(max(1, fan_out / fan_in)), else muon_consistent_rms x sqrt(max(fan_in, fan_out)).
+  OptimizerType opt_type = OptimizerType::adamw;
+  double muon_beta = 0.95, muon_weight_decay = 0.0;
+  std::optional<double> muon_consistent_rms;
   double gradient_clipping_threshold = 1.0;
   int64_t init_weights_seed = 0;
   bool skip_nonfinite_steps = false;

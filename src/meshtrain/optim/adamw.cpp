@@ -21,6 +21,8 @@ OpDecl adamw_step_op(const ModelSpec& spec, const Config& config, size_t paramet
   const std::vector<bool> weight_decay = state.weight_decay;
   const auto decay = static_cast<float>(group.weight_decay_rate);
   const double learning_rate_multiplier = group.learning_rate_multiplier;
+  // Beside Muon, AdamW is optax.contrib.muon's: Nesterov's first moment (its default, nesterov=True).
+  const bool nesterov = config.opt_type == OptimizerType::muon;
   std::vector<BufferId> touched = {value, m, v};
   if (state.master != kNoBuffer) touched.push_back(state.master);
   std::vector<BufferId> reads = touched;
@@ -39,7 +41,8 @@ OpDecl adamw_step_op(const ModelSpec& spec, const Config& config, size_t paramet
                                             eps,
                                             decay,
                                             u.step + 1,
-                                            static_cast<float>(u.gradient_scale)};
+                                            static_cast<float>(u.gradient_scale),
+                                            nesterov};
               // Sizes come from the views: under FSDP or ZeRO-1 the plan binds this op to shards. A stacked
               // parameter's shard is its layers' blocks one after another, each with its layer's decay.
               const TensorView shard = context.view(value);

@@ -32,17 +32,27 @@ std::vector<std::string> closest_names(const std::string& word, std::vector<std:
 
 std::vector<ParameterGroup> parameter_groups(const Config& config) {
   std::vector<ParameterGroup> groups;
-  groups.push_back({"default", nullptr, 1.0, config.adam_weight_decay, {ParameterRole::matrix}, {}, {}});
+  ParameterGroup default_group;
+  default_group.name = "default";
+  default_group.weight_decay_rate = config.adam_weight_decay;
+  // Every linear map's weights decay (this engine's rule since its start); Muon takes the hidden ones.
+  default_group.decayed_roles = {ParameterRole::matrix, ParameterRole::head, ParameterRole::router,
+                                 ParameterRole::mixing, ParameterRole::convolution};
+  if (config.opt_type == OptimizerType::muon) {
+    default_group.muon_roles = {ParameterRole::matrix};
+    default_group.muon_weight_decay_rate = config.muon_weight_decay;
+  }
+  groups.push_back(std::move(default_group));
   if (!config.engram_layers.empty()) {
     std::vector<ParameterRole> decayed;
     if (config.engram_weight_decay > 0.0) decayed.push_back(ParameterRole::embedding);
-    groups.push_back({"engram_tables",
-                      [](const ParameterDecl& parameter) { return is_engram_table(parameter); },
-                      config.engram_learning_rate_multiplier,
-                      config.engram_weight_decay,
-                      decayed,
-                      {},
-                      {}});
+    ParameterGroup tables;
+    tables.name = "engram_tables";
+    tables.holds = [](const ParameterDecl& parameter) { return is_engram_table(parameter); };
+    tables.learning_rate_multiplier = config.engram_learning_rate_multiplier;
+    tables.weight_decay_rate = config.engram_weight_decay;
+    tables.decayed_roles = decayed;
+    groups.push_back(std::move(tables));
   }
   for (ParameterGroup& group : groups) {
     group.included = config.adamw_mask_include;
@@ -56,6 +66,10 @@ size_t group_of(const std::vector<ParameterGroup>& groups, const ParameterDecl& 
     if (groups[g].holds(parameter)) return g;
   }
   return 0;
+}
+
+bool steps_with_muon(const ParameterGroup& group, const ParameterDecl& parameter) {
+  return std::find(group.muon_roles.begin(), group.muon_roles.end(), parameter.role) != group.muon_roles.end();
 }
 
 bool decays(const ParameterGroup& group, const ParameterDecl& parameter, const std::string& canonical_name) {

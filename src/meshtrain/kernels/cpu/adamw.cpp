@@ -31,6 +31,24 @@ void adamw_update(float* param, const float* grad, float* m, float* v, int64_t c
   const float decay = apply_weight_decay ? step.learning_rate * step.weight_decay : 0.0f;
   const float b1 = step.beta1, b2 = step.beta2, eps = step.epsilon, scale = step.gradient_scale;
   const float one_minus_b1 = 1.0f - b1, one_minus_b2 = 1.0f - b2;
+  if (step.nesterov) {
+    // Only under opt_type=muon, for the tensors Muon does not step (norms, biases, embeddings, the head):
+    // the first moment's Nesterov look-ahead, scalar (the AdamW path below is unchanged).
+    const auto next_bias_correction1 = 1.0 - std::pow(static_cast<double>(b1), t + 1.0);
+    const auto look_ahead = static_cast<float>(static_cast<double>(step.learning_rate) * b1 / next_bias_correction1);
+    const auto current = static_cast<float>(static_cast<double>(step.learning_rate) * one_minus_b1 / bias_correction1);
+#pragma omp parallel for simd schedule(static) if (count >= kParallelThreshold)
+    for (int64_t i = 0; i < count; ++i) {
+      const float g = grad[i] * scale;
+      const float m_new = b1 * m[i] + one_minus_b1 * g;
+      const float v_new = b2 * v[i] + one_minus_b2 * g * g;
+      m[i] = m_new;
+      v[i] = v_new;
+      const float p = param[i];
+      param[i] = p - (look_ahead * m_new + current * g) / (std::sqrt(v_new) * inverse_sqrt_bc2 + eps) - decay * p;
+    }
+    return;
+  }
 
 #if defined(__AVX512F__)
   // Hand-vectorised: GCC does not vectorise std::sqrt without -fno-math-errno (it keeps a branch that sets

@@ -2,6 +2,7 @@
 #include "meshtrain/kernels/cpu/backend.h"
 
 #include "meshtrain/kernels/cpu/adamw.h"
+#include "meshtrain/kernels/cpu/muon.h"
 #include "meshtrain/kernels/cpu/attention.h"
 #include "meshtrain/kernels/cpu/column_slice.h"
 #include "meshtrain/kernels/cpu/cross_entropy.h"
@@ -120,6 +121,8 @@ const KernelBackend& cpu_backend() {
       .mhc_streams_sum = mhc_streams_sum,
       .adamw_update = adamw_update,
       .sum_of_squares = sum_of_squares,
+      .muon_update = muon_update,
+      .muon_scratch_floats = muon_scratch_floats,
   };
   return table;
 }
