@@ -69,7 +69,8 @@ size_t group_of(const std::vector<ParameterGroup>& groups, const ParameterDecl& 
 }
 
 bool steps_with_muon(const ParameterGroup& group, const ParameterDecl& parameter) {
-  return std::find(group.muon_roles.begin(), group.muon_roles.end(), parameter.role) != group.muon_roles.end();
+  return std::find(group.muon_roles.begin(), group.muon_roles.end(), parameter.role) !=
+         group.muon_roles.end();
 }
 
 bool decays(const ParameterGroup& group, const ParameterDecl& parameter, const std::string& canonical_name) {

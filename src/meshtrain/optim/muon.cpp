@@ -18,7 +18,8 @@ MuonMatrices muon_matrices(const ModelSpec& spec, const ParameterDecl& parameter
   const Shape& shape = spec.buffer(parameter.value).shape;
   std::vector<int64_t> matrix_dims;
   for (size_t axis = 0; axis < shape.dims.size(); ++axis) {
-    if (shape.axes[axis] != "layers" && shape.axes[axis] != "experts") matrix_dims.push_back(shape.dims[axis]);
+    if (shape.axes[axis] != "layers" && shape.axes[axis] != "experts")
+      matrix_dims.push_back(shape.dims[axis]);
   }
   const auto input_axes = static_cast<size_t>(parameter.input_axes);
   MT_CHECK(matrix_dims.size() > input_axes && input_axes > 0,
@@ -38,8 +39,8 @@ double muon_update_scale(const Config& config, int64_t rows, int64_t cols) {
   return std::sqrt(std::max(1.0, static_cast<double>(cols) / static_cast<double>(rows)));
 }
 
-OpDecl muon_step_op(const ModelSpec& spec, const Config& config, size_t parameter, const ParameterState& state,
-                    const ParameterGroup& group, BufferId scratch) {
+OpDecl muon_step_op(const ModelSpec& spec, const Config& config, size_t parameter,
+                    const ParameterState& state, const ParameterGroup& group, BufferId scratch) {
   const ParameterDecl& decl = spec.parameters[parameter];
   const BufferId value = decl.value, gradient = decl.gradient, momentum = state.moments.at(0);
   const MuonMatrices matrices = muon_matrices(spec, decl);
@@ -50,13 +51,14 @@ OpDecl muon_step_op(const ModelSpec& spec, const Config& config, size_t paramete
   const std::vector<bool> weight_decay = state.weight_decay;
   // Per element: the momentum, its Nesterov look-ahead and the update (as AdamW's 12); per matrix the
   // Newton-Schulz iteration's exact count (kernels/cpu/muon.h).
-  const double flops = 12.0 * static_cast<double>(matrices.batch * matrices.rows * matrices.cols) +
-                       static_cast<double>(matrices.batch) *
-                           kernels::newton_schulz_flops(matrices.rows, matrices.cols);
-  std::vector<BufferId> touched = {value, momentum, scratch};
+  const double flops =
+      12.0 * static_cast<double>(matrices.batch * matrices.rows * matrices.cols) +
+      static_cast<double>(matrices.batch) * kernels::newton_schulz_flops(matrices.rows, matrices.cols);
+  std::vector<BufferId> touched = {value, momentum};
   if (state.master != kNoBuffer) touched.push_back(state.master);
   std::vector<BufferId> reads = touched;
   reads.push_back(gradient);
+  touched.push_back(scratch);  // written before it is read, within the op
   OpDecl op{"optimizer/muon/" + decl.canonical_name,
             reads,
             touched,

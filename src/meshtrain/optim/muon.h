@@ -32,7 +32,7 @@ double muon_update_scale(const Config& config, int64_t rows, int64_t cols);
 // optimizer/muon/<parameter>: the parameter's step from its gradient (the clip's scale applied), its
 // momentum and its group's learning-rate multiplier and Muon decay, through `scratch`
 // (muon_scratch_floats of its matrices); nothing on a step with a non-finite norm.
-OpDecl muon_step_op(const ModelSpec& spec, const Config& config, size_t parameter, const ParameterState& state,
-                    const ParameterGroup& group, BufferId scratch);
+OpDecl muon_step_op(const ModelSpec& spec, const Config& config, size_t parameter,
+                    const ParameterState& state, const ParameterGroup& group, BufferId scratch);
 
 }  // namespace meshtrain

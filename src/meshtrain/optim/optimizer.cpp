@@ -181,7 +181,7 @@ std::string optimizer_groups_text(const ModelSpec& spec, const OptimizerDecl& op
     std::snprintf(head, sizeof head, "  %s, %s, lr x%g, %s (%zu tensors): ", group.name.c_str(),
                   row.optimizer.c_str(), group.learning_rate_multiplier,
                   row.decay ? ("decay " + to_text(row.optimizer == "muon" ? group.muon_weight_decay_rate
-                                                                 : group.weight_decay_rate))
+                                                                          : group.weight_decay_rate))
                                   .c_str()
                             : "no decay",
                   row.names.size());
@@ -201,7 +201,7 @@ std::vector<std::string> optimizer_moment_names(const Config& config) {
 std::vector<std::string> parameter_moment_names(const Config& config, const ParameterDecl& parameter) {
   const std::vector<ParameterGroup> groups = parameter_groups(config);
   return steps_with_muon(groups[group_of(groups, parameter)], parameter) ? muon_moment_names()
-                                                                          : adamw_moment_names();
+                                                                         : adamw_moment_names();
 }
 
 OptimizerDecl apply_optimizer(ModelSpec& spec, const Config& config) {

@@ -20,8 +20,8 @@ namespace meshtrain {
 
 // What the optimizer keeps for one parameter.
 struct ParameterState {
-  size_t group = 0;    // in OptimizerDecl::groups
-  bool muon = false;   // stepped by Muon (optim/muon.h), else by AdamW (optim/adamw.h)
+  size_t group = 0;   // in OptimizerDecl::groups
+  bool muon = false;  // stepped by Muon (optim/muon.h), else by AdamW (optim/adamw.h)
   // Its group's mask applied to each of its tensors: one flag, or a stacked parameter's members' in layer
   // order (the mask's patterns see per-layer names, so layers of one stack may differ).
   std::vector<bool> weight_decay;
@@ -29,7 +29,7 @@ struct ParameterState {
   // parameter's: [layers, ...]), zero at the start of a run; checkpoints hold them.
   std::vector<std::string> moment_names;
   std::vector<BufferId> moments;  // parallel to moment_names
-  BufferId master = kNoBuffer;  // only planned: a live run keeps weights in float32
+  BufferId master = kNoBuffer;    // only planned: a live run keeps weights in float32
 };
 
 // The optimizer pass's result: its state table and its ops.

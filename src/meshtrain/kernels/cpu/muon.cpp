@@ -28,10 +28,10 @@ void muon_update(float* param, const float* grad, float* momentum, int64_t batch
   // transpose's iteration transposed, A = X^T X, X = a X + X B (B is symmetric).
   const bool tall = rows > cols;
   const int64_t n = std::min(rows, cols), count = rows * cols;
-  float* X = scratch;                // [R, C]
-  float* product = X + count;        // [R, C]: B X or X B
-  float* A = product + count;        // [n, n]
-  float* AA = A + n * n;             // [n, n], then B
+  float* X = scratch;          // [R, C]
+  float* product = X + count;  // [R, C]: B X or X B
+  float* A = product + count;  // [n, n]
+  float* AA = A + n * n;       // [n, n], then B
   for (int64_t matrix = 0; matrix < batch; ++matrix) {
     const int64_t base = matrix * count;
 #pragma omp parallel for simd schedule(static) if (count >= (1 << 15))

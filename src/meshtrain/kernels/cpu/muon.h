@@ -47,19 +47,22 @@ std::vector<T> newton_schulz_reference(const std::vector<T>& x, int64_t rows, in
     for (int64_t i = 0; i < n; ++i)
       for (int64_t j = 0; j < n; ++j) {
         T sum = 0;
-        for (int64_t k = 0; k < m; ++k) sum += X[static_cast<size_t>(i * m + k)] * X[static_cast<size_t>(j * m + k)];
+        for (int64_t k = 0; k < m; ++k)
+          sum += X[static_cast<size_t>(i * m + k)] * X[static_cast<size_t>(j * m + k)];
         A[static_cast<size_t>(i * n + j)] = sum;
       }
     for (int64_t i = 0; i < n; ++i)
       for (int64_t j = 0; j < n; ++j) {
         T sum = 0;
-        for (int64_t k = 0; k < n; ++k) sum += A[static_cast<size_t>(i * n + k)] * A[static_cast<size_t>(k * n + j)];
+        for (int64_t k = 0; k < n; ++k)
+          sum += A[static_cast<size_t>(i * n + k)] * A[static_cast<size_t>(k * n + j)];
         B[static_cast<size_t>(i * n + j)] = b * A[static_cast<size_t>(i * n + j)] + c * sum;
       }
     for (int64_t i = 0; i < n; ++i)
       for (int64_t j = 0; j < m; ++j) {
         T sum = 0;
-        for (int64_t k = 0; k < n; ++k) sum += B[static_cast<size_t>(i * n + k)] * X[static_cast<size_t>(k * m + j)];
+        for (int64_t k = 0; k < n; ++k)
+          sum += B[static_cast<size_t>(i * n + k)] * X[static_cast<size_t>(k * m + j)];
         next[static_cast<size_t>(i * m + j)] = a * X[static_cast<size_t>(i * m + j)] + sum;
       }
     X.swap(next);
@@ -89,11 +92,13 @@ void muon_reference_update(T* param, const T* grad, T* momentum, int64_t batch, 
     for (int64_t i = 0; i < count; ++i) {
       const T g = grad[base + i] * scale;
       momentum[base + i] = beta * momentum[base + i] + (T(1) - beta) * g;
-      mu_hat[static_cast<size_t>(i)] = beta * momentum[base + i] / next_correction + (T(1) - beta) * g / correction;
+      mu_hat[static_cast<size_t>(i)] =
+          beta * momentum[base + i] / next_correction + (T(1) - beta) * g / correction;
     }
     const std::vector<T> O = newton_schulz_reference(mu_hat, rows, cols, static_cast<T>(step.epsilon));
     for (int64_t i = 0; i < count; ++i) {
-      param[base + i] -= lr * (static_cast<T>(step.update_scale) * O[static_cast<size_t>(i)] + wd * param[base + i]);
+      param[base + i] -=
+          lr * (static_cast<T>(step.update_scale) * O[static_cast<size_t>(i)] + wd * param[base + i]);
     }
   }
 }
