@@ -254,8 +254,8 @@ std::vector<std::string> tensor_prefixes(const Config& config) {
 // Whether parameter `parameter` of a run of `config` holds a tensor under `prefix` (of tensor_prefixes()).
 bool holds_prefix(const Config& config, const ParameterDecl& parameter, const std::string& prefix) {
   const std::vector<std::string> moments = parameter_moment_names(config, parameter);
-  return prefix.empty() || std::find(moments.begin(), moments.end(), prefix.substr(0, prefix.size() - 1)) !=
-                               moments.end();
+  return prefix.empty() ||
+         std::find(moments.begin(), moments.end(), prefix.substr(0, prefix.size() - 1)) != moments.end();
 }
 
 // The tensor under `prefix` (of tensor_prefixes()) of parameter `p`: its value or a moment, by spec id;
@@ -265,8 +265,9 @@ BufferId tensor_of(const Engine& engine, size_t p, const std::string& prefix) {
   const ParameterState& state = engine.plan().optimizer.state(p);
   const auto found =
       std::find(state.moment_names.begin(), state.moment_names.end(), prefix.substr(0, prefix.size() - 1));
-  return found == state.moment_names.end() ? kNoBuffer
-                                           : state.moments.at(static_cast<size_t>(found - state.moment_names.begin()));
+  return found == state.moment_names.end()
+             ? kNoBuffer
+             : state.moments.at(static_cast<size_t>(found - state.moment_names.begin()));
 }
 
 // One per-layer tensor (or a whole other parameter) as the engine holds it: `offset` elements into the
@@ -806,6 +807,12 @@ void load_sharded(const LoadContext& context, Engine& engine, bool parameters_on
     }
   }
   for (const auto& [name, dims] : checkpoint.tensors()) {
+    // A parameters-only load passes over the moments, whichever optimizer's they are.
+    const std::vector<std::string> moments = every_moment_name();
+    if (parameters_only && std::any_of(moments.begin(), moments.end(), [&](const std::string& moment) {
+          return name.starts_with(moment + "/");
+        }))
+      continue;
     if (!model_tensors.count(name))
       fail(tensor_where(index_path, name), "only tensors of this run's model", "an extra tensor",
            layout_hint);
@@ -970,9 +977,10 @@ CheckpointState load_into_host_state(const std::string& checkpoint_dir, Engine& 
       // The moments are the optimizer's: a state of the other one is refused (a checkpoint from before
       // opt_type existed is AdamW's).
       const json& saved_config = m.at("config");
-      const std::string saved_optimizer = saved_config.contains("opt_type") && saved_config.at("opt_type").is_string()
-                                              ? saved_config.at("opt_type").get<std::string>()
-                                              : optimizer_type_name(OptimizerType::adamw);
+      const std::string saved_optimizer =
+          saved_config.contains("opt_type") && saved_config.at("opt_type").is_string()
+              ? saved_config.at("opt_type").get<std::string>()
+              : optimizer_type_name(OptimizerType::adamw);
       const std::string run_optimizer = optimizer_type_name(spec.config.opt_type);
       if (saved_optimizer != run_optimizer) {
         fail(metadata_where + ": config opt_type", run_optimizer + " (this run's opt_type)", saved_optimizer,

@@ -191,10 +191,12 @@ std::string optimizer_groups_text(const ModelSpec& spec, const OptimizerDecl& op
 }
 
 std::vector<std::string> optimizer_moment_names(const Config& config) {
+  return config.opt_type == OptimizerType::muon ? every_moment_name() : adamw_moment_names();
+}
+
+std::vector<std::string> every_moment_name() {
   std::vector<std::string> names = adamw_moment_names();
-  if (config.opt_type == OptimizerType::muon) {
-    for (const std::string& name : muon_moment_names()) names.push_back(name);
-  }
+  for (const std::string& name : muon_moment_names()) names.push_back(name);
   return names;
 }
 

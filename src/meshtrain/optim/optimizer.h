@@ -50,6 +50,8 @@ struct OptimizerDecl {
 // also for an engine without an optimizer (a decode engine checks a training checkpoint's tensor names
 // against them).
 std::vector<std::string> optimizer_moment_names(const Config& config);
+// Every moment name of every optimizer (a parameters-only load passes over those of a checkpoint of either).
+std::vector<std::string> every_moment_name();
 // The moments `config`'s optimizer keeps for `parameter` (of the whole model: checkpoints ask).
 std::vector<std::string> parameter_moment_names(const Config& config, const ParameterDecl& parameter);
 
