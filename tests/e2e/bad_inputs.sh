@@ -125,6 +125,12 @@ expect config "config key 'adamw_mask'" "'layers_0/mlp/w0'" "matches none" "deco
   "$meshtrain" train qwen3-tiny "${tiny[@]}" 'adamw_mask=[layers_0/mlp/w0]'
 expect config "config key 'adamw_mask_include'" "regular expressions" "'norm('" -- \
   "$meshtrain" info qwen3-tiny 'adamw_mask_include=[norm(]'
+expect config "config key 'opt_type'" "adamw or muon" "did you mean 'muon'" -- \
+  "$meshtrain" train qwen3-tiny "${tiny[@]}" opt_type=moun
+expect config "config key 'opt_type'" "mesh.fsdp" "set opt_type=adamw" -- \
+  "$meshtrain" compile qwen3-tiny "${tiny[@]}" opt_type=muon mesh.fsdp=2 mesh.data=1
+expect config "config key 'muon_consistent_rms'" "a positive number, or null" -- \
+  "$meshtrain" info qwen3-tiny muon_consistent_rms=-1
 expect config "config key 'train_data_columns'" "the name of the column" -- \
   "$meshtrain" train qwen3-tiny "${tiny[@]/dataset_type=synthetic/dataset_type=text}" train_data_columns=
 # --- mesh ------------------------------------------------------------------------------------------------

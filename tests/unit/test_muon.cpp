@@ -223,6 +223,35 @@ TEST(Muon, GroupsStepHiddenMatricesWithMuonAndTheRestWithAdamW) {
   }
 }
 
+// The plan holds Muon's state (one moment per matrix instead of AdamW's two) and its update's FLOPs: the
+// Newton-Schulz count of every matrix on top of 12 per element, in the update kernel's total.
+TEST(Muon, PlanCountsItsStateBytesAndNewtonSchulzFlops) {
+  const TrainingPlan adamw = testing::tiny_plan();
+  const TrainingPlan muon = testing::tiny_plan({"opt_type=muon"});
+  int64_t matrix_elements = 0;
+  double newton_schulz = 0.0;
+  for (size_t p = 0; p < muon.spec.parameters.size(); ++p) {
+    if (!muon.optimizer.state(p).muon) continue;
+    const MuonMatrices matrices = muon_matrices(muon.spec, muon.spec.parameters[p]);
+    matrix_elements += matrices.batch * matrices.rows * matrices.cols;
+    newton_schulz +=
+        static_cast<double>(matrices.batch) * kernels::newton_schulz_flops(matrices.rows, matrices.cols);
+  }
+  ASSERT_GT(matrix_elements, 0);
+  EXPECT_EQ(adamw.persistent_bytes - muon.persistent_bytes,
+            static_cast<size_t>(matrix_elements) * sizeof(float));
+  const auto update_flops = [](const TrainingPlan& plan) {
+    for (const KernelPlan& kernel : plan.kernels)
+      if (kernel.kernel == KernelName::update) return kernel.flops;
+    return 0.0;
+  };
+  EXPECT_DOUBLE_EQ(update_flops(muon) - update_flops(adamw), newton_schulz);
+  // One [16, 32] matrix's count written out: n = 16, m = 32, 5 steps.
+  EXPECT_DOUBLE_EQ(
+      kernels::newton_schulz_flops(32, 16),
+      3.0 * 32 * 16 + 5 * (4.0 * 16 * 16 * 32 + 2.0 * 16 * 16 * 16 + 3.0 * 16 * 16 + 2.0 * 32 * 16));
+}
+
 TEST(Muon, BadInputsAreErrorsBeforeAllocation) {
   EXPECT_THROW(testing::tiny_config({"opt_type=moun"}), MeshError);
   EXPECT_THROW(testing::tiny_config({"muon_beta=1.0"}), MeshError);

@@ -4,8 +4,9 @@
 // parameter's squared gradient norm, the clip by the global norm, and the optimizer's step per parameter.
 // plan_training applies it to the spec it builds for training (`meshtrain compile` and the live engine
 // alike); a decode spec has none. Whoever needs a parameter's moments (plan storage, the engine, checkpoints)
-// asks the state table it returns. AdamW (adamw.h) is the only optimizer: another one is a file beside it,
-// with its own moment names and step op, chosen in apply_optimizer.
+// asks the state table it returns. AdamW (adamw.h) and Muon (muon.h) are files beside it, each with its
+// moment names and step op; the groups' data says which steps a parameter (opt_type=muon: Muon for hidden
+// matrices).
 #pragma once
 
 #include <cstddef>
