@@ -43,7 +43,8 @@ TEST(Optimizer, GroupsGiveEngramTablesTheirMultiplierAndDecay) {
       }
       EXPECT_EQ(state.group, 0u) << parameter.canonical_name;
       // The default mask: linear maps' weights decay; norms, biases, scales and embeddings do not.
-      const bool linear_map = parameter.role != ParameterRole::bias && parameter.role != ParameterRole::scale &&
+      const bool linear_map = parameter.role != ParameterRole::bias &&
+                              parameter.role != ParameterRole::scale &&
                               parameter.role != ParameterRole::embedding;
       EXPECT_EQ(state.weight_decay, std::vector<bool>{linear_map}) << parameter.canonical_name;
       const std::string& name = parameter.canonical_name;

@@ -169,7 +169,8 @@ KeyEntry muon_consistent_rms_entry() {
             c.muon_consistent_rms = parse_float(k, r);
             if (!(*c.muon_consistent_rms > 0.0)) {
               fail("config key '" + k + "' (" + r.source + ")", "a positive number, or null (unset)",
-                   "'" + r.text + "'", "MaxText recommends 0.2 to match AdamW's update RMS; null scales by shape");
+                   "'" + r.text + "'",
+                   "MaxText recommends 0.2 to match AdamW's update RMS; null scales by shape");
             }
           }};
 }

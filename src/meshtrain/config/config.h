@@ -72,7 +72,8 @@ enum class OptimizerType { adamw, muon };
 inline constexpr std::array kOptimizerTypeNames = {"adamw", "muon"};
 inline constexpr std::array kOptimizerTypes = {OptimizerType::adamw, OptimizerType::muon};
 
-static_assert(kOptimizerTypes.size() == kOptimizerTypeNames.size() && kDecoderBlocks.size() == kDecoderBlockNames.size() &&
+static_assert(kOptimizerTypes.size() == kOptimizerTypeNames.size() &&
+                  kDecoderBlocks.size() == kDecoderBlockNames.size() &&
                   kAttentionTypes.size() == kAttentionTypeNames.size() &&
                   kRoutedScoreFuncs.size() == kRoutedScoreFuncNames.size() &&
                   kContextParallelStrategies.size() == kContextParallelStrategyNames.size() &&

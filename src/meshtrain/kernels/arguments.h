@@ -40,7 +40,6 @@ inline double newton_schulz_flops(int64_t rows, int64_t cols) {
   return 3.0 * m * n + kNewtonSchulzSteps * (4.0 * n * n * m + 2.0 * n * n * n + 3.0 * n * n + 2.0 * m * n);
 }
 
-
 // Layout of the unembedding weight (unembed_cross_entropy, unembed_logits).
 // kernel_DV: untied output projection W [D, V], logits = h @ W.
 // table_VD: tied embedding table E [V, D], logits = h @ E^T.

@@ -2,7 +2,6 @@
 #include "meshtrain/kernels/cpu/backend.h"
 
 #include "meshtrain/kernels/cpu/adamw.h"
-#include "meshtrain/kernels/cpu/muon.h"
 #include "meshtrain/kernels/cpu/attention.h"
 #include "meshtrain/kernels/cpu/column_slice.h"
 #include "meshtrain/kernels/cpu/cross_entropy.h"
@@ -16,6 +15,7 @@
 #include "meshtrain/kernels/cpu/mhc_mix.h"
 #include "meshtrain/kernels/cpu/moe_dispatch.h"
 #include "meshtrain/kernels/cpu/moe_router.h"
+#include "meshtrain/kernels/cpu/muon.h"
 #include "meshtrain/kernels/cpu/residual.h"
 #include "meshtrain/kernels/cpu/rmsnorm.h"
 #include "meshtrain/kernels/cpu/rope.h"
