@@ -123,6 +123,16 @@ expect config "config key 'hf_eos_token_id'" "a token id in [0, vocab_size = 819
   "$meshtrain" info qwen3-tiny hf_eos_token_id=8192
 expect config "config key 'z_loss_multiplier'" "0 (no z-loss) or a positive finite multiplier" "-0.001" -- \
   "$meshtrain" train qwen3-tiny "${tiny[@]}" z_loss_multiplier=-1e-3
+expect config "config key 'adamw_mask'" "'layers_0/mlp/w0'" "matches none" "decoder/layers_0/mlp/wo/kernel" -- \
+  "$meshtrain" train qwen3-tiny "${tiny[@]}" 'adamw_mask=[layers_0/mlp/w0]'
+expect config "config key 'adamw_mask_include'" "regular expressions" "'norm('" -- \
+  "$meshtrain" info qwen3-tiny 'adamw_mask_include=[norm(]'
+expect config "config key 'opt_type'" "adamw or muon" "did you mean 'muon'" -- \
+  "$meshtrain" train qwen3-tiny "${tiny[@]}" opt_type=moun
+expect config "config key 'opt_type'" "mesh.fsdp" "set opt_type=adamw" -- \
+  "$meshtrain" compile qwen3-tiny "${tiny[@]}" opt_type=muon mesh.fsdp=2 mesh.data=1
+expect config "config key 'muon_consistent_rms'" "a positive number, or null" -- \
+  "$meshtrain" info qwen3-tiny muon_consistent_rms=-1
 expect config "config key 'train_data_columns'" "the name of the column" -- \
   "$meshtrain" train qwen3-tiny "${tiny[@]/dataset_type=synthetic/dataset_type=text}" train_data_columns=
 # The learning-rate schedule and spike skipping (issue 41): names, fractions, lengths, the final fraction's two

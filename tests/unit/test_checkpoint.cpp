@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <iterator>
 #include <set>
 #include <string>
 #include <vector>
@@ -183,6 +184,67 @@ TEST_F(CheckpointTest, RoundTripIsBitwiseExact) {
                 buffer_bytes(untouched, tensor_of(untouched, i, moment)));
     }
   }
+}
+
+// Under opt_type=muon a hidden matrix keeps Muon's one moment (muon_mu/) and the rest AdamW's two: they round
+// trip; a state of the other optimizer is refused naming opt_type and both values; its parameters load.
+TEST_F(CheckpointTest, MuonMomentsRoundTripAndTheOtherOptimizersStateIsRefused) {
+  const auto engine_of = [](const std::string& optimizer) {
+    std::vector<std::string> overrides = tiny_overrides("32", "100");
+    overrides.push_back("opt_type=" + optimizer);
+    return Engine(load_config("qwen3-tiny", overrides));
+  };
+  // Every value and moment of `engine`, by buffer, filled distinctly; or read back.
+  const auto fill = [](Engine& engine, float salt) {
+    for (size_t p = 0; p < engine.spec().parameters.size(); ++p) {
+      std::vector<BufferId> ids = engine.plan().optimizer.state(p).moments;
+      ids.push_back(engine.spec().parameters[p].value);
+      for (BufferId id : ids) {
+        const TensorView view = engine.view(id);
+        for (int64_t i = 0; i < view.elements(); ++i)
+          view.f32()[i] = salt + static_cast<float>(id) * 0.001f + static_cast<float>(i) * 1e-6f;
+      }
+    }
+  };
+  const auto state_bytes = [](const Engine& engine) {
+    std::vector<std::vector<char>> bytes;
+    for (size_t p = 0; p < engine.spec().parameters.size(); ++p) {
+      bytes.push_back(buffer_bytes(engine, engine.spec().parameters[p].value));
+      for (BufferId id : engine.plan().optimizer.state(p).moments) bytes.push_back(buffer_bytes(engine, id));
+    }
+    return bytes;
+  };
+  Engine saved = engine_of("muon");
+  size_t muon_parameters = 0;
+  for (size_t p = 0; p < saved.spec().parameters.size(); ++p)
+    muon_parameters += saved.plan().optimizer.state(p).muon;
+  EXPECT_EQ(muon_parameters, 14u);  // 2 layers x (4 attention + 3 MLP matrices)
+  fill(saved, 0.25f);
+  const std::string path = save_checkpoint(root(), saved, state_at(3), CheckpointOptions{});
+  std::ifstream index_file(fs::path(path) / "index.json");
+  const std::string index((std::istreambuf_iterator<char>(index_file)), std::istreambuf_iterator<char>());
+  EXPECT_NE(index.find("muon_mu/decoder/layers_0/mlp/wo/kernel"), std::string::npos);
+  EXPECT_EQ(index.find("adam_m/decoder/layers_0/mlp/wo/kernel"), std::string::npos);
+  EXPECT_NE(index.find("adam_m/decoder/decoder_norm/scale"), std::string::npos);
+
+  Engine loaded = engine_of("muon");
+  fill(loaded, -2.0f);
+  EXPECT_NE(state_bytes(loaded), state_bytes(saved));
+  load_checkpoint(path, loaded, false);
+  EXPECT_EQ(state_bytes(loaded), state_bytes(saved));
+
+  Engine adamw = engine_of("adamw");
+  const std::string refused = error_of([&] { load_checkpoint(path, adamw, false); });
+  EXPECT_NE(refused.find("opt_type"), std::string::npos) << refused;
+  EXPECT_NE(refused.find("adamw (this run's opt_type)"), std::string::npos) << refused;
+  EXPECT_NE(refused.find("found muon"), std::string::npos) << refused;
+  EXPECT_NE(refused.find("load_parameters_path="), std::string::npos) << refused;
+  EXPECT_EQ(error_of([&] { load_checkpoint(path, adamw, true); }), "");  // its parameters load
+
+  fill(adamw, 1.0f);
+  const std::string adamw_path = save_checkpoint(root(), adamw, state_at(4), CheckpointOptions{});
+  EXPECT_NE(error_of([&] { load_checkpoint(adamw_path, loaded, false); }).find("found adamw"),
+            std::string::npos);
 }
 
 // A layer's value or moment as `engine` holds it: its own tensor, or its block of a stacked one.

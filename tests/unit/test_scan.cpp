@@ -425,6 +425,10 @@ TEST(Scan, Qwen3WithRecomputationLayoutsTrainBitwiseAlike) {
 TEST(Scan, Qwen3LayoutsTrainBitwiseAlike) {
   expect_layouts_train_alike(qwen3({"gradient_clipping_threshold=0.5"}));
 }
+// A decay pattern matching one layer of a stack: the stacked update decays that layer's block only.
+TEST(Scan, ADecayMaskSplittingAStackTrainsBitwiseAlike) {
+  expect_layouts_train_alike(qwen3({"adamw_mask=[layers_1/mlp/wo, layers_0/self_attention/query]"}));
+}
 TEST(Scan, Gpt2LayoutsTrainBitwiseAlike) {
   expect_layouts_train_alike(gpt2());
 }

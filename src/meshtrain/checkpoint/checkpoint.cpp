@@ -244,16 +244,30 @@ std::vector<std::pair<fs::path, std::string>> tokenizer_files(const std::string&
 // Writes every file of the checkpoint into `directory` and commits it there (marker last).
 // The tensors a checkpoint holds per parameter by name prefix, in file order: "" its value (in
 // model.safetensors), then its optimizer moments ("adam_m/", "adam_v/": optim/optimizer.h).
-std::vector<std::string> tensor_prefixes() {
+// Under opt_type=muon a parameter holds AdamW's two moments or Muon's one ("muon_mu/"), never all three.
+std::vector<std::string> tensor_prefixes(const Config& config) {
   std::vector<std::string> prefixes = {""};
-  for (const std::string& moment : optimizer_moment_names()) prefixes.push_back(moment + "/");
+  for (const std::string& moment : optimizer_moment_names(config)) prefixes.push_back(moment + "/");
   return prefixes;
 }
 
-// Tensor `tensor` (an index into tensor_prefixes()) of parameter `p`: its value or a moment, by spec id.
-BufferId tensor_of(const Engine& engine, size_t p, size_t tensor) {
-  return tensor == 0 ? engine.parameters().decl(p).value
-                     : engine.plan().optimizer.state(p).moments.at(tensor - 1);
+// Whether parameter `parameter` of a run of `config` holds a tensor under `prefix` (of tensor_prefixes()).
+bool holds_prefix(const Config& config, const ParameterDecl& parameter, const std::string& prefix) {
+  const std::vector<std::string> moments = parameter_moment_names(config, parameter);
+  return prefix.empty() ||
+         std::find(moments.begin(), moments.end(), prefix.substr(0, prefix.size() - 1)) != moments.end();
+}
+
+// The tensor under `prefix` (of tensor_prefixes()) of parameter `p`: its value or a moment, by spec id;
+// kNoBuffer where its optimizer keeps no such moment.
+BufferId tensor_of(const Engine& engine, size_t p, const std::string& prefix) {
+  if (prefix.empty()) return engine.parameters().decl(p).value;
+  const ParameterState& state = engine.plan().optimizer.state(p);
+  const auto found =
+      std::find(state.moment_names.begin(), state.moment_names.end(), prefix.substr(0, prefix.size() - 1));
+  return found == state.moment_names.end()
+             ? kNoBuffer
+             : state.moments.at(static_cast<size_t>(found - state.moment_names.begin()));
 }
 
 // One per-layer tensor (or a whole other parameter) as the engine holds it: `offset` elements into the
@@ -293,6 +307,7 @@ std::map<std::string, std::vector<int64_t>> checkpoint_tensors(const Engine& eng
   std::map<std::string, std::vector<int64_t>> tensors;
   for (const std::string& prefix : prefixes) {
     for (const ParameterDecl& parameter : whole.parameters) {
+      if (!holds_prefix(whole.config, parameter, prefix)) continue;
       const BufferDecl& value = whole.buffer(parameter.value);
       for (const TensorPiece& piece :
            pieces_of(parameter, value.name, global_dims(engine.plan(), value.shape), prefix)) {
@@ -691,12 +706,12 @@ std::vector<ShardChunk> rank_chunks(const Engine& engine) {
   const CheckpointLayout layout = own_layout(engine);
   const ParameterStore& store = engine.parameters();
   std::vector<ShardChunk> chunks;
-  const std::vector<std::string> prefixes = tensor_prefixes();
-  for (size_t tensor = 0; tensor < prefixes.size(); ++tensor) {
-    const std::string& prefix = prefixes[tensor];
+  for (const std::string& prefix : tensor_prefixes(engine.spec().config)) {
     for (size_t p = 0; p < store.size(); ++p) {
       const ParameterDecl& parameter = store.decl(p);
-      const Engine::LocalShard shard = engine.local_shard(tensor_of(engine, p, tensor));
+      const BufferId id = tensor_of(engine, p, prefix);
+      if (id == kNoBuffer) continue;
+      const Engine::LocalShard shard = engine.local_shard(id);
       if (!shard.saving_replica) continue;
       const TensorPiece first = pieces_of(engine, p, prefix).front();
       const CheckpointTensorPlace place = layout.place(first.canonical, first.dims);
@@ -740,7 +755,7 @@ void load_sharded(const LoadContext& context, Engine& engine, bool parameters_on
     float* data = nullptr;
   };
   std::vector<BoxRead> reads;
-  const std::vector<std::string> prefixes = tensor_prefixes();
+  const std::vector<std::string> prefixes = tensor_prefixes(engine.spec().config);
   // Every tensor of this model, moments included, and those the load needs (parameters_only: the values).
   const std::map<std::string, std::vector<int64_t>> model_tensors =
       checkpoint_tensors(engine, saved, prefixes);
@@ -751,8 +766,10 @@ void load_sharded(const LoadContext& context, Engine& engine, bool parameters_on
     if (tensor > 0 && parameters_only) continue;
     for (size_t p = 0; p < store.size(); ++p) {
       MT_CHECK(store.value(p).dtype == DType::f32, "checkpoint loading reads float32 buffers");
+      const BufferId id = tensor_of(engine, p, prefix);
+      if (id == kNoBuffer) continue;
       const std::vector<TensorPiece> pieces = pieces_of(engine, p, prefix);
-      const Engine::LocalShard shard = engine.local_shard(tensor_of(engine, p, tensor));
+      const Engine::LocalShard shard = engine.local_shard(id);
       // The box of one per-layer piece (or the whole tensor) in the checkpoint's coordinates.
       const auto read = [&](const TensorPiece& piece, std::vector<int64_t> start, std::vector<int64_t> dims,
                             float* data) {
@@ -791,6 +808,12 @@ void load_sharded(const LoadContext& context, Engine& engine, bool parameters_on
     }
   }
   for (const auto& [name, dims] : checkpoint.tensors()) {
+    // A parameters-only load passes over the moments, whichever optimizer's they are.
+    const std::vector<std::string> moments = every_moment_name();
+    if (parameters_only && std::any_of(moments.begin(), moments.end(), [&](const std::string& moment) {
+          return name.starts_with(moment + "/");
+        }))
+      continue;
     if (!model_tensors.count(name))
       fail(tensor_where(index_path, name), "only tensors of this run's model", "an extra tensor",
            layout_hint);
@@ -951,6 +974,21 @@ CheckpointState load_into_host_state(const std::string& checkpoint_dir, Engine& 
           "parameters only (" + m.value("/source/kind"_json_pointer, std::string("no optimizer state")) + ")",
           "start from it with load_parameters_path=" + checkpoint_dir + " (a fresh optimizer and step 0)");
     }
+    if (!parameters_only) {
+      // The moments are the optimizer's: a state of the other one is refused (a checkpoint from before
+      // opt_type existed is AdamW's).
+      const json& saved_config = m.at("config");
+      const std::string saved_optimizer =
+          saved_config.contains("opt_type") && saved_config.at("opt_type").is_string()
+              ? saved_config.at("opt_type").get<std::string>()
+              : optimizer_type_name(OptimizerType::adamw);
+      const std::string run_optimizer = optimizer_type_name(spec.config.opt_type);
+      if (saved_optimizer != run_optimizer) {
+        fail(metadata_where + ": config opt_type", run_optimizer + " (this run's opt_type)", saved_optimizer,
+             "resume with opt_type=" + saved_optimizer + ", or start from its parameters with a fresh " +
+                 run_optimizer + " state: load_parameters_path=" + checkpoint_dir);
+      }
+    }
     const json& files = m.at("files");
     sharded = files.contains(kShardIndexFile);
     for (const auto& [name, entry] : files.items()) {
@@ -987,7 +1025,7 @@ CheckpointState load_into_host_state(const std::string& checkpoint_dir, Engine& 
   const ParameterStore& store = engine.parameters();
   // Every tensor of the model, where the checkpoint's layout (stacked or per layer) keeps it.
   const CheckpointLayout saved = CheckpointLayout::saved(context.metadata, spec.config, metadata_where);
-  const std::vector<std::string> prefixes = tensor_prefixes();
+  const std::vector<std::string> prefixes = tensor_prefixes(spec.config);
   const size_t tensors = parameters_only ? 1 : prefixes.size();
   const std::map<std::string, std::vector<int64_t>> model_tensors =
       checkpoint_tensors(engine, saved, {prefixes.front()});
@@ -1011,7 +1049,8 @@ CheckpointState load_into_host_state(const std::string& checkpoint_dir, Engine& 
     const std::string& prefix = prefixes[tensor];
     for (size_t p = 0; p < store.size(); ++p) {
       MT_CHECK(store.value(p).dtype == DType::f32, "checkpoint loading reads float32 buffers");
-      const BufferId id = tensor_of(engine, p, tensor);
+      const BufferId id = tensor_of(engine, p, prefix);
+      if (id == kNoBuffer) continue;
       int64_t count = 1;
       for (int64_t size : engine.global_shape(id)) count *= size;
       std::vector<float> global(static_cast<size_t>(count));

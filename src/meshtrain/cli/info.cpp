@@ -95,6 +95,7 @@ int run_info(const std::vector<std::string>& arguments, std::ostream& out) {
     out << "  (includes " << (m.V - m.V_valid) * m.D
         << " padding-row parameters: vocab padded to a multiple of 128)\n";
   }
+  out << optimizer_groups_text(spec, optimizer);
   const StandardFlops flops = standard_training_flops(config);
   char line[200];
   std::snprintf(line, sizeof line,

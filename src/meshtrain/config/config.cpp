@@ -10,6 +10,7 @@
 #include <functional>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <set>
 #include <system_error>
 
@@ -158,6 +159,22 @@ KeyEntry context_parallel_strategy_entry() {
             c.context_parallel_strategy = kContextParallelStrategies[parse_choice(k, r, names)];
           }};
 }
+// muon_consistent_rms: a positive number, or unset (MaxText's None): null (YAML's bare null arrives as "")
+// or None.
+KeyEntry muon_consistent_rms_entry() {
+  return {"muon_consistent_rms", [](Config& c, const std::string& k, const RawValue& r) {
+            if (r.text.empty() || r.text == "null" || r.text == "None") {
+              c.muon_consistent_rms.reset();
+              return;
+            }
+            c.muon_consistent_rms = parse_float(k, r);
+            if (!(*c.muon_consistent_rms > 0.0)) {
+              fail("config key '" + k + "' (" + r.source + ")", "a positive number, or null (unset)",
+                   "'" + r.text + "'",
+                   "MaxText recommends 0.2 to match AdamW's update RMS; null scales by shape");
+            }
+          }};
+}
 KeyEntry entry(const std::string& name, std::vector<std::string> Config::*member) {
   return {name, [member](Config& c, const std::string&, const RawValue& r) { c.*member = r.items; }};
 }
@@ -294,6 +311,12 @@ const std::vector<KeyEntry>& key_table() {
       entry("adam_b2", &Config::adam_b2),
       entry("adam_eps", &Config::adam_eps),
       entry("adam_weight_decay", &Config::adam_weight_decay),
+      entry("adamw_mask", &Config::adamw_mask),
+      entry("adamw_mask_include", &Config::adamw_mask_include),
+      entry("opt_type", &Config::opt_type, kOptimizerTypeNames),  // in a plan's identity when not adamw
+      entry("muon_beta", &Config::muon_beta),
+      entry("muon_weight_decay", &Config::muon_weight_decay),
+      muon_consistent_rms_entry(),
       entry("gradient_clipping_threshold", &Config::gradient_clipping_threshold),
       entry("init_weights_seed", &Config::init_weights_seed),
       entry("skip_nonfinite_steps", &Config::skip_nonfinite_steps),
@@ -811,6 +834,25 @@ void resolve_schedule_keys(Config& c) {
   }
 }
 
+// adamw_mask, adamw_mask_include: each item a valid regular expression (whether it matches a tensor is the
+// optimizer's check, optim/groups.h, once the model's names are known).
+void validate_decay_pattern_keys(const Config& c) {
+  for (const auto& [key, patterns] :
+       {std::pair<const char*, const std::vector<std::string>&>{"adamw_mask", c.adamw_mask},
+        {"adamw_mask_include", c.adamw_mask_include}}) {
+    for (const std::string& pattern : patterns) {
+      try {
+        std::regex compiled(pattern);
+      } catch (const std::regex_error& error) {
+        fail(std::string("config key '") + key + "'",
+             "ECMAScript regular expressions searched in canonical parameter names",
+             "'" + pattern + "' (" + error.what() + ")",
+             "e.g. " + std::string(key) + "=[norm, bias] (a list item holds no comma on the command line)");
+      }
+    }
+  }
+}
+
 }  // namespace
 
 Config load_config(const std::string& config_argument, const std::vector<std::string>& overrides,
@@ -861,6 +903,15 @@ Config load_config(const std::string& config_argument, const std::vector<std::st
   validate_engram_and_mhc_keys(config);
   validate_hf_token_id_keys(config);
   resolve_schedule_keys(config);
+  validate_decay_pattern_keys(config);
+  if (!(config.muon_beta >= 0.0 && config.muon_beta < 1.0)) {
+    fail("config key 'muon_beta'", "a momentum decay in [0, 1)", to_text(config.muon_beta),
+         "MaxText's default is 0.95");
+  }
+  if (!(config.muon_weight_decay >= 0.0)) {
+    fail("config key 'muon_weight_decay'", "0 or more", to_text(config.muon_weight_decay),
+         "MaxText's default is 0 (no decay)");
+  }
   if (!(config.exit_duration_in_mins >= 0.0)) {
     fail("config key 'exit_duration_in_mins'", "0 (no limit) or a positive number of minutes",
          to_text(config.exit_duration_in_mins),

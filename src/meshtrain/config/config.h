@@ -6,6 +6,7 @@
 #include <array>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -77,7 +78,14 @@ inline constexpr std::array kWsdDecayStyleNames = {"linear", "cosine", "1-sqrt"}
 inline constexpr std::array kWsdDecayStyles = {WsdDecayStyle::linear, WsdDecayStyle::cosine,
                                                WsdDecayStyle::one_minus_sqrt};
 
-static_assert(kDecoderBlocks.size() == kDecoderBlockNames.size() &&
+// opt_type (MaxText's key): AdamW for every parameter, or Muon for the hidden weight matrices and AdamW for
+// the rest (optim/groups.h says which is which).
+enum class OptimizerType { adamw, muon };
+inline constexpr std::array kOptimizerTypeNames = {"adamw", "muon"};
+inline constexpr std::array kOptimizerTypes = {OptimizerType::adamw, OptimizerType::muon};
+
+static_assert(kOptimizerTypes.size() == kOptimizerTypeNames.size() &&
+                  kDecoderBlocks.size() == kDecoderBlockNames.size() &&
                   kAttentionTypes.size() == kAttentionTypeNames.size() &&
                   kRoutedScoreFuncs.size() == kRoutedScoreFuncNames.size() &&
                   kContextParallelStrategies.size() == kContextParallelStrategyNames.size() &&
@@ -88,6 +96,9 @@ static_assert(kDecoderBlocks.size() == kDecoderBlockNames.size() &&
                   kWsdDecayStyles.size() == kWsdDecayStyleNames.size(),
               "one name per enum value");
 
+inline const char* optimizer_type_name(OptimizerType type) {
+  return kOptimizerTypeNames[static_cast<size_t>(type)];
+}
 inline const char* decoder_block_name(DecoderBlock block) {
   return kDecoderBlockNames[static_cast<size_t>(block)];
 }
@@ -221,6 +232,16 @@ struct Config {
   double wsd_decay_steps_fraction = 0.1;  // wsd: the decay's share of the schedule
   WsdDecayStyle wsd_decay_style = WsdDecayStyle::linear;
   double adam_b1 = 0.9, adam_b2 = 0.95, adam_eps = 1e-8, adam_weight_decay = 0.1;
+  // The weight-decay mask's patterns (optim/groups.h): ECMAScript regular expressions searched in each
+  // tensor's canonical per-layer name. adamw_mask (MaxText's key and meaning): a match is never decayed;
+  // adamw_mask_include: a match is decayed whatever its role (adamw_mask wins where both match).
+  std::vector<std::string> adamw_mask, adamw_mask_include;
+  // Muon (opt_type=muon; MaxText's keys and defaults, optax.contrib.muon's update): the momentum's decay,
+  // the decoupled weight decay of the matrices it steps, and the update's scale: unset (MaxText's None,
+  // `null` in YAML) sqrt(max(1, fan_out / fan_in)), else muon_consistent_rms x sqrt(max(fan_in, fan_out)).
+  OptimizerType opt_type = OptimizerType::adamw;
+  double muon_beta = 0.95, muon_weight_decay = 0.0;
+  std::optional<double> muon_consistent_rms;
   double gradient_clipping_threshold = 1.0;
   int64_t init_weights_seed = 0;
   bool skip_nonfinite_steps = false;

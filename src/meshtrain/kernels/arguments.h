@@ -14,7 +14,31 @@ struct AdamWStep {
   float learning_rate, beta1, beta2, epsilon, weight_decay;
   int64_t step;          // 1-based, for bias correction
   float gradient_scale;  // multiplies the raw gradient first: 1/global_valid_tokens x clip factor
+  // Nesterov's first moment (optax's adamw(nesterov=True), which optax.contrib.muon steps the parameters
+  // Muon does not with): mhat = b1 m / (1 - b1^(t+1)) + (1 - b1) g / (1 - b1^t).
+  bool nesterov = false;
 };
+
+// One Muon step's hyperparameters (muon_update; optax.contrib.muon).
+struct MuonStep {
+  float learning_rate, beta, epsilon, weight_decay;
+  float update_scale;    // the orthogonalised update's factor, from the matrix's shape (optim/muon.h)
+  int64_t step;          // 1-based, for bias correction
+  float gradient_scale;  // as AdamWStep's
+};
+
+// Keller Jordan's quintic Newton-Schulz coefficients and step count, optax's defaults (scale_by_muon's
+// ns_coeffs and ns_steps): MaxText exposes neither, so neither is a config key.
+inline constexpr double kNewtonSchulzA = 3.4445, kNewtonSchulzB = -4.7750, kNewtonSchulzC = 2.0315;
+inline constexpr int kNewtonSchulzSteps = 5;
+
+// FLOPs of one matrix's Newton-Schulz orthogonalisation (2 per multiply-add, 1 per other operation): the
+// Frobenius norm and the normalisation (3 m n), then per step X X^T (2 n n m), A A (2 n^3), b A + c A A
+// (3 n^2), B X (2 n n m) and a X + B X (2 n m).
+inline double newton_schulz_flops(int64_t rows, int64_t cols) {
+  const double n = static_cast<double>(std::min(rows, cols)), m = static_cast<double>(std::max(rows, cols));
+  return 3.0 * m * n + kNewtonSchulzSteps * (4.0 * n * n * m + 2.0 * n * n * n + 3.0 * n * n + 2.0 * m * n);
+}
 
 // Layout of the unembedding weight (unembed_cross_entropy, unembed_logits).
 // kernel_DV: untied output projection W [D, V], logits = h @ W.

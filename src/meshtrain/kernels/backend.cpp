@@ -104,6 +104,7 @@ const KernelBackend& nvidia_backend() {
     nvidia.cross_entropy_bf16_scratch_elements = cpu.cross_entropy_bf16_scratch_elements;
     nvidia.attention_backward_scratch_floats = cpu.attention_backward_scratch_floats;
     nvidia.context_attention_backward_scratch_floats = cpu.context_attention_backward_scratch_floats;
+    nvidia.muon_scratch_floats = cpu.muon_scratch_floats;  // planned; the engine refuses Muon on cuda
     return nvidia;
   }();
   return table;

@@ -145,6 +145,9 @@ struct KernelBackend {
   // adamw.h
   AdamWUpdate* adamw_update;
   SumOfSquares* sum_of_squares;
+  // muon.h (cpu only: the engine refuses opt_type=muon on the cuda backend)
+  MuonUpdate* muon_update;
+  MuonScratchFloats* muon_scratch_floats;
 };
 
 // The backend whose kernels run ops on devices of `device_kind` (a topology's, e.g. "cpu", "h100"). NVIDIA

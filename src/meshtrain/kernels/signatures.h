@@ -434,4 +434,14 @@ using AdamWUpdate = void(float* param,       // [count] updated in place
 using SumOfSquares = double(const float* values,  // [count]
                             int64_t count);
 
+// muon.h: Muon's step of `batch` matrices [rows = fan_in, cols = fan_out] one after another (an expert
+// tensor's experts): Nesterov momentum, Newton-Schulz orthogonalisation, scale, decoupled decay.
+using MuonUpdate = void(float* param,       // [batch, rows, cols] updated in place
+                        const float* grad,  // [batch, rows, cols] raw (unscaled) gradient
+                        float* momentum,    // [batch, rows, cols] updated
+                        int64_t batch, int64_t rows, int64_t cols, const MuonStep& step,
+                        bool apply_weight_decay,
+                        float* scratch);  // [muon_scratch_floats(rows, cols)]
+using MuonScratchFloats = int64_t(int64_t rows, int64_t cols);
+
 }  // namespace meshtrain::kernels

@@ -56,11 +56,12 @@ struct BufferDecl {
   int64_t stack_index = 0;
 };
 
-// What a parameter is, for the optimizer's rules (optim/groups.h: which roles decay): a linear map's
-// weights (dense, expert, convolution and unembedding kernels), an additive bias (linear, norm and mHC
-// biases, MoE selection biases), a multiplicative scale (norm and mHC scales), or a lookup table (token and
-// position embeddings, Engram's tables).
-enum class ParameterRole { matrix, bias, scale, embedding };
+// What a parameter is, for the optimizer's rules (optim/groups.h: which roles decay, which Muon steps): a
+// hidden linear map's weights (attention, MLA, MLP, expert and Engram projections), the untied unembedding
+// (head), the MoE router's gate (router), mHC's coefficient projection (mixing), Engram's convolution taps
+// (convolution), an additive bias (linear, norm and mHC biases, MoE selection biases), a multiplicative scale
+// (norm and mHC scales), or a lookup table (token and position embeddings, Engram's tables).
+enum class ParameterRole { matrix, bias, scale, embedding, head, router, mixing, convolution };
 
 // A trainable tensor and its gradient (a decode spec declares the value only). What an optimizer keeps
 // beside it (moments, a master copy) is the optimizer pass's (optim/optimizer.h), not the spec's.
@@ -72,6 +73,9 @@ struct ParameterDecl {
   double init_std = 0.0;
   double init_value = 0.0;  // ParameterInit::constant
   ParameterRole role = ParameterRole::matrix;
+  // A linear map's weights (matrix, head, router, mixing): how many of its leading axes, after any experts
+  // axis, are the map's input (the rest its output), so Muon sees [fan_in, fan_out] matrices.
+  int32_t input_axes = 1;
   // Replicated over tensor but computed from tensor-split activations (QK-norm scales see only this rank's
   // heads): each rank's gradient is a partial sum, all-reduced over tensor in update.
   bool gradient_partial_over_tensor = false;
@@ -193,6 +197,7 @@ enum class OpRole {
   grad_norm,                  // optimizer/grad_norm/<parameter>: adds its squared norm
   clip,                       // optimizer/clip: the global norm's scale
   adamw,                      // optimizer/adamw/<parameter>
+  muon,                       // optimizer/muon/<parameter>
   zero_gradients,             // optimizer/zero_gradients: fwd_bwd starts the accumulators at zero
   reduce_valid_count,         // optimizer/reduce_valid_count/<axis>: the global valid-token count
   reduce_grad_norm,           // optimizer/reduce_grad_norm/<axis>: the squared norm's partial sums

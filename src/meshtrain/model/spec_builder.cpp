@@ -77,6 +77,7 @@ BufferId SpecBuilder::parameter(const std::string& name, const Shape& shape,
   parameter.init_std = options.init_std;
   parameter.role = options.role;
   parameter.init_value = options.init_value;
+  parameter.input_axes = options.input_axes;
   spec_.parameters.push_back(parameter);
   return parameter.value;
 }

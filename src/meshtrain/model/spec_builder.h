@@ -16,6 +16,7 @@ struct ParameterOptions {
   double init_std = 0.02;
   ParameterRole role = ParameterRole::matrix;  // what the optimizer's groups and decay mask see
   double init_value = 0.0;                     // ParameterInit::constant
+  int32_t input_axes = 1;                      // ParameterDecl::input_axes
 };
 
 class SpecBuilder {

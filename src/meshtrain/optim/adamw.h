@@ -15,7 +15,8 @@ namespace meshtrain {
 std::vector<std::string> adamw_moment_names();
 
 // optimizer/adamw/<parameter>: the parameter's step from its gradient (the clip's scale applied), its
-// moments and its group's learning-rate multiplier and decay; nothing on a step with a non-finite norm.
+// moments and its group's learning-rate multiplier and decay (under opt_type=muon with Nesterov's first
+// moment, as optax.contrib.muon); nothing on a step with a non-finite norm.
 OpDecl adamw_step_op(const ModelSpec& spec, const Config& config, size_t parameter,
                      const ParameterState& state, const ParameterGroup& group);
 

@@ -2,10 +2,16 @@
 // global batch until the update; one scale applies the 1/valid-count and the clip.
 #include "meshtrain/optim/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <map>
+#include <regex>
+#include <tuple>
 
 #include "meshtrain/core/error.h"
 #include "meshtrain/optim/adamw.h"
+#include "meshtrain/optim/muon.h"
 
 namespace meshtrain {
 namespace {
@@ -88,10 +94,116 @@ OpDecl clip_op(double threshold) {
   return op;
 }
 
+// Whether `spec` holds every layer with the embedding and the head (not a pipeline stage's chunk).
+bool holds_whole_model(const ModelSpec& spec) {
+  const LayerChunk& chunk = spec.chunks.front().layers;
+  return spec.chunks.size() == 1 && chunk.first_layer == 0 && chunk.last_layer == spec.dims.L - 1 &&
+         chunk.with_embedding && chunk.with_head;
+}
+
+// "0-3,5": sorted layer indices as ranges.
+std::string layer_ranges(const std::vector<int64_t>& layers) {
+  std::string text;
+  for (size_t i = 0; i < layers.size();) {
+    size_t last = i;
+    while (last + 1 < layers.size() && layers[last + 1] == layers[last] + 1) ++last;
+    text += (text.empty() ? "" : ",") + std::to_string(layers[i]) +
+            (last > i ? "-" + std::to_string(layers[last]) : "");
+    i = last + 1;
+  }
+  return text;
+}
+
+// `names` with the layers of one name folded: "decoder/layers_{0-3}/mlp/wo/kernel", in first-seen order.
+std::string folded_names(const std::vector<std::string>& names) {
+  static const std::regex layer_index("layers_([0-9]+)/");
+  std::vector<std::string> order;
+  std::map<std::string, std::vector<int64_t>> layers_of;  // name with "{}" for the index -> indices
+  for (const std::string& name : names) {
+    std::smatch match;
+    std::string key = name;
+    if (std::regex_search(name, match, layer_index))
+      key = match.prefix().str() + "layers_{}/" + match.suffix().str();
+    if (!layers_of.contains(key)) order.push_back(key);
+    if (!match.empty()) layers_of[key].push_back(std::stoll(match[1].str()));
+    layers_of.try_emplace(key);
+  }
+  std::string text;
+  for (const std::string& key : order) {
+    std::vector<int64_t>& layers = layers_of[key];
+    std::sort(layers.begin(), layers.end());
+    std::string name = key;
+    const size_t brace = name.find("{}");
+    if (brace != std::string::npos) {
+      const std::string ranges = layer_ranges(layers);
+      name.replace(brace, 2, layers.size() > 1 ? "{" + ranges + "}" : ranges);
+    }
+    text += (text.empty() ? "" : ", ") + name;
+  }
+  return text;
+}
+
 }  // namespace
 
-std::vector<std::string> optimizer_moment_names() {
-  return adamw_moment_names();
+std::string optimizer_groups_text(const ModelSpec& spec, const OptimizerDecl& optimizer) {
+  struct Row {
+    size_t group;
+    std::string optimizer;
+    bool decay;
+    std::vector<std::string> names;
+  };
+  std::vector<Row> rows;
+  const auto add = [&](size_t group, const std::string& step, const std::string& name, bool decay) {
+    for (Row& row : rows) {
+      if (row.group == group && row.optimizer == step && row.decay == decay) {
+        row.names.push_back(name);
+        return;
+      }
+    }
+    rows.push_back({group, step, decay, {name}});
+  };
+  for (size_t p = 0; p < spec.parameters.size(); ++p) {
+    const ParameterDecl& parameter = spec.parameters[p];
+    const ParameterState& state = optimizer.state(p);
+    const std::string step = state.muon ? "muon" : "adamw";
+    if (!parameter.stacked()) add(state.group, step, parameter.canonical_name, state.weight_decay.at(0));
+    for (size_t i = 0; i < parameter.members.size(); ++i)
+      add(state.group, step, parameter.members[i].canonical_name, state.weight_decay.at(i));
+  }
+  std::sort(rows.begin(), rows.end(), [](const Row& a, const Row& b) {
+    // Group by group; within one, the decayed tensors first.
+    return std::make_tuple(a.group, a.optimizer, !a.decay) < std::make_tuple(b.group, b.optimizer, !b.decay);
+  });
+  std::string text = "optimizer groups:\n";
+  for (const Row& row : rows) {
+    const ParameterGroup& group = optimizer.groups[row.group];
+    char head[200];
+    std::snprintf(head, sizeof head, "  %s, %s, lr x%g, %s (%zu tensors): ", group.name.c_str(),
+                  row.optimizer.c_str(), group.learning_rate_multiplier,
+                  row.decay ? ("decay " + to_text(row.optimizer == "muon" ? group.muon_weight_decay_rate
+                                                                          : group.weight_decay_rate))
+                                  .c_str()
+                            : "no decay",
+                  row.names.size());
+    text += head + folded_names(row.names) + "\n";
+  }
+  return text;
+}
+
+std::vector<std::string> optimizer_moment_names(const Config& config) {
+  return config.opt_type == OptimizerType::muon ? every_moment_name() : adamw_moment_names();
+}
+
+std::vector<std::string> every_moment_name() {
+  std::vector<std::string> names = adamw_moment_names();
+  for (const std::string& name : muon_moment_names()) names.push_back(name);
+  return names;
+}
+
+std::vector<std::string> parameter_moment_names(const Config& config, const ParameterDecl& parameter) {
+  const std::vector<ParameterGroup> groups = parameter_groups(config);
+  return steps_with_muon(groups[group_of(groups, parameter)], parameter) ? muon_moment_names()
+                                                                         : adamw_moment_names();
 }
 
 OptimizerDecl apply_optimizer(ModelSpec& spec, const Config& config) {
@@ -100,33 +212,68 @@ OptimizerDecl apply_optimizer(ModelSpec& spec, const Config& config) {
     MT_CHECK(buffer.kind != BufferKind::optimizer_state && buffer.kind != BufferKind::step_counter,
              "the optimizer applied twice to one spec: " + buffer.name);
   }
+  if (!config.adamw_mask.empty() || !config.adamw_mask_include.empty()) {
+    // The patterns are the whole model's: a pipeline stage's chunk checks them against every stage's names.
+    check_decay_patterns(config,
+                         canonical_tensor_names(holds_whole_model(spec) ? spec : build_model_spec(config)));
+  }
   OptimizerDecl optimizer;
-  optimizer.moment_names = optimizer_moment_names();
+  optimizer.moment_names = optimizer_moment_names(config);
   optimizer.groups = parameter_groups(config);
-  // The state after every buffer of the model, parameter by parameter, at the value's (stacked) shape.
   for (const ParameterDecl& parameter : spec.parameters) {
     ParameterState state;
     state.group = group_of(optimizer.groups, parameter);
-    state.weight_decay = decays(optimizer.groups[state.group], parameter);
+    state.muon = steps_with_muon(optimizer.groups[state.group], parameter);
+    optimizer.parameters.push_back(std::move(state));
+  }
+  if (config.opt_type == OptimizerType::muon &&
+      std::none_of(optimizer.parameters.begin(), optimizer.parameters.end(),
+                   [](const ParameterState& state) { return state.muon; })) {
+    fail("config key 'opt_type'", "a model with hidden weight matrices for Muon to step",
+         "muon on a model (or a pipeline stage's chunk) without one",
+         "set opt_type=adamw: Muon steps attention, MLA, MLP and expert matrices only");
+  }
+  // The state after every buffer of the model, parameter by parameter, at the value's (stacked) shape.
+  int64_t muon_scratch_floats = 0;
+  for (size_t k = 0; k < spec.parameters.size(); ++k) {
+    const ParameterDecl& parameter = spec.parameters[k];
+    ParameterState& state = optimizer.parameters[k];
+    const ParameterGroup& group = optimizer.groups[state.group];
+    if (!parameter.stacked())
+      state.weight_decay.push_back(decays(group, parameter, parameter.canonical_name));
+    for (const ParameterDecl::Member& member : parameter.members)
+      state.weight_decay.push_back(decays(group, parameter, member.canonical_name));
     const std::string name = spec.buffer(parameter.value).name;  // a copy: declare() grows the buffer list
     const Shape shape = spec.buffer(parameter.value).shape;
-    for (const std::string& moment : optimizer.moment_names) {
+    state.moment_names = state.muon ? muon_moment_names() : adamw_moment_names();
+    for (const std::string& moment : state.moment_names) {
       state.moments.push_back(
           declare(spec, {moment + "/" + name, BufferKind::optimizer_state, config.mu_dtype, shape}));
     }
     if (config.weight_dtype != config.mu_dtype)
       state.master = declare(spec, {"master/" + name, BufferKind::optimizer_state, config.mu_dtype, shape});
-    optimizer.parameters.push_back(std::move(state));
+    if (state.muon) {
+      const MuonMatrices matrices = muon_matrices(spec, parameter);
+      muon_scratch_floats =
+          std::max(muon_scratch_floats, spec.kernels->muon_scratch_floats(matrices.rows, matrices.cols));
+    }
   }
   optimizer.step_counter =
       declare(spec, {"optimizer/step", BufferKind::step_counter, DType::i32, shape_of({{"step", 1}})});
+  if (muon_scratch_floats > 0) {
+    optimizer.muon_scratch = declare(spec, {"optimizer/muon_scratch", BufferKind::scratch, DType::f32,
+                                            shape_of({{"muon_scratch", muon_scratch_floats}})});
+  }
 
   optimizer.update.push_back(step_counter_op(optimizer.step_counter));
   for (size_t k = 0; k < spec.parameters.size(); ++k) optimizer.update.push_back(grad_norm_op(spec, k));
   optimizer.update.push_back(clip_op(config.gradient_clipping_threshold));
   for (size_t k = 0; k < spec.parameters.size(); ++k) {
     const ParameterState& state = optimizer.parameters[k];
-    optimizer.update.push_back(adamw_step_op(spec, config, k, state, optimizer.groups[state.group]));
+    const ParameterGroup& group = optimizer.groups[state.group];
+    optimizer.update.push_back(state.muon
+                                   ? muon_step_op(spec, config, k, state, group, optimizer.muon_scratch)
+                                   : adamw_step_op(spec, config, k, state, group));
   }
   return optimizer;
 }

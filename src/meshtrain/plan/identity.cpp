@@ -35,6 +35,9 @@ PlanIdentity plan_identity(const Config& config, const Mesh& mesh, const Topolog
   if (mesh.size(MeshAxis::stage) > 1) {
     for (const std::string& key : pipeline_plan_key_names()) keys.push_back(key);
   }
+  // The optimizer's state and update ops are the plan's; opt_type is recorded when it is not adamw, so
+  // every AdamW plan's identity (and plan files written before the key existed) stays as it was.
+  if (config.opt_type != OptimizerType::adamw) keys.emplace_back("opt_type");
   for (const std::string& key : keys) {
     const auto found = std::find_if(config.resolved.begin(), config.resolved.end(),
                                     [&](const auto& entry) { return entry.first == key; });

@@ -37,6 +37,10 @@ void check_plan_runs_here(const TrainingPlan& plan, int64_t world) {
                  "train on one GPU (every mesh axis 1) until the NCCL communicator lands");
     }
     if (c.num_experts > 0) not_on_gpu("num_experts", std::to_string(c.num_experts), "set num_experts=0");
+    if (c.opt_type != OptimizerType::adamw) {
+      not_on_gpu("opt_type", optimizer_type_name(c.opt_type),
+                 "set opt_type=adamw (no Muon kernel for GPUs yet)");
+    }
     if (!c.engram_layers.empty()) not_on_gpu("engram_layers", "Engram layers", "set engram_layers=[]");
     if (c.mhc_expansion_rate > 1) {
       not_on_gpu("mhc_expansion_rate", std::to_string(c.mhc_expansion_rate), "set mhc_expansion_rate=1");

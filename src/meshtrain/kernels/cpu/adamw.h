@@ -15,6 +15,8 @@ namespace meshtrain::kernels {
 // biases, embeddings):
 // g = grad*scale; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; mhat = m/(1-b1^t); vhat = v/(1-b2^t);
 // param -= lr * (mhat / (sqrt(vhat) + eps) + wd * param)      (equals PyTorch AdamW and optax.adamw)
+// With step.nesterov (optax.adamw(nesterov=True), the AdamW optax.contrib.muon steps non-matrices with):
+// mhat = b1 m / (1-b1^(t+1)) + (1-b1) g / (1-b1^t).
 AdamWUpdate adamw_update;
 
 // Plain reference of adamw_update, literally the formula above; templated so tests can run it in double.
@@ -25,6 +27,7 @@ void adamw_reference_update(T* param, const T* grad, T* m, T* v, int64_t count, 
   const double t = static_cast<double>(step.step);
   const T bias_correction1 = static_cast<T>(1.0 - std::pow(static_cast<double>(step.beta1), t));
   const T bias_correction2 = static_cast<T>(1.0 - std::pow(static_cast<double>(step.beta2), t));
+  const T next_bias_correction1 = static_cast<T>(1.0 - std::pow(static_cast<double>(step.beta1), t + 1.0));
   const T b1 = static_cast<T>(step.beta1), b2 = static_cast<T>(step.beta2);
   const T lr = static_cast<T>(step.learning_rate), eps = static_cast<T>(step.epsilon);
   const T wd = apply_weight_decay ? static_cast<T>(step.weight_decay) : T(0);
@@ -33,7 +36,8 @@ void adamw_reference_update(T* param, const T* grad, T* m, T* v, int64_t count, 
     const T g = grad[i] * scale;
     m[i] = b1 * m[i] + (T(1) - b1) * g;
     v[i] = b2 * v[i] + (T(1) - b2) * g * g;
-    const T m_hat = m[i] / bias_correction1;
+    const T m_hat = step.nesterov ? b1 * m[i] / next_bias_correction1 + (T(1) - b1) * g / bias_correction1
+                                  : m[i] / bias_correction1;
     const T v_hat = v[i] / bias_correction2;
     param[i] -= lr * (m_hat / (std::sqrt(v_hat) + eps) + wd * param[i]);
   }

@@ -15,6 +15,7 @@
 #include "meshtrain/kernels/cpu/mhc_mix.h"
 #include "meshtrain/kernels/cpu/moe_dispatch.h"
 #include "meshtrain/kernels/cpu/moe_router.h"
+#include "meshtrain/kernels/cpu/muon.h"
 #include "meshtrain/kernels/cpu/residual.h"
 #include "meshtrain/kernels/cpu/rmsnorm.h"
 #include "meshtrain/kernels/cpu/rope.h"
@@ -120,6 +121,8 @@ const KernelBackend& cpu_backend() {
       .mhc_streams_sum = mhc_streams_sum,
       .adamw_update = adamw_update,
       .sum_of_squares = sum_of_squares,
+      .muon_update = muon_update,
+      .muon_scratch_floats = muon_scratch_floats,
   };
   return table;
 }

@@ -106,7 +106,7 @@ void add_final_norm_and_loss(SpecBuilder& builder, NormKind norm, BufferId resid
   auto layout = kernels::UnembedLayout::table_VD;
   if (tied_table == kNoBuffer) {
     unembedding = builder.parameter("decoder/logits_dense/kernel", shape_of({{"embed", D}, {"vocab", V}}),
-                                    {"unembedding", ParameterInit::normal, 0.02, ParameterRole::matrix});
+                                    {"unembedding", ParameterInit::normal, 0.02, ParameterRole::head});
     layout = kernels::UnembedLayout::kernel_DV;
   }
   if (builder.decoding()) {

@@ -147,7 +147,7 @@ BufferId add_engram_block(SpecBuilder& builder, const std::string& prefix, size_
       add_stream_norm(builder, engram + "/short_conv/norm", gated, per_stream, N, G, D, d_u, d_gated, true);
   const BufferId conv_weight = builder.parameter(
       engram + "/short_conv/conv/kernel", shape_of({{"conv_taps", K}, {"streams", G}, {"embed", D}}),
-      {"engram", ParameterInit::zeros, 0.0, ParameterRole::matrix});
+      {"engram", ParameterInit::zeros, 0.0, ParameterRole::convolution});
   const BufferId d_conv_weight = builder.gradient_of(conv_weight);
   const BufferId u = conv_norm.out;
   const BufferId y = builder.activation(engram + "/short_conv/out", per_stream);

@@ -35,8 +35,9 @@ BufferId add_mhc_site(SpecBuilder& builder, const std::string& prefix, BufferId 
                                   d_normed, d_streams, true);
   const LinearLayer projection =
       add_linear(builder, prefix + "/alpha", norm.out, shape_of({{"mhc_width", GD}, {"mhc_coefficients", C}}),
-                 coefficients, {"mhc", false, 1.0 / std::sqrt(static_cast<double>(GD)), kNoBuffer}, d_h,
-                 d_normed, false);
+                 coefficients,
+                 {"mhc", false, 1.0 / std::sqrt(static_cast<double>(GD)), kNoBuffer, ParameterRole::mixing},
+                 d_h, d_normed, false);
   // {a_pre, a_post, a_res}, each 0.01 at init; the betas start at zero. Scales and biases: the optimizer's
   // mask (optim/groups.h) decays neither.
   const BufferId scales =

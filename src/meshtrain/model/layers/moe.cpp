@@ -105,7 +105,7 @@ BufferId add_moe_block(SpecBuilder& builder, const std::string& prefix, BufferId
   // Router: logits = x @ W_gate, then scores, the chosen experts and their weights.
   const LinearLayer gate =
       add_linear(builder, moe + "/gate", x, shape_of({{"embed", D}, {"expert_scores", E}}), logits_shape,
-                 {"moe", false, 0.02, kNoBuffer}, d_logits, d_normed, true);
+                 {"moe", false, 0.02, kNoBuffer, ParameterRole::router}, d_logits, d_normed, true);
   const BufferId logits = gate.out;
   const BufferId chosen = int32_activation(builder, moe + "/chosen", choice_shape);
   const BufferId weights = builder.activation(moe + "/weights", choice_shape);

@@ -13,9 +13,9 @@ LinearLayer add_linear(SpecBuilder& builder, const std::string& prefix, BufferId
   const int64_t O = kernel_shape.elements() / I;
   size_t input_axes = 0;
   for (int64_t product = 1; product != I; ++input_axes) product *= kernel_shape.dims.at(input_axes);
-  const BufferId kernel =
-      builder.parameter(prefix + "/kernel", kernel_shape,
-                        {options.component, ParameterInit::normal, options.init_std, ParameterRole::matrix});
+  const BufferId kernel = builder.parameter(prefix + "/kernel", kernel_shape,
+                                            {options.component, ParameterInit::normal, options.init_std,
+                                             options.role, 0.0, static_cast<int32_t>(input_axes)});
   const BufferId d_kernel = builder.gradient_of(kernel);
   BufferId bias = kNoBuffer, d_bias = kNoBuffer;
   if (options.bias) {

@@ -18,6 +18,7 @@ struct LinearOptions {
   double init_std = 0.02;
   BufferId residual_in =
       kNoBuffer;  // when set: out = residual_in + x @ W (+ b), the end of a residual branch
+  ParameterRole role = ParameterRole::matrix;  // the kernel's (spec.h): router and mixing maps say so
 };
 
 struct LinearLayer {
