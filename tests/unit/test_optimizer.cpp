@@ -142,6 +142,20 @@ TEST(Optimizer, ADecayPatternMatchingNoTensorIsAnErrorNamingItAndTheClosestNames
     }
     EXPECT_EQ(spec.buffers.size(), buffers) << "nothing declared before the error";
   }
+  // A pattern is searched anywhere in a name, so the hint ranks names by how close it comes to occurring in
+  // them ('q_norm' is one edit from 'y_norm' of query_norm), not by distance to the whole name.
+  {
+    const Config config = testing::tiny_config({"adamw_mask=[q_norm]"});
+    ModelSpec spec = build_model_spec(config);
+    try {
+      apply_optimizer(spec, config);
+      ADD_FAILURE() << "a pattern matching no tensor was accepted";
+    } catch (const MeshError& error) {
+      const std::string message = error.what();
+      EXPECT_NE(message.find("/self_attention/query_norm/scale"), std::string::npos) << message;
+      EXPECT_EQ(message.find("token_embedder/embedding"), std::string::npos) << message;
+    }
+  }
   // A pattern that is no regular expression is the config's error, at load.
   EXPECT_THROW(testing::tiny_config({"adamw_mask=[layers_(0]"}), MeshError);
 }
