@@ -21,6 +21,7 @@
 #include "meshtrain/kernels/cpu/matmul.h"
 #include "meshtrain/kernels/cpu/rmsnorm.h"
 #include "meshtrain/model/spec.h"
+#include "meshtrain/optim/optimizer.h"
 #include "meshtrain/plan/decode.h"
 #include "meshtrain/plan/plan.h"
 #include "meshtrain/runtime/engine.h"
@@ -198,6 +199,8 @@ const KernelBackend& counting_backend() {
     MT_COUNTED(mhc_streams_sum);
     MT_COUNTED(adamw_update);
     MT_COUNTED(sum_of_squares);
+    MT_COUNTED(muon_update);
+    MT_COUNTED(muon_scratch_floats);
 #undef MT_COUNTED
     return counting;
   }();
@@ -241,9 +244,11 @@ Batch tiny_batch(const ModelDims& m) {
 
 // One training step and one decode step of `preset` with the counting backend in the plans; the losses
 // equal those of the plain (cpu) engine.
-void run_through_counting_backend(const std::string& preset, DType dtype = DType::f32) {
+void run_through_counting_backend(const std::string& preset, DType dtype = DType::f32,
+                                  OptimizerType optimizer = OptimizerType::adamw) {
   Config config = tiny_config(preset);
   config.dtype = dtype;
+  config.opt_type = optimizer;
   PlanRequest request;
   request.config = config;
   request.devices = 1;
@@ -282,6 +287,12 @@ TEST(KernelBackend, ModelReachesEveryKernelThroughTheTable) {
   EXPECT_GT(calls()["attention_backward_scratch_floats"], 0);
   EXPECT_GT(calls()["cross_entropy_scratch_floats"], 0);
   EXPECT_GT(calls()["activation_dtype"], 0);
+  // The optimizer pass sizes Muon's update scratch through the spec's table.
+  Config muon = tiny_config("qwen3-tiny");
+  muon.opt_type = OptimizerType::muon;
+  ModelSpec muon_spec = build_model_spec(muon, Mesh{}, counting_backend());
+  apply_optimizer(muon_spec, muon);
+  EXPECT_GT(calls()["muon_scratch_floats"], 0);
   // bf16 compute sizes the matmuls' rounded-input scratch through the table too.
   Config bf16 = tiny_config("qwen3-tiny");
   bf16.dtype = DType::bf16;
@@ -292,6 +303,7 @@ TEST(KernelBackend, ModelReachesEveryKernelThroughTheTable) {
   run_through_counting_backend("gpt2-124m");             // layernorm, gelu, learned positions
   run_through_counting_backend("deepseek-tiny");         // multi-head latent attention, mixture of experts
   run_through_counting_backend("deepseek-custom-tiny");  // Engram, mHC
+  run_through_counting_backend("qwen3-tiny", DType::f32, OptimizerType::muon);  // Muon's update
   // bf16 compute: the producers that store a matmul's bf16 input, and the matmuls that read it. They run
   // only on a CPU with bf16 instructions (elsewhere dtype=bfloat16 is refused; Plan.Bf16ComputeRunsThePlan).
   const std::vector<std::string> bf16_only = {"rmsnorm_forward_bf16",  "layernorm_forward_bf16",
