@@ -129,8 +129,8 @@ expect config "config key 'adamw_mask_include'" "regular expressions" "'norm('" 
   "$meshtrain" info qwen3-tiny 'adamw_mask_include=[norm(]'
 expect config "config key 'opt_type'" "adamw or muon" "did you mean 'muon'" -- \
   "$meshtrain" train qwen3-tiny "${tiny[@]}" opt_type=moun
-expect config "config key 'opt_type'" "mesh.fsdp" "set opt_type=adamw" -- \
-  "$meshtrain" compile qwen3-tiny "${tiny[@]}" opt_type=muon mesh.fsdp=2 mesh.data=1
+expect config "config key 'opt_type'" "base_num_kv_heads=2" "set mesh.tensor to at most base_num_kv_heads" -- \
+  "$meshtrain" compile qwen3-tiny "${tiny[@]}" opt_type=muon mesh.tensor=4 mesh.data=1
 expect config "config key 'muon_consistent_rms'" "a positive number, or null" -- \
   "$meshtrain" info qwen3-tiny muon_consistent_rms=-1
 expect config "config key 'train_data_columns'" "the name of the column" -- \

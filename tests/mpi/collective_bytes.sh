@@ -8,7 +8,7 @@
 # whose trace shows each pass started before a block's compute and waited for after it), and expert
 # parallelism (a small deepseek-tiny: the all_to_all blocks of every MoE layer and the gradient all-reduces
 # over expert, dropless and with a capacity, alone and with data x ZeRO-1), and Engram's ShortConv halos
-# under context parallelism.
+# under context parallelism, and Muon's gathers of sharded matrices (FSDP x tensor, ZeRO-1).
 # Usage: collective_bytes.sh BUILD_DIR
 source "$(dirname "$0")/common.sh" "$1"
 tiny+=(enable_checkpointing=false per_device_batch_size=1 steps=2 collective_timeout_s=120)
@@ -26,6 +26,9 @@ done
 run many 8 mesh.data=2 mesh.fsdp=4 gradient_accumulation_steps=2 shard_optimizer_over_data=true
 run tp 4 mesh.data=2 mesh.tensor=2 gradient_accumulation_steps=4 shard_optimizer_over_data=true
 run tp4 4 mesh.tensor=4 gradient_accumulation_steps=2
+# Muon's gathers of its sharded matrices (issue 41): FSDP x tensor, and ZeRO-1 over data.
+run muon_fsdp_tp 4 mesh.fsdp=2 mesh.tensor=2 opt_type=muon gradient_accumulation_steps=2
+run muon_zero1 2 mesh.data=2 shard_optimizer_over_data=true opt_type=muon
 run cp2 2 mesh.context=2 gradient_accumulation_steps=2
 run cp2_dp2 4 mesh.context=2 mesh.data=2 gradient_accumulation_steps=2 shard_optimizer_over_data=true
 run cp2_ring 2 mesh.context=2 context_parallel_strategy=ring gradient_accumulation_steps=2
@@ -60,7 +63,7 @@ work = sys.argv[1]
 status = 0
 def steps(name):
     return [json.loads(line) for line in open(f"{work}/{name}/metrics.jsonl")]
-for name in ["dp_1", "dp_4", "dp_16", "zero1_1", "zero1_4", "zero1_16", "fsdp_1", "fsdp_4", "fsdp_16", "many", "tp", "tp4", "cp2", "cp2_dp2", "cp2_ring", "cp4_ring", "ep2", "ep2_dp2", "ep4_capacity", "engram_cp2", "engram_cp2_plain"]:
+for name in ["dp_1", "dp_4", "dp_16", "zero1_1", "zero1_4", "zero1_16", "fsdp_1", "fsdp_4", "fsdp_16", "many", "tp", "tp4", "muon_fsdp_tp", "muon_zero1", "cp2", "cp2_dp2", "cp2_ring", "cp4_ring", "ep2", "ep2_dp2", "ep4_capacity", "engram_cp2", "engram_cp2_plain"]:
     for record in steps(name):
         moved, planned = record["collective_bytes"], record["planned_collective_bytes"]
         if moved != planned:

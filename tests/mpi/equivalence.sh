@@ -4,7 +4,8 @@
 # FSDP, ZeRO-1, tensor-parallel and combined layouts. Losses must agree within 1e-5 relative (sums over
 # ranks add in another order) and the final parameters (from each run's checkpoint, global tensors) within
 # 1e-3 of each tensor's largest magnitude; the same layout run twice must give bitwise-equal losses. Muon
-# (issue 41) on 2 and 4 data ranks against its one process.
+# (issue 41) on 2 and 4 data ranks, FSDP 2, tensor 2, ZeRO-1 over data 2 and FSDP 2 x tensor 2 against its
+# one process.
 # Context parallelism (issue 11), each case once per strategy (all_gather and ring, context_cases):
 # mesh.context=2 and 4 with each reorder, C=2 with data=2, tensor=2, fsdp=2 and ZeRO-1, remat minimal and full, untied
 # embeddings (alone and with tensor=2), GPT-2 (learned positions), and packed short documents (a prepared
@@ -107,11 +108,15 @@ check fsdp2_stacked single 2 4 mesh.fsdp=2 scan_layers=true
 check zero1_dp2_tp2_stacked single 4 2 mesh.data=2 mesh.tensor=2 shard_optimizer_over_data=true scan_layers=true
 check all_gather_cp2_fsdp2_stacked single 4 2 mesh.context=2 mesh.fsdp=2 context_parallel_strategy=all_gather \
   scan_layers=true
-# Muon (opt_type=muon) over the axes that keep each matrix whole (FSDP, tensor and ZeRO-1 are refused until
-# the plan gathers a sharded matrix): 2 and 4 data ranks against the one process.
+# Muon (opt_type=muon): 2 and 4 data ranks, and the meshes that shard its matrices (the plan gathers each
+# whole for Newton-Schulz): FSDP, tensor, ZeRO-1 and FSDP x tensor, against the one process.
 run single_muon 1 8 opt_type=muon
 check dp2_muon single_muon 2 4 mesh.data=2 opt_type=muon
 check dp4_muon single_muon 4 2 mesh.data=4 opt_type=muon
+check fsdp2_muon single_muon 2 4 mesh.fsdp=2 opt_type=muon
+check tp2_muon single_muon 2 4 mesh.tensor=2 opt_type=muon
+check zero1_dp2_muon single_muon 2 4 mesh.data=2 shard_optimizer_over_data=true opt_type=muon
+check fsdp2_tp2_muon single_muon 4 2 mesh.fsdp=2 mesh.tensor=2 opt_type=muon
 
 status=0
 for pair in "${cases[@]}"; do

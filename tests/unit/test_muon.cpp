@@ -264,9 +264,23 @@ TEST(Muon, BadInputsAreErrorsBeforeAllocation) {
   } catch (const MeshError& error) {
     EXPECT_NE(std::string(error.what()).find("did you mean 'muon'"), std::string::npos) << error.what();
   }
-  // Muon needs whole matrices: refused under FSDP, tensor and ZeRO-1 (before anything is allocated).
-  for (const std::string mesh : {"mesh.fsdp=2", "mesh.tensor=2"}) {
-    EXPECT_THROW(testing::tiny_plan({"opt_type=muon", mesh}), MeshError) << mesh;
+  // Muon needs whole matrices: under FSDP and tensor the update gathers each sharded one over its axis;
+  // replicated kv heads (mesh.tensor beyond base_num_kv_heads=2) are refused before anything is allocated.
+  for (const auto& [mesh, axis] :
+       {std::pair{"mesh.fsdp=2", MeshAxis::fsdp}, {"mesh.tensor=2", MeshAxis::tensor}}) {
+    const TrainingPlan plan = testing::tiny_plan({"opt_type=muon", mesh});
+    int gathers = 0;
+    for (const KernelPlan& kernel : plan.kernels) {
+      for (const PlanOp& op : kernel.ops)
+        gathers += op.op->role == OpRole::muon_gather && op.op->collective.axis == axis ? 1 : 0;
+    }
+    EXPECT_GT(gathers, 0) << mesh;
+  }
+  try {
+    testing::tiny_plan({"opt_type=muon", "mesh.tensor=4"});
+    ADD_FAILURE() << "Muon over replicated kv heads was accepted";
+  } catch (const MeshError& error) {
+    EXPECT_NE(std::string(error.what()).find("at most base_num_kv_heads"), std::string::npos) << error.what();
   }
   // No hidden matrix: the spec's matrices all taken (a model always has some; the groups' data decides).
   Config config = testing::tiny_config({"opt_type=muon"});

@@ -207,6 +207,8 @@ enum class OpRole {
   zero1_reduce_scatter,       // zero1/reduce_scatter/<parameter>
   zero1_slice,                // zero1/slice/<parameter>: a strided data shard copied out
   zero1_all_gather,           // zero1/gather/<parameter>
+  muon_gather,                // muon/gather/<parameter>/<tensor>/<axis>: a sharded Muon matrix made whole
+  muon_slice,                 // muon/slice/<parameter>/<tensor>: this rank's shard of the whole step's result
   fsdp_gather,                // fsdp/gather/<parameter>[#backward]
   fsdp_zero,                  // fsdp/zero/<parameter>: the full gradient before its first write
   fsdp_reduce_scatter,        // fsdp/reduce_scatter/<parameter>

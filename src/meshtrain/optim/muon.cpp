@@ -16,10 +16,15 @@ std::vector<std::string> muon_moment_names() {
 
 MuonMatrices muon_matrices(const ModelSpec& spec, const ParameterDecl& parameter) {
   const Shape& shape = spec.buffer(parameter.value).shape;
+  // A dim tensor parallelism splits counts whole: the plan gathers the tensor ranks' parts (plan.cpp refuses
+  // the kv heads' replication, whose parts would repeat).
+  const int64_t tensor_ranks = spec.sharding.mesh().size(MeshAxis::tensor);
   std::vector<int64_t> matrix_dims;
   for (size_t axis = 0; axis < shape.dims.size(); ++axis) {
-    if (shape.axes[axis] != "layers" && shape.axes[axis] != "experts")
-      matrix_dims.push_back(shape.dims[axis]);
+    if (shape.axes[axis] == "layers" || shape.axes[axis] == "experts") continue;
+    const std::vector<MeshAxis>& split = spec.sharding.compute(shape.axes[axis]).axes;
+    const bool over_tensor = std::find(split.begin(), split.end(), MeshAxis::tensor) != split.end();
+    matrix_dims.push_back(shape.dims[axis] * (over_tensor ? tensor_ranks : 1));
   }
   const auto input_axes = static_cast<size_t>(parameter.input_axes);
   MT_CHECK(matrix_dims.size() > input_axes && input_axes > 0,
@@ -29,7 +34,10 @@ MuonMatrices muon_matrices(const ModelSpec& spec, const ParameterDecl& parameter
   matrices.cols = 1;
   for (size_t axis = 0; axis < matrix_dims.size(); ++axis)
     (axis < input_axes ? matrices.rows : matrices.cols) *= matrix_dims[axis];
-  matrices.batch = shape.elements() / (matrices.rows * matrices.cols);
+  matrices.batch = 1;
+  for (size_t axis = 0; axis < shape.dims.size(); ++axis) {
+    if (shape.axes[axis] == "layers" || shape.axes[axis] == "experts") matrices.batch *= shape.dims[axis];
+  }
   return matrices;
 }
 
@@ -77,7 +85,7 @@ OpDecl muon_step_op(const ModelSpec& spec, const Config& config, size_t paramete
               // its experts' matrices).
               const TensorView whole = context.view(value);
               MT_CHECK(whole.elements() == matrices.batch * matrices.rows * matrices.cols,
-                       "Muon steps whole matrices (the plan gathers none yet)");
+                       "Muon steps whole matrices (the plan gathers a sharded one's)");
               const auto blocks = static_cast<int64_t>(weight_decay.size());
               const int64_t block = whole.elements() / blocks;
               for (int64_t i = 0; i < blocks; ++i) {

@@ -19,7 +19,7 @@ std::vector<std::string> muon_moment_names();
 
 // A Muon parameter's value seen as `batch` matrices [rows = fan_in, cols = fan_out] one after another: the
 // layers and experts axes are the batch, then the parameter's input axes (ParameterDecl::input_axes) the
-// rows and the rest the columns.
+// rows and the rest the columns; a dim split over mesh.tensor at its whole size (the plan gathers it).
 struct MuonMatrices {
   int64_t batch = 0, rows = 0, cols = 0;
 };

@@ -609,16 +609,15 @@ TrainingPlan plan_training(const PlanRequest& request) {
   }
   // The config's rules that depend on the mesh, now that it is resolved (load_config checked the requested).
   validate_attention_and_moe_keys(config, plan.mesh.size(MeshAxis::expert));
-  // Newton-Schulz orthogonalises whole matrices: the plan does not gather a sharded one's momentum yet.
-  if (config.opt_type == OptimizerType::muon &&
-      (plan.mesh.size(MeshAxis::fsdp) > 1 || plan.mesh.size(MeshAxis::tensor) > 1 ||
-       (config.shard_optimizer_over_data && plan.mesh.size(MeshAxis::data) > 1))) {
+  // Newton-Schulz orthogonalises whole matrices: the plan gathers a sharded one's tensor parts, which
+  // repeat where several tensor ranks hold the same kv heads.
+  if (config.opt_type == OptimizerType::muon && plan.mesh.size(MeshAxis::tensor) > config.base_num_kv_heads) {
     fail("config key 'opt_type'",
-         "adamw under mesh.fsdp > 1, mesh.tensor > 1 or shard_optimizer_over_data over mesh.data > 1 (Muon "
-         "needs each matrix whole, and the plan does not gather sharded ones yet)",
+         "adamw when mesh.tensor exceeds base_num_kv_heads (Muon gathers each key / value matrix from the "
+         "tensor ranks, and replicated kv heads would repeat in it)",
          "muon on mesh " + plan.mesh.to_string() +
-             (config.shard_optimizer_over_data ? " with shard_optimizer_over_data" : ""),
-         "train Muon over mesh.data, mesh.context, mesh.expert or mesh.stage, or set opt_type=adamw");
+             " with base_num_kv_heads=" + std::to_string(config.base_num_kv_heads),
+         "set mesh.tensor to at most base_num_kv_heads, or set opt_type=adamw");
   }
   // The placement's rules hold for every mesh (a one-stage mesh: one rank holds every chunk), checked on
   // every rank alike before anything is allocated, as are the schedule's.

@@ -2,6 +2,7 @@
 // data-parallel reduction of the gradients (all-reduce, or ZeRO-1's reduce-scatter), the global norm
 // (partial sums all-reduced over every axis gradients are split on), the clip, AdamW on the local shard,
 // and ZeRO-1's parameter all-gather (which belongs to update, aot-plan.md).
+#include <algorithm>
 #include <cstring>
 
 #include "meshtrain/plan/passes.h"
@@ -50,6 +51,114 @@ const OpDecl* add_slice_op(TrainingPlan& plan, const ParameterStorage& store, si
   op.role = OpRole::zero1_slice;
   op.parameter = static_cast<int32_t>(k);
   return add_plan_op(plan, std::move(op));
+}
+
+// One gather of a sharded Muon tensor towards its whole matrices: `shard` (this rank's part) into `full`
+// over `axis`, the shards strided by `outer` (add_collective_op).
+struct MuonGather {
+  MeshAxis axis = MeshAxis::data;
+  int64_t outer = 1, ranks = 1, full_elements = 0;
+  PlanBufferId shard = -1, full = -1;
+};
+
+// Copies this rank's shard of the whole step's result back: `gathers` innermost first, as they were made.
+const OpDecl* add_muon_slice_op(TrainingPlan& plan, const std::string& name, int32_t parameter,
+                                const std::vector<MuonGather>& gathers) {
+  const BufferId whole = gathers.back().full, shard = gathers.front().shard;
+  OpDecl op{"muon/slice/" + name,
+            {whole},
+            {shard},
+            0.0,
+            [=](const OpContext& context) {
+              const float* from = context.f32(whole);
+              const TensorView to = context.view(shard);
+              float* out = to.f32();
+              for (int64_t i = 0; i < to.elements(); ++i) {
+                // A shard is [outer][block] of its full [outer][ranks][block]: the index in each full in
+                // turn.
+                int64_t index = i;
+                for (const MuonGather& gather : gathers) {
+                  const int64_t block = gather.full_elements / (gather.outer * gather.ranks);
+                  index = ((index / block) * gather.ranks + context.coordinates[gather.axis]) * block +
+                          index % block;
+                }
+                out[i] = from[index];
+              }
+            },
+            OpKind::memory};
+  op.role = OpRole::muon_slice;
+  op.parameter = parameter;
+  return add_plan_op(plan, std::move(op));
+}
+
+// Muon on a matrix FSDP, ZeRO-1 or tensor parallelism shards: Newton-Schulz needs each matrix whole, so its
+// value, reduced gradient and momentum are gathered whole (ZeRO-1's data shards first, then FSDP's, then the
+// tensor ranks' parts), every rank of those groups runs the one-process step on the whole (redundantly: the
+// same result on each), and keeps its own shards of the value and the momentum.
+void add_whole_matrix_muon_steps(TrainingPlan& plan, const OpDecl& op, std::vector<PlanStep>& steps) {
+  const size_t k = static_cast<size_t>(op.parameter);
+  const ParameterDecl& parameter = plan.spec.parameters[k];
+  const ParameterStorage store = plan.storage[k];
+  const BufferId momentum = plan.optimizer.parameters[k].moments.at(0);
+  const std::string& name = parameter.canonical_name;
+  const Shape local = plan.spec.buffer(parameter.value).shape;  // the tensor-local (compute) shape
+  const std::vector<DimSharding> compute = plan.buffers[static_cast<size_t>(parameter.value)].sharding;
+  const int64_t tensor_ranks = plan.mesh.size(MeshAxis::tensor);
+  Shape whole = local;
+  for (size_t i = 0; i < compute.size(); ++i) {
+    if (std::find(compute[i].axes.begin(), compute[i].axes.end(), MeshAxis::tensor) != compute[i].axes.end())
+      whole.dims[i] *= tensor_ranks;
+  }
+  const PlanBuffer fsdp_shard = plan.buffers[static_cast<size_t>(store.value_store)];
+  const bool over_data = store.gradient_data_shard >= 0, over_tensor = whole.elements() != local.elements();
+  const auto temporary = [&](const std::string& what, int64_t elements) {
+    return add_plan_buffer(plan, PlanBuffer{"muon/" + what + "/" + name,
+                                            BufferKind::communication,
+                                            fsdp_shard.dtype,
+                                            shape_of({{"elements", elements}}),
+                                            {DimSharding{}}});
+  };
+  // `shard` gathered whole (into `data_full` and `fsdp_full` where the plan has those buffers already):
+  // the whole's buffer, and the gathers made.
+  const auto gather_whole = [&](const std::string& what, PlanBufferId shard, bool data_sharded,
+                                PlanBufferId data_full, PlanBufferId fsdp_full) {
+    std::vector<MuonGather> gathers;
+    PlanBufferId current = shard;
+    const auto gather = [&](MeshAxis axis, int64_t outer, PlanBufferId full) {
+      steps.push_back(step_of(add_collective_op(
+          plan, "muon/gather/" + name + "/" + what + "/" + mesh_axis_name(axis), OpRole::muon_gather,
+          op.parameter, CollectiveKind::all_gather, axis, full, current, outer)));
+      gathers.push_back({axis, outer, plan.mesh.size(axis),
+                         plan.buffers[static_cast<size_t>(full)].shape.elements(), current, full});
+      current = full;
+    };
+    if (data_sharded) {
+      gather(MeshAxis::data, store.data_outer,
+             data_full >= 0 ? data_full : temporary(what + "_fsdp_shard", fsdp_shard.shape.elements()));
+    }
+    if (store.gathered) {
+      gather(MeshAxis::fsdp, shard_outer(fsdp_shard, MeshAxis::fsdp, local),
+             fsdp_full >= 0 ? fsdp_full : temporary(what + "_tensor_part", local.elements()));
+    }
+    if (over_tensor) {
+      gather(MeshAxis::tensor,
+             shard_outer(plan.buffers[static_cast<size_t>(parameter.value)], MeshAxis::tensor, whole),
+             temporary(what + "_whole", whole.elements()));
+    }
+    return std::make_pair(current, gathers);
+  };
+  // ZeRO-1 keeps the value whole over data (its shard is gathered back after AdamW's step).
+  const auto [value, value_gathers] = gather_whole("value", store.value_store, false, -1, parameter.value);
+  const auto [gradient, gradient_gathers] =
+      gather_whole("gradient", over_data ? store.gradient_data_shard : store.gradient_store, over_data,
+                   store.gradient_store, parameter.gradient);
+  const auto [whole_momentum, momentum_gathers] = gather_whole("momentum", momentum, over_data, -1, -1);
+  steps.push_back(
+      bind_step(bind_step(bind_step(step_of(&op), parameter.value, value), parameter.gradient, gradient),
+                momentum, whole_momentum));
+  if (!value_gathers.empty())
+    steps.push_back(step_of(add_muon_slice_op(plan, name + "/value", op.parameter, value_gathers)));
+  steps.push_back(step_of(add_muon_slice_op(plan, name + "/momentum", op.parameter, momentum_gathers)));
 }
 
 }  // namespace
@@ -113,10 +222,9 @@ std::vector<PlanStep> update_steps(TrainingPlan& plan) {
     const bool is_norm = op.role == OpRole::grad_norm;
     // The two ends' partial gradients of a tied table (group 2: the first and last stage ranks).
     if (is_norm && tied_across_stages(plan, op.parameter)) {
-      steps.push_back(step_of(add_collective_op(plan, "stage/tied_all_reduce/" + name,
-                                                OpRole::tied_embedding_reduction, op.parameter,
-                                                CollectiveKind::all_reduce, MeshAxis::stage,
-                                                store.gradient_store, kNoBuffer, 1, false, 2)));
+      steps.push_back(step_of(add_collective_op(
+          plan, "stage/tied_all_reduce/" + name, OpRole::tied_embedding_reduction, op.parameter,
+          CollectiveKind::all_reduce, MeshAxis::stage, store.gradient_store, kNoBuffer, 1, false, 2)));
     }
     // Context ranks hold different tokens of the same rows, expert and fsdp ranks different rows: the
     // gradient of a parameter they share is a partial sum over them, summed here like over data (before any
@@ -145,6 +253,12 @@ std::vector<PlanStep> update_steps(TrainingPlan& plan) {
           step_of(add_collective_op(plan, "tensor/kv_replicas_all_reduce/" + name,
                                     OpRole::kv_replica_reduction, op.parameter, CollectiveKind::all_reduce,
                                     MeshAxis::tensor, store.gradient_store, kNoBuffer, 1, false, replicas)));
+    }
+    if (op.role == OpRole::muon &&
+        (store.gathered || store.gradient_data_shard >= 0 ||
+         plan.buffers[static_cast<size_t>(parameter.value)].split_over(MeshAxis::tensor))) {
+      add_whole_matrix_muon_steps(plan, op, steps);
+      continue;
     }
     if (store.gradient_data_shard >= 0) {
       if (is_norm) {
