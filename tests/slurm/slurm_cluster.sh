@@ -100,9 +100,12 @@ stopped_at=$(newest_committed "$run_dir")
 echo "[${SECONDS} s] job $job: stopped at step $stopped_at, its checkpoint committed, requeued by its script"
 
 # A node lost: the requeued job keeps the node and task counts it ran with (2 and 4), which one node
-# cannot hold; 2 tasks fit the node left, and it need not wait out the 121 s.
+# cannot hold; 2 tasks fit the node left, and it need not wait out the 121 s. Not at once, though: slurmd
+# revoked the first run's credential when it killed it, and refuses a launch credential made in the same
+# second or before ("Killing non-startable batch JobId=1: Job credential revoked", seen in a CI run where
+# the restart came 0.3 s after the requeue); by PENDING the kill is done, so 2 s on is past it.
 scontrol update nodename=mt-node2 state=down reason="meshtrain test: node lost"
-scontrol update jobid="$job" NumNodes=1-1 NumCPUs=2 NumTasks=2 StartTime=now
+scontrol update jobid="$job" NumNodes=1-1 NumCPUs=2 NumTasks=2 StartTime=now+2
 for try in $(seq 3000); do  # at most 300 s: the rest of the run on 2 ranks
   state=$(job_field JobState)
   [ "$state" = COMPLETED ] && break  # the script's exit status 0
