@@ -127,6 +127,8 @@ expect config "config key 'adamw_mask'" "'layers_0/mlp/w0'" "matches none" "deco
   "$meshtrain" train qwen3-tiny "${tiny[@]}" 'adamw_mask=[layers_0/mlp/w0]'
 expect config "config key 'adamw_mask_include'" "regular expressions" "'norm('" -- \
   "$meshtrain" info qwen3-tiny 'adamw_mask_include=[norm(]'
+expect config "config key 'adamw_mask'" "at most 256 characters" "one of 300" -- \
+  "$meshtrain" info qwen3-tiny "adamw_mask=[$(printf 'n%.0s' $(seq 300))]"
 expect config "config key 'opt_type'" "adamw or muon" "did you mean 'muon'" -- \
   "$meshtrain" train qwen3-tiny "${tiny[@]}" opt_type=moun
 expect config "config key 'opt_type'" "base_num_kv_heads=2" "set mesh.tensor to at most base_num_kv_heads" -- \

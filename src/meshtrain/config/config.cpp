@@ -841,6 +841,14 @@ void validate_decay_pattern_keys(const Config& c) {
        {std::pair<const char*, const std::vector<std::string>&>{"adamw_mask", c.adamw_mask},
         {"adamw_mask_include", c.adamw_mask_include}}) {
     for (const std::string& pattern : patterns) {
+      // std::regex compiles and matches by recursion: a bound on the length bounds its stack (a name
+      // pattern needs far fewer characters than this).
+      constexpr size_t kLongestPattern = 256;
+      if (pattern.size() > kLongestPattern) {
+        fail(std::string("config key '") + key + "'",
+             "patterns of at most " + std::to_string(kLongestPattern) + " characters",
+             "one of " + std::to_string(pattern.size()), "match a shorter part of the tensor names");
+      }
       try {
         std::regex compiled(pattern);
       } catch (const std::regex_error& error) {
