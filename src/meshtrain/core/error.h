@@ -2,6 +2,7 @@
 // was found, and how to fix it. User-facing checks throw these; nothing a user can influence is asserted.
 #pragma once
 
+#include <cstddef>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -39,12 +40,17 @@ struct AlreadyReported {
 [[noreturn]] void internal_check_failed(const char* condition, const char* file, int line,
                                         const std::string& detail);
 
-// The candidate closest to `word` by edit distance (for "did you mean" hints).
 // Where a tensor of a file is, for errors: "FILE: tensor 'NAME'".
 inline std::string tensor_where(const std::string& file, const std::string& tensor) {
   return file + ": tensor '" + tensor + "'";
 }
 
+// Levenshtein edits that turn `word` into `text`; with `anywhere`, the fewest that make `word` occur
+// somewhere in `text` (its distance to the best-matching substring), as a pattern searched anywhere in a
+// name.
+size_t edit_distance(const std::string& word, const std::string& text, bool anywhere = false);
+
+// The candidate closest to `word` by edit distance (for "did you mean" hints).
 std::string closest_name(const std::string& word, const std::vector<std::string>& candidates);
 
 template <class T>

@@ -21,30 +21,14 @@ bool any_matches(const std::vector<std::string>& patterns, const std::string& na
   });
 }
 
-// The fewest edits that make `pattern` occur somewhere in `name` (edit distance to the best-matching
-// substring: the row starts at 0 everywhere and the least of the last row is taken), as a pattern is searched
-// anywhere in a name: 'q_norm' is 1 edit from '.../query_norm/scale', 'layers_0/mlp/wo_kernel' 1 from
-// 'decoder/layers_0/mlp/wo/kernel'.
-size_t edits_to_occur_in(const std::string& pattern, const std::string& name) {
-  std::vector<size_t> row(name.size() + 1, 0);
-  for (size_t i = 1; i <= pattern.size(); ++i) {
-    size_t diagonal = row[0];
-    row[0] = i;
-    for (size_t j = 1; j <= name.size(); ++j) {
-      const size_t above = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (pattern[i - 1] == name[j - 1] ? 0 : 1)});
-      diagonal = above;
-    }
-  }
-  return *std::min_element(row.begin(), row.end());
-}
-
-// Up to `count` of `names` that `pattern` comes closest to occurring in, closest first (ties in the model's
+// Up to `count` of `names` that `pattern` comes closest to occurring in (edits to occur anywhere in a name:
+// 'q_norm' is 1 edit from '.../query_norm/scale', 'layers_0/mlp/wo_kernel' 1 from
+// 'decoder/layers_0/mlp/wo/kernel'), closest first (ties in the model's
 // order), for an error's hint.
 std::vector<std::string> closest_names(const std::string& pattern, std::vector<std::string> names,
                                        size_t count) {
   std::vector<size_t> edits;
-  for (const std::string& name : names) edits.push_back(edits_to_occur_in(pattern, name));
+  for (const std::string& name : names) edits.push_back(edit_distance(pattern, name, /*anywhere=*/true));
   std::vector<size_t> order(names.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return edits[a] < edits[b]; });
