@@ -196,14 +196,16 @@ def cmd_run(args):
     return 0
 
 
-def summarize(rec, peak):
+def summarize(rec, peak, step_flops=flops_per_step):
+    """Median tokens/s over the timed steps (the first is skipped), their min and max, GFLOP/s and MFU from
+    step_flops(batch, seq) (GPT-2 124M's count unless another model's is given)."""
     b, t = rec["batch"], rec["seq"]
     timed = [dt for _, dt, _ in rec.get("steps", [])[1:] if dt > 0]
     if not timed:
         return None
     tps = sorted(b * t / dt for dt in timed)
     med = statistics.median(tps)
-    f = flops_per_step(b, t)
+    f = step_flops(b, t)
     return {"n": len(timed), "tps": med, "lo": tps[0], "hi": tps[-1],
             "gflops": f * med / (b * t) / 1e9, "mfu": f * med / (b * t) / 1e9 / peak,
             "loss0": rec["steps"][0][2], "lossN": rec["steps"][-1][2]}
