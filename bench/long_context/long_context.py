@@ -89,23 +89,25 @@ def parameter_count(c):
     return c["base_num_decoder_layers"] * layer + embeddings + D
 
 
+# Resident set of the Python process once torch and transformers are imported (PyTorch 2.15, transformers 5.25).
+TORCH_PROCESS_GIB = 0.7
+
+
 def torch_memory_gib(c, seq, dtype):
     """A rough peak resident set of torch_qwen3.py at batch 1 (GiB), to refuse a run that cannot fit before it
-    starts: float32 weights, gradients and both AdamW moments (16 bytes a parameter), autocast's bf16 weight
-    copies, the activations autograd keeps, and the loss over the logits. Per token and layer it counts what
-    Hugging Face's Qwen3 layer saves for backward: in float32 the residual input and output of both RMSNorms,
-    the q / k norms and RoPE on q and k (4 copies of H d + K d); in the compute dtype the matmul inputs and
-    outputs (q, k, v, the attention output, gate, up, SiLU and their product) and SDPA's own q / k / v casts.
-    Logits: the compute-dtype logits, their float32 copy, log-softmax and its gradient (4 bytes each)."""
+    starts. Fixed: the process, float32 weights, gradients and both AdamW moments (16 bytes a parameter), the
+    foreach AdamW's temporary (its sqrt of the second moments, 4 bytes a parameter) and, in bf16, autocast's
+    copies of the weights (2). Per token: the logits in the compute dtype, their float32 copy and its gradient;
+    per token and layer what Hugging Face's Qwen3 layer keeps for backward: in the compute dtype both norms'
+    outputs (the matmul inputs), q, k, v, the attention output, gate, up, SiLU(gate) and the product; in
+    float32 the residual stream entering both norms, and q and k after their norms (RoPE's inputs)."""
     D, F, H, K, d, L = (c["base_emb_dim"], c["base_mlp_dim"], c["base_num_query_heads"], c["base_num_kv_heads"],
                         c["head_dim"], c["base_num_decoder_layers"])
     act = 2 if dtype == "bfloat16" else 4
-    per_token_layer = (4 * D * 4 + 4 * (H + K) * d * 4  # norms' inputs and outputs, q / k norm and RoPE (float32)
-                       + act * (2 * D + (H + 2 * K) * d * 2 + H * d * 2 + 4 * F))  # matmul operands, SDPA casts
-    logits = seq * c["vocab_padded"] * (act + 3 * 4)
-    params = parameter_count(c)
-    weights = params * (16 + (2 if dtype == "bfloat16" else 0))
-    return (weights + seq * L * per_token_layer + logits) / 2**30
+    per_token_layer = act * (2 * D + (H + 2 * K) * d + H * d + 4 * F) + 4 * (2 * D + (H + K) * d)
+    logits_per_token = c["vocab_padded"] * ((act if dtype == "bfloat16" else 0) + 4 + 4)  # float32: no copy
+    fixed = parameter_count(c) * (16 + 4 + (2 if dtype == "bfloat16" else 0))
+    return TORCH_PROCESS_GIB + (fixed + seq * (L * per_token_layer + logits_per_token)) / 2**30
 
 
 def machine_peaks(path):
@@ -149,7 +151,7 @@ def cmd_table(args):
         recs = [json.loads(line) for line in f if line.strip()]
     print(f"model {args.model}: {describe(c)}")
     print("FLOPs per step (MaxText's standard count, causal attention): " + ", ".join(
-        f"1x{s}: {step_flops(c, 1, s) / 1e12:.2f} TFLOP" for s in sorted({r['seq'] for r in recs})))
+        f"1x{s}: {step_flops(c, 1, s) / 1e12:.3f} TFLOP" for s in sorted({r['seq'] for r in recs})))
     print("MFU = those FLOPs / median step time / the GEMM peak meshtrain measured at start-up in the same row's")
     print("run (bf16 rows: its bf16 GEMM peak; PyTorch rows: the peak of the meshtrain run of the same S and dtype).")
     print(f"* = other processes used > {peers.DISTURBED_PCT:.0f}% of the CPUs during that run (figures disturbed).")

@@ -20,8 +20,10 @@
 #   --retries R          run again (up to R times) when other processes took > 10% of the CPUs meanwhile,
 #                        and keep the least disturbed try (default 1)
 #   --timeout S          per-run wall-clock limit (default 3600)
-# A run whose planned (meshtrain: `meshtrain compile`) or estimated (PyTorch) memory exceeds MemAvailable is
-# not started; its row says so. Always exits 0: a system that is missing or fails is a row of the table.
+#   --no-memory-check    start every run, even one whose memory is over MemAvailable
+# A run whose planned (meshtrain: `meshtrain compile`) or estimated (PyTorch: long_context.py memory) memory
+# exceeds MemAvailable is not started; its row says so. Always exits 0: a system that is missing or fails is
+# a row of the table.
 set -u
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -39,6 +41,7 @@ threads=2
 quiet_wait=60
 retries=1
 timeout_s=3600
+memory_check=1
 
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -54,7 +57,8 @@ while [ $# -gt 0 ]; do
     --quiet-wait) quiet_wait=$2; shift 2 ;;
     --retries) retries=$2; shift 2 ;;
     --timeout) timeout_s=$2; shift 2 ;;
-    -h|--help) sed -n '2,26p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --no-memory-check) memory_check=0; shift ;;
+    -h|--help) sed -n '2,/^set -u$/{/^#/p}' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "run.sh: unknown argument '$1' (see --help)" >&2; exit 0 ;;
   esac
 done
@@ -82,8 +86,8 @@ summary="$out/summary.txt"
 runopts=(--results "$results" --timeout "$timeout_s" --quiet-wait "$quiet_wait" --retries "$retries" --pass long-context)
 has_peer() { case " $peers " in *" $1 "*) return 0 ;; esac; return 1; }
 mem_available_gib() { awk '/^MemAvailable:/ {printf "%.1f", $2 / 1048576}' /proc/meminfo; }
-# "skip" when $1 GiB does not fit in $2 GiB
-over() { awk -v need="$1" -v have="$2" 'BEGIN { exit !(need > have) }'; }
+# true when a run of $1 GiB is not to be started with $2 GiB available
+over() { [ "$memory_check" = 1 ] && awk -v need="$1" -v have="$2" 'BEGIN { exit !(need > have) }'; }
 
 {
   echo "# long-context benchmark, $(date '+%Y-%m-%d %H:%M:%S %Z')"
@@ -113,7 +117,7 @@ for dtype in $dtypes; do
     if has_peer meshtrain; then
       rd="$out/${mesh_peer}_S${seq}"
       rm -rf "$rd"
-      note=""
+      note="" status=missing
       if [ ! -x "$build/meshtrain" ]; then
         note="no $build/meshtrain (cmake --build build --target meshtrain)"
       elif [ "$dtype" = bfloat16 ] && [ "$has_bf16" = 0 ]; then
@@ -124,12 +128,12 @@ for dtype in $dtypes; do
         available=$(mem_available_gib)
         echo "   meshtrain plans a ${planned:-?} GiB arena (meshtrain compile); ${available} GiB available" | tee -a "$summary"
         if [ -n "$planned" ] && over "$planned" "$available"; then
-          note="not run: the plan takes $planned GiB, $available GiB available"
+          note="not run: the plan takes $planned GiB, $available GiB available" status=skipped
         fi
       fi
       if [ -n "$note" ]; then
         peers_run --results "$results" --pass long-context --peer "$mesh_peer" --batch 1 --seq "$seq" \
-          --log /dev/null --status missing --note "$note"
+          --log /dev/null --status "$status" --note "$note"
       else
         # A fresh cache folder: the GEMM peaks in machine.json are measured in this run, not the best of
         # earlier days (the bf16 peak moves by a quarter from day to day on the AMX machine).
@@ -143,18 +147,18 @@ for dtype in $dtypes; do
     fi
     # PyTorch: transformers' Qwen3 of the same shapes
     if has_peer torch2; then
-      note="$torch2_note"
+      note="$torch2_note" status=missing
       if [ -z "$note" ]; then
         estimate=$(lc memory --repo "$repo" --model "$model" --seq "$seq" --dtype "$dtype")
         available=$(mem_available_gib)
         echo "   PyTorch estimated at ${estimate:-?} GiB (long_context.py memory); ${available} GiB available" | tee -a "$summary"
         if [ -n "$estimate" ] && over "$estimate" "$available"; then
-          note="not run: estimated at $estimate GiB, $available GiB available"
+          note="not run: estimated at $estimate GiB, $available GiB available" status=skipped
         fi
       fi
       if [ -n "$note" ]; then
         peers_run --results "$results" --pass long-context --peer "$torch_peer" --batch 1 --seq "$seq" \
-          --log /dev/null --status missing --note "$note"
+          --log /dev/null --status "$status" --note "$note"
       else
         peers_run "${runopts[@]}" --peer "$torch_peer" --batch 1 --seq "$seq" --log "$out/${torch_peer}_S${seq}.log" -- \
           env OMP_NUM_THREADS="$threads" "$torch2_python" "$here/torch_qwen3.py" --repo "$repo" --model "$model" \
