@@ -68,12 +68,18 @@ def describe(c):
             f"{c['normalization_layer_epsilon']:g}, q/k norm, tied embedding {c['logits_via_embedding']}")
 
 
+def dims(c):
+    """D width, F SwiGLU width, H heads, K kv heads, d head width, L layers."""
+    return (c["base_emb_dim"], c["base_mlp_dim"], c["base_num_query_heads"], c["base_num_kv_heads"], c["head_dim"],
+            c["base_num_decoder_layers"])
+
+
 def step_flops(c, batch, seq):
     """Training FLOPs of one step, MaxText's standard count as meshtrain's `standard_training_flops` makes it
     (model/spec.cpp): 3 x (the weight matmuls with the unembedding over the real vocab) + 3 x causal attention
     (half of 4 B S^2 H d per layer)."""
-    B, S, D, F = batch, seq, c["base_emb_dim"], c["base_mlp_dim"]
-    H, K, d, L = c["base_num_query_heads"], c["base_num_kv_heads"], c["head_dim"], c["base_num_decoder_layers"]
+    B, S = batch, seq
+    D, F, H, K, d, L = dims(c)
     ffn = 3 * 2 * B * S * D * F  # SwiGLU: gate, up and down
     qkv = 2 * B * S * D * (H + 2 * K) * d
     projection = 2 * B * S * D * H * d
@@ -83,10 +89,10 @@ def step_flops(c, batch, seq):
 
 
 def parameter_count(c):
-    D, F, H, K, d = c["base_emb_dim"], c["base_mlp_dim"], c["base_num_query_heads"], c["base_num_kv_heads"], c["head_dim"]
+    D, F, H, K, d, L = dims(c)
     layer = D * (H + 2 * K) * d + H * d * D + 3 * D * F + 2 * D + 2 * d  # projections, MLP, two norms, q/k norms
     embeddings = c["vocab_padded"] * D * (1 if c["logits_via_embedding"] else 2)
-    return c["base_num_decoder_layers"] * layer + embeddings + D
+    return L * layer + embeddings + D  # + the final norm
 
 
 # Resident set of the Python process once torch and transformers are imported (PyTorch 2.15, transformers 5.25).
@@ -101,8 +107,7 @@ def torch_memory_gib(c, seq, dtype):
     per token and layer what Hugging Face's Qwen3 layer keeps for backward: in the compute dtype both norms'
     outputs (the matmul inputs), q, k, v, the attention output, gate, up, SiLU(gate) and the product; in
     float32 the residual stream entering both norms, and q and k after their norms (RoPE's inputs)."""
-    D, F, H, K, d, L = (c["base_emb_dim"], c["base_mlp_dim"], c["base_num_query_heads"], c["base_num_kv_heads"],
-                        c["head_dim"], c["base_num_decoder_layers"])
+    D, F, H, K, d, L = dims(c)
     act = 2 if dtype == "bfloat16" else 4
     per_token_layer = act * (2 * D + (H + 2 * K) * d + H * d + 4 * F) + 4 * (2 * D + (H + K) * d)
     logits_per_token = c["vocab_padded"] * ((act if dtype == "bfloat16" else 0) + 4 + 4)  # float32: no copy

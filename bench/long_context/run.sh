@@ -64,7 +64,10 @@ while [ $# -gt 0 ]; do
 done
 if ! [ "$steps" -ge 2 ] 2>/dev/null; then echo "run.sh: --steps must be >= 2 (the first is untimed)" >&2; exit 0; fi
 for dtype in $dtypes; do
-  case "$dtype" in bfloat16|float32) ;; *) echo "run.sh: --dtypes takes bfloat16 and / or float32, not '$dtype'" >&2; exit 0 ;; esac
+  case "$dtype" in
+    bfloat16|float32) ;;
+    *) echo "run.sh: --dtypes takes bfloat16 and / or float32, not '$dtype'" >&2; exit 0 ;;
+  esac
 done
 for seq in $shapes; do
   if ! [[ "$seq" =~ ^[1-9][0-9]*$ ]]; then echo "run.sh: --shapes takes sequence lengths, not '$seq'" >&2; exit 0; fi
@@ -83,11 +86,25 @@ mkdir -p "$out"
 results="$out/results.jsonl"
 : > "$results"
 summary="$out/summary.txt"
-runopts=(--results "$results" --timeout "$timeout_s" --quiet-wait "$quiet_wait" --retries "$retries" --pass long-context)
+runopts=(--results "$results" --timeout "$timeout_s" --quiet-wait "$quiet_wait" --retries "$retries"
+  --pass long-context)
 has_peer() { case " $peers " in *" $1 "*) return 0 ;; esac; return 1; }
 mem_available_gib() { awk '/^MemAvailable:/ {printf "%.1f", $2 / 1048576}' /proc/meminfo; }
-# true when a run of $1 GiB is not to be started with $2 GiB available
-over() { [ "$memory_check" = 1 ] && awk -v need="$1" -v have="$2" 'BEGIN { exit !(need > have) }'; }
+# Prints what a run will take beside what is free; sets note and status when it is not to be started.
+check_memory() {  # what GiB
+  local available
+  available=$(mem_available_gib)
+  echo "   $1: ${2:-?} GiB; $available GiB available" | tee -a "$summary"
+  if [ "$memory_check" = 1 ] && [ -n "$2" ] && awk -v need="$2" -v have="$available" 'BEGIN { exit !(need > have) }'
+  then
+    note="not run: $1 $2 GiB, $available GiB available" status=skipped
+  fi
+}
+# A row for a run that did not start (note and status say why).
+record_not_run() {  # peer
+  peers_run --results "$results" --pass long-context --peer "$1" --batch 1 --seq "$seq" --log /dev/null \
+    --status "$status" --note "$note"
+}
 
 {
   echo "# long-context benchmark, $(date '+%Y-%m-%d %H:%M:%S %Z')"
@@ -101,7 +118,8 @@ over() { [ "$memory_check" = 1 ] && awk -v need="$1" -v have="$2" 'BEGIN { exit 
 torch2_note=""
 if has_peer torch2; then
   if [ -z "$torch2_python" ] || ! "$torch2_python" -c 'import torch, transformers' 2>/dev/null; then
-    torch2_note="no PyTorch 2.x with transformers: pass --torch2-python VENV/bin/python (pip install torch transformers)"
+    torch2_note="no PyTorch 2.x with transformers: pass --torch2-python VENV/bin/python"
+    torch2_note+=" (pip install torch transformers)"
   fi
 fi
 has_bf16=0
@@ -123,17 +141,12 @@ for dtype in $dtypes; do
       elif [ "$dtype" = bfloat16 ] && [ "$has_bf16" = 0 ]; then
         note="this CPU has no AVX512-BF16 or AMX-BF16"
       else
-        planned=$("$build/meshtrain" compile "$model" per_device_batch_size=1 max_target_length="$seq" dtype="$dtype" 2>&1 \
-          | sed -n 's/^process arena: .*(\([0-9]*\) bytes)$/\1/p' | awk '{printf "%.1f", $1 / 2^30}')
-        available=$(mem_available_gib)
-        echo "   meshtrain plans a ${planned:-?} GiB arena (meshtrain compile); ${available} GiB available" | tee -a "$summary"
-        if [ -n "$planned" ] && over "$planned" "$available"; then
-          note="not run: the plan takes $planned GiB, $available GiB available" status=skipped
-        fi
+        check_memory "meshtrain's plan (meshtrain compile)" "$("$build/meshtrain" compile "$model" \
+          per_device_batch_size=1 max_target_length="$seq" dtype="$dtype" 2>&1 \
+          | sed -n 's/^process arena: .*(\([0-9]*\) bytes)$/\1/p' | awk '{printf "%.1f", $1 / 2^30}')"
       fi
       if [ -n "$note" ]; then
-        peers_run --results "$results" --pass long-context --peer "$mesh_peer" --batch 1 --seq "$seq" \
-          --log /dev/null --status "$status" --note "$note"
+        record_not_run "$mesh_peer"
       else
         # A fresh cache folder: the GEMM peaks in machine.json are measured in this run, not the best of
         # earlier days (the bf16 peak moves by a quarter from day to day on the AMX machine).
@@ -149,16 +162,11 @@ for dtype in $dtypes; do
     if has_peer torch2; then
       note="$torch2_note" status=missing
       if [ -z "$note" ]; then
-        estimate=$(lc memory --repo "$repo" --model "$model" --seq "$seq" --dtype "$dtype")
-        available=$(mem_available_gib)
-        echo "   PyTorch estimated at ${estimate:-?} GiB (long_context.py memory); ${available} GiB available" | tee -a "$summary"
-        if [ -n "$estimate" ] && over "$estimate" "$available"; then
-          note="not run: estimated at $estimate GiB, $available GiB available" status=skipped
-        fi
+        check_memory "PyTorch's estimate (long_context.py memory)" \
+          "$(lc memory --repo "$repo" --model "$model" --seq "$seq" --dtype "$dtype")"
       fi
       if [ -n "$note" ]; then
-        peers_run --results "$results" --pass long-context --peer "$torch_peer" --batch 1 --seq "$seq" \
-          --log /dev/null --status "$status" --note "$note"
+        record_not_run "$torch_peer"
       else
         peers_run "${runopts[@]}" --peer "$torch_peer" --batch 1 --seq "$seq" --log "$out/${torch_peer}_S${seq}.log" -- \
           env OMP_NUM_THREADS="$threads" "$torch2_python" "$here/torch_qwen3.py" --repo "$repo" --model "$model" \

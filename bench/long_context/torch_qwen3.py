@@ -132,7 +132,8 @@ def main():
         dt = time.perf_counter() - t0
         if profiler:
             profiler.__exit__(None, None, None)
-            kernels = sorted({e.key for e in profiler.key_averages() if "attention" in e.key and e.key.startswith("aten::")})
+            kernels = sorted({e.key for e in profiler.key_averages()
+                              if "attention" in e.key and e.key.startswith("aten::")})
             print(f"sdpa: {spy.calls} calls a step; first: {spy.first}", flush=True)
             print(f"sdpa kernels (aten): {', '.join(kernels) or '(none seen)'}", flush=True)
             if not spy.first or not spy.causal_unmasked:
