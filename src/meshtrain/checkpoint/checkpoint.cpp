@@ -807,9 +807,11 @@ void load_sharded(const LoadContext& context, Engine& engine, bool parameters_on
            "shape " + dims_text(found->second), layout_hint);
     }
   }
-  for (const auto& [name, dims] : checkpoint.tensors()) {
+  const std::vector<std::string> moments = every_moment_name();
+  for (const auto& entry : checkpoint.tensors()) {
+    // (entry, not a structured binding: clang before 16 cannot capture a binding in the lambda below.)
+    const std::string& name = entry.first;
     // A parameters-only load passes over the moments, whichever optimizer's they are.
-    const std::vector<std::string> moments = every_moment_name();
     if (parameters_only && std::any_of(moments.begin(), moments.end(), [&](const std::string& moment) {
           return name.starts_with(moment + "/");
         }))
