@@ -1,6 +1,7 @@
 // The cpu backend's kernel table: every entry is the cpu function of the same name.
 #include "meshtrain/kernels/cpu/backend.h"
 
+#include "meshtrain/core/cpu_features.h"
 #include "meshtrain/kernels/cpu/adamw.h"
 #include "meshtrain/kernels/cpu/attention.h"
 #include "meshtrain/kernels/cpu/column_slice.h"
@@ -40,6 +41,9 @@ DType compute_dtype_matmul_inputs(DType compute) {
 const KernelBackend& cpu_backend() {
   // Designated initialisers in declaration order; tests/unit/kernels/test_backend.cpp checks that no entry
   // is left null.
+  // bf16 attention where this CPU runs vdpbf16ps (the engine refuses dtype=bfloat16 on a CPU with neither
+  // AVX512-BF16 nor AMX; one with AMX alone keeps float32 attention).
+  const bool bf16_attention = cpu_features().avx512_bf16;
   static const KernelBackend table{
       .name = "cpu",
       .device_check = host_device_check,
@@ -88,6 +92,12 @@ const KernelBackend& cpu_backend() {
       .context_attention_backward = context_attention_backward,
       .context_attention_backward_scratch_floats = context_attention_backward_scratch_floats,
       .attention_decode = attention_decode,
+      .attention_forward_bf16 = bf16_attention ? attention_forward_bf16 : attention_forward,
+      .attention_backward_bf16 = bf16_attention ? attention_backward_bf16 : attention_backward,
+      .context_attention_forward_bf16 =
+          bf16_attention ? context_attention_forward_bf16 : context_attention_forward,
+      .context_attention_backward_bf16 =
+          bf16_attention ? context_attention_backward_bf16 : context_attention_backward,
       .moe_router_forward = moe_router_forward,
       .moe_router_backward = moe_router_backward,
       .moe_balance_loss_forward = moe_balance_loss_forward,
