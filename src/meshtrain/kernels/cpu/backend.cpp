@@ -41,9 +41,12 @@ DType compute_dtype_matmul_inputs(DType compute) {
 const KernelBackend& cpu_backend() {
   // Designated initialisers in declaration order; tests/unit/kernels/test_backend.cpp checks that no entry
   // is left null.
-  // bf16 attention where this CPU runs vdpbf16ps (the engine refuses dtype=bfloat16 on a CPU with neither
-  // AVX512-BF16 nor AMX; one with AMX alone keeps float32 attention).
-  const bool bf16_attention = cpu_features().avx512_bf16;
+  // The bf16 attention kernels (vdpbf16ps products) where they pay: on CPUs with AVX512-BF16 and no AMX.
+  // On the Xeon with AMX (family 6 model 207) vdpbf16ps runs at a quarter of vfmadd's instruction rate, so
+  // half its flops (113 against 234 GFLOP/s per core, measured), and the bf16 kernels ran at 0.7-0.8x of the
+  // float32 ones there (kernels/cpu/README.md): those CPUs keep float32 attention until an AMX kernel exists.
+  // (The engine refuses dtype=bfloat16 on a CPU with neither AVX512-BF16 nor AMX.)
+  const bool bf16_attention = cpu_features().avx512_bf16 && !cpu_features().amx_bf16;
   static const KernelBackend table{
       .name = "cpu",
       .device_check = host_device_check,
