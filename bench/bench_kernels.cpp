@@ -8,8 +8,8 @@
 // Environment: MESHTRAIN_BENCH_SECONDS (default 0.3, timing window per measurement), MESHTRAIN_BENCH_RETRIES
 // (default 2: re-measure when other processes took >10% of the CPUs), MESHTRAIN_BENCH_NO_REFERENCE=1 (skip
 // the references), MESHTRAIN_BENCH_DTYPE=bfloat16 (the matmuls, attention and the fused loss with bf16
-// inputs, as dtype=bfloat16 runs them), OMP_NUM_THREADS (threads of the fast kernels; the references are plain
-// single-threaded loops). Never fails: it prints a table and exits 0.
+// inputs, as dtype=bfloat16 runs them), OMP_NUM_THREADS (threads of the fast kernels; the references are
+// plain single-threaded loops). Never fails: it prints a table and exits 0.
 #include <omp.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -292,24 +292,39 @@ void add_attention_cases(std::vector<Case>& cases, int64_t B, int64_t S, int64_t
   auto dv = share(std::vector<float>(B * S * K * d));
   auto scratch =
       share(std::vector<float>(k::attention_backward_scratch_floats(B, S, H, K, d, omp_get_max_threads())));
-  forward(out->data(), lse->data(), q->data(), kk->data(), v->data(), positions->data(), nullptr, B, S, H, K, d);
+  forward(out->data(), lse->data(), q->data(), kk->data(), v->data(), positions->data(), nullptr, B, S, H, K,
+          d);
   const auto flops = [&](int64_t batch) { return 2.0 * static_cast<double>(batch * H * S * S * d) / kGiga; };
   const std::string shape = "B" + std::to_string(B) + " S" + std::to_string(S) + " H" + std::to_string(H) +
                             " K" + std::to_string(K) + " d" + std::to_string(d);
   const std::string note = with_reference ? "ref on " + std::to_string(reference_batch) + " sequence" : "";
-  Case forward_case{kernel, "fwd", shape, "GFLOP/s", flops(B), layers,
+  Case forward_case{kernel,
+                    "fwd",
+                    shape,
+                    "GFLOP/s",
+                    flops(B),
+                    layers,
                     [=] {
                       forward(out->data(), lse->data(), q->data(), kk->data(), v->data(), positions->data(),
                               nullptr, B, S, H, K, d);
                     },
-                    flops(reference_batch), nullptr, note};
-  Case backward_case{kernel, "bwd", shape, "GFLOP/s", 2.5 * flops(B), layers,
+                    flops(reference_batch),
+                    nullptr,
+                    note};
+  Case backward_case{kernel,
+                     "bwd",
+                     shape,
+                     "GFLOP/s",
+                     2.5 * flops(B),
+                     layers,
                      [=] {
                        backward(dq->data(), dk->data(), dv->data(), dout->data(), out->data(), lse->data(),
                                 q->data(), kk->data(), v->data(), positions->data(), nullptr, B, S, H, K, d,
                                 scratch->data());
                      },
-                     2.5 * flops(reference_batch), nullptr, note};
+                     2.5 * flops(reference_batch),
+                     nullptr,
+                     note};
   if (with_reference) {
     forward_case.reference = [=] {
       k::attention_reference_forward(out->data(), lse->data(), q->data(), kk->data(), v->data(),
@@ -317,8 +332,8 @@ void add_attention_cases(std::vector<Case>& cases, int64_t B, int64_t S, int64_t
     };
     backward_case.reference = [=] {
       k::attention_reference_backward(dq->data(), dk->data(), dv->data(), dout->data(), out->data(),
-                                      lse->data(), q->data(), kk->data(), v->data(), positions->data(), nullptr,
-                                      reference_batch, S, H, K, d);
+                                      lse->data(), q->data(), kk->data(), v->data(), positions->data(),
+                                      nullptr, reference_batch, S, H, K, d);
     };
   }
   cases.push_back(std::move(forward_case));

@@ -45,13 +45,13 @@ using meshtrain::testing::random_values;
 using meshtrain::testing::to_double;
 using meshtrain::testing::to_float;
 
-constexpr double kUnitRoundoff = 1.0 / 256.0;         // bf16: 8 significant bits, round to nearest
-constexpr double kFloat32Slack = 1.0 / (1 << 18);     // float32 arithmetic, relative to the magnitudes
+constexpr double kUnitRoundoff = 1.0 / 256.0;      // bf16: 8 significant bits, round to nearest
+constexpr double kFloat32Slack = 1.0 / (1 << 18);  // float32 arithmetic, relative to the magnitudes
 constexpr double kNegativeInfinity = -std::numeric_limits<double>::infinity();
 
-#define SKIP_WITHOUT_AVX512_BF16()                                                       \
-  if (!cpu_features().avx512_bf16) GTEST_SKIP() << "this CPU has no AVX512-BF16 (" \
-                                                << cpu_features().describe() << ")"
+#define SKIP_WITHOUT_AVX512_BF16() \
+  if (!cpu_features().avx512_bf16) \
+  GTEST_SKIP() << "this CPU has no AVX512-BF16 (" << cpu_features().describe() << ")"
 
 // Values rounded to bf16 (then exact in float and double).
 std::vector<double> bf16_exact(std::vector<double> values, double magnitude) {
@@ -125,7 +125,8 @@ Expected run_reference(const Problem& p) {
   Expected e;
   Result& r = e.value;
   r = Result{std::vector<double>(p.q.size()), std::vector<double>(static_cast<size_t>(p.B * p.H * p.Sq)),
-             std::vector<double>(p.q.size()), std::vector<double>(p.k.size()), std::vector<double>(p.v.size())};
+             std::vector<double>(p.q.size()), std::vector<double>(p.k.size()),
+             std::vector<double>(p.v.size())};
   context_attention_reference_forward(r.out.data(), r.lse.data(), p.q.data(), p.k.data(), p.v.data(),
                                       p.q_positions.data(), p.q_segments(), p.kv_positions.data(),
                                       p.kv_segments(), p.B, p.Sq, p.Skv, p.H, p.K, p.d);
@@ -157,7 +158,7 @@ Expected run_reference(const Problem& p) {
         for (int64_t j = 0; j < p.Skv; ++j) {
           const int64_t key = b * p.Skv + j, query = b * p.Sq + i;
           if (!meshtrain::kernels::attention_detail::visible(p.q_positions.data(), p.q_segments(), query,
-                                                               p.kv_positions.data(), p.kv_segments(), key))
+                                                             p.kv_positions.data(), p.kv_segments(), key))
             continue;
           const int64_t kv_row = (key * p.K + g) * d;
           double score = 0.0, score_magnitude = 0.0, dp = 0.0, dp_magnitude = 0.0;
@@ -170,7 +171,8 @@ Expected run_reference(const Problem& p) {
           const double prob = std::exp(scale * score - lse);
           const double prob_magnitude = prob * (1.0 + scale * score_magnitude);
           const double ds = prob * (dp - row_dot);
-          const double ds_magnitude = prob_magnitude * (std::abs(dp - row_dot) + dp_magnitude + row_dot_magnitude);
+          const double ds_magnitude =
+              prob_magnitude * (std::abs(dp - row_dot) + dp_magnitude + row_dot_magnitude);
           for (int64_t c = 0; c < d; ++c) {
             e.first.out[row + c] += prob * std::abs(p.v[kv_row + c]);
             e.first.dv[kv_row + c] += prob * std::abs(p.dout[row + c]);
@@ -205,7 +207,8 @@ Result run_bf16(const Problem& p, const Expected& reference, bool self) {
                             reference_lse.data(), q.data(), k.data(), v.data(), p.q_positions.data(),
                             p.q_segments(), p.B, p.Sq, p.H, p.K, p.d, scratch.data());
   } else {
-    std::vector<float> scratch(static_cast<size_t>(context_attention_backward_scratch_floats(p.B, p.Sq, p.H)));
+    std::vector<float> scratch(
+        static_cast<size_t>(context_attention_backward_scratch_floats(p.B, p.Sq, p.H)));
     context_attention_forward_bf16(out.data(), lse.data(), q.data(), k.data(), v.data(), p.q_positions.data(),
                                    p.q_segments(), p.kv_positions.data(), p.kv_segments(), p.B, p.Sq, p.Skv,
                                    p.H, p.K, p.d, false);
@@ -261,9 +264,9 @@ TEST(AttentionBf16, SelfAttentionWithinBf16BoundOfReference) {
   SKIP_WITHOUT_AVX512_BF16();
   // The float32 tests' shapes, the head widths of the models (64, 80, 128, 192) on ragged S (not a multiple
   // of the 64-token tile), an odd head width and a single token.
-  const int64_t shapes[][5] = {{2, 37, 4, 2, 8},  {1, 70, 4, 4, 64},   {1, 129, 4, 1, 128}, {2, 129, 2, 1, 8},
-                               {1, 70, 2, 1, 300}, {1, 100, 2, 1, 80}, {1, 130, 2, 2, 192}, {1, 65, 3, 1, 5},
-                               {2, 1, 2, 1, 64}};
+  const int64_t shapes[][5] = {{2, 37, 4, 2, 8},    {1, 70, 4, 4, 64},  {1, 129, 4, 1, 128},
+                               {2, 129, 2, 1, 8},   {1, 70, 2, 1, 300}, {1, 100, 2, 1, 80},
+                               {1, 130, 2, 2, 192}, {1, 65, 3, 1, 5},   {2, 1, 2, 1, 64}};
   uint64_t seed = 10;
   for (const auto& [B, S, H, K, d] : shapes) {
     const Problem p = self_problem(B, S, H, K, d, seed += 10);
@@ -373,7 +376,8 @@ TEST(AttentionBf16, RingAccumulateWithinBoundOfAllGather) {
   int64_t begin = 0;
   for (size_t index = 0; index < sizes.size(); ++index) {
     const int64_t size = sizes[index];
-    const std::vector<float> k = block_rows(p.k, begin, size, p.K * p.d), v = block_rows(p.v, begin, size, p.K * p.d);
+    const std::vector<float> k = block_rows(p.k, begin, size, p.K * p.d),
+                             v = block_rows(p.v, begin, size, p.K * p.d);
     const std::vector<int32_t> positions = block_tokens(p.kv_positions, begin, size);
     const std::vector<int32_t> segments = block_tokens(p.kv_segment_ids, begin, size);
     context_attention_forward_bf16(out.data(), lse.data(), q.data(), k.data(), v.data(), p.q_positions.data(),
@@ -387,13 +391,15 @@ TEST(AttentionBf16, RingAccumulateWithinBoundOfAllGather) {
 
   // Backward with the reference's final out and lse, onto initial gradients.
   const std::vector<float> reference_out = to_float(e.value.out), reference_lse = to_float(e.value.lse);
-  const std::vector<double> initial_q = random_values(p.q.size(), 810), initial_kv = random_values(p.k.size(), 811);
+  const std::vector<double> initial_q = random_values(p.q.size(), 810),
+                            initial_kv = random_values(p.k.size(), 811);
   std::vector<float> dq = to_float(initial_q);
   std::vector<float> scratch(static_cast<size_t>(context_attention_backward_scratch_floats(p.B, p.Sq, p.H)));
   std::vector<double> dk(p.k.size()), dv(p.v.size());
   begin = 0;
   for (const int64_t size : sizes) {
-    const std::vector<float> k = block_rows(p.k, begin, size, p.K * p.d), v = block_rows(p.v, begin, size, p.K * p.d);
+    const std::vector<float> k = block_rows(p.k, begin, size, p.K * p.d),
+                             v = block_rows(p.v, begin, size, p.K * p.d);
     const std::vector<int32_t> positions = block_tokens(p.kv_positions, begin, size);
     const std::vector<int32_t> segments = block_tokens(p.kv_segment_ids, begin, size);
     std::vector<float> block_dk = block_rows(initial_kv, begin, size, p.K * p.d), block_dv = block_dk;
@@ -419,7 +425,8 @@ TEST(AttentionBf16, RingAccumulateWithinBoundOfAllGather) {
   for (size_t i = 0; i < dq_added.size(); ++i) dq_added[i] -= initial_q[i];
   // The gradients now accumulate onto values near 1 (|initial| < 1): each of the at most Skv additions
   // rounds by up to 2^-23 of a running value below 2, which Skv * 2^-18 in the bound covers.
-  std::vector<double> dq_magnitude = e.magnitude.dq, dk_magnitude = e.magnitude.dk, dv_magnitude = e.magnitude.dv;
+  std::vector<double> dq_magnitude = e.magnitude.dq, dk_magnitude = e.magnitude.dk,
+                      dv_magnitude = e.magnitude.dv;
   for (auto* magnitude : {&dq_magnitude, &dk_magnitude, &dv_magnitude}) {
     for (double& m : *magnitude) m += static_cast<double>(p.Skv);
   }

@@ -310,10 +310,9 @@ TEST(KernelBackend, ModelReachesEveryKernelThroughTheTable) {
   run_through_counting_backend("qwen3-tiny", DType::f32, OptimizerType::muon);  // Muon's update
   // bf16 compute: the producers that store a matmul's bf16 input, and the matmuls that read it. They run
   // only on a CPU with bf16 instructions (elsewhere dtype=bfloat16 is refused; Plan.Bf16ComputeRunsThePlan).
-  const std::vector<std::string> bf16_only = {"rmsnorm_forward_bf16",  "layernorm_forward_bf16",
-                                              "swiglu_forward_bf16",   "gelu_forward_bf16",
-                                              "matmul_forward_bf16_x", "matmul_backward_bf16_x",
-                                              "attention_forward_bf16", "attention_backward_bf16"};
+  const std::vector<std::string> bf16_only = {
+      "rmsnorm_forward_bf16",  "layernorm_forward_bf16", "swiglu_forward_bf16",    "gelu_forward_bf16",
+      "matmul_forward_bf16_x", "matmul_backward_bf16_x", "attention_forward_bf16", "attention_backward_bf16"};
   if (cpu_features().avx512_bf16 || cpu_features().amx_bf16) {
     run_through_counting_backend("qwen3-tiny", DType::bf16);  // rmsnorm, swiglu
     run_through_counting_backend("gpt2-124m", DType::bf16);   // layernorm, gelu

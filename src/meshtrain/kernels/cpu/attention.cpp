@@ -65,7 +65,7 @@ constexpr int64_t kTile = 64;
 constexpr int64_t kLanes = 16;
 constexpr int kScoreVecs = 4, kUpdateVecs = 4;  // 16 accumulators + 4 operands of 32 registers
 // Rows per register block: 6 x kScoreVecs (kUpdateVecs) = 24 accumulators + 4 operands; 4-row and 1-row
-// blocks take the rest. 6 rows ran 5-15% faster than 4 on the Xeon with AMX (kernels/cpu/README.md).
+// blocks take the rest. 6 rows ran 1.05-1.2x faster than 4 on the Xeon with AMX (bench/README.md).
 constexpr int kScoreRows = 6, kUpdateRows = 6;
 #else
 constexpr int64_t kLanes = 8;
@@ -208,7 +208,8 @@ void score_tile(float* raw, const float* x, int64_t x_stride, int64_t x_count, P
     int64_t r = 0;
     for (; r + kScoreRows <= x_count; r += kScoreRows) {
       for (int v0 = 0; v0 < kVecsPerTile; v0 += kScoreVecs)
-        score_rows<kScoreRows>(raw + r * kTile, x + r * x_stride + c0, x_stride, columns, c1 - c0, c0 > 0, v0);
+        score_rows<kScoreRows>(raw + r * kTile, x + r * x_stride + c0, x_stride, columns, c1 - c0, c0 > 0,
+                               v0);
     }
     for (; r + 4 <= x_count; r += 4) {
       for (int v0 = 0; v0 < kVecsPerTile; v0 += kScoreVecs)
@@ -423,7 +424,8 @@ void online_softmax_tile(SoftmaxRows& softmax, float* scores, int64_t cols, floa
   std::fill_n(tile_max, kTile, kNegativeInfinity);
   for (int64_t j = 0; j < cols; ++j) {
 #pragma omp simd
-    for (int64_t lane = 0; lane < kTile; ++lane) tile_max[lane] = std::max(tile_max[lane], scores[j * kTile + lane]);
+    for (int64_t lane = 0; lane < kTile; ++lane)
+      tile_max[lane] = std::max(tile_max[lane], scores[j * kTile + lane]);
   }
 #pragma omp simd
   for (int64_t lane = 0; lane < kTile; ++lane) {
@@ -493,8 +495,8 @@ void forward_query_tile(ForwardBuffers& buffers, float* out, float* lse, const H
     score_tile(scores, k_rows, view.kv_stride, cols, buffers.packed_queries, view.q + i0 * view.q_stride,
                view.q_stride, rows, d);
     const bool masked = !fully_visible(query_bounds, key_bounds);
-    scale_and_mask(scores, view.kv_positions, view.kv_segment_ids, buffers.query_lanes, j0, cols, true, masked,
-                   scale);
+    scale_and_mask(scores, view.kv_positions, view.kv_segment_ids, buffers.query_lanes, j0, cols, true,
+                   masked, scale);
     online_softmax_tile(buffers.softmax, scores, cols, out, view, i0, rows);
     // out_i += sum_j p[j][i] v_j: coefficient of (term j, output row i) is scores[j * kTile + i].
     rank_update_rows(out + i0 * view.q_stride, view.q_stride, rows, scores, kTile, 1,
@@ -687,7 +689,8 @@ MESHTRAIN_AVX512_BF16 void round_rows(uint32_t* rows, int64_t pairs, const float
       const __m512 low = _mm512_maskz_loadu_ps(first_lanes(width - c), source + c);
       const __m512 high = _mm512_maskz_loadu_ps(first_lanes(width - c - 16), source + c + 16);
       const __m512bh both = _mm512_cvtne2ps_pbh(high, low);  // columns c .. c + 31 in order
-      _mm512_mask_storeu_epi32(out + c / 2, first_lanes(pairs - c / 2), reinterpret_cast<const __m512i&>(both));
+      _mm512_mask_storeu_epi32(out + c / 2, first_lanes(pairs - c / 2),
+                               reinterpret_cast<const __m512i&>(both));
     }
   }
 }
@@ -704,8 +707,9 @@ void lanes_from_rows(uint32_t* lanes, const uint32_t* rows, int64_t pairs) {
 MESHTRAIN_AVX512_BF16 void interleave_rows(uint32_t* interleaved, int64_t width_stride, const float* x,
                                            int64_t stride, int64_t count, int64_t width) {
   // Word e of the result takes word e / 2 of the first row (even e) or of the second row (odd e).
-  alignas(64) static constexpr uint16_t kZip[32] = {0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
-                                                   8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+  alignas(64) static constexpr uint16_t kZip[32] = {0,  16, 1,  17, 2,  18, 3,  19, 4,  20, 5,
+                                                    21, 6,  22, 7,  23, 8,  24, 9,  25, 10, 26,
+                                                    11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
   const __m512i zip = _mm512_load_si512(kZip);
   for (int64_t t = 0; t < kTile / 2; ++t) {
     uint32_t* out = interleaved + t * width_stride;
@@ -717,14 +721,16 @@ MESHTRAIN_AVX512_BF16 void interleave_rows(uint32_t* interleaved, int64_t width_
     for (int64_t c = 0; c < width_stride; c += 16) {
       const __mmask16 mask = first_lanes(width - c);
       const __m512 a = _mm512_maskz_loadu_ps(mask, x + first * stride + c);
-      const __m512 b = second < count ? _mm512_maskz_loadu_ps(mask, x + second * stride + c) : _mm512_setzero_ps();
+      const __m512 b =
+          second < count ? _mm512_maskz_loadu_ps(mask, x + second * stride + c) : _mm512_setzero_ps();
       const __m512bh both = _mm512_cvtne2ps_pbh(b, a);  // a's 16 values, then b's
       _mm512_storeu_si512(out + c, _mm512_permutexvar_epi16(zip, reinterpret_cast<const __m512i&>(both)));
     }
   }
 }
 
-// R rows x V vectors of bf16_product: R x V accumulators in registers; `last` masks the lanes of vector V - 1.
+// R rows x V vectors of bf16_product: R x V accumulators in registers; `last` masks the lanes of vector V
+// - 1.
 template <int R, int V>
 MESHTRAIN_AVX512_BF16 void bf16_block(float* out, int64_t out_stride, const uint32_t* a, int64_t a_row,
                                       int64_t a_pair, const uint32_t* b, int64_t b_stride, int64_t pairs,
@@ -735,7 +741,8 @@ MESHTRAIN_AVX512_BF16 void bf16_block(float* out, int64_t out_stride, const uint
 #pragma GCC unroll 4
     for (int v = 0; v < V; ++v) {
       const __mmask16 mask = v == V - 1 ? last : static_cast<__mmask16>(0xffff);
-      acc[r][v] = accumulate ? _mm512_maskz_loadu_ps(mask, out + r * out_stride + v * 16) : _mm512_setzero_ps();
+      acc[r][v] =
+          accumulate ? _mm512_maskz_loadu_ps(mask, out + r * out_stride + v * 16) : _mm512_setzero_ps();
     }
   }
   for (int64_t p = 0; p < pairs; ++p) {
@@ -822,7 +829,7 @@ struct Bf16Buffers {
 
   int64_t pairs, width;
   std::vector<uint32_t> token_rows, token_lanes, interleaved, tile_pairs;
-  std::vector<float> key_gradients;          // dk^T, dv^T [d][kTile] of the key tile in progress
+  std::vector<float> key_gradients;   // dk^T, dv^T [d][kTile] of the key tile in progress
   const float* packed_lanes[4] = {};  // source rows of lanes(which)
   int64_t packed_count[4] = {};
   const float* packed_keys = nullptr;  // source rows of zipped(2) (k interleaved)
@@ -911,7 +918,8 @@ void backward_pair_bf16(Bf16Buffers& t, const HeadView& view, const GradView& gr
     pack_keys_zipped(t, k_rows, kvs, cols, d);
     if (keys_are_rows) {
       interleave_rows(t.tile(1), kTile, t.dscores, kTile, cols, kTile);
-      bf16_product(grad.dq + i0 * qs, qs, rows, d, t.tile(1), 1, kTile, t.zipped(2), t.width, key_pairs, true);
+      bf16_product(grad.dq + i0 * qs, qs, rows, d, t.tile(1), 1, kTile, t.zipped(2), t.width, key_pairs,
+                   true);
     } else {
       round_rows(t.tile(1), kTile / 2, t.dscores, kTile, rows, kTile);
       bf16_product(grad.dq + i0 * qs, qs, rows, d, t.tile(1), kTile / 2, 1, t.zipped(2), t.width, key_pairs,
@@ -1040,8 +1048,8 @@ void backward_sets(float* dq, float* dk, float* dv, const float* dout, const flo
                     row_dot + (b * H + h) * Sq};
   };
   // All query tiles of the group's heads against key tile [j0, j0 + cols) (layout: key tile packed once).
-  const auto key_tile = [&](typename Kernel::Backward& buffers, int64_t b, int64_t g, int64_t j0, int64_t cols,
-                            bool want_dq) {
+  const auto key_tile = [&](typename Kernel::Backward& buffers, int64_t b, int64_t g, int64_t j0,
+                            int64_t cols, bool want_dq) {
     float* dk_tile = dk + ((b * Skv + j0) * K + g) * d;
     float* dv_tile = dv + ((b * Skv + j0) * K + g) * d;
     Kernel::begin_key_tile(buffers, dk_tile, dv_tile, K * d, cols, d, accumulate);
@@ -1119,9 +1127,8 @@ void backward_sets(float* dq, float* dk, float* dv, const float* dout, const flo
 
 // The bf16 kernels need AVX512-BF16; the engine refuses dtype=bfloat16 without it before this is reached.
 void check_bf16_attention_cpu() {
-  MT_CHECK(cpu_features().avx512_bf16,
-           "bf16 attention needs a CPU with AVX512-BF16 (this one: " + cpu_features().describe() +
-               "): run with dtype=float32");
+  MT_CHECK(cpu_features().avx512_bf16, "bf16 attention needs a CPU with AVX512-BF16 (this one: " +
+                                           cpu_features().describe() + "): run with dtype=float32");
 }
 
 }  // namespace
@@ -1138,8 +1145,8 @@ int64_t attention_backward_scratch_floats(int64_t B, int64_t S, int64_t H, int64
 void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
                        const int32_t* positions, const int32_t* segment_ids, int64_t B, int64_t S, int64_t H,
                        int64_t K, int64_t d) {
-  forward_sets<Float32Kernel>(out, lse, q, k, v, TokenSets{positions, segment_ids, positions, segment_ids, S, S}, B, H, K, d,
-               false);
+  forward_sets<Float32Kernel>(
+      out, lse, q, k, v, TokenSets{positions, segment_ids, positions, segment_ids, S, S}, B, H, K, d, false);
 }
 
 void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* out,
@@ -1147,7 +1154,8 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
                         const int32_t* positions, const int32_t* segment_ids, int64_t B, int64_t S, int64_t H,
                         int64_t K, int64_t d, float* scratch) {
   backward_sets<Float32Kernel>(dq, dk, dv, dout, out, lse, q, k, v,
-                TokenSets{positions, segment_ids, positions, segment_ids, S, S}, B, H, K, d, false, scratch);
+                               TokenSets{positions, segment_ids, positions, segment_ids, S, S}, B, H, K, d,
+                               false, scratch);
 }
 
 void context_attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
@@ -1155,8 +1163,8 @@ void context_attention_forward(float* out, float* lse, const float* q, const flo
                                const int32_t* kv_positions, const int32_t* kv_segment_ids, int64_t B,
                                int64_t Sq, int64_t Skv, int64_t H, int64_t K, int64_t d, bool accumulate) {
   forward_sets<Float32Kernel>(out, lse, q, k, v,
-               TokenSets{q_positions, q_segment_ids, kv_positions, kv_segment_ids, Sq, Skv}, B, H, K, d,
-               accumulate);
+                              TokenSets{q_positions, q_segment_ids, kv_positions, kv_segment_ids, Sq, Skv}, B,
+                              H, K, d, accumulate);
 }
 
 void context_attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* out,
@@ -1166,48 +1174,50 @@ void context_attention_backward(float* dq, float* dk, float* dv, const float* do
                                 int64_t Sq, int64_t Skv, int64_t H, int64_t K, int64_t d, bool accumulate,
                                 float* scratch) {
   backward_sets<Float32Kernel>(dq, dk, dv, dout, out, lse, q, k, v,
-                TokenSets{q_positions, q_segment_ids, kv_positions, kv_segment_ids, Sq, Skv}, B, H, K, d,
-                accumulate, scratch);
+                               TokenSets{q_positions, q_segment_ids, kv_positions, kv_segment_ids, Sq, Skv},
+                               B, H, K, d, accumulate, scratch);
 }
 
 // The bf16 entries: the same schedules with Bf16Kernel.
 void attention_forward_bf16(float* out, float* lse, const float* q, const float* k, const float* v,
-                       const int32_t* positions, const int32_t* segment_ids, int64_t B, int64_t S, int64_t H,
-                       int64_t K, int64_t d) {
+                            const int32_t* positions, const int32_t* segment_ids, int64_t B, int64_t S,
+                            int64_t H, int64_t K, int64_t d) {
   check_bf16_attention_cpu();
-  forward_sets<Bf16Kernel>(out, lse, q, k, v, TokenSets{positions, segment_ids, positions, segment_ids, S, S}, B, H, K, d,
-               false);
+  forward_sets<Bf16Kernel>(out, lse, q, k, v, TokenSets{positions, segment_ids, positions, segment_ids, S, S},
+                           B, H, K, d, false);
 }
 
 void attention_backward_bf16(float* dq, float* dk, float* dv, const float* dout, const float* out,
-                        const float* lse, const float* q, const float* k, const float* v,
-                        const int32_t* positions, const int32_t* segment_ids, int64_t B, int64_t S, int64_t H,
-                        int64_t K, int64_t d, float* scratch) {
+                             const float* lse, const float* q, const float* k, const float* v,
+                             const int32_t* positions, const int32_t* segment_ids, int64_t B, int64_t S,
+                             int64_t H, int64_t K, int64_t d, float* scratch) {
   check_bf16_attention_cpu();
   backward_sets<Bf16Kernel>(dq, dk, dv, dout, out, lse, q, k, v,
-                TokenSets{positions, segment_ids, positions, segment_ids, S, S}, B, H, K, d, false, scratch);
+                            TokenSets{positions, segment_ids, positions, segment_ids, S, S}, B, H, K, d,
+                            false, scratch);
 }
 
 void context_attention_forward_bf16(float* out, float* lse, const float* q, const float* k, const float* v,
-                               const int32_t* q_positions, const int32_t* q_segment_ids,
-                               const int32_t* kv_positions, const int32_t* kv_segment_ids, int64_t B,
-                               int64_t Sq, int64_t Skv, int64_t H, int64_t K, int64_t d, bool accumulate) {
+                                    const int32_t* q_positions, const int32_t* q_segment_ids,
+                                    const int32_t* kv_positions, const int32_t* kv_segment_ids, int64_t B,
+                                    int64_t Sq, int64_t Skv, int64_t H, int64_t K, int64_t d,
+                                    bool accumulate) {
   check_bf16_attention_cpu();
   forward_sets<Bf16Kernel>(out, lse, q, k, v,
-               TokenSets{q_positions, q_segment_ids, kv_positions, kv_segment_ids, Sq, Skv}, B, H, K, d,
-               accumulate);
+                           TokenSets{q_positions, q_segment_ids, kv_positions, kv_segment_ids, Sq, Skv}, B, H,
+                           K, d, accumulate);
 }
 
 void context_attention_backward_bf16(float* dq, float* dk, float* dv, const float* dout, const float* out,
-                                const float* lse, const float* q, const float* k, const float* v,
-                                const int32_t* q_positions, const int32_t* q_segment_ids,
-                                const int32_t* kv_positions, const int32_t* kv_segment_ids, int64_t B,
-                                int64_t Sq, int64_t Skv, int64_t H, int64_t K, int64_t d, bool accumulate,
-                                float* scratch) {
+                                     const float* lse, const float* q, const float* k, const float* v,
+                                     const int32_t* q_positions, const int32_t* q_segment_ids,
+                                     const int32_t* kv_positions, const int32_t* kv_segment_ids, int64_t B,
+                                     int64_t Sq, int64_t Skv, int64_t H, int64_t K, int64_t d,
+                                     bool accumulate, float* scratch) {
   check_bf16_attention_cpu();
   backward_sets<Bf16Kernel>(dq, dk, dv, dout, out, lse, q, k, v,
-                TokenSets{q_positions, q_segment_ids, kv_positions, kv_segment_ids, Sq, Skv}, B, H, K, d,
-                accumulate, scratch);
+                            TokenSets{q_positions, q_segment_ids, kv_positions, kv_segment_ids, Sq, Skv}, B,
+                            H, K, d, accumulate, scratch);
 }
 
 int64_t context_attention_backward_scratch_floats(int64_t B, int64_t Sq, int64_t H) {

@@ -43,9 +43,10 @@ const KernelBackend& cpu_backend() {
   // is left null.
   // The bf16 attention kernels (vdpbf16ps products) where they pay: on CPUs with AVX512-BF16 and no AMX.
   // On the Xeon with AMX (family 6 model 207) vdpbf16ps runs at a quarter of vfmadd's instruction rate, so
-  // half its flops (113 against 234 GFLOP/s per core, measured), and the bf16 kernels ran at 0.7-0.8x of the
-  // float32 ones there (kernels/cpu/README.md): those CPUs keep float32 attention until an AMX kernel exists.
-  // (The engine refuses dtype=bfloat16 on a CPU with neither AVX512-BF16 nor AMX.)
+  // half its flops (105-113 against 198-234 GFLOP/s per core, measured), and the bf16 kernels ran at
+  // 0.65-0.75x of the float32 ones there (bench/README.md, "Attention: bf16 products"): those CPUs keep
+  // float32 attention until an AMX kernel exists. (The engine refuses dtype=bfloat16 on a CPU with neither
+  // AVX512-BF16 nor AMX.)
   const bool bf16_attention = cpu_features().avx512_bf16 && !cpu_features().amx_bf16;
   static const KernelBackend table{
       .name = "cpu",
