@@ -1145,17 +1145,16 @@ int64_t attention_backward_scratch_floats(int64_t B, int64_t S, int64_t H, int64
 void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
                        const int32_t* positions, const int32_t* segment_ids, int64_t B, int64_t S, int64_t H,
                        int64_t K, int64_t d) {
-  forward_sets<Float32Kernel>(
-      out, lse, q, k, v, TokenSets{positions, segment_ids, positions, segment_ids, S, S}, B, H, K, d, false);
+  context_attention_forward(out, lse, q, k, v, positions, segment_ids, positions, segment_ids, B, S, S, H, K,
+                            d, false);
 }
 
 void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* out,
                         const float* lse, const float* q, const float* k, const float* v,
                         const int32_t* positions, const int32_t* segment_ids, int64_t B, int64_t S, int64_t H,
                         int64_t K, int64_t d, float* scratch) {
-  backward_sets<Float32Kernel>(dq, dk, dv, dout, out, lse, q, k, v,
-                               TokenSets{positions, segment_ids, positions, segment_ids, S, S}, B, H, K, d,
-                               false, scratch);
+  context_attention_backward(dq, dk, dv, dout, out, lse, q, k, v, positions, segment_ids, positions,
+                             segment_ids, B, S, S, H, K, d, false, scratch);
 }
 
 void context_attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
@@ -1178,23 +1177,20 @@ void context_attention_backward(float* dq, float* dk, float* dv, const float* do
                                B, H, K, d, accumulate, scratch);
 }
 
-// The bf16 entries: the same schedules with Bf16Kernel.
+// The bf16 entries: the same schedules with Bf16Kernel; self-attention as above.
 void attention_forward_bf16(float* out, float* lse, const float* q, const float* k, const float* v,
                             const int32_t* positions, const int32_t* segment_ids, int64_t B, int64_t S,
                             int64_t H, int64_t K, int64_t d) {
-  check_bf16_attention_cpu();
-  forward_sets<Bf16Kernel>(out, lse, q, k, v, TokenSets{positions, segment_ids, positions, segment_ids, S, S},
-                           B, H, K, d, false);
+  context_attention_forward_bf16(out, lse, q, k, v, positions, segment_ids, positions, segment_ids, B, S, S,
+                                 H, K, d, false);
 }
 
 void attention_backward_bf16(float* dq, float* dk, float* dv, const float* dout, const float* out,
                              const float* lse, const float* q, const float* k, const float* v,
                              const int32_t* positions, const int32_t* segment_ids, int64_t B, int64_t S,
                              int64_t H, int64_t K, int64_t d, float* scratch) {
-  check_bf16_attention_cpu();
-  backward_sets<Bf16Kernel>(dq, dk, dv, dout, out, lse, q, k, v,
-                            TokenSets{positions, segment_ids, positions, segment_ids, S, S}, B, H, K, d,
-                            false, scratch);
+  context_attention_backward_bf16(dq, dk, dv, dout, out, lse, q, k, v, positions, segment_ids, positions,
+                                  segment_ids, B, S, S, H, K, d, false, scratch);
 }
 
 void context_attention_forward_bf16(float* out, float* lse, const float* q, const float* k, const float* v,
