@@ -1,14 +1,15 @@
 // Throughput of every CPU kernel at the training shapes of qwen3-tiny (B=16, S=128) and gpt2-124m (B=8,
-// S=256), forward and backward, and the fast kernel against its plain reference (the speed-up).
+// S=256), forward and backward, and the fast kernel against its plain reference (the speed-up); then
+// attention at qwen3-0.6b's long-context shapes (S=2048, 4096).
 //
 //   build/bench/bench_kernels [filter...]        e.g. bench_kernels qwen3 matmul   (every word must match a
 //   row)
 //
 // Environment: MESHTRAIN_BENCH_SECONDS (default 0.3, timing window per measurement), MESHTRAIN_BENCH_RETRIES
 // (default 2: re-measure when other processes took >10% of the CPUs), MESHTRAIN_BENCH_NO_REFERENCE=1 (skip
-// the references), MESHTRAIN_BENCH_DTYPE=bfloat16 (the matmuls and the fused loss with bf16 inputs, as
-// dtype=bfloat16 runs them), OMP_NUM_THREADS (threads of the fast kernels; the references are plain
-// single-threaded loops). Never fails: it prints a table and exits 0.
+// the references), MESHTRAIN_BENCH_DTYPE=bfloat16 (the matmuls, attention and the fused loss with bf16
+// inputs, as dtype=bfloat16 runs them), OMP_NUM_THREADS (threads of the fast kernels; the references are
+// plain single-threaded loops). Never fails: it prints a table and exits 0.
 #include <omp.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -271,6 +272,74 @@ void add_matmul(std::vector<Case>& cases, const Model& m, const std::string& wha
                    0.0, nullptr, "no reference (bitwise the row above: Matmul test)"});
 }
 
+// Causal attention, one sequence per batch row, positions 0..S-1. FLOPs counted causally (half of S^2) as
+// the model spec does: forward 2 x 2 B H (S^2/2) d, backward 2.5 x forward. MESHTRAIN_BENCH_DTYPE=bfloat16:
+// the bf16 kernels (bf16 products, as dtype=bfloat16 runs attention on a CPU with AVX512-BF16). The plain
+// reference runs on one sequence when `with_reference`.
+void add_attention_cases(std::vector<Case>& cases, int64_t B, int64_t S, int64_t H, int64_t K, int64_t d,
+                         int layers, bool with_reference) {
+  const bool bf16 = bench_bf16() && meshtrain::cpu_features().avx512_bf16;
+  const auto forward = bf16 ? k::attention_forward_bf16 : k::attention_forward;
+  const auto backward = bf16 ? k::attention_backward_bf16 : k::attention_backward;
+  const std::string kernel = bf16 ? "attention bf16" : "attention";
+  const int64_t reference_batch = 1;
+  auto positions = std::make_shared<std::vector<int32_t>>(B * S);
+  for (int64_t n = 0; n < B * S; ++n) (*positions)[n] = static_cast<int32_t>(n % S);
+  auto q = share(random_floats(B * S * H * d, 18)), kk = share(random_floats(B * S * K * d, 19));
+  auto v = share(random_floats(B * S * K * d, 20)), out = share(std::vector<float>(B * S * H * d));
+  auto lse = share(std::vector<float>(B * H * S)), dout = share(random_floats(B * S * H * d, 21));
+  auto dq = share(std::vector<float>(B * S * H * d)), dk = share(std::vector<float>(B * S * K * d));
+  auto dv = share(std::vector<float>(B * S * K * d));
+  auto scratch =
+      share(std::vector<float>(k::attention_backward_scratch_floats(B, S, H, K, d, omp_get_max_threads())));
+  forward(out->data(), lse->data(), q->data(), kk->data(), v->data(), positions->data(), nullptr, B, S, H, K,
+          d);
+  const auto flops = [&](int64_t batch) { return 2.0 * static_cast<double>(batch * H * S * S * d) / kGiga; };
+  const std::string shape = "B" + std::to_string(B) + " S" + std::to_string(S) + " H" + std::to_string(H) +
+                            " K" + std::to_string(K) + " d" + std::to_string(d);
+  const std::string note = with_reference ? "ref on " + std::to_string(reference_batch) + " sequence" : "";
+  Case forward_case{kernel,
+                    "fwd",
+                    shape,
+                    "GFLOP/s",
+                    flops(B),
+                    layers,
+                    [=] {
+                      forward(out->data(), lse->data(), q->data(), kk->data(), v->data(), positions->data(),
+                              nullptr, B, S, H, K, d);
+                    },
+                    flops(reference_batch),
+                    nullptr,
+                    note};
+  Case backward_case{kernel,
+                     "bwd",
+                     shape,
+                     "GFLOP/s",
+                     2.5 * flops(B),
+                     layers,
+                     [=] {
+                       backward(dq->data(), dk->data(), dv->data(), dout->data(), out->data(), lse->data(),
+                                q->data(), kk->data(), v->data(), positions->data(), nullptr, B, S, H, K, d,
+                                scratch->data());
+                     },
+                     2.5 * flops(reference_batch),
+                     nullptr,
+                     note};
+  if (with_reference) {
+    forward_case.reference = [=] {
+      k::attention_reference_forward(out->data(), lse->data(), q->data(), kk->data(), v->data(),
+                                     positions->data(), nullptr, reference_batch, S, H, K, d);
+    };
+    backward_case.reference = [=] {
+      k::attention_reference_backward(dq->data(), dk->data(), dv->data(), dout->data(), out->data(),
+                                      lse->data(), q->data(), kk->data(), v->data(), positions->data(),
+                                      nullptr, reference_batch, S, H, K, d);
+    };
+  }
+  cases.push_back(std::move(forward_case));
+  cases.push_back(std::move(backward_case));
+}
+
 std::vector<Case> model_cases(const Model& m) {
   std::vector<Case> cases;
   const int64_t N = m.N(), D = m.D, H = m.H, K = m.K, d = m.d, F = m.F, V = m.V, L = m.layers;
@@ -419,54 +488,7 @@ std::vector<Case> model_cases(const Model& m) {
                      [=] { k::residual_reference_add(out->data(), x->data(), count); }});
   }
 
-  {  // Causal attention, one sequence per batch row, positions 0..S-1. FLOPs counted causally (half of S^2)
-     // as the model spec does: forward 2 x 2 B H (S^2/2) d, backward 2.5 x forward.
-    const int64_t B = m.B, S = m.S;
-    const int64_t reference_batch = 1;
-    auto positions = std::make_shared<std::vector<int32_t>>(B * S);
-    for (int64_t n = 0; n < B * S; ++n) (*positions)[n] = static_cast<int32_t>(n % S);
-    auto q = share(random_floats(B * S * H * d, 18)), kk = share(random_floats(B * S * K * d, 19));
-    auto v = share(random_floats(B * S * K * d, 20)), out = share(std::vector<float>(B * S * H * d));
-    auto lse = share(std::vector<float>(B * H * S)), dout = share(random_floats(B * S * H * d, 21));
-    auto dq = share(std::vector<float>(B * S * H * d)), dk = share(std::vector<float>(B * S * K * d));
-    auto dv = share(std::vector<float>(B * S * K * d));
-    auto scratch =
-        share(std::vector<float>(k::attention_backward_scratch_floats(B, S, H, K, d, omp_get_max_threads())));
-    k::attention_forward(out->data(), lse->data(), q->data(), kk->data(), v->data(), positions->data(),
-                         nullptr, B, S, H, K, d);
-    const auto flops = [&](int64_t batch) {
-      return 2.0 * static_cast<double>(batch * H * S * S * d) / kGiga;
-    };
-    const std::string shape = "B" + std::to_string(B) + " S" + std::to_string(S) + " H" + std::to_string(H) +
-                              " K" + std::to_string(K) + " d" + std::to_string(d);
-    const std::string note = "ref on " + std::to_string(reference_batch) + " sequence";
-    cases.push_back({"attention", "fwd", shape, "GFLOP/s", flops(B), layers,
-                     [=] {
-                       k::attention_forward(out->data(), lse->data(), q->data(), kk->data(), v->data(),
-                                            positions->data(), nullptr, B, S, H, K, d);
-                     },
-                     flops(reference_batch),
-                     [=] {
-                       k::attention_reference_forward(out->data(), lse->data(), q->data(), kk->data(),
-                                                      v->data(), positions->data(), nullptr, reference_batch,
-                                                      S, H, K, d);
-                     },
-                     note});
-    cases.push_back({"attention", "bwd", shape, "GFLOP/s", 2.5 * flops(B), layers,
-                     [=] {
-                       k::attention_backward(dq->data(), dk->data(), dv->data(), dout->data(), out->data(),
-                                             lse->data(), q->data(), kk->data(), v->data(), positions->data(),
-                                             nullptr, B, S, H, K, d, scratch->data());
-                     },
-                     2.5 * flops(reference_batch),
-                     [=] {
-                       k::attention_reference_backward(dq->data(), dk->data(), dv->data(), dout->data(),
-                                                       out->data(), lse->data(), q->data(), kk->data(),
-                                                       v->data(), positions->data(), nullptr, reference_batch,
-                                                       S, H, K, d);
-                     },
-                     note});
-  }
+  add_attention_cases(cases, m.B, m.S, H, K, d, layers, true);
 
   {  // Fused unembedding + cross-entropy, tied table [V, D], chunked as the model does. FLOPs: the GEMMs (2 N
      // D V for the logits, 4 N D V for dh and dE). The reference materialises [N, V] logits with scalar dot
@@ -597,10 +619,11 @@ int main(int argc, char** argv) {
   };
   std::printf("%-10s %-22s %-9s %-26s %-8s %8s %17s %9s %8s %8s %7s  %s\n", "model", "kernel", "pass",
               "shape", "unit", "median", "[min-max]", "ms/step", "ref", "x", "others", "note");
-  for (const Model& model : models) {
+  // Rows of `cases` the filters select, and their sum of ms per step (labelled `name`).
+  const auto run_rows = [&](const std::string& name, const std::vector<Case>& cases) {
     double step_ms = 0.0;
-    for (const Case& c : model_cases(model)) {
-      if (!selected(model.name, c, filters)) continue;
+    for (const Case& c : cases) {
+      if (!selected(name, c, filters)) continue;
       const Stats fast = time_call(c.work, c.fast, window);
       Stats reference;
       if (references && c.reference) {
@@ -612,14 +635,22 @@ int main(int argc, char** argv) {
       const std::string spread = "[" + format_rate(fast.min) + "-" + format_rate(fast.max) + "]";
       char others[16];
       std::snprintf(others, sizeof others, "%.0f%s", fast.others, fast.others > 10.0 ? "*" : "");
-      std::printf("%-10s %-22s %-9s %-26s %-8s %8s %17s %9.2f %8s %8s %7s  %s\n", model.name.c_str(),
+      std::printf("%-10s %-22s %-9s %-26s %-8s %8s %17s %9.2f %8s %8s %7s  %s\n", name.c_str(),
                   c.kernel.c_str(), c.pass.c_str(), c.shape.c_str(), c.unit.c_str(),
                   format_rate(fast.median).c_str(), spread.c_str(), ms, format_rate(reference.median).c_str(),
                   std::isnan(reference.median) ? "-" : format_rate(fast.median / reference.median).c_str(),
                   others, c.note.c_str());
       std::fflush(stdout);
     }
-    std::printf("%-10s sum of ms/step over the rows above: %.1f ms\n", model.name.c_str(), step_ms);
+    std::printf("%-10s sum of ms/step over the rows above: %.1f ms\n", name.c_str(), step_ms);
+  };
+  for (const Model& model : models) run_rows(model.name, model_cases(model));
+  // Long context: qwen3-0.6b's attention (H=16, K=8, d=128, 28 layers) on one sequence of 2048 and of 4096
+  // tokens, without the reference (minutes at these lengths).
+  for (const int64_t S : {2048, 4096}) {
+    std::vector<Case> cases;
+    add_attention_cases(cases, 1, S, 16, 8, 128, 28, false);
+    run_rows("qwen3-0.6b", cases);
   }
   return 0;
 }

@@ -105,12 +105,26 @@ const KernelBackend& nvidia_backend() {
     nvidia.attention_backward_scratch_floats = cpu.attention_backward_scratch_floats;
     nvidia.context_attention_backward_scratch_floats = cpu.context_attention_backward_scratch_floats;
     nvidia.muon_scratch_floats = cpu.muon_scratch_floats;  // planned; the engine refuses Muon on cuda
+    // The cuda attention computes in float32 under either dtype.
+    nvidia.attention_forward_bf16 = nvidia.attention_forward;
+    nvidia.attention_backward_bf16 = nvidia.attention_backward;
+    nvidia.context_attention_forward_bf16 = nvidia.context_attention_forward;
+    nvidia.context_attention_backward_bf16 = nvidia.context_attention_backward;
     return nvidia;
   }();
   return table;
 }
 
 }  // namespace
+
+AttentionKernels attention_kernels(const KernelBackend& backend, DType compute) {
+  if (compute == DType::bf16) {
+    return {backend.attention_forward_bf16, backend.attention_backward_bf16,
+            backend.context_attention_forward_bf16, backend.context_attention_backward_bf16};
+  }
+  return {backend.attention_forward, backend.attention_backward, backend.context_attention_forward,
+          backend.context_attention_backward};
+}
 
 bool nvidia_device_kind(const std::string& device_kind) {
   return device_kind == "a100" || device_kind == "h100" || device_kind == "h200" || device_kind == "b200";

@@ -105,6 +105,13 @@ struct KernelBackend {
   ContextAttentionBackward* context_attention_backward;
   ContextAttentionBackwardScratchFloats* context_attention_backward_scratch_floats;
   AttentionDecode* attention_decode;
+  // The four above with bf16 products, which attention ops run under dtype=bfloat16 (attention_kernels
+  // below). cpu: the AVX512-BF16 kernels on a CPU with AVX512-BF16 and without AMX (our CPUID reading; see
+  // cpu/backend.cpp), else the float32 ones; backends without bf16 attention put their float32 kernels here.
+  AttentionForward* attention_forward_bf16;
+  AttentionBackward* attention_backward_bf16;
+  ContextAttentionForward* context_attention_forward_bf16;
+  ContextAttentionBackward* context_attention_backward_bf16;
   // moe_router.h
   MoeRouterForward* moe_router_forward;
   MoeRouterBackward* moe_router_backward;
@@ -157,6 +164,16 @@ struct KernelBackend {
 // accelerator kinds are planned with the cpu kernels but stored as their backend will store them:
 // activations in the compute dtype, no bf16 rounding scratch.
 const KernelBackend& kernel_backend_for_device(const std::string& device_kind);
+
+// The attention kernels an op runs when the compute dtype is `compute`: the *_bf16 entries under bfloat16,
+// the float32 ones otherwise.
+struct AttentionKernels {
+  AttentionForward* forward;
+  AttentionBackward* backward;
+  ContextAttentionForward* context_forward;
+  ContextAttentionBackward* context_backward;
+};
+AttentionKernels attention_kernels(const KernelBackend& backend, DType compute);
 
 // Device kinds the cuda backend runs.
 bool nvidia_device_kind(const std::string& device_kind);

@@ -166,6 +166,10 @@ const KernelBackend& counting_backend() {
     MT_COUNTED(context_attention_backward);
     MT_COUNTED(context_attention_backward_scratch_floats);
     MT_COUNTED(attention_decode);
+    MT_COUNTED(attention_forward_bf16);
+    MT_COUNTED(attention_backward_bf16);
+    MT_COUNTED(context_attention_forward_bf16);
+    MT_COUNTED(context_attention_backward_bf16);
     MT_COUNTED(moe_router_forward);
     MT_COUNTED(moe_router_backward);
     MT_COUNTED(moe_balance_loss_forward);
@@ -306,9 +310,9 @@ TEST(KernelBackend, ModelReachesEveryKernelThroughTheTable) {
   run_through_counting_backend("qwen3-tiny", DType::f32, OptimizerType::muon);  // Muon's update
   // bf16 compute: the producers that store a matmul's bf16 input, and the matmuls that read it. They run
   // only on a CPU with bf16 instructions (elsewhere dtype=bfloat16 is refused; Plan.Bf16ComputeRunsThePlan).
-  const std::vector<std::string> bf16_only = {"rmsnorm_forward_bf16",  "layernorm_forward_bf16",
-                                              "swiglu_forward_bf16",   "gelu_forward_bf16",
-                                              "matmul_forward_bf16_x", "matmul_backward_bf16_x"};
+  const std::vector<std::string> bf16_only = {
+      "rmsnorm_forward_bf16",  "layernorm_forward_bf16", "swiglu_forward_bf16",    "gelu_forward_bf16",
+      "matmul_forward_bf16_x", "matmul_backward_bf16_x", "attention_forward_bf16", "attention_backward_bf16"};
   if (cpu_features().avx512_bf16 || cpu_features().amx_bf16) {
     run_through_counting_backend("qwen3-tiny", DType::bf16);  // rmsnorm, swiglu
     run_through_counting_backend("gpt2-124m", DType::bf16);   // layernorm, gelu
@@ -326,7 +330,8 @@ TEST(KernelBackend, ModelReachesEveryKernelThroughTheTable) {
   // Expert parallelism's block layouts likewise run only under mesh.expert > 1 (tests/mpi/
   // deepseek_equivalence.sh, the expert cases).
   for (const char* multi_process_only :
-       {"context_attention_forward", "context_attention_backward", "moe_dispatch_plan", "moe_receive_plan"}) {
+       {"context_attention_forward", "context_attention_backward", "context_attention_forward_bf16",
+        "context_attention_backward_bf16", "moe_dispatch_plan", "moe_receive_plan"}) {
     EXPECT_EQ(calls().count(multi_process_only), 0u) << multi_process_only;
     calls()[multi_process_only] = 1;
   }

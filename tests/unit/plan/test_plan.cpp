@@ -15,6 +15,7 @@
 #include "meshtrain/core/cpu_features.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/kernels/backend.h"
+#include "meshtrain/kernels/cpu/attention.h"
 #include "meshtrain/kernels/cpu/backend.h"
 #include "meshtrain/plan/decode.h"
 #include "meshtrain/plan/plan.h"
@@ -90,6 +91,23 @@ const kernels::KernelBackend& cpu_rounding_in_the_matmuls() {
     return cpu;
   }();
   return table;
+}
+
+// The cpu table with the given attention kernels under dtype=bfloat16: the bf16 ones (bf16 products) or the
+// float32 ones (the bf16 run as it was before attention had bf16 products), whichever this CPU's table picks.
+const kernels::KernelBackend& cpu_with_bf16_attention(bool bf16_products) {
+  const auto make = [](bool bf16) {
+    kernels::KernelBackend cpu = kernels::cpu_backend();
+    cpu.attention_forward_bf16 = bf16 ? kernels::attention_forward_bf16 : kernels::attention_forward;
+    cpu.attention_backward_bf16 = bf16 ? kernels::attention_backward_bf16 : kernels::attention_backward;
+    cpu.context_attention_forward_bf16 =
+        bf16 ? kernels::context_attention_forward_bf16 : kernels::context_attention_forward;
+    cpu.context_attention_backward_bf16 =
+        bf16 ? kernels::context_attention_backward_bf16 : kernels::context_attention_backward;
+    return cpu;
+  };
+  static const kernels::KernelBackend with_bf16 = make(true), with_float32 = make(false);
+  return bf16_products ? with_bf16 : with_float32;
 }
 
 RunResult train(Engine& engine, int steps) {
@@ -451,6 +469,32 @@ TEST(Plan, Bf16MatmulInputsRoundedByTheirProducersChangeNoBit) {
     EXPECT_EQ(with_fusion.losses, without.losses) << preset;
     EXPECT_EQ(with_fusion.grad_norms, without.grad_norms) << preset;
     EXPECT_EQ(with_fusion.parameters, without.parameters) << preset;
+  }
+}
+
+// bf16 attention (bf16 products, float32 softmax and accumulation) against the same bf16 runs with float32
+// attention, qwen3-tiny (GQA, QK-norm, RoPE) and gpt2: the same arena, and losses within the bound a bf16
+// run keeps to float32 (1e-2 relative, as in Plan.Bf16ComputeRunsThePlan), not equal (the bf16 kernels did
+// run). Both tables are explicit, so this runs on every CPU with AVX512-BF16 whichever one cpu_backend picks.
+TEST(Plan, Bf16AttentionLossesWithinBf16BoundsOfFloat32Attention) {
+  if (!cpu_features().avx512_bf16) {
+    GTEST_SKIP() << "bf16 attention needs AVX512-BF16; this CPU: " << cpu_features().describe();
+  }
+  for (const std::string preset : {"qwen3-tiny", "gpt2-124m"}) {
+    const Config config = load_config(preset, tiny({"dtype=bfloat16", "max_position_embeddings=16"}));
+    PlanRequest bf16_request, f32_request;
+    bf16_request.config = f32_request.config = config;
+    bf16_request.backend = &cpu_with_bf16_attention(true);
+    f32_request.backend = &cpu_with_bf16_attention(false);
+    TrainingPlan bf16 = plan_training(bf16_request), f32 = plan_training(f32_request);
+    EXPECT_EQ(bf16.arena_bytes, f32.arena_bytes) << preset;
+    Engine bf16_engine(std::move(bf16)), f32_engine(std::move(f32));
+    const RunResult with_bf16 = train(bf16_engine, 3), with_f32 = train(f32_engine, 3);
+    for (size_t step = 0; step < with_f32.losses.size(); ++step) {
+      EXPECT_NEAR(with_bf16.losses[step], with_f32.losses[step], 1e-2 * with_f32.losses[step])
+          << preset << " step " << step;
+      EXPECT_NE(with_bf16.losses[step], with_f32.losses[step]) << preset << " step " << step;
+    }
   }
 }
 

@@ -39,13 +39,16 @@
 // and trip -Wpsabi).
 #include "meshtrain/kernels/cpu/attention.h"
 
+#include <immintrin.h>
 #include <omp.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <vector>
 
+#include "meshtrain/core/cpu_features.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/kernels/cpu/fast_math.h"
 
@@ -61,9 +64,13 @@ constexpr int64_t kTile = 64;
 #if defined(__AVX512F__)
 constexpr int64_t kLanes = 16;
 constexpr int kScoreVecs = 4, kUpdateVecs = 4;  // 16 accumulators + 4 operands of 32 registers
+// Rows per register block: 6 x kScoreVecs (kUpdateVecs) = 24 accumulators + 4 operands; 4-row and 1-row
+// blocks take the rest. 6 rows ran 1.05-1.2x faster than 4 on the Xeon with AMX (bench/README.md).
+constexpr int kScoreRows = 6, kUpdateRows = 6;
 #else
 constexpr int64_t kLanes = 8;
 constexpr int kScoreVecs = 2, kUpdateVecs = 2;  // 8 accumulators + 2 operands + a broadcast of 16
+constexpr int kScoreRows = 4, kUpdateRows = 4;  // the 4-row blocks alone
 #endif
 constexpr int64_t kVecsPerTile = kTile / kLanes;  // a row of scores is 4 (AVX-512) or 8 Vecs
 static_assert(kVecsPerTile % kScoreVecs == 0);
@@ -199,6 +206,11 @@ void score_tile(float* raw, const float* x, int64_t x_stride, int64_t x_count, P
     const int64_t c1 = std::min(d, c0 + kPackWidth);
     const float* columns = pack(packed, cols, col_stride, col_count, c0, c1);
     int64_t r = 0;
+    for (; r + kScoreRows <= x_count; r += kScoreRows) {
+      for (int v0 = 0; v0 < kVecsPerTile; v0 += kScoreVecs)
+        score_rows<kScoreRows>(raw + r * kTile, x + r * x_stride + c0, x_stride, columns, c1 - c0, c0 > 0,
+                               v0);
+    }
     for (; r + 4 <= x_count; r += 4) {
       for (int v0 = 0; v0 < kVecsPerTile; v0 += kScoreVecs)
         score_rows<4>(raw + r * kTile, x + r * x_stride + c0, x_stride, columns, c1 - c0, c0 > 0, v0);
@@ -286,6 +298,7 @@ void rank_update_rows(float* y, int64_t y_stride, int64_t rows, const float* coe
                    x + begin * x_stride, x_stride, end - begin, d);
   };
   int64_t r = 0;
+  for (; r + kUpdateRows <= rows; r += kUpdateRows) block.template operator()<kUpdateRows>(r);
   for (; r + 4 <= rows; r += 4) block.template operator()<4>(r);
   for (; r < rows; ++r) block.template operator()<1>(r);
 }
@@ -373,32 +386,105 @@ void scale_and_mask(float* scores, const int32_t* row_positions, const int32_t* 
   }
 }
 
-// Forward of query rows [i0, i0 + rows) of one head. Scores are computed transposed (key rows x query
-// lanes) so the packed query tile is reused for every key tile. Unnormalised outputs accumulate directly
-// in `out` (rows of stride q_stride), so no accumulator scratch is needed.
-// With `accumulate` the online softmax resumes from the (out, lse) already there: running max = lse,
-// running sum = 1 (out is normalised, i.e. in units of exp(lse)), accumulator = out; a row with lse = -inf
-// has seen nothing yet (sum 0, out zeroed). Folding a key set in tile by tile or block by block is thus the
-// same recurrence.
-void forward_query_tile(float* out, float* lse, const HeadView& view, int64_t i0, int64_t rows, float scale,
-                        bool accumulate) {
-  PackedTile packed_queries;
-  LaneTokens query_lanes;
-  alignas(64) float scores[kTile * kTile];
+// Running softmax statistics of the query rows of one forward tile, per query lane.
+struct SoftmaxRows {
   alignas(64) float row_max[kTile], row_sum[kTile], tile_max[kTile], shift[kTile], alpha[kTile];
-  const int64_t d = view.d;
-  std::fill_n(row_max, kTile, kNegativeInfinity);
-  std::fill_n(row_sum, kTile, 0.0f);
+};
+
+// Starts the online softmax of query rows [i0, i0 + rows) of one head. With `accumulate` it resumes from the
+// (out, lse) already there: running max = lse, running sum = 1 (out is normalised, i.e. in units of
+// exp(lse)), accumulator = out; a row with lse = -inf has seen nothing yet (sum 0, out zeroed). Folding a key
+// set in tile by tile or block by block is thus the same recurrence. Otherwise out rows start at 0.
+void start_query_rows(SoftmaxRows& softmax, float* out, const float* lse, const HeadView& view, int64_t i0,
+                      int64_t rows, bool accumulate) {
+  std::fill_n(softmax.row_max, kTile, kNegativeInfinity);
+  std::fill_n(softmax.row_sum, kTile, 0.0f);
   if (accumulate) {
     for (int64_t i = 0; i < rows; ++i) {
-      row_max[i] = lse[i0 + i];
-      row_sum[i] = row_max[i] == kNegativeInfinity ? 0.0f : 1.0f;
-      if (row_sum[i] == 0.0f) std::fill_n(out + (i0 + i) * view.q_stride, d, 0.0f);
+      softmax.row_max[i] = lse[i0 + i];
+      softmax.row_sum[i] = softmax.row_max[i] == kNegativeInfinity ? 0.0f : 1.0f;
+      if (softmax.row_sum[i] == 0.0f) std::fill_n(out + (i0 + i) * view.q_stride, view.d, 0.0f);
     }
   } else {
-    zero_rows(out + i0 * view.q_stride, view.q_stride, rows, d);
+    zero_rows(out + i0 * view.q_stride, view.q_stride, rows, view.d);
   }
-  lane_tokens(query_lanes, view.q_positions, view.q_segment_ids, i0, rows,
+}
+
+// One key tile of the online softmax: scores [cols key rows][kTile query lanes] (scaled and masked) become
+// exp(score - running max); the running sums and maxima move on, and out rows [i0, i0 + rows) are rescaled
+// by how far their maximum moved (alpha).
+void online_softmax_tile(SoftmaxRows& softmax, float* scores, int64_t cols, float* out, const HeadView& view,
+                         int64_t i0, int64_t rows) {
+  float* const row_max = softmax.row_max;
+  float* const row_sum = softmax.row_sum;
+  float* const tile_max = softmax.tile_max;
+  float* const shift = softmax.shift;
+  float* const alpha = softmax.alpha;
+  // New running max per query lane, and the rescale factor for what earlier tiles accumulated.
+  std::fill_n(tile_max, kTile, kNegativeInfinity);
+  for (int64_t j = 0; j < cols; ++j) {
+#pragma omp simd
+    for (int64_t lane = 0; lane < kTile; ++lane)
+      tile_max[lane] = std::max(tile_max[lane], scores[j * kTile + lane]);
+  }
+#pragma omp simd
+  for (int64_t lane = 0; lane < kTile; ++lane) {
+    const float new_max = std::max(row_max[lane], tile_max[lane]);
+    shift[lane] = new_max == kNegativeInfinity ? 0.0f : new_max;  // no visible key yet: keep sums at 0
+    alpha[lane] = exp_approx(row_max[lane] - shift[lane]);        // 1 when the max did not move
+    row_max[lane] = new_max;
+    row_sum[lane] *= alpha[lane];
+  }
+  for (int64_t j = 0; j < cols; ++j) {
+    float* row = scores + j * kTile;
+#pragma omp simd
+    for (int64_t lane = 0; lane < kTile; ++lane) {
+      row[lane] = exp_approx(row[lane] - shift[lane]);
+      row_sum[lane] += row[lane];
+    }
+  }
+  for (int64_t i = 0; i < rows; ++i) {
+    if (alpha[i] == 1.0f) continue;
+    float* oi = out + (i0 + i) * view.q_stride;
+#pragma omp simd
+    for (int64_t c = 0; c < view.d; ++c) oi[c] *= alpha[i];
+  }
+}
+
+// Ends the forward of query rows [i0, i0 + rows): out divided by the running sum, lse = max + log(sum).
+// row_sum == 0 only for a query that sees no key (never in self-attention, where a token sees itself): its
+// out stays 0 (every p was 0) and its lse is -inf.
+void finish_query_rows(const SoftmaxRows& softmax, float* out, float* lse, const HeadView& view, int64_t i0,
+                       int64_t rows) {
+  for (int64_t i = 0; i < rows; ++i) {
+    float* oi = out + (i0 + i) * view.q_stride;
+    const bool seen = softmax.row_sum[i] > 0.0f;
+    const float inverse = seen ? 1.0f / softmax.row_sum[i] : 0.0f;
+#pragma omp simd
+    for (int64_t c = 0; c < view.d; ++c) oi[c] *= inverse;
+    lse[i0 + i] = seen ? softmax.row_max[i] + std::log(softmax.row_sum[i]) : kNegativeInfinity;
+  }
+}
+
+// The float32 forward's per-thread buffers (kept across the tasks a thread runs).
+struct ForwardBuffers {
+  explicit ForwardBuffers(int64_t /*d*/) {}
+  PackedTile packed_queries;
+  LaneTokens query_lanes;
+  SoftmaxRows softmax;
+  alignas(64) float scores[kTile * kTile];
+};
+
+// Forward of query rows [i0, i0 + rows) of one head. Scores are computed transposed (key rows x query
+// lanes) so the packed query tile is reused for every key tile. Unnormalised outputs accumulate directly
+// in `out` (rows of stride q_stride), so no accumulator scratch is needed. `accumulate`: see
+// start_query_rows.
+void forward_query_tile(ForwardBuffers& buffers, float* out, float* lse, const HeadView& view, int64_t i0,
+                        int64_t rows, float scale, bool accumulate) {
+  float* const scores = buffers.scores;
+  const int64_t d = view.d;
+  start_query_rows(buffers.softmax, out, lse, view, i0, rows, accumulate);
+  lane_tokens(buffers.query_lanes, view.q_positions, view.q_segment_ids, i0, rows,
               std::numeric_limits<int32_t>::min());
   const TileBounds query_bounds = tile_bounds(view.q_positions, view.q_segment_ids, i0, i0 + rows);
   for (int64_t j0 = 0; j0 < view.Skv; j0 += kTile) {
@@ -406,54 +492,17 @@ void forward_query_tile(float* out, float* lse, const HeadView& view, int64_t i0
     const TileBounds key_bounds = tile_bounds(view.kv_positions, view.kv_segment_ids, j0, j0 + cols);
     if (fully_masked(query_bounds, key_bounds)) continue;
     const float* k_rows = view.k + j0 * view.kv_stride;
-    score_tile(scores, k_rows, view.kv_stride, cols, packed_queries, view.q + i0 * view.q_stride,
+    score_tile(scores, k_rows, view.kv_stride, cols, buffers.packed_queries, view.q + i0 * view.q_stride,
                view.q_stride, rows, d);
     const bool masked = !fully_visible(query_bounds, key_bounds);
-    scale_and_mask(scores, view.kv_positions, view.kv_segment_ids, query_lanes, j0, cols, true, masked,
-                   scale);
-    // Online softmax per query lane: new running max, rescale factor for what earlier tiles accumulated.
-    std::fill_n(tile_max, kTile, kNegativeInfinity);
-    for (int64_t j = 0; j < cols; ++j) {
-#pragma omp simd
-      for (int64_t lane = 0; lane < kTile; ++lane)
-        tile_max[lane] = std::max(tile_max[lane], scores[j * kTile + lane]);
-    }
-#pragma omp simd
-    for (int64_t lane = 0; lane < kTile; ++lane) {
-      const float new_max = std::max(row_max[lane], tile_max[lane]);
-      shift[lane] = new_max == kNegativeInfinity ? 0.0f : new_max;  // no visible key yet: keep sums at 0
-      alpha[lane] = exp_approx(row_max[lane] - shift[lane]);        // 1 when the max did not move
-      row_max[lane] = new_max;
-      row_sum[lane] *= alpha[lane];
-    }
-    for (int64_t j = 0; j < cols; ++j) {
-      float* row = scores + j * kTile;
-#pragma omp simd
-      for (int64_t lane = 0; lane < kTile; ++lane) {
-        row[lane] = exp_approx(row[lane] - shift[lane]);
-        row_sum[lane] += row[lane];
-      }
-    }
-    for (int64_t i = 0; i < rows; ++i) {
-      if (alpha[i] == 1.0f) continue;
-      float* oi = out + (i0 + i) * view.q_stride;
-#pragma omp simd
-      for (int64_t c = 0; c < d; ++c) oi[c] *= alpha[i];
-    }
+    scale_and_mask(scores, view.kv_positions, view.kv_segment_ids, buffers.query_lanes, j0, cols, true,
+                   masked, scale);
+    online_softmax_tile(buffers.softmax, scores, cols, out, view, i0, rows);
     // out_i += sum_j p[j][i] v_j: coefficient of (term j, output row i) is scores[j * kTile + i].
     rank_update_rows(out + i0 * view.q_stride, view.q_stride, rows, scores, kTile, 1,
                      view.v + j0 * view.kv_stride, view.kv_stride, cols, d, masked);
   }
-  // row_sum == 0 only for a query that sees no key (never in self-attention, where a token sees itself):
-  // its out stays 0 (every p was 0) and its lse is -inf.
-  for (int64_t i = 0; i < rows; ++i) {
-    float* oi = out + (i0 + i) * view.q_stride;
-    const bool seen = row_sum[i] > 0.0f;
-    const float inverse = seen ? 1.0f / row_sum[i] : 0.0f;
-#pragma omp simd
-    for (int64_t c = 0; c < d; ++c) oi[c] *= inverse;
-    lse[i0 + i] = seen ? row_max[i] + std::log(row_sum[i]) : kNegativeInfinity;
-  }
+  finish_query_rows(buffers.softmax, out, lse, view, i0, rows);
 }
 
 // Gradient slices of one (batch, query head): dq rows like q, dk / dv rows like k, dout like q; lse and
@@ -467,22 +516,69 @@ struct GradView {
   const float* row_dot;
 };
 
-// Per-thread buffers of the backward: the two packed operands of the score products and the two tiles of
-// probabilities P and score gradients dS.
-struct BackwardBuffers {
-  PackedTile packed_scores, packed_dscores;  // packed side of S = q k^T and of dP = dout v^T
-  LaneTokens lanes;
-  alignas(64) float probs[kTile * kTile];
-  alignas(64) float dscores[kTile * kTile];
-  alignas(64) float lane_lse[kTile], lane_dot[kTile];
-};
-
 // The lse the backward subtracts: a query that saw no key has lse = -inf, and score - (-inf) would make
 // its probabilities exp(+inf) (or NaN for masked -inf scores); +inf makes every one of them exactly 0, so
 // such a row gets no gradient.
 inline float backward_lse(float lse) {
   return lse == kNegativeInfinity ? std::numeric_limits<float>::infinity() : lse;
 }
+
+// Per-pair softmax backward state shared by both kernels: lane tokens and the lse / row_dot of queries laid
+// out along lanes.
+struct PairLanes {
+  LaneTokens tokens;
+  alignas(64) float lse[kTile], dot[kTile];
+};
+
+// Turns the raw scores q.k (in `probs`) and raw dout.v (in `dscores`) of query rows [i0, i0 + rows) x key
+// rows [j0, j0 + cols) into P = exp(scale s - lse) and dS = scale * P * (dP - row_dot), masked, in the
+// layout keys_are_rows picks (see backward_pair). Each element is the same arithmetic in either layout.
+void probabilities_and_score_gradients(float* probs, float* dscores, PairLanes& lanes, const HeadView& view,
+                                       const GradView& grad, int64_t i0, int64_t rows, int64_t j0,
+                                       int64_t cols, bool masked, bool keys_are_rows, float scale) {
+  const int64_t row_begin = keys_are_rows ? j0 : i0, row_count = keys_are_rows ? cols : rows;
+  const int64_t lane_begin = keys_are_rows ? i0 : j0, lane_count = keys_are_rows ? rows : cols;
+  if (keys_are_rows) {
+    lane_tokens(lanes.tokens, view.q_positions, view.q_segment_ids, lane_begin, lane_count,
+                std::numeric_limits<int32_t>::min());
+    scale_and_mask(probs, view.kv_positions, view.kv_segment_ids, lanes.tokens, row_begin, row_count, true,
+                   masked, scale);
+  } else {
+    lane_tokens(lanes.tokens, view.kv_positions, view.kv_segment_ids, lane_begin, lane_count,
+                std::numeric_limits<int32_t>::max());
+    scale_and_mask(probs, view.q_positions, view.q_segment_ids, lanes.tokens, row_begin, row_count, false,
+                   masked, scale);
+  }
+  // lse and row_dot belong to queries: per lane when queries are lanes, per row otherwise. The unused one is
+  // 0, and x - 0 == x exactly, so both layouts compute the same values.
+  std::fill_n(lanes.lse, kTile, 0.0f);
+  std::fill_n(lanes.dot, kTile, 0.0f);
+  if (keys_are_rows) {
+    for (int64_t i = 0; i < rows; ++i) lanes.lse[i] = backward_lse(grad.lse[i0 + i]);
+    std::copy_n(grad.row_dot + i0, rows, lanes.dot);
+  }
+  for (int64_t r = 0; r < row_count; ++r) {
+    float* pr = probs + r * kTile;
+    float* dsr = dscores + r * kTile;
+    const float row_lse = keys_are_rows ? 0.0f : backward_lse(grad.lse[i0 + r]);
+    const float row_dot = keys_are_rows ? 0.0f : grad.row_dot[i0 + r];
+#pragma omp simd
+    for (int64_t lane = 0; lane < kTile; ++lane) {
+      pr[lane] = exp_approx((pr[lane] - row_lse) - lanes.lse[lane]);
+      dsr[lane] = scale * pr[lane] * ((dsr[lane] - row_dot) - lanes.dot[lane]);
+    }
+  }
+}
+
+// Per-thread buffers of the float32 backward: the two packed operands of the score products and the two
+// tiles of probabilities P and score gradients dS.
+struct BackwardBuffers {
+  explicit BackwardBuffers(int64_t /*d*/) {}
+  PackedTile packed_scores, packed_dscores;  // packed side of S = q k^T and of dP = dout v^T
+  PairLanes lanes;
+  alignas(64) float probs[kTile * kTile];
+  alignas(64) float dscores[kTile * kTile];
+};
 
 // Contribution of query rows [i0, i0 + rows) x key rows [j0, j0 + cols) of one head. Recomputes
 // P = exp(scale q k^T - lse) and dS = scale * P * (dout v^T - row_dot), then dq_i += sum_j dS_ij k_j (when
@@ -497,9 +593,6 @@ void backward_pair(BackwardBuffers& buffers, const HeadView& view, const GradVie
   const float* dout_rows = grad.dout + i0 * qs;
   const float* k_rows = view.k + j0 * kvs;
   const float* v_rows = view.v + j0 * kvs;
-  // Row side and lane side of this layout.
-  const int64_t row_begin = keys_are_rows ? j0 : i0, row_count = keys_are_rows ? cols : rows;
-  const int64_t lane_begin = keys_are_rows ? i0 : j0, lane_count = keys_are_rows ? rows : cols;
   if (keys_are_rows) {
     score_tile(buffers.probs, k_rows, kvs, cols, buffers.packed_scores, q_rows, qs, rows, d);
     score_tile(buffers.dscores, v_rows, kvs, cols, buffers.packed_dscores, dout_rows, qs, rows, d);
@@ -507,36 +600,8 @@ void backward_pair(BackwardBuffers& buffers, const HeadView& view, const GradVie
     score_tile(buffers.probs, q_rows, qs, rows, buffers.packed_scores, k_rows, kvs, cols, d);
     score_tile(buffers.dscores, dout_rows, qs, rows, buffers.packed_dscores, v_rows, kvs, cols, d);
   }
-  if (keys_are_rows) {
-    lane_tokens(buffers.lanes, view.q_positions, view.q_segment_ids, lane_begin, lane_count,
-                std::numeric_limits<int32_t>::min());
-    scale_and_mask(buffers.probs, view.kv_positions, view.kv_segment_ids, buffers.lanes, row_begin, row_count,
-                   true, masked, scale);
-  } else {
-    lane_tokens(buffers.lanes, view.kv_positions, view.kv_segment_ids, lane_begin, lane_count,
-                std::numeric_limits<int32_t>::max());
-    scale_and_mask(buffers.probs, view.q_positions, view.q_segment_ids, buffers.lanes, row_begin, row_count,
-                   false, masked, scale);
-  }
-  // lse and row_dot belong to queries: per lane when queries are lanes, per row otherwise. The unused one is
-  // 0, and x - 0 == x exactly, so both layouts compute the same values.
-  std::fill_n(buffers.lane_lse, kTile, 0.0f);
-  std::fill_n(buffers.lane_dot, kTile, 0.0f);
-  if (keys_are_rows) {
-    for (int64_t i = 0; i < rows; ++i) buffers.lane_lse[i] = backward_lse(grad.lse[i0 + i]);
-    std::copy_n(grad.row_dot + i0, rows, buffers.lane_dot);
-  }
-  for (int64_t r = 0; r < row_count; ++r) {
-    float* pr = buffers.probs + r * kTile;
-    float* dsr = buffers.dscores + r * kTile;
-    const float row_lse = keys_are_rows ? 0.0f : backward_lse(grad.lse[i0 + r]);
-    const float row_dot = keys_are_rows ? 0.0f : grad.row_dot[i0 + r];
-#pragma omp simd
-    for (int64_t lane = 0; lane < kTile; ++lane) {
-      pr[lane] = exp_approx((pr[lane] - row_lse) - buffers.lane_lse[lane]);
-      dsr[lane] = scale * pr[lane] * ((dsr[lane] - row_dot) - buffers.lane_dot[lane]);
-    }
-  }
+  probabilities_and_score_gradients(buffers.probs, buffers.dscores, buffers.lanes, view, grad, i0, rows, j0,
+                                    cols, masked, keys_are_rows, scale);
   // Element (query i, key j) of P and dS sits at [i * i_stride + j * j_stride].
   const int64_t i_stride = keys_are_rows ? 1 : kTile, j_stride = keys_are_rows ? kTile : 1;
   if (grad.dq != nullptr) {
@@ -551,7 +616,371 @@ void backward_pair(BackwardBuffers& buffers, const HeadView& view, const GradVie
   }
 }
 
-// Forward over a query set and a key / value set: one task per (batch, query head, query tile).
+// The float32 kernel as the schedules below use it: dk / dv rows accumulate in place.
+struct Float32Kernel {
+  using Forward = ForwardBuffers;
+  using Backward = BackwardBuffers;
+  static void forward_tile(ForwardBuffers& buffers, float* out, float* lse, const HeadView& view, int64_t i0,
+                           int64_t rows, float scale, bool accumulate) {
+    forward_query_tile(buffers, out, lse, view, i0, rows, scale, accumulate);
+  }
+  static void pair(BackwardBuffers& buffers, const HeadView& view, const GradView& grad, int64_t i0,
+                   int64_t rows, int64_t j0, int64_t cols, bool masked, bool keys_are_rows, float scale) {
+    backward_pair(buffers, view, grad, i0, rows, j0, cols, masked, keys_are_rows, scale);
+  }
+  // dk, dv rows [cols] of stride `stride`: zeroed unless accumulating.
+  static void begin_key_tile(BackwardBuffers&, float* dk, float* dv, int64_t stride, int64_t cols, int64_t d,
+                             bool accumulate) {
+    if (accumulate) return;
+    zero_rows(dk, stride, cols, d);
+    zero_rows(dv, stride, cols, d);
+  }
+  static void end_key_tile(BackwardBuffers&, float*, float*, int64_t, int64_t, int64_t) {}
+};
+
+// ---- bf16 products (AVX512-BF16) ----
+//
+// The bf16 kernel runs the same tiles, masks, softmax and schedules as the float32 one; only the six
+// products differ: their inputs are rounded to bf16 (round to nearest even) when a tile is packed, and each
+// product is vdpbf16ps, which adds two bf16 x bf16 products (exact in float32) to a float32 accumulator. So
+// the reduction dimension is consumed in pairs: a "pair" below is two bf16 in one uint32, the lower half the
+// even index. Every product has the shape of the float32 kernel's register blocks, with a pair in place of a
+// term:
+//   out[r][lane] (+)= sum_p a(r, p) . b[p][lane]
+// where a(r, p) is one pair broadcast to all lanes and b[p] a packed row of pairs, lane = one output column.
+// The packings (kTile = 64 tokens per tile, d the head width, pairs = ceil(d / 2)):
+//   rows   [kTile][pairs]: token rows rounded, columns in pairs (a as rows: a(r, p) = rows[r * pairs + p]);
+//   lanes  [pairs][kTile]: the same transposed, one token per lane (b of the score products);
+//   interleaved [kTile / 2][width]: rows 2t and 2t + 1 interleaved column by column (b of the products
+//               that reduce over tokens; read as a with a(r, p) = interleaved[p * width + r]).
+// Products, with i query and j key tokens of a tile pair:
+//   forward   S^T[j][i] = k_rows . q_lanes;          out[i][c] += P^T interleaved . v interleaved;
+//   backward  S[i][j] = q_rows . k_lanes, dP[i][j] = dout_rows . v_lanes (key tile packed), or
+//             S^T = k_rows . q_lanes, dP^T = v_rows . dout_lanes (query tile packed);
+//             dq[i][c] += dS_rows . k interleaved (or dS^T interleaved . k interleaved);
+//             dv^T[c][j] += dout interleaved . P interleaved, dk^T[c][j] += q interleaved . dS interleaved,
+//             into a per-key-tile accumulator [d][kTile] that is added to dk, dv (transposed) at the end of
+//             the key tile.
+// Each output element is one chain of vdpbf16ps over its pairs in ascending order whatever the layout, so
+// as in the float32 kernel the two backward schedules, and thus thread counts, give bitwise equal results.
+// Tokens and columns beyond a tile's count are packed as 0, so they add exact zeros.
+// The functions below carry their own target attribute, so the build stays portable; cpu_features() decides
+// at run time whether they may run.
+#define MESHTRAIN_AVX512_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
+
+// Lanes [0, remaining) of a 16-lane vector (none when remaining <= 0, all when >= 16).
+inline __mmask16 first_lanes(int64_t remaining) {
+  if (remaining <= 0) return 0;
+  return remaining >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << remaining) - 1u);
+}
+
+// rows[r * pairs + p] = (x_r[2p], x_r[2p + 1]) rounded to bf16 for r < count, x_r = x + r * stride; columns
+// >= width and rows [count, kTile) are 0.
+MESHTRAIN_AVX512_BF16 void round_rows(uint32_t* rows, int64_t pairs, const float* x, int64_t stride,
+                                      int64_t count, int64_t width) {
+  for (int64_t r = 0; r < kTile; ++r) {
+    uint32_t* out = rows + r * pairs;
+    if (r >= count) {
+      std::fill_n(out, pairs, 0u);
+      continue;
+    }
+    const float* source = x + r * stride;
+    for (int64_t c = 0; c < width; c += 32) {
+      const __m512 low = _mm512_maskz_loadu_ps(first_lanes(width - c), source + c);
+      const __m512 high = _mm512_maskz_loadu_ps(first_lanes(width - c - 16), source + c + 16);
+      const __m512bh both = _mm512_cvtne2ps_pbh(high, low);  // columns c .. c + 31 in order
+      _mm512_mask_storeu_epi32(out + c / 2, first_lanes(pairs - c / 2),
+                               reinterpret_cast<const __m512i&>(both));
+    }
+  }
+}
+
+// lanes[p * kTile + r] = rows[r * pairs + p]: the packed rows of a tile, one token per lane.
+void lanes_from_rows(uint32_t* lanes, const uint32_t* rows, int64_t pairs) {
+  for (int64_t r = 0; r < kTile; ++r) {
+    for (int64_t p = 0; p < pairs; ++p) lanes[p * kTile + r] = rows[r * pairs + p];
+  }
+}
+
+// interleaved[t * width_stride + c] = (x_2t[c], x_2t+1[c]) rounded to bf16 for t < kTile / 2 and c <
+// width_stride (a multiple of 16), x_r = x + r * stride; rows >= count and columns >= width are 0.
+MESHTRAIN_AVX512_BF16 void interleave_rows(uint32_t* interleaved, int64_t width_stride, const float* x,
+                                           int64_t stride, int64_t count, int64_t width) {
+  // Word e of the result takes word e / 2 of the first row (even e) or of the second row (odd e).
+  alignas(64) static constexpr uint16_t kZip[32] = {0,  16, 1,  17, 2,  18, 3,  19, 4,  20, 5,
+                                                    21, 6,  22, 7,  23, 8,  24, 9,  25, 10, 26,
+                                                    11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+  const __m512i zip = _mm512_load_si512(kZip);
+  for (int64_t t = 0; t < kTile / 2; ++t) {
+    uint32_t* out = interleaved + t * width_stride;
+    const int64_t first = 2 * t, second = 2 * t + 1;
+    if (first >= count) {
+      std::fill_n(out, width_stride, 0u);
+      continue;
+    }
+    for (int64_t c = 0; c < width_stride; c += 16) {
+      const __mmask16 mask = first_lanes(width - c);
+      const __m512 a = _mm512_maskz_loadu_ps(mask, x + first * stride + c);
+      const __m512 b =
+          second < count ? _mm512_maskz_loadu_ps(mask, x + second * stride + c) : _mm512_setzero_ps();
+      const __m512bh both = _mm512_cvtne2ps_pbh(b, a);  // a's 16 values, then b's
+      _mm512_storeu_si512(out + c, _mm512_permutexvar_epi16(zip, reinterpret_cast<const __m512i&>(both)));
+    }
+  }
+}
+
+// R rows x V vectors of bf16_product: R x V accumulators in registers; `last` masks the lanes of vector V
+// - 1.
+template <int R, int V>
+MESHTRAIN_AVX512_BF16 void bf16_block(float* out, int64_t out_stride, const uint32_t* a, int64_t a_row,
+                                      int64_t a_pair, const uint32_t* b, int64_t b_stride, int64_t pairs,
+                                      bool accumulate, __mmask16 last) {
+  __m512 acc[R][V];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 4
+    for (int v = 0; v < V; ++v) {
+      const __mmask16 mask = v == V - 1 ? last : static_cast<__mmask16>(0xffff);
+      acc[r][v] =
+          accumulate ? _mm512_maskz_loadu_ps(mask, out + r * out_stride + v * 16) : _mm512_setzero_ps();
+    }
+  }
+  for (int64_t p = 0; p < pairs; ++p) {
+    __m512i columns[V];
+#pragma GCC unroll 4
+    for (int v = 0; v < V; ++v) {
+      columns[v] = _mm512_loadu_si512(b + p * b_stride + v * 16);
+      __asm__("" : "+v"(columns[v]));  // keep in a register (see pin_register)
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const __m512i pair = _mm512_set1_epi32(static_cast<int32_t>(a[r * a_row + p * a_pair]));
+#pragma GCC unroll 4
+      for (int v = 0; v < V; ++v) {
+        acc[r][v] = _mm512_dpbf16_ps(acc[r][v], reinterpret_cast<const __m512bh&>(pair),
+                                     reinterpret_cast<const __m512bh&>(columns[v]));
+      }
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 4
+    for (int v = 0; v < V; ++v) {
+      const __mmask16 mask = v == V - 1 ? last : static_cast<__mmask16>(0xffff);
+      _mm512_mask_storeu_ps(out + r * out_stride + v * 16, mask, acc[r][v]);
+    }
+  }
+}
+
+// Rows [r0, r0 + R) of bf16_product, all lanes.
+template <int R>
+MESHTRAIN_AVX512_BF16 void bf16_rows(float* out, int64_t out_stride, int64_t lanes, const uint32_t* a,
+                                     int64_t a_row, int64_t a_pair, const uint32_t* b, int64_t b_stride,
+                                     int64_t pairs, bool accumulate) {
+  const int64_t vectors = (lanes + 15) / 16;
+  const __mmask16 tail = first_lanes(lanes - (vectors - 1) * 16);
+  int64_t v0 = 0;
+  for (; v0 + 4 <= vectors; v0 += 4) {
+    bf16_block<R, 4>(out + v0 * 16, out_stride, a, a_row, a_pair, b + v0 * 16, b_stride, pairs, accumulate,
+                     v0 + 4 == vectors ? tail : static_cast<__mmask16>(0xffff));
+  }
+  for (; v0 < vectors; ++v0) {
+    bf16_block<R, 1>(out + v0 * 16, out_stride, a, a_row, a_pair, b + v0 * 16, b_stride, pairs, accumulate,
+                     v0 + 1 == vectors ? tail : static_cast<__mmask16>(0xffff));
+  }
+}
+
+// out[r * out_stride + lane] (= or, with accumulate, +=) sum_{p < pairs} a(r, p) . b[p * b_stride + lane]
+// for r < rows and lane < lanes, a(r, p) = a[r * a_row + p * a_pair]: each term two bf16 products added in
+// float32 (vdpbf16ps), p ascending.
+MESHTRAIN_AVX512_BF16 void bf16_product(float* out, int64_t out_stride, int64_t rows, int64_t lanes,
+                                        const uint32_t* a, int64_t a_row, int64_t a_pair, const uint32_t* b,
+                                        int64_t b_stride, int64_t pairs, bool accumulate) {
+  int64_t r = 0;
+  for (; r + 4 <= rows; r += 4) {
+    bf16_rows<4>(out + r * out_stride, out_stride, lanes, a + r * a_row, a_row, a_pair, b, b_stride, pairs,
+                 accumulate);
+  }
+  for (; r < rows; ++r) {
+    bf16_rows<1>(out + r * out_stride, out_stride, lanes, a + r * a_row, a_row, a_pair, b, b_stride, pairs,
+                 accumulate);
+  }
+}
+
+// Per-thread buffers of the bf16 kernel, sized by the head width (heap: any d works). Packed tiles are
+// tagged with their source rows so that a tile used by many pairs is packed once.
+struct Bf16Buffers {
+  explicit Bf16Buffers(int64_t d)
+      : pairs((d + 1) / 2),
+        width(round_up(d, 16)),
+        token_rows(static_cast<size_t>(4 * kTile * pairs)),
+        token_lanes(static_cast<size_t>(4 * kTile * pairs)),
+        interleaved(static_cast<size_t>(4 * kTile / 2 * width)),
+        tile_pairs(static_cast<size_t>(2 * kTile / 2 * kTile)),
+        key_gradients(static_cast<size_t>(2 * d * kTile)) {}
+  static int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
+  // [kTile][pairs] rows / [pairs][kTile] lanes of operand `which` (0 q, 1 dout, 2 k, 3 v).
+  uint32_t* rows(int which) { return token_rows.data() + which * kTile * pairs; }
+  uint32_t* lanes(int which) { return token_lanes.data() + which * kTile * pairs; }
+  // [kTile / 2][width] interleaved operand `which` (0 q, 1 dout, 2 k, 3 v).
+  uint32_t* zipped(int which) { return interleaved.data() + which * kTile / 2 * width; }
+  // [kTile / 2][kTile] interleaved rows of P (0) or dS (1), or [kTile][kTile / 2] rows of dS (1).
+  uint32_t* tile(int which) { return tile_pairs.data() + which * kTile / 2 * kTile; }
+
+  int64_t pairs, width;
+  std::vector<uint32_t> token_rows, token_lanes, interleaved, tile_pairs;
+  std::vector<float> key_gradients;   // dk^T, dv^T [d][kTile] of the key tile in progress
+  const float* packed_lanes[4] = {};  // source rows of lanes(which)
+  int64_t packed_count[4] = {};
+  const float* packed_keys = nullptr;  // source rows of zipped(2) (k interleaved)
+  int64_t packed_key_count = 0;
+  // Forward and backward state as in the float32 kernel.
+  PairLanes lanes_state;
+  SoftmaxRows softmax;
+  alignas(64) float probs[kTile * kTile];
+  alignas(64) float dscores[kTile * kTile];
+};
+
+// lanes(which) = token rows [count] of x (stride `stride`) one per lane, unless it already holds them.
+void pack_lanes(Bf16Buffers& t, int which, const float* x, int64_t stride, int64_t count, int64_t d) {
+  if (t.packed_lanes[which] == x && t.packed_count[which] == count) return;
+  round_rows(t.rows(which), t.pairs, x, stride, count, d);
+  lanes_from_rows(t.lanes(which), t.rows(which), t.pairs);
+  t.packed_lanes[which] = x;
+  t.packed_count[which] = count;
+}
+
+// zipped(2) = k rows [count] interleaved, unless it already holds them.
+void pack_keys_zipped(Bf16Buffers& t, const float* k, int64_t stride, int64_t count, int64_t d) {
+  if (t.packed_keys == k && t.packed_key_count == count) return;
+  interleave_rows(t.zipped(2), t.width, k, stride, count, d);
+  t.packed_keys = k;
+  t.packed_key_count = count;
+}
+
+// The bf16 forward of query rows [i0, i0 + rows) of one head: forward_query_tile with bf16 products.
+void forward_query_tile_bf16(Bf16Buffers& t, float* out, float* lse, const HeadView& view, int64_t i0,
+                             int64_t rows, float scale, bool accumulate) {
+  const int64_t d = view.d, pairs = t.pairs;
+  start_query_rows(t.softmax, out, lse, view, i0, rows, accumulate);
+  lane_tokens(t.lanes_state.tokens, view.q_positions, view.q_segment_ids, i0, rows,
+              std::numeric_limits<int32_t>::min());
+  pack_lanes(t, 0, view.q + i0 * view.q_stride, view.q_stride, rows, d);
+  const TileBounds query_bounds = tile_bounds(view.q_positions, view.q_segment_ids, i0, i0 + rows);
+  for (int64_t j0 = 0; j0 < view.Skv; j0 += kTile) {
+    const int64_t cols = std::min(view.Skv - j0, kTile);
+    const TileBounds key_bounds = tile_bounds(view.kv_positions, view.kv_segment_ids, j0, j0 + cols);
+    if (fully_masked(query_bounds, key_bounds)) continue;
+    // S^T [cols][kTile] = k_rows . q_lanes.
+    round_rows(t.rows(2), pairs, view.k + j0 * view.kv_stride, view.kv_stride, cols, d);
+    bf16_product(t.probs, kTile, cols, kTile, t.rows(2), pairs, 1, t.lanes(0), kTile, pairs, false);
+    const bool masked = !fully_visible(query_bounds, key_bounds);
+    scale_and_mask(t.probs, view.kv_positions, view.kv_segment_ids, t.lanes_state.tokens, j0, cols, true,
+                   masked, scale);
+    online_softmax_tile(t.softmax, t.probs, cols, out, view, i0, rows);
+    // out[i][c] += sum_j P^T[j][i] v[j][c]: a(i, t) = (P^T[2t][i], P^T[2t + 1][i]).
+    interleave_rows(t.tile(0), kTile, t.probs, kTile, cols, kTile);
+    interleave_rows(t.zipped(3), t.width, view.v + j0 * view.kv_stride, view.kv_stride, cols, d);
+    bf16_product(out + i0 * view.q_stride, view.q_stride, rows, d, t.tile(0), 1, kTile, t.zipped(3), t.width,
+                 (cols + 1) / 2, true);
+  }
+  finish_query_rows(t.softmax, out, lse, view, i0, rows);
+}
+
+// The bf16 backward of one tile pair: backward_pair with bf16 products. dk, dv go to the key tile's
+// accumulators (begin_key_tile / end_key_tile), so only the key-tile-packed layout writes them.
+void backward_pair_bf16(Bf16Buffers& t, const HeadView& view, const GradView& grad, int64_t i0, int64_t rows,
+                        int64_t j0, int64_t cols, bool masked, bool keys_are_rows, float scale) {
+  const int64_t d = view.d, qs = view.q_stride, kvs = view.kv_stride, pairs = t.pairs;
+  const float* q_rows = view.q + i0 * qs;
+  const float* dout_rows = grad.dout + i0 * qs;
+  const float* k_rows = view.k + j0 * kvs;
+  const float* v_rows = view.v + j0 * kvs;
+  if (keys_are_rows) {  // S^T = k_rows . q_lanes, dP^T = v_rows . dout_lanes
+    pack_lanes(t, 0, q_rows, qs, rows, d);
+    pack_lanes(t, 1, dout_rows, qs, rows, d);
+    round_rows(t.rows(2), pairs, k_rows, kvs, cols, d);
+    round_rows(t.rows(3), pairs, v_rows, kvs, cols, d);
+    bf16_product(t.probs, kTile, cols, kTile, t.rows(2), pairs, 1, t.lanes(0), kTile, pairs, false);
+    bf16_product(t.dscores, kTile, cols, kTile, t.rows(3), pairs, 1, t.lanes(1), kTile, pairs, false);
+  } else {  // S = q_rows . k_lanes, dP = dout_rows . v_lanes
+    pack_lanes(t, 2, k_rows, kvs, cols, d);
+    pack_lanes(t, 3, v_rows, kvs, cols, d);
+    round_rows(t.rows(0), pairs, q_rows, qs, rows, d);
+    round_rows(t.rows(1), pairs, dout_rows, qs, rows, d);
+    bf16_product(t.probs, kTile, rows, kTile, t.rows(0), pairs, 1, t.lanes(2), kTile, pairs, false);
+    bf16_product(t.dscores, kTile, rows, kTile, t.rows(1), pairs, 1, t.lanes(3), kTile, pairs, false);
+  }
+  probabilities_and_score_gradients(t.probs, t.dscores, t.lanes_state, view, grad, i0, rows, j0, cols, masked,
+                                    keys_are_rows, scale);
+  const int64_t key_pairs = (cols + 1) / 2, query_pairs = (rows + 1) / 2;
+  if (grad.dq != nullptr) {  // dq[i][c] += sum_j dS[i][j] k[j][c]
+    pack_keys_zipped(t, k_rows, kvs, cols, d);
+    if (keys_are_rows) {
+      interleave_rows(t.tile(1), kTile, t.dscores, kTile, cols, kTile);
+      bf16_product(grad.dq + i0 * qs, qs, rows, d, t.tile(1), 1, kTile, t.zipped(2), t.width, key_pairs,
+                   true);
+    } else {
+      round_rows(t.tile(1), kTile / 2, t.dscores, kTile, rows, kTile);
+      bf16_product(grad.dq + i0 * qs, qs, rows, d, t.tile(1), kTile / 2, 1, t.zipped(2), t.width, key_pairs,
+                   true);
+    }
+  }
+  if (grad.dk != nullptr) {  // dv^T[c][j] += sum_i dout[i][c] P[i][j], dk^T[c][j] += sum_i q[i][c] dS[i][j]
+    float* dk_t = t.key_gradients.data();
+    float* dv_t = dk_t + d * kTile;
+    interleave_rows(t.zipped(1), t.width, dout_rows, qs, rows, d);
+    interleave_rows(t.tile(0), kTile, t.probs, kTile, rows, kTile);
+    bf16_product(dv_t, kTile, d, kTile, t.zipped(1), 1, t.width, t.tile(0), kTile, query_pairs, true);
+    interleave_rows(t.zipped(0), t.width, q_rows, qs, rows, d);
+    interleave_rows(t.tile(1), kTile, t.dscores, kTile, rows, kTile);
+    bf16_product(dk_t, kTile, d, kTile, t.zipped(0), 1, t.width, t.tile(1), kTile, query_pairs, true);
+  }
+}
+
+// The bf16 kernel as the schedules below use it: dk / dv of a key tile accumulate transposed in the
+// thread's buffers from begin_key_tile to end_key_tile.
+struct Bf16Kernel {
+  using Forward = Bf16Buffers;
+  using Backward = Bf16Buffers;
+  static void forward_tile(Bf16Buffers& t, float* out, float* lse, const HeadView& view, int64_t i0,
+                           int64_t rows, float scale, bool accumulate) {
+    forward_query_tile_bf16(t, out, lse, view, i0, rows, scale, accumulate);
+  }
+  static void pair(Bf16Buffers& t, const HeadView& view, const GradView& grad, int64_t i0, int64_t rows,
+                   int64_t j0, int64_t cols, bool masked, bool keys_are_rows, float scale) {
+    backward_pair_bf16(t, view, grad, i0, rows, j0, cols, masked, keys_are_rows, scale);
+  }
+  // Accumulators [d][kTile] = dk, dv rows [cols] (stride `stride`) transposed when accumulating, else 0.
+  static void begin_key_tile(Bf16Buffers& t, float* dk, float* dv, int64_t stride, int64_t cols, int64_t d,
+                             bool accumulate) {
+    float* dk_t = t.key_gradients.data();
+    float* dv_t = dk_t + d * kTile;
+    std::fill_n(dk_t, 2 * d * kTile, 0.0f);
+    if (!accumulate) return;
+    for (int64_t j = 0; j < cols; ++j) {
+      for (int64_t c = 0; c < d; ++c) {
+        dk_t[c * kTile + j] = dk[j * stride + c];
+        dv_t[c * kTile + j] = dv[j * stride + c];
+      }
+    }
+  }
+  // dk, dv rows [cols] = the accumulators transposed.
+  static void end_key_tile(Bf16Buffers& t, float* dk, float* dv, int64_t stride, int64_t cols, int64_t d) {
+    const float* dk_t = t.key_gradients.data();
+    const float* dv_t = dk_t + d * kTile;
+    for (int64_t j = 0; j < cols; ++j) {
+      for (int64_t c = 0; c < d; ++c) {
+        dk[j * stride + c] = dk_t[c * kTile + j];
+        dv[j * stride + c] = dv_t[c * kTile + j];
+      }
+    }
+  }
+};
+
+// Forward over a query set and a key / value set with Kernel (Float32Kernel or Bf16Kernel): one task per
+// (batch, query head, query tile), each thread with its own buffers.
+template <class Kernel>
 void forward_sets(float* out, float* lse, const float* q, const float* k, const float* v,
                   const TokenSets& sets, int64_t B, int64_t H, int64_t K, int64_t d, bool accumulate) {
   MT_CHECK(K > 0 && H % K == 0, "query heads must be a multiple of kv heads");
@@ -563,20 +992,26 @@ void forward_sets(float* out, float* lse, const float* q, const float* k, const 
   const int64_t Sq = sets.Sq;
   const int64_t query_tiles = (Sq + kTile - 1) / kTile;
   const int64_t tasks = B * H * query_tiles;
-  // Later query tiles see more keys under a causal mask: hand them out first so dynamic scheduling ends
-  // with the cheap ones.
-#pragma omp parallel for schedule(dynamic, 1)
-  for (int64_t task = 0; task < tasks; ++task) {
-    const int64_t tile = query_tiles - 1 - task % query_tiles;
-    const int64_t bh = task / query_tiles, b = bh / H, h = bh % H;
-    const HeadView view = head_view(q, k, v, sets, b, h, H, K, d);
-    const int64_t i0 = tile * kTile;
-    forward_query_tile(out + (b * Sq * H + h) * d, lse + bh * Sq, view, i0, std::min(Sq - i0, kTile), scale,
-                       accumulate);
+#pragma omp parallel
+  {
+    typename Kernel::Forward buffers(d);
+    // Later query tiles see more keys under a causal mask: hand them out first so dynamic scheduling ends
+    // with the cheap ones.
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t task = 0; task < tasks; ++task) {
+      const int64_t tile = query_tiles - 1 - task % query_tiles;
+      const int64_t bh = task / query_tiles, b = bh / H, h = bh % H;
+      const HeadView view = head_view(q, k, v, sets, b, h, H, K, d);
+      const int64_t i0 = tile * kTile;
+      Kernel::forward_tile(buffers, out + (b * Sq * H + h) * d, lse + bh * Sq, view, i0,
+                           std::min(Sq - i0, kTile), scale, accumulate);
+    }
   }
 }
 
-// Backward over a query set and a key / value set; with `accumulate` dq, dk, dv are added to, else written.
+// Backward over a query set and a key / value set with Kernel; with `accumulate` dq, dk, dv are added to,
+// else written.
+template <class Kernel>
 void backward_sets(float* dq, float* dk, float* dv, const float* dout, const float* out, const float* lse,
                    const float* q, const float* k, const float* v, const TokenSets& sets, int64_t B,
                    int64_t H, int64_t K, int64_t d, bool accumulate, float* scratch) {
@@ -602,7 +1037,7 @@ void backward_sets(float* dq, float* dk, float* dv, const float* dout, const flo
     row_dot[index] = total;
   }
 
-  // Gradient views of (b, h); the null members select which side backward_pair writes.
+  // Gradient views of (b, h); the null members select which side the pair writes.
   const auto grad_view = [&](int64_t b, int64_t h, bool want_dq, bool want_dkdv) {
     const int64_t g = h / group;
     return GradView{want_dq ? dq + (b * Sq * H + h) * d : nullptr,
@@ -613,12 +1048,11 @@ void backward_sets(float* dq, float* dk, float* dv, const float* dout, const flo
                     row_dot + (b * H + h) * Sq};
   };
   // All query tiles of the group's heads against key tile [j0, j0 + cols) (layout: key tile packed once).
-  const auto key_tile = [&](BackwardBuffers& buffers, int64_t b, int64_t g, int64_t j0, int64_t cols,
-                            bool want_dq) {
-    if (!accumulate) {
-      zero_rows(dk + ((b * Skv + j0) * K + g) * d, K * d, cols, d);
-      zero_rows(dv + ((b * Skv + j0) * K + g) * d, K * d, cols, d);
-    }
+  const auto key_tile = [&](typename Kernel::Backward& buffers, int64_t b, int64_t g, int64_t j0,
+                            int64_t cols, bool want_dq) {
+    float* dk_tile = dk + ((b * Skv + j0) * K + g) * d;
+    float* dv_tile = dv + ((b * Skv + j0) * K + g) * d;
+    Kernel::begin_key_tile(buffers, dk_tile, dv_tile, K * d, cols, d, accumulate);
     const TileBounds key_bounds =
         tile_bounds(sets.kv_positions + b * Skv,
                     sets.kv_segment_ids == nullptr ? nullptr : sets.kv_segment_ids + b * Skv, j0, j0 + cols);
@@ -629,10 +1063,11 @@ void backward_sets(float* dq, float* dk, float* dv, const float* dout, const flo
         const int64_t rows = std::min(Sq - i0, kTile);
         const TileBounds query_bounds = tile_bounds(view.q_positions, view.q_segment_ids, i0, i0 + rows);
         if (fully_masked(query_bounds, key_bounds)) continue;
-        backward_pair(buffers, view, grad, i0, rows, j0, cols, !fully_visible(query_bounds, key_bounds),
-                      false, scale);
+        Kernel::pair(buffers, view, grad, i0, rows, j0, cols, !fully_visible(query_bounds, key_bounds), false,
+                     scale);
       }
     }
+    Kernel::end_key_tile(buffers, dk_tile, dv_tile, K * d, cols, d);
   };
 
   // Owner schedule when B*K tasks fill at least 3/4 of the thread-rounds they need (the split schedule
@@ -641,48 +1076,59 @@ void backward_sets(float* dq, float* dk, float* dv, const float* dout, const flo
   const int64_t owners = B * K;
   const int64_t rounds = (owners + threads - 1) / threads;
   if (4 * owners >= 3 * rounds * threads) {
-#pragma omp parallel for schedule(dynamic, 1)
-    for (int64_t owner = 0; owner < owners; ++owner) {
-      BackwardBuffers buffers;
-      const int64_t b = owner / K, g = owner % K;
-      if (!accumulate) {
-        for (int64_t h = g * group; h < (g + 1) * group; ++h)
-          zero_rows(dq + (b * Sq * H + h) * d, H * d, Sq, d);
+#pragma omp parallel
+    {
+      typename Kernel::Backward buffers(d);
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t owner = 0; owner < owners; ++owner) {
+        const int64_t b = owner / K, g = owner % K;
+        if (!accumulate) {
+          for (int64_t h = g * group; h < (g + 1) * group; ++h)
+            zero_rows(dq + (b * Sq * H + h) * d, H * d, Sq, d);
+        }
+        for (int64_t j0 = 0; j0 < Skv; j0 += kTile)
+          key_tile(buffers, b, g, j0, std::min(Skv - j0, kTile), true);
       }
-      for (int64_t j0 = 0; j0 < Skv; j0 += kTile)
-        key_tile(buffers, b, g, j0, std::min(Skv - j0, kTile), true);
     }
     return;
   }
 
-  // Split schedule, pass 1: dk, dv per (batch, kv head, key tile); early key tiles are seen by more
-  // queries, so they go first.
-#pragma omp parallel for schedule(dynamic, 1)
-  for (int64_t task = 0; task < B * K * key_tiles; ++task) {
-    BackwardBuffers buffers;
-    const int64_t j0 = (task % key_tiles) * kTile, owner = task / key_tiles;
-    key_tile(buffers, owner / K, owner % K, j0, std::min(Skv - j0, kTile), false);
-  }
-  // Pass 2: dq per (batch, query head, query tile), key tiles ascending as in the owner schedule, layout
-  // with the query tile packed once.
-#pragma omp parallel for schedule(dynamic, 1)
-  for (int64_t task = 0; task < B * H * query_tiles; ++task) {
-    BackwardBuffers buffers;
-    const int64_t tile = query_tiles - 1 - task % query_tiles, bh = task / query_tiles, b = bh / H,
-                  h = bh % H;
-    const int64_t i0 = tile * kTile, rows = std::min(Sq - i0, kTile);
-    const HeadView view = head_view(q, k, v, sets, b, h, H, K, d);
-    const GradView grad = grad_view(b, h, true, false);
-    if (!accumulate) zero_rows(grad.dq + i0 * H * d, H * d, rows, d);
-    const TileBounds query_bounds = tile_bounds(view.q_positions, view.q_segment_ids, i0, i0 + rows);
-    for (int64_t j0 = 0; j0 < Skv; j0 += kTile) {
-      const int64_t cols = std::min(Skv - j0, kTile);
-      const TileBounds key_bounds = tile_bounds(view.kv_positions, view.kv_segment_ids, j0, j0 + cols);
-      if (fully_masked(query_bounds, key_bounds)) continue;
-      backward_pair(buffers, view, grad, i0, rows, j0, cols, !fully_visible(query_bounds, key_bounds), true,
-                    scale);
+#pragma omp parallel
+  {
+    typename Kernel::Backward buffers(d);
+    // Split schedule, pass 1: dk, dv per (batch, kv head, key tile); early key tiles are seen by more
+    // queries, so they go first.
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t task = 0; task < B * K * key_tiles; ++task) {
+      const int64_t j0 = (task % key_tiles) * kTile, owner = task / key_tiles;
+      key_tile(buffers, owner / K, owner % K, j0, std::min(Skv - j0, kTile), false);
+    }
+    // Pass 2 (after the implicit barrier): dq per (batch, query head, query tile), key tiles ascending as in
+    // the owner schedule, layout with the query tile packed once.
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t task = 0; task < B * H * query_tiles; ++task) {
+      const int64_t tile = query_tiles - 1 - task % query_tiles, bh = task / query_tiles, b = bh / H,
+                    h = bh % H;
+      const int64_t i0 = tile * kTile, rows = std::min(Sq - i0, kTile);
+      const HeadView view = head_view(q, k, v, sets, b, h, H, K, d);
+      const GradView grad = grad_view(b, h, true, false);
+      if (!accumulate) zero_rows(grad.dq + i0 * H * d, H * d, rows, d);
+      const TileBounds query_bounds = tile_bounds(view.q_positions, view.q_segment_ids, i0, i0 + rows);
+      for (int64_t j0 = 0; j0 < Skv; j0 += kTile) {
+        const int64_t cols = std::min(Skv - j0, kTile);
+        const TileBounds key_bounds = tile_bounds(view.kv_positions, view.kv_segment_ids, j0, j0 + cols);
+        if (fully_masked(query_bounds, key_bounds)) continue;
+        Kernel::pair(buffers, view, grad, i0, rows, j0, cols, !fully_visible(query_bounds, key_bounds), true,
+                     scale);
+      }
     }
   }
+}
+
+// The bf16 kernels need AVX512-BF16; the engine refuses dtype=bfloat16 without it before this is reached.
+void check_bf16_attention_cpu() {
+  MT_CHECK(cpu_features().avx512_bf16, "bf16 attention needs a CPU with AVX512-BF16 (this one: " +
+                                           cpu_features().describe() + "): run with dtype=float32");
 }
 
 }  // namespace
@@ -699,25 +1145,25 @@ int64_t attention_backward_scratch_floats(int64_t B, int64_t S, int64_t H, int64
 void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
                        const int32_t* positions, const int32_t* segment_ids, int64_t B, int64_t S, int64_t H,
                        int64_t K, int64_t d) {
-  forward_sets(out, lse, q, k, v, TokenSets{positions, segment_ids, positions, segment_ids, S, S}, B, H, K, d,
-               false);
+  context_attention_forward(out, lse, q, k, v, positions, segment_ids, positions, segment_ids, B, S, S, H, K,
+                            d, false);
 }
 
 void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* out,
                         const float* lse, const float* q, const float* k, const float* v,
                         const int32_t* positions, const int32_t* segment_ids, int64_t B, int64_t S, int64_t H,
                         int64_t K, int64_t d, float* scratch) {
-  backward_sets(dq, dk, dv, dout, out, lse, q, k, v,
-                TokenSets{positions, segment_ids, positions, segment_ids, S, S}, B, H, K, d, false, scratch);
+  context_attention_backward(dq, dk, dv, dout, out, lse, q, k, v, positions, segment_ids, positions,
+                             segment_ids, B, S, S, H, K, d, false, scratch);
 }
 
 void context_attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
                                const int32_t* q_positions, const int32_t* q_segment_ids,
                                const int32_t* kv_positions, const int32_t* kv_segment_ids, int64_t B,
                                int64_t Sq, int64_t Skv, int64_t H, int64_t K, int64_t d, bool accumulate) {
-  forward_sets(out, lse, q, k, v,
-               TokenSets{q_positions, q_segment_ids, kv_positions, kv_segment_ids, Sq, Skv}, B, H, K, d,
-               accumulate);
+  forward_sets<Float32Kernel>(out, lse, q, k, v,
+                              TokenSets{q_positions, q_segment_ids, kv_positions, kv_segment_ids, Sq, Skv}, B,
+                              H, K, d, accumulate);
 }
 
 void context_attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* out,
@@ -726,9 +1172,48 @@ void context_attention_backward(float* dq, float* dk, float* dv, const float* do
                                 const int32_t* kv_positions, const int32_t* kv_segment_ids, int64_t B,
                                 int64_t Sq, int64_t Skv, int64_t H, int64_t K, int64_t d, bool accumulate,
                                 float* scratch) {
-  backward_sets(dq, dk, dv, dout, out, lse, q, k, v,
-                TokenSets{q_positions, q_segment_ids, kv_positions, kv_segment_ids, Sq, Skv}, B, H, K, d,
-                accumulate, scratch);
+  backward_sets<Float32Kernel>(dq, dk, dv, dout, out, lse, q, k, v,
+                               TokenSets{q_positions, q_segment_ids, kv_positions, kv_segment_ids, Sq, Skv},
+                               B, H, K, d, accumulate, scratch);
+}
+
+// The bf16 entries: the same schedules with Bf16Kernel; self-attention as above.
+void attention_forward_bf16(float* out, float* lse, const float* q, const float* k, const float* v,
+                            const int32_t* positions, const int32_t* segment_ids, int64_t B, int64_t S,
+                            int64_t H, int64_t K, int64_t d) {
+  context_attention_forward_bf16(out, lse, q, k, v, positions, segment_ids, positions, segment_ids, B, S, S,
+                                 H, K, d, false);
+}
+
+void attention_backward_bf16(float* dq, float* dk, float* dv, const float* dout, const float* out,
+                             const float* lse, const float* q, const float* k, const float* v,
+                             const int32_t* positions, const int32_t* segment_ids, int64_t B, int64_t S,
+                             int64_t H, int64_t K, int64_t d, float* scratch) {
+  context_attention_backward_bf16(dq, dk, dv, dout, out, lse, q, k, v, positions, segment_ids, positions,
+                                  segment_ids, B, S, S, H, K, d, false, scratch);
+}
+
+void context_attention_forward_bf16(float* out, float* lse, const float* q, const float* k, const float* v,
+                                    const int32_t* q_positions, const int32_t* q_segment_ids,
+                                    const int32_t* kv_positions, const int32_t* kv_segment_ids, int64_t B,
+                                    int64_t Sq, int64_t Skv, int64_t H, int64_t K, int64_t d,
+                                    bool accumulate) {
+  check_bf16_attention_cpu();
+  forward_sets<Bf16Kernel>(out, lse, q, k, v,
+                           TokenSets{q_positions, q_segment_ids, kv_positions, kv_segment_ids, Sq, Skv}, B, H,
+                           K, d, accumulate);
+}
+
+void context_attention_backward_bf16(float* dq, float* dk, float* dv, const float* dout, const float* out,
+                                     const float* lse, const float* q, const float* k, const float* v,
+                                     const int32_t* q_positions, const int32_t* q_segment_ids,
+                                     const int32_t* kv_positions, const int32_t* kv_segment_ids, int64_t B,
+                                     int64_t Sq, int64_t Skv, int64_t H, int64_t K, int64_t d,
+                                     bool accumulate, float* scratch) {
+  check_bf16_attention_cpu();
+  backward_sets<Bf16Kernel>(dq, dk, dv, dout, out, lse, q, k, v,
+                            TokenSets{q_positions, q_segment_ids, kv_positions, kv_segment_ids, Sq, Skv}, B,
+                            H, K, d, accumulate, scratch);
 }
 
 int64_t context_attention_backward_scratch_floats(int64_t B, int64_t Sq, int64_t H) {

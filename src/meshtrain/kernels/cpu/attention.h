@@ -89,6 +89,17 @@ ContextAttentionBackward context_attention_backward;
 // Floats of scratch context_attention_backward needs: B*H*Sq.
 ContextAttentionBackwardScratchFloats context_attention_backward_scratch_floats;
 
+// dtype=bfloat16: the four kernels above with every matrix product in bf16 (q, k, v, dout stay float32 in
+// memory and are rounded to bf16 as tiles are packed; P and dS are rounded to bf16 for the products that
+// take them; each product accumulates in float32, and the softmax statistics, lse and rowsum(dout * out)
+// stay float32). Same arguments, layouts, masks, scratch, accumulate semantics and determinism (bitwise
+// independent of the thread count) as the float32 entries; needs AVX512-BF16 (vdpbf16ps), checked at run
+// time. Any head width and sequence length (see attention.cpp, "bf16 products").
+AttentionForward attention_forward_bf16;
+AttentionBackward attention_backward_bf16;
+ContextAttentionForward context_attention_forward_bf16;
+ContextAttentionBackward context_attention_backward_bf16;
+
 namespace attention_detail {
 
 // The mask rule of the references: may query i (of q_positions / q_segment_ids) see key j (of

@@ -1,6 +1,7 @@
 // The cpu backend's kernel table: every entry is the cpu function of the same name.
 #include "meshtrain/kernels/cpu/backend.h"
 
+#include "meshtrain/core/cpu_features.h"
 #include "meshtrain/kernels/cpu/adamw.h"
 #include "meshtrain/kernels/cpu/attention.h"
 #include "meshtrain/kernels/cpu/column_slice.h"
@@ -40,6 +41,13 @@ DType compute_dtype_matmul_inputs(DType compute) {
 const KernelBackend& cpu_backend() {
   // Designated initialisers in declaration order; tests/unit/kernels/test_backend.cpp checks that no entry
   // is left null.
+  // The bf16 attention kernels (vdpbf16ps products) where they pay: on CPUs with AVX512-BF16 and no AMX.
+  // On the Xeon with AMX (family 6 model 207) vdpbf16ps runs at a quarter of vfmadd's instruction rate, so
+  // half its flops (105-113 against 198-234 GFLOP/s per core, measured), and the bf16 kernels ran at
+  // 0.65-0.75x of the float32 ones there (bench/README.md, "Attention: bf16 products"): those CPUs keep
+  // float32 attention until an AMX kernel exists. (The engine refuses dtype=bfloat16 on a CPU with neither
+  // AVX512-BF16 nor AMX.)
+  const bool bf16_attention = cpu_features().avx512_bf16 && !cpu_features().amx_bf16;
   static const KernelBackend table{
       .name = "cpu",
       .device_check = host_device_check,
@@ -88,6 +96,12 @@ const KernelBackend& cpu_backend() {
       .context_attention_backward = context_attention_backward,
       .context_attention_backward_scratch_floats = context_attention_backward_scratch_floats,
       .attention_decode = attention_decode,
+      .attention_forward_bf16 = bf16_attention ? attention_forward_bf16 : attention_forward,
+      .attention_backward_bf16 = bf16_attention ? attention_backward_bf16 : attention_backward,
+      .context_attention_forward_bf16 =
+          bf16_attention ? context_attention_forward_bf16 : context_attention_forward,
+      .context_attention_backward_bf16 =
+          bf16_attention ? context_attention_backward_bf16 : context_attention_backward,
       .moe_router_forward = moe_router_forward,
       .moe_router_backward = moe_router_backward,
       .moe_balance_loss_forward = moe_balance_loss_forward,

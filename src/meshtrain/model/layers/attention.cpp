@@ -114,6 +114,7 @@ BufferId add_attention_block(SpecBuilder& builder, const std::string& prefix, Bu
   const BufferId attended = builder.activation(attention + "/attended", q_shape);
   const BufferId v = value.out;
   const int64_t B = m.B, S = m.S, H = m.H, K = m.K, d = m.d;
+  const DType compute = spec.config.dtype;  // bfloat16: the backend's bf16 attention kernels
   // Context parallel: each rank's queries attend to keys of the whole sequence (the causal half on
   // average; under a reorder that balances it, on every rank).
   const int64_t context = context_ranks(builder);
@@ -133,9 +134,9 @@ BufferId add_attention_block(SpecBuilder& builder, const std::string& prefix, Bu
                      {attended, lse},
                      attention_flops,
                      [=](const OpContext& c) {
-                       c.kernels->attention_forward(c.f32(attended), c.f32(lse), c.f32(q_rotated),
-                                                    c.f32(k_rotated), c.f32(v), c.i32(positions),
-                                                    c.i32(segment_ids), B, S, H, K, d);
+                       kernels::attention_kernels(*c.kernels, compute)
+                           .forward(c.f32(attended), c.f32(lse), c.f32(q_rotated), c.f32(k_rotated), c.f32(v),
+                                    c.i32(positions), c.i32(segment_ids), B, S, H, K, d);
                      },
                      OpKind::attention});
     attention_backward.push_back(
@@ -144,10 +145,10 @@ BufferId add_attention_block(SpecBuilder& builder, const std::string& prefix, Bu
          {d_q_rotated, d_k_rotated, d_v, attention_scratch},
          2.5 * attention_flops,  // dq, dk, dv plus recomputing the scores
          [=](const OpContext& c) {
-           c.kernels->attention_backward(c.f32(d_q_rotated), c.f32(d_k_rotated), c.f32(d_v),
-                                         c.f32(d_attended), c.f32(attended), c.f32(lse), c.f32(q_rotated),
-                                         c.f32(k_rotated), c.f32(v), c.i32(positions), c.i32(segment_ids), B,
-                                         S, H, K, d, c.f32(attention_scratch));
+           kernels::attention_kernels(*c.kernels, compute)
+               .backward(c.f32(d_q_rotated), c.f32(d_k_rotated), c.f32(d_v), c.f32(d_attended),
+                         c.f32(attended), c.f32(lse), c.f32(q_rotated), c.f32(k_rotated), c.f32(v),
+                         c.i32(positions), c.i32(segment_ids), B, S, H, K, d, c.f32(attention_scratch));
          },
          OpKind::attention});
   }

@@ -14,6 +14,7 @@ BufferId add_mla_block(SpecBuilder& builder, const std::string& prefix, BufferId
   const ModelSpec& spec = builder.spec();
   const MlaOptions& widths = spec.options.mla;
   const int64_t B = m.B, S = m.S, N = m.N, D = m.D, H = m.H;
+  const DType compute = spec.config.dtype;  // bfloat16: the backend's bf16 attention kernels
   const int64_t r_q = widths.q_lora_rank, r_kv = widths.kv_lora_rank;
   const int64_t nope = widths.qk_nope_head_dim, rope = widths.qk_rope_head_dim, v_dim = widths.v_head_dim;
   const int64_t dq = nope + rope, kv_b_width = nope + v_dim;
@@ -214,9 +215,9 @@ BufferId add_mla_block(SpecBuilder& builder, const std::string& prefix, BufferId
                      {o, lse},
                      attention_flops,
                      [=](const OpContext& ctx) {
-                       ctx.kernels->attention_forward(ctx.f32(o), ctx.f32(lse), ctx.f32(q), ctx.f32(k),
-                                                      ctx.f32(v), ctx.i32(positions), ctx.i32(segment_ids), B,
-                                                      S, H, H, dq);
+                       kernels::attention_kernels(*ctx.kernels, compute)
+                           .forward(ctx.f32(o), ctx.f32(lse), ctx.f32(q), ctx.f32(k), ctx.f32(v),
+                                    ctx.i32(positions), ctx.i32(segment_ids), B, S, H, H, dq);
                      },
                      OpKind::attention});
     core_backward.push_back({attention + "/attention_backward",
@@ -224,10 +225,11 @@ BufferId add_mla_block(SpecBuilder& builder, const std::string& prefix, BufferId
                              {d_q, d_k, d_v, attention_scratch},
                              2.5 * attention_flops,  // dq, dk, dv plus recomputing the scores
                              [=](const OpContext& ctx) {
-                               ctx.kernels->attention_backward(
-                                   ctx.f32(d_q), ctx.f32(d_k), ctx.f32(d_v), ctx.f32(d_o), ctx.f32(o),
-                                   ctx.f32(lse), ctx.f32(q), ctx.f32(k), ctx.f32(v), ctx.i32(positions),
-                                   ctx.i32(segment_ids), B, S, H, H, dq, ctx.f32(attention_scratch));
+                               kernels::attention_kernels(*ctx.kernels, compute)
+                                   .backward(ctx.f32(d_q), ctx.f32(d_k), ctx.f32(d_v), ctx.f32(d_o),
+                                             ctx.f32(o), ctx.f32(lse), ctx.f32(q), ctx.f32(k), ctx.f32(v),
+                                             ctx.i32(positions), ctx.i32(segment_ids), B, S, H, H, dq,
+                                             ctx.f32(attention_scratch));
                              },
                              OpKind::attention});
   }

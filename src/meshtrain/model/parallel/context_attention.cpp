@@ -74,6 +74,7 @@ std::vector<OpDecl> add_all_gather_attention(SpecBuilder& builder, const std::st
   const ModelDims& m = builder.dims();
   const ModelSpec& spec = builder.spec();
   const int64_t B = m.B, L = m.S, H = m.H, K = m.K, d = m.d;
+  const DType compute = spec.config.dtype;  // bfloat16: the backend's bf16 attention kernels
   const int64_t C = context_ranks(builder), Skv = L * C;
   const BufferId positions = spec.positions, segment_ids = spec.segment_ids;
   const Shape kv_by_rank =
@@ -136,19 +137,20 @@ std::vector<OpDecl> add_all_gather_attention(SpecBuilder& builder, const std::st
     return reads;
   };
   const BufferId q = io.q, attended = io.attended, lse = io.lse;
-  builder.forward(
-      {attention + "/attention_forward",
-       with_tokens({q, key_whole, value_whole}),
-       {attended, lse},
-       flops,
-       [=](const OpContext& c) {
-         const int32_t* q_segments = segment_ids == kNoBuffer ? nullptr : c.i32(segment_ids);
-         const int32_t* kv_segments = kv_segment_ids == kNoBuffer ? nullptr : c.i32(kv_segment_ids);
-         c.kernels->context_attention_forward(c.f32(attended), c.f32(lse), c.f32(q), c.f32(key_whole),
-                                              c.f32(value_whole), c.i32(positions), q_segments,
-                                              c.i32(kv_positions), kv_segments, B, L, Skv, H, K, d, false);
-       },
-       OpKind::attention});
+  builder.forward({attention + "/attention_forward",
+                   with_tokens({q, key_whole, value_whole}),
+                   {attended, lse},
+                   flops,
+                   [=](const OpContext& c) {
+                     const int32_t* q_segments = segment_ids == kNoBuffer ? nullptr : c.i32(segment_ids);
+                     const int32_t* kv_segments =
+                         kv_segment_ids == kNoBuffer ? nullptr : c.i32(kv_segment_ids);
+                     kernels::attention_kernels(*c.kernels, compute)
+                         .context_forward(c.f32(attended), c.f32(lse), c.f32(q), c.f32(key_whole),
+                                          c.f32(value_whole), c.i32(positions), q_segments,
+                                          c.i32(kv_positions), kv_segments, B, L, Skv, H, K, d, false);
+                   },
+                   OpKind::attention});
 
   std::vector<OpDecl> backward;
   const BufferId context_scratch = builder.gradient_scratch(
@@ -164,10 +166,11 @@ std::vector<OpDecl> add_all_gather_attention(SpecBuilder& builder, const std::st
        [=](const OpContext& c) {
          const int32_t* q_segments = segment_ids == kNoBuffer ? nullptr : c.i32(segment_ids);
          const int32_t* kv_segments = kv_segment_ids == kNoBuffer ? nullptr : c.i32(kv_segment_ids);
-         c.kernels->context_attention_backward(
-             c.f32(d_q), c.f32(d_key_whole), c.f32(d_value_whole), c.f32(d_attended), c.f32(attended),
-             c.f32(lse), c.f32(q), c.f32(key_whole), c.f32(value_whole), c.i32(positions), q_segments,
-             c.i32(kv_positions), kv_segments, B, L, Skv, H, K, d, false, c.f32(context_scratch));
+         kernels::attention_kernels(*c.kernels, compute)
+             .context_backward(c.f32(d_q), c.f32(d_key_whole), c.f32(d_value_whole), c.f32(d_attended),
+                               c.f32(attended), c.f32(lse), c.f32(q), c.f32(key_whole), c.f32(value_whole),
+                               c.i32(positions), q_segments, c.i32(kv_positions), kv_segments, B, L, Skv, H,
+                               K, d, false, c.f32(context_scratch));
        },
        OpKind::attention});
   for (OpDecl& op : context_reduce_scatter_ops(builder, attention + "/reduce_scatter_d_key", d_key_whole,
@@ -186,6 +189,7 @@ std::vector<OpDecl> add_ring_attention(SpecBuilder& builder, const std::string& 
   const ModelDims& m = builder.dims();
   const ModelSpec& spec = builder.spec();
   const int64_t B = m.B, L = m.S, H = m.H, K = m.K, d = m.d;
+  const DType compute = spec.config.dtype;  // bfloat16: the backend's bf16 attention kernels
   const int64_t C = context_ranks(builder);
   const BufferId positions = spec.positions, segment_ids = spec.segment_ids;
   const int64_t token_fields = segment_ids == kNoBuffer ? 1 : 2;
@@ -208,6 +212,7 @@ std::vector<OpDecl> add_ring_attention(SpecBuilder& builder, const std::string& 
   const auto arguments = [=](const OpContext& c) {
     RingAttentionArguments a;
     a.B = B, a.L = L, a.H = H, a.K = K, a.d = d;
+    a.compute = compute;
     a.q = c.f32(io.q), a.k = c.f32(io.k), a.v = c.f32(io.v);
     a.positions = c.i32(positions);
     a.segment_ids = segment_ids == kNoBuffer ? nullptr : c.i32(segment_ids);
@@ -316,10 +321,11 @@ void ring_attention_forward(const kernels::ContextRing& ring, const kernels::Ker
     const BlockParts block = parts_of(a, slot);
     for (int64_t b = 0; b < a.B; ++b) {  // a row at a time, moving the pass along in between
       const RowOffsets at = row_offsets(a, b);
-      kernels.context_attention_forward(a.out + at.queries, a.lse + at.lse, a.q + at.queries,
-                                        block.k + at.keys, block.v + at.keys, a.positions + at.tokens,
-                                        at.segments(a.segment_ids), block.positions + at.tokens,
-                                        at.segments(block.segment_ids), 1, a.L, a.L, a.H, a.K, a.d, step > 0);
+      kernels::attention_kernels(kernels, a.compute)
+          .context_forward(a.out + at.queries, a.lse + at.lse, a.q + at.queries, block.k + at.keys,
+                           block.v + at.keys, a.positions + at.tokens, at.segments(a.segment_ids),
+                           block.positions + at.tokens, at.segments(block.segment_ids), 1, a.L, a.L, a.H, a.K,
+                           a.d, step > 0);
       ring.progress();
     }
     if (step + 1 < C) ring.wait(name + "/wait");
@@ -347,11 +353,12 @@ void ring_attention_backward(const kernels::ContextRing& ring, const kernels::Ke
     const BlockParts block = parts_of(a, slot);
     for (int64_t b = 0; b < a.B; ++b) {
       const RowOffsets at = row_offsets(a, b);
-      kernels.context_attention_backward(
-          a.dq + at.queries, d_target + at.keys, d_target + kv_floats + at.keys, a.dout + at.queries,
-          a.out + at.queries, a.lse + at.lse, a.q + at.queries, block.k + at.keys, block.v + at.keys,
-          a.positions + at.tokens, at.segments(a.segment_ids), block.positions + at.tokens,
-          at.segments(block.segment_ids), 1, a.L, a.L, a.H, a.K, a.d, step > 0, a.scratch);
+      kernels::attention_kernels(kernels, a.compute)
+          .context_backward(a.dq + at.queries, d_target + at.keys, d_target + kv_floats + at.keys,
+                            a.dout + at.queries, a.out + at.queries, a.lse + at.lse, a.q + at.queries,
+                            block.k + at.keys, block.v + at.keys, a.positions + at.tokens,
+                            at.segments(a.segment_ids), block.positions + at.tokens,
+                            at.segments(block.segment_ids), 1, a.L, a.L, a.H, a.K, a.d, step > 0, a.scratch);
       ring.progress();
     }
     ring.wait(name + "/wait");

@@ -39,6 +39,7 @@ std::vector<OpDecl> add_context_attention(SpecBuilder& builder, const std::strin
 // One ring attention call as the op runs it: this rank's block and the double buffers that travel.
 struct RingAttentionArguments {
   int64_t B = 0, L = 0, H = 0, K = 0, d = 0;
+  DType compute = DType::f32;              // bfloat16: the backend's bf16 attention kernels
   const float* q = nullptr;                // [B, L, H, d]
   const float *k = nullptr, *v = nullptr;  // [B, L, K, d] this rank's keys and values
   const int32_t* positions = nullptr;      // [B, L] original positions
