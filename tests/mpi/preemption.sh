@@ -2,7 +2,10 @@
 # Preemption (issue 40, items 1, 3 and 4): SIGUSR1 and SIGTERM, delivered as SLURM delivers them, and the
 # wall-time limit (exit_duration_in_mins) make every rank stop at the next step boundary, commit a
 # checkpoint and exit 75 ("requeue me"); the requeued run resumes from it to the uninterrupted run's losses.
-# - One process, each signal sent to it once its third step is in metrics.jsonl (an event, not a timer).
+# - One process, each signal sent to it once its third step is in metrics.jsonl (an event, not a timer);
+#   the run waits in step 4 until a signal has come (MESHTRAIN_FAULT=hold:4), so a poller delayed on a loaded
+#   machine cannot send it after a 40-step run has ended (a CI run once saw exit status 0 for that), and every
+#   signalled run stops after step 4.
 # - mpirun, 2 ranks: SIGUSR1 to mpirun (which forwards it at once: the sbatch route); SIGTERM to every rank
 #   (srun signals every task); SIGTERM to mpirun (Open MPI 4.1 forwards it and kills the ranks a second later:
 #   the window is measured, and whatever it cut, the newest committed checkpoint resumes); one rank
@@ -105,7 +108,7 @@ done
 
 # One process: each signal once the third step is logged.
 for signal in USR1 TERM; do
-  run "one_$signal" 1
+  MESHTRAIN_FAULT=hold:4 run "one_$signal" 1
   wait_for_step "one_$signal" 3 || fail "one_$signal: step 3 never logged"
   kill -s "$signal" "$pid"
   finish
@@ -113,12 +116,12 @@ for signal in USR1 TERM; do
 done
 
 # mpirun: SIGUSR1 to mpirun (forwarded to the ranks), SIGTERM to every rank (as srun delivers it).
-run mpirun_USR1 2
+MESHTRAIN_FAULT=hold:4 run mpirun_USR1 2
 wait_for_step mpirun_USR1 3 || fail "mpirun_USR1: step 3 never logged"
 kill -s USR1 "$pid"
 finish
 check_stop mpirun_USR1 75 2
-run ranks_TERM 2
+MESHTRAIN_FAULT=hold:4 run ranks_TERM 2
 wait_for_step ranks_TERM 3 || fail "ranks_TERM: step 3 never logged"
 pkill -TERM -P "$pid" -f "meshtrain train" || fail "ranks_TERM: no rank to signal"
 finish
@@ -153,7 +156,7 @@ check_stop one_rank 75 2
 
 # A second signal (SIGTERM to mpirun, which then kills the ranks) as soon as the first stop is announced:
 # the save is cut wherever it was; the newest committed checkpoint still resumes to the uninterrupted losses.
-run second_signal 2
+MESHTRAIN_FAULT=hold:4 run second_signal 2
 wait_for_step second_signal 3 || fail "second_signal: step 3 never logged"
 kill -s USR1 "$pid"
 wait_for_text second_signal "stopping at the boundary" && kill -s TERM "$pid" 2>/dev/null

@@ -19,6 +19,7 @@
 #include "meshtrain/core/crc32c.h"
 #include "meshtrain/core/durable_file.h"
 #include "meshtrain/core/error.h"
+#include "meshtrain/core/stop_signals.h"
 #include "meshtrain/data/sources.h"
 
 namespace meshtrain {
@@ -685,6 +686,12 @@ StepOutcome Run::step(const RunControl& control) {
   engine.reset_collective_stats();
   if (fault_.at("stall", step + 1, rank))
     std::this_thread::sleep_for(std::chrono::duration<double>(fault_.value));
+  // MESHTRAIN_FAULT=hold:STEP: every rank waits in step STEP until a stop signal has come, a step that
+  // outlasts the scheduler's signal however late it is sent, so a test's signal always finds the run alive
+  // (a 40-step tiny run can end before a poller on a loaded machine sends it) and it stops after STEP.
+  if (fault_.kind == "hold" && fault_.step == step + 1) {
+    while (stop_signal_received() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
   raise_injected_signal(fault_, step + 1, rank);
   PreparedStep prepared = take_batches();
   const double data_wait_seconds = batches_->last_wait_seconds();
