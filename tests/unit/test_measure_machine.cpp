@@ -1,5 +1,6 @@
 // cli/measure_machine: the entry it writes is a valid catalog that plans with this machine's measured
-// figures; a renamed entry leaves the built-in `cpu` as stated; bad flags name the flag.
+// figures (GEMM peaks, attention and loss-softmax rates, memory bandwidth); a renamed entry leaves the
+// built-in `cpu` as stated; bad flags name the flag.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -72,6 +73,24 @@ TEST_F(MeasureMachine, WritesACatalogThatPlansThisMachine) {
   } else {
     EXPECT_EQ(measured.peak_flops_bfloat16, stated.peak_flops_bfloat16);
   }
+  // The rates of attention and the loss's softmax, per dtype, as the entry states them.
+  const auto rates_of = [&](const std::string& field) {
+    const double float32 = number_after(field + ": {float32: ");
+    const size_t at = text.find(", bfloat16: ", text.find(field));
+    EXPECT_NE(at, std::string::npos) << field << " in " << text;
+    return std::pair<double, double>{float32,
+                                     at == std::string::npos ? 0.0 : std::stod(text.substr(at + 12))};
+  };
+  const auto [attention_float32, attention_bf16] = rates_of("attention_tflops");
+  EXPECT_GT(attention_float32, 0.0);
+  EXPECT_GT(attention_bf16, 0.0);
+  EXPECT_DOUBLE_EQ(measured.attention_flops(DType::f32), attention_float32 * 1e12);
+  EXPECT_DOUBLE_EQ(measured.attention_flops(DType::bf16), attention_bf16 * 1e12);
+  const auto [softmax_float32, softmax_bf16] = rates_of("loss_softmax_glogits");
+  EXPECT_GT(softmax_float32, 0.0);
+  EXPECT_GT(softmax_bf16, 0.0);
+  EXPECT_DOUBLE_EQ(measured.loss_softmax_logits(DType::f32), softmax_float32 * 1e9);
+  EXPECT_DOUBLE_EQ(measured.loss_softmax_logits(DType::bf16), softmax_bf16 * 1e9);
   EXPECT_EQ(measured.memory_bytes, stated.memory_bytes);
   EXPECT_EQ(measured.host_cores, stated.host_cores);
   EXPECT_EQ(measured.host_memory_shared, stated.host_memory_shared);
@@ -84,6 +103,8 @@ TEST_F(MeasureMachine, WritesACatalogThatPlansThisMachine) {
   const TrainingPlan plan = plan_training(request);
   EXPECT_EQ(plan.topology.peak_flops_float32, measured.peak_flops_float32);
   EXPECT_EQ(plan.topology.memory_bandwidth, measured.memory_bandwidth);
+  EXPECT_EQ(plan.topology.attention_flops_float32, measured.attention_flops_float32);
+  EXPECT_EQ(plan.topology.loss_softmax_logits_float32, measured.loss_softmax_logits_float32);
 }
 
 TEST_F(MeasureMachine, ARenamedEntryLeavesTheBuiltInCpuAsStated) {
