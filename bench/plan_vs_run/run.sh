@@ -3,8 +3,9 @@
 # `meshtrain measure-machine` writes this machine's topology (GEMM peaks, attention and loss-softmax rates,
 # memory bandwidth), each dtype's run is planned with it (its plan files) and trained for STEPS steps of
 # synthetic tokens, the last one traced. Prints per dtype the predicted step (fwd_bwd + update), the median
-# measured step after the first, their ratio, and per op kind the plan's time against the traced step's
-# (where the time goes when they differ). Always exits 0.
+# measured step after the first, their ratio, the same for a plan that prices every op at the GEMM peak,
+# and per op kind the plan's time against the traced step's (where the time goes when they differ).
+# Always exits 0.
 # usage: bench/plan_vs_run/run.sh [BUILD_DIR] [STEPS] [MODEL:B:S] [DTYPE ...]
 #   defaults: build, 4 steps, gpt2-124m:8:256, float32 bfloat16 (bfloat16 needs AVX512-BF16 or AMX)
 set -u
@@ -21,7 +22,11 @@ trap 'rm -rf "$work"' EXIT
 echo "# plan_vs_run $(date -u '+%Y-%m-%d %H:%M UTC'), cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//') (family $(grep -m1 'cpu family' /proc/cpuinfo | cut -d: -f2 | tr -d ' '), model $(grep -m1 '^model[[:space:]]*:' /proc/cpuinfo | cut -d: -f2 | tr -d ' ')), $(nproc) CPUs; load average $(cut -d' ' -f1-3 /proc/loadavg)"
 "$build/meshtrain" measure-machine --out "$work/machine.yaml" | head -1
 grep -E '^  (peak_tflops|attention_tflops|loss_softmax_glogits|memory_bandwidth_gbs):' "$work/machine.yaml"
+# The same entry without the attention and softmax rates: every op at the GEMM peak (the plan before them).
+grep -vE '^  (attention_tflops|loss_softmax_glogits):' "$work/machine.yaml" >"$work/gemm_peak_only.yaml"
 for dtype in "${dtypes[@]}"; do
+  "$build/meshtrain" compile "$model" per_device_batch_size="$batch" max_target_length="$length" dtype="$dtype" \
+    topologies_path="$work/gemm_peak_only.yaml" plan_out="$work/gemm_peak_only_$dtype" >/dev/null 2>&1
   "$build/meshtrain" compile "$model" per_device_batch_size="$batch" max_target_length="$length" dtype="$dtype" \
     topologies_path="$work/machine.yaml" 2>&1 | grep -m1 '^ *topology' | sed "s/^ */# $dtype plan: /"
   "$build/meshtrain" train "$model" dataset_type=synthetic eval_interval=0 enable_checkpointing=false \
@@ -32,7 +37,8 @@ done
 python3 - "$work" "$steps" "$model" "$batch" "$length" "${dtypes[@]}" <<'PY'
 import json, statistics, sys
 work, steps, model, batch, length, dtypes = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5], sys.argv[6:]
-print(f"{'model':<11} {'B x S':>7} {'dtype':<9} {'predicted s':>11} {'measured s':>10} {'[min-max]':>13} {'meas/pred':>9}")
+print(f"{'model':<11} {'B x S':>7} {'dtype':<9} {'predicted s':>11} {'measured s':>10} {'[min-max]':>13} {'meas/pred':>9}"
+      f" {'at GEMM peak s':>14} {'meas/pred':>9}")
 splits = {}
 for dtype in dtypes:
     run = f"{work}/{dtype}"
@@ -45,8 +51,14 @@ for dtype in dtypes:
         continue
     predicted = sum(plan["cost"]["predicted_seconds"] for plan in plans.values())
     median = statistics.median(seconds)
+    try:
+        peak_only = sum(json.load(open(f"{work}/gemm_peak_only_{dtype}_{k}.json"))["cost"]["predicted_seconds"]
+                        for k in ("fwd_bwd", "update"))
+        before = f"{peak_only:>14.2f} {median / peak_only:>9.2f}"
+    except (OSError, ValueError, KeyError):
+        before = f"{'-':>14} {'-':>9}"
     print(f"{model:<11} {batch + 'x' + length:>7} {dtype:<9} {predicted:>11.2f} {median:>10.2f} "
-          f"{min(seconds):>6.2f}-{max(seconds):<6.2f} {median / predicted:>9.2f}")
+          f"{min(seconds):>6.2f}-{max(seconds):<6.2f} {median / predicted:>9.2f} {before}")
     # Per op kind: the plan's seconds and the traced step's (op events of both kernels, by op name).
     kind_of, split = {}, {}
     for plan in plans.values():
@@ -58,7 +70,8 @@ for dtype in dtypes:
             split[kind_of[event["name"]]][1] += event["dur"] / 1e6
     splits[dtype] = split
 print("# predicted: fwd_bwd + update of the run's plan (this machine's measure-machine topology); measured: "
-      "median step_time_s after step 1")
+      "median step_time_s after step 1; at GEMM peak: the same topology without its attention and softmax "
+      "rates (every op at the GEMM peak, as plans priced them before the rates)")
 for dtype, split in splits.items():
     print(f"# {dtype}, step {steps} traced, per op kind: predicted s / traced s (ratio)")
     for kind, (plan_s, traced_s) in sorted(split.items(), key=lambda item: -item[1][1]):

@@ -57,7 +57,7 @@ std::string catalog_text(const std::string& name, const Topology& stated, const 
           " thread(s)\n";
   text += "# float32 GEMM peak " + fixed(machine.gemm_peak_flops / 1e9, 1) + " GFLOP/s (" +
           machine.peak_source + "); memory " + fixed(bandwidth / 1e9, 1) +
-          " GB/s measured (bytes read + written, as the plan counts them).\n";
+          " GB/s, the best measured on this machine (bytes read + written, as the plan counts them).\n";
   const bool bf16_measured = machine.gemm_bf16_peak_flops > 0.0;
   if (bf16_measured) {
     text += "# bfloat16 GEMM peak (bf16 inputs, float32 accumulation) " +

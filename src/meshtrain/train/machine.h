@@ -44,7 +44,8 @@ struct OpClassRates {
 OpClassRates measure_op_class_rates(DType dtype, double gemm_peak_flops);
 
 // Memory bandwidth as the plan counts it (bytes read + bytes written, the plan's `bytes accessed`): best of a
-// few passes of dst = src x scale over two 128 MiB float32 arrays, on the current OpenMP thread count.
+// few passes of dst = src x scale over two 128 MiB float32 arrays, on the current OpenMP thread count; as
+// the peaks, the best figure measured on this machine (cached beside them).
 double measure_memory_bandwidth();
 
 }  // namespace meshtrain
