@@ -86,6 +86,9 @@ TEST_F(MeasureMachine, WritesACatalogThatPlansThisMachine) {
   EXPECT_GT(attention_bf16, 0.0);
   EXPECT_DOUBLE_EQ(measured.attention_flops(DType::f32), attention_float32 * 1e12);
   EXPECT_DOUBLE_EQ(measured.attention_flops(DType::bf16), attention_bf16 * 1e12);
+  // In their units: attention runs at most at the bf16 GEMM peak (units a thousand times off would not).
+  EXPECT_LE(measured.attention_flops(DType::f32), measured.peak_flops(DType::bf16));
+  EXPECT_LE(measured.attention_flops(DType::bf16), measured.peak_flops(DType::bf16));
   const auto [softmax_float32, softmax_bf16] = rates_of("loss_softmax_glogits");
   EXPECT_GT(softmax_float32, 0.0);
   EXPECT_GT(softmax_bf16, 0.0);
