@@ -94,6 +94,11 @@ TEST_F(MeasureMachine, WritesACatalogThatPlansThisMachine) {
   EXPECT_GT(softmax_bf16, 0.0);
   EXPECT_DOUBLE_EQ(measured.loss_softmax_logits(DType::f32), softmax_float32 * 1e9);
   EXPECT_DOUBLE_EQ(measured.loss_softmax_logits(DType::bf16), softmax_bf16 * 1e9);
+  const auto [elementwise_float32, elementwise_bf16] = rates_of("elementwise_gbs");
+  EXPECT_GT(elementwise_float32, 0.0);
+  EXPECT_GT(elementwise_bf16, 0.0);
+  EXPECT_DOUBLE_EQ(measured.elementwise_bandwidth(DType::f32), elementwise_float32 * 1e9);
+  EXPECT_DOUBLE_EQ(measured.elementwise_bandwidth(DType::bf16), elementwise_bf16 * 1e9);
   EXPECT_EQ(measured.memory_bytes, stated.memory_bytes);
   EXPECT_EQ(measured.host_cores, stated.host_cores);
   EXPECT_EQ(measured.host_memory_shared, stated.host_memory_shared);
@@ -108,6 +113,7 @@ TEST_F(MeasureMachine, WritesACatalogThatPlansThisMachine) {
   EXPECT_EQ(plan.topology.memory_bandwidth, measured.memory_bandwidth);
   EXPECT_EQ(plan.topology.attention_flops_float32, measured.attention_flops_float32);
   EXPECT_EQ(plan.topology.loss_softmax_logits_float32, measured.loss_softmax_logits_float32);
+  EXPECT_EQ(plan.topology.elementwise_bandwidth_float32, measured.elementwise_bandwidth_float32);
 }
 
 TEST_F(MeasureMachine, ARenamedEntryLeavesTheBuiltInCpuAsStated) {

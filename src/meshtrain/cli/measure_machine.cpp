@@ -69,8 +69,10 @@ std::string catalog_text(const std::string& name, const Topology& stated, const 
         "figures (not measured here).\n";
   }
   text +=
-      "# Attention and the loss's softmax (its time beside its GEMMs at the peak, per logit and GEMM pass) "
-      "timed in a training step of one gpt2-124m layer at 4 x 256, vocabulary 8192" +
+      "# Attention, the loss's softmax (its time beside its GEMMs at the peak, per logit and GEMM pass) and "
+      "the "
+      "elementwise ops' bytes timed in a training step of one gpt2-124m layer at 2 x 256, vocabulary 8192 "
+      "(each the best measured on this machine)" +
       std::string(bf16_measured ? "" : "; bfloat16: the float32 figures") + ".\n";
   text += "# Use: meshtrain compile MODEL topologies_path=THIS_FILE" +
           (name == stated.name ? std::string() : " topology=" + name) +
@@ -88,6 +90,8 @@ std::string catalog_text(const std::string& name, const Topology& stated, const 
   text += "  loss_softmax_glogits: {float32: " + fixed(float32_rates.loss_softmax_logits / 1e9, 3) +
           ", bfloat16: " + fixed(bf16_rates.loss_softmax_logits / 1e9, 3) + "}\n";
   text += "  memory_bandwidth_gbs: " + fixed(bandwidth / 1e9, 2) + "\n";
+  text += "  elementwise_gbs: {float32: " + fixed(float32_rates.elementwise_bandwidth / 1e9, 3) +
+          ", bfloat16: " + fixed(bf16_rates.elementwise_bandwidth / 1e9, 3) + "}\n";
   text += "  intra_host_link_gbs: " + fixed(stated.intra_host_bandwidth / 1e9, 2) + "\n";
   return text;
 }

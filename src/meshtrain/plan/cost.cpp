@@ -33,7 +33,8 @@ namespace {
 
 // Seconds of a compute op's work at the rate its kind runs at on `topology` (shared by `host_share` ranks):
 // dense matmuls at the GEMM peak of the compute dtype, attention at its own rate, the cross-entropy's two
-// GEMMs at the peak plus its softmax part per logit. The bytes it moves bound it from below (roofline).
+// GEMMs at the peak plus its softmax part per logit. The bytes it moves bound it from below (roofline), at
+// the elementwise ops' own rate for those (norms and activations move their bytes slower than a stream).
 double compute_op_seconds(const TrainingPlan& plan, const PlanOp& op, double host_share) {
   const Topology& topology = plan.topology;
   const DType dtype = plan.spec.config.dtype;
@@ -43,7 +44,9 @@ double compute_op_seconds(const TrainingPlan& plan, const PlanOp& op, double hos
   // The cross-entropy's softmax part, beside its GEMMs.
   const double softmax_rate = topology.loss_softmax_logits(dtype);
   if (softmax_rate > 0.0) seconds += loss_softmax_logit_passes(plan.spec, op) / (softmax_rate / host_share);
-  return std::max(seconds, op.bytes_accessed / (topology.memory_bandwidth / host_share));
+  const double bandwidth =
+      op.op->kind == OpKind::elementwise ? topology.elementwise_bandwidth(dtype) : topology.memory_bandwidth;
+  return std::max(seconds, op.bytes_accessed / (bandwidth / host_share));
 }
 
 }  // namespace

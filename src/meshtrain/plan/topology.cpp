@@ -34,7 +34,7 @@ const std::vector<std::string>& entry_fields() {
       "device_kind",      "num_devices",          "devices_per_host",    "count_per_device",
       "memory_gb",        "memory_gib",           "host_memory_shared",  "host_cores",
       "peak_tflops",      "memory_bandwidth_gbs", "intra_host_link_gbs", "inter_host_link_gbs",
-      "attention_tflops", "loss_softmax_glogits"};
+      "attention_tflops", "loss_softmax_glogits", "elementwise_gbs"};
   return fields;
 }
 
@@ -246,6 +246,14 @@ CatalogEntry read_entry(const std::string& key, const YAML::Node& node, const st
   topology.memory_bandwidth = positive_number(node["memory_bandwidth_gbs"], where, "memory_bandwidth_gbs",
                                               "memory bandwidth per device in GB/s") *
                               kBytesPerGB;
+  // Optional as the rates above: elementwise ops at the memory bandwidth.
+  const std::pair<double, double> elementwise =
+      node["elementwise_gbs"] ? per_dtype(node["elementwise_gbs"], where, "elementwise_gbs",
+                                          "GB/s the elementwise ops move per device")
+                              : std::pair<double, double>{topology.memory_bandwidth / kBytesPerGB,
+                                                          topology.memory_bandwidth / kBytesPerGB};
+  topology.elementwise_bandwidth_float32 = elementwise.first * kBytesPerGB;
+  topology.elementwise_bandwidth_bfloat16 = elementwise.second * kBytesPerGB;
   topology.intra_host_bandwidth =
       positive_number(node["intra_host_link_gbs"], where, "intra_host_link_gbs",
                       "link bandwidth per device per direction within a host, in GB/s") *

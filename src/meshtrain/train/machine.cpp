@@ -190,11 +190,16 @@ OpClassRates measure_op_class_rates(DType dtype, double gemm_peak_flops) {
     return best;
   };
   double attention_flops = 0.0, attention_seconds = 0.0, logit_passes = 0.0, softmax_seconds = 0.0;
+  double elementwise_bytes = 0.0, elementwise_seconds = 0.0;
   const TrainingPlan& plan = engine.plan();
   for (const PlanOp& op : plan.kernel(KernelName::fwd_bwd).ops) {
     if (op.op->kind == OpKind::attention) {
       attention_flops += op.flops;
       attention_seconds += seconds_of(op);
+    }
+    if (op.op->kind == OpKind::elementwise) {
+      elementwise_bytes += op.bytes_accessed;
+      elementwise_seconds += seconds_of(op);
     }
     if (const double passes = loss_softmax_logit_passes(plan.spec, op); passes > 0.0) {
       logit_passes += passes;
@@ -204,12 +209,15 @@ OpClassRates measure_op_class_rates(DType dtype, double gemm_peak_flops) {
       softmax_seconds += std::max(seconds - op.flops / gemm_peak_flops, 0.1 * seconds);
     }
   }
-  MT_CHECK(attention_seconds > 0.0 && softmax_seconds > 0.0, "no attention or loss op timed");
+  MT_CHECK(attention_seconds > 0.0 && softmax_seconds > 0.0 && elementwise_seconds > 0.0,
+           "no attention, loss or elementwise op timed");
   // As the peaks: the best figure measured on this machine for the kernels this build runs.
   const std::string key = machine_key() + "|" + dtype_config_name(dtype) + "|";
   std::string source;
-  return {best_measured("op_rate", "rate", key + "attention", attention_flops / attention_seconds, source),
-          best_measured("op_rate", "rate", key + "loss_softmax", logit_passes / softmax_seconds, source)};
+  return {
+      best_measured("op_rate", "rate", key + "attention", attention_flops / attention_seconds, source),
+      best_measured("op_rate", "rate", key + "loss_softmax", logit_passes / softmax_seconds, source),
+      best_measured("op_rate", "rate", key + "elementwise", elementwise_bytes / elementwise_seconds, source)};
 }
 
 double measure_memory_bandwidth() {

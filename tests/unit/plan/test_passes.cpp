@@ -165,10 +165,10 @@ TEST(PlanCost, CollectivePayloadsFollowAotPlanAndKernelTotalsAddUp) {
   }
 }
 
-// Each op kind at the rate it runs at (a hand-made topology, a bandwidth no op is bound by): dense matmuls at
-// the compute dtype's GEMM peak, attention at the attention rate, the cross-entropy's GEMMs at the peak plus
-// its N x V logits once per GEMM pass (1 in eval, 3 with the gradient) at the softmax rate. Two ranks on the
-// cpu host share its rates.
+// Each op kind at the rate it runs at (a hand-made topology, a memory bandwidth no op is bound by): dense
+// matmuls at the compute dtype's GEMM peak, attention at the attention rate, the cross-entropy's GEMMs at the
+// peak plus its N x V logits once per GEMM pass (1 in eval, 3 with the gradient) at the softmax rate,
+// elementwise ops' bytes at their own bandwidth. Two ranks on the cpu host share its rates.
 TEST(PlanCost, EachOpKindRunsAtItsRate) {
   for (const std::string dtype : {"float32", "bfloat16"}) {
     for (const int64_t ranks : {1, 2}) {
@@ -184,14 +184,16 @@ TEST(PlanCost, EachOpKindRunsAtItsRate) {
       topology.loss_softmax_logits_float32 = 2e9;
       topology.loss_softmax_logits_bfloat16 = 4e9;
       topology.memory_bandwidth = 1e30;
+      topology.elementwise_bandwidth_float32 = 1e6;  // slow enough that every elementwise op is bound by it
+      topology.elementwise_bandwidth_bfloat16 = 2e6;
       const double share = static_cast<double>(ranks);
       const double peak = (bf16 ? 12e12 : 3e12) / share, attention = (bf16 ? 0.8e12 : 0.5e12) / share;
-      const double softmax = (bf16 ? 4e9 : 2e9) / share;
+      const double softmax = (bf16 ? 4e9 : 2e9) / share, elementwise = (bf16 ? 2e6 : 1e6) / share;
       const double logits = static_cast<double>(plan.spec.dims.N * plan.spec.dims.V);
       for (KernelPlan& kernel : plan.kernels) {
         SCOPED_TRACE(kernel_name(kernel.kernel));
         cost_kernel(plan, kernel);
-        int64_t matmuls = 0, attentions = 0, cross_entropies = 0;
+        int64_t matmuls = 0, attentions = 0, cross_entropies = 0, elementwise_ops = 0;
         for (const PlanOp& op : kernel.ops) {
           if (op.op->kind == OpKind::matmul) {
             ++matmuls;
@@ -203,12 +205,16 @@ TEST(PlanCost, EachOpKindRunsAtItsRate) {
             ++cross_entropies;
             const double passes = kernel.kernel == KernelName::eval ? 1.0 : 3.0;
             EXPECT_DOUBLE_EQ(op.seconds, op.flops / peak + passes * logits / softmax) << op.op->name;
+          } else if (op.op->kind == OpKind::elementwise) {
+            ++elementwise_ops;
+            EXPECT_DOUBLE_EQ(op.seconds, op.bytes_accessed / elementwise) << op.op->name;
           }
         }
         const bool runs_the_model = kernel.kernel != KernelName::update;
         EXPECT_EQ(matmuls > 0, runs_the_model);
         EXPECT_EQ(attentions > 0, runs_the_model);
         EXPECT_EQ(cross_entropies, runs_the_model ? 1 : 0);
+        EXPECT_EQ(elementwise_ops > 0, runs_the_model);
       }
     }
   }

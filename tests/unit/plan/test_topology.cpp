@@ -73,6 +73,7 @@ TEST(Topology, EveryFamilyHasItsStatedFigures) {
     EXPECT_DOUBLE_EQ(topology.attention_flops(DType::bf16), expected.bfloat16_tflops * kTera);
     EXPECT_EQ(topology.loss_softmax_logits(DType::f32), 0.0);
     EXPECT_EQ(topology.loss_softmax_logits(DType::bf16), 0.0);
+    EXPECT_DOUBLE_EQ(topology.elementwise_bandwidth(DType::bf16), expected.memory_bandwidth_gbs * kGB);
   }
 }
 
@@ -211,6 +212,7 @@ lab:                       # a fixed cluster: 4 hosts of 4 CPUs sharing each hos
   peak_tflops: {float32: 1, bfloat16: 2}
   attention_tflops: {float32: 0.25, bfloat16: 0.5}
   loss_softmax_glogits: {float32: 3, bfloat16: 1.5}
+  elementwise_gbs: {float32: 20, bfloat16: 25}
   memory_bandwidth_gbs: 100
   intra_host_link_gbs: 30
   inter_host_link_gbs: 3
@@ -243,9 +245,12 @@ TEST(Topology, UserCatalogAddsAndReplacesEntries) {
   EXPECT_DOUBLE_EQ(lab.attention_flops(DType::bf16), 0.5 * kTera);
   EXPECT_DOUBLE_EQ(lab.loss_softmax_logits(DType::f32), 3 * kGB);
   EXPECT_DOUBLE_EQ(lab.loss_softmax_logits(DType::bf16), 1.5 * kGB);
+  EXPECT_DOUBLE_EQ(lab.elementwise_bandwidth(DType::f32), 20 * kGB);
+  EXPECT_DOUBLE_EQ(lab.elementwise_bandwidth(DType::bf16), 25 * kGB);
   // An entry without them (written before they existed) loads with attention at its GEMM peaks.
   EXPECT_DOUBLE_EQ(replaced.attention_flops(DType::bf16), 4 * kTera);
   EXPECT_EQ(replaced.loss_softmax_logits(DType::bf16), 0.0);
+  EXPECT_DOUBLE_EQ(replaced.elementwise_bandwidth(DType::f32), 200 * kGB);  // its memory_bandwidth_gbs
 
   EXPECT_EQ(load_topology("h100x8", path).num_devices, 8);  // the built-in ones remain
   const std::vector<std::string> names = topology_names(path);
@@ -321,6 +326,8 @@ TEST(Topology, BadUserFilesNameTheFileAndTheField) {
   expect_user_file_error("word_rate.yaml",
                          rates_entry + "  loss_softmax_glogits: {float32: 2, bfloat16: fast}\n",
                          {"field 'loss_softmax_glogits.bfloat16'", "a positive number", "'fast'"});
+  expect_user_file_error("zero_rate.yaml", rates_entry + "  elementwise_gbs: {float32: 0, bfloat16: 1}\n",
+                         {"field 'elementwise_gbs.float32'", "a positive number", "'0'"});
   expect_user_file_error("one_dtype.yaml", rates_entry + "  attention_tflops: {float32: 1}\n",
                          {"field 'attention_tflops.bfloat16'", "a positive number", "missing"});
   expect_user_file_error("scalar_rate.yaml", rates_entry + "  attention_tflops: 1\n",
