@@ -121,7 +121,7 @@ void print_header(const TrainingPlan& plan, const std::string& config_argument, 
   out << row(
       "topology",
       format("%s: %lld x %s, %s, %s per device, peak %.4g TFLOP/s %s (attention %.4g, loss softmax %s), "
-             "memory %.0f GB/s (elementwise %.3g), links %.0f GB/s within a host",
+             "memory %.0f GB/s (elementwise %.4g), links %.0f GB/s within a host",
              t.name.c_str(), static_cast<long long>(devices), t.device_kind.c_str(), per_host.c_str(),
              bytes_text(plan.device_memory_bytes).c_str(), t.peak_flops(c.dtype) / 1e12,
              dtype_config_name(c.dtype).c_str(), t.attention_flops(c.dtype) / 1e12,
