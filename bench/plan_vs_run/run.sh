@@ -47,7 +47,7 @@ for dtype in dtypes:
     try:
         plans = {k: json.load(open(f"{run}/plan_{k}.json")) for k in ("fwd_bwd", "update")}
         seconds = [json.loads(line)["step_time_s"] for line in open(f"{run}/metrics.jsonl")][1:]
-        traces = [json.load(open(f"{run}/trace_step{step}.json"))["traceEvents"] for step in range(2, int(steps) + 1)]
+        trace = json.load(open(f"{run}/trace_step{steps}.json"))["traceEvents"]  # every traced step's events
     except (OSError, ValueError, KeyError) as error:
         print(f"{model:<11} {batch + 'x' + length:>7} {dtype:<9}  (no result: {error})")
         continue
@@ -65,13 +65,13 @@ for dtype in dtypes:
         for op in plan["ops"]:
             kind_of[op["name"]] = op["kind"]
             split.setdefault(op["kind"], [0.0, 0.0])[0] += op["seconds"]
-    for trace in traces:
-        per_op = {}
-        for event in trace:
-            if event.get("ph") == "X" and event.get("cat") in ("op", "collective") and event["name"] in kind_of:
-                per_op[event["name"]] = per_op.get(event["name"], 0.0) + event["dur"] / 1e6
-        for name, value in per_op.items():
-            minima[name] = min(minima.get(name, value), value)
+    per_step = {}
+    for event in trace:
+        if event.get("ph") == "X" and event.get("cat") in ("op", "collective") and event["name"] in kind_of:
+            key = (event["name"], event.get("args", {}).get("step"))
+            per_step[key] = per_step.get(key, 0.0) + event["dur"] / 1e6
+    for (name, _), value in per_step.items():
+        minima[name] = min(minima.get(name, value), value)
     for name, value in minima.items():
         split[kind_of[name]][1] += value
     least = sum(minima.values())
