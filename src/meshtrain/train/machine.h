@@ -41,7 +41,8 @@ struct OpClassRates {
 // the engine: the kernels a run in that dtype calls, at gpt2-124m's attention and unembedding shapes.
 // Attention: the plan's attention FLOPs over their time; the loss: its time less its GEMMs at
 // `gemm_peak_flops` (the dtype's), over its logit passes; elementwise ops: their planned bytes over their
-// time. As the peaks, each rate is the best measured on this machine (cached beside them). About a second.
+// time. As the peaks, each rate is the best measured on this machine (cached beside them). 1-3 s on 2 shared
+// cores.
 OpClassRates measure_op_class_rates(DType dtype, double gemm_peak_flops);
 
 // Memory bandwidth as the plan counts it (bytes read + bytes written, the plan's `bytes accessed`): best of a
