@@ -1,6 +1,6 @@
-// `meshtrain measure-machine`: times this machine's GEMM peaks, the rates of attention and of the loss's
-// softmax in a training step, and the memory bandwidth, and writes them as a topology entry (the built-in
-// `cpu` entry with the measured figures) to plan this machine with.
+// `meshtrain measure-machine`: times this machine's GEMM peaks, the rates of attention, the loss's softmax
+// and the elementwise ops in a training step, and the memory bandwidth, and writes them as a topology entry
+// (the built-in `cpu` entry with the measured figures) to plan this machine with.
 #include "meshtrain/cli/measure_machine.h"
 
 #include <cctype>
@@ -69,10 +69,9 @@ std::string catalog_text(const std::string& name, const Topology& stated, const 
         "figures (not measured here).\n";
   }
   text +=
-      "# Attention, the loss's softmax (its time beside its GEMMs at the peak, per logit and GEMM pass) and "
-      "the "
-      "elementwise ops' bytes timed in a training step of one gpt2-124m layer at 2 x 256, vocabulary 8192 "
-      "(each the best measured on this machine)" +
+      "# Attention, the loss's softmax (its time beside its GEMMs at the peak, per logit and GEMM pass) "
+      "and the elementwise ops' bytes timed in a training step of one gpt2-124m layer at 2 x 256, "
+      "vocabulary 8192 (each the best measured on this machine)" +
       std::string(bf16_measured ? "" : "; bfloat16: the float32 figures") + ".\n";
   text += "# Use: meshtrain compile MODEL topologies_path=THIS_FILE" +
           (name == stated.name ? std::string() : " topology=" + name) +

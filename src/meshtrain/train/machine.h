@@ -1,6 +1,8 @@
 // The machine a run is on, as the run reports it: the CPU's features, the GEMM backend and its instruction
 // set, the threads, and the float32 GEMM peak that `mfu` is measured against. Printed at start and written
-// to run_dir/machine.json, so every figure says which CPU and which matmul code produced it.
+// to run_dir/machine.json, so every figure says which CPU and which matmul code produced it. Beside it, what
+// `meshtrain measure-machine` writes into a topology: the rates of the op kinds that do not run at the GEMM
+// peak, and the memory bandwidth.
 #pragma once
 
 #include <nlohmann/json.hpp>
