@@ -22,10 +22,10 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 echo "# plan_vs_run $(date -u '+%Y-%m-%d %H:%M UTC'), cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//') (family $(grep -m1 'cpu family' /proc/cpuinfo | cut -d: -f2 | tr -d ' '), model $(grep -m1 '^model[[:space:]]*:' /proc/cpuinfo | cut -d: -f2 | tr -d ' ')), $(nproc) CPUs; load average $(cut -d' ' -f1-3 /proc/loadavg)"
 "$build/meshtrain" measure-machine --out "$work/machine.yaml" | head -1
-grep -E '^  (peak_tflops|attention_tflops|loss_softmax_glogits|memory_bandwidth_gbs|elementwise_gbs):' "$work/machine.yaml"
-# The same entry without the attention, softmax and elementwise rates: every op at the GEMM peak and the
+grep -E '^  (peak_tflops|matmul_tflops|attention_tflops|loss_softmax_glogits|memory_bandwidth_gbs|elementwise_gbs):' "$work/machine.yaml"
+# The same entry without the matmul, attention, softmax and elementwise rates: every op at the GEMM peak and the
 # memory bandwidth (the plan before them).
-grep -vE '^  (attention_tflops|loss_softmax_glogits|elementwise_gbs):' "$work/machine.yaml" >"$work/gemm_peak_only.yaml"
+grep -vE '^  (matmul_tflops|attention_tflops|loss_softmax_glogits|elementwise_gbs):' "$work/machine.yaml" >"$work/gemm_peak_only.yaml"
 for dtype in "${dtypes[@]}"; do
   "$build/meshtrain" compile "$model" per_device_batch_size="$batch" max_target_length="$length" dtype="$dtype" \
     topologies_path="$work/gemm_peak_only.yaml" plan_out="$work/gemm_peak_only_$dtype" >/dev/null 2>&1
@@ -81,8 +81,8 @@ for dtype in dtypes:
     splits[dtype] = split
 print("# predicted: fwd_bwd + update of the run's plan (this machine's measure-machine topology); measured: "
       "median step_time_s after step 1; op minima: each op's least time over the traced steps 2.., summed (the step "
-      "least disturbed by other processes); at GEMM peak: the same topology without its attention, softmax "
-      "and elementwise rates (every op at the GEMM peak and the memory bandwidth, as plans priced them before)")
+      "least disturbed by other processes); at GEMM peak: the same topology without its matmul, attention, "
+      "softmax and elementwise rates (every op at the GEMM peak and the memory bandwidth, as plans priced them before)")
 for dtype, split in splits.items():
     print(f"# {dtype}, per op kind: predicted s / op minima s (ratio)")
     for kind, (plan_s, traced_s) in sorted(split.items(), key=lambda item: -item[1][1]):

@@ -81,12 +81,18 @@ TEST_F(MeasureMachine, WritesACatalogThatPlansThisMachine) {
     return std::pair<double, double>{float32,
                                      at == std::string::npos ? 0.0 : std::stod(text.substr(at + 12))};
   };
+  const auto [matmul_float32, matmul_bf16] = rates_of("matmul_tflops");
+  EXPECT_GT(matmul_float32, 0.0);
+  EXPECT_DOUBLE_EQ(measured.matmul_flops(DType::f32), matmul_float32 * 1e12);
+  EXPECT_DOUBLE_EQ(measured.matmul_flops(DType::bf16), matmul_bf16 * 1e12);
   const auto [attention_float32, attention_bf16] = rates_of("attention_tflops");
   EXPECT_GT(attention_float32, 0.0);
   EXPECT_GT(attention_bf16, 0.0);
   EXPECT_DOUBLE_EQ(measured.attention_flops(DType::f32), attention_float32 * 1e12);
   EXPECT_DOUBLE_EQ(measured.attention_flops(DType::bf16), attention_bf16 * 1e12);
-  // In their units: attention runs at most at the bf16 GEMM peak (units a thousand times off would not).
+  // In their units: matmuls and attention run at most near the bf16 GEMM peak (units a thousand times off
+  // would not; the peak and each rate are each the best measured on this machine).
+  EXPECT_LE(measured.matmul_flops(DType::bf16), 1.5 * measured.peak_flops(DType::bf16));
   EXPECT_LE(measured.attention_flops(DType::f32), measured.peak_flops(DType::bf16));
   EXPECT_LE(measured.attention_flops(DType::bf16), measured.peak_flops(DType::bf16));
   const auto [softmax_float32, softmax_bf16] = rates_of("loss_softmax_glogits");
@@ -111,6 +117,7 @@ TEST_F(MeasureMachine, WritesACatalogThatPlansThisMachine) {
   const TrainingPlan plan = plan_training(request);
   EXPECT_EQ(plan.topology.peak_flops_float32, measured.peak_flops_float32);
   EXPECT_EQ(plan.topology.memory_bandwidth, measured.memory_bandwidth);
+  EXPECT_EQ(plan.topology.matmul_flops_float32, measured.matmul_flops_float32);
   EXPECT_EQ(plan.topology.attention_flops_float32, measured.attention_flops_float32);
   EXPECT_EQ(plan.topology.loss_softmax_logits_float32, measured.loss_softmax_logits_float32);
   EXPECT_EQ(plan.topology.elementwise_bandwidth_float32, measured.elementwise_bandwidth_float32);

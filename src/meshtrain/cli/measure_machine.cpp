@@ -69,8 +69,8 @@ std::string catalog_text(const std::string& name, const Topology& stated, const 
         "figures (not measured here).\n";
   }
   text +=
-      "# Attention, the loss's softmax (its time beside its GEMMs at the peak, per logit and GEMM pass) "
-      "and the elementwise ops' bytes timed in a training step of one gpt2-124m layer at 2 x 256, "
+      "# Matmuls, attention, the loss's softmax (its time beside its GEMMs at the matmul rate, per logit and "
+      "GEMM pass) and the elementwise ops' bytes timed in a training step of one gpt2-124m layer at 4 x 256, "
       "vocabulary 8192 (each the best measured on this machine)" +
       std::string(bf16_measured ? "" : "; bfloat16: the float32 figures") + ".\n";
   text += "# Use: meshtrain compile MODEL topologies_path=THIS_FILE" +
@@ -84,6 +84,8 @@ std::string catalog_text(const std::string& name, const Topology& stated, const 
   text += "  host_cores: this_machine\n";
   const double bf16_peak = bf16_measured ? machine.gemm_bf16_peak_flops : stated.peak_flops_bfloat16;
   text += "  peak_tflops: {float32: " + peak + ", bfloat16: " + fixed(bf16_peak / 1e12, 4) + "}\n";
+  text += "  matmul_tflops: {float32: " + fixed(float32_rates.matmul_flops / 1e12, 4) +
+          ", bfloat16: " + fixed(bf16_rates.matmul_flops / 1e12, 4) + "}\n";
   text += "  attention_tflops: {float32: " + fixed(float32_rates.attention_flops / 1e12, 4) +
           ", bfloat16: " + fixed(bf16_rates.attention_flops / 1e12, 4) + "}\n";
   text += "  loss_softmax_glogits: {float32: " + fixed(float32_rates.loss_softmax_logits / 1e9, 3) +
@@ -112,9 +114,8 @@ int run_measure_machine(const std::vector<std::string>& arguments, std::ostream&
   const Topology stated = load_topology("cpu");
   const bool with_bf16 = cpu_features().avx512_bf16 || cpu_features().amx_bf16;
   const MachineReport machine = measure_machine(with_bf16);
-  const OpClassRates float32_rates = measure_op_class_rates(DType::f32, machine.gemm_peak_flops);
-  const OpClassRates bf16_rates =
-      with_bf16 ? measure_op_class_rates(DType::bf16, machine.gemm_bf16_peak_flops) : float32_rates;
+  const OpClassRates float32_rates = measure_op_class_rates(DType::f32);
+  const OpClassRates bf16_rates = with_bf16 ? measure_op_class_rates(DType::bf16) : float32_rates;
   const double bandwidth = measure_memory_bandwidth();
   const std::string text = catalog_text(name, stated, machine, float32_rates, bf16_rates, bandwidth);
   if (!out_path) {
@@ -124,9 +125,10 @@ int run_measure_machine(const std::vector<std::string>& arguments, std::ostream&
   const std::string& path = *out_path;
   write_file_atomically(path, text);
   out << "measure-machine: float32 GEMM peak " << fixed(machine.gemm_peak_flops / 1e9, 1) << " GFLOP/s ("
-      << machine.threads << " threads), attention " << fixed(float32_rates.attention_flops / 1e9, 1)
-      << " GFLOP/s float32, " << fixed(bf16_rates.attention_flops / 1e9, 1) << " bfloat16, memory "
-      << fixed(bandwidth / 1e9, 1) << " GB/s; wrote topology '" << name << "' to " << path
+      << machine.threads << " threads), matmuls " << fixed(float32_rates.matmul_flops / 1e9, 1) << " / "
+      << fixed(bf16_rates.matmul_flops / 1e9, 1) << " GFLOP/s float32 / bfloat16, attention "
+      << fixed(float32_rates.attention_flops / 1e9, 1) << " / " << fixed(bf16_rates.attention_flops / 1e9, 1)
+      << ", memory " << fixed(bandwidth / 1e9, 1) << " GB/s; wrote topology '" << name << "' to " << path
       << "\n  plan this machine: meshtrain compile MODEL topologies_path=" << path
       << (name == stated.name ? "" : " topology=" + name) << "\n";
   return 0;

@@ -32,14 +32,17 @@ double loss_softmax_logit_passes(const ModelSpec& spec, const PlanOp& op) {
 namespace {
 
 // Seconds of a compute op's work at the rate its kind runs at on `topology` (shared by `host_share` ranks):
-// dense matmuls at the GEMM peak of the compute dtype, attention at its own rate, the cross-entropy's two
-// GEMMs at the peak plus its softmax part per logit. The bytes it moves bound it from below (roofline), at
-// the elementwise ops' own rate for those (norms and activations move their bytes slower than a stream).
+// dense matmuls (and the cross-entropy's two GEMMs) at the matmul rate of the compute dtype, attention at its
+// own rate, plus the cross-entropy's softmax part per logit, everything else at the GEMM peak. The bytes it
+// moves bound it from below (roofline), at the elementwise ops' own rate for those (norms and activations
+// move their bytes slower than a stream).
 double compute_op_seconds(const TrainingPlan& plan, const PlanOp& op, double host_share) {
   const Topology& topology = plan.topology;
   const DType dtype = plan.spec.config.dtype;
-  const double flops_rate =
-      op.op->kind == OpKind::attention ? topology.attention_flops(dtype) : topology.peak_flops(dtype);
+  const double flops_rate = op.op->kind == OpKind::attention ? topology.attention_flops(dtype)
+                            : op.op->kind == OpKind::matmul || loss_softmax_logit_passes(plan.spec, op) > 0.0
+                                ? topology.matmul_flops(dtype)
+                                : topology.peak_flops(dtype);
   double seconds = op.flops / (flops_rate / host_share);
   // The cross-entropy's softmax part, beside its GEMMs.
   const double softmax_rate = topology.loss_softmax_logits(dtype);

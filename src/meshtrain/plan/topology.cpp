@@ -31,10 +31,10 @@ const std::string kFormatHint = "the format is described at the top of configs/t
 
 const std::vector<std::string>& entry_fields() {
   static const std::vector<std::string> fields = {
-      "device_kind",      "num_devices",          "devices_per_host",    "count_per_device",
-      "memory_gb",        "memory_gib",           "host_memory_shared",  "host_cores",
-      "peak_tflops",      "memory_bandwidth_gbs", "intra_host_link_gbs", "inter_host_link_gbs",
-      "attention_tflops", "loss_softmax_glogits", "elementwise_gbs"};
+      "device_kind",   "num_devices",          "devices_per_host",     "count_per_device",
+      "memory_gb",     "memory_gib",           "host_memory_shared",   "host_cores",
+      "peak_tflops",   "memory_bandwidth_gbs", "intra_host_link_gbs",  "inter_host_link_gbs",
+      "matmul_tflops", "attention_tflops",     "loss_softmax_glogits", "elementwise_gbs"};
   return fields;
 }
 
@@ -228,8 +228,14 @@ CatalogEntry read_entry(const std::string& key, const YAML::Node& node, const st
       per_dtype(node["peak_tflops"], where, "peak_tflops", "dense GEMM TFLOP/s per device");
   topology.peak_flops_float32 = peaks.first * kFlopsPerTeraflop;
   topology.peak_flops_bfloat16 = peaks.second * kFlopsPerTeraflop;
-  // Optional (files written before they existed load as before): attention at the GEMM peaks, the loss's
-  // softmax not priced.
+  // Optional (files written before they existed load as before): matmuls and attention at the GEMM peaks,
+  // the loss's softmax not priced.
+  const std::pair<double, double> matmul =
+      node["matmul_tflops"] ? per_dtype(node["matmul_tflops"], where, "matmul_tflops",
+                                        "dense matmul TFLOP/s at a model's shapes per device")
+                            : peaks;
+  topology.matmul_flops_float32 = matmul.first * kFlopsPerTeraflop;
+  topology.matmul_flops_bfloat16 = matmul.second * kFlopsPerTeraflop;
   const std::pair<double, double> attention =
       node["attention_tflops"]
           ? per_dtype(node["attention_tflops"], where, "attention_tflops", "attention TFLOP/s per device")

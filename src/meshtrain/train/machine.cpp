@@ -152,12 +152,12 @@ MachineReport measure_machine(bool with_bf16) {
   return report;
 }
 
-OpClassRates measure_op_class_rates(DType dtype, double gemm_peak_flops) {
+OpClassRates measure_op_class_rates(DType dtype) {
   constexpr int64_t kTimedSteps = 2;
   const Config config = load_config(
-      "gpt2-124m", {"base_num_decoder_layers=1", "per_device_batch_size=2", "max_target_length=256",
-                    "max_position_embeddings=256", "base_mlp_dim=768", "vocab_size=8192",
-                    "dataset_type=synthetic", "tokenizer_path=", "dtype=" + dtype_config_name(dtype)});
+      "gpt2-124m", {"base_num_decoder_layers=1", "per_device_batch_size=4", "max_target_length=256",
+                    "max_position_embeddings=256", "vocab_size=8192", "dataset_type=synthetic",
+                    "tokenizer_path=", "dtype=" + dtype_config_name(dtype)});
   Engine engine(config);
   const ModelDims& dims = engine.spec().dims;
   // One document per row, every target counted.
@@ -189,10 +189,15 @@ OpClassRates measure_op_class_rates(DType dtype, double gemm_peak_flops) {
     MT_CHECK(best < 1e30, "no trace event of op '" + op.op->name + "'");
     return best;
   };
-  double attention_flops = 0.0, attention_seconds = 0.0, logit_passes = 0.0, softmax_seconds = 0.0;
+  double matmul_flops = 0.0, matmul_seconds = 0.0, attention_flops = 0.0, attention_seconds = 0.0;
   double elementwise_bytes = 0.0, elementwise_seconds = 0.0;
   const TrainingPlan& plan = engine.plan();
-  for (const PlanOp& op : plan.kernel(KernelName::fwd_bwd).ops) {
+  const std::vector<PlanOp>& ops = plan.kernel(KernelName::fwd_bwd).ops;
+  for (const PlanOp& op : ops) {
+    if (op.op->kind == OpKind::matmul) {
+      matmul_flops += op.flops;
+      matmul_seconds += seconds_of(op);
+    }
     if (op.op->kind == OpKind::attention) {
       attention_flops += op.flops;
       attention_seconds += seconds_of(op);
@@ -201,20 +206,26 @@ OpClassRates measure_op_class_rates(DType dtype, double gemm_peak_flops) {
       elementwise_bytes += op.bytes_accessed;
       elementwise_seconds += seconds_of(op);
     }
+  }
+  MT_CHECK(matmul_seconds > 0.0 && attention_seconds > 0.0 && elementwise_seconds > 0.0,
+           "no matmul, attention or elementwise op timed");
+  const double matmul_rate = matmul_flops / matmul_seconds;
+  double logit_passes = 0.0, softmax_seconds = 0.0;
+  for (const PlanOp& op : ops) {
     if (const double passes = loss_softmax_logit_passes(plan.spec, op); passes > 0.0) {
       logit_passes += passes;
-      // Where the loss's GEMMs ran faster than the peak measured on a cube, the softmax keeps at least a
-      // tenth of the op's time rather than none.
+      // Where the loss's GEMMs ran faster than the layers' matmuls, the softmax keeps at least a tenth of the
+      // op's time rather than none.
       const double seconds = seconds_of(op);
-      softmax_seconds += std::max(seconds - op.flops / gemm_peak_flops, 0.1 * seconds);
+      softmax_seconds += std::max(seconds - op.flops / matmul_rate, 0.1 * seconds);
     }
   }
-  MT_CHECK(attention_seconds > 0.0 && softmax_seconds > 0.0 && elementwise_seconds > 0.0,
-           "no attention, loss or elementwise op timed");
-  // As the peaks: the best figure measured on this machine for the kernels this build runs.
-  const std::string key = machine_key() + "|" + dtype_config_name(dtype) + "|";
+  MT_CHECK(softmax_seconds > 0.0, "no loss op timed");
+  // As the peaks: the best figure measured on this machine, for this step (its shapes in the key).
+  const std::string key = machine_key() + "|" + dtype_config_name(dtype) + "|gpt2-124m layer B4 S256 V8192|";
   std::string source;
   return {
+      best_measured("op_rate", "rate", key + "matmul", matmul_rate, source),
       best_measured("op_rate", "rate", key + "attention", attention_flops / attention_seconds, source),
       best_measured("op_rate", "rate", key + "loss_softmax", logit_passes / softmax_seconds, source),
       best_measured("op_rate", "rate", key + "elementwise", elementwise_bytes / elementwise_seconds, source)};

@@ -69,6 +69,7 @@ TEST(Topology, EveryFamilyHasItsStatedFigures) {
     EXPECT_EQ(topology.host_cores, 0);
     // No stated attention or softmax rates: attention runs at the tensor-core (MXU) peaks, the softmax is not
     // priced (the cost of every op as before the rates existed).
+    EXPECT_DOUBLE_EQ(topology.matmul_flops(DType::bf16), expected.bfloat16_tflops * kTera);
     EXPECT_DOUBLE_EQ(topology.attention_flops(DType::f32), expected.float32_tflops * kTera);
     EXPECT_DOUBLE_EQ(topology.attention_flops(DType::bf16), expected.bfloat16_tflops * kTera);
     EXPECT_EQ(topology.loss_softmax_logits(DType::f32), 0.0);
@@ -210,6 +211,7 @@ lab:                       # a fixed cluster: 4 hosts of 4 CPUs sharing each hos
   host_memory_shared: true
   memory_gb: 128
   peak_tflops: {float32: 1, bfloat16: 2}
+  matmul_tflops: {float32: 0.75, bfloat16: 1.5}
   attention_tflops: {float32: 0.25, bfloat16: 0.5}
   loss_softmax_glogits: {float32: 3, bfloat16: 1.5}
   elementwise_gbs: {float32: 20, bfloat16: 25}
@@ -241,13 +243,16 @@ TEST(Topology, UserCatalogAddsAndReplacesEntries) {
   EXPECT_EQ(lab.num_devices, 16);
   EXPECT_DOUBLE_EQ(lab.device_memory_bytes(16), 32 * kGB);  // 4 ranks on each 128 GB host
   EXPECT_DOUBLE_EQ(lab.link_bandwidth(4, 4), 3 * kGB);
+  EXPECT_DOUBLE_EQ(lab.matmul_flops(DType::f32), 0.75 * kTera);
+  EXPECT_DOUBLE_EQ(lab.matmul_flops(DType::bf16), 1.5 * kTera);
   EXPECT_DOUBLE_EQ(lab.attention_flops(DType::f32), 0.25 * kTera);
   EXPECT_DOUBLE_EQ(lab.attention_flops(DType::bf16), 0.5 * kTera);
   EXPECT_DOUBLE_EQ(lab.loss_softmax_logits(DType::f32), 3 * kGB);
   EXPECT_DOUBLE_EQ(lab.loss_softmax_logits(DType::bf16), 1.5 * kGB);
   EXPECT_DOUBLE_EQ(lab.elementwise_bandwidth(DType::f32), 20 * kGB);
   EXPECT_DOUBLE_EQ(lab.elementwise_bandwidth(DType::bf16), 25 * kGB);
-  // An entry without them (written before they existed) loads with attention at its GEMM peaks.
+  // An entry without them (written before they existed) loads with matmuls and attention at its GEMM peaks.
+  EXPECT_DOUBLE_EQ(replaced.matmul_flops(DType::f32), 2 * kTera);
   EXPECT_DOUBLE_EQ(replaced.attention_flops(DType::bf16), 4 * kTera);
   EXPECT_EQ(replaced.loss_softmax_logits(DType::bf16), 0.0);
   EXPECT_DOUBLE_EQ(replaced.elementwise_bandwidth(DType::f32), 200 * kGB);  // its memory_bandwidth_gbs
@@ -326,6 +331,9 @@ TEST(Topology, BadUserFilesNameTheFileAndTheField) {
   expect_user_file_error("word_rate.yaml",
                          rates_entry + "  loss_softmax_glogits: {float32: 2, bfloat16: fast}\n",
                          {"field 'loss_softmax_glogits.bfloat16'", "a positive number", "'fast'"});
+  expect_user_file_error("negative_matmul.yaml",
+                         rates_entry + "  matmul_tflops: {float32: 1, bfloat16: -2}\n",
+                         {"field 'matmul_tflops.bfloat16'", "a positive number", "'-2'"});
   expect_user_file_error("zero_rate.yaml", rates_entry + "  elementwise_gbs: {float32: 0, bfloat16: 1}\n",
                          {"field 'elementwise_gbs.float32'", "a positive number", "'0'"});
   expect_user_file_error("one_dtype.yaml", rates_entry + "  attention_tflops: {float32: 1}\n",
