@@ -73,7 +73,7 @@ TEST_F(MeasureMachine, WritesACatalogThatPlansThisMachine) {
   } else {
     EXPECT_EQ(measured.peak_flops_bfloat16, stated.peak_flops_bfloat16);
   }
-  // The rates of attention and the loss's softmax, per dtype, as the entry states them.
+  // Each op kind's rate, per dtype, as the entry states it, positive, in its unit.
   const auto rates_of = [&](const std::string& field) {
     const double float32 = number_after(field + ": {float32: ");
     const size_t at = text.find(", bfloat16: ", text.find(field));
@@ -81,30 +81,27 @@ TEST_F(MeasureMachine, WritesACatalogThatPlansThisMachine) {
     return std::pair<double, double>{float32,
                                      at == std::string::npos ? 0.0 : std::stod(text.substr(at + 12))};
   };
-  const auto [matmul_float32, matmul_bf16] = rates_of("matmul_tflops");
-  EXPECT_GT(matmul_float32, 0.0);
-  EXPECT_DOUBLE_EQ(measured.matmul_flops(DType::f32), matmul_float32 * 1e12);
-  EXPECT_DOUBLE_EQ(measured.matmul_flops(DType::bf16), matmul_bf16 * 1e12);
-  const auto [attention_float32, attention_bf16] = rates_of("attention_tflops");
-  EXPECT_GT(attention_float32, 0.0);
-  EXPECT_GT(attention_bf16, 0.0);
-  EXPECT_DOUBLE_EQ(measured.attention_flops(DType::f32), attention_float32 * 1e12);
-  EXPECT_DOUBLE_EQ(measured.attention_flops(DType::bf16), attention_bf16 * 1e12);
-  // In their units: matmuls and attention run at most near the bf16 GEMM peak (units a thousand times off
-  // would not; the peak and each rate are each the best measured on this machine).
+  struct Rate {
+    std::string field;
+    double unit;
+    double (Topology::*of)(DType) const;
+  };
+  for (const Rate& rate : std::vector<Rate>{{"matmul_tflops", 1e12, &Topology::matmul_flops},
+                                            {"attention_tflops", 1e12, &Topology::attention_flops},
+                                            {"loss_softmax_glogits", 1e9, &Topology::loss_softmax_logits},
+                                            {"elementwise_gbs", 1e9, &Topology::elementwise_bandwidth}}) {
+    SCOPED_TRACE(rate.field);
+    const auto [float32, bf16] = rates_of(rate.field);
+    EXPECT_GT(float32, 0.0);
+    EXPECT_GT(bf16, 0.0);
+    EXPECT_DOUBLE_EQ((measured.*rate.of)(DType::f32), float32 * rate.unit);
+    EXPECT_DOUBLE_EQ((measured.*rate.of)(DType::bf16), bf16 * rate.unit);
+  }
+  // Matmuls and attention run at most near the bf16 GEMM peak (units a thousand times off would not; the
+  // peak and each rate are each the best measured on this machine).
   EXPECT_LE(measured.matmul_flops(DType::bf16), 1.5 * measured.peak_flops(DType::bf16));
   EXPECT_LE(measured.attention_flops(DType::f32), measured.peak_flops(DType::bf16));
   EXPECT_LE(measured.attention_flops(DType::bf16), measured.peak_flops(DType::bf16));
-  const auto [softmax_float32, softmax_bf16] = rates_of("loss_softmax_glogits");
-  EXPECT_GT(softmax_float32, 0.0);
-  EXPECT_GT(softmax_bf16, 0.0);
-  EXPECT_DOUBLE_EQ(measured.loss_softmax_logits(DType::f32), softmax_float32 * 1e9);
-  EXPECT_DOUBLE_EQ(measured.loss_softmax_logits(DType::bf16), softmax_bf16 * 1e9);
-  const auto [elementwise_float32, elementwise_bf16] = rates_of("elementwise_gbs");
-  EXPECT_GT(elementwise_float32, 0.0);
-  EXPECT_GT(elementwise_bf16, 0.0);
-  EXPECT_DOUBLE_EQ(measured.elementwise_bandwidth(DType::f32), elementwise_float32 * 1e9);
-  EXPECT_DOUBLE_EQ(measured.elementwise_bandwidth(DType::bf16), elementwise_bf16 * 1e9);
   EXPECT_EQ(measured.memory_bytes, stated.memory_bytes);
   EXPECT_EQ(measured.host_cores, stated.host_cores);
   EXPECT_EQ(measured.host_memory_shared, stated.host_memory_shared);
