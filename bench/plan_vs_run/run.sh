@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The plan's predicted step time against the measured one, per compute dtype, on this machine:
-# `meshtrain measure-machine` writes this machine's topology (GEMM peaks, attention, loss-softmax and
+# `meshtrain measure-machine` writes this machine's topology (GEMM peaks, matmul, attention, loss-softmax and
 # elementwise rates, memory bandwidth), each dtype's run is planned with it (its plan files) and trained for
 # STEPS steps of synthetic tokens, every step after the first traced. Prints per dtype the predicted step
 # (fwd_bwd + update), the median measured step after the first and their ratio; the sum of each op's least
