@@ -2,6 +2,7 @@
 // against a fresh plan_training of the same inputs, plan files against serialize_kernel_plan, --search's
 // ranking against the step time recomputed from a fresh plan, and bad input against the key it names.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
@@ -124,6 +125,40 @@ TEST_F(CompileCli, PrintsEveryKernelAndTheVerdict) {
                                    gib_text(plan.device_memory_bytes) + " GiB\n"))
       << output;
   EXPECT_TRUE(contains(output, "(" + std::to_string(plan.arena_bytes) + " bytes)")) << output;
+}
+
+// The topology row names the rates the cost used for the compute dtype: the GEMM peak, attention, the loss's
+// softmax and the elementwise ops' bandwidth (a user entry stating them; the built-in GPUs state none).
+TEST_F(CompileCli, PrintsTheRatesEachOpKindIsPricedAt) {
+  const std::string path = (std::filesystem::temp_directory_path() /
+                            ("meshtrain_compile_rates_" + std::to_string(::getpid()) + ".yaml"))
+                               .string();
+  std::ofstream(path) << "rated:\n  device_kind: cpu\n  num_devices: 0\n  host_memory_shared: true\n"
+                         "  memory_gb: 64\n  peak_tflops: {float32: 0.4, bfloat16: 1.6}\n"
+                         "  matmul_tflops: {float32: 0.375, bfloat16: 1.25}\n"
+                         "  attention_tflops: {float32: 0.125, bfloat16: 0.25}\n"
+                         "  loss_softmax_glogits: {float32: 0.5, bfloat16: 0.75}\n"
+                         "  memory_bandwidth_gbs: 20\n  elementwise_gbs: {float32: 5, bfloat16: 6.5}\n"
+                         "  intra_host_link_gbs: 20\n";
+  const std::string float32 = run({"qwen3-tiny", "topologies_path=" + path, "topology=rated"});
+  EXPECT_TRUE(
+      contains(float32,
+               "peak 0.4 TFLOP/s float32 (matmuls 0.375, attention 0.125, loss softmax 0.5 Glogit/s), "
+               "memory 20 GB/s (elementwise 5)"))
+      << float32;
+  const std::string bf16 = run({"qwen3-tiny", "topologies_path=" + path, "topology=rated", "dtype=bfloat16"});
+  EXPECT_TRUE(
+      contains(bf16,
+               "peak 1.6 TFLOP/s bfloat16 (matmuls 1.25, attention 0.25, loss softmax 0.75 Glogit/s), "
+               "memory 20 GB/s (elementwise 6.5)"))
+      << bf16;
+  std::filesystem::remove(path);
+  const std::string gpu = run({"qwen3-tiny", "topology=h100x1", "dtype=bfloat16"});
+  EXPECT_TRUE(
+      contains(gpu,
+               "peak 989 TFLOP/s bfloat16 (matmuls 989, attention 989, loss softmax not priced), memory "
+               "3350 GB/s (elementwise 3350)"))
+      << gpu;
 }
 
 // Under mesh.expert > 1, compile says what each pair of expert ranks exchanges and one step's all-to-all

@@ -1,5 +1,6 @@
 // cli/measure_machine: the entry it writes is a valid catalog that plans with this machine's measured
-// figures; a renamed entry leaves the built-in `cpu` as stated; bad flags name the flag.
+// figures (GEMM peaks, attention and loss-softmax rates, memory bandwidth); a renamed entry leaves the
+// built-in `cpu` as stated; bad flags name the flag.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -72,6 +73,35 @@ TEST_F(MeasureMachine, WritesACatalogThatPlansThisMachine) {
   } else {
     EXPECT_EQ(measured.peak_flops_bfloat16, stated.peak_flops_bfloat16);
   }
+  // Each op kind's rate, per dtype, as the entry states it, positive, in its unit.
+  const auto rates_of = [&](const std::string& field) {
+    const double float32 = number_after(field + ": {float32: ");
+    const size_t at = text.find(", bfloat16: ", text.find(field));
+    EXPECT_NE(at, std::string::npos) << field << " in " << text;
+    return std::pair<double, double>{float32,
+                                     at == std::string::npos ? 0.0 : std::stod(text.substr(at + 12))};
+  };
+  struct Rate {
+    std::string field;
+    double unit;
+    double (Topology::*of)(DType) const;
+  };
+  for (const Rate& rate : std::vector<Rate>{{"matmul_tflops", 1e12, &Topology::matmul_flops},
+                                            {"attention_tflops", 1e12, &Topology::attention_flops},
+                                            {"loss_softmax_glogits", 1e9, &Topology::loss_softmax_logits},
+                                            {"elementwise_gbs", 1e9, &Topology::elementwise_bandwidth}}) {
+    SCOPED_TRACE(rate.field);
+    const auto [float32, bf16] = rates_of(rate.field);
+    EXPECT_GT(float32, 0.0);
+    EXPECT_GT(bf16, 0.0);
+    EXPECT_DOUBLE_EQ((measured.*rate.of)(DType::f32), float32 * rate.unit);
+    EXPECT_DOUBLE_EQ((measured.*rate.of)(DType::bf16), bf16 * rate.unit);
+  }
+  // Matmuls and attention run at most near the bf16 GEMM peak (units a thousand times off would not; the
+  // peak and each rate are each the best measured on this machine).
+  EXPECT_LE(measured.matmul_flops(DType::bf16), 1.5 * measured.peak_flops(DType::bf16));
+  EXPECT_LE(measured.attention_flops(DType::f32), measured.peak_flops(DType::bf16));
+  EXPECT_LE(measured.attention_flops(DType::bf16), measured.peak_flops(DType::bf16));
   EXPECT_EQ(measured.memory_bytes, stated.memory_bytes);
   EXPECT_EQ(measured.host_cores, stated.host_cores);
   EXPECT_EQ(measured.host_memory_shared, stated.host_memory_shared);
@@ -84,6 +114,10 @@ TEST_F(MeasureMachine, WritesACatalogThatPlansThisMachine) {
   const TrainingPlan plan = plan_training(request);
   EXPECT_EQ(plan.topology.peak_flops_float32, measured.peak_flops_float32);
   EXPECT_EQ(plan.topology.memory_bandwidth, measured.memory_bandwidth);
+  EXPECT_EQ(plan.topology.matmul_flops_float32, measured.matmul_flops_float32);
+  EXPECT_EQ(plan.topology.attention_flops_float32, measured.attention_flops_float32);
+  EXPECT_EQ(plan.topology.loss_softmax_logits_float32, measured.loss_softmax_logits_float32);
+  EXPECT_EQ(plan.topology.elementwise_bandwidth_float32, measured.elementwise_bandwidth_float32);
 }
 
 TEST_F(MeasureMachine, ARenamedEntryLeavesTheBuiltInCpuAsStated) {

@@ -224,7 +224,8 @@ std::vector<CommandSpec> make_table() {
         "checkpoint."},
        {"meshtrain export-hf runs/qwen3-0.6b-mine --out ~/models/Qwen3-0.6B-mine --dtype bfloat16"}},
       {"measure-machine",
-       "time this machine's GEMM peak and memory bandwidth, as a topology entry to plan with",
+       "time this machine's GEMM peaks, attention, the loss's softmax, elementwise ops and memory bandwidth, "
+       "as a topology entry to plan with",
        "measure-machine [--out FILE] [--name NAME]",
        "",
        false,

@@ -41,6 +41,16 @@ size_t TraceRecorder::event_count() const {
   return events_.size();
 }
 
+std::map<std::pair<std::string, int64_t>, double> TraceRecorder::durations_us(
+    const std::string& category) const {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  std::map<std::pair<std::string, int64_t>, double> durations;
+  for (const Event& event : events_) {
+    if (event.category == category) durations[{event.name, event.step}] += event.duration_us;
+  }
+  return durations;
+}
+
 void TraceRecorder::write(const std::string& path) const {
   nlohmann::json events = nlohmann::json::array();
   // Metadata events name the process and threads in the viewer.

@@ -5,6 +5,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -31,6 +32,8 @@ class TraceRecorder {
   double now_us() const;
 
   size_t event_count() const;
+  // Microseconds recorded per event name and step, over events of `category` ("op": the kernels' ops).
+  std::map<std::pair<std::string, int64_t>, double> durations_us(const std::string& category) const;
   // Writes everything recorded so far as trace JSON, atomically (MeshError naming `path` on failure).
   void write(const std::string& path) const;
 

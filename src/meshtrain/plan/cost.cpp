@@ -1,5 +1,6 @@
 // Cost pass: per op FLOPs, bytes accessed, collective payload (aot-plan.md definitions) and predicted time
-// (roofline for compute, payload / link bandwidth for collectives), and the kernel's memory figures.
+// (roofline for compute, each op kind at the rate it runs at; payload / link bandwidth for collectives), and
+// the kernel's memory figures.
 #include <set>
 
 #include "meshtrain/core/arena.h"
@@ -21,6 +22,37 @@ double collective_payload_bytes(CollectiveKind kind, double full_bytes, double r
   }
   return 0.0;
 }
+
+double loss_softmax_logit_passes(const ModelSpec& spec, const PlanOp& op) {
+  // The MoE balance loss is a loss op too; it does not read the targets.
+  if (op.op->kind != OpKind::loss || !contains(op.op->reads, spec.targets)) return 0.0;
+  return op.flops / (2.0 * static_cast<double>(spec.dims.D));
+}
+
+namespace {
+
+// Seconds of a compute op's work at the rate its kind runs at on `topology` (shared by `host_share` ranks):
+// dense matmuls (and the cross-entropy's two GEMMs) at the matmul rate of the compute dtype, attention at its
+// own rate, plus the cross-entropy's softmax part per logit, everything else at the GEMM peak. The bytes it
+// moves bound it from below (roofline), at the elementwise ops' own rate for those (norms and activations
+// move their bytes slower than a stream).
+double compute_op_seconds(const TrainingPlan& plan, const PlanOp& op, double host_share) {
+  const Topology& topology = plan.topology;
+  const DType dtype = plan.spec.config.dtype;
+  const double flops_rate = op.op->kind == OpKind::attention ? topology.attention_flops(dtype)
+                            : op.op->kind == OpKind::matmul || loss_softmax_logit_passes(plan.spec, op) > 0.0
+                                ? topology.matmul_flops(dtype)
+                                : topology.peak_flops(dtype);
+  double seconds = op.flops / (flops_rate / host_share);
+  // The cross-entropy's softmax part, beside its GEMMs.
+  const double softmax_rate = topology.loss_softmax_logits(dtype);
+  if (softmax_rate > 0.0) seconds += loss_softmax_logit_passes(plan.spec, op) / (softmax_rate / host_share);
+  const double bandwidth =
+      op.op->kind == OpKind::elementwise ? topology.elementwise_bandwidth(dtype) : topology.memory_bandwidth;
+  return std::max(seconds, op.bytes_accessed / (bandwidth / host_share));
+}
+
+}  // namespace
 
 void cost_kernel(const TrainingPlan& plan, KernelPlan& kernel) {
   const ModelSpec& spec = plan.spec;
@@ -53,8 +85,7 @@ void cost_kernel(const TrainingPlan& plan, KernelPlan& kernel) {
       op.seconds = op.collective_bytes / topology.link_bandwidth(c.group, plan.mesh.stride(c.axis));
       kernel.collective_bytes[mesh_axis_name(c.axis)] += op.collective_bytes;
     } else {
-      op.seconds = std::max(op.flops / (topology.peak_flops(spec.config.dtype) / host_share),
-                            op.bytes_accessed / (topology.memory_bandwidth / host_share));
+      op.seconds = compute_op_seconds(plan, op, host_share);
     }
     kernel.flops += op.flops;
     kernel.bytes_accessed += op.bytes_accessed;

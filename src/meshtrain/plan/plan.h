@@ -117,6 +117,11 @@ struct PlanOp {
   std::vector<size_t> offsets;  // parallel to `buffers`
 };
 
+// The logits an op's softmax passes over, counted once per GEMM pass (1 in eval, 3 with the gradient): the
+// cross-entropy's (the loss op that reads the targets) op FLOPs / 2 D, as it declares 2 D FLOPs per logit and
+// pass; 0 for every other op. The cost pass prices them at Topology::loss_softmax_logits (cost.cpp).
+double loss_softmax_logit_passes(const ModelSpec& spec, const PlanOp& op);
+
 struct MemoryFigures {
   size_t arguments = 0, outputs = 0, aliases = 0, temps = 0, peak = 0;
 };

@@ -56,7 +56,11 @@ std::string serialize_kernel_plan(const TrainingPlan& plan, KernelName name, int
                      {"device_kind", t.device_kind},
                      {"devices", plan.mesh.devices()},
                      {"device_memory_bytes", plan.device_memory_bytes},
-                     {"peak_flops", plan.topology.peak_flops(plan.spec.config.dtype)},
+                     {"peak_flops", t.peak_flops(plan.spec.config.dtype)},
+                     {"matmul_flops", t.matmul_flops(plan.spec.config.dtype)},
+                     {"attention_flops", t.attention_flops(plan.spec.config.dtype)},
+                     {"loss_softmax_logits_per_second", t.loss_softmax_logits(plan.spec.config.dtype)},
+                     {"elementwise_bandwidth", t.elementwise_bandwidth(plan.spec.config.dtype)},
                      {"memory_bandwidth", t.memory_bandwidth},
                      {"intra_host_bandwidth", t.intra_host_bandwidth},
                      {"inter_host_bandwidth", t.inter_host_bandwidth}};

@@ -24,15 +24,17 @@ namespace {
 constexpr double kBytesPerGB = 1e9;
 constexpr double kBytesPerGiB = 1024.0 * 1024.0 * 1024.0;
 constexpr double kFlopsPerTeraflop = 1e12;
+constexpr double kPerGiga = 1e9;
 constexpr size_t kMaxCountDigits = 9;  // keeps count arithmetic far from overflow; no cluster is near 1e9
 const std::string kThisMachine = "this_machine";
 const std::string kFormatHint = "the format is described at the top of configs/topologies.yaml";
 
 const std::vector<std::string>& entry_fields() {
   static const std::vector<std::string> fields = {
-      "device_kind", "num_devices",          "devices_per_host",    "count_per_device",
-      "memory_gb",   "memory_gib",           "host_memory_shared",  "host_cores",
-      "peak_tflops", "memory_bandwidth_gbs", "intra_host_link_gbs", "inter_host_link_gbs"};
+      "device_kind",   "num_devices",          "devices_per_host",     "count_per_device",
+      "memory_gb",     "memory_gib",           "host_memory_shared",   "host_cores",
+      "peak_tflops",   "memory_bandwidth_gbs", "intra_host_link_gbs",  "inter_host_link_gbs",
+      "matmul_tflops", "attention_tflops",     "loss_softmax_glogits", "elementwise_gbs"};
   return fields;
 }
 
@@ -113,6 +115,17 @@ void reject_unknown_fields(const YAML::Node& map, const std::string& where,
     fail(where + ", field '" + name + "'", "one of the fields " + join(known), "an unknown field",
          "did you mean '" + closest_name(name, known) + "'?");
   }
+}
+
+// A rate per compute dtype, `{float32: <number>, bfloat16: <number>}`, both positive.
+std::pair<double, double> per_dtype(const YAML::Node& value, const std::string& where,
+                                    const std::string& field, const std::string& meaning) {
+  if (!value || !value.IsMap()) {
+    fail_field(where, field, meaning + " per dtype: {float32: <number>, bfloat16: <number>}", value);
+  }
+  reject_unknown_fields(value, where + ", field '" + field + "'", {"float32", "bfloat16"});
+  return {positive_number(value["float32"], where, field + ".float32", "float32 " + meaning),
+          positive_number(value["bfloat16"], where, field + ".bfloat16", "bfloat16 " + meaning)};
 }
 
 // The cores this process may run on (its affinity mask, as a container or taskset limits it).
@@ -211,21 +224,42 @@ CatalogEntry read_entry(const std::string& key, const YAML::Node& node, const st
                                              "CPU cores of a host, or " + kThisMachine, 1);
   }
 
-  const YAML::Node peaks = node["peak_tflops"];
-  if (!peaks || !peaks.IsMap()) {
-    fail_field(where, "peak_tflops", "dense peaks per device: {float32: <TFLOP/s>, bfloat16: <TFLOP/s>}",
-               peaks);
+  const std::pair<double, double> peaks =
+      per_dtype(node["peak_tflops"], where, "peak_tflops", "dense GEMM TFLOP/s per device");
+  topology.peak_flops_float32 = peaks.first * kFlopsPerTeraflop;
+  topology.peak_flops_bfloat16 = peaks.second * kFlopsPerTeraflop;
+  // Optional (files written before they existed load as before): matmuls and attention at the GEMM peaks,
+  // the loss's softmax not priced.
+  const std::pair<double, double> matmul =
+      node["matmul_tflops"] ? per_dtype(node["matmul_tflops"], where, "matmul_tflops",
+                                        "dense matmul TFLOP/s at a model's shapes per device")
+                            : peaks;
+  topology.matmul_flops_float32 = matmul.first * kFlopsPerTeraflop;
+  topology.matmul_flops_bfloat16 = matmul.second * kFlopsPerTeraflop;
+  const std::pair<double, double> attention =
+      node["attention_tflops"]
+          ? per_dtype(node["attention_tflops"], where, "attention_tflops", "attention TFLOP/s per device")
+          : peaks;
+  topology.attention_flops_float32 = attention.first * kFlopsPerTeraflop;
+  topology.attention_flops_bfloat16 = attention.second * kFlopsPerTeraflop;
+  if (node["loss_softmax_glogits"]) {
+    const std::pair<double, double> softmax =
+        per_dtype(node["loss_softmax_glogits"], where, "loss_softmax_glogits",
+                  "billions of logits per second through the loss's softmax per device");
+    topology.loss_softmax_logits_float32 = softmax.first * kPerGiga;
+    topology.loss_softmax_logits_bfloat16 = softmax.second * kPerGiga;
   }
-  reject_unknown_fields(peaks, where + ", field 'peak_tflops'", {"float32", "bfloat16"});
-  topology.peak_flops_float32 =
-      positive_number(peaks["float32"], where, "peak_tflops.float32", "dense float32 TFLOP/s per device") *
-      kFlopsPerTeraflop;
-  topology.peak_flops_bfloat16 =
-      positive_number(peaks["bfloat16"], where, "peak_tflops.bfloat16", "dense bfloat16 TFLOP/s per device") *
-      kFlopsPerTeraflop;
   topology.memory_bandwidth = positive_number(node["memory_bandwidth_gbs"], where, "memory_bandwidth_gbs",
                                               "memory bandwidth per device in GB/s") *
                               kBytesPerGB;
+  // Optional as the rates above: elementwise ops at the memory bandwidth.
+  const std::pair<double, double> elementwise =
+      node["elementwise_gbs"] ? per_dtype(node["elementwise_gbs"], where, "elementwise_gbs",
+                                          "GB/s the elementwise ops move per device")
+                              : std::pair<double, double>{topology.memory_bandwidth / kBytesPerGB,
+                                                          topology.memory_bandwidth / kBytesPerGB};
+  topology.elementwise_bandwidth_float32 = elementwise.first * kBytesPerGB;
+  topology.elementwise_bandwidth_bfloat16 = elementwise.second * kBytesPerGB;
   topology.intra_host_bandwidth =
       positive_number(node["intra_host_link_gbs"], where, "intra_host_link_gbs",
                       "link bandwidth per device per direction within a host, in GB/s") *

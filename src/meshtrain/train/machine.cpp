@@ -11,11 +11,15 @@
 #include <memory>
 #include <vector>
 
+#include "meshtrain/config/config.h"
 #include "meshtrain/core/cpu_features.h"
 #include "meshtrain/core/crc32c.h"
 #include "meshtrain/core/dtype.h"
 #include "meshtrain/core/durable_file.h"
 #include "meshtrain/core/error.h"
+#include "meshtrain/metrics/trace.h"
+#include "meshtrain/plan/plan.h"
+#include "meshtrain/runtime/engine.h"
 // The machine report times and names the host GEMM itself, so it is cpu-specific by nature and reads
 // kernels/cpu/gemm.h directly rather than the backend table (kernels/backend.h) the model's ops go through.
 #include "meshtrain/kernels/cpu/gemm.h"
@@ -96,18 +100,19 @@ nlohmann::json MachineReport::to_json() const {
 namespace {
 
 // The best of `measured` and the figure cached under `key` (and the cache updated when `measured` is
-// better); `source` says which it is.
-double best_measured(const std::string& key, double measured, std::string& source) {
+// better): field `field` of the file <stem>_<crc32c of key>.json; `source` says which it is.
+double best_measured(const std::string& stem, const std::string& field, const std::string& key,
+                     double measured, std::string& source) {
   source = "measured now";
   const fs::path folder = cache_folder();
   if (folder.empty()) return measured;
-  char name[64];
-  std::snprintf(name, sizeof name, "gemm_peak_%08x.json", crc32c(key.data(), key.size()));
+  char name[96];
+  std::snprintf(name, sizeof name, "%s_%08x.json", stem.c_str(), crc32c(key.data(), key.size()));
   const fs::path file = folder / name;
   double cached = 0.0;
   if (std::ifstream in(file); in) {
     const nlohmann::json saved = nlohmann::json::parse(in, nullptr, false);
-    if (saved.is_object() && saved.value("key", "") == key) cached = saved.value("gemm_peak_flops", 0.0);
+    if (saved.is_object() && saved.value("key", "") == key) cached = saved.value(field, 0.0);
   }
   if (cached >= measured) {
     source = "best measured on this machine, " + file.string();
@@ -115,11 +120,16 @@ double best_measured(const std::string& key, double measured, std::string& sourc
   }
   try {  // a better figure replaces the cached one; a cache that cannot be written is not an error
     fs::create_directories(folder);
-    write_file_atomically(file.string(),
-                          nlohmann::json{{"key", key}, {"gemm_peak_flops", measured}}.dump() + "\n");
+    write_file_atomically(file.string(), nlohmann::json{{"key", key}, {field, measured}}.dump() + "\n");
   } catch (const std::exception&) {
   }
   return measured;
+}
+
+// What a cached figure is of: this CPU, GEMM backend and thread count.
+std::string machine_key() {
+  return cpu_features().describe() + "|" + kernels::gemm_backend().describe() + "|" +
+         std::to_string(omp_get_max_threads());
 }
 
 }  // namespace
@@ -131,13 +141,94 @@ MachineReport measure_machine(bool with_bf16) {
   report.gemm = backend.describe();
   report.gemm_warning = backend.warning;
   report.threads = omp_get_max_threads();
-  const std::string key = report.cpu + "|" + report.gemm + "|" + std::to_string(report.threads);
-  report.gemm_peak_flops = best_measured(key, measure_gemm_peak(false), report.peak_source);
+  const std::string key = machine_key();
+  report.gemm_peak_flops =
+      best_measured("gemm_peak", "gemm_peak_flops", key, measure_gemm_peak(false), report.peak_source);
   if (with_bf16) {
     std::string bf16_source;
-    report.gemm_bf16_peak_flops = best_measured(key + "|bf16", measure_gemm_peak(true), bf16_source);
+    report.gemm_bf16_peak_flops =
+        best_measured("gemm_peak", "gemm_peak_flops", key + "|bf16", measure_gemm_peak(true), bf16_source);
   }
   return report;
+}
+
+OpClassRates measure_op_class_rates(DType dtype) {
+  constexpr int64_t kTimedSteps = 2;
+  const Config config = load_config(
+      "gpt2-124m", {"base_num_decoder_layers=1", "per_device_batch_size=4", "max_target_length=256",
+                    "max_position_embeddings=256", "vocab_size=8192", "dataset_type=synthetic",
+                    "tokenizer_path=", "dtype=" + dtype_config_name(dtype)});
+  Engine engine(config);
+  const ModelDims& dims = engine.spec().dims;
+  // One document per row, every target counted.
+  Batch batch;
+  for (int64_t b = 0; b < dims.B; ++b) {
+    for (int64_t s = 0; s < dims.S; ++s) {
+      batch.tokens.push_back(static_cast<int32_t>((b * 7919 + s * 104729) % dims.V_valid));
+      batch.targets.push_back(static_cast<int32_t>((b * 6007 + s * 7727 + 1) % dims.V_valid));
+      batch.positions.push_back(static_cast<int32_t>(s));
+      batch.segment_ids.push_back(0);
+      batch.loss_mask.push_back(1);
+    }
+  }
+  TraceRecorder trace({1, 2});
+  engine.set_trace(&trace);
+  for (int64_t step = 0; step <= kTimedSteps; ++step) {  // step 0 warms up (first-touch, oneDNN set-up)
+    trace.begin_step(step);
+    engine.fwd_bwd(batch);
+  }
+  engine.set_trace(nullptr);
+  const std::map<std::pair<std::string, int64_t>, double> durations = trace.durations_us("op");
+  // An op's time: its best step (other processes only ever add time).
+  const auto seconds_of = [&](const PlanOp& op) {
+    double best = 1e30;
+    for (int64_t step = 1; step <= kTimedSteps; ++step) {
+      const auto found = durations.find({op.op->name, step});
+      if (found != durations.end()) best = std::min(best, found->second * 1e-6);
+    }
+    MT_CHECK(best < 1e30, "no trace event of op '" + op.op->name + "'");
+    return best;
+  };
+  double matmul_flops = 0.0, matmul_seconds = 0.0, attention_flops = 0.0, attention_seconds = 0.0;
+  double elementwise_bytes = 0.0, elementwise_seconds = 0.0;
+  const TrainingPlan& plan = engine.plan();
+  const std::vector<PlanOp>& ops = plan.kernel(KernelName::fwd_bwd).ops;
+  for (const PlanOp& op : ops) {
+    if (op.op->kind == OpKind::matmul) {
+      matmul_flops += op.flops;
+      matmul_seconds += seconds_of(op);
+    }
+    if (op.op->kind == OpKind::attention) {
+      attention_flops += op.flops;
+      attention_seconds += seconds_of(op);
+    }
+    if (op.op->kind == OpKind::elementwise) {
+      elementwise_bytes += op.bytes_accessed;
+      elementwise_seconds += seconds_of(op);
+    }
+  }
+  MT_CHECK(matmul_seconds > 0.0 && attention_seconds > 0.0 && elementwise_seconds > 0.0,
+           "no matmul, attention or elementwise op timed");
+  const double matmul_rate = matmul_flops / matmul_seconds;
+  double logit_passes = 0.0, softmax_seconds = 0.0;
+  for (const PlanOp& op : ops) {
+    if (const double passes = loss_softmax_logit_passes(plan.spec, op); passes > 0.0) {
+      logit_passes += passes;
+      // Where the loss's GEMMs ran faster than the layers' matmuls, the softmax keeps at least a tenth of the
+      // op's time rather than none.
+      const double seconds = seconds_of(op);
+      softmax_seconds += std::max(seconds - op.flops / matmul_rate, 0.1 * seconds);
+    }
+  }
+  MT_CHECK(softmax_seconds > 0.0, "no loss op timed");
+  // As the peaks: the best figure measured on this machine, for this step (its shapes in the key).
+  const std::string key = machine_key() + "|" + dtype_config_name(dtype) + "|gpt2-124m layer B4 S256 V8192|";
+  std::string source;
+  return {
+      best_measured("op_rate", "rate", key + "matmul", matmul_rate, source),
+      best_measured("op_rate", "rate", key + "attention", attention_flops / attention_seconds, source),
+      best_measured("op_rate", "rate", key + "loss_softmax", logit_passes / softmax_seconds, source),
+      best_measured("op_rate", "rate", key + "elementwise", elementwise_bytes / elementwise_seconds, source)};
 }
 
 double measure_memory_bandwidth() {
@@ -161,7 +252,10 @@ double measure_memory_bandwidth() {
     for (int64_t i = 0; i < kFloats; ++i) dst[i] = src[i] * scale;
     best_seconds = std::min(best_seconds, seconds_since(start));
   }
-  return 2.0 * static_cast<double>(kFloats) * sizeof(float) / best_seconds;
+  // As the peaks and rates the plan sets beside it: the best measured on this machine.
+  std::string cached_or_now;
+  return best_measured("memory_bandwidth", "bytes_per_second", machine_key(),
+                       2.0 * static_cast<double>(kFloats) * sizeof(float) / best_seconds, cached_or_now);
 }
 
 }  // namespace meshtrain

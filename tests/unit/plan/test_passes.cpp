@@ -4,6 +4,7 @@
 
 #include "meshtrain/core/arena.h"
 #include "meshtrain/plan/passes.h"
+#include "meshtrain/plan/topology.h"
 #include "tiny_plan.h"
 
 namespace meshtrain {
@@ -161,6 +162,63 @@ TEST(PlanCost, CollectivePayloadsFollowAotPlanAndKernelTotalsAddUp) {
     EXPECT_EQ(kernel.collective_bytes.count("data") ? kernel.collective_bytes.at("data") : 0.0, data);
     const MemoryFigures& memory = kernel.memory;
     EXPECT_EQ(memory.peak, memory.arguments + memory.outputs + memory.temps - memory.aliases);
+  }
+}
+
+// Each op kind at the rate it runs at (a hand-made topology, a memory bandwidth no op is bound by): dense
+// matmuls at the compute dtype's matmul rate, attention at the attention rate, the cross-entropy's GEMMs at
+// the matmul rate plus its N x V logits once per GEMM pass (1 in eval, 3 with the gradient) at the softmax
+// rate, elementwise ops' bytes at their own bandwidth. Two ranks on the cpu host share its rates.
+TEST(PlanCost, EachOpKindRunsAtItsRate) {
+  for (const std::string dtype : {"float32", "bfloat16"}) {
+    for (const int64_t ranks : {1, 2}) {
+      SCOPED_TRACE(dtype + ", " + std::to_string(ranks) + " ranks");
+      TrainingPlan plan = testing::tiny_plan({"dtype=" + dtype, "mesh.data=" + std::to_string(ranks)});
+      const bool bf16 = plan.spec.config.dtype == DType::bf16;
+      Topology& topology = plan.topology;
+      ASSERT_TRUE(topology.host_memory_shared);
+      topology.peak_flops_float32 = 3e12;
+      topology.peak_flops_bfloat16 = 12e12;
+      topology.matmul_flops_float32 = 2e12;
+      topology.matmul_flops_bfloat16 = 7e12;
+      topology.attention_flops_float32 = 0.5e12;
+      topology.attention_flops_bfloat16 = 0.8e12;
+      topology.loss_softmax_logits_float32 = 2e9;
+      topology.loss_softmax_logits_bfloat16 = 4e9;
+      topology.memory_bandwidth = 1e30;
+      topology.elementwise_bandwidth_float32 = 1e6;  // slow enough that every elementwise op is bound by it
+      topology.elementwise_bandwidth_bfloat16 = 2e6;
+      const double share = static_cast<double>(ranks);
+      const double matmul = (bf16 ? 7e12 : 2e12) / share, attention = (bf16 ? 0.8e12 : 0.5e12) / share;
+      const double softmax = (bf16 ? 4e9 : 2e9) / share, elementwise = (bf16 ? 2e6 : 1e6) / share;
+      const double logits = static_cast<double>(plan.spec.dims.N * plan.spec.dims.V);
+      for (KernelPlan& kernel : plan.kernels) {
+        SCOPED_TRACE(kernel_name(kernel.kernel));
+        cost_kernel(plan, kernel);
+        int64_t matmuls = 0, attentions = 0, cross_entropies = 0, elementwise_ops = 0;
+        for (const PlanOp& op : kernel.ops) {
+          if (op.op->kind == OpKind::matmul) {
+            ++matmuls;
+            EXPECT_DOUBLE_EQ(op.seconds, op.flops / matmul) << op.op->name;
+          } else if (op.op->kind == OpKind::attention) {
+            ++attentions;
+            EXPECT_DOUBLE_EQ(op.seconds, op.flops / attention) << op.op->name;
+          } else if (op.op->kind == OpKind::loss) {
+            ++cross_entropies;
+            const double passes = kernel.kernel == KernelName::eval ? 1.0 : 3.0;
+            EXPECT_DOUBLE_EQ(op.seconds, op.flops / matmul + passes * logits / softmax) << op.op->name;
+          } else if (op.op->kind == OpKind::elementwise) {
+            ++elementwise_ops;
+            EXPECT_DOUBLE_EQ(op.seconds, op.bytes_accessed / elementwise) << op.op->name;
+          }
+        }
+        const bool runs_the_model = kernel.kernel != KernelName::update;
+        EXPECT_EQ(matmuls > 0, runs_the_model);
+        EXPECT_EQ(attentions > 0, runs_the_model);
+        EXPECT_EQ(cross_entropies, runs_the_model ? 1 : 0);
+        EXPECT_EQ(elementwise_ops > 0, runs_the_model);
+      }
+    }
   }
 }
 

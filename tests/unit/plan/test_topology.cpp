@@ -20,6 +20,8 @@ constexpr double kGB = 1e9, kGiB = 1024.0 * 1024.0 * 1024.0, kTera = 1e12;
 
 using testing::error_of;
 
+const char* const kFormatHint = "the format is described at the top of configs/topologies.yaml";
+
 // A file under the temp directory, unique to this process (ctest may run tests side by side).
 std::string write_temp(const std::string& name, const std::string& text) {
   const std::string path =
@@ -65,6 +67,14 @@ TEST(Topology, EveryFamilyHasItsStatedFigures) {
     EXPECT_DOUBLE_EQ(topology.inter_host_bandwidth, expected.inter_host_gbs * kGB);
     EXPECT_FALSE(topology.host_memory_shared);
     EXPECT_EQ(topology.host_cores, 0);
+    // No stated attention or softmax rates: attention runs at the tensor-core (MXU) peaks, the softmax is not
+    // priced (the cost of every op as before the rates existed).
+    EXPECT_DOUBLE_EQ(topology.matmul_flops(DType::bf16), expected.bfloat16_tflops * kTera);
+    EXPECT_DOUBLE_EQ(topology.attention_flops(DType::f32), expected.float32_tflops * kTera);
+    EXPECT_DOUBLE_EQ(topology.attention_flops(DType::bf16), expected.bfloat16_tflops * kTera);
+    EXPECT_EQ(topology.loss_softmax_logits(DType::f32), 0.0);
+    EXPECT_EQ(topology.loss_softmax_logits(DType::bf16), 0.0);
+    EXPECT_DOUBLE_EQ(topology.elementwise_bandwidth(DType::bf16), expected.memory_bandwidth_gbs * kGB);
   }
 }
 
@@ -201,6 +211,10 @@ lab:                       # a fixed cluster: 4 hosts of 4 CPUs sharing each hos
   host_memory_shared: true
   memory_gb: 128
   peak_tflops: {float32: 1, bfloat16: 2}
+  matmul_tflops: {float32: 0.75, bfloat16: 1.5}
+  attention_tflops: {float32: 0.25, bfloat16: 0.5}
+  loss_softmax_glogits: {float32: 3, bfloat16: 1.5}
+  elementwise_gbs: {float32: 20, bfloat16: 25}
   memory_bandwidth_gbs: 100
   intra_host_link_gbs: 30
   inter_host_link_gbs: 3
@@ -229,6 +243,19 @@ TEST(Topology, UserCatalogAddsAndReplacesEntries) {
   EXPECT_EQ(lab.num_devices, 16);
   EXPECT_DOUBLE_EQ(lab.device_memory_bytes(16), 32 * kGB);  // 4 ranks on each 128 GB host
   EXPECT_DOUBLE_EQ(lab.link_bandwidth(4, 4), 3 * kGB);
+  EXPECT_DOUBLE_EQ(lab.matmul_flops(DType::f32), 0.75 * kTera);
+  EXPECT_DOUBLE_EQ(lab.matmul_flops(DType::bf16), 1.5 * kTera);
+  EXPECT_DOUBLE_EQ(lab.attention_flops(DType::f32), 0.25 * kTera);
+  EXPECT_DOUBLE_EQ(lab.attention_flops(DType::bf16), 0.5 * kTera);
+  EXPECT_DOUBLE_EQ(lab.loss_softmax_logits(DType::f32), 3 * kGB);
+  EXPECT_DOUBLE_EQ(lab.loss_softmax_logits(DType::bf16), 1.5 * kGB);
+  EXPECT_DOUBLE_EQ(lab.elementwise_bandwidth(DType::f32), 20 * kGB);
+  EXPECT_DOUBLE_EQ(lab.elementwise_bandwidth(DType::bf16), 25 * kGB);
+  // An entry without them (written before they existed) loads with matmuls and attention at its GEMM peaks.
+  EXPECT_DOUBLE_EQ(replaced.matmul_flops(DType::f32), 2 * kTera);
+  EXPECT_DOUBLE_EQ(replaced.attention_flops(DType::bf16), 4 * kTera);
+  EXPECT_EQ(replaced.loss_softmax_logits(DType::bf16), 0.0);
+  EXPECT_DOUBLE_EQ(replaced.elementwise_bandwidth(DType::f32), 200 * kGB);  // its memory_bandwidth_gbs
 
   EXPECT_EQ(load_topology("h100x8", path).num_devices, 8);  // the built-in ones remain
   const std::vector<std::string> names = topology_names(path);
@@ -295,6 +322,26 @@ TEST(Topology, BadUserFilesNameTheFileAndTheField) {
                          "  peak_tflops: {float32: 1, bfloat16: 2}\n  memory_bandwidth_gbs: 1\n"
                          "  intra_host_link_gbs: 1\n  inter_host_link_gbs: 1\n",
                          {"field 'devices_per_host'", "a whole number", "'2.5'"});
+  const std::string rates_entry =
+      std::string("badxN:\n  memory_gb: 8\n  memory_bandwidth_gbs: 1\n") + kGoodFields;
+  expect_user_file_error("negative_rate.yaml",
+                         rates_entry + "  attention_tflops: {float32: -0.5, bfloat16: 1}\n",
+                         {"topology 'badxN'", "field 'attention_tflops.float32'",
+                          "float32 attention TFLOP/s per device: a positive number", "'-0.5'", kFormatHint});
+  expect_user_file_error("word_rate.yaml",
+                         rates_entry + "  loss_softmax_glogits: {float32: 2, bfloat16: fast}\n",
+                         {"field 'loss_softmax_glogits.bfloat16'", "a positive number", "'fast'"});
+  expect_user_file_error("negative_matmul.yaml",
+                         rates_entry + "  matmul_tflops: {float32: 1, bfloat16: -2}\n",
+                         {"field 'matmul_tflops.bfloat16'", "a positive number", "'-2'"});
+  expect_user_file_error("zero_rate.yaml", rates_entry + "  elementwise_gbs: {float32: 0, bfloat16: 1}\n",
+                         {"field 'elementwise_gbs.float32'", "a positive number", "'0'"});
+  expect_user_file_error("one_dtype.yaml", rates_entry + "  attention_tflops: {float32: 1}\n",
+                         {"field 'attention_tflops.bfloat16'", "a positive number", "missing"});
+  expect_user_file_error("scalar_rate.yaml", rates_entry + "  attention_tflops: 1\n",
+                         {"field 'attention_tflops'", "{float32: <number>, bfloat16: <number>}", "'1'"});
+  expect_user_file_error("dtype_typo.yaml", rates_entry + "  attention_tflops: {float32: 1, bfloat: 2}\n",
+                         {"field 'attention_tflops', field 'bfloat'", "did you mean 'bfloat16'?"});
   expect_user_file_error("not_yaml.yaml", "bad: [unclosed\n", {"invalid YAML"});
   expect_user_file_error("a_list.yaml", "- h100x8\n", {"a map from topology names", "a list"});
   expect_user_file_error("twice.yaml",
