@@ -42,9 +42,8 @@ struct OpClassRates {
 // Times a training step's ops (fwd_bwd, the best of two steps per op) of a one-layer gpt2-124m at 4 x 256
 // with an 8,192-row vocabulary (the whole one takes seconds more) in `dtype`, through the engine: the kernels
 // a run in that dtype calls, at gpt2-124m's layer shapes (activations beyond the L2 cache, as a model's are).
-// Matmuls
-// and attention: the plan's FLOPs of those ops over their time; the loss: its time less its GEMMs at the
-// matmul rate, over its logit passes; elementwise ops: their planned bytes over their time. As the peaks,
+// Matmuls and attention: the plan's FLOPs of those ops over their time; the loss: its time less its GEMMs at
+// the matmul rate, over its logit passes; elementwise ops: their planned bytes over their time. As the peaks,
 // each rate is the best measured on this machine (cached beside them). 1-3 s on 2 shared cores.
 OpClassRates measure_op_class_rates(DType dtype);
 
