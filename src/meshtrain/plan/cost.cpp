@@ -39,14 +39,15 @@ namespace {
 double compute_op_seconds(const TrainingPlan& plan, const PlanOp& op, double host_share) {
   const Topology& topology = plan.topology;
   const DType dtype = plan.spec.config.dtype;
+  const double logit_passes = loss_softmax_logit_passes(plan.spec, op);  // > 0: the cross-entropy
   const double flops_rate = op.op->kind == OpKind::attention ? topology.attention_flops(dtype)
-                            : op.op->kind == OpKind::matmul || loss_softmax_logit_passes(plan.spec, op) > 0.0
+                            : op.op->kind == OpKind::matmul || logit_passes > 0.0
                                 ? topology.matmul_flops(dtype)
                                 : topology.peak_flops(dtype);
   double seconds = op.flops / (flops_rate / host_share);
   // The cross-entropy's softmax part, beside its GEMMs.
   const double softmax_rate = topology.loss_softmax_logits(dtype);
-  if (softmax_rate > 0.0) seconds += loss_softmax_logit_passes(plan.spec, op) / (softmax_rate / host_share);
+  if (softmax_rate > 0.0) seconds += logit_passes / (softmax_rate / host_share);
   const double bandwidth =
       op.op->kind == OpKind::elementwise ? topology.elementwise_bandwidth(dtype) : topology.memory_bandwidth;
   return std::max(seconds, op.bytes_accessed / (bandwidth / host_share));
