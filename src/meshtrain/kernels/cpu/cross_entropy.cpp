@@ -20,15 +20,6 @@ void product(bool transpose_a, bool transpose_b, int64_t M, int64_t N, int64_t K
   gemm_bf16(transpose_a, transpose_b, M, N, K, A, lda, B, ldb, accumulate, C, ldc);
 }
 
-// logits [rows, vocab_valid] (leading dimension ld_out) = h [rows, D] @ W[:, :vocab_valid], float32 or
-// bfloat16 inputs (In). Padding columns are never computed: they do not take part in the softmax.
-template <class In>
-void chunk_logits(float* logits, int64_t ld_out, const In* h, const In* w, UnembedLayout layout, int64_t rows,
-                  int64_t D, int64_t V, int64_t vocab_valid) {
-  const bool transpose_w = layout != UnembedLayout::kernel_DV;
-  product(false, transpose_w, rows, vocab_valid, D, h, D, w, transpose_w ? D : V, false, logits, ld_out);
-}
-
 // Row helpers of the softmax, written with GCC/Clang vector extensions (16 floats, split by the compiler on
 // targets without AVX-512): GCC does not vectorise an `omp simd reduction(max)` over floats without
 // -ffast-math, nor reliably a float -> double sum next to exp_approx (measured: 0.47 and 2.3 ns per element
@@ -54,6 +45,66 @@ float row_maximum(const float* row, int64_t count) {
   }
   for (; v < count; ++v) result = std::max(result, row[v]);
   return result;
+}
+
+// Columns of logits per GEMM of chunk_logits: each block's product lands in an L2-sized buffer and is then
+// copied into the chunk's logits. oneDNN 2.6.3's bf16 matmul writing [667, 50257] float32 logits in one call
+// ran at 550-650 GFLOP/s on the Xeon with AMX, against 920-970 for 512-2048-column blocks with the copy
+// (bench/README.md); its float32 GEMM was the same speed either way (350 GFLOP/s).
+constexpr int64_t kLogitsBlockColumns = 1024;
+
+// dst[0, count) = src[0, count); returns max(running, max of src). Max is exact: any order gives the same.
+float copy_and_maximum(float* dst, const float* src, int64_t count, float running) {
+  int64_t v = 0;
+  if (count >= kLanes) {
+    Floats lanes;
+    std::memcpy(&lanes, src, sizeof lanes);
+    for (; v + kLanes <= count; v += kLanes) {
+      Floats next;
+      std::memcpy(&next, src + v, sizeof next);
+      std::memcpy(dst + v, &next, sizeof next);
+      lanes = lanes < next ? next : lanes;
+    }
+    for (int64_t lane = 0; lane < kLanes; ++lane) running = std::max(running, lanes[lane]);
+  }
+  for (; v < count; ++v) {
+    dst[v] = src[v];
+    running = std::max(running, src[v]);
+  }
+  return running;
+}
+
+// out[:, 0, columns) (leading dimension ld_out) = h [rows, D] @ W[:, column, column + columns), float32 or
+// bfloat16 inputs (In).
+template <class In>
+void logits_product(float* out, int64_t ld_out, const In* h, const In* w, UnembedLayout layout, int64_t rows,
+                    int64_t column, int64_t columns, int64_t D, int64_t V) {
+  const bool transpose_w = layout != UnembedLayout::kernel_DV;
+  product(false, transpose_w, rows, columns, D, h, D, w + (transpose_w ? column * D : column),
+          transpose_w ? D : V, false, out, ld_out);
+}
+
+// logits [rows, vocab_valid] (leading dimension vocab_valid) = h [rows, D] @ W[:, :vocab_valid] and
+// maxima[r] = max of row r. Padding columns are never computed: they do not take part in the softmax.
+// float32: one product; bfloat16: kLogitsBlockColumns columns at a time through block [rows, columns].
+template <class In>
+void chunk_logits(float* logits, float* maxima, float* block, const In* h, const In* w, UnembedLayout layout,
+                  int64_t rows, int64_t D, int64_t V, int64_t vocab_valid) {
+  if (block == nullptr) {
+    logits_product(logits, vocab_valid, h, w, layout, rows, 0, vocab_valid, D, V);
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) maxima[r] = row_maximum(logits + r * vocab_valid, vocab_valid);
+    return;
+  }
+  for (int64_t column = 0; column < vocab_valid; column += kLogitsBlockColumns) {
+    const int64_t columns = std::min(kLogitsBlockColumns, vocab_valid - column);
+    logits_product(block, columns, h, w, layout, rows, column, columns, D, V);
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      const float running = column == 0 ? -std::numeric_limits<float>::infinity() : maxima[r];
+      maxima[r] = copy_and_maximum(logits + r * vocab_valid + column, block + r * columns, columns, running);
+    }
+  }
 }
 
 // row[v] = exp(row[v] - shift) for v < count; returns their sum, accumulated in double: 16 lanes (two vectors
@@ -134,7 +185,9 @@ int64_t cross_entropy_scratch_floats(int64_t chunk_tokens, int64_t V) {
 }
 
 int64_t cross_entropy_bf16_scratch_elements(int64_t chunk_tokens, int64_t D, int64_t V) {
-  return D * V + chunk_tokens * D + chunk_tokens * V;
+  // W, a chunk of h and of dlogits in bf16, then the float32 block of logits (2 elements per float, plus
+  // one to align it).
+  return D * V + chunk_tokens * D + chunk_tokens * V + 2 * chunk_tokens * kLogitsBlockColumns + 1;
 }
 
 CrossEntropySums unembed_cross_entropy(float* dh, float* dw, const float* h, const float* w,
@@ -189,10 +242,16 @@ CrossEntropySums unembed_cross_entropy(float* dh, float* dw, const float* h, con
   uint16_t* w_bf16 = nullptr;        // layout of w, [D, V] or [V, D]
   uint16_t* h_chunk_bf16 = nullptr;  // [C, D]
   uint16_t* dlogits_bf16 = nullptr;  // [C, local_valid]
+  float* logits_block = nullptr;     // [C, kLogitsBlockColumns], float32
   if (bf16_inputs != nullptr && N > 0 && local_valid > 0) {
     w_bf16 = bf16_inputs;
     h_chunk_bf16 = bf16_inputs + D * V;
     dlogits_bf16 = h_chunk_bf16 + chunk_tokens * D;
+    void* place = dlogits_bf16 + chunk_tokens * V;
+    size_t space = static_cast<size_t>(2 * chunk_tokens * kLogitsBlockColumns + 1) * sizeof(uint16_t);
+    const size_t bytes = static_cast<size_t>(chunk_tokens * kLogitsBlockColumns) * sizeof(float);
+    MT_CHECK(std::align(alignof(float), bytes, place, space) != nullptr, "bf16 scratch alignment");
+    logits_block = ::new (place) float[static_cast<size_t>(chunk_tokens * kLogitsBlockColumns)];
     if (layout == UnembedLayout::kernel_DV) {
       round_to_bfloat16(w, D, V, V, w_bf16);
     } else {
@@ -203,13 +262,13 @@ CrossEntropySums unembed_cross_entropy(float* dh, float* dw, const float* h, con
   for (int64_t start = 0; start < N; start += chunk_tokens) {
     const int64_t rows = std::min(chunk_tokens, N - start);
     const float* h_chunk = h + start * D;
-    if (local_valid > 0) {
-      if (w_bf16 != nullptr) {
-        round_to_bfloat16(h_chunk, rows, D, D, h_chunk_bf16);
-        chunk_logits(logits, local_valid, h_chunk_bf16, w_bf16, layout, rows, D, V, local_valid);
-      } else {
-        chunk_logits(logits, local_valid, h_chunk, w, layout, rows, D, V, local_valid);
-      }
+    if (local_valid == 0) {
+      std::fill(maxima, maxima + rows, -std::numeric_limits<float>::infinity());
+    } else if (w_bf16 != nullptr) {
+      round_to_bfloat16(h_chunk, rows, D, D, h_chunk_bf16);
+      chunk_logits(logits, maxima, logits_block, h_chunk_bf16, w_bf16, layout, rows, D, V, local_valid);
+    } else {
+      chunk_logits(logits, maxima, nullptr, h_chunk, w, layout, rows, D, V, local_valid);
     }
 
     if (!parallel) {
@@ -223,7 +282,7 @@ CrossEntropySums unembed_cross_entropy(float* dh, float* dw, const float* h, con
           // Stable log-softmax: shift by the row maximum so exp never overflows. The exponentials are always
           // stored (the chunk's logits are scratch), so the eval-only pass and the pass with gradients run
           // the same code and give bitwise equal losses.
-          const float max_logit = row_maximum(row, vocab_valid);
+          const float max_logit = maxima[r];
           const float target_logit = counts ? row[targets[start + r]] : 0.0f;
           const double sum_exp = exponentiate_and_sum(row, vocab_valid, max_logit);
           // dlogits = (softmax (1 + 2 m lse) - onehot) * mask: an ignored token contributes an all-zero row.
@@ -251,16 +310,9 @@ CrossEntropySums unembed_cross_entropy(float* dh, float* dw, const float* h, con
       }
     } else {
       // Vocab-parallel: the same stable log-softmax with the row maximum and the sum of exponentials
-      // combined over the ranks. Rows nobody needs (ignored, no gradients) keep -inf and 0.
+      // combined over the ranks. Rows nobody needs (ignored, no gradients) keep a sum of 0.
       double* sum_exps = statistics;              // [rows]
       double* target_logits = statistics + rows;  // [rows]
-#pragma omp parallel for schedule(static)
-      for (int64_t r = 0; r < rows; ++r) {
-        const bool counts = loss_mask == nullptr || loss_mask[start + r] != 0;
-        maxima[r] = (counts || want_gradients) && local_valid > 0
-                        ? row_maximum(logits + r * local_valid, local_valid)
-                        : -std::numeric_limits<float>::infinity();
-      }
       vocab_parallel->all_reduce_max(maxima, rows);
 #pragma omp parallel for schedule(static)
       for (int64_t r = 0; r < rows; ++r) {
@@ -321,7 +373,7 @@ void unembed_logits(float* out, const float* h, const float* w, UnembedLayout la
   MT_CHECK(N >= 0 && D >= 1, "N >= 0, D >= 1");
   MT_CHECK(vocab_valid >= 1 && vocab_valid <= V, "vocab_valid must be in [1, V]");
   if (N == 0) return;
-  chunk_logits<float>(out, V, h, w, layout, N, D, V, vocab_valid);
+  logits_product<float>(out, V, h, w, layout, N, 0, vocab_valid, D, V);
   // Padding columns can never be sampled.
   for (int64_t n = 0; n < N; ++n) {
     std::fill(out + n * V + vocab_valid, out + (n + 1) * V, -std::numeric_limits<float>::infinity());

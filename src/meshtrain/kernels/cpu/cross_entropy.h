@@ -44,7 +44,8 @@ UnembedCrossEntropy unembed_cross_entropy;
 
 // dtype=bfloat16: the GEMMs of unembed_cross_entropy take bf16 inputs (W rounded once per call, each chunk's
 // h and dlogits per chunk) with float32 accumulation; logits, softmax, loss and gradients stay float32. Its
-// bfloat16 elements of scratch: W [D, V], a chunk of h [C, D] and of dlogits [C, V].
+// bfloat16 elements of scratch: W [D, V], a chunk of h [C, D] and of dlogits [C, V], then a float32 block
+// of logits [C, 1024] (the logits GEMM runs 1024 columns at a time: faster, see cross_entropy.cpp).
 CrossEntropyBf16ScratchElements cross_entropy_bf16_scratch_elements;
 
 // Floats of scratch unembed_cross_entropy needs: one chunk of logits [C, V], C per-row losses in double, and
