@@ -101,9 +101,8 @@ TORCH_PROCESS_GIB = 0.7
 
 def torch_memory_gib(c, seq, dtype):
     """A rough peak resident set of torch_qwen3.py at batch 1 (GiB), to refuse a run that cannot fit before it
-    starts. Fixed: the process, float32 weights, gradients and both AdamW moments (16 bytes a parameter), the
-    foreach AdamW's temporary (its sqrt of the second moments, 4 bytes a parameter) and, in bf16, autocast's
-    copies of the weights (2). Per token: the logits in the compute dtype, their float32 copy and its gradient;
+    starts. Fixed: the process, float32 weights, gradients and both AdamW moments (16 bytes a parameter; the
+    fused AdamW has no temporaries) and, in bf16, autocast's copies of the weights (2). Per token: the logits in the compute dtype, their float32 copy and its gradient;
     per token and layer what Hugging Face's Qwen3 layer keeps for backward: in the compute dtype both norms'
     outputs (the matmul inputs), q, k, v, the attention output, gate, up, SiLU(gate) and the product; in
     float32 the residual stream entering both norms, and q and k after their norms (RoPE's inputs)."""
@@ -111,7 +110,7 @@ def torch_memory_gib(c, seq, dtype):
     act = 2 if dtype == "bfloat16" else 4
     per_token_layer = act * (2 * D + (H + 2 * K) * d + H * d + 4 * F) + 4 * (2 * D + (H + K) * d)
     logits_per_token = c["vocab_padded"] * ((act if dtype == "bfloat16" else 0) + 4 + 4)  # float32: no copy
-    fixed = parameter_count(c) * (16 + 4 + (2 if dtype == "bfloat16" else 0))
+    fixed = parameter_count(c) * (16 + (2 if dtype == "bfloat16" else 0))
     return TORCH_PROCESS_GIB + (fixed + seq * (L * per_token_layer + logits_per_token)) / 2**30
 
 

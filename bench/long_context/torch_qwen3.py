@@ -99,7 +99,9 @@ def main():
     c = load_preset(args.repo, args.model)
     model = build_model(c, args.seq)
     model.train()
-    opt, opt_kind = make_optimizer(model)
+    # Fused AdamW: the foreach one's temporaries (about 4 bytes a parameter) took PyTorch past this machine's
+    # memory at S = 2048 (bench/long_context/README.md, Memory).
+    opt, opt_kind = make_optimizer(model, fused=True)
     spy = SdpaSpy()
     F.scaled_dot_product_attention = spy
     bf16 = args.dtype == "bfloat16"

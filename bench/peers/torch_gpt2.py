@@ -129,12 +129,16 @@ def blas_hint():
         return "?"
 
 
-def make_optimizer(model):
+def make_optimizer(model, fused=False):
+    """AdamW over the model's parameters: fused (one kernel per tensor, no temporaries; PyTorch >= 2.4 on the
+    CPU) when asked, else multi-tensor (foreach), else the plain loop."""
     params = [p for p in model.parameters() if p.requires_grad]
     decay = [p for p in params if p.dim() >= 2]
     no_decay = [p for p in params if p.dim() < 2]
     groups = [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}]
     kwargs = dict(lr=3e-4, betas=(0.9, 0.95), eps=1e-8)
+    if fused:
+        return torch.optim.AdamW(groups, fused=True, **kwargs), "fused"
     try:  # multi-tensor AdamW (PyTorch >= 1.12); fall back to the plain loop
         return torch.optim.AdamW(groups, foreach=True, **kwargs), "foreach"
     except TypeError:
