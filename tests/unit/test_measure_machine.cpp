@@ -61,17 +61,17 @@ TEST_F(MeasureMachine, WritesACatalogThatPlansThisMachine) {
 
   const Topology stated = load_topology("cpu");
   const Topology measured = load_topology("cpu", file.string());
-  EXPECT_GT(measured.peak_flops_float32, 1e9);
-  EXPECT_NEAR(measured.peak_flops_float32 / 1e9, peak_gflops, 0.1);
+  EXPECT_GT(measured.float32.peak_flops, 1e9);
+  EXPECT_NEAR(measured.float32.peak_flops / 1e9, peak_gflops, 0.1);
   EXPECT_GT(measured.memory_bandwidth, 1e8);
   EXPECT_NEAR(measured.memory_bandwidth / 1e9, bandwidth_gbs, 0.06);
   // The bf16 peak is measured where the CPU has bf16 instructions; everything not measured is the built-in
   // entry's.
   if (cpu_features().avx512_bf16 || cpu_features().amx_bf16) {
-    EXPECT_NEAR(measured.peak_flops_bfloat16 / 1e9,
+    EXPECT_NEAR(measured.bfloat16.peak_flops / 1e9,
                 number_after("bfloat16 GEMM peak (bf16 inputs, float32 accumulation) "), 0.1);
   } else {
-    EXPECT_EQ(measured.peak_flops_bfloat16, stated.peak_flops_bfloat16);
+    EXPECT_EQ(measured.bfloat16.peak_flops, stated.bfloat16.peak_flops);
   }
   // Each op kind's rate, per dtype, as the entry states it, positive, in its unit.
   const auto rates_of = [&](const std::string& field) {
@@ -84,24 +84,24 @@ TEST_F(MeasureMachine, WritesACatalogThatPlansThisMachine) {
   struct Rate {
     std::string field;
     double unit;
-    double (Topology::*of)(DType) const;
+    double ComputeRates::*of;
   };
-  for (const Rate& rate : std::vector<Rate>{{"matmul_tflops", 1e12, &Topology::matmul_flops},
-                                            {"attention_tflops", 1e12, &Topology::attention_flops},
-                                            {"loss_softmax_glogits", 1e9, &Topology::loss_softmax_logits},
-                                            {"elementwise_gbs", 1e9, &Topology::elementwise_bandwidth}}) {
+  for (const Rate& rate : std::vector<Rate>{{"matmul_tflops", 1e12, &ComputeRates::matmul_flops},
+                                            {"attention_tflops", 1e12, &ComputeRates::attention_flops},
+                                            {"loss_softmax_glogits", 1e9, &ComputeRates::loss_softmax_logits},
+                                            {"elementwise_gbs", 1e9, &ComputeRates::elementwise_bandwidth}}) {
     SCOPED_TRACE(rate.field);
     const auto [float32, bf16] = rates_of(rate.field);
     EXPECT_GT(float32, 0.0);
     EXPECT_GT(bf16, 0.0);
-    EXPECT_DOUBLE_EQ((measured.*rate.of)(DType::f32), float32 * rate.unit);
-    EXPECT_DOUBLE_EQ((measured.*rate.of)(DType::bf16), bf16 * rate.unit);
+    EXPECT_DOUBLE_EQ(measured.float32.*rate.of, float32 * rate.unit);
+    EXPECT_DOUBLE_EQ(measured.bfloat16.*rate.of, bf16 * rate.unit);
   }
   // Matmuls and attention run at most near the bf16 GEMM peak (units a thousand times off would not; the
   // peak and each rate are each the best measured on this machine).
-  EXPECT_LE(measured.matmul_flops(DType::bf16), 1.5 * measured.peak_flops(DType::bf16));
-  EXPECT_LE(measured.attention_flops(DType::f32), measured.peak_flops(DType::bf16));
-  EXPECT_LE(measured.attention_flops(DType::bf16), measured.peak_flops(DType::bf16));
+  EXPECT_LE(measured.rates(DType::bf16).matmul_flops, 1.5 * measured.rates(DType::bf16).peak_flops);
+  EXPECT_LE(measured.rates(DType::f32).attention_flops, measured.rates(DType::bf16).peak_flops);
+  EXPECT_LE(measured.rates(DType::bf16).attention_flops, measured.rates(DType::bf16).peak_flops);
   EXPECT_EQ(measured.memory_bytes, stated.memory_bytes);
   EXPECT_EQ(measured.host_cores, stated.host_cores);
   EXPECT_EQ(measured.host_memory_shared, stated.host_memory_shared);
@@ -112,12 +112,12 @@ TEST_F(MeasureMachine, WritesACatalogThatPlansThisMachine) {
   request.config = load_config("qwen3-tiny", {"topologies_path=" + file.string()});
   request.kernels = {KernelName::fwd_bwd};
   const TrainingPlan plan = plan_training(request);
-  EXPECT_EQ(plan.topology.peak_flops_float32, measured.peak_flops_float32);
+  EXPECT_EQ(plan.topology.float32.peak_flops, measured.float32.peak_flops);
   EXPECT_EQ(plan.topology.memory_bandwidth, measured.memory_bandwidth);
-  EXPECT_EQ(plan.topology.matmul_flops_float32, measured.matmul_flops_float32);
-  EXPECT_EQ(plan.topology.attention_flops_float32, measured.attention_flops_float32);
-  EXPECT_EQ(plan.topology.loss_softmax_logits_float32, measured.loss_softmax_logits_float32);
-  EXPECT_EQ(plan.topology.elementwise_bandwidth_float32, measured.elementwise_bandwidth_float32);
+  EXPECT_EQ(plan.topology.float32.matmul_flops, measured.float32.matmul_flops);
+  EXPECT_EQ(plan.topology.float32.attention_flops, measured.float32.attention_flops);
+  EXPECT_EQ(plan.topology.float32.loss_softmax_logits, measured.float32.loss_softmax_logits);
+  EXPECT_EQ(plan.topology.float32.elementwise_bandwidth, measured.float32.elementwise_bandwidth);
 }
 
 TEST_F(MeasureMachine, ARenamedEntryLeavesTheBuiltInCpuAsStated) {
@@ -128,8 +128,8 @@ TEST_F(MeasureMachine, ARenamedEntryLeavesTheBuiltInCpuAsStated) {
   EXPECT_TRUE(contains(out.str(), "topologies_path=" + file.string() + " topology=my-epyc")) << out.str();
   const Topology renamed = load_topology("my-epyc", file.string());
   EXPECT_EQ(renamed.device_kind, "cpu");
-  EXPECT_GT(renamed.peak_flops_float32, 1e9);
-  EXPECT_EQ(load_topology("cpu", file.string()).peak_flops_float32, load_topology("cpu").peak_flops_float32);
+  EXPECT_GT(renamed.float32.peak_flops, 1e9);
+  EXPECT_EQ(load_topology("cpu", file.string()).float32.peak_flops, load_topology("cpu").float32.peak_flops);
 }
 
 TEST_F(MeasureMachine, BadFlagsNameTheFlag) {

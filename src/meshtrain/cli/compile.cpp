@@ -118,19 +118,19 @@ void print_header(const TrainingPlan& plan, const std::string& config_argument, 
   const std::string per_host = t.devices_per_host == 0
                                    ? "all on one host"
                                    : format("%lld per host", static_cast<long long>(t.devices_per_host));
+  const ComputeRates& rates = t.rates(c.dtype);
   out << row(
       "topology",
       format("%s: %lld x %s, %s, %s per device, peak %.4g TFLOP/s %s (matmuls %.4g, attention %.4g, loss "
              "softmax %s), "
              "memory %.0f GB/s (elementwise %.4g), links %.0f GB/s within a host",
              t.name.c_str(), static_cast<long long>(devices), t.device_kind.c_str(), per_host.c_str(),
-             bytes_text(plan.device_memory_bytes).c_str(), t.peak_flops(c.dtype) / 1e12,
-             dtype_config_name(c.dtype).c_str(), t.matmul_flops(c.dtype) / 1e12,
-             t.attention_flops(c.dtype) / 1e12,
-             t.loss_softmax_logits(c.dtype) > 0.0
-                 ? format("%.3g Glogit/s", t.loss_softmax_logits(c.dtype) / 1e9).c_str()
+             bytes_text(plan.device_memory_bytes).c_str(), rates.peak_flops / 1e12,
+             dtype_config_name(c.dtype).c_str(), rates.matmul_flops / 1e12, rates.attention_flops / 1e12,
+             rates.loss_softmax_logits > 0.0
+                 ? format("%.3g Glogit/s", rates.loss_softmax_logits / 1e9).c_str()
                  : "not priced",
-             t.memory_bandwidth / 1e9, t.elementwise_bandwidth(c.dtype) / 1e9, t.intra_host_bandwidth / 1e9) +
+             t.memory_bandwidth / 1e9, rates.elementwise_bandwidth / 1e9, t.intra_host_bandwidth / 1e9) +
           (t.inter_host_bandwidth > 0.0 ? format(" / %.0f GB/s between hosts", t.inter_host_bandwidth / 1e9)
                                         : std::string()));
   const EngramCounts engram = engram_counts(plan.spec);

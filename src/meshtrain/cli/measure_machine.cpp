@@ -82,7 +82,7 @@ std::string catalog_text(const std::string& name, const Topology& stated, const 
   text += std::string("  host_memory_shared: ") + (stated.host_memory_shared ? "true" : "false") + "\n";
   text += "  memory_gb: this_machine\n";
   text += "  host_cores: this_machine\n";
-  const double bf16_peak = bf16_measured ? machine.gemm_bf16_peak_flops : stated.peak_flops_bfloat16;
+  const double bf16_peak = bf16_measured ? machine.gemm_bf16_peak_flops : stated.bfloat16.peak_flops;
   text += "  peak_tflops: {float32: " + peak + ", bfloat16: " + fixed(bf16_peak / 1e12, 4) + "}\n";
   text += "  matmul_tflops: {float32: " + fixed(float32_rates.matmul_flops / 1e12, 4) +
           ", bfloat16: " + fixed(bf16_rates.matmul_flops / 1e12, 4) + "}\n";

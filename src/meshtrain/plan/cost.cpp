@@ -38,18 +38,17 @@ namespace {
 // move their bytes slower than a stream).
 double compute_op_seconds(const TrainingPlan& plan, const PlanOp& op, double host_share) {
   const Topology& topology = plan.topology;
-  const DType dtype = plan.spec.config.dtype;
+  const ComputeRates& rates = topology.rates(plan.spec.config.dtype);
   const double logit_passes = loss_softmax_logit_passes(plan.spec, op);  // > 0: the cross-entropy
-  const double flops_rate = op.op->kind == OpKind::attention ? topology.attention_flops(dtype)
-                            : op.op->kind == OpKind::matmul || logit_passes > 0.0
-                                ? topology.matmul_flops(dtype)
-                                : topology.peak_flops(dtype);
+  const double flops_rate = op.op->kind == OpKind::attention                      ? rates.attention_flops
+                            : op.op->kind == OpKind::matmul || logit_passes > 0.0 ? rates.matmul_flops
+                                                                                  : rates.peak_flops;
   double seconds = op.flops / (flops_rate / host_share);
   // The cross-entropy's softmax part, beside its GEMMs.
-  const double softmax_rate = topology.loss_softmax_logits(dtype);
+  const double softmax_rate = rates.loss_softmax_logits;
   if (softmax_rate > 0.0) seconds += logit_passes / (softmax_rate / host_share);
   const double bandwidth =
-      op.op->kind == OpKind::elementwise ? topology.elementwise_bandwidth(dtype) : topology.memory_bandwidth;
+      op.op->kind == OpKind::elementwise ? rates.elementwise_bandwidth : topology.memory_bandwidth;
   return std::max(seconds, op.bytes_accessed / (bandwidth / host_share));
 }
 

@@ -52,15 +52,16 @@ std::string serialize_kernel_plan(const TrainingPlan& plan, KernelName name, int
   for (const auto& [key, value] : plan.identity.keys) keys[key] = value;
   out["identity"] = {{"hash", plan.identity.hash}, {"keys", keys}};
   const Topology& t = plan.topology;
+  const ComputeRates& rates = t.rates(plan.spec.config.dtype);
   out["topology"] = {{"name", t.name},
                      {"device_kind", t.device_kind},
                      {"devices", plan.mesh.devices()},
                      {"device_memory_bytes", plan.device_memory_bytes},
-                     {"peak_flops", t.peak_flops(plan.spec.config.dtype)},
-                     {"matmul_flops", t.matmul_flops(plan.spec.config.dtype)},
-                     {"attention_flops", t.attention_flops(plan.spec.config.dtype)},
-                     {"loss_softmax_logits_per_second", t.loss_softmax_logits(plan.spec.config.dtype)},
-                     {"elementwise_bandwidth", t.elementwise_bandwidth(plan.spec.config.dtype)},
+                     {"peak_flops", rates.peak_flops},
+                     {"matmul_flops", rates.matmul_flops},
+                     {"attention_flops", rates.attention_flops},
+                     {"loss_softmax_logits_per_second", rates.loss_softmax_logits},
+                     {"elementwise_bandwidth", rates.elementwise_bandwidth},
                      {"memory_bandwidth", t.memory_bandwidth},
                      {"intra_host_bandwidth", t.intra_host_bandwidth},
                      {"inter_host_bandwidth", t.inter_host_bandwidth}};

@@ -226,28 +226,28 @@ CatalogEntry read_entry(const std::string& key, const YAML::Node& node, const st
 
   const std::pair<double, double> peaks =
       per_dtype(node["peak_tflops"], where, "peak_tflops", "dense GEMM TFLOP/s per device");
-  topology.peak_flops_float32 = peaks.first * kFlopsPerTeraflop;
-  topology.peak_flops_bfloat16 = peaks.second * kFlopsPerTeraflop;
+  topology.float32.peak_flops = peaks.first * kFlopsPerTeraflop;
+  topology.bfloat16.peak_flops = peaks.second * kFlopsPerTeraflop;
   // Optional (files written before they existed load as before): matmuls and attention at the GEMM peaks,
   // the loss's softmax not priced.
   const std::pair<double, double> matmul =
       node["matmul_tflops"] ? per_dtype(node["matmul_tflops"], where, "matmul_tflops",
                                         "dense matmul TFLOP/s at a model's shapes per device")
                             : peaks;
-  topology.matmul_flops_float32 = matmul.first * kFlopsPerTeraflop;
-  topology.matmul_flops_bfloat16 = matmul.second * kFlopsPerTeraflop;
+  topology.float32.matmul_flops = matmul.first * kFlopsPerTeraflop;
+  topology.bfloat16.matmul_flops = matmul.second * kFlopsPerTeraflop;
   const std::pair<double, double> attention =
       node["attention_tflops"]
           ? per_dtype(node["attention_tflops"], where, "attention_tflops", "attention TFLOP/s per device")
           : peaks;
-  topology.attention_flops_float32 = attention.first * kFlopsPerTeraflop;
-  topology.attention_flops_bfloat16 = attention.second * kFlopsPerTeraflop;
+  topology.float32.attention_flops = attention.first * kFlopsPerTeraflop;
+  topology.bfloat16.attention_flops = attention.second * kFlopsPerTeraflop;
   if (node["loss_softmax_glogits"]) {
     const std::pair<double, double> softmax =
         per_dtype(node["loss_softmax_glogits"], where, "loss_softmax_glogits",
                   "billions of logits per second through the loss's softmax per device");
-    topology.loss_softmax_logits_float32 = softmax.first * kPerGiga;
-    topology.loss_softmax_logits_bfloat16 = softmax.second * kPerGiga;
+    topology.float32.loss_softmax_logits = softmax.first * kPerGiga;
+    topology.bfloat16.loss_softmax_logits = softmax.second * kPerGiga;
   }
   topology.memory_bandwidth = positive_number(node["memory_bandwidth_gbs"], where, "memory_bandwidth_gbs",
                                               "memory bandwidth per device in GB/s") *
@@ -258,8 +258,8 @@ CatalogEntry read_entry(const std::string& key, const YAML::Node& node, const st
                                           "GB/s the elementwise ops move per device")
                               : std::pair<double, double>{topology.memory_bandwidth / kBytesPerGB,
                                                           topology.memory_bandwidth / kBytesPerGB};
-  topology.elementwise_bandwidth_float32 = elementwise.first * kBytesPerGB;
-  topology.elementwise_bandwidth_bfloat16 = elementwise.second * kBytesPerGB;
+  topology.float32.elementwise_bandwidth = elementwise.first * kBytesPerGB;
+  topology.bfloat16.elementwise_bandwidth = elementwise.second * kBytesPerGB;
   topology.intra_host_bandwidth =
       positive_number(node["intra_host_link_gbs"], where, "intra_host_link_gbs",
                       "link bandwidth per device per direction within a host, in GB/s") *

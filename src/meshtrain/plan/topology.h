@@ -16,44 +16,34 @@
 
 namespace meshtrain {
 
+// What one device does per second in one compute dtype; plan/cost.cpp prices each op kind at its rate: the
+// dense GEMM peak, the dense matmuls at a model's shapes (the layers' and the loss's GEMMs), the attention
+// ops, the logits of the loss's softmax part (everything of the fused unembedding + cross-entropy but its
+// GEMMs, per logit and GEMM pass) and the bytes the elementwise ops (norms, activations, residual adds) move.
+// Entries that do not state the last four price matmuls and attention at the GEMM peak, the softmax at
+// nothing and elementwise ops at memory_bandwidth.
+struct ComputeRates {
+  double peak_flops = 0.0;             // dense GEMM FLOP/s
+  double matmul_flops = 0.0;           // FLOP/s
+  double attention_flops = 0.0;        // FLOP/s
+  double loss_softmax_logits = 0.0;    // logits/s; 0: not priced
+  double elementwise_bandwidth = 0.0;  // bytes/s
+};
+
 struct Topology {
   std::string name;         // as asked, e.g. "h100x64"
   std::string device_kind;  // e.g. "h100", "v5p", "cpu"
   int64_t num_devices = 0;  // 0: as many as the mesh asks (cpu entries)
   int64_t devices_per_host = 1;
-  double memory_bytes = 0.0;  // per device; cpu entries: the whole host's (see device_memory_bytes)
-  double peak_flops_float32 = 0.0, peak_flops_bfloat16 = 0.0;  // per device, dense GEMM FLOP/s
-  double memory_bandwidth = 0.0;                               // per device, bytes/s
-  // The rate each op kind runs at (plan/cost.cpp prices it so), per device and compute dtype: the dense
-  // matmuls' FLOP/s at a model's shapes (the layers' and the loss's GEMMs), the attention ops' FLOP/s, the
-  // logits per second of the loss's softmax part (everything of the fused unembedding + cross-entropy but its
-  // GEMMs, per logit and GEMM pass), and the bytes per second the elementwise ops (norms, activations,
-  // residual adds) move. Entries that do not state them price matmuls and attention at the GEMM peak, the
-  // softmax at nothing and elementwise ops at memory_bandwidth.
-  double matmul_flops_float32 = 0.0, matmul_flops_bfloat16 = 0.0;
-  double attention_flops_float32 = 0.0, attention_flops_bfloat16 = 0.0;
-  double loss_softmax_logits_float32 = 0.0, loss_softmax_logits_bfloat16 = 0.0;  // logits/s; 0: not priced
-  double elementwise_bandwidth_float32 = 0.0, elementwise_bandwidth_bfloat16 = 0.0;  // bytes/s
+  double memory_bytes = 0.0;       // per device; cpu entries: the whole host's (see device_memory_bytes)
+  ComputeRates float32, bfloat16;  // per device, by compute dtype
+  double memory_bandwidth = 0.0;   // per device, bytes/s
   // Per device, per direction, bytes/s: within a host (NVLink, ICI, shared memory) and between hosts.
   double intra_host_bandwidth = 0.0, inter_host_bandwidth = 0.0;
   bool host_memory_shared = false;  // cpu: the ranks on a host divide its memory
   int64_t host_cores = 0;           // cpu: cores of this machine; 0 elsewhere
 
-  double peak_flops(DType dtype) const {
-    return dtype == DType::bf16 ? peak_flops_bfloat16 : peak_flops_float32;
-  }
-  double matmul_flops(DType dtype) const {
-    return dtype == DType::bf16 ? matmul_flops_bfloat16 : matmul_flops_float32;
-  }
-  double attention_flops(DType dtype) const {
-    return dtype == DType::bf16 ? attention_flops_bfloat16 : attention_flops_float32;
-  }
-  double loss_softmax_logits(DType dtype) const {
-    return dtype == DType::bf16 ? loss_softmax_logits_bfloat16 : loss_softmax_logits_float32;
-  }
-  double elementwise_bandwidth(DType dtype) const {
-    return dtype == DType::bf16 ? elementwise_bandwidth_bfloat16 : elementwise_bandwidth_float32;
-  }
+  const ComputeRates& rates(DType dtype) const { return dtype == DType::bf16 ? bfloat16 : float32; }
   // Memory one device (rank) may use when `devices` devices run: cpu hosts are divided among their ranks.
   double device_memory_bytes(int64_t devices) const;
   // Bandwidth of a collective over a group whose members are `stride` devices apart (tensor is innermost,

@@ -530,7 +530,7 @@ void Run::write_run_files() {
                  "device: %s; kernels %s; arena %.3f GiB as planned; mfu against %s's stated %.0f TFLOP/s\n",
                  engine_->backend().device_description().c_str(), engine_->backend().name,
                  static_cast<double>(plan.arena_bytes) / kGiB, plan.topology.name.c_str(),
-                 plan.topology.peak_flops(config_.dtype) / 1e12);
+                 plan.topology.rates(config_.dtype).peak_flops / 1e12);
   } else {
     machine_ = measure_machine(bf16);
     std::fprintf(console_, "%s\n", machine_->describe().c_str());
@@ -579,7 +579,7 @@ void Run::prepare_steps() {
   // mfu: against this machine's measured GEMM peak, not a stated one (the `cpu` topology's 230 GFLOP/s is a
   // Zen 4 at AVX2 width; a Zen 5 or a Xeon with two AVX-512 units reaches twice that).
   // dtype=bfloat16: against the bf16 GEMM's measured peak.
-  peak_flops_ = !machine_                      ? engine_->plan().topology.peak_flops(config_.dtype)
+  peak_flops_ = !machine_                      ? engine_->plan().topology.rates(config_.dtype).peak_flops
                 : config_.dtype == DType::bf16 ? machine_->gemm_bf16_peak_flops
                                                : machine_->gemm_peak_flops;
   progress_.emplace(config_.steps, state_.step, console_);

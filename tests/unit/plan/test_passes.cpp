@@ -177,17 +177,17 @@ TEST(PlanCost, EachOpKindRunsAtItsRate) {
       const bool bf16 = plan.spec.config.dtype == DType::bf16;
       Topology& topology = plan.topology;
       ASSERT_TRUE(topology.host_memory_shared);
-      topology.peak_flops_float32 = 3e12;
-      topology.peak_flops_bfloat16 = 12e12;
-      topology.matmul_flops_float32 = 2e12;
-      topology.matmul_flops_bfloat16 = 7e12;
-      topology.attention_flops_float32 = 0.5e12;
-      topology.attention_flops_bfloat16 = 0.8e12;
-      topology.loss_softmax_logits_float32 = 2e9;
-      topology.loss_softmax_logits_bfloat16 = 4e9;
+      topology.float32.peak_flops = 3e12;
+      topology.bfloat16.peak_flops = 12e12;
+      topology.float32.matmul_flops = 2e12;
+      topology.bfloat16.matmul_flops = 7e12;
+      topology.float32.attention_flops = 0.5e12;
+      topology.bfloat16.attention_flops = 0.8e12;
+      topology.float32.loss_softmax_logits = 2e9;
+      topology.bfloat16.loss_softmax_logits = 4e9;
       topology.memory_bandwidth = 1e30;
-      topology.elementwise_bandwidth_float32 = 1e6;  // slow enough that every elementwise op is bound by it
-      topology.elementwise_bandwidth_bfloat16 = 2e6;
+      topology.float32.elementwise_bandwidth = 1e6;  // slow enough that every elementwise op is bound by it
+      topology.bfloat16.elementwise_bandwidth = 2e6;
       const double share = static_cast<double>(ranks);
       const double matmul = (bf16 ? 7e12 : 2e12) / share, attention = (bf16 ? 0.8e12 : 0.5e12) / share;
       const double softmax = (bf16 ? 4e9 : 2e9) / share, elementwise = (bf16 ? 2e6 : 1e6) / share;

@@ -60,8 +60,8 @@ TEST(Topology, EveryFamilyHasItsStatedFigures) {
     EXPECT_EQ(topology.devices_per_host, expected.devices_per_host);
     EXPECT_DOUBLE_EQ(topology.memory_bytes, expected.memory_gb * kGB);
     EXPECT_DOUBLE_EQ(topology.device_memory_bytes(expected.num_devices), expected.memory_gb * kGB);
-    EXPECT_DOUBLE_EQ(topology.peak_flops(DType::f32), expected.float32_tflops * kTera);
-    EXPECT_DOUBLE_EQ(topology.peak_flops(DType::bf16), expected.bfloat16_tflops * kTera);
+    EXPECT_DOUBLE_EQ(topology.rates(DType::f32).peak_flops, expected.float32_tflops * kTera);
+    EXPECT_DOUBLE_EQ(topology.rates(DType::bf16).peak_flops, expected.bfloat16_tflops * kTera);
     EXPECT_DOUBLE_EQ(topology.memory_bandwidth, expected.memory_bandwidth_gbs * kGB);
     EXPECT_DOUBLE_EQ(topology.intra_host_bandwidth, expected.intra_host_gbs * kGB);
     EXPECT_DOUBLE_EQ(topology.inter_host_bandwidth, expected.inter_host_gbs * kGB);
@@ -69,12 +69,12 @@ TEST(Topology, EveryFamilyHasItsStatedFigures) {
     EXPECT_EQ(topology.host_cores, 0);
     // No stated attention or softmax rates: attention runs at the tensor-core (MXU) peaks, the softmax is not
     // priced (the cost of every op as before the rates existed).
-    EXPECT_DOUBLE_EQ(topology.matmul_flops(DType::bf16), expected.bfloat16_tflops * kTera);
-    EXPECT_DOUBLE_EQ(topology.attention_flops(DType::f32), expected.float32_tflops * kTera);
-    EXPECT_DOUBLE_EQ(topology.attention_flops(DType::bf16), expected.bfloat16_tflops * kTera);
-    EXPECT_EQ(topology.loss_softmax_logits(DType::f32), 0.0);
-    EXPECT_EQ(topology.loss_softmax_logits(DType::bf16), 0.0);
-    EXPECT_DOUBLE_EQ(topology.elementwise_bandwidth(DType::bf16), expected.memory_bandwidth_gbs * kGB);
+    EXPECT_DOUBLE_EQ(topology.rates(DType::bf16).matmul_flops, expected.bfloat16_tflops * kTera);
+    EXPECT_DOUBLE_EQ(topology.rates(DType::f32).attention_flops, expected.float32_tflops * kTera);
+    EXPECT_DOUBLE_EQ(topology.rates(DType::bf16).attention_flops, expected.bfloat16_tflops * kTera);
+    EXPECT_EQ(topology.rates(DType::f32).loss_softmax_logits, 0.0);
+    EXPECT_EQ(topology.rates(DType::bf16).loss_softmax_logits, 0.0);
+    EXPECT_DOUBLE_EQ(topology.rates(DType::bf16).elementwise_bandwidth, expected.memory_bandwidth_gbs * kGB);
   }
 }
 
@@ -179,8 +179,8 @@ TEST(Topology, CpuRanksShareThisMachinesMemory) {
   EXPECT_DOUBLE_EQ(cpu.device_memory_bytes(8), machine_memory_bytes() / 8);
   EXPECT_GE(cpu.host_cores, 1);
   EXPECT_LE(cpu.host_cores, static_cast<int64_t>(std::thread::hardware_concurrency()));
-  EXPECT_DOUBLE_EQ(cpu.peak_flops(DType::f32), 0.230 * kTera);
-  EXPECT_DOUBLE_EQ(cpu.peak_flops(DType::bf16), 0.460 * kTera);
+  EXPECT_DOUBLE_EQ(cpu.rates(DType::f32).peak_flops, 0.230 * kTera);
+  EXPECT_DOUBLE_EQ(cpu.rates(DType::bf16).peak_flops, 0.460 * kTera);
   EXPECT_DOUBLE_EQ(cpu.memory_bandwidth, 50 * kGB);
   EXPECT_DOUBLE_EQ(cpu.link_bandwidth(2, 1), 20 * kGB);
   EXPECT_DOUBLE_EQ(cpu.link_bandwidth(4, 16), 20 * kGB);
@@ -227,7 +227,7 @@ TEST(Topology, UserCatalogAddsAndReplacesEntries) {
   EXPECT_EQ(added.device_kind, "mygpu");
   EXPECT_EQ(added.num_devices, 8);
   EXPECT_DOUBLE_EQ(added.memory_bytes, 24 * kGiB);
-  EXPECT_DOUBLE_EQ(added.peak_flops(DType::bf16), 100 * kTera);
+  EXPECT_DOUBLE_EQ(added.rates(DType::bf16).peak_flops, 100 * kTera);
   EXPECT_DOUBLE_EQ(added.link_bandwidth(4, 1), 64 * kGB);
   EXPECT_DOUBLE_EQ(added.link_bandwidth(2, 4), 12.5 * kGB);
   EXPECT_NE(error_of([&] { load_topology("mygpux6", path); }).find("use mygpux4 or mygpux8"),
@@ -237,25 +237,25 @@ TEST(Topology, UserCatalogAddsAndReplacesEntries) {
   EXPECT_DOUBLE_EQ(replaced.memory_bytes, 64 * kGiB);
   EXPECT_DOUBLE_EQ(replaced.device_memory_bytes(4), 16 * kGiB);
   EXPECT_EQ(replaced.host_cores, 16);
-  EXPECT_DOUBLE_EQ(replaced.peak_flops(DType::f32), 2 * kTera);
+  EXPECT_DOUBLE_EQ(replaced.rates(DType::f32).peak_flops, 2 * kTera);
 
   const Topology lab = load_topology("lab", path);
   EXPECT_EQ(lab.num_devices, 16);
   EXPECT_DOUBLE_EQ(lab.device_memory_bytes(16), 32 * kGB);  // 4 ranks on each 128 GB host
   EXPECT_DOUBLE_EQ(lab.link_bandwidth(4, 4), 3 * kGB);
-  EXPECT_DOUBLE_EQ(lab.matmul_flops(DType::f32), 0.75 * kTera);
-  EXPECT_DOUBLE_EQ(lab.matmul_flops(DType::bf16), 1.5 * kTera);
-  EXPECT_DOUBLE_EQ(lab.attention_flops(DType::f32), 0.25 * kTera);
-  EXPECT_DOUBLE_EQ(lab.attention_flops(DType::bf16), 0.5 * kTera);
-  EXPECT_DOUBLE_EQ(lab.loss_softmax_logits(DType::f32), 3 * kGB);
-  EXPECT_DOUBLE_EQ(lab.loss_softmax_logits(DType::bf16), 1.5 * kGB);
-  EXPECT_DOUBLE_EQ(lab.elementwise_bandwidth(DType::f32), 20 * kGB);
-  EXPECT_DOUBLE_EQ(lab.elementwise_bandwidth(DType::bf16), 25 * kGB);
+  EXPECT_DOUBLE_EQ(lab.rates(DType::f32).matmul_flops, 0.75 * kTera);
+  EXPECT_DOUBLE_EQ(lab.rates(DType::bf16).matmul_flops, 1.5 * kTera);
+  EXPECT_DOUBLE_EQ(lab.rates(DType::f32).attention_flops, 0.25 * kTera);
+  EXPECT_DOUBLE_EQ(lab.rates(DType::bf16).attention_flops, 0.5 * kTera);
+  EXPECT_DOUBLE_EQ(lab.rates(DType::f32).loss_softmax_logits, 3 * kGB);
+  EXPECT_DOUBLE_EQ(lab.rates(DType::bf16).loss_softmax_logits, 1.5 * kGB);
+  EXPECT_DOUBLE_EQ(lab.rates(DType::f32).elementwise_bandwidth, 20 * kGB);
+  EXPECT_DOUBLE_EQ(lab.rates(DType::bf16).elementwise_bandwidth, 25 * kGB);
   // An entry without them (written before they existed) loads with matmuls and attention at its GEMM peaks.
-  EXPECT_DOUBLE_EQ(replaced.matmul_flops(DType::f32), 2 * kTera);
-  EXPECT_DOUBLE_EQ(replaced.attention_flops(DType::bf16), 4 * kTera);
-  EXPECT_EQ(replaced.loss_softmax_logits(DType::bf16), 0.0);
-  EXPECT_DOUBLE_EQ(replaced.elementwise_bandwidth(DType::f32), 200 * kGB);  // its memory_bandwidth_gbs
+  EXPECT_DOUBLE_EQ(replaced.rates(DType::f32).matmul_flops, 2 * kTera);
+  EXPECT_DOUBLE_EQ(replaced.rates(DType::bf16).attention_flops, 4 * kTera);
+  EXPECT_EQ(replaced.rates(DType::bf16).loss_softmax_logits, 0.0);
+  EXPECT_DOUBLE_EQ(replaced.rates(DType::f32).elementwise_bandwidth, 200 * kGB);  // its memory_bandwidth_gbs
 
   EXPECT_EQ(load_topology("h100x8", path).num_devices, 8);  // the built-in ones remain
   const std::vector<std::string> names = topology_names(path);
