@@ -33,9 +33,12 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-// A square GEMM (n = 1024, best of 40 calls) in float32, or with bfloat16 inputs (f32 accumulation).
+// A square GEMM (n = 1024, best of 40 calls) in float32, or with bfloat16 inputs (f32 accumulation). The
+// plain reference GEMM (no oneDNN) is about a hundred times slower: it is timed on n = 256, which keeps a
+// run without oneDNN from spending a minute here (over 100 s in the sanitizer build) for a figure that only
+// scales its MFU.
 double measure_gemm_peak(bool bf16) {
-  constexpr int64_t n = 1024;
+  const int64_t n = kernels::gemm_backend().name == "reference" ? 256 : 1024;
   constexpr int kCalls = 40;
   std::vector<float> a(n * n), b(n * n), c(n * n);
   for (int64_t i = 0; i < n * n; ++i) {
