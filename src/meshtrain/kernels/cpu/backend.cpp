@@ -41,13 +41,17 @@ DType compute_dtype_matmul_inputs(DType compute) {
 const KernelBackend& cpu_backend() {
   // Designated initialisers in declaration order; tests/unit/kernels/test_backend.cpp checks that no entry
   // is left null.
-  // The bf16 attention kernels (vdpbf16ps products) where they pay: on CPUs with AVX512-BF16 and no AMX.
-  // On the Xeon with AMX (family 6 model 207) vdpbf16ps runs at a quarter of vfmadd's instruction rate, so
-  // half its flops (105-113 against 198-234 GFLOP/s per core, measured), and the bf16 kernels ran at
-  // 0.65-0.75x of the float32 ones there (bench/README.md, "Attention: bf16 products"): those CPUs keep
-  // float32 attention until an AMX kernel exists. (The engine refuses dtype=bfloat16 on a CPU with neither
+  // bf16 attention: the AMX kernels (tile products) on CPUs with AMX-BF16 whose OS granted the tile
+  // permission; the AVX512-BF16 kernels (vdpbf16ps) on CPUs with AVX512-BF16 and no AMX; float32 otherwise.
+  // On the Xeon with AMX (family 6 model 207) vdpbf16ps runs at a quarter of vfmadd's instruction rate, and
+  // the vdpbf16ps kernels ran at 0.65-0.75x of the float32 ones there (bench/README.md, "Attention: bf16
+  // products"), so they never run where AMX does. (The engine refuses dtype=bfloat16 on a CPU with neither
   // AVX512-BF16 nor AMX.)
+  const bool amx_attention = cpu_features().amx_bf16 && cpu_features().avx512_bf16;
   const bool bf16_attention = cpu_features().avx512_bf16 && !cpu_features().amx_bf16;
+  const auto pick = [&](auto amx, auto bf16, auto float32) {
+    return amx_attention ? amx : bf16_attention ? bf16 : float32;
+  };
   static const KernelBackend table{
       .name = "cpu",
       .device_check = host_device_check,
@@ -96,12 +100,12 @@ const KernelBackend& cpu_backend() {
       .context_attention_backward = context_attention_backward,
       .context_attention_backward_scratch_floats = context_attention_backward_scratch_floats,
       .attention_decode = attention_decode,
-      .attention_forward_bf16 = bf16_attention ? attention_forward_bf16 : attention_forward,
-      .attention_backward_bf16 = bf16_attention ? attention_backward_bf16 : attention_backward,
+      .attention_forward_bf16 = pick(attention_forward_amx, attention_forward_bf16, attention_forward),
+      .attention_backward_bf16 = pick(attention_backward_amx, attention_backward_bf16, attention_backward),
       .context_attention_forward_bf16 =
-          bf16_attention ? context_attention_forward_bf16 : context_attention_forward,
+          pick(context_attention_forward_amx, context_attention_forward_bf16, context_attention_forward),
       .context_attention_backward_bf16 =
-          bf16_attention ? context_attention_backward_bf16 : context_attention_backward,
+          pick(context_attention_backward_amx, context_attention_backward_bf16, context_attention_backward),
       .moe_router_forward = moe_router_forward,
       .moe_router_backward = moe_router_backward,
       .moe_balance_loss_forward = moe_balance_loss_forward,
