@@ -753,6 +753,84 @@ MESHTRAIN_AVX512_BF16 void interleave_rows(uint32_t* interleaved, int64_t width_
   }
 }
 
+// r[i] becomes column i of the 16 x 16 floats r[0..15] (rows), in registers: for block sizes b = 8, 4, 2,
+// 1, the off-diagonal b x b blocks of every 2b x 2b block swap. (permutex2var: the unpack and shuffle
+// intrinsics trip GCC 12's -Wuninitialized under a target attribute.)
+struct TransposeIndices {
+  // Stage s (b = 8 >> s): the new top row's and bottom row's lanes from (top, bottom), 16 + lane for the
+  // bottom one.
+  alignas(64) int32_t low[4][16];
+  alignas(64) int32_t high[4][16];
+};
+
+constexpr TransposeIndices transpose_indices() {
+  TransposeIndices indices{};
+  for (int stage = 0; stage < 4; ++stage) {
+    const int b = 8 >> stage;
+    for (int c = 0; c < 16; ++c) {
+      indices.low[stage][c] = (c & b) != 0 ? 16 + c - b : c;
+      indices.high[stage][c] = (c & b) != 0 ? 16 + c : c + b;
+    }
+  }
+  return indices;
+}
+
+alignas(64) constexpr TransposeIndices kTransposeIndices = transpose_indices();
+
+MESHTRAIN_AVX512_BF16 inline void transpose_16x16(__m512* r) {
+  for (int stage = 0; stage < 4; ++stage) {
+    const int b = 8 >> stage;
+    const __m512i low_index = _mm512_load_si512(kTransposeIndices.low[stage]);
+    const __m512i high_index = _mm512_load_si512(kTransposeIndices.high[stage]);
+    for (int i = 0; i < 16; ++i) {
+      if ((i & b) != 0) continue;
+      const __m512 top = r[i], bottom = r[i + b];
+      r[i] = _mm512_permutex2var_ps(top, low_index, bottom);
+      r[i + b] = _mm512_permutex2var_ps(top, high_index, bottom);
+    }
+  }
+}
+
+// r[i] = x[i * stride + c] for c < 16 of the 16 x 16 block at x, 0 for i >= rows or c >= cols.
+MESHTRAIN_AVX512_BF16 inline void load_block(__m512* r, const float* x, int64_t stride, int64_t rows,
+                                             int64_t cols) {
+  const __mmask16 mask = first_lanes(cols);
+  for (int64_t i = 0; i < 16; ++i)
+    r[i] = i < rows ? _mm512_maskz_loadu_ps(mask, x + i * stride) : _mm512_setzero_ps();
+}
+
+// to[c * kTile + i] = x_i[c] (x_i = x + i * stride) for c < to_rows and i < kTile (to_rows a multiple of
+// 16): token rows [count] of width `cols` transposed into [to_rows][kTile], 0 beyond them.
+MESHTRAIN_AVX512_BF16 void transpose_tokens(float* to, int64_t to_rows, const float* x, int64_t stride,
+                                            int64_t count, int64_t cols) {
+  for (int64_t i0 = 0; i0 < kTile; i0 += 16) {
+    for (int64_t c0 = 0; c0 < to_rows; c0 += 16) {
+      __m512 r[16];
+      load_block(r, x + i0 * stride + c0, stride, count - i0, cols - c0);
+      transpose_16x16(r);
+      for (int64_t c = 0; c < 16; ++c) _mm512_storeu_ps(to + (c0 + c) * kTile + i0, r[c]);
+    }
+  }
+}
+
+// y_i[c] = scale_i * from[c * kTile + i] (y_i = y + i * stride; scale_i = scale[i], or 1 without scale) for
+// i < count and c < cols: transpose_tokens undone, from [cols rounded up to 16][kTile].
+MESHTRAIN_AVX512_BF16 void untranspose_tokens(float* y, int64_t stride, int64_t count, int64_t cols,
+                                              const float* from, const float* scale) {
+  for (int64_t i0 = 0; i0 < count; i0 += 16) {
+    for (int64_t c0 = 0; c0 < cols; c0 += 16) {
+      __m512 r[16];
+      load_block(r, from + c0 * kTile + i0, kTile, 16, 16);
+      transpose_16x16(r);
+      const __mmask16 mask = first_lanes(cols - c0);
+      for (int64_t i = 0; i < std::min<int64_t>(16, count - i0); ++i) {
+        const __m512 row = scale == nullptr ? r[i] : _mm512_mul_ps(r[i], _mm512_set1_ps(scale[i0 + i]));
+        _mm512_mask_storeu_ps(y + (i0 + i) * stride + c0, mask, row);
+      }
+    }
+  }
+}
+
 // R rows x V vectors of bf16_product: R x V accumulators in registers; `last` masks the lanes of vector V
 // - 1.
 template <int R, int V>
@@ -841,7 +919,7 @@ struct Bf16Buffers {
         token_lanes(static_cast<size_t>(4 * kTile * pairs)),
         interleaved(static_cast<size_t>(4 * kTile / 2 * width)),
         tile_pairs(static_cast<size_t>(2 * kTile / 2 * kTile)),
-        key_gradients(static_cast<size_t>(2 * shape.d * kTile)) {}
+        key_gradients(static_cast<size_t>(2 * width * kTile)) {}
   static int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
   // [kTile][pairs] rows / [pairs][kTile] lanes of operand `which` (0 q, 1 dout, 2 k, 3 v).
   uint32_t* rows(int which) { return token_rows.data() + which * kTile * pairs; }
@@ -853,7 +931,7 @@ struct Bf16Buffers {
 
   int64_t pairs, width;
   std::vector<uint32_t> token_rows, token_lanes, interleaved, tile_pairs;
-  std::vector<float> key_gradients;   // dk^T, dv^T [d][kTile] of the key tile in progress
+  std::vector<float> key_gradients;   // dk^T, dv^T [width][kTile] of the key tile in progress
   const float* packed_lanes[4] = {};  // source rows of lanes(which)
   int64_t packed_count[4] = {};
   const float* packed_keys = nullptr;  // source rows of zipped(2) (k interleaved)
@@ -952,7 +1030,7 @@ void backward_pair_bf16(Bf16Buffers& t, const HeadView& view, const GradView& gr
   }
   if (grad.dk != nullptr) {  // dv^T[c][j] += sum_i dout[i][c] P[i][j], dk^T[c][j] += sum_i q[i][c] dS[i][j]
     float* dk_t = t.key_gradients.data();
-    float* dv_t = dk_t + d * kTile;
+    float* dv_t = dk_t + t.width * kTile;
     interleave_rows(t.zipped(1), t.width, dout_rows, qs, rows, d);
     interleave_rows(t.tile(0), kTile, t.probs, kTile, rows, kTile);
     bf16_product(dv_t, kTile, d, kTile, t.zipped(1), 1, t.width, t.tile(0), kTile, query_pairs, true);
@@ -962,35 +1040,28 @@ void backward_pair_bf16(Bf16Buffers& t, const HeadView& view, const GradView& gr
   }
 }
 
-// Accumulators dk_t, dv_t [accumulator_rows >= d][kTile] = dk, dv rows [cols] (stride `stride`) transposed
-// when accumulating, else 0.
-void begin_transposed_key_gradients(float* dk_t, float* dv_t, int64_t accumulator_rows, const float* dk,
-                                    const float* dv, int64_t stride, int64_t cols, int64_t d,
-                                    bool accumulate) {
-  std::fill_n(dk_t, accumulator_rows * kTile, 0.0f);
-  std::fill_n(dv_t, accumulator_rows * kTile, 0.0f);
-  if (!accumulate) return;
-  for (int64_t j = 0; j < cols; ++j) {
-    for (int64_t c = 0; c < d; ++c) {
-      dk_t[c * kTile + j] = dk[j * stride + c];
-      dv_t[c * kTile + j] = dv[j * stride + c];
-    }
+// Accumulators dk_t, dv_t [width][kTile] (width = d rounded up to 16) = dk, dv rows [cols] (stride
+// `stride`) transposed when accumulating, else 0.
+void begin_transposed_key_gradients(float* dk_t, float* dv_t, int64_t width, const float* dk, const float* dv,
+                                    int64_t stride, int64_t cols, int64_t d, bool accumulate) {
+  if (!accumulate) {
+    std::fill_n(dk_t, width * kTile, 0.0f);
+    std::fill_n(dv_t, width * kTile, 0.0f);
+    return;
   }
+  transpose_tokens(dk_t, width, dk, stride, cols, d);
+  transpose_tokens(dv_t, width, dv, stride, cols, d);
 }
 
 // dk, dv rows [cols] = the accumulators transposed.
 void end_transposed_key_gradients(const float* dk_t, const float* dv_t, float* dk, float* dv, int64_t stride,
                                   int64_t cols, int64_t d) {
-  for (int64_t j = 0; j < cols; ++j) {
-    for (int64_t c = 0; c < d; ++c) {
-      dk[j * stride + c] = dk_t[c * kTile + j];
-      dv[j * stride + c] = dv_t[c * kTile + j];
-    }
-  }
+  untranspose_tokens(dk, stride, cols, d, dk_t, nullptr);
+  untranspose_tokens(dv, stride, cols, d, dv_t, nullptr);
 }
 
 // The bf16 kernel as the schedules below use it: dk / dv of a key tile accumulate transposed in the
-// thread's buffers from begin_key_tile to end_key_tile (accumulators [d][kTile], see above).
+// thread's buffers from begin_key_tile to end_key_tile (accumulators [width][kTile], see above).
 struct Bf16Kernel {
   using Forward = Bf16Buffers;
   using Backward = Bf16Buffers;
@@ -1005,11 +1076,12 @@ struct Bf16Kernel {
   static void begin_key_tile(Bf16Buffers& t, float* dk, float* dv, int64_t stride, int64_t cols, int64_t d,
                              bool accumulate) {
     float* dk_t = t.key_gradients.data();
-    begin_transposed_key_gradients(dk_t, dk_t + d * kTile, d, dk, dv, stride, cols, d, accumulate);
+    begin_transposed_key_gradients(dk_t, dk_t + t.width * kTile, t.width, dk, dv, stride, cols, d,
+                                   accumulate);
   }
   static void end_key_tile(Bf16Buffers& t, float* dk, float* dv, int64_t stride, int64_t cols, int64_t d) {
     const float* dk_t = t.key_gradients.data();
-    end_transposed_key_gradients(dk_t, dk_t + d * kTile, dk, dv, stride, cols, d);
+    end_transposed_key_gradients(dk_t, dk_t + t.width * kTile, dk, dv, stride, cols, d);
   }
 };
 
@@ -1124,12 +1196,20 @@ MESHTRAIN_AMX void release_tiles() {
 
 // columns[c * kTile + r] = bf16 of x_r[c] for c < width_rows (a multiple of 16) and r < kTile, x_r = x + r *
 // stride: a token tile transposed (the A operand of the products that reduce over tokens); rows >= count
-// and columns >= d are 0.
-void pack_columns(uint16_t* columns, int64_t width_rows, const float* x, int64_t stride, int64_t count,
-                  int64_t d) {
-  std::fill_n(columns, width_rows * kTile, uint16_t{0});
-  for (int64_t r = 0; r < count; ++r) {
-    for (int64_t c = 0; c < d; ++c) columns[c * kTile + r] = bfloat16_from_float(x[r * stride + c]);
+// and columns >= d are 0. Rounded to nearest even, as round_rows does.
+MESHTRAIN_AVX512_BF16 void pack_columns(uint16_t* columns, int64_t width_rows, const float* x, int64_t stride,
+                                        int64_t count, int64_t d) {
+  for (int64_t r0 = 0; r0 < kTile; r0 += 16) {
+    for (int64_t c0 = 0; c0 < width_rows; c0 += 16) {
+      __m512 r[16];
+      load_block(r, x + r0 * stride + c0, stride, count - r0, d - c0);
+      transpose_16x16(r);
+      for (int64_t c = 0; c < 16; ++c) {
+        const __m256bh rounded = _mm512_cvtneps_pbh(r[c]);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(columns + (c0 + c) * kTile + r0),
+                            reinterpret_cast<const __m256i&>(rounded));
+      }
+    }
   }
 }
 
@@ -1264,12 +1344,14 @@ MESHTRAIN_AMX void forward_query_tile_amx(AmxBuffers& t, float* out, float* lse,
     amx_product(AmxProduct{out_t, kTile * 4, t.values.columns(slot), kTile * 2, t.p_pairs, kTile * 4,
                            width / 16, kTile / 16, kTile / 32, true});
   }
-  for (int64_t i = 0; i < rows; ++i) {  // as finish_query_rows, from out^T
+  // As finish_query_rows, from out^T: the row's 1 / sum (0 for a query that saw no key), its lse.
+  alignas(64) float inverse[kTile];
+  for (int64_t i = 0; i < rows; ++i) {
     const bool seen = t.softmax.row_sum[i] > 0.0f;
-    const float inverse = seen ? 1.0f / t.softmax.row_sum[i] : 0.0f;
-    for (int64_t c = 0; c < d; ++c) out[(i0 + i) * qs + c] = out_t[c * kTile + i] * inverse;
+    inverse[i] = seen ? 1.0f / t.softmax.row_sum[i] : 0.0f;
     lse[i0 + i] = seen ? t.softmax.row_max[i] + std::log(t.softmax.row_sum[i]) : kNegativeInfinity;
   }
+  untranspose_tokens(out + i0 * qs, qs, rows, d, out_t, inverse);
 }
 
 // The AMX backward of one tile pair (layout above, whatever keys_are_rows says).
