@@ -19,6 +19,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <ostream>
 #include <random>
 #include <string>
 #include <utility>
@@ -55,6 +56,11 @@ struct Bf16Kernels {
   meshtrain::kernels::ContextAttentionForward* context_forward;
   meshtrain::kernels::ContextAttentionBackward* context_backward;
 };
+
+// gtest prints the parameter in test listings: the name, not the bytes (which hold pointers).
+void PrintTo(const Bf16Kernels& kernels, std::ostream* out) {
+  *out << kernels.name;
+}
 
 bool has_avx512_bf16() {
   return cpu_features().avx512_bf16;
