@@ -719,13 +719,6 @@ MESHTRAIN_AVX512_BF16 void round_rows(uint32_t* rows, int64_t pairs, const float
   }
 }
 
-// lanes[p * kTile + r] = rows[r * pairs + p]: the packed rows of a tile, one token per lane.
-void lanes_from_rows(uint32_t* lanes, const uint32_t* rows, int64_t pairs) {
-  for (int64_t r = 0; r < kTile; ++r) {
-    for (int64_t p = 0; p < pairs; ++p) lanes[p * kTile + r] = rows[r * pairs + p];
-  }
-}
-
 // interleaved[t * width_stride + c] = (x_2t[c], x_2t+1[c]) rounded to bf16 for t < kTile / 2 and c <
 // width_stride (a multiple of 16), x_r = x + r * stride; rows >= count and columns >= width are 0.
 MESHTRAIN_AVX512_BF16 void interleave_rows(uint32_t* interleaved, int64_t width_stride, const float* x,
@@ -797,6 +790,20 @@ MESHTRAIN_AVX512_BF16 inline void load_block(__m512* r, const float* x, int64_t 
   const __mmask16 mask = first_lanes(cols);
   for (int64_t i = 0; i < 16; ++i)
     r[i] = i < rows ? _mm512_maskz_loadu_ps(mask, x + i * stride) : _mm512_setzero_ps();
+}
+
+// lanes[p * kTile + r] = rows[r * pairs + p]: the packed rows of a tile, one token per lane. The pairs are
+// moved as 32-bit lanes of float vectors (loads, permutes and stores keep every bit).
+MESHTRAIN_AVX512_BF16 void lanes_from_rows(uint32_t* lanes, const uint32_t* rows, int64_t pairs) {
+  for (int64_t r0 = 0; r0 < kTile; r0 += 16) {
+    for (int64_t p0 = 0; p0 < pairs; p0 += 16) {
+      __m512 block[16];
+      load_block(block, reinterpret_cast<const float*>(rows + r0 * pairs + p0), pairs, 16, pairs - p0);
+      transpose_16x16(block);
+      for (int64_t p = 0; p < std::min<int64_t>(16, pairs - p0); ++p)
+        _mm512_storeu_ps(lanes + (p0 + p) * kTile + r0, block[p]);
+    }
+  }
 }
 
 // to[c * kTile + i] = x_i[c] (x_i = x + i * stride) for c < to_rows and i < kTile (to_rows a multiple of
