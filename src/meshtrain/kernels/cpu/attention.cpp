@@ -1100,8 +1100,9 @@ struct Bf16Kernel {
 // below is an amx_product: C [m_tiles * 16][n_tiles * 16] (+)= A [.][ksteps * 16 pairs] B, with A tiles
 // read from row-major bf16 and B tiles from "pair rows" (row p holds the pairs p of every column).
 //
-// Layouts, chosen so that no product needs a tile transposed per pair (a transpose per pair cost more than
-// the products): with Q, K, V, dO the token rows of one head, P and dS [queries][keys] of a tile pair,
+// Layouts, chosen so that no product needs a tile transposed per pair (transposing a 64 x 64 tile is work of
+// the order of its products at d = 64): with Q, K, V, dO the token rows of one head, P and dS [queries][keys]
+// of a tile pair,
 //   forward   S^T [keys][queries] = K . Q^T        A: K rows bf16, B: Q^T pair rows (d pairs x queries);
 //             out^T [d][queries] += V^T . P^T      A: V^T bf16 (d x keys), B: P^T pair rows (key pairs);
 //             so the softmax runs on key rows x query lanes as in the float32 forward, and out^T (one
@@ -1115,7 +1116,7 @@ struct Bf16Kernel {
 // The layout never depends on the schedule (the keys_are_rows hint of the float32 kernel is ignored), so
 // the owner and split schedules compute each partial product identically and add them in the same order:
 // results are bitwise independent of the thread count. Token operands are packed (rounded, zero-padded to
-// the tile and to 32 head-width columns) once per 64-token tile per thread and kept for the whole call
+// the tile and to 16 or 32 head-width columns) once per 64-token tile per thread and kept for the whole call
 // (memory linear in S: the key tiles of the kv head being worked on, and in the backward the query tiles
 // of its group's heads), instead of once per tile pair.
 // Tile registers: C 0-3, A 4-5, B 6-7, all 16 rows x 64 bytes (palette 1), configured when a thread's
