@@ -1155,14 +1155,20 @@ MESHTRAIN_AMX void amx_block(const AmxProduct& p, int64_t mi, int64_t nj) {
     if constexpr (MR > 1) _tile_zero(2);
     if constexpr (MR > 1 && NR > 1) _tile_zero(3);
   }
+  // Each load just before the first product that reads it: the next step's A0 / B0 loads then overlap the
+  // products of A1 (a tile register is free once the products reading it are done).
   for (int64_t k = 0; k < p.ksteps; ++k) {
     _tile_loadd(4, a + k * 64, p.a_stride);
-    if constexpr (MR > 1) _tile_loadd(5, a + a_down + k * 64, p.a_stride);
     _tile_loadd(6, b + k * b_down, p.b_stride);
-    if constexpr (NR > 1) _tile_loadd(7, b + k * b_down + 64, p.b_stride);
     _tile_dpbf16ps(0, 4, 6);
-    if constexpr (NR > 1) _tile_dpbf16ps(1, 4, 7);
-    if constexpr (MR > 1) _tile_dpbf16ps(2, 5, 6);
+    if constexpr (NR > 1) {
+      _tile_loadd(7, b + k * b_down + 64, p.b_stride);
+      _tile_dpbf16ps(1, 4, 7);
+    }
+    if constexpr (MR > 1) {
+      _tile_loadd(5, a + a_down + k * 64, p.a_stride);
+      _tile_dpbf16ps(2, 5, 6);
+    }
     if constexpr (MR > 1 && NR > 1) _tile_dpbf16ps(3, 5, 7);
   }
   _tile_stored(0, c, p.c_stride);
