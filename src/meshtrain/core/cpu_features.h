@@ -17,7 +17,8 @@ struct CpuFeatures {
   bool avx512_bf16 = false;
   // AMX-TILE and AMX-BF16 usable: CPUID, the OS saves the tile state (XCR0 bits 17, 18) and granted this
   // process the tile data permission (arch_prctl). amx_refused_by_os: the CPU and XCR0 have it, the
-  // permission request failed (an old kernel): described, and the engine runs as without AMX.
+  // permission request failed (an old kernel): describe() says so, and bf16 attention stays float32
+  // (kernels/cpu/backend.cpp).
   bool amx_bf16 = false, amx_refused_by_os = false;
 
   // AVX-512 as oneDNN's avx512_core and OpenBLAS's SkylakeX kernels need it (F, BW, VL, DQ).
