@@ -273,15 +273,11 @@ void add_matmul(std::vector<Case>& cases, const Model& m, const std::string& wha
 }
 
 // Causal attention, one sequence per batch row, positions 0..S-1. FLOPs counted causally (half of S^2) as
-// the model spec does: forward 2 x 2 B H (S^2/2) d, backward 2.5 x forward. MESHTRAIN_BENCH_DTYPE=bfloat16:
-// the bf16 kernels (bf16 products, as dtype=bfloat16 runs attention on a CPU with AVX512-BF16). The plain
-// reference runs on one sequence when `with_reference`.
-void add_attention_cases(std::vector<Case>& cases, int64_t B, int64_t S, int64_t H, int64_t K, int64_t d,
-                         int layers, bool with_reference) {
-  const bool bf16 = bench_bf16() && meshtrain::cpu_features().avx512_bf16;
-  const auto forward = bf16 ? k::attention_forward_bf16 : k::attention_forward;
-  const auto backward = bf16 ? k::attention_backward_bf16 : k::attention_backward;
-  const std::string kernel = bf16 ? "attention bf16" : "attention";
+// the model spec does: forward 2 x 2 B H (S^2/2) d, backward 2.5 x forward. The plain reference runs on one
+// sequence when `with_reference`.
+void add_attention_kernel_cases(std::vector<Case>& cases, const std::string& kernel,
+                                k::AttentionForward* forward, k::AttentionBackward* backward, int64_t B,
+                                int64_t S, int64_t H, int64_t K, int64_t d, int layers, bool with_reference) {
   const int64_t reference_batch = 1;
   auto positions = std::make_shared<std::vector<int32_t>>(B * S);
   for (int64_t n = 0; n < B * S; ++n) (*positions)[n] = static_cast<int32_t>(n % S);
@@ -338,6 +334,26 @@ void add_attention_cases(std::vector<Case>& cases, int64_t B, int64_t S, int64_t
   }
   cases.push_back(std::move(forward_case));
   cases.push_back(std::move(backward_case));
+}
+
+// The float32 kernel; under MESHTRAIN_BENCH_DTYPE=bfloat16 the bf16 ones this CPU runs instead: the
+// AVX512-BF16 kernels ("attention bf16", vdpbf16ps products) and the AMX ones ("attention amx", tile
+// products; what dtype=bfloat16 runs on a CPU with AMX), both where the CPU has them.
+void add_attention_cases(std::vector<Case>& cases, int64_t B, int64_t S, int64_t H, int64_t K, int64_t d,
+                         int layers, bool with_reference) {
+  const auto& cpu = meshtrain::cpu_features();
+  const bool bf16 = bench_bf16() && cpu.avx512_bf16;
+  if (!bf16) {
+    add_attention_kernel_cases(cases, "attention", k::attention_forward, k::attention_backward, B, S, H, K, d,
+                               layers, with_reference);
+    return;
+  }
+  add_attention_kernel_cases(cases, "attention bf16", k::attention_forward_bf16, k::attention_backward_bf16,
+                             B, S, H, K, d, layers, with_reference);
+  if (cpu.amx_bf16) {
+    add_attention_kernel_cases(cases, "attention amx", k::attention_forward_amx, k::attention_backward_amx, B,
+                               S, H, K, d, layers, with_reference);
+  }
 }
 
 std::vector<Case> model_cases(const Model& m) {

@@ -1,6 +1,9 @@
 #include "meshtrain/core/cpu_features.h"
 
+#include <asm/prctl.h>
 #include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <cstdint>
 #include <cstring>
@@ -28,6 +31,14 @@ uint64_t os_saved_states() {
   uint32_t low = 0, high = 0;
   __asm__ volatile("xgetbv" : "=a"(low), "=d"(high) : "c"(0));
   return (static_cast<uint64_t>(high) << 32) | low;
+}
+
+// Linux hands out the AMX tile data state (XFEATURE_XTILEDATA, 8 KiB per thread) only on request: a tile
+// instruction before arch_prctl(ARCH_REQ_XCOMP_PERM) faults. The permission is per process; asked once,
+// when the features are read, so every thread may use tiles afterwards (Linux >= 5.16).
+bool request_tile_permission() {
+  constexpr unsigned long kXfeatureTileData = 18;
+  return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, kXfeatureTileData) == 0;
 }
 
 std::string trimmed(std::string text) {
@@ -81,7 +92,9 @@ CpuFeatures read_cpu_features() {
   cpu.avx512bw = cpu.avx512f && bit(extended.ebx, 30);
   cpu.avx512vl = cpu.avx512f && bit(extended.ebx, 31);
   cpu.avx512_bf16 = cpu.avx512f && bit(extended1.eax, 5);
-  cpu.amx_bf16 = tiles_saved && bit(extended.edx, 22);
+  const bool amx_hardware = tiles_saved && bit(extended.edx, 24) && bit(extended.edx, 22);  // AMX-TILE, -BF16
+  cpu.amx_bf16 = amx_hardware && request_tile_permission();
+  cpu.amx_refused_by_os = amx_hardware && !cpu.amx_bf16;
   return cpu;
 }
 
@@ -110,6 +123,7 @@ std::string CpuFeatures::describe() const {
     any = true;
   }
   if (!any) text += " no AVX";
+  if (amx_refused_by_os) text += " (amx_bf16 unusable: the OS refused the tile permission)";
   return text;
 }
 

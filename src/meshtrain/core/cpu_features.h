@@ -14,7 +14,12 @@ struct CpuFeatures {
   bool sse42 = false;         // SSE4.2: the CRC32 instruction (CRC-32C)
   bool avx = false, avx2 = false, fma = false;
   bool avx512f = false, avx512bw = false, avx512vl = false, avx512dq = false;
-  bool avx512_bf16 = false, amx_bf16 = false;
+  bool avx512_bf16 = false;
+  // AMX-TILE and AMX-BF16 usable: CPUID, the OS saves the tile state (XCR0 bits 17, 18) and granted this
+  // process the tile data permission (arch_prctl). amx_refused_by_os: the CPU and XCR0 have it, the
+  // permission request failed (an old kernel): describe() says so, and bf16 attention stays float32
+  // (kernels/cpu/backend.cpp).
+  bool amx_bf16 = false, amx_refused_by_os = false;
 
   // AVX-512 as oneDNN's avx512_core and OpenBLAS's SkylakeX kernels need it (F, BW, VL, DQ).
   bool avx512_core() const { return avx512f && avx512bw && avx512vl && avx512dq; }

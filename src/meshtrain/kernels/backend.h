@@ -106,8 +106,9 @@ struct KernelBackend {
   ContextAttentionBackwardScratchFloats* context_attention_backward_scratch_floats;
   AttentionDecode* attention_decode;
   // The four above with bf16 products, which attention ops run under dtype=bfloat16 (attention_kernels
-  // below). cpu: the AVX512-BF16 kernels on a CPU with AVX512-BF16 and without AMX (our CPUID reading; see
-  // cpu/backend.cpp), else the float32 ones; backends without bf16 attention put their float32 kernels here.
+  // below). cpu: the AMX kernels on a CPU with AMX-BF16 (and the OS's tile permission), the AVX512-BF16 ones
+  // on a CPU with AVX512-BF16 and without AMX (our CPUID reading; see cpu/backend.cpp), else the float32
+  // ones; backends without bf16 attention put their float32 kernels here.
   AttentionForward* attention_forward_bf16;
   AttentionBackward* attention_backward_bf16;
   ContextAttentionForward* context_attention_forward_bf16;

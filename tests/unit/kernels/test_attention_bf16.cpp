@@ -1,5 +1,6 @@
-// The bf16 attention kernels (attention.h, *_bf16) against the double reference run on the same bf16-exact
-// inputs, element by element within a bound derived from what the kernels round.
+// The bf16 attention kernels (attention.h: the AVX512-BF16 *_bf16 and the AMX *_amx entries, each test run
+// for both where the CPU has them) against the double reference run on the same bf16-exact inputs, element
+// by element within a bound derived from what the kernels round.
 //
 // The bound. Inputs are bf16 values, so rounding q, k, v, dout when tiles are packed is exact, and every
 // product of two bf16 is exact in float32. What the kernels round beyond float32 arithmetic is P (for
@@ -18,6 +19,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <ostream>
 #include <random>
 #include <string>
 #include <utility>
@@ -33,12 +35,8 @@ namespace {
 using meshtrain::bfloat16_from_float;
 using meshtrain::cpu_features;
 using meshtrain::float_from_bfloat16;
-using meshtrain::kernels::attention_backward_bf16;
 using meshtrain::kernels::attention_backward_scratch_floats;
-using meshtrain::kernels::attention_forward_bf16;
-using meshtrain::kernels::context_attention_backward_bf16;
 using meshtrain::kernels::context_attention_backward_scratch_floats;
-using meshtrain::kernels::context_attention_forward_bf16;
 using meshtrain::kernels::context_attention_reference_backward;
 using meshtrain::kernels::context_attention_reference_forward;
 using meshtrain::testing::random_values;
@@ -49,9 +47,50 @@ constexpr double kUnitRoundoff = 1.0 / 256.0;      // bf16: 8 significant bits, 
 constexpr double kFloat32Slack = 1.0 / (1 << 18);  // float32 arithmetic, relative to the magnitudes
 constexpr double kNegativeInfinity = -std::numeric_limits<double>::infinity();
 
-#define SKIP_WITHOUT_AVX512_BF16() \
-  if (!cpu_features().avx512_bf16) \
-  GTEST_SKIP() << "this CPU has no AVX512-BF16 (" << cpu_features().describe() << ")"
+// One implementation of the bf16 entries, and whether this CPU runs it.
+struct Bf16Kernels {
+  std::string name;
+  bool (*available)();
+  meshtrain::kernels::AttentionForward* forward;
+  meshtrain::kernels::AttentionBackward* backward;
+  meshtrain::kernels::ContextAttentionForward* context_forward;
+  meshtrain::kernels::ContextAttentionBackward* context_backward;
+};
+
+// gtest prints the parameter in test listings: the name, not the bytes (which hold pointers).
+void PrintTo(const Bf16Kernels& kernels, std::ostream* out) {
+  *out << kernels.name;
+}
+
+bool has_avx512_bf16() {
+  return cpu_features().avx512_bf16;
+}
+bool has_amx() {
+  return cpu_features().amx_bf16 && cpu_features().avx512_bf16;
+}
+
+const Bf16Kernels kAvx512Bf16{"avx512_bf16",
+                              has_avx512_bf16,
+                              meshtrain::kernels::attention_forward_bf16,
+                              meshtrain::kernels::attention_backward_bf16,
+                              meshtrain::kernels::context_attention_forward_bf16,
+                              meshtrain::kernels::context_attention_backward_bf16};
+const Bf16Kernels kAmx{"amx",
+                       has_amx,
+                       meshtrain::kernels::attention_forward_amx,
+                       meshtrain::kernels::attention_backward_amx,
+                       meshtrain::kernels::context_attention_forward_amx,
+                       meshtrain::kernels::context_attention_backward_amx};
+
+class AttentionBf16 : public ::testing::TestWithParam<Bf16Kernels> {
+ protected:
+  void SetUp() override {
+    if (!GetParam().available())
+      GTEST_SKIP() << "this CPU cannot run the " << GetParam().name << " kernels ("
+                   << cpu_features().describe() << ")";
+  }
+  const Bf16Kernels& kernels() const { return GetParam(); }
+};
 
 // Values rounded to bf16 (then exact in float and double).
 std::vector<double> bf16_exact(std::vector<double> values, double magnitude) {
@@ -191,7 +230,7 @@ Expected run_reference(const Problem& p) {
 }
 
 // The bf16 kernels; the backward takes the reference's out and lse, so its error is its own.
-Result run_bf16(const Problem& p, const Expected& reference, bool self) {
+Result run_bf16(const Bf16Kernels& kernels, const Problem& p, const Expected& reference, bool self) {
   const std::vector<float> q = to_float(p.q), k = to_float(p.k), v = to_float(p.v), dout = to_float(p.dout);
   const float nan = std::numeric_limits<float>::quiet_NaN();
   std::vector<float> out(q.size(), nan), lse(static_cast<size_t>(p.B * p.H * p.Sq), nan);
@@ -201,21 +240,21 @@ Result run_bf16(const Problem& p, const Expected& reference, bool self) {
   if (self) {
     std::vector<float> scratch(static_cast<size_t>(
         attention_backward_scratch_floats(p.B, p.Sq, p.H, p.K, p.d, omp_get_max_threads())));
-    attention_forward_bf16(out.data(), lse.data(), q.data(), k.data(), v.data(), p.q_positions.data(),
-                           p.q_segments(), p.B, p.Sq, p.H, p.K, p.d);
-    attention_backward_bf16(dq.data(), dk.data(), dv.data(), dout.data(), reference_out.data(),
-                            reference_lse.data(), q.data(), k.data(), v.data(), p.q_positions.data(),
-                            p.q_segments(), p.B, p.Sq, p.H, p.K, p.d, scratch.data());
+    kernels.forward(out.data(), lse.data(), q.data(), k.data(), v.data(), p.q_positions.data(),
+                    p.q_segments(), p.B, p.Sq, p.H, p.K, p.d);
+    kernels.backward(dq.data(), dk.data(), dv.data(), dout.data(), reference_out.data(), reference_lse.data(),
+                     q.data(), k.data(), v.data(), p.q_positions.data(), p.q_segments(), p.B, p.Sq, p.H, p.K,
+                     p.d, scratch.data());
   } else {
     std::vector<float> scratch(
         static_cast<size_t>(context_attention_backward_scratch_floats(p.B, p.Sq, p.H)));
-    context_attention_forward_bf16(out.data(), lse.data(), q.data(), k.data(), v.data(), p.q_positions.data(),
-                                   p.q_segments(), p.kv_positions.data(), p.kv_segments(), p.B, p.Sq, p.Skv,
-                                   p.H, p.K, p.d, false);
-    context_attention_backward_bf16(dq.data(), dk.data(), dv.data(), dout.data(), reference_out.data(),
-                                    reference_lse.data(), q.data(), k.data(), v.data(), p.q_positions.data(),
-                                    p.q_segments(), p.kv_positions.data(), p.kv_segments(), p.B, p.Sq, p.Skv,
-                                    p.H, p.K, p.d, false, scratch.data());
+    kernels.context_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), p.q_positions.data(),
+                            p.q_segments(), p.kv_positions.data(), p.kv_segments(), p.B, p.Sq, p.Skv, p.H,
+                            p.K, p.d, false);
+    kernels.context_backward(dq.data(), dk.data(), dv.data(), dout.data(), reference_out.data(),
+                             reference_lse.data(), q.data(), k.data(), v.data(), p.q_positions.data(),
+                             p.q_segments(), p.kv_positions.data(), p.kv_segments(), p.B, p.Sq, p.Skv, p.H,
+                             p.K, p.d, false, scratch.data());
   }
   return Result{to_double(out), to_double(lse), to_double(dq), to_double(dk), to_double(dv)};
 }
@@ -260,8 +299,7 @@ std::string describe(const Problem& p) {
          " H=" + std::to_string(p.H) + " K=" + std::to_string(p.K) + " d=" + std::to_string(p.d);
 }
 
-TEST(AttentionBf16, SelfAttentionWithinBf16BoundOfReference) {
-  SKIP_WITHOUT_AVX512_BF16();
+TEST_P(AttentionBf16, SelfAttentionWithinBf16BoundOfReference) {
   // The float32 tests' shapes, the head widths of the models (64, 80, 128, 192) on ragged S (not a multiple
   // of the 64-token tile), an odd head width and a single token.
   const int64_t shapes[][5] = {{2, 37, 4, 2, 8},    {1, 70, 4, 4, 64},  {1, 129, 4, 1, 128},
@@ -271,12 +309,11 @@ TEST(AttentionBf16, SelfAttentionWithinBf16BoundOfReference) {
   for (const auto& [B, S, H, K, d] : shapes) {
     const Problem p = self_problem(B, S, H, K, d, seed += 10);
     const Expected e = run_reference(p);
-    expect_bf16_close(run_bf16(p, e, true), e, describe(p));
+    expect_bf16_close(run_bf16(kernels(), p, e, true), e, describe(p));
   }
 }
 
-TEST(AttentionBf16, PackedDocumentsAndArbitraryPositionsWithinBound) {
-  SKIP_WITHOUT_AVX512_BF16();
+TEST_P(AttentionBf16, PackedDocumentsAndArbitraryPositionsWithinBound) {
   // Self-attention over shuffled positions with three documents (segment ids) per sequence: every query
   // still sees itself.
   Problem p = self_problem(2, 150, 4, 2, 64, 500);
@@ -295,11 +332,10 @@ TEST(AttentionBf16, PackedDocumentsAndArbitraryPositionsWithinBound) {
   p.kv_positions = p.q_positions;
   p.kv_segment_ids = p.q_segment_ids;
   const Expected e = run_reference(p);
-  expect_bf16_close(run_bf16(p, e, true), e, "shuffled packed documents");
+  expect_bf16_close(run_bf16(kernels(), p, e, true), e, "shuffled packed documents");
 }
 
-TEST(AttentionBf16, ContextSetsWithinBound) {
-  SKIP_WITHOUT_AVX512_BF16();
+TEST_P(AttentionBf16, ContextSetsWithinBound) {
   // Separate query and key sets with random positions and segments (some queries see no key: out 0,
   // lse -inf), GQA, ragged sizes, and MLA's padded v (the last columns of v zero).
   struct Case {
@@ -320,32 +356,33 @@ TEST(AttentionBf16, ContextSetsWithinBound) {
       }
     }
     const Expected e = run_reference(p);
-    expect_bf16_close(run_bf16(p, e, false), e, describe(p) + (c.padded_v ? " padded v" : ""));
+    expect_bf16_close(run_bf16(kernels(), p, e, false), e, describe(p) + (c.padded_v ? " padded v" : ""));
   }
 }
 
-TEST(AttentionBf16, BitwiseIndependentOfThreadCount) {
-  SKIP_WITHOUT_AVX512_BF16();
-  // One thread takes the backward's owner schedule, three threads with B*K = 2 owners the split one.
-  for (const int64_t d : {16, 80, 300}) {
+TEST_P(AttentionBf16, BitwiseIndependentOfThreadCount) {
+  // One and two threads take the backward's owner schedule, three threads with B*K = 2 owners the split
+  // one.
+  for (const int64_t d : {16, 64, 80, 300}) {
     const Problem p = context_problem(1, 130, 200, 4, 2, d, 150, 2, 700 + static_cast<uint64_t>(d));
     const Expected e = run_reference(p);
     const int saved_threads = omp_get_max_threads();
     omp_set_num_threads(1);
-    const Result one = run_bf16(p, e, false);
-    omp_set_num_threads(3);
-    const Result three = run_bf16(p, e, false);
+    const Result one = run_bf16(kernels(), p, e, false);
+    for (const int threads : {2, 3}) {
+      omp_set_num_threads(threads);
+      const Result many = run_bf16(kernels(), p, e, false);
+      EXPECT_EQ(one.out, many.out) << "d=" << d << ", " << threads << " threads";
+      EXPECT_EQ(one.lse, many.lse) << "d=" << d << ", " << threads << " threads";
+      EXPECT_EQ(one.dq, many.dq) << "d=" << d << ", " << threads << " threads";
+      EXPECT_EQ(one.dk, many.dk) << "d=" << d << ", " << threads << " threads";
+      EXPECT_EQ(one.dv, many.dv) << "d=" << d << ", " << threads << " threads";
+    }
     omp_set_num_threads(saved_threads);
-    EXPECT_EQ(one.out, three.out) << "d=" << d;
-    EXPECT_EQ(one.lse, three.lse) << "d=" << d;
-    EXPECT_EQ(one.dq, three.dq) << "d=" << d;
-    EXPECT_EQ(one.dk, three.dk) << "d=" << d;
-    EXPECT_EQ(one.dv, three.dv) << "d=" << d;
   }
 }
 
-TEST(AttentionBf16, RingAccumulateWithinBoundOfAllGather) {
-  SKIP_WITHOUT_AVX512_BF16();
+TEST_P(AttentionBf16, RingAccumulateWithinBoundOfAllGather) {
   // 100 keys in ring blocks of 30, 1, 0 and 69: folded block by block (accumulate) the forward, and the
   // backward added block by block onto initial gradients, stay within the bound of the reference of the
   // whole set (P and dS are rounded relative to each block's running maximum, so bitwise equality with one
@@ -380,9 +417,9 @@ TEST(AttentionBf16, RingAccumulateWithinBoundOfAllGather) {
                              v = block_rows(p.v, begin, size, p.K * p.d);
     const std::vector<int32_t> positions = block_tokens(p.kv_positions, begin, size);
     const std::vector<int32_t> segments = block_tokens(p.kv_segment_ids, begin, size);
-    context_attention_forward_bf16(out.data(), lse.data(), q.data(), k.data(), v.data(), p.q_positions.data(),
-                                   p.q_segments(), positions.data(), segments.data(), p.B, p.Sq, size, p.H,
-                                   p.K, p.d, index > 0);
+    kernels().context_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), p.q_positions.data(),
+                              p.q_segments(), positions.data(), segments.data(), p.B, p.Sq, size, p.H, p.K,
+                              p.d, index > 0);
     begin += size;
   }
   const Result forward{to_double(out), to_double(lse), {}, {}, {}};
@@ -403,10 +440,10 @@ TEST(AttentionBf16, RingAccumulateWithinBoundOfAllGather) {
     const std::vector<int32_t> positions = block_tokens(p.kv_positions, begin, size);
     const std::vector<int32_t> segments = block_tokens(p.kv_segment_ids, begin, size);
     std::vector<float> block_dk = block_rows(initial_kv, begin, size, p.K * p.d), block_dv = block_dk;
-    context_attention_backward_bf16(dq.data(), block_dk.data(), block_dv.data(), dout.data(),
-                                    reference_out.data(), reference_lse.data(), q.data(), k.data(), v.data(),
-                                    p.q_positions.data(), p.q_segments(), positions.data(), segments.data(),
-                                    p.B, p.Sq, size, p.H, p.K, p.d, true, scratch.data());
+    kernels().context_backward(dq.data(), block_dk.data(), block_dv.data(), dout.data(), reference_out.data(),
+                               reference_lse.data(), q.data(), k.data(), v.data(), p.q_positions.data(),
+                               p.q_segments(), positions.data(), segments.data(), p.B, p.Sq, size, p.H, p.K,
+                               p.d, true, scratch.data());
     // Back to the whole set's rows, less the initial values.
     const int64_t width = p.K * p.d;
     for (int64_t b = 0; b < p.B; ++b) {
@@ -434,5 +471,10 @@ TEST(AttentionBf16, RingAccumulateWithinBoundOfAllGather) {
   expect_within_bound(dk, e.value.dk, e.first.dk, dk_magnitude, 1.0, "ring dk (accumulated)");
   expect_within_bound(dv, e.value.dv, e.first.dv, dv_magnitude, 1.0, "ring dv (accumulated)");
 }
+
+INSTANTIATE_TEST_SUITE_P(Kernels, AttentionBf16, ::testing::Values(kAvx512Bf16, kAmx),
+                         [](const ::testing::TestParamInfo<Bf16Kernels>& kernel) {
+                           return kernel.param.name;
+                         });
 
 }  // namespace

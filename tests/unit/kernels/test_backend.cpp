@@ -17,6 +17,7 @@
 #include "meshtrain/core/cpu_features.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/kernels/backend.h"
+#include "meshtrain/kernels/cpu/attention.h"
 #include "meshtrain/kernels/cpu/backend.h"
 #include "meshtrain/kernels/cpu/matmul.h"
 #include "meshtrain/kernels/cpu/rmsnorm.h"
@@ -86,6 +87,41 @@ TEST(KernelBackend, DeviceKindsChooseTheirTables) {
   EXPECT_EQ(kernels::cpu_backend().activation_dtype(DType::bf16), DType::f32);
   EXPECT_EQ(kernels::cpu_backend().matmul_input_dtype(DType::bf16), DType::bf16);
   EXPECT_EQ(kernels::cpu_backend().matmul_input_dtype(DType::f32), DType::f32);
+}
+
+// bf16 attention: AMX where the CPU has it and the OS granted the tile permission, AVX512-BF16 without AMX,
+// float32 otherwise (also on an AMX CPU whose OS refused the permission: the AVX512-BF16 kernels are slower
+// than float32 there); and the table holds this CPU's choice.
+TEST(KernelBackend, CpuBf16AttentionFollowsTheCpuFeatures) {
+  using kernels::Bf16AttentionKernels;
+  CpuFeatures zen4;
+  zen4.avx512f = zen4.avx512_bf16 = true;
+  CpuFeatures xeon_amx = zen4;
+  xeon_amx.amx_bf16 = true;
+  CpuFeatures xeon_refused = zen4;
+  xeon_refused.amx_refused_by_os = true;
+  CpuFeatures avx2;
+  avx2.avx2 = true;
+  EXPECT_EQ(kernels::bf16_attention_kernels(xeon_amx), Bf16AttentionKernels::amx);
+  EXPECT_EQ(kernels::bf16_attention_kernels(zen4), Bf16AttentionKernels::avx512_bf16);
+  EXPECT_EQ(kernels::bf16_attention_kernels(xeon_refused), Bf16AttentionKernels::float32);
+  EXPECT_EQ(kernels::bf16_attention_kernels(avx2), Bf16AttentionKernels::float32);
+
+  const KernelBackend& cpu = kernels::cpu_backend();
+  switch (kernels::bf16_attention_kernels(cpu_features())) {
+    case Bf16AttentionKernels::amx:
+      EXPECT_EQ(cpu.attention_forward_bf16, &kernels::attention_forward_amx);
+      EXPECT_EQ(cpu.context_attention_backward_bf16, &kernels::context_attention_backward_amx);
+      break;
+    case Bf16AttentionKernels::avx512_bf16:
+      EXPECT_EQ(cpu.attention_forward_bf16, &kernels::attention_forward_bf16);
+      EXPECT_EQ(cpu.context_attention_backward_bf16, &kernels::context_attention_backward_bf16);
+      break;
+    case Bf16AttentionKernels::float32:
+      EXPECT_EQ(cpu.attention_forward_bf16, &kernels::attention_forward);
+      EXPECT_EQ(cpu.context_attention_backward_bf16, &kernels::context_attention_backward);
+      break;
+  }
 }
 
 TEST(KernelBackend, CpuEntriesAreTheCpuFunctions) {

@@ -46,9 +46,11 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <vector>
 
 #include "meshtrain/core/cpu_features.h"
+#include "meshtrain/core/dtype.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/kernels/cpu/fast_math.h"
 
@@ -319,6 +321,7 @@ struct HeadView {
   const int32_t* kv_positions;    // [Skv]
   const int32_t* kv_segment_ids;  // [Skv] or nullptr
   int64_t Sq, Skv, d, q_stride, kv_stride;
+  int64_t group_head;  // h % (H / K): which query head of its kv head's group
 };
 
 HeadView head_view(const float* q, const float* k, const float* v, const TokenSets& sets, int64_t b,
@@ -335,7 +338,8 @@ HeadView head_view(const float* q, const float* k, const float* v, const TokenSe
                   Skv,
                   d,
                   H * d,
-                  K * d};
+                  K * d,
+                  h % (H / K)};
 }
 
 // Positions and segment ids of the tokens laid out along the lanes of a score row, padded so that padding
@@ -395,14 +399,22 @@ struct SoftmaxRows {
 // (out, lse) already there: running max = lse, running sum = 1 (out is normalised, i.e. in units of
 // exp(lse)), accumulator = out; a row with lse = -inf has seen nothing yet (sum 0, out zeroed). Folding a key
 // set in tile by tile or block by block is thus the same recurrence. Otherwise out rows start at 0.
-void start_query_rows(SoftmaxRows& softmax, float* out, const float* lse, const HeadView& view, int64_t i0,
-                      int64_t rows, bool accumulate) {
+// start_softmax_rows sets the statistics, start_query_rows also the out rows.
+void start_softmax_rows(SoftmaxRows& softmax, const float* lse, int64_t i0, int64_t rows, bool accumulate) {
   std::fill_n(softmax.row_max, kTile, kNegativeInfinity);
   std::fill_n(softmax.row_sum, kTile, 0.0f);
+  if (!accumulate) return;
+  for (int64_t i = 0; i < rows; ++i) {
+    softmax.row_max[i] = lse[i0 + i];
+    softmax.row_sum[i] = softmax.row_max[i] == kNegativeInfinity ? 0.0f : 1.0f;
+  }
+}
+
+void start_query_rows(SoftmaxRows& softmax, float* out, const float* lse, const HeadView& view, int64_t i0,
+                      int64_t rows, bool accumulate) {
+  start_softmax_rows(softmax, lse, i0, rows, accumulate);
   if (accumulate) {
     for (int64_t i = 0; i < rows; ++i) {
-      softmax.row_max[i] = lse[i0 + i];
-      softmax.row_sum[i] = softmax.row_max[i] == kNegativeInfinity ? 0.0f : 1.0f;
       if (softmax.row_sum[i] == 0.0f) std::fill_n(out + (i0 + i) * view.q_stride, view.d, 0.0f);
     }
   } else {
@@ -411,10 +423,9 @@ void start_query_rows(SoftmaxRows& softmax, float* out, const float* lse, const 
 }
 
 // One key tile of the online softmax: scores [cols key rows][kTile query lanes] (scaled and masked) become
-// exp(score - running max); the running sums and maxima move on, and out rows [i0, i0 + rows) are rescaled
-// by how far their maximum moved (alpha).
-void online_softmax_tile(SoftmaxRows& softmax, float* scores, int64_t cols, float* out, const HeadView& view,
-                         int64_t i0, int64_t rows) {
+// exp(score - running max); the running sums and maxima move on, and softmax.alpha says how far each
+// query's maximum moved (what its accumulated output must be multiplied by).
+void softmax_tile_statistics(SoftmaxRows& softmax, float* scores, int64_t cols) {
   float* const row_max = softmax.row_max;
   float* const row_sum = softmax.row_sum;
   float* const tile_max = softmax.tile_max;
@@ -443,6 +454,13 @@ void online_softmax_tile(SoftmaxRows& softmax, float* scores, int64_t cols, floa
       row_sum[lane] += row[lane];
     }
   }
+}
+
+// softmax_tile_statistics, then out rows [i0, i0 + rows) rescaled by alpha.
+void online_softmax_tile(SoftmaxRows& softmax, float* scores, int64_t cols, float* out, const HeadView& view,
+                         int64_t i0, int64_t rows) {
+  softmax_tile_statistics(softmax, scores, cols);
+  const float* const alpha = softmax.alpha;
   for (int64_t i = 0; i < rows; ++i) {
     if (alpha[i] == 1.0f) continue;
     float* oi = out + (i0 + i) * view.q_stride;
@@ -466,9 +484,15 @@ void finish_query_rows(const SoftmaxRows& softmax, float* out, float* lse, const
   }
 }
 
+// What a kernel's per-thread buffers are sized by: the head width, both token counts, and the query heads
+// per kv head.
+struct BufferShape {
+  int64_t d, Sq, Skv, group;
+};
+
 // The float32 forward's per-thread buffers (kept across the tasks a thread runs).
 struct ForwardBuffers {
-  explicit ForwardBuffers(int64_t /*d*/) {}
+  explicit ForwardBuffers(const BufferShape& /*shape*/) {}
   PackedTile packed_queries;
   LaneTokens query_lanes;
   SoftmaxRows softmax;
@@ -573,7 +597,7 @@ void probabilities_and_score_gradients(float* probs, float* dscores, PairLanes& 
 // Per-thread buffers of the float32 backward: the two packed operands of the score products and the two
 // tiles of probabilities P and score gradients dS.
 struct BackwardBuffers {
-  explicit BackwardBuffers(int64_t /*d*/) {}
+  explicit BackwardBuffers(const BufferShape& /*shape*/) {}
   PackedTile packed_scores, packed_dscores;  // packed side of S = q k^T and of dP = dout v^T
   PairLanes lanes;
   alignas(64) float probs[kTile * kTile];
@@ -695,13 +719,6 @@ MESHTRAIN_AVX512_BF16 void round_rows(uint32_t* rows, int64_t pairs, const float
   }
 }
 
-// lanes[p * kTile + r] = rows[r * pairs + p]: the packed rows of a tile, one token per lane.
-void lanes_from_rows(uint32_t* lanes, const uint32_t* rows, int64_t pairs) {
-  for (int64_t r = 0; r < kTile; ++r) {
-    for (int64_t p = 0; p < pairs; ++p) lanes[p * kTile + r] = rows[r * pairs + p];
-  }
-}
-
 // interleaved[t * width_stride + c] = (x_2t[c], x_2t+1[c]) rounded to bf16 for t < kTile / 2 and c <
 // width_stride (a multiple of 16), x_r = x + r * stride; rows >= count and columns >= width are 0.
 MESHTRAIN_AVX512_BF16 void interleave_rows(uint32_t* interleaved, int64_t width_stride, const float* x,
@@ -725,6 +742,98 @@ MESHTRAIN_AVX512_BF16 void interleave_rows(uint32_t* interleaved, int64_t width_
           second < count ? _mm512_maskz_loadu_ps(mask, x + second * stride + c) : _mm512_setzero_ps();
       const __m512bh both = _mm512_cvtne2ps_pbh(b, a);  // a's 16 values, then b's
       _mm512_storeu_si512(out + c, _mm512_permutexvar_epi16(zip, reinterpret_cast<const __m512i&>(both)));
+    }
+  }
+}
+
+// r[i] becomes column i of the 16 x 16 floats r[0..15] (rows), in registers: for block sizes b = 8, 4, 2,
+// 1, the off-diagonal b x b blocks of every 2b x 2b block swap. (permutex2var: the unpack and shuffle
+// intrinsics trip GCC 12's -Wuninitialized under a target attribute.)
+struct TransposeIndices {
+  // Stage s (b = 8 >> s): the new top row's and bottom row's lanes from (top, bottom), 16 + lane for the
+  // bottom one.
+  alignas(64) int32_t low[4][16];
+  alignas(64) int32_t high[4][16];
+};
+
+constexpr TransposeIndices transpose_indices() {
+  TransposeIndices indices{};
+  for (int stage = 0; stage < 4; ++stage) {
+    const int b = 8 >> stage;
+    for (int c = 0; c < 16; ++c) {
+      indices.low[stage][c] = (c & b) != 0 ? 16 + c - b : c;
+      indices.high[stage][c] = (c & b) != 0 ? 16 + c : c + b;
+    }
+  }
+  return indices;
+}
+
+alignas(64) constexpr TransposeIndices kTransposeIndices = transpose_indices();
+
+MESHTRAIN_AVX512_BF16 inline void transpose_16x16(__m512* r) {
+  for (int stage = 0; stage < 4; ++stage) {
+    const int b = 8 >> stage;
+    const __m512i low_index = _mm512_load_si512(kTransposeIndices.low[stage]);
+    const __m512i high_index = _mm512_load_si512(kTransposeIndices.high[stage]);
+    for (int i = 0; i < 16; ++i) {
+      if ((i & b) != 0) continue;
+      const __m512 top = r[i], bottom = r[i + b];
+      r[i] = _mm512_permutex2var_ps(top, low_index, bottom);
+      r[i + b] = _mm512_permutex2var_ps(top, high_index, bottom);
+    }
+  }
+}
+
+// r[i] = x[i * stride + c] for c < 16 of the 16 x 16 block at x, 0 for i >= rows or c >= cols.
+MESHTRAIN_AVX512_BF16 inline void load_block(__m512* r, const float* x, int64_t stride, int64_t rows,
+                                             int64_t cols) {
+  const __mmask16 mask = first_lanes(cols);
+  for (int64_t i = 0; i < 16; ++i)
+    r[i] = i < rows ? _mm512_maskz_loadu_ps(mask, x + i * stride) : _mm512_setzero_ps();
+}
+
+// lanes[p * kTile + r] = rows[r * pairs + p]: the packed rows of a tile, one token per lane. The pairs are
+// moved as 32-bit lanes of float vectors (loads, permutes and stores keep every bit).
+MESHTRAIN_AVX512_BF16 void lanes_from_rows(uint32_t* lanes, const uint32_t* rows, int64_t pairs) {
+  for (int64_t r0 = 0; r0 < kTile; r0 += 16) {
+    for (int64_t p0 = 0; p0 < pairs; p0 += 16) {
+      __m512 block[16];
+      load_block(block, reinterpret_cast<const float*>(rows + r0 * pairs + p0), pairs, 16, pairs - p0);
+      transpose_16x16(block);
+      for (int64_t p = 0; p < std::min<int64_t>(16, pairs - p0); ++p)
+        _mm512_storeu_ps(lanes + (p0 + p) * kTile + r0, block[p]);
+    }
+  }
+}
+
+// to[c * kTile + i] = x_i[c] (x_i = x + i * stride) for c < to_rows and i < kTile (to_rows a multiple of
+// 16): token rows [count] of width `cols` transposed into [to_rows][kTile], 0 beyond them.
+MESHTRAIN_AVX512_BF16 void transpose_tokens(float* to, int64_t to_rows, const float* x, int64_t stride,
+                                            int64_t count, int64_t cols) {
+  for (int64_t i0 = 0; i0 < kTile; i0 += 16) {
+    for (int64_t c0 = 0; c0 < to_rows; c0 += 16) {
+      __m512 r[16];
+      load_block(r, x + i0 * stride + c0, stride, count - i0, cols - c0);
+      transpose_16x16(r);
+      for (int64_t c = 0; c < 16; ++c) _mm512_storeu_ps(to + (c0 + c) * kTile + i0, r[c]);
+    }
+  }
+}
+
+// y_i[c] = scale_i * from[c * kTile + i] (y_i = y + i * stride; scale_i = scale[i], or 1 without scale) for
+// i < count and c < cols: transpose_tokens undone, from [cols rounded up to 16][kTile].
+MESHTRAIN_AVX512_BF16 void untranspose_tokens(float* y, int64_t stride, int64_t count, int64_t cols,
+                                              const float* from, const float* scale) {
+  for (int64_t i0 = 0; i0 < count; i0 += 16) {
+    for (int64_t c0 = 0; c0 < cols; c0 += 16) {
+      __m512 r[16];
+      load_block(r, from + c0 * kTile + i0, kTile, 16, 16);
+      transpose_16x16(r);
+      const __mmask16 mask = first_lanes(cols - c0);
+      for (int64_t i = 0; i < std::min<int64_t>(16, count - i0); ++i) {
+        const __m512 row = scale == nullptr ? r[i] : _mm512_mul_ps(r[i], _mm512_set1_ps(scale[i0 + i]));
+        _mm512_mask_storeu_ps(y + (i0 + i) * stride + c0, mask, row);
+      }
     }
   }
 }
@@ -810,14 +919,14 @@ MESHTRAIN_AVX512_BF16 void bf16_product(float* out, int64_t out_stride, int64_t 
 // Per-thread buffers of the bf16 kernel, sized by the head width (heap: any d works). Packed tiles are
 // tagged with their source rows so that a tile used by many pairs is packed once.
 struct Bf16Buffers {
-  explicit Bf16Buffers(int64_t d)
-      : pairs((d + 1) / 2),
-        width(round_up(d, 16)),
+  explicit Bf16Buffers(const BufferShape& shape)
+      : pairs((shape.d + 1) / 2),
+        width(round_up(shape.d, 16)),
         token_rows(static_cast<size_t>(4 * kTile * pairs)),
         token_lanes(static_cast<size_t>(4 * kTile * pairs)),
         interleaved(static_cast<size_t>(4 * kTile / 2 * width)),
         tile_pairs(static_cast<size_t>(2 * kTile / 2 * kTile)),
-        key_gradients(static_cast<size_t>(2 * d * kTile)) {}
+        key_gradients(static_cast<size_t>(2 * width * kTile)) {}
   static int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
   // [kTile][pairs] rows / [pairs][kTile] lanes of operand `which` (0 q, 1 dout, 2 k, 3 v).
   uint32_t* rows(int which) { return token_rows.data() + which * kTile * pairs; }
@@ -829,7 +938,7 @@ struct Bf16Buffers {
 
   int64_t pairs, width;
   std::vector<uint32_t> token_rows, token_lanes, interleaved, tile_pairs;
-  std::vector<float> key_gradients;   // dk^T, dv^T [d][kTile] of the key tile in progress
+  std::vector<float> key_gradients;   // dk^T, dv^T [width][kTile] of the key tile in progress
   const float* packed_lanes[4] = {};  // source rows of lanes(which)
   int64_t packed_count[4] = {};
   const float* packed_keys = nullptr;  // source rows of zipped(2) (k interleaved)
@@ -928,7 +1037,7 @@ void backward_pair_bf16(Bf16Buffers& t, const HeadView& view, const GradView& gr
   }
   if (grad.dk != nullptr) {  // dv^T[c][j] += sum_i dout[i][c] P[i][j], dk^T[c][j] += sum_i q[i][c] dS[i][j]
     float* dk_t = t.key_gradients.data();
-    float* dv_t = dk_t + d * kTile;
+    float* dv_t = dk_t + t.width * kTile;
     interleave_rows(t.zipped(1), t.width, dout_rows, qs, rows, d);
     interleave_rows(t.tile(0), kTile, t.probs, kTile, rows, kTile);
     bf16_product(dv_t, kTile, d, kTile, t.zipped(1), 1, t.width, t.tile(0), kTile, query_pairs, true);
@@ -938,8 +1047,28 @@ void backward_pair_bf16(Bf16Buffers& t, const HeadView& view, const GradView& gr
   }
 }
 
+// Accumulators dk_t, dv_t [width][kTile] (width = d rounded up to 16) = dk, dv rows [cols] (stride
+// `stride`) transposed when accumulating, else 0.
+void begin_transposed_key_gradients(float* dk_t, float* dv_t, int64_t width, const float* dk, const float* dv,
+                                    int64_t stride, int64_t cols, int64_t d, bool accumulate) {
+  if (!accumulate) {
+    std::fill_n(dk_t, width * kTile, 0.0f);
+    std::fill_n(dv_t, width * kTile, 0.0f);
+    return;
+  }
+  transpose_tokens(dk_t, width, dk, stride, cols, d);
+  transpose_tokens(dv_t, width, dv, stride, cols, d);
+}
+
+// dk, dv rows [cols] = the accumulators transposed.
+void end_transposed_key_gradients(const float* dk_t, const float* dv_t, float* dk, float* dv, int64_t stride,
+                                  int64_t cols, int64_t d) {
+  untranspose_tokens(dk, stride, cols, d, dk_t, nullptr);
+  untranspose_tokens(dv, stride, cols, d, dv_t, nullptr);
+}
+
 // The bf16 kernel as the schedules below use it: dk / dv of a key tile accumulate transposed in the
-// thread's buffers from begin_key_tile to end_key_tile.
+// thread's buffers from begin_key_tile to end_key_tile (accumulators [width][kTile], see above).
 struct Bf16Kernel {
   using Forward = Bf16Buffers;
   using Backward = Bf16Buffers;
@@ -951,30 +1080,365 @@ struct Bf16Kernel {
                    int64_t j0, int64_t cols, bool masked, bool keys_are_rows, float scale) {
     backward_pair_bf16(t, view, grad, i0, rows, j0, cols, masked, keys_are_rows, scale);
   }
-  // Accumulators [d][kTile] = dk, dv rows [cols] (stride `stride`) transposed when accumulating, else 0.
   static void begin_key_tile(Bf16Buffers& t, float* dk, float* dv, int64_t stride, int64_t cols, int64_t d,
                              bool accumulate) {
     float* dk_t = t.key_gradients.data();
-    float* dv_t = dk_t + d * kTile;
-    std::fill_n(dk_t, 2 * d * kTile, 0.0f);
-    if (!accumulate) return;
-    for (int64_t j = 0; j < cols; ++j) {
-      for (int64_t c = 0; c < d; ++c) {
-        dk_t[c * kTile + j] = dk[j * stride + c];
-        dv_t[c * kTile + j] = dv[j * stride + c];
+    begin_transposed_key_gradients(dk_t, dk_t + t.width * kTile, t.width, dk, dv, stride, cols, d,
+                                   accumulate);
+  }
+  static void end_key_tile(Bf16Buffers& t, float* dk, float* dv, int64_t stride, int64_t cols, int64_t d) {
+    const float* dk_t = t.key_gradients.data();
+    end_transposed_key_gradients(dk_t, dk_t + t.width * kTile, dk, dv, stride, cols, d);
+  }
+};
+
+// ---- bf16 products on AMX tiles ----
+//
+// The AMX kernel runs the same tiles, masks, softmax, backward formulas and schedules with each product on
+// tile registers: _tile_dpbf16ps adds A [16 rows][16 pairs] times B [16 pairs][16 columns] (a pair = two
+// bf16 in one uint32, the lower half the even index of the reduction) to C [16][16] float32. Every product
+// below is an amx_product: C [m_tiles * 16][n_tiles * 16] (+)= A [.][ksteps * 16 pairs] B, with A tiles
+// read from row-major bf16 and B tiles from "pair rows" (row p holds the pairs p of every column).
+//
+// Layouts, chosen so that no product needs a tile transposed per pair (transposing a 64 x 64 tile is work of
+// the order of its products at d = 64): with Q, K, V, dO the token rows of one head, P and dS [queries][keys]
+// of a tile pair,
+//   forward   S^T [keys][queries] = K . Q^T        A: K rows bf16, B: Q^T pair rows (d pairs x queries);
+//             out^T [d][queries] += V^T . P^T      A: V^T bf16 (d x keys), B: P^T pair rows (key pairs);
+//             so the softmax runs on key rows x query lanes as in the float32 forward, and out^T (one
+//             accumulator per query tile in the thread's buffers) is written to out when the tile ends;
+//   backward  S = Q . K^T, dP = dO . V^T         A: Q, dO rows, B: K^T, V^T pair rows;
+//             dq += dS . K                        A: dS rows, B: K pair rows (key pairs x d), through a
+//                                                 float32 tile that is added to dq rows;
+//             dv^T += dO^T . P, dk^T += Q^T . dS  A: dO^T, Q^T bf16 (d x queries), B: P, dS pair rows (query
+//                                                 pairs), into per-key-tile accumulators as in the bf16
+//                                                 kernel.
+// The layout never depends on the schedule (the keys_are_rows hint of the float32 kernel is ignored), so
+// the owner and split schedules compute each partial product identically and add them in the same order:
+// results are bitwise independent of the thread count. Token operands are packed (rounded, zero-padded to
+// the tile and to 16 or 32 head-width columns) once per 64-token tile per thread and kept for the whole call
+// (memory linear in S: the key tiles of the kv head being worked on, and in the backward the query tiles
+// of its group's heads), instead of once per tile pair.
+// Tile registers: C 0-3, A 4-5, B 6-7, all 16 rows x 64 bytes (palette 1), configured when a thread's
+// buffers are made and released when they go.
+#define MESHTRAIN_AMX \
+  __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
+
+// C (+)= A B over whole tiles: A tile (mi, k) at a + mi * 16 * a_stride + k * 64 bytes, B tile (k, nj) at
+// b + k * 16 * b_stride + nj * 64, C tile (mi, nj) at c + mi * 16 * c_stride + nj * 64 (strides in bytes).
+struct AmxProduct {
+  float* c;
+  int64_t c_stride;
+  const void* a;
+  int64_t a_stride;
+  const void* b;
+  int64_t b_stride;
+  int64_t m_tiles, n_tiles, ksteps;
+  bool accumulate;  // C starts from memory, else from 0
+};
+
+// C tiles [mi, mi + MR) x [nj, nj + NR) of an AmxProduct, the reduction in ascending k.
+template <int MR, int NR>
+MESHTRAIN_AMX void amx_block(const AmxProduct& p, int64_t mi, int64_t nj) {
+  char* const c = reinterpret_cast<char*>(p.c) + mi * 16 * p.c_stride + nj * 64;
+  const char* const a = static_cast<const char*>(p.a) + mi * 16 * p.a_stride;
+  const char* const b = static_cast<const char*>(p.b) + nj * 64;
+  const int64_t c_down = 16 * p.c_stride, a_down = 16 * p.a_stride, b_down = 16 * p.b_stride;
+  if (p.accumulate) {
+    _tile_loadd(0, c, p.c_stride);
+    if constexpr (NR > 1) _tile_loadd(1, c + 64, p.c_stride);
+    if constexpr (MR > 1) _tile_loadd(2, c + c_down, p.c_stride);
+    if constexpr (MR > 1 && NR > 1) _tile_loadd(3, c + c_down + 64, p.c_stride);
+  } else {
+    _tile_zero(0);
+    if constexpr (NR > 1) _tile_zero(1);
+    if constexpr (MR > 1) _tile_zero(2);
+    if constexpr (MR > 1 && NR > 1) _tile_zero(3);
+  }
+  // Each load just before the first product that reads it: the next step's A0 / B0 loads then overlap the
+  // products of A1 (a tile register is free once the products reading it are done).
+  for (int64_t k = 0; k < p.ksteps; ++k) {
+    _tile_loadd(4, a + k * 64, p.a_stride);
+    _tile_loadd(6, b + k * b_down, p.b_stride);
+    _tile_dpbf16ps(0, 4, 6);
+    if constexpr (NR > 1) {
+      _tile_loadd(7, b + k * b_down + 64, p.b_stride);
+      _tile_dpbf16ps(1, 4, 7);
+    }
+    if constexpr (MR > 1) {
+      _tile_loadd(5, a + a_down + k * 64, p.a_stride);
+      _tile_dpbf16ps(2, 5, 6);
+    }
+    if constexpr (MR > 1 && NR > 1) _tile_dpbf16ps(3, 5, 7);
+  }
+  _tile_stored(0, c, p.c_stride);
+  if constexpr (NR > 1) _tile_stored(1, c + 64, p.c_stride);
+  if constexpr (MR > 1) _tile_stored(2, c + c_down, p.c_stride);
+  if constexpr (MR > 1 && NR > 1) _tile_stored(3, c + c_down + 64, p.c_stride);
+}
+
+MESHTRAIN_AMX void amx_product(const AmxProduct& p) {
+  int64_t mi = 0;
+  for (; mi + 2 <= p.m_tiles; mi += 2) {
+    int64_t nj = 0;
+    for (; nj + 2 <= p.n_tiles; nj += 2) amx_block<2, 2>(p, mi, nj);
+    if (nj < p.n_tiles) amx_block<2, 1>(p, mi, nj);
+  }
+  if (mi < p.m_tiles) {
+    int64_t nj = 0;
+    for (; nj + 2 <= p.n_tiles; nj += 2) amx_block<1, 2>(p, mi, nj);
+    if (nj < p.n_tiles) amx_block<1, 1>(p, mi, nj);
+  }
+}
+
+// Palette 1 with the eight tiles 16 rows x 64 bytes.
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t bytes_per_row[16] = {64, 64, 64, 64, 64, 64, 64, 64};
+  uint8_t rows[16] = {16, 16, 16, 16, 16, 16, 16, 16};
+};
+
+MESHTRAIN_AMX void configure_tiles() {
+  static const TileConfig config;
+  _tile_loadconfig(&config);
+}
+
+MESHTRAIN_AMX void release_tiles() {
+  _tile_release();
+}
+
+// columns[c * kTile + r] = bf16 of x_r[c] for c < width_rows (a multiple of 16) and r < kTile, x_r = x + r *
+// stride: a token tile transposed (the A operand of the products that reduce over tokens); rows >= count
+// and columns >= d are 0. Rounded to nearest even, as round_rows does.
+MESHTRAIN_AVX512_BF16 void pack_columns(uint16_t* columns, int64_t width_rows, const float* x, int64_t stride,
+                                        int64_t count, int64_t d) {
+  for (int64_t r0 = 0; r0 < kTile; r0 += 16) {
+    for (int64_t c0 = 0; c0 < width_rows; c0 += 16) {
+      __m512 r[16];
+      load_block(r, x + r0 * stride + c0, stride, count - r0, d - c0);
+      transpose_16x16(r);
+      for (int64_t c = 0; c < 16; ++c) {
+        const __m256bh rounded = _mm512_cvtneps_pbh(r[c]);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(columns + (c0 + c) * kTile + r0),
+                            reinterpret_cast<const __m256i&>(rounded));
       }
     }
   }
-  // dk, dv rows [cols] = the accumulators transposed.
-  static void end_key_tile(Bf16Buffers& t, float* dk, float* dv, int64_t stride, int64_t cols, int64_t d) {
-    const float* dk_t = t.key_gradients.data();
-    const float* dv_t = dk_t + d * kTile;
-    for (int64_t j = 0; j < cols; ++j) {
-      for (int64_t c = 0; c < d; ++c) {
-        dk[j * stride + c] = dk_t[c * kTile + j];
-        dv[j * stride + c] = dv_t[c * kTile + j];
-      }
+}
+
+// Packed forms of token tiles, one slot per tile, tagged with the source rows they hold so that a thread
+// packs each tile once per call. Which of the four forms a set keeps is fixed by the sizes given (0: not
+// kept); every form is zero beyond the tile's tokens and the head width.
+struct PackedTokenTiles {
+  // rows: [kTile][pairs] bf16 rows (pairs = d rounded up to 32, in pairs); pair_rows: their transpose
+  // [pairs][kTile]; columns: [width][kTile] bf16, the tile transposed (width = d rounded up to 16);
+  // token_pairs: [kTile / 2][width], rows 2t and 2t + 1 interleaved.
+  PackedTokenTiles(int64_t slots, int64_t pair_count, int64_t width_rows, bool keep_rows, bool keep_pair_rows,
+                   bool keep_columns, bool keep_token_pairs)
+      : pairs(pair_count),
+        width(width_rows),
+        tags(static_cast<size_t>(slots), nullptr),
+        counts(static_cast<size_t>(slots), -1),
+        rows_size(keep_rows ? kTile * pairs : 0),
+        pair_rows_size(keep_pair_rows ? kTile * pairs : 0),
+        columns_size(keep_columns ? kTile * width : 0),
+        token_pairs_size(keep_token_pairs ? kTile / 2 * width : 0),
+        rows_data(new uint32_t[static_cast<size_t>(slots * rows_size)]),
+        pair_rows_data(new uint32_t[static_cast<size_t>(slots * pair_rows_size)]),
+        columns_data(new uint16_t[static_cast<size_t>(slots * columns_size)]),
+        token_pairs_data(new uint32_t[static_cast<size_t>(slots * token_pairs_size)]) {}
+
+  uint32_t* rows(int64_t slot) { return rows_data.get() + slot * rows_size; }
+  uint32_t* pair_rows(int64_t slot) { return pair_rows_data.get() + slot * pair_rows_size; }
+  uint16_t* columns(int64_t slot) { return columns_data.get() + slot * columns_size; }
+  uint32_t* token_pairs(int64_t slot) { return token_pairs_data.get() + slot * token_pairs_size; }
+
+  // Packs token rows [count] of x (stride `stride`, head width d) into `slot` unless it holds them.
+  void pack(int64_t slot, const float* x, int64_t stride, int64_t count, int64_t d) {
+    const auto index = static_cast<size_t>(slot);
+    if (tags[index] == x && counts[index] == count) return;
+    if (rows_size > 0 || pair_rows_size > 0) {
+      uint32_t* target = rows_size > 0 ? rows(slot) : scratch_rows();
+      round_rows(target, pairs, x, stride, count, d);
+      if (pair_rows_size > 0) lanes_from_rows(pair_rows(slot), target, pairs);
     }
+    if (columns_size > 0) pack_columns(columns(slot), width, x, stride, count, d);
+    if (token_pairs_size > 0) interleave_rows(token_pairs(slot), width, x, stride, count, d);
+    tags[index] = x;
+    counts[index] = count;
+  }
+
+  int64_t pairs, width;
+  std::vector<const float*> tags;
+  std::vector<int64_t> counts;
+  int64_t rows_size, pair_rows_size, columns_size, token_pairs_size;
+
+ private:
+  uint32_t* scratch_rows() {
+    if (!scratch) scratch.reset(new uint32_t[static_cast<size_t>(kTile * pairs)]);
+    return scratch.get();
+  }
+  std::unique_ptr<uint32_t[]> rows_data, pair_rows_data;
+  std::unique_ptr<uint16_t[]> columns_data;
+  std::unique_ptr<uint32_t[]> token_pairs_data, scratch;
+};
+
+// Per-thread buffers of the AMX kernel (heap, sized by the head width and the token counts). Forward: key
+// tiles keep K rows and V columns; the query tile its pair rows. Backward: key tiles keep K and V pair
+// rows and K token pairs; query tiles (of every head of the group) Q and dO rows and columns.
+struct AmxBuffers {
+  static int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
+  static int64_t tiles(int64_t count) { return (count + kTile - 1) / kTile; }
+  AmxBuffers(const BufferShape& shape, bool backward)
+      : pairs(round_up(shape.d, 32) / 2),
+        width(round_up(shape.d, 16)),
+        keys(tiles(shape.Skv), pairs, width, !backward, backward, false, backward),
+        values(tiles(shape.Skv), pairs, width, false, backward, !backward, false),
+        queries(backward ? shape.group * tiles(shape.Sq) : 1, pairs, width, backward, !backward, backward,
+                false),
+        douts(backward ? shape.group * tiles(shape.Sq) : 0, pairs, width, backward, false, backward, false),
+        accumulators(static_cast<size_t>(2 * width * kTile)),
+        dq_tile(static_cast<size_t>(kTile * width)) {
+    configure_tiles();
+  }
+  ~AmxBuffers() { release_tiles(); }
+  AmxBuffers(const AmxBuffers&) = delete;
+  AmxBuffers& operator=(const AmxBuffers&) = delete;
+
+  int64_t pairs, width;
+  PackedTokenTiles keys, values, queries, douts;
+  // Forward: out^T [width][kTile] of the query tile. Backward: dk^T, dv^T [width][kTile] of the key tile.
+  std::vector<float> accumulators;
+  std::vector<float> dq_tile;  // dS . K of a tile pair, [kTile][width]
+  PairLanes lanes_state;
+  SoftmaxRows softmax;
+  alignas(64) float probs[kTile * kTile];
+  alignas(64) float dscores[kTile * kTile];
+  alignas(64) uint32_t p_pairs[kTile * kTile / 2];   // P (backward) or P^T (forward) pair rows
+  alignas(64) uint32_t ds_pairs[kTile * kTile / 2];  // dS pair rows
+  alignas(64) uint32_t ds_rows[kTile * kTile / 2];   // dS rows bf16 [kTile][kTile / 2 pairs]
+};
+
+// The AMX forward of query rows [i0, i0 + rows) of one head: forward_query_tile with the products above.
+MESHTRAIN_AMX void forward_query_tile_amx(AmxBuffers& t, float* out, float* lse, const HeadView& view,
+                                          int64_t i0, int64_t rows, float scale, bool accumulate) {
+  const int64_t d = view.d, width = t.width, qs = view.q_stride, kvs = view.kv_stride;
+  float* const out_t = t.accumulators.data();  // [width][kTile]: out^T of the tile, unnormalised
+  start_softmax_rows(t.softmax, lse, i0, rows, accumulate);
+  std::fill_n(out_t, width * kTile, 0.0f);
+  for (int64_t i = 0; i < rows; ++i) {  // resume from out (accumulate) where the row has seen keys
+    if (t.softmax.row_sum[i] == 0.0f) continue;
+    for (int64_t c = 0; c < d; ++c) out_t[c * kTile + i] = out[(i0 + i) * qs + c];
+  }
+  lane_tokens(t.lanes_state.tokens, view.q_positions, view.q_segment_ids, i0, rows,
+              std::numeric_limits<int32_t>::min());
+  t.queries.pack(0, view.q + i0 * qs, qs, rows, d);
+  const TileBounds query_bounds = tile_bounds(view.q_positions, view.q_segment_ids, i0, i0 + rows);
+  for (int64_t j0 = 0; j0 < view.Skv; j0 += kTile) {
+    const int64_t cols = std::min(view.Skv - j0, kTile), slot = j0 / kTile;
+    const TileBounds key_bounds = tile_bounds(view.kv_positions, view.kv_segment_ids, j0, j0 + cols);
+    if (fully_masked(query_bounds, key_bounds)) continue;
+    t.keys.pack(slot, view.k + j0 * kvs, kvs, cols, d);
+    t.values.pack(slot, view.v + j0 * kvs, kvs, cols, d);
+    // S^T [cols][kTile] = K Q^T.
+    amx_product(AmxProduct{t.probs, kTile * 4, t.keys.rows(slot), t.pairs * 4, t.queries.pair_rows(0),
+                           kTile * 4, (cols + 15) / 16, kTile / 16, t.pairs / 16, false});
+    const bool masked = !fully_visible(query_bounds, key_bounds);
+    scale_and_mask(t.probs, view.kv_positions, view.kv_segment_ids, t.lanes_state.tokens, j0, cols, true,
+                   masked, scale);
+    softmax_tile_statistics(t.softmax, t.probs, cols);
+    for (int64_t c = 0; c < width; ++c) {
+      float* row = out_t + c * kTile;
+#pragma omp simd
+      for (int64_t lane = 0; lane < kTile; ++lane) row[lane] *= t.softmax.alpha[lane];
+    }
+    // out^T [width][kTile] += V^T P^T: key pairs of P^T as pair rows.
+    interleave_rows(t.p_pairs, kTile, t.probs, kTile, cols, kTile);
+    amx_product(AmxProduct{out_t, kTile * 4, t.values.columns(slot), kTile * 2, t.p_pairs, kTile * 4,
+                           width / 16, kTile / 16, kTile / 32, true});
+  }
+  // As finish_query_rows, from out^T: the row's 1 / sum (0 for a query that saw no key), its lse.
+  alignas(64) float inverse[kTile];
+  for (int64_t i = 0; i < rows; ++i) {
+    const bool seen = t.softmax.row_sum[i] > 0.0f;
+    inverse[i] = seen ? 1.0f / t.softmax.row_sum[i] : 0.0f;
+    lse[i0 + i] = seen ? t.softmax.row_max[i] + std::log(t.softmax.row_sum[i]) : kNegativeInfinity;
+  }
+  untranspose_tokens(out + i0 * qs, qs, rows, d, out_t, inverse);
+}
+
+// The AMX backward of one tile pair (layout above, whatever keys_are_rows says).
+MESHTRAIN_AMX void backward_pair_amx(AmxBuffers& t, const HeadView& view, const GradView& grad, int64_t i0,
+                                     int64_t rows, int64_t j0, int64_t cols, bool masked, float scale) {
+  const int64_t d = view.d, width = t.width, qs = view.q_stride, kvs = view.kv_stride;
+  const int64_t key_slot = j0 / kTile,
+                query_slot = view.group_head * ((view.Sq + kTile - 1) / kTile) + i0 / kTile;
+  t.keys.pack(key_slot, view.k + j0 * kvs, kvs, cols, d);
+  t.values.pack(key_slot, view.v + j0 * kvs, kvs, cols, d);
+  t.queries.pack(query_slot, view.q + i0 * qs, qs, rows, d);
+  t.douts.pack(query_slot, grad.dout + i0 * qs, qs, rows, d);
+  const int64_t row_tiles = (rows + 15) / 16;
+  // S = Q K^T, dP = dO V^T, [rows][kTile].
+  amx_product(AmxProduct{t.probs, kTile * 4, t.queries.rows(query_slot), t.pairs * 4,
+                         t.keys.pair_rows(key_slot), kTile * 4, row_tiles, kTile / 16, t.pairs / 16, false});
+  amx_product(AmxProduct{t.dscores, kTile * 4, t.douts.rows(query_slot), t.pairs * 4,
+                         t.values.pair_rows(key_slot), kTile * 4, row_tiles, kTile / 16, t.pairs / 16,
+                         false});
+  probabilities_and_score_gradients(t.probs, t.dscores, t.lanes_state, view, grad, i0, rows, j0, cols, masked,
+                                    false, scale);
+  if (grad.dq != nullptr) {  // dq rows += dS K
+    round_rows(t.ds_rows, kTile / 2, t.dscores, kTile, rows, kTile);
+    amx_product(AmxProduct{t.dq_tile.data(), width * 4, t.ds_rows, kTile * 2, t.keys.token_pairs(key_slot),
+                           width * 4, row_tiles, width / 16, kTile / 32, false});
+    for (int64_t i = 0; i < rows; ++i) {
+      float* dqi = grad.dq + (i0 + i) * qs;
+      const float* partial = t.dq_tile.data() + i * width;
+#pragma omp simd
+      for (int64_t c = 0; c < d; ++c) dqi[c] += partial[c];
+    }
+  }
+  if (grad.dk != nullptr) {  // dv^T += dO^T P, dk^T += Q^T dS
+    float* dk_t = t.accumulators.data();
+    float* dv_t = dk_t + width * kTile;
+    interleave_rows(t.p_pairs, kTile, t.probs, kTile, rows, kTile);
+    interleave_rows(t.ds_pairs, kTile, t.dscores, kTile, rows, kTile);
+    amx_product(AmxProduct{dv_t, kTile * 4, t.douts.columns(query_slot), kTile * 2, t.p_pairs, kTile * 4,
+                           width / 16, kTile / 16, kTile / 32, true});
+    amx_product(AmxProduct{dk_t, kTile * 4, t.queries.columns(query_slot), kTile * 2, t.ds_pairs, kTile * 4,
+                           width / 16, kTile / 16, kTile / 32, true});
+  }
+}
+
+struct AmxForwardBuffers : AmxBuffers {
+  explicit AmxForwardBuffers(const BufferShape& shape) : AmxBuffers(shape, false) {}
+};
+struct AmxBackwardBuffers : AmxBuffers {
+  explicit AmxBackwardBuffers(const BufferShape& shape) : AmxBuffers(shape, true) {}
+};
+
+// The AMX kernel as the schedules below use it: dk / dv of a key tile accumulate transposed in the
+// thread's buffers ([width][kTile] each) from begin_key_tile to end_key_tile.
+struct AmxKernel {
+  using Forward = AmxForwardBuffers;
+  using Backward = AmxBackwardBuffers;
+  static void forward_tile(AmxBuffers& t, float* out, float* lse, const HeadView& view, int64_t i0,
+                           int64_t rows, float scale, bool accumulate) {
+    forward_query_tile_amx(t, out, lse, view, i0, rows, scale, accumulate);
+  }
+  static void pair(AmxBuffers& t, const HeadView& view, const GradView& grad, int64_t i0, int64_t rows,
+                   int64_t j0, int64_t cols, bool masked, bool /*keys_are_rows*/, float scale) {
+    backward_pair_amx(t, view, grad, i0, rows, j0, cols, masked, scale);
+  }
+  static void begin_key_tile(AmxBuffers& t, float* dk, float* dv, int64_t stride, int64_t cols, int64_t d,
+                             bool accumulate) {
+    float* dk_t = t.accumulators.data();
+    begin_transposed_key_gradients(dk_t, dk_t + t.width * kTile, t.width, dk, dv, stride, cols, d,
+                                   accumulate);
+  }
+  static void end_key_tile(AmxBuffers& t, float* dk, float* dv, int64_t stride, int64_t cols, int64_t d) {
+    const float* dk_t = t.accumulators.data();
+    end_transposed_key_gradients(dk_t, dk_t + t.width * kTile, dk, dv, stride, cols, d);
   }
 };
 
@@ -994,7 +1458,7 @@ void forward_sets(float* out, float* lse, const float* q, const float* k, const 
   const int64_t tasks = B * H * query_tiles;
 #pragma omp parallel
   {
-    typename Kernel::Forward buffers(d);
+    typename Kernel::Forward buffers(BufferShape{d, Sq, sets.Skv, H / K});
     // Later query tiles see more keys under a causal mask: hand them out first so dynamic scheduling ends
     // with the cheap ones.
 #pragma omp for schedule(dynamic, 1)
@@ -1078,7 +1542,7 @@ void backward_sets(float* dq, float* dk, float* dv, const float* dout, const flo
   if (4 * owners >= 3 * rounds * threads) {
 #pragma omp parallel
     {
-      typename Kernel::Backward buffers(d);
+      typename Kernel::Backward buffers(BufferShape{d, Sq, Skv, group});
 #pragma omp for schedule(dynamic, 1)
       for (int64_t owner = 0; owner < owners; ++owner) {
         const int64_t b = owner / K, g = owner % K;
@@ -1095,7 +1559,7 @@ void backward_sets(float* dq, float* dk, float* dv, const float* dout, const flo
 
 #pragma omp parallel
   {
-    typename Kernel::Backward buffers(d);
+    typename Kernel::Backward buffers(BufferShape{d, Sq, Skv, group});
     // Split schedule, pass 1: dk, dv per (batch, kv head, key tile); early key tiles are seen by more
     // queries, so they go first.
 #pragma omp for schedule(dynamic, 1)
@@ -1129,6 +1593,15 @@ void backward_sets(float* dq, float* dk, float* dv, const float* dout, const flo
 void check_bf16_attention_cpu() {
   MT_CHECK(cpu_features().avx512_bf16, "bf16 attention needs a CPU with AVX512-BF16 (this one: " +
                                            cpu_features().describe() + "): run with dtype=float32");
+}
+
+// The AMX kernels need AMX-BF16 with the tile permission (cpu_features asked for it) and AVX512-BF16 for
+// their packing; the cpu table selects them only then.
+void check_amx_attention_cpu() {
+  MT_CHECK(
+      cpu_features().amx_bf16 && cpu_features().avx512_bf16,
+      "AMX attention needs a CPU with AMX-BF16 and AVX512-BF16 and the OS's tile permission (this one: " +
+          cpu_features().describe() + "): run with dtype=float32");
 }
 
 }  // namespace
@@ -1214,6 +1687,45 @@ void context_attention_backward_bf16(float* dq, float* dk, float* dv, const floa
   backward_sets<Bf16Kernel>(dq, dk, dv, dout, out, lse, q, k, v,
                             TokenSets{q_positions, q_segment_ids, kv_positions, kv_segment_ids, Sq, Skv}, B,
                             H, K, d, accumulate, scratch);
+}
+
+// The AMX entries: the same schedules with AmxKernel.
+void attention_forward_amx(float* out, float* lse, const float* q, const float* k, const float* v,
+                           const int32_t* positions, const int32_t* segment_ids, int64_t B, int64_t S,
+                           int64_t H, int64_t K, int64_t d) {
+  context_attention_forward_amx(out, lse, q, k, v, positions, segment_ids, positions, segment_ids, B, S, S, H,
+                                K, d, false);
+}
+
+void attention_backward_amx(float* dq, float* dk, float* dv, const float* dout, const float* out,
+                            const float* lse, const float* q, const float* k, const float* v,
+                            const int32_t* positions, const int32_t* segment_ids, int64_t B, int64_t S,
+                            int64_t H, int64_t K, int64_t d, float* scratch) {
+  context_attention_backward_amx(dq, dk, dv, dout, out, lse, q, k, v, positions, segment_ids, positions,
+                                 segment_ids, B, S, S, H, K, d, false, scratch);
+}
+
+void context_attention_forward_amx(float* out, float* lse, const float* q, const float* k, const float* v,
+                                   const int32_t* q_positions, const int32_t* q_segment_ids,
+                                   const int32_t* kv_positions, const int32_t* kv_segment_ids, int64_t B,
+                                   int64_t Sq, int64_t Skv, int64_t H, int64_t K, int64_t d,
+                                   bool accumulate) {
+  check_amx_attention_cpu();
+  forward_sets<AmxKernel>(out, lse, q, k, v,
+                          TokenSets{q_positions, q_segment_ids, kv_positions, kv_segment_ids, Sq, Skv}, B, H,
+                          K, d, accumulate);
+}
+
+void context_attention_backward_amx(float* dq, float* dk, float* dv, const float* dout, const float* out,
+                                    const float* lse, const float* q, const float* k, const float* v,
+                                    const int32_t* q_positions, const int32_t* q_segment_ids,
+                                    const int32_t* kv_positions, const int32_t* kv_segment_ids, int64_t B,
+                                    int64_t Sq, int64_t Skv, int64_t H, int64_t K, int64_t d, bool accumulate,
+                                    float* scratch) {
+  check_amx_attention_cpu();
+  backward_sets<AmxKernel>(dq, dk, dv, dout, out, lse, q, k, v,
+                           TokenSets{q_positions, q_segment_ids, kv_positions, kv_segment_ids, Sq, Skv}, B, H,
+                           K, d, accumulate, scratch);
 }
 
 int64_t context_attention_backward_scratch_floats(int64_t B, int64_t Sq, int64_t H) {

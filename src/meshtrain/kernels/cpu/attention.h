@@ -100,6 +100,18 @@ AttentionBackward attention_backward_bf16;
 ContextAttentionForward context_attention_forward_bf16;
 ContextAttentionBackward context_attention_backward_bf16;
 
+// The four bf16 entries above with the products on AMX tiles (_tile_dpbf16ps, float32 accumulation), for
+// CPUs with AMX-BF16 (and AVX512-BF16, used to pack): same arguments, layouts, masks, scratch, accumulate
+// semantics and rounding points (q, k, v, dout rounded when packed, P and dS for the products that take
+// them), deterministic and bitwise independent of the thread count; any head width and sequence length.
+// Each thread keeps bf16 copies of the token tiles it packed for the whole call (linear in S; see
+// attention.cpp, "bf16 products on AMX tiles"). The cpu table runs these under dtype=bfloat16 where the
+// CPU has AMX (cpu/backend.cpp).
+AttentionForward attention_forward_amx;
+AttentionBackward attention_backward_amx;
+ContextAttentionForward context_attention_forward_amx;
+ContextAttentionBackward context_attention_backward_amx;
+
 namespace attention_detail {
 
 // The mask rule of the references: may query i (of q_positions / q_segment_ids) see key j (of

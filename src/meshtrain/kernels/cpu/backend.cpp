@@ -38,16 +38,27 @@ DType compute_dtype_matmul_inputs(DType compute) {
 
 }  // namespace
 
+// The AMX kernels (tile products) on CPUs with AMX-BF16 whose OS granted the tile permission; the
+// AVX512-BF16 kernels (vdpbf16ps) on CPUs with AVX512-BF16 and no AMX; float32 otherwise, which includes an
+// AMX CPU whose OS refused the tile permission (the machine line says so). On the Xeon with AMX (family 6
+// model 207) vdpbf16ps runs at a quarter of vfmadd's instruction rate, and the vdpbf16ps kernels ran at
+// 0.65-0.75x of the float32 ones there (bench/README.md, "Attention: bf16 products"), so they never run on
+// an AMX CPU. (The engine refuses dtype=bfloat16 on a CPU with neither AVX512-BF16 nor AMX.)
+Bf16AttentionKernels bf16_attention_kernels(const CpuFeatures& cpu) {
+  if (cpu.amx_bf16 && cpu.avx512_bf16) return Bf16AttentionKernels::amx;
+  if (cpu.avx512_bf16 && !cpu.amx_bf16 && !cpu.amx_refused_by_os) return Bf16AttentionKernels::avx512_bf16;
+  return Bf16AttentionKernels::float32;
+}
+
 const KernelBackend& cpu_backend() {
   // Designated initialisers in declaration order; tests/unit/kernels/test_backend.cpp checks that no entry
   // is left null.
-  // The bf16 attention kernels (vdpbf16ps products) where they pay: on CPUs with AVX512-BF16 and no AMX.
-  // On the Xeon with AMX (family 6 model 207) vdpbf16ps runs at a quarter of vfmadd's instruction rate, so
-  // half its flops (105-113 against 198-234 GFLOP/s per core, measured), and the bf16 kernels ran at
-  // 0.65-0.75x of the float32 ones there (bench/README.md, "Attention: bf16 products"): those CPUs keep
-  // float32 attention until an AMX kernel exists. (The engine refuses dtype=bfloat16 on a CPU with neither
-  // AVX512-BF16 nor AMX.)
-  const bool bf16_attention = cpu_features().avx512_bf16 && !cpu_features().amx_bf16;
+  const Bf16AttentionKernels bf16_attention = bf16_attention_kernels(cpu_features());
+  const auto pick = [&](auto amx, auto bf16, auto float32) {
+    return bf16_attention == Bf16AttentionKernels::amx           ? amx
+           : bf16_attention == Bf16AttentionKernels::avx512_bf16 ? bf16
+                                                                 : float32;
+  };
   static const KernelBackend table{
       .name = "cpu",
       .device_check = host_device_check,
@@ -96,12 +107,12 @@ const KernelBackend& cpu_backend() {
       .context_attention_backward = context_attention_backward,
       .context_attention_backward_scratch_floats = context_attention_backward_scratch_floats,
       .attention_decode = attention_decode,
-      .attention_forward_bf16 = bf16_attention ? attention_forward_bf16 : attention_forward,
-      .attention_backward_bf16 = bf16_attention ? attention_backward_bf16 : attention_backward,
+      .attention_forward_bf16 = pick(attention_forward_amx, attention_forward_bf16, attention_forward),
+      .attention_backward_bf16 = pick(attention_backward_amx, attention_backward_bf16, attention_backward),
       .context_attention_forward_bf16 =
-          bf16_attention ? context_attention_forward_bf16 : context_attention_forward,
+          pick(context_attention_forward_amx, context_attention_forward_bf16, context_attention_forward),
       .context_attention_backward_bf16 =
-          bf16_attention ? context_attention_backward_bf16 : context_attention_backward,
+          pick(context_attention_backward_amx, context_attention_backward_bf16, context_attention_backward),
       .moe_router_forward = moe_router_forward,
       .moe_router_backward = moe_router_backward,
       .moe_balance_loss_forward = moe_balance_loss_forward,
