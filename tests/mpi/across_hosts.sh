@@ -212,7 +212,10 @@ grep -rh "meshtrain: error" "$work/cut.log" "$work/cut_output" | sort -u || true
 # ranks.
 python3 - "$work/cut.log" "$work/cut_output" <<'PY' || status=1
 import os, re, sys
-line = re.compile(r"meshtrain: error: (?:collective )?(\w+) '([^']+)' #\d+ at step (\d+) timed out after \S+ s on the "
+# "at step N" inside a step, "at the boundary before step N" in the stop-request all-reduce between steps
+# (the cut can land in either).
+line = re.compile(r"meshtrain: error: (?:collective )?(\w+) '([^']+)' #\d+ at (?:the boundary before )?step (\d+) timed "
+                  r"out after \S+ s on the "
                   r"(\w+) axis: ranks? ([\d, ]+) did not arrive.*\(reported by rank (\d+)\)$")
 reports = {0: [], 1: []}  # host (rank mod 2) of the reporter -> the ranks it names
 files = [sys.argv[1]] + [os.path.join(d, f) for d, _, names in os.walk(sys.argv[2]) for f in names]
