@@ -84,16 +84,15 @@ void logits_product(float* out, int64_t ld_out, const In* h, const In* w, Unembe
           transpose_w ? D : V, false, out, ld_out);
 }
 
-// logits [rows, vocab_valid] (leading dimension vocab_valid) = h [rows, D] @ W[:, :vocab_valid] and
-// maxima[r] = max of row r. Padding columns are never computed: they do not take part in the softmax.
-// float32: one product; bfloat16: kLogitsBlockColumns columns at a time through block [rows, columns].
+// logits [rows, vocab_valid] (leading dimension vocab_valid) = h [rows, D] @ W[:, :vocab_valid]. Padding
+// columns are never computed: they do not take part in the softmax. float32 (block null): one product, and
+// the softmax takes each row's maximum where it reads the row; bfloat16: kLogitsBlockColumns columns at a
+// time through block [rows, columns], and maxima[r] = max of row r from the copy.
 template <class In>
 void chunk_logits(float* logits, float* maxima, float* block, const In* h, const In* w, UnembedLayout layout,
                   int64_t rows, int64_t D, int64_t V, int64_t vocab_valid) {
   if (block == nullptr) {
     logits_product(logits, vocab_valid, h, w, layout, rows, 0, vocab_valid, D, V);
-#pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < rows; ++r) maxima[r] = row_maximum(logits + r * vocab_valid, vocab_valid);
     return;
   }
   for (int64_t column = 0; column < vocab_valid; column += kLogitsBlockColumns) {
@@ -282,7 +281,7 @@ CrossEntropySums unembed_cross_entropy(float* dh, float* dw, const float* h, con
           // Stable log-softmax: shift by the row maximum so exp never overflows. The exponentials are always
           // stored (the chunk's logits are scratch), so the eval-only pass and the pass with gradients run
           // the same code and give bitwise equal losses.
-          const float max_logit = maxima[r];
+          const float max_logit = logits_block != nullptr ? maxima[r] : row_maximum(row, vocab_valid);
           const float target_logit = counts ? row[targets[start + r]] : 0.0f;
           const double sum_exp = exponentiate_and_sum(row, vocab_valid, max_logit);
           // dlogits = (softmax (1 + 2 m lse) - onehot) * mask: an ignored token contributes an all-zero row.
@@ -313,6 +312,10 @@ CrossEntropySums unembed_cross_entropy(float* dh, float* dw, const float* h, con
       // combined over the ranks. Rows nobody needs (ignored, no gradients) keep a sum of 0.
       double* sum_exps = statistics;              // [rows]
       double* target_logits = statistics + rows;  // [rows]
+      if (logits_block == nullptr && local_valid > 0) {
+#pragma omp parallel for schedule(static)
+        for (int64_t r = 0; r < rows; ++r) maxima[r] = row_maximum(logits + r * local_valid, local_valid);
+      }
       vocab_parallel->all_reduce_max(maxima, rows);
 #pragma omp parallel for schedule(static)
       for (int64_t r = 0; r < rows; ++r) {
