@@ -12,6 +12,9 @@
 #   --torch2-python PY   the python of a virtual environment with PyTorch 2.x and transformers from PyPI
 #                        (python3 -m venv ~/torch2 && ~/torch2/bin/pip install torch transformers); without it the
 #                        PyTorch rows say missing
+#   --torch-loss-chunk N PyTorch's loss as a fused linear + cross-entropy over chunks of N tokens
+#                        (torch_qwen3.py --loss-chunk: the [S, V] logits never whole, the same FLOPs); default 0,
+#                        transformers' logits and F.cross_entropy
 #   --peers "LIST"       a subset of "meshtrain torch2" (default both)
 #   --build DIR          meshtrain build directory (default <repo>/build); the binary is not rebuilt
 #   --out DIR            logs and results (default /tmp/meshtrain_long_context/<date-time>)
@@ -34,6 +37,7 @@ steps=6
 dtypes="bfloat16"
 model="qwen3-0.6b"
 torch2_python=""
+torch_loss_chunk=0
 peers="meshtrain torch2"
 build="$repo/build"
 out=""
@@ -50,6 +54,7 @@ while [ $# -gt 0 ]; do
     --dtypes) dtypes=$2; shift 2 ;;
     --model) model=$2; shift 2 ;;
     --torch2-python) torch2_python=$2; shift 2 ;;
+    --torch-loss-chunk) torch_loss_chunk=$2; shift 2 ;;
     --peers) peers=$2; shift 2 ;;
     --build) build=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
@@ -170,7 +175,7 @@ for dtype in $dtypes; do
       else
         peers_run "${runopts[@]}" --peer "$torch_peer" --batch 1 --seq "$seq" --log "$out/${torch_peer}_S${seq}.log" -- \
           env OMP_NUM_THREADS="$threads" "$torch2_python" "$here/torch_qwen3.py" --repo "$repo" --model "$model" \
-          --seq "$seq" --steps "$steps" --threads "$threads" --dtype "$dtype"
+          --seq "$seq" --steps "$steps" --threads "$threads" --dtype "$dtype" --loss-chunk "$torch_loss_chunk"
         grep -E "^(torch |sdpa)" "$out/${torch_peer}_S${seq}.log" | sed 's/^/   PyTorch /' | tee -a "$summary" || true
       fi
     fi

@@ -60,6 +60,41 @@ def build_model(c, seq):
     return model
 
 
+class ChunkedLinearCrossEntropy(torch.autograd.Function):
+    """Mean cross-entropy of h @ W^T over targets, in chunks of tokens, with the gradients of h and W computed
+    in the forward (the fused loss of Liger's FusedLinearCrossEntropy, and of meshtrain): the [S, V] logits
+    never exist whole. The same FLOPs as the plain loss (2 N D V forward, 4 N D V for the gradients) and the
+    same precisions as autocast gives it: bf16 products (float32 accumulation), the softmax in float32."""
+
+    @staticmethod
+    def forward(ctx, h, w, targets, chunk, compute_dtype):
+        n = h.shape[0]
+        hc, wc = h.to(compute_dtype), w.to(compute_dtype)
+        grad_h = torch.empty_like(h, dtype=torch.float32)
+        grad_w = torch.zeros_like(w, dtype=torch.float32)
+        total = torch.zeros((), dtype=torch.float32)
+        for start in range(0, n, chunk):
+            end = min(n, start + chunk)
+            logits = (hc[start:end] @ wc.t()).float()  # [c, V]
+            lse = torch.logsumexp(logits, dim=-1)
+            t = targets[start:end]
+            total += (lse - logits.gather(1, t[:, None]).squeeze(1)).sum()
+            grad_logits = torch.softmax(logits, dim=-1)
+            grad_logits[torch.arange(end - start), t] -= 1.0
+            grad_logits = (grad_logits / n).to(compute_dtype)
+            grad_h[start:end] = (grad_logits @ wc).float()
+            grad_w += (grad_logits.t() @ hc[start:end]).float()
+        ctx.save_for_backward(grad_h, grad_w)
+        ctx.dtypes = (h.dtype, w.dtype)
+        return total / n
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        grad_h, grad_w = ctx.saved_tensors
+        return ((grad_h * grad_output).to(ctx.dtypes[0]), (grad_w * grad_output).to(ctx.dtypes[1]), None, None,
+                None)
+
+
 class SdpaSpy:
     """Wraps F.scaled_dot_product_attention (transformers calls it through torch.nn.functional) to record how
     the first call was made: shapes, dtypes in and out (autocast casts below this function), the flags."""
@@ -91,6 +126,9 @@ def main():
     ap.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "0") or 0))
     ap.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
     ap.add_argument("--seed", type=int, default=1337)
+    ap.add_argument("--loss-chunk", type=int, default=0,
+                    help="tokens per chunk of a fused linear + cross-entropy (ChunkedLinearCrossEntropy) instead "
+                         "of transformers' logits and F.cross_entropy; 0: the plain loss")
     args = ap.parse_args()
 
     if args.threads > 0:
@@ -124,9 +162,15 @@ def main():
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-            logits = model(input_ids=x, use_cache=False).logits  # [1, S, V padded]
-            # float32 loss over the logits, as transformers' own ForCausalLMLoss upcasts them
-            loss = F.cross_entropy(logits.float().view(-1, vocab), y.view(-1))
+            if args.loss_chunk > 0:
+                hidden = model.model(input_ids=x, use_cache=False).last_hidden_state  # [1, S, D]
+                loss = ChunkedLinearCrossEntropy.apply(
+                    hidden.view(-1, hidden.shape[-1]), model.lm_head.weight, y.view(-1), args.loss_chunk,
+                    torch.bfloat16 if bf16 else torch.float32)
+            else:
+                logits = model(input_ids=x, use_cache=False).logits  # [1, S, V padded]
+                # float32 loss over the logits, as transformers' own ForCausalLMLoss upcasts them
+                loss = F.cross_entropy(logits.float().view(-1, vocab), y.view(-1))
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
