@@ -348,11 +348,13 @@ void add_attention_cases(std::vector<Case>& cases, int64_t B, int64_t S, int64_t
                                layers, with_reference);
     return;
   }
-  add_attention_kernel_cases(cases, "attention bf16", k::attention_forward_bf16, k::attention_backward_bf16,
-                             B, S, H, K, d, layers, with_reference);
+  const k::AttentionKernels avx512_bf16 = k::attention_kernels_with(k::AttentionProducts::avx512_bf16);
+  add_attention_kernel_cases(cases, "attention bf16", avx512_bf16.forward, avx512_bf16.backward, B, S, H, K,
+                             d, layers, with_reference);
   if (cpu.amx_bf16) {
-    add_attention_kernel_cases(cases, "attention amx", k::attention_forward_amx, k::attention_backward_amx, B,
-                               S, H, K, d, layers, with_reference);
+    const k::AttentionKernels amx = k::attention_kernels_with(k::AttentionProducts::amx);
+    add_attention_kernel_cases(cases, "attention amx", amx.forward, amx.backward, B, S, H, K, d, layers,
+                               with_reference);
   }
 }
 

@@ -168,12 +168,6 @@ const KernelBackend& kernel_backend_for_device(const std::string& device_kind);
 
 // The attention kernels an op runs when the compute dtype is `compute`: the *_bf16 entries under bfloat16,
 // the float32 ones otherwise.
-struct AttentionKernels {
-  AttentionForward* forward;
-  AttentionBackward* backward;
-  ContextAttentionForward* context_forward;
-  ContextAttentionBackward* context_backward;
-};
 AttentionKernels attention_kernels(const KernelBackend& backend, DType compute);
 
 // Device kinds the cuda backend runs.

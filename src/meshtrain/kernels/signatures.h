@@ -223,6 +223,14 @@ using ContextAttentionBackward = void(float* dq, float* dk, float* dv, const flo
                                       bool accumulate, float* scratch);
 using ContextAttentionBackwardScratchFloats = int64_t(int64_t B, int64_t Sq, int64_t H);
 
+// The four attention kernels of one kind (float32, or one kind of bf16 products) as a set.
+struct AttentionKernels {
+  AttentionForward* forward;
+  AttentionBackward* backward;
+  ContextAttentionForward* context_forward;
+  ContextAttentionBackward* context_backward;
+};
+
 // attention.h, decoding: one new token's k, v appended to the caches at row `position`, its q attending over
 // rows [0, position].
 using AttentionDecode = void(float* out,          // [H, d]

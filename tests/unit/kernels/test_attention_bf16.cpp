@@ -1,4 +1,4 @@
-// The bf16 attention kernels (attention.h: the AVX512-BF16 *_bf16 and the AMX *_amx entries, each test run
+// The bf16 attention kernels (attention.h: attention_kernels_with(avx512_bf16) and (amx), each test run
 // for both where the CPU has them) against the double reference run on the same bf16-exact inputs, element
 // by element within a bound derived from what the kernels round.
 //
@@ -51,10 +51,7 @@ constexpr double kNegativeInfinity = -std::numeric_limits<double>::infinity();
 struct Bf16Kernels {
   std::string name;
   bool (*available)();
-  meshtrain::kernels::AttentionForward* forward;
-  meshtrain::kernels::AttentionBackward* backward;
-  meshtrain::kernels::ContextAttentionForward* context_forward;
-  meshtrain::kernels::ContextAttentionBackward* context_backward;
+  meshtrain::kernels::AttentionKernels set;
 };
 
 // gtest prints the parameter in test listings: the name, not the bytes (which hold pointers).
@@ -69,18 +66,10 @@ bool has_amx() {
   return cpu_features().amx_bf16 && cpu_features().avx512_bf16;
 }
 
-const Bf16Kernels kAvx512Bf16{"avx512_bf16",
-                              has_avx512_bf16,
-                              meshtrain::kernels::attention_forward_bf16,
-                              meshtrain::kernels::attention_backward_bf16,
-                              meshtrain::kernels::context_attention_forward_bf16,
-                              meshtrain::kernels::context_attention_backward_bf16};
-const Bf16Kernels kAmx{"amx",
-                       has_amx,
-                       meshtrain::kernels::attention_forward_amx,
-                       meshtrain::kernels::attention_backward_amx,
-                       meshtrain::kernels::context_attention_forward_amx,
-                       meshtrain::kernels::context_attention_backward_amx};
+using meshtrain::kernels::AttentionProducts;
+const Bf16Kernels kAvx512Bf16{"avx512_bf16", has_avx512_bf16,
+                              meshtrain::kernels::attention_kernels_with(AttentionProducts::avx512_bf16)};
+const Bf16Kernels kAmx{"amx", has_amx, meshtrain::kernels::attention_kernels_with(AttentionProducts::amx)};
 
 class AttentionBf16 : public ::testing::TestWithParam<Bf16Kernels> {
  protected:
@@ -89,7 +78,7 @@ class AttentionBf16 : public ::testing::TestWithParam<Bf16Kernels> {
       GTEST_SKIP() << "this CPU cannot run the " << GetParam().name << " kernels ("
                    << cpu_features().describe() << ")";
   }
-  const Bf16Kernels& kernels() const { return GetParam(); }
+  const meshtrain::kernels::AttentionKernels& kernels() const { return GetParam().set; }
 };
 
 // Values rounded to bf16 (then exact in float and double).
@@ -230,7 +219,8 @@ Expected run_reference(const Problem& p) {
 }
 
 // The bf16 kernels; the backward takes the reference's out and lse, so its error is its own.
-Result run_bf16(const Bf16Kernels& kernels, const Problem& p, const Expected& reference, bool self) {
+Result run_bf16(const meshtrain::kernels::AttentionKernels& kernels, const Problem& p,
+                const Expected& reference, bool self) {
   const std::vector<float> q = to_float(p.q), k = to_float(p.k), v = to_float(p.v), dout = to_float(p.dout);
   const float nan = std::numeric_limits<float>::quiet_NaN();
   std::vector<float> out(q.size(), nan), lse(static_cast<size_t>(p.B * p.H * p.Sq), nan);

@@ -93,7 +93,7 @@ TEST(KernelBackend, DeviceKindsChooseTheirTables) {
 // float32 otherwise (also on an AMX CPU whose OS refused the permission: the AVX512-BF16 kernels are slower
 // than float32 there); and the table holds this CPU's choice.
 TEST(KernelBackend, CpuBf16AttentionFollowsTheCpuFeatures) {
-  using kernels::Bf16AttentionKernels;
+  using kernels::AttentionProducts;
   CpuFeatures zen4;
   zen4.avx512f = zen4.avx512_bf16 = true;
   CpuFeatures xeon_amx = zen4;
@@ -102,26 +102,26 @@ TEST(KernelBackend, CpuBf16AttentionFollowsTheCpuFeatures) {
   xeon_refused.amx_refused_by_os = true;
   CpuFeatures avx2;
   avx2.avx2 = true;
-  EXPECT_EQ(kernels::bf16_attention_kernels(xeon_amx), Bf16AttentionKernels::amx);
-  EXPECT_EQ(kernels::bf16_attention_kernels(zen4), Bf16AttentionKernels::avx512_bf16);
-  EXPECT_EQ(kernels::bf16_attention_kernels(xeon_refused), Bf16AttentionKernels::float32);
-  EXPECT_EQ(kernels::bf16_attention_kernels(avx2), Bf16AttentionKernels::float32);
+  EXPECT_EQ(kernels::bf16_attention_products(xeon_amx), AttentionProducts::amx);
+  EXPECT_EQ(kernels::bf16_attention_products(zen4), AttentionProducts::avx512_bf16);
+  EXPECT_EQ(kernels::bf16_attention_products(xeon_refused), AttentionProducts::float32);
+  EXPECT_EQ(kernels::bf16_attention_products(avx2), AttentionProducts::float32);
 
+  // The three sets are distinct kernels, and the table holds this CPU's.
+  const kernels::AttentionKernels amx = kernels::attention_kernels_with(AttentionProducts::amx),
+                                  bf16 = kernels::attention_kernels_with(AttentionProducts::avx512_bf16),
+                                  float32 = kernels::attention_kernels_with(AttentionProducts::float32);
+  EXPECT_NE(amx.forward, bf16.forward);
+  EXPECT_NE(amx.context_backward, bf16.context_backward);
+  EXPECT_EQ(float32.forward, &kernels::attention_forward);
+  EXPECT_EQ(float32.context_backward, &kernels::context_attention_backward);
+  const kernels::AttentionKernels picked =
+      kernels::attention_kernels_with(kernels::bf16_attention_products(cpu_features()));
   const KernelBackend& cpu = kernels::cpu_backend();
-  switch (kernels::bf16_attention_kernels(cpu_features())) {
-    case Bf16AttentionKernels::amx:
-      EXPECT_EQ(cpu.attention_forward_bf16, &kernels::attention_forward_amx);
-      EXPECT_EQ(cpu.context_attention_backward_bf16, &kernels::context_attention_backward_amx);
-      break;
-    case Bf16AttentionKernels::avx512_bf16:
-      EXPECT_EQ(cpu.attention_forward_bf16, &kernels::attention_forward_bf16);
-      EXPECT_EQ(cpu.context_attention_backward_bf16, &kernels::context_attention_backward_bf16);
-      break;
-    case Bf16AttentionKernels::float32:
-      EXPECT_EQ(cpu.attention_forward_bf16, &kernels::attention_forward);
-      EXPECT_EQ(cpu.context_attention_backward_bf16, &kernels::context_attention_backward);
-      break;
-  }
+  EXPECT_EQ(cpu.attention_forward_bf16, picked.forward);
+  EXPECT_EQ(cpu.attention_backward_bf16, picked.backward);
+  EXPECT_EQ(cpu.context_attention_forward_bf16, picked.context_forward);
+  EXPECT_EQ(cpu.context_attention_backward_bf16, picked.context_backward);
 }
 
 TEST(KernelBackend, CpuEntriesAreTheCpuFunctions) {

@@ -93,41 +93,27 @@ const kernels::KernelBackend& cpu_rounding_in_the_matmuls() {
   return table;
 }
 
-// Which attention kernels run under dtype=bfloat16 in cpu_with_bf16_attention.
-enum class Bf16Attention { float32, avx512_bf16, amx };
+using kernels::AttentionProducts;
 
 // The cpu table with the given attention kernels under dtype=bfloat16, whichever this CPU's table picks: the
 // float32 ones (the bf16 run as it was before attention had bf16 products), the AVX512-BF16 ones or the AMX
 // ones (bf16 products).
-const kernels::KernelBackend& cpu_with_bf16_attention(Bf16Attention kind) {
-  const auto make = [](Bf16Attention which) {
+const kernels::KernelBackend& cpu_with_bf16_attention(AttentionProducts kind) {
+  const auto make = [](AttentionProducts products) {
     kernels::KernelBackend cpu = kernels::cpu_backend();
-    const auto set = [&](kernels::AttentionForward* forward, kernels::AttentionBackward* backward,
-                         kernels::ContextAttentionForward* context_forward,
-                         kernels::ContextAttentionBackward* context_backward) {
-      cpu.attention_forward_bf16 = forward;
-      cpu.attention_backward_bf16 = backward;
-      cpu.context_attention_forward_bf16 = context_forward;
-      cpu.context_attention_backward_bf16 = context_backward;
-    };
-    if (which == Bf16Attention::float32) {
-      set(kernels::attention_forward, kernels::attention_backward, kernels::context_attention_forward,
-          kernels::context_attention_backward);
-    } else if (which == Bf16Attention::avx512_bf16) {
-      set(kernels::attention_forward_bf16, kernels::attention_backward_bf16,
-          kernels::context_attention_forward_bf16, kernels::context_attention_backward_bf16);
-    } else {
-      set(kernels::attention_forward_amx, kernels::attention_backward_amx,
-          kernels::context_attention_forward_amx, kernels::context_attention_backward_amx);
-    }
+    const kernels::AttentionKernels set = kernels::attention_kernels_with(products);
+    cpu.attention_forward_bf16 = set.forward;
+    cpu.attention_backward_bf16 = set.backward;
+    cpu.context_attention_forward_bf16 = set.context_forward;
+    cpu.context_attention_backward_bf16 = set.context_backward;
     return cpu;
   };
-  static const kernels::KernelBackend with_float32 = make(Bf16Attention::float32),
-                                      with_avx512_bf16 = make(Bf16Attention::avx512_bf16),
-                                      with_amx = make(Bf16Attention::amx);
-  return kind == Bf16Attention::amx           ? with_amx
-         : kind == Bf16Attention::avx512_bf16 ? with_avx512_bf16
-                                              : with_float32;
+  static const kernels::KernelBackend with_float32 = make(AttentionProducts::float32),
+                                      with_avx512_bf16 = make(AttentionProducts::avx512_bf16),
+                                      with_amx = make(AttentionProducts::amx);
+  return kind == AttentionProducts::amx           ? with_amx
+         : kind == AttentionProducts::avx512_bf16 ? with_avx512_bf16
+                                                  : with_float32;
 }
 
 RunResult train(Engine& engine, int steps) {
@@ -501,20 +487,20 @@ TEST(Plan, Bf16AttentionLossesWithinBf16BoundsOfFloat32Attention) {
   if (!cpu_features().avx512_bf16) {
     GTEST_SKIP() << "bf16 attention needs AVX512-BF16; this CPU: " << cpu_features().describe();
   }
-  std::vector<Bf16Attention> kinds = {Bf16Attention::avx512_bf16};
+  std::vector<AttentionProducts> kinds = {AttentionProducts::avx512_bf16};
   if (cpu_features().amx_bf16) {
-    kinds.push_back(Bf16Attention::amx);
+    kinds.push_back(AttentionProducts::amx);
   } else {
     std::printf("  no AMX on this CPU (%s): the AMX attention kernels are not run\n",
                 cpu_features().describe().c_str());
   }
-  for (const Bf16Attention kind : kinds) {
+  for (const AttentionProducts kind : kinds) {
     for (const std::string preset : {"qwen3-tiny", "gpt2-124m"}) {
       const Config config = load_config(preset, tiny({"dtype=bfloat16", "max_position_embeddings=16"}));
       PlanRequest bf16_request, f32_request;
       bf16_request.config = f32_request.config = config;
       bf16_request.backend = &cpu_with_bf16_attention(kind);
-      f32_request.backend = &cpu_with_bf16_attention(Bf16Attention::float32);
+      f32_request.backend = &cpu_with_bf16_attention(AttentionProducts::float32);
       TrainingPlan bf16 = plan_training(bf16_request), f32 = plan_training(f32_request);
       EXPECT_EQ(bf16.arena_bytes, f32.arena_bytes) << preset;
       Engine bf16_engine(std::move(bf16)), f32_engine(std::move(f32));

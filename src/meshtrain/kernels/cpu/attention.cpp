@@ -644,6 +644,7 @@ void backward_pair(BackwardBuffers& buffers, const HeadView& view, const GradVie
 struct Float32Kernel {
   using Forward = ForwardBuffers;
   using Backward = BackwardBuffers;
+  static void check_cpu() {}
   static void forward_tile(ForwardBuffers& buffers, float* out, float* lse, const HeadView& view, int64_t i0,
                            int64_t rows, float scale, bool accumulate) {
     forward_query_tile(buffers, out, lse, view, i0, rows, scale, accumulate);
@@ -1072,6 +1073,11 @@ void end_transposed_key_gradients(const float* dk_t, const float* dv_t, float* d
 struct Bf16Kernel {
   using Forward = Bf16Buffers;
   using Backward = Bf16Buffers;
+  // The engine refuses dtype=bfloat16 without AVX512-BF16 before this is reached.
+  static void check_cpu() {
+    MT_CHECK(cpu_features().avx512_bf16, "bf16 attention needs a CPU with AVX512-BF16 (this one: " +
+                                             cpu_features().describe() + "): run with dtype=float32");
+  }
   static void forward_tile(Bf16Buffers& t, float* out, float* lse, const HeadView& view, int64_t i0,
                            int64_t rows, float scale, bool accumulate) {
     forward_query_tile_bf16(t, out, lse, view, i0, rows, scale, accumulate);
@@ -1422,6 +1428,14 @@ struct AmxBackwardBuffers : AmxBuffers {
 struct AmxKernel {
   using Forward = AmxForwardBuffers;
   using Backward = AmxBackwardBuffers;
+  // AMX-BF16 with the tile permission (cpu_features asked for it) and AVX512-BF16 for the packing; the cpu
+  // table selects these kernels only then.
+  static void check_cpu() {
+    MT_CHECK(
+        cpu_features().amx_bf16 && cpu_features().avx512_bf16,
+        "AMX attention needs a CPU with AMX-BF16 and AVX512-BF16 and the OS's tile permission (this one: " +
+            cpu_features().describe() + "): run with dtype=float32");
+  }
   static void forward_tile(AmxBuffers& t, float* out, float* lse, const HeadView& view, int64_t i0,
                            int64_t rows, float scale, bool accumulate) {
     forward_query_tile_amx(t, out, lse, view, i0, rows, scale, accumulate);
@@ -1589,19 +1603,51 @@ void backward_sets(float* dq, float* dk, float* dv, const float* dout, const flo
   }
 }
 
-// The bf16 kernels need AVX512-BF16; the engine refuses dtype=bfloat16 without it before this is reached.
-void check_bf16_attention_cpu() {
-  MT_CHECK(cpu_features().avx512_bf16, "bf16 attention needs a CPU with AVX512-BF16 (this one: " +
-                                           cpu_features().describe() + "): run with dtype=float32");
+// The four entries of one kind of kernel; self-attention is the case where the query set is the key / value
+// set.
+template <class Kernel>
+void context_forward(float* out, float* lse, const float* q, const float* k, const float* v,
+                     const int32_t* q_positions, const int32_t* q_segment_ids, const int32_t* kv_positions,
+                     const int32_t* kv_segment_ids, int64_t B, int64_t Sq, int64_t Skv, int64_t H, int64_t K,
+                     int64_t d, bool accumulate) {
+  Kernel::check_cpu();
+  forward_sets<Kernel>(out, lse, q, k, v,
+                       TokenSets{q_positions, q_segment_ids, kv_positions, kv_segment_ids, Sq, Skv}, B, H, K,
+                       d, accumulate);
 }
 
-// The AMX kernels need AMX-BF16 with the tile permission (cpu_features asked for it) and AVX512-BF16 for
-// their packing; the cpu table selects them only then.
-void check_amx_attention_cpu() {
-  MT_CHECK(
-      cpu_features().amx_bf16 && cpu_features().avx512_bf16,
-      "AMX attention needs a CPU with AMX-BF16 and AVX512-BF16 and the OS's tile permission (this one: " +
-          cpu_features().describe() + "): run with dtype=float32");
+template <class Kernel>
+void context_backward(float* dq, float* dk, float* dv, const float* dout, const float* out, const float* lse,
+                      const float* q, const float* k, const float* v, const int32_t* q_positions,
+                      const int32_t* q_segment_ids, const int32_t* kv_positions,
+                      const int32_t* kv_segment_ids, int64_t B, int64_t Sq, int64_t Skv, int64_t H, int64_t K,
+                      int64_t d, bool accumulate, float* scratch) {
+  Kernel::check_cpu();
+  backward_sets<Kernel>(dq, dk, dv, dout, out, lse, q, k, v,
+                        TokenSets{q_positions, q_segment_ids, kv_positions, kv_segment_ids, Sq, Skv}, B, H, K,
+                        d, accumulate, scratch);
+}
+
+template <class Kernel>
+void self_forward(float* out, float* lse, const float* q, const float* k, const float* v,
+                  const int32_t* positions, const int32_t* segment_ids, int64_t B, int64_t S, int64_t H,
+                  int64_t K, int64_t d) {
+  context_forward<Kernel>(out, lse, q, k, v, positions, segment_ids, positions, segment_ids, B, S, S, H, K, d,
+                          false);
+}
+
+template <class Kernel>
+void self_backward(float* dq, float* dk, float* dv, const float* dout, const float* out, const float* lse,
+                   const float* q, const float* k, const float* v, const int32_t* positions,
+                   const int32_t* segment_ids, int64_t B, int64_t S, int64_t H, int64_t K, int64_t d,
+                   float* scratch) {
+  context_backward<Kernel>(dq, dk, dv, dout, out, lse, q, k, v, positions, segment_ids, positions,
+                           segment_ids, B, S, S, H, K, d, false, scratch);
+}
+
+template <class Kernel>
+AttentionKernels kernel_set() {
+  return {self_forward<Kernel>, self_backward<Kernel>, context_forward<Kernel>, context_backward<Kernel>};
 }
 
 }  // namespace
@@ -1614,29 +1660,26 @@ int64_t attention_backward_scratch_floats(int64_t B, int64_t S, int64_t H, int64
   return B * H * S;
 }
 
-// Self-attention is the case where the query set is the key / value set.
 void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
                        const int32_t* positions, const int32_t* segment_ids, int64_t B, int64_t S, int64_t H,
                        int64_t K, int64_t d) {
-  context_attention_forward(out, lse, q, k, v, positions, segment_ids, positions, segment_ids, B, S, S, H, K,
-                            d, false);
+  self_forward<Float32Kernel>(out, lse, q, k, v, positions, segment_ids, B, S, H, K, d);
 }
 
 void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* out,
                         const float* lse, const float* q, const float* k, const float* v,
                         const int32_t* positions, const int32_t* segment_ids, int64_t B, int64_t S, int64_t H,
                         int64_t K, int64_t d, float* scratch) {
-  context_attention_backward(dq, dk, dv, dout, out, lse, q, k, v, positions, segment_ids, positions,
-                             segment_ids, B, S, S, H, K, d, false, scratch);
+  self_backward<Float32Kernel>(dq, dk, dv, dout, out, lse, q, k, v, positions, segment_ids, B, S, H, K, d,
+                               scratch);
 }
 
 void context_attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
                                const int32_t* q_positions, const int32_t* q_segment_ids,
                                const int32_t* kv_positions, const int32_t* kv_segment_ids, int64_t B,
                                int64_t Sq, int64_t Skv, int64_t H, int64_t K, int64_t d, bool accumulate) {
-  forward_sets<Float32Kernel>(out, lse, q, k, v,
-                              TokenSets{q_positions, q_segment_ids, kv_positions, kv_segment_ids, Sq, Skv}, B,
-                              H, K, d, accumulate);
+  context_forward<Float32Kernel>(out, lse, q, k, v, q_positions, q_segment_ids, kv_positions, kv_segment_ids,
+                                 B, Sq, Skv, H, K, d, accumulate);
 }
 
 void context_attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* out,
@@ -1645,87 +1688,21 @@ void context_attention_backward(float* dq, float* dk, float* dv, const float* do
                                 const int32_t* kv_positions, const int32_t* kv_segment_ids, int64_t B,
                                 int64_t Sq, int64_t Skv, int64_t H, int64_t K, int64_t d, bool accumulate,
                                 float* scratch) {
-  backward_sets<Float32Kernel>(dq, dk, dv, dout, out, lse, q, k, v,
-                               TokenSets{q_positions, q_segment_ids, kv_positions, kv_segment_ids, Sq, Skv},
-                               B, H, K, d, accumulate, scratch);
+  context_backward<Float32Kernel>(dq, dk, dv, dout, out, lse, q, k, v, q_positions, q_segment_ids,
+                                  kv_positions, kv_segment_ids, B, Sq, Skv, H, K, d, accumulate, scratch);
 }
 
-// The bf16 entries: the same schedules with Bf16Kernel; self-attention as above.
-void attention_forward_bf16(float* out, float* lse, const float* q, const float* k, const float* v,
-                            const int32_t* positions, const int32_t* segment_ids, int64_t B, int64_t S,
-                            int64_t H, int64_t K, int64_t d) {
-  context_attention_forward_bf16(out, lse, q, k, v, positions, segment_ids, positions, segment_ids, B, S, S,
-                                 H, K, d, false);
-}
-
-void attention_backward_bf16(float* dq, float* dk, float* dv, const float* dout, const float* out,
-                             const float* lse, const float* q, const float* k, const float* v,
-                             const int32_t* positions, const int32_t* segment_ids, int64_t B, int64_t S,
-                             int64_t H, int64_t K, int64_t d, float* scratch) {
-  context_attention_backward_bf16(dq, dk, dv, dout, out, lse, q, k, v, positions, segment_ids, positions,
-                                  segment_ids, B, S, S, H, K, d, false, scratch);
-}
-
-void context_attention_forward_bf16(float* out, float* lse, const float* q, const float* k, const float* v,
-                                    const int32_t* q_positions, const int32_t* q_segment_ids,
-                                    const int32_t* kv_positions, const int32_t* kv_segment_ids, int64_t B,
-                                    int64_t Sq, int64_t Skv, int64_t H, int64_t K, int64_t d,
-                                    bool accumulate) {
-  check_bf16_attention_cpu();
-  forward_sets<Bf16Kernel>(out, lse, q, k, v,
-                           TokenSets{q_positions, q_segment_ids, kv_positions, kv_segment_ids, Sq, Skv}, B, H,
-                           K, d, accumulate);
-}
-
-void context_attention_backward_bf16(float* dq, float* dk, float* dv, const float* dout, const float* out,
-                                     const float* lse, const float* q, const float* k, const float* v,
-                                     const int32_t* q_positions, const int32_t* q_segment_ids,
-                                     const int32_t* kv_positions, const int32_t* kv_segment_ids, int64_t B,
-                                     int64_t Sq, int64_t Skv, int64_t H, int64_t K, int64_t d,
-                                     bool accumulate, float* scratch) {
-  check_bf16_attention_cpu();
-  backward_sets<Bf16Kernel>(dq, dk, dv, dout, out, lse, q, k, v,
-                            TokenSets{q_positions, q_segment_ids, kv_positions, kv_segment_ids, Sq, Skv}, B,
-                            H, K, d, accumulate, scratch);
-}
-
-// The AMX entries: the same schedules with AmxKernel.
-void attention_forward_amx(float* out, float* lse, const float* q, const float* k, const float* v,
-                           const int32_t* positions, const int32_t* segment_ids, int64_t B, int64_t S,
-                           int64_t H, int64_t K, int64_t d) {
-  context_attention_forward_amx(out, lse, q, k, v, positions, segment_ids, positions, segment_ids, B, S, S, H,
-                                K, d, false);
-}
-
-void attention_backward_amx(float* dq, float* dk, float* dv, const float* dout, const float* out,
-                            const float* lse, const float* q, const float* k, const float* v,
-                            const int32_t* positions, const int32_t* segment_ids, int64_t B, int64_t S,
-                            int64_t H, int64_t K, int64_t d, float* scratch) {
-  context_attention_backward_amx(dq, dk, dv, dout, out, lse, q, k, v, positions, segment_ids, positions,
-                                 segment_ids, B, S, S, H, K, d, false, scratch);
-}
-
-void context_attention_forward_amx(float* out, float* lse, const float* q, const float* k, const float* v,
-                                   const int32_t* q_positions, const int32_t* q_segment_ids,
-                                   const int32_t* kv_positions, const int32_t* kv_segment_ids, int64_t B,
-                                   int64_t Sq, int64_t Skv, int64_t H, int64_t K, int64_t d,
-                                   bool accumulate) {
-  check_amx_attention_cpu();
-  forward_sets<AmxKernel>(out, lse, q, k, v,
-                          TokenSets{q_positions, q_segment_ids, kv_positions, kv_segment_ids, Sq, Skv}, B, H,
-                          K, d, accumulate);
-}
-
-void context_attention_backward_amx(float* dq, float* dk, float* dv, const float* dout, const float* out,
-                                    const float* lse, const float* q, const float* k, const float* v,
-                                    const int32_t* q_positions, const int32_t* q_segment_ids,
-                                    const int32_t* kv_positions, const int32_t* kv_segment_ids, int64_t B,
-                                    int64_t Sq, int64_t Skv, int64_t H, int64_t K, int64_t d, bool accumulate,
-                                    float* scratch) {
-  check_amx_attention_cpu();
-  backward_sets<AmxKernel>(dq, dk, dv, dout, out, lse, q, k, v,
-                           TokenSets{q_positions, q_segment_ids, kv_positions, kv_segment_ids, Sq, Skv}, B, H,
-                           K, d, accumulate, scratch);
+AttentionKernels attention_kernels_with(AttentionProducts products) {
+  switch (products) {
+    case AttentionProducts::float32:  // the named entries, so a table holding them compares equal
+      return {attention_forward, attention_backward, context_attention_forward, context_attention_backward};
+    case AttentionProducts::avx512_bf16:
+      return kernel_set<Bf16Kernel>();
+    case AttentionProducts::amx:
+      return kernel_set<AmxKernel>();
+  }
+  MT_CHECK(false, "an AttentionProducts value");
+  return {};
 }
 
 int64_t context_attention_backward_scratch_floats(int64_t B, int64_t Sq, int64_t H) {

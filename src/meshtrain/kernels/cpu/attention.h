@@ -89,28 +89,20 @@ ContextAttentionBackward context_attention_backward;
 // Floats of scratch context_attention_backward needs: B*H*Sq.
 ContextAttentionBackwardScratchFloats context_attention_backward_scratch_floats;
 
-// dtype=bfloat16: the four kernels above with every matrix product in bf16 (q, k, v, dout stay float32 in
-// memory and are rounded to bf16 as tiles are packed; P and dS are rounded to bf16 for the products that
-// take them; each product accumulates in float32, and the softmax statistics, lse and rowsum(dout * out)
-// stay float32). Same arguments, layouts, masks, scratch, accumulate semantics and determinism (bitwise
-// independent of the thread count) as the float32 entries; needs AVX512-BF16 (vdpbf16ps), checked at run
-// time. Any head width and sequence length (see attention.cpp, "bf16 products").
-AttentionForward attention_forward_bf16;
-AttentionBackward attention_backward_bf16;
-ContextAttentionForward context_attention_forward_bf16;
-ContextAttentionBackward context_attention_backward_bf16;
-
-// The four bf16 entries above with the products on AMX tiles (_tile_dpbf16ps, float32 accumulation), for
-// CPUs with AMX-BF16 (and AVX512-BF16, used to pack): same arguments, layouts, masks, scratch, accumulate
-// semantics and rounding points (q, k, v, dout rounded when packed, P and dS for the products that take
-// them), deterministic and bitwise independent of the thread count; any head width and sequence length.
-// Each thread keeps bf16 copies of the token tiles it packed for the whole call (linear in S; see
-// attention.cpp, "bf16 products on AMX tiles"). The cpu table runs these under dtype=bfloat16 where the
-// CPU has AMX (cpu/backend.cpp).
-AttentionForward attention_forward_amx;
-AttentionBackward attention_backward_amx;
-ContextAttentionForward context_attention_forward_amx;
-ContextAttentionBackward context_attention_backward_amx;
+// The four kernels above, as a set, with their matrix products of one kind:
+// - float32: the entries above.
+// - avx512_bf16 (dtype=bfloat16; needs AVX512-BF16, vdpbf16ps): every product in bf16 (q, k, v, dout stay
+//   float32 in memory and are rounded to bf16 as tiles are packed; P and dS are rounded to bf16 for the
+//   products that take them; each product accumulates in float32, and the softmax statistics, lse and
+//   rowsum(dout * out) stay float32). Any head width and sequence length (attention.cpp, "bf16 products").
+// - amx (dtype=bfloat16 on CPUs with AMX-BF16, and AVX512-BF16 to pack): the same rounding points with the
+//   products on AMX tiles (_tile_dpbf16ps, float32 accumulation). Each thread keeps bf16 copies of the token
+//   tiles it packed for the whole call (linear in S; attention.cpp, "bf16 products on AMX tiles").
+// Every kind takes the same arguments, layouts, masks, scratch and accumulate semantics, and is
+// deterministic and bitwise independent of the thread count; each checks at run time that the CPU can run
+// it. The cpu table picks the kind it runs under dtype=bfloat16 (cpu/backend.cpp).
+enum class AttentionProducts { float32, avx512_bf16, amx };
+AttentionKernels attention_kernels_with(AttentionProducts products);
 
 namespace attention_detail {
 

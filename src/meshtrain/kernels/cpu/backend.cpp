@@ -44,21 +44,16 @@ DType compute_dtype_matmul_inputs(DType compute) {
 // model 207) vdpbf16ps runs at a quarter of vfmadd's instruction rate, and the vdpbf16ps kernels ran at
 // 0.65-0.75x of the float32 ones there (bench/README.md, "Attention: bf16 products"), so they never run on
 // an AMX CPU. (The engine refuses dtype=bfloat16 on a CPU with neither AVX512-BF16 nor AMX.)
-Bf16AttentionKernels bf16_attention_kernels(const CpuFeatures& cpu) {
-  if (cpu.amx_bf16 && cpu.avx512_bf16) return Bf16AttentionKernels::amx;
-  if (cpu.avx512_bf16 && !cpu.amx_bf16 && !cpu.amx_refused_by_os) return Bf16AttentionKernels::avx512_bf16;
-  return Bf16AttentionKernels::float32;
+AttentionProducts bf16_attention_products(const CpuFeatures& cpu) {
+  if (cpu.amx_bf16 && cpu.avx512_bf16) return AttentionProducts::amx;
+  if (cpu.avx512_bf16 && !cpu.amx_bf16 && !cpu.amx_refused_by_os) return AttentionProducts::avx512_bf16;
+  return AttentionProducts::float32;
 }
 
 const KernelBackend& cpu_backend() {
   // Designated initialisers in declaration order; tests/unit/kernels/test_backend.cpp checks that no entry
   // is left null.
-  const Bf16AttentionKernels bf16_attention = bf16_attention_kernels(cpu_features());
-  const auto pick = [&](auto amx, auto bf16, auto float32) {
-    return bf16_attention == Bf16AttentionKernels::amx           ? amx
-           : bf16_attention == Bf16AttentionKernels::avx512_bf16 ? bf16
-                                                                 : float32;
-  };
+  const AttentionKernels bf16_attention = attention_kernels_with(bf16_attention_products(cpu_features()));
   static const KernelBackend table{
       .name = "cpu",
       .device_check = host_device_check,
@@ -107,12 +102,10 @@ const KernelBackend& cpu_backend() {
       .context_attention_backward = context_attention_backward,
       .context_attention_backward_scratch_floats = context_attention_backward_scratch_floats,
       .attention_decode = attention_decode,
-      .attention_forward_bf16 = pick(attention_forward_amx, attention_forward_bf16, attention_forward),
-      .attention_backward_bf16 = pick(attention_backward_amx, attention_backward_bf16, attention_backward),
-      .context_attention_forward_bf16 =
-          pick(context_attention_forward_amx, context_attention_forward_bf16, context_attention_forward),
-      .context_attention_backward_bf16 =
-          pick(context_attention_backward_amx, context_attention_backward_bf16, context_attention_backward),
+      .attention_forward_bf16 = bf16_attention.forward,
+      .attention_backward_bf16 = bf16_attention.backward,
+      .context_attention_forward_bf16 = bf16_attention.context_forward,
+      .context_attention_backward_bf16 = bf16_attention.context_backward,
       .moe_router_forward = moe_router_forward,
       .moe_router_backward = moe_router_backward,
       .moe_balance_loss_forward = moe_balance_loss_forward,

@@ -3,6 +3,7 @@
 
 #include "meshtrain/core/cpu_features.h"
 #include "meshtrain/kernels/backend.h"
+#include "meshtrain/kernels/cpu/attention.h"
 
 namespace meshtrain::kernels {
 
@@ -10,7 +11,6 @@ const KernelBackend& cpu_backend();
 
 // Which attention kernels the cpu table runs under dtype=bfloat16 on a CPU with these features (see
 // backend.cpp for why).
-enum class Bf16AttentionKernels { amx, avx512_bf16, float32 };
-Bf16AttentionKernels bf16_attention_kernels(const CpuFeatures& cpu);
+AttentionProducts bf16_attention_products(const CpuFeatures& cpu);
 
 }  // namespace meshtrain::kernels
