@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <tuple>
 #include <vector>
 
@@ -21,18 +22,31 @@ namespace {
 
 // The oneDNN C functions the engine calls, looked up in the library loaded at run time. The header gives
 // their exact types; the soname (libdnnl.so.2) pins the 2.x interface the header describes.
-#define MESHTRAIN_ONEDNN_FUNCTIONS(X)                                                                   \
-  X(dnnl_version)                                                                                       \
-  X(dnnl_get_effective_cpu_isa)                                                                         \
-  X(dnnl_sgemm)                                                                                         \
-  X(dnnl_engine_create)                                                                                 \
-  X(dnnl_stream_create)                                                                                 \
-  X(dnnl_stream_wait)                                                                                   \
-  X(dnnl_memory_desc_init_by_strides) X(dnnl_matmul_desc_init) X(dnnl_primitive_attr_create)            \
-      X(dnnl_primitive_attr_destroy) X(dnnl_post_ops_create) X(dnnl_post_ops_destroy)                   \
-          X(dnnl_post_ops_append_sum) X(dnnl_primitive_attr_set_post_ops) X(dnnl_primitive_desc_create) \
-              X(dnnl_primitive_desc_destroy) X(dnnl_primitive_create) X(dnnl_memory_create)             \
-                  X(dnnl_memory_destroy) X(dnnl_primitive_execute) X(dnnl_primitive_desc_query)
+#define MESHTRAIN_ONEDNN_FUNCTIONS(X)                                                           \
+  X(dnnl_version)                                                                               \
+  X(dnnl_get_effective_cpu_isa)                                                                 \
+  X(dnnl_sgemm)                                                                                 \
+  X(dnnl_engine_create)                                                                         \
+  X(dnnl_stream_create)                                                                         \
+  X(dnnl_stream_wait)                                                                           \
+  X(dnnl_memory_desc_init_by_strides)                                                           \
+  X(dnnl_matmul_desc_init)                                                                      \
+  X(dnnl_primitive_attr_create) X(dnnl_primitive_attr_destroy) X(dnnl_post_ops_create)          \
+      X(dnnl_post_ops_destroy) X(dnnl_post_ops_append_sum) X(dnnl_primitive_attr_set_post_ops)  \
+          X(dnnl_primitive_desc_create) X(dnnl_primitive_desc_destroy) X(dnnl_primitive_create) \
+              X(dnnl_memory_create) X(dnnl_memory_destroy) X(dnnl_primitive_execute)            \
+                  X(dnnl_primitive_desc_query) X(dnnl_memory_desc_init_by_tag)                  \
+                      X(dnnl_primitive_desc_query_md) X(dnnl_memory_desc_get_size)              \
+                          X(dnnl_reorder_primitive_desc_create)
+
+// A bf16 matmul whose B arrives in float32: one reorder rounds B into the layout the matmul's kernel reads
+// (format_tag any: oneDNN's blocked, VNNI-interleaved weights), so the product copies nothing of B itself.
+struct PackedBMatmul {
+  dnnl_primitive_t reorder = nullptr;  // float32 B (its strides) -> bf16 in the matmul's layout
+  dnnl_primitive_t matmul = nullptr;
+  dnnl_memory_desc_t src{}, b_float32{}, b_packed{}, dst{};
+  size_t packed_bytes = 0;
+};
 
 struct OneDnn {
 #define MESHTRAIN_DECLARE(name) decltype(&::name) name = nullptr;
@@ -40,10 +54,11 @@ struct OneDnn {
 #undef MESHTRAIN_DECLARE
   dnnl_engine_t engine = nullptr;
   dnnl_stream_t stream = nullptr;
-  // One matmul primitive per (input type, M, N, K, lda, ldb, ldc, accumulate), created on first use.
-  std::map<std::tuple<dnnl_data_type_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool>,
-           dnnl_primitive_t>
-      matmuls;
+  // One matmul primitive per (input type, M, N, K, lda, ldb, ldc, accumulate), created on first use; the
+  // same key (input type bf16) for the packed-B ones, whose entry is empty where oneDNN has no such product.
+  using MatmulKey = std::tuple<dnnl_data_type_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool>;
+  std::map<MatmulKey, dnnl_primitive_t> matmuls;
+  std::map<MatmulKey, std::optional<PackedBMatmul>> packed_b_matmuls;
   std::mutex matmul_mutex;  // guards the cache and the stream (tests call kernels from several threads)
 };
 
@@ -107,7 +122,8 @@ OneDnn* load_onednn(std::string& why) {
 }
 
 OneDnn* g_onednn = nullptr;
-bool g_onednn_bf16 = false;  // oneDNN's bf16 matmul runs and agrees with the reference
+bool g_onednn_bf16 = false;      // oneDNN's bf16 matmul runs and agrees with the reference
+bool g_onednn_packed_b = false;  // and so does its packed-B form (onednn_matmul_packed_b)
 
 // The matmul primitive for these inputs (f32 or bf16; the output is f32), created on first use; nullptr when
 // oneDNN has no implementation (bf16 on a CPU without bf16 instructions). `implementation`, when given, gets
@@ -186,6 +202,88 @@ bool onednn_matmul(OneDnn& dnn, dnnl_data_type_t input_type, bool transpose_a, b
   return true;
 }
 
+// The packed-B matmul for this shape, created on first use; nullptr when oneDNN has none (no bf16 kernel
+// for this CPU or shape, or no reorder into its layout).
+const PackedBMatmul* onednn_packed_b_matmul(OneDnn& dnn, bool transpose_a, bool transpose_b, int64_t M,
+                                            int64_t N, int64_t K, int64_t lda, int64_t ldb, bool accumulate,
+                                            int64_t ldc) {
+  const OneDnn::MatmulKey key{dnnl_bf16, M,         N, K, transpose_a ? -lda : lda, transpose_b ? -ldb : ldb,
+                              ldc,       accumulate};
+  if (const auto cached = dnn.packed_b_matmuls.find(key); cached != dnn.packed_b_matmuls.end())
+    return cached->second ? &*cached->second : nullptr;
+  std::optional<PackedBMatmul>& entry = dnn.packed_b_matmuls[key];
+  PackedBMatmul packed;
+  const dnnl_dims_t src_dims = {M, K}, weight_dims = {K, N}, dst_dims = {M, N};
+  const dnnl_dims_t src_strides = {transpose_a ? 1 : lda, transpose_a ? lda : 1};
+  const dnnl_dims_t weight_strides = {transpose_b ? 1 : ldb, transpose_b ? ldb : 1};
+  const dnnl_dims_t dst_strides = {ldc, 1};
+  dnnl_memory_desc_t weights_any{};
+  check_onednn(dnn.dnnl_memory_desc_init_by_strides(&packed.src, 2, src_dims, dnnl_bf16, src_strides), "src");
+  check_onednn(
+      dnn.dnnl_memory_desc_init_by_strides(&packed.b_float32, 2, weight_dims, dnnl_f32, weight_strides), "B");
+  check_onednn(dnn.dnnl_memory_desc_init_by_tag(&weights_any, 2, weight_dims, dnnl_bf16, dnnl_format_tag_any),
+               "weights any");
+  check_onednn(dnn.dnnl_memory_desc_init_by_strides(&packed.dst, 2, dst_dims, dnnl_f32, dst_strides), "dst");
+  dnnl_matmul_desc_t desc{};
+  check_onednn(dnn.dnnl_matmul_desc_init(&desc, &packed.src, &weights_any, nullptr, &packed.dst), "matmul");
+  dnnl_primitive_attr_t attr = nullptr;
+  check_onednn(dnn.dnnl_primitive_attr_create(&attr), "attr");
+  if (accumulate) {  // C += : a sum post-op
+    dnnl_post_ops_t post_ops = nullptr;
+    check_onednn(dnn.dnnl_post_ops_create(&post_ops), "post ops");
+    check_onednn(dnn.dnnl_post_ops_append_sum(post_ops, 1.0f), "sum post op");
+    check_onednn(dnn.dnnl_primitive_attr_set_post_ops(attr, post_ops), "set post ops");
+    dnn.dnnl_post_ops_destroy(post_ops);
+  }
+  dnnl_primitive_desc_t matmul_desc = nullptr;
+  const dnnl_status_t status = dnn.dnnl_primitive_desc_create(&matmul_desc, &desc, attr, dnn.engine, nullptr);
+  dnn.dnnl_primitive_attr_destroy(attr);
+  if (status == dnnl_unimplemented) return nullptr;
+  check_onednn(status, "packed-B matmul primitive desc");
+  packed.b_packed = *dnn.dnnl_primitive_desc_query_md(matmul_desc, dnnl_query_weights_md, 0);
+  packed.packed_bytes = dnn.dnnl_memory_desc_get_size(&packed.b_packed);
+  dnnl_primitive_desc_t reorder_desc = nullptr;
+  const dnnl_status_t reorder_status = dnn.dnnl_reorder_primitive_desc_create(
+      &reorder_desc, &packed.b_float32, dnn.engine, &packed.b_packed, dnn.engine, nullptr);
+  if (reorder_status != dnnl_success) {
+    dnn.dnnl_primitive_desc_destroy(matmul_desc);
+    if (reorder_status == dnnl_unimplemented) return nullptr;
+    check_onednn(reorder_status, "reorder primitive desc");
+  }
+  check_onednn(dnn.dnnl_primitive_create(&packed.matmul, matmul_desc), "packed-B matmul primitive");
+  check_onednn(dnn.dnnl_primitive_create(&packed.reorder, reorder_desc), "reorder primitive");
+  dnn.dnnl_primitive_desc_destroy(matmul_desc);
+  dnn.dnnl_primitive_desc_destroy(reorder_desc);
+  entry = packed;
+  return &*entry;
+}
+
+// C = op(A) op(B) with A in bf16 and B in float32, B rounded by oneDNN's reorder into `b_scratch` in the
+// matmul's layout. False (nothing written) when oneDNN has no such product or its layout needs more than
+// `b_scratch_bytes`.
+bool onednn_matmul_packed_b(OneDnn& dnn, bool transpose_a, bool transpose_b, int64_t M, int64_t N, int64_t K,
+                            const uint16_t* A, int64_t lda, const float* B, int64_t ldb, bool accumulate,
+                            float* C, int64_t ldc, uint16_t* b_scratch, size_t b_scratch_bytes) {
+  std::lock_guard<std::mutex> lock(dnn.matmul_mutex);
+  const PackedBMatmul* packed =
+      onednn_packed_b_matmul(dnn, transpose_a, transpose_b, M, N, K, lda, ldb, accumulate, ldc);
+  if (packed == nullptr || packed->packed_bytes > b_scratch_bytes) return false;
+  dnnl_memory_t b_float32 = nullptr, b_packed = nullptr, src = nullptr, dst = nullptr;
+  check_onednn(dnn.dnnl_memory_create(&b_float32, &packed->b_float32, dnn.engine, const_cast<float*>(B)),
+               "B");
+  check_onednn(dnn.dnnl_memory_create(&b_packed, &packed->b_packed, dnn.engine, b_scratch), "packed B");
+  check_onednn(dnn.dnnl_memory_create(&src, &packed->src, dnn.engine, const_cast<uint16_t*>(A)), "src");
+  check_onednn(dnn.dnnl_memory_create(&dst, &packed->dst, dnn.engine, C), "dst");
+  const dnnl_exec_arg_t reorder_arguments[2] = {{DNNL_ARG_FROM, b_float32}, {DNNL_ARG_TO, b_packed}};
+  check_onednn(dnn.dnnl_primitive_execute(packed->reorder, dnn.stream, 2, reorder_arguments), "reorder");
+  const dnnl_exec_arg_t matmul_arguments[3] = {
+      {DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, b_packed}, {DNNL_ARG_DST, dst}};
+  check_onednn(dnn.dnnl_primitive_execute(packed->matmul, dnn.stream, 3, matmul_arguments), "packed matmul");
+  check_onednn(dnn.dnnl_stream_wait(dnn.stream), "stream wait");
+  for (dnnl_memory_t memory : {b_float32, b_packed, src, dst}) dnn.dnnl_memory_destroy(memory);
+  return true;
+}
+
 // oneDNN's two entry points differ by layout (bench/run_gemm.sh, 2 threads, AMD Zen 5): dnnl_sgemm reaches
 // 0.63x of the best library when B is transposed (256x768x3072) but is the fastest with B as stored; the
 // matmul primitive is within 0.97x of the best with B transposed and 0.68x with B as stored (256x768x50304).
@@ -218,8 +316,11 @@ void reference_gemm_threaded(bool transpose_a, bool transpose_b, int64_t M, int6
 
 // A small product with exact small-integer sums (exact in bfloat16 too), through every layout: a library that
 // computes wrong results on this CPU is not used. With bf16, through the bf16 matmul primitive (whose kernel
-// name goes to `bf16_implementation`); false when it has none.
-bool onednn_agrees_with_reference(OneDnn& dnn, bool bf16, std::string* bf16_implementation = nullptr) {
+// name goes to `bf16_implementation`); false when it has none. `packed_b_agrees` (bf16 only) is set to
+// whether the packed-B product (onednn_matmul_packed_b) exists and agrees too.
+bool onednn_agrees_with_reference(OneDnn& dnn, bool bf16, std::string* bf16_implementation = nullptr,
+                                  bool* packed_b_agrees = nullptr) {
+  if (packed_b_agrees != nullptr) *packed_b_agrees = true;
   constexpr int64_t M = 19, N = 23, K = 37;
   std::vector<float> a(M * K), b(K * N), expected(M * N), found(M * N);
   for (int64_t i = 0; i < M * K; ++i) a[i] = static_cast<float>((i * 7) % 11) - 5.0f;
@@ -241,14 +342,25 @@ bool onednn_agrees_with_reference(OneDnn& dnn, bool bf16, std::string* bf16_impl
         const int64_t lda = ta ? M : K, ldb = tb ? K : N;
         for (int64_t i = 0; i < M * N; ++i) expected[i] = found[i] = static_cast<float>(i % 3);
         gemm_reference(ta, tb, M, N, K, a.data(), lda, b.data(), ldb, accumulate, expected.data(), N);
-        if (bf16) {
-          if (!onednn_matmul(dnn, dnnl_bf16, ta, tb, M, N, K, a_bf16.data(), lda, b_bf16.data(), ldb,
-                             accumulate, found.data(), N))
-            return false;
-        } else {
+        if (!bf16) {
           onednn_gemm(dnn, ta, tb, M, N, K, a.data(), lda, b.data(), ldb, accumulate, found.data(), N);
+          if (expected != found) return false;
+          continue;
         }
-        if (expected != found) return false;
+        if (!onednn_matmul(dnn, dnnl_bf16, ta, tb, M, N, K, a_bf16.data(), lda, b_bf16.data(), ldb,
+                           accumulate, found.data(), N) ||
+            expected != found)
+          return false;
+        if (packed_b_agrees != nullptr && *packed_b_agrees) {
+          // The packed-B product (B in float32, rounded by oneDNN's reorder), with a scratch large enough for
+          // any padding of its layout at this small shape.
+          for (int64_t i = 0; i < M * N; ++i) found[i] = static_cast<float>(i % 3);
+          std::vector<uint16_t> b_scratch(4 * (K + 64) * (N + 64));
+          *packed_b_agrees = onednn_matmul_packed_b(dnn, ta, tb, M, N, K, a_bf16.data(), lda, b.data(), ldb,
+                                                    accumulate, found.data(), N, b_scratch.data(),
+                                                    b_scratch.size() * sizeof(uint16_t)) &&
+                             expected == found;
+        }
       }
     }
   }
@@ -297,7 +409,8 @@ GemmBackend choose_backend() {
   }
   g_onednn = dnn;
   // bf16 inputs: oneDNN's kernel for them when it has one that agrees with the reference.
-  g_onednn_bf16 = onednn_agrees_with_reference(*dnn, true, &backend.bf16_isa);
+  g_onednn_bf16 = onednn_agrees_with_reference(*dnn, true, &backend.bf16_isa, &g_onednn_packed_b);
+  g_onednn_packed_b = g_onednn_bf16 && g_onednn_packed_b;
   if (!g_onednn_bf16) backend.bf16_isa = "reference (oneDNN has no bf16 matmul for this CPU)";
   const dnnl_version_t* version = dnn->dnnl_version();
   const dnnl_cpu_isa_t isa = dnn->dnnl_get_effective_cpu_isa();
@@ -359,6 +472,22 @@ void gemm_bf16(bool transpose_a, bool transpose_b, int64_t M, int64_t N, int64_t
                      ldc)) {
     reference_gemm_threaded(transpose_a, transpose_b, M, N, K, A, lda, B, ldb, accumulate, C, ldc);
   }
+}
+
+void gemm_bf16_float32_b(bool transpose_a, bool transpose_b, int64_t M, int64_t N, int64_t K,
+                         const uint16_t* A, int64_t lda, const float* B, int64_t ldb, bool accumulate,
+                         float* C, int64_t ldc, uint16_t* b_scratch) {
+  if (empty_product(M, N, K, accumulate, C, ldc)) return;
+  gemm_backend();
+  if (g_onednn != nullptr && g_onednn_packed_b &&
+      onednn_matmul_packed_b(*g_onednn, transpose_a, transpose_b, M, N, K, A, lda, B, ldb, accumulate, C, ldc,
+                             b_scratch, static_cast<size_t>(K * N) * sizeof(uint16_t))) {
+    return;
+  }
+  // Rounded as stored (row-major [K, N], or [N, K] when transposed), then the plain bf16 product.
+  const int64_t rows = transpose_b ? N : K, cols = transpose_b ? K : N;
+  round_to_bfloat16(B, rows, cols, ldb, b_scratch);
+  gemm_bf16(transpose_a, transpose_b, M, N, K, A, lda, b_scratch, cols, accumulate, C, ldc);
 }
 
 }  // namespace meshtrain::kernels

@@ -44,12 +44,10 @@ void bias_gradient(float* dbias, const float* dout, int64_t N, int64_t O) {
 void backward_bf16(float* dx, float* dw, const float* dout, const uint16_t* x_bf16, const float* w, int64_t N,
                    int64_t I, int64_t O, bool accumulate_dx, uint16_t* scratch) {
   uint16_t* dout_bf16 = scratch;       // [N, O]
-  uint16_t* w_bf16 = scratch + N * O;  // [I, O]
+  uint16_t* w_bf16 = scratch + N * O;  // [I, O] elements, in the GEMM's layout
   round_to_bfloat16(dout, N, O, O, dout_bf16);
-  if (dx != nullptr) {
-    round_to_bfloat16(w, I, O, O, w_bf16);
-    gemm_bf16(false, true, N, I, O, dout_bf16, O, w_bf16, O, accumulate_dx, dx, I);
-  }
+  if (dx != nullptr)
+    gemm_bf16_float32_b(false, true, N, I, O, dout_bf16, O, w, O, accumulate_dx, dx, I, w_bf16);
   if (dw != nullptr) gemm_bf16(true, false, I, O, N, x_bf16, I, dout_bf16, O, true, dw, O);
 }
 
@@ -87,9 +85,8 @@ void matmul_forward(float* out, const float* x, const float* w, const float* bia
 void matmul_forward_bf16_x(float* out, const uint16_t* x, const float* w, const float* bias, int64_t N,
                            int64_t I, int64_t O, uint16_t* bf16_inputs) {
   if (!start_output(out, bias, N, I, O)) return;
-  uint16_t* w_bf16 = bf16_inputs;  // [I, O]
-  round_to_bfloat16(w, I, O, O, w_bf16);
-  gemm_bf16(false, false, N, O, I, x, I, w_bf16, O, bias != nullptr, out, O);
+  uint16_t* w_bf16 = bf16_inputs;  // [I, O] elements, in the GEMM's layout
+  gemm_bf16_float32_b(false, false, N, O, I, x, I, w, O, bias != nullptr, out, O, w_bf16);
 }
 
 void matmul_backward(float* dx, float* dw, float* dbias, const float* dout, const float* x, const float* w,
