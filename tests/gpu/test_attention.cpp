@@ -243,34 +243,60 @@ TEST(CudaAttention, MatchesCpuAcrossHeadWidths) {
   }
 }
 
-// No atomics: the same inputs give bitwise the same outputs, run after run.
+// One problem's device inputs (normal values, q twice as large: a sharper softmax), dout, and the outputs of
+// forward and backward (the backward taking the forward's out and lse), for the tests that run the CUDA
+// kernels without a cpu comparison.
+struct DeviceProblem {
+  DeviceProblem(const Shape& problem_shape, const Tokens& tokens)
+      : shape(problem_shape),
+        inputs(normal_values(q_count(), 1, 2.0f), normal_values(kv_count(), 2), normal_values(kv_count(), 3),
+               tokens),
+        dout(normal_values(q_count(), 4)),
+        out(q_count()),
+        lse(lse_count()),
+        dq(q_count()),
+        dk(kv_count()),
+        dv(kv_count()),
+        scratch(lse_count()) {}
+  size_t q_count() const { return static_cast<size_t>(shape.B * shape.S * shape.H * shape.d); }
+  size_t kv_count() const { return static_cast<size_t>(shape.B * shape.S * shape.K * shape.d); }
+  size_t lse_count() const { return static_cast<size_t>(shape.B * shape.H * shape.S); }
+  void forward(kernels::AttentionForward* kernel) {
+    kernel(out.get(), lse.get(), inputs.q.get(), inputs.k.get(), inputs.v.get(), inputs.positions.get(),
+           inputs.segment_ids(), shape.B, shape.S, shape.H, shape.K, shape.d);
+  }
+  void backward(kernels::AttentionBackward* kernel) {
+    kernel(dq.get(), dk.get(), dv.get(), dout.get(), out.get(), lse.get(), inputs.q.get(), inputs.k.get(),
+           inputs.v.get(), inputs.positions.get(), inputs.segment_ids(), shape.B, shape.S, shape.H, shape.K,
+           shape.d, scratch.get());
+  }
+  std::vector<std::vector<float>> results() const {
+    return {out.read(), lse.read(), dq.read(), dk.read(), dv.read()};
+  }
+
+  Shape shape;
+  DeviceInputs inputs;
+  DeviceBuffer<float> dout, out, lse, dq, dk, dv, scratch;  // scratch [B, H, S]
+};
+
+// No atomics, a fixed order in every sum: forward and backward run twice on the same inputs give bitwise the
+// same outputs.
+void expect_deterministic(kernels::AttentionForward* forward, kernels::AttentionBackward* backward,
+                          const Shape& shape) {
+  SCOPED_TRACE(describe(shape));
+  DeviceProblem problem(shape, shuffled(packed_tokens(shape, 7), shape, 8));
+  problem.forward(forward);
+  problem.backward(backward);
+  const std::vector<std::vector<float>> first = problem.results();
+  problem.forward(forward);
+  problem.backward(backward);
+  const std::vector<std::vector<float>> second = problem.results();
+  for (size_t i = 0; i < first.size(); ++i) EXPECT_TRUE(first[i] == second[i]) << "output " << i;
+}
+
 TEST(CudaAttention, IsDeterministic) {
   MT_REQUIRE_GPU();
-  const Shape shape{2, 150, 8, 2, 64};
-  const Tokens tokens = shuffled(packed_tokens(shape, 7), shape, 8);
-  const auto q_count = static_cast<size_t>(shape.B * shape.S * shape.H * shape.d);
-  const auto kv_count = static_cast<size_t>(shape.B * shape.S * shape.K * shape.d);
-  const auto lse_count = static_cast<size_t>(shape.B * shape.H * shape.S);
-  const DeviceInputs inputs(normal_values(q_count, 1, 2.0f), normal_values(kv_count, 2),
-                            normal_values(kv_count, 3), tokens);
-  const DeviceBuffer<float> dout(normal_values(q_count, 4));
-  DeviceBuffer<float> out(q_count), lse(lse_count), dq(q_count), dk(kv_count), dv(kv_count),
-      scratch(lse_count);
-  std::vector<std::vector<float>> first;
-  for (int run = 0; run < 2; ++run) {
-    cuda().attention_forward(out.get(), lse.get(), inputs.q.get(), inputs.k.get(), inputs.v.get(),
-                             inputs.positions.get(), inputs.segment_ids(), shape.B, shape.S, shape.H, shape.K,
-                             shape.d);
-    cuda().attention_backward(dq.get(), dk.get(), dv.get(), dout.get(), out.get(), lse.get(), inputs.q.get(),
-                              inputs.k.get(), inputs.v.get(), inputs.positions.get(), inputs.segment_ids(),
-                              shape.B, shape.S, shape.H, shape.K, shape.d, scratch.get());
-    const std::vector<std::vector<float>> results{out.read(), lse.read(), dq.read(), dk.read(), dv.read()};
-    if (run == 0) {
-      first = results;
-      continue;
-    }
-    for (size_t i = 0; i < results.size(); ++i) EXPECT_TRUE(results[i] == first[i]) << "output " << i;
-  }
+  expect_deterministic(cuda().attention_forward, cuda().attention_backward, {2, 150, 8, 2, 64});
 }
 
 // Head widths above 256 are refused before any launch.
@@ -407,38 +433,11 @@ TEST(CudaAttentionBf16, WithinBf16BoundWithShuffledPositions) {
   }
 }
 
-// No atomics, a fixed order in every sum: the same inputs give bitwise the same outputs, run after run, for
-// both widths and GQA.
+// Both widths, GQA, packed documents in a shuffled order.
 TEST(CudaAttentionBf16, IsDeterministic) {
   MT_REQUIRE_GPU();
-  for (const Shape& shape : {Shape{2, 150, 8, 2, 64}, Shape{1, 133, 4, 2, 128}}) {
-    SCOPED_TRACE(describe(shape));
-    const Tokens tokens = shuffled(packed_tokens(shape, 7), shape, 8);
-    const auto q_count = static_cast<size_t>(shape.B * shape.S * shape.H * shape.d);
-    const auto kv_count = static_cast<size_t>(shape.B * shape.S * shape.K * shape.d);
-    const auto lse_count = static_cast<size_t>(shape.B * shape.H * shape.S);
-    const DeviceInputs inputs(normal_values(q_count, 1, 2.0f), normal_values(kv_count, 2),
-                              normal_values(kv_count, 3), tokens);
-    const DeviceBuffer<float> dout(normal_values(q_count, 4));
-    DeviceBuffer<float> out(q_count), lse(lse_count), dq(q_count), dk(kv_count), dv(kv_count),
-        scratch(lse_count);
-    std::vector<std::vector<float>> first;
-    for (int run = 0; run < 2; ++run) {
-      cuda().attention_forward_bf16(out.get(), lse.get(), inputs.q.get(), inputs.k.get(), inputs.v.get(),
-                                    inputs.positions.get(), inputs.segment_ids(), shape.B, shape.S, shape.H,
-                                    shape.K, shape.d);
-      cuda().attention_backward_bf16(dq.get(), dk.get(), dv.get(), dout.get(), out.get(), lse.get(),
-                                     inputs.q.get(), inputs.k.get(), inputs.v.get(), inputs.positions.get(),
-                                     inputs.segment_ids(), shape.B, shape.S, shape.H, shape.K, shape.d,
-                                     scratch.get());
-      const std::vector<std::vector<float>> results{out.read(), lse.read(), dq.read(), dk.read(), dv.read()};
-      if (run == 0) {
-        first = results;
-        continue;
-      }
-      for (size_t i = 0; i < results.size(); ++i) EXPECT_TRUE(results[i] == first[i]) << "output " << i;
-    }
-  }
+  for (const Shape& shape : {Shape{2, 150, 8, 2, 64}, Shape{1, 133, 4, 2, 128}})
+    expect_deterministic(cuda().attention_forward_bf16, cuda().attention_backward_bf16, shape);
 }
 
 // ---- speed (printed, never a failure) ----
@@ -472,14 +471,7 @@ TEST(CudaAttentionTiming, ModelShapes) {
   for (const Case& c :
        {Case{"gpt2-124m", {16, 1024, 12, 12, 64}}, Case{"qwen3-0.6b", {8, 1024, 16, 8, 128}}}) {
     const Shape& shape = c.shape;
-    const auto q_count = static_cast<size_t>(shape.B * shape.S * shape.H * shape.d);
-    const auto kv_count = static_cast<size_t>(shape.B * shape.S * shape.K * shape.d);
-    const auto lse_count = static_cast<size_t>(shape.B * shape.H * shape.S);
-    const DeviceInputs inputs(normal_values(q_count, 1), normal_values(kv_count, 2),
-                              normal_values(kv_count, 3), plain_tokens(shape));
-    const DeviceBuffer<float> dout(normal_values(q_count, 4));
-    DeviceBuffer<float> out(q_count), lse(lse_count), dq(q_count), dk(kv_count), dv(kv_count),
-        scratch(lse_count);
+    DeviceProblem problem(shape, plain_tokens(shape));
     const double forward_flops = 2.0 * static_cast<double>(shape.B * shape.H * shape.S * shape.S * shape.d);
     const struct {
       const char* dtype;
@@ -488,15 +480,8 @@ TEST(CudaAttentionTiming, ModelShapes) {
     } entries[] = {{"float32", cuda().attention_forward, cuda().attention_backward},
                    {"bf16", cuda().attention_forward_bf16, cuda().attention_backward_bf16}};
     for (const auto& entry : entries) {
-      const double forward = seconds_per_call([&] {
-        entry.forward(out.get(), lse.get(), inputs.q.get(), inputs.k.get(), inputs.v.get(),
-                      inputs.positions.get(), nullptr, shape.B, shape.S, shape.H, shape.K, shape.d);
-      });
-      const double backward = seconds_per_call([&] {
-        entry.backward(dq.get(), dk.get(), dv.get(), dout.get(), out.get(), lse.get(), inputs.q.get(),
-                       inputs.k.get(), inputs.v.get(), inputs.positions.get(), nullptr, shape.B, shape.S,
-                       shape.H, shape.K, shape.d, scratch.get());
-      });
+      const double forward = seconds_per_call([&] { problem.forward(entry.forward); });
+      const double backward = seconds_per_call([&] { problem.backward(entry.backward); });
       std::printf("attention speed %s %s (%s): forward %.3f ms %.0f GFLOP/s, backward %.3f ms %.0f GFLOP/s\n",
                   c.model, describe(shape).c_str(), entry.dtype, forward * 1e3, forward_flops / forward / 1e9,
                   backward * 1e3, 2.5 * forward_flops / backward / 1e9);

@@ -545,12 +545,6 @@ struct Tiles {
   static constexpr int backward_rows = D <= 64 ? 64 : 32, backward_cols = D <= 64 ? 64 : 32;
 };
 
-// Opts a kernel into `bytes` of dynamic shared memory (above the 48 KB default); once per instantiation.
-template <class Kernel>
-void allow_shared_memory(Kernel kernel, size_t bytes) {
-  MT_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
-}
-
 template <int D>
 void forward_launch(float* out, float* lse, const float* q, const float* k, const float* v,
                     const int32_t* positions, const int32_t* segment_ids, int64_t B, int64_t S, int64_t H,

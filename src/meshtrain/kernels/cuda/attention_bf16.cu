@@ -184,12 +184,55 @@ __device__ Place place_of(int b, int g, const int32_t* positions, const int32_t*
                segment_ids == nullptr ? nullptr : segment_ids + static_cast<int64_t>(b) * S};
 }
 
+// A block of the forward or dq kernel: query tile `blockIdx.x` (later tiles first: they see more keys) of Br
+// rows of query head h = blockIdx.y of sequence b = blockIdx.z.
+struct QueryTilePlace {
+  Place at;
+  int h, i0, rows;    // query head, the tile's first row and its number of rows
+  int64_t q_offset;   // q row i0 of head h
+  int64_t kv_offset;  // k / v row 0 of this sequence's kv head
+};
+
+__device__ QueryTilePlace query_tile_place(int Br, const int32_t* positions, const int32_t* segment_ids,
+                                           int S, int H, int K, int d) {
+  const int h = static_cast<int>(blockIdx.y);
+  const Place at = place_of(static_cast<int>(blockIdx.z), h / (H / K), positions, segment_ids, S, H, K, d);
+  const int i0 = static_cast<int>(gridDim.x - 1 - blockIdx.x) * Br;
+  return QueryTilePlace{at,
+                        h,
+                        i0,
+                        min(Br, S - i0),
+                        ((static_cast<int64_t>(at.b) * S + i0) * H + h) * d,
+                        (static_cast<int64_t>(at.b) * S * K + at.g) * d};
+}
+
 // Shared rows and transposed tiles, in bf16 elements.
 constexpr int row_stride(int width) {
   return width + kPad;
 }
 constexpr int column_stride(int tokens) {
   return tokens + kPad;
+}
+
+// This warp's 16 rows of a C-fragment accumulator [Width / 8][4] (rows 16 warp + group + 8 half, columns
+// 8 x + 2 quad (+1)), each row times factor[half], into rows of dst (stride `stride`): rows below `count` and
+// columns below d only.
+template <int Width>
+__device__ void store_rows(float* __restrict__ dst, int64_t stride, const float (&accumulator)[Width / 8][4],
+                           const float (&factor)[2], int count, int d, const Place& at) {
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int r = kWarpRows * at.warp + at.group + 8 * half;
+    if (r >= count) continue;
+#pragma unroll
+    for (int x = 0; x < Width / 8; ++x) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int column = 8 * x + 2 * at.quad + e;
+        if (column < d) dst[r * stride + column] = accumulator[x][2 * half + e] * factor[half];
+      }
+    }
+  }
 }
 
 // ---- forward ----
@@ -218,11 +261,8 @@ __global__ void __launch_bounds__(kBf16Threads)
   int* key_positions = reinterpret_cast<int*>(v_columns.data + D * column_stride(Bc));  // [Bc]
   int* key_segments = key_positions + Bc;                                               // [Bc]
 
-  const int h = static_cast<int>(blockIdx.y);
-  const Place at = place_of(static_cast<int>(blockIdx.z), h / (H / K), positions, segment_ids, S, H, K, d);
-  const int i0 = static_cast<int>(gridDim.x - 1 - blockIdx.x) * Br, rows = min(Br, S - i0);
-  const int64_t q_offset = ((static_cast<int64_t>(at.b) * S + i0) * H + h) * d;  // q row i0, head h
-  const int64_t kv_offset = (static_cast<int64_t>(at.b) * S * K + at.g) * d;     // k / v row 0, head g
+  const auto [at, h, i0, rows, q_offset, kv_offset] =
+      query_tile_place(Br, positions, segment_ids, S, H, K, d);
   stage_tokens(&q_rows, nullptr, q + q_offset, at.q_stride, rows, d, Br, D);
 
   // This thread's two query rows: r = 16 warp + group + 8 half.
@@ -297,23 +337,16 @@ __global__ void __launch_bounds__(kBf16Threads)
   }
 
   // row_sum == 0 only for a query that sees no key (never in self-attention): out 0, lse -inf.
+  float inverse[2];
   float* lse_row = lse + (static_cast<int64_t>(at.b) * H + h) * S + i0;  // [rows]
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int r = kWarpRows * at.warp + at.group + 8 * half;
-    if (r >= rows) continue;
     const bool seen = row_sum[half] > 0.0f;
-    const float inverse = seen ? 1.0f / row_sum[half] : 0.0f;
-#pragma unroll
-    for (int x = 0; x < X; ++x) {
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int column = 8 * x + 2 * at.quad + e;
-        if (column < d) out[q_offset + r * at.q_stride + column] = accumulator[x][2 * half + e] * inverse;
-      }
-    }
-    if (at.quad == 0) lse_row[r] = seen ? row_max[half] + logf(row_sum[half]) : -INFINITY;
+    inverse[half] = seen ? 1.0f / row_sum[half] : 0.0f;
+    if (r < rows && at.quad == 0) lse_row[r] = seen ? row_max[half] + logf(row_sum[half]) : -INFINITY;
   }
+  store_rows<D>(out + q_offset, at.q_stride, accumulator, inverse, rows, d, at);
 }
 
 // ---- backward ----
@@ -424,21 +457,9 @@ __global__ void __launch_bounds__(kBf16Threads)
   }
 
   // Written (=) for every key of the tile, 0 where no query sees it.
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int c = kWarpRows * at.warp + at.group + 8 * half;
-    if (c >= cols) continue;
-#pragma unroll
-    for (int x = 0; x < X; ++x) {
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int column = 8 * x + 2 * at.quad + e;
-        if (column >= d) continue;
-        dk[kv_offset + c * at.kv_stride + column] = dk_sum[x][2 * half + e];
-        dv[kv_offset + c * at.kv_stride + column] = dv_sum[x][2 * half + e];
-      }
-    }
-  }
+  constexpr float kOnes[2] = {1.0f, 1.0f};
+  store_rows<D>(dk + kv_offset, at.kv_stride, dk_sum, kOnes, cols, d, at);
+  store_rows<D>(dv + kv_offset, at.kv_stride, dv_sum, kOnes, cols, d, at);
 }
 
 // Shared memory of the dq kernel: q, dout rows [Br][D]; k, v rows [Bc][D]; k transposed [D][Bc]; the key
@@ -469,11 +490,8 @@ __global__ void __launch_bounds__(kBf16Threads)
   int* key_positions = reinterpret_cast<int*>(k_columns.data + D * column_stride(Bc));  // [Bc]
   int* key_segments = key_positions + Bc;                                               // [Bc]
 
-  const int h = static_cast<int>(blockIdx.y);
-  const Place at = place_of(static_cast<int>(blockIdx.z), h / (H / K), positions, segment_ids, S, H, K, d);
-  const int i0 = static_cast<int>(gridDim.x - 1 - blockIdx.x) * Br, rows = min(Br, S - i0);
-  const int64_t q_offset = ((static_cast<int64_t>(at.b) * S + i0) * H + h) * d;  // q row i0, head h
-  const int64_t kv_offset = (static_cast<int64_t>(at.b) * S * K + at.g) * d;     // k / v row 0, head g
+  const auto [at, h, i0, rows, q_offset, kv_offset] =
+      query_tile_place(Br, positions, segment_ids, S, H, K, d);
   stage_tokens(&q_rows, nullptr, q + q_offset, at.q_stride, rows, d, Br, D);
   stage_tokens(&dout_rows, nullptr, dout + q_offset, at.q_stride, rows, d, Br, D);
 
@@ -528,28 +546,11 @@ __global__ void __launch_bounds__(kBf16Threads)
   }
 
   // Written (=) for every query row of the tile.
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int r = kWarpRows * at.warp + at.group + 8 * half;
-    if (r >= rows) continue;
-#pragma unroll
-    for (int x = 0; x < X; ++x) {
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int column = 8 * x + 2 * at.quad + e;
-        if (column < d) dq[q_offset + r * at.q_stride + column] = dq_sum[x][2 * half + e];
-      }
-    }
-  }
+  constexpr float kOnes[2] = {1.0f, 1.0f};
+  store_rows<D>(dq + q_offset, at.q_stride, dq_sum, kOnes, rows, d, at);
 }
 
 // ---- launches ----
-
-// Opts a kernel into `bytes` of dynamic shared memory (above the 48 KB default); once per instantiation.
-template <class Kernel>
-void allow_shared_memory(Kernel kernel, size_t bytes) {
-  MT_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
-}
 
 // mma.sync with bf16 operands needs compute capability 8.0 (A100) or later; checked once per process.
 bool tensor_cores_available() {

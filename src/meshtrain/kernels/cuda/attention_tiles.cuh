@@ -1,5 +1,6 @@
 // What the float32 (attention.cu) and the bf16 tensor-core (attention_bf16.cu) attention kernels share: the
-// tile skip test from positions and segment ids, rowsum(dout * out) of the backward, and the shape checks.
+// tile skip test from positions and segment ids, rowsum(dout * out) of the backward, the shape checks and
+// the shared-memory opt-in.
 // Legend and masking as attention.cu's. Each .cu file gets its own copy (anonymous namespace).
 #pragma once
 
@@ -71,6 +72,12 @@ __global__ void __launch_bounds__(kRowDotThreads)
     const int64_t h = row % H, bi = row / H, i = bi % S, b = bi / S;
     row_dot[(b * H + h) * S + i] = total;
   }
+}
+
+// Opts a kernel into `bytes` of dynamic shared memory (above the 48 KB default); once per instantiation.
+template <class Kernel>
+void allow_shared_memory(Kernel kernel, size_t bytes) {
+  MT_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
 }
 
 // row_dot [B, H, S] = rowsum(dout * out), the D_i of the softmax backward, from dout, out [B, S, H, d].
