@@ -7,7 +7,10 @@
 // Rounding points are the cpu bf16 kernels' (kernels/cpu/attention.cpp, "bf16 products"): q, k, v and dout
 // are rounded to bf16 (nearest even) when staged in shared memory; P is rounded for out = P v and dv = P^T
 // dout, dS for dq = dS k and dk = dS^T q; every product accumulates in float32; the softmax statistics, lse,
-// rowsum(dout * out) and the scaling stay float32 (P and dS are formed from float32 scores).
+// rowsum(dout * out) and the scaling stay float32 (P and dS are formed from float32 scores). One difference
+// the cpu cannot have: an mma adds its products to the accumulator with the tensor core's own alignment and
+// rounding, not one IEEE float32 addition at a time; that is float32-level error, which the tests' bound
+// allows for (tests/unit/kernels/attention_bf16_bound.h: 2^-18 of the magnitudes).
 //
 // Products: mma.sync.aligned.m16n8k16 (bf16 x bf16 + float32, sm_80 and later) in inline PTX rather than
 // nvcuda::wmma: the PTX ISA documents which thread holds which element of each fragment, so the scores'
@@ -19,7 +22,7 @@
 //   B [16 x 8]: b0 (rows 2 quad, +1 of column group), b1 (rows 8 + 2 quad, +1 of column group);
 //   C [16 x 8] float32: c0, c1 (row group, columns 2 quad, +1), c2, c3 (row group + 8, same columns).
 // B is read from a shared tile stored [n][k] (k contiguous), so both of its bf16 are one 32-bit word: the
-// tiles a product reduces over tokens (v, dout, q, k for P v, dS^T dout, dS^T q, dS k) are also staged
+// tiles a product reduces over tokens (v, dout, q, k for P v, P^T dout, dS^T q, dS k) are also staged
 // transposed. Shared rows are padded by 8 bf16 (16 bytes) so the fragment reads of the 8 groups of a warp
 // hit distinct banks.
 //
