@@ -22,6 +22,7 @@ timeout 300 "$b/bin/meshtrain_gpu_tests" --gtest_brief=1 >"$out/kernels.log" 2>&
 say "kernels: exit $? ($(grep -cE '^\[       OK|^\[  PASSED' "$out/kernels.log") ok lines; failures below)"
 grep -E "FAILED|Failure|error" "$out/kernels.log" | head -40 | tee -a "$summary"
 grep -E "^\[  (PASSED|FAILED|SKIPPED)" "$out/kernels.log" | tee -a "$summary"
+grep -E "^attention speed" "$out/kernels.log" | tee -a "$summary"  # CudaAttentionTiming: GFLOP/s per dtype
 
 # 2. qwen3-tiny on the GPU against the cpu baseline.
 # Its device memory (an arena of 2 MB) is what any run holds besides its arena: the CUDA context, the

@@ -105,9 +105,8 @@ const KernelBackend& nvidia_backend() {
     nvidia.attention_backward_scratch_floats = cpu.attention_backward_scratch_floats;
     nvidia.context_attention_backward_scratch_floats = cpu.context_attention_backward_scratch_floats;
     nvidia.muon_scratch_floats = cpu.muon_scratch_floats;  // planned; the engine refuses Muon on cuda
-    // The cuda attention computes in float32 under either dtype.
-    nvidia.attention_forward_bf16 = nvidia.attention_forward;
-    nvidia.attention_backward_bf16 = nvidia.attention_backward;
+    // The cuda table's own bf16 attention (tensor cores) is kept; it has no context attention in either
+    // dtype.
     nvidia.context_attention_forward_bf16 = nvidia.context_attention_forward;
     nvidia.context_attention_backward_bf16 = nvidia.context_attention_backward;
     return nvidia;

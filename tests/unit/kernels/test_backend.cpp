@@ -70,6 +70,9 @@ TEST(KernelBackend, DeviceKindsChooseTheirTables) {
     EXPECT_EQ(nvidia.attention_backward_scratch_floats, cpu.attention_backward_scratch_floats) << kind;
     if (std::string(nvidia.name) == "cuda") {
       EXPECT_FALSE(nvidia.memory_on_host()) << kind;
+      // dtype=bfloat16 runs the cuda table's tensor-core attention, not its float32 kernels.
+      EXPECT_NE(nvidia.attention_forward_bf16, nvidia.attention_forward) << kind;
+      EXPECT_NE(nvidia.attention_backward_bf16, nvidia.attention_backward) << kind;
     }
   }
   // Other accelerator kinds: the cpu kernels, but stored as an accelerator backend stores them.

@@ -10,7 +10,14 @@
 
 namespace meshtrain::kernels::cuda {
 
+// float32 on the CUDA cores (attention.cu): any head width 1..256.
 AttentionForward attention_forward;
 AttentionBackward attention_backward;
+
+// dtype=bfloat16 (attention_bf16.cu): the products on the tensor cores, bf16 operands rounded where the cpu
+// bf16 kernels round them, float32 accumulation; same arguments, layouts, masks and scratch as above, and
+// deterministic. Head widths up to 128 (and GPUs from sm_80 on); wider heads run the float32 kernels.
+AttentionForward attention_forward_bf16;
+AttentionBackward attention_backward_bf16;
 
 }  // namespace meshtrain::kernels::cuda

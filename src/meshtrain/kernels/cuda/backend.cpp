@@ -51,6 +51,8 @@ const KernelBackend& cuda_backend() {
     cuda.column_slice_backward = column_slice_backward;
     cuda.attention_forward = attention_forward;
     cuda.attention_backward = attention_backward;
+    cuda.attention_forward_bf16 = attention_forward_bf16;
+    cuda.attention_backward_bf16 = attention_backward_bf16;
     cuda.adamw_update = adamw_update;
     cuda.sum_of_squares = sum_of_squares;
     return cuda;
