@@ -12,6 +12,7 @@
 #include <cstdint>
 
 #include "meshtrain/core/error.h"
+#include "meshtrain/kernels/cuda/bf16.cuh"
 #include "meshtrain/kernels/cuda/cross_entropy.h"
 #include "meshtrain/kernels/cuda/device.h"
 #include "meshtrain/kernels/cuda/gemm.h"
@@ -70,12 +71,15 @@ __device__ T block_reduce(T value, Op op, T identity, T* shared) {
 }
 
 // One block per row of the chunk: the row's loss (max + log sum exp - target logit, in double; 0 for an
-// uncounted row) and, with gradients, the row overwritten with dlogits = softmax - onehot(target) over the
+// uncounted row) and, with gradients, dlogits = softmax - onehot(target) written over the row (Out = float,
+// dlogits = logits) or rounded once to bf16 into the bf16 GEMMs' input (Out = uint16_t) over the
 // valid columns, 0 in padding columns [vv, V) and in every column of an uncounted row (so the padding rows
 // of dE and columns of dW get += 0, and dh takes nothing from the padding rows of W). The maximum and the
 // sum of exponentials (in double) run over the valid columns only. A counted row whose target is out of
 // range gets a NaN loss and no onehot (the host then fails the call; the per-chunk sum flags it).
-__global__ void softmax_rows_kernel(float* logits,             // [rows, V]
+template <class Out>
+__global__ void softmax_rows_kernel(const float* logits,       // [rows, V]
+                                    Out* dlogits,              // [rows, V], written with gradients only
                                     double* row_loss,          // [rows]
                                     const int32_t* targets,    // [rows] the chunk's
                                     const uint8_t* loss_mask,  // [rows] the chunk's, or nullptr
@@ -83,12 +87,13 @@ __global__ void softmax_rows_kernel(float* logits,             // [rows, V]
   __shared__ float shared_max[32];
   __shared__ double shared_sum[32];
   const int64_t r = blockIdx.x;
-  float* row = logits + r * V;
+  const float* row = logits + r * V;
+  Out* gradient_row = dlogits + r * V;  // may be row itself: each thread reads [v] before it writes [v]
   const int64_t first = threadIdx.x, step = blockDim.x;
   const bool counts = loss_mask == nullptr || loss_mask[r] != 0;
   if (!counts) {  // uniform over the block: no thread reaches a barrier
     if (want_gradients) {
-      for (int64_t v = first; v < V; v += step) row[v] = 0.0f;
+      for (int64_t v = first; v < V; v += step) store_output(gradient_row, v, 0.0f);
     }
     if (threadIdx.x == 0) row_loss[r] = 0.0;
     return;
@@ -115,9 +120,9 @@ __global__ void softmax_rows_kernel(float* logits,             // [rows, V]
     const float scale = static_cast<float>(1.0 / sum_exp);
     for (int64_t v = first; v < vocab_valid; v += step) {
       const float softmax = expf(row[v] - max_logit) * scale;
-      row[v] = v == target ? softmax - 1.0f : softmax;
+      store_output(gradient_row, v, v == target ? softmax - 1.0f : softmax);
     }
-    for (int64_t v = vocab_valid + first; v < V; v += step) row[v] = 0.0f;
+    for (int64_t v = vocab_valid + first; v < V; v += step) store_output(gradient_row, v, 0.0f);
   }
 }
 
@@ -232,7 +237,8 @@ CrossEntropySums unembed_cross_entropy(float* dh, float* dw, const float* h, con
   Totals* totals = reinterpret_cast<Totals*>(row_loss + C);
 
   // bf16 inputs (cross_entropy_bf16_scratch_elements(C, D, V) = D V + C D + C V): W rounded once per call
-  // (all of it, padding included: the GEMMs span V), each chunk's h [rows, D] and dlogits [rows, V].
+  // (all of it, padding included: the GEMMs span V), each chunk's h [rows, D], and its dlogits [rows, V]
+  // as the row kernel writes them (rounded on the store: no separate pass over them).
   uint16_t* w_bf16 = nullptr;        // layout of w: [D, V] or [V, D]
   uint16_t* h_chunk_bf16 = nullptr;  // [C, D]
   uint16_t* dlogits_bf16 = nullptr;  // [C, V]
@@ -253,8 +259,13 @@ CrossEntropySums unembed_cross_entropy(float* dh, float* dw, const float* h, con
     } else {
       chunk_logits<float>(logits, h_chunk, w, layout, rows, D, V);
     }
-    softmax_rows_kernel<<<static_cast<unsigned>(rows), kRowThreads, 0, stream()>>>(
-        logits, row_loss, targets + start, mask_chunk, V, vocab_valid, want_gradients);
+    if (w_bf16 != nullptr) {
+      softmax_rows_kernel<uint16_t><<<static_cast<unsigned>(rows), kRowThreads, 0, stream()>>>(
+          logits, dlogits_bf16, row_loss, targets + start, mask_chunk, V, vocab_valid, want_gradients);
+    } else {
+      softmax_rows_kernel<float><<<static_cast<unsigned>(rows), kRowThreads, 0, stream()>>>(
+          logits, logits, row_loss, targets + start, mask_chunk, V, vocab_valid, want_gradients);
+    }
     MT_CUDA_LAUNCHED("softmax_rows_kernel");
     sum_chunk_kernel<<<1, kSumThreads, 0, stream()>>>(totals, row_loss, targets + start, mask_chunk, rows,
                                                       vocab_valid, start == 0);
@@ -262,7 +273,6 @@ CrossEntropySums unembed_cross_entropy(float* dh, float* dw, const float* h, con
     if (!want_gradients) continue;
     float* dh_chunk = dh == nullptr ? nullptr : dh + start * D;  // [rows, D]
     if (w_bf16 != nullptr) {
-      round_to_bf16(dlogits_bf16, logits, rows * V);
       backward_chunk<uint16_t>(dh_chunk, dw, h_chunk_bf16, w_bf16, dlogits_bf16, layout, rows, D, V);
     } else {
       backward_chunk<float>(dh_chunk, dw, h_chunk, w, logits, layout, rows, D, V);
