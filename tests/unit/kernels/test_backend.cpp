@@ -158,6 +158,7 @@ const KernelBackend& counting_backend() {
   }
     MT_COUNTED(device_check);
     MT_COUNTED(device_description);
+    MT_COUNTED(device_resources);
     MT_COUNTED(memory_on_host);
     MT_COUNTED(memory_allocate);
     MT_COUNTED(memory_free);

@@ -23,6 +23,7 @@ const KernelBackend& cuda_backend() {
     cuda.name = "cuda";
     cuda.device_check = device_check;
     cuda.device_description = device_description;
+    cuda.device_resources = device_resources;
     cuda.memory_on_host = memory_on_host;
     cuda.memory_allocate = memory_allocate;
     cuda.memory_free = memory_free;
