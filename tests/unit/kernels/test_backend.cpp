@@ -283,6 +283,16 @@ Batch tiny_batch(const ModelDims& m) {
   return batch;
 }
 
+// The one-process training plan of `config` with `backend` in its spec.
+TrainingPlan plan_through(const Config& config, const KernelBackend& backend) {
+  PlanRequest request;
+  request.config = config;
+  request.devices = 1;
+  TrainingPlan plan = plan_training(request);
+  plan.spec.kernels = &backend;
+  return plan;
+}
+
 // One training step and one decode step of `preset` with the counting backend in the plans; the losses
 // equal those of the plain (cpu) engine.
 void run_through_counting_backend(const std::string& preset, DType dtype = DType::f32,
@@ -290,12 +300,7 @@ void run_through_counting_backend(const std::string& preset, DType dtype = DType
   Config config = tiny_config(preset);
   config.dtype = dtype;
   config.opt_type = optimizer;
-  PlanRequest request;
-  request.config = config;
-  request.devices = 1;
-  TrainingPlan plan = plan_training(request);
-  plan.spec.kernels = &counting_backend();
-  Engine counted(std::move(plan));
+  Engine counted(plan_through(config, counting_backend()));
   Engine plain(config);
   Batch batch = tiny_batch(counted.spec().dims);
   std::optional<EngramHashing> hashing;
@@ -499,15 +504,10 @@ TEST(KernelBackend, DenseTrainingTouchesADeviceArenaOnlyThroughTheTable) {
       SCOPED_TRACE(preset + (dtype == DType::bf16 ? " bfloat16" : " float32"));
       Config config = tiny_config(preset);
       config.dtype = dtype;
-      PlanRequest request;
-      request.config = config;
-      request.devices = 1;
-      TrainingPlan plan = plan_training(request);
-      plan.spec.kernels = &guarded_backend();
       Engine plain(config);
       const fs::path dir = fs::temp_directory_path() / ("meshtrain_guarded_" + std::to_string(::getpid()));
       {
-        Engine guarded(std::move(plan));
+        Engine guarded(plan_through(config, guarded_backend()));
         const Batch batch = tiny_batch(guarded.spec().dims);
         for (int64_t step = 0; step < 2; ++step) {
           const LossSums a = guarded.fwd_bwd(batch), b = plain.fwd_bwd(batch);
@@ -523,9 +523,7 @@ TEST(KernelBackend, DenseTrainingTouchesADeviceArenaOnlyThroughTheTable) {
         EXPECT_EQ(guarded.host_copy_bytes(), 0u) << preset << ": the save's host copy outlived it";
       }
       // Loaded into a fresh guarded engine, the state trains on as the host engine does.
-      TrainingPlan again = plan_training(request);
-      again.spec.kernels = &guarded_backend();
-      Engine loaded(std::move(again));
+      Engine loaded(plan_through(config, guarded_backend()));
       EXPECT_EQ(load_checkpoint(dir.string() + "/step_00000002", loaded, false).step, 2);
       EXPECT_EQ(loaded.host_copy_bytes(), 0u) << preset << ": the load's host copy outlived it";
       const Batch batch = tiny_batch(loaded.spec().dims);
