@@ -29,6 +29,10 @@ ldd build-gpu/meshtrain build-gpu/meshtrain_gpu_tests build-gpu/libmeshtrain_*.s
 source tests/gpu/tiny.sh
 build-gpu/meshtrain train qwen3-tiny "${tiny[@]}" run_dir="$stage/reference/qwen3_tiny_cpu" >"$stage/reference/qwen3_tiny_cpu.log" 2>&1 ||
   { cat "$stage/reference/qwen3_tiny_cpu.log"; exit 1; }
+# The same in bfloat16, where this CPU computes it (AVX512-BF16 or AMX): the peer of the GPU's bf16 path.
+build-gpu/meshtrain train qwen3-tiny "${tiny[@]}" dtype=bfloat16 run_dir="$stage/reference/qwen3_tiny_cpu_bf16" \
+  >"$stage/reference/qwen3_tiny_cpu_bf16.log" 2>&1 ||
+  { echo "no bfloat16 cpu baseline: $(tail -1 "$stage/reference/qwen3_tiny_cpu_bf16.log")"; rm -rf "$stage/reference/qwen3_tiny_cpu_bf16"; }
 if [ -n "${LLMC:-}" ]; then
   mkdir -p "$stage/llmc"
   cp "$LLMC" "$stage/llmc/train_gpt2cu"

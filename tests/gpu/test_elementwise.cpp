@@ -165,6 +165,16 @@ void check_swiglu(size_t count, uint32_t seed) {
   expect_close(out, out_cpu, kSwigluCpuTolerance, what + " forward vs cpu kernel");
   expect_close(dgate, dgate_cpu, kSwigluCpuTolerance, what + " dgate vs cpu kernel");
   expect_close(dup, dup_cpu, kSwigluCpuTolerance, what + " dup vs cpu kernel");
+
+  // bf16 out (dtype=bfloat16, the down projection's input): the float32 forward rounded once, bit for bit
+  // (the same kernel code); against the cpu's bf16 out, one bf16 ulp plus the float32 tolerance.
+  const std::vector<uint16_t> out_bf16 = run_bf16_output(
+      count, [&](uint16_t* target) { cuda().swiglu_forward_bf16(target, gate_gpu.get(), up_gpu.get(), n); },
+      what + " forward_bf16");
+  EXPECT_TRUE(out_bf16 == bf16_rounded(out)) << what << " forward_bf16: not the float32 out rounded once";
+  std::vector<uint16_t> out_cpu_bf16(count);
+  kernels::swiglu_forward_bf16(out_cpu_bf16.data(), gate.data(), up.data(), n);
+  expect_bf16_close(out_bf16, out_cpu_bf16, kSwigluCpuTolerance, what + " forward_bf16 vs cpu kernel");
 }
 
 TEST(CudaSwiglu, MatchesCpuOnOddSizes) {
@@ -203,6 +213,15 @@ void check_gelu(size_t count, uint32_t seed) {
   expect_close(dx, rounded(dx_double), kGeluBackwardTolerance, what + " backward vs double reference");
   expect_close(out, out_cpu, kGeluForwardCpuTolerance, what + " forward vs cpu kernel");
   expect_close(dx, dx_cpu, kGeluBackwardTolerance, what + " backward vs cpu kernel");
+
+  // bf16 out, as check_swiglu's.
+  const std::vector<uint16_t> out_bf16 = run_bf16_output(
+      count, [&](uint16_t* target) { cuda().gelu_forward_bf16(target, x_gpu.get(), n); },
+      what + " forward_bf16");
+  EXPECT_TRUE(out_bf16 == bf16_rounded(out)) << what << " forward_bf16: not the float32 out rounded once";
+  std::vector<uint16_t> out_cpu_bf16(count);
+  kernels::gelu_forward_bf16(out_cpu_bf16.data(), x.data(), n);
+  expect_bf16_close(out_bf16, out_cpu_bf16, kGeluForwardCpuTolerance, what + " forward_bf16 vs cpu kernel");
 }
 
 TEST(CudaGelu, MatchesCpuOnOddSizes) {

@@ -525,6 +525,82 @@ void check_backward(const MatmulCase& c, const BackwardRequest& request, uint32_
   expect_bitwise(dout_gpu.read(), c.dout, what + " leaves dout");
 }
 
+// The _bf16_x entries (x already in bf16, as a producer writes it under dtype=bfloat16) on a bf16 case:
+// against the double reference of the rounded inputs and the cpu's _bf16_x kernels, the scratch (w, then in
+// the backward dout and w) rounded into the cpu kernel's places bit for bit, x read as it is (its bits
+// untouched), and every backward request as check_backward's.
+void check_bf16_x(const MatmulCase& c, uint32_t seed) {
+  const auto [N, I, O] = c.shape;
+  const std::vector<uint16_t> x_bits = bf16_bits(c.x);
+  const auto scratch_size = elements(kernels::matmul_bf16_scratch_elements(N, I, O, true));
+  const DeviceBuffer<uint16_t> x_gpu(x_bits);
+  const DeviceBuffer<float> w_gpu(c.w), bias_gpu(c.bias), dout_gpu(c.dout);
+  for (const bool with_bias : {false, true}) {
+    const std::string what = c.name + " forward_bf16_x" + (with_bias ? " with bias" : "");
+    std::vector<float> bias_rows;  // [N, O]
+    for (int64_t n = 0; n < N; ++n) bias_rows.insert(bias_rows.end(), c.bias.begin(), c.bias.end());
+    const Expected expected = with_bias ? plus_initial(c.forward, bias_rows) : c.forward;
+    const DeviceBuffer<float> out_gpu(std::vector<float>(elements(N * O), kNaN));
+    const DeviceBuffer<uint16_t> scratch_gpu(scratch_size);
+    cuda().matmul_forward_bf16_x(out_gpu.get(), x_gpu.get(), w_gpu.get(),
+                                 with_bias ? bias_gpu.get() : nullptr, N, I, O, scratch_gpu.get());
+    std::vector<float> out_cpu(elements(N * O), 0.0f);
+    std::vector<uint16_t> scratch_cpu(scratch_size);
+    kernels::matmul_forward_bf16_x(out_cpu.data(), x_bits.data(), c.w.data(),
+                                   with_bias ? c.bias.data() : nullptr, N, I, O, scratch_cpu.data());
+    const std::vector<float> out = out_gpu.read();
+    expect_within(out, expected, kBf16Tolerance, what + " vs double reference");
+    expect_within(out, as_expected(out_cpu, expected), 2 * kBf16Tolerance, what + " vs cpu kernel");
+    const std::vector<uint16_t> scratch = scratch_gpu.read();
+    EXPECT_TRUE(std::equal(scratch.begin(), scratch.begin() + elements(I * O), scratch_cpu.begin()))
+        << what << ": w's bf16 scratch differs from the cpu kernel's";
+  }
+  const BackwardRequest requests[] = {
+      {true, true, true, false}, {true, true, true, true}, {false, true, false, false}};
+  for (const BackwardRequest& request : requests) {
+    const std::string what = c.name + " backward_bf16_x" + (request.dx ? " dx" : " (no dx)") +
+                             (request.dbias ? " dbias" : " (no dbias)") +
+                             (request.accumulate_dx ? " accumulate_dx" : "");
+    seed += 5;
+    const std::vector<float> dx0 = request.accumulate_dx ? normal_values(elements(N * I), seed)
+                                                         : std::vector<float>(elements(N * I), kNaN);
+    const std::vector<float> dw0 = normal_values(elements(I * O), seed + 1, 0.1f);
+    const std::vector<float> dbias0 = normal_values(elements(O), seed + 2, 0.1f);
+    const DeviceBuffer<float> dx_gpu(dx0), dw_gpu(dw0), dbias_gpu(dbias0);
+    const DeviceBuffer<uint16_t> scratch_gpu(scratch_size);
+    cuda().matmul_backward_bf16_x(request.dx ? dx_gpu.get() : nullptr, dw_gpu.get(),
+                                  request.dbias ? dbias_gpu.get() : nullptr, dout_gpu.get(), x_gpu.get(),
+                                  w_gpu.get(), N, I, O, request.accumulate_dx, scratch_gpu.get());
+    std::vector<float> dx_cpu = request.accumulate_dx ? dx0 : std::vector<float>(elements(N * I), 0.0f);
+    std::vector<float> dw_cpu = dw0, dbias_cpu = dbias0;
+    std::vector<uint16_t> scratch_cpu(scratch_size);
+    kernels::matmul_backward_bf16_x(request.dx ? dx_cpu.data() : nullptr, dw_cpu.data(),
+                                    request.dbias ? dbias_cpu.data() : nullptr, c.dout.data(), x_bits.data(),
+                                    c.w.data(), N, I, O, request.accumulate_dx, scratch_cpu.data());
+    const std::vector<float> dx = dx_gpu.read(), dw = dw_gpu.read(), dbias = dbias_gpu.read();
+    if (request.dx) {
+      const Expected expected = request.accumulate_dx ? plus_initial(c.dx, dx0) : c.dx;
+      expect_within(dx, expected, kBf16Tolerance, what + ": dx vs double reference");
+      expect_within(dx, as_expected(dx_cpu, expected), 2 * kBf16Tolerance, what + ": dx vs cpu kernel");
+      EXPECT_TRUE(scratch_gpu.read() == scratch_cpu) << what << ": the bf16 scratch differs from the cpu's";
+    } else {
+      expect_bitwise(dx, dx0, what + ": dx untouched");
+    }
+    const Expected dw_expected = plus_initial(c.dw, dw0);
+    expect_within(dw, dw_expected, kBf16Tolerance, what + ": dw vs double reference");
+    expect_within(dw, as_expected(dw_cpu, dw_expected), 2 * kBf16Tolerance, what + ": dw vs cpu kernel");
+    if (request.dbias) {
+      const Expected expected = plus_initial(c.dbias, dbias0);
+      expect_within(dbias, as_expected(dbias_cpu, expected), 2 * kF32Tolerance,
+                    what + ": dbias vs cpu kernel");
+    } else {
+      expect_bitwise(dbias, dbias0, what + ": dbias untouched");
+    }
+  }
+  EXPECT_TRUE(x_gpu.read() == x_bits) << c.name << ": the _bf16_x entries changed x";
+  expect_bitwise(w_gpu.read(), c.w, c.name + " _bf16_x leaves w");
+}
+
 void check_matmul(const MatmulShape& shape, bool bf16, uint32_t seed) {
   const MatmulCase c = make_case(shape, bf16, seed);
   check_forward(c, false);
@@ -534,6 +610,7 @@ void check_matmul(const MatmulShape& shape, bool bf16, uint32_t seed) {
       {false, true, true, false}, {true, false, true, true}, {false, false, false, false},
   };
   for (const BackwardRequest& request : requests) check_backward(c, request, seed += 5);
+  if (bf16) check_bf16_x(c, seed += 5);
 }
 
 // Odd sizes everywhere (no dimension a multiple of a tile), one token, and many tokens over few columns (the

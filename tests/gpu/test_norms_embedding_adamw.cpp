@@ -90,8 +90,26 @@ void check_rmsnorm(int64_t N, int64_t D, uint32_t seed) {
     const DeviceBuffer<float> out_gpu(std::vector<float>(elements(N * D), kNaN));
     const DeviceBuffer<float> rstd_gpu(std::vector<float>(elements(N), kNaN));
     cuda().rmsnorm_forward(out_gpu.get(), rstd_gpu.get(), x_gpu.get(), w_gpu.get(), N, D, eps);
-    expect_close(out_gpu.read(), out_cpu, kRowTolerance, what + " forward out");
-    expect_close(rstd_gpu.read(), rstd_cpu, kRowTolerance, what + " forward rstd");
+    const std::vector<float> out = out_gpu.read(), rstd = rstd_gpu.read();
+    expect_close(out, out_cpu, kRowTolerance, what + " forward out");
+    expect_close(rstd, rstd_cpu, kRowTolerance, what + " forward rstd");
+
+    // bf16 out (dtype=bfloat16, the matmuls' input): the float32 forward's values rounded once, bit for bit
+    // (the same kernel code), rstd bitwise the float32 forward's; against the cpu's bf16 out, one bf16 ulp
+    // plus the float32 tolerance (expect_bf16_close).
+    const DeviceBuffer<float> rstd_bf16_gpu(std::vector<float>(elements(N), kNaN));
+    const std::vector<uint16_t> out_bf16 = run_bf16_output(
+        elements(N * D),
+        [&](uint16_t* target) {
+          cuda().rmsnorm_forward_bf16(target, rstd_bf16_gpu.get(), x_gpu.get(), w_gpu.get(), N, D, eps);
+        },
+        what + " forward_bf16");
+    EXPECT_TRUE(out_bf16 == bf16_rounded(out)) << what << " forward_bf16: not the float32 out rounded once";
+    expect_bitwise(rstd_bf16_gpu.read(), rstd, what + " forward_bf16 rstd");
+    std::vector<uint16_t> out_cpu_bf16(elements(N * D));
+    std::vector<float> rstd_cpu_bf16(elements(N));
+    kernels::rmsnorm_forward_bf16(out_cpu_bf16.data(), rstd_cpu_bf16.data(), x.data(), w.data(), N, D, eps);
+    expect_bf16_close(out_bf16, out_cpu_bf16, kRowTolerance, what + " forward_bf16 out vs cpu");
   }
 
   for (const bool accumulate : {false, true}) {
@@ -155,9 +173,30 @@ void check_layernorm(int64_t N, int64_t D, uint32_t seed) {
     const DeviceBuffer<float> rstd_gpu(std::vector<float>(elements(N), kNaN));
     cuda().layernorm_forward(out_gpu.get(), mean_gpu.get(), rstd_gpu.get(), x_gpu.get(), w_gpu.get(),
                              b_gpu.get(), N, D, eps);
-    expect_close(out_gpu.read(), out_cpu, kRowTolerance, what + " forward out");
-    expect_close(mean_gpu.read(), mean_cpu, kRowTolerance, what + " forward mean");
-    expect_close(rstd_gpu.read(), rstd_cpu, kRowTolerance, what + " forward rstd");
+    const std::vector<float> out = out_gpu.read(), mean = mean_gpu.read(), rstd = rstd_gpu.read();
+    expect_close(out, out_cpu, kRowTolerance, what + " forward out");
+    expect_close(mean, mean_cpu, kRowTolerance, what + " forward mean");
+    expect_close(rstd, rstd_cpu, kRowTolerance, what + " forward rstd");
+
+    // bf16 out, as check_rmsnorm's: the float32 out rounded once, mean and rstd bitwise the float32
+    // forward's.
+    const DeviceBuffer<float> mean_bf16_gpu(std::vector<float>(elements(N), kNaN));
+    const DeviceBuffer<float> rstd_bf16_gpu(std::vector<float>(elements(N), kNaN));
+    const std::vector<uint16_t> out_bf16 = run_bf16_output(
+        elements(N * D),
+        [&](uint16_t* target) {
+          cuda().layernorm_forward_bf16(target, mean_bf16_gpu.get(), rstd_bf16_gpu.get(), x_gpu.get(),
+                                        w_gpu.get(), b_gpu.get(), N, D, eps);
+        },
+        what + " forward_bf16");
+    EXPECT_TRUE(out_bf16 == bf16_rounded(out)) << what << " forward_bf16: not the float32 out rounded once";
+    expect_bitwise(mean_bf16_gpu.read(), mean, what + " forward_bf16 mean");
+    expect_bitwise(rstd_bf16_gpu.read(), rstd, what + " forward_bf16 rstd");
+    std::vector<uint16_t> out_cpu_bf16(elements(N * D));
+    std::vector<float> mean_cpu_bf16(elements(N)), rstd_cpu_bf16(elements(N));
+    kernels::layernorm_forward_bf16(out_cpu_bf16.data(), mean_cpu_bf16.data(), rstd_cpu_bf16.data(), x.data(),
+                                    w.data(), b.data(), N, D, eps);
+    expect_bf16_close(out_bf16, out_cpu_bf16, kRowTolerance, what + " forward_bf16 out vs cpu");
   }
 
   for (const bool accumulate : {false, true}) {

@@ -16,6 +16,8 @@
 #include "meshtrain/core/error.h"
 #include "meshtrain/data/shards.h"
 #include "meshtrain/data/tokenizer/tokenizer.h"
+#include "meshtrain/kernels/backend.h"
+#include "meshtrain/plan/decode.h"
 #include "meshtrain/runtime/engine.h"
 #include "meshtrain/train/run.h"
 
@@ -357,6 +359,47 @@ TEST_F(RunTest, AnExactUnshuffledBatchTrainsOnItsBTimesSTargets) {
 
 namespace meshtrain {
 namespace {
+
+// What check_plan_runs_here asks the device itself (device_resources), given here without a device: the
+// planned arena plus the bytes the process holds beside it must fit the free memory (to the byte), the host
+// (free_bytes 0) is not checked, and bfloat16 needs a device that runs it, except in a decode plan (float32).
+TEST(RunsHere, TheDeviceMustHoldTheArenaAndRunTheDtype) {
+  PlanRequest request;
+  request.config = load_config("qwen3-tiny", {"dataset_type=synthetic", "tokenizer_path="});
+  request.devices = 1;
+  const TrainingPlan plan = plan_training(request);
+  constexpr size_t kOverhead = size_t{96} << 20;
+  kernels::DeviceResources gpu{"Test GPU (GPU 0, compute capability 9.0)", plan.arena_bytes + kOverhead,
+                               kOverhead, true};
+  EXPECT_EQ(testing::error_of([&] { check_device_runs_plan(plan, gpu); }), "");  // exactly fits
+  gpu.free_bytes -= 1;
+  const std::string short_of_memory = testing::error_of([&] { check_device_runs_plan(plan, gpu); });
+  for (const std::string& part :
+       {std::string("plan for topology 'cpu'"), std::string("Test GPU (GPU 0, compute capability 9.0)"),
+        std::string("the planned arena "), std::string(" + 0.09375 GiB the process holds beside it"),
+        std::string("more than is free"), std::string("nvidia-smi"), std::string("per_device_batch_size")}) {
+    EXPECT_NE(short_of_memory.find(part), std::string::npos) << part << " not in: " << short_of_memory;
+  }
+  const kernels::DeviceResources host{"host memory", 0, 0, true};
+  EXPECT_EQ(testing::error_of([&] { check_device_runs_plan(plan, host); }), "");
+
+  PlanRequest bf16_request = request;
+  bf16_request.config =
+      load_config("qwen3-tiny", {"dataset_type=synthetic", "tokenizer_path=", "dtype=bfloat16"});
+  const TrainingPlan bf16_plan = plan_training(bf16_request);
+  kernels::DeviceResources turing{"Tesla T4 (GPU 0, compute capability 7.5)", size_t{15} << 30, kOverhead,
+                                  false};
+  const std::string no_bf16 = testing::error_of([&] { check_device_runs_plan(bf16_plan, turing); });
+  for (const std::string& part : {std::string("config key 'dtype'"), std::string("compute capability 8.0"),
+                                  std::string("bfloat16 on Tesla T4 (GPU 0, compute capability 7.5)"),
+                                  std::string("set dtype=float32")}) {
+    EXPECT_NE(no_bf16.find(part), std::string::npos) << part << " not in: " << no_bf16;
+  }
+  EXPECT_EQ(testing::error_of([&] { check_device_runs_plan(plan, turing); }), "") << "float32 runs there";
+  EXPECT_EQ(testing::error_of([&] { check_device_runs_plan(plan_decode(bf16_request.config, 4), turing); }),
+            "")
+      << "a decode plan computes in float32";
+}
 
 // Expert parallelism runs: each rank holds E / P routed experts (the stacked weights' first dim split over
 // expert), the assignments travel in fixed all_to_all blocks over the expert axis (counts, tokens and the

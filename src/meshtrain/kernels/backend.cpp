@@ -83,9 +83,10 @@ const KernelBackend* load_cuda_backend() {
 #endif
 }
 
-// NVIDIA GPUs: the cuda kernels where built and loadable. The CUDA kernels store float32 activations and take
-// the cpu kernels' scratch (dtype=bfloat16 rounds every dense matmul's inputs into the same planned scratch),
-// so the sizing entries are the cpu table's in every case and a plan does not depend on the build.
+// NVIDIA GPUs: the cuda kernels where built and loadable. The CUDA kernels store activations as the cpu
+// kernels do (float32, and under dtype=bfloat16 the matmul-only inputs in bf16, written rounded by the norms,
+// SwiGLU and GELU) and take the cpu kernels' scratch, so the dtype and sizing entries are the cpu table's in
+// every case and a plan does not depend on the build.
 const KernelBackend& nvidia_backend() {
   static const KernelBackend table = [] {
     const KernelBackend& cpu = cpu_backend();
@@ -97,8 +98,7 @@ const KernelBackend& nvidia_backend() {
       nvidia.device_check = cuda_unavailable_check;
     }
     nvidia.activation_dtype = cpu.activation_dtype;
-    // The cuda kernels have no bf16-output producers yet: every activation stays float32 there.
-    nvidia.matmul_input_dtype = cpu.activation_dtype;
+    nvidia.matmul_input_dtype = cpu.matmul_input_dtype;
     nvidia.matmul_bf16_scratch_elements = cpu.matmul_bf16_scratch_elements;
     nvidia.cross_entropy_scratch_floats = cpu.cross_entropy_scratch_floats;
     nvidia.cross_entropy_bf16_scratch_elements = cpu.cross_entropy_bf16_scratch_elements;

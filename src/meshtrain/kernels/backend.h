@@ -26,6 +26,16 @@
 
 namespace meshtrain::kernels {
 
+// The device a run would use, as the engine checks it before it allocates anything (check_plan_runs_here):
+// its free memory now, the memory a process holds there beside its arena, and whether it computes with
+// bf16 inputs. The host reports free_bytes 0: its memory is the topology's stated size, checked by the plan.
+struct DeviceResources {
+  std::string name;           // the device in words, with what the checks name ("NVIDIA H200, sm_90")
+  size_t free_bytes = 0;      // free on the device now; 0 = not checked
+  size_t overhead_bytes = 0;  // held beside the arena once the kernels run (modules, library workspaces)
+  bool bf16 = true;           // runs bf16 GEMM inputs (CUDA: compute capability 8.0 or later)
+};
+
 struct KernelBackend {
   const char* name;  // "cpu", "cuda"
 
@@ -35,9 +45,11 @@ struct KernelBackend {
   // memory_allocate's memory (zeroed; nullptr when it does not fit). memory_on_host: the engine and ops may
   // read and write it in place (cpu); otherwise every host access goes through memory_copy_in / _out
   // (copy_out has finished when it returns) and memory_fill. device_synchronize waits for every kernel
-  // queued so far (a no-op where kernels run synchronously, as on the cpu).
+  // queued so far (a no-op where kernels run synchronously, as on the cpu). device_resources: what the
+  // engine checks of the device (above); called only where device_check is "".
   std::string (*device_check)();
   std::string (*device_description)();
+  DeviceResources (*device_resources)();
   bool (*memory_on_host)();
   void* (*memory_allocate)(size_t bytes);
   void (*memory_free)(void* base);

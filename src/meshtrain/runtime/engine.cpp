@@ -109,6 +109,33 @@ void check_plan_runs_here(const TrainingPlan& plan, int64_t world) {
          "--explain "
          "shows the breakdown");
   }
+  // Then what the device itself has now (the plan's figure above is the topology's stated memory).
+  check_device_runs_plan(plan, plan.spec.kernels->device_resources());
+}
+
+void check_device_runs_plan(const TrainingPlan& plan, const kernels::DeviceResources& device) {
+  const Config& c = plan.spec.config;
+  if (c.dtype == DType::bf16 && !plan.spec.decoding() && !device.bf16) {
+    fail("config key 'dtype'",
+         "a device that computes with bf16 inputs (an NVIDIA GPU of compute capability 8.0 or "
+         "later: A100, H100, H200, B200)",
+         "bfloat16 on " + device.name,
+         "set dtype=float32 on this GPU, or run on an A100 or later; meshtrain compile still plans bfloat16");
+  }
+  if (device.free_bytes == 0) return;  // the host: the topology's memory, checked by the plan
+  const size_t needed = plan.arena_bytes + device.overhead_bytes;
+  if (needed > device.free_bytes) {
+    constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+    const auto gib = [&](size_t bytes) { return to_text(static_cast<double>(bytes) / kGiB) + " GiB"; };
+    fail(
+        "config (plan for topology '" + plan.topology.name + "')",
+        "the planned arena " + gib(plan.arena_bytes) + " + " + gib(device.overhead_bytes) +
+            " the process holds beside it (library workspace, kernel modules) within the " +
+            gib(device.free_bytes) + " free on " + device.name,
+        gib(needed) + ", " + gib(needed - device.free_bytes) + " more than is free",
+        "free the device (nvidia-smi lists the processes using it), or lower per_device_batch_size or "
+        "max_target_length, or set remat_policy=full; meshtrain compile --explain shows the arena's buffers");
+  }
 }
 
 namespace {

@@ -54,6 +54,12 @@ struct ProgramResult {
 // (one process; no mixture of experts, MLA, Engram or mHC yet). A MeshError naming the key otherwise.
 void check_plan_runs_here(const TrainingPlan& plan, int64_t world);
 
+// The part of check_plan_runs_here that asks the device itself (the backend's device_resources), apart so
+// that it is tested without one: the plan's arena plus what the process holds beside it within the device's
+// free memory now (unchecked where free_bytes is 0: the host), and a bfloat16 compute dtype only on a device
+// that runs it (a decode plan computes in float32). A MeshError naming the device, the numbers and the fix.
+void check_device_runs_plan(const TrainingPlan& plan, const kernels::DeviceResources& device);
+
 // The ranks a live run spans: the world and one communicator per mesh axis (null members: one process).
 struct EngineRanks {
   Communicator* world = nullptr;

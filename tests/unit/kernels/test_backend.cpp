@@ -62,8 +62,8 @@ TEST(KernelBackend, DeviceKindsChooseTheirTables) {
     EXPECT_TRUE(kernels::nvidia_device_kind(kind));
     EXPECT_STRNE(nvidia.name, "cpu") << kind;
     EXPECT_EQ(nvidia.activation_dtype, cpu.activation_dtype) << kind;
-    // No cuda producer writes a bf16 matmul input yet: every activation stays float32 there.
-    EXPECT_EQ(nvidia.matmul_input_dtype(DType::bf16), DType::f32) << kind;
+    // As on the cpu: under bfloat16 the norms, SwiGLU and GELU write the matmuls' inputs in bf16.
+    EXPECT_EQ(nvidia.matmul_input_dtype, cpu.matmul_input_dtype) << kind;
     EXPECT_EQ(nvidia.matmul_bf16_scratch_elements, cpu.matmul_bf16_scratch_elements) << kind;
     EXPECT_EQ(nvidia.cross_entropy_scratch_floats, cpu.cross_entropy_scratch_floats) << kind;
     EXPECT_EQ(nvidia.cross_entropy_bf16_scratch_elements, cpu.cross_entropy_bf16_scratch_elements) << kind;
@@ -161,6 +161,7 @@ const KernelBackend& counting_backend() {
   }
     MT_COUNTED(device_check);
     MT_COUNTED(device_description);
+    MT_COUNTED(device_resources);
     MT_COUNTED(memory_on_host);
     MT_COUNTED(memory_allocate);
     MT_COUNTED(memory_free);
@@ -285,6 +286,16 @@ Batch tiny_batch(const ModelDims& m) {
   return batch;
 }
 
+// The one-process training plan of `config` with `backend` in its spec.
+TrainingPlan plan_through(const Config& config, const KernelBackend& backend) {
+  PlanRequest request;
+  request.config = config;
+  request.devices = 1;
+  TrainingPlan plan = plan_training(request);
+  plan.spec.kernels = &backend;
+  return plan;
+}
+
 // One training step and one decode step of `preset` with the counting backend in the plans; the losses
 // equal those of the plain (cpu) engine.
 void run_through_counting_backend(const std::string& preset, DType dtype = DType::f32,
@@ -292,12 +303,7 @@ void run_through_counting_backend(const std::string& preset, DType dtype = DType
   Config config = tiny_config(preset);
   config.dtype = dtype;
   config.opt_type = optimizer;
-  PlanRequest request;
-  request.config = config;
-  request.devices = 1;
-  TrainingPlan plan = plan_training(request);
-  plan.spec.kernels = &counting_backend();
-  Engine counted(std::move(plan));
+  Engine counted(plan_through(config, counting_backend()));
   Engine plain(config);
   Batch batch = tiny_batch(counted.spec().dims);
   std::optional<EngramHashing> hashing;
@@ -378,6 +384,63 @@ TEST(KernelBackend, ModelReachesEveryKernelThroughTheTable) {
   for (const auto& [entry, count] : calls()) EXPECT_GT(count, 0) << entry << " was never called";
 }
 
+// The entries a dense decoder (Qwen3, GPT-2) trains, evaluates and checkpoints through, in float32 and
+// bfloat16 (the _bf16 producers and _bf16_x matmuls, the attention of attention_kernels): what the cuda
+// table must fill (CudaTableCoversTheDenseDecoders) and all the guarded backend lets touch its arena
+// (DenseTrainingTouchesADeviceArenaOnlyThroughTheTable), so the two lists cannot drift apart.
+// clang-format off
+#define MT_DENSE_DECODER_ENTRIES(X) \
+  X(memory_copy_in) \
+  X(memory_copy_out) \
+  X(memory_fill) \
+  X(matmul_forward) \
+  X(matmul_forward_bf16_x) \
+  X(matmul_backward) \
+  X(matmul_backward_bf16_x) \
+  X(residual_add) \
+  X(embedding_forward) \
+  X(embedding_backward) \
+  X(unembed_cross_entropy) \
+  X(unembed_logits) \
+  X(rmsnorm_forward) \
+  X(rmsnorm_forward_bf16) \
+  X(rmsnorm_backward) \
+  X(layernorm_forward) \
+  X(layernorm_forward_bf16) \
+  X(layernorm_backward) \
+  X(swiglu_forward) \
+  X(swiglu_forward_bf16) \
+  X(swiglu_backward) \
+  X(gelu_forward) \
+  X(gelu_forward_bf16) \
+  X(gelu_backward) \
+  X(rope_forward) \
+  X(rope_backward) \
+  X(column_slice_forward) \
+  X(column_slice_backward) \
+  X(attention_forward) \
+  X(attention_backward) \
+  X(attention_forward_bf16) \
+  X(attention_backward_bf16) \
+  X(adamw_update) \
+  X(sum_of_squares)
+// clang-format on
+
+// Where this build has the cuda kernels (MESHTRAIN_CUDA=ON: the NVIDIA table is the loaded cuda table,
+// with or without a GPU), every entry a dense decoder runs is a cuda kernel; a build without them skips.
+TEST(KernelBackend, CudaTableCoversTheDenseDecoders) {
+  const KernelBackend& nvidia = kernels::kernel_backend_for_device("h200");
+  if (std::string(nvidia.name) != "cuda") {
+    GTEST_SKIP() << "SKIP: this build has no cuda table: " << nvidia.device_check();
+  }
+  const KernelBackend& cpu = kernels::cpu_backend();
+#define MT_COVERED(entry)                                       \
+  EXPECT_TRUE(nvidia.entry != nullptr) << #entry << " is null"; \
+  EXPECT_TRUE(nvidia.entry != cpu.entry) << #entry << " is the cpu function";
+  MT_DENSE_DECODER_ENTRIES(MT_COVERED)
+#undef MT_COVERED
+}
+
 // A device arena, simulated: the cpu kernels over memory the host cannot touch (PROT_NONE) except inside
 // a kernel entry or a memory copy of the table. Any other host access (the engine or an op reading or
 // writing arena memory directly) is a segmentation fault here, as it is on a GPU.
@@ -425,33 +488,8 @@ const KernelBackend& guarded_backend() {
   guarded.entry = [](auto... arguments) {              \
     const ArenaOpen open;                              \
     return kernels::cpu_backend().entry(arguments...); \
-  }
-    MT_GUARDED(memory_copy_in);
-    MT_GUARDED(memory_copy_out);
-    MT_GUARDED(memory_fill);
-    MT_GUARDED(matmul_forward);
-    MT_GUARDED(matmul_backward);
-    MT_GUARDED(residual_add);
-    MT_GUARDED(embedding_forward);
-    MT_GUARDED(embedding_backward);
-    MT_GUARDED(unembed_cross_entropy);
-    MT_GUARDED(unembed_logits);
-    MT_GUARDED(rmsnorm_forward);
-    MT_GUARDED(rmsnorm_backward);
-    MT_GUARDED(layernorm_forward);
-    MT_GUARDED(layernorm_backward);
-    MT_GUARDED(swiglu_forward);
-    MT_GUARDED(swiglu_backward);
-    MT_GUARDED(gelu_forward);
-    MT_GUARDED(gelu_backward);
-    MT_GUARDED(rope_forward);
-    MT_GUARDED(rope_backward);
-    MT_GUARDED(column_slice_forward);
-    MT_GUARDED(column_slice_backward);
-    MT_GUARDED(attention_forward);
-    MT_GUARDED(attention_backward);
-    MT_GUARDED(adamw_update);
-    MT_GUARDED(sum_of_squares);
+  };
+    MT_DENSE_DECODER_ENTRIES(MT_GUARDED)
 #undef MT_GUARDED
     return guarded;
   }();
@@ -460,45 +498,44 @@ const KernelBackend& guarded_backend() {
 
 // What the cuda backend runs (the dense decoders), over an arena the host cannot touch: training steps,
 // eval and a checkpoint round trip reach the arena only through the table, and give bitwise the losses,
-// gradients and parameters of the host-memory engine.
+// gradients and parameters of the host-memory engine; in float32, and in bfloat16 where this CPU computes it.
 TEST(KernelBackend, DenseTrainingTouchesADeviceArenaOnlyThroughTheTable) {
-  for (const std::string preset : {"qwen3-tiny", "gpt2-124m"}) {
-    const Config config = tiny_config(preset);
-    PlanRequest request;
-    request.config = config;
-    request.devices = 1;
-    TrainingPlan plan = plan_training(request);
-    plan.spec.kernels = &guarded_backend();
-    Engine plain(config);
-    const fs::path dir = fs::temp_directory_path() / ("meshtrain_guarded_" + std::to_string(::getpid()));
-    {
-      Engine guarded(std::move(plan));
-      const Batch batch = tiny_batch(guarded.spec().dims);
-      for (int64_t step = 0; step < 2; ++step) {
-        const LossSums a = guarded.fwd_bwd(batch), b = plain.fwd_bwd(batch);
-        EXPECT_EQ(a.loss_sum, b.loss_sum) << preset;
-        const LossSums a2 = guarded.fwd_bwd_accum(batch, true), b2 = plain.fwd_bwd_accum(batch, true);
-        EXPECT_EQ(a2.loss_sum, b2.loss_sum) << preset;
-        EXPECT_EQ(guarded.update(a.valid_count + a2.valid_count, 1e-2, step).grad_norm,
-                  plain.update(b.valid_count + b2.valid_count, 1e-2, step).grad_norm)
-            << preset;
+  std::vector<DType> dtypes = {DType::f32};
+  if (cpu_features().avx512_bf16 || cpu_features().amx_bf16) dtypes.push_back(DType::bf16);
+  for (const DType dtype : dtypes) {
+    for (const std::string preset : {"qwen3-tiny", "gpt2-124m"}) {
+      SCOPED_TRACE(preset + (dtype == DType::bf16 ? " bfloat16" : " float32"));
+      Config config = tiny_config(preset);
+      config.dtype = dtype;
+      Engine plain(config);
+      const fs::path dir = fs::temp_directory_path() / ("meshtrain_guarded_" + std::to_string(::getpid()));
+      {
+        Engine guarded(plan_through(config, guarded_backend()));
+        const Batch batch = tiny_batch(guarded.spec().dims);
+        for (int64_t step = 0; step < 2; ++step) {
+          const LossSums a = guarded.fwd_bwd(batch), b = plain.fwd_bwd(batch);
+          EXPECT_EQ(a.loss_sum, b.loss_sum) << preset;
+          const LossSums a2 = guarded.fwd_bwd_accum(batch, true), b2 = plain.fwd_bwd_accum(batch, true);
+          EXPECT_EQ(a2.loss_sum, b2.loss_sum) << preset;
+          EXPECT_EQ(guarded.update(a.valid_count + a2.valid_count, 1e-2, step).grad_norm,
+                    plain.update(b.valid_count + b2.valid_count, 1e-2, step).grad_norm)
+              << preset;
+        }
+        EXPECT_EQ(guarded.eval(batch).loss_sum, plain.eval(batch).loss_sum) << preset;
+        save_checkpoint(dir.string(), guarded, {2, {}, {}, {}}, {});
+        EXPECT_EQ(guarded.host_copy_bytes(), 0u) << preset << ": the save's host copy outlived it";
       }
-      EXPECT_EQ(guarded.eval(batch).loss_sum, plain.eval(batch).loss_sum) << preset;
-      save_checkpoint(dir.string(), guarded, {2, {}, {}, {}}, {});
-      EXPECT_EQ(guarded.host_copy_bytes(), 0u) << preset << ": the save's host copy outlived it";
+      // Loaded into a fresh guarded engine, the state trains on as the host engine does.
+      Engine loaded(plan_through(config, guarded_backend()));
+      EXPECT_EQ(load_checkpoint(dir.string() + "/step_00000002", loaded, false).step, 2);
+      EXPECT_EQ(loaded.host_copy_bytes(), 0u) << preset << ": the load's host copy outlived it";
+      const Batch batch = tiny_batch(loaded.spec().dims);
+      EXPECT_EQ(loaded.fwd_bwd(batch).loss_sum, plain.fwd_bwd(batch).loss_sum) << preset;
+      for (const ParameterDecl& parameter : loaded.spec().parameters) {
+        EXPECT_EQ(loaded.read(parameter.gradient), plain.read(parameter.gradient)) << preset;
+      }
+      fs::remove_all(dir);
     }
-    // Loaded into a fresh guarded engine, the state trains on as the host engine does.
-    TrainingPlan again = plan_training(request);
-    again.spec.kernels = &guarded_backend();
-    Engine loaded(std::move(again));
-    EXPECT_EQ(load_checkpoint(dir.string() + "/step_00000002", loaded, false).step, 2);
-    EXPECT_EQ(loaded.host_copy_bytes(), 0u) << preset << ": the load's host copy outlived it";
-    const Batch batch = tiny_batch(loaded.spec().dims);
-    EXPECT_EQ(loaded.fwd_bwd(batch).loss_sum, plain.fwd_bwd(batch).loss_sum) << preset;
-    for (const ParameterDecl& parameter : loaded.spec().parameters) {
-      EXPECT_EQ(loaded.read(parameter.gradient), plain.read(parameter.gradient)) << preset;
-    }
-    fs::remove_all(dir);
   }
 }
 

@@ -82,8 +82,8 @@ struct RunResult {
   std::vector<float> parameters;
 };
 
-// The cpu table storing every activation in float32, each bf16 matmul rounding its own x (what the cuda
-// kernels do): the cpu plan without the producers' rounding.
+// The cpu table storing every activation in float32, each bf16 matmul rounding its own x: the cpu plan
+// without the producers' rounding.
 const kernels::KernelBackend& cpu_rounding_in_the_matmuls() {
   static const kernels::KernelBackend table = [] {
     kernels::KernelBackend cpu = kernels::cpu_backend();
@@ -538,26 +538,29 @@ TEST(Plan, Bf16OnAcceleratorsStoresBf16ActivationsAndDecodesInFloat32) {
   for (const BufferDecl& buffer : decode.spec.buffers) EXPECT_NE(buffer.dtype, DType::bf16) << buffer.name;
 }
 
-// An NVIDIA topology is planned as the cuda kernels run it (float32 activations; dtype=bfloat16 rounds the
-// dense matmuls' inputs into planned scratch, with no producer storing a bf16 matmul input yet), with or
-// without CUDA in this build: its memory is that of the cpu plan that rounds in the matmuls.
+// An NVIDIA topology is planned as the cuda kernels run it, with or without CUDA in this build: as the cpu
+// kernels (dtype=bfloat16: the norms, SwiGLU and GELU store the matmul-only activations in bf16, the other
+// matmul inputs rounded into planned scratch), so its memory and every buffer are the cpu plan's.
 TEST(Plan, NvidiaTopologiesArePlannedAsTheCudaKernelsRunThem) {
   for (const char* dtype : {"dtype=float32", "dtype=bfloat16"}) {
+    const bool bf16 = std::string(dtype) == "dtype=bfloat16";
     const TrainingPlan gpu = plan_for("qwen3-tiny", tiny({"topology=h200x1", dtype}));
-    PlanRequest cpu_request;
-    cpu_request.config = load_config("qwen3-tiny", tiny({dtype}));
-    cpu_request.backend = &cpu_rounding_in_the_matmuls();
-    const TrainingPlan cpu = plan_training(cpu_request);
+    const TrainingPlan cpu = plan_for("qwen3-tiny", tiny({dtype}));
     EXPECT_EQ(gpu.arena_bytes, cpu.arena_bytes) << dtype;
     EXPECT_EQ(gpu.persistent_bytes, cpu.persistent_bytes) << dtype;
-    bool rounding_scratch = false;
-    for (const PlanBuffer& buffer : gpu.buffers) {
-      if (buffer.kind == BufferKind::activation) {
-        EXPECT_EQ(buffer.dtype, DType::f32) << buffer.name;
-      }
+    ASSERT_EQ(gpu.buffers.size(), cpu.buffers.size()) << dtype;
+    bool bf16_activation = false, rounding_scratch = false;
+    for (size_t i = 0; i < gpu.buffers.size(); ++i) {
+      const PlanBuffer& buffer = gpu.buffers[i];
+      EXPECT_EQ(buffer.name, cpu.buffers[i].name) << dtype;
+      EXPECT_EQ(buffer.dtype, cpu.buffers[i].dtype) << buffer.name;
+      EXPECT_EQ(buffer.bytes, cpu.buffers[i].bytes) << buffer.name;
+      bf16_activation =
+          bf16_activation || (buffer.kind == BufferKind::activation && buffer.dtype == DType::bf16);
       rounding_scratch = rounding_scratch || buffer.name.ends_with("bf16_inputs");
     }
-    EXPECT_EQ(rounding_scratch, std::string(dtype) == "dtype=bfloat16") << dtype;
+    EXPECT_EQ(bf16_activation, bf16) << dtype;
+    EXPECT_EQ(rounding_scratch, bf16) << dtype;
   }
 }
 

@@ -58,6 +58,7 @@ const KernelBackend& cpu_backend() {
       .name = "cpu",
       .device_check = host_device_check,
       .device_description = host_device_description,
+      .device_resources = host_device_resources,
       .memory_on_host = host_memory_on_host,
       .memory_allocate = host_memory_allocate,
       .memory_free = host_memory_free,

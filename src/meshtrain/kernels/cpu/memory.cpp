@@ -18,6 +18,10 @@ std::string host_device_description() {
   return "host memory";
 }
 
+DeviceResources host_device_resources() {
+  return DeviceResources{"host memory", 0, 0, true};
+}
+
 bool host_memory_on_host() {
   return true;
 }

@@ -6,10 +6,13 @@
 #include <cstdint>
 #include <string>
 
+#include "meshtrain/kernels/backend.h"
+
 namespace meshtrain::kernels {
 
 std::string host_device_check();           // "": the cpu kernels run everywhere
 std::string host_device_description();     // "host memory"
+DeviceResources host_device_resources();   // nothing to check: free_bytes 0, bf16 (the engine checks the CPU)
 bool host_memory_on_host();                // true
 void* host_memory_allocate(size_t bytes);  // zeroed, 64-byte aligned; nullptr when the allocation fails
 void host_memory_free(void* base);

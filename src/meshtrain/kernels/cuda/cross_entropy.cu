@@ -1,13 +1,18 @@
 // Fused unembedding + softmax cross-entropy on the GPU, C tokens at a time (GEMMs through gemm.h, one block
 // per row for the softmax), and plain logits for decoding. Semantics as kernels/cpu/cross_entropy.h.
-// Legend: N tokens, D width, V vocab (padded), C chunk of tokens (chunk_tokens), vv = vocab_valid,
-// L the row width of a chunk's logits (V for kernel_DV, vv for table_VD).
+// Legend: N tokens, D width, V vocab (padded), C chunk of tokens (chunk_tokens), vv = vocab_valid.
+// Every GEMM spans the padded vocabulary V in both layouts, never the vv valid columns: the model pads V to a
+// multiple of 128 (model/spec.h, padded_vocab_size), so every operand's leading dimension (V or D) is a
+// multiple of 8 elements (16-byte aligned rows) and cuBLASLt can pick its Hopper kernels. With vv = 50,257
+// the table layout's leading dimension was odd and cuBLASLt fell back to Turing-era kernels (docs/gpus.md).
+// Padding columns cost (V - vv) / V more GEMM work (0.09% for GPT-2) and are ignored by the softmax.
 #include <algorithm>
 #include <climits>
 #include <cmath>
 #include <cstdint>
 
 #include "meshtrain/core/error.h"
+#include "meshtrain/kernels/cuda/bf16.cuh"
 #include "meshtrain/kernels/cuda/cross_entropy.h"
 #include "meshtrain/kernels/cuda/device.h"
 #include "meshtrain/kernels/cuda/gemm.h"
@@ -66,24 +71,29 @@ __device__ T block_reduce(T value, Op op, T identity, T* shared) {
 }
 
 // One block per row of the chunk: the row's loss (max + log sum exp - target logit, in double; 0 for an
-// uncounted row) and, with gradients, the row overwritten with dlogits = softmax - onehot(target) over the
-// valid columns, 0 in padding columns [vv, L) and in every column of an uncounted row. The maximum and the
+// uncounted row) and, with gradients, dlogits = softmax - onehot(target) written over the row (Out = float,
+// dlogits = logits) or rounded once to bf16 into the bf16 GEMMs' input (Out = uint16_t) over the
+// valid columns, 0 in padding columns [vv, V) and in every column of an uncounted row (so the padding rows
+// of dE and columns of dW get += 0, and dh takes nothing from the padding rows of W). The maximum and the
 // sum of exponentials (in double) run over the valid columns only. A counted row whose target is out of
 // range gets a NaN loss and no onehot (the host then fails the call; the per-chunk sum flags it).
-__global__ void softmax_rows_kernel(float* logits,             // [rows, L]
+template <class Out>
+__global__ void softmax_rows_kernel(const float* logits,       // [rows, V]
+                                    Out* dlogits,              // [rows, V], written with gradients only
                                     double* row_loss,          // [rows]
                                     const int32_t* targets,    // [rows] the chunk's
                                     const uint8_t* loss_mask,  // [rows] the chunk's, or nullptr
-                                    int64_t L, int64_t vocab_valid, bool want_gradients) {
+                                    int64_t V, int64_t vocab_valid, bool want_gradients) {
   __shared__ float shared_max[32];
   __shared__ double shared_sum[32];
   const int64_t r = blockIdx.x;
-  float* row = logits + r * L;
+  const float* row = logits + r * V;
+  Out* gradient_row = dlogits + r * V;  // may be row itself: each thread reads [v] before it writes [v]
   const int64_t first = threadIdx.x, step = blockDim.x;
   const bool counts = loss_mask == nullptr || loss_mask[r] != 0;
   if (!counts) {  // uniform over the block: no thread reaches a barrier
     if (want_gradients) {
-      for (int64_t v = first; v < L; v += step) row[v] = 0.0f;
+      for (int64_t v = first; v < V; v += step) store_output(gradient_row, v, 0.0f);
     }
     if (threadIdx.x == 0) row_loss[r] = 0.0;
     return;
@@ -110,9 +120,9 @@ __global__ void softmax_rows_kernel(float* logits,             // [rows, L]
     const float scale = static_cast<float>(1.0 / sum_exp);
     for (int64_t v = first; v < vocab_valid; v += step) {
       const float softmax = expf(row[v] - max_logit) * scale;
-      row[v] = v == target ? softmax - 1.0f : softmax;
+      store_output(gradient_row, v, v == target ? softmax - 1.0f : softmax);
     }
-    for (int64_t v = vocab_valid + first; v < L; v += step) row[v] = 0.0f;
+    for (int64_t v = vocab_valid + first; v < V; v += step) store_output(gradient_row, v, 0.0f);
   }
 }
 
@@ -166,31 +176,31 @@ void product(float* c, const uint16_t* a, const uint16_t* b, int64_t M, int64_t 
   gemm_bf16(c, a, b, M, N, K, transposed_a, transposed_b, accumulate);
 }
 
-// The chunk's logits [rows, L] = h_chunk [rows, D] @ W: kernel_DV takes every column of W [D, V] (L = V;
-// the padding columns are computed and then ignored), table_VD the valid rows E[:vv, :] of W [V, D] (L = vv).
+// The chunk's logits [rows, V] = h_chunk [rows, D] @ W, every column of W [D, V] (kernel_DV) or every row of
+// E = W [V, D] (table_VD); the padding columns are computed and then ignored.
 template <class In>
 void chunk_logits(float* logits, const In* h_chunk, const In* w, UnembedLayout layout, int64_t rows,
-                  int64_t D, int64_t L) {
-  product(logits, h_chunk, w, rows, L, D, false, layout == UnembedLayout::table_VD, false);
+                  int64_t D, int64_t V) {
+  product(logits, h_chunk, w, rows, V, D, false, layout == UnembedLayout::table_VD, false);
 }
 
-// One chunk's gradients from its dlogits [rows, L] (zero in padding columns and uncounted rows): dh's rows
-// [rows, D] written, dw accumulated. In kernel_DV the padding columns of dW get += 0 (left as they were).
+// One chunk's gradients from its dlogits [rows, V] (zero in padding columns and uncounted rows): dh's rows
+// [rows, D] written, dw accumulated. The padding columns of dW / rows of dE get += 0 (left as they were).
 template <class In>
 void backward_chunk(float* dh_chunk, float* dw, const In* h_chunk, const In* w, const In* dlogits,
-                    UnembedLayout layout, int64_t rows, int64_t D, int64_t L) {
+                    UnembedLayout layout, int64_t rows, int64_t D, int64_t V) {
   const bool kernel_dv = layout == UnembedLayout::kernel_DV;
   if (dh_chunk != nullptr) {
-    // kernel_DV: dh [rows, D] = dlogits [rows, V] @ W [D, V]^T; table_VD: dlogits [rows, vv] @ E[:vv, :]
-    product(dh_chunk, dlogits, w, rows, D, L, false, kernel_dv, false);
+    // kernel_DV: dh [rows, D] = dlogits [rows, V] @ W [D, V]^T; table_VD: dlogits [rows, V] @ E [V, D]
+    product(dh_chunk, dlogits, w, rows, D, V, false, kernel_dv, false);
   }
   if (dw != nullptr) {
     if (kernel_dv) {
       // dW [D, V] += h_chunk^T [D, rows] @ dlogits [rows, V]
-      product(dw, h_chunk, dlogits, D, L, rows, true, false, true);
+      product(dw, h_chunk, dlogits, D, V, rows, true, false, true);
     } else {
-      // dE[:vv, :] [vv, D] += dlogits^T [vv, rows] @ h_chunk [rows, D]
-      product(dw, dlogits, h_chunk, L, D, rows, true, false, true);
+      // dE [V, D] += dlogits^T [V, rows] @ h_chunk [rows, D]
+      product(dw, dlogits, h_chunk, V, D, rows, true, false, true);
     }
   }
 }
@@ -217,26 +227,26 @@ CrossEntropySums unembed_cross_entropy(float* dh, float* dw, const float* h, con
 
   const int64_t C = chunk_tokens;
   const bool want_gradients = dh != nullptr || dw != nullptr;
-  const int64_t L = layout == UnembedLayout::kernel_DV ? V : vocab_valid;
-  // Scratch (cross_entropy_scratch_floats(C, V) = C V + 7 C + 1 floats): the chunk's logits [C, L], then
+  // Scratch (cross_entropy_scratch_floats(C, V) = C V + 7 C + 1 floats): the chunk's logits [C, V], then
   // at the next 8-byte boundary (at most one float on) the per-row losses [C] doubles and the Totals (two
   // 8-byte words): at most C V + 1 + 2 C + 4 <= C V + 7 C + 1 floats for every C >= 1.
-  float* logits = scratch;  // [rows, L]
+  float* logits = scratch;  // [rows, V]
   uintptr_t address = reinterpret_cast<uintptr_t>(scratch + C * V);
   address = (address + alignof(double) - 1) & ~static_cast<uintptr_t>(alignof(double) - 1);
   double* row_loss = reinterpret_cast<double*>(address);  // [C]
   Totals* totals = reinterpret_cast<Totals*>(row_loss + C);
 
   // bf16 inputs (cross_entropy_bf16_scratch_elements(C, D, V) = D V + C D + C V): W rounded once per call
-  // (the part the GEMMs read), each chunk's h [rows, D] and dlogits [rows, L] per chunk.
-  uint16_t* w_bf16 = nullptr;        // layout of w: [D, V] or E[:vv, :] [vv, D]
+  // (all of it, padding included: the GEMMs span V), each chunk's h [rows, D], and its dlogits [rows, V]
+  // as the row kernel writes them (rounded on the store: no separate pass over them).
+  uint16_t* w_bf16 = nullptr;        // layout of w: [D, V] or [V, D]
   uint16_t* h_chunk_bf16 = nullptr;  // [C, D]
-  uint16_t* dlogits_bf16 = nullptr;  // [C, L]
+  uint16_t* dlogits_bf16 = nullptr;  // [C, V]
   if (bf16_inputs != nullptr) {
     w_bf16 = bf16_inputs;
     h_chunk_bf16 = bf16_inputs + D * V;
     dlogits_bf16 = h_chunk_bf16 + C * D;
-    round_to_bf16(w_bf16, w, layout == UnembedLayout::kernel_DV ? D * V : vocab_valid * D);
+    round_to_bf16(w_bf16, w, D * V);
   }
 
   for (int64_t start = 0; start < N; start += C) {
@@ -245,12 +255,17 @@ CrossEntropySums unembed_cross_entropy(float* dh, float* dw, const float* h, con
     const uint8_t* mask_chunk = loss_mask == nullptr ? nullptr : loss_mask + start;  // [rows]
     if (w_bf16 != nullptr) {
       round_to_bf16(h_chunk_bf16, h_chunk, rows * D);
-      chunk_logits<uint16_t>(logits, h_chunk_bf16, w_bf16, layout, rows, D, L);
+      chunk_logits<uint16_t>(logits, h_chunk_bf16, w_bf16, layout, rows, D, V);
     } else {
-      chunk_logits<float>(logits, h_chunk, w, layout, rows, D, L);
+      chunk_logits<float>(logits, h_chunk, w, layout, rows, D, V);
     }
-    softmax_rows_kernel<<<static_cast<unsigned>(rows), kRowThreads, 0, stream()>>>(
-        logits, row_loss, targets + start, mask_chunk, L, vocab_valid, want_gradients);
+    if (w_bf16 != nullptr) {
+      softmax_rows_kernel<uint16_t><<<static_cast<unsigned>(rows), kRowThreads, 0, stream()>>>(
+          logits, dlogits_bf16, row_loss, targets + start, mask_chunk, V, vocab_valid, want_gradients);
+    } else {
+      softmax_rows_kernel<float><<<static_cast<unsigned>(rows), kRowThreads, 0, stream()>>>(
+          logits, logits, row_loss, targets + start, mask_chunk, V, vocab_valid, want_gradients);
+    }
     MT_CUDA_LAUNCHED("softmax_rows_kernel");
     sum_chunk_kernel<<<1, kSumThreads, 0, stream()>>>(totals, row_loss, targets + start, mask_chunk, rows,
                                                       vocab_valid, start == 0);
@@ -258,10 +273,9 @@ CrossEntropySums unembed_cross_entropy(float* dh, float* dw, const float* h, con
     if (!want_gradients) continue;
     float* dh_chunk = dh == nullptr ? nullptr : dh + start * D;  // [rows, D]
     if (w_bf16 != nullptr) {
-      round_to_bf16(dlogits_bf16, logits, rows * L);
-      backward_chunk<uint16_t>(dh_chunk, dw, h_chunk_bf16, w_bf16, dlogits_bf16, layout, rows, D, L);
+      backward_chunk<uint16_t>(dh_chunk, dw, h_chunk_bf16, w_bf16, dlogits_bf16, layout, rows, D, V);
     } else {
-      backward_chunk<float>(dh_chunk, dw, h_chunk, w, logits, layout, rows, D, L);
+      backward_chunk<float>(dh_chunk, dw, h_chunk, w, logits, layout, rows, D, V);
     }
   }
 

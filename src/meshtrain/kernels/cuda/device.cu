@@ -3,6 +3,7 @@
 
 #include "meshtrain/core/error.h"
 #include "meshtrain/kernels/cuda/device.h"
+#include "meshtrain/kernels/cuda/gemm.h"
 
 namespace meshtrain::kernels::cuda {
 
@@ -56,6 +57,26 @@ std::string device_description() {
   return std::string(properties.name) + " (sm_" + std::to_string(properties.major) +
          std::to_string(properties.minor) + ", " + to_text(static_cast<double>(total_bytes) / kGiB) +
          " GiB, " + to_text(static_cast<double>(free_bytes) / kGiB) + " GiB free)";
+}
+
+// What a process holds on the device beside its arena and beyond its CUDA context (which is created before
+// the free memory is read, so that is already counted as used): cuBLASLt's workspace, and an allowance for
+// the kernel modules and cuBLASLt's handle, loaded at the first kernel. The allowance is declared, not
+// measured apart from the context: the whole was 567 MiB on an H200 with the context (docs/gpus.md).
+constexpr size_t kModuleAllowanceBytes = size_t{256} << 20;
+
+DeviceResources device_resources() {
+  cudaDeviceProp properties{};
+  MT_CUDA(cudaGetDeviceProperties(&properties, 0));
+  size_t free_bytes = 0, total_bytes = 0;
+  memory_info(&free_bytes, &total_bytes);
+  DeviceResources device;
+  device.name = std::string(properties.name) + " (GPU 0, compute capability " +
+                std::to_string(properties.major) + "." + std::to_string(properties.minor) + ")";
+  device.free_bytes = free_bytes;
+  device.overhead_bytes = gemm_workspace_bytes() + kModuleAllowanceBytes;
+  device.bf16 = properties.major >= 8;  // bf16 tensor cores: Ampere (8.0) and later
+  return device;
 }
 
 bool memory_on_host() {

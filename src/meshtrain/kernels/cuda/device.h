@@ -11,6 +11,8 @@
 #include <cstdint>
 #include <string>
 
+#include "meshtrain/kernels/backend.h"
+
 namespace meshtrain::kernels::cuda {
 
 // The stream of this process's device work (created on first use, on device 0).
@@ -45,6 +47,7 @@ inline unsigned elementwise_blocks(int64_t count) {
 // Table entries (kernels/backend.h).
 std::string device_check();
 std::string device_description();
+DeviceResources device_resources();
 bool memory_on_host();                // false
 void* memory_allocate(size_t bytes);  // cudaMalloc, zeroed; nullptr when it does not fit
 void memory_free(void* base);

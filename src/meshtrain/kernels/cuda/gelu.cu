@@ -1,8 +1,10 @@
 // Tanh-approximated GELU on the GPU (gelu.h; semantics of kernels/cpu/gelu.h):
 // out = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) and dx = dout * gelu'(x).
-// Legend: count elements (N tokens times F MLP width); every array holds count floats.
+// gelu_forward_bf16 writes out in bf16 (float32 math, one rounding on the store), as the cpu's.
+// Legend: count elements (N tokens times F MLP width); every array holds count elements.
 #include <cstdint>
 
+#include "meshtrain/kernels/cuda/bf16.cuh"
 #include "meshtrain/kernels/cuda/device.h"
 #include "meshtrain/kernels/cuda/gelu.h"
 
@@ -13,11 +15,13 @@ namespace {
 constexpr float kScale = static_cast<float>(0.79788456080286535588);
 constexpr float kCubic = 0.044715f;
 
-__global__ void forward_kernel(float* out, const float* x, int64_t count) {
+// Out: float (float32 out) or uint16_t (bf16 out).
+template <class Out>
+__global__ void forward_kernel(Out* out, const float* x, int64_t count) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += stride) {
     const float v = x[i];
-    out[i] = 0.5f * v * (1.0f + tanhf(kScale * (v + kCubic * v * v * v)));
+    store_output(out, i, 0.5f * v * (1.0f + tanhf(kScale * (v + kCubic * v * v * v))));
   }
 }
 
@@ -34,12 +38,21 @@ __global__ void backward_kernel(float* dx, const float* dout, const float* x, in
   }
 }
 
+template <class Out>
+void launch_forward(Out* out, const float* x, int64_t count) {
+  if (count <= 0) return;
+  forward_kernel<Out><<<elementwise_blocks(count), kElementwiseThreads, 0, stream()>>>(out, x, count);
+  MT_CUDA_LAUNCHED("gelu forward_kernel");
+}
+
 }  // namespace
 
 void gelu_forward(float* out, const float* x, int64_t count) {
-  if (count <= 0) return;
-  forward_kernel<<<elementwise_blocks(count), kElementwiseThreads, 0, stream()>>>(out, x, count);
-  MT_CUDA_LAUNCHED("gelu forward_kernel");
+  launch_forward(out, x, count);
+}
+
+void gelu_forward_bf16(uint16_t* out, const float* x, int64_t count) {
+  launch_forward(out, x, count);
 }
 
 void gelu_backward(float* dx, const float* dout, const float* x, int64_t count) {

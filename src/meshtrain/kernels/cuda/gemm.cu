@@ -24,6 +24,7 @@
 #include <unordered_map>
 
 #include "meshtrain/core/error.h"
+#include "meshtrain/kernels/cuda/bf16.cuh"
 #include "meshtrain/kernels/cuda/device.h"
 #include "meshtrain/kernels/cuda/gemm.h"
 
@@ -197,13 +198,6 @@ void run_gemm(float* c, const void* a, const void* b, int64_t M, int64_t N, int6
   // Host scalars (the default pointer mode): read during the call. Lt-A is our B, Lt-B our A.
   MT_CUBLAS(cublasLtMatmul(lib.handle, plan->operation, &alpha, b, plan->lt_a, a, plan->lt_b, &beta, c,
                            plan->lt_c, c, plan->lt_c, &plan->algo, lib.workspace, kWorkspaceBytes, stream()));
-}
-
-// Nearest even, NaN kept a quiet NaN: the bits of bfloat16_from_float (core/dtype.h), computed the same way.
-__device__ uint16_t bf16_bits(float value) {
-  const uint32_t bits = __float_as_uint(value);
-  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x0040u);
-  return static_cast<uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
 }
 
 __global__ void round_kernel(uint16_t* out,    // [count]

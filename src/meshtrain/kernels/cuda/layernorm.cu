@@ -1,10 +1,12 @@
 // LayerNorm on the GPU (layernorm.h; semantics of kernels/cpu/layernorm.h): out = (x - mean) rstd w + b with
 // mean and rstd = 1 / sqrt(var + eps) (biased, two-pass) saved per row; backward dx = (or +=) dL/dx,
 // dw += dL/dw, db += dL/db.
+// layernorm_forward_bf16 writes out in bf16 (float32 math, one rounding on the store), as the cpu's.
 // Legend: N tokens (rows), D width (columns); x, out, dout, dx [N, D]; w, b, dw, db [D]; mean, rstd [N].
 #include <algorithm>
 #include <cstdint>
 
+#include "meshtrain/kernels/cuda/bf16.cuh"
 #include "meshtrain/kernels/cuda/device.h"
 #include "meshtrain/kernels/cuda/layernorm.h"
 #include "meshtrain/kernels/cuda/row_reduce.cuh"
@@ -14,8 +16,9 @@ namespace {
 
 // One block per row, two passes as the cpu (E[x^2] - mean^2 cancels when |mean| >> std): mean = sum(x) / D,
 // rstd = 1 / sqrt(sum((x - mean)^2) / D + eps) (correctly rounded sqrt and division), then
-// out = (x - mean) rstd w + b.
-__global__ void forward_kernel(float* out, float* mean, float* rstd, const float* x, const float* w,
+// out = (x - mean) rstd w + b. Out: float (float32 out) or uint16_t (bf16 out).
+template <class Out>
+__global__ void forward_kernel(Out* out, float* mean, float* rstd, const float* x, const float* w,
                                const float* b, int64_t N, int64_t D, float eps) {
   __shared__ float shared[32];
   for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
@@ -33,8 +36,9 @@ __global__ void forward_kernel(float* out, float* mean, float* rstd, const float
       mean[n] = m;
       rstd[n] = r;
     }
-    float* target = out + n * D;
-    for (int64_t j = threadIdx.x; j < D; j += blockDim.x) target[j] = (row[j] - m) * r * w[j] + b[j];
+    Out* target = out + n * D;
+    for (int64_t j = threadIdx.x; j < D; j += blockDim.x)
+      store_output(target, j, (row[j] - m) * r * w[j] + b[j]);
   }
 }
 
@@ -97,13 +101,24 @@ __global__ void __launch_bounds__(kColumnThreads)
   }
 }
 
+template <class Out>
+void launch_forward(Out* out, float* mean, float* rstd, const float* x, const float* w, const float* b,
+                    int64_t N, int64_t D, float eps) {
+  if (N <= 0 || D <= 0) return;
+  forward_kernel<Out><<<row_blocks(N), kRowThreads, 0, stream()>>>(out, mean, rstd, x, w, b, N, D, eps);
+  MT_CUDA_LAUNCHED("layernorm forward_kernel");
+}
+
 }  // namespace
 
 void layernorm_forward(float* out, float* mean, float* rstd, const float* x, const float* w, const float* b,
                        int64_t N, int64_t D, float eps) {
-  if (N <= 0 || D <= 0) return;
-  forward_kernel<<<row_blocks(N), kRowThreads, 0, stream()>>>(out, mean, rstd, x, w, b, N, D, eps);
-  MT_CUDA_LAUNCHED("layernorm forward_kernel");
+  launch_forward(out, mean, rstd, x, w, b, N, D, eps);
+}
+
+void layernorm_forward_bf16(uint16_t* out, float* mean, float* rstd, const float* x, const float* w,
+                            const float* b, int64_t N, int64_t D, float eps) {
+  launch_forward(out, mean, rstd, x, w, b, N, D, eps);
 }
 
 void layernorm_backward(float* dx, float* dw, float* db, const float* dout, const float* x, const float* w,

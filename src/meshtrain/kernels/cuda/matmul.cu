@@ -63,58 +63,90 @@ void add_column_sums(float* dbias,       // [O]
   MT_CUDA_LAUNCHED("matmul column_sums_kernel");
 }
 
-}  // namespace
+// The bf16 backward once x is in bfloat16 (rounded by matmul_backward or by its producer): dout and w
+// rounded into scratch [N, O] + [I, O], the cpu kernel's split (kernels/cpu/matmul.cpp).
+void backward_bf16(float* dx, float* dw, const float* dout, const uint16_t* x_bf16, const float* w, int64_t N,
+                   int64_t I, int64_t O, bool accumulate_dx, uint16_t* scratch) {
+  uint16_t* dout_bf16 = scratch;       // [N, O]
+  uint16_t* w_bf16 = scratch + N * O;  // [I, O]
+  round_to_bf16(dout_bf16, dout, N * O);
+  if (dx != nullptr) {  // dx [N, I] = dout [N, O] @ w^T ([I, O] stored)
+    round_to_bf16(w_bf16, w, I * O);
+    gemm_bf16(dx, dout_bf16, w_bf16, N, I, O, false, true, accumulate_dx);
+  }
+  if (dw != nullptr) {  // dw [I, O] += x^T ([N, I] stored) @ dout [N, O]
+    gemm_bf16(dw, x_bf16, dout_bf16, I, O, N, true, false, true);
+  }
+}
 
-void matmul_forward(float* out, const float* x, const float* w, const float* bias, int64_t N, int64_t I,
-                    int64_t O, uint16_t* bf16_inputs) {
-  if (N == 0 || O == 0) return;
+// What the forward does before any GEMM: out = bias in every row (or 0 when there is no product to add to
+// it); false when nothing is left to do.
+bool start_output(float* out, const float* bias, int64_t N, int64_t I, int64_t O) {
+  if (N == 0 || O == 0) return false;
   if (bias != nullptr) {
     broadcast_bias(out, bias, N, O);  // then the GEMM accumulates onto it
   } else if (I == 0) {
     MT_CUDA(cudaMemsetAsync(out, 0, static_cast<size_t>(N * O) * sizeof(float), stream()));
   }
-  if (I == 0) return;
-  if (bf16_inputs != nullptr) {
-    // The cpu kernel's split of the scratch (kernels/cpu/matmul.cpp).
-    uint16_t* x_bf16 = bf16_inputs;          // [N, I]
-    uint16_t* w_bf16 = bf16_inputs + N * I;  // [I, O]
-    round_to_bf16(x_bf16, x, N * I);
-    round_to_bf16(w_bf16, w, I * O);
-    gemm_bf16(out, x_bf16, w_bf16, N, O, I, false, false, bias != nullptr);
-    return;
-  }
-  gemm_f32(out, x, w, N, O, I, false, false, bias != nullptr);
+  return I > 0;
 }
 
-void matmul_backward(float* dx, float* dw, float* dbias, const float* dout, const float* x, const float* w,
-                     int64_t N, int64_t I, int64_t O, bool accumulate_dx, uint16_t* bf16_inputs) {
+// What the backward does before any GEMM: the bias gradient, and dx when there is no product; false when
+// nothing is left to do.
+bool start_backward(float* dx, float* dw, float* dbias, const float* dout, int64_t N, int64_t I, int64_t O,
+                    bool accumulate_dx) {
   if (dbias != nullptr && O > 0 && N > 0) add_column_sums(dbias, dout, N, O);  // N == 0: adds nothing
-  if (N == 0 || I == 0) return;
+  if (N == 0 || I == 0) return false;
   if (O == 0) {  // an empty sum: dx = 0 (or unchanged), dw += 0
     if (dx != nullptr && !accumulate_dx) {
       MT_CUDA(cudaMemsetAsync(dx, 0, static_cast<size_t>(N * I) * sizeof(float), stream()));
     }
+    return false;
+  }
+  return dx != nullptr || dw != nullptr;
+}
+
+}  // namespace
+
+void matmul_forward(float* out, const float* x, const float* w, const float* bias, int64_t N, int64_t I,
+                    int64_t O, uint16_t* bf16_inputs) {
+  if (bf16_inputs != nullptr) {
+    // The cpu kernel's split of the scratch (kernels/cpu/matmul.cpp): x [N, I], then what _bf16_x rounds.
+    uint16_t* x_bf16 = bf16_inputs;
+    round_to_bf16(x_bf16, x, N * I);
+    matmul_forward_bf16_x(out, x_bf16, w, bias, N, I, O, bf16_inputs + N * I);
     return;
   }
-  if (dx == nullptr && dw == nullptr) return;
+  if (!start_output(out, bias, N, I, O)) return;
+  gemm_f32(out, x, w, N, O, I, false, false, bias != nullptr);
+}
+
+void matmul_forward_bf16_x(float* out, const uint16_t* x, const float* w, const float* bias, int64_t N,
+                           int64_t I, int64_t O, uint16_t* bf16_inputs) {
+  if (!start_output(out, bias, N, I, O)) return;
+  uint16_t* w_bf16 = bf16_inputs;  // [I, O]
+  round_to_bf16(w_bf16, w, I * O);
+  gemm_bf16(out, x, w_bf16, N, O, I, false, false, bias != nullptr);
+}
+
+void matmul_backward(float* dx, float* dw, float* dbias, const float* dout, const float* x, const float* w,
+                     int64_t N, int64_t I, int64_t O, bool accumulate_dx, uint16_t* bf16_inputs) {
+  if (!start_backward(dx, dw, dbias, dout, N, I, O, accumulate_dx)) return;
   if (bf16_inputs != nullptr) {
-    // The cpu kernel's split of the scratch (kernels/cpu/matmul.cpp).
-    uint16_t* dout_bf16 = bf16_inputs;               // [N, O]
-    uint16_t* w_bf16 = bf16_inputs + N * O;          // [I, O]
-    uint16_t* x_bf16 = bf16_inputs + N * O + I * O;  // [N, I]
-    round_to_bf16(dout_bf16, dout, N * O);
-    if (dx != nullptr) {  // dx [N, I] = dout [N, O] @ w^T ([I, O] stored)
-      round_to_bf16(w_bf16, w, I * O);
-      gemm_bf16(dx, dout_bf16, w_bf16, N, I, O, false, true, accumulate_dx);
-    }
-    if (dw != nullptr) {  // dw [I, O] += x^T ([N, I] stored) @ dout [N, O]
-      round_to_bf16(x_bf16, x, N * I);
-      gemm_bf16(dw, x_bf16, dout_bf16, I, O, N, true, false, true);
-    }
+    uint16_t* x_bf16 = bf16_inputs + N * O + I * O;  // [N, I], after backward_bf16's scratch
+    if (dw != nullptr) round_to_bf16(x_bf16, x, N * I);
+    backward_bf16(dx, dw, dout, x_bf16, w, N, I, O, accumulate_dx, bf16_inputs);
     return;
   }
   if (dx != nullptr) gemm_f32(dx, dout, w, N, I, O, false, true, accumulate_dx);
   if (dw != nullptr) gemm_f32(dw, x, dout, I, O, N, true, false, true);
+}
+
+void matmul_backward_bf16_x(float* dx, float* dw, float* dbias, const float* dout, const uint16_t* x,
+                            const float* w, int64_t N, int64_t I, int64_t O, bool accumulate_dx,
+                            uint16_t* bf16_inputs) {
+  if (!start_backward(dx, dw, dbias, dout, N, I, O, accumulate_dx)) return;
+  backward_bf16(dx, dw, dout, x, w, N, I, O, accumulate_dx, bf16_inputs);
 }
 
 }  // namespace meshtrain::kernels::cuda

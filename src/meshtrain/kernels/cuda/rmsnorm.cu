@@ -1,9 +1,11 @@
 // RMSNorm on the GPU (rmsnorm.h; semantics of kernels/cpu/rmsnorm.h): out = w * x * rstd with rstd =
 // 1 / sqrt(mean(x^2) + eps) saved per row; backward dx = (or +=) dL/dx, dw += dL/dw.
+// rmsnorm_forward_bf16 writes out in bf16 (float32 math, one rounding on the store), as the cpu's.
 // Legend: N tokens (rows), D width (columns); x, out, dout, dx [N, D]; w, dw [D]; rstd [N].
 #include <algorithm>
 #include <cstdint>
 
+#include "meshtrain/kernels/cuda/bf16.cuh"
 #include "meshtrain/kernels/cuda/device.h"
 #include "meshtrain/kernels/cuda/rmsnorm.h"
 #include "meshtrain/kernels/cuda/row_reduce.cuh"
@@ -12,8 +14,9 @@ namespace meshtrain::kernels::cuda {
 namespace {
 
 // One block per row: rstd = 1 / sqrt(sum(x^2) / D + eps) (correctly rounded sqrt and division, as the cpu's
-// std::sqrt and /), out = w * (x * rstd) in the cpu's order.
-__global__ void forward_kernel(float* out, float* rstd, const float* x, const float* w, int64_t N, int64_t D,
+// std::sqrt and /), out = w * (x * rstd) in the cpu's order. Out: float (float32 out) or uint16_t (bf16).
+template <class Out>
+__global__ void forward_kernel(Out* out, float* rstd, const float* x, const float* w, int64_t N, int64_t D,
                                float eps) {
   __shared__ float shared[32];
   for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
@@ -22,8 +25,9 @@ __global__ void forward_kernel(float* out, float* rstd, const float* x, const fl
     for (int64_t j = threadIdx.x; j < D; j += blockDim.x) sum_squares += row[j] * row[j];
     const float r = inverse_root_mean(block_sum(sum_squares, shared), D, eps);
     if (threadIdx.x == 0) rstd[n] = r;
-    float* target = out + n * D;
-    for (int64_t j = threadIdx.x; j < D; j += blockDim.x) target[j] = __fmul_rn(w[j], __fmul_rn(row[j], r));
+    Out* target = out + n * D;
+    for (int64_t j = threadIdx.x; j < D; j += blockDim.x)
+      store_output(target, j, __fmul_rn(w[j], __fmul_rn(row[j], r)));
   }
 }
 
@@ -69,13 +73,23 @@ __global__ void __launch_bounds__(kColumnThreads)
   }
 }
 
+template <class Out>
+void launch_forward(Out* out, float* rstd, const float* x, const float* w, int64_t N, int64_t D, float eps) {
+  if (N <= 0 || D <= 0) return;
+  forward_kernel<Out><<<row_blocks(N), kRowThreads, 0, stream()>>>(out, rstd, x, w, N, D, eps);
+  MT_CUDA_LAUNCHED("rmsnorm forward_kernel");
+}
+
 }  // namespace
 
 void rmsnorm_forward(float* out, float* rstd, const float* x, const float* w, int64_t N, int64_t D,
                      float eps) {
-  if (N <= 0 || D <= 0) return;
-  forward_kernel<<<row_blocks(N), kRowThreads, 0, stream()>>>(out, rstd, x, w, N, D, eps);
-  MT_CUDA_LAUNCHED("rmsnorm forward_kernel");
+  launch_forward(out, rstd, x, w, N, D, eps);
+}
+
+void rmsnorm_forward_bf16(uint16_t* out, float* rstd, const float* x, const float* w, int64_t N, int64_t D,
+                          float eps) {
+  launch_forward(out, rstd, x, w, N, D, eps);
 }
 
 void rmsnorm_backward(float* dx, float* dw, const float* dout, const float* x, const float* w,

@@ -1,5 +1,6 @@
-// RMSNorm forward and backward on the GPU. Semantics as kernels/cpu/rmsnorm.h.
-// Every pointer is device memory (the arena); kernels run on the stream of device.h, in call order.
+// RMSNorm forward (out in float32, or in bf16 for the matmuls: _bf16) and backward on the GPU. Semantics as
+// kernels/cpu/rmsnorm.h. Every pointer is device memory (the arena); kernels run on the stream of device.h,
+// in call order.
 #pragma once
 
 #include <cstdint>
@@ -9,6 +10,7 @@
 namespace meshtrain::kernels::cuda {
 
 RmsnormForward rmsnorm_forward;
+RmsnormForwardBf16 rmsnorm_forward_bf16;
 RmsnormBackward rmsnorm_backward;
 
 }  // namespace meshtrain::kernels::cuda

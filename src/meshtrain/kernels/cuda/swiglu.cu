@@ -1,7 +1,9 @@
 // SwiGLU on the GPU (swiglu.h; semantics of kernels/cpu/swiglu.h): out = silu(gate) * up and its gradients.
-// Legend: count elements (N tokens times F MLP width); every array holds count floats.
+// swiglu_forward_bf16 writes out in bf16 (float32 math, one rounding on the store), as the cpu's.
+// Legend: count elements (N tokens times F MLP width); every array holds count elements.
 #include <cstdint>
 
+#include "meshtrain/kernels/cuda/bf16.cuh"
 #include "meshtrain/kernels/cuda/device.h"
 #include "meshtrain/kernels/cuda/swiglu.h"
 
@@ -13,11 +15,13 @@ __device__ float sigmoid(float g) {
   return 1.0f / (1.0f + expf(-g));
 }
 
-__global__ void forward_kernel(float* out, const float* gate, const float* up, int64_t count) {
+// Out: float (float32 out) or uint16_t (bf16 out).
+template <class Out>
+__global__ void forward_kernel(Out* out, const float* gate, const float* up, int64_t count) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += stride) {
     const float g = gate[i];
-    out[i] = g * sigmoid(g) * up[i];
+    store_output(out, i, g * sigmoid(g) * up[i]);
   }
 }
 
@@ -34,12 +38,21 @@ __global__ void backward_kernel(float* dgate, float* dup, const float* dout, con
   }
 }
 
+template <class Out>
+void launch_forward(Out* out, const float* gate, const float* up, int64_t count) {
+  if (count <= 0) return;
+  forward_kernel<Out><<<elementwise_blocks(count), kElementwiseThreads, 0, stream()>>>(out, gate, up, count);
+  MT_CUDA_LAUNCHED("swiglu forward_kernel");
+}
+
 }  // namespace
 
 void swiglu_forward(float* out, const float* gate, const float* up, int64_t count) {
-  if (count <= 0) return;
-  forward_kernel<<<elementwise_blocks(count), kElementwiseThreads, 0, stream()>>>(out, gate, up, count);
-  MT_CUDA_LAUNCHED("swiglu forward_kernel");
+  launch_forward(out, gate, up, count);
+}
+
+void swiglu_forward_bf16(uint16_t* out, const float* gate, const float* up, int64_t count) {
+  launch_forward(out, gate, up, count);
 }
 
 void swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate, const float* up,
