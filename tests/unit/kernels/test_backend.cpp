@@ -27,6 +27,7 @@
 #include "meshtrain/plan/plan.h"
 #include "meshtrain/runtime/engine.h"
 #include "meshtrain/train/run.h"
+#include "tiny_batch.h"
 
 namespace meshtrain {
 namespace {
@@ -221,6 +222,7 @@ const KernelBackend& counting_backend() {
     MT_COUNTED(grouped_matmul_backward);
     MT_COUNTED(rmsnorm_streams_forward);
     MT_COUNTED(rmsnorm_streams_backward);
+    MT_COUNTED(engram_table_rows);
     MT_COUNTED(engram_gate_forward);
     MT_COUNTED(engram_gate_backward);
     MT_COUNTED(short_conv_forward);
@@ -447,6 +449,25 @@ const KernelBackend& guarded_backend() {
     MT_GUARDED(column_slice_backward);
     MT_GUARDED(attention_forward);
     MT_GUARDED(attention_backward);
+    MT_GUARDED(rmsnorm_streams_forward);
+    MT_GUARDED(rmsnorm_streams_backward);
+    MT_GUARDED(engram_table_rows);
+    MT_GUARDED(engram_gate_forward);
+    MT_GUARDED(engram_gate_backward);
+    MT_GUARDED(short_conv_forward);
+    MT_GUARDED(short_conv_backward);
+    MT_GUARDED(short_conv_output_forward);
+    MT_GUARDED(short_conv_output_backward);
+    MT_GUARDED(mhc_coefficients_forward);
+    MT_GUARDED(mhc_coefficients_backward);
+    MT_GUARDED(sinkhorn_forward);
+    MT_GUARDED(sinkhorn_backward);
+    MT_GUARDED(mhc_collapse_forward);
+    MT_GUARDED(mhc_collapse_backward);
+    MT_GUARDED(mhc_expand_forward);
+    MT_GUARDED(mhc_expand_backward);
+    MT_GUARDED(mhc_streams_repeat);
+    MT_GUARDED(mhc_streams_sum);
     MT_GUARDED(adamw_update);
     MT_GUARDED(sum_of_squares);
 #undef MT_GUARDED
@@ -455,12 +476,21 @@ const KernelBackend& guarded_backend() {
   return table;
 }
 
-// What the cuda backend runs (the dense decoders), over an arena the host cannot touch: training steps,
-// eval and a checkpoint round trip reach the arena only through the table, and give bitwise the losses,
-// gradients and parameters of the host-memory engine.
+// What the cuda backend runs (the dense decoders, and a dense decoder with Engram and mHC), over an arena
+// the host cannot touch: training steps, eval and a checkpoint round trip reach the arena only through the
+// table, and give bitwise the losses, gradients and parameters of the host-memory engine.
 TEST(KernelBackend, DenseTrainingTouchesADeviceArenaOnlyThroughTheTable) {
-  for (const std::string preset : {"qwen3-tiny", "gpt2-124m"}) {
-    const Config config = tiny_config(preset);
+  for (const std::string preset : {"qwen3-tiny", "gpt2-124m", "qwen3-tiny engram mhc"}) {
+    Config config = tiny_config(preset.substr(0, preset.find(' ')));
+    if (preset.ends_with("engram mhc")) {
+      config =
+          load_config("qwen3-tiny", {"base_emb_dim=32", "base_num_query_heads=4", "base_num_kv_heads=2",
+                                     "head_dim=8", "base_mlp_dim=48", "base_num_decoder_layers=2",
+                                     "vocab_size=100", "max_target_length=8", "per_device_batch_size=2",
+                                     "init_weights_seed=3", "decoder_block=deepseek", "engram_layers=[0,1]",
+                                     "engram_num_heads=2", "engram_head_dim=4", "engram_vocab_bases=[31,37]",
+                                     "engram_kernel_size=3", "mhc_expansion_rate=2"});
+    }
     PlanRequest request;
     request.config = config;
     request.devices = 1;
@@ -470,7 +500,7 @@ TEST(KernelBackend, DenseTrainingTouchesADeviceArenaOnlyThroughTheTable) {
     const fs::path dir = fs::temp_directory_path() / ("meshtrain_guarded_" + std::to_string(::getpid()));
     {
       Engine guarded(std::move(plan));
-      const Batch batch = tiny_batch(guarded.spec().dims);
+      const Batch batch = testing::tiny_batch_for(config, guarded.spec().dims, 7);
       for (int64_t step = 0; step < 2; ++step) {
         const LossSums a = guarded.fwd_bwd(batch), b = plain.fwd_bwd(batch);
         EXPECT_EQ(a.loss_sum, b.loss_sum) << preset;
@@ -490,7 +520,7 @@ TEST(KernelBackend, DenseTrainingTouchesADeviceArenaOnlyThroughTheTable) {
     Engine loaded(std::move(again));
     EXPECT_EQ(load_checkpoint(dir.string() + "/step_00000002", loaded, false).step, 2);
     EXPECT_EQ(loaded.host_copy_bytes(), 0u) << preset << ": the load's host copy outlived it";
-    const Batch batch = tiny_batch(loaded.spec().dims);
+    const Batch batch = testing::tiny_batch_for(config, loaded.spec().dims, 7);
     EXPECT_EQ(loaded.fwd_bwd(batch).loss_sum, plain.fwd_bwd(batch).loss_sum) << preset;
     for (const ParameterDecl& parameter : loaded.spec().parameters) {
       EXPECT_EQ(loaded.read(parameter.gradient), plain.read(parameter.gradient)) << preset;
