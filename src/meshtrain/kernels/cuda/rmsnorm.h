@@ -1,5 +1,6 @@
-// RMSNorm forward and backward on the GPU. Semantics as kernels/cpu/rmsnorm.h.
-// Every pointer is device memory (the arena); kernels run on the stream of device.h, in call order.
+// RMSNorm forward and backward on the GPU, plain and per stream (Engram, mHC). Semantics as
+// kernels/cpu/rmsnorm.h. Every pointer is device memory (the arena); kernels run on the stream of device.h,
+// in call order.
 #pragma once
 
 #include <cstdint>
@@ -10,5 +11,7 @@ namespace meshtrain::kernels::cuda {
 
 RmsnormForward rmsnorm_forward;
 RmsnormBackward rmsnorm_backward;
+RmsnormStreamsForward rmsnorm_streams_forward;
+RmsnormStreamsBackward rmsnorm_streams_backward;
 
 }  // namespace meshtrain::kernels::cuda
