@@ -6,8 +6,6 @@
 // on gpu_test.h's metric |gpu - cpu| / (1 + |cpu|), each justified where defined.
 #include <cmath>
 #include <cstdint>
-#include <cstring>
-#include <limits>
 #include <numeric>
 #include <random>
 #include <string>
@@ -23,8 +21,6 @@
 namespace meshtrain::gpu_test {
 namespace {
 
-constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
-
 // Row-wise values (the norm's out, rstd, dx; the gate's dot products): float sums over one row of D <= 257
 // in different orders (cpu simd lanes, the GPU's 256-thread tree), typical relative error ~sqrt(D / 4) 2^-24
 // < 1e-6; 1e-5 leaves a factor > 10. A wrong row, stream scale or formula gives O(1e-1).
@@ -37,24 +33,8 @@ constexpr double kReductionTolerance = 1e-4;
 // ulp): <= ~1e-6 on the metric; 1e-5 leaves a factor 10. A wrong tap, dilation or slope is O(1e-1).
 constexpr double kElementTolerance = 1e-5;
 
-void expect_bitwise(const std::vector<float>& a, const std::vector<float>& b, const std::string& what) {
-  ASSERT_EQ(a.size(), b.size()) << what;
-  size_t differing = 0, first = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (std::memcmp(&a[i], &b[i], sizeof(float)) != 0) {
-      if (differing == 0) first = i;
-      ++differing;
-    }
-  }
-  EXPECT_EQ(differing, 0u) << what << ": first at " << first << " (" << a[first] << " vs " << b[first] << ")";
-}
-
 size_t elements(int64_t count) {
   return static_cast<size_t>(count);
-}
-
-std::vector<float> nans(int64_t count) {
-  return std::vector<float>(elements(count), kNaN);
 }
 
 // ---- RMSNorm per stream --------------------------------------------------------------------------------
@@ -73,7 +53,7 @@ void check_rmsnorm_streams(int64_t N, int64_t G, int64_t D, uint32_t seed) {
   kernels::rmsnorm_streams_forward(out_cpu.data(), rstd_cpu.data(), x.data(), w.data(), N, G, D, eps);
   const DeviceBuffer<float> x_gpu(x), w_gpu(w), dout_gpu(dout), rstd_in(rstd_cpu);
   {
-    const DeviceBuffer<float> out_gpu(nans(N * G * D)), rstd_gpu(nans(N * G));
+    const DeviceBuffer<float> out_gpu(nan_filled(N * G * D)), rstd_gpu(nan_filled(N * G));
     cuda().rmsnorm_streams_forward(out_gpu.get(), rstd_gpu.get(), x_gpu.get(), w_gpu.get(), N, G, D, eps);
     expect_close(out_gpu.read(), out_cpu, kRowTolerance, what + " forward out");
     expect_close(rstd_gpu.read(), rstd_cpu, kRowTolerance, what + " forward rstd");
@@ -81,7 +61,7 @@ void check_rmsnorm_streams(int64_t N, int64_t G, int64_t D, uint32_t seed) {
   for (const bool accumulate : {false, true}) {
     const std::string case_what = what + (accumulate ? " backward (dx +=)" : " backward (dx =)");
     const std::vector<float> dx_start =
-        accumulate ? normal_values(elements(N * G * D), seed + 3) : nans(N * G * D);
+        accumulate ? normal_values(elements(N * G * D), seed + 3) : nan_filled(N * G * D);
     const std::vector<float> dw_start = normal_values(elements(G * D), seed + 4);
     std::vector<float> dx_cpu = dx_start, dw_cpu = dw_start;
     kernels::rmsnorm_streams_backward(dx_cpu.data(), dw_cpu.data(), dout.data(), x.data(), w.data(),
@@ -96,8 +76,8 @@ void check_rmsnorm_streams(int64_t N, int64_t G, int64_t D, uint32_t seed) {
     }
     expect_close(dx_runs[0], dx_cpu, kRowTolerance, case_what + " dx");
     expect_close(dw_runs[0], dw_cpu, kReductionTolerance, case_what + " dw");
-    expect_bitwise(dx_runs[1], dx_runs[0], case_what + " dx, second run");
-    expect_bitwise(dw_runs[1], dw_runs[0], case_what + " dw, second run");
+    expect_same_bits(dx_runs[1], dx_runs[0], case_what + " dx, second run");
+    expect_same_bits(dw_runs[1], dw_runs[0], case_what + " dw, second run");
   }
 }
 
@@ -141,12 +121,12 @@ void check_table(int64_t N, int64_t heads, int64_t Dh, uint32_t seed) {
   std::vector<float> memory_cpu(elements(N * heads * Dh)), d_table_cpu = d_table_start;
   kernels::embedding_forward(memory_cpu.data(), rows_cpu.data(), table.data(), N * heads, R, Dh, false, 0, R);
   kernels::embedding_backward(d_table_cpu.data(), rows_cpu.data(), d_memory.data(), N * heads, R, Dh, 0, R);
-  const DeviceBuffer<float> table_gpu(table), d_memory_gpu(d_memory), memory_gpu(nans(N * heads * Dh));
+  const DeviceBuffer<float> table_gpu(table), d_memory_gpu(d_memory), memory_gpu(nan_filled(N * heads * Dh));
   cuda().embedding_forward(memory_gpu.get(), rows_gpu.get(), table_gpu.get(), N * heads, R, Dh, false, 0, R);
-  expect_bitwise(memory_gpu.read(), memory_cpu, what + " read");
+  expect_same_bits(memory_gpu.read(), memory_cpu, what + " read");
   const DeviceBuffer<float> d_table_gpu(d_table_start);
   cuda().embedding_backward(d_table_gpu.get(), rows_gpu.get(), d_memory_gpu.get(), N * heads, R, Dh, 0, R);
-  expect_bitwise(d_table_gpu.read(), d_table_cpu, what + " read backward");
+  expect_same_bits(d_table_gpu.read(), d_table_cpu, what + " read backward");
 }
 
 TEST(CudaEngramTable, RowsAndRead) {
@@ -184,7 +164,7 @@ void check_gate(int64_t N, int64_t G, int64_t D, uint32_t seed) {
   EXPECT_EQ(gate_cpu[elements(zero_row)], 0.5f) << what << ": the zero row's cpu gate";
   const DeviceBuffer<float> q_gpu(q), k_gpu(k), v_gpu(v), d_gated_gpu(d_gated), gate_in(gate_cpu);
   {
-    const DeviceBuffer<float> gated_gpu(nans(N * G * D)), gate_gpu(nans(N * G));
+    const DeviceBuffer<float> gated_gpu(nan_filled(N * G * D)), gate_gpu(nan_filled(N * G));
     cuda().engram_gate_forward(gated_gpu.get(), gate_gpu.get(), q_gpu.get(), k_gpu.get(), v_gpu.get(), N, G,
                                D);
     expect_close(gate_gpu.read(), gate_cpu, kRowTolerance, what + " forward gate");
@@ -195,7 +175,7 @@ void check_gate(int64_t N, int64_t G, int64_t D, uint32_t seed) {
                                 gate_cpu.data(), q.data(), k.data(), v.data(), N, G, D);
   std::vector<float> runs[2][3];
   for (int run = 0; run < 2; ++run) {
-    const DeviceBuffer<float> d_q(nans(N * G * D)), d_k(nans(N * G * D)), d_v(nans(N * D));
+    const DeviceBuffer<float> d_q(nan_filled(N * G * D)), d_k(nan_filled(N * G * D)), d_v(nan_filled(N * D));
     cuda().engram_gate_backward(d_q.get(), d_k.get(), d_v.get(), d_gated_gpu.get(), gate_in.get(),
                                 q_gpu.get(), k_gpu.get(), v_gpu.get(), N, G, D);
     runs[run][0] = d_q.read();
@@ -208,7 +188,7 @@ void check_gate(int64_t N, int64_t G, int64_t D, uint32_t seed) {
   for (int64_t c = 0; c < D; ++c) {
     EXPECT_EQ(runs[0][0][elements(zero_row * D + c)], 0.0f) << what << ": d_q of the zero score's row";
   }
-  for (int i = 0; i < 3; ++i) expect_bitwise(runs[1][i], runs[0][i], what + " backward, second run");
+  for (int i = 0; i < 3; ++i) expect_same_bits(runs[1][i], runs[0][i], what + " backward, second run");
 }
 
 TEST(CudaEngramGate, OddShapes) {
@@ -245,15 +225,15 @@ void check_short_conv(int64_t B, int64_t T, int64_t C, int64_t K, int64_t dilati
   const DeviceBuffer<float> u_gpu(u), halo_gpu(halo), w_gpu(w), d_y_gpu(d_y);
   const float* halo_device = with_halo ? halo_gpu.get() : nullptr;
   {
-    const DeviceBuffer<float> y_gpu(nans(B * T * C));
+    const DeviceBuffer<float> y_gpu(nan_filled(B * T * C));
     cuda().short_conv_forward(y_gpu.get(), u_gpu.get(), halo_device, w_gpu.get(), B, T, C, K, dilation);
     expect_close(y_gpu.read(), y_cpu, kElementTolerance, what + " forward");
   }
   std::vector<float> runs[2][3];
   for (int run = 0; run < 2; ++run) {
     // Without a halo d_halo is not written: its sentinel must survive.
-    const DeviceBuffer<float> d_u(nans(B * T * C)), d_w(d_w_start);
-    const DeviceBuffer<float> d_halo(with_halo ? nans(B * H * C)
+    const DeviceBuffer<float> d_u(nan_filled(B * T * C)), d_w(d_w_start);
+    const DeviceBuffer<float> d_halo(with_halo ? nan_filled(B * H * C)
                                                : std::vector<float>(elements(B * H * C), 3.0f));
     cuda().short_conv_backward(d_u.get(), with_halo ? d_halo.get() : nullptr, d_w.get(), d_y_gpu.get(),
                                u_gpu.get(), halo_device, w_gpu.get(), B, T, C, K, dilation);
@@ -265,10 +245,10 @@ void check_short_conv(int64_t B, int64_t T, int64_t C, int64_t K, int64_t dilati
   if (with_halo) {
     expect_close(runs[0][1], d_halo_cpu, kElementTolerance, what + " backward d_halo");
   } else {
-    expect_bitwise(runs[0][1], std::vector<float>(elements(B * H * C), 3.0f), what + " d_halo untouched");
+    expect_same_bits(runs[0][1], std::vector<float>(elements(B * H * C), 3.0f), what + " d_halo untouched");
   }
   expect_close(runs[0][2], d_w_cpu, kReductionTolerance, what + " backward d_w");
-  for (int i = 0; i < 3; ++i) expect_bitwise(runs[1][i], runs[0][i], what + " backward, second run");
+  for (int i = 0; i < 3; ++i) expect_same_bits(runs[1][i], runs[0][i], what + " backward, second run");
 }
 
 TEST(CudaShortConv, OddShapes) {
@@ -296,11 +276,11 @@ TEST(CudaShortConvOutput, ForwardAndBackward) {
   kernels::short_conv_output_forward(out_cpu.data(), x.data(), gated.data(), y.data(), count);
   kernels::short_conv_output_backward(d_gated_cpu.data(), d_y_cpu.data(), d_out.data(), y.data(), count);
   const DeviceBuffer<float> x_gpu(x), gated_gpu(gated), y_gpu(y), d_out_gpu(d_out);
-  const DeviceBuffer<float> out(nans(count)), d_gated(nans(count)), d_y(nans(count));
+  const DeviceBuffer<float> out(nan_filled(count)), d_gated(nan_filled(count)), d_y(nan_filled(count));
   cuda().short_conv_output_forward(out.get(), x_gpu.get(), gated_gpu.get(), y_gpu.get(), count);
   cuda().short_conv_output_backward(d_gated.get(), d_y.get(), d_out_gpu.get(), y_gpu.get(), count);
   expect_close(out.read(), out_cpu, kElementTolerance, "short_conv_output forward");
-  expect_bitwise(d_gated.read(), d_gated_cpu, "short_conv_output backward d_gated (a copy)");
+  expect_same_bits(d_gated.read(), d_gated_cpu, "short_conv_output backward d_gated (a copy)");
   expect_close(d_y.read(), d_y_cpu, kElementTolerance, "short_conv_output backward d_y");
 }
 

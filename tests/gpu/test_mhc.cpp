@@ -5,8 +5,6 @@
 // where it must add; every backward run twice, bitwise equal (fixed reduction orders, no atomics).
 // Tolerances are on gpu_test.h's metric |gpu - cpu| / (1 + |cpu|), each justified where defined.
 #include <cstdint>
-#include <cstring>
-#include <limits>
 #include <random>
 #include <string>
 #include <tuple>
@@ -18,8 +16,6 @@
 
 namespace meshtrain::gpu_test {
 namespace {
-
-constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
 // Elementwise chains of a few operations (a sigmoid with expf against std::exp, <= 2 ulp each; sums over G
 // <= 8 streams in the cpu's order): <= ~1e-6 on the metric; 1e-5 leaves a factor 10. A wrong stream, column
@@ -38,24 +34,8 @@ constexpr double kReductionTolerance = 1e-4;
 constexpr double kSinkhornTolerance = 2e-5;
 constexpr double kSinkhornBackwardTolerance = 1e-4;
 
-void expect_bitwise(const std::vector<float>& a, const std::vector<float>& b, const std::string& what) {
-  ASSERT_EQ(a.size(), b.size()) << what;
-  size_t differing = 0, first = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (std::memcmp(&a[i], &b[i], sizeof(float)) != 0) {
-      if (differing == 0) first = i;
-      ++differing;
-    }
-  }
-  EXPECT_EQ(differing, 0u) << what << ": first at " << first << " (" << a[first] << " vs " << b[first] << ")";
-}
-
 size_t elements(int64_t count) {
   return static_cast<size_t>(count);
-}
-
-std::vector<float> nans(int64_t count) {
-  return std::vector<float>(elements(count), kNaN);
 }
 
 std::string shape(int64_t N, int64_t G, int64_t D) {
@@ -92,7 +72,7 @@ void check_coefficients(int64_t N, int64_t G, uint32_t seed) {
   const DeviceBuffer<float> h_gpu(h), scales_gpu(scales), pre_beta_gpu(pre_beta), post_beta_gpu(post_beta),
       res_beta_gpu(res_beta), d_pre_gpu(d_pre), d_post_gpu(d_post), d_logits_gpu(d_logits);
   {
-    const DeviceBuffer<float> pre(nans(N * G)), post(nans(N * G)), logits(nans(N * G * G));
+    const DeviceBuffer<float> pre(nan_filled(N * G)), post(nan_filled(N * G)), logits(nan_filled(N * G * G));
     cuda().mhc_coefficients_forward(pre.get(), post.get(), logits.get(), h_gpu.get(), scales_gpu.get(),
                                     pre_beta_gpu.get(), post_beta_gpu.get(), res_beta_gpu.get(), N, G);
     expect_close(pre.read(), pre_cpu, kElementTolerance, what + " forward pre");
@@ -101,7 +81,7 @@ void check_coefficients(int64_t N, int64_t G, uint32_t seed) {
   }
   std::vector<float> runs[2][5];
   for (int run = 0; run < 2; ++run) {
-    const DeviceBuffer<float> d_h(nans(N * W)), d_scales(start[0]), d_pre_beta(start[1]),
+    const DeviceBuffer<float> d_h(nan_filled(N * W)), d_scales(start[0]), d_pre_beta(start[1]),
         d_post_beta(start[2]), d_res_beta(start[3]);
     cuda().mhc_coefficients_backward(d_h.get(), d_scales.get(), d_pre_beta.get(), d_post_beta.get(),
                                      d_res_beta.get(), d_pre_gpu.get(), d_post_gpu.get(), d_logits_gpu.get(),
@@ -116,7 +96,7 @@ void check_coefficients(int64_t N, int64_t G, uint32_t seed) {
   expect_close(runs[0][0], d_h_cpu, kElementTolerance, what + " backward d_h");
   const char* names[4] = {" d_scales", " d_pre_beta", " d_post_beta", " d_res_beta"};
   for (int i = 0; i < 4; ++i) expect_close(runs[0][i + 1], cpu[i], kReductionTolerance, what + names[i]);
-  for (int i = 0; i < 5; ++i) expect_bitwise(runs[1][i], runs[0][i], what + " backward, second run");
+  for (int i = 0; i < 5; ++i) expect_same_bits(runs[1][i], runs[0][i], what + " backward, second run");
 }
 
 TEST(CudaMhcCoefficients, OddShapes) {
@@ -138,17 +118,17 @@ void check_sinkhorn(int64_t N, int64_t G, int64_t iterations, uint32_t seed) {
   kernels::sinkhorn_forward(mixing_cpu.data(), logits.data(), N, G, iterations);
   kernels::sinkhorn_backward(d_logits_cpu.data(), d_mixing.data(), logits.data(), N, G, iterations);
   const DeviceBuffer<float> logits_gpu(logits), d_mixing_gpu(d_mixing);
-  const DeviceBuffer<float> mixing(nans(N * G * G));
+  const DeviceBuffer<float> mixing(nan_filled(N * G * G));
   cuda().sinkhorn_forward(mixing.get(), logits_gpu.get(), N, G, iterations);
   expect_close(mixing.read(), mixing_cpu, kSinkhornTolerance, what + " forward");
   std::vector<float> runs[2];
   for (int run = 0; run < 2; ++run) {
-    const DeviceBuffer<float> d_logits(nans(N * G * G));
+    const DeviceBuffer<float> d_logits(nan_filled(N * G * G));
     cuda().sinkhorn_backward(d_logits.get(), d_mixing_gpu.get(), logits_gpu.get(), N, G, iterations);
     runs[run] = d_logits.read();
   }
   expect_close(runs[0], d_logits_cpu, kSinkhornBackwardTolerance, what + " backward");
-  expect_bitwise(runs[1], runs[0], what + " backward, second run");
+  expect_same_bits(runs[1], runs[0], what + " backward, second run");
 }
 
 TEST(CudaSinkhorn, IterationsAndStreams) {
@@ -174,12 +154,12 @@ void check_collapse(int64_t N, int64_t G, int64_t D, uint32_t seed) {
   kernels::mhc_collapse_forward(xin_cpu.data(), x.data(), pre.data(), N, G, D);
   kernels::mhc_collapse_backward(d_x_cpu.data(), d_pre_cpu.data(), d_xin.data(), x.data(), pre.data(), N, G,
                                  D);
-  const DeviceBuffer<float> x_gpu(x), pre_gpu(pre), d_xin_gpu(d_xin), xin(nans(N * D));
+  const DeviceBuffer<float> x_gpu(x), pre_gpu(pre), d_xin_gpu(d_xin), xin(nan_filled(N * D));
   cuda().mhc_collapse_forward(xin.get(), x_gpu.get(), pre_gpu.get(), N, G, D);
   expect_close(xin.read(), xin_cpu, kElementTolerance, what + " forward");
   std::vector<float> runs[2][2];
   for (int run = 0; run < 2; ++run) {
-    const DeviceBuffer<float> d_x(d_x_start), d_pre(nans(N * G));
+    const DeviceBuffer<float> d_x(d_x_start), d_pre(nan_filled(N * G));
     cuda().mhc_collapse_backward(d_x.get(), d_pre.get(), d_xin_gpu.get(), x_gpu.get(), pre_gpu.get(), N, G,
                                  D);
     runs[run][0] = d_x.read();
@@ -187,7 +167,7 @@ void check_collapse(int64_t N, int64_t G, int64_t D, uint32_t seed) {
   }
   expect_close(runs[0][0], d_x_cpu, kElementTolerance, what + " backward d_x");
   expect_close(runs[0][1], d_pre_cpu, kReductionTolerance, what + " backward d_pre");
-  for (int i = 0; i < 2; ++i) expect_bitwise(runs[1][i], runs[0][i], what + " backward, second run");
+  for (int i = 0; i < 2; ++i) expect_same_bits(runs[1][i], runs[0][i], what + " backward, second run");
 }
 
 // expand: out NaN (written); every gradient NaN (written).
@@ -204,13 +184,13 @@ void check_expand(int64_t N, int64_t G, int64_t D, uint32_t seed) {
   kernels::mhc_expand_backward(d_x_cpu.data(), d_mixing_cpu.data(), d_post_cpu.data(), d_o_cpu.data(),
                                d_out.data(), x.data(), mixing.data(), post.data(), o.data(), N, G, D);
   const DeviceBuffer<float> x_gpu(x), mixing_gpu(mixing), post_gpu(post), o_gpu(o), d_out_gpu(d_out);
-  const DeviceBuffer<float> out(nans(N * G * D));
+  const DeviceBuffer<float> out(nan_filled(N * G * D));
   cuda().mhc_expand_forward(out.get(), x_gpu.get(), mixing_gpu.get(), post_gpu.get(), o_gpu.get(), N, G, D);
   expect_close(out.read(), out_cpu, kElementTolerance, what + " forward");
   std::vector<float> runs[2][4];
   for (int run = 0; run < 2; ++run) {
-    const DeviceBuffer<float> d_x(nans(N * G * D)), d_mixing(nans(N * G * G)), d_post(nans(N * G)),
-        d_o(nans(N * D));
+    const DeviceBuffer<float> d_x(nan_filled(N * G * D)), d_mixing(nan_filled(N * G * G)),
+        d_post(nan_filled(N * G)), d_o(nan_filled(N * D));
     cuda().mhc_expand_backward(d_x.get(), d_mixing.get(), d_post.get(), d_o.get(), d_out_gpu.get(),
                                x_gpu.get(), mixing_gpu.get(), post_gpu.get(), o_gpu.get(), N, G, D);
     runs[run][0] = d_x.read();
@@ -222,7 +202,7 @@ void check_expand(int64_t N, int64_t G, int64_t D, uint32_t seed) {
   expect_close(runs[0][1], d_mixing_cpu, kReductionTolerance, what + " backward d_mixing");
   expect_close(runs[0][2], d_post_cpu, kReductionTolerance, what + " backward d_post");
   expect_close(runs[0][3], d_o_cpu, kElementTolerance, what + " backward d_o");
-  for (int i = 0; i < 4; ++i) expect_bitwise(runs[1][i], runs[0][i], what + " backward, second run");
+  for (int i = 0; i < 4; ++i) expect_same_bits(runs[1][i], runs[0][i], what + " backward, second run");
 }
 
 TEST(CudaMhcMix, CollapseAndExpand) {
@@ -243,16 +223,16 @@ TEST(CudaMhcStreams, RepeatAndSum) {
   const std::vector<float> streams = normal_values(elements(N * G * D), 1902);
   std::vector<float> repeated_cpu(elements(N * G * D));
   kernels::mhc_streams_repeat(repeated_cpu.data(), x.data(), N, G, D);
-  const DeviceBuffer<float> x_gpu(x), streams_gpu(streams), repeated(nans(N * G * D));
+  const DeviceBuffer<float> x_gpu(x), streams_gpu(streams), repeated(nan_filled(N * G * D));
   cuda().mhc_streams_repeat(repeated.get(), x_gpu.get(), N, G, D);
-  expect_bitwise(repeated.read(), repeated_cpu, "mhc_streams_repeat");
+  expect_same_bits(repeated.read(), repeated_cpu, "mhc_streams_repeat");
   for (const bool accumulate : {false, true}) {
-    const std::vector<float> start = accumulate ? normal_values(elements(N * D), 1903) : nans(N * D);
+    const std::vector<float> start = accumulate ? normal_values(elements(N * D), 1903) : nan_filled(N * D);
     std::vector<float> sum_cpu = start;
     kernels::mhc_streams_sum(sum_cpu.data(), streams.data(), N, G, D, accumulate);
     const DeviceBuffer<float> sum(start);
     cuda().mhc_streams_sum(sum.get(), streams_gpu.get(), N, G, D, accumulate);
-    expect_bitwise(sum.read(), sum_cpu, accumulate ? "mhc_streams_sum (+=)" : "mhc_streams_sum (=)");
+    expect_same_bits(sum.read(), sum_cpu, accumulate ? "mhc_streams_sum (+=)" : "mhc_streams_sum (=)");
   }
 }
 
