@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -34,7 +36,9 @@ class DeviceBuffer {
  public:
   explicit DeviceBuffer(const std::vector<T>& host) : count_(host.size()) {
     data_ = static_cast<T*>(cuda().memory_allocate(bytes()));
-    cuda().memory_copy_in(data_, host.data(), bytes());
+    if (!host.empty()) {  // an empty vector's data() may be null: nothing to copy
+      cuda().memory_copy_in(data_, host.data(), host.size() * sizeof(T));
+    }
   }
   explicit DeviceBuffer(size_t count) : count_(count) {
     data_ = static_cast<T*>(cuda().memory_allocate(bytes()));  // zeroed
@@ -45,7 +49,7 @@ class DeviceBuffer {
   T* get() const { return data_; }
   std::vector<T> read() const {
     std::vector<T> host(count_);
-    cuda().memory_copy_out(host.data(), data_, bytes());
+    if (count_ > 0) cuda().memory_copy_out(host.data(), data_, count_ * sizeof(T));
     return host;
   }
 
@@ -138,6 +142,25 @@ inline void expect_bf16_close(const std::vector<uint16_t>& gpu, const std::vecto
   EXPECT_LE(worst, 1.0) << what << ": element " << worst_at << " gpu 0x" << std::hex << gpu[worst_at]
                         << " cpu 0x" << cpu[worst_at] << std::dec << " (" << differing << " of " << gpu.size()
                         << " differ)";
-}
+  // `count` NaNs: the start of an output every element of which the kernel must write.
+  inline std::vector<float> nan_filled(int64_t count) {
+    return std::vector<float>(static_cast<size_t>(count), std::numeric_limits<float>::quiet_NaN());
+  }
+
+  // Every element bitwise equal (NaN payloads included): a result run twice (fixed reduction orders), or a
+  // copy. Reports the first difference and the count.
+  inline void expect_same_bits(const std::vector<float>& a, const std::vector<float>& b,
+                               const std::string& what) {
+    ASSERT_EQ(a.size(), b.size()) << what;
+    size_t differing = 0, first = 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+      if (std::memcmp(&a[i], &b[i], sizeof(float)) != 0) {
+        if (differing == 0) first = i;
+        ++differing;
+      }
+    }
+    EXPECT_EQ(differing, 0u) << what << ": first at " << first << " (" << a[first] << " vs " << b[first]
+                             << ")";
+  }
 
 }  // namespace meshtrain::gpu_test

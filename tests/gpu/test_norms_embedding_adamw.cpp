@@ -45,19 +45,6 @@ constexpr double kAdamwTolerance = 2e-6;
 // is far below what float accumulation (~1e-7 to 1e-4) or one missing element (>= 1e-7 here) would give.
 constexpr double kSumTolerance = 1e-9;
 
-// Every element bitwise equal (NaN payloads included), reporting the first difference and the count.
-void expect_bitwise(const std::vector<float>& a, const std::vector<float>& b, const std::string& what) {
-  ASSERT_EQ(a.size(), b.size()) << what;
-  size_t differing = 0, first = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (std::memcmp(&a[i], &b[i], sizeof(float)) != 0) {
-      if (differing == 0) first = i;
-      ++differing;
-    }
-  }
-  EXPECT_EQ(differing, 0u) << what << ": first at " << first << " (" << a[first] << " vs " << b[first] << ")";
-}
-
 std::vector<float> plus(std::vector<float> values, float offset) {
   for (float& value : values) value += offset;
   return values;
@@ -130,8 +117,8 @@ void check_rmsnorm(int64_t N, int64_t D, uint32_t seed) {
     }
     expect_close(dx_runs[0], dx_cpu, kRowTolerance, case_what + " dx");
     expect_close(dw_runs[0], dw_cpu, kReductionTolerance, case_what + " dw");
-    expect_bitwise(dx_runs[1], dx_runs[0], case_what + " dx, second run");
-    expect_bitwise(dw_runs[1], dw_runs[0], case_what + " dw, second run");
+    expect_same_bits(dx_runs[1], dx_runs[0], case_what + " dx, second run");
+    expect_same_bits(dw_runs[1], dw_runs[0], case_what + " dw, second run");
   }
 }
 
@@ -220,9 +207,9 @@ void check_layernorm(int64_t N, int64_t D, uint32_t seed) {
     expect_close(dx_runs[0], dx_cpu, kRowTolerance, case_what + " dx");
     expect_close(dw_runs[0], dw_cpu, kReductionTolerance, case_what + " dw");
     expect_close(db_runs[0], db_cpu, kReductionTolerance, case_what + " db");
-    expect_bitwise(dx_runs[1], dx_runs[0], case_what + " dx, second run");
-    expect_bitwise(dw_runs[1], dw_runs[0], case_what + " dw, second run");
-    expect_bitwise(db_runs[1], db_runs[0], case_what + " db, second run");
+    expect_same_bits(dx_runs[1], dx_runs[0], case_what + " dx, second run");
+    expect_same_bits(dw_runs[1], dw_runs[0], case_what + " dw, second run");
+    expect_same_bits(db_runs[1], db_runs[0], case_what + " db, second run");
   }
 }
 
@@ -295,7 +282,7 @@ void check_embedding(const EmbeddingCase& c, uint32_t seed) {
     const DeviceBuffer<float> out_gpu(out_start);
     cuda().embedding_forward(out_gpu.get(), ids_gpu.get(), table_gpu.get(), c.N, c.R, c.D, accumulate,
                              c.vocab_offset, c.global_rows);
-    expect_bitwise(out_gpu.read(), out_cpu, what + (accumulate ? " forward (+=)" : " forward (=)"));
+    expect_same_bits(out_gpu.read(), out_cpu, what + (accumulate ? " forward (+=)" : " forward (=)"));
   }
 
   const std::vector<float> dtable_start = normal_values(elements(c.R * c.D), seed + 4);
@@ -305,7 +292,7 @@ void check_embedding(const EmbeddingCase& c, uint32_t seed) {
   const DeviceBuffer<float> dtable_gpu(dtable_start);
   cuda().embedding_backward(dtable_gpu.get(), ids_gpu.get(), dout_gpu.get(), c.N, c.R, c.D, c.vocab_offset,
                             c.global_rows);
-  expect_bitwise(dtable_gpu.read(), dtable_cpu, what + " backward");
+  expect_same_bits(dtable_gpu.read(), dtable_cpu, what + " backward");
 }
 
 TEST(CudaEmbedding, WholeTable) {

@@ -144,7 +144,8 @@ struct KernelBackend {
   // rmsnorm.h, per-stream scales (Engram, mHC)
   RmsnormStreamsForward* rmsnorm_streams_forward;
   RmsnormStreamsBackward* rmsnorm_streams_backward;
-  // engram_gate.h, short_conv.h (Engram)
+  // engram_table.h, engram_gate.h, short_conv.h (Engram)
+  EngramTableRows* engram_table_rows;
   EngramGateForward* engram_gate_forward;
   EngramGateBackward* engram_gate_backward;
   ShortConvForward* short_conv_forward;

@@ -8,7 +8,8 @@
 // / output width, R embedding rows held here, V vocab (padded, per rank), C cross-entropy chunk of tokens, T
 // decode cache rows, count elements of an elementwise op; for the mixture-of-experts entries E routed
 // experts, k experts per token, M = N k assignments, R_moe = offsets[E] kept (sorted) assignment rows; for
-// Engram and mHC G streams, and for short_conv B rows, T times, C channels, K taps.
+// Engram and mHC G streams and H_e an Engram layer's table heads, and for short_conv B rows, T times, C
+// channels, K taps.
 #pragma once
 
 #include <cstdint>
@@ -321,7 +322,15 @@ using GroupedMatmulBackward = void(float* d_x,              // [R_moe, I] or nul
                                    const int32_t* offsets,  // [E + 1]
                                    int64_t E, int64_t I, int64_t O);
 
-// Engram (shared/specs/engram.md). engram_gate.h: gate_g = sigmoid(signed sqrt(<q_g, k_g> / sqrt(D))),
+// Engram (shared/specs/engram.md). engram_table.h: each token's hash ids as rows of the layer's flat table
+// (its heads' tables one after another), rows[n, i] = ids[n, i] + head_offsets[i]; the table read itself is
+// embedding_forward / _backward over those rows.
+using EngramTableRows = void(int32_t* rows,                // [N, H_e]
+                             const int32_t* ids,           // [N, H_e]
+                             const int32_t* head_offsets,  // [H_e] in HOST memory: the layer's constants
+                             int64_t N, int64_t heads);
+
+// engram_gate.h: gate_g = sigmoid(signed sqrt(<q_g, k_g> / sqrt(D))),
 // gated_g = gate_g v; d_q, d_k, d_v written.
 using EngramGateForward = void(float* gated,    // [N, G, D]
                                float* gate,     // [N, G] saved for the backward

@@ -21,7 +21,7 @@ using kernels::TensorGroup;
 
 // The CPU kernels store float32 and compute float32, or (dtype=bfloat16) round the inputs of every dense
 // matmul to bf16; weights, gradients and moments stay float32. The cuda kernels do the same on an NVIDIA GPU
-// for the dense decoders. Other layouts are planned, not run, here.
+// for the dense decoders, with Engram and mHC. Other layouts are planned, not run, here.
 void check_plan_runs_here(const TrainingPlan& plan, int64_t world) {
   const Config& c = plan.spec.config;
   const std::string& kind = plan.topology.device_kind;
@@ -29,8 +29,10 @@ void check_plan_runs_here(const TrainingPlan& plan, int64_t world) {
   if (on_gpu) {
     // What the cuda kernels do not cover yet: each named with its key, before anything is allocated.
     const auto not_on_gpu = [&](const std::string& key, const std::string& found, const std::string& fix) {
-      fail("config key '" + key + "'", "what the cuda backend runs today (a dense Qwen3 or GPT-2 decoder)",
-           found, fix + ", or set topology=cpu; meshtrain compile plans it for GPUs");
+      fail(
+          "config key '" + key + "'",
+          "what the cuda backend runs today (a dense decoder with global attention, Engram and mHC included)",
+          found, fix + ", or set topology=cpu; meshtrain compile plans it for GPUs");
     };
     if (world > 1 || plan.mesh.devices() > 1) {
       not_on_gpu("mesh", plan.mesh.to_string() + " over " + std::to_string(world) + " process(es)",
@@ -40,10 +42,6 @@ void check_plan_runs_here(const TrainingPlan& plan, int64_t world) {
     if (c.opt_type != OptimizerType::adamw) {
       not_on_gpu("opt_type", optimizer_type_name(c.opt_type),
                  "set opt_type=adamw (no Muon kernel for GPUs yet)");
-    }
-    if (!c.engram_layers.empty()) not_on_gpu("engram_layers", "Engram layers", "set engram_layers=[]");
-    if (c.mhc_expansion_rate > 1) {
-      not_on_gpu("mhc_expansion_rate", std::to_string(c.mhc_expansion_rate), "set mhc_expansion_rate=1");
     }
     if (c.attention_type != AttentionType::global) {
       not_on_gpu("attention_type", attention_type_name(c.attention_type), "set attention_type=global");

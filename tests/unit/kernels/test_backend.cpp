@@ -27,6 +27,7 @@
 #include "meshtrain/plan/plan.h"
 #include "meshtrain/runtime/engine.h"
 #include "meshtrain/train/run.h"
+#include "tiny_batch.h"
 
 namespace meshtrain {
 namespace {
@@ -225,6 +226,7 @@ const KernelBackend& counting_backend() {
     MT_COUNTED(grouped_matmul_backward);
     MT_COUNTED(rmsnorm_streams_forward);
     MT_COUNTED(rmsnorm_streams_backward);
+    MT_COUNTED(engram_table_rows);
     MT_COUNTED(engram_gate_forward);
     MT_COUNTED(engram_gate_backward);
     MT_COUNTED(short_conv_forward);
@@ -424,6 +426,28 @@ TEST(KernelBackend, ModelReachesEveryKernelThroughTheTable) {
   X(attention_backward_bf16) \
   X(adamw_update) \
   X(sum_of_squares)
+// Engram's and mHC's entries (in float32; their producers write no bf16 matmul inputs): the cuda table fills
+// them too, and the guarded backend lets them touch its arena.
+#define MT_ENGRAM_MHC_ENTRIES(X) \
+  X(rmsnorm_streams_forward) \
+  X(rmsnorm_streams_backward) \
+  X(engram_table_rows) \
+  X(engram_gate_forward) \
+  X(engram_gate_backward) \
+  X(short_conv_forward) \
+  X(short_conv_backward) \
+  X(short_conv_output_forward) \
+  X(short_conv_output_backward) \
+  X(mhc_coefficients_forward) \
+  X(mhc_coefficients_backward) \
+  X(sinkhorn_forward) \
+  X(sinkhorn_backward) \
+  X(mhc_collapse_forward) \
+  X(mhc_collapse_backward) \
+  X(mhc_expand_forward) \
+  X(mhc_expand_backward) \
+  X(mhc_streams_repeat) \
+  X(mhc_streams_sum)
 // clang-format on
 
 // Where this build has the cuda kernels (MESHTRAIN_CUDA=ON: the NVIDIA table is the loaded cuda table,
@@ -438,6 +462,7 @@ TEST(KernelBackend, CudaTableCoversTheDenseDecoders) {
   EXPECT_TRUE(nvidia.entry != nullptr) << #entry << " is null"; \
   EXPECT_TRUE(nvidia.entry != cpu.entry) << #entry << " is the cpu function";
   MT_DENSE_DECODER_ENTRIES(MT_COVERED)
+  MT_ENGRAM_MHC_ENTRIES(MT_COVERED)
 #undef MT_COVERED
 }
 
@@ -490,28 +515,39 @@ const KernelBackend& guarded_backend() {
     return kernels::cpu_backend().entry(arguments...); \
   };
     MT_DENSE_DECODER_ENTRIES(MT_GUARDED)
+    MT_ENGRAM_MHC_ENTRIES(MT_GUARDED)
 #undef MT_GUARDED
     return guarded;
   }();
   return table;
 }
 
-// What the cuda backend runs (the dense decoders), over an arena the host cannot touch: training steps,
-// eval and a checkpoint round trip reach the arena only through the table, and give bitwise the losses,
-// gradients and parameters of the host-memory engine; in float32, and in bfloat16 where this CPU computes it.
+// What the cuda backend runs (the dense decoders, and a dense decoder with Engram and mHC), over an arena
+// the host cannot touch: training steps, eval and a checkpoint round trip reach the arena only through the
+// table, and give bitwise the losses, gradients and parameters of the host-memory engine; in float32, and
+// in bfloat16 where this CPU computes it.
 TEST(KernelBackend, DenseTrainingTouchesADeviceArenaOnlyThroughTheTable) {
   std::vector<DType> dtypes = {DType::f32};
   if (cpu_features().avx512_bf16 || cpu_features().amx_bf16) dtypes.push_back(DType::bf16);
   for (const DType dtype : dtypes) {
-    for (const std::string preset : {"qwen3-tiny", "gpt2-124m"}) {
+    for (const std::string preset : {"qwen3-tiny", "gpt2-124m", "qwen3-tiny engram mhc"}) {
       SCOPED_TRACE(preset + (dtype == DType::bf16 ? " bfloat16" : " float32"));
-      Config config = tiny_config(preset);
+      Config config = tiny_config(preset.substr(0, preset.find(' ')));
+      if (preset.ends_with("engram mhc")) {
+        config = load_config(
+            "qwen3-tiny",
+            {"base_emb_dim=32", "base_num_query_heads=4", "base_num_kv_heads=2", "head_dim=8",
+             "base_mlp_dim=48", "base_num_decoder_layers=2", "vocab_size=100", "max_target_length=8",
+             "per_device_batch_size=2", "init_weights_seed=3", "decoder_block=deepseek",
+             "engram_layers=[0,1]", "engram_num_heads=2", "engram_head_dim=4", "engram_vocab_bases=[31,37]",
+             "engram_kernel_size=3", "mhc_expansion_rate=2"});
+      }
       config.dtype = dtype;
       Engine plain(config);
       const fs::path dir = fs::temp_directory_path() / ("meshtrain_guarded_" + std::to_string(::getpid()));
       {
         Engine guarded(plan_through(config, guarded_backend()));
-        const Batch batch = tiny_batch(guarded.spec().dims);
+        const Batch batch = testing::tiny_batch_for(config, guarded.spec().dims, 7);
         for (int64_t step = 0; step < 2; ++step) {
           const LossSums a = guarded.fwd_bwd(batch), b = plain.fwd_bwd(batch);
           EXPECT_EQ(a.loss_sum, b.loss_sum) << preset;
@@ -529,7 +565,7 @@ TEST(KernelBackend, DenseTrainingTouchesADeviceArenaOnlyThroughTheTable) {
       Engine loaded(plan_through(config, guarded_backend()));
       EXPECT_EQ(load_checkpoint(dir.string() + "/step_00000002", loaded, false).step, 2);
       EXPECT_EQ(loaded.host_copy_bytes(), 0u) << preset << ": the load's host copy outlived it";
-      const Batch batch = tiny_batch(loaded.spec().dims);
+      const Batch batch = testing::tiny_batch_for(config, loaded.spec().dims, 7);
       EXPECT_EQ(loaded.fwd_bwd(batch).loss_sum, plain.fwd_bwd(batch).loss_sum) << preset;
       for (const ParameterDecl& parameter : loaded.spec().parameters) {
         EXPECT_EQ(loaded.read(parameter.gradient), plain.read(parameter.gradient)) << preset;

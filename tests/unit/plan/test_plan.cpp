@@ -583,6 +583,15 @@ TEST(Plan, LiveRunsRefuseWhatThisProcessCannotRun) {
         error_of([] { Engine engine(load_config("qwen3-tiny", tiny({"topology=h200x1"}))); });
     EXPECT_NE(no_gpu.find("'topology'"), std::string::npos) << no_gpu;
     EXPECT_NE(no_gpu.find(why), std::string::npos) << no_gpu;
+    // Engram and mHC have cuda kernels: such a model is refused here only for want of a GPU.
+    const std::string engram_mhc = error_of([] {
+      Engine engine(load_config(
+          "qwen3-tiny",
+          tiny({"topology=h200x1", "decoder_block=deepseek", "engram_layers=[0,1]", "engram_num_heads=2",
+                "engram_head_dim=4", "engram_vocab_bases=[31,37]", "mhc_expansion_rate=2"})));
+    });
+    EXPECT_NE(engram_mhc.find("'topology'"), std::string::npos) << engram_mhc;
+    EXPECT_NE(engram_mhc.find(why), std::string::npos) << engram_mhc;
   }
   // What the cuda kernels do not cover yet is refused on an NVIDIA topology on any machine, naming the key.
   const std::string moe = error_of([] { Engine engine(load_config("deepseek-tiny", {"topology=h200x1"})); });

@@ -8,6 +8,7 @@
 #include "meshtrain/kernels/cpu/cross_entropy.h"
 #include "meshtrain/kernels/cpu/embedding.h"
 #include "meshtrain/kernels/cpu/engram_gate.h"
+#include "meshtrain/kernels/cpu/engram_table.h"
 #include "meshtrain/kernels/cpu/gelu.h"
 #include "meshtrain/kernels/cpu/grouped_matmul.h"
 #include "meshtrain/kernels/cpu/layernorm.h"
@@ -122,6 +123,7 @@ const KernelBackend& cpu_backend() {
       .grouped_matmul_backward = grouped_matmul_backward,
       .rmsnorm_streams_forward = rmsnorm_streams_forward,
       .rmsnorm_streams_backward = rmsnorm_streams_backward,
+      .engram_table_rows = engram_table_rows,
       .engram_gate_forward = engram_gate_forward,
       .engram_gate_backward = engram_gate_backward,
       .short_conv_forward = short_conv_forward,

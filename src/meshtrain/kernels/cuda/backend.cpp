@@ -7,12 +7,17 @@
 #include "meshtrain/kernels/cuda/cross_entropy.h"
 #include "meshtrain/kernels/cuda/device.h"
 #include "meshtrain/kernels/cuda/embedding.h"
+#include "meshtrain/kernels/cuda/engram_gate.h"
+#include "meshtrain/kernels/cuda/engram_table.h"
 #include "meshtrain/kernels/cuda/gelu.h"
 #include "meshtrain/kernels/cuda/layernorm.h"
 #include "meshtrain/kernels/cuda/matmul.h"
+#include "meshtrain/kernels/cuda/mhc_mix.h"
 #include "meshtrain/kernels/cuda/residual.h"
 #include "meshtrain/kernels/cuda/rmsnorm.h"
 #include "meshtrain/kernels/cuda/rope.h"
+#include "meshtrain/kernels/cuda/short_conv.h"
+#include "meshtrain/kernels/cuda/sinkhorn.h"
 #include "meshtrain/kernels/cuda/swiglu.h"
 
 namespace meshtrain::kernels::cuda {
@@ -60,6 +65,26 @@ const KernelBackend& cuda_backend() {
     cuda.attention_backward = attention_backward;
     cuda.attention_forward_bf16 = attention_forward_bf16;
     cuda.attention_backward_bf16 = attention_backward_bf16;
+    // Engram and mHC: built and compiled, not yet run on a GPU (README.md).
+    cuda.rmsnorm_streams_forward = rmsnorm_streams_forward;
+    cuda.rmsnorm_streams_backward = rmsnorm_streams_backward;
+    cuda.engram_table_rows = engram_table_rows;
+    cuda.engram_gate_forward = engram_gate_forward;
+    cuda.engram_gate_backward = engram_gate_backward;
+    cuda.short_conv_forward = short_conv_forward;
+    cuda.short_conv_backward = short_conv_backward;
+    cuda.short_conv_output_forward = short_conv_output_forward;
+    cuda.short_conv_output_backward = short_conv_output_backward;
+    cuda.mhc_coefficients_forward = mhc_coefficients_forward;
+    cuda.mhc_coefficients_backward = mhc_coefficients_backward;
+    cuda.sinkhorn_forward = sinkhorn_forward;
+    cuda.sinkhorn_backward = sinkhorn_backward;
+    cuda.mhc_collapse_forward = mhc_collapse_forward;
+    cuda.mhc_collapse_backward = mhc_collapse_backward;
+    cuda.mhc_expand_forward = mhc_expand_forward;
+    cuda.mhc_expand_backward = mhc_expand_backward;
+    cuda.mhc_streams_repeat = mhc_streams_repeat;
+    cuda.mhc_streams_sum = mhc_streams_sum;
     cuda.adamw_update = adamw_update;
     cuda.sum_of_squares = sum_of_squares;
     return cuda;

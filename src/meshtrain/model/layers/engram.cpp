@@ -104,10 +104,8 @@ BufferId add_engram_block(SpecBuilder& builder, const std::string& prefix, size_
   const auto row_offset = [=](const OpContext& ctx) { return row_shard.row_offset(ctx); };
   builder.forward(
       {engram + "/lookup_forward", {hash_ids, table}, {rows, memory}, 0.0, [=](const OpContext& ctx) {
-         const int32_t* ids = ctx.i32(hash_ids);
          int32_t* flat = ctx.i32(rows);
-         for (int64_t n = 0; n < N; ++n)
-           for (int64_t i = 0; i < heads; ++i) flat[n * heads + i] = ids[n * heads + i] + offsets[i];
+         ctx.kernels->engram_table_rows(flat, ctx.i32(hash_ids), offsets.data(), N, heads);
          ctx.kernels->embedding_forward(ctx.f32(memory), flat, ctx.f32(table), N * heads, R, Dh, false,
                                         row_offset(ctx), global_rows);
        }});

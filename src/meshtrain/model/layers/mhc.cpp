@@ -1,7 +1,6 @@
 #include "meshtrain/model/layers/mhc.h"
 
 #include <cmath>
-#include <cstring>
 
 #include "meshtrain/model/layers/norm.h"
 #include "meshtrain/model/parallel/linear.h"
@@ -139,7 +138,8 @@ BufferId add_mhc_site(SpecBuilder& builder, const std::string& prefix, BufferId 
                                            ctx.f32(mixing), ctx.f32(post), ctx.f32(o), N, G, D);
         }},
        {prefix + "/streams_gradient", {d_mixed}, {d_streams}, 0.0, [=](const OpContext& ctx) {
-          std::memcpy(ctx.f32(d_streams), ctx.f32(d_mixed), static_cast<size_t>(N * GD) * sizeof(float));
+          // A copy in the arena's memory (host or device): every column of the N rows, repeated once.
+          ctx.kernels->column_slice_forward(ctx.f32(d_streams), ctx.f32(d_mixed), N, GD, 1, GD, GD);
         }}});
   return out;
 }
