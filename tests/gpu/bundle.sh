@@ -25,10 +25,13 @@ cp build-gpu/libmeshtrain_*.so "$stage/lib/"
 ldd build-gpu/meshtrain build-gpu/meshtrain_gpu_tests build-gpu/libmeshtrain_*.so | awk '/=> \// {print $3}' |
   sort -u | grep -vE '/(libc|libm|libpthread|libdl|librt|libgcc_s|libstdc\+\+)\.so|libcuda|libcudart|libcublas|meshtrain' |
   xargs -r cp -L -t "$stage/lib/"
-# The cpu baseline of the equivalence check: qwen3-tiny as tests/mpi/equivalence.sh trains it, 20 steps.
+# The cpu baselines of the equivalence checks: qwen3-tiny as tests/mpi/equivalence.sh trains it, 20 steps;
+# deepseek-custom-tiny without Engram and mHC, 20 steps (tiny.sh).
 source tests/gpu/tiny.sh
 build-gpu/meshtrain train qwen3-tiny "${tiny[@]}" run_dir="$stage/reference/qwen3_tiny_cpu" >"$stage/reference/qwen3_tiny_cpu.log" 2>&1 ||
   { cat "$stage/reference/qwen3_tiny_cpu.log"; exit 1; }
+build-gpu/meshtrain train deepseek-custom-tiny "${deepseek[@]}" run_dir="$stage/reference/deepseek_tiny_cpu" \
+  >"$stage/reference/deepseek_tiny_cpu.log" 2>&1 || { cat "$stage/reference/deepseek_tiny_cpu.log"; exit 1; }
 if [ -n "${LLMC:-}" ]; then
   mkdir -p "$stage/llmc"
   cp "$LLMC" "$stage/llmc/train_gpt2cu"

@@ -2,7 +2,8 @@
 # The device checks of the cuda backend, in one go on a machine with an NVIDIA GPU (a few minutes on an H200):
 #   1. every CUDA kernel against the cpu kernel of the same name (meshtrain_gpu_tests);
 #   2. qwen3-tiny, 20 steps on the GPU in float32, against the cpu run's losses, grad norms and final
-#      parameters with the bounds of tests/mpi/equivalence.sh (tests/mpi/compare_runs.py);
+#      parameters with the bounds of tests/mpi/equivalence.sh (tests/mpi/compare_runs.py); the same for
+#      deepseek-custom-tiny (MoE, MLA) with Engram and mHC off;
 #   3. gpt2-124m and qwen3-0.6b tokens/s and MFU (against the topology's stated peak) in float32 and bfloat16,
 #      and the device memory in use (nvidia-smi, sampled) against the planned arena;
 #   4. where the bundle has it, llm.c's train_gpt2cu (bf16, its own kernels, no cuDNN) on GPT-2 124M at the
@@ -47,6 +48,23 @@ PY
 python3 "$here/../mpi/compare_runs.py" "$b/reference/qwen3_tiny_cpu" "$run_dir" "qwen3-tiny gpu vs cpu" 2>&1 |
   tail -3 | tee -a "$summary"
 cp "$run_dir/metrics.jsonl" "$out/qwen3_tiny_gpu_metrics.jsonl" 2>/dev/null
+
+# 2b. deepseek-custom-tiny (MoE and MLA; Engram and mHC off) on the GPU against the cpu baseline, the same
+# bounds; about 10 s of device time.
+run_dir=$(mktemp -d)/deepseek_tiny_gpu
+timeout 120 "$b/bin/meshtrain" train deepseek-custom-tiny "${deepseek[@]}" topology=h200x1 run_dir="$run_dir" \
+  >"$out/deepseek_tiny_gpu.log" 2>&1
+say "deepseek-custom-tiny (engram and mhc off) on the GPU: exit $?"
+grep -E "device:|note:|error" "$out/deepseek_tiny_gpu.log" | head -5 | tee -a "$summary"
+python3 - "$b/reference/deepseek_tiny_cpu/metrics.jsonl" "$run_dir/metrics.jsonl" <<'PY' | tee -a "$summary"
+import json, sys
+a, b = ([json.loads(l) for l in open(path)] for path in sys.argv[1:3])
+print(f"step 1 (same weights, same batch: the kernels alone): loss {abs(a[0]['loss'] - b[0]['loss']) / a[0]['loss']:.2e}, "
+      f"raw grad norm {abs(a[0]['raw_grad_norm'] - b[0]['raw_grad_norm']) / a[0]['raw_grad_norm']:.2e} relative")
+PY
+python3 "$here/../mpi/compare_runs.py" "$b/reference/deepseek_tiny_cpu" "$run_dir" "deepseek-custom-tiny gpu vs cpu" 2>&1 |
+  tail -3 | tee -a "$summary"
+cp "$run_dir/metrics.jsonl" "$out/deepseek_tiny_gpu_metrics.jsonl" 2>/dev/null
 
 # 3. Speed and memory.
 speed() {  # speed NAME MODEL STEPS key=value...
