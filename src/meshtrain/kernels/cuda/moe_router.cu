@@ -1,7 +1,8 @@
 // The router on the GPU (moe_router.h; semantics of kernels/cpu/moe_router.h). One thread per token for
-// the router and its backward: E is a few to a few hundred experts, and a token's work (the score row, the
-// kept groups, k scans of E choice scores in (score descending, index ascending) order) is the cpu kernel's
-// loop, in the same order, so chosen experts and ties come out as the cpu's. The balance loss sums over
+// the router and its backward: E is a few to a few hundred experts, and a token's work is the cpu kernel's
+// loop: its scores (expf here, the cpu's polynomial exp there), then the selection of
+// cpu/moe_router_select.h, the same code on both backends, so equal choice scores pick the same experts and
+// ties go to the lower index as on the cpu. The balance loss sums over
 // tokens in one block in a fixed order (strided per-thread sums in double, then a fixed tree): deterministic,
 // no atomics.
 // Legend: N tokens, E routed experts, k experts per token, G routing groups.
@@ -9,7 +10,8 @@
 #include <cstdint>
 
 #include "meshtrain/core/error.h"
-#include "meshtrain/kernels/cpu/moe_router.h"  // moe_router_check, the epsilon and the group limit
+#include "meshtrain/kernels/cpu/moe_router.h"  // moe_router_check and the epsilon
+#include "meshtrain/kernels/cpu/moe_router_select.h"
 #include "meshtrain/kernels/cuda/device.h"
 #include "meshtrain/kernels/cuda/moe_router.h"
 
@@ -25,16 +27,6 @@ __device__ float sigmoid(float x) {
   return 1.0f / (1.0f + expf(-x));
 }
 
-// A NaN score (a diverged run) ranks last instead of breaking the order, so chosen ids stay valid.
-__device__ float ranked(float value) {
-  return isnan(value) ? -INFINITY : value;
-}
-
-// True when (value, index) ranks strictly before (best_value, best_index); best_index < 0: nothing yet.
-__device__ bool ranks_before(float value, int64_t index, float best_value, int64_t best_index) {
-  return best_index < 0 || value > best_value || (value == best_value && index < best_index);
-}
-
 __global__ void router_forward_kernel(int32_t* chosen,              // [N, k]
                                       float* weights,               // [N, k]
                                       float* scores,                // [N, E]
@@ -43,7 +35,7 @@ __global__ void router_forward_kernel(int32_t* chosen,              // [N, k]
                                       int64_t N, int64_t E, MoeRouting routing) {
   const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (t >= N) return;
-  const int64_t k = routing.top_k, G = routing.groups, group_size = E / G;
+  const int64_t k = routing.top_k;
   const float* row = logits + t * E;
   float* s = scores + t * E;
   if (routing.score_function == RouterScore::softmax) {
@@ -60,65 +52,14 @@ __global__ void router_forward_kernel(int32_t* chosen,              // [N, k]
     for (int64_t e = 0; e < E; ++e) s[e] = sigmoid(row[e]);
   }
   const auto choice = [&](int64_t e) {
-    return ranked(selection_bias != nullptr ? s[e] + selection_bias[e] : s[e]);
+    return moe_router_ranked(selection_bias != nullptr ? s[e] + selection_bias[e] : s[e]);
   };
-
-  // Kept groups: bit g set when group g may be chosen from (G <= kRouterMaxGroups = 64).
-  uint64_t kept = G >= 64 ? ~uint64_t(0) : (uint64_t(1) << G) - 1;
-  if (G > 1 && routing.groups_kept < G) {
-    // A group's score is recomputed where needed rather than held in a per-thread array of 64.
-    const auto group_score = [&](int64_t g) {
-      float first = -INFINITY, second = -INFINITY;
-      for (int64_t e = g * group_size; e < (g + 1) * group_size; ++e) {
-        const float value = choice(e);
-        if (value > first) {
-          second = first;
-          first = value;
-        } else if (value > second) {
-          second = value;
-        }
-      }
-      return group_size > 1 ? first + second : first;
-    };
-    kept = 0;
-    for (int64_t rank = 0; rank < routing.groups_kept; ++rank) {
-      float best_score = -INFINITY;
-      int64_t best = -1;
-      for (int64_t g = 0; g < G; ++g) {
-        if (((kept >> g) & 1) != 0) continue;
-        const float value = ranked(group_score(g));
-        if (ranks_before(value, g, best_score, best)) {
-          best_score = value;
-          best = g;
-        }
-      }
-      kept |= uint64_t(1) << best;
-    }
-  }
-
-  float previous_value = 0.0f, sum = 0.0f;
-  int64_t previous_index = -1;
+  int32_t* picks = chosen + t * k;
+  moe_router_select(picks, choice, E, routing);
+  float sum = 0.0f;
   for (int64_t j = 0; j < k; ++j) {
-    float best_value = -INFINITY;
-    int64_t best_index = -1;
-    for (int64_t g = 0; g < G; ++g) {
-      if (((kept >> g) & 1) == 0) continue;
-      for (int64_t e = g * group_size; e < (g + 1) * group_size; ++e) {
-        const float value = choice(e);
-        // Only experts ranking after the previous pick remain.
-        if (previous_index >= 0 && ranks_before(value, e, previous_value, previous_index)) continue;
-        if (previous_index == e) continue;
-        if (ranks_before(value, e, best_value, best_index)) {
-          best_value = value;
-          best_index = e;
-        }
-      }
-    }
-    chosen[t * k + j] = static_cast<int32_t>(best_index);
-    weights[t * k + j] = s[best_index];
-    sum += s[best_index];
-    previous_value = best_value;
-    previous_index = best_index;
+    weights[t * k + j] = s[picks[j]];
+    sum += s[picks[j]];
   }
   const float factor = routing.normalize_top_k
                            ? routing.scaling / (sum + static_cast<float>(kRouterNormalizeEpsilon))
