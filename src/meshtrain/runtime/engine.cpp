@@ -445,8 +445,7 @@ void Engine::update_selection_biases(const std::vector<double>& expert_load, dou
   const std::vector<BufferId>& biases = plan_.spec.moe_selection_biases;
   const auto E = static_cast<size_t>(plan_.spec.moe_experts);
   MT_CHECK(expert_load.size() == biases.size() * E, "expert loads of another model");
-  const bool on_host = backend().memory_on_host();
-  std::vector<float> staged;  // a device arena's bias, updated in a host copy
+  std::vector<float> staged;  // a layer's bias, updated in a host copy (a device arena's is not in reach)
   for (size_t layer = 0; layer < biases.size(); ++layer) {
     if (biases[layer] == kNoBuffer) continue;
     const double* load = expert_load.data() + layer * E;
@@ -456,18 +455,14 @@ void Engine::update_selection_biases(const std::vector<double>& expert_load, dou
     const GlobalIndex index = global_index(stored, biases[layer]);
     const int64_t count = buffer.shape.elements();
     const size_t bytes = static_cast<size_t>(count) * sizeof(float);
-    std::byte* values = arena_.at(buffer.offset);
-    auto* local = reinterpret_cast<float*>(values);
-    if (!on_host) {
-      staged.resize(static_cast<size_t>(count));
-      backend().memory_copy_out(staged.data(), values, bytes);
-      local = staged.data();
-    }
+    staged.resize(static_cast<size_t>(count));
+    backend().memory_copy_out(staged.data(), arena_.at(buffer.offset), bytes);
     for (int64_t i = 0; i < count; ++i) {
       const double gap = mean - load[index(i)];  // under-loaded experts (gap > 0) are chosen more
-      local[i] += static_cast<float>(rate * static_cast<double>((gap > 0.0) - (gap < 0.0)));
+      staged[static_cast<size_t>(i)] +=
+          static_cast<float>(rate * static_cast<double>((gap > 0.0) - (gap < 0.0)));
     }
-    if (!on_host) backend().memory_copy_in(values, staged.data(), bytes);
+    backend().memory_copy_in(arena_.at(buffer.offset), staged.data(), bytes);
   }
 }
 

@@ -17,13 +17,11 @@ BufferId int32_activation(SpecBuilder& builder, const std::string& name, const S
   return builder.as_int32(builder.activation(name, shape));
 }
 
-// `count` int32s of an arena buffer from element `first`, for the host (segment bounds, expert loads): read
-// in place from a host arena, copied out of a device one (the copy waits for the kernels that wrote them).
+// `count` int32s of an arena buffer from element `first`, for the host (segment bounds, expert loads),
+// through the backend's copy: a memcpy on the cpu; out of a device arena, after the kernels that wrote them.
 std::vector<int32_t> host_int32s(const OpContext& c, BufferId id, int64_t first, int64_t count) {
-  const int32_t* values = c.i32(id) + first;
-  if (c.kernels->memory_on_host()) return {values, values + count};
   std::vector<int32_t> host(static_cast<size_t>(count));
-  c.kernels->memory_copy_out(host.data(), values, host.size() * sizeof(int32_t));
+  c.kernels->memory_copy_out(host.data(), c.i32(id) + first, host.size() * sizeof(int32_t));
   return host;
 }
 
@@ -180,13 +178,9 @@ BufferId add_moe_block(SpecBuilder& builder, const std::string& prefix, BufferId
                      {batch_assigned},
                      0.0,
                      [=](const OpContext& c) {
-                       if (c.kernels->memory_on_host()) {
-                         std::copy(c.i32(assigned), c.i32(assigned) + E, c.i32(batch_assigned));
-                       } else {
-                         const std::vector<int32_t> loads = host_int32s(c, assigned, 0, E);
-                         c.kernels->memory_copy_in(c.i32(batch_assigned), loads.data(),
-                                                   loads.size() * sizeof(int32_t));
-                       }
+                       const std::vector<int32_t> loads = host_int32s(c, assigned, 0, E);
+                       c.kernels->memory_copy_in(c.i32(batch_assigned), loads.data(),
+                                                 loads.size() * sizeof(int32_t));
                      },
                      OpKind::memory});
     for (OpDecl& op : token_axes_all_reduce(builder, moe + "/batch_assigned", batch_assigned))
