@@ -1,6 +1,7 @@
 // Fast router kernels (semantics in moe_router.h). One OpenMP task per token: each owns its rows of every
-// output, so results do not depend on the thread count. The selection (moe_router_select.h, shared with
-// the cuda kernel) allocates nothing and costs O(k E) per token, small beside the router matmul's O(D E).
+// output, so results do not depend on the thread count. The selection and the backward of a token are
+// moe_router_token.h's, shared with the cuda kernel; the selection costs O(k E) per token, small beside the
+// router matmul's O(D E).
 #include "meshtrain/kernels/cpu/moe_router.h"
 
 #include <omp.h>
@@ -8,7 +9,7 @@
 #include <cmath>
 
 #include "meshtrain/kernels/cpu/fast_math.h"
-#include "meshtrain/kernels/cpu/moe_router_select.h"
+#include "meshtrain/kernels/cpu/moe_router_token.h"
 
 namespace meshtrain::kernels {
 namespace {
@@ -63,39 +64,10 @@ void moe_router_backward(float* d_logits, const float* d_weights, const float* s
                          int64_t N, int64_t E, const MoeRouting& routing) {
   moe_router_check(E, routing);
   const int64_t k = routing.top_k;
-  const float c = routing.scaling;
 #pragma omp parallel for schedule(static) if (N * E >= kParallelMinimum)
   for (int64_t t = 0; t < N; ++t) {
-    const float* s = scores + t * E;
-    const float* dw = d_weights + t * k;
-    const int32_t* ids = chosen + t * k;
-    // d score of slot j = a dw_j + b (b = 0 unnormalised); see moe_router_reference_backward.
-    float a = c, b = 0.0f;
-    if (routing.normalize_top_k) {
-      float sum = 0.0f, dot = 0.0f;
-      for (int64_t j = 0; j < k; ++j) {
-        sum += s[ids[j]];
-        dot += dw[j] * s[ids[j]];
-      }
-      const float D = sum + static_cast<float>(kRouterNormalizeEpsilon);
-      a = c / D;
-      b = -c * dot / (D * D);
-    }
-    float* out = d_logits + t * E;
-    if (routing.score_function == RouterScore::softmax) {
-      float inner = 0.0f;
-      for (int64_t j = 0; j < k; ++j) inner += s[ids[j]] * (a * dw[j] + b);
-#pragma omp simd
-      for (int64_t e = 0; e < E; ++e) out[e] = -s[e] * inner;
-      for (int64_t j = 0; j < k; ++j) out[ids[j]] += s[ids[j]] * (a * dw[j] + b);
-    } else {
-#pragma omp simd
-      for (int64_t e = 0; e < E; ++e) out[e] = 0.0f;
-      for (int64_t j = 0; j < k; ++j) {
-        const float value = s[ids[j]];
-        out[ids[j]] = (a * dw[j] + b) * value * (1.0f - value);
-      }
-    }
+    moe_router_backward_token(d_logits + t * E, d_weights + t * k, scores + t * E, chosen + t * k, E,
+                              routing);
   }
 }
 

@@ -1,17 +1,16 @@
 // The router on the GPU (moe_router.h; semantics of kernels/cpu/moe_router.h). One thread per token for
 // the router and its backward: E is a few to a few hundred experts, and a token's work is the cpu kernel's
 // loop: its scores (expf here, the cpu's polynomial exp there), then the selection of
-// cpu/moe_router_select.h, the same code on both backends, so equal choice scores pick the same experts and
-// ties go to the lower index as on the cpu. The balance loss sums over
-// tokens in one block in a fixed order (strided per-thread sums in double, then a fixed tree): deterministic,
-// no atomics.
-// Legend: N tokens, E routed experts, k experts per token, G routing groups.
+// cpu/moe_router_token.h, the same code on both backends (as is a token's backward), so equal choice scores
+// pick the same experts and ties go to the lower index as on the cpu. The balance loss sums over tokens in
+// one block in a fixed order (strided per-thread sums in double, then a fixed tree): deterministic, no
+// atomics. Legend: N tokens, E routed experts, k experts per token, G routing groups.
 #include <cmath>
 #include <cstdint>
 
 #include "meshtrain/core/error.h"
 #include "meshtrain/kernels/cpu/moe_router.h"  // moe_router_check and the epsilon
-#include "meshtrain/kernels/cpu/moe_router_select.h"
+#include "meshtrain/kernels/cpu/moe_router_token.h"
 #include "meshtrain/kernels/cuda/device.h"
 #include "meshtrain/kernels/cuda/moe_router.h"
 
@@ -67,7 +66,7 @@ __global__ void router_forward_kernel(int32_t* chosen,              // [N, k]
   for (int64_t j = 0; j < k; ++j) weights[t * k + j] *= factor;
 }
 
-// d_logits row t written from d_weights row t (the cpu kernel's formula: d score of slot j = a dw_j + b).
+// d_logits row t written from d_weights row t (cpu/moe_router_token.h, as the cpu kernel).
 __global__ void router_backward_kernel(float* d_logits,         // [N, E]
                                        const float* d_weights,  // [N, k]
                                        const float* scores,     // [N, E]
@@ -76,34 +75,7 @@ __global__ void router_backward_kernel(float* d_logits,         // [N, E]
   const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (t >= N) return;
   const int64_t k = routing.top_k;
-  const float c = routing.scaling;
-  const float* s = scores + t * E;
-  const float* dw = d_weights + t * k;
-  const int32_t* ids = chosen + t * k;
-  float a = c, b = 0.0f;
-  if (routing.normalize_top_k) {
-    float sum = 0.0f, dot = 0.0f;
-    for (int64_t j = 0; j < k; ++j) {
-      sum += s[ids[j]];
-      dot += dw[j] * s[ids[j]];
-    }
-    const float D = sum + static_cast<float>(kRouterNormalizeEpsilon);
-    a = c / D;
-    b = -c * dot / (D * D);
-  }
-  float* out = d_logits + t * E;
-  if (routing.score_function == RouterScore::softmax) {
-    float inner = 0.0f;
-    for (int64_t j = 0; j < k; ++j) inner += s[ids[j]] * (a * dw[j] + b);
-    for (int64_t e = 0; e < E; ++e) out[e] = -s[e] * inner;
-    for (int64_t j = 0; j < k; ++j) out[ids[j]] += s[ids[j]] * (a * dw[j] + b);
-  } else {
-    for (int64_t e = 0; e < E; ++e) out[e] = 0.0f;
-    for (int64_t j = 0; j < k; ++j) {
-      const float value = s[ids[j]];
-      out[ids[j]] = (a * dw[j] + b) * value * (1.0f - value);
-    }
-  }
+  moe_router_backward_token(d_logits + t * E, d_weights + t * k, scores + t * E, chosen + t * k, E, routing);
 }
 
 // result[0] = sum over tokens of sum_e counts[e] q[t, e] (q: the scores, sigmoid ones over their row sum),

@@ -1,7 +1,8 @@
-// The router's selection, shared by the cpu kernel (moe_router.cpp) and the cuda one (cuda/moe_router.cu) so
-// that both choose the same experts and break ties the same way by construction: the Gk kept groups as a bit
-// mask, then k scans of the E choice scores, each taking the best expert that ranks after the previous pick
-// in (choice score descending, index ascending) order. Allocates nothing; O(k E) per token.
+// The router's work on one token that the cpu kernel (moe_router.cpp) and the cuda one (cuda/moe_router.cu)
+// both run, so that they choose the same experts, break ties the same way and form the same gradient by
+// construction. The selection: the Gk kept groups as a bit mask, then k scans of the E choice scores, each
+// taking the best expert that ranks after the previous pick in (choice score descending, index ascending)
+// order; allocates nothing, O(k E) per token. The backward: one token's d_logits row.
 // Legend: E experts, G groups of E / G, Gk groups kept, k experts per token.
 #pragma once
 
@@ -9,6 +10,7 @@
 #include <limits>
 
 #include "meshtrain/kernels/arguments.h"
+#include "meshtrain/kernels/cpu/moe_router.h"  // kRouterNormalizeEpsilon
 
 #if defined(__CUDACC__)
 #define MT_ROUTER_HOST_DEVICE __host__ __device__
@@ -92,6 +94,39 @@ MT_ROUTER_HOST_DEVICE void moe_router_select(int32_t* chosen, const Choice& choi
     chosen[j] = static_cast<int32_t>(best_index);
     previous_value = best_value;
     previous_index = best_index;
+  }
+}
+
+// out [E] = one token's d_logits (written) from its d_weights dw [k], scores s [E] and chosen ids [k]: with
+// the normalisation, d score of slot j = a dw_j + b (b = 0 unnormalised; see moe_router_reference_backward),
+// then through the softmax or the sigmoid.
+MT_ROUTER_HOST_DEVICE inline void moe_router_backward_token(float* out, const float* dw, const float* s,
+                                                            const int32_t* ids, int64_t E,
+                                                            const MoeRouting& routing) {
+  const int64_t k = routing.top_k;
+  const float c = routing.scaling;
+  float a = c, b = 0.0f;
+  if (routing.normalize_top_k) {
+    float sum = 0.0f, dot = 0.0f;
+    for (int64_t j = 0; j < k; ++j) {
+      sum += s[ids[j]];
+      dot += dw[j] * s[ids[j]];
+    }
+    const float D = sum + static_cast<float>(kRouterNormalizeEpsilon);
+    a = c / D;
+    b = -c * dot / (D * D);
+  }
+  if (routing.score_function == RouterScore::softmax) {
+    float inner = 0.0f;
+    for (int64_t j = 0; j < k; ++j) inner += s[ids[j]] * (a * dw[j] + b);
+    for (int64_t e = 0; e < E; ++e) out[e] = -s[e] * inner;
+    for (int64_t j = 0; j < k; ++j) out[ids[j]] += s[ids[j]] * (a * dw[j] + b);
+  } else {
+    for (int64_t e = 0; e < E; ++e) out[e] = 0.0f;
+    for (int64_t j = 0; j < k; ++j) {
+      const float value = s[ids[j]];
+      out[ids[j]] = (a * dw[j] + b) * value * (1.0f - value);
+    }
   }
 }
 
