@@ -26,7 +26,7 @@ ldd build-gpu/meshtrain build-gpu/meshtrain_gpu_tests build-gpu/libmeshtrain_*.s
   sort -u | grep -vE '/(libc|libm|libpthread|libdl|librt|libgcc_s|libstdc\+\+)\.so|libcuda|libcudart|libcublas|meshtrain' |
   xargs -r cp -L -t "$stage/lib/"
 # The cpu baselines of the equivalence checks: qwen3-tiny as tests/mpi/equivalence.sh trains it, 20 steps,
-# and the same with Engram and mHC (tiny.sh).
+# the same with Engram and mHC, and deepseek-custom-tiny, 20 steps (tiny.sh).
 source tests/gpu/tiny.sh
 build-gpu/meshtrain train qwen3-tiny "${tiny[@]}" run_dir="$stage/reference/qwen3_tiny_cpu" >"$stage/reference/qwen3_tiny_cpu.log" 2>&1 ||
   { cat "$stage/reference/qwen3_tiny_cpu.log"; exit 1; }
@@ -36,6 +36,8 @@ build-gpu/meshtrain train qwen3-tiny "${tiny[@]}" dtype=bfloat16 run_dir="$stage
   { echo "no bfloat16 cpu baseline: $(tail -1 "$stage/reference/qwen3_tiny_cpu_bf16.log")"; rm -rf "$stage/reference/qwen3_tiny_cpu_bf16"; }
 build-gpu/meshtrain train qwen3-tiny "${tiny[@]}" "${engram_mhc[@]}" run_dir="$stage/reference/qwen3_tiny_engram_mhc_cpu" \
   >"$stage/reference/qwen3_tiny_engram_mhc_cpu.log" 2>&1 || { cat "$stage/reference/qwen3_tiny_engram_mhc_cpu.log"; exit 1; }
+build-gpu/meshtrain train deepseek-custom-tiny "${deepseek[@]}" run_dir="$stage/reference/deepseek_tiny_cpu" \
+  >"$stage/reference/deepseek_tiny_cpu.log" 2>&1 || { cat "$stage/reference/deepseek_tiny_cpu.log"; exit 1; }
 if [ -n "${LLMC:-}" ]; then
   mkdir -p "$stage/llmc"
   cp "$LLMC" "$stage/llmc/train_gpt2cu"

@@ -3,8 +3,8 @@
 #   1. every CUDA kernel against the cpu kernel of the same name (meshtrain_gpu_tests);
 #   2. qwen3-tiny, 20 steps on the GPU in float32, against the cpu run's losses, grad norms and final
 #      parameters with the bounds of tests/mpi/equivalence.sh (tests/mpi/compare_runs.py); the same with
-#      Engram and mHC (tiny.sh's engram_mhc); and in bfloat16 against the cpu's bfloat16 run where the bundle
-#      has one (reported, not judged);
+#      Engram and mHC (tiny.sh's engram_mhc), and for deepseek-custom-tiny (MoE, MLA, Engram, mHC); and in
+#      bfloat16 against the cpu's bfloat16 run where the bundle has one (reported, not judged);
 #   3. gpt2-124m and qwen3-0.6b tokens/s and MFU (against the topology's stated peak) in float32 and bfloat16,
 #      and the device memory in use (nvidia-smi, sampled) against the planned arena;
 #   4. where the bundle has it, llm.c's train_gpt2cu (bf16, its own kernels, no cuDNN) on GPT-2 124M at the
@@ -80,6 +80,15 @@ timeout 120 "$b/bin/meshtrain" train qwen3-tiny "${tiny[@]}" "${engram_mhc[@]}" 
 say "qwen3-tiny + Engram + mHC on the GPU: exit $?"
 grep -E "note:|error" "$out/qwen3_tiny_engram_mhc_gpu.log" | head -5 | tee -a "$summary"
 versus_cpu qwen3_tiny_engram_mhc "$b/reference/qwen3_tiny_engram_mhc_cpu" "$run_dir"
+
+# 2c. deepseek-custom-tiny (MoE, MLA, Engram, mHC) on the GPU against the cpu baseline, the same bounds;
+# expected well under 30 s of device time (not measured yet: no GPU when it was written).
+run_dir=$(mktemp -d)/deepseek_tiny_gpu
+timeout 120 "$b/bin/meshtrain" train deepseek-custom-tiny "${deepseek[@]}" topology=h200x1 run_dir="$run_dir" \
+  >"$out/deepseek_tiny_gpu.log" 2>&1
+say "deepseek-custom-tiny on the GPU: exit $?"
+grep -E "device:|note:|error" "$out/deepseek_tiny_gpu.log" | head -5 | tee -a "$summary"
+versus_cpu deepseek_tiny "$b/reference/deepseek_tiny_cpu" "$run_dir"
 
 # 3. Speed and memory.
 speed() {  # speed NAME MODEL STEPS GOAL key=value...   (GOAL: mfu>=PERCENT, llmc (GPT-2's peer below) or -)

@@ -4,6 +4,7 @@
 #include <dlfcn.h>
 
 #include <filesystem>
+#include <vector>
 
 #include "meshtrain/kernels/cpu/backend.h"
 
@@ -83,6 +84,33 @@ const KernelBackend* load_cuda_backend() {
 #endif
 }
 
+const KernelBackend& nvidia_backend();
+
+// The routing plan on a device arena: the cpu's serial counting sort (cpu/moe_dispatch.h) on host copies of
+// its input and outputs. The layer reads the dropped count and the expert loads on the host anyway, so a
+// device sort would save one copy of M int32s each way, not the synchronisation.
+int64_t staged_moe_route_plan(int32_t* counts, int32_t* offsets, int32_t* sorted, int32_t* position,
+                              int32_t* assigned, const int32_t* chosen, int64_t N, int64_t k, int64_t E,
+                              int64_t capacity) {
+  const KernelBackend& device = nvidia_backend();
+  const auto M = static_cast<size_t>(N * k), experts = static_cast<size_t>(E);
+  std::vector<int32_t> host_chosen(M), host_counts(experts), host_offsets(experts + 1), host_sorted(M),
+      host_position(M), host_assigned(experts);
+  device.memory_copy_out(host_chosen.data(), chosen, M * sizeof(int32_t));
+  const int64_t dropped = cpu_backend().moe_route_plan(
+      host_counts.data(), host_offsets.data(), host_sorted.data(), host_position.data(), host_assigned.data(),
+      host_chosen.data(), N, k, E, capacity);
+  const auto copy_in = [&](int32_t* target, const std::vector<int32_t>& host) {
+    device.memory_copy_in(target, host.data(), host.size() * sizeof(int32_t));
+  };
+  copy_in(counts, host_counts);
+  copy_in(offsets, host_offsets);
+  copy_in(sorted, host_sorted);
+  copy_in(position, host_position);
+  if (assigned != nullptr) copy_in(assigned, host_assigned);
+  return dropped;
+}
+
 // NVIDIA GPUs: the cuda kernels where built and loadable. The CUDA kernels store activations as the cpu
 // kernels do (float32, and under dtype=bfloat16 the matmul-only inputs in bf16, written rounded by the norms,
 // SwiGLU and GELU) and take the cpu kernels' scratch, so the dtype and sizing entries are the cpu table's in
@@ -93,6 +121,7 @@ const KernelBackend& nvidia_backend() {
     KernelBackend nvidia = cpu;  // without the cuda kernels: the cpu functions in the slots, for planning
     if (const KernelBackend* cuda = load_cuda_backend()) {
       nvidia = *cuda;
+      nvidia.moe_route_plan = staged_moe_route_plan;
     } else {
       nvidia.name = "cuda (not loaded)";
       nvidia.device_check = cuda_unavailable_check;

@@ -531,13 +531,6 @@ void Run::write_run_files() {
                  engine_->backend().device_description().c_str(), engine_->backend().name,
                  static_cast<double>(plan.arena_bytes) / kGiB, plan.topology.name.c_str(),
                  plan.topology.rates(config_.dtype).peak_flops / 1e12);
-    if (!config_.engram_layers.empty() || config_.mhc_expansion_rate > 1) {
-      // Until tests/gpu/run.sh has passed on a GPU (docs/gpus.md); remove this line with that record.
-      std::fprintf(
-          console_,
-          "meshtrain: note: the cuda kernels of Engram and mHC (engram_layers, mhc_expansion_rate) have "
-          "not been verified on a GPU yet\n");
-    }
   } else {
     machine_ = measure_machine(bf16);
     std::fprintf(console_, "%s\n", machine_->describe().c_str());

@@ -448,6 +448,21 @@ TEST(KernelBackend, ModelReachesEveryKernelThroughTheTable) {
   X(mhc_expand_backward) \
   X(mhc_streams_repeat) \
   X(mhc_streams_sum)
+// The mixture of experts' entries on one device (expert parallelism's block plans are not among them): the
+// cuda table fills them (the routing plan as the cpu kernel on host copies), and the guarded backend lets
+// them touch its arena.
+#define MT_MOE_ENTRIES(X) \
+  X(moe_router_forward) \
+  X(moe_router_backward) \
+  X(moe_balance_loss_forward) \
+  X(moe_balance_loss_backward) \
+  X(moe_route_plan) \
+  X(moe_gather_forward) \
+  X(moe_gather_backward) \
+  X(moe_combine_forward) \
+  X(moe_combine_backward) \
+  X(grouped_matmul_forward) \
+  X(grouped_matmul_backward)
 // clang-format on
 
 // Where this build has the cuda kernels (MESHTRAIN_CUDA=ON: the NVIDIA table is the loaded cuda table,
@@ -463,6 +478,7 @@ TEST(KernelBackend, CudaTableCoversTheDenseDecoders) {
   EXPECT_TRUE(nvidia.entry != cpu.entry) << #entry << " is the cpu function";
   MT_DENSE_DECODER_ENTRIES(MT_COVERED)
   MT_ENGRAM_MHC_ENTRIES(MT_COVERED)
+  MT_MOE_ENTRIES(MT_COVERED)
 #undef MT_COVERED
 }
 
@@ -516,21 +532,23 @@ const KernelBackend& guarded_backend() {
   };
     MT_DENSE_DECODER_ENTRIES(MT_GUARDED)
     MT_ENGRAM_MHC_ENTRIES(MT_GUARDED)
+    MT_MOE_ENTRIES(MT_GUARDED)
 #undef MT_GUARDED
     return guarded;
   }();
   return table;
 }
 
-// What the cuda backend runs (the dense decoders, and a dense decoder with Engram and mHC), over an arena
-// the host cannot touch: training steps, eval and a checkpoint round trip reach the arena only through the
-// table, and give bitwise the losses, gradients and parameters of the host-memory engine; in float32, and
-// in bfloat16 where this CPU computes it.
+// What the cuda backend runs (the dense decoders, a dense decoder with Engram and mHC, and DeepSeek's block
+// with MLA, MoE, Engram and mHC), over an arena the host cannot touch: training steps, eval and a checkpoint
+// round trip reach the arena only through the table, and give bitwise the losses, gradients and parameters of
+// the host-memory engine; in float32, and in bfloat16 where this CPU computes it.
 TEST(KernelBackend, DenseTrainingTouchesADeviceArenaOnlyThroughTheTable) {
   std::vector<DType> dtypes = {DType::f32};
   if (cpu_features().avx512_bf16 || cpu_features().amx_bf16) dtypes.push_back(DType::bf16);
   for (const DType dtype : dtypes) {
-    for (const std::string preset : {"qwen3-tiny", "gpt2-124m", "qwen3-tiny engram mhc"}) {
+    for (const std::string preset :
+         {"qwen3-tiny", "gpt2-124m", "qwen3-tiny engram mhc", "deepseek-custom-tiny"}) {
       SCOPED_TRACE(preset + (dtype == DType::bf16 ? " bfloat16" : " float32"));
       Config config = tiny_config(preset.substr(0, preset.find(' ')));
       if (preset.ends_with("engram mhc")) {

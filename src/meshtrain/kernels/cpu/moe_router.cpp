@@ -1,41 +1,28 @@
 // Fast router kernels (semantics in moe_router.h). One OpenMP task per token: each owns its rows of every
-// output, so results do not depend on the thread count. The selection allocates nothing: the Gk kept groups
-// are a bit mask and the k experts come from k scans of the E choice scores, each taking the best expert
-// that ranks after the previous one in (choice score descending, index ascending) order: O(k E) per token,
-// small beside the router matmul's O(D E).
+// output, so results do not depend on the thread count. The selection and the backward of a token are
+// moe_router_token.h's, shared with the cuda kernel; the selection costs O(k E) per token, small beside the
+// router matmul's O(D E).
 #include "meshtrain/kernels/cpu/moe_router.h"
 
 #include <omp.h>
 
 #include <cmath>
-#include <limits>
 
 #include "meshtrain/kernels/cpu/fast_math.h"
+#include "meshtrain/kernels/cpu/moe_router_token.h"
 
 namespace meshtrain::kernels {
 namespace {
 
-constexpr float kNegativeInfinity = -std::numeric_limits<float>::infinity();
-
 // Below this many logits a parallel region costs more than it saves.
 constexpr int64_t kParallelMinimum = 1 << 13;
-
-// A NaN score (a diverged run) ranks last instead of breaking the order, so chosen ids stay valid.
-inline float ranked(float value) {
-  return std::isnan(value) ? kNegativeInfinity : value;
-}
-
-// True when (value, index) ranks strictly before (best_value, best_index); best_index < 0: nothing yet.
-inline bool ranks_before(float value, int64_t index, float best_value, int64_t best_index) {
-  return best_index < 0 || value > best_value || (value == best_value && index < best_index);
-}
 
 }  // namespace
 
 void moe_router_forward(int32_t* chosen, float* weights, float* scores, const float* logits,
                         const float* selection_bias, int64_t N, int64_t E, const MoeRouting& routing) {
   moe_router_check(E, routing);
-  const int64_t k = routing.top_k, G = routing.groups, group_size = E / G;
+  const int64_t k = routing.top_k;
 #pragma omp parallel for schedule(static) if (N * E >= kParallelMinimum)
   for (int64_t t = 0; t < N; ++t) {
     const float* row = logits + t * E;
@@ -56,66 +43,15 @@ void moe_router_forward(int32_t* chosen, float* weights, float* scores, const fl
 #pragma omp simd
       for (int64_t e = 0; e < E; ++e) s[e] = sigmoid_approx(row[e]);
     }
-    auto choice = [&](int64_t e) {
-      return ranked(selection_bias != nullptr ? s[e] + selection_bias[e] : s[e]);
+    const auto choice = [&](int64_t e) {
+      return moe_router_ranked(selection_bias != nullptr ? s[e] + selection_bias[e] : s[e]);
     };
-
-    // Kept groups: bit g set when group g may be chosen from.
-    uint64_t kept = G >= 64 ? ~uint64_t(0) : (uint64_t(1) << G) - 1;
-    if (G > 1 && routing.groups_kept < G) {
-      float group_score[kRouterMaxGroups];
-      for (int64_t g = 0; g < G; ++g) {
-        float first = kNegativeInfinity, second = kNegativeInfinity;
-        for (int64_t e = g * group_size; e < (g + 1) * group_size; ++e) {
-          const float value = choice(e);
-          if (value > first) {
-            second = first;
-            first = value;
-          } else if (value > second) {
-            second = value;
-          }
-        }
-        group_score[g] = group_size > 1 ? first + second : first;
-      }
-      kept = 0;
-      for (int64_t rank = 0; rank < routing.groups_kept; ++rank) {
-        float best_score = kNegativeInfinity;
-        int64_t best = -1;
-        for (int64_t g = 0; g < G; ++g) {
-          if (((kept >> g) & 1) != 0) continue;
-          const float value = ranked(group_score[g]);
-          if (ranks_before(value, g, best_score, best)) {
-            best_score = value;
-            best = g;
-          }
-        }
-        kept |= uint64_t(1) << best;
-      }
-    }
-
-    float previous_value = 0.0f, sum = 0.0f;
-    int64_t previous_index = -1;
+    int32_t* picks = chosen + t * k;
+    moe_router_select(picks, choice, E, routing);
+    float sum = 0.0f;
     for (int64_t j = 0; j < k; ++j) {
-      float best_value = kNegativeInfinity;
-      int64_t best_index = -1;
-      for (int64_t g = 0; g < G; ++g) {
-        if (((kept >> g) & 1) == 0) continue;
-        for (int64_t e = g * group_size; e < (g + 1) * group_size; ++e) {
-          const float value = choice(e);
-          // Only experts ranking after the previous pick remain.
-          if (previous_index >= 0 && ranks_before(value, e, previous_value, previous_index)) continue;
-          if (previous_index == e) continue;
-          if (ranks_before(value, e, best_value, best_index)) {
-            best_value = value;
-            best_index = e;
-          }
-        }
-      }
-      chosen[t * k + j] = static_cast<int32_t>(best_index);
-      weights[t * k + j] = s[best_index];
-      sum += s[best_index];
-      previous_value = best_value;
-      previous_index = best_index;
+      weights[t * k + j] = s[picks[j]];
+      sum += s[picks[j]];
     }
     const float factor = routing.normalize_top_k
                              ? routing.scaling / (sum + static_cast<float>(kRouterNormalizeEpsilon))
@@ -128,39 +64,10 @@ void moe_router_backward(float* d_logits, const float* d_weights, const float* s
                          int64_t N, int64_t E, const MoeRouting& routing) {
   moe_router_check(E, routing);
   const int64_t k = routing.top_k;
-  const float c = routing.scaling;
 #pragma omp parallel for schedule(static) if (N * E >= kParallelMinimum)
   for (int64_t t = 0; t < N; ++t) {
-    const float* s = scores + t * E;
-    const float* dw = d_weights + t * k;
-    const int32_t* ids = chosen + t * k;
-    // d score of slot j = a dw_j + b (b = 0 unnormalised); see moe_router_reference_backward.
-    float a = c, b = 0.0f;
-    if (routing.normalize_top_k) {
-      float sum = 0.0f, dot = 0.0f;
-      for (int64_t j = 0; j < k; ++j) {
-        sum += s[ids[j]];
-        dot += dw[j] * s[ids[j]];
-      }
-      const float D = sum + static_cast<float>(kRouterNormalizeEpsilon);
-      a = c / D;
-      b = -c * dot / (D * D);
-    }
-    float* out = d_logits + t * E;
-    if (routing.score_function == RouterScore::softmax) {
-      float inner = 0.0f;
-      for (int64_t j = 0; j < k; ++j) inner += s[ids[j]] * (a * dw[j] + b);
-#pragma omp simd
-      for (int64_t e = 0; e < E; ++e) out[e] = -s[e] * inner;
-      for (int64_t j = 0; j < k; ++j) out[ids[j]] += s[ids[j]] * (a * dw[j] + b);
-    } else {
-#pragma omp simd
-      for (int64_t e = 0; e < E; ++e) out[e] = 0.0f;
-      for (int64_t j = 0; j < k; ++j) {
-        const float value = s[ids[j]];
-        out[ids[j]] = (a * dw[j] + b) * value * (1.0f - value);
-      }
-    }
+    moe_router_backward_token(d_logits + t * E, d_weights + t * k, scores + t * E, chosen + t * k, E,
+                              routing);
   }
 }
 

@@ -10,9 +10,12 @@
 #include "meshtrain/kernels/cuda/engram_gate.h"
 #include "meshtrain/kernels/cuda/engram_table.h"
 #include "meshtrain/kernels/cuda/gelu.h"
+#include "meshtrain/kernels/cuda/grouped_matmul.h"
 #include "meshtrain/kernels/cuda/layernorm.h"
 #include "meshtrain/kernels/cuda/matmul.h"
 #include "meshtrain/kernels/cuda/mhc_mix.h"
+#include "meshtrain/kernels/cuda/moe_dispatch.h"
+#include "meshtrain/kernels/cuda/moe_router.h"
 #include "meshtrain/kernels/cuda/residual.h"
 #include "meshtrain/kernels/cuda/rmsnorm.h"
 #include "meshtrain/kernels/cuda/rope.h"
@@ -85,6 +88,16 @@ const KernelBackend& cuda_backend() {
     cuda.mhc_expand_backward = mhc_expand_backward;
     cuda.mhc_streams_repeat = mhc_streams_repeat;
     cuda.mhc_streams_sum = mhc_streams_sum;
+    cuda.moe_router_forward = moe_router_forward;
+    cuda.moe_router_backward = moe_router_backward;
+    cuda.moe_balance_loss_forward = moe_balance_loss_forward;
+    cuda.moe_balance_loss_backward = moe_balance_loss_backward;
+    cuda.moe_gather_forward = moe_gather_forward;
+    cuda.moe_gather_backward = moe_gather_backward;
+    cuda.moe_combine_forward = moe_combine_forward;
+    cuda.moe_combine_backward = moe_combine_backward;
+    cuda.grouped_matmul_forward = grouped_matmul_forward;
+    cuda.grouped_matmul_backward = grouped_matmul_backward;
     cuda.adamw_update = adamw_update;
     cuda.sum_of_squares = sum_of_squares;
     return cuda;

@@ -8,9 +8,11 @@
 namespace meshtrain::kernels::cuda {
 
 // The run entries of the dense decoder (Qwen3, GPT-2): matmul, attention, fused loss, norms, RoPE,
-// SwiGLU / GELU, embedding, residual, column slices, AdamW. The entries of mixture-of-experts, MLA's
-// context attention, Engram, mHC and decoding are null: engine.cpp refuses such a model on this backend
-// before anything runs.
+// SwiGLU / GELU, embedding, residual, column slices, AdamW; and of one rank's mixture of experts (router,
+// balance loss, gather / combine, grouped matmul; kernels/backend.cpp adds the routing plan, run on the
+// host). MLA on one GPU needs no entry beyond these. The entries of expert parallelism's block plans,
+// context attention, Engram, mHC and decoding are null: engine.cpp refuses such a run on this backend before
+// anything runs.
 const KernelBackend& cuda_backend();
 
 }  // namespace meshtrain::kernels::cuda

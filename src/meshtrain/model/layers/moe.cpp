@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "meshtrain/core/error.h"
 #include "meshtrain/model/layers/mlp.h"
@@ -14,6 +15,14 @@ namespace {
 
 BufferId int32_activation(SpecBuilder& builder, const std::string& name, const Shape& shape) {
   return builder.as_int32(builder.activation(name, shape));
+}
+
+// `count` int32s of an arena buffer from element `first`, for the host (segment bounds, expert loads),
+// through the backend's copy: a memcpy on the cpu; out of a device arena, after the kernels that wrote them.
+std::vector<int32_t> host_int32s(const OpContext& c, BufferId id, int64_t first, int64_t count) {
+  std::vector<int32_t> host(static_cast<size_t>(count));
+  c.kernels->memory_copy_out(host.data(), c.i32(id) + first, host.size() * sizeof(int32_t));
+  return host;
 }
 
 // The shared experts: a dense SwiGLU of x [N, D] at width F_s (shared_experts x F_e) whose down projection
@@ -150,9 +159,10 @@ BufferId add_moe_block(SpecBuilder& builder, const std::string& prefix, BufferId
                      if (c.recomputing) return;
                      RoutingSums& sums = c.loss_sums->routing;
                      sums.dropped[layer_index] += static_cast<double>(dropped);
+                     const std::vector<int32_t> loads = host_int32s(c, assigned, 0, E);
                      for (int64_t e = 0; e < E; ++e)
                        sums.expert_load[layer_index * static_cast<size_t>(E) + static_cast<size_t>(e)] +=
-                           c.i32(assigned)[e];
+                           loads[static_cast<size_t>(e)];
                    },
                    OpKind::memory});
   // The balance loss's f_e counts the assignments of the whole micro-batch (every rank's tokens: the
@@ -163,13 +173,16 @@ BufferId add_moe_block(SpecBuilder& builder, const std::string& prefix, BufferId
   BufferId batch_assigned = kNoBuffer;
   if (balance_weight > 0.0f) {
     batch_assigned = int32_activation(builder, moe + "/batch_assigned", shape_of({{"expert_scores", E}}));
-    builder.forward(
-        {moe + "/batch_assigned",
-         {assigned},
-         {batch_assigned},
-         0.0,
-         [=](const OpContext& c) { std::copy(c.i32(assigned), c.i32(assigned) + E, c.i32(batch_assigned)); },
-         OpKind::memory});
+    builder.forward({moe + "/batch_assigned",
+                     {assigned},
+                     {batch_assigned},
+                     0.0,
+                     [=](const OpContext& c) {
+                       const std::vector<int32_t> loads = host_int32s(c, assigned, 0, E);
+                       c.kernels->memory_copy_in(c.i32(batch_assigned), loads.data(),
+                                                 loads.size() * sizeof(int32_t));
+                     },
+                     OpKind::memory});
     for (OpDecl& op : token_axes_all_reduce(builder, moe + "/batch_assigned", batch_assigned))
       builder.forward(std::move(op));
     builder.forward({moe + "/balance_loss_forward",
@@ -200,14 +213,16 @@ BufferId add_moe_block(SpecBuilder& builder, const std::string& prefix, BufferId
                      0.0,
                      [=](const OpContext& c) {
                        c.kernels->moe_gather_forward(c.f32(sorted_x), c.f32(x), c.i32(sorted),
-                                                     c.i32(offsets)[E], k, D);
+                                                     host_int32s(c, offsets, E, 1)[0], k, D);
                      },
                      OpKind::memory});
   } else {
     dispatch = add_expert_dispatch(builder, moe, x, offsets, sorted, sorted_x, k, E, P, block_rows);
     expert_offsets = dispatch.local_offsets;
   }
-  const auto kept_rows = [=](const OpContext& c) -> int64_t { return c.i32(expert_offsets)[E_local]; };  // R
+  const auto kept_rows = [=](const OpContext& c) -> int64_t {  // R
+    return host_int32s(c, expert_offsets, E_local, 1)[0];
+  };
 
   // The routed experts: SwiGLU over each expert's rows, as grouped matmuls.
   const auto expert_weights = [&](const char* name, const Shape& shape, double init_std) {
