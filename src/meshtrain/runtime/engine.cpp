@@ -12,6 +12,7 @@
 #include "meshtrain/core/error.h"
 #include "meshtrain/core/rng.h"
 #include "meshtrain/metrics/trace.h"
+#include "meshtrain/runtime/device_communicator.h"
 
 namespace meshtrain {
 
@@ -22,7 +23,7 @@ using kernels::TensorGroup;
 // The CPU kernels store float32 and compute float32, or (dtype=bfloat16) round the inputs of every dense
 // matmul to bf16; weights, gradients and moments stay float32. The cuda kernels do the same on an NVIDIA GPU
 // for the dense decoders. Other layouts are planned, not run, here.
-void check_plan_runs_here(const TrainingPlan& plan, int64_t world) {
+void check_plan_runs_here(const TrainingPlan& plan, int64_t world, int64_t host_ranks) {
   const Config& c = plan.spec.config;
   const std::string& kind = plan.topology.device_kind;
   const bool on_gpu = kernels::nvidia_device_kind(kind);
@@ -32,9 +33,25 @@ void check_plan_runs_here(const TrainingPlan& plan, int64_t world) {
       fail("config key '" + key + "'", "what the cuda backend runs today (a dense Qwen3 or GPT-2 decoder)",
            found, fix + ", or set topology=cpu; meshtrain compile plans it for GPUs");
     };
-    if (world > 1 || plan.mesh.devices() > 1) {
-      not_on_gpu("mesh", plan.mesh.to_string() + " over " + std::to_string(world) + " process(es)",
-                 "train on one GPU (every mesh axis 1) until the NCCL communicator lands");
+    // Several processes run (NCCL, or MPI staged through host memory under share_gpus); what their layouts
+    // need of the cuda kernels or of the engine's host code is not all there yet.
+    if (plan.mesh.size(MeshAxis::tensor) > 1) {
+      not_on_gpu("mesh.tensor", to_text(plan.mesh.size(MeshAxis::tensor)) + " (the vocabulary-parallel loss)",
+                 "set mesh.tensor=1 (the cuda loss kernel has no vocabulary-parallel form yet)");
+    }
+    if (plan.mesh.size(MeshAxis::context) > 1 && plan.spec.kernels->context_attention_forward == nullptr) {
+      not_on_gpu("mesh.context", to_text(plan.mesh.size(MeshAxis::context)) + " (context attention)",
+                 "set mesh.context=1 (the cuda backend has no context attention kernels yet)");
+    }
+    for (const KernelPlan& kernel : plan.kernels) {
+      for (const PlanOp& op : kernel.ops) {
+        if (op.op->collective.outer > 1) {  // run_collective reorders such shards with host memcpy
+          not_on_gpu("mesh",
+                     plan.mesh.to_string() + " (collective '" + op.op->name +
+                         "' moves a strided shard, which the engine reorders in host memory)",
+                     "choose a mesh whose shards are contiguous (mesh.fsdp or mesh.data alone)");
+        }
+      }
     }
     if (c.num_experts > 0) not_on_gpu("num_experts", std::to_string(c.num_experts), "set num_experts=0");
     if (c.opt_type != OptimizerType::adamw) {
@@ -65,6 +82,30 @@ void check_plan_runs_here(const TrainingPlan& plan, int64_t world) {
          "set topology=cpu, or an NVIDIA topology (a100xN, h100xN, h200xN, b200xN) on a machine with an "
          "NVIDIA "
          "GPU and its driver (nvidia-smi lists it); meshtrain compile plans every topology");
+  }
+  if (c.share_gpus && !on_gpu) {
+    fail(
+        "config key 'share_gpus'",
+        "false on topology '" + plan.topology.name + "' (device kind " + kind + ")", "true",
+        "set share_gpus=false: it lets processes share an NVIDIA GPU, and applies to NVIDIA topologies only");
+  }
+  // NCCL takes one process per GPU; more processes than GPUs on a host share them only when asked.
+  if (const int gpus = plan.spec.kernels->device_count(); on_gpu && host_ranks > gpus && !c.share_gpus) {
+    fail(
+        "config key 'share_gpus'",
+        "at most one process per GPU on each host (this host's GPUs: " + std::to_string(gpus) +
+            ") unless share_gpus=true",
+        std::to_string(host_ranks) + " processes on this host, share_gpus=false",
+        "set share_gpus=true to let them share the GPU(s), their collectives staged through host memory over "
+        "MPI (slower than NCCL; for testing layouts on one GPU), or start at most " +
+            std::to_string(gpus) + " process(es) per host");
+  }
+  if (on_gpu && world > 1 && !c.share_gpus && !nccl_communicator_built()) {
+    fail(
+        "config key 'share_gpus'",
+        "NCCL for " + std::to_string(world) + " processes on NVIDIA GPUs (share_gpus=false)",
+        "a meshtrain built without NCCL (CMake found no nccl.h and libnccl, or MESHTRAIN_NCCL=OFF)",
+        "set share_gpus=true to run over MPI staged through host memory, or rebuild where NCCL is installed");
   }
   // bf16 compute without bf16 instructions would be emulated (oneDNN 2.6 has no bf16 matmul on AVX2 CPUs),
   // so say what this machine has.
