@@ -25,6 +25,19 @@ cp build-gpu/libmeshtrain_*.so "$stage/lib/"
 ldd build-gpu/meshtrain build-gpu/meshtrain_gpu_tests build-gpu/libmeshtrain_*.so | awk '/=> \// {print $3}' |
   sort -u | grep -vE '/(libc|libm|libpthread|libdl|librt|libgcc_s|libstdc\+\+)\.so|libcuda|libcudart|libcublas|meshtrain' |
   xargs -r cp -L -t "$stage/lib/"
+# OpenMPI's launcher for the runs of ranks sharing the GPU, in case the GPU machine has none: orterun (as
+# mpirun), OpenMPI's and PMIx's plugins and help texts in Debian's layout under mpi/, and the libraries they
+# link; run.sh points OpenMPI and PMIx at them (OPAL_PREFIX and friends) when it finds no mpirun there.
+mkdir -p "$stage/mpi/bin" "$stage/mpi/lib/x86_64-linux-gnu" "$stage/mpi/share" "$stage/mpi/etc"
+cp -L "$(readlink -f "$(command -v mpirun)")" "$stage/mpi/bin/mpirun"
+cp -rL /usr/lib/x86_64-linux-gnu/openmpi /usr/lib/x86_64-linux-gnu/pmix2 "$stage/mpi/lib/x86_64-linux-gnu/"
+rm -rf "$stage/mpi/lib/x86_64-linux-gnu/openmpi/include" "$stage/mpi/lib/x86_64-linux-gnu/openmpi/lib/"*.a
+cp -r /usr/share/openmpi "$stage/mpi/share/"
+[ -d /usr/share/pmix ] && cp -r /usr/share/pmix "$stage/mpi/share/"
+{ find "$stage/mpi/bin" "$stage/mpi/lib" -name '*.so*' -o -type f -perm -u+x | xargs ldd 2>/dev/null || true; } |
+  awk '/=> \// {print $3}' | sort -u |
+  grep -vE '/(libc|libm|libpthread|libdl|librt|libgcc_s|libstdc\+\+)\.so|libcuda|libcudart|libcublas|meshtrain' |
+  xargs -r cp -Ln -t "$stage/lib/"
 # The cpu baseline of the equivalence check: qwen3-tiny as tests/mpi/equivalence.sh trains it, 20 steps.
 source tests/gpu/tiny.sh
 build-gpu/meshtrain train qwen3-tiny "${tiny[@]}" run_dir="$stage/reference/qwen3_tiny_cpu" >"$stage/reference/qwen3_tiny_cpu.log" 2>&1 ||

@@ -3,6 +3,9 @@
 // access; only the device's copy entries open it for their memcpy), so MPI reading or writing a device
 // buffer in place would crash the test. Every collective over device buffers must give, bit for bit, what
 // the plain MPI communicator gives over host copies of the same values, and count the same calls and bytes.
+// Then the engine trains two steps on the meshes of several layouts with every buffer staged (a device
+// whose copies are memcpy): the losses, gradient norms, parameters and each axis's bytes must equal the
+// plain MPI run's bit for bit.
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -11,6 +14,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -19,6 +23,9 @@
 #include "meshtrain/comm/staged_communicator.h"
 #include "meshtrain/core/dtype.h"
 #include "meshtrain/core/error.h"
+#include "meshtrain/runtime/engine.h"
+#include "plan/tiny_plan.h"
+#include "tiny_batch.h"
 
 namespace meshtrain {
 namespace {
@@ -293,6 +300,84 @@ void test_split(Communicator& plain, Communicator& staged) {
   check(staged_pairs->context() == "step 7", "a split shares the failure context");
 }
 
+// Every pointer counts as device memory, its copies a memcpy: the engine's arena stays host memory its cpu
+// kernels can run on, and each collective goes through the staging copies.
+bool everything_is_device(const void* /*pointer*/) {
+  return true;
+}
+void memcpy_in(void* device, const void* host, size_t bytes) {
+  std::memcpy(device, host, bytes);
+}
+void memcpy_out(void* host, const void* device, size_t bytes) {
+  std::memcpy(host, device, bytes);
+}
+
+void test_engine_layouts() {
+  std::unique_ptr<Communicator> plain_world = make_mpi_world_communicator(60.0);
+  std::unique_ptr<Communicator> staged_world =
+      stage_through_host(make_mpi_world_communicator(60.0), {everything_is_device, memcpy_in, memcpy_out});
+  const int n = plain_world->size();
+  if (n != 2 && n != 4) return;
+  const std::vector<std::vector<std::string>> meshes =
+      n == 2
+          ? std::vector<std::vector<std::string>>{{"mesh.data=2"},
+                                                  {"mesh.fsdp=2"},
+                                                  {"mesh.tensor=2"},
+                                                  {"mesh.context=2", "context_parallel_strategy=all_gather"},
+                                                  {"mesh.context=2", "context_parallel_strategy=ring"}}
+          : std::vector<std::vector<std::string>>{
+                {"mesh.data=2", "mesh.fsdp=2"},
+                {"mesh.data=2", "mesh.tensor=2"},
+                {"mesh.fsdp=2", "mesh.context=2"},
+                {"mesh.data=2", "mesh.fsdp=2", "shard_optimizer_over_data=true"}};
+  for (const std::vector<std::string>& mesh : meshes) {
+    std::vector<std::string> keys = {"gradient_accumulation_steps=2",
+                                     "init_weights_seed=3",
+                                     "mesh.data=1",
+                                     "mesh.fsdp=1",
+                                     "mesh.tensor=1",
+                                     "mesh.context=1"};
+    const Config config = testing::tiny_config(testing::with_overrides(keys, mesh));
+    struct Steps {
+      std::vector<double> loss_sums, grad_norms;
+      std::vector<float> parameters;
+      std::map<std::string, double> bytes;
+    };
+    const auto train = [&](Communicator& world) {
+      PlanRequest request;
+      request.config = config;
+      request.devices = n;
+      MeshCommunicators axes = make_mesh_communicators(world, plan_training(request).mesh);
+      Engine engine(plan_training(request), {&world, &axes});
+      Steps steps;
+      for (int64_t step = 0; step < 2; ++step) {
+        const auto batches = [&](int64_t micro) {
+          return testing::tiny_batch(engine.spec().dims, static_cast<uint64_t>(10 * step + micro));
+        };
+        const LossSums sums = engine.run_program(engine.plan().program.gradients, {batches}).sums;
+        const ProgramInputs update{
+            .micro_batch = nullptr, .valid_count = sums.valid_count, .learning_rate = 1e-2, .step = step};
+        steps.loss_sums.push_back(sums.loss_sum);
+        steps.grad_norms.push_back(engine.run_program(engine.plan().program.update, update).update.grad_norm);
+      }
+      for (size_t p = 0; p < engine.spec().parameters.size(); ++p) {
+        const TensorView value = engine.parameters().value(p);
+        steps.parameters.insert(steps.parameters.end(), value.f32(), value.f32() + value.elements());
+      }
+      steps.bytes = engine.collective_bytes();
+      return steps;
+    };
+    const Steps plain = train(*plain_world), staged = train(*staged_world);
+    std::string what = "engine";
+    for (const std::string& key : mesh) what += " " + key;
+    check(plain.grad_norms.back() > 0.0, what + ": the gradients are not zero");
+    check(staged.loss_sums == plain.loss_sums, what + ": loss sums");
+    check(staged.grad_norms == plain.grad_norms, what + ": grad norms");
+    check(staged.parameters == plain.parameters, what + ": parameters");
+    check(staged.bytes == plain.bytes && !plain.bytes.empty(), what + ": bytes per mesh axis");
+  }
+}
+
 int run() {
   std::unique_ptr<Communicator> plain = make_mpi_world_communicator(60.0);
   std::unique_ptr<Communicator> staged =
@@ -307,6 +392,7 @@ int run() {
   testing::set_mpi_max_chunk_elements(INT32_MAX);
   test_nonblocking(*staged);
   test_split(*plain, *staged);
+  test_engine_layouts();
 
   int64_t failed = checks_failed;
   plain->all_reduce(comm_buffer(&failed, 1), ReduceOp::sum, "test/failures");

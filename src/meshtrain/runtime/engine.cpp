@@ -43,16 +43,6 @@ void check_plan_runs_here(const TrainingPlan& plan, int64_t world, int64_t host_
       not_on_gpu("mesh.context", to_text(plan.mesh.size(MeshAxis::context)) + " (context attention)",
                  "set mesh.context=1 (the cuda backend has no context attention kernels yet)");
     }
-    for (const KernelPlan& kernel : plan.kernels) {
-      for (const PlanOp& op : kernel.ops) {
-        if (op.op->collective.outer > 1) {  // run_collective reorders such shards with host memcpy
-          not_on_gpu("mesh",
-                     plan.mesh.to_string() + " (collective '" + op.op->name +
-                         "' moves a strided shard, which the engine reorders in host memory)",
-                     "choose a mesh whose shards are contiguous (mesh.fsdp or mesh.data alone)");
-        }
-      }
-    }
     if (c.num_experts > 0) not_on_gpu("num_experts", std::to_string(c.num_experts), "set num_experts=0");
     if (c.opt_type != OptimizerType::adamw) {
       not_on_gpu("opt_type", optimizer_type_name(c.opt_type),
@@ -349,14 +339,18 @@ void Engine::run_collective(const PlanOp& op, const OpContext& context, UpdateSt
   }
   const TensorView full = context.view(c.buffer);
   const int64_t n = c.group;
+  // Rank r's blocks are a column slice of the [outer, n x block] layout: the backend's copy moves them
+  // (device memory on a GPU, which the host may not touch).
   const auto permute = [&](const float* from, float* to, bool to_rank_major) {
     const int64_t block = full.elements() / (c.outer * n);
-    for (int64_t o = 0; o < c.outer; ++o) {
-      for (int64_t r = 0; r < n; ++r) {
-        const int64_t rank_major = (r * c.outer + o) * block, outer_major = (o * n + r) * block;
-        std::memcpy(to + (to_rank_major ? rank_major : outer_major),
-                    from + (to_rank_major ? outer_major : rank_major),
-                    static_cast<size_t>(block) * sizeof(float));
+    for (int64_t r = 0; r < n; ++r) {
+      const int64_t rank_major = r * c.outer * block, outer_major = r * block;
+      if (to_rank_major) {
+        context.kernels->column_slice_forward(to + rank_major, from + outer_major, c.outer, block, 1, block,
+                                              n * block);
+      } else {
+        context.kernels->column_slice_forward(to + outer_major, from + rank_major, c.outer, block, 1,
+                                              n * block, block);
       }
     }
   };

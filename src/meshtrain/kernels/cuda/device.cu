@@ -63,10 +63,12 @@ std::string device_check() {
 std::string device_description() {
   const std::string why = device_check();
   if (!why.empty()) return "no GPU: " + why;
-  cudaDeviceProp properties{};
-  MT_CUDA(cudaGetDeviceProperties(&properties, 0));
   size_t free_bytes = 0, total_bytes = 0;
-  memory_info(&free_bytes, &total_bytes);
+  memory_info(&free_bytes, &total_bytes);  // selects this process's GPU (stream())
+  int device = 0;
+  MT_CUDA(cudaGetDevice(&device));
+  cudaDeviceProp properties{};
+  MT_CUDA(cudaGetDeviceProperties(&properties, device));
   constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
   return std::string(properties.name) + " (sm_" + std::to_string(properties.major) +
          std::to_string(properties.minor) + ", " + to_text(static_cast<double>(total_bytes) / kGiB) +
