@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/guarded_backend.h"
 #include "meshtrain/checkpoint/checkpoint.h"
 #include "meshtrain/core/cpu_features.h"
 #include "meshtrain/core/error.h"
@@ -32,6 +33,7 @@ namespace meshtrain {
 namespace {
 
 using kernels::KernelBackend;
+using testing::guarded_backend;
 namespace fs = std::filesystem;
 
 // The table is a name followed by function pointers, all pointer-sized: its slots can be read as words, so
@@ -164,6 +166,8 @@ const KernelBackend& counting_backend() {
     MT_COUNTED(memory_copy_in);
     MT_COUNTED(memory_copy_out);
     MT_COUNTED(memory_fill);
+    MT_COUNTED(memory_is_device);
+    MT_COUNTED(device_count);
     MT_COUNTED(device_synchronize);
     MT_COUNTED(activation_dtype);
     MT_COUNTED(matmul_input_dtype);
@@ -365,94 +369,17 @@ TEST(KernelBackend, ModelReachesEveryKernelThroughTheTable) {
   EXPECT_GT(calls()["context_attention_backward_scratch_floats"], 0);
   // Expert parallelism's block layouts likewise run only under mesh.expert > 1 (tests/mpi/
   // deepseek_equivalence.sh, the expert cases).
+  // The GPU queries: how many GPUs a host's processes share (check_plan_runs_here on an NVIDIA topology) and
+  // which buffers the host-staged communicator copies (tests/mpi/test_staged_communicator.cpp).
   for (const char* multi_process_only :
        {"context_attention_forward", "context_attention_backward", "context_attention_forward_bf16",
-        "context_attention_backward_bf16", "moe_dispatch_plan", "moe_receive_plan"}) {
+        "context_attention_backward_bf16", "moe_dispatch_plan", "moe_receive_plan", "memory_is_device",
+        "device_count"}) {
     EXPECT_EQ(calls().count(multi_process_only), 0u) << multi_process_only;
     calls()[multi_process_only] = 1;
   }
   EXPECT_EQ(calls().size(), kSlots - 1) << "every entry but the name is counted";
   for (const auto& [entry, count] : calls()) EXPECT_GT(count, 0) << entry << " was never called";
-}
-
-// A device arena, simulated: the cpu kernels over memory the host cannot touch (PROT_NONE) except inside
-// a kernel entry or a memory copy of the table. Any other host access (the engine or an op reading or
-// writing arena memory directly) is a segmentation fault here, as it is on a GPU.
-struct GuardedArena {
-  void* base = nullptr;
-  size_t bytes = 0;
-};
-GuardedArena& guarded_arena() {
-  static GuardedArena arena;
-  return arena;
-}
-// Opens the arena to the host for the scope of one table entry.
-class ArenaOpen {
- public:
-  ArenaOpen() { protect(PROT_READ | PROT_WRITE); }
-  ~ArenaOpen() { protect(PROT_NONE); }
-  ArenaOpen(const ArenaOpen&) = delete;
-  ArenaOpen& operator=(const ArenaOpen&) = delete;
-
- private:
-  static void protect(int mode) {
-    if (guarded_arena().base != nullptr) ::mprotect(guarded_arena().base, guarded_arena().bytes, mode);
-  }
-};
-
-const KernelBackend& guarded_backend() {
-  static const KernelBackend table = [] {
-    KernelBackend guarded = kernels::cpu_backend();
-    guarded.name = "guarded";
-    guarded.memory_on_host = [] { return false; };
-    guarded.memory_allocate = [](size_t bytes) -> void* {
-      MT_CHECK(guarded_arena().base == nullptr, "one guarded arena at a time");
-      const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
-      const size_t rounded = (bytes + page - 1) / page * page;
-      void* base = ::mmap(nullptr, rounded, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);  // zeroed
-      if (base == MAP_FAILED) return nullptr;
-      guarded_arena() = {base, rounded};
-      return base;
-    };
-    guarded.memory_free = [](void* base) {
-      ::munmap(base, guarded_arena().bytes);
-      guarded_arena() = {};
-    };
-#define MT_GUARDED(entry)                              \
-  guarded.entry = [](auto... arguments) {              \
-    const ArenaOpen open;                              \
-    return kernels::cpu_backend().entry(arguments...); \
-  }
-    MT_GUARDED(memory_copy_in);
-    MT_GUARDED(memory_copy_out);
-    MT_GUARDED(memory_fill);
-    MT_GUARDED(matmul_forward);
-    MT_GUARDED(matmul_backward);
-    MT_GUARDED(residual_add);
-    MT_GUARDED(embedding_forward);
-    MT_GUARDED(embedding_backward);
-    MT_GUARDED(unembed_cross_entropy);
-    MT_GUARDED(unembed_logits);
-    MT_GUARDED(rmsnorm_forward);
-    MT_GUARDED(rmsnorm_backward);
-    MT_GUARDED(layernorm_forward);
-    MT_GUARDED(layernorm_backward);
-    MT_GUARDED(swiglu_forward);
-    MT_GUARDED(swiglu_backward);
-    MT_GUARDED(gelu_forward);
-    MT_GUARDED(gelu_backward);
-    MT_GUARDED(rope_forward);
-    MT_GUARDED(rope_backward);
-    MT_GUARDED(column_slice_forward);
-    MT_GUARDED(column_slice_backward);
-    MT_GUARDED(attention_forward);
-    MT_GUARDED(attention_backward);
-    MT_GUARDED(adamw_update);
-    MT_GUARDED(sum_of_squares);
-#undef MT_GUARDED
-    return guarded;
-  }();
-  return table;
 }
 
 // What the cuda backend runs (the dense decoders), over an arena the host cannot touch: training steps,
