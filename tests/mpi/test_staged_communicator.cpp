@@ -309,11 +309,11 @@ void test_split(Communicator& plain, Communicator& staged) {
 bool everything_is_device(const void* /*pointer*/) {
   return true;
 }
-void memcpy_in(void* device, const void* host, size_t bytes) {
-  std::memcpy(device, host, bytes);
+void memcpy_in(void* to, const void* from, size_t bytes) {
+  std::memcpy(to, from, bytes);
 }
-void memcpy_out(void* host, const void* device, size_t bytes) {
-  std::memcpy(host, device, bytes);
+void memcpy_out(void* to, const void* from, size_t bytes) {
+  std::memcpy(to, from, bytes);
 }
 
 void test_engine_layouts() {
@@ -354,12 +354,12 @@ void test_engine_layouts() {
       std::vector<float> parameters;
       std::map<std::string, double> bytes;
     };
-    const auto train = [&](Communicator& world, const kernels::KernelBackend* device) {
+    const auto train = [&](Communicator& world, const kernels::KernelBackend* table) {
       PlanRequest request;
       request.config = config;
       request.devices = n;
       TrainingPlan plan = plan_training(request);
-      if (device != nullptr) plan.spec.kernels = device;
+      if (table != nullptr) plan.spec.kernels = table;
       MeshCommunicators axes = make_mesh_communicators(world, plan.mesh);
       Engine engine(std::move(plan), {&world, &axes});
       Steps steps;

@@ -80,7 +80,8 @@ void check_plan_runs_here(const TrainingPlan& plan, int64_t world, int64_t host_
         "set share_gpus=false: it lets processes share an NVIDIA GPU, and applies to NVIDIA topologies only");
   }
   // NCCL takes one process per GPU; more processes than GPUs on a host share them only when asked.
-  if (const int gpus = plan.spec.kernels->device_count(); on_gpu && host_ranks > gpus && !c.share_gpus) {
+  const int gpus = on_gpu && host_ranks > 1 ? plan.spec.kernels->device_count() : 0;
+  if (on_gpu && host_ranks > 1 && host_ranks > gpus && !c.share_gpus) {
     fail(
         "config key 'share_gpus'",
         "at most one process per GPU on each host (this host's GPUs: " + std::to_string(gpus) +
