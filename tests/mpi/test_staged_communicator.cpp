@@ -28,24 +28,17 @@
 #include "meshtrain/core/dtype.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/runtime/engine.h"
+#include "mpi_checks.h"
 #include "plan/tiny_plan.h"
 #include "tiny_batch.h"
 
 namespace meshtrain {
 namespace {
 
-int world_rank = 0;
-int64_t checks_passed = 0;
-int64_t checks_failed = 0;
-
-void check(bool condition, const std::string& what) {
-  if (condition) {
-    ++checks_passed;
-  } else {
-    ++checks_failed;
-    std::fprintf(stderr, "rank %d: FAIL: %s\n", world_rank, what.c_str());
-  }
-}
+using mpi_test::check;
+using mpi_test::checks_failed;
+using mpi_test::checks_passed;
+using mpi_test::world_rank;
 
 // The fake device: one mapping, no access from the host except inside the copy entries.
 struct FakeDevice {
