@@ -25,9 +25,10 @@ cp build-gpu/libmeshtrain_*.so "$stage/lib/"
 ldd build-gpu/meshtrain build-gpu/meshtrain_gpu_tests build-gpu/libmeshtrain_*.so | awk '/=> \// {print $3}' |
   sort -u | grep -vE '/(libc|libm|libpthread|libdl|librt|libgcc_s|libstdc\+\+)\.so|libcuda|libcudart|libcublas|meshtrain' |
   xargs -r cp -L -t "$stage/lib/"
-# OpenMPI's launcher for the runs of ranks sharing the GPU, in case the GPU machine has none: orterun (as
-# mpirun), OpenMPI's and PMIx's plugins and help texts in Debian's layout under mpi/, and the libraries they
-# link; run.sh points OpenMPI and PMIx at them (OPAL_PREFIX and friends) when it finds no mpirun there.
+# OpenMPI's launcher for the runs of ranks sharing the GPU (the GPU machine may have none, or another MPI's):
+# orterun (as mpirun), OpenMPI's and PMIx's plugins and help texts in Debian's layout under mpi/, and the
+# libraries they link; run.sh points OpenMPI and PMIx at them (OPAL_PREFIX and friends). Tried here with the
+# system's OpenMPI and PMIx hidden (bind mounts over their folders and libraries): 2 ranks ran.
 mkdir -p "$stage/mpi/bin" "$stage/mpi/lib/x86_64-linux-gnu" "$stage/mpi/share" "$stage/mpi/etc"
 cp -L "$(readlink -f "$(command -v mpirun)")" "$stage/mpi/bin/mpirun"
 cp -rL /usr/lib/x86_64-linux-gnu/openmpi /usr/lib/x86_64-linux-gnu/pmix2 "$stage/mpi/lib/x86_64-linux-gnu/"

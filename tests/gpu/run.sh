@@ -52,9 +52,10 @@ cp "$run_dir/metrics.jsonl" "$out/qwen3_tiny_gpu_metrics.jsonl" 2>/dev/null
 
 # 2b. Two ranks on the one GPU (share_gpus=true: collectives staged through host memory over MPI), the layouts
 # of tests/mpi/equivalence.sh, each against the one-process GPU run above (same global batch: 2 rows per
-# rank) with compare_runs.py's bounds. mpirun: this machine's, else the OpenMPI of the bundle (bundle.sh).
+# rank) with compare_runs.py's bounds. mpirun: the bundle's (bundle.sh; the OpenMPI the binaries link, tried
+# with the system's OpenMPI hidden), else this machine's.
 mpirun=(mpirun)
-if ! command -v mpirun >/dev/null 2>&1 && [ -x "$b/mpi/bin/mpirun" ]; then
+if [ -x "$b/mpi/bin/mpirun" ]; then
   mpi_lib="$b/mpi/lib/x86_64-linux-gnu"
   export OPAL_PREFIX="$b/mpi" OPAL_LIBDIR="$mpi_lib/openmpi/lib" OPAL_PKGLIBDIR="$mpi_lib/openmpi/lib/openmpi3"
   export OPAL_DATADIR="$b/mpi/share" OPAL_PKGDATADIR="$b/mpi/share/openmpi" OPAL_SYSCONFDIR="$b/mpi/etc"
