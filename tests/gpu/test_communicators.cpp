@@ -98,25 +98,27 @@ TEST(GpuCommunicators, NcclCallsOfOneRank) {
 }
 
 // NCCL runs on a stream of its own: it must wait for the kernels queued before it, and the kernels after
-// its completion must see its result. A fill kernel writes the buffer without a host synchronisation, the
-// all-reduce runs non-blocking, then a residual add on the compute stream reads the reduced buffer.
+// its completion must see its result. A fill kernel writes the shard without a host synchronisation, a
+// non-blocking all-gather copies it into the full buffer (out of place: one rank's in-place call may move
+// nothing), then a residual add on the compute stream reads the gathered buffer.
 TEST(GpuCommunicators, NcclOrdersAgainstTheComputeStream) {
   MT_REQUIRE_GPU();
   std::unique_ptr<Communicator> comm = nccl_one_rank();
-  const size_t count = size_t{1} << 22;  // 16 MB: long enough for a missing wait to show
-  DeviceBuffer<float> buffer(count), sum(count);
-  cuda().memory_fill(buffer.get(), 0x3f, count * sizeof(float));  // 0x3f3f3f3f = 0.7470...
-  auto request = comm->all_reduce_start({buffer.get(), static_cast<int64_t>(count), CommElement::f32},
-                                        ReduceOp::sum, "test/ordered");
+  const size_t count = size_t{1} << 24;  // 64 MB: long enough for a missing wait to show
+  DeviceBuffer<float> shard(count), full(count), sum(count);
+  cuda().memory_fill(shard.get(), 0x3f, count * sizeof(float));  // 0x3f3f3f3f = 0.7470...
+  auto request =
+      comm->all_gather_start({shard.get(), static_cast<int64_t>(count), CommElement::f32},
+                             {full.get(), static_cast<int64_t>(count), CommElement::f32}, "test/ordered");
   request->wait();
-  cuda().residual_add(sum.get(), buffer.get(), static_cast<int64_t>(count));  // sum += buffer
+  cuda().residual_add(sum.get(), full.get(), static_cast<int64_t>(count));  // sum += full
   float filled = 0.0f;
   const uint32_t bits = 0x3f3f3f3fu;
   std::memcpy(&filled, &bits, sizeof(filled));
   const std::vector<float> result = sum.read();
   size_t wrong = 0;
   for (float value : result) wrong += value != filled;
-  EXPECT_EQ(wrong, 0u) << "elements of the reduced buffer the next kernel did not see as filled";
+  EXPECT_EQ(wrong, 0u) << "elements of the gathered buffer the next kernel did not see as filled";
 }
 #endif
 
