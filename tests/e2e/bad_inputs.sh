@@ -179,6 +179,8 @@ if ! command -v nvidia-smi >/dev/null || ! nvidia-smi -L >/dev/null 2>&1; then
   expect mesh "config key 'topology'" "NVIDIA GPU" -- "$meshtrain" train deepseek-tiny topology=h200x1 steps=1 \
     dataset_type=synthetic tokenizer_path= dataset_path= eval_dataset_path=
 fi
+# Sharing GPUs between processes is an NVIDIA topology's mode only.
+expect mesh "config key 'share_gpus'" "set share_gpus=false" -- "$meshtrain" train qwen3-tiny "${tiny[@]}" share_gpus=true
 # Pipeline stages: the placement's rules (on one stage too), the schedule's, a stage degree that does not
 # divide the devices, and scan_layers over a stage's non-contiguous chunks (train under mpirun:
 # tests/mpi/failures.sh; a stage's plan_in: tests/mpi/pipeline_plan_live.sh).

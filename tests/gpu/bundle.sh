@@ -25,6 +25,20 @@ cp build-gpu/libmeshtrain_*.so "$stage/lib/"
 ldd build-gpu/meshtrain build-gpu/meshtrain_gpu_tests build-gpu/libmeshtrain_*.so | awk '/=> \// {print $3}' |
   sort -u | grep -vE '/(libc|libm|libpthread|libdl|librt|libgcc_s|libstdc\+\+)\.so|libcuda|libcudart|libcublas|meshtrain' |
   xargs -r cp -L -t "$stage/lib/"
+# OpenMPI's launcher for the runs of ranks sharing the GPU (the GPU machine may have none, or another MPI's):
+# orterun (as mpirun), OpenMPI's and PMIx's plugins and help texts in Debian's layout under mpi/, and the
+# libraries they link; run.sh points OpenMPI and PMIx at them (OPAL_PREFIX and friends). Tried here with the
+# system's OpenMPI and PMIx hidden (bind mounts over their folders and libraries): 2 ranks ran.
+mkdir -p "$stage/mpi/bin" "$stage/mpi/lib/x86_64-linux-gnu" "$stage/mpi/share" "$stage/mpi/etc"
+cp -L "$(readlink -f "$(command -v mpirun)")" "$stage/mpi/bin/mpirun"
+cp -rL /usr/lib/x86_64-linux-gnu/openmpi /usr/lib/x86_64-linux-gnu/pmix2 "$stage/mpi/lib/x86_64-linux-gnu/"
+rm -rf "$stage/mpi/lib/x86_64-linux-gnu/openmpi/include" "$stage/mpi/lib/x86_64-linux-gnu/openmpi/lib/"*.a
+cp -r /usr/share/openmpi "$stage/mpi/share/"
+[ -d /usr/share/pmix ] && cp -r /usr/share/pmix "$stage/mpi/share/"
+{ find "$stage/mpi/bin" "$stage/mpi/lib" -name '*.so*' -o -type f -perm -u+x | xargs ldd 2>/dev/null || true; } |
+  awk '/=> \// {print $3}' | sort -u |
+  grep -vE '/(libc|libm|libpthread|libdl|librt|libgcc_s|libstdc\+\+)\.so|libcuda|libcudart|libcublas|meshtrain' |
+  xargs -r cp -Ln -t "$stage/lib/"
 # The cpu baselines of the equivalence checks: qwen3-tiny as tests/mpi/equivalence.sh trains it, 20 steps,
 # the same with Engram and mHC, and deepseek-custom-tiny, 20 steps (tiny.sh).
 source tests/gpu/tiny.sh

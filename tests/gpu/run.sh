@@ -3,8 +3,10 @@
 #   1. every CUDA kernel against the cpu kernel of the same name (meshtrain_gpu_tests);
 #   2. qwen3-tiny, 20 steps on the GPU in float32, against the cpu run's losses, grad norms and final
 #      parameters with the bounds of tests/mpi/equivalence.sh (tests/mpi/compare_runs.py); the same with
-#      Engram and mHC (tiny.sh's engram_mhc), and for deepseek-custom-tiny (MoE, MLA, Engram, mHC); and in
-#      bfloat16 against the cpu's bfloat16 run where the bundle has one (reported, not judged);
+#      Engram and mHC (tiny.sh's engram_mhc), and for deepseek-custom-tiny (MoE, MLA, Engram, mHC); in
+#      bfloat16 against the cpu's bfloat16 run where the bundle has one (reported, not judged); then 2 ranks
+#      sharing the GPU (share_gpus=true) in data, fsdp, tensor, context (both strategies) and expert layouts
+#      against a one-process GPU run, with the same bounds (a layout the cuda path refuses is reported skipped);
 #   3. gpt2-124m and qwen3-0.6b tokens/s and MFU (against the topology's stated peak) in float32 and bfloat16,
 #      and the device memory in use (nvidia-smi, sampled) against the planned arena;
 #   4. where the bundle has it, llm.c's train_gpt2cu (bf16, its own kernels, no cuDNN) on GPT-2 124M at the
@@ -89,6 +91,60 @@ timeout 120 "$b/bin/meshtrain" train deepseek-custom-tiny "${deepseek[@]}" topol
 say "deepseek-custom-tiny on the GPU: exit $?"
 grep -E "device:|note:|error" "$out/deepseek_tiny_gpu.log" | head -5 | tee -a "$summary"
 versus_cpu deepseek_tiny "$b/reference/deepseek_tiny_cpu" "$run_dir"
+
+# 2d. Two ranks on the one GPU (share_gpus=true: collectives staged through host memory over MPI), the layouts
+# of tests/mpi/equivalence.sh with its batches (one process 8 rows, each of 2 ranks 4), each against a
+# one-process GPU run with compare_runs.py's bounds (with 4 rows in all, the context layouts drift past the
+# parameter bound on the cpu too: 1.85e-3 against one process, rounding, not a fault). mpirun: the bundle's
+# (bundle.sh; the OpenMPI the binaries link, tried with the system's OpenMPI hidden), else this machine's.
+mpirun=(mpirun)
+if [ -x "$b/mpi/bin/mpirun" ]; then
+  mpi_lib="$b/mpi/lib/x86_64-linux-gnu"
+  export OPAL_PREFIX="$b/mpi" OPAL_LIBDIR="$mpi_lib/openmpi/lib" OPAL_PKGLIBDIR="$mpi_lib/openmpi/lib/openmpi3"
+  export OPAL_DATADIR="$b/mpi/share" OPAL_PKGDATADIR="$b/mpi/share/openmpi" OPAL_SYSCONFDIR="$b/mpi/etc"
+  export PMIX_INSTALL_PREFIX="$mpi_lib/pmix2" PMIX_MCA_mca_base_component_path="$mpi_lib/pmix2/lib/pmix"
+  export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$mpi_lib/openmpi/lib:$mpi_lib/pmix2/lib"
+  mpirun=("$b/mpi/bin/mpirun")
+fi
+mpirun+=(--oversubscribe --allow-run-as-root --bind-to none)
+say "shared GPU, 2 ranks: $("${mpirun[0]}" --version 2>&1 | head -1)"
+shared_runs=$(mktemp -d)
+tiny_per_rank=()  # tiny's keys but its batch
+for key in "${tiny[@]}"; do [ "${key%%=*}" = per_device_batch_size ] || tiny_per_rank+=("$key"); done
+shared() {  # shared NAME BASELINE_RUN_DIR RANKS key=value...: trains in $shared_runs/NAME, then compares
+  local name=$1 baseline=$2 ranks=$3 dir=$shared_runs/$1 status
+  shift 3
+  if [ "$ranks" -eq 1 ]; then
+    timeout 60 "$b/bin/meshtrain" train qwen3-tiny "${tiny_per_rank[@]}" topology=h200x1 per_device_batch_size=8 \
+      run_dir="$dir" "$@" >"$out/shared_$name.log" 2>&1
+  else
+    timeout 90 "${mpirun[@]}" -np "$ranks" "$b/bin/meshtrain" train qwen3-tiny "${tiny_per_rank[@]}" topology=h200x2 \
+      share_gpus=true per_device_batch_size=4 collective_timeout_s=60 run_dir="$dir" "$@" >"$out/shared_$name.log" 2>&1
+  fi
+  status=$?
+  if [ "$status" -ne 0 ]; then
+    # A layout the cuda path does not run yet is refused before any step, naming its key.
+    if grep -q "meshtrain: error.*what the cuda backend runs today" "$out/shared_$name.log"; then
+      say "shared $name: skipped, refused: $(grep -m1 'meshtrain: error' "$out/shared_$name.log" | cut -c1-300)"
+    else
+      say "shared $name: exit $status | $(tail -2 "$out/shared_$name.log" | tr '\n' ' ' | cut -c1-400)"
+    fi
+    return 1
+  fi
+  [ "$ranks" -eq 1 ] && return 0
+  python3 "$here/../mpi/compare_runs.py" "$baseline" "$dir" "shared $name" 2>&1 | tail -3 | tee -a "$summary"
+}
+shared single "" 1
+shared dp2 "$shared_runs/single" 2 mesh.data=2
+shared fsdp2 "$shared_runs/single" 2 mesh.fsdp=2
+shared tp2 "$shared_runs/single" 2 mesh.tensor=2
+shared cp2_all_gather "$shared_runs/single" 2 mesh.context=2 context_parallel_strategy=all_gather
+shared cp2_ring "$shared_runs/single" 2 mesh.context=2 context_parallel_strategy=ring
+# Expert parallelism needs a mixture-of-experts model, and its one-process GPU run as the baseline.
+moe=(num_experts=4 num_experts_per_tok=2 base_moe_mlp_dim=32)
+if shared moe_single "" 1 "${moe[@]}"; then
+  shared ep2 "$shared_runs/moe_single" 2 "${moe[@]}" mesh.expert=2
+fi
 
 # 3. Speed and memory.
 speed() {  # speed NAME MODEL STEPS GOAL key=value...   (GOAL: mfu>=PERCENT, llmc (GPT-2's peer below) or -)

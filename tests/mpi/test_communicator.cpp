@@ -18,6 +18,7 @@
 #include "meshtrain/core/error.h"
 #include "meshtrain/runtime/engine.h"
 #include "meshtrain/runtime/transfers.h"
+#include "mpi_checks.h"
 #include "plan/split_programs.h"
 #include "plan/tiny_plan.h"
 #include "tiny_batch.h"
@@ -25,18 +26,10 @@
 namespace meshtrain {
 namespace {
 
-int world_rank = 0;
-int64_t checks_passed = 0;
-int64_t checks_failed = 0;
-
-void check(bool condition, const std::string& what) {
-  if (condition) {
-    ++checks_passed;
-  } else {
-    ++checks_failed;
-    std::fprintf(stderr, "rank %d: FAIL: %s\n", world_rank, what.c_str());
-  }
-}
+using mpi_test::check;
+using mpi_test::checks_failed;
+using mpi_test::checks_passed;
+using mpi_test::world_rank;
 
 // Collective bytes per rank by the aot-plan.md definitions.
 double leaving(double bytes, int n) {

@@ -131,6 +131,8 @@ class Communicator {
   // Where the run is ("step 12"), for failure messages; shared with every communicator split from this one.
   void set_context(std::string step_label);
   const std::string& context() const { return *context_; }
+  // The label itself, for a communicator that wraps this one (staged_communicator.h) and shares it.
+  std::shared_ptr<std::string> shared_context() const { return context_; }
 
   // Non-blocking calls; `name` says what moves ("update/grad_norm") in failure messages.
   // all_reduce: in place. all_gather: `shard` of every rank, rank-ordered, into `full` (count = size x
@@ -194,8 +196,6 @@ class Communicator {
  protected:
   Communicator(int rank, int size, std::vector<int> world_ranks, std::string axis_name,
                double collective_timeout_s, std::shared_ptr<std::string> context);
-  std::shared_ptr<std::string> shared_context() const { return context_; }
-
   virtual std::unique_ptr<CollectiveRequest> start(const Call& call) = 0;
 
  private:

@@ -302,6 +302,7 @@ const std::vector<KeyEntry>& key_table() {
       entry("plan_in", &Config::plan_in),
       entry("num_threads", &Config::num_threads),
       entry("collective_timeout_s", &Config::collective_timeout_s),
+      entry("share_gpus", &Config::share_gpus),
       entry("exit_duration_in_mins", &Config::exit_duration_in_mins),
       entry("steps", &Config::steps),
       entry("learning_rate", &Config::learning_rate),

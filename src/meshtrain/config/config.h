@@ -214,6 +214,9 @@ struct Config {
   std::string plan_out, plan_in;
   int64_t num_threads = 0;  // 0: cores / processes on this host
   double collective_timeout_s = 300.0;
+  // NVIDIA topologies: true lets several processes share a GPU, their collectives staged through host memory
+  // over MPI (comm/staged_communicator.h); false: at most one process per GPU, collectives over NCCL.
+  bool share_gpus = false;
   // > 0: after this many minutes (from set-up) every rank stops at the next step boundary, saves and exits
   // with train/preemption.h's requeue status (Megatron's --exit-duration-in-mins); 0: no limit.
   double exit_duration_in_mins = 0.0;

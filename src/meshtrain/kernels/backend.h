@@ -56,6 +56,11 @@ struct KernelBackend {
   void (*memory_copy_in)(void* device, const void* host, size_t bytes);
   void (*memory_copy_out)(void* host, const void* device, size_t bytes);
   void (*memory_fill)(void* device, uint8_t byte, size_t bytes);
+  // memory_is_device: `pointer` is this backend's device memory, which the host may not touch in place (false
+  // for every pointer on the cpu); collectives of processes sharing a GPU stage such buffers through host
+  // memory (comm/staged_communicator.h). device_count: the GPUs this process sees (0 on the cpu).
+  bool (*memory_is_device)(const void* pointer);
+  int (*device_count)();
   void (*device_synchronize)();
 
   // The dtype this backend stores activations, caches and kernel scratch in when the config's compute dtype

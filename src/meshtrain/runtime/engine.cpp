@@ -15,6 +15,7 @@
 #include "meshtrain/core/error.h"
 #include "meshtrain/core/rng.h"
 #include "meshtrain/metrics/trace.h"
+#include "meshtrain/runtime/device_communicator.h"
 
 namespace meshtrain {
 
@@ -24,22 +25,31 @@ using kernels::TensorGroup;
 
 // The CPU kernels store float32 and compute float32, or (dtype=bfloat16) round the inputs of every dense
 // matmul to bf16; weights, gradients and moments stay float32. The cuda kernels do the same on an NVIDIA GPU
-// for the dense decoders, with Engram and mHC. Other layouts are planned, not run, here.
-void check_plan_runs_here(const TrainingPlan& plan, int64_t world) {
+// for the dense decoders, with Engram, mHC, MoE and MLA. Other layouts are planned, not run, here.
+void check_plan_runs_here(const TrainingPlan& plan, int64_t world, int64_t host_ranks) {
   const Config& c = plan.spec.config;
   const std::string& kind = plan.topology.device_kind;
   const bool on_gpu = kernels::nvidia_device_kind(kind);
   if (on_gpu) {
     // What the cuda kernels do not cover yet: each named with its key, before anything is allocated.
     const auto not_on_gpu = [&](const std::string& key, const std::string& found, const std::string& fix) {
-      fail(
-          "config key '" + key + "'",
-          "what the cuda backend runs today (a dense decoder with global attention, Engram and mHC included)",
-          found, fix + ", or set topology=cpu; meshtrain compile plans it for GPUs");
+      fail("config key '" + key + "'",
+           "what the cuda backend runs today (Qwen3, GPT-2 and DeepSeek-style decoders)", found,
+           fix + ", or set topology=cpu; meshtrain compile plans it for GPUs");
     };
-    if (world > 1 || plan.mesh.devices() > 1) {
-      not_on_gpu("mesh", plan.mesh.to_string() + " over " + std::to_string(world) + " process(es)",
-                 "train on one GPU (every mesh axis 1) until the NCCL communicator lands");
+    // Several processes run (NCCL, or MPI staged through host memory under share_gpus); what their layouts
+    // need of the cuda kernels or of the engine's host code is not all there yet.
+    if (plan.mesh.size(MeshAxis::tensor) > 1) {
+      not_on_gpu("mesh.tensor", to_text(plan.mesh.size(MeshAxis::tensor)) + " (the vocabulary-parallel loss)",
+                 "set mesh.tensor=1 (the cuda loss kernel has no vocabulary-parallel form yet)");
+    }
+    if (plan.mesh.size(MeshAxis::context) > 1 && plan.spec.kernels->context_attention_forward == nullptr) {
+      not_on_gpu("mesh.context", to_text(plan.mesh.size(MeshAxis::context)) + " (context attention)",
+                 "set mesh.context=1 (the cuda backend has no context attention kernels yet)");
+    }
+    if (plan.mesh.size(MeshAxis::expert) > 1 && plan.spec.kernels->moe_dispatch_plan == nullptr) {
+      not_on_gpu("mesh.expert", to_text(plan.mesh.size(MeshAxis::expert)) + " (expert parallelism)",
+                 "set mesh.expert=1 (the cuda backend has no expert-parallel block plans yet)");
     }
     if (c.opt_type != OptimizerType::adamw) {
       not_on_gpu("opt_type", optimizer_type_name(c.opt_type),
@@ -62,6 +72,31 @@ void check_plan_runs_here(const TrainingPlan& plan, int64_t world) {
          "set topology=cpu, or an NVIDIA topology (a100xN, h100xN, h200xN, b200xN) on a machine with an "
          "NVIDIA "
          "GPU and its driver (nvidia-smi lists it); meshtrain compile plans every topology");
+  }
+  if (c.share_gpus && !on_gpu) {
+    fail(
+        "config key 'share_gpus'",
+        "false on topology '" + plan.topology.name + "' (device kind " + kind + ")", "true",
+        "set share_gpus=false: it lets processes share an NVIDIA GPU, and applies to NVIDIA topologies only");
+  }
+  // NCCL takes one process per GPU; more processes than GPUs on a host share them only when asked.
+  const int gpus = on_gpu && host_ranks > 1 ? plan.spec.kernels->device_count() : 0;
+  if (on_gpu && host_ranks > 1 && host_ranks > gpus && !c.share_gpus) {
+    fail(
+        "config key 'share_gpus'",
+        "at most one process per GPU on each host (this host's GPUs: " + std::to_string(gpus) +
+            ") unless share_gpus=true",
+        std::to_string(host_ranks) + " processes on this host, share_gpus=false",
+        "set share_gpus=true to let them share the GPU(s), their collectives staged through host memory over "
+        "MPI (slower than NCCL; for testing layouts on one GPU), or start at most " +
+            std::to_string(gpus) + " process(es) per host");
+  }
+  if (on_gpu && world > 1 && !c.share_gpus && !nccl_communicator_built()) {
+    fail(
+        "config key 'share_gpus'",
+        "NCCL for " + std::to_string(world) + " processes on NVIDIA GPUs (share_gpus=false)",
+        "a meshtrain built without NCCL (CMake found no nccl.h and libnccl, or MESHTRAIN_NCCL=OFF)",
+        "set share_gpus=true to run over MPI staged through host memory, or rebuild where NCCL is installed");
   }
   // bf16 compute without bf16 instructions would be emulated (oneDNN 2.6 has no bf16 matmul on AVX2 CPUs),
   // so say what this machine has.
@@ -140,8 +175,10 @@ namespace {
 // What of this config runs cuda kernels that are built but have not run on a GPU yet, in words ("" when
 // nothing): said at start-up on a GPU. Remove a kind here when tests/gpu/run.sh's device checks of its
 // kernels and its model have passed on a GPU (docs/gpus.md).
-std::string gpu_unverified_layers(const Config& c) {
+std::string gpu_unverified_layers(const Config& c, int64_t world) {
   std::vector<std::string> kinds = {"the loss over the padded vocabulary"};
+  if (world > 1)
+    kinds.push_back(c.share_gpus ? "collectives staged through host memory (share_gpus)" : "NCCL");
   if (c.dtype == DType::bf16) kinds.push_back("bf16 attention on tensor cores and bf16 activations");
   if (c.num_experts > 0)
     kinds.push_back("mixture of experts (num_experts=" + std::to_string(c.num_experts) + ")");
@@ -239,7 +276,8 @@ Engine::Engine(TrainingPlan plan, EngineRanks ranks)
       ranks_(ranks),
       slot_holders_(static_cast<size_t>(plan_.stash.slots)) {
   coordinates_ = mesh_coordinates(plan_.mesh, ranks_.world ? ranks_.world->rank() : 0);
-  if (const std::string kinds = gpu_unverified_layers(plan_.spec.config);
+  if (const std::string kinds =
+          gpu_unverified_layers(plan_.spec.config, ranks_.world ? ranks_.world->size() : 1);
       kernels::nvidia_device_kind(plan_.topology.device_kind) && !kinds.empty()) {
     std::fprintf(stderr,
                  "meshtrain: note: the cuda kernels of %s are built but have not been verified on a GPU yet "
@@ -355,14 +393,18 @@ void Engine::run_collective(const PlanOp& op, const OpContext& context, UpdateSt
   }
   const TensorView full = context.view(c.buffer);
   const int64_t n = c.group;
+  // Rank r's blocks are a column slice of the [outer, n x block] layout: the backend's copy moves them
+  // (device memory on a GPU, which the host may not touch).
   const auto permute = [&](const float* from, float* to, bool to_rank_major) {
     const int64_t block = full.elements() / (c.outer * n);
-    for (int64_t o = 0; o < c.outer; ++o) {
-      for (int64_t r = 0; r < n; ++r) {
-        const int64_t rank_major = (r * c.outer + o) * block, outer_major = (o * n + r) * block;
-        std::memcpy(to + (to_rank_major ? rank_major : outer_major),
-                    from + (to_rank_major ? outer_major : rank_major),
-                    static_cast<size_t>(block) * sizeof(float));
+    for (int64_t r = 0; r < n; ++r) {
+      const int64_t rank_major = r * c.outer * block, outer_major = r * block;
+      if (to_rank_major) {
+        context.kernels->column_slice_forward(to + rank_major, from + outer_major, c.outer, block, 1, block,
+                                              n * block);
+      } else {
+        context.kernels->column_slice_forward(to + outer_major, from + rank_major, c.outer, block, 1,
+                                              n * block, block);
       }
     }
   };

@@ -51,8 +51,10 @@ struct ProgramResult {
 // A plan this engine can run on `world` processes: one device per process, float32 storage, an arena
 // within the device's memory, and a device kind whose backend runs here: cpu, or an NVIDIA GPU topology
 // (h100xN, h200xN, ...) where this build has CUDA and a GPU is visible, for what the cuda kernels cover
-// (one process; no mixture of experts, MLA, Engram or mHC yet). A MeshError naming the key otherwise.
-void check_plan_runs_here(const TrainingPlan& plan, int64_t world);
+// (no mixture of experts, MLA, Engram or mHC, tensor or context parallelism yet), and at most one process
+// per GPU of this host unless share_gpus (`host_ranks`: the processes on this host; 0 where not known, as
+// inside the engine). A MeshError naming the key otherwise.
+void check_plan_runs_here(const TrainingPlan& plan, int64_t world, int64_t host_ranks = 0);
 
 // The part of check_plan_runs_here that asks the device itself (the backend's device_resources), apart so
 // that it is tested without one: the plan's arena plus what the process holds beside it within the device's

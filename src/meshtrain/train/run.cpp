@@ -365,7 +365,8 @@ RunSetup prepare_run(const Config& config, int64_t world_size, int64_t rank,
   // A pipeline stage rank plans its own chunk and schedule.
   request.stage = mesh_coordinates(resolve_plan_target(request).mesh, rank)[MeshAxis::stage];
   setup.plan = plan_training(request);
-  check_plan_runs_here(setup.plan, world_size);  // the mesh's product must be the number of ranks
+  // The mesh's product must be the number of ranks; GPUs are not shared unless asked (share_gpus).
+  check_plan_runs_here(setup.plan, world_size, placement != nullptr ? placement->local_ranks : 0);
   // The kernels this run uses: a plan_in from meshtrain compile must match each of them exactly.
   if (!config.plan_in.empty()) {
     const StepProgram& program = setup.plan.program;

@@ -10,6 +10,7 @@
 #include "meshtrain/comm/communicator.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/core/stop_signals.h"
+#include "meshtrain/runtime/device_communicator.h"
 #include "meshtrain/train/run.h"
 
 namespace meshtrain {
@@ -59,6 +60,9 @@ TrainingSummary run_training(const Config& given_config, std::FILE* console, con
   run_setup_on_all_ranks(*ranks.world, [&] {
     ranks.world->require_same_on_all_ranks(run_identity(config), "the meshtrain binary and resolved config");
   });
+  // NCCL, or MPI staged through host memory, where the ranks' devices are GPUs
+  // (runtime/device_communicator.h).
+  ranks.world = communicator_for_devices(std::move(ranks.world), setup.plan);
   if (ranks.world->rank() == 0) {
     if (!launch.empty()) std::fprintf(console, "meshtrain: %s\n", launch.c_str());
     if (!adopted.empty()) std::fprintf(console, "%s\n", adopted.c_str());

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/guarded_backend.h"
 #include "meshtrain/checkpoint/checkpoint.h"
 #include "meshtrain/core/cpu_features.h"
 #include "meshtrain/core/error.h"
@@ -33,6 +34,7 @@ namespace meshtrain {
 namespace {
 
 using kernels::KernelBackend;
+using testing::guarded_backend;
 namespace fs = std::filesystem;
 
 // The table is a name followed by function pointers, all pointer-sized: its slots can be read as words, so
@@ -169,6 +171,8 @@ const KernelBackend& counting_backend() {
     MT_COUNTED(memory_copy_in);
     MT_COUNTED(memory_copy_out);
     MT_COUNTED(memory_fill);
+    MT_COUNTED(memory_is_device);
+    MT_COUNTED(device_count);
     MT_COUNTED(device_synchronize);
     MT_COUNTED(activation_dtype);
     MT_COUNTED(matmul_input_dtype);
@@ -376,94 +380,18 @@ TEST(KernelBackend, ModelReachesEveryKernelThroughTheTable) {
   EXPECT_GT(calls()["context_attention_backward_scratch_floats"], 0);
   // Expert parallelism's block layouts likewise run only under mesh.expert > 1 (tests/mpi/
   // deepseek_equivalence.sh, the expert cases).
+  // The GPU queries: how many GPUs a host's processes share (check_plan_runs_here on an NVIDIA topology) and
+  // which buffers the host-staged communicator copies (tests/mpi/test_staged_communicator.cpp).
   for (const char* multi_process_only :
        {"context_attention_forward", "context_attention_backward", "context_attention_forward_bf16",
-        "context_attention_backward_bf16", "moe_dispatch_plan", "moe_receive_plan"}) {
+        "context_attention_backward_bf16", "moe_dispatch_plan", "moe_receive_plan", "memory_is_device",
+        "device_count"}) {
     EXPECT_EQ(calls().count(multi_process_only), 0u) << multi_process_only;
     calls()[multi_process_only] = 1;
   }
   EXPECT_EQ(calls().size(), kSlots - 1) << "every entry but the name is counted";
   for (const auto& [entry, count] : calls()) EXPECT_GT(count, 0) << entry << " was never called";
 }
-
-// The entries a dense decoder (Qwen3, GPT-2) trains, evaluates and checkpoints through, in float32 and
-// bfloat16 (the _bf16 producers and _bf16_x matmuls, the attention of attention_kernels): what the cuda
-// table must fill (CudaTableCoversTheDenseDecoders) and all the guarded backend lets touch its arena
-// (DenseTrainingTouchesADeviceArenaOnlyThroughTheTable), so the two lists cannot drift apart.
-// clang-format off
-#define MT_DENSE_DECODER_ENTRIES(X) \
-  X(memory_copy_in) \
-  X(memory_copy_out) \
-  X(memory_fill) \
-  X(matmul_forward) \
-  X(matmul_forward_bf16_x) \
-  X(matmul_backward) \
-  X(matmul_backward_bf16_x) \
-  X(residual_add) \
-  X(embedding_forward) \
-  X(embedding_backward) \
-  X(unembed_cross_entropy) \
-  X(unembed_logits) \
-  X(rmsnorm_forward) \
-  X(rmsnorm_forward_bf16) \
-  X(rmsnorm_backward) \
-  X(layernorm_forward) \
-  X(layernorm_forward_bf16) \
-  X(layernorm_backward) \
-  X(swiglu_forward) \
-  X(swiglu_forward_bf16) \
-  X(swiglu_backward) \
-  X(gelu_forward) \
-  X(gelu_forward_bf16) \
-  X(gelu_backward) \
-  X(rope_forward) \
-  X(rope_backward) \
-  X(column_slice_forward) \
-  X(column_slice_backward) \
-  X(attention_forward) \
-  X(attention_backward) \
-  X(attention_forward_bf16) \
-  X(attention_backward_bf16) \
-  X(adamw_update) \
-  X(sum_of_squares)
-// Engram's and mHC's entries (in float32; their producers write no bf16 matmul inputs): the cuda table fills
-// them too, and the guarded backend lets them touch its arena.
-#define MT_ENGRAM_MHC_ENTRIES(X) \
-  X(rmsnorm_streams_forward) \
-  X(rmsnorm_streams_backward) \
-  X(engram_table_rows) \
-  X(engram_gate_forward) \
-  X(engram_gate_backward) \
-  X(short_conv_forward) \
-  X(short_conv_backward) \
-  X(short_conv_output_forward) \
-  X(short_conv_output_backward) \
-  X(mhc_coefficients_forward) \
-  X(mhc_coefficients_backward) \
-  X(sinkhorn_forward) \
-  X(sinkhorn_backward) \
-  X(mhc_collapse_forward) \
-  X(mhc_collapse_backward) \
-  X(mhc_expand_forward) \
-  X(mhc_expand_backward) \
-  X(mhc_streams_repeat) \
-  X(mhc_streams_sum)
-// The mixture of experts' entries on one device (expert parallelism's block plans are not among them): the
-// cuda table fills them (the routing plan as the cpu kernel on host copies), and the guarded backend lets
-// them touch its arena.
-#define MT_MOE_ENTRIES(X) \
-  X(moe_router_forward) \
-  X(moe_router_backward) \
-  X(moe_balance_loss_forward) \
-  X(moe_balance_loss_backward) \
-  X(moe_route_plan) \
-  X(moe_gather_forward) \
-  X(moe_gather_backward) \
-  X(moe_combine_forward) \
-  X(moe_combine_backward) \
-  X(grouped_matmul_forward) \
-  X(grouped_matmul_backward)
-// clang-format on
 
 // Where this build has the cuda kernels (MESHTRAIN_CUDA=ON: the NVIDIA table is the loaded cuda table,
 // with or without a GPU), every entry a dense decoder runs is a cuda kernel; a build without them skips.
@@ -480,63 +408,6 @@ TEST(KernelBackend, CudaTableCoversTheDenseDecoders) {
   MT_ENGRAM_MHC_ENTRIES(MT_COVERED)
   MT_MOE_ENTRIES(MT_COVERED)
 #undef MT_COVERED
-}
-
-// A device arena, simulated: the cpu kernels over memory the host cannot touch (PROT_NONE) except inside
-// a kernel entry or a memory copy of the table. Any other host access (the engine or an op reading or
-// writing arena memory directly) is a segmentation fault here, as it is on a GPU.
-struct GuardedArena {
-  void* base = nullptr;
-  size_t bytes = 0;
-};
-GuardedArena& guarded_arena() {
-  static GuardedArena arena;
-  return arena;
-}
-// Opens the arena to the host for the scope of one table entry.
-class ArenaOpen {
- public:
-  ArenaOpen() { protect(PROT_READ | PROT_WRITE); }
-  ~ArenaOpen() { protect(PROT_NONE); }
-  ArenaOpen(const ArenaOpen&) = delete;
-  ArenaOpen& operator=(const ArenaOpen&) = delete;
-
- private:
-  static void protect(int mode) {
-    if (guarded_arena().base != nullptr) ::mprotect(guarded_arena().base, guarded_arena().bytes, mode);
-  }
-};
-
-const KernelBackend& guarded_backend() {
-  static const KernelBackend table = [] {
-    KernelBackend guarded = kernels::cpu_backend();
-    guarded.name = "guarded";
-    guarded.memory_on_host = [] { return false; };
-    guarded.memory_allocate = [](size_t bytes) -> void* {
-      MT_CHECK(guarded_arena().base == nullptr, "one guarded arena at a time");
-      const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
-      const size_t rounded = (bytes + page - 1) / page * page;
-      void* base = ::mmap(nullptr, rounded, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);  // zeroed
-      if (base == MAP_FAILED) return nullptr;
-      guarded_arena() = {base, rounded};
-      return base;
-    };
-    guarded.memory_free = [](void* base) {
-      ::munmap(base, guarded_arena().bytes);
-      guarded_arena() = {};
-    };
-#define MT_GUARDED(entry)                              \
-  guarded.entry = [](auto... arguments) {              \
-    const ArenaOpen open;                              \
-    return kernels::cpu_backend().entry(arguments...); \
-  };
-    MT_DENSE_DECODER_ENTRIES(MT_GUARDED)
-    MT_ENGRAM_MHC_ENTRIES(MT_GUARDED)
-    MT_MOE_ENTRIES(MT_GUARDED)
-#undef MT_GUARDED
-    return guarded;
-  }();
-  return table;
 }
 
 // What the cuda backend runs (the dense decoders, a dense decoder with Engram and mHC, and DeepSeek's block

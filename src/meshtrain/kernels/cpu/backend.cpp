@@ -66,6 +66,8 @@ const KernelBackend& cpu_backend() {
       .memory_copy_in = host_memory_copy_in,
       .memory_copy_out = host_memory_copy_out,
       .memory_fill = host_memory_fill,
+      .memory_is_device = host_memory_is_device,
+      .device_count = host_device_count,
       .device_synchronize = host_device_synchronize,
       .activation_dtype = float32_activations,
       .matmul_input_dtype = compute_dtype_matmul_inputs,

@@ -19,6 +19,8 @@ void host_memory_free(void* base);
 void host_memory_copy_in(void* device, const void* host, size_t bytes);
 void host_memory_copy_out(void* host, const void* device, size_t bytes);
 void host_memory_fill(void* device, uint8_t byte, size_t bytes);
-void host_device_synchronize();  // nothing to wait for: the cpu kernels return when done
+bool host_memory_is_device(const void* pointer);  // false: all of it is host memory
+int host_device_count();                          // 0: no GPU
+void host_device_synchronize();                   // nothing to wait for: the cpu kernels return when done
 
 }  // namespace meshtrain::kernels

@@ -38,6 +38,8 @@ const KernelBackend& cuda_backend() {
     cuda.memory_copy_in = memory_copy_in;
     cuda.memory_copy_out = memory_copy_out;
     cuda.memory_fill = memory_fill;
+    cuda.memory_is_device = memory_is_device;
+    cuda.device_count = device_count;
     cuda.device_synchronize = synchronize;
     cuda.matmul_forward = matmul_forward;
     cuda.matmul_forward_bf16_x = matmul_forward_bf16_x;

@@ -1,6 +1,8 @@
 // The device layer of device.h: the process's stream, CUDA error reports, device queries and the arena's
 // device memory (one cudaMalloc, zeroed).
 
+#include <cstdlib>
+
 #include "meshtrain/core/error.h"
 #include "meshtrain/kernels/cuda/device.h"
 #include "meshtrain/kernels/cuda/gemm.h"
@@ -21,10 +23,23 @@ void check(cudaError_t status, const char* call, const char* file, int line) {
       "(meshtrain compile --explain shows its buffers)");
 }
 
+namespace {
+
+// This process's place among the ranks on its host, as the launcher numbers them (mpirun, srun); 0 alone.
+// The communicator checks the same numbers against MPI's (comm/process_placement.h).
+int host_rank() {
+  for (const char* variable : {"OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID"}) {
+    if (const char* value = std::getenv(variable)) return std::atoi(value);
+  }
+  return 0;
+}
+
+}  // namespace
+
 cudaStream_t stream() {
   static cudaStream_t created = [] {
     cudaStream_t made = nullptr;
-    MT_CUDA(cudaSetDevice(0));
+    MT_CUDA(cudaSetDevice(host_rank() % std::max(device_count(), 1)));
     MT_CUDA(cudaStreamCreateWithFlags(&made, cudaStreamNonBlocking));
     return made;
   }();
@@ -49,10 +64,12 @@ std::string device_check() {
 std::string device_description() {
   const std::string why = device_check();
   if (!why.empty()) return "no GPU: " + why;
-  cudaDeviceProp properties{};
-  MT_CUDA(cudaGetDeviceProperties(&properties, 0));
   size_t free_bytes = 0, total_bytes = 0;
-  memory_info(&free_bytes, &total_bytes);
+  memory_info(&free_bytes, &total_bytes);  // selects this process's GPU (stream())
+  int device = 0;
+  MT_CUDA(cudaGetDevice(&device));
+  cudaDeviceProp properties{};
+  MT_CUDA(cudaGetDeviceProperties(&properties, device));
   constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
   return std::string(properties.name) + " (sm_" + std::to_string(properties.major) +
          std::to_string(properties.minor) + ", " + to_text(static_cast<double>(total_bytes) / kGiB) +
@@ -117,6 +134,18 @@ void memory_copy_out(void* host, const void* device, size_t bytes) {
 void memory_fill(void* device, uint8_t byte, size_t bytes) {
   if (bytes == 0) return;
   MT_CUDA(cudaMemsetAsync(device, byte, bytes, stream()));
+}
+
+bool memory_is_device(const void* pointer) {
+  cudaPointerAttributes attributes{};
+  // A host pointer CUDA has never seen is cudaMemoryTypeUnregistered (not an error since CUDA 11).
+  MT_CUDA(cudaPointerGetAttributes(&attributes, pointer));
+  return attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged;
+}
+
+int device_count() {
+  int count = 0;
+  return cudaGetDeviceCount(&count) == cudaSuccess ? count : 0;
 }
 
 void memory_info(size_t* free_bytes, size_t* total_bytes) {

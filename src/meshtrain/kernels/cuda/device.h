@@ -15,7 +15,9 @@
 
 namespace meshtrain::kernels::cuda {
 
-// The stream of this process's device work (created on first use, on device 0).
+// The stream of this process's device work (created on first use, on the GPU of this process's place among
+// the ranks on its host, modulo the GPUs it sees: device 0 for one process, and for every process sharing
+// one GPU).
 cudaStream_t stream();
 
 // A failed CUDA call as an error naming the call, the file and line, and CUDA's own message.
@@ -54,6 +56,8 @@ void memory_free(void* base);
 void memory_copy_in(void* device, const void* host, size_t bytes);
 void memory_copy_out(void* host, const void* device, size_t bytes);
 void memory_fill(void* device, uint8_t byte, size_t bytes);
+bool memory_is_device(const void* pointer);  // cudaPointerGetAttributes: device (or managed) memory
+int device_count();                          // cudaGetDeviceCount; 0 without a driver
 
 // The device's free and total memory now (cudaMemGetInfo), for the plan check and the peak report.
 void memory_info(size_t* free_bytes, size_t* total_bytes);
