@@ -142,25 +142,26 @@ inline void expect_bf16_close(const std::vector<uint16_t>& gpu, const std::vecto
   EXPECT_LE(worst, 1.0) << what << ": element " << worst_at << " gpu 0x" << std::hex << gpu[worst_at]
                         << " cpu 0x" << cpu[worst_at] << std::dec << " (" << differing << " of " << gpu.size()
                         << " differ)";
-  // `count` NaNs: the start of an output every element of which the kernel must write.
-  inline std::vector<float> nan_filled(int64_t count) {
-    return std::vector<float>(static_cast<size_t>(count), std::numeric_limits<float>::quiet_NaN());
-  }
+}
 
-  // Every element bitwise equal (NaN payloads included): a result run twice (fixed reduction orders), or a
-  // copy. Reports the first difference and the count.
-  inline void expect_same_bits(const std::vector<float>& a, const std::vector<float>& b,
-                               const std::string& what) {
-    ASSERT_EQ(a.size(), b.size()) << what;
-    size_t differing = 0, first = 0;
-    for (size_t i = 0; i < a.size(); ++i) {
-      if (std::memcmp(&a[i], &b[i], sizeof(float)) != 0) {
-        if (differing == 0) first = i;
-        ++differing;
-      }
+// `count` NaNs: the start of an output every element of which the kernel must write.
+inline std::vector<float> nan_filled(int64_t count) {
+  return std::vector<float>(static_cast<size_t>(count), std::numeric_limits<float>::quiet_NaN());
+}
+
+// Every element bitwise equal (NaN payloads included): a result run twice (fixed reduction orders), or a
+// copy. Reports the first difference and the count.
+inline void expect_same_bits(const std::vector<float>& a, const std::vector<float>& b,
+                             const std::string& what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  size_t differing = 0, first = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (std::memcmp(&a[i], &b[i], sizeof(float)) != 0) {
+      if (differing == 0) first = i;
+      ++differing;
     }
-    EXPECT_EQ(differing, 0u) << what << ": first at " << first << " (" << a[first] << " vs " << b[first]
-                             << ")";
   }
+  EXPECT_EQ(differing, 0u) << what << ": first at " << first << " (" << a[first] << " vs " << b[first] << ")";
+}
 
 }  // namespace meshtrain::gpu_test

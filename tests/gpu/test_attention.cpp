@@ -352,11 +352,13 @@ bf16::Result run_bf16_cpu(const bf16::Problem& p, const bf16::Expected& referenc
                            reference_lse = testing::to_float(reference.value.lse);
   std::vector<float> out(q.size()), lse(reference_lse.size()), dq(q.size()), dk(k.size()), dv(v.size()),
       scratch(reference_lse.size());
-  kernels::attention_forward_bf16(out.data(), lse.data(), q.data(), k.data(), v.data(), p.q_positions.data(),
-                                  p.q_segments(), p.B, p.Sq, p.H, p.K, p.d);
-  kernels::attention_backward_bf16(dq.data(), dk.data(), dv.data(), dout.data(), reference_out.data(),
-                                   reference_lse.data(), q.data(), k.data(), v.data(), p.q_positions.data(),
-                                   p.q_segments(), p.B, p.Sq, p.H, p.K, p.d, scratch.data());
+  // The bf16 kernels the cpu table runs on this CPU (AMX or AVX512-BF16).
+  const kernels::KernelBackend& cpu = kernels::cpu_backend();
+  cpu.attention_forward_bf16(out.data(), lse.data(), q.data(), k.data(), v.data(), p.q_positions.data(),
+                             p.q_segments(), p.B, p.Sq, p.H, p.K, p.d);
+  cpu.attention_backward_bf16(dq.data(), dk.data(), dv.data(), dout.data(), reference_out.data(),
+                              reference_lse.data(), q.data(), k.data(), v.data(), p.q_positions.data(),
+                              p.q_segments(), p.B, p.Sq, p.H, p.K, p.d, scratch.data());
   return {testing::to_double(out), testing::to_double(lse), testing::to_double(dq), testing::to_double(dk),
           testing::to_double(dv)};
 }
