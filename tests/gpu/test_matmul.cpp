@@ -128,17 +128,6 @@ void expect_within(const std::vector<float>& found, const Expected& expected, do
                               << expected.scale[worst_at] << ")";
 }
 
-void expect_bitwise(const std::vector<float>& found, const std::vector<float>& expected,
-                    const std::string& what) {
-  ASSERT_EQ(found.size(), expected.size()) << what;
-  for (size_t i = 0; i < found.size(); ++i) {
-    if (std::bit_cast<uint32_t>(found[i]) != std::bit_cast<uint32_t>(expected[i])) {
-      ADD_FAILURE() << what << ": element " << i << " is " << found[i] << ", expected " << expected[i];
-      return;
-    }
-  }
-}
-
 // ---- GEMM ----------------------------------------------------------------------------------------------
 
 struct GemmShape {
@@ -255,7 +244,7 @@ TEST(CudaGemm, PermutationProductIsExact) {
           kernels::cuda::gemm_f32(c_gpu.get(), a_gpu.get(), b_gpu.get(), M, N, K, transposed_a, transposed_b,
                                   false);
         }
-        expect_bitwise(c_gpu.read(), expected, what);
+        expect_same_bits(c_gpu.read(), expected, what);
       }
     }
   }
@@ -278,17 +267,17 @@ TEST(CudaGemm, EmptyProducts) {
     const std::string what = bf16 ? "gemm_bf16" : "gemm_f32";
     const DeviceBuffer<float> zeroed(std::vector<float>(35, kNaN));  // [5, 7]
     run(bf16, zeroed.get(), 5, 7, 0, false);
-    expect_bitwise(zeroed.read(), std::vector<float>(35, 0.0f), what + " K=0 overwrite zeroes C");
+    expect_same_bits(zeroed.read(), std::vector<float>(35, 0.0f), what + " K=0 overwrite zeroes C");
     const DeviceBuffer<float> kept(std::vector<float>(35, 3.0f));  // [5, 7]
     run(bf16, kept.get(), 5, 7, 0, true);
-    expect_bitwise(kept.read(), std::vector<float>(35, 3.0f), what + " K=0 accumulate leaves C");
+    expect_same_bits(kept.read(), std::vector<float>(35, 3.0f), what + " K=0 accumulate leaves C");
     const DeviceBuffer<float> untouched(std::vector<float>(8, 4.0f));
     for (const bool accumulate : {false, true}) {
       run(bf16, untouched.get(), 0, 7, 5, accumulate);
       run(bf16, untouched.get(), 5, 0, 5, accumulate);
       run(bf16, untouched.get(), 0, 0, 0, accumulate);
     }
-    expect_bitwise(untouched.read(), std::vector<float>(8, 4.0f), what + " M or N = 0 touches nothing");
+    expect_same_bits(untouched.read(), std::vector<float>(8, 4.0f), what + " M or N = 0 touches nothing");
   }
 }
 
@@ -338,7 +327,7 @@ TEST(CudaGemm, UnalignedOperandsAndRepeatedShapes) {
           expect_within(results[run], expected, bf16 ? kBf16Tolerance : kF32Tolerance,
                         what + " run " + std::to_string(run) + (run == 1 ? " (unaligned)" : " (aligned)"));
         }
-        expect_bitwise(results[2], results[0], what + " the same aligned call twice");
+        expect_same_bits(results[2], results[0], what + " the same aligned call twice");
       }
     }
   }
@@ -460,8 +449,8 @@ void check_forward(const MatmulCase& c, bool with_bias) {
     EXPECT_TRUE(std::equal(scratch.begin(), scratch.begin() + used, scratch_cpu.begin()))
         << what << ": the bf16 scratch differs from the cpu kernel's";
   }
-  expect_bitwise(x_gpu.read(), c.x, what + " leaves x");
-  expect_bitwise(w_gpu.read(), c.w, what + " leaves w");
+  expect_same_bits(x_gpu.read(), c.x, what + " leaves x");
+  expect_same_bits(w_gpu.read(), c.w, what + " leaves w");
 }
 
 struct BackwardRequest {
@@ -500,29 +489,29 @@ void check_backward(const MatmulCase& c, const BackwardRequest& request, uint32_
     expect_within(dx, expected, tolerance, what + ": dx vs double reference");
     expect_within(dx, as_expected(dx_cpu, expected), 2 * tolerance, what + ": dx vs cpu kernel");
   } else {
-    expect_bitwise(dx, dx0, what + ": dx untouched");
+    expect_same_bits(dx, dx0, what + ": dx untouched");
   }
   if (request.dw) {
     const Expected expected = plus_initial(c.dw, dw0);
     expect_within(dw, expected, tolerance, what + ": dw vs double reference");
     expect_within(dw, as_expected(dw_cpu, expected), 2 * tolerance, what + ": dw vs cpu kernel");
   } else {
-    expect_bitwise(dw, dw0, what + ": dw untouched");
+    expect_same_bits(dw, dw0, what + ": dw untouched");
   }
   if (request.dbias) {  // float32 sums in both modes
     const Expected expected = plus_initial(c.dbias, dbias0);
     expect_within(dbias, expected, kF32Tolerance, what + ": dbias vs double reference");
     expect_within(dbias, as_expected(dbias_cpu, expected), 2 * kF32Tolerance, what + ": dbias vs cpu kernel");
   } else {
-    expect_bitwise(dbias, dbias0, what + ": dbias untouched");
+    expect_same_bits(dbias, dbias0, what + ": dbias untouched");
   }
   if (c.bf16 && request.dx && request.dw) {  // dout, w and x rounded into the cpu kernel's places
     EXPECT_TRUE(scratch_gpu.read() == scratch_cpu)
         << what << ": the bf16 scratch differs from the cpu kernel's";
   }
-  expect_bitwise(x_gpu.read(), c.x, what + " leaves x");
-  expect_bitwise(w_gpu.read(), c.w, what + " leaves w");
-  expect_bitwise(dout_gpu.read(), c.dout, what + " leaves dout");
+  expect_same_bits(x_gpu.read(), c.x, what + " leaves x");
+  expect_same_bits(w_gpu.read(), c.w, what + " leaves w");
+  expect_same_bits(dout_gpu.read(), c.dout, what + " leaves dout");
 }
 
 // The _bf16_x entries (x already in bf16, as a producer writes it under dtype=bfloat16) on a bf16 case:
@@ -584,7 +573,7 @@ void check_bf16_x(const MatmulCase& c, uint32_t seed) {
       expect_within(dx, as_expected(dx_cpu, expected), 2 * kBf16Tolerance, what + ": dx vs cpu kernel");
       EXPECT_TRUE(scratch_gpu.read() == scratch_cpu) << what << ": the bf16 scratch differs from the cpu's";
     } else {
-      expect_bitwise(dx, dx0, what + ": dx untouched");
+      expect_same_bits(dx, dx0, what + ": dx untouched");
     }
     const Expected dw_expected = plus_initial(c.dw, dw0);
     expect_within(dw, dw_expected, kBf16Tolerance, what + ": dw vs double reference");
@@ -594,11 +583,11 @@ void check_bf16_x(const MatmulCase& c, uint32_t seed) {
       expect_within(dbias, as_expected(dbias_cpu, expected), 2 * kF32Tolerance,
                     what + ": dbias vs cpu kernel");
     } else {
-      expect_bitwise(dbias, dbias0, what + ": dbias untouched");
+      expect_same_bits(dbias, dbias0, what + ": dbias untouched");
     }
   }
   EXPECT_TRUE(x_gpu.read() == x_bits) << c.name << ": the _bf16_x entries changed x";
-  expect_bitwise(w_gpu.read(), c.w, c.name + " _bf16_x leaves w");
+  expect_same_bits(w_gpu.read(), c.w, c.name + " _bf16_x leaves w");
 }
 
 void check_matmul(const MatmulShape& shape, bool bf16, uint32_t seed) {
@@ -656,7 +645,7 @@ TEST(CudaMatmul, Deterministic) {
         if (run == 0) {
           first[i] = results[i];
         } else {
-          expect_bitwise(results[i], first[i], what + names[i] + " twice");
+          expect_same_bits(results[i], first[i], what + names[i] + " twice");
         }
       }
     }
@@ -683,8 +672,8 @@ TEST(CudaMatmul, EmptyDimensions) {
       cuda().matmul_forward(out_zero.get(), x.get(), w.get(), nullptr, N, I, O, bf16_inputs);
       std::vector<float> bias_rows;
       for (int64_t n = 0; n < N; ++n) bias_rows.insert(bias_rows.end(), bias.begin(), bias.end());
-      expect_bitwise(out_bias.read(), bias_rows, what + " I=0 forward: out = bias");
-      expect_bitwise(out_zero.read(), std::vector<float>(N * O, 0.0f), what + " I=0 forward: out = 0");
+      expect_same_bits(out_bias.read(), bias_rows, what + " I=0 forward: out = bias");
+      expect_same_bits(out_zero.read(), std::vector<float>(N * O, 0.0f), what + " I=0 forward: out = 0");
       const DeviceBuffer<float> dx(sentinel), dw(sentinel), dbias(std::vector<float>(O, 1.0f));
       cuda().matmul_backward(dx.get(), dw.get(), dbias.get(), dout_gpu.get(), x.get(), w.get(), N, I, O,
                              false, bf16_inputs);
@@ -692,15 +681,15 @@ TEST(CudaMatmul, EmptyDimensions) {
           plus_initial(reference_product(std::vector<float>(N, 1.0f), dout, 1, O, N, false, false),
                        std::vector<float>(O, 1.0f));
       expect_within(dbias.read(), expected, kF32Tolerance, what + " I=0 backward: dbias += column sums");
-      expect_bitwise(dx.read(), sentinel, what + " I=0 backward: dx untouched");
-      expect_bitwise(dw.read(), sentinel, what + " I=0 backward: dw untouched");
+      expect_same_bits(dx.read(), sentinel, what + " I=0 backward: dx untouched");
+      expect_same_bits(dw.read(), sentinel, what + " I=0 backward: dw untouched");
     }
     {  // O = 0: N = 5, I = 6
       constexpr int64_t N = 5, I = 6, O = 0;
       const DeviceBuffer<float> x(normal_values(N * I, 3)), w(sentinel), bias(sentinel), dout(sentinel);
       const DeviceBuffer<float> out(sentinel);
       cuda().matmul_forward(out.get(), x.get(), w.get(), bias.get(), N, I, O, bf16_inputs);
-      expect_bitwise(out.read(), sentinel, what + " O=0 forward: out untouched");
+      expect_same_bits(out.read(), sentinel, what + " O=0 forward: out untouched");
       const DeviceBuffer<float> dx_written(std::vector<float>(N * I, kNaN)),
           dx_kept(std::vector<float>(N * I, 2.0f));
       const DeviceBuffer<float> dw(sentinel), dbias(sentinel);
@@ -708,11 +697,11 @@ TEST(CudaMatmul, EmptyDimensions) {
                              false, bf16_inputs);
       cuda().matmul_backward(dx_kept.get(), dw.get(), dbias.get(), dout.get(), x.get(), w.get(), N, I, O,
                              true, bf16_inputs);
-      expect_bitwise(dx_written.read(), std::vector<float>(N * I, 0.0f), what + " O=0 backward: dx = 0");
-      expect_bitwise(dx_kept.read(), std::vector<float>(N * I, 2.0f),
-                     what + " O=0 backward: dx kept (accumulate)");
-      expect_bitwise(dw.read(), sentinel, what + " O=0 backward: dw untouched");
-      expect_bitwise(dbias.read(), sentinel, what + " O=0 backward: dbias untouched");
+      expect_same_bits(dx_written.read(), std::vector<float>(N * I, 0.0f), what + " O=0 backward: dx = 0");
+      expect_same_bits(dx_kept.read(), std::vector<float>(N * I, 2.0f),
+                       what + " O=0 backward: dx kept (accumulate)");
+      expect_same_bits(dw.read(), sentinel, what + " O=0 backward: dw untouched");
+      expect_same_bits(dbias.read(), sentinel, what + " O=0 backward: dbias untouched");
     }
     {  // N = 0: I = 6, O = 7
       constexpr int64_t N = 0, I = 6, O = 7;
@@ -723,10 +712,10 @@ TEST(CudaMatmul, EmptyDimensions) {
       cuda().matmul_forward(out.get(), x.get(), w.get(), bias.get(), N, I, O, bf16_inputs);
       cuda().matmul_backward(dx.get(), dw.get(), dbias.get(), dout.get(), x.get(), w.get(), N, I, O, false,
                              bf16_inputs);
-      expect_bitwise(out.read(), sentinel, what + " N=0 forward: out untouched");
-      expect_bitwise(dx.read(), sentinel, what + " N=0 backward: dx untouched");
-      expect_bitwise(dw.read(), std::vector<float>(I * O, 1.0f), what + " N=0 backward: dw unchanged");
-      expect_bitwise(dbias.read(), std::vector<float>(O, 1.0f), what + " N=0 backward: dbias unchanged");
+      expect_same_bits(out.read(), sentinel, what + " N=0 forward: out untouched");
+      expect_same_bits(dx.read(), sentinel, what + " N=0 backward: dx untouched");
+      expect_same_bits(dw.read(), std::vector<float>(I * O, 1.0f), what + " N=0 backward: dw unchanged");
+      expect_same_bits(dbias.read(), std::vector<float>(O, 1.0f), what + " N=0 backward: dbias unchanged");
     }
   }
 }

@@ -92,7 +92,7 @@ void check_rmsnorm(int64_t N, int64_t D, uint32_t seed) {
         },
         what + " forward_bf16");
     EXPECT_TRUE(out_bf16 == bf16_rounded(out)) << what << " forward_bf16: not the float32 out rounded once";
-    expect_bitwise(rstd_bf16_gpu.read(), rstd, what + " forward_bf16 rstd");
+    expect_same_bits(rstd_bf16_gpu.read(), rstd, what + " forward_bf16 rstd");
     std::vector<uint16_t> out_cpu_bf16(elements(N * D));
     std::vector<float> rstd_cpu_bf16(elements(N));
     kernels::rmsnorm_forward_bf16(out_cpu_bf16.data(), rstd_cpu_bf16.data(), x.data(), w.data(), N, D, eps);
@@ -177,8 +177,8 @@ void check_layernorm(int64_t N, int64_t D, uint32_t seed) {
         },
         what + " forward_bf16");
     EXPECT_TRUE(out_bf16 == bf16_rounded(out)) << what << " forward_bf16: not the float32 out rounded once";
-    expect_bitwise(mean_bf16_gpu.read(), mean, what + " forward_bf16 mean");
-    expect_bitwise(rstd_bf16_gpu.read(), rstd, what + " forward_bf16 rstd");
+    expect_same_bits(mean_bf16_gpu.read(), mean, what + " forward_bf16 mean");
+    expect_same_bits(rstd_bf16_gpu.read(), rstd, what + " forward_bf16 rstd");
     std::vector<uint16_t> out_cpu_bf16(elements(N * D));
     std::vector<float> mean_cpu_bf16(elements(N)), rstd_cpu_bf16(elements(N));
     kernels::layernorm_forward_bf16(out_cpu_bf16.data(), mean_cpu_bf16.data(), rstd_cpu_bf16.data(), x.data(),
