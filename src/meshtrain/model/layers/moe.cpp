@@ -314,7 +314,10 @@ BufferId add_moe_block(SpecBuilder& builder, const std::string& prefix, BufferId
                    {d_combined, d_weights},
                    4.0 * static_cast<double>(M * D),
                    [=](const OpContext& c) {
-                     if (P > 1) std::fill_n(c.f32(d_combined), P * block_rows * D, 0.0f);
+                     if (P > 1) {  // through the table: the blocks may be device memory
+                       c.kernels->memory_fill(c.f32(d_combined), 0,
+                                              static_cast<size_t>(P * block_rows * D) * sizeof(float));
+                     }
                      c.kernels->moe_combine_backward(c.f32(d_combined), c.f32(d_weights), c.f32(d_residual),
                                                      c.f32(combined_rows), c.f32(weights),
                                                      c.i32(combined_position), N, k, D);

@@ -5,6 +5,14 @@
 namespace meshtrain {
 namespace {
 
+// Rows the local experts hold (local_offsets[E_local]), read for the host through the table's copy: the
+// offsets may be device memory.
+int64_t local_row_count(const OpContext& c, BufferId local_offsets, int64_t E_local) {
+  int32_t rows = 0;
+  c.kernels->memory_copy_out(&rows, c.i32(local_offsets) + E_local, sizeof(int32_t));
+  return rows;
+}
+
 BufferId int32_activation(SpecBuilder& builder, const std::string& name, const Shape& shape) {
   return builder.as_int32(builder.activation(name, shape));
 }
@@ -90,7 +98,7 @@ ExpertDispatch add_expert_dispatch(SpecBuilder& builder, const std::string& moe,
                    0.0,
                    [=](const OpContext& c) {
                      c.kernels->moe_gather_forward(c.f32(sorted_x), c.f32(received_x), c.i32(local_sorted),
-                                                   c.i32(local_offsets)[E_local], 1, D);
+                                                   local_row_count(c, local_offsets, E_local), 1, D);
                    },
                    OpKind::memory});
   return d;
@@ -133,7 +141,7 @@ std::vector<OpDecl> expert_return_backward(SpecBuilder& builder, const std::stri
                  0.0,
                  [=](const OpContext& c) {
                    c.kernels->moe_gather_forward(c.f32(d_expert_out), c.f32(d_returned), c.i32(local_sorted),
-                                                 c.i32(local_offsets)[E_local], 1, D);
+                                                 local_row_count(c, local_offsets, E_local), 1, D);
                  },
                  OpKind::memory});
   return ops;
