@@ -25,6 +25,16 @@ using meshtrain::testing::random_values;
 using meshtrain::testing::to_double;
 using meshtrain::testing::to_float;
 
+// max |found - expected| over every element, relative to the largest |expected| (the scale of the product).
+double worst_relative_to_scale(const std::vector<float>& found, const std::vector<double>& expected) {
+  double worst = 0.0, scale = 1e-30;
+  for (size_t i = 0; i < expected.size(); ++i) {
+    scale = std::max(scale, std::abs(expected[i]));
+    worst = std::max(worst, std::abs(found[i] - expected[i]));
+  }
+  return worst / scale;
+}
+
 TEST(Gemm, ReferenceIsTheTextbookSum) {
   // [[1 2 3] [4 5 6]] @ [[1 0] [0 1] [1 1]] = [[4 5] [10 11]], stored transposed or not.
   const std::vector<double> a = {1, 2, 3, 4, 5, 6}, a_t = {1, 4, 2, 5, 3, 6};
@@ -102,15 +112,7 @@ TEST(Gemm, EveryLayoutMatchesTheReference) {
           gemm_reference(ta, tb, M, N, K, a_double.data(), lda, b_double.data(), ldb, accumulate,
                          expected.data(), ldc);
           gemm(ta, tb, M, N, K, a.data(), lda, b.data(), ldb, accumulate, c.data(), ldc);
-          double worst = 0.0, scale = 1e-30;
-          for (int64_t m = 0; m < M; ++m) {
-            for (int64_t n = 0; n < ldc; ++n) {
-              const double e = expected[m * ldc + n];
-              scale = std::max(scale, std::abs(e));
-              worst = std::max(worst, std::abs(c[m * ldc + n] - e));
-            }
-          }
-          EXPECT_LT(worst / scale, 1e-5)
+          EXPECT_LT(worst_relative_to_scale(c, expected), 1e-5)
               << M << "x" << N << "x" << K << " ta " << ta << " tb " << tb << " accumulate " << accumulate;
         }
       }
@@ -235,15 +237,7 @@ TEST(Gemm, Bf16WithFloat32BMatchesTheReferenceOnTheRoundedValues) {
                          ldc);
           meshtrain::kernels::gemm_bf16_float32_b(ta, tb, M, N, K, a_bf16.data(), lda, b.data(), ldb,
                                                   accumulate, c.data(), ldc, scratch.data());
-          double worst = 0.0, scale = 1e-30;
-          for (int64_t m = 0; m < M; ++m) {
-            for (int64_t n = 0; n < ldc; ++n) {
-              const double e = expected[m * ldc + n];
-              scale = std::max(scale, std::abs(e));
-              worst = std::max(worst, std::abs(c[m * ldc + n] - e));
-            }
-          }
-          EXPECT_LT(worst / scale, 1e-5)
+          EXPECT_LT(worst_relative_to_scale(c, expected), 1e-5)
               << M << "x" << N << "x" << K << " ta " << ta << " tb " << tb << " accumulate " << accumulate;
         }
       }

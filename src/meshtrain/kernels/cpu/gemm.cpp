@@ -22,22 +22,22 @@ namespace {
 
 // The oneDNN C functions the engine calls, looked up in the library loaded at run time. The header gives
 // their exact types; the soname (libdnnl.so.2) pins the 2.x interface the header describes.
-#define MESHTRAIN_ONEDNN_FUNCTIONS(X)                                                           \
-  X(dnnl_version)                                                                               \
-  X(dnnl_get_effective_cpu_isa)                                                                 \
-  X(dnnl_sgemm)                                                                                 \
-  X(dnnl_engine_create)                                                                         \
-  X(dnnl_stream_create)                                                                         \
-  X(dnnl_stream_wait)                                                                           \
-  X(dnnl_memory_desc_init_by_strides)                                                           \
-  X(dnnl_matmul_desc_init)                                                                      \
-  X(dnnl_primitive_attr_create) X(dnnl_primitive_attr_destroy) X(dnnl_post_ops_create)          \
-      X(dnnl_post_ops_destroy) X(dnnl_post_ops_append_sum) X(dnnl_primitive_attr_set_post_ops)  \
-          X(dnnl_primitive_desc_create) X(dnnl_primitive_desc_destroy) X(dnnl_primitive_create) \
-              X(dnnl_memory_create) X(dnnl_memory_destroy) X(dnnl_primitive_execute)            \
-                  X(dnnl_primitive_desc_query) X(dnnl_memory_desc_init_by_tag)                  \
-                      X(dnnl_primitive_desc_query_md) X(dnnl_memory_desc_get_size)              \
-                          X(dnnl_reorder_primitive_desc_create)
+#define MESHTRAIN_ONEDNN_FUNCTIONS(X)                                                               \
+  X(dnnl_version)                                                                                   \
+  X(dnnl_get_effective_cpu_isa)                                                                     \
+  X(dnnl_sgemm)                                                                                     \
+  X(dnnl_engine_create)                                                                             \
+  X(dnnl_stream_create)                                                                             \
+  X(dnnl_stream_wait)                                                                               \
+  X(dnnl_memory_desc_init_by_strides)                                                               \
+  X(dnnl_matmul_desc_init)                                                                          \
+  X(dnnl_primitive_attr_create)                                                                     \
+  X(dnnl_primitive_attr_destroy) X(dnnl_post_ops_create) X(dnnl_post_ops_destroy)                   \
+      X(dnnl_post_ops_append_sum) X(dnnl_primitive_attr_set_post_ops) X(dnnl_primitive_desc_create) \
+          X(dnnl_primitive_desc_destroy) X(dnnl_primitive_create) X(dnnl_memory_create)             \
+              X(dnnl_memory_destroy) X(dnnl_primitive_execute) X(dnnl_primitive_desc_query)         \
+                  X(dnnl_memory_desc_init_by_tag) X(dnnl_primitive_desc_query_md)                   \
+                      X(dnnl_memory_desc_get_size) X(dnnl_reorder_primitive_desc_create)
 
 // A bf16 matmul whose B arrives in float32: one reorder rounds B into the layout the matmul's kernel reads
 // (format_tag any: oneDNN's blocked, VNNI-interleaved weights), so the product copies nothing of B itself.
@@ -125,6 +125,20 @@ OneDnn* g_onednn = nullptr;
 bool g_onednn_bf16 = false;      // oneDNN's bf16 matmul runs and agrees with the reference
 bool g_onednn_packed_b = false;  // and so does its packed-B form (onednn_matmul_packed_b)
 
+// A matmul's attributes: with `accumulate`, a sum post-op (C += the product). The caller destroys them.
+dnnl_primitive_attr_t matmul_attributes(OneDnn& dnn, bool accumulate) {
+  dnnl_primitive_attr_t attr = nullptr;
+  check_onednn(dnn.dnnl_primitive_attr_create(&attr), "attr");
+  if (accumulate) {
+    dnnl_post_ops_t post_ops = nullptr;
+    check_onednn(dnn.dnnl_post_ops_create(&post_ops), "post ops");
+    check_onednn(dnn.dnnl_post_ops_append_sum(post_ops, 1.0f), "sum post op");
+    check_onednn(dnn.dnnl_primitive_attr_set_post_ops(attr, post_ops), "set post ops");
+    dnn.dnnl_post_ops_destroy(post_ops);
+  }
+  return attr;
+}
+
 // The matmul primitive for these inputs (f32 or bf16; the output is f32), created on first use; nullptr when
 // oneDNN has no implementation (bf16 on a CPU without bf16 instructions). `implementation`, when given, gets
 // oneDNN's name for the kernel it chose.
@@ -149,15 +163,7 @@ dnnl_primitive_t onednn_matmul_primitive(OneDnn& dnn, dnnl_data_type_t input_typ
   if (cached != dnn.matmuls.end() && implementation == nullptr) return cached->second;
   dnnl_matmul_desc_t desc{};
   check_onednn(dnn.dnnl_matmul_desc_init(&desc, &src, &weights, nullptr, &dst), "matmul desc");
-  dnnl_primitive_attr_t attr = nullptr;
-  check_onednn(dnn.dnnl_primitive_attr_create(&attr), "attr");
-  if (accumulate) {  // C += : a sum post-op
-    dnnl_post_ops_t post_ops = nullptr;
-    check_onednn(dnn.dnnl_post_ops_create(&post_ops), "post ops");
-    check_onednn(dnn.dnnl_post_ops_append_sum(post_ops, 1.0f), "sum post op");
-    check_onednn(dnn.dnnl_primitive_attr_set_post_ops(attr, post_ops), "set post ops");
-    dnn.dnnl_post_ops_destroy(post_ops);
-  }
+  dnnl_primitive_attr_t attr = matmul_attributes(dnn, accumulate);
   dnnl_primitive_desc_t primitive_desc = nullptr;
   const dnnl_status_t status =
       dnn.dnnl_primitive_desc_create(&primitive_desc, &desc, attr, dnn.engine, nullptr);
@@ -226,15 +232,7 @@ const PackedBMatmul* onednn_packed_b_matmul(OneDnn& dnn, bool transpose_a, bool 
   check_onednn(dnn.dnnl_memory_desc_init_by_strides(&packed.dst, 2, dst_dims, dnnl_f32, dst_strides), "dst");
   dnnl_matmul_desc_t desc{};
   check_onednn(dnn.dnnl_matmul_desc_init(&desc, &packed.src, &weights_any, nullptr, &packed.dst), "matmul");
-  dnnl_primitive_attr_t attr = nullptr;
-  check_onednn(dnn.dnnl_primitive_attr_create(&attr), "attr");
-  if (accumulate) {  // C += : a sum post-op
-    dnnl_post_ops_t post_ops = nullptr;
-    check_onednn(dnn.dnnl_post_ops_create(&post_ops), "post ops");
-    check_onednn(dnn.dnnl_post_ops_append_sum(post_ops, 1.0f), "sum post op");
-    check_onednn(dnn.dnnl_primitive_attr_set_post_ops(attr, post_ops), "set post ops");
-    dnn.dnnl_post_ops_destroy(post_ops);
-  }
+  dnnl_primitive_attr_t attr = matmul_attributes(dnn, accumulate);
   dnnl_primitive_desc_t matmul_desc = nullptr;
   const dnnl_status_t status = dnn.dnnl_primitive_desc_create(&matmul_desc, &desc, attr, dnn.engine, nullptr);
   dnn.dnnl_primitive_attr_destroy(attr);

@@ -43,20 +43,7 @@ void moe_router_forward(int32_t* chosen, float* weights, float* scores, const fl
 #pragma omp simd
       for (int64_t e = 0; e < E; ++e) s[e] = sigmoid_approx(row[e]);
     }
-    const auto choice = [&](int64_t e) {
-      return moe_router_ranked(selection_bias != nullptr ? s[e] + selection_bias[e] : s[e]);
-    };
-    int32_t* picks = chosen + t * k;
-    moe_router_select(picks, choice, E, routing);
-    float sum = 0.0f;
-    for (int64_t j = 0; j < k; ++j) {
-      weights[t * k + j] = s[picks[j]];
-      sum += s[picks[j]];
-    }
-    const float factor = routing.normalize_top_k
-                             ? routing.scaling / (sum + static_cast<float>(kRouterNormalizeEpsilon))
-                             : routing.scaling;
-    for (int64_t j = 0; j < k; ++j) weights[t * k + j] *= factor;
+    moe_router_pick_token(chosen + t * k, weights + t * k, s, selection_bias, E, routing);
   }
 }
 

@@ -2,7 +2,8 @@
 // both run, so that they choose the same experts, break ties the same way and form the same gradient by
 // construction. The selection: the Gk kept groups as a bit mask, then k scans of the E choice scores, each
 // taking the best expert that ranks after the previous pick in (choice score descending, index ascending)
-// order; allocates nothing, O(k E) per token. The backward: one token's d_logits row.
+// order; allocates nothing, O(k E) per token; then the chosen experts' weights. The backward: one token's
+// d_logits row.
 // Legend: E experts, G groups of E / G, Gk groups kept, k experts per token.
 #pragma once
 
@@ -95,6 +96,27 @@ MT_ROUTER_HOST_DEVICE void moe_router_select(int32_t* chosen, const Choice& choi
     previous_value = best_value;
     previous_index = best_index;
   }
+}
+
+// One token's forward after its scores s [E]: picks [k] = the chosen experts (selection_bias, [E] or null,
+// orders only), weights [k] = their scores, normalised over the k when the routing says so, times scaling.
+MT_ROUTER_HOST_DEVICE inline void moe_router_pick_token(int32_t* picks, float* weights, const float* s,
+                                                        const float* selection_bias, int64_t E,
+                                                        const MoeRouting& routing) {
+  const auto choice = [&](int64_t e) {
+    return moe_router_ranked(selection_bias != nullptr ? s[e] + selection_bias[e] : s[e]);
+  };
+  moe_router_select(picks, choice, E, routing);
+  const int64_t k = routing.top_k;
+  float sum = 0.0f;
+  for (int64_t j = 0; j < k; ++j) {
+    weights[j] = s[picks[j]];
+    sum += s[picks[j]];
+  }
+  const float factor = routing.normalize_top_k
+                           ? routing.scaling / (sum + static_cast<float>(kRouterNormalizeEpsilon))
+                           : routing.scaling;
+  for (int64_t j = 0; j < k; ++j) weights[j] *= factor;
 }
 
 // out [E] = one token's d_logits (written) from its d_weights dw [k], scores s [E] and chosen ids [k]: with
