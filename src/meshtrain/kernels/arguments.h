@@ -46,13 +46,15 @@ inline double newton_schulz_flops(int64_t rows, int64_t cols) {
 enum class UnembedLayout { kernel_DV, table_VD };
 
 // Tokens per chunk of the fused unembedding + cross-entropy (the chunk_tokens argument): chunks of at most
-// 64M logits (256 MiB of float32) keep the full [N, V] matrix from ever existing; larger chunks mean fewer
-// passes over the [V, D] table and its gradient. 64M against 32M measured (2026-12-06, AMX Xeon, 2 threads,
-// fwd + bwd): gpt2-124m (N 2048) bf16 519-527 -> 439-452 ms, float32 1463-1475 -> 1351-1404 ms; qwen3-0.6b
-// at S 2048 bf16 2449-2484 -> 2296-2339 ms. The model sizes its scratch with it and bench_kernels times the
-// kernel at it.
+// 32M logits (128 MiB of float32) keep the full [N, V] matrix from ever existing; larger chunks mean fewer
+// passes over the [V, D] table and its gradient, but a logits block that leaves the caches. 32M against 64M,
+// measured 2026-12-06 06:00-06:09 (AMX Xeon, 2 threads, quiet, builds interleaved twice; bench/README.md):
+// gpt2-124m (N 2048) bf16 fwd + bwd 430-443 ms against 614-676 ms, float32 1296-1524 against 1289-1352 ms;
+// qwen3-0.6b at S 2048 bf16, the traced loss op 2158 against 2134 ms. (64M had looked faster in an earlier
+// harness the same day; bench_kernels at the model's chunk did not confirm it.) The model sizes its scratch
+// with it and bench_kernels times the kernel at it.
 inline int64_t cross_entropy_chunk_tokens(int64_t N, int64_t V) {
-  const int64_t tokens = std::min((int64_t{1} << 26) / V, N);
+  const int64_t tokens = std::min((int64_t{1} << 25) / V, N);
   return std::max<int64_t>(tokens, 1);
 }
 
