@@ -51,11 +51,16 @@ enum class UnembedLayout { kernel_DV, table_VD };
 // measured 2026-12-06 06:00-06:09 (AMX Xeon, 2 threads, quiet, builds interleaved twice; bench/README.md):
 // gpt2-124m (N 2048) bf16 fwd + bwd 430-443 ms against 614-676 ms, float32 1296-1524 against 1289-1352 ms;
 // qwen3-0.6b at S 2048 bf16, the traced loss op 2158 against 2134 ms. (64M had looked faster in an earlier
-// harness the same day; bench_kernels at the model's chunk did not confirm it.) The model sizes its scratch
-// with it and bench_kernels times the kernel at it.
+// harness the same day; bench_kernels at the model's chunk did not confirm it.) The N tokens are split into
+// equal chunks under that cap (N = 2048 at V = 50257: 4 x 512, not 3 x 667 + 47): every chunk passes over the
+// whole table and its gradient, and a 47-token chunk paid that for a fourteenth of the work (bf16 fwd + bwd
+// 490 -> 410 ms, bench/README.md). The model sizes its scratch with it and bench_kernels times the kernel at
+// it.
 inline int64_t cross_entropy_chunk_tokens(int64_t N, int64_t V) {
-  const int64_t tokens = std::min((int64_t{1} << 25) / V, N);
-  return std::max<int64_t>(tokens, 1);
+  const int64_t cap = std::max<int64_t>((int64_t{1} << 25) / V, 1);
+  if (N <= cap) return std::max<int64_t>(N, 1);
+  const int64_t chunks = (N + cap - 1) / cap;
+  return (N + chunks - 1) / chunks;
 }
 
 struct CrossEntropySums {

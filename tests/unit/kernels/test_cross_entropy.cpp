@@ -447,6 +447,27 @@ TEST(CrossEntropy, AllTokensMaskedGivesZero) {
   }
 }
 
+// The chunks the model runs the loss in: at most 32M logits each, equal to within one token, and as few as
+// the cap allows (a last chunk of a few tokens would pass over the whole table for almost no work).
+TEST(CrossEntropy, ChunksAreEqualAndUnderTheCap) {
+  EXPECT_EQ(cross_entropy_chunk_tokens(2048, 50257), 512);   // 4 x 512, not 3 x 667 + 47
+  EXPECT_EQ(cross_entropy_chunk_tokens(2048, 151936), 205);  // 10 chunks, the last 203
+  EXPECT_EQ(cross_entropy_chunk_tokens(300, 50257), 300);    // under the cap: one chunk
+  EXPECT_EQ(cross_entropy_chunk_tokens(0, 50257), 1);
+  EXPECT_EQ(cross_entropy_chunk_tokens(5, int64_t{1} << 26), 1);  // a row over the cap still runs
+  for (const int64_t V : {int64_t{97}, int64_t{50257}, int64_t{151936}}) {
+    const int64_t cap = std::max<int64_t>((int64_t{1} << 25) / V, 1);
+    for (const int64_t N : {int64_t{1}, cap - 1, cap, cap + 1, 2 * cap + 3, int64_t{4096}, int64_t{100003}}) {
+      if (N < 1) continue;
+      const int64_t chunk = cross_entropy_chunk_tokens(N, V);
+      const int64_t chunks = (N + chunk - 1) / chunk;
+      EXPECT_LE(chunk, cap) << "N " << N << " V " << V;
+      EXPECT_EQ(chunks, (N + cap - 1) / cap) << "N " << N << " V " << V;
+      EXPECT_GE(N - (chunks - 1) * chunk, chunk - chunks) << "last chunk, N " << N << " V " << V;
+    }
+  }
+}
+
 TEST(CrossEntropy, TargetOutsideValidVocabIsAnInternalError) {
   Problem problem(4, 8, 24, 19, UnembedLayout::kernel_DV, 61);
   problem.targets[2] = 19;  // a padding column
