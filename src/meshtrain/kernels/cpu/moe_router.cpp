@@ -66,15 +66,7 @@ double moe_balance_loss_forward(const float* scores, const int32_t* counts, int6
   // sum_t sum_e counts[e] q[t, e] in double, serially in token order: deterministic, and O(N E) like one
   // pass over the scores.
   double loss = 0.0;
-  for (int64_t t = 0; t < N; ++t) {
-    const float* s = scores + t * E;
-    double row = 0.0, normaliser = 0.0;
-    for (int64_t e = 0; e < E; ++e) {
-      row += static_cast<double>(counts[e]) * s[e];
-      normaliser += s[e];
-    }
-    loss += score_function == RouterScore::sigmoid ? row / normaliser : row;
-  }
+  for (int64_t t = 0; t < N; ++t) loss += moe_balance_loss_token(scores + t * E, counts, E, score_function);
   return static_cast<double>(weight) * static_cast<double>(E) * loss /
          (static_cast<double>(total) * static_cast<double>(N));
 }
@@ -84,30 +76,10 @@ void moe_balance_loss_backward(float* d_logits, const float* scores, const int32
   int64_t total = 0;
   for (int64_t e = 0; e < E; ++e) total += counts[e];
   if (N == 0 || total == 0) return;
-  // a_e = d_loss weight E f_e / N = unit * counts[e].
-  const float unit = static_cast<float>(static_cast<double>(d_loss) * weight * static_cast<double>(E) /
-                                        (static_cast<double>(total) * static_cast<double>(N)));
+  const float unit = moe_balance_loss_unit(d_loss, weight, E, total, N);
 #pragma omp parallel for schedule(static) if (N * E >= kParallelMinimum)
   for (int64_t t = 0; t < N; ++t) {
-    const float* s = scores + t * E;
-    float* out = d_logits + t * E;
-    float inner = 0.0f, Z = 0.0f;
-#pragma omp simd reduction(+ : inner, Z)
-    for (int64_t e = 0; e < E; ++e) {
-      inner += s[e] * (unit * static_cast<float>(counts[e]));
-      Z += s[e];
-    }
-    if (score_function == RouterScore::softmax) {
-#pragma omp simd
-      for (int64_t e = 0; e < E; ++e) out[e] += s[e] * (unit * static_cast<float>(counts[e]) - inner);
-    } else {
-      const float inverse_Z = 1.0f / Z;
-      const float mean = inner * inverse_Z;
-#pragma omp simd
-      for (int64_t e = 0; e < E; ++e) {
-        out[e] += (unit * static_cast<float>(counts[e]) - mean) * inverse_Z * s[e] * (1.0f - s[e]);
-      }
-    }
+    moe_balance_loss_backward_token(d_logits + t * E, scores + t * E, counts, E, score_function, unit);
   }
 }
 

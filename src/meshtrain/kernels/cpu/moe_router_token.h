@@ -3,7 +3,7 @@
 // construction. The selection: the Gk kept groups as a bit mask, then k scans of the E choice scores, each
 // taking the best expert that ranks after the previous pick in (choice score descending, index ascending)
 // order; allocates nothing, O(k E) per token; then the chosen experts' weights. The backward: one token's
-// d_logits row.
+// d_logits row. The balance loss: one token's term and its gradient.
 // Legend: E experts, G groups of E / G, Gk groups kept, k experts per token.
 #pragma once
 
@@ -15,8 +15,13 @@
 
 #if defined(__CUDACC__)
 #define MT_ROUTER_HOST_DEVICE __host__ __device__
+#define MT_ROUTER_SIMD_SUMS
+#define MT_ROUTER_SIMD
 #else
 #define MT_ROUTER_HOST_DEVICE
+// The cpu kernel vectorises the balance loss's per-token loops; each device thread runs them in order.
+#define MT_ROUTER_SIMD_SUMS _Pragma("omp simd reduction(+ : inner, Z)")
+#define MT_ROUTER_SIMD _Pragma("omp simd")
 #endif
 
 namespace meshtrain::kernels {
@@ -148,6 +153,50 @@ MT_ROUTER_HOST_DEVICE inline void moe_router_backward_token(float* out, const fl
     for (int64_t j = 0; j < k; ++j) {
       const float value = s[ids[j]];
       out[ids[j]] = (a * dw[j] + b) * value * (1.0f - value);
+    }
+  }
+}
+
+// The balance loss's term of one token, sum_e counts[e] q[e] in double, with q its scores s [E] (sigmoid
+// scores over their row sum). Each backend adds the tokens' terms in its own fixed order.
+MT_ROUTER_HOST_DEVICE inline double moe_balance_loss_token(const float* s, const int32_t* counts, int64_t E,
+                                                           RouterScore score_function) {
+  double row = 0.0, normaliser = 0.0;
+  for (int64_t e = 0; e < E; ++e) {
+    row += static_cast<double>(counts[e]) * s[e];
+    normaliser += s[e];
+  }
+  return score_function == RouterScore::sigmoid ? row / normaliser : row;
+}
+
+// The balance loss's gradient factor: a_e = unit counts[e], unit = d_loss weight E / (total N), total the
+// sum of the counts (> 0).
+MT_ROUTER_HOST_DEVICE inline float moe_balance_loss_unit(float d_loss, float weight, int64_t E, int64_t total,
+                                                         int64_t N) {
+  return static_cast<float>(static_cast<double>(d_loss) * weight * static_cast<double>(E) /
+                            (static_cast<double>(total) * static_cast<double>(N)));
+}
+
+// out [E] += one token's gradient of the balance loss with respect to its router logits, from its scores s
+// [E], through the softmax or the sigmoid.
+MT_ROUTER_HOST_DEVICE inline void moe_balance_loss_backward_token(float* out, const float* s,
+                                                                  const int32_t* counts, int64_t E,
+                                                                  RouterScore score_function, float unit) {
+  float inner = 0.0f, Z = 0.0f;
+  MT_ROUTER_SIMD_SUMS
+  for (int64_t e = 0; e < E; ++e) {
+    inner += s[e] * (unit * static_cast<float>(counts[e]));
+    Z += s[e];
+  }
+  if (score_function == RouterScore::softmax) {
+    MT_ROUTER_SIMD
+    for (int64_t e = 0; e < E; ++e) out[e] += s[e] * (unit * static_cast<float>(counts[e]) - inner);
+  } else {
+    const float inverse_Z = 1.0f / Z;
+    const float mean = inner * inverse_Z;
+    MT_ROUTER_SIMD
+    for (int64_t e = 0; e < E; ++e) {
+      out[e] += (unit * static_cast<float>(counts[e]) - mean) * inverse_Z * s[e] * (1.0f - s[e]);
     }
   }
 }

@@ -75,13 +75,7 @@ __global__ void balance_loss_kernel(double* result,         // [2]
   __shared__ double partial[kLossThreads];
   double sum = 0.0;
   for (int64_t t = threadIdx.x; t < N; t += kLossThreads) {
-    const float* s = scores + t * E;
-    double row = 0.0, normaliser = 0.0;
-    for (int64_t e = 0; e < E; ++e) {
-      row += static_cast<double>(counts[e]) * s[e];
-      normaliser += s[e];
-    }
-    sum += score_function == RouterScore::sigmoid ? row / normaliser : row;
+    sum += moe_balance_loss_token(scores + t * E, counts, E, score_function);
   }
   partial[threadIdx.x] = sum;
   __syncthreads();
@@ -108,24 +102,8 @@ __global__ void balance_loss_backward_kernel(float* d_logits,        // [N, E]
   int64_t total = 0;
   for (int64_t e = 0; e < E; ++e) total += counts[e];
   if (total == 0) return;
-  const float unit = static_cast<float>(static_cast<double>(d_loss) * weight * static_cast<double>(E) /
-                                        (static_cast<double>(total) * static_cast<double>(N)));
-  const float* s = scores + t * E;
-  float* out = d_logits + t * E;
-  float inner = 0.0f, Z = 0.0f;
-  for (int64_t e = 0; e < E; ++e) {
-    inner += s[e] * (unit * static_cast<float>(counts[e]));
-    Z += s[e];
-  }
-  if (score_function == RouterScore::softmax) {
-    for (int64_t e = 0; e < E; ++e) out[e] += s[e] * (unit * static_cast<float>(counts[e]) - inner);
-  } else {
-    const float inverse_Z = 1.0f / Z;
-    const float mean = inner * inverse_Z;
-    for (int64_t e = 0; e < E; ++e) {
-      out[e] += (unit * static_cast<float>(counts[e]) - mean) * inverse_Z * s[e] * (1.0f - s[e]);
-    }
-  }
+  moe_balance_loss_backward_token(d_logits + t * E, scores + t * E, counts, E, score_function,
+                                  moe_balance_loss_unit(d_loss, weight, E, total, N));
 }
 
 // The balance loss's two device doubles: allocated at the first call and kept for the process (as gemm.cu's
