@@ -524,7 +524,7 @@ std::vector<Case> model_cases(const Model& m) {
     const int64_t Vv = m.V_valid;
     const bool bf16 = bench_bf16();
     auto bf16_scratch =
-        share(std::vector<uint16_t>(bf16 ? k::cross_entropy_bf16_scratch_elements(C, D, V) : 0));
+        share(std::vector<uint16_t>(bf16 ? k::cross_entropy_bf16_scratch_elements(N, C, D, V) : 0));
     uint16_t* bf16_inputs = bf16 ? bf16_scratch->data() : nullptr;
     const std::string kernel = bf16 ? "cross_entropy bf16" : "cross_entropy";
     cases.push_back({kernel, "loss only", shape, "GFLOP/s", gemm, 0,

@@ -109,7 +109,7 @@ Result run_cpu(const Case& c, const Inputs& in, bool gradients) {
   }
   std::vector<float> scratch(static_cast<size_t>(kernels::cross_entropy_scratch_floats(c.C, c.V)));
   std::vector<uint16_t> bf16(
-      c.bf16 ? static_cast<size_t>(kernels::cross_entropy_bf16_scratch_elements(c.C, c.D, c.V)) : 0);
+      c.bf16 ? static_cast<size_t>(kernels::cross_entropy_bf16_scratch_elements(c.N, c.C, c.D, c.V)) : 0);
   out.sums = kernels::unembed_cross_entropy(
       gradients ? out.dh.data() : nullptr, gradients ? out.dw.data() : nullptr, in.h.data(), in.w.data(),
       c.layout, in.targets.data(), in.mask.empty() ? nullptr : in.mask.data(), c.N, c.D, c.V, c.vocab_valid,
@@ -137,7 +137,7 @@ Result run_gpu(const Case& c, const Inputs& in, bool gradients) {
   DeviceBuffer<float> dw(in.dw_initial);
   const auto scratch_size = static_cast<size_t>(kernels::cross_entropy_scratch_floats(c.C, c.V));
   const auto bf16_size =
-      c.bf16 ? static_cast<size_t>(kernels::cross_entropy_bf16_scratch_elements(c.C, c.D, c.V)) : size_t{0};
+      c.bf16 ? static_cast<size_t>(kernels::cross_entropy_bf16_scratch_elements(c.N, c.C, c.D, c.V)) : size_t{0};
   DeviceBuffer<float> scratch(std::vector<float>(scratch_size + kGuard, kScratchGuard));
   DeviceBuffer<uint16_t> bf16(std::vector<uint16_t>(bf16_size + kGuard, kBf16Guard));
   Result out;

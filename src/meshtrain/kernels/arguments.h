@@ -63,6 +63,23 @@ inline int64_t cross_entropy_chunk_tokens(int64_t N, int64_t V) {
   return (N + chunks - 1) / chunks;
 }
 
+// Tokens of one weight-gradient product of the bf16 loss (dW += h^T dlogits, dE += dlogits^T h): a whole
+// number of chunks, whose bf16 dlogits the loss keeps until the product runs. Each such product reads and
+// writes all of dW [V, D] in float32 and is short (its reduction is over tokens), so at a large vocabulary
+// one per chunk (qwen3-0.6b: 205 tokens) ran at a third of the peak. Groups of about 1,000 tokens, at most
+// 128M bf16 dlogits (256 MiB), equal in chunks but the last; the dh product and the float32 path stay per
+// chunk (oneDNN ran dh slower at 4x the rows: 583 -> 899 ms). Measured, AMX Xeon, 2 threads, qwen3-0.6b N =
+// 2048: dE 870 ms at 205 tokens, 573 ms at 820 (bench/README.md).
+inline int64_t cross_entropy_group_tokens(int64_t N, int64_t chunk_tokens, int64_t V) {
+  constexpr int64_t kTargetTokens = 1000, kMaxLogits = int64_t{1} << 27;
+  if (N <= chunk_tokens) return std::max<int64_t>(std::min(N, chunk_tokens), 1);
+  const int64_t chunks = (N + chunk_tokens - 1) / chunk_tokens;
+  const int64_t by_memory = std::max<int64_t>(kMaxLogits / (chunk_tokens * V), 1);
+  const int64_t per_group = std::clamp<int64_t>(kTargetTokens / chunk_tokens, 1, by_memory);
+  const int64_t groups = (chunks + per_group - 1) / per_group;
+  return (chunks + groups - 1) / groups * chunk_tokens;
+}
+
 struct CrossEntropySums {
   double loss_sum = 0.0;    // sum over counted tokens of -log softmax(logits)[target]
   int64_t valid_count = 0;  // number of counted tokens (mask != 0)

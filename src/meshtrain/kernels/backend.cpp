@@ -22,7 +22,7 @@ DType compute_dtype_activations(DType compute) {
 int64_t no_matmul_bf16_scratch(int64_t, int64_t, int64_t, bool) {
   return 0;
 }
-int64_t no_cross_entropy_bf16_scratch(int64_t, int64_t, int64_t) {
+int64_t no_cross_entropy_bf16_scratch(int64_t, int64_t, int64_t, int64_t) {
   return 0;
 }
 std::string planning_only() {

@@ -85,9 +85,9 @@ using UnembedCrossEntropy =
                      int64_t chunk_tokens,                 // C: rows of logits held at a time
                      float* scratch,                       // [cross_entropy_scratch_floats(C, V)]
                      const VocabParallel* vocab_parallel,  // nullptr: one rank
-                     uint16_t* bf16_inputs);  // [cross_entropy_bf16_scratch_elements(C, D, V)] or nullptr
+                     uint16_t* bf16_inputs);  // [cross_entropy_bf16_scratch_elements(N, C, D, V)] or nullptr
 using CrossEntropyScratchFloats = int64_t(int64_t chunk_tokens, int64_t V);
-using CrossEntropyBf16ScratchElements = int64_t(int64_t chunk_tokens, int64_t D, int64_t V);
+using CrossEntropyBf16ScratchElements = int64_t(int64_t N, int64_t chunk_tokens, int64_t D, int64_t V);
 using UnembedLogits = void(float* out,      // [N, V]
                            const float* h,  // [N, D]
                            const float* w,  // [D, V] kernel_DV or [V, D] table_VD

@@ -88,7 +88,7 @@ TEST(KernelBackend, DeviceKindsChooseTheirTables) {
     EXPECT_EQ(planning.activation_dtype(DType::bf16), DType::bf16) << kind;
     EXPECT_EQ(planning.matmul_input_dtype(DType::bf16), DType::bf16) << kind;
     EXPECT_EQ(planning.matmul_bf16_scratch_elements(8, 4, 2, false), 0) << kind;
-    EXPECT_EQ(planning.cross_entropy_bf16_scratch_elements(8, 4, 2), 0) << kind;
+    EXPECT_EQ(planning.cross_entropy_bf16_scratch_elements(16, 8, 4, 2), 0) << kind;
   }
   EXPECT_EQ(kernels::cpu_backend().activation_dtype(DType::bf16), DType::f32);
   EXPECT_EQ(kernels::cpu_backend().matmul_input_dtype(DType::bf16), DType::bf16);

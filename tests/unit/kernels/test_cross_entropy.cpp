@@ -318,10 +318,16 @@ TEST(CrossEntropy, ZLossMatchesThePyTorchGolden) {
 // the terms it adds; the test allows twice that plus the float32 bound, element by element. Without and
 // with the z-loss (m = 0.3: dlogits softmax (1 + 2 m lse) - onehot, the z-loss sum within the loss's bound).
 TEST(CrossEntropy, Bf16InputsMatchTheReferenceOnRoundedInputs) {
-  for (const auto& [layout, z_loss_multiplier] :
-       {std::pair{UnembedLayout::kernel_DV, 0.0}, std::pair{UnembedLayout::table_VD, 0.0},
-        std::pair{UnembedLayout::kernel_DV, 0.3}, std::pair{UnembedLayout::table_VD, 0.3}}) {
-    Problem problem(37, 16, 50, 45, layout, 61);
+  // 37 tokens: one weight-gradient group; 2,100: three groups of whole chunks (cross_entropy_group_tokens),
+  // the last one shorter.
+  for (const auto& [tokens, layout, z_loss_multiplier] :
+       {std::tuple{int64_t{37}, UnembedLayout::kernel_DV, 0.0},
+        std::tuple{int64_t{37}, UnembedLayout::table_VD, 0.0},
+        std::tuple{int64_t{37}, UnembedLayout::kernel_DV, 0.3},
+        std::tuple{int64_t{37}, UnembedLayout::table_VD, 0.3},
+        std::tuple{int64_t{2100}, UnembedLayout::kernel_DV, 0.0},
+        std::tuple{int64_t{2100}, UnembedLayout::table_VD, 0.3}}) {
+    Problem problem(tokens, 16, 50, 45, layout, 61);
     problem.drop_tokens(5, 2);
     problem.z_loss_multiplier = z_loss_multiplier;
     for (double& value : problem.h)
@@ -351,11 +357,15 @@ TEST(CrossEntropy, Bf16InputsMatchTheReferenceOnRoundedInputs) {
         dlogits[n * valid + v] = row[v] / total * z_loss_factor - (v == problem.targets[n]);
     }
     for (int64_t chunk : {8, 64}) {
-      const std::string name = std::string(layout_name(layout)) + " chunk " + std::to_string(chunk) +
-                               " z_loss_multiplier " + std::to_string(z_loss_multiplier);
+      const std::string name = std::string(layout_name(layout)) + " N " + std::to_string(N) + " chunk " +
+                               std::to_string(chunk) + " z_loss_multiplier " +
+                               std::to_string(z_loss_multiplier);
+      if (N > 1000) {
+        EXPECT_GT(N, 2 * cross_entropy_group_tokens(N, chunk, V)) << name << ": three groups";
+      }
       const std::vector<float> h = to_float(problem.h), w = to_float(problem.w);
       std::vector<float> scratch(static_cast<size_t>(cross_entropy_scratch_floats(chunk, V)));
-      std::vector<uint16_t> bf16(static_cast<size_t>(cross_entropy_bf16_scratch_elements(chunk, D, V)));
+      std::vector<uint16_t> bf16(static_cast<size_t>(cross_entropy_bf16_scratch_elements(N, chunk, D, V)));
       std::vector<float> dh(h.size(), 123.0f), dw(w.size(), 0.0f);
       const CrossEntropySums sums = unembed_cross_entropy(
           dh.data(), dw.data(), h.data(), w.data(), layout, problem.targets.data(), problem.mask_ptr(), N, D,
@@ -444,6 +454,25 @@ TEST(CrossEntropy, AllTokensMaskedGivesZero) {
     EXPECT_EQ(ref.loss_sum, 0.0);
     EXPECT_EQ(ref.valid_count, 0);
     for (double value : ref_dh) EXPECT_EQ(value, 0.0);
+  }
+}
+
+// The bf16 loss's weight-gradient groups: whole chunks, about 1,000 tokens, at most 128M dlogits, equal but
+// the last; one chunk per group where the chunk is already that long.
+TEST(CrossEntropy, WeightGradientGroupsAreWholeChunks) {
+  EXPECT_EQ(cross_entropy_group_tokens(2048, 512, 50257), 512);   // gpt2-124m 8 x 256: per chunk
+  EXPECT_EQ(cross_entropy_group_tokens(2048, 205, 151936), 820);  // qwen3-0.6b at 2048: 4 + 4 + 2 chunks
+  EXPECT_EQ(cross_entropy_group_tokens(100, 205, 151936), 100);   // under one chunk
+  EXPECT_EQ(cross_entropy_group_tokens(0, 205, 151936), 1);
+  EXPECT_EQ(cross_entropy_group_tokens(4096, 8, 50), 8 * 103);  // 512 chunks: 4 x 103 + 100
+  for (const int64_t V : {int64_t{50}, int64_t{50257}, int64_t{151936}}) {
+    for (const int64_t N : {int64_t{1}, int64_t{300}, int64_t{2048}, int64_t{8192}, int64_t{65536}}) {
+      const int64_t chunk = cross_entropy_chunk_tokens(N, V), group = cross_entropy_group_tokens(N, chunk, V);
+      EXPECT_EQ(group % std::min(chunk, N), 0) << "N " << N << " V " << V;
+      EXPECT_LE(group, std::max<int64_t>(std::max(chunk, (int64_t{1} << 27) / V), 1000))
+          << "N " << N << " V " << V;
+      EXPECT_LE(group, N) << "N " << N << " V " << V;
+    }
   }
 }
 

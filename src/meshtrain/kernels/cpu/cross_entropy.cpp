@@ -152,7 +152,8 @@ float softmax_scale(double sum_exp, double log_sum_exp, double z_loss_multiplier
   return static_cast<float>((1.0 + 2.0 * z_loss_multiplier * log_sum_exp) / sum_exp);
 }
 
-// One chunk's gradients from its dlogits [rows, local_valid]: dh rows written, dw accumulated.
+// Gradients of `rows` tokens from `start` (a chunk, or a group for dw) from their dlogits [rows,
+// local_valid] and h rows h_chunk: dh rows written (when dh), dw accumulated (when dw).
 template <class In>
 void backward_chunk(float* dh, float* dw, const In* h_chunk, const In* w, const In* dlogits,
                     UnembedLayout layout, int64_t start, int64_t rows, int64_t D, int64_t V,
@@ -183,10 +184,11 @@ int64_t cross_entropy_scratch_floats(int64_t chunk_tokens, int64_t V) {
   return chunk_tokens * V + 2 * chunk_tokens + chunk_tokens + 4 * chunk_tokens + 1;
 }
 
-int64_t cross_entropy_bf16_scratch_elements(int64_t chunk_tokens, int64_t D, int64_t V) {
-  // W, a chunk of h and of dlogits in bf16, then the float32 block of logits (2 elements per float, plus
+int64_t cross_entropy_bf16_scratch_elements(int64_t N, int64_t chunk_tokens, int64_t D, int64_t V) {
+  // W, a group of h and of dlogits in bf16, then the float32 block of logits (2 elements per float, plus
   // one to align it).
-  return D * V + chunk_tokens * D + chunk_tokens * V + 2 * chunk_tokens * kLogitsBlockColumns + 1;
+  const int64_t group_tokens = cross_entropy_group_tokens(N, chunk_tokens, V);
+  return D * V + group_tokens * D + group_tokens * V + 2 * chunk_tokens * kLogitsBlockColumns + 1;
 }
 
 CrossEntropySums unembed_cross_entropy(float* dh, float* dw, const float* h, const float* w,
@@ -237,16 +239,19 @@ CrossEntropySums unembed_cross_entropy(float* dh, float* dw, const float* h, con
     statistics = ::new (place) double[static_cast<size_t>(2 * chunk_tokens)];
   }
 
-  // bf16 inputs: W rounded once for every chunk, then each chunk's h and dlogits.
-  uint16_t* w_bf16 = nullptr;        // layout of w, [D, V] or [V, D]
-  uint16_t* h_chunk_bf16 = nullptr;  // [C, D]
-  uint16_t* dlogits_bf16 = nullptr;  // [C, local_valid]
-  float* logits_block = nullptr;     // [C, kLogitsBlockColumns], float32
+  // bf16 inputs: W rounded once for every chunk, then each chunk's h and dlogits, kept for the group of
+  // chunks whose weight gradient is one product (cross_entropy_group_tokens; G = C in float32).
+  const int64_t group_tokens =
+      bf16_inputs != nullptr ? cross_entropy_group_tokens(N, chunk_tokens, V) : chunk_tokens;
+  uint16_t* w_bf16 = nullptr;         // layout of w, [D, V] or [V, D]
+  uint16_t* h_group_bf16 = nullptr;   // [G, D]
+  uint16_t* dlogits_group = nullptr;  // [G, local_valid]
+  float* logits_block = nullptr;      // [C, kLogitsBlockColumns], float32
   if (bf16_inputs != nullptr && N > 0 && local_valid > 0) {
     w_bf16 = bf16_inputs;
-    h_chunk_bf16 = bf16_inputs + D * V;
-    dlogits_bf16 = h_chunk_bf16 + chunk_tokens * D;
-    void* place = dlogits_bf16 + chunk_tokens * V;
+    h_group_bf16 = bf16_inputs + D * V;
+    dlogits_group = h_group_bf16 + group_tokens * D;
+    void* place = dlogits_group + group_tokens * V;
     size_t space = static_cast<size_t>(2 * chunk_tokens * kLogitsBlockColumns + 1) * sizeof(uint16_t);
     const size_t bytes = static_cast<size_t>(chunk_tokens * kLogitsBlockColumns) * sizeof(float);
     MT_CHECK(std::align(alignof(float), bytes, place, space) != nullptr, "bf16 scratch alignment");
@@ -261,6 +266,12 @@ CrossEntropySums unembed_cross_entropy(float* dh, float* dw, const float* h, con
   for (int64_t start = 0; start < N; start += chunk_tokens) {
     const int64_t rows = std::min(chunk_tokens, N - start);
     const float* h_chunk = h + start * D;
+    // The group this chunk belongs to (groups are whole chunks), and its rows in the group's bf16 buffers.
+    const int64_t group_start = start / group_tokens * group_tokens;
+    const int64_t group_end = std::min(group_start + group_tokens, N);
+    uint16_t* h_chunk_bf16 = h_group_bf16 != nullptr ? h_group_bf16 + (start - group_start) * D : nullptr;
+    uint16_t* dlogits_bf16 =
+        dlogits_group != nullptr ? dlogits_group + (start - group_start) * local_valid : nullptr;
     if (local_valid == 0) {
       std::fill(maxima, maxima + rows, -std::numeric_limits<float>::infinity());
     } else if (w_bf16 != nullptr) {
@@ -363,7 +374,12 @@ CrossEntropySums unembed_cross_entropy(float* dh, float* dw, const float* h, con
       continue;
     }
     if (want_gradients && w_bf16 != nullptr) {
-      backward_chunk(dh, dw, h_chunk_bf16, w_bf16, dlogits_bf16, layout, start, rows, D, V, local_valid);
+      // dh per chunk; dw once the group's last chunk is in.
+      backward_chunk(dh, nullptr, h_chunk_bf16, w_bf16, dlogits_bf16, layout, start, rows, D, V, local_valid);
+      if (start + rows == group_end) {
+        backward_chunk(nullptr, dw, h_group_bf16, w_bf16, dlogits_group, layout, group_start,
+                       group_end - group_start, D, V, local_valid);
+      }
     } else if (want_gradients) {
       backward_chunk(dh, dw, h_chunk, w, logits, layout, start, rows, D, V, local_valid);
     }

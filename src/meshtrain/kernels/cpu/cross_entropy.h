@@ -2,7 +2,7 @@
 // [N, V] logits, plus plain logits for sampling/eval and a double-capable reference for tests. Optionally
 // vocab-parallel (Megatron-style tensor parallelism): each of t ranks holds V contiguous vocabulary rows.
 // Legend: N tokens, D width, V vocab (padded; per rank when vocab-parallel), C chunk of tokens
-// (chunk_tokens), t tensor ranks.
+// (chunk_tokens), G group of chunks (bf16 weight gradient), t tensor ranks.
 #pragma once
 
 #include <algorithm>
@@ -43,9 +43,11 @@ namespace meshtrain::kernels {
 UnembedCrossEntropy unembed_cross_entropy;
 
 // dtype=bfloat16: the GEMMs of unembed_cross_entropy take bf16 inputs (W rounded once per call, each chunk's
-// h and dlogits per chunk) with float32 accumulation; logits, softmax, loss and gradients stay float32. Its
-// bfloat16 elements of scratch: W [D, V], a chunk of h [C, D] and of dlogits [C, V], then a float32 block
-// of logits [C, 1024] (the logits GEMM runs 1024 columns at a time: faster, see cross_entropy.cpp).
+// h and dlogits per chunk) with float32 accumulation; logits, softmax, loss and gradients stay float32. The
+// weight gradient is one product per group of chunks (G = cross_entropy_group_tokens(N, C, V) tokens), dh
+// one per chunk. Its bfloat16 elements of scratch for N tokens in chunks of C: W [D, V], a group of h [G, D]
+// and of dlogits [G, V], then a float32 block of logits [C, 1024] (the logits GEMM runs 1024 columns at a
+// time: faster, see cross_entropy.cpp).
 CrossEntropyBf16ScratchElements cross_entropy_bf16_scratch_elements;
 
 // Floats of scratch unembed_cross_entropy needs: one chunk of logits [C, V], C per-row losses in double, and

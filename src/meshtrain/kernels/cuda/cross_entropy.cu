@@ -236,7 +236,7 @@ CrossEntropySums unembed_cross_entropy(float* dh, float* dw, const float* h, con
   double* row_loss = reinterpret_cast<double*>(address);  // [C]
   Totals* totals = reinterpret_cast<Totals*>(row_loss + C);
 
-  // bf16 inputs (cross_entropy_bf16_scratch_elements(C, D, V) = D V + C D + C V): W rounded once per call
+  // bf16 inputs (cross_entropy_bf16_scratch_elements(N, C, D, V) >= D V + C D + C V): W rounded once per call
   // (all of it, padding included: the GEMMs span V), each chunk's h [rows, D], and its dlogits [rows, V]
   // as the row kernel writes them (rounded on the store: no separate pass over them).
   uint16_t* w_bf16 = nullptr;        // layout of w: [D, V] or [V, D]

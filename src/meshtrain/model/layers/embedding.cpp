@@ -120,7 +120,7 @@ void add_final_norm_and_loss(SpecBuilder& builder, NormKind norm, BufferId resid
       shape_of({{"floats", builder.kernels().cross_entropy_scratch_floats(chunk_tokens, V)}}));
   const BufferId bf16_inputs =
       builder.bf16_inputs_scratch("scratch/cross_entropy_bf16_inputs",
-                                  builder.kernels().cross_entropy_bf16_scratch_elements(chunk_tokens, D, V));
+                                  builder.kernels().cross_entropy_bf16_scratch_elements(N, chunk_tokens, D, V));
   const BufferId hidden = final_norm.out, targets = spec.targets, loss_mask = spec.loss_mask;
   const double z_loss_multiplier = spec.options.loss.z_loss_multiplier;
   // The GEMMs' FLOPs: the softmax's per-logit work is not priced, nor the z-loss's few per token.
