@@ -722,13 +722,14 @@ MESHTRAIN_AVX512_BF16 void round_rows(uint32_t* rows, int64_t pairs, const float
 
 // interleaved[t * width_stride + c] = (x_2t[c], x_2t+1[c]) rounded to bf16 for t < kTile / 2 and c <
 // width_stride (a multiple of 16), x_r = x + r * stride; rows >= count and columns >= width are 0.
+// The permutation of the 32 words of _mm512_cvtne2ps_pbh(b, a) (a's 16 values, then b's) that interleaves
+// them: word e of the result takes word e / 2 of a (even e) or of b (odd e).
+alignas(64) constexpr uint16_t kZipPairs[32] = {0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
+                                                8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+
 MESHTRAIN_AVX512_BF16 void interleave_rows(uint32_t* interleaved, int64_t width_stride, const float* x,
                                            int64_t stride, int64_t count, int64_t width) {
-  // Word e of the result takes word e / 2 of the first row (even e) or of the second row (odd e).
-  alignas(64) static constexpr uint16_t kZip[32] = {0,  16, 1,  17, 2,  18, 3,  19, 4,  20, 5,
-                                                    21, 6,  22, 7,  23, 8,  24, 9,  25, 10, 26,
-                                                    11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
-  const __m512i zip = _mm512_load_si512(kZip);
+  const __m512i zip = _mm512_load_si512(kZipPairs);
   for (int64_t t = 0; t < kTile / 2; ++t) {
     uint32_t* out = interleaved + t * width_stride;
     const int64_t first = 2 * t, second = 2 * t + 1;
@@ -1374,6 +1375,62 @@ MESHTRAIN_AMX void forward_query_tile_amx(AmxBuffers& t, float* out, float* lse,
   untranspose_tokens(out + i0 * qs, qs, rows, d, out_t, inverse);
 }
 
+// The AMX backward's P = exp(scale s - lse) and dS = scale * P * (dP - row_dot) of query rows [i0, i0 +
+// rows) x the key tile, from the raw scores q.k in t.probs and the raw dout.v in t.dscores (query rows x
+// key lanes), written straight as the bf16 operands the products read: with want_dq, t.ds_rows (dS rows);
+// with want_dkdv, t.p_pairs and t.ds_pairs (query rows 2u and 2u + 1 interleaved); zero beyond `rows`. The
+// same values, element by element and rounding by rounding, as probabilities_and_score_gradients followed by
+// round_rows and interleave_rows, without writing and reading P and dS in float32 in between.
+MESHTRAIN_AMX void amx_probabilities_and_score_gradients(AmxBuffers& t, const HeadView& view,
+                                                         const GradView& grad, int64_t i0, int64_t rows,
+                                                         int64_t j0, int64_t cols, bool masked, float scale,
+                                                         bool want_dq, bool want_dkdv) {
+  lane_tokens(t.lanes_state.tokens, view.kv_positions, view.kv_segment_ids, j0, cols,
+              std::numeric_limits<int32_t>::max());
+  scale_and_mask(t.probs, view.q_positions, view.q_segment_ids, t.lanes_state.tokens, i0, rows, false, masked,
+                 scale);
+  const __m512i zip = _mm512_load_si512(kZipPairs);
+  alignas(64) float p[2][kTile], ds[2][kTile];  // two query rows of P and dS
+  for (int64_t r = 0; r < kTile; r += 2) {
+    for (int64_t i = 0; i < 2; ++i) {
+      if (r + i >= rows) {
+        std::fill_n(p[i], kTile, 0.0f);
+        std::fill_n(ds[i], kTile, 0.0f);
+        continue;
+      }
+      const float* scores = t.probs + (r + i) * kTile;
+      const float* dscores = t.dscores + (r + i) * kTile;
+      const float row_lse = backward_lse(grad.lse[i0 + r + i]);
+      const float row_dot = grad.row_dot[i0 + r + i];
+#pragma omp simd
+      for (int64_t lane = 0; lane < kTile; ++lane) {
+        p[i][lane] = exp_approx(scores[lane] - row_lse);
+        ds[i][lane] = scale * p[i][lane] * (dscores[lane] - row_dot);
+      }
+    }
+    if (want_dkdv) {
+      for (int64_t c = 0; c < kTile; c += 16) {
+        const __m512bh p_both = _mm512_cvtne2ps_pbh(_mm512_load_ps(p[1] + c), _mm512_load_ps(p[0] + c));
+        const __m512bh ds_both = _mm512_cvtne2ps_pbh(_mm512_load_ps(ds[1] + c), _mm512_load_ps(ds[0] + c));
+        _mm512_store_si512(t.p_pairs + r / 2 * kTile + c,
+                           _mm512_permutexvar_epi16(zip, reinterpret_cast<const __m512i&>(p_both)));
+        _mm512_store_si512(t.ds_pairs + r / 2 * kTile + c,
+                           _mm512_permutexvar_epi16(zip, reinterpret_cast<const __m512i&>(ds_both)));
+      }
+    }
+    if (want_dq) {
+      for (int64_t i = 0; i < 2; ++i) {
+        for (int64_t c = 0; c < kTile; c += 32) {
+          const __m512bh both =
+              _mm512_cvtne2ps_pbh(_mm512_load_ps(ds[i] + c + 16), _mm512_load_ps(ds[i] + c));
+          _mm512_store_si512(t.ds_rows + (r + i) * (kTile / 2) + c / 2,
+                             reinterpret_cast<const __m512i&>(both));
+        }
+      }
+    }
+  }
+}
+
 // The AMX backward of one tile pair (layout above, whatever keys_are_rows says).
 MESHTRAIN_AMX void backward_pair_amx(AmxBuffers& t, const HeadView& view, const GradView& grad, int64_t i0,
                                      int64_t rows, int64_t j0, int64_t cols, bool masked, float scale) {
@@ -1391,10 +1448,9 @@ MESHTRAIN_AMX void backward_pair_amx(AmxBuffers& t, const HeadView& view, const 
   amx_product(AmxProduct{t.dscores, kTile * 4, t.douts.rows(query_slot), t.pairs * 4,
                          t.values.pair_rows(key_slot), kTile * 4, row_tiles, kTile / 16, t.pairs / 16,
                          false});
-  probabilities_and_score_gradients(t.probs, t.dscores, t.lanes_state, view, grad, i0, rows, j0, cols, masked,
-                                    false, scale);
+  amx_probabilities_and_score_gradients(t, view, grad, i0, rows, j0, cols, masked, scale, grad.dq != nullptr,
+                                        grad.dk != nullptr);
   if (grad.dq != nullptr) {  // dq rows += dS K
-    round_rows(t.ds_rows, kTile / 2, t.dscores, kTile, rows, kTile);
     amx_product(AmxProduct{t.dq_tile.data(), width * 4, t.ds_rows, kTile * 2, t.keys.token_pairs(key_slot),
                            width * 4, row_tiles, width / 16, kTile / 32, false});
     for (int64_t i = 0; i < rows; ++i) {
@@ -1407,8 +1463,6 @@ MESHTRAIN_AMX void backward_pair_amx(AmxBuffers& t, const HeadView& view, const 
   if (grad.dk != nullptr) {  // dv^T += dO^T P, dk^T += Q^T dS
     float* dk_t = t.accumulators.data();
     float* dv_t = dk_t + width * kTile;
-    interleave_rows(t.p_pairs, kTile, t.probs, kTile, rows, kTile);
-    interleave_rows(t.ds_pairs, kTile, t.dscores, kTile, rows, kTile);
     amx_product(AmxProduct{dv_t, kTile * 4, t.douts.columns(query_slot), kTile * 2, t.p_pairs, kTile * 4,
                            width / 16, kTile / 16, kTile / 32, true});
     amx_product(AmxProduct{dk_t, kTile * 4, t.queries.columns(query_slot), kTile * 2, t.ds_pairs, kTile * 4,
