@@ -53,9 +53,9 @@ enum class UnembedLayout { kernel_DV, table_VD };
 // qwen3-0.6b at S 2048 bf16, the traced loss op 2158 against 2134 ms. (64M had looked faster in an earlier
 // harness the same day; bench_kernels at the model's chunk did not confirm it.) The N tokens are split into
 // equal chunks under that cap (N = 2048 at V = 50257: 4 x 512, not 3 x 667 + 47): every chunk passes over the
-// whole table and its gradient, and a 47-token chunk paid that for a fourteenth of the work (bf16 fwd + bwd
-// 490 -> 410 ms, bench/README.md). The model sizes its scratch with it and bench_kernels times the kernel at
-// it.
+// whole table and its gradient, and a 47-token chunk paid that for a fourteenth of the work (the bf16 kernel,
+// fwd + bwd: median 542 -> 474 ms, bench/README.md). The model sizes its scratch with it and bench_kernels
+// times the kernel at it.
 inline int64_t cross_entropy_chunk_tokens(int64_t N, int64_t V) {
   const int64_t cap = std::max<int64_t>((int64_t{1} << 25) / V, 1);
   if (N <= cap) return std::max<int64_t>(N, 1);

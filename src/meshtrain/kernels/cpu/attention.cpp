@@ -720,13 +720,13 @@ MESHTRAIN_AVX512_BF16 void round_rows(uint32_t* rows, int64_t pairs, const float
   }
 }
 
-// interleaved[t * width_stride + c] = (x_2t[c], x_2t+1[c]) rounded to bf16 for t < kTile / 2 and c <
-// width_stride (a multiple of 16), x_r = x + r * stride; rows >= count and columns >= width are 0.
 // The permutation of the 32 words of _mm512_cvtne2ps_pbh(b, a) (a's 16 values, then b's) that interleaves
 // them: word e of the result takes word e / 2 of a (even e) or of b (odd e).
 alignas(64) constexpr uint16_t kZipPairs[32] = {0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
                                                 8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
 
+// interleaved[t * width_stride + c] = (x_2t[c], x_2t+1[c]) rounded to bf16 for t < kTile / 2 and c <
+// width_stride (a multiple of 16), x_r = x + r * stride; rows >= count and columns >= width are 0.
 MESHTRAIN_AVX512_BF16 void interleave_rows(uint32_t* interleaved, int64_t width_stride, const float* x,
                                            int64_t stride, int64_t count, int64_t width) {
   const __m512i zip = _mm512_load_si512(kZipPairs);
