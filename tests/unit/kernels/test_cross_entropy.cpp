@@ -82,12 +82,17 @@ struct Problem {
                                                    h.data(), w.data(), layout, targets.data(), mask_ptr(), N,
                                                    D, V, vocab_valid, z_loss_multiplier);
   }
-  CrossEntropySums fast(std::vector<float>* dh, std::vector<float>* dw, int64_t chunk_tokens) const {
+  // bf16: with bf16 inputs (dtype=bfloat16).
+  CrossEntropySums fast(std::vector<float>* dh, std::vector<float>* dw, int64_t chunk_tokens,
+                        bool bf16 = false) const {
     const std::vector<float> h_float = to_float(h), w_float = to_float(w);
     std::vector<float> scratch(static_cast<size_t>(cross_entropy_scratch_floats(chunk_tokens, V)));
+    std::vector<uint16_t> bf16_scratch(
+        bf16 ? static_cast<size_t>(cross_entropy_bf16_scratch_elements(N, chunk_tokens, D, V)) : 0);
     return unembed_cross_entropy(dh ? dh->data() : nullptr, dw ? dw->data() : nullptr, h_float.data(),
                                  w_float.data(), layout, targets.data(), mask_ptr(), N, D, V, vocab_valid,
-                                 z_loss_multiplier, chunk_tokens, scratch.data(), nullptr, nullptr);
+                                 z_loss_multiplier, chunk_tokens, scratch.data(), nullptr,
+                                 bf16 ? bf16_scratch.data() : nullptr);
   }
 };
 
@@ -319,15 +324,18 @@ TEST(CrossEntropy, ZLossMatchesThePyTorchGolden) {
 // with the z-loss (m = 0.3: dlogits softmax (1 + 2 m lse) - onehot, the z-loss sum within the loss's bound).
 TEST(CrossEntropy, Bf16InputsMatchTheReferenceOnRoundedInputs) {
   // 37 tokens: one weight-gradient group; 2,100: three groups of whole chunks (cross_entropy_group_tokens),
-  // the last one shorter.
-  for (const auto& [tokens, layout, z_loss_multiplier] :
-       {std::tuple{int64_t{37}, UnembedLayout::kernel_DV, 0.0},
-        std::tuple{int64_t{37}, UnembedLayout::table_VD, 0.0},
-        std::tuple{int64_t{37}, UnembedLayout::kernel_DV, 0.3},
-        std::tuple{int64_t{37}, UnembedLayout::table_VD, 0.3},
-        std::tuple{int64_t{2100}, UnembedLayout::kernel_DV, 0.0},
-        std::tuple{int64_t{2100}, UnembedLayout::table_VD, 0.3}}) {
-    Problem problem(tokens, 16, 50, 45, layout, 61);
+  // the last one shorter. Vocabulary 50: one logits block; 3,000 (2,950 valid): three, so the online softmax
+  // rescales a row's sum whenever a later block raises its maximum.
+  for (const auto& [tokens, vocab, valid_columns, layout, z_loss_multiplier] :
+       {std::tuple{int64_t{37}, int64_t{50}, int64_t{45}, UnembedLayout::kernel_DV, 0.0},
+        std::tuple{int64_t{37}, int64_t{50}, int64_t{45}, UnembedLayout::table_VD, 0.0},
+        std::tuple{int64_t{37}, int64_t{50}, int64_t{45}, UnembedLayout::kernel_DV, 0.3},
+        std::tuple{int64_t{37}, int64_t{50}, int64_t{45}, UnembedLayout::table_VD, 0.3},
+        std::tuple{int64_t{2100}, int64_t{50}, int64_t{45}, UnembedLayout::kernel_DV, 0.0},
+        std::tuple{int64_t{2100}, int64_t{50}, int64_t{45}, UnembedLayout::table_VD, 0.3},
+        std::tuple{int64_t{19}, int64_t{3000}, int64_t{2950}, UnembedLayout::table_VD, 0.0},
+        std::tuple{int64_t{19}, int64_t{3000}, int64_t{2950}, UnembedLayout::kernel_DV, 0.3}}) {
+    Problem problem(tokens, 16, vocab, valid_columns, layout, 61);
     problem.drop_tokens(5, 2);
     problem.z_loss_multiplier = z_loss_multiplier;
     for (double& value : problem.h)
@@ -564,7 +572,8 @@ struct ShardRun {
 
 // Runs `problem` split into `ranks` vocab shards of problem.V / ranks columns (kernel_DV) or rows (table_VD),
 // one std::thread per rank, combined by a ThreadReducer.
-std::vector<ShardRun> run_vocab_shards(const Problem& problem, int64_t ranks, int64_t chunk, bool gradients) {
+std::vector<ShardRun> run_vocab_shards(const Problem& problem, int64_t ranks, int64_t chunk, bool gradients,
+                                       bool bf16 = false) {
   const int64_t D = problem.D, V = problem.V / ranks;
   const std::vector<float> h = to_float(problem.h);
   std::vector<ShardRun> runs(static_cast<size_t>(ranks));
@@ -602,10 +611,13 @@ std::vector<ShardRun> run_vocab_shards(const Problem& problem, int64_t ranks, in
         reducer.sum(rank, values, count);
       };
       std::vector<float> scratch(static_cast<size_t>(cross_entropy_scratch_floats(chunk, V)));
-      run.sums = unembed_cross_entropy(
-          gradients ? run.dh.data() : nullptr, gradients ? run.dw.data() : nullptr, h.data(),
-          weights[rank].data(), problem.layout, problem.targets.data(), problem.mask_ptr(), problem.N, D, V,
-          problem.vocab_valid, problem.z_loss_multiplier, chunk, scratch.data(), &parallel, nullptr);
+      std::vector<uint16_t> bf16_scratch(
+          bf16 ? static_cast<size_t>(cross_entropy_bf16_scratch_elements(problem.N, chunk, D, V)) : 0);
+      run.sums = unembed_cross_entropy(gradients ? run.dh.data() : nullptr,
+                                       gradients ? run.dw.data() : nullptr, h.data(), weights[rank].data(),
+                                       problem.layout, problem.targets.data(), problem.mask_ptr(), problem.N,
+                                       D, V, problem.vocab_valid, problem.z_loss_multiplier, chunk,
+                                       scratch.data(), &parallel, bf16 ? bf16_scratch.data() : nullptr);
     });
   }
   for (std::thread& thread : threads) thread.join();
@@ -713,6 +725,57 @@ TEST(CrossEntropy, VocabParallelShardsMatchUnsharded) {
   report_error("vocab-parallel vs unsharded: sum of dh (worst config)", worst_dh, gradient_bound);
   report_error("vocab-parallel vs unsharded: dw slice (worst config)", worst_dw, gradient_bound);
   report_error("vocab-parallel vs double reference (worst of all)", worst_reference, gradient_bound);
+}
+
+// bf16 inputs, several logits blocks per rank (the online softmax rescales its sums as a later block raises a
+// row's maximum): each rank's losses and gradient slices match the unsharded bf16 kernel's, up to the
+// rounding of dlogits to bf16 taken at other block boundaries (a few elements one bf16 step apart).
+TEST(CrossEntropy, VocabParallelBf16ShardsMatchUnshardedBf16) {
+  for (UnembedLayout layout : kLayouts) {
+    for (double z_loss_multiplier : {0.0, 0.3}) {
+      const int64_t ranks = 2, V = 1500, vocab_valid = 2900;  // 2 blocks per rank; rank 1 partly padding
+      Problem problem(23, 16, ranks * V, vocab_valid, layout, 83);
+      problem.drop_tokens(4, 2);
+      problem.z_loss_multiplier = z_loss_multiplier;
+      for (double& value : problem.w) value *= 40.0;  // logits of a few units: maxima spread over the blocks
+      for (size_t i = 0; i < problem.w.size(); ++i) {
+        if (problem.is_padding_weight(static_cast<int64_t>(i))) problem.w[i] = 50.0;
+      }
+      for (int64_t chunk : {7, 23}) {
+        const std::string name = std::string(layout_name(layout)) + " z " +
+                                 std::to_string(z_loss_multiplier) + " chunk " + std::to_string(chunk);
+        std::vector<float> full_dh(problem.h.size(), 0.0f), full_dw(problem.w.size(), 0.0f);
+        const CrossEntropySums full = problem.fast(&full_dh, &full_dw, chunk, true);
+        const std::vector<ShardRun> runs = run_vocab_shards(problem, ranks, chunk, true, true);
+        std::vector<double> dh_sum(problem.h.size(), 0.0);
+        for (int64_t rank = 0; rank < ranks; ++rank) {
+          const ShardRun& run = runs[rank];
+          const std::string rank_name = name + " rank " + std::to_string(rank);
+          EXPECT_LT(std::fabs(run.sums.loss_sum - full.loss_sum) / std::fabs(full.loss_sum), 1e-9)
+              << rank_name;
+          if (z_loss_multiplier > 0.0) {
+            EXPECT_LT(std::fabs(run.sums.z_loss_sum - full.z_loss_sum) / full.z_loss_sum, 1e-9) << rank_name;
+          }
+          for (size_t i = 0; i < dh_sum.size(); ++i) dh_sum[i] += run.dh[i];
+          std::vector<double> expected_dw(run.dw.size());
+          for (int64_t d = 0; d < problem.D; ++d) {
+            for (int64_t v = 0; v < V; ++v) {
+              const int64_t local = weight_index(layout, d, v, problem.D, V);
+              expected_dw[local] = static_cast<double>(run.dw_initial[local]) +
+                                   full_dw[weight_index(layout, d, rank * V + v, problem.D, problem.V)];
+            }
+          }
+          std::vector<double> dw_change(run.dw.size()), expected_change(run.dw.size());
+          for (size_t i = 0; i < run.dw.size(); ++i) {
+            dw_change[i] = static_cast<double>(run.dw[i]) - run.dw_initial[i];
+            expected_change[i] = expected_dw[i] - run.dw_initial[i];
+          }
+          EXPECT_LT(relative_error(dw_change, expected_change), 1e-2) << rank_name;
+        }
+        EXPECT_LT(relative_error(dh_sum, full_dh), 1e-2) << name;
+      }
+    }
+  }
 }
 
 TEST(CrossEntropy, VocabParallelSingleRankIsBitwiseTheSingleRankKernel) {

@@ -53,26 +53,20 @@ float row_maximum(const float* row, int64_t count) {
 // (bench/README.md); its float32 GEMM was the same speed either way (350 GFLOP/s).
 constexpr int64_t kLogitsBlockColumns = 1024;
 
-// dst[0, count) = src[0, count); returns max(running, max of src). Max is exact: any order gives the same.
-float copy_and_maximum(float* dst, const float* src, int64_t count, float running) {
-  int64_t v = 0;
-  if (count >= kLanes) {
-    Floats lanes;
-    std::memcpy(&lanes, src, sizeof lanes);
-    for (; v + kLanes <= count; v += kLanes) {
-      Floats next;
-      std::memcpy(&next, src + v, sizeof next);
-      std::memcpy(dst + v, &next, sizeof next);
-      lanes = lanes < next ? next : lanes;
-    }
-    for (int64_t lane = 0; lane < kLanes; ++lane) running = std::max(running, lanes[lane]);
-  }
-  for (; v < count; ++v) {
-    dst[v] = src[v];
-    running = std::max(running, src[v]);
-  }
-  return running;
-}
+// The bf16 loss's online softmax statistics of a chunk's rows, filled block by block as the logits GEMM
+// produces each block (chunk_logits): per row the running maximum, the sum of exp(x - that maximum) over the
+// blocks so far (double) and the target's logit (0 where the row has none among these columns); per row and
+// block the shift its exponentials were taken at. The chunk then holds exp(x - shift of its block), not x:
+// the exponentials are taken once, while the block is in cache, and the softmax pass over the chunk only
+// scales and rounds them. With one block (V <= 1024) the values are bitwise those of the float32 path's
+// passes.
+struct OnlineSoftmax {
+  float* maxima;          // [rows]
+  double* sums;           // [rows]
+  double* target_logits;  // [rows]
+  float* shifts;          // [rows][blocks]
+  int64_t blocks;
+};
 
 // out[:, 0, columns) (leading dimension ld_out) = h [rows, D] @ W[:, column, column + columns), float32 or
 // bfloat16 inputs (In).
@@ -84,34 +78,52 @@ void logits_product(float* out, int64_t ld_out, const In* h, const In* w, Unembe
           transpose_w ? D : V, false, out, ld_out);
 }
 
+double exponentiate_into(float* out, const float* x, int64_t count, float shift);
+
 // logits [rows, vocab_valid] (leading dimension vocab_valid) = h [rows, D] @ W[:, :vocab_valid]. Padding
-// columns are never computed: they do not take part in the softmax. float32 (block null): one product, and
-// the softmax takes each row's maximum where it reads the row; bfloat16: kLogitsBlockColumns columns at a
-// time through block [rows, columns], and maxima[r] = max of row r from the copy.
-template <class In>
-void chunk_logits(float* logits, float* maxima, float* block, const In* h, const In* w, UnembedLayout layout,
-                  int64_t rows, int64_t D, int64_t V, int64_t vocab_valid) {
-  if (block == nullptr) {
+// columns are never computed: they do not take part in the softmax. float32 (online null): one product;
+// the softmax pass then takes each row's maximum and exponentials. bfloat16: kLogitsBlockColumns columns at a
+// time through block [rows, columns], each block's exponentials and statistics taken from it (OnlineSoftmax)
+// and written to the chunk; target_column(r) is row r's target column, or < 0 for none.
+template <class In, class TargetColumn>
+void chunk_logits(float* logits, OnlineSoftmax* online, float* block, const In* h, const In* w,
+                  UnembedLayout layout, int64_t rows, int64_t D, int64_t V, int64_t vocab_valid,
+                  const TargetColumn& target_column) {
+  if (online == nullptr) {
     logits_product(logits, vocab_valid, h, w, layout, rows, 0, vocab_valid, D, V);
     return;
   }
   for (int64_t column = 0; column < vocab_valid; column += kLogitsBlockColumns) {
     const int64_t columns = std::min(kLogitsBlockColumns, vocab_valid - column);
+    const int64_t b = column / kLogitsBlockColumns;
     logits_product(block, columns, h, w, layout, rows, column, columns, D, V);
 #pragma omp parallel for schedule(static)
     for (int64_t r = 0; r < rows; ++r) {
-      const float running = column == 0 ? -std::numeric_limits<float>::infinity() : maxima[r];
-      maxima[r] = copy_and_maximum(logits + r * vocab_valid + column, block + r * columns, columns, running);
+      const float* x = block + r * columns;
+      const float previous = column == 0 ? -std::numeric_limits<float>::infinity() : online->maxima[r];
+      const float running = std::max(previous, row_maximum(x, columns));
+      // The sum so far was of exp(x - previous): rescaled to the new maximum (exactly 1 when it did not
+      // move).
+      double sum = column == 0 ? 0.0 : online->sums[r];
+      if (running > previous && sum != 0.0) sum *= std::exp(static_cast<double>(previous) - running);
+      sum += exponentiate_into(logits + r * vocab_valid + column, x, columns, running);
+      online->maxima[r] = running;
+      online->sums[r] = sum;
+      online->shifts[r * online->blocks + b] = running;
+      const int64_t target = target_column(r);
+      if (column == 0) online->target_logits[r] = 0.0;
+      if (target >= column && target < column + columns) online->target_logits[r] = x[target - column];
     }
   }
 }
 
-// row[v] = exp(row[v] - shift) for v < count; returns their sum, accumulated in double: 16 lanes (two vectors
-// of 8) over the full blocks of 16, the tail in order, then the lanes in order. A fixed order, so the sum
-// depends only on the row.
-double exponentiate_and_sum(float* row, int64_t count, float shift) {
+// out[v] = exp(x[v] - shift) for v < count (out may be x); returns their sum, accumulated in double: 16 lanes
+// (two vectors of 8) over the full blocks of 16, the tail in order, then the lanes in order. A fixed order,
+// so the sum depends only on the values.
+double exponentiate_into(float* out, const float* x, int64_t count, float shift) {
 #pragma omp simd
-  for (int64_t v = 0; v < count; ++v) row[v] = exp_approx(row[v] - shift);
+  for (int64_t v = 0; v < count; ++v) out[v] = exp_approx(x[v] - shift);
+  const float* row = out;
   Doubles low = {}, high = {};
   int64_t v = 0;
   for (; v + kLanes <= count; v += kLanes) {
@@ -130,20 +142,29 @@ double exponentiate_and_sum(float* row, int64_t count, float shift) {
 }
 
 // dlogits of one row from its exponentials: (exp * scale - onehot(target)), target < 0 for none (an ignored
-// token, or a target on another vocab-parallel rank). Float32 inputs: written over the row in place. bf16
-// inputs: rounded straight into the row of dlogits_bf16 that the backward GEMMs read, in the same pass, so
-// the float32 values are neither written back nor read again by a separate rounding pass over the chunk.
-// Both give bitwise the values of scaling, subtracting and then rounding.
-void write_dlogits(float* row, int64_t count, float scale, int64_t target, uint16_t* dlogits_bf16) {
-  if (dlogits_bf16 == nullptr) {
+// token, or a target on another vocab-parallel rank), written over the row in place (float32 inputs).
+void write_dlogits(float* row, int64_t count, float scale, int64_t target) {
 #pragma omp simd
-    for (int64_t v = 0; v < count; ++v) row[v] *= scale;
-    if (target >= 0) row[target] -= 1.0f;
-    return;
+  for (int64_t v = 0; v < count; ++v) row[v] *= scale;
+  if (target >= 0) row[target] -= 1.0f;
+}
+
+// The same for bf16 inputs from the online exponentials of one row, exps [count] taken at shifts [blocks]
+// (one per block of kLogitsBlockColumns), the row's maximum max_logit: each block's exponentials times
+// exp(shift - max_logit) (exactly 1 for the block whose shift is the maximum) and the scale, rounded straight
+// into the row of dlogits_bf16 that the backward GEMMs read, so no float32 dlogits are written.
+void write_dlogits_online(const float* exps, const float* shifts, int64_t count, float max_logit, float scale,
+                          int64_t target, uint16_t* dlogits_bf16) {
+  for (int64_t column = 0, b = 0; column < count; column += kLogitsBlockColumns, ++b) {
+    const int64_t end = std::min(count, column + kLogitsBlockColumns);
+    const float ratio = exp_approx(shifts[b] - max_logit);
+#pragma omp simd
+    for (int64_t v = column; v < end; ++v) dlogits_bf16[v] = bfloat16_from_float(exps[v] * ratio * scale);
   }
-#pragma omp simd
-  for (int64_t v = 0; v < count; ++v) dlogits_bf16[v] = bfloat16_from_float(row[v] * scale);
-  if (target >= 0) dlogits_bf16[target] = bfloat16_from_float(row[target] * scale - 1.0f);
+  if (target >= 0) {
+    const float ratio = exp_approx(shifts[target / kLogitsBlockColumns] - max_logit);
+    dlogits_bf16[target] = bfloat16_from_float(exps[target] * ratio * scale - 1.0f);
+  }
 }
 
 // The factor of a counted row's softmax in its dlogits: d(lse - logit[target] + m lse^2) / d logit[v] =
@@ -185,10 +206,11 @@ int64_t cross_entropy_scratch_floats(int64_t chunk_tokens, int64_t V) {
 }
 
 int64_t cross_entropy_bf16_scratch_elements(int64_t N, int64_t chunk_tokens, int64_t D, int64_t V) {
-  // W, a group of h and of dlogits in bf16, then the float32 block of logits (2 elements per float, plus
-  // one to align it).
+  // W, a group of h and of dlogits in bf16, then the float32 block of logits and the online softmax's shifts
+  // [C, blocks] (2 elements per float, plus one to align them).
   const int64_t group_tokens = cross_entropy_group_tokens(N, chunk_tokens, V);
-  return D * V + group_tokens * D + group_tokens * V + 2 * chunk_tokens * kLogitsBlockColumns + 1;
+  const int64_t blocks = (V + kLogitsBlockColumns - 1) / kLogitsBlockColumns;
+  return D * V + group_tokens * D + group_tokens * V + 2 * chunk_tokens * (kLogitsBlockColumns + blocks) + 1;
 }
 
 CrossEntropySums unembed_cross_entropy(float* dh, float* dw, const float* h, const float* w,
@@ -247,15 +269,21 @@ CrossEntropySums unembed_cross_entropy(float* dh, float* dw, const float* h, con
   uint16_t* h_group_bf16 = nullptr;   // [G, D]
   uint16_t* dlogits_group = nullptr;  // [G, local_valid]
   float* logits_block = nullptr;      // [C, kLogitsBlockColumns], float32
+  // bf16: the online softmax's statistics (OnlineSoftmax), per row in `statistics` (the layout the
+  // vocab-parallel all-reduce takes: sums, then target logits), the shifts [C, blocks] after the block.
+  OnlineSoftmax online{maxima, statistics, nullptr, nullptr,
+                       (V + kLogitsBlockColumns - 1) / kLogitsBlockColumns};
   if (bf16_inputs != nullptr && N > 0 && local_valid > 0) {
     w_bf16 = bf16_inputs;
     h_group_bf16 = bf16_inputs + D * V;
     dlogits_group = h_group_bf16 + group_tokens * D;
     void* place = dlogits_group + group_tokens * V;
-    size_t space = static_cast<size_t>(2 * chunk_tokens * kLogitsBlockColumns + 1) * sizeof(uint16_t);
-    const size_t bytes = static_cast<size_t>(chunk_tokens * kLogitsBlockColumns) * sizeof(float);
+    const int64_t floats = chunk_tokens * (kLogitsBlockColumns + online.blocks);
+    size_t space = static_cast<size_t>(2 * floats + 1) * sizeof(uint16_t);
+    const size_t bytes = static_cast<size_t>(floats) * sizeof(float);
     MT_CHECK(std::align(alignof(float), bytes, place, space) != nullptr, "bf16 scratch alignment");
-    logits_block = ::new (place) float[static_cast<size_t>(chunk_tokens * kLogitsBlockColumns)];
+    logits_block = ::new (place) float[static_cast<size_t>(floats)];
+    online.shifts = logits_block + chunk_tokens * kLogitsBlockColumns;
     if (layout == UnembedLayout::kernel_DV) {
       round_to_bfloat16(w, D, V, V, w_bf16);
     } else {
@@ -272,17 +300,26 @@ CrossEntropySums unembed_cross_entropy(float* dh, float* dw, const float* h, con
     uint16_t* h_chunk_bf16 = h_group_bf16 != nullptr ? h_group_bf16 + (start - group_start) * D : nullptr;
     uint16_t* dlogits_bf16 =
         dlogits_group != nullptr ? dlogits_group + (start - group_start) * local_valid : nullptr;
+    // Row r's target column among this rank's, or -1 (an ignored token, or a target on another rank).
+    const auto target_column = [&](int64_t r) -> int64_t {
+      if (loss_mask != nullptr && loss_mask[start + r] == 0) return -1;
+      const int64_t local = targets[start + r] - offset;
+      return local >= 0 && local < local_valid ? local : -1;
+    };
+    online.target_logits = statistics + rows;  // [rows], after the sums: the all-reduce's layout
     if (local_valid == 0) {
       std::fill(maxima, maxima + rows, -std::numeric_limits<float>::infinity());
     } else if (w_bf16 != nullptr) {
       round_to_bfloat16(h_chunk, rows, D, D, h_chunk_bf16);
-      chunk_logits(logits, maxima, logits_block, h_chunk_bf16, w_bf16, layout, rows, D, V, local_valid);
+      chunk_logits(logits, &online, logits_block, h_chunk_bf16, w_bf16, layout, rows, D, V, local_valid,
+                   target_column);
     } else {
-      chunk_logits(logits, maxima, nullptr, h_chunk, w, layout, rows, D, V, local_valid);
+      chunk_logits(logits, nullptr, nullptr, h_chunk, w, layout, rows, D, V, local_valid, target_column);
     }
 
     if (!parallel) {
-      double* row_z_losses = statistics;  // [rows]
+      // Per-row z-losses over the online sums (bf16): each row reads its statistics before writing there.
+      double* row_z_losses = statistics + rows;  // [rows]
 #pragma omp parallel for schedule(static)
       for (int64_t r = 0; r < rows; ++r) {
         float* row = logits + r * vocab_valid;
@@ -291,21 +328,26 @@ CrossEntropySums unembed_cross_entropy(float* dh, float* dw, const float* h, con
         if (counts || want_gradients) {
           // Stable log-softmax: shift by the row maximum so exp never overflows. The exponentials are always
           // stored (the chunk's logits are scratch), so the eval-only pass and the pass with gradients run
-          // the same code and give bitwise equal losses.
-          const float max_logit = logits_block != nullptr ? maxima[r] : row_maximum(row, vocab_valid);
-          const float target_logit = counts ? row[targets[start + r]] : 0.0f;
-          const double sum_exp = exponentiate_and_sum(row, vocab_valid, max_logit);
+          // the same code and give bitwise equal losses. bf16: taken block by block in chunk_logits.
+          const bool bf16 = w_bf16 != nullptr;
+          const float max_logit = bf16 ? maxima[r] : row_maximum(row, vocab_valid);
+          const double target_logit = !counts ? 0.0
+                                      : bf16  ? online.target_logits[r]
+                                              : static_cast<double>(row[targets[start + r]]);
+          const double sum_exp = bf16 ? online.sums[r] : exponentiate_into(row, row, vocab_valid, max_logit);
           // dlogits = (softmax (1 + 2 m lse) - onehot) * mask: an ignored token contributes an all-zero row.
           float scale = 0.0f;
           if (counts) {
             const double log_sum_exp = static_cast<double>(max_logit) + std::log(sum_exp);
-            loss = log_sum_exp - static_cast<double>(target_logit);
+            loss = log_sum_exp - target_logit;
             z_loss = z_loss_multiplier * log_sum_exp * log_sum_exp;
             scale = softmax_scale(sum_exp, log_sum_exp, z_loss_multiplier);
           }
-          if (want_gradients) {
-            write_dlogits(row, vocab_valid, scale, counts ? targets[start + r] : -1,
-                          w_bf16 != nullptr ? dlogits_bf16 + r * vocab_valid : nullptr);
+          if (want_gradients && bf16) {
+            write_dlogits_online(row, online.shifts + r * online.blocks, vocab_valid, max_logit, scale,
+                                 counts ? targets[start + r] : -1, dlogits_bf16 + r * vocab_valid);
+          } else if (want_gradients) {
+            write_dlogits(row, vocab_valid, scale, counts ? targets[start + r] : -1);
           }
         }
         std::memcpy(row_loss_bytes + r * static_cast<int64_t>(sizeof(double)), &loss, sizeof(double));
@@ -323,7 +365,8 @@ CrossEntropySums unembed_cross_entropy(float* dh, float* dw, const float* h, con
       // combined over the ranks. Rows nobody needs (ignored, no gradients) keep a sum of 0.
       double* sum_exps = statistics;              // [rows]
       double* target_logits = statistics + rows;  // [rows]
-      if (logits_block == nullptr && local_valid > 0) {
+      const bool bf16 = w_bf16 != nullptr;
+      if (!bf16 && local_valid > 0) {
 #pragma omp parallel for schedule(static)
         for (int64_t r = 0; r < rows; ++r) maxima[r] = row_maximum(logits + r * local_valid, local_valid);
       }
@@ -332,11 +375,18 @@ CrossEntropySums unembed_cross_entropy(float* dh, float* dw, const float* h, con
       for (int64_t r = 0; r < rows; ++r) {
         float* row = logits + r * local_valid;
         const bool counts = loss_mask == nullptr || loss_mask[start + r] != 0;
+        if (bf16 && local_valid > 0) {
+          // The online sum was of exp(x - this rank's maximum, its last block's shift): to the global one.
+          const float local_maximum =
+              online.shifts[r * online.blocks + (local_valid - 1) / kLogitsBlockColumns];
+          if (sum_exps[r] != 0.0) sum_exps[r] *= std::exp(static_cast<double>(local_maximum) - maxima[r]);
+          continue;  // target_logits[r] was taken with the sums
+        }
         double sum_exp = 0.0, target_logit = 0.0;
         if ((counts || want_gradients) && local_valid > 0) {
-          const int64_t local_target = counts ? targets[start + r] - offset : -1;
-          if (local_target >= 0 && local_target < local_valid) target_logit = row[local_target];
-          sum_exp = exponentiate_and_sum(row, local_valid, maxima[r]);
+          const int64_t local_target = target_column(r);
+          if (local_target >= 0) target_logit = row[local_target];
+          sum_exp = exponentiate_into(row, row, local_valid, maxima[r]);
         }
         sum_exps[r] = sum_exp;
         target_logits[r] = target_logit;
@@ -360,9 +410,13 @@ CrossEntropySums unembed_cross_entropy(float* dh, float* dw, const float* h, con
           const bool counts = loss_mask == nullptr || loss_mask[start + r] != 0;
           const float scale = counts ? static_cast<float>(softmax_scales[r]) : 0.0f;
           const int64_t local_target = counts ? targets[start + r] - offset : -1;
-          write_dlogits(row, local_valid, scale,
-                        local_target >= 0 && local_target < local_valid ? local_target : -1,
-                        w_bf16 != nullptr ? dlogits_bf16 + r * local_valid : nullptr);
+          const int64_t target = local_target >= 0 && local_target < local_valid ? local_target : -1;
+          if (bf16) {
+            write_dlogits_online(row, online.shifts + r * online.blocks, local_valid, maxima[r], scale,
+                                 target, dlogits_bf16 + r * local_valid);
+          } else {
+            write_dlogits(row, local_valid, scale, target);
+          }
         }
       }
     }

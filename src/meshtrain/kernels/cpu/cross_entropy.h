@@ -47,7 +47,8 @@ UnembedCrossEntropy unembed_cross_entropy;
 // weight gradient is one product per group of chunks (G = cross_entropy_group_tokens(N, C, V) tokens), dh
 // one per chunk. Its bfloat16 elements of scratch for N tokens in chunks of C: W [D, V], a group of h [G, D]
 // and of dlogits [G, V], then a float32 block of logits [C, 1024] (the logits GEMM runs 1024 columns at a
-// time: faster, see cross_entropy.cpp).
+// time: faster, see cross_entropy.cpp) and the online softmax's shift per row and block [C, ceil(V / 1024)]:
+// the exponentials are taken from each block while it is in cache (OnlineSoftmax in cross_entropy.cpp).
 CrossEntropyBf16ScratchElements cross_entropy_bf16_scratch_elements;
 
 // Floats of scratch unembed_cross_entropy needs: one chunk of logits [C, V], C per-row losses in double, and
