@@ -53,6 +53,11 @@ float row_maximum(const float* row, int64_t count) {
 // (bench/README.md); its float32 GEMM was the same speed either way (350 GFLOP/s).
 constexpr int64_t kLogitsBlockColumns = 1024;
 
+// Blocks of kLogitsBlockColumns over V columns.
+int64_t logits_blocks(int64_t V) {
+  return (V + kLogitsBlockColumns - 1) / kLogitsBlockColumns;
+}
+
 // The bf16 loss's online softmax statistics of a chunk's rows, filled block by block as the logits GEMM
 // produces each block (chunk_logits): per row the running maximum, the sum of exp(x - that maximum) over the
 // blocks so far (double) and the target's logit (0 where the row has none among these columns); per row and
@@ -78,7 +83,29 @@ void logits_product(float* out, int64_t ld_out, const In* h, const In* w, Unembe
           transpose_w ? D : V, false, out, ld_out);
 }
 
-double exponentiate_into(float* out, const float* x, int64_t count, float shift);
+// out[v] = exp(x[v] - shift) for v < count (out may be x); returns their sum, accumulated in double: 16 lanes
+// (two vectors of 8) over the full blocks of 16, the tail in order, then the lanes in order. A fixed order,
+// so the sum depends only on the values.
+double exponentiate_into(float* out, const float* x, int64_t count, float shift) {
+#pragma omp simd
+  for (int64_t v = 0; v < count; ++v) out[v] = exp_approx(x[v] - shift);
+  const float* row = out;
+  Doubles low = {}, high = {};
+  int64_t v = 0;
+  for (; v + kLanes <= count; v += kLanes) {
+    HalfFloats first, second;
+    std::memcpy(&first, row + v, sizeof first);
+    std::memcpy(&second, row + v + kLanes / 2, sizeof second);
+    low += __builtin_convertvector(first, Doubles);
+    high += __builtin_convertvector(second, Doubles);
+  }
+  double tail = 0.0;
+  for (; v < count; ++v) tail += static_cast<double>(row[v]);
+  double total = 0.0;
+  for (int64_t lane = 0; lane < kLanes / 2; ++lane) total += low[lane];
+  for (int64_t lane = 0; lane < kLanes / 2; ++lane) total += high[lane];
+  return total + tail;
+}
 
 // logits [rows, vocab_valid] (leading dimension vocab_valid) = h [rows, D] @ W[:, :vocab_valid]. Padding
 // columns are never computed: they do not take part in the softmax. float32 (online null): one product;
@@ -115,30 +142,6 @@ void chunk_logits(float* logits, OnlineSoftmax* online, float* block, const In* 
       if (target >= column && target < column + columns) online->target_logits[r] = x[target - column];
     }
   }
-}
-
-// out[v] = exp(x[v] - shift) for v < count (out may be x); returns their sum, accumulated in double: 16 lanes
-// (two vectors of 8) over the full blocks of 16, the tail in order, then the lanes in order. A fixed order,
-// so the sum depends only on the values.
-double exponentiate_into(float* out, const float* x, int64_t count, float shift) {
-#pragma omp simd
-  for (int64_t v = 0; v < count; ++v) out[v] = exp_approx(x[v] - shift);
-  const float* row = out;
-  Doubles low = {}, high = {};
-  int64_t v = 0;
-  for (; v + kLanes <= count; v += kLanes) {
-    HalfFloats first, second;
-    std::memcpy(&first, row + v, sizeof first);
-    std::memcpy(&second, row + v + kLanes / 2, sizeof second);
-    low += __builtin_convertvector(first, Doubles);
-    high += __builtin_convertvector(second, Doubles);
-  }
-  double tail = 0.0;
-  for (; v < count; ++v) tail += static_cast<double>(row[v]);
-  double total = 0.0;
-  for (int64_t lane = 0; lane < kLanes / 2; ++lane) total += low[lane];
-  for (int64_t lane = 0; lane < kLanes / 2; ++lane) total += high[lane];
-  return total + tail;
 }
 
 // dlogits of one row from its exponentials: (exp * scale - onehot(target)), target < 0 for none (an ignored
@@ -209,8 +212,8 @@ int64_t cross_entropy_bf16_scratch_elements(int64_t N, int64_t chunk_tokens, int
   // W, a group of h and of dlogits in bf16, then the float32 block of logits and the online softmax's shifts
   // [C, blocks] (2 elements per float, plus one to align them).
   const int64_t group_tokens = cross_entropy_group_tokens(N, chunk_tokens, V);
-  const int64_t blocks = (V + kLogitsBlockColumns - 1) / kLogitsBlockColumns;
-  return D * V + group_tokens * D + group_tokens * V + 2 * chunk_tokens * (kLogitsBlockColumns + blocks) + 1;
+  return D * V + group_tokens * D + group_tokens * V +
+         2 * chunk_tokens * (kLogitsBlockColumns + logits_blocks(V)) + 1;
 }
 
 CrossEntropySums unembed_cross_entropy(float* dh, float* dw, const float* h, const float* w,
@@ -271,8 +274,7 @@ CrossEntropySums unembed_cross_entropy(float* dh, float* dw, const float* h, con
   float* logits_block = nullptr;      // [C, kLogitsBlockColumns], float32
   // bf16: the online softmax's statistics (OnlineSoftmax), per row in `statistics` (the layout the
   // vocab-parallel all-reduce takes: sums, then target logits), the shifts [C, blocks] after the block.
-  OnlineSoftmax online{maxima, statistics, nullptr, nullptr,
-                       (V + kLogitsBlockColumns - 1) / kLogitsBlockColumns};
+  OnlineSoftmax online{maxima, statistics, nullptr, nullptr, logits_blocks(V)};
   if (bf16_inputs != nullptr && N > 0 && local_valid > 0) {
     w_bf16 = bf16_inputs;
     h_group_bf16 = bf16_inputs + D * V;
@@ -316,6 +318,7 @@ CrossEntropySums unembed_cross_entropy(float* dh, float* dw, const float* h, con
     } else {
       chunk_logits(logits, nullptr, nullptr, h_chunk, w, layout, rows, D, V, local_valid, target_column);
     }
+    const bool bf16 = w_bf16 != nullptr;  // the online softmax's statistics are in `online`
 
     if (!parallel) {
       // Per-row z-losses over the online sums (bf16): each row reads its statistics before writing there.
@@ -329,7 +332,6 @@ CrossEntropySums unembed_cross_entropy(float* dh, float* dw, const float* h, con
           // Stable log-softmax: shift by the row maximum so exp never overflows. The exponentials are always
           // stored (the chunk's logits are scratch), so the eval-only pass and the pass with gradients run
           // the same code and give bitwise equal losses. bf16: taken block by block in chunk_logits.
-          const bool bf16 = w_bf16 != nullptr;
           const float max_logit = bf16 ? maxima[r] : row_maximum(row, vocab_valid);
           const double target_logit = !counts ? 0.0
                                       : bf16  ? online.target_logits[r]
@@ -362,10 +364,9 @@ CrossEntropySums unembed_cross_entropy(float* dh, float* dw, const float* h, con
       }
     } else {
       // Vocab-parallel: the same stable log-softmax with the row maximum and the sum of exponentials
-      // combined over the ranks. Rows nobody needs (ignored, no gradients) keep a sum of 0.
+      // combined over the ranks. float32 rows nobody needs (ignored, no gradients) keep a sum of 0.
       double* sum_exps = statistics;              // [rows]
       double* target_logits = statistics + rows;  // [rows]
-      const bool bf16 = w_bf16 != nullptr;
       if (!bf16 && local_valid > 0) {
 #pragma omp parallel for schedule(static)
         for (int64_t r = 0; r < rows; ++r) maxima[r] = row_maximum(logits + r * local_valid, local_valid);
@@ -409,8 +410,7 @@ CrossEntropySums unembed_cross_entropy(float* dh, float* dw, const float* h, con
           float* row = logits + r * local_valid;
           const bool counts = loss_mask == nullptr || loss_mask[start + r] != 0;
           const float scale = counts ? static_cast<float>(softmax_scales[r]) : 0.0f;
-          const int64_t local_target = counts ? targets[start + r] - offset : -1;
-          const int64_t target = local_target >= 0 && local_target < local_valid ? local_target : -1;
+          const int64_t target = target_column(r);
           if (bf16) {
             write_dlogits_online(row, online.shifts + r * online.blocks, local_valid, maxima[r], scale,
                                  target, dlogits_bf16 + r * local_valid);
@@ -427,7 +427,7 @@ CrossEntropySums unembed_cross_entropy(float* dh, float* dw, const float* h, con
       if (dh != nullptr) std::fill(dh + start * D, dh + (start + rows) * D, 0.0f);
       continue;
     }
-    if (want_gradients && w_bf16 != nullptr) {
+    if (want_gradients && bf16) {
       // dh per chunk; dw once the group's last chunk is in.
       backward_chunk(dh, nullptr, h_chunk_bf16, w_bf16, dlogits_bf16, layout, start, rows, D, V, local_valid);
       if (start + rows == group_end) {
