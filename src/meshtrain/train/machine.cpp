@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "meshtrain/config/config.h"
+#include "meshtrain/core/arena.h"
 #include "meshtrain/core/cpu_features.h"
 #include "meshtrain/core/crc32c.h"
 #include "meshtrain/core/dtype.h"
@@ -33,28 +34,43 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
+// An array the way the arena holds one: aligned to kArenaAlignment (64 bytes, a cache line).
+template <class T>
+struct ArenaAlignedArray {
+  explicit ArenaAlignedArray(int64_t count)
+      : data(static_cast<T*>(std::aligned_alloc(
+                 kArenaAlignment,
+                 std::max(kArenaAlignment, align_up(static_cast<size_t>(count) * sizeof(T))))),
+             std::free) {
+    MT_CHECK(data != nullptr, "the GEMM peak's operands could not be allocated");
+  }
+  T* get() const { return data.get(); }
+  std::unique_ptr<T[], void (*)(void*)> data;
+};
+
 // A square GEMM (n = 1024, best of 40 calls) in float32, or with bfloat16 inputs (f32 accumulation). The
 // plain reference GEMM (no oneDNN) is about a hundred times slower: it is timed on n = 256, which keeps a
 // run without oneDNN from spending a minute here (over 100 s in the sanitizer build) for a figure that only
-// scales its MFU.
+// scales its MFU. The operands are aligned as the arena aligns the step's: AMX tile loads from rows that
+// straddle cache lines ran this product at 1,480-1,740 GFLOP/s against 2,300-2,490 aligned (bench/README.md).
 double measure_gemm_peak(bool bf16) {
   const int64_t n = kernels::gemm_backend().name == "reference" ? 256 : 1024;
   constexpr int kCalls = 40;
-  std::vector<float> a(n * n), b(n * n), c(n * n);
+  ArenaAlignedArray<float> a(n * n), b(n * n), c(n * n);
   for (int64_t i = 0; i < n * n; ++i) {
-    a[i] = static_cast<float>(i % 7) * 0.25f - 0.75f;
-    b[i] = static_cast<float>(i % 5) * 0.5f - 1.0f;
+    a.get()[i] = static_cast<float>(i % 7) * 0.25f - 0.75f;
+    b.get()[i] = static_cast<float>(i % 5) * 0.5f - 1.0f;
   }
-  std::vector<uint16_t> a_bf16(bf16 ? a.size() : 0), b_bf16(bf16 ? b.size() : 0);
+  ArenaAlignedArray<uint16_t> a_bf16(bf16 ? n * n : 0), b_bf16(bf16 ? n * n : 0);
   if (bf16) {
-    round_to_bfloat16(a.data(), n, n, n, a_bf16.data());
-    round_to_bfloat16(b.data(), n, n, n, b_bf16.data());
+    round_to_bfloat16(a.get(), n, n, n, a_bf16.get());
+    round_to_bfloat16(b.get(), n, n, n, b_bf16.get());
   }
   const auto call = [&] {
     if (bf16) {
-      kernels::gemm_bf16(false, false, n, n, n, a_bf16.data(), n, b_bf16.data(), n, false, c.data(), n);
+      kernels::gemm_bf16(false, false, n, n, n, a_bf16.get(), n, b_bf16.get(), n, false, c.get(), n);
     } else {
-      kernels::gemm(false, false, n, n, n, a.data(), n, b.data(), n, false, c.data(), n);
+      kernels::gemm(false, false, n, n, n, a.get(), n, b.get(), n, false, c.get(), n);
     }
   };
   call();  // warm-up: page faults, oneDNN's first-call set-up
