@@ -216,29 +216,37 @@ std::string run_and_capture(const std::string& environment, const std::string& a
 // A missing oneDNN is a warning naming the library and what the engine does instead; the run still trains.
 // B given in float32 and rounded by the GEMM (with oneDNN: into its kernel's layout, or row-major where that
 // layout would not fit the [K, N] scratch): the reference on the rounded values, for shapes that pack (the
-// model's, multiples of 64) and shapes whose padding does not fit (the fallback).
+// model's, multiples of 64) and shapes whose padding does not fit (the fallback). With a bias, the reference
+// starts from the bias rows (K = 0: C is the bias rows).
 TEST(Gemm, Bf16WithFloat32BMatchesTheReferenceOnTheRoundedValues) {
-  const std::array<std::array<int64_t, 3>, 4> sizes = {
-      {{1, 1, 1}, {37, 53, 29}, {128, 192, 256}, {70, 64, 768}}};
+  const std::array<std::array<int64_t, 3>, 5> sizes = {
+      {{1, 1, 1}, {37, 53, 29}, {128, 192, 256}, {70, 64, 768}, {5, 7, 0}}};
   uint64_t seed = 900;
   for (const auto& [M, N, K] : sizes) {
     for (const bool ta : {false, true}) {
       for (const bool tb : {false, true}) {
-        for (const bool accumulate : {false, true}) {
+        for (const int mode : {0, 1, 2}) {  // write, accumulate, write with a bias
+          const bool accumulate = mode == 1, with_bias = mode == 2;
           const int64_t lda = ta ? M : K, ldb = (tb ? K : N) + 3, ldc = N + 2;
           const std::vector<float> a = to_float(random_values((ta ? K : M) * lda, ++seed));
           const std::vector<float> b = to_float(random_values((tb ? N : K) * ldb, ++seed));
+          const std::vector<float> bias = to_float(random_values(N, ++seed));
           std::vector<uint16_t> a_bf16(a.size()), b_bf16(b.size()), scratch(K * N, 0xFFFF);
           meshtrain::round_to_bfloat16(a.data(), 1, static_cast<int64_t>(a.size()), 0, a_bf16.data());
           meshtrain::round_to_bfloat16(b.data(), 1, static_cast<int64_t>(b.size()), 0, b_bf16.data());
           std::vector<float> c = to_float(random_values(M * ldc, ++seed));
           std::vector<double> expected = to_double(c);
-          gemm_reference(ta, tb, M, N, K, a_bf16.data(), lda, b_bf16.data(), ldb, accumulate, expected.data(),
-                         ldc);
+          if (with_bias) {
+            for (int64_t m = 0; m < M; ++m)
+              for (int64_t n = 0; n < N; ++n) expected[m * ldc + n] = bias[n];
+          }
+          gemm_reference(ta, tb, M, N, K, a_bf16.data(), lda, b_bf16.data(), ldb, accumulate || with_bias,
+                         expected.data(), ldc);
           meshtrain::kernels::gemm_bf16_float32_b(ta, tb, M, N, K, a_bf16.data(), lda, b.data(), ldb,
-                                                  accumulate, c.data(), ldc, scratch.data());
+                                                  accumulate, c.data(), ldc, scratch.data(),
+                                                  with_bias ? bias.data() : nullptr);
           EXPECT_LT(worst_relative_to_scale(c, expected), 1e-5)
-              << M << "x" << N << "x" << K << " ta " << ta << " tb " << tb << " accumulate " << accumulate;
+              << M << "x" << N << "x" << K << " ta " << ta << " tb " << tb << " mode " << mode;
         }
       }
     }

@@ -22,29 +22,29 @@ namespace {
 
 // The oneDNN C functions the engine calls, looked up in the library loaded at run time. The header gives
 // their exact types; the soname (libdnnl.so.2) pins the 2.x interface the header describes.
-#define MESHTRAIN_ONEDNN_FUNCTIONS(X)                                                               \
-  X(dnnl_version)                                                                                   \
-  X(dnnl_get_effective_cpu_isa)                                                                     \
-  X(dnnl_sgemm)                                                                                     \
-  X(dnnl_engine_create)                                                                             \
-  X(dnnl_stream_create)                                                                             \
-  X(dnnl_stream_wait)                                                                               \
-  X(dnnl_memory_desc_init_by_strides)                                                               \
-  X(dnnl_matmul_desc_init)                                                                          \
-  X(dnnl_primitive_attr_create)                                                                     \
-  X(dnnl_primitive_attr_destroy) X(dnnl_post_ops_create) X(dnnl_post_ops_destroy)                   \
-      X(dnnl_post_ops_append_sum) X(dnnl_primitive_attr_set_post_ops) X(dnnl_primitive_desc_create) \
-          X(dnnl_primitive_desc_destroy) X(dnnl_primitive_create) X(dnnl_memory_create)             \
-              X(dnnl_memory_destroy) X(dnnl_primitive_execute) X(dnnl_primitive_desc_query)         \
-                  X(dnnl_memory_desc_init_by_tag) X(dnnl_primitive_desc_query_md)                   \
-                      X(dnnl_memory_desc_get_size) X(dnnl_reorder_primitive_desc_create)
+#define MESHTRAIN_ONEDNN_FUNCTIONS(X)                                                                      \
+  X(dnnl_version)                                                                                          \
+  X(dnnl_get_effective_cpu_isa)                                                                            \
+  X(dnnl_sgemm)                                                                                            \
+  X(dnnl_engine_create)                                                                                    \
+  X(dnnl_stream_create)                                                                                    \
+  X(dnnl_stream_wait)                                                                                      \
+  X(dnnl_memory_desc_init_by_strides)                                                                      \
+  X(dnnl_matmul_desc_init)                                                                                 \
+  X(dnnl_primitive_attr_create)                                                                            \
+  X(dnnl_primitive_attr_destroy)                                                                           \
+  X(dnnl_post_ops_create) X(dnnl_post_ops_destroy) X(dnnl_post_ops_append_sum)                             \
+      X(dnnl_primitive_attr_set_post_ops) X(dnnl_primitive_desc_create) X(dnnl_primitive_desc_destroy)     \
+          X(dnnl_primitive_create) X(dnnl_memory_create) X(dnnl_memory_destroy) X(dnnl_primitive_execute)  \
+              X(dnnl_primitive_desc_query) X(dnnl_memory_desc_init_by_tag) X(dnnl_primitive_desc_query_md) \
+                  X(dnnl_memory_desc_get_size) X(dnnl_reorder_primitive_desc_create)
 
 // A bf16 matmul whose B arrives in float32: one reorder rounds B into the layout the matmul's kernel reads
 // (format_tag any: oneDNN's blocked, VNNI-interleaved weights), so the product copies nothing of B itself.
 struct PackedBMatmul {
   dnnl_primitive_t reorder = nullptr;  // float32 B (its strides) -> bf16 in the matmul's layout
   dnnl_primitive_t matmul = nullptr;
-  dnnl_memory_desc_t src{}, b_float32{}, b_packed{}, dst{};
+  dnnl_memory_desc_t src{}, b_float32{}, b_packed{}, dst{}, bias{};  // bias: [1, N] f32, when it has one
   size_t packed_bytes = 0;
 };
 
@@ -55,10 +55,11 @@ struct OneDnn {
   dnnl_engine_t engine = nullptr;
   dnnl_stream_t stream = nullptr;
   // One matmul primitive per (input type, M, N, K, lda, ldb, ldc, accumulate), created on first use; the
-  // same key (input type bf16) for the packed-B ones, whose entry is empty where oneDNN has no such product.
+  // packed-B ones (input type bf16) also by whether they add a bias, and their entry is empty where oneDNN
+  // has no such product.
   using MatmulKey = std::tuple<dnnl_data_type_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool>;
   std::map<MatmulKey, dnnl_primitive_t> matmuls;
-  std::map<MatmulKey, std::optional<PackedBMatmul>> packed_b_matmuls;
+  std::map<std::pair<MatmulKey, bool>, std::optional<PackedBMatmul>> packed_b_matmuls;
   std::mutex matmul_mutex;  // guards the cache and the stream (tests call kernels from several threads)
 };
 
@@ -212,9 +213,10 @@ bool onednn_matmul(OneDnn& dnn, dnnl_data_type_t input_type, bool transpose_a, b
 // for this CPU or shape, or no reorder into its layout).
 const PackedBMatmul* onednn_packed_b_matmul(OneDnn& dnn, bool transpose_a, bool transpose_b, int64_t M,
                                             int64_t N, int64_t K, int64_t lda, int64_t ldb, bool accumulate,
-                                            int64_t ldc) {
-  const OneDnn::MatmulKey key{dnnl_bf16, M,         N, K, transpose_a ? -lda : lda, transpose_b ? -ldb : ldb,
-                              ldc,       accumulate};
+                                            int64_t ldc, bool with_bias) {
+  const std::pair key{OneDnn::MatmulKey{dnnl_bf16, M, N, K, transpose_a ? -lda : lda,
+                                        transpose_b ? -ldb : ldb, ldc, accumulate},
+                      with_bias};
   if (const auto cached = dnn.packed_b_matmuls.find(key); cached != dnn.packed_b_matmuls.end())
     return cached->second ? &*cached->second : nullptr;
   std::optional<PackedBMatmul>& entry = dnn.packed_b_matmuls[key];
@@ -230,8 +232,15 @@ const PackedBMatmul* onednn_packed_b_matmul(OneDnn& dnn, bool transpose_a, bool 
   check_onednn(dnn.dnnl_memory_desc_init_by_tag(&weights_any, 2, weight_dims, dnnl_bf16, dnnl_format_tag_any),
                "weights any");
   check_onednn(dnn.dnnl_memory_desc_init_by_strides(&packed.dst, 2, dst_dims, dnnl_f32, dst_strides), "dst");
+  if (with_bias) {
+    const dnnl_dims_t bias_dims = {1, N}, bias_strides = {N, 1};
+    check_onednn(dnn.dnnl_memory_desc_init_by_strides(&packed.bias, 2, bias_dims, dnnl_f32, bias_strides),
+                 "bias");
+  }
   dnnl_matmul_desc_t desc{};
-  check_onednn(dnn.dnnl_matmul_desc_init(&desc, &packed.src, &weights_any, nullptr, &packed.dst), "matmul");
+  check_onednn(dnn.dnnl_matmul_desc_init(&desc, &packed.src, &weights_any, with_bias ? &packed.bias : nullptr,
+                                         &packed.dst),
+               "matmul");
   dnnl_primitive_attr_t attr = matmul_attributes(dnn, accumulate);
   dnnl_primitive_desc_t matmul_desc = nullptr;
   const dnnl_status_t status = dnn.dnnl_primitive_desc_create(&matmul_desc, &desc, attr, dnn.engine, nullptr);
@@ -261,24 +270,31 @@ const PackedBMatmul* onednn_packed_b_matmul(OneDnn& dnn, bool transpose_a, bool 
 // `b_scratch_bytes`.
 bool onednn_matmul_packed_b(OneDnn& dnn, bool transpose_a, bool transpose_b, int64_t M, int64_t N, int64_t K,
                             const uint16_t* A, int64_t lda, const float* B, int64_t ldb, bool accumulate,
-                            float* C, int64_t ldc, uint16_t* b_scratch, size_t b_scratch_bytes) {
+                            float* C, int64_t ldc, uint16_t* b_scratch, size_t b_scratch_bytes,
+                            const float* bias) {
   std::lock_guard<std::mutex> lock(dnn.matmul_mutex);
-  const PackedBMatmul* packed =
-      onednn_packed_b_matmul(dnn, transpose_a, transpose_b, M, N, K, lda, ldb, accumulate, ldc);
+  const PackedBMatmul* packed = onednn_packed_b_matmul(dnn, transpose_a, transpose_b, M, N, K, lda, ldb,
+                                                       accumulate, ldc, bias != nullptr);
   if (packed == nullptr || packed->packed_bytes > b_scratch_bytes) return false;
-  dnnl_memory_t b_float32 = nullptr, b_packed = nullptr, src = nullptr, dst = nullptr;
+  dnnl_memory_t b_float32 = nullptr, b_packed = nullptr, src = nullptr, dst = nullptr, bias_memory = nullptr;
   check_onednn(dnn.dnnl_memory_create(&b_float32, &packed->b_float32, dnn.engine, const_cast<float*>(B)),
                "B");
   check_onednn(dnn.dnnl_memory_create(&b_packed, &packed->b_packed, dnn.engine, b_scratch), "packed B");
   check_onednn(dnn.dnnl_memory_create(&src, &packed->src, dnn.engine, const_cast<uint16_t*>(A)), "src");
   check_onednn(dnn.dnnl_memory_create(&dst, &packed->dst, dnn.engine, C), "dst");
+  if (bias != nullptr)
+    check_onednn(dnn.dnnl_memory_create(&bias_memory, &packed->bias, dnn.engine, const_cast<float*>(bias)),
+                 "bias");
   const dnnl_exec_arg_t reorder_arguments[2] = {{DNNL_ARG_FROM, b_float32}, {DNNL_ARG_TO, b_packed}};
   check_onednn(dnn.dnnl_primitive_execute(packed->reorder, dnn.stream, 2, reorder_arguments), "reorder");
-  const dnnl_exec_arg_t matmul_arguments[3] = {
-      {DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, b_packed}, {DNNL_ARG_DST, dst}};
-  check_onednn(dnn.dnnl_primitive_execute(packed->matmul, dnn.stream, 3, matmul_arguments), "packed matmul");
+  const dnnl_exec_arg_t matmul_arguments[4] = {
+      {DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, b_packed}, {DNNL_ARG_DST, dst}, {DNNL_ARG_BIAS, bias_memory}};
+  check_onednn(
+      dnn.dnnl_primitive_execute(packed->matmul, dnn.stream, bias != nullptr ? 4 : 3, matmul_arguments),
+      "packed matmul");
   check_onednn(dnn.dnnl_stream_wait(dnn.stream), "stream wait");
-  for (dnnl_memory_t memory : {b_float32, b_packed, src, dst}) dnn.dnnl_memory_destroy(memory);
+  for (dnnl_memory_t memory : {b_float32, b_packed, src, dst, bias_memory})
+    if (memory != nullptr) dnn.dnnl_memory_destroy(memory);
   return true;
 }
 
@@ -356,7 +372,7 @@ bool onednn_agrees_with_reference(OneDnn& dnn, bool bf16, std::string* bf16_impl
           std::vector<uint16_t> b_scratch(4 * (K + 64) * (N + 64));
           *packed_b_agrees = onednn_matmul_packed_b(dnn, ta, tb, M, N, K, a_bf16.data(), lda, b.data(), ldb,
                                                     accumulate, found.data(), N, b_scratch.data(),
-                                                    b_scratch.size() * sizeof(uint16_t)) &&
+                                                    b_scratch.size() * sizeof(uint16_t), nullptr) &&
                              expected == found;
         }
       }
@@ -474,18 +490,30 @@ void gemm_bf16(bool transpose_a, bool transpose_b, int64_t M, int64_t N, int64_t
 
 void gemm_bf16_float32_b(bool transpose_a, bool transpose_b, int64_t M, int64_t N, int64_t K,
                          const uint16_t* A, int64_t lda, const float* B, int64_t ldb, bool accumulate,
-                         float* C, int64_t ldc, uint16_t* b_scratch) {
+                         float* C, int64_t ldc, uint16_t* b_scratch, const float* bias) {
+  MT_CHECK(bias == nullptr || !accumulate, "gemm_bf16_float32_b adds a bias only to a product it writes");
+  // Without a bias, or with no product to add it to (K == 0), C starts as stored or as the bias rows.
+  const auto start_with_bias = [&] {
+    for (int64_t m = 0; m < M; ++m) std::copy(bias, bias + N, C + m * ldc);
+  };
+  if (bias != nullptr && K == 0) {
+    start_with_bias();
+    return;
+  }
   if (empty_product(M, N, K, accumulate, C, ldc)) return;
   gemm_backend();
   if (g_onednn != nullptr && g_onednn_packed_b &&
       onednn_matmul_packed_b(*g_onednn, transpose_a, transpose_b, M, N, K, A, lda, B, ldb, accumulate, C, ldc,
-                             b_scratch, static_cast<size_t>(K * N) * sizeof(uint16_t))) {
+                             b_scratch, static_cast<size_t>(K * N) * sizeof(uint16_t), bias)) {
     return;
   }
-  // Rounded as stored (row-major [K, N], or [N, K] when transposed), then the plain bf16 product.
+  // Rounded as stored (row-major [K, N], or [N, K] when transposed), then the plain bf16 product added to the
+  // bias rows.
   const int64_t rows = transpose_b ? N : K, cols = transpose_b ? K : N;
   round_to_bfloat16(B, rows, cols, ldb, b_scratch);
-  gemm_bf16(transpose_a, transpose_b, M, N, K, A, lda, b_scratch, cols, accumulate, C, ldc);
+  if (bias != nullptr) start_with_bias();
+  gemm_bf16(transpose_a, transpose_b, M, N, K, A, lda, b_scratch, cols, accumulate || bias != nullptr, C,
+            ldc);
 }
 
 }  // namespace meshtrain::kernels

@@ -46,9 +46,11 @@ void gemm_bf16(bool transpose_a, bool transpose_b, int64_t M, int64_t N, int64_t
 // elements: with oneDNN, in one reorder into the layout its bf16 kernel reads (format_tag any), so the
 // product copies nothing of B (bench/README.md, "bf16 weights in oneDNN's layout"); else row-major.
 // Where oneDNN rounds, a float32 denormal may become zero (the bf16 convert instruction flushes them).
+// bias [N] (or nullptr; not with accumulate): C = op(A) op(B) + bias in every row, the bias added to each
+// float32 sum as the product writes it (oneDNN's bias argument) rather than copied into C and read back.
 void gemm_bf16_float32_b(bool transpose_a, bool transpose_b, int64_t M, int64_t N, int64_t K,
                          const uint16_t* A, int64_t lda, const float* B, int64_t ldb, bool accumulate,
-                         float* C, int64_t ldc, uint16_t* b_scratch);
+                         float* C, int64_t ldc, uint16_t* b_scratch, const float* bias = nullptr);
 
 // An input element as the accumulator type: bfloat16 bits widen exactly to float.
 template <class T, class In>
