@@ -99,19 +99,21 @@ def parameter_count(c):
 TORCH_PROCESS_GIB = 0.7
 
 
-def torch_memory_gib(c, seq, dtype):
+def torch_memory_gib(c, seq, dtype, checkpoint_layers=False):
     """A rough peak resident set of torch_qwen3.py at batch 1 (GiB), to refuse a run that cannot fit before it
     starts. Fixed: the process, float32 weights, gradients and both AdamW moments (16 bytes a parameter; the
     fused AdamW has no temporaries) and, in bf16, autocast's copies of the weights (2). Per token: the logits in the compute dtype, their float32 copy and its gradient;
     per token and layer what Hugging Face's Qwen3 layer keeps for backward: in the compute dtype both norms'
     outputs (the matmul inputs), q, k, v, the attention output, gate, up, SiLU(gate) and the product; in
-    float32 the residual stream entering both norms, and q and k after their norms (RoPE's inputs)."""
+    float32 the residual stream entering both norms, and q and k after their norms (RoPE's inputs). With
+    checkpointed layers: each layer's input (float32) kept, and one layer's activations while it is recomputed."""
     D, F, H, K, d, L = dims(c)
     act = 2 if dtype == "bfloat16" else 4
     per_token_layer = act * (2 * D + (H + 2 * K) * d + H * d + 4 * F) + 4 * (2 * D + (H + K) * d)
+    kept_per_token = L * 4 * D + per_token_layer if checkpoint_layers else L * per_token_layer
     logits_per_token = c["vocab_padded"] * ((act if dtype == "bfloat16" else 0) + 4 + 4)  # float32: no copy
     fixed = parameter_count(c) * (16 + (2 if dtype == "bfloat16" else 0))
-    return TORCH_PROCESS_GIB + (fixed + seq * (L * per_token_layer + logits_per_token)) / 2**30
+    return TORCH_PROCESS_GIB + (fixed + seq * (kept_per_token + logits_per_token)) / 2**30
 
 
 def machine_peaks(path):
@@ -144,7 +146,7 @@ def cmd_shapes(args):
 
 
 def cmd_memory(args):
-    print(f"{torch_memory_gib(load_preset(args.repo, args.model), args.seq, args.dtype):.1f}")
+    print(f"{torch_memory_gib(load_preset(args.repo, args.model), args.seq, args.dtype, args.checkpoint_layers):.1f}")
     return 0
 
 
@@ -223,6 +225,7 @@ def main():
         if name == "memory":
             p.add_argument("--seq", type=int, required=True)
             p.add_argument("--dtype", choices=sorted(PEERS_BY_DTYPE), required=True)
+            p.add_argument("--checkpoint-layers", action="store_true")
         if name == "table":
             p.add_argument("--results", required=True)
             p.add_argument("--out", required=True)

@@ -15,6 +15,10 @@
 #   --torch-loss-chunk N PyTorch's loss as a fused linear + cross-entropy over chunks of N tokens
 #                        (torch_qwen3.py --loss-chunk: the [S, V] logits never whole, the same FLOPs); default 0,
 #                        transformers' logits and F.cross_entropy
+#   --recompute R        none (default) or full: meshtrain remat_policy=full (only the residual stream kept, the
+#                        rest of each layer recomputed in the backward) against PyTorch with each decoder layer
+#                        checkpointed (torch_qwen3.py --checkpoint-layers): the same recomputation on both sides,
+#                        which lets PyTorch fit at S = 4096 in 24 GiB (README.md, Memory)
 #   --peers "LIST"       a subset of "meshtrain torch2" (default both)
 #   --build DIR          meshtrain build directory (default <repo>/build); the binary is not rebuilt
 #   --out DIR            logs and results (default /tmp/meshtrain_long_context/<date-time>)
@@ -38,6 +42,7 @@ dtypes="bfloat16"
 model="qwen3-0.6b"
 torch2_python=""
 torch_loss_chunk=0
+recompute=none
 peers="meshtrain torch2"
 build="$repo/build"
 out=""
@@ -55,6 +60,7 @@ while [ $# -gt 0 ]; do
     --model) model=$2; shift 2 ;;
     --torch2-python) torch2_python=$2; shift 2 ;;
     --torch-loss-chunk) torch_loss_chunk=$2; shift 2 ;;
+    --recompute) recompute=$2; shift 2 ;;
     --peers) peers=$2; shift 2 ;;
     --build) build=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
@@ -77,6 +83,11 @@ done
 for seq in $shapes; do
   if ! [[ "$seq" =~ ^[1-9][0-9]*$ ]]; then echo "run.sh: --shapes takes sequence lengths, not '$seq'" >&2; exit 0; fi
 done
+case "$recompute" in
+  none) torch_recompute=() ;;
+  full) torch_recompute=(--checkpoint-layers) ;;
+  *) echo "run.sh: --recompute takes none or full, not '$recompute'" >&2; exit 0 ;;
+esac
 
 syspy=/usr/bin/python3
 [ -x "$syspy" ] || syspy=$(command -v python3)
@@ -117,7 +128,7 @@ record_not_run() {  # peer
   echo "# memory: $(awk '/^MemTotal:/ {printf "%.1f", $2 / 1048576}' /proc/meminfo) GiB, $(mem_available_gib) GiB available; uptime: $(uptime)"
   echo "# meshtrain: tree $(git -C "$repo" rev-parse --short HEAD 2>/dev/null)$(git -C "$repo" diff --quiet 2>/dev/null || echo ' (+ uncommitted changes)'), binary $build/meshtrain built $(date -r "$build/meshtrain" '+%Y-%m-%d %H:%M:%S' 2>/dev/null || echo '(missing)')"
   echo "# $shape_line"
-  echo "# batch 1, S: $shapes; dtypes: $dtypes; steps $steps (first untimed); threads $threads; out: $out"
+  echo "# batch 1, S: $shapes; dtypes: $dtypes; recompute: $recompute; steps $steps (first untimed); threads $threads; out: $out"
 } | tee "$summary"
 
 torch2_note=""
@@ -147,7 +158,7 @@ for dtype in $dtypes; do
         note="this CPU has no AVX512-BF16 or AMX-BF16"
       else
         check_memory "meshtrain's plan (meshtrain compile)" "$("$build/meshtrain" compile "$model" \
-          per_device_batch_size=1 max_target_length="$seq" dtype="$dtype" 2>&1 \
+          per_device_batch_size=1 max_target_length="$seq" dtype="$dtype" remat_policy="$recompute" 2>&1 \
           | sed -n 's/^process arena: .*(\([0-9]*\) bytes)$/\1/p' | awk '{printf "%.1f", $1 / 2^30}')"
       fi
       if [ -n "$note" ]; then
@@ -159,7 +170,7 @@ for dtype in $dtypes; do
           --metrics "$rd/metrics.jsonl" --clean "$rd" -- \
           env XDG_CACHE_HOME="$rd.cache" OMP_NUM_THREADS="$threads" "$build/meshtrain" train "$model" \
           dataset_type=synthetic per_device_batch_size=1 max_target_length="$seq" steps="$steps" \
-          enable_checkpointing=false dtype="$dtype" run_dir="$rd"
+          enable_checkpointing=false dtype="$dtype" remat_policy="$recompute" run_dir="$rd"
         grep -m1 "^machine:" "$out/${mesh_peer}_S${seq}.log" | sed 's/^/   meshtrain /' | tee -a "$summary" || true
       fi
     fi
@@ -168,14 +179,15 @@ for dtype in $dtypes; do
       note="$torch2_note" status=missing
       if [ -z "$note" ]; then
         check_memory "PyTorch's estimate (long_context.py memory)" \
-          "$(lc memory --repo "$repo" --model "$model" --seq "$seq" --dtype "$dtype")"
+          "$(lc memory --repo "$repo" --model "$model" --seq "$seq" --dtype "$dtype" "${torch_recompute[@]}")"
       fi
       if [ -n "$note" ]; then
         record_not_run "$torch_peer"
       else
         peers_run "${runopts[@]}" --peer "$torch_peer" --batch 1 --seq "$seq" --log "$out/${torch_peer}_S${seq}.log" -- \
           env OMP_NUM_THREADS="$threads" "$torch2_python" "$here/torch_qwen3.py" --repo "$repo" --model "$model" \
-          --seq "$seq" --steps "$steps" --threads "$threads" --dtype "$dtype" --loss-chunk "$torch_loss_chunk"
+          --seq "$seq" --steps "$steps" --threads "$threads" --dtype "$dtype" --loss-chunk "$torch_loss_chunk" \
+          "${torch_recompute[@]}"
         grep -E "^(torch |sdpa)" "$out/${torch_peer}_S${seq}.log" | sed 's/^/   PyTorch /' | tee -a "$summary" || true
       fi
     fi

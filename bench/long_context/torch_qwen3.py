@@ -129,6 +129,10 @@ def main():
     ap.add_argument("--loss-chunk", type=int, default=0,
                     help="tokens per chunk of a fused linear + cross-entropy (ChunkedLinearCrossEntropy) instead "
                          "of transformers' logits and F.cross_entropy; 0: the plain loss")
+    ap.add_argument("--checkpoint-layers", action="store_true",
+                    help="recompute each decoder layer's forward in the backward (transformers' gradient "
+                         "checkpointing, torch.utils.checkpoint without reentrancy): only the layers' inputs are "
+                         "kept, as meshtrain's remat_policy=full keeps only the residual stream")
     args = ap.parse_args()
 
     if args.threads > 0:
@@ -137,6 +141,8 @@ def main():
     c = load_preset(args.repo, args.model)
     model = build_model(c, args.seq)
     model.train()
+    if args.checkpoint_layers:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     # Fused AdamW: the foreach one's temporaries (about 4 bytes a parameter) took PyTorch past this machine's
     # memory at S = 2048 (bench/long_context/README.md, Memory).
     opt, opt_kind = make_optimizer(model, fused=True)
@@ -146,7 +152,8 @@ def main():
     n_params = sum(p.numel() for p in model.parameters())
     import transformers
     print(f"torch {torch.__version__} transformers {transformers.__version__} threads {torch.get_num_threads()} "
-          f"adamw {opt_kind} params {n_params} B 1 T {args.seq} dtype {args.dtype} cpu_capability "
+          f"adamw {opt_kind} params {n_params} B 1 T {args.seq} dtype {args.dtype} "
+          f"checkpointed layers {model.is_gradient_checkpointing} cpu_capability "
           f"{cpu_capability()} mkldnn_bf16 {torch.ops.mkldnn._is_mkldnn_bf16_supported()}", flush=True)
     print(f"model {args.model}: {describe(c)}", flush=True)
 
