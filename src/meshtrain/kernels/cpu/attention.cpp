@@ -18,7 +18,8 @@
 //   the key tile, in a fixed order: dq rows over key tiles ascending, dk / dv rows over (query head of the
 //   group, query tile) ascending. Two schedules produce that order:
 //     * owner: one task per (batch, kv head) owns dk, dv of that kv head and dq of its query heads and
-//       computes each pair once. Used when B*K tasks keep the threads busy.
+//       computes each pair once; dq accumulates in a contiguous per-thread copy [group][Sq][d] that goes to
+//       dq when the task ends (dq's rows are H * d floats apart). Used when B*K tasks keep the threads busy.
 //     * split: pass 1, one task per (batch, kv head, key tile), writes dk, dv; pass 2, one task per (batch,
 //       query head, query tile), writes dq. Each pair is computed twice (about 1.4x the flops) but there are
 //       S/kTile times more tasks; used when B*K is too small for the threads.
@@ -533,6 +534,8 @@ void forward_query_tile(ForwardBuffers& buffers, float* out, float* lse, const H
 // row_dot (= rowsum(dout * out)) are [Sq]. dq, or dk and dv, are null when that side is not wanted.
 struct GradView {
   float* dq;
+  int64_t
+      dq_stride;  // floats between dq rows: H * d in the caller's layout, d in the owner's dq (backward_sets)
   float* dk;
   float* dv;
   const float* dout;
@@ -629,8 +632,8 @@ void backward_pair(BackwardBuffers& buffers, const HeadView& view, const GradVie
   // Element (query i, key j) of P and dS sits at [i * i_stride + j * j_stride].
   const int64_t i_stride = keys_are_rows ? 1 : kTile, j_stride = keys_are_rows ? kTile : 1;
   if (grad.dq != nullptr) {
-    rank_update_rows(grad.dq + i0 * qs, qs, rows, buffers.dscores, j_stride, i_stride, k_rows, kvs, cols, d,
-                     masked);
+    rank_update_rows(grad.dq + i0 * grad.dq_stride, grad.dq_stride, rows, buffers.dscores, j_stride, i_stride,
+                     k_rows, kvs, cols, d, masked);
   }
   if (grad.dk != nullptr) {
     rank_update_rows(grad.dv + j0 * kvs, kvs, cols, buffers.probs, i_stride, j_stride, dout_rows, qs, rows, d,
@@ -1029,12 +1032,12 @@ void backward_pair_bf16(Bf16Buffers& t, const HeadView& view, const GradView& gr
     pack_keys_zipped(t, k_rows, kvs, cols, d);
     if (keys_are_rows) {
       interleave_rows(t.tile(1), kTile, t.dscores, kTile, cols, kTile);
-      bf16_product(grad.dq + i0 * qs, qs, rows, d, t.tile(1), 1, kTile, t.zipped(2), t.width, key_pairs,
-                   true);
+      bf16_product(grad.dq + i0 * grad.dq_stride, grad.dq_stride, rows, d, t.tile(1), 1, kTile, t.zipped(2),
+                   t.width, key_pairs, true);
     } else {
       round_rows(t.tile(1), kTile / 2, t.dscores, kTile, rows, kTile);
-      bf16_product(grad.dq + i0 * qs, qs, rows, d, t.tile(1), kTile / 2, 1, t.zipped(2), t.width, key_pairs,
-                   true);
+      bf16_product(grad.dq + i0 * grad.dq_stride, grad.dq_stride, rows, d, t.tile(1), kTile / 2, 1,
+                   t.zipped(2), t.width, key_pairs, true);
     }
   }
   if (grad.dk != nullptr) {  // dv^T[c][j] += sum_i dout[i][c] P[i][j], dk^T[c][j] += sum_i q[i][c] dS[i][j]
@@ -1454,7 +1457,7 @@ MESHTRAIN_AMX void backward_pair_amx(AmxBuffers& t, const HeadView& view, const 
     amx_product(AmxProduct{t.dq_tile.data(), width * 4, t.ds_rows, kTile * 2, t.keys.token_pairs(key_slot),
                            width * 4, row_tiles, width / 16, kTile / 32, false});
     for (int64_t i = 0; i < rows; ++i) {
-      float* dqi = grad.dq + (i0 + i) * qs;
+      float* dqi = grad.dq + (i0 + i) * grad.dq_stride;
       const float* partial = t.dq_tile.data() + i * width;
 #pragma omp simd
       for (int64_t c = 0; c < d; ++c) dqi[c] += partial[c];
@@ -1573,6 +1576,7 @@ void backward_sets(float* dq, float* dk, float* dv, const float* dout, const flo
   const auto grad_view = [&](int64_t b, int64_t h, bool want_dq, bool want_dkdv) {
     const int64_t g = h / group;
     return GradView{want_dq ? dq + (b * Sq * H + h) * d : nullptr,
+                    H * d,
                     want_dkdv ? dk + (b * Skv * K + g) * d : nullptr,
                     want_dkdv ? dv + (b * Skv * K + g) * d : nullptr,
                     dout + (b * Sq * H + h) * d,
@@ -1580,8 +1584,9 @@ void backward_sets(float* dq, float* dk, float* dv, const float* dout, const flo
                     row_dot + (b * H + h) * Sq};
   };
   // All query tiles of the group's heads against key tile [j0, j0 + cols) (layout: key tile packed once).
+  // dq_owned: the owner schedule's contiguous dq of the group's heads (below), or nullptr for dq in place.
   const auto key_tile = [&](typename Kernel::Backward& buffers, int64_t b, int64_t g, int64_t j0,
-                            int64_t cols, bool want_dq) {
+                            int64_t cols, bool want_dq, float* dq_owned) {
     float* dk_tile = dk + ((b * Skv + j0) * K + g) * d;
     float* dv_tile = dv + ((b * Skv + j0) * K + g) * d;
     Kernel::begin_key_tile(buffers, dk_tile, dv_tile, K * d, cols, d, accumulate);
@@ -1590,7 +1595,11 @@ void backward_sets(float* dq, float* dk, float* dv, const float* dout, const flo
                     sets.kv_segment_ids == nullptr ? nullptr : sets.kv_segment_ids + b * Skv, j0, j0 + cols);
     for (int64_t h = g * group; h < (g + 1) * group; ++h) {
       const HeadView view = head_view(q, k, v, sets, b, h, H, K, d);
-      const GradView grad = grad_view(b, h, want_dq, true);
+      GradView grad = grad_view(b, h, want_dq, true);
+      if (dq_owned != nullptr) {
+        grad.dq = dq_owned + (h - g * group) * Sq * d;
+        grad.dq_stride = d;
+      }
       for (int64_t i0 = 0; i0 < Sq; i0 += kTile) {
         const int64_t rows = std::min(Sq - i0, kTile);
         const TileBounds query_bounds = tile_bounds(view.q_positions, view.q_segment_ids, i0, i0 + rows);
@@ -1611,15 +1620,32 @@ void backward_sets(float* dq, float* dk, float* dv, const float* dout, const flo
 #pragma omp parallel
     {
       typename Kernel::Backward buffers(BufferShape{d, Sq, Skv, group});
+      // dq of the owner's query heads accumulates here, [group][Sq][d], and goes to dq when the owner is
+      // done: in dq's own layout [B, Sq, H, d] the rows are H * d floats apart (8 KB at qwen3-0.6b), so every
+      // key tile's updates touched 64 rows on 64 pages, and the store of those sums was half of the pair's
+      // non-product time. The same additions in the same order: bitwise the same dq.
+      std::vector<float> dq_owned(static_cast<size_t>(group * Sq * d));
 #pragma omp for schedule(dynamic, 1)
       for (int64_t owner = 0; owner < owners; ++owner) {
         const int64_t b = owner / K, g = owner % K;
-        if (!accumulate) {
-          for (int64_t h = g * group; h < (g + 1) * group; ++h)
-            zero_rows(dq + (b * Sq * H + h) * d, H * d, Sq, d);
+        for (int64_t h = g * group; h < (g + 1) * group; ++h) {
+          float* owned = dq_owned.data() + (h - g * group) * Sq * d;
+          const float* rows = dq + (b * Sq * H + h) * d;
+          for (int64_t i = 0; i < Sq; ++i) {
+            if (accumulate) {
+              std::copy(rows + i * H * d, rows + i * H * d + d, owned + i * d);
+            } else {
+              std::fill_n(owned + i * d, d, 0.0f);
+            }
+          }
         }
         for (int64_t j0 = 0; j0 < Skv; j0 += kTile)
-          key_tile(buffers, b, g, j0, std::min(Skv - j0, kTile), true);
+          key_tile(buffers, b, g, j0, std::min(Skv - j0, kTile), true, dq_owned.data());
+        for (int64_t h = g * group; h < (g + 1) * group; ++h) {
+          const float* owned = dq_owned.data() + (h - g * group) * Sq * d;
+          float* rows = dq + (b * Sq * H + h) * d;
+          for (int64_t i = 0; i < Sq; ++i) std::copy(owned + i * d, owned + (i + 1) * d, rows + i * H * d);
+        }
       }
     }
     return;
@@ -1633,7 +1659,7 @@ void backward_sets(float* dq, float* dk, float* dv, const float* dout, const flo
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < B * K * key_tiles; ++task) {
       const int64_t j0 = (task % key_tiles) * kTile, owner = task / key_tiles;
-      key_tile(buffers, owner / K, owner % K, j0, std::min(Skv - j0, kTile), false);
+      key_tile(buffers, owner / K, owner % K, j0, std::min(Skv - j0, kTile), false, nullptr);
     }
     // Pass 2 (after the implicit barrier): dq per (batch, query head, query tile), key tiles ascending as in
     // the owner schedule, layout with the query tile packed once.

@@ -100,7 +100,9 @@ ContextAttentionBackwardScratchFloats context_attention_backward_scratch_floats;
 //   tiles it packed for the whole call (linear in S; attention.cpp, "bf16 products on AMX tiles").
 // Every kind takes the same arguments, layouts, masks, scratch and accumulate semantics, and is
 // deterministic and bitwise independent of the thread count; each checks at run time that the CPU can run
-// it. The cpu table picks the kind it runs under dtype=bfloat16 (cpu/backend.cpp).
+// it. The cpu table picks the kind it runs under dtype=bfloat16 (cpu/backend.cpp). In the backward's owner
+// schedule every kind accumulates dq of its kv head's query heads in a contiguous copy per thread (group x S
+// x d floats, linear in S) and writes it to dq once (attention.cpp, "Work split and determinism").
 enum class AttentionProducts { float32, avx512_bf16, amx };
 AttentionKernels attention_kernels_with(AttentionProducts products);
 
