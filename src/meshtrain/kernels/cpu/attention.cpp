@@ -534,8 +534,8 @@ void forward_query_tile(ForwardBuffers& buffers, float* out, float* lse, const H
 // row_dot (= rowsum(dout * out)) are [Sq]. dq, or dk and dv, are null when that side is not wanted.
 struct GradView {
   float* dq;
-  int64_t
-      dq_stride;  // floats between dq rows: H * d in the caller's layout, d in the owner's dq (backward_sets)
+  // Floats between dq rows: H * d in the caller's layout, d in the owner schedule's copy (backward_sets).
+  int64_t dq_stride;
   float* dk;
   float* dv;
   const float* dout;

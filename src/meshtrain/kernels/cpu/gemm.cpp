@@ -492,7 +492,7 @@ void gemm_bf16_float32_b(bool transpose_a, bool transpose_b, int64_t M, int64_t 
                          const uint16_t* A, int64_t lda, const float* B, int64_t ldb, bool accumulate,
                          float* C, int64_t ldc, uint16_t* b_scratch, const float* bias) {
   MT_CHECK(bias == nullptr || !accumulate, "gemm_bf16_float32_b adds a bias only to a product it writes");
-  // Without a bias, or with no product to add it to (K == 0), C starts as stored or as the bias rows.
+  // C = the bias in every row: all of C when there is no product (K == 0), else where the fallback adds it.
   const auto start_with_bias = [&] {
     for (int64_t m = 0; m < M; ++m) std::copy(bias, bias + N, C + m * ldc);
   };
