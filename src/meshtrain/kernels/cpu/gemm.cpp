@@ -22,22 +22,34 @@ namespace {
 
 // The oneDNN C functions the engine calls, looked up in the library loaded at run time. The header gives
 // their exact types; the soname (libdnnl.so.2) pins the 2.x interface the header describes.
-#define MESHTRAIN_ONEDNN_FUNCTIONS(X)                                                                      \
-  X(dnnl_version)                                                                                          \
-  X(dnnl_get_effective_cpu_isa)                                                                            \
-  X(dnnl_sgemm)                                                                                            \
-  X(dnnl_engine_create)                                                                                    \
-  X(dnnl_stream_create)                                                                                    \
-  X(dnnl_stream_wait)                                                                                      \
-  X(dnnl_memory_desc_init_by_strides)                                                                      \
-  X(dnnl_matmul_desc_init)                                                                                 \
-  X(dnnl_primitive_attr_create)                                                                            \
-  X(dnnl_primitive_attr_destroy)                                                                           \
-  X(dnnl_post_ops_create) X(dnnl_post_ops_destroy) X(dnnl_post_ops_append_sum)                             \
-      X(dnnl_primitive_attr_set_post_ops) X(dnnl_primitive_desc_create) X(dnnl_primitive_desc_destroy)     \
-          X(dnnl_primitive_create) X(dnnl_memory_create) X(dnnl_memory_destroy) X(dnnl_primitive_execute)  \
-              X(dnnl_primitive_desc_query) X(dnnl_memory_desc_init_by_tag) X(dnnl_primitive_desc_query_md) \
-                  X(dnnl_memory_desc_get_size) X(dnnl_reorder_primitive_desc_create)
+// clang-format off: it lays this list out differently on every pass
+#define MESHTRAIN_ONEDNN_FUNCTIONS(X) \
+  X(dnnl_version)                     \
+  X(dnnl_get_effective_cpu_isa)       \
+  X(dnnl_sgemm)                       \
+  X(dnnl_engine_create)               \
+  X(dnnl_stream_create)               \
+  X(dnnl_stream_wait)                 \
+  X(dnnl_memory_desc_init_by_strides) \
+  X(dnnl_matmul_desc_init)            \
+  X(dnnl_primitive_attr_create)       \
+  X(dnnl_primitive_attr_destroy)      \
+  X(dnnl_post_ops_create)             \
+  X(dnnl_post_ops_destroy)            \
+  X(dnnl_post_ops_append_sum)         \
+  X(dnnl_primitive_attr_set_post_ops) \
+  X(dnnl_primitive_desc_create)       \
+  X(dnnl_primitive_desc_destroy)      \
+  X(dnnl_primitive_create)            \
+  X(dnnl_memory_create)               \
+  X(dnnl_memory_destroy)              \
+  X(dnnl_primitive_execute)           \
+  X(dnnl_primitive_desc_query)        \
+  X(dnnl_memory_desc_init_by_tag)     \
+  X(dnnl_primitive_desc_query_md)     \
+  X(dnnl_memory_desc_get_size)        \
+  X(dnnl_reorder_primitive_desc_create)
+// clang-format on
 
 // A bf16 matmul whose B arrives in float32: one reorder rounds B into the layout the matmul's kernel reads
 // (format_tag any: oneDNN's blocked, VNNI-interleaved weights), so the product copies nothing of B itself.
