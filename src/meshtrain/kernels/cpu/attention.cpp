@@ -1122,7 +1122,7 @@ struct Bf16Kernel {
 //                                                 float32 tile that is added to dq rows;
 //             dv^T += dO^T . P, dk^T += Q^T . dS  A: dO^T, Q^T bf16 (d x queries), B: P, dS pair rows (query
 //                                                 pairs), into per-key-tile accumulators as in the bf16
-//                                                 kernel.
+//                                                 kernel, two tile pairs per product (one held back).
 // The layout never depends on the schedule (the keys_are_rows hint of the float32 kernel is ignored), so
 // the owner and split schedules compute each partial product identically and add them in the same order:
 // results are bitwise independent of the thread count. Token operands are packed (rounded, zero-padded to
@@ -1136,6 +1136,8 @@ struct Bf16Kernel {
 
 // C (+)= A B over whole tiles: A tile (mi, k) at a + mi * 16 * a_stride + k * 64 bytes, B tile (k, nj) at
 // b + k * 16 * b_stride + nj * 64, C tile (mi, nj) at c + mi * 16 * c_stride + nj * 64 (strides in bytes).
+// With a2 / b2, the reduction goes on over ksteps2 more steps read from them (same strides): C (+)= A B + A2
+// B2 with C kept on the tile registers in between, the same instructions in the same order as two products.
 struct AmxProduct {
   float* c;
   int64_t c_stride;
@@ -1145,14 +1147,15 @@ struct AmxProduct {
   int64_t b_stride;
   int64_t m_tiles, n_tiles, ksteps;
   bool accumulate;  // C starts from memory, else from 0
+  const void* a2 = nullptr;
+  const void* b2 = nullptr;
+  int64_t ksteps2 = 0;
 };
 
 // C tiles [mi, mi + MR) x [nj, nj + NR) of an AmxProduct, the reduction in ascending k.
 template <int MR, int NR>
 MESHTRAIN_AMX void amx_block(const AmxProduct& p, int64_t mi, int64_t nj) {
   char* const c = reinterpret_cast<char*>(p.c) + mi * 16 * p.c_stride + nj * 64;
-  const char* const a = static_cast<const char*>(p.a) + mi * 16 * p.a_stride;
-  const char* const b = static_cast<const char*>(p.b) + nj * 64;
   const int64_t c_down = 16 * p.c_stride, a_down = 16 * p.a_stride, b_down = 16 * p.b_stride;
   if (p.accumulate) {
     _tile_loadd(0, c, p.c_stride);
@@ -1167,20 +1170,26 @@ MESHTRAIN_AMX void amx_block(const AmxProduct& p, int64_t mi, int64_t nj) {
   }
   // Each load just before the first product that reads it: the next step's A0 / B0 loads then overlap the
   // products of A1 (a tile register is free once the products reading it are done).
-  for (int64_t k = 0; k < p.ksteps; ++k) {
-    _tile_loadd(4, a + k * 64, p.a_stride);
-    _tile_loadd(6, b + k * b_down, p.b_stride);
-    _tile_dpbf16ps(0, 4, 6);
-    if constexpr (NR > 1) {
-      _tile_loadd(7, b + k * b_down + 64, p.b_stride);
-      _tile_dpbf16ps(1, 4, 7);
+  const auto reduce = [&](const void* a_base, const void* b_base, int64_t ksteps) {
+    const char* const a = static_cast<const char*>(a_base) + mi * 16 * p.a_stride;
+    const char* const b = static_cast<const char*>(b_base) + nj * 64;
+    for (int64_t k = 0; k < ksteps; ++k) {
+      _tile_loadd(4, a + k * 64, p.a_stride);
+      _tile_loadd(6, b + k * b_down, p.b_stride);
+      _tile_dpbf16ps(0, 4, 6);
+      if constexpr (NR > 1) {
+        _tile_loadd(7, b + k * b_down + 64, p.b_stride);
+        _tile_dpbf16ps(1, 4, 7);
+      }
+      if constexpr (MR > 1) {
+        _tile_loadd(5, a + a_down + k * 64, p.a_stride);
+        _tile_dpbf16ps(2, 5, 6);
+      }
+      if constexpr (MR > 1 && NR > 1) _tile_dpbf16ps(3, 5, 7);
     }
-    if constexpr (MR > 1) {
-      _tile_loadd(5, a + a_down + k * 64, p.a_stride);
-      _tile_dpbf16ps(2, 5, 6);
-    }
-    if constexpr (MR > 1 && NR > 1) _tile_dpbf16ps(3, 5, 7);
-  }
+  };
+  reduce(p.a, p.b, p.ksteps);
+  if (p.ksteps2 > 0) reduce(p.a2, p.b2, p.ksteps2);
   _tile_stored(0, c, p.c_stride);
   if constexpr (NR > 1) _tile_stored(1, c + 64, p.c_stride);
   if constexpr (MR > 1) _tile_stored(2, c + c_down, p.c_stride);
@@ -1325,9 +1334,20 @@ struct AmxBuffers {
   SoftmaxRows softmax;
   alignas(64) float probs[kTile * kTile];
   alignas(64) float dscores[kTile * kTile];
-  alignas(64) uint32_t p_pairs[kTile * kTile / 2];   // P (backward) or P^T (forward) pair rows
-  alignas(64) uint32_t ds_pairs[kTile * kTile / 2];  // dS pair rows
-  alignas(64) uint32_t ds_rows[kTile * kTile / 2];   // dS rows bf16 [kTile][kTile / 2 pairs]
+  // P (backward) or P^T (forward) pair rows, and dS pair rows: two of each, [current] for the pair being
+  // computed and the other for a held-back one (below).
+  alignas(64) uint32_t p_pairs_data[2][kTile * kTile / 2];
+  alignas(64) uint32_t ds_pairs_data[2][kTile * kTile / 2];
+  int current = 0;
+  uint32_t* p_pairs() { return p_pairs_data[current]; }
+  uint32_t* ds_pairs() { return ds_pairs_data[current]; }
+  alignas(64) uint32_t ds_rows[kTile * kTile / 2];  // dS rows bf16 [kTile][kTile / 2 pairs]
+  // The backward's dk^T / dv^T products of one tile pair are held back and run with the next pair's as one
+  // product over 128 queries (backward_pair_amx): the float32 accumulators are loaded and stored half as
+  // often. held: whether a pair waits, its query slot, and which of the pair-row buffers hold its P and dS.
+  bool held = false;
+  int64_t held_query_slot = 0;
+  int held_buffers = 0;
 };
 
 // The AMX forward of query rows [i0, i0 + rows) of one head: forward_query_tile with the products above.
@@ -1364,8 +1384,8 @@ MESHTRAIN_AMX void forward_query_tile_amx(AmxBuffers& t, float* out, float* lse,
       for (int64_t lane = 0; lane < kTile; ++lane) row[lane] *= t.softmax.alpha[lane];
     }
     // out^T [width][kTile] += V^T P^T: key pairs of P^T as pair rows.
-    interleave_rows(t.p_pairs, kTile, t.probs, kTile, cols, kTile);
-    amx_product(AmxProduct{out_t, kTile * 4, t.values.columns(slot), kTile * 2, t.p_pairs, kTile * 4,
+    interleave_rows(t.p_pairs(), kTile, t.probs, kTile, cols, kTile);
+    amx_product(AmxProduct{out_t, kTile * 4, t.values.columns(slot), kTile * 2, t.p_pairs(), kTile * 4,
                            width / 16, kTile / 16, kTile / 32, true});
   }
   // As finish_query_rows, from out^T: the row's 1 / sum (0 for a query that saw no key), its lse.
@@ -1381,9 +1401,9 @@ MESHTRAIN_AMX void forward_query_tile_amx(AmxBuffers& t, float* out, float* lse,
 // The AMX backward's P = exp(scale s - lse) and dS = scale * P * (dP - row_dot) of query rows [i0, i0 +
 // rows) x the key tile, from the raw scores q.k in t.probs and the raw dout.v in t.dscores (query rows x
 // key lanes), written straight as the bf16 operands the products read: with want_dq, t.ds_rows (dS rows);
-// with want_dkdv, t.p_pairs and t.ds_pairs (query rows 2u and 2u + 1 interleaved); zero beyond `rows`. The
-// same values, element by element and rounding by rounding, as probabilities_and_score_gradients followed by
-// round_rows and interleave_rows, without writing and reading P and dS in float32 in between.
+// with want_dkdv, t.p_pairs() and t.ds_pairs() (query rows 2u and 2u + 1 interleaved); zero beyond `rows`.
+// The same values, element by element and rounding by rounding, as probabilities_and_score_gradients followed
+// by round_rows and interleave_rows, without writing and reading P and dS in float32 in between.
 MESHTRAIN_AMX void amx_probabilities_and_score_gradients(AmxBuffers& t, const HeadView& view,
                                                          const GradView& grad, int64_t i0, int64_t rows,
                                                          int64_t j0, int64_t cols, bool masked, float scale,
@@ -1415,9 +1435,9 @@ MESHTRAIN_AMX void amx_probabilities_and_score_gradients(AmxBuffers& t, const He
       for (int64_t c = 0; c < kTile; c += 16) {
         const __m512bh p_both = _mm512_cvtne2ps_pbh(_mm512_load_ps(p[1] + c), _mm512_load_ps(p[0] + c));
         const __m512bh ds_both = _mm512_cvtne2ps_pbh(_mm512_load_ps(ds[1] + c), _mm512_load_ps(ds[0] + c));
-        _mm512_store_si512(t.p_pairs + r / 2 * kTile + c,
+        _mm512_store_si512(t.p_pairs() + r / 2 * kTile + c,
                            _mm512_permutexvar_epi16(zip, reinterpret_cast<const __m512i&>(p_both)));
-        _mm512_store_si512(t.ds_pairs + r / 2 * kTile + c,
+        _mm512_store_si512(t.ds_pairs() + r / 2 * kTile + c,
                            _mm512_permutexvar_epi16(zip, reinterpret_cast<const __m512i&>(ds_both)));
       }
     }
@@ -1433,6 +1453,9 @@ MESHTRAIN_AMX void amx_probabilities_and_score_gradients(AmxBuffers& t, const He
     }
   }
 }
+
+MESHTRAIN_AMX void add_key_gradients_amx(AmxBuffers& t, int64_t first, int first_buffers, int64_t second,
+                                         int second_buffers);
 
 // The AMX backward of one tile pair (layout above, whatever keys_are_rows says).
 MESHTRAIN_AMX void backward_pair_amx(AmxBuffers& t, const HeadView& view, const GradView& grad, int64_t i0,
@@ -1463,14 +1486,37 @@ MESHTRAIN_AMX void backward_pair_amx(AmxBuffers& t, const HeadView& view, const 
       for (int64_t c = 0; c < d; ++c) dqi[c] += partial[c];
     }
   }
-  if (grad.dk != nullptr) {  // dv^T += dO^T P, dk^T += Q^T dS
-    float* dk_t = t.accumulators.data();
-    float* dv_t = dk_t + width * kTile;
-    amx_product(AmxProduct{dv_t, kTile * 4, t.douts.columns(query_slot), kTile * 2, t.p_pairs, kTile * 4,
-                           width / 16, kTile / 16, kTile / 32, true});
-    amx_product(AmxProduct{dk_t, kTile * 4, t.queries.columns(query_slot), kTile * 2, t.ds_pairs, kTile * 4,
-                           width / 16, kTile / 16, kTile / 32, true});
+  if (grad.dk !=
+      nullptr) {  // dv^T += dO^T P, dk^T += Q^T dS: held back for the next pair, or with the held one
+    if (!t.held) {
+      t.held = true;
+      t.held_query_slot = query_slot;
+      t.held_buffers = t.current;
+      t.current ^= 1;  // the next pair writes its P and dS beside these
+    } else {
+      add_key_gradients_amx(t, t.held_query_slot, t.held_buffers, query_slot, t.current);
+      t.held = false;
+    }
   }
+}
+
+// dv^T += dO^T P and dk^T += Q^T dS of the held tile pair (query slot `first`, pair rows in buffers
+// first_buffers) and, when second >= 0, of the next one, as one product over both pairs' queries: the same
+// tile instructions in the same order as a product per pair, so bitwise the same sums.
+MESHTRAIN_AMX void add_key_gradients_amx(AmxBuffers& t, int64_t first, int first_buffers, int64_t second,
+                                         int second_buffers) {
+  const int64_t width = t.width;
+  float* dk_t = t.accumulators.data();
+  float* dv_t = dk_t + width * kTile;
+  const bool both = second >= 0;
+  amx_product(AmxProduct{dv_t, kTile * 4, t.douts.columns(first), kTile * 2, t.p_pairs_data[first_buffers],
+                         kTile * 4, width / 16, kTile / 16, kTile / 32, true,
+                         both ? t.douts.columns(second) : nullptr,
+                         both ? t.p_pairs_data[second_buffers] : nullptr, both ? kTile / 32 : 0});
+  amx_product(AmxProduct{dk_t, kTile * 4, t.queries.columns(first), kTile * 2, t.ds_pairs_data[first_buffers],
+                         kTile * 4, width / 16, kTile / 16, kTile / 32, true,
+                         both ? t.queries.columns(second) : nullptr,
+                         both ? t.ds_pairs_data[second_buffers] : nullptr, both ? kTile / 32 : 0});
 }
 
 struct AmxForwardBuffers : AmxBuffers {
@@ -1508,6 +1554,10 @@ struct AmxKernel {
                                    accumulate);
   }
   static void end_key_tile(AmxBuffers& t, float* dk, float* dv, int64_t stride, int64_t cols, int64_t d) {
+    if (t.held) {  // a pair held back with no next one in this key tile: its products alone
+      add_key_gradients_amx(t, t.held_query_slot, t.held_buffers, -1, 0);
+      t.held = false;
+    }
     const float* dk_t = t.accumulators.data();
     end_transposed_key_gradients(dk_t, dk_t + t.width * kTile, dk, dv, stride, cols, d);
   }
