@@ -1486,8 +1486,8 @@ MESHTRAIN_AMX void backward_pair_amx(AmxBuffers& t, const HeadView& view, const 
       for (int64_t c = 0; c < d; ++c) dqi[c] += partial[c];
     }
   }
-  if (grad.dk !=
-      nullptr) {  // dv^T += dO^T P, dk^T += Q^T dS: held back for the next pair, or with the held one
+  // dv^T += dO^T P, dk^T += Q^T dS: held back for the next pair, or run with the held one.
+  if (grad.dk != nullptr) {
     if (!t.held) {
       t.held = true;
       t.held_query_slot = query_slot;
