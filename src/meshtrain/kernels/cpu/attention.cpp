@@ -1334,20 +1334,18 @@ struct AmxBuffers {
   SoftmaxRows softmax;
   alignas(64) float probs[kTile * kTile];
   alignas(64) float dscores[kTile * kTile];
-  // P (backward) or P^T (forward) pair rows, and dS pair rows: two of each, [current] for the pair being
-  // computed and the other for a held-back one (below).
-  alignas(64) uint32_t p_pairs_data[2][kTile * kTile / 2];
-  alignas(64) uint32_t ds_pairs_data[2][kTile * kTile / 2];
-  int current = 0;
-  uint32_t* p_pairs() { return p_pairs_data[current]; }
-  uint32_t* ds_pairs() { return ds_pairs_data[current]; }
-  alignas(64) uint32_t ds_rows[kTile * kTile / 2];  // dS rows bf16 [kTile][kTile / 2 pairs]
   // The backward's dk^T / dv^T products of one tile pair are held back and run with the next pair's as one
   // product over 128 queries (backward_pair_amx): the float32 accumulators are loaded and stored half as
-  // often. held: whether a pair waits, its query slot, and which of the pair-row buffers hold its P and dS.
+  // often. held: whether a pair waits, and its query slot.
   bool held = false;
   int64_t held_query_slot = 0;
-  int held_buffers = 0;
+  // P (backward) or P^T (forward) pair rows, and dS pair rows: [0] of a held-back pair, [1] of the pair
+  // computed while one is held; p_pairs() / ds_pairs() are those of the pair being computed.
+  alignas(64) uint32_t p_pairs_data[2][kTile * kTile / 2];
+  alignas(64) uint32_t ds_pairs_data[2][kTile * kTile / 2];
+  uint32_t* p_pairs() { return p_pairs_data[held ? 1 : 0]; }
+  uint32_t* ds_pairs() { return ds_pairs_data[held ? 1 : 0]; }
+  alignas(64) uint32_t ds_rows[kTile * kTile / 2];  // dS rows bf16 [kTile][kTile / 2 pairs]
 };
 
 // The AMX forward of query rows [i0, i0 + rows) of one head: forward_query_tile with the products above.
@@ -1454,8 +1452,7 @@ MESHTRAIN_AMX void amx_probabilities_and_score_gradients(AmxBuffers& t, const He
   }
 }
 
-MESHTRAIN_AMX void add_key_gradients_amx(AmxBuffers& t, int64_t first, int first_buffers, int64_t second,
-                                         int second_buffers);
+MESHTRAIN_AMX void add_key_gradients_amx(AmxBuffers& t, int64_t second);
 
 // The AMX backward of one tile pair (layout above, whatever keys_are_rows says).
 MESHTRAIN_AMX void backward_pair_amx(AmxBuffers& t, const HeadView& view, const GradView& grad, int64_t i0,
@@ -1489,34 +1486,29 @@ MESHTRAIN_AMX void backward_pair_amx(AmxBuffers& t, const HeadView& view, const 
   // dv^T += dO^T P, dk^T += Q^T dS: held back for the next pair, or run with the held one.
   if (grad.dk != nullptr) {
     if (!t.held) {
-      t.held = true;
+      t.held = true;  // the next pair writes its P and dS beside these
       t.held_query_slot = query_slot;
-      t.held_buffers = t.current;
-      t.current ^= 1;  // the next pair writes its P and dS beside these
     } else {
-      add_key_gradients_amx(t, t.held_query_slot, t.held_buffers, query_slot, t.current);
-      t.held = false;
+      add_key_gradients_amx(t, query_slot);
     }
   }
 }
 
-// dv^T += dO^T P and dk^T += Q^T dS of the held tile pair (query slot `first`, pair rows in buffers
-// first_buffers) and, when second >= 0, of the next one, as one product over both pairs' queries: the same
-// tile instructions in the same order as a product per pair, so bitwise the same sums.
-MESHTRAIN_AMX void add_key_gradients_amx(AmxBuffers& t, int64_t first, int first_buffers, int64_t second,
-                                         int second_buffers) {
-  const int64_t width = t.width;
+// dv^T += dO^T P and dk^T += Q^T dS of the held tile pair (its pair rows in buffers [0]) and, when second >=
+// 0, of the pair of query slot `second` (buffers [1]), as one product over both pairs' queries: the same tile
+// instructions in the same order as a product per pair, so bitwise the same sums. Nothing is held after.
+MESHTRAIN_AMX void add_key_gradients_amx(AmxBuffers& t, int64_t second) {
+  const int64_t width = t.width, first = t.held_query_slot;
   float* dk_t = t.accumulators.data();
   float* dv_t = dk_t + width * kTile;
   const bool both = second >= 0;
-  amx_product(AmxProduct{dv_t, kTile * 4, t.douts.columns(first), kTile * 2, t.p_pairs_data[first_buffers],
-                         kTile * 4, width / 16, kTile / 16, kTile / 32, true,
-                         both ? t.douts.columns(second) : nullptr,
-                         both ? t.p_pairs_data[second_buffers] : nullptr, both ? kTile / 32 : 0});
-  amx_product(AmxProduct{dk_t, kTile * 4, t.queries.columns(first), kTile * 2, t.ds_pairs_data[first_buffers],
-                         kTile * 4, width / 16, kTile / 16, kTile / 32, true,
-                         both ? t.queries.columns(second) : nullptr,
-                         both ? t.ds_pairs_data[second_buffers] : nullptr, both ? kTile / 32 : 0});
+  amx_product(AmxProduct{dv_t, kTile * 4, t.douts.columns(first), kTile * 2, t.p_pairs_data[0], kTile * 4,
+                         width / 16, kTile / 16, kTile / 32, true, both ? t.douts.columns(second) : nullptr,
+                         both ? t.p_pairs_data[1] : nullptr, both ? kTile / 32 : 0});
+  amx_product(AmxProduct{dk_t, kTile * 4, t.queries.columns(first), kTile * 2, t.ds_pairs_data[0], kTile * 4,
+                         width / 16, kTile / 16, kTile / 32, true, both ? t.queries.columns(second) : nullptr,
+                         both ? t.ds_pairs_data[1] : nullptr, both ? kTile / 32 : 0});
+  t.held = false;
 }
 
 struct AmxForwardBuffers : AmxBuffers {
@@ -1554,10 +1546,7 @@ struct AmxKernel {
                                    accumulate);
   }
   static void end_key_tile(AmxBuffers& t, float* dk, float* dv, int64_t stride, int64_t cols, int64_t d) {
-    if (t.held) {  // a pair held back with no next one in this key tile: its products alone
-      add_key_gradients_amx(t, t.held_query_slot, t.held_buffers, -1, 0);
-      t.held = false;
-    }
+    if (t.held) add_key_gradients_amx(t, -1);  // a pair held back with no next one in this key tile
     const float* dk_t = t.accumulators.data();
     end_transposed_key_gradients(dk_t, dk_t + t.width * kTile, dk, dv, stride, cols, d);
   }
@@ -1678,16 +1667,14 @@ void backward_sets(float* dq, float* dk, float* dv, const float* dout, const flo
 #pragma omp for schedule(dynamic, 1)
       for (int64_t owner = 0; owner < owners; ++owner) {
         const int64_t b = owner / K, g = owner % K;
-        for (int64_t h = g * group; h < (g + 1) * group; ++h) {
-          float* owned = dq_owned.data() + (h - g * group) * Sq * d;
-          const float* rows = dq + (b * Sq * H + h) * d;
-          for (int64_t i = 0; i < Sq; ++i) {
-            if (accumulate) {
-              std::copy(rows + i * H * d, rows + i * H * d + d, owned + i * d);
-            } else {
-              std::fill_n(owned + i * d, d, 0.0f);
-            }
+        if (accumulate) {
+          for (int64_t h = g * group; h < (g + 1) * group; ++h) {
+            float* owned = dq_owned.data() + (h - g * group) * Sq * d;
+            const float* rows = dq + (b * Sq * H + h) * d;
+            for (int64_t i = 0; i < Sq; ++i) std::copy(rows + i * H * d, rows + i * H * d + d, owned + i * d);
           }
+        } else {
+          std::fill(dq_owned.begin(), dq_owned.end(), 0.0f);
         }
         for (int64_t j0 = 0; j0 < Skv; j0 += kTile)
           key_tile(buffers, b, g, j0, std::min(Skv - j0, kTile), true, dq_owned.data());
