@@ -22,8 +22,10 @@
 #include "meshtrain/plan/plan.h"
 #include "meshtrain/runtime/engine.h"
 // The machine report times and names the host GEMM itself, so it is cpu-specific by nature and reads
-// kernels/cpu/gemm.h directly rather than the backend table (kernels/backend.h) the model's ops go through.
+// kernels/cpu/gemm.h (and the host memory its operands live in) directly rather than the backend table
+// (kernels/backend.h) the model's ops go through.
 #include "meshtrain/kernels/cpu/gemm.h"
+#include "meshtrain/kernels/cpu/memory.h"
 
 namespace meshtrain {
 namespace {
@@ -34,43 +36,37 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-// An array the way the arena holds one: aligned to kArenaAlignment (64 bytes, a cache line).
-template <class T>
-struct ArenaAlignedArray {
-  explicit ArenaAlignedArray(int64_t count)
-      : data(static_cast<T*>(std::aligned_alloc(
-                 kArenaAlignment,
-                 std::max(kArenaAlignment, align_up(static_cast<size_t>(count) * sizeof(T))))),
-             std::free) {
-    MT_CHECK(data != nullptr, "the GEMM peak's operands could not be allocated");
-  }
-  T* get() const { return data.get(); }
-  std::unique_ptr<T[], void (*)(void*)> data;
-};
-
 // A square GEMM (n = 1024, best of 40 calls) in float32, or with bfloat16 inputs (f32 accumulation). The
 // plain reference GEMM (no oneDNN) is about a hundred times slower: it is timed on n = 256, which keeps a
 // run without oneDNN from spending a minute here (over 100 s in the sanitizer build) for a figure that only
-// scales its MFU. The operands are aligned as the arena aligns the step's: AMX tile loads from rows that
+// scales its MFU. The operands are in an arena, aligned as the step's are: AMX tile loads from rows that
 // straddle cache lines ran this product at 1,480-1,740 GFLOP/s against 2,300-2,490 aligned (bench/README.md).
 double measure_gemm_peak(bool bf16) {
   const int64_t n = kernels::gemm_backend().name == "reference" ? 256 : 1024;
   constexpr int kCalls = 40;
-  ArenaAlignedArray<float> a(n * n), b(n * n), c(n * n);
+  // A, B, C in float32 and A, B in bf16, each at an aligned offset of one arena in host memory.
+  const size_t floats = align_up(static_cast<size_t>(n * n) * sizeof(float));
+  const size_t halves = align_up(static_cast<size_t>(n * n) * sizeof(uint16_t));
+  const Arena operands(3 * floats + (bf16 ? 2 * halves : 0),
+                       ArenaMemory{kernels::host_memory_allocate, kernels::host_memory_free, "host memory"});
+  float* a = reinterpret_cast<float*>(operands.at(0));
+  float* b = reinterpret_cast<float*>(operands.at(floats));
+  float* c = reinterpret_cast<float*>(operands.at(2 * floats));
+  uint16_t* a_bf16 = bf16 ? reinterpret_cast<uint16_t*>(operands.at(3 * floats)) : nullptr;
+  uint16_t* b_bf16 = bf16 ? reinterpret_cast<uint16_t*>(operands.at(3 * floats + halves)) : nullptr;
   for (int64_t i = 0; i < n * n; ++i) {
-    a.get()[i] = static_cast<float>(i % 7) * 0.25f - 0.75f;
-    b.get()[i] = static_cast<float>(i % 5) * 0.5f - 1.0f;
+    a[i] = static_cast<float>(i % 7) * 0.25f - 0.75f;
+    b[i] = static_cast<float>(i % 5) * 0.5f - 1.0f;
   }
-  ArenaAlignedArray<uint16_t> a_bf16(bf16 ? n * n : 0), b_bf16(bf16 ? n * n : 0);
   if (bf16) {
-    round_to_bfloat16(a.get(), n, n, n, a_bf16.get());
-    round_to_bfloat16(b.get(), n, n, n, b_bf16.get());
+    round_to_bfloat16(a, n, n, n, a_bf16);
+    round_to_bfloat16(b, n, n, n, b_bf16);
   }
   const auto call = [&] {
     if (bf16) {
-      kernels::gemm_bf16(false, false, n, n, n, a_bf16.get(), n, b_bf16.get(), n, false, c.get(), n);
+      kernels::gemm_bf16(false, false, n, n, n, a_bf16, n, b_bf16, n, false, c, n);
     } else {
-      kernels::gemm(false, false, n, n, n, a.get(), n, b.get(), n, false, c.get(), n);
+      kernels::gemm(false, false, n, n, n, a, n, b, n, false, c, n);
     }
   };
   call();  // warm-up: page faults, oneDNN's first-call set-up
