@@ -347,9 +347,9 @@ CrossEntropySums unembed_cross_entropy(float* dh, float* dw, const float* h, con
           }
           if (want_gradients && bf16) {
             write_dlogits_online(row, online.shifts + r * online.blocks, vocab_valid, max_logit, scale,
-                                 counts ? targets[start + r] : -1, dlogits_bf16 + r * vocab_valid);
+                                 target_column(r), dlogits_bf16 + r * vocab_valid);
           } else if (want_gradients) {
-            write_dlogits(row, vocab_valid, scale, counts ? targets[start + r] : -1);
+            write_dlogits(row, vocab_valid, scale, target_column(r));
           }
         }
         std::memcpy(row_loss_bytes + r * static_cast<int64_t>(sizeof(double)), &loss, sizeof(double));
