@@ -139,6 +139,20 @@ TEST_P(AttentionBf16, PackedDocumentsAndArbitraryPositionsWithinBound) {
   expect_bf16_close(run_bf16(kernels(), p, e, true), e, "shuffled packed documents");
 }
 
+TEST_P(AttentionBf16, MaximaThatRiseOverLaterKeyTilesWithinBound) {
+  // Keys that grow along the sequence (row j scaled by 1 + j / 24), so a query's largest score rises by
+  // many times the forward's slack over later key tiles (the AMX kernel then rescales what it accumulated)
+  // and its probabilities are far sharper than in the other problems.
+  Problem p = self_problem(1, 260, 2, 1, 64, 900);
+  for (size_t index = 0; index < p.k.size(); ++index) {
+    const double growth = 1.0 + static_cast<double>(static_cast<int64_t>(index) / p.d) / 24.0;
+    p.k[index] = meshtrain::float_from_bfloat16(
+        meshtrain::bfloat16_from_float(static_cast<float>(p.k[index] * growth)));
+  }
+  const Expected e = run_reference(p);
+  expect_bf16_close(run_bf16(kernels(), p, e, true), e, "keys growing along the sequence");
+}
+
 TEST_P(AttentionBf16, ContextSetsWithinBound) {
   // Separate query and key sets with random positions and segments (some queries see no key: out 0,
   // lse -inf), GQA, ragged sizes, and MLA's padded v (the last columns of v zero).

@@ -81,6 +81,7 @@ static_assert(kVecsPerTile % kScoreVecs == 0);
 // pair; wider heads are repacked per pair in 256-column slices (slower, same results).
 constexpr int64_t kPackWidth = 256;
 constexpr float kNegativeInfinity = -std::numeric_limits<float>::infinity();
+constexpr float kLog2e = 1.44269504088896341f, kLn2 = 0.693147180559945309f;
 
 typedef float Vec __attribute__((vector_size(kLanes * sizeof(float))));
 
@@ -362,32 +363,37 @@ void lane_tokens(LaneTokens& lanes, const int32_t* positions, const int32_t* seg
 // scores[r * kTile + lane] = visible ? scale * raw : -inf for r < rows. Row tokens are rows [row_begin,
 // row_begin + rows) of row_positions / row_segment_ids (the key set when `keys_are_rows`, else the query
 // set); a query sees a key iff same segment and key position <= query position. With `masked` false every
-// pair is known visible and only scaling happens.
+// pair is known visible and only scaling happens. With lane_max, lane_max[lane] also becomes the maximum of
+// the rows' results in that lane (-inf when all are masked), read while the row is still in registers.
 void scale_and_mask(float* scores, const int32_t* row_positions, const int32_t* row_segment_ids,
                     const LaneTokens& lanes, int64_t row_begin, int64_t rows, bool keys_are_rows, bool masked,
-                    float scale) {
+                    float scale, float* lane_max = nullptr) {
+  if (lane_max != nullptr) std::fill_n(lane_max, kTile, kNegativeInfinity);
   for (int64_t r = 0; r < rows; ++r) {
     float* row = scores + r * kTile;
     if (!masked) {
 #pragma omp simd
       for (int64_t lane = 0; lane < kTile; ++lane) row[lane] *= scale;
-      continue;
-    }
-    const int32_t position = row_positions[row_begin + r];
-    const int32_t segment = row_segment_ids == nullptr ? 0 : row_segment_ids[row_begin + r];
-    if (keys_are_rows) {
-#pragma omp simd
-      for (int64_t lane = 0; lane < kTile; ++lane) {
-        const bool visible = lanes.segment[lane] == segment && position <= lanes.position[lane];
-        row[lane] = visible ? scale * row[lane] : kNegativeInfinity;
-      }
     } else {
+      const int32_t position = row_positions[row_begin + r];
+      const int32_t segment = row_segment_ids == nullptr ? 0 : row_segment_ids[row_begin + r];
+      if (keys_are_rows) {
 #pragma omp simd
-      for (int64_t lane = 0; lane < kTile; ++lane) {
-        const bool visible = lanes.segment[lane] == segment && lanes.position[lane] <= position;
-        row[lane] = visible ? scale * row[lane] : kNegativeInfinity;
+        for (int64_t lane = 0; lane < kTile; ++lane) {
+          const bool visible = lanes.segment[lane] == segment && position <= lanes.position[lane];
+          row[lane] = visible ? scale * row[lane] : kNegativeInfinity;
+        }
+      } else {
+#pragma omp simd
+        for (int64_t lane = 0; lane < kTile; ++lane) {
+          const bool visible = lanes.segment[lane] == segment && lanes.position[lane] <= position;
+          row[lane] = visible ? scale * row[lane] : kNegativeInfinity;
+        }
       }
     }
+    if (lane_max == nullptr) continue;
+#pragma omp simd
+    for (int64_t lane = 0; lane < kTile; ++lane) lane_max[lane] = std::max(lane_max[lane], row[lane]);
   }
 }
 
@@ -700,6 +706,27 @@ struct Float32Kernel {
 inline __mmask16 first_lanes(int64_t remaining) {
   if (remaining <= 0) return 0;
   return remaining >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << remaining) - 1u);
+}
+
+// x = 2^x per lane, for the AMX kernel's softmax, which runs in base 2: n = round(x), 2^(x - n) by Cephes'
+// exp2f polynomial on [-1/2, 1/2] (relative error below 1.5e-7, as exp_approx's), times 2^n by vscalefps.
+// Exactly 0 for x < -126, so no result is subnormal; for x = -inf, x - n is NaN in a lane the mask clears.
+// x is never NaN, nor above 127. (Zero-masking forms with every lane set: the plain intrinsics start from
+// _mm512_undefined_ps, which trips GCC 12's -Wmaybe-uninitialized.)
+constexpr __mmask16 kAllLanes = 0xffff;
+
+MESHTRAIN_AVX512_BF16 inline void exp2_lanes(__m512& x) {
+  const __m512 n = _mm512_maskz_roundscale_ps(kAllLanes, x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(x, n);
+  __m512 p = _mm512_set1_ps(1.535336188319500e-4f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.339887440266574e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.618437357674640e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550332471162809e-2f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402264791363012e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931472028550421e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+  const __mmask16 normal = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-126.0f), _CMP_GE_OQ);
+  x = _mm512_maskz_scalef_ps(normal, p, n);
 }
 
 // rows[r * pairs + p] = (x_r[2p], x_r[2p + 1]) rounded to bf16 for r < count, x_r = x + r * stride; columns
@@ -1348,12 +1375,73 @@ struct AmxBuffers {
   alignas(64) uint32_t ds_rows[kTile * kTile / 2];  // dS rows bf16 [kTile][kTile / 2 pairs]
 };
 
-// The AMX forward of query rows [i0, i0 + rows) of one head: forward_query_tile with the products above.
+// The AMX forward's online softmax of one key tile, in base 2: S^T [cols][kTile] (scaled by scale *
+// log2(e), masked) with its per-lane maxima in softmax.tile_max becomes P^T = 2^(s - running max), written
+// straight as the pair rows of the out^T product (key rows 2t and 2t + 1 interleaved, bf16, zero beyond
+// cols), in one pass over the scores. A running max moves only when the tile's exceeds it by more than
+// kMaxSlack (the first visible key always moves it), so P^T stays below 2^kMaxSlack and most tiles leave
+// every max where it was: then the accumulated out^T needs no rescaling, and the function returns false.
+// Otherwise alpha = 2^(old max - new max) per lane (1 where the max stayed) and it returns true. The
+// running sums move on as in softmax_tile_statistics.
+constexpr float kMaxSlack = 8.0f;
+
+MESHTRAIN_AMX bool amx_softmax_tile(AmxBuffers& t, int64_t cols) {
+  constexpr int64_t kVectors = kTile / 16;
+  SoftmaxRows& softmax = t.softmax;
+  const __m512 negative_infinity = _mm512_set1_ps(kNegativeInfinity), slack = _mm512_set1_ps(kMaxSlack);
+  __m512 shift[kVectors], sum[kVectors];
+  bool moved_any = false;
+  for (int64_t v = 0; v < kVectors; ++v) {
+    const __m512 old_max = _mm512_load_ps(softmax.row_max + 16 * v);
+    const __m512 tile_max = _mm512_load_ps(softmax.tile_max + 16 * v);
+    const __mmask16 moved = _mm512_cmp_ps_mask(tile_max, _mm512_add_ps(old_max, slack), _CMP_GT_OQ);
+    moved_any = moved_any || moved != 0;
+    const __m512 new_max = _mm512_mask_blend_ps(moved, old_max, tile_max);
+    // No visible key yet: shift by 0 keeps the sums at 0.
+    const __mmask16 none = _mm512_cmp_ps_mask(new_max, negative_infinity, _CMP_EQ_OQ);
+    shift[v] = _mm512_mask_blend_ps(none, new_max, _mm512_setzero_ps());
+    __m512 alpha = _mm512_sub_ps(old_max, shift[v]);
+    exp2_lanes(alpha);  // exactly 1 where the max stayed (or 0 where no key is visible yet)
+    _mm512_store_ps(softmax.alpha + 16 * v, alpha);
+    _mm512_store_ps(softmax.row_max + 16 * v, new_max);
+    sum[v] = _mm512_mul_ps(_mm512_load_ps(softmax.row_sum + 16 * v), alpha);
+  }
+  const __m512i zip = _mm512_load_si512(kZipPairs);
+  for (int64_t j = 0; j < kTile; j += 2) {
+    uint32_t* pairs = t.p_pairs() + j / 2 * kTile;
+    if (j >= cols) {
+      std::fill_n(pairs, kTile, 0u);
+      continue;
+    }
+    const float* first = t.probs + j * kTile;
+    const bool has_second = j + 1 < cols;
+    for (int64_t v = 0; v < kVectors; ++v) {
+      __m512 a = _mm512_sub_ps(_mm512_load_ps(first + 16 * v), shift[v]);
+      exp2_lanes(a);
+      sum[v] = _mm512_add_ps(sum[v], a);
+      __m512 b = _mm512_setzero_ps();
+      if (has_second) {
+        b = _mm512_sub_ps(_mm512_load_ps(first + kTile + 16 * v), shift[v]);
+        exp2_lanes(b);
+        sum[v] = _mm512_add_ps(sum[v], b);
+      }
+      const __m512bh both = _mm512_cvtne2ps_pbh(b, a);  // a's 16 values, then b's
+      _mm512_store_si512(pairs + 16 * v,
+                         _mm512_permutexvar_epi16(zip, reinterpret_cast<const __m512i&>(both)));
+    }
+  }
+  for (int64_t v = 0; v < kVectors; ++v) _mm512_store_ps(softmax.row_sum + 16 * v, sum[v]);
+  return moved_any;
+}
+
+// The AMX forward of query rows [i0, i0 + rows) of one head: forward_query_tile with the products above and
+// the softmax in base 2 (amx_softmax_tile); lse is written in base e as every kernel's.
 MESHTRAIN_AMX void forward_query_tile_amx(AmxBuffers& t, float* out, float* lse, const HeadView& view,
                                           int64_t i0, int64_t rows, float scale, bool accumulate) {
   const int64_t d = view.d, width = t.width, qs = view.q_stride, kvs = view.kv_stride;
   float* const out_t = t.accumulators.data();  // [width][kTile]: out^T of the tile, unnormalised
   start_softmax_rows(t.softmax, lse, i0, rows, accumulate);
+  for (int64_t i = 0; i < rows; ++i) t.softmax.row_max[i] *= kLog2e;  // resumed maxima in base 2
   std::fill_n(out_t, width * kTile, 0.0f);
   for (int64_t i = 0; i < rows; ++i) {  // resume from out (accumulate) where the row has seen keys
     if (t.softmax.row_sum[i] == 0.0f) continue;
@@ -1374,15 +1462,15 @@ MESHTRAIN_AMX void forward_query_tile_amx(AmxBuffers& t, float* out, float* lse,
                            kTile * 4, (cols + 15) / 16, kTile / 16, t.pairs / 16, false});
     const bool masked = !fully_visible(query_bounds, key_bounds);
     scale_and_mask(t.probs, view.kv_positions, view.kv_segment_ids, t.lanes_state.tokens, j0, cols, true,
-                   masked, scale);
-    softmax_tile_statistics(t.softmax, t.probs, cols);
-    for (int64_t c = 0; c < width; ++c) {
-      float* row = out_t + c * kTile;
+                   masked, scale * kLog2e, t.softmax.tile_max);
+    if (amx_softmax_tile(t, cols)) {
+      for (int64_t c = 0; c < width; ++c) {
+        float* row = out_t + c * kTile;
 #pragma omp simd
-      for (int64_t lane = 0; lane < kTile; ++lane) row[lane] *= t.softmax.alpha[lane];
+        for (int64_t lane = 0; lane < kTile; ++lane) row[lane] *= t.softmax.alpha[lane];
+      }
     }
     // out^T [width][kTile] += V^T P^T: key pairs of P^T as pair rows.
-    interleave_rows(t.p_pairs(), kTile, t.probs, kTile, cols, kTile);
     amx_product(AmxProduct{out_t, kTile * 4, t.values.columns(slot), kTile * 2, t.p_pairs(), kTile * 4,
                            width / 16, kTile / 16, kTile / 32, true});
   }
@@ -1391,17 +1479,17 @@ MESHTRAIN_AMX void forward_query_tile_amx(AmxBuffers& t, float* out, float* lse,
   for (int64_t i = 0; i < rows; ++i) {
     const bool seen = t.softmax.row_sum[i] > 0.0f;
     inverse[i] = seen ? 1.0f / t.softmax.row_sum[i] : 0.0f;
-    lse[i0 + i] = seen ? t.softmax.row_max[i] + std::log(t.softmax.row_sum[i]) : kNegativeInfinity;
+    lse[i0 + i] = seen ? t.softmax.row_max[i] * kLn2 + std::log(t.softmax.row_sum[i]) : kNegativeInfinity;
   }
   untranspose_tokens(out + i0 * qs, qs, rows, d, out_t, inverse);
 }
 
-// The AMX backward's P = exp(scale s - lse) and dS = scale * P * (dP - row_dot) of query rows [i0, i0 +
-// rows) x the key tile, from the raw scores q.k in t.probs and the raw dout.v in t.dscores (query rows x
-// key lanes), written straight as the bf16 operands the products read: with want_dq, t.ds_rows (dS rows);
-// with want_dkdv, t.p_pairs() and t.ds_pairs() (query rows 2u and 2u + 1 interleaved); zero beyond `rows`.
-// The same values, element by element and rounding by rounding, as probabilities_and_score_gradients followed
-// by round_rows and interleave_rows, without writing and reading P and dS in float32 in between.
+// The AMX backward's P = exp(scale s - lse) and dS = scale * P * (dP - row_dot) of query rows [i0, i0 + rows)
+// x the key tile, from the raw scores q.k in t.probs and the raw dout.v in t.dscores (query rows x key
+// lanes), written straight as the bf16 operands the products read: with want_dq, t.ds_rows (dS rows); with
+// want_dkdv, t.p_pairs() and t.ds_pairs() (query rows 2u and 2u + 1 interleaved); zero beyond `rows`. As in
+// the AMX forward, P is taken in base 2: 2^(scale log2(e) s - log2(e) lse). What probabilities_and_score_
+// gradients, round_rows and interleave_rows would do, without writing and reading P and dS in float32.
 MESHTRAIN_AMX void amx_probabilities_and_score_gradients(AmxBuffers& t, const HeadView& view,
                                                          const GradView& grad, int64_t i0, int64_t rows,
                                                          int64_t j0, int64_t cols, bool masked, float scale,
@@ -1409,7 +1497,7 @@ MESHTRAIN_AMX void amx_probabilities_and_score_gradients(AmxBuffers& t, const He
   lane_tokens(t.lanes_state.tokens, view.kv_positions, view.kv_segment_ids, j0, cols,
               std::numeric_limits<int32_t>::max());
   scale_and_mask(t.probs, view.q_positions, view.q_segment_ids, t.lanes_state.tokens, i0, rows, false, masked,
-                 scale);
+                 scale * kLog2e);
   const __m512i zip = _mm512_load_si512(kZipPairs);
   alignas(64) float p[2][kTile], ds[2][kTile];  // two query rows of P and dS
   for (int64_t r = 0; r < kTile; r += 2) {
@@ -1421,12 +1509,14 @@ MESHTRAIN_AMX void amx_probabilities_and_score_gradients(AmxBuffers& t, const He
       }
       const float* scores = t.probs + (r + i) * kTile;
       const float* dscores = t.dscores + (r + i) * kTile;
-      const float row_lse = backward_lse(grad.lse[i0 + r + i]);
-      const float row_dot = grad.row_dot[i0 + r + i];
-#pragma omp simd
-      for (int64_t lane = 0; lane < kTile; ++lane) {
-        p[i][lane] = exp_approx(scores[lane] - row_lse);
-        ds[i][lane] = scale * p[i][lane] * (dscores[lane] - row_dot);
+      const __m512 row_lse = _mm512_set1_ps(backward_lse(grad.lse[i0 + r + i]) * kLog2e);
+      const __m512 row_dot = _mm512_set1_ps(grad.row_dot[i0 + r + i]), scales = _mm512_set1_ps(scale);
+      for (int64_t lane = 0; lane < kTile; lane += 16) {
+        __m512 probability = _mm512_sub_ps(_mm512_load_ps(scores + lane), row_lse);
+        exp2_lanes(probability);
+        _mm512_store_ps(p[i] + lane, probability);
+        const __m512 difference = _mm512_sub_ps(_mm512_load_ps(dscores + lane), row_dot);
+        _mm512_store_ps(ds[i] + lane, _mm512_mul_ps(_mm512_mul_ps(scales, probability), difference));
       }
     }
     if (want_dkdv) {
