@@ -18,13 +18,13 @@
 //   the key tile, in a fixed order: dq rows over key tiles ascending, dk / dv rows over (query head of the
 //   group, query tile) ascending. Two schedules produce that order:
 //     * owner: one task per (batch, kv head) owns dk, dv of that kv head and dq of its query heads and
-//       computes each pair once; dq accumulates in a contiguous per-thread copy [group][Sq][d] that goes to
-//       dq when the task ends (dq's rows are H * d floats apart). Used when B*K tasks keep the threads busy.
+//       computes each pair once. Used when B*K tasks keep the threads busy.
 //     * split: pass 1, one task per (batch, kv head, key tile), writes dk, dv; pass 2, one task per (batch,
 //       query head, query tile), writes dq. Each pair is computed twice (about 1.4x the flops) but there are
 //       S/kTile times more tasks; used when B*K is too small for the threads.
 //   Both add bitwise identical terms in identical order, so the gradients do not depend on the thread
-//   count. No atomics, no per-thread partial sums.
+//   count. No atomics, no per-thread partial sums. In both, dq accumulates in the thread's copy of the
+//   head's rows (contiguous; dq's own rows are H * d floats apart) and goes to dq when the task ends.
 // - Masking: tile pairs whose position / segment ranges prove that no query sees any key are skipped, pairs
 //   that provably see every key skip the per-element mask, everything else is masked per element. Correct
 //   for arbitrary positions, and for sorted positions the causal upper triangle is skipped.
@@ -540,7 +540,7 @@ void forward_query_tile(ForwardBuffers& buffers, float* out, float* lse, const H
 // row_dot (= rowsum(dout * out)) are [Sq]. dq, or dk and dv, are null when that side is not wanted.
 struct GradView {
   float* dq;
-  // Floats between dq rows: H * d in the caller's layout, d in the owner schedule's copy (backward_sets).
+  // Floats between dq rows: the row length of the thread's dq copy (backward_sets, Kernel::dq_row_floats).
   int64_t dq_stride;
   float* dk;
   float* dv;
@@ -670,6 +670,8 @@ struct Float32Kernel {
     zero_rows(dv, stride, cols, d);
   }
   static void end_key_tile(BackwardBuffers&, float*, float*, int64_t, int64_t, int64_t) {}
+  // Floats per row of the thread's dq copy (backward_sets): the pair adds exactly d columns.
+  static int64_t dq_row_floats(int64_t d) { return d; }
 };
 
 // ---- bf16 products (AVX512-BF16) ----
@@ -1127,6 +1129,7 @@ struct Bf16Kernel {
     const float* dk_t = t.key_gradients.data();
     end_transposed_key_gradients(dk_t, dk_t + t.width * kTile, dk, dv, stride, cols, d);
   }
+  static int64_t dq_row_floats(int64_t d) { return d; }
 };
 
 // ---- bf16 products on AMX tiles ----
@@ -1344,8 +1347,7 @@ struct AmxBuffers {
         queries(backward ? shape.group * tiles(shape.Sq) : 1, pairs, width, backward, !backward, backward,
                 false),
         douts(backward ? shape.group * tiles(shape.Sq) : 0, pairs, width, backward, false, backward, false),
-        accumulators(static_cast<size_t>(2 * width * kTile)),
-        dq_tile(static_cast<size_t>(kTile * width)) {
+        accumulators(static_cast<size_t>(2 * width * kTile)) {
     configure_tiles();
   }
   ~AmxBuffers() { release_tiles(); }
@@ -1356,7 +1358,6 @@ struct AmxBuffers {
   PackedTokenTiles keys, values, queries, douts;
   // Forward: out^T [width][kTile] of the query tile. Backward: dk^T, dv^T [width][kTile] of the key tile.
   std::vector<float> accumulators;
-  std::vector<float> dq_tile;  // dS . K of a tile pair, [kTile][width]
   PairLanes lanes_state;
   SoftmaxRows softmax;
   alignas(64) float probs[kTile * kTile];
@@ -1563,15 +1564,10 @@ MESHTRAIN_AMX void backward_pair_amx(AmxBuffers& t, const HeadView& view, const 
                          false});
   amx_probabilities_and_score_gradients(t, view, grad, i0, rows, j0, cols, masked, scale, grad.dq != nullptr,
                                         grad.dk != nullptr);
-  if (grad.dq != nullptr) {  // dq rows += dS K
-    amx_product(AmxProduct{t.dq_tile.data(), width * 4, t.ds_rows, kTile * 2, t.keys.token_pairs(key_slot),
-                           width * 4, row_tiles, width / 16, kTile / 32, false});
-    for (int64_t i = 0; i < rows; ++i) {
-      float* dqi = grad.dq + (i0 + i) * grad.dq_stride;
-      const float* partial = t.dq_tile.data() + i * width;
-#pragma omp simd
-      for (int64_t c = 0; c < d; ++c) dqi[c] += partial[c];
-    }
+  if (grad.dq != nullptr) {  // dq rows += dS K, accumulated on the tiles: grad.dq is the thread's dq copy,
+                             // rows of width floats, padded to whole tiles (AmxKernel::dq_row_floats)
+    amx_product(AmxProduct{grad.dq + i0 * grad.dq_stride, grad.dq_stride * 4, t.ds_rows, kTile * 2,
+                           t.keys.token_pairs(key_slot), width * 4, row_tiles, width / 16, kTile / 32, true});
   }
   // dv^T += dO^T P, dk^T += Q^T dS: held back for the next pair, or run with the held one.
   if (grad.dk != nullptr) {
@@ -1640,6 +1636,9 @@ struct AmxKernel {
     const float* dk_t = t.accumulators.data();
     end_transposed_key_gradients(dk_t, dk_t + t.width * kTile, dk, dv, stride, cols, d);
   }
+  // The dq product's float32 tiles load and store their rows in the dq copy: whole 16-column tiles (the
+  // columns past d get exact zeros from K's zero padding).
+  static int64_t dq_row_floats(int64_t d) { return (d + 15) / 16 * 16; }
 };
 
 // Forward over a query set and a key / value set with Kernel (Float32Kernel or Bf16Kernel): one task per
@@ -1701,11 +1700,32 @@ void backward_sets(float* dq, float* dk, float* dv, const float* dout, const flo
     row_dot[index] = total;
   }
 
-  // Gradient views of (b, h); the null members select which side the pair writes.
-  const auto grad_view = [&](int64_t b, int64_t h, bool want_dq, bool want_dkdv) {
+  // dq accumulates in a per-thread copy of a head's dq, whole query tiles of rows dq_row floats apart
+  // (Kernel::dq_row_floats), and goes to dq once: in dq's own layout [B, Sq, H, d] the rows are H * d floats
+  // apart (8 KB at qwen3-0.6b), so every key tile's updates touched 64 rows on 64 pages, and the store of
+  // those sums was half of the pair's non-product time. Nothing reads the copy's padding.
+  const int64_t dq_row = Kernel::dq_row_floats(d), head_rows = query_tiles * kTile;
+  const auto load_dq = [&](float* copy, int64_t b, int64_t h, int64_t i0, int64_t rows) {
+    for (int64_t i = i0; i < i0 + rows; ++i) {
+      float* row = copy + i * dq_row;
+      if (accumulate) {
+        std::copy_n(dq + ((b * Sq + i) * H + h) * d, d, row);
+      } else {
+        std::fill_n(row, d, 0.0f);
+      }
+    }
+  };
+  const auto store_dq = [&](const float* copy, int64_t b, int64_t h, int64_t i0, int64_t rows) {
+    for (int64_t i = i0; i < i0 + rows; ++i)
+      std::copy_n(copy + i * dq_row, d, dq + ((b * Sq + i) * H + h) * d);
+  };
+
+  // Gradient views of (b, h) with dq in a copy (above), or none; the null members select which side the pair
+  // writes.
+  const auto grad_view = [&](int64_t b, int64_t h, float* dq_copy, bool want_dkdv) {
     const int64_t g = h / group;
-    return GradView{want_dq ? dq + (b * Sq * H + h) * d : nullptr,
-                    H * d,
+    return GradView{dq_copy,
+                    dq_row,
                     want_dkdv ? dk + (b * Skv * K + g) * d : nullptr,
                     want_dkdv ? dv + (b * Skv * K + g) * d : nullptr,
                     dout + (b * Sq * H + h) * d,
@@ -1713,9 +1733,9 @@ void backward_sets(float* dq, float* dk, float* dv, const float* dout, const flo
                     row_dot + (b * H + h) * Sq};
   };
   // All query tiles of the group's heads against key tile [j0, j0 + cols) (layout: key tile packed once).
-  // dq_owned: the owner schedule's contiguous dq of the group's heads (below), or nullptr for dq in place.
+  // dq_owned: the owner schedule's dq copies of the group's heads, or nullptr for no dq.
   const auto key_tile = [&](typename Kernel::Backward& buffers, int64_t b, int64_t g, int64_t j0,
-                            int64_t cols, bool want_dq, float* dq_owned) {
+                            int64_t cols, float* dq_owned) {
     float* dk_tile = dk + ((b * Skv + j0) * K + g) * d;
     float* dv_tile = dv + ((b * Skv + j0) * K + g) * d;
     Kernel::begin_key_tile(buffers, dk_tile, dv_tile, K * d, cols, d, accumulate);
@@ -1724,11 +1744,8 @@ void backward_sets(float* dq, float* dk, float* dv, const float* dout, const flo
                     sets.kv_segment_ids == nullptr ? nullptr : sets.kv_segment_ids + b * Skv, j0, j0 + cols);
     for (int64_t h = g * group; h < (g + 1) * group; ++h) {
       const HeadView view = head_view(q, k, v, sets, b, h, H, K, d);
-      GradView grad = grad_view(b, h, want_dq, true);
-      if (dq_owned != nullptr) {
-        grad.dq = dq_owned + (h - g * group) * Sq * d;
-        grad.dq_stride = d;
-      }
+      const GradView grad = grad_view(
+          b, h, dq_owned == nullptr ? nullptr : dq_owned + (h - g * group) * head_rows * dq_row, true);
       for (int64_t i0 = 0; i0 < Sq; i0 += kTile) {
         const int64_t rows = std::min(Sq - i0, kTile);
         const TileBounds query_bounds = tile_bounds(view.q_positions, view.q_segment_ids, i0, i0 + rows);
@@ -1749,30 +1766,17 @@ void backward_sets(float* dq, float* dk, float* dv, const float* dout, const flo
 #pragma omp parallel
     {
       typename Kernel::Backward buffers(BufferShape{d, Sq, Skv, group});
-      // dq of the owner's query heads accumulates here, [group][Sq][d], and goes to dq when the owner is
-      // done: in dq's own layout [B, Sq, H, d] the rows are H * d floats apart (8 KB at qwen3-0.6b), so every
-      // key tile's updates touched 64 rows on 64 pages, and the store of those sums was half of the pair's
-      // non-product time. The same additions in the same order: bitwise the same dq.
-      std::vector<float> dq_owned(static_cast<size_t>(group * Sq * d));
+      // dq of the owner's query heads, [group][head_rows][dq_row].
+      std::vector<float> dq_owned(static_cast<size_t>(group * head_rows * dq_row));
 #pragma omp for schedule(dynamic, 1)
       for (int64_t owner = 0; owner < owners; ++owner) {
         const int64_t b = owner / K, g = owner % K;
-        if (accumulate) {
-          for (int64_t h = g * group; h < (g + 1) * group; ++h) {
-            float* owned = dq_owned.data() + (h - g * group) * Sq * d;
-            const float* rows = dq + (b * Sq * H + h) * d;
-            for (int64_t i = 0; i < Sq; ++i) std::copy(rows + i * H * d, rows + i * H * d + d, owned + i * d);
-          }
-        } else {
-          std::fill(dq_owned.begin(), dq_owned.end(), 0.0f);
-        }
+        for (int64_t h = g * group; h < (g + 1) * group; ++h)
+          load_dq(dq_owned.data() + (h - g * group) * head_rows * dq_row, b, h, 0, Sq);
         for (int64_t j0 = 0; j0 < Skv; j0 += kTile)
-          key_tile(buffers, b, g, j0, std::min(Skv - j0, kTile), true, dq_owned.data());
-        for (int64_t h = g * group; h < (g + 1) * group; ++h) {
-          const float* owned = dq_owned.data() + (h - g * group) * Sq * d;
-          float* rows = dq + (b * Sq * H + h) * d;
-          for (int64_t i = 0; i < Sq; ++i) std::copy(owned + i * d, owned + (i + 1) * d, rows + i * H * d);
-        }
+          key_tile(buffers, b, g, j0, std::min(Skv - j0, kTile), dq_owned.data());
+        for (int64_t h = g * group; h < (g + 1) * group; ++h)
+          store_dq(dq_owned.data() + (h - g * group) * head_rows * dq_row, b, h, 0, Sq);
       }
     }
     return;
@@ -1781,12 +1785,13 @@ void backward_sets(float* dq, float* dk, float* dv, const float* dout, const flo
 #pragma omp parallel
   {
     typename Kernel::Backward buffers(BufferShape{d, Sq, Skv, group});
+    std::vector<float> dq_head(static_cast<size_t>(head_rows * dq_row));  // pass 2's dq copy of one head
     // Split schedule, pass 1: dk, dv per (batch, kv head, key tile); early key tiles are seen by more
     // queries, so they go first.
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < B * K * key_tiles; ++task) {
       const int64_t j0 = (task % key_tiles) * kTile, owner = task / key_tiles;
-      key_tile(buffers, owner / K, owner % K, j0, std::min(Skv - j0, kTile), false, nullptr);
+      key_tile(buffers, owner / K, owner % K, j0, std::min(Skv - j0, kTile), nullptr);
     }
     // Pass 2 (after the implicit barrier): dq per (batch, query head, query tile), key tiles ascending as in
     // the owner schedule, layout with the query tile packed once.
@@ -1796,8 +1801,8 @@ void backward_sets(float* dq, float* dk, float* dv, const float* dout, const flo
                     h = bh % H;
       const int64_t i0 = tile * kTile, rows = std::min(Sq - i0, kTile);
       const HeadView view = head_view(q, k, v, sets, b, h, H, K, d);
-      const GradView grad = grad_view(b, h, true, false);
-      if (!accumulate) zero_rows(grad.dq + i0 * H * d, H * d, rows, d);
+      const GradView grad = grad_view(b, h, dq_head.data(), false);
+      load_dq(dq_head.data(), b, h, i0, rows);
       const TileBounds query_bounds = tile_bounds(view.q_positions, view.q_segment_ids, i0, i0 + rows);
       for (int64_t j0 = 0; j0 < Skv; j0 += kTile) {
         const int64_t cols = std::min(Skv - j0, kTile);
@@ -1806,6 +1811,7 @@ void backward_sets(float* dq, float* dk, float* dv, const float* dout, const flo
         Kernel::pair(buffers, view, grad, i0, rows, j0, cols, !fully_visible(query_bounds, key_bounds), true,
                      scale);
       }
+      store_dq(dq_head.data(), b, h, i0, rows);
     }
   }
 }

@@ -100,9 +100,10 @@ ContextAttentionBackwardScratchFloats context_attention_backward_scratch_floats;
 //   tiles it packed for the whole call (linear in S; attention.cpp, "bf16 products on AMX tiles").
 // Every kind takes the same arguments, layouts, masks, scratch and accumulate semantics, and is
 // deterministic and bitwise independent of the thread count; each checks at run time that the CPU can run
-// it. The cpu table picks the kind it runs under dtype=bfloat16 (cpu/backend.cpp). In the backward's owner
-// schedule every kind accumulates dq of its kv head's query heads in a contiguous copy per thread (group x S
-// x d floats, linear in S) and writes it to dq once (attention.cpp, "Work split and determinism").
+// it. The cpu table picks the kind it runs under dtype=bfloat16 (cpu/backend.cpp). In the backward every
+// kind accumulates dq in a contiguous copy per thread and writes it to dq once: in the owner schedule the
+// rows of its kv head's query heads (group x S x d floats, S rounded up to 64 and, on AMX, d to 16: linear
+// in S), in the split schedule one head's (attention.cpp, "Work split and determinism").
 enum class AttentionProducts { float32, avx512_bf16, amx };
 AttentionKernels attention_kernels_with(AttentionProducts products);
 
