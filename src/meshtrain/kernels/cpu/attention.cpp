@@ -1363,10 +1363,11 @@ struct AmxBuffers {
   alignas(64) float probs[kTile * kTile];
   alignas(64) float dscores[kTile * kTile];
   // The backward's dk^T / dv^T products of one tile pair are held back and run with the next pair's as one
-  // product over 128 queries (backward_pair_amx): the float32 accumulators are loaded and stored half as
-  // often. held: whether a pair waits, and its query slot.
+  // product over 128 queries (backward_pair_amx), and so is the forward's out^T product of one key tile with
+  // the next's over 128 keys (forward_query_tile_amx): the float32 accumulators are loaded and stored half
+  // as often. held: whether a pair waits, and its query slot (backward) or key slot (forward).
   bool held = false;
-  int64_t held_query_slot = 0;
+  int64_t held_slot = 0;
   // P (backward) or P^T (forward) pair rows, and dS pair rows: [0] of a held-back pair, [1] of the pair
   // computed while one is held; p_pairs() / ds_pairs() are those of the pair being computed.
   alignas(64) uint32_t p_pairs_data[2][kTile * kTile / 2];
@@ -1435,6 +1436,18 @@ MESHTRAIN_AMX bool amx_softmax_tile(AmxBuffers& t, int64_t cols) {
   return moved_any;
 }
 
+// out^T [width][kTile] += V^T P^T of key slot `slot` with P^T pair rows `pairs` (key pairs), and of slot2
+// with pairs2 when slot2 >= 0, as one product over both tiles' keys. Nothing is held after.
+MESHTRAIN_AMX void add_values_amx(AmxBuffers& t, int64_t slot, const uint32_t* pairs, int64_t slot2,
+                                  const uint32_t* pairs2) {
+  const bool both = slot2 >= 0;
+  amx_product(AmxProduct{t.accumulators.data(), kTile * 4, t.values.columns(slot), kTile * 2, pairs,
+                         kTile * 4, t.width / 16, kTile / 16, kTile / 32, true,
+                         both ? t.values.columns(slot2) : nullptr, both ? pairs2 : nullptr,
+                         both ? kTile / 32 : 0});
+  t.held = false;
+}
+
 // The AMX forward of query rows [i0, i0 + rows) of one head: forward_query_tile with the products above and
 // the softmax in base 2 (amx_softmax_tile); lse is written in base e as every kernel's.
 MESHTRAIN_AMX void forward_query_tile_amx(AmxBuffers& t, float* out, float* lse, const HeadView& view,
@@ -1464,17 +1477,25 @@ MESHTRAIN_AMX void forward_query_tile_amx(AmxBuffers& t, float* out, float* lse,
     const bool masked = !fully_visible(query_bounds, key_bounds);
     scale_and_mask(t.probs, view.kv_positions, view.kv_segment_ids, t.lanes_state.tokens, j0, cols, true,
                    masked, scale * kLog2e, t.softmax.tile_max);
+    uint32_t* const pairs = t.p_pairs();  // where amx_softmax_tile writes P^T: [1] while a tile is held
     if (amx_softmax_tile(t, cols)) {
+      // A max moved: what was accumulated under the old maxima, the held tile's P^T included, is rescaled,
+      // and this tile's P^T (under the new ones) is added after.
+      if (t.held) add_values_amx(t, t.held_slot, t.p_pairs_data[0], -1, nullptr);
       for (int64_t c = 0; c < width; ++c) {
         float* row = out_t + c * kTile;
 #pragma omp simd
         for (int64_t lane = 0; lane < kTile; ++lane) row[lane] *= t.softmax.alpha[lane];
       }
+      add_values_amx(t, slot, pairs, -1, nullptr);
+    } else if (t.held) {
+      add_values_amx(t, t.held_slot, t.p_pairs_data[0], slot, pairs);
+    } else {
+      t.held = true;  // the next tile writes its P^T beside this one's
+      t.held_slot = slot;
     }
-    // out^T [width][kTile] += V^T P^T: key pairs of P^T as pair rows.
-    amx_product(AmxProduct{out_t, kTile * 4, t.values.columns(slot), kTile * 2, t.p_pairs(), kTile * 4,
-                           width / 16, kTile / 16, kTile / 32, true});
   }
+  if (t.held) add_values_amx(t, t.held_slot, t.p_pairs_data[0], -1, nullptr);
   // As finish_query_rows, from out^T: the row's 1 / sum (0 for a query that saw no key), its lse.
   alignas(64) float inverse[kTile];
   for (int64_t i = 0; i < rows; ++i) {
@@ -1573,7 +1594,7 @@ MESHTRAIN_AMX void backward_pair_amx(AmxBuffers& t, const HeadView& view, const 
   if (grad.dk != nullptr) {
     if (!t.held) {
       t.held = true;  // the next pair writes its P and dS beside these
-      t.held_query_slot = query_slot;
+      t.held_slot = query_slot;
     } else {
       add_key_gradients_amx(t, query_slot);
     }
@@ -1584,7 +1605,7 @@ MESHTRAIN_AMX void backward_pair_amx(AmxBuffers& t, const HeadView& view, const 
 // 0, of the pair of query slot `second` (buffers [1]), as one product over both pairs' queries: the same tile
 // instructions in the same order as a product per pair, so bitwise the same sums. Nothing is held after.
 MESHTRAIN_AMX void add_key_gradients_amx(AmxBuffers& t, int64_t second) {
-  const int64_t width = t.width, first = t.held_query_slot;
+  const int64_t width = t.width, first = t.held_slot;
   float* dk_t = t.accumulators.data();
   float* dv_t = dk_t + width * kTile;
   const bool both = second >= 0;
