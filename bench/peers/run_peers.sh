@@ -18,7 +18,8 @@
 #                       without bf16 instructions takes minutes per step)
 #   --coretype-unset    add a second pass with OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE removed
 #   --only-coretype-unset  run only that second pass
-#   --peak-gflops G     the peak the MFU column divides by (default 460, see README)
+#   --peak-gflops G     the peak the MFU column divides by (default: meshtrain's float32 GEMM peak measured in
+#                       this run when its log printed one, else 460, see README)
 #   --bf16-peak-gflops G  the same for the bf16 rows (default: meshtrain's measured bf16 GEMM peak when its
 #                       bf16 run printed one, else 2x --peak-gflops)
 #   --quiet-wait S      before each run wait up to S s for the machine to be < 15% busy (default 60)
@@ -42,7 +43,7 @@ torch2_python=""
 torch2_modes="eager compile bf16-autocast"
 pass_inherited=1
 pass_unset=0
-peak=460
+peak=""
 bf16_peak=""
 quiet_wait=60
 timeout_s=1800
@@ -274,6 +275,11 @@ fi
   echo
   echo "# uptime at end: $(uptime)"
   echo
+  if [ -z "$peak" ]; then  # meshtrain's own measurement: "float32 GEMM peak 447 GFLOP/s"
+    peak=$(grep -h -o -E "float32 GEMM peak [0-9]+ GFLOP/s" "$out"/meshtrain_*.log "$out"/meshtrain-bf16_*.log \
+      2>/dev/null | head -1 | awk '{print $4}')
+    peak=${peak:-460}
+  fi
   if [ -z "$bf16_peak" ]; then  # meshtrain's own measurement: "bf16 1487 GFLOP/s"
     bf16_peak=$(grep -h -o -E "bf16 [0-9]+ GFLOP/s" "$out"/meshtrain-bf16_*.log 2>/dev/null | head -1 | awk '{print $2}')
   fi
