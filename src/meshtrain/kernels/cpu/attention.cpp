@@ -1146,10 +1146,11 @@ struct Bf16Kernel {
 //   forward   S^T [keys][queries] = K . Q^T        A: K rows bf16, B: Q^T pair rows (d pairs x queries);
 //             out^T [d][queries] += V^T . P^T      A: V^T bf16 (d x keys), B: P^T pair rows (key pairs);
 //             so the softmax runs on key rows x query lanes as in the float32 forward, and out^T (one
-//             accumulator per query tile in the thread's buffers) is written to out when the tile ends;
+//             accumulator per query tile in the thread's buffers, two key tiles per product, one held
+//             back) is written to out when the tile ends;
 //   backward  S = Q . K^T, dP = dO . V^T         A: Q, dO rows, B: K^T, V^T pair rows;
-//             dq += dS . K                        A: dS rows, B: K pair rows (key pairs x d), through a
-//                                                 float32 tile that is added to dq rows;
+//             dq += dS . K                        A: dS rows, B: K pair rows (key pairs x d), accumulated
+//                                                 on the tiles straight from the thread's dq copy;
 //             dv^T += dO^T . P, dk^T += Q^T . dS  A: dO^T, Q^T bf16 (d x queries), B: P, dS pair rows (query
 //                                                 pairs), into per-key-tile accumulators as in the bf16
 //                                                 kernel, two tile pairs per product (one held back).

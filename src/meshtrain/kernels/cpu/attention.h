@@ -97,7 +97,9 @@ ContextAttentionBackwardScratchFloats context_attention_backward_scratch_floats;
 //   rowsum(dout * out) stay float32). Any head width and sequence length (attention.cpp, "bf16 products").
 // - amx (dtype=bfloat16 on CPUs with AMX-BF16, and AVX512-BF16 to pack): the same rounding points with the
 //   products on AMX tiles (_tile_dpbf16ps, float32 accumulation). Each thread keeps bf16 copies of the token
-//   tiles it packed for the whole call (linear in S; attention.cpp, "bf16 products on AMX tiles").
+//   tiles it packed for the whole call (linear in S; attention.cpp, "bf16 products on AMX tiles"). Its
+//   softmax runs in base 2 (2^(log2(e) x), a vscalefps exp2) and the forward moves a running max only past
+//   a slack of 2^8, so its float32 arithmetic differs from the other kinds' in the last bits.
 // Every kind takes the same arguments, layouts, masks, scratch and accumulate semantics, and is
 // deterministic and bitwise independent of the thread count; each checks at run time that the CPU can run
 // it. The cpu table picks the kind it runs under dtype=bfloat16 (cpu/backend.cpp). In the backward every
