@@ -15,22 +15,28 @@ tiny=("${tiny[@]/base_num_decoder_layers=2/base_num_decoder_layers=4}" steps=3 c
   max_num_checkpoints_to_keep=0 learning_rate=1e-2 collective_timeout_s=120)
 
 status=0
-check() {  # check NAME BASELINE RANKS per_device_batch_size [key=value ...]: run it and compare it
+# check NAME BASELINE RANKS per_device_batch_size [key=value ...]: run it and compare it. Every step's loss
+# and gradient norm; with later_norms=false the gradient norm of step 1 only (where compare_gradients.py
+# bounds every gradient), for a model whose later gradients amplify rounding (the DeepSeek cases below).
+check() {
   local name=$1 baseline=$2
   shift 2
   run "$name" "$@"
-  python3 - "$work/$baseline" "$work/$name" "$name" <<'PY' || status=1
+  python3 - "$work/$baseline" "$work/$name" "$name" "${later_norms:-true}" <<'PY' || status=1
 import json, sys
 a, b = ([json.loads(l) for l in open(f"{run}/metrics.jsonl")] for run in sys.argv[1:3])
 assert len(a) == len(b) == 3, (len(a), len(b))
-worst = max(max(abs(x[k] - y[k]) / abs(x[k]) for k in ("loss", "raw_grad_norm")) for x, y in zip(a, b))
+later_norms = sys.argv[4] == "true"
+keys = lambda step: ("loss", "raw_grad_norm") if step == 0 or later_norms else ("loss",)
+worst = max(max(abs(x[k] - y[k]) / abs(x[k]) for k in keys(step)) for step, (x, y) in enumerate(zip(a, b)))
 # MoE metrics: every layer's, whichever stage holds it, reported by rank 0.
 moe = [(x["moe"], y.get("moe", {})) for x, y in zip(a, b) if "moe" in x]
 for x, y in moe:
     assert x.keys() == y.keys(), (sorted(x), sorted(y))
     for layer in x:
         worst = max([worst] + [abs(x[layer][k] - y[layer][k]) / max(abs(x[layer][k]), 1e-12) for k in x[layer]])
-print(f"{sys.argv[3]}: 3 steps, losses, grad norms{' and MoE metrics' if moe else ''} worst {worst:.1e} (bound 1e-5)")
+norms = "grad norms" if later_norms else "step 1's grad norm"
+print(f"{sys.argv[3]}: 3 steps, losses, {norms}{' and MoE metrics' if moe else ''} worst {worst:.1e} (bound 1e-5)")
 sys.exit(worst > 1e-5)
 PY
   python3 "$(dirname "$0")/compare_gradients.py" "$work/$baseline" "$work/$name" "$name" || status=1
@@ -121,25 +127,30 @@ preset=gpt2-124m check gpt2_p2 gpt2_single 2 4 mesh.stage=2 "${gpt2[@]}"
 
 # The DeepSeek-style model: MLA, a dense then MoE layers (4 routed experts, selection bias, a balance loss
 # in the objective), Engram on layers 0 and 2, mHC with 4 streams (the stages pass [B, S, G, D]).
+# Its gradient norms after step 1 are compared through the losses they lead to (later_norms=false), as
+# deepseek_equivalence.sh does: Engram's gate has slope 1 / (2 sqrt|s|), so a score s near 0 turns the two
+# layouts' rounding into gradient differences that grow step by step. Measured on an AVX2 CPU (AMD EPYC
+# family 23): step 1's gradients within 2e-5, losses within 3e-9 over the 3 steps, step 3's gradient norm
+# 2.3e-4 apart; the same runs without Engram, 1.2e-6 (the CI runs on AVX-512 CPUs stayed under 1e-5).
 deepseek=(base_num_kv_heads=4 kv_lora_rank=24 qk_nope_head_dim=12 qk_rope_head_dim=8 v_head_dim=16
   q_lora_rank=16 num_experts=4 first_num_dense_layers=1 engram_layers=[0,2] engram_num_heads=2
   engram_head_dim=8 engram_vocab_bases=[61,67] mhc_expansion_rate=4 engram_kernel_size=4
   load_balance_loss_weight=0.01)
+deepseek_check() { later_norms=false preset=deepseek-tiny check "$@"; }
 preset=deepseek-tiny run deepseek_single 1 8 "${deepseek[@]}" gradient_accumulation_steps=2
-preset=deepseek-tiny check deepseek_p2 deepseek_single 2 4 mesh.stage=2 "${deepseek[@]}" gradient_accumulation_steps=2
-preset=deepseek-tiny check deepseek_interleaved_p2 deepseek_single 2 4 mesh.stage=2 "${deepseek[@]}" \
+deepseek_check deepseek_p2 deepseek_single 2 4 mesh.stage=2 "${deepseek[@]}" gradient_accumulation_steps=2
+deepseek_check deepseek_interleaved_p2 deepseek_single 2 4 mesh.stage=2 "${deepseek[@]}" \
   gradient_accumulation_steps=2 "${interleaved[@]}"
-preset=deepseek-tiny check deepseek_zero_bubble_p2 deepseek_single 2 4 mesh.stage=2 "${deepseek[@]}" \
+deepseek_check deepseek_zero_bubble_p2 deepseek_single 2 4 mesh.stage=2 "${deepseek[@]}" \
   gradient_accumulation_steps=2 "${zero_bubble[@]}"
 if $long; then
   # Expert ranks count capacity drops per rank and the selection bias reacts to the counts, so expert
   # parallelism alone agrees with one process only until a near-tie flips (deepseek_equivalence.sh; here
   # the step-3 grad norm by 4e-4): stages over it are compared with the same layout without stages.
   preset=deepseek-tiny run deepseek_ep2 2 4 mesh.expert=2 "${deepseek[@]}" gradient_accumulation_steps=2
-  preset=deepseek-tiny check deepseek_p2_ep2 deepseek_ep2 4 2 mesh.stage=2 mesh.expert=2 "${deepseek[@]}" \
+  deepseek_check deepseek_p2_ep2 deepseek_ep2 4 2 mesh.stage=2 mesh.expert=2 "${deepseek[@]}" \
     gradient_accumulation_steps=2
   preset=deepseek-tiny run deepseek_single_m4 1 8 "${deepseek[@]}" gradient_accumulation_steps=4
-  preset=deepseek-tiny check deepseek_p4 deepseek_single_m4 4 2 mesh.stage=4 "${deepseek[@]}" \
-    gradient_accumulation_steps=4
+  deepseek_check deepseek_p4 deepseek_single_m4 4 2 mesh.stage=4 "${deepseek[@]}" gradient_accumulation_steps=4
 fi
 exit $status

@@ -199,6 +199,21 @@ void backward_chunk(float* dh, float* dw, const In* h_chunk, const In* w, const 
   }
 }
 
+// Adds a chunk's per-row losses (doubles at row_loss_bytes, written with memcpy) and z-losses to sums,
+// serially in row order, so that the sums do not depend on the thread count. Both paths (one rank,
+// vocab-parallel) store their rows' values and add them here: adding a z-loss where it is formed lets GCC
+// contract m lse^2 + sum into one fused multiply-add (-ffp-contract=fast is its default for C++), which
+// rounds once where the other path rounds twice: the paths differed in the last bit on an AVX2 CPU.
+void add_row_losses(CrossEntropySums& sums, const unsigned char* row_loss_bytes, const double* row_z_losses,
+                    int64_t rows) {
+  for (int64_t r = 0; r < rows; ++r) {
+    double loss = 0.0;
+    std::memcpy(&loss, row_loss_bytes + r * static_cast<int64_t>(sizeof(double)), sizeof(double));
+    sums.loss_sum += loss;
+    sums.z_loss_sum += row_z_losses[r];
+  }
+}
+
 }  // namespace
 
 int64_t cross_entropy_scratch_floats(int64_t chunk_tokens, int64_t V) {
@@ -251,8 +266,8 @@ CrossEntropySums unembed_cross_entropy(float* dh, float* dw, const float* h, con
   float* logits = scratch;
   unsigned char* row_loss_bytes = reinterpret_cast<unsigned char*>(scratch + chunk_tokens * V);
   // Vocab-parallel statistics after the losses: float maxima [C], then doubles [2 * C] at the next 8-byte
-  // boundary, created there as doubles (the callback takes a double*). A single rank keeps its per-row
-  // z-losses in the first C of those doubles.
+  // boundary, created there as doubles (the callback takes a double*). The per-row z-losses go in the
+  // second half of those doubles (after the rows' sums, over the target logits once read).
   float* maxima = nullptr;
   double* statistics = nullptr;
   if (N > 0) {
@@ -355,13 +370,7 @@ CrossEntropySums unembed_cross_entropy(float* dh, float* dw, const float* h, con
         std::memcpy(row_loss_bytes + r * static_cast<int64_t>(sizeof(double)), &loss, sizeof(double));
         row_z_losses[r] = z_loss;
       }
-      // Serial sums in row order: the losses do not depend on the thread count.
-      for (int64_t r = 0; r < rows; ++r) {
-        double loss = 0.0;
-        std::memcpy(&loss, row_loss_bytes + r * static_cast<int64_t>(sizeof(double)), sizeof(double));
-        sums.loss_sum += loss;
-        sums.z_loss_sum += row_z_losses[r];
-      }
+      add_row_losses(sums, row_loss_bytes, row_z_losses, rows);
     } else {
       // Vocab-parallel: the same stable log-softmax with the row maximum and the sum of exponentials
       // combined over the ranks. float32 rows nobody needs (ignored, no gradients) keep a sum of 0.
@@ -393,16 +402,22 @@ CrossEntropySums unembed_cross_entropy(float* dh, float* dw, const float* h, con
         target_logits[r] = target_logit;
       }
       vocab_parallel->all_reduce_sum(statistics, 2 * rows);
-      // Serial sums in row order: the losses do not depend on the thread count. Each counted row's sum of
-      // exponentials is then replaced by its softmax scale, which the gradients read.
-      double* softmax_scales = sum_exps;  // [rows]
+      // Each counted row's loss and z-loss, stored as the single-rank path stores them; its sum of
+      // exponentials is replaced by its softmax scale, which the gradients read.
+      double* softmax_scales = sum_exps;     // [rows]
+      double* row_z_losses = target_logits;  // [rows], each written once its target logit is read
       for (int64_t r = 0; r < rows; ++r) {
-        if (loss_mask != nullptr && loss_mask[start + r] == 0) continue;
-        const double log_sum_exp = static_cast<double>(maxima[r]) + std::log(sum_exps[r]);
-        sums.loss_sum += log_sum_exp - target_logits[r];
-        sums.z_loss_sum += z_loss_multiplier * log_sum_exp * log_sum_exp;
-        softmax_scales[r] = softmax_scale(sum_exps[r], log_sum_exp, z_loss_multiplier);
+        double loss = 0.0, z_loss = 0.0;
+        if (loss_mask == nullptr || loss_mask[start + r] != 0) {
+          const double log_sum_exp = static_cast<double>(maxima[r]) + std::log(sum_exps[r]);
+          loss = log_sum_exp - target_logits[r];
+          z_loss = z_loss_multiplier * log_sum_exp * log_sum_exp;
+          softmax_scales[r] = softmax_scale(sum_exps[r], log_sum_exp, z_loss_multiplier);
+        }
+        std::memcpy(row_loss_bytes + r * static_cast<int64_t>(sizeof(double)), &loss, sizeof(double));
+        row_z_losses[r] = z_loss;
       }
+      add_row_losses(sums, row_loss_bytes, row_z_losses, rows);
       if (want_gradients && local_valid > 0) {
 #pragma omp parallel for schedule(static)
         for (int64_t r = 0; r < rows; ++r) {
