@@ -30,7 +30,9 @@ def op_times(path):
     events = trace["traceEvents"] if isinstance(trace, dict) else trace
     times = {}
     for event in events:
-        if event.get("ph") != "X" or "dur" not in event:
+        # Op events only: a trace also holds the data wait ("data") and the gradients phase ("phase"), which
+        # spans the step's ops; traces older than those categories have none.
+        if event.get("ph") != "X" or "dur" not in event or event.get("cat", "op") != "op":
             continue
         name = PER_TENSOR.sub(r"\1 (every tensor)", LAYER.sub("", event["name"]))
         times[name] = times.get(name, 0.0) + event["dur"] / 1e3  # ms
