@@ -1200,8 +1200,9 @@ MESHTRAIN_AMX void amx_block(const AmxProduct& p, int64_t mi, int64_t nj) {
     if constexpr (MR > 1 && NR > 1) _tile_zero(3);
   }
   // Each load just before the first product that reads it: the next step's A0 / B0 loads then overlap the
-  // products of A1 (a tile register is free once the products reading it are done).
-  const auto reduce = [&](const void* a_base, const void* b_base, int64_t ksteps) {
+  // products of A1 (a tile register is free once the products reading it are done). The lambda names the
+  // target itself: clang does not pass the enclosing function's target on to it (GCC does).
+  const auto reduce = [&](const void* a_base, const void* b_base, int64_t ksteps) MESHTRAIN_AMX {
     const char* const a = static_cast<const char*>(a_base) + mi * 16 * p.a_stride;
     const char* const b = static_cast<const char*>(b_base) + nj * 64;
     for (int64_t k = 0; k < ksteps; ++k) {
