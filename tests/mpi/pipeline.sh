@@ -3,7 +3,8 @@
 # over mesh.stage = 2 and 4 with each schedule (GPipe, 1F1B, interleaved 1F1B with 2 repeats, zero bubble),
 # with M = P and 2P micro-batches (gradient_accumulation_steps), an uneven layer split, tied and untied embeddings,
 # GPT-2 (learned positions, tied), stage x data with ZeRO-1, x fsdp, x tensor, x context (both strategies),
-# x expert, remat, and the DeepSeek-style model (MLA, MoE with its selection bias, Engram, mHC). Every step's loss and gradient norm within 1e-5 relative and every
+# x expert, remat, and the DeepSeek-style model (MLA, MoE with its selection bias, Engram, mHC). Every step's
+# loss and gradient norm within 1e-5 relative (DeepSeek: its losses, and step 1's norm; see there) and every
 # gradient of step 1 (compare_gradients.py: the step-1 checkpoint's first Adam moment) within its bound.
 # The default run (ctest mpi.pipeline) holds one case of each kind; `--long` (ctest mpi.pipeline_long, built
 # with -DMESHTRAIN_LONG_TESTS=ON: scripts/test-long.sh) runs every combination.
