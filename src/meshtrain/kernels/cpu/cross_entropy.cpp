@@ -176,6 +176,18 @@ float softmax_scale(double sum_exp, double log_sum_exp, double z_loss_multiplier
   return static_cast<float>((1.0 + 2.0 * z_loss_multiplier * log_sum_exp) / sum_exp);
 }
 
+// A counted row's loss (lse - target logit), z-loss (m lse^2) and softmax scale from its maximum, sum of
+// exponentials and target logit: one rank and vocab-parallel run this same arithmetic.
+struct RowLoss {
+  double loss, z_loss;
+  float scale;
+};
+RowLoss row_loss(float max_logit, double sum_exp, double target_logit, double z_loss_multiplier) {
+  const double log_sum_exp = static_cast<double>(max_logit) + std::log(sum_exp);
+  return {log_sum_exp - target_logit, z_loss_multiplier * log_sum_exp * log_sum_exp,
+          softmax_scale(sum_exp, log_sum_exp, z_loss_multiplier)};
+}
+
 // Gradients of `rows` tokens from `start` (a chunk, or a group for dw) from their dlogits [rows,
 // local_valid] and h rows h_chunk: dh rows written (when dh), dw accumulated (when dw).
 template <class In>
@@ -355,10 +367,10 @@ CrossEntropySums unembed_cross_entropy(float* dh, float* dw, const float* h, con
           // dlogits = (softmax (1 + 2 m lse) - onehot) * mask: an ignored token contributes an all-zero row.
           float scale = 0.0f;
           if (counts) {
-            const double log_sum_exp = static_cast<double>(max_logit) + std::log(sum_exp);
-            loss = log_sum_exp - target_logit;
-            z_loss = z_loss_multiplier * log_sum_exp * log_sum_exp;
-            scale = softmax_scale(sum_exp, log_sum_exp, z_loss_multiplier);
+            const RowLoss counted = row_loss(max_logit, sum_exp, target_logit, z_loss_multiplier);
+            loss = counted.loss;
+            z_loss = counted.z_loss;
+            scale = counted.scale;
           }
           if (want_gradients && bf16) {
             write_dlogits_online(row, online.shifts + r * online.blocks, vocab_valid, max_logit, scale,
@@ -409,10 +421,10 @@ CrossEntropySums unembed_cross_entropy(float* dh, float* dw, const float* h, con
       for (int64_t r = 0; r < rows; ++r) {
         double loss = 0.0, z_loss = 0.0;
         if (loss_mask == nullptr || loss_mask[start + r] != 0) {
-          const double log_sum_exp = static_cast<double>(maxima[r]) + std::log(sum_exps[r]);
-          loss = log_sum_exp - target_logits[r];
-          z_loss = z_loss_multiplier * log_sum_exp * log_sum_exp;
-          softmax_scales[r] = softmax_scale(sum_exps[r], log_sum_exp, z_loss_multiplier);
+          const RowLoss counted = row_loss(maxima[r], sum_exps[r], target_logits[r], z_loss_multiplier);
+          loss = counted.loss;
+          z_loss = counted.z_loss;
+          softmax_scales[r] = counted.scale;
         }
         std::memcpy(row_loss_bytes + r * static_cast<int64_t>(sizeof(double)), &loss, sizeof(double));
         row_z_losses[r] = z_loss;
