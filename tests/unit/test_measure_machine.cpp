@@ -1,9 +1,11 @@
 // cli/measure_machine: the entry it writes is a valid catalog that plans with this machine's measured
 // figures (GEMM peaks, attention and loss-softmax rates, memory bandwidth); a renamed entry leaves the
-// built-in `cpu` as stated; bad flags name the flag.
+// built-in `cpu` as stated; bad flags name the flag. train/machine: a run's start rechecks a cached peak
+// with fewer calls.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -16,6 +18,7 @@
 #include "meshtrain/core/cpu_features.h"
 #include "meshtrain/plan/plan.h"
 #include "meshtrain/plan/topology.h"
+#include "meshtrain/train/machine.h"
 
 namespace meshtrain {
 namespace {
@@ -130,6 +133,29 @@ TEST_F(MeasureMachine, ARenamedEntryLeavesTheBuiltInCpuAsStated) {
   EXPECT_EQ(renamed.device_kind, "cpu");
   EXPECT_GT(renamed.float32.peak_flops, 1e9);
   EXPECT_EQ(load_topology("cpu", file.string()).float32.peak_flops, load_topology("cpu").float32.peak_flops);
+}
+
+// A run's start times 40 GEMM calls where this machine has no peak cached, and rechecks a cached one with 5
+// (which can only raise it); measure-machine always times 40.
+TEST_F(MeasureMachine, ARunRechecksACachedPeakWithFiveCalls) {
+  const char* given = std::getenv("XDG_CACHE_HOME");
+  const std::string saved = given != nullptr ? given : "";
+  ::setenv("XDG_CACHE_HOME", (folder_ / "cache").c_str(), 1);
+  const MachineReport first = measure_machine(false, PeakTiming::brief_when_cached);
+  const MachineReport again = measure_machine(false, PeakTiming::brief_when_cached);
+  const MachineReport full = measure_machine(false, PeakTiming::full);
+  if (given != nullptr) {
+    ::setenv("XDG_CACHE_HOME", saved.c_str(), 1);
+  } else {
+    ::unsetenv("XDG_CACHE_HOME");
+  }
+  EXPECT_EQ(first.peak_calls, 40);
+  EXPECT_EQ(first.peak_source, "measured now");
+  EXPECT_EQ(again.peak_calls, 5);
+  EXPECT_GE(again.gemm_peak_flops, first.gemm_peak_flops);  // the cached figure or a better one
+  EXPECT_EQ(full.peak_calls, 40);
+  EXPECT_GE(full.gemm_peak_flops, again.gemm_peak_flops);
+  EXPECT_TRUE(fs::exists(folder_ / "cache" / "meshtrain")) << "the peak was not cached";
 }
 
 TEST_F(MeasureMachine, BadFlagsNameTheFlag) {

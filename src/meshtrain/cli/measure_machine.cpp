@@ -113,7 +113,7 @@ int run_measure_machine(const std::vector<std::string>& arguments, std::ostream&
   }
   const Topology stated = load_topology("cpu");
   const bool with_bf16 = cpu_features().avx512_bf16 || cpu_features().amx_bf16;
-  const MachineReport machine = measure_machine(with_bf16);
+  const MachineReport machine = measure_machine(with_bf16, PeakTiming::full);
   const OpClassRates float32_rates = measure_op_class_rates(DType::f32);
   const OpClassRates bf16_rates = with_bf16 ? measure_op_class_rates(DType::bf16) : float32_rates;
   const double bandwidth = measure_memory_bandwidth();

@@ -36,14 +36,13 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-// A square GEMM (n = 1024, best of 40 calls) in float32, or with bfloat16 inputs (f32 accumulation). The
+// A square GEMM (n = 1024, best of `calls` calls) in float32, or with bfloat16 inputs (f32 accumulation). The
 // plain reference GEMM (no oneDNN) is about a hundred times slower: it is timed on n = 256, which keeps a
 // run without oneDNN from spending a minute here (over 100 s in the sanitizer build) for a figure that only
 // scales its MFU. The operands are in an arena, aligned as the step's are: AMX tile loads from rows that
 // straddle cache lines ran this product at 1,480-1,740 GFLOP/s against 2,300-2,490 aligned (bench/README.md).
-double measure_gemm_peak(bool bf16) {
+double measure_gemm_peak(bool bf16, int calls) {
   const int64_t n = kernels::gemm_backend().name == "reference" ? 256 : 1024;
-  constexpr int kCalls = 40;
   // A, B, C in float32 and A, B in bf16, each at an aligned offset of one arena in host memory.
   const size_t floats = align_up(static_cast<size_t>(n * n) * sizeof(float));
   const size_t halves = align_up(static_cast<size_t>(n * n) * sizeof(uint16_t));
@@ -71,7 +70,7 @@ double measure_gemm_peak(bool bf16) {
   };
   call();  // warm-up: page faults, oneDNN's first-call set-up
   double best_seconds = 1e30;
-  for (int i = 0; i < kCalls; ++i) {
+  for (int i = 0; i < calls; ++i) {
     const auto start = std::chrono::steady_clock::now();
     call();
     best_seconds = std::min(best_seconds, seconds_since(start));
@@ -109,32 +108,45 @@ nlohmann::json MachineReport::to_json() const {
           {"threads", threads},
           {"gemm_peak_flops", gemm_peak_flops},
           {"gemm_bf16_peak_flops", gemm_bf16_peak_flops},
-          {"gemm_peak_source", peak_source}};
+          {"gemm_peak_source", peak_source},
+          {"gemm_peak_calls", peak_calls}};
 }
 
 namespace {
 
+// The file a figure measured under `key` is cached in: <stem>_<crc32c of key>.json in cache_folder() (empty
+// when there is no such folder).
+fs::path cache_file(const std::string& stem, const std::string& key) {
+  const fs::path folder = cache_folder();
+  if (folder.empty()) return {};
+  char name[96];
+  std::snprintf(name, sizeof name, "%s_%08x.json", stem.c_str(), crc32c(key.data(), key.size()));
+  return folder / name;
+}
+
+// Field `field` of the figure cached under `key`, or 0 when none is.
+double cached_figure(const std::string& stem, const std::string& field, const std::string& key) {
+  const fs::path file = cache_file(stem, key);
+  if (file.empty()) return 0.0;
+  std::ifstream in(file);
+  if (!in) return 0.0;
+  const nlohmann::json saved = nlohmann::json::parse(in, nullptr, false);
+  return saved.is_object() && saved.value("key", "") == key ? saved.value(field, 0.0) : 0.0;
+}
+
 // The best of `measured` and the figure cached under `key` (and the cache updated when `measured` is
-// better): field `field` of the file <stem>_<crc32c of key>.json; `source` says which it is.
+// better); `source` says which it is.
 double best_measured(const std::string& stem, const std::string& field, const std::string& key,
                      double measured, std::string& source) {
   source = "measured now";
-  const fs::path folder = cache_folder();
-  if (folder.empty()) return measured;
-  char name[96];
-  std::snprintf(name, sizeof name, "%s_%08x.json", stem.c_str(), crc32c(key.data(), key.size()));
-  const fs::path file = folder / name;
-  double cached = 0.0;
-  if (std::ifstream in(file); in) {
-    const nlohmann::json saved = nlohmann::json::parse(in, nullptr, false);
-    if (saved.is_object() && saved.value("key", "") == key) cached = saved.value(field, 0.0);
-  }
-  if (cached >= measured) {
+  const fs::path file = cache_file(stem, key);
+  if (file.empty()) return measured;
+  if (const double cached = cached_figure(stem, field, key); cached >= measured) {
     source = "best measured on this machine, " + file.string();
     return cached;
   }
   try {  // a better figure replaces the cached one; a cache that cannot be written is not an error
-    fs::create_directories(folder);
+    fs::create_directories(file.parent_path());
     write_file_atomically(file.string(), nlohmann::json{{"key", key}, {field, measured}}.dump() + "\n");
   } catch (const std::exception&) {
   }
@@ -149,20 +161,27 @@ std::string machine_key() {
 
 }  // namespace
 
-MachineReport measure_machine(bool with_bf16) {
+MachineReport measure_machine(bool with_bf16, PeakTiming timing) {
   MachineReport report;
   const kernels::GemmBackend& backend = kernels::gemm_backend();
   report.cpu = cpu_features().describe();
   report.gemm = backend.describe();
   report.gemm_warning = backend.warning;
   report.threads = omp_get_max_threads();
+  // The best of 40 calls where nothing is cached (or `full`), else a recheck of 5: enough to raise a figure
+  // first measured under load, at an eighth of the time (40 calls are 1 s on a 2-core Zen 1, most of the
+  // start of a small run, and every test run starts one).
+  const auto calls = [&](const std::string& key) {
+    return timing == PeakTiming::full || cached_figure("gemm_peak", "gemm_peak_flops", key) <= 0.0 ? 40 : 5;
+  };
   const std::string key = machine_key();
-  report.gemm_peak_flops =
-      best_measured("gemm_peak", "gemm_peak_flops", key, measure_gemm_peak(false), report.peak_source);
+  report.peak_calls = calls(key);
+  report.gemm_peak_flops = best_measured("gemm_peak", "gemm_peak_flops", key,
+                                         measure_gemm_peak(false, report.peak_calls), report.peak_source);
   if (with_bf16) {
     std::string bf16_source;
-    report.gemm_bf16_peak_flops =
-        best_measured("gemm_peak", "gemm_peak_flops", key + "|bf16", measure_gemm_peak(true), bf16_source);
+    report.gemm_bf16_peak_flops = best_measured("gemm_peak", "gemm_peak_flops", key + "|bf16",
+                                                measure_gemm_peak(true, calls(key + "|bf16")), bf16_source);
   }
   return report;
 }

@@ -20,16 +20,21 @@ struct MachineReport {
   double gemm_peak_flops = 0.0;  // float32 GEMM FLOP/s on `threads` threads, best measured on this machine
   double gemm_bf16_peak_flops = 0.0;  // the same with bfloat16 inputs (0: not measured)
   std::string peak_source;       // "measured now" or the cache file that held a higher earlier measurement
+  int peak_calls = 0;            // the GEMM calls timed for the float32 peak now (the best of them counts)
   std::string describe() const;  // one line for the console
   nlohmann::json to_json() const;
 };
 
-// Measures a square float32 GEMM (n = 1024, best of 40 calls, about 0.2 s) on the current OpenMP thread
-// count, and with with_bf16 the same GEMM with bfloat16 inputs. The best figure ever measured for this CPU,
-// backend and thread count is kept in $XDG_CACHE_HOME/meshtrain (or ~/.cache/meshtrain): a measurement
-// disturbed by other processes can only lower a figure, so the highest one is the machine's. Nothing is
-// cached when that folder is not writable.
-MachineReport measure_machine(bool with_bf16 = false);
+// How long measure_machine times the GEMM: `full` always takes the best of 40 calls (measure-machine);
+// `brief_when_cached` takes the best of 5 where this machine already has a figure cached (a run's start).
+enum class PeakTiming { full, brief_when_cached };
+
+// Measures a square float32 GEMM (n = 1024, best of 40 calls: 0.2 s on the 2-core AMX Xeon, 1 s on a 2-core
+// Zen 1) on the current OpenMP thread count, and with with_bf16 the same GEMM with bfloat16 inputs. The best
+// figure ever measured for this CPU, backend and thread count is kept in $XDG_CACHE_HOME/meshtrain (or
+// ~/.cache/meshtrain): a measurement disturbed by other processes can only lower a figure, so the highest one
+// is the machine's. Nothing is cached when that folder is not writable.
+MachineReport measure_machine(bool with_bf16, PeakTiming timing);
 
 // What the plan prices apart from the GEMM peak (plan/topology.h), measured for one compute dtype.
 struct OpClassRates {

@@ -533,7 +533,7 @@ void Run::write_run_files() {
                  static_cast<double>(plan.arena_bytes) / kGiB, plan.topology.name.c_str(),
                  plan.topology.rates(config_.dtype).peak_flops / 1e12);
   } else {
-    machine_ = measure_machine(bf16);
+    machine_ = measure_machine(bf16, PeakTiming::brief_when_cached);
     std::fprintf(console_, "%s\n", machine_->describe().c_str());
   }
   if (machine_ && bf16 && machine_->gemm_bf16_peak_flops <= machine_->gemm_peak_flops) {
