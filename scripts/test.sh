@@ -13,7 +13,7 @@ cmake --build build -j "$jobs"
 
 # The sanitizer build leaves the CUDA backend out: its GPU tests need a GPU, and ASan does not cover device code.
 # -Og with line tables only (-g1): a report still names file and line; on a 2-core Zen 1 the build takes
-# 874 s against 1444 s at -O1 -g, and its tests 271 s against 249 s.
+# 874 s against 1444 s at -O1 -g, and its tests 271 s against 249 s at -O1 -g1.
 cmake -S . -B build-sanitize -DCMAKE_BUILD_TYPE=Debug -DMESHTRAIN_SANITIZE=ON -DMESHTRAIN_BENCH=OFF -DMESHTRAIN_CUDA=OFF \
   -DCMAKE_CXX_FLAGS_DEBUG="-Og -g1" >/dev/null
 cmake --build build-sanitize -j "$jobs" --target meshtrain_unit_tests
