@@ -1,9 +1,13 @@
-// CRC-32C against the standard check value and RFC 3720's test vectors.
+// CRC-32C against the standard check value and RFC 3720's test vectors; files checksummed block by block.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
+#include "error_text.h"
 #include "meshtrain/core/crc32c.h"
 
 namespace meshtrain {
@@ -39,6 +43,23 @@ TEST(Crc32c, InstructionEqualsTables) {
           << "offset " << offset << " size " << size;
     }
   }
+}
+
+// A file longer than the 1 MiB blocks it is read in, and not a multiple of them: its size and the CRC of its
+// bytes in one piece; a missing file names its path and what it should have been.
+TEST(Crc32c, ChecksumsAFileAcrossBlocks) {
+  const std::string path =
+      (std::filesystem::temp_directory_path() / ("meshtrain_crc_" + std::to_string(getpid()))).string();
+  std::string bytes((size_t{3} << 20) + 12345, '\0');
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<char>((i * 2654435761u) >> 13);
+  std::ofstream(path, std::ios::binary) << bytes;
+  const FileChecksum sum = checksum_file(path, "a readable test file");
+  std::filesystem::remove(path);
+  EXPECT_EQ(sum.bytes, bytes.size());
+  EXPECT_EQ(sum.crc32c, crc32c(bytes.data(), bytes.size()));
+  const std::string error = testing::error_of([&] { checksum_file(path, "a readable test file"); });
+  EXPECT_NE(error.find(path), std::string::npos) << error;
+  EXPECT_NE(error.find("a readable test file"), std::string::npos) << error;
 }
 
 }  // namespace

@@ -53,6 +53,24 @@ class RunTest : public ::testing::Test {
   std::FILE* console_ = std::fopen("/dev/null", "w");
 };
 
+// The identity every rank compares covers the libraries, where the code is, not only the executable.
+TEST(RunIdentity, CoversTheExecutableAndTheMeshtrainLibraries) {
+  const std::vector<std::string> files = process_code_files();
+  ASSERT_FALSE(files.empty());
+  EXPECT_EQ(files.front(), "/proc/self/exe");
+  const auto loaded = [&](const std::string& library) {
+    return std::any_of(files.begin(), files.end(),
+                       [&](const std::string& file) { return fs::path(file).filename() == library; });
+  };
+  EXPECT_TRUE(loaded("libmeshtrain_core.so")) << "files: " << files.size();
+  EXPECT_TRUE(loaded("libmeshtrain_train.so"));
+  EXPECT_TRUE(loaded("libmeshtrain_runtime.so"));
+  // The same code and config give the same identity; one key changed, another.
+  const Config config = tiny_config("identity", 3);
+  EXPECT_EQ(run_identity(config), run_identity(tiny_config("identity", 3)));
+  EXPECT_NE(run_identity(config), run_identity(tiny_config("identity", 4)));
+}
+
 TEST_F(RunTest, StepsUntilDoneThenSaves) {
   const Config config = tiny_config(run_dir_, 3);
   meshtrain::Run run(config, prepare_run(config, 1), console_, ranks_);

@@ -110,45 +110,6 @@ bool has_marker(const fs::path& directory) {
   return fs::is_regular_file(directory / kMarkerFile, error);
 }
 
-class Fd {
- public:
-  explicit Fd(int fd) : fd_(fd) {}
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  ~Fd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  int get() const { return fd_; }
-  int release() { return std::exchange(fd_, -1); }
-
- private:
-  int fd_;
-};
-
-struct FileSum {
-  uint64_t bytes = 0;
-  uint32_t crc32c = 0;
-};
-
-// Size and CRC-32C of a file as it is on disk (read back, so the checksum covers what was actually stored).
-FileSum checksum_file(const fs::path& path) {
-  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (fd.get() < 0) fail(path.string(), "a readable checkpoint file", "open failed: " + os_error(errno));
-  FileSum sum;
-  std::vector<char> buffer(size_t{1} << 20);
-  while (true) {
-    const ssize_t got = ::read(fd.get(), buffer.data(), buffer.size());
-    if (got < 0) {
-      if (errno == EINTR) continue;
-      fail(path.string(), "a readable checkpoint file", "read failed: " + os_error(errno));
-    }
-    if (got == 0) break;
-    sum.crc32c = crc32c(buffer.data(), static_cast<size_t>(got), sum.crc32c);
-    sum.bytes += static_cast<uint64_t>(got);
-  }
-  return sum;
-}
-
 // Removes a directory tree so that no half-deleted checkpoint can ever look complete: it is first renamed
 // to a name latest_checkpoint never accepts, then deleted.
 void remove_directory(const fs::path& directory) {
@@ -505,7 +466,7 @@ void finish_checkpoint_files(const fs::path& directory, const Config& config, co
   for (const auto& [key, value] : extra.items()) metadata[key] = value;
   ordered_json sums = ordered_json::object();
   for (const std::string& name : files) {
-    const FileSum sum = checksum_file(directory / name);
+    const FileChecksum sum = checksum_file((directory / name).string(), "a readable checkpoint file");
     sums[name] = {{"bytes", sum.bytes}, {"crc32c", sum.crc32c}};
   }
   metadata["files"] = std::move(sums);
@@ -574,7 +535,7 @@ void verify_file(const LoadContext& context, const std::string& name) {
     fail(path.string(), "the checkpoint file listed in metadata.json", "no such file",
          "the checkpoint was damaged after it was written; use an earlier checkpoint");
   }
-  const FileSum sum = checksum_file(path);
+  const FileChecksum sum = checksum_file(path.string(), "a readable checkpoint file");
   if (sum.bytes != expected_bytes) {
     fail(path.string(), std::to_string(expected_bytes) + " bytes (recorded in metadata.json)",
          std::to_string(sum.bytes) + " bytes: the file is " +

@@ -1,11 +1,17 @@
 #include "meshtrain/core/crc32c.h"
 
+#include <fcntl.h>
 #include <nmmintrin.h>
+#include <unistd.h>
 
 #include <array>
+#include <cerrno>
 #include <cstring>
+#include <system_error>
+#include <vector>
 
 #include "meshtrain/core/cpu_features.h"
+#include "meshtrain/core/error.h"
 
 namespace meshtrain {
 namespace {
@@ -72,6 +78,27 @@ uint32_t crc32c_tables(const void* data, size_t size, uint32_t crc) {
 
 uint32_t crc32c_masked(uint32_t crc) {
   return ((crc >> 15) | (crc << 17)) + 0xa282ead8u;
+}
+
+FileChecksum checksum_file(const std::string& path, const std::string& expected) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) fail(path, expected, "open failed: " + std::system_category().message(errno));
+  FileChecksum sum;
+  std::vector<char> buffer(size_t{1} << 20);
+  while (true) {
+    const ssize_t got = ::read(fd, buffer.data(), buffer.size());
+    if (got < 0) {
+      if (errno == EINTR) continue;
+      const int error = errno;
+      ::close(fd);
+      fail(path, expected, "read failed: " + std::system_category().message(error));
+    }
+    if (got == 0) break;
+    sum.crc32c = crc32c(buffer.data(), static_cast<size_t>(got), sum.crc32c);
+    sum.bytes += static_cast<uint64_t>(got);
+  }
+  ::close(fd);
+  return sum;
 }
 
 }  // namespace meshtrain

@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 namespace meshtrain {
 
@@ -13,5 +14,13 @@ uint32_t crc32c(const void* data, size_t size, uint32_t crc = 0);
 uint32_t crc32c_tables(const void* data, size_t size, uint32_t crc = 0);
 // TensorBoard's masked form: ((crc >> 15) | (crc << 17)) + 0xa282ead8.
 uint32_t crc32c_masked(uint32_t crc);
+
+struct FileChecksum {
+  uint64_t bytes = 0;
+  uint32_t crc32c = 0;
+};
+// Size and CRC-32C of the file at `path` as stored, read in 1 MiB blocks. A file that cannot be opened or
+// read fails naming `path`, `expected` ("a readable checkpoint file") and the system's reason.
+FileChecksum checksum_file(const std::string& path, const std::string& expected);
 
 }  // namespace meshtrain

@@ -37,11 +37,6 @@ std::string read_file(const std::string& path) {
   return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
 }
 
-uint32_t file_crc(const std::string& path) {
-  const std::string bytes = read_file(path);
-  return crc32c(bytes.data(), bytes.size());
-}
-
 // A fingerprint of the corpus as split: any edit to a document, or a change of split, changes it.
 uint32_t corpus_checksum(const Corpus& corpus) {
   uint32_t crc = 0;
@@ -119,7 +114,8 @@ bool outputs_current(const PrepareResult& paths, const json& arguments, uint32_t
       return false;
     }
     if (!fs::is_regular_file(paths.tokenizer_path, error) ||
-        file_crc(paths.tokenizer_path) != summary.at("tokenizer_crc32c").get<uint32_t>()) {
+        checksum_file(paths.tokenizer_path, "a readable tokenizer file").crc32c !=
+            summary.at("tokenizer_crc32c").get<uint32_t>()) {
       return false;
     }
     for (const auto& [split, path] :
@@ -242,7 +238,7 @@ PrepareResult prepare_dataset(const PrepareOptions& options) {
              {"vocab_size", tokenizer.vocab_size()},
              {"eos_id", *eos},
              {"tokenizer_identity", tokenizer.identity()},
-             {"tokenizer_crc32c", file_crc(result.tokenizer_path)},
+             {"tokenizer_crc32c", checksum_file(result.tokenizer_path, "a readable tokenizer file").crc32c},
              {"train", split_figures(corpus.train, tokens.train, tokens.train_shard)},
              {"validation", split_figures(corpus.validation, tokens.validation, tokens.validation_shard)},
              {"validation_unigram_cross_entropy_nats", std::isnan(entropy) ? json(nullptr) : json(entropy)},

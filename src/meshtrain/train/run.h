@@ -91,8 +91,13 @@ RunSetup prepare_run(const Config& config, int64_t world_size, int64_t rank = 0,
 // numbers and the fix.
 std::string keep_checkpoint_global_batch(Config& config, int64_t world_size);
 
-// Every rank must run the same binary with the same config: a mismatch would hang or corrupt collectives.
+// Every rank must run the same code with the same config: a mismatch would hang or corrupt collectives. The
+// identity is CRC-32C of the resolved config and of process_code_files()' contents.
 uint64_t run_identity(const Config& config);
+// The files of this process's code: /proc/self/exe, then the meshtrain libraries it has loaded in the order
+// of their names (each folder of src/meshtrain is a shared library, so the executable alone holds little
+// more than main()).
+std::vector<std::string> process_code_files();
 
 // Test-only fault injection, MESHTRAIN_FAULT=KIND:STEP:RANK[:VALUE] (KIND nan_loss, nan_gradient, stall
 // for VALUE seconds, kill: SIGKILL after the step's backward pass, sigusr1 / sigterm: the rank signals itself

@@ -57,9 +57,12 @@ TrainingSummary run_training(const Config& given_config, std::FILE* console, con
   RunSetup setup = run_setup_on_all_ranks(*ranks.world, [&] {
     return prepare_run(config, ranks.world->size(), ranks.world->rank(), &placement);
   });
-  run_setup_on_all_ranks(*ranks.world, [&] {
-    ranks.world->require_same_on_all_ranks(run_identity(config), "the meshtrain binary and resolved config");
-  });
+  if (ranks.world->size() > 1) {  // one process has no other to differ from
+    run_setup_on_all_ranks(*ranks.world, [&] {
+      ranks.world->require_same_on_all_ranks(run_identity(config),
+                                             "the meshtrain binary and resolved config");
+    });
+  }
   // NCCL, or MPI staged through host memory, where the ranks' devices are GPUs
   // (runtime/device_communicator.h).
   ranks.world = communicator_for_devices(std::move(ranks.world), setup.plan);
