@@ -37,6 +37,7 @@
 #include "meshtrain/kernels/cpu/rmsnorm.h"
 #include "meshtrain/kernels/cpu/short_conv.h"
 #include "meshtrain/kernels/cpu/sinkhorn.h"
+#include "shared_assets.h"
 
 namespace meshtrain {
 namespace {
@@ -609,12 +610,6 @@ Results run_sinkhorn(const Ops& ops, const SafetensorsFile& file) {
 // ---------------------------------------------------------------------------------------------------------
 // 1. Hashing (README section A).
 
-std::string tokenizer_assets_dir() {
-  const char* from_env = std::getenv("MESHTRAIN_SHARED_DIR");
-  return (from_env != nullptr ? std::string(from_env) : std::string(MESHTRAIN_SOURCE_DIR) + "/../shared") +
-         "/assets/tokenizers";
-}
-
 constexpr int64_t kHashB = 2, kHashS = 16, kHashN = 3, kHashH = 8;
 
 // [N - 1][H] from the fixture's [N - 1, H] I64 tensor (row n - 2 = order n).
@@ -665,9 +660,9 @@ TEST(GoldenMaxtext, HashIdsMatchTheReferenceBitForBit) {
 }
 
 TEST(GoldenMaxtext, CompressedQwen3VocabularyMatchesTheReference) {
-  const std::string path = tokenizer_assets_dir() + "/qwen3/tokenizer.json";
+  const std::string path = testing::tokenizer_assets_dir() + "/qwen3/tokenizer.json";
   if (!std::filesystem::exists(path))
-    GTEST_SKIP() << "tokenizer assets not found at " << tokenizer_assets_dir()
+    GTEST_SKIP() << "tokenizer assets not found at " << testing::tokenizer_assets_dir()
                  << " (set MESHTRAIN_SHARED_DIR to the shared folder)";
   const SafetensorsFile file = SafetensorsFile::open(kFixture);
   const Tokenizer tokenizer = Tokenizer::load(path);

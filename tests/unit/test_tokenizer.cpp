@@ -22,6 +22,7 @@
 #include "meshtrain/core/error.h"
 #include "meshtrain/data/tokenizer/tokenizer.h"
 #include "meshtrain/data/tokenizer/tokenizer_impl.h"
+#include "shared_assets.h"
 
 namespace meshtrain {
 namespace {
@@ -33,29 +34,20 @@ bool contains(const std::string& text, const std::string& needle) {
   return text.find(needle) != std::string::npos;
 }
 
-std::string shared_dir() {
-  const char* from_env = std::getenv("MESHTRAIN_SHARED_DIR");
-  return from_env != nullptr ? std::string(from_env) : std::string(MESHTRAIN_SOURCE_DIR) + "/../shared";
-}
-
-std::string assets_dir() {
-  return shared_dir() + "/assets/tokenizers";
-}
-
 bool have_assets() {
-  return fs::exists(assets_dir() + "/golden.json");
+  return fs::exists(testing::tokenizer_assets_dir() + "/golden.json");
 }
 
-#define SKIP_WITHOUT_ASSETS()                                      \
-  if (!have_assets())                                              \
-  GTEST_SKIP() << "tokenizer assets not found at " << assets_dir() \
+#define SKIP_WITHOUT_ASSETS()                                                         \
+  if (!have_assets())                                                                 \
+  GTEST_SKIP() << "tokenizer assets not found at " << testing::tokenizer_assets_dir() \
                << " (set MESHTRAIN_SHARED_DIR to the shared folder)"
 
 // Parsed once per test binary: the Qwen3 tokenizer.json is 11 MB.
 const Tokenizer& qwen3() {
   static const Tokenizer tokenizer = [] {
     const auto start = std::chrono::steady_clock::now();
-    Tokenizer loaded = Tokenizer::load(assets_dir() + "/qwen3/tokenizer.json");
+    Tokenizer loaded = Tokenizer::load(testing::tokenizer_assets_dir() + "/qwen3/tokenizer.json");
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     std::printf("[ info ] Qwen3 tokenizer.json loaded in %.3f s\n", seconds);
     return loaded;
@@ -64,12 +56,12 @@ const Tokenizer& qwen3() {
 }
 
 const Tokenizer& gpt2() {
-  static const Tokenizer tokenizer = Tokenizer::load(assets_dir() + "/gpt2");
+  static const Tokenizer tokenizer = Tokenizer::load(testing::tokenizer_assets_dir() + "/gpt2");
   return tokenizer;
 }
 
 json golden() {
-  std::ifstream file(assets_dir() + "/golden.json");
+  std::ifstream file(testing::tokenizer_assets_dir() + "/golden.json");
   return json::parse(file);
 }
 
@@ -252,7 +244,7 @@ TEST(TokenizerGolden, Gpt2Properties) {
   EXPECT_GT(gpt2().encode("<|endoftext|>").size(), 1u);
   EXPECT_EQ(gpt2().decode({50256}), "<|endoftext|>");
   // Naming either GPT-2 file loads the pair.
-  const Tokenizer via_file = Tokenizer::load(assets_dir() + "/gpt2/vocab.bpe");
+  const Tokenizer via_file = Tokenizer::load(testing::tokenizer_assets_dir() + "/gpt2/vocab.bpe");
   EXPECT_EQ(via_file.identity(), gpt2().identity());
   EXPECT_EQ(via_file.encode("Hello world"), (std::vector<int32_t>{15496, 995}));
 }

@@ -10,6 +10,7 @@
 
 #include "meshtrain/cli/tokenize.h"
 #include "meshtrain/core/error.h"
+#include "shared_assets.h"
 
 namespace meshtrain {
 namespace {
@@ -19,10 +20,7 @@ bool contains(const std::string& text, const std::string& needle) {
 }
 
 std::string gpt2_dir() {
-  const char* from_env = std::getenv("MESHTRAIN_SHARED_DIR");
-  const std::string shared =
-      from_env != nullptr ? from_env : std::string(MESHTRAIN_SOURCE_DIR) + "/../shared";
-  return shared + "/assets/tokenizers/gpt2";
+  return testing::tokenizer_assets_dir() + "/gpt2";
 }
 
 #define SKIP_WITHOUT_ASSETS()               \

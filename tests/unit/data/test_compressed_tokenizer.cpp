@@ -11,17 +11,12 @@
 #include <string>
 
 #include "meshtrain/data/tokenizer/compressed_tokenizer.h"
+#include "shared_assets.h"
 
 namespace meshtrain {
 namespace {
 
 namespace fs = std::filesystem;
-
-std::string assets_dir() {
-  const char* from_env = std::getenv("MESHTRAIN_SHARED_DIR");
-  return (from_env != nullptr ? std::string(from_env) : std::string(MESHTRAIN_SOURCE_DIR) + "/../shared") +
-         "/assets/tokenizers";
-}
 
 TEST(EngramNormalize, FollowsTheReferencesNormalizerSequence) {
   EXPECT_EQ(engram_normalize(" The"), "the");
@@ -39,15 +34,15 @@ TEST(EngramNormalize, FollowsTheReferencesNormalizerSequence) {
 TEST(CompressedTokenizer, RealTokenizersMatchHuggingFaceTokenizers) {
   const std::string golden_path =
       std::string(MESHTRAIN_SOURCE_DIR) + "/tests/reference/engram_golden/compressed.json";
-  if (!fs::exists(assets_dir() + "/qwen3/tokenizer.json"))
-    GTEST_SKIP() << "tokenizer assets not found at " << assets_dir()
+  if (!fs::exists(testing::tokenizer_assets_dir() + "/qwen3/tokenizer.json"))
+    GTEST_SKIP() << "tokenizer assets not found at " << testing::tokenizer_assets_dir()
                  << " (set MESHTRAIN_SHARED_DIR to the shared folder)";
   std::ifstream file(golden_path);
   const nlohmann::json golden = nlohmann::json::parse(file);
   for (const char* name : {"qwen3", "gpt2"}) {
     SCOPED_TRACE(name);
-    const Tokenizer tokenizer =
-        Tokenizer::load(assets_dir() + "/" + name + (std::string(name) == "qwen3" ? "/tokenizer.json" : ""));
+    const Tokenizer tokenizer = Tokenizer::load(testing::tokenizer_assets_dir() + "/" + name +
+                                                (std::string(name) == "qwen3" ? "/tokenizer.json" : ""));
     const CompressedVocabulary vocabulary = compress_vocabulary(tokenizer);
     const nlohmann::json& expected = golden["tokenizers"][name];
     ASSERT_EQ(static_cast<int64_t>(vocabulary.compress.size()), expected["vocab_size"].get<int64_t>());
